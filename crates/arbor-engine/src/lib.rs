@@ -1,0 +1,1 @@
+//! arbor storage engine (in progress).

@@ -1,0 +1,1 @@
+//! arbor on-disk format (in progress).

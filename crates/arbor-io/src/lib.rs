@@ -1,0 +1,57 @@
+//! Block I/O for arbor.
+//!
+//! Everything above this crate sees storage only through [`BlockDevice`]:
+//! positional reads and writes plus a durability barrier. Two backends:
+//!
+//! * [`FileDevice`]: a regular file or a block device, via `pread`/`pwrite`
+//!   and `fdatasync`.
+//! * [`SimDisk`]: an in-memory disk that models a volatile write cache. Writes
+//!   are visible to reads at once but become durable only at [`BlockDevice::flush`].
+//!   A test can cut power at any moment and obtain the image a real disk
+//!   could show afterwards: any subset of the unflushed writes, one of them
+//!   possibly torn at sector granularity.
+
+mod file;
+mod sim;
+
+pub use file::FileDevice;
+pub use sim::{SimDisk, SimDiskHandle};
+
+use std::io;
+
+/// Size of a sector: the unit a power cut can tear writes into.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// A byte-addressed storage device with an explicit durability barrier.
+///
+/// Contract (the engine's crash safety depends on it):
+/// * a write that returned `Ok` is visible to every later read;
+/// * it is durable only after a later `flush` returned `Ok`;
+/// * before that flush, a power cut may drop it, keep it, or keep any subset
+///   of its sectors.
+pub trait BlockDevice: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Size of the device in bytes.
+    fn size(&self) -> u64;
+}
+
+/// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.
+pub fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+    let end = u64::try_from(len)
+        .ok()
+        .and_then(|len| offset.checked_add(len));
+    match end {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "I/O of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"
+            ),
+        )),
+    }
+}

@@ -1,0 +1,1 @@
+//! NBD protocol crate (in progress).
