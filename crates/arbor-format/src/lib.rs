@@ -1,1 +1,61 @@
-//! arbor on-disk format (in progress).
+//! arbor's on-disk format, version [`FORMAT_VERSION`]: byte layouts, checksums
+//! and validation of every block type. No I/O happens here; `docs/FORMAT.md`
+//! is the prose description of exactly these structures.
+//!
+//! Every block is [`BLOCK_SIZE`] bytes and starts with the same 16-byte
+//! [`BlockHeader`]: a magic, the format version, the block type and a crc32c of
+//! the whole block (computed with the checksum field taken as zero). Decoding
+//! never panics: damaged bytes give a [`FormatError`].
+
+mod header;
+mod node;
+mod records;
+mod spacemap;
+mod superblock;
+
+pub use header::{seal, BlockHeader, BlockType};
+pub use node::{internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, NODE_HEADER_SIZE};
+pub use records::{BlockRef, MapValue, VolumeKind, VolumeRecord, MAX_EXTENT_CHUNKS, MAX_NAME_LEN};
+pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
+pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
+
+/// Size of every metadata block (superblock, commit record, space-map page, node).
+pub const BLOCK_SIZE: usize = 4096;
+/// [`BLOCK_SIZE`] as u64, for offset arithmetic.
+pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
+/// The on-disk format version this crate reads and writes.
+pub const FORMAT_VERSION: u16 = 1;
+/// Smallest and largest data chunk sizes a pool may use.
+pub const MIN_CHUNK_SIZE: u32 = 4096;
+pub const MAX_CHUNK_SIZE: u32 = 1 << 20;
+
+/// Why a block could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("bad magic: not an arbor block")]
+    BadMagic,
+    #[error("unsupported format version {0} (this build reads version {FORMAT_VERSION})")]
+    UnsupportedVersion(u16),
+    #[error("unexpected block type {found} (expected {expected})")]
+    WrongType { expected: u16, found: u16 },
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    BadChecksum { stored: u32, computed: u32 },
+    #[error("misdirected block: header says block {found}, read from block {expected}")]
+    Misdirected { expected: u64, found: u64 },
+    #[error("stale block: written in transaction {found}, parent expects {expected}")]
+    Stale { expected: u64, found: u64 },
+    #[error("invalid field: {0}")]
+    Invalid(String),
+}
+
+/// Reads a little-endian u64 at `at`; `bytes` must hold 8 bytes there (callers
+/// index within fixed-size blocks whose layout guarantees it).
+fn get_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(raw)
+}
+
+fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}

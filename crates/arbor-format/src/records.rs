@@ -1,0 +1,199 @@
+//! Fixed-size values stored in B-tree leaves.
+
+use crate::{get_u64, put_u64, FormatError};
+
+/// A pointer to a metadata node: its block number and the transaction that
+/// wrote it. Reading checks both, so misdirected and lost (stale) writes are
+/// detected rather than followed. Block 0 never holds a node, so
+/// `BlockRef::NONE` means "empty tree".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BlockRef {
+    pub block: u64,
+    pub txn: u64,
+}
+
+impl BlockRef {
+    pub const NONE: BlockRef = BlockRef { block: 0, txn: 0 };
+    pub const ENCODED_LEN: usize = 16;
+
+    pub fn is_none(&self) -> bool {
+        self.block == 0
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        put_u64(out, 0, self.block);
+        put_u64(out, 8, self.txn);
+    }
+
+    pub fn decode(bytes: &[u8]) -> Self {
+        Self {
+            block: get_u64(bytes, 0),
+            txn: get_u64(bytes, 8),
+        }
+    }
+}
+
+/// The longest run of chunks one mapping entry may describe. Bounding it
+/// bounds the space-map pages a single leaf operation can touch (a run spans
+/// at most two pages), which bounds the size of one transaction's journal.
+pub const MAX_EXTENT_CHUNKS: u32 = 256;
+
+/// A mapping-tree value: the logical chunks `[key, key + len)` live in the
+/// physical chunks `[pchunk, pchunk + len)`, written in transaction `gen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapValue {
+    pub pchunk: u64,
+    pub len: u32,
+    pub gen: u64,
+}
+
+impl MapValue {
+    pub const ENCODED_LEN: usize = 24;
+
+    pub fn encode(&self, out: &mut [u8]) {
+        put_u64(out, 0, self.pchunk);
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..16].fill(0);
+        put_u64(out, 16, self.gen);
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if len == 0 || len > MAX_EXTENT_CHUNKS {
+            return Err(FormatError::Invalid(format!(
+                "mapping extent of {len} chunks"
+            )));
+        }
+        Ok(Self {
+            pchunk: get_u64(bytes, 0),
+            len,
+            gen: get_u64(bytes, 16),
+        })
+    }
+}
+
+/// Longest volume name, in bytes (a snapshot's full name `vol@snap` included).
+pub const MAX_NAME_LEN: usize = 184;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum VolumeKind {
+    /// A writable volume (created empty or cloned from a snapshot).
+    Volume = 0,
+    /// A read-only point-in-time image of a volume.
+    Snapshot = 1,
+}
+
+/// A volume-table value: everything the pool knows about one volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    /// Root of the volume's mapping tree.
+    pub root: BlockRef,
+    pub size_bytes: u64,
+    /// For a snapshot, the volume it was taken of; for a clone, the snapshot it
+    /// was cloned from; 0 for a volume created empty. The parent may since
+    /// have been deleted.
+    pub parent: u64,
+    pub created_txn: u64,
+    pub created_unix_secs: u64,
+    /// Logical chunks that are mapped (kept exact on every map/unmap).
+    pub mapped_chunks: u64,
+    pub kind: VolumeKind,
+    pub name: String,
+}
+
+impl VolumeRecord {
+    pub const ENCODED_LEN: usize = 248;
+    const NAME_AT: usize = Self::ENCODED_LEN - MAX_NAME_LEN;
+
+    pub fn encode(&self, out: &mut [u8]) {
+        out[..Self::ENCODED_LEN].fill(0);
+        self.root.encode(&mut out[0..16]);
+        put_u64(out, 16, self.size_bytes);
+        put_u64(out, 24, self.parent);
+        put_u64(out, 32, self.created_txn);
+        put_u64(out, 40, self.created_unix_secs);
+        put_u64(out, 48, self.mapped_chunks);
+        // 56..60 flags (none defined yet), 60..62 name length, 62 kind, 63 reserved.
+        let name = self.name.as_bytes();
+        let name_len = name.len().min(MAX_NAME_LEN);
+        out[60..62].copy_from_slice(&(name_len as u16).to_le_bytes());
+        out[62] = self.kind as u8;
+        out[Self::NAME_AT..Self::NAME_AT + name_len].copy_from_slice(&name[..name_len]);
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let name_len = usize::from(u16::from_le_bytes([bytes[60], bytes[61]]));
+        if name_len == 0 || name_len > MAX_NAME_LEN {
+            return Err(FormatError::Invalid(format!(
+                "volume name of {name_len} bytes"
+            )));
+        }
+        let kind = match bytes[62] {
+            0 => VolumeKind::Volume,
+            1 => VolumeKind::Snapshot,
+            other => return Err(FormatError::Invalid(format!("volume kind {other}"))),
+        };
+        let name = std::str::from_utf8(&bytes[Self::NAME_AT..Self::NAME_AT + name_len])
+            .map_err(|_| FormatError::Invalid("volume name is not UTF-8".into()))?
+            .to_owned();
+        Ok(Self {
+            root: BlockRef::decode(&bytes[0..16]),
+            size_bytes: get_u64(bytes, 16),
+            parent: get_u64(bytes, 24),
+            created_txn: get_u64(bytes, 32),
+            created_unix_secs: get_u64(bytes, 40),
+            mapped_chunks: get_u64(bytes, 48),
+            kind,
+            name,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_record_round_trip() {
+        let rec = VolumeRecord {
+            root: BlockRef { block: 9, txn: 3 },
+            size_bytes: 1 << 40,
+            parent: 4,
+            created_txn: 2,
+            created_unix_secs: 1_700_000_000,
+            mapped_chunks: 77,
+            kind: VolumeKind::Snapshot,
+            name: "vm1@monday".into(),
+        };
+        let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
+        rec.encode(&mut buf);
+        assert_eq!(VolumeRecord::decode(&buf).unwrap(), rec);
+    }
+
+    #[test]
+    fn map_value_rejects_bad_lengths() {
+        let mut buf = [0u8; MapValue::ENCODED_LEN];
+        MapValue {
+            pchunk: 1,
+            len: 0,
+            gen: 1,
+        }
+        .encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
+        MapValue {
+            pchunk: 1,
+            len: MAX_EXTENT_CHUNKS + 1,
+            gen: 1,
+        }
+        .encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
+        let ok = MapValue {
+            pchunk: 7,
+            len: 3,
+            gen: 5,
+        };
+        ok.encode(&mut buf);
+        assert_eq!(MapValue::decode(&buf).unwrap(), ok);
+    }
+}

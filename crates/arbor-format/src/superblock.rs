@@ -1,0 +1,241 @@
+//! The superblock (pool geometry, written once at creation, two identical
+//! copies) and the commit record (one per transaction, alternating between
+//! two journal areas; the newest valid one is the pool's current state).
+
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+use crate::header::{self, BlockType, HEADER_SIZE};
+use crate::records::BlockRef;
+use crate::{FormatError, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
+
+/// Blocks 0 and 1 hold the two superblock copies.
+pub const SUPERBLOCK_SLOTS: u64 = 2;
+
+/// Pool geometry. Every region is a whole number of blocks; the data region
+/// starts chunk-aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct Superblock {
+    pub uuid: [u8; 16],
+    pub pool_bytes: U64,
+    pub created_unix_secs: U64,
+    pub chunk_size: U32,
+    /// Space-map page images per journal area (the per-transaction cap).
+    pub journal_pages: U32,
+    /// Block numbers of the two journal areas (commit record + page images each).
+    pub journal_start: [U64; 2],
+    /// First block of the metadata space map's home pages.
+    pub meta_sm_start: U64,
+    /// First block of the data space map's home pages.
+    pub data_sm_start: U64,
+    /// First metadata-node block and how many there are.
+    pub meta_start: U64,
+    pub meta_blocks: U64,
+    /// Byte offset of data chunk 0 and how many chunks there are.
+    pub data_start_bytes: U64,
+    pub data_chunks: U64,
+}
+
+/// What one transaction committed: the roots of the pool's trees and the
+/// counters, plus how many space-map page images follow it in its journal area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct CommitRecord {
+    pub uuid: [u8; 16],
+    pub txn: U64,
+    pub page_count: U32,
+    /// crc32c over the concatenated page images that follow this record.
+    pub pages_crc: U32,
+    pub volumes_root: BlockRefRaw,
+    pub queue_root: BlockRefRaw,
+    pub next_volume_id: U64,
+    pub next_queue_seq: U64,
+    pub meta_used: U64,
+    pub data_used: U64,
+    pub meta_cursor: U64,
+    pub data_cursor: U64,
+    pub commit_unix_secs: U64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct BlockRefRaw {
+    pub block: U64,
+    pub txn: U64,
+}
+
+impl From<BlockRef> for BlockRefRaw {
+    fn from(r: BlockRef) -> Self {
+        Self {
+            block: U64::new(r.block),
+            txn: U64::new(r.txn),
+        }
+    }
+}
+
+impl From<BlockRefRaw> for BlockRef {
+    fn from(r: BlockRefRaw) -> Self {
+        BlockRef {
+            block: r.block.get(),
+            txn: r.txn.get(),
+        }
+    }
+}
+
+fn encode_body<T: IntoBytes + Immutable>(body: &T, block_type: BlockType) -> [u8; BLOCK_SIZE] {
+    let mut block = [0u8; BLOCK_SIZE];
+    let bytes = body.as_bytes();
+    block[HEADER_SIZE..HEADER_SIZE + bytes.len()].copy_from_slice(bytes);
+    header::seal(&mut block, block_type);
+    block
+}
+
+fn decode_body<T: FromBytes + KnownLayout + Immutable + Copy>(
+    block: &[u8],
+    block_type: BlockType,
+) -> Result<T, FormatError> {
+    header::verify(block, block_type)?;
+    T::read_from_prefix(&block[HEADER_SIZE..])
+        .map(|(body, _)| body)
+        .map_err(|_| FormatError::Invalid("block too short for its body".into()))
+}
+
+impl Superblock {
+    pub fn new_zeroed_geometry() -> Self {
+        Self::new_zeroed()
+    }
+
+    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
+        encode_body(self, BlockType::Superblock)
+    }
+
+    /// Decodes and validates a superblock against the size of its device.
+    pub fn decode(block: &[u8], device_bytes: u64) -> Result<Self, FormatError> {
+        let sb: Self = decode_body(block, BlockType::Superblock)?;
+        sb.validate(device_bytes)?;
+        Ok(sb)
+    }
+
+    /// Checks that the regions are ordered, disjoint and inside the device, so
+    /// that no later offset computation can overflow or escape the pool.
+    pub fn validate(&self, device_bytes: u64) -> Result<(), FormatError> {
+        let invalid = |what: &str| Err(FormatError::Invalid(format!("superblock: {what}")));
+        let chunk = self.chunk_size.get();
+        if !chunk.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk) {
+            return invalid("chunk size is not a power of two between 4 KiB and 1 MiB");
+        }
+        if self.pool_bytes.get() > device_bytes {
+            return invalid("pool is larger than its device");
+        }
+        let journal_blocks = u64::from(self.journal_pages.get()) + 1;
+        let regions = [
+            (self.journal_start[0].get(), journal_blocks),
+            (self.journal_start[1].get(), journal_blocks),
+            (self.meta_sm_start.get(), self.meta_sm_pages()),
+            (self.data_sm_start.get(), self.data_sm_pages()),
+            (self.meta_start.get(), self.meta_blocks.get()),
+        ];
+        let mut next_free = SUPERBLOCK_SLOTS;
+        for (start, len) in regions {
+            let Some(end) = start.checked_add(len) else {
+                return invalid("region end overflows");
+            };
+            if start < next_free {
+                return invalid("regions overlap or are out of order");
+            }
+            next_free = end;
+        }
+        let Some(metadata_end) = next_free.checked_mul(BLOCK_SIZE_U64) else {
+            return invalid("metadata end overflows");
+        };
+        let data_start = self.data_start_bytes.get();
+        if data_start < metadata_end || data_start % u64::from(chunk) != 0 {
+            return invalid("data region overlaps metadata or is not chunk aligned");
+        }
+        let data_end = self
+            .data_chunks
+            .get()
+            .checked_mul(u64::from(chunk))
+            .and_then(|len| len.checked_add(data_start));
+        match data_end {
+            Some(end) if end <= self.pool_bytes.get() => Ok(()),
+            _ => invalid("data region extends past the pool"),
+        }
+    }
+
+    pub fn meta_sm_pages(&self) -> u64 {
+        self.meta_blocks
+            .get()
+            .div_ceil(crate::SM_ENTRIES_PER_PAGE as u64)
+    }
+
+    pub fn data_sm_pages(&self) -> u64 {
+        self.data_chunks
+            .get()
+            .div_ceil(crate::SM_ENTRIES_PER_PAGE as u64)
+    }
+}
+
+impl CommitRecord {
+    pub fn new_zeroed_record() -> Self {
+        Self::new_zeroed()
+    }
+
+    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
+        encode_body(self, BlockType::Commit)
+    }
+
+    pub fn decode(block: &[u8]) -> Result<Self, FormatError> {
+        decode_body(block, BlockType::Commit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> Superblock {
+        let mut sb = Superblock::new_zeroed_geometry();
+        sb.uuid = [9; 16];
+        sb.pool_bytes = U64::new(64 << 20);
+        sb.chunk_size = U32::new(65536);
+        sb.journal_pages = U32::new(8);
+        sb.journal_start = [U64::new(2), U64::new(11)];
+        sb.meta_sm_start = U64::new(20);
+        sb.data_sm_start = U64::new(21);
+        sb.meta_start = U64::new(22);
+        sb.meta_blocks = U64::new(100);
+        sb.data_start_bytes = U64::new(2 << 20);
+        sb.data_chunks = U64::new(900);
+        sb
+    }
+
+    #[test]
+    fn superblock_round_trip() {
+        let sb = geometry();
+        let decoded = Superblock::decode(&sb.encode(), 64 << 20).unwrap();
+        assert_eq!(decoded, sb);
+    }
+
+    #[test]
+    fn superblock_rejects_escaping_regions() {
+        let mut sb = geometry();
+        sb.data_chunks = U64::new(u64::MAX / 2);
+        assert!(Superblock::decode(&sb.encode(), 64 << 20).is_err());
+        let mut sb = geometry();
+        sb.meta_start = U64::new(3);
+        assert!(Superblock::decode(&sb.encode(), 64 << 20).is_err());
+        assert!(Superblock::decode(&geometry().encode(), 1 << 20).is_err());
+    }
+
+    #[test]
+    fn commit_round_trip() {
+        let mut c = CommitRecord::new_zeroed_record();
+        c.txn = U64::new(77);
+        c.volumes_root = BlockRef { block: 5, txn: 76 }.into();
+        let decoded = CommitRecord::decode(&c.encode()).unwrap();
+        assert_eq!(decoded, c);
+        assert_eq!(BlockRef::from(decoded.volumes_root).block, 5);
+    }
+}
