@@ -1,1 +1,33 @@
-//! arbor storage engine (in progress).
+//! arbor's storage engine: a pool of thin volumes with O(1) snapshots and
+//! clones, crash-safe copy-on-write metadata, background reclaim and diff.
+//!
+//! Layers, lowest first (each may call only those below it; see
+//! docs/ARCHITECTURE.md):
+//! * `store`: device, geometry, bounded caches of committed metadata;
+//! * `spacemap`: reference counts of metadata blocks and data chunks;
+//! * `meta`: the transaction (dirty nodes, allocation, shadowing, commit, recovery);
+//! * `btree`: copy-on-write B-trees with shared, reference-counted nodes;
+//! * `mapping`: a volume's chunk → extent map;
+//! * `volumes`: volume table, family tree, write planning, reclaim;
+//! * `diff`, `check`: tree comparison, exclusive space, full verification;
+//! * `pool`: the public, thread-safe API and the data path.
+
+mod btree;
+pub mod check;
+mod diff;
+mod error;
+mod mapping;
+mod meta;
+mod names;
+mod pool;
+mod spacemap;
+mod store;
+mod volumes;
+
+pub use check::CheckReport;
+pub use error::{Error, Result};
+pub use names::{check_volume_name, split_snapshot_name};
+pub use pool::{
+    CreateOptions, MapRun, OpenOptions, Pool, PoolStats, VolumeId, VolumeInfo, VolumeStats,
+    DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
+};

@@ -14,7 +14,9 @@ mod spacemap;
 mod superblock;
 
 pub use header::{seal, BlockHeader, BlockType};
-pub use node::{internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, NODE_HEADER_SIZE};
+pub use node::{
+    internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, MAX_LEVEL, NODE_HEADER_SIZE,
+};
 pub use records::{BlockRef, MapValue, VolumeKind, VolumeRecord, MAX_EXTENT_CHUNKS, MAX_NAME_LEN};
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};

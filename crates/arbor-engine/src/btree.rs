@@ -1,0 +1,350 @@
+//! Copy-on-write B-trees over u64 keys with reference-counted, shared nodes
+//! (Rodeh, "B-trees, shadowing, and clones").
+//!
+//! A tree is named by its root [`BlockRef`]; `BlockRef::NONE` is the empty
+//! tree. Every mutation shadows the path from the root (see
+//! [`Meta::shadow`]) and returns the new root; nodes shared with other trees
+//! are never modified in place.
+//!
+//! Invariants checked by `check` and relied on here:
+//! * keys in a node are strictly increasing; child `i` of an internal node
+//!   holds only keys in `[keys[i], keys[i + 1])` (for `i = 0`, from the
+//!   parent's lower bound);
+//! * a child's level is its parent's level minus one; leaves are level 0;
+//! * no node is empty (empty nodes are removed, an internal root with one
+//!   child is replaced by the child).
+
+use arbor_format::{BlockRef, Node, NodeBody, TreeKind, MAX_LEVEL};
+
+use crate::error::{Error, Result};
+use crate::meta::Meta;
+
+/// Index of the child of an internal node whose range holds `key`.
+fn child_index(keys: &[u64], key: u64) -> usize {
+    keys.partition_point(|&k| k <= key).saturating_sub(1)
+}
+
+fn children(node: &Node) -> Result<&Vec<BlockRef>> {
+    match &node.body {
+        NodeBody::Internal(c) => Ok(c),
+        NodeBody::Leaf(_) => Err(Error::inconsistent("expected an internal node")),
+    }
+}
+
+fn children_mut(node: &mut Node) -> Result<&mut Vec<BlockRef>> {
+    match &mut node.body {
+        NodeBody::Internal(c) => Ok(c),
+        NodeBody::Leaf(_) => Err(Error::inconsistent("expected an internal node")),
+    }
+}
+
+fn leaf_values_mut(node: &mut Node) -> Result<&mut Vec<u8>> {
+    match &mut node.body {
+        NodeBody::Leaf(v) => Ok(v),
+        NodeBody::Internal(_) => Err(Error::inconsistent("expected a leaf")),
+    }
+}
+
+/// Checks the level step from a parent to a child read from disk, so a
+/// damaged pool cannot send a descent into a cycle.
+fn check_child_level(parent: &Node, child: &Node, tree: TreeKind) -> Result<()> {
+    if child.level + 1 != parent.level || child.tree != tree {
+        return Err(Error::inconsistent(format!(
+            "child node at level {} ({:?}) under a level-{} {:?} node",
+            child.level, child.tree, parent.level, tree
+        )));
+    }
+    Ok(())
+}
+
+/// Moves the upper half of an overfull node into a new node value.
+fn split_off_upper(node: &mut Node) -> Result<Node> {
+    let at = node.len() / 2;
+    let keys = node.keys.split_off(at);
+    let body = match &mut node.body {
+        NodeBody::Internal(c) => NodeBody::Internal(c.split_off(at)),
+        NodeBody::Leaf(v) => NodeBody::Leaf(v.split_off(at * node.tree.value_len())),
+    };
+    Ok(Node {
+        tree: node.tree,
+        level: node.level,
+        keys,
+        body,
+    })
+}
+
+/// A leaf entry found by [`Meta::tree_get_le`]: its key, value bytes, and
+/// the exclusive upper bound of the key range its leaf covers.
+pub(crate) struct Found {
+    pub key: u64,
+    pub value: Vec<u8>,
+    pub leaf_upper: u64,
+}
+
+impl Meta {
+    /// The entry with the greatest key ≤ `key` *within the leaf whose range
+    /// holds `key`* (an entry in an earlier leaf is not returned: mapping
+    /// extents never cross their leaf's upper bound, so it cannot cover `key`).
+    pub fn tree_get_le(&self, root: BlockRef, key: u64) -> Result<Option<Found>> {
+        if root.is_none() {
+            return Ok(None);
+        }
+        let mut upper = u64::MAX;
+        let mut node = self.node(root)?;
+        let tree = node.tree;
+        loop {
+            match &node.body {
+                NodeBody::Leaf(_) => {
+                    let i = node.keys.partition_point(|&k| k <= key);
+                    if i == 0 {
+                        return Ok(None);
+                    }
+                    return Ok(Some(Found {
+                        key: node.keys[i - 1],
+                        value: node.value(i - 1).to_vec(),
+                        leaf_upper: upper,
+                    }));
+                }
+                NodeBody::Internal(children) => {
+                    let i = child_index(&node.keys, key);
+                    if let Some(&next) = node.keys.get(i + 1) {
+                        upper = upper.min(next);
+                    }
+                    let child = self.node(children[i])?;
+                    check_child_level(&node, &child, tree)?;
+                    node = child;
+                }
+            }
+        }
+    }
+
+    /// Calls `f(key, value)` for each leaf entry with key in `[from, to)`, in
+    /// order, until `f` returns false.
+    pub fn tree_for_each(
+        &self,
+        root: BlockRef,
+        from: u64,
+        to: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
+        if root.is_none() || from >= to {
+            return Ok(());
+        }
+        let node = self.node(root)?;
+        if node.level > MAX_LEVEL {
+            return Err(Error::inconsistent("tree too deep"));
+        }
+        self.for_each_rec(&node, from, to, f).map(|_| ())
+    }
+
+    fn for_each_rec(
+        &self,
+        node: &Node,
+        from: u64,
+        to: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
+    ) -> Result<bool> {
+        match &node.body {
+            NodeBody::Leaf(_) => {
+                let start = node.keys.partition_point(|&k| k < from);
+                for i in start..node.len() {
+                    if node.keys[i] >= to {
+                        return Ok(false);
+                    }
+                    if !f(node.keys[i], node.value(i))? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            NodeBody::Internal(children) => {
+                let first = child_index(&node.keys, from);
+                for i in first..node.len() {
+                    if node.keys[i] >= to && i > first {
+                        return Ok(false);
+                    }
+                    let child = self.node(children[i])?;
+                    check_child_level(node, &child, node.tree)?;
+                    if !self.for_each_rec(&child, from, to, f)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// The smallest key in the tree and its value.
+    pub fn tree_first(&self, root: BlockRef) -> Result<Option<(u64, Vec<u8>)>> {
+        let mut first = None;
+        self.tree_for_each(root, 0, u64::MAX, &mut |k, v| {
+            first = Some((k, v.to_vec()));
+            Ok(false)
+        })?;
+        Ok(first)
+    }
+
+    /// Inserts or replaces `key`; returns the new root.
+    pub fn tree_insert(
+        &mut self,
+        root: BlockRef,
+        tree: TreeKind,
+        key: u64,
+        value: &[u8],
+    ) -> Result<BlockRef> {
+        debug_assert_eq!(value.len(), tree.value_len());
+        if root.is_none() {
+            let mut leaf = Node::new_leaf(tree);
+            leaf.keys.push(key);
+            leaf.body = NodeBody::Leaf(value.to_vec());
+            return self.alloc_node(leaf);
+        }
+        let (left, split) = self.insert_rec(root, key, value)?;
+        let Some((separator, right)) = split else {
+            return Ok(left);
+        };
+        let level = self.node(left)?.level + 1;
+        let first_key = self.node(left)?.keys[0].min(key);
+        self.alloc_node(Node {
+            tree,
+            level,
+            keys: vec![first_key, separator],
+            body: NodeBody::Internal(vec![left, right]),
+        })
+    }
+
+    /// Inserts into the subtree at `r`; returns its new ref and, if it split,
+    /// the separator key and the new right sibling.
+    fn insert_rec(
+        &mut self,
+        r: BlockRef,
+        key: u64,
+        value: &[u8],
+    ) -> Result<(BlockRef, Option<(u64, BlockRef)>)> {
+        let r = self.shadow(r)?;
+        let mut node = self.take_dirty(r)?;
+        let result = self.insert_into(&mut node, key, value);
+        let split = match result {
+            Ok(()) if node.len() > node.capacity() => {
+                let upper = split_off_upper(&mut node)?;
+                let separator = upper.keys[0];
+                self.alloc_node(upper).map(|right| Some((separator, right)))
+            }
+            Ok(()) => Ok(None),
+            Err(e) => Err(e),
+        };
+        self.put_dirty(r, node);
+        Ok((r, split?))
+    }
+
+    fn insert_into(&mut self, node: &mut Node, key: u64, value: &[u8]) -> Result<()> {
+        if node.level == 0 {
+            let vlen = node.tree.value_len();
+            let pos = node.keys.binary_search(&key);
+            let values = leaf_values_mut(node)?;
+            match pos {
+                Ok(i) => values[i * vlen..(i + 1) * vlen].copy_from_slice(value),
+                Err(i) => {
+                    values.splice(i * vlen..i * vlen, value.iter().copied());
+                    node.keys.insert(i, key);
+                }
+            }
+            return Ok(());
+        }
+        let i = child_index(&node.keys, key);
+        if key < node.keys[0] {
+            node.keys[0] = key;
+        }
+        let child = children(node)?[i];
+        let (child, split) = self.insert_rec(child, key, value)?;
+        let kids = children_mut(node)?;
+        kids[i] = child;
+        if let Some((separator, right)) = split {
+            kids.insert(i + 1, right);
+            node.keys.insert(i + 1, separator);
+        }
+        Ok(())
+    }
+
+    /// Removes `key` if present; returns the new root and the removed value.
+    pub fn tree_remove(&mut self, root: BlockRef, key: u64) -> Result<(BlockRef, Option<Vec<u8>>)> {
+        match self.tree_get_le(root, key)? {
+            Some(found) if found.key == key => {}
+            _ => return Ok((root, None)),
+        }
+        let (new_root, value) = self.remove_rec(root, key)?;
+        let Some(mut new_root) = new_root else {
+            return Ok((BlockRef::NONE, Some(value)));
+        };
+        // Collapse internal roots with a single child; the child's reference
+        // passes from the freed root to the tree itself.
+        loop {
+            let only_child = {
+                let node = self.node(new_root)?;
+                match &node.body {
+                    NodeBody::Internal(c) if c.len() == 1 => c[0],
+                    _ => break,
+                }
+            };
+            self.dec_node_shallow(new_root)?;
+            new_root = only_child;
+        }
+        Ok((new_root, Some(value)))
+    }
+
+    /// Removes `key` (known present) below `r`; `None` when the node emptied
+    /// and was freed.
+    fn remove_rec(&mut self, r: BlockRef, key: u64) -> Result<(Option<BlockRef>, Vec<u8>)> {
+        let r = self.shadow(r)?;
+        let mut node = self.take_dirty(r)?;
+        let removed = self.remove_from(&mut node, key);
+        let empty = node.is_empty();
+        self.put_dirty(r, node);
+        let value = removed?;
+        if empty {
+            self.dec_node_shallow(r)?;
+            return Ok((None, value));
+        }
+        Ok((Some(r), value))
+    }
+
+    fn remove_from(&mut self, node: &mut Node, key: u64) -> Result<Vec<u8>> {
+        if node.level == 0 {
+            let vlen = node.tree.value_len();
+            let i = node
+                .keys
+                .binary_search(&key)
+                .map_err(|_| Error::inconsistent(format!("key {key} vanished during removal")))?;
+            node.keys.remove(i);
+            return Ok(leaf_values_mut(node)?
+                .drain(i * vlen..(i + 1) * vlen)
+                .collect());
+        }
+        let i = child_index(&node.keys, key);
+        let child = children(node)?[i];
+        let (child, value) = self.remove_rec(child, key)?;
+        match child {
+            Some(c) => children_mut(node)?[i] = c,
+            None => {
+                children_mut(node)?.remove(i);
+                node.keys.remove(i);
+            }
+        }
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::child_index;
+
+    #[test]
+    fn child_index_routes_by_lower_bounds() {
+        let keys = [10, 20, 30];
+        assert_eq!(child_index(&keys, 0), 0);
+        assert_eq!(child_index(&keys, 10), 0);
+        assert_eq!(child_index(&keys, 19), 0);
+        assert_eq!(child_index(&keys, 20), 1);
+        assert_eq!(child_index(&keys, 99), 2);
+    }
+}

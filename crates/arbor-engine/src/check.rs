@@ -1,0 +1,274 @@
+//! Full verification of a pool: every reachable node read from the device
+//! and checked (checksum, place, transaction, tree kind, level, key order and
+//! ranges), every extent checked, and every reference count recomputed by a
+//! full walk and compared with the space maps (so leaks and double
+//! references both show up).
+
+use std::collections::{HashMap, HashSet};
+
+use arbor_format::{BlockRef, NodeBody, TreeKind, VolumeRecord};
+
+use crate::error::Result;
+use crate::meta::Meta;
+
+/// Problems reported beyond this many are only counted.
+const MAX_REPORTED: usize = 200;
+
+#[derive(Debug, Default, Clone)]
+pub struct CheckReport {
+    pub problems: Vec<String>,
+    /// Problems found but not listed (beyond the first 200).
+    pub unlisted: usize,
+    pub volumes: usize,
+    pub nodes: u64,
+    pub data_chunks_referenced: u64,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    fn problem(&mut self, what: String) {
+        if self.problems.len() < MAX_REPORTED {
+            self.problems.push(what);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+}
+
+struct Walker<'a> {
+    meta: &'a Meta,
+    report: CheckReport,
+    meta_refs: HashMap<u64, u32>,
+    data_refs: HashMap<u64, u32>,
+    /// Mapped chunks per verified mapping subtree (shared subtrees are walked once).
+    mapped: HashMap<u64, u64>,
+    queued: Vec<BlockRef>,
+    records: Vec<(u64, VolumeRecord)>,
+    visited: HashSet<u64>,
+}
+
+impl Walker<'_> {
+    /// Counts one reference to `r` and, the first time, verifies its subtree.
+    /// Returns the chunks mapped below it (mapping trees).
+    fn walk(&mut self, r: BlockRef, tree: TreeKind, level: Option<u8>, lo: u64, hi: u64) -> u64 {
+        *self.meta_refs.entry(r.block).or_default() += 1;
+        if !self.visited.insert(r.block) {
+            return self.mapped.get(&r.block).copied().unwrap_or(0);
+        }
+        self.report.nodes += 1;
+        let node = match self.meta.store.read_node_uncached(r) {
+            Ok(node) => node,
+            Err(e) => {
+                self.report
+                    .problem(format!("{tree:?} node {}: {e}", r.block));
+                return 0;
+            }
+        };
+        if node.tree != tree || level.is_some_and(|l| l != node.level) {
+            self.report.problem(format!(
+                "node {} is a level-{} {:?} node where a level-{level:?} {tree:?} node belongs",
+                r.block, node.level, node.tree
+            ));
+            return 0;
+        }
+        if node.keys.first().is_some_and(|&k| k < lo) || node.keys.last().is_some_and(|&k| k >= hi)
+        {
+            self.report.problem(format!(
+                "node {} has keys outside its range [{lo}, {hi})",
+                r.block
+            ));
+        }
+        if node.is_empty() {
+            self.report.problem(format!("node {} is empty", r.block));
+        }
+        let mapped = match &node.body {
+            NodeBody::Internal(children) => {
+                let mut total = 0u64;
+                for (i, child) in children.iter().enumerate() {
+                    let child_lo = if i == 0 { lo } else { node.keys[i] };
+                    let child_hi = node.keys.get(i + 1).copied().unwrap_or(hi);
+                    total += self.walk(
+                        *child,
+                        tree,
+                        Some(node.level.saturating_sub(1)),
+                        child_lo,
+                        child_hi,
+                    );
+                }
+                total
+            }
+            NodeBody::Leaf(_) => self.check_leaf(r, &node, hi),
+        };
+        self.mapped.insert(r.block, mapped);
+        mapped
+    }
+
+    fn check_leaf(&mut self, r: BlockRef, node: &arbor_format::Node, hi: u64) -> u64 {
+        let mut mapped = 0;
+        let mut previous_end = 0;
+        for i in 0..node.len() {
+            let key = node.keys[i];
+            match node.tree {
+                TreeKind::Mapping => match crate::meta::decode_map_value(node, i) {
+                    Ok(v) => {
+                        let len = u64::from(v.len);
+                        if key < previous_end {
+                            self.report.problem(format!(
+                                "leaf {}: extent at {key} overlaps the previous one",
+                                r.block
+                            ));
+                        }
+                        if key.saturating_add(len) > hi {
+                            self.report.problem(format!(
+                                "leaf {}: extent at {key} crosses its leaf's range end {hi}",
+                                r.block
+                            ));
+                        }
+                        if v.pchunk.saturating_add(len) > self.meta.store.geo.data_chunks {
+                            self.report.problem(format!(
+                                "leaf {}: extent at {key} points past the data region",
+                                r.block
+                            ));
+                            continue;
+                        }
+                        previous_end = key.saturating_add(len);
+                        mapped += len;
+                        for c in v.pchunk..v.pchunk + len {
+                            *self.data_refs.entry(c).or_default() += 1;
+                        }
+                    }
+                    Err(e) => self.report.problem(format!("leaf {}: {e}", r.block)),
+                },
+                TreeKind::Volumes => match VolumeRecord::decode(node.value(i)) {
+                    Ok(rec) => self.records.push((key, rec)),
+                    Err(e) => self.report.problem(format!("volume record {key}: {e}")),
+                },
+                TreeKind::Queue => self.queued.push(BlockRef::decode(node.value(i))),
+            }
+        }
+        mapped
+    }
+
+    fn compare_counts(&mut self) -> Result<()> {
+        let meta = self.meta;
+        let geo = meta.store.geo;
+        let mut used = 0;
+        for entry in 0..geo.meta_blocks {
+            let block = geo.meta_start + entry;
+            let expected = self.meta_refs.get(&block).copied().unwrap_or(0);
+            let actual = meta.meta_sm.get(&meta.store, entry)?;
+            if expected != actual {
+                self.report.problem(format!(
+                    "metadata block {block}: space map counts {actual} references, the trees hold {expected}"
+                ));
+            }
+            used += u64::from(actual != 0);
+        }
+        if used != meta.meta_sm.used {
+            self.report.problem(format!(
+                "metadata used counter {} != {used} counted",
+                meta.meta_sm.used
+            ));
+        }
+        let mut used = 0;
+        for chunk in 0..geo.data_chunks {
+            let expected = self.data_refs.get(&chunk).copied().unwrap_or(0);
+            let actual = meta.data_sm.get(&meta.store, chunk)?;
+            if expected != actual {
+                self.report.problem(format!(
+                    "data chunk {chunk}: space map counts {actual} references, the trees hold {expected}"
+                ));
+            }
+            used += u64::from(actual != 0);
+        }
+        if used != meta.data_sm.used {
+            self.report.problem(format!(
+                "data used counter {} != {used} counted",
+                meta.data_sm.used
+            ));
+        }
+        self.report.data_chunks_referenced = used;
+        Ok(())
+    }
+}
+
+/// Verifies the committed state `meta` describes (callers commit first).
+pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
+    let mut w = Walker {
+        meta,
+        report: CheckReport::default(),
+        meta_refs: HashMap::new(),
+        data_refs: HashMap::new(),
+        mapped: HashMap::new(),
+        queued: Vec::new(),
+        records: Vec::new(),
+        visited: HashSet::new(),
+    };
+    if !meta.volumes_root.is_none() {
+        w.walk(meta.volumes_root, TreeKind::Volumes, None, 0, u64::MAX);
+    }
+    if !meta.queue_root.is_none() {
+        w.walk(meta.queue_root, TreeKind::Queue, None, 0, u64::MAX);
+    }
+    let records = std::mem::take(&mut w.records);
+    w.report.volumes = records.len();
+    let mut names = HashSet::new();
+    for (id, rec) in &records {
+        if !names.insert(rec.name.clone()) {
+            w.report
+                .problem(format!("two volumes named {:?}", rec.name));
+        }
+        if meta.vols.get(id) != Some(rec) {
+            w.report.problem(format!(
+                "volume {id} ({}) differs between the table and memory",
+                rec.name
+            ));
+        }
+        if id >= &meta.next_volume_id {
+            w.report.problem(format!(
+                "volume id {id} is not below the next id {}",
+                meta.next_volume_id
+            ));
+        }
+        let mapped = if rec.root.is_none() {
+            0
+        } else {
+            w.walk(rec.root, TreeKind::Mapping, None, 0, u64::MAX)
+        };
+        if mapped != rec.mapped_chunks {
+            w.report.problem(format!(
+                "volume {}: {mapped} chunks mapped, record says {}",
+                rec.name, rec.mapped_chunks
+            ));
+        }
+        let size_chunks = rec.size_bytes.div_ceil(meta.store.geo.chunk_size);
+        if !rec.root.is_none() {
+            let mut beyond = false;
+            meta.map_extents(rec.root, size_chunks, u64::MAX, &mut |_| {
+                beyond = true;
+                Ok(false)
+            })?;
+            if beyond {
+                w.report.problem(format!(
+                    "volume {}: chunks mapped beyond its size",
+                    rec.name
+                ));
+            }
+        }
+    }
+    if records.len() != meta.vols.len() {
+        w.report.problem(format!(
+            "{} volumes in memory, {} in the table",
+            meta.vols.len(),
+            records.len()
+        ));
+    }
+    for r in std::mem::take(&mut w.queued) {
+        w.walk(r, TreeKind::Mapping, None, 0, u64::MAX);
+    }
+    w.compare_counts()?;
+    Ok(w.report)
+}

@@ -1,0 +1,238 @@
+//! Differences between two mapping trees, found by walking only what is not
+//! shared, and per-volume exclusive-space accounting.
+//!
+//! The diff walks both trees as two sequences of pieces that each partition
+//! the chunk space `[0, u64::MAX)`. A piece is either a subtree not yet
+//! expanded or a run of chunks with a known mapping. At every step both front
+//! pieces start at the same chunk (the invariant). Two subtree pieces with
+//! the same block and the same range are identical and skipped whole: that is
+//! what makes the cost follow the size of the change, not of the volume.
+
+use arbor_format::{BlockRef, NodeBody};
+
+use crate::error::{Error, Result};
+use crate::meta::Meta;
+
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    Subtree {
+        node: BlockRef,
+        level: Option<u8>,
+        lo: u64,
+        hi: u64,
+    },
+    /// Chunks `[lo, hi)` map to physical chunks from `phys` on, or are unmapped.
+    Run { lo: u64, hi: u64, phys: Option<u64> },
+}
+
+impl Piece {
+    fn lo(&self) -> u64 {
+        match *self {
+            Piece::Subtree { lo, .. } | Piece::Run { lo, .. } => lo,
+        }
+    }
+
+    fn hi(&self) -> u64 {
+        match *self {
+            Piece::Subtree { hi, .. } | Piece::Run { hi, .. } => hi,
+        }
+    }
+}
+
+/// One side of the walk: pieces in reverse order (the next piece is last).
+struct Side(Vec<Piece>);
+
+impl Side {
+    fn new(root: BlockRef) -> Self {
+        Side(vec![if root.is_none() {
+            Piece::Run {
+                lo: 0,
+                hi: u64::MAX,
+                phys: None,
+            }
+        } else {
+            Piece::Subtree {
+                node: root,
+                level: None,
+                lo: 0,
+                hi: u64::MAX,
+            }
+        }])
+    }
+
+    /// Replaces the front subtree piece by its children (or its runs).
+    fn expand(&mut self, meta: &Meta) -> Result<()> {
+        let Some(Piece::Subtree {
+            node,
+            level,
+            lo,
+            hi,
+        }) = self.0.pop()
+        else {
+            return Err(Error::inconsistent("diff: expanding a run"));
+        };
+        let n = meta.node(node)?;
+        if level.is_some_and(|l| l != n.level) {
+            return Err(Error::inconsistent(format!(
+                "diff: node {} at an unexpected level",
+                node.block
+            )));
+        }
+        let mut pieces = Vec::new();
+        match &n.body {
+            NodeBody::Internal(children) => {
+                let child_level = n
+                    .level
+                    .checked_sub(1)
+                    .ok_or_else(|| Error::inconsistent("internal node at level 0"))?;
+                let mut start = lo;
+                for (i, child) in children.iter().enumerate() {
+                    let end = n.keys.get(i + 1).map_or(hi, |&k| k.clamp(start, hi));
+                    if end > start {
+                        pieces.push(Piece::Subtree {
+                            node: *child,
+                            level: Some(child_level),
+                            lo: start,
+                            hi: end,
+                        });
+                    }
+                    start = end;
+                }
+            }
+            NodeBody::Leaf(_) => {
+                let mut pos = lo;
+                for i in 0..n.len() {
+                    let v = crate::meta::decode_map_value(&n, i)?;
+                    let start = n.keys[i].clamp(pos, hi);
+                    let end = n.keys[i].saturating_add(u64::from(v.len)).clamp(start, hi);
+                    if start > pos {
+                        pieces.push(Piece::Run {
+                            lo: pos,
+                            hi: start,
+                            phys: None,
+                        });
+                    }
+                    if end > start {
+                        let phys = v.pchunk + (start - n.keys[i]);
+                        pieces.push(Piece::Run {
+                            lo: start,
+                            hi: end,
+                            phys: Some(phys),
+                        });
+                    }
+                    pos = pos.max(end);
+                }
+                if pos < hi {
+                    pieces.push(Piece::Run {
+                        lo: pos,
+                        hi,
+                        phys: None,
+                    });
+                }
+            }
+        }
+        self.0.extend(pieces.into_iter().rev());
+        Ok(())
+    }
+
+    /// Drops the front run's chunks below `to`.
+    fn consume_to(&mut self, to: u64) {
+        if let Some(Piece::Run { lo, hi, phys }) = self.0.pop() {
+            if to < hi {
+                let phys = phys.map(|p| p + (to - lo));
+                self.0.push(Piece::Run { lo: to, hi, phys });
+            }
+        }
+    }
+}
+
+impl Meta {
+    /// Calls `emit(from, to)` for every chunk range where the trees map
+    /// differently (ranges come in increasing order, possibly adjacent).
+    pub fn diff_trees(
+        &self,
+        a: BlockRef,
+        b: BlockRef,
+        emit: &mut dyn FnMut(u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let mut left = Side::new(a);
+        let mut right = Side::new(b);
+        while let (Some(&pa), Some(&pb)) = (left.0.last(), right.0.last()) {
+            if pa.lo() != pb.lo() {
+                return Err(Error::inconsistent(
+                    "diff: walks out of step (damaged tree ranges)",
+                ));
+            }
+            match (pa, pb) {
+                (Piece::Subtree { node: na, .. }, Piece::Subtree { node: nb, .. })
+                    if na.block == nb.block && pa.hi() == pb.hi() =>
+                {
+                    left.0.pop();
+                    right.0.pop();
+                }
+                (Piece::Subtree { .. }, Piece::Subtree { .. }) => {
+                    // Expand the wider one: the narrower may match a child of it.
+                    if pa.hi() >= pb.hi() {
+                        left.expand(self)?;
+                    }
+                    if pb.hi() >= pa.hi() {
+                        right.expand(self)?;
+                    }
+                }
+                (Piece::Subtree { .. }, Piece::Run { .. }) => left.expand(self)?,
+                (Piece::Run { .. }, Piece::Subtree { .. }) => right.expand(self)?,
+                (
+                    Piece::Run {
+                        lo,
+                        hi: ha,
+                        phys: xa,
+                    },
+                    Piece::Run {
+                        hi: hb, phys: xb, ..
+                    },
+                ) => {
+                    let end = ha.min(hb);
+                    if xa != xb {
+                        emit(lo, end)?;
+                    }
+                    left.consume_to(end);
+                    right.consume_to(end);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Chunks referenced by this tree alone: reachable only through nodes with
+    /// a single reference, with a single reference themselves. Walks only the
+    /// exclusive part of the tree.
+    pub fn exclusive_chunks(&self, root: BlockRef) -> Result<u64> {
+        let mut total = 0;
+        let mut stack = vec![root];
+        while let Some(r) = stack.pop() {
+            if r.is_none() || self.meta_count(r.block)? != 1 {
+                continue;
+            }
+            let node = self.node(r)?;
+            match &node.body {
+                NodeBody::Internal(children) => stack.extend(children.iter().copied()),
+                NodeBody::Leaf(_) => {
+                    for i in 0..node.len() {
+                        let v = crate::meta::decode_map_value(&node, i)?;
+                        for c in v.pchunk..v.pchunk + u64::from(v.len) {
+                            if self.data_sm.get(&self.store, c)? == 1 {
+                                total += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            if stack.len() > 1 << 20 {
+                return Err(Error::inconsistent(
+                    "exclusive-space walk exceeds any valid tree",
+                ));
+            }
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,51 @@
+use std::io;
+
+use arbor_format::FormatError;
+
+/// Everything the engine can report. Corruption is a value, never a panic.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("pool is damaged at {location}: {source}")]
+    Corrupt {
+        location: String,
+        #[source]
+        source: FormatError,
+    },
+    #[error("pool is damaged: {0}")]
+    Inconsistent(String),
+    #[error("not an arbor pool (no valid superblock)")]
+    NotAPool,
+    #[error("no such volume or snapshot: {0}")]
+    NotFound(String),
+    #[error("a volume or snapshot named {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{0} is a read-only snapshot")]
+    ReadOnly(String),
+    #[error("pool data space is full")]
+    NoSpace,
+    #[error("pool metadata space is full")]
+    MetadataFull,
+    #[error("the pool stopped after a failed commit and must be reopened: {0}")]
+    Failed(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn corrupt(location: impl Into<String>, source: FormatError) -> Self {
+        Error::Corrupt {
+            location: location.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn inconsistent(what: impl Into<String>) -> Self {
+        Error::Inconsistent(what.into())
+    }
+}

@@ -1,0 +1,467 @@
+//! The transaction manager: the in-memory state of the transaction being
+//! built on top of the last commit, node allocation and shadowing
+//! (copy-on-write), and the commit protocol.
+//!
+//! Commit protocol (see docs/FORMAT.md, "Commit"):
+//! 1. write the home pages journalled by the *previous* commit (deferred so
+//!    that the previous commit stays replayable until this one is durable);
+//! 2. write every node allocated in this transaction to its fresh block;
+//! 3. flush (new nodes, data and deferred pages are durable);
+//! 4. write the commit record + images of every space-map page this
+//!    transaction changed into journal area `txn % 2`;
+//! 5. flush. The commit record is the commit point: on open, the newest
+//!    valid record of the two areas wins and its page images are replayed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Deref;
+use std::sync::Arc;
+
+use arbor_format::{
+    BlockRef, CommitRecord, MapValue, Node, NodeBody, SmKind, SmPage, TreeKind, VolumeRecord,
+    BLOCK_SIZE,
+};
+use tracing::warn;
+use zerocopy::little_endian::{U32, U64};
+
+use crate::error::{Error, Result};
+use crate::spacemap::SpaceMap;
+use crate::store::Store;
+
+/// A node as seen by a reader: borrowed from the transaction's dirty set or
+/// shared from the clean cache.
+pub(crate) enum NodeView<'a> {
+    Dirty(&'a Node),
+    Clean(Arc<crate::store::CachedNode>),
+}
+
+impl Deref for NodeView<'_> {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        match self {
+            NodeView::Dirty(n) => n,
+            NodeView::Clean(c) => &c.node,
+        }
+    }
+}
+
+/// Who is allocating metadata: ordinary writes must leave the reserve alone,
+/// so that a pool whose metadata is nearly full can still delete, reclaim and
+/// commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Privilege {
+    Normal,
+    Reserve,
+}
+
+pub(crate) struct Meta {
+    pub store: Arc<Store>,
+    /// The transaction being built: last committed txn + 1.
+    pub txn: u64,
+    /// Nodes allocated in this transaction, by block number.
+    dirty: HashMap<u64, Node>,
+    pub meta_sm: SpaceMap,
+    pub data_sm: SpaceMap,
+    pub volumes_root: BlockRef,
+    pub queue_root: BlockRef,
+    pub next_volume_id: u64,
+    pub next_queue_seq: u64,
+    pub vols: BTreeMap<u64, VolumeRecord>,
+    pub names: HashMap<String, u64>,
+    pub dirty_vols: BTreeSet<u64>,
+    pub removed_vols: BTreeSet<u64>,
+    /// Pages journalled by the last commit whose home copies are not yet written.
+    deferred_home_pages: Vec<Arc<SmPage>>,
+    pub privilege: Privilege,
+    /// Metadata blocks kept back from ordinary writes.
+    pub meta_reserve: u64,
+    pub dirty_node_limit: usize,
+    pub last_commit_unix_secs: u64,
+}
+
+/// What a pool needs from its last commit to resume.
+pub(crate) struct Resume {
+    pub record: CommitRecord,
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Meta {
+    pub fn resume(store: Arc<Store>, resume: Resume, dirty_node_limit: usize) -> Result<Self> {
+        let rec = resume.record;
+        let geo = store.geo;
+        let meta_sm = SpaceMap::new(
+            SmKind::Meta,
+            geo.meta_blocks,
+            rec.meta_used.get(),
+            rec.meta_cursor.get(),
+        )?;
+        let data_sm = SpaceMap::new(
+            SmKind::Data,
+            geo.data_chunks,
+            rec.data_used.get(),
+            rec.data_cursor.get(),
+        )?;
+        let meta_reserve = (geo.meta_blocks / 100)
+            .clamp(64, 4096)
+            .min(geo.meta_blocks / 4);
+        let mut meta = Self {
+            store,
+            txn: rec.txn.get() + 1,
+            dirty: HashMap::new(),
+            meta_sm,
+            data_sm,
+            volumes_root: rec.volumes_root.into(),
+            queue_root: rec.queue_root.into(),
+            next_volume_id: rec.next_volume_id.get(),
+            next_queue_seq: rec.next_queue_seq.get(),
+            vols: BTreeMap::new(),
+            names: HashMap::new(),
+            dirty_vols: BTreeSet::new(),
+            removed_vols: BTreeSet::new(),
+            deferred_home_pages: Vec::new(),
+            privilege: Privilege::Normal,
+            meta_reserve,
+            dirty_node_limit,
+            last_commit_unix_secs: rec.commit_unix_secs.get(),
+        };
+        meta.load_volumes()?;
+        Ok(meta)
+    }
+
+    fn load_volumes(&mut self) -> Result<()> {
+        let mut records = Vec::new();
+        self.tree_for_each(self.volumes_root, 0, u64::MAX, &mut |id, value| {
+            let rec = VolumeRecord::decode(value)
+                .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
+            records.push((id, rec));
+            Ok(true)
+        })?;
+        for (id, rec) in records {
+            if self.names.insert(rec.name.clone(), id).is_some() {
+                return Err(Error::inconsistent(format!(
+                    "two volumes are named {:?}",
+                    rec.name
+                )));
+            }
+            self.vols.insert(id, rec);
+        }
+        Ok(())
+    }
+
+    // ---- node access -------------------------------------------------------
+
+    pub fn is_dirty(&self, r: BlockRef) -> bool {
+        r.txn == self.txn && self.dirty.contains_key(&r.block)
+    }
+
+    pub fn node(&self, r: BlockRef) -> Result<NodeView<'_>> {
+        if r.txn == self.txn {
+            if let Some(n) = self.dirty.get(&r.block) {
+                return Ok(NodeView::Dirty(n));
+            }
+        }
+        Ok(NodeView::Clean(self.store.read_node(r)?))
+    }
+
+    /// Removes a dirty node from the dirty set so the caller can mutate it
+    /// while also using `self`; it must be returned with [`Self::put_dirty`].
+    pub fn take_dirty(&mut self, r: BlockRef) -> Result<Node> {
+        self.dirty
+            .remove(&r.block)
+            .ok_or_else(|| Error::inconsistent(format!("block {} is not dirty", r.block)))
+    }
+
+    pub fn put_dirty(&mut self, r: BlockRef, node: Node) {
+        self.dirty.insert(r.block, node);
+    }
+
+    /// True when the transaction should be committed before more work is
+    /// added: its journal and dirty-node set must stay bounded. One further
+    /// operation touches at most ~260 pages (two per extent of one leaf).
+    pub fn needs_commit(&self) -> bool {
+        let pages = self.meta_sm.dirty_pages() + self.data_sm.dirty_pages();
+        pages as u64 > self.store.geo.journal_pages / 2 || self.dirty.len() > self.dirty_node_limit
+    }
+
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty()
+            || self.meta_sm.dirty_pages() > 0
+            || self.data_sm.dirty_pages() > 0
+            || !self.dirty_vols.is_empty()
+            || !self.removed_vols.is_empty()
+    }
+
+    // ---- allocation and reference counting ---------------------------------
+
+    fn meta_entry(&self, block: u64) -> Result<u64> {
+        if !self.store.geo.is_meta_block(block) {
+            return Err(Error::inconsistent(format!(
+                "block {block} is not a metadata block"
+            )));
+        }
+        Ok(block - self.store.geo.meta_start)
+    }
+
+    pub fn meta_count(&self, block: u64) -> Result<u32> {
+        let entry = self.meta_entry(block)?;
+        self.meta_sm.get(&self.store, entry)
+    }
+
+    pub fn alloc_node(&mut self, node: Node) -> Result<BlockRef> {
+        let reserve = match self.privilege {
+            Privilege::Normal => self.meta_reserve,
+            Privilege::Reserve => 0,
+        };
+        let entry = self
+            .meta_sm
+            .alloc(&self.store, reserve)?
+            .ok_or(Error::MetadataFull)?;
+        let block = self.store.geo.meta_start + entry;
+        self.store.forget_node(block);
+        self.dirty.insert(block, node);
+        Ok(BlockRef {
+            block,
+            txn: self.txn,
+        })
+    }
+
+    pub fn inc_node(&mut self, r: BlockRef) -> Result<()> {
+        let entry = self.meta_entry(r.block)?;
+        self.meta_sm.inc(&self.store, entry)
+    }
+
+    /// Drops one reference to a node without touching its children (the caller
+    /// either transfers the children's references or queues them). Returns the
+    /// new count; a node at zero leaves the dirty set.
+    pub fn dec_node_shallow(&mut self, r: BlockRef) -> Result<u32> {
+        let entry = self.meta_entry(r.block)?;
+        let left = self.meta_sm.dec(&self.store, entry)?;
+        if left == 0 {
+            self.dirty.remove(&r.block);
+        }
+        Ok(left)
+    }
+
+    pub fn alloc_data(&mut self) -> Result<u64> {
+        self.data_sm.alloc(&self.store, 0)?.ok_or(Error::NoSpace)
+    }
+
+    /// Adds a reference to everything a node points at (used when a shared
+    /// node is copied: both copies now reference the children).
+    fn inc_children(&mut self, node: &Node) -> Result<()> {
+        match &node.body {
+            NodeBody::Internal(children) => {
+                for child in children {
+                    self.inc_node(*child)?;
+                }
+            }
+            NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
+                for i in 0..node.len() {
+                    let v = decode_map_value(node, i)?;
+                    self.data_sm
+                        .inc_range(&self.store, v.pchunk, u64::from(v.len))?;
+                }
+            }
+            NodeBody::Leaf(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Makes `r` writable in this transaction: returns a dirty node with a
+    /// single reference holding the same entries (Rodeh's "shadowing").
+    pub fn shadow(&mut self, r: BlockRef) -> Result<BlockRef> {
+        let count = self.meta_count(r.block)?;
+        if self.is_dirty(r) && count == 1 {
+            return Ok(r);
+        }
+        let copy = self.node(r)?.clone();
+        if count > 1 {
+            // Still shared by others: both copies now reference the children.
+            self.inc_children(&copy)?;
+        }
+        // count == 1: the old block's references pass to the copy.
+        self.dec_node_shallow(r)?;
+        self.alloc_node(copy)
+    }
+
+    // ---- commit ---------------------------------------------------------------
+
+    /// Makes the transaction durable. On error the caller must stop using the
+    /// pool (in-memory state no longer matches the device).
+    pub fn commit(&mut self) -> Result<()> {
+        let saved = self.privilege;
+        self.privilege = Privilege::Reserve;
+        let result = self.commit_inner();
+        self.privilege = saved;
+        result
+    }
+
+    fn commit_inner(&mut self) -> Result<()> {
+        self.store_volume_records()?;
+        let store = Arc::clone(&self.store);
+        let geo = store.geo;
+
+        for page in std::mem::take(&mut self.deferred_home_pages) {
+            let superseded = match page.kind {
+                SmKind::Meta => self.meta_sm.is_dirty_page(page.index),
+                SmKind::Data => self.data_sm.is_dirty_page(page.index),
+            };
+            if !superseded {
+                store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
+            }
+        }
+
+        let mut written: Vec<(u64, Node)> = self.dirty.drain().collect();
+        written.sort_by_key(|(block, _)| *block);
+        for (block, node) in &written {
+            store.write_block(*block, &node.encode(*block, self.txn))?;
+        }
+        store.dev.flush()?;
+
+        let mut pages = self.meta_sm.take_dirty(self.txn);
+        pages.extend(self.data_sm.take_dirty(self.txn));
+        if pages.len() as u64 > geo.journal_pages {
+            return Err(Error::inconsistent(format!(
+                "transaction changed {} space-map pages, journal holds {}",
+                pages.len(),
+                geo.journal_pages
+            )));
+        }
+        let now = unix_now();
+        let mut journal = Vec::with_capacity((pages.len() + 1) * BLOCK_SIZE);
+        journal.resize(BLOCK_SIZE, 0);
+        for page in &pages {
+            journal.extend_from_slice(&page.encode());
+        }
+        let record = self.commit_record(
+            pages.len() as u32,
+            crc32c::crc32c(&journal[BLOCK_SIZE..]),
+            now,
+        );
+        journal[..BLOCK_SIZE].copy_from_slice(&record.encode());
+        let area = geo.journal_start[(self.txn % 2) as usize];
+        store
+            .dev
+            .write_at(&journal, area * arbor_format::BLOCK_SIZE_U64)?;
+        store.dev.flush()?;
+
+        for (block, node) in written {
+            store.cache_node(block, self.txn, node);
+        }
+        for page in &pages {
+            store.cache_sm_page(Arc::clone(page));
+        }
+        self.deferred_home_pages = pages;
+        self.last_commit_unix_secs = now;
+        self.txn += 1;
+        Ok(())
+    }
+
+    fn commit_record(&self, page_count: u32, pages_crc: u32, now: u64) -> CommitRecord {
+        let mut rec = CommitRecord::new_zeroed_record();
+        rec.uuid = self.store.geo.uuid;
+        rec.txn = U64::new(self.txn);
+        rec.page_count = U32::new(page_count);
+        rec.pages_crc = U32::new(pages_crc);
+        rec.volumes_root = self.volumes_root.into();
+        rec.queue_root = self.queue_root.into();
+        rec.next_volume_id = U64::new(self.next_volume_id);
+        rec.next_queue_seq = U64::new(self.next_queue_seq);
+        rec.meta_used = U64::new(self.meta_sm.used);
+        rec.data_used = U64::new(self.data_sm.used);
+        rec.meta_cursor = U64::new(self.meta_sm.cursor);
+        rec.data_cursor = U64::new(self.data_sm.cursor);
+        rec.commit_unix_secs = U64::new(now);
+        rec
+    }
+
+    /// Writes changed volume records into the volume table.
+    fn store_volume_records(&mut self) -> Result<()> {
+        for id in std::mem::take(&mut self.removed_vols) {
+            self.volumes_root = self.tree_remove(self.volumes_root, id)?.0;
+        }
+        for id in std::mem::take(&mut self.dirty_vols) {
+            let Some(rec) = self.vols.get(&id) else {
+                continue;
+            };
+            let mut value = [0u8; VolumeRecord::ENCODED_LEN];
+            rec.encode(&mut value);
+            self.volumes_root =
+                self.tree_insert(self.volumes_root, TreeKind::Volumes, id, &value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Finds the newest commit whose record and page images are intact, and
+/// replays its page images to their home blocks.
+pub(crate) fn recover(store: &Store) -> Result<Resume> {
+    let geo = store.geo;
+    let mut best: Option<(CommitRecord, Vec<SmPage>)> = None;
+    for area in geo.journal_start {
+        match read_journal(store, area) {
+            Ok(Some((rec, pages))) => {
+                if best
+                    .as_ref()
+                    .is_none_or(|(b, _)| rec.txn.get() > b.txn.get())
+                {
+                    best = Some((rec, pages));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => warn!(area, error = %e, "journal area unreadable; using the other one"),
+        }
+    }
+    let Some((record, pages)) = best else {
+        return Err(Error::inconsistent(
+            "no valid commit record in either journal area",
+        ));
+    };
+    for page in &pages {
+        store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
+    }
+    store.dev.flush()?;
+    Ok(Resume { record })
+}
+
+/// Reads one journal area; `Ok(None)` when it holds no valid commit of this pool.
+fn read_journal(store: &Store, area: u64) -> Result<Option<(CommitRecord, Vec<SmPage>)>> {
+    let geo = store.geo;
+    let raw = store.read_block(area)?;
+    let Ok(rec) = CommitRecord::decode(&raw[..]) else {
+        return Ok(None);
+    };
+    if rec.uuid != geo.uuid || u64::from(rec.page_count.get()) > geo.journal_pages {
+        return Ok(None);
+    }
+    let count = rec.page_count.get() as usize;
+    let mut images = vec![0u8; count * BLOCK_SIZE];
+    store
+        .dev
+        .read_at(&mut images, (area + 1) * arbor_format::BLOCK_SIZE_U64)?;
+    if crc32c::crc32c(&images) != rec.pages_crc.get() {
+        return Ok(None);
+    }
+    let mut pages = Vec::with_capacity(count);
+    for image in images.chunks_exact(BLOCK_SIZE) {
+        let Ok(page) = SmPage::decode_any(image) else {
+            return Ok(None);
+        };
+        let entries = geo.sm_entries(page.kind);
+        if u64::from(page.index) >= entries.div_ceil(arbor_format::SM_ENTRIES_PER_PAGE as u64) {
+            return Ok(None);
+        }
+        pages.push(page);
+    }
+    Ok(Some((rec, pages)))
+}
+
+pub(crate) fn decode_map_value(node: &Node, i: usize) -> Result<MapValue> {
+    MapValue::decode(node.value(i))
+        .map_err(|e| Error::corrupt(format!("mapping entry {}", node.keys[i]), e))
+}

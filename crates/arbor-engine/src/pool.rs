@@ -1,0 +1,948 @@
+//! The public face of the engine: a pool of thin volumes.
+//!
+//! Concurrency (see docs/ARCHITECTURE.md):
+//! * `meta` (RwLock) guards the transaction state. Lookups take it shared,
+//!   mutations exclusive; no data I/O happens while it is held.
+//! * `gate` (RwLock) separates I/O from commits: every read and write holds
+//!   it shared for its whole duration, a commit holds it exclusive. So a
+//!   commit never sees a half-done write, and a chunk freed in a transaction
+//!   (reusable after the commit) is never reused while a reader that looked
+//!   it up is still reading it.
+//! * `stripes` serialise writes to the same (volume, chunk), so two partial
+//!   writes to one chunk never race on its copy-on-write.
+//!
+//! Lock order: gate → stripe → meta.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use arbor_format::{
+    BlockRef, CommitRecord, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE, BLOCK_SIZE_U64,
+    MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+};
+use arbor_io::BlockDevice;
+use rand::RngCore;
+use tracing::warn;
+use zerocopy::little_endian::{U32, U64};
+
+use crate::error::{Error, Result};
+use crate::meta::{recover, Meta, Privilege, Resume};
+use crate::names::{check_volume_name, split_snapshot_name};
+use crate::store::{Geometry, Store};
+use crate::volumes::WritePlan;
+
+/// The smallest unit of I/O: offsets and lengths must be multiples of it.
+pub const SECTOR: u64 = 512;
+/// Largest volume size (1 EiB): keeps every byte-offset computation far from overflow.
+pub const MAX_VOLUME_SIZE: u64 = 1 << 60;
+/// Default chunk size; see docs/FORMAT.md ("Choosing the chunk size").
+pub const DEFAULT_CHUNK_SIZE: u32 = 64 * 1024;
+const DEFAULT_JOURNAL_PAGES: u32 = 1024;
+/// Chunks unmapped per step of a discard (bounded transaction growth).
+const UNMAP_STEP_CHUNKS: u64 = 4096;
+const STRIPES: usize = 256;
+
+/// How to lay out a new pool.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// Data chunk size: a power of two from 4 KiB to 1 MiB.
+    pub chunk_size: u32,
+    /// Bytes of metadata-node space; default 128 bytes per data chunk (min 8 MiB).
+    pub metadata_bytes: Option<u64>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            metadata_bytes: None,
+        }
+    }
+}
+
+/// How to run an opened pool.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Bytes of clean metadata (nodes + space-map pages) kept in memory.
+    pub cache_bytes: usize,
+    /// Dirty nodes after which a transaction is committed on its own.
+    pub dirty_node_limit: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 << 20,
+            dirty_node_limit: 8192,
+        }
+    }
+}
+
+/// A volume's id: stable for its lifetime, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VolumeId(pub u64);
+
+/// What a listing shows about one volume or snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: VolumeId,
+    pub name: String,
+    pub snapshot: bool,
+    pub size: u64,
+    /// The volume a snapshot was taken of, or the snapshot a clone came from.
+    pub parent: Option<VolumeId>,
+    pub created_txn: u64,
+    pub created_unix_secs: u64,
+    pub mapped_bytes: u64,
+}
+
+/// Space accounting of one volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub logical_bytes: u64,
+    pub mapped_bytes: u64,
+    /// Bytes only this volume references: what deleting it frees.
+    pub exclusive_bytes: u64,
+    /// Mapped bytes also referenced by another volume or snapshot.
+    pub shared_bytes: u64,
+}
+
+/// Space accounting of the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    pub pool_bytes: u64,
+    pub chunk_size: u64,
+    pub data_bytes: u64,
+    pub data_used_bytes: u64,
+    pub metadata_bytes: u64,
+    pub metadata_used_bytes: u64,
+    pub volumes: u64,
+    pub snapshots: u64,
+    /// True while deleted volumes still await reclaim.
+    pub reclaim_pending: bool,
+    /// Last committed transaction.
+    pub txn: u64,
+}
+
+/// A byte range and whether it is mapped (reads from a chunk) or reads as zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapRun {
+    pub offset: u64,
+    pub len: u64,
+    pub mapped: bool,
+}
+
+pub struct Pool {
+    store: Arc<Store>,
+    meta: RwLock<Meta>,
+    gate: RwLock<()>,
+    stripes: Vec<Mutex<()>>,
+    failure: Mutex<Option<String>>,
+}
+
+/// One contiguous piece of a read: `len` bytes from `source` (a device byte
+/// offset) or zeros.
+struct Piece {
+    len: u64,
+    source: Option<u64>,
+}
+
+fn lock_mutex<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Stripe and failure mutexes guard no data whose invariants a panic could break.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
+    let chunk = opts.chunk_size;
+    if !chunk.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk) {
+        return Err(Error::InvalidArgument(format!(
+            "chunk size {chunk} is not a power of two between 4 KiB and 1 MiB"
+        )));
+    }
+    let chunk64 = u64::from(chunk);
+    let chunk_guess = device_bytes / chunk64;
+    let meta_blocks = match opts.metadata_bytes {
+        Some(bytes) => bytes / BLOCK_SIZE_U64,
+        None => (chunk_guess / 32).max(2048),
+    };
+    if meta_blocks < 256 {
+        return Err(Error::InvalidArgument(
+            "metadata space must be at least 1 MiB".into(),
+        ));
+    }
+    let per_page = SM_ENTRIES_PER_PAGE as u64;
+    let journal_pages = u64::from(DEFAULT_JOURNAL_PAGES);
+    let journal_a = SUPERBLOCK_SLOTS;
+    let journal_b = journal_a + journal_pages + 1;
+    let meta_sm_start = journal_b + journal_pages + 1;
+    let data_sm_start = meta_sm_start + meta_blocks.div_ceil(per_page);
+    let meta_start = data_sm_start + chunk_guess.div_ceil(per_page).max(1);
+    let meta_end_bytes = (meta_start + meta_blocks)
+        .checked_mul(BLOCK_SIZE_U64)
+        .ok_or_else(|| Error::InvalidArgument("metadata size overflows".into()))?;
+    let data_start = meta_end_bytes.div_ceil(chunk64) * chunk64;
+    let data_chunks = device_bytes.saturating_sub(data_start) / chunk64;
+    if data_chunks < 16 {
+        return Err(Error::InvalidArgument(format!(
+            "device of {device_bytes} bytes is too small: metadata needs {data_start} bytes and at least 16 data chunks must remain"
+        )));
+    }
+    let mut uuid = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut uuid);
+    let mut sb = Superblock::new_zeroed_geometry();
+    sb.uuid = uuid;
+    sb.pool_bytes = U64::new(device_bytes);
+    sb.created_unix_secs = U64::new(crate::meta::unix_now());
+    sb.chunk_size = U32::new(chunk);
+    sb.journal_pages = U32::new(DEFAULT_JOURNAL_PAGES);
+    sb.journal_start = [U64::new(journal_a), U64::new(journal_b)];
+    sb.meta_sm_start = U64::new(meta_sm_start);
+    sb.data_sm_start = U64::new(data_sm_start);
+    sb.meta_start = U64::new(meta_start);
+    sb.meta_blocks = U64::new(meta_blocks);
+    sb.data_start_bytes = U64::new(data_start);
+    sb.data_chunks = U64::new(data_chunks);
+    sb.validate(device_bytes)
+        .map_err(|e| Error::InvalidArgument(format!("computed layout is invalid: {e}")))?;
+    Ok(sb)
+}
+
+/// Writes freshly formatted (all-zero) space-map pages, in batches.
+fn format_space_map(store: &Store, kind: SmKind, pages: u64) -> Result<()> {
+    const BATCH: u64 = 256;
+    let mut index = 0;
+    while index < pages {
+        let n = BATCH.min(pages - index);
+        let mut buf = Vec::with_capacity(n as usize * BLOCK_SIZE);
+        for i in index..index + n {
+            buf.extend_from_slice(&SmPage::empty(kind, i as u32).encode());
+        }
+        let home = store.geo.sm_home(kind, index as u32);
+        store.dev.write_at(&buf, home * BLOCK_SIZE_U64)?;
+        index += n;
+    }
+    Ok(())
+}
+
+fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let mut last_error = None;
+    for slot in 0..SUPERBLOCK_SLOTS {
+        let mut raw = [0u8; BLOCK_SIZE];
+        if dev.size() < (slot + 1) * BLOCK_SIZE_U64 {
+            break;
+        }
+        dev.read_at(&mut raw, slot * BLOCK_SIZE_U64)?;
+        match Superblock::decode(&raw, dev.size()) {
+            Ok(sb) => return Ok(sb),
+            Err(e) => {
+                warn!(slot, error = %e, "superblock copy unusable");
+                last_error = Some(e);
+            }
+        }
+    }
+    match last_error {
+        Some(e) if e != arbor_format::FormatError::BadMagic => Err(Error::corrupt("superblock", e)),
+        _ => Err(Error::NotAPool),
+    }
+}
+
+impl Pool {
+    /// Formats `dev` as an empty pool and opens it.
+    pub fn create(
+        dev: Arc<dyn BlockDevice>,
+        opts: &CreateOptions,
+        open: &OpenOptions,
+    ) -> Result<Pool> {
+        let sb = layout(dev.size(), opts)?;
+        let geo = Geometry::from_superblock(&sb);
+        let store = Arc::new(Store::new(
+            Arc::clone(&dev),
+            geo,
+            open.cache_bytes / BLOCK_SIZE,
+        ));
+        format_space_map(&store, SmKind::Meta, sb.meta_sm_pages())?;
+        format_space_map(&store, SmKind::Data, sb.data_sm_pages())?;
+        for area in geo.journal_start {
+            store.write_block(area, &[0u8; BLOCK_SIZE])?;
+        }
+        let sb_block = sb.encode();
+        for slot in 0..SUPERBLOCK_SLOTS {
+            store.write_block(slot, &sb_block)?;
+        }
+        store.dev.flush()?;
+        let mut record = CommitRecord::new_zeroed_record();
+        record.uuid = geo.uuid;
+        record.next_volume_id = U64::new(1);
+        record.next_queue_seq = U64::new(1);
+        let mut meta = Meta::resume(Arc::clone(&store), Resume { record }, open.dirty_node_limit)?;
+        meta.commit()?;
+        Ok(Self::from_parts(store, meta))
+    }
+
+    /// Opens an existing pool, recovering to its last commit.
+    pub fn open(dev: Arc<dyn BlockDevice>, open: &OpenOptions) -> Result<Pool> {
+        let sb = read_superblock(dev.as_ref())?;
+        let geo = Geometry::from_superblock(&sb);
+        let store = Arc::new(Store::new(dev, geo, open.cache_bytes / BLOCK_SIZE));
+        let resume = recover(&store)?;
+        let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
+        Ok(Self::from_parts(store, meta))
+    }
+
+    fn from_parts(store: Arc<Store>, meta: Meta) -> Self {
+        Self {
+            store,
+            meta: RwLock::new(meta),
+            gate: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Commits and closes the pool.
+    pub fn close(self) -> Result<()> {
+        self.flush()
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.store.geo.chunk_size
+    }
+
+    // ---- locking -----------------------------------------------------------
+
+    fn check_failed(&self) -> Result<()> {
+        match lock_mutex(&self.failure).as_ref() {
+            Some(why) => Err(Error::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, why: &Error) {
+        let mut failure = lock_mutex(&self.failure);
+        if failure.is_none() {
+            warn!(error = %why, "pool stopped: in-memory state no longer trusted");
+            *failure = Some(why.to_string());
+        }
+    }
+
+    fn read_meta(&self) -> Result<RwLockReadGuard<'_, Meta>> {
+        self.check_failed()?;
+        self.meta
+            .read()
+            .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
+    }
+
+    fn write_meta(&self) -> Result<RwLockWriteGuard<'_, Meta>> {
+        self.check_failed()?;
+        self.meta
+            .write()
+            .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
+    }
+
+    fn io_gate(&self) -> RwLockReadGuard<'_, ()> {
+        // The gate guards no data; a poisoned gate is still a valid barrier.
+        self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn commit_gate(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stripe(&self, id: u64, chunk: u64) -> MutexGuard<'_, ()> {
+        let mut h = DefaultHasher::new();
+        (id, chunk).hash(&mut h);
+        lock_mutex(&self.stripes[(h.finish() as usize) % STRIPES])
+    }
+
+    /// Runs a metadata mutation. Errors that mean the in-memory state can no
+    /// longer be trusted (I/O, corruption, broken invariants) stop the pool;
+    /// precondition errors (not found, no space...) are raised before any
+    /// change and leave it running.
+    fn mutate<T>(&self, meta: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        let result = f(meta);
+        if let Err(e) = &result {
+            if matches!(
+                e,
+                Error::Io(_) | Error::Corrupt { .. } | Error::Inconsistent(_)
+            ) {
+                self.fail(e);
+            }
+        }
+        result
+    }
+
+    /// A management operation: exclusive, and durable when it returns.
+    fn manage<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        let _gate = self.commit_gate();
+        let mut meta = self.write_meta()?;
+        let saved = meta.privilege;
+        meta.privilege = Privilege::Reserve;
+        let result = self.mutate(&mut meta, f);
+        meta.privilege = saved;
+        let value = result?;
+        self.commit_locked(&mut meta)?;
+        Ok(value)
+    }
+
+    fn commit_locked(&self, meta: &mut Meta) -> Result<()> {
+        if !meta.has_changes() {
+            return self.store.dev.flush().map_err(|e| {
+                let e = Error::Io(e);
+                self.fail(&e);
+                e
+            });
+        }
+        meta.commit().inspect_err(|e| self.fail(e))
+    }
+
+    /// Makes every completed write durable (commits the transaction).
+    pub fn flush(&self) -> Result<()> {
+        let _gate = self.commit_gate();
+        let mut meta = self.write_meta()?;
+        self.commit_locked(&mut meta)
+    }
+
+    fn commit_if_needed(&self) -> Result<()> {
+        if self.read_meta()?.needs_commit() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    // ---- volumes ---------------------------------------------------------------
+
+    /// Creates an empty thin volume of `size` bytes (a multiple of 512).
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeId> {
+        check_volume_name(name)?;
+        check_size(size)?;
+        self.manage(|m| {
+            m.ensure_name_free(name)?;
+            Ok(VolumeId(m.add_volume(
+                name.to_owned(),
+                VolumeKind::Volume,
+                size,
+                BlockRef::NONE,
+                0,
+                0,
+            )))
+        })
+    }
+
+    /// Takes a read-only snapshot `volume@snap` of a volume, in O(1).
+    pub fn snapshot(&self, name: &str) -> Result<VolumeId> {
+        let (volume, _) = split_snapshot_name(name)?;
+        self.manage(|m| {
+            m.ensure_name_free(name)?;
+            let source = m.volume_id(volume)?;
+            m.writable_volume(source)?;
+            m.share_volume(source, name.to_owned(), VolumeKind::Snapshot)
+                .map(VolumeId)
+        })
+    }
+
+    /// Creates a writable volume `new_name` from a snapshot, in O(1).
+    pub fn clone_snapshot(&self, snapshot: &str, new_name: &str) -> Result<VolumeId> {
+        check_volume_name(new_name)?;
+        self.manage(|m| {
+            m.ensure_name_free(new_name)?;
+            let source = m.volume_id(snapshot)?;
+            if m.volume(source)?.kind != VolumeKind::Snapshot {
+                return Err(Error::InvalidArgument(format!(
+                    "{snapshot} is not a snapshot; snapshot it first"
+                )));
+            }
+            m.share_volume(source, new_name.to_owned(), VolumeKind::Volume)
+                .map(VolumeId)
+        })
+    }
+
+    /// Deletes a volume or snapshot at once; its space is reclaimed in the
+    /// background. Snapshots and clones of it keep their data.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        self.manage(|m| {
+            let id = m.volume_id(name)?;
+            m.delete_volume(id)
+        })
+    }
+
+    /// Makes `volume` read exactly as its snapshot `snapshot` (any of its
+    /// snapshots, not only the newest); all snapshots are kept.
+    pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+        self.manage(|m| {
+            let id = m.volume_id(volume)?;
+            m.writable_volume(id)?;
+            let snap = m.volume_id(snapshot)?;
+            let rec = m.volume(snap)?;
+            if rec.kind != VolumeKind::Snapshot || rec.parent != id {
+                return Err(Error::InvalidArgument(format!(
+                    "{snapshot} is not a snapshot of {volume}"
+                )));
+            }
+            m.rollback_volume(id, snap)
+        })
+    }
+
+    /// Renames a volume (its snapshots follow: `old@s` becomes `new@s`) or a
+    /// snapshot (within the same volume).
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.manage(|m| {
+            m.ensure_name_free(to)?;
+            let id = m.volume_id(from)?;
+            match m.volume(id)?.kind {
+                VolumeKind::Volume => {
+                    check_volume_name(to)?;
+                    let prefix = format!("{from}@");
+                    let snapshots: Vec<(u64, String)> = m
+                        .vols
+                        .iter()
+                        .filter(|(_, r)| {
+                            r.kind == VolumeKind::Snapshot
+                                && r.parent == id
+                                && r.name.starts_with(&prefix)
+                        })
+                        .map(|(&sid, r)| (sid, format!("{to}@{}", &r.name[prefix.len()..])))
+                        .collect();
+                    for (_, new_name) in &snapshots {
+                        split_snapshot_name(new_name)?;
+                        m.ensure_name_free(new_name)?;
+                    }
+                    m.rename_volume(id, to.to_owned())?;
+                    for (sid, new_name) in snapshots {
+                        m.rename_volume(sid, new_name)?;
+                    }
+                    Ok(())
+                }
+                VolumeKind::Snapshot => {
+                    let (from_vol, _) = split_snapshot_name(from)?;
+                    let (to_vol, _) = split_snapshot_name(to)?;
+                    if from_vol != to_vol {
+                        return Err(Error::InvalidArgument(
+                            "a snapshot keeps its volume's name".into(),
+                        ));
+                    }
+                    m.rename_volume(id, to.to_owned())
+                }
+            }
+        })
+    }
+
+    /// Grows or shrinks a volume. Shrinking discards the data beyond the new
+    /// end, so growing again later reads zeros there.
+    pub fn resize(&self, name: &str, new_size: u64) -> Result<()> {
+        check_size(new_size)?;
+        let id = {
+            let meta = self.read_meta()?;
+            let id = meta.volume_id(name)?;
+            meta.writable_volume(id)?;
+            id
+        };
+        let old_size = self.read_meta()?.volume(id)?.size_bytes;
+        if new_size < old_size {
+            // Zero the tail of the new last chunk, then unmap every chunk past it.
+            let chunk = self.chunk_size();
+            let tail_end = new_size.div_ceil(chunk) * chunk;
+            if tail_end > new_size {
+                self.zero_bytes(VolumeId(id), new_size, tail_end.min(old_size) - new_size)?;
+            }
+            self.unmap_range(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
+        }
+        self.manage(|m| {
+            m.writable_volume(id)?;
+            m.set_volume_size(id, new_size)
+        })
+    }
+
+    pub fn lookup(&self, name: &str) -> Result<VolumeId> {
+        self.read_meta()?.volume_id(name).map(VolumeId)
+    }
+
+    pub fn info(&self, id: VolumeId) -> Result<VolumeInfo> {
+        let meta = self.read_meta()?;
+        let rec = meta.volume(id.0)?;
+        Ok(volume_info(id.0, rec, self.chunk_size()))
+    }
+
+    /// Every volume and snapshot, sorted by name.
+    pub fn list(&self) -> Result<Vec<VolumeInfo>> {
+        let meta = self.read_meta()?;
+        let chunk = self.chunk_size();
+        let mut all: Vec<VolumeInfo> = meta
+            .vols
+            .iter()
+            .map(|(&id, r)| volume_info(id, r, chunk))
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    // ---- data path ---------------------------------------------------------------
+
+    /// Checks an I/O request against the volume and returns the volume size.
+    fn check_io(meta: &Meta, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
+        let rec = if write {
+            meta.writable_volume(id.0)?
+        } else {
+            meta.volume(id.0)?
+        };
+        if offset % SECTOR != 0 || len % SECTOR != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} and length {len} must be multiples of {SECTOR}"
+            )));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= rec.size_bytes => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} is beyond the end of {} ({} bytes)",
+                rec.name, rec.size_bytes
+            ))),
+        }
+    }
+
+    /// Splits `[offset, offset + len)` into mapped and unmapped pieces.
+    fn resolve(meta: &Meta, id: VolumeId, offset: u64, len: u64) -> Result<Vec<Piece>> {
+        let geo = meta.store.geo;
+        let cs = geo.chunk_size;
+        let root = meta.volume(id.0)?.root;
+        let end = offset + len;
+        let mut pos = offset;
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut push = |piece: Piece| {
+            if let Some(last) = pieces.last_mut() {
+                let contiguous = match (last.source, piece.source) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => a + last.len == b,
+                    _ => false,
+                };
+                if contiguous {
+                    last.len += piece.len;
+                    return;
+                }
+            }
+            pieces.push(piece);
+        };
+        meta.map_extents(root, offset / cs, end.div_ceil(cs), &mut |e| {
+            let lo = (e.start * cs).max(pos);
+            let hi = (e.end() * cs).min(end);
+            if lo > pos {
+                push(Piece {
+                    len: lo - pos,
+                    source: None,
+                });
+            }
+            if hi > lo {
+                let source = geo.chunk_offset(e.pchunk) + (lo - e.start * cs);
+                push(Piece {
+                    len: hi - lo,
+                    source: Some(source),
+                });
+                pos = hi;
+            }
+            Ok(pos < end)
+        })?;
+        if pos < end {
+            push(Piece {
+                len: end - pos,
+                source: None,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
+    pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _gate = self.io_gate();
+        let pieces = {
+            let meta = self.read_meta()?;
+            Self::check_io(&meta, id, offset, buf.len() as u64, false)?;
+            Self::resolve(&meta, id, offset, buf.len() as u64)?
+        };
+        let mut at = 0usize;
+        for piece in pieces {
+            let out = &mut buf[at..at + piece.len as usize];
+            match piece.source {
+                Some(source) => self.store.dev.read_at(out, source)?,
+                None => out.fill(0),
+            }
+            at += piece.len as usize;
+        }
+        Ok(())
+    }
+
+    /// Which parts of `[offset, offset + len)` are mapped and which read as zeros.
+    pub fn allocation_map(&self, id: VolumeId, offset: u64, len: u64) -> Result<Vec<MapRun>> {
+        let meta = self.read_meta()?;
+        Self::check_io(&meta, id, offset, len, false)?;
+        let mut at = offset;
+        Ok(Self::resolve(&meta, id, offset, len)?
+            .into_iter()
+            .map(|p| {
+                let run = MapRun {
+                    offset: at,
+                    len: p.len,
+                    mapped: p.source.is_some(),
+                };
+                at += p.len;
+                run
+            })
+            .collect())
+    }
+
+    /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
+    pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
+        let cs = self.chunk_size();
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let in_chunk = pos % cs;
+            let n = ((cs - in_chunk) as usize).min(data.len() - done);
+            self.commit_if_needed()?;
+            self.write_chunk(id, pos / cs, in_chunk, &data[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_chunk(&self, id: VolumeId, chunk: u64, in_chunk: u64, data: &[u8]) -> Result<()> {
+        let _gate = self.io_gate();
+        let _stripe = self.stripe(id.0, chunk);
+        let geo = self.store.geo;
+        loop {
+            let plan = {
+                let mut meta = self.write_meta()?;
+                meta.ensure_step_budget()?;
+                self.mutate(&mut meta, |m| m.plan_write(id.0, chunk))?
+            };
+            let (old, new) = match plan {
+                WritePlan::InPlace(phys) => {
+                    self.store
+                        .dev
+                        .write_at(data, geo.chunk_offset(phys) + in_chunk)?;
+                    return Ok(());
+                }
+                WritePlan::Redirect { old, new } => (old, new),
+            };
+            if let Err(e) = self.fill_new_chunk(old, new, in_chunk, data) {
+                let mut meta = self.write_meta()?;
+                self.mutate(&mut meta, |m| m.data_sm.dec(&m.store, new).map(|_| ()))?;
+                return Err(e);
+            }
+            let mut meta = self.write_meta()?;
+            if self.mutate(&mut meta, |m| m.finish_write(id.0, chunk, old, new))? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes the whole of chunk `new`: `data` at `in_chunk`, the rest from
+    /// `old` (or zeros), so a reallocated chunk never shows earlier contents.
+    fn fill_new_chunk(&self, old: Option<u64>, new: u64, in_chunk: u64, data: &[u8]) -> Result<()> {
+        let geo = self.store.geo;
+        let cs = geo.chunk_size as usize;
+        if data.len() == cs {
+            self.store.dev.write_at(data, geo.chunk_offset(new))?;
+            return Ok(());
+        }
+        let mut buf = vec![0u8; cs];
+        if let Some(old) = old {
+            self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?;
+        }
+        let at = in_chunk as usize;
+        buf[at..at + data.len()].copy_from_slice(data);
+        self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
+        Ok(())
+    }
+
+    /// Unmaps whole chunks `[from, to)` in bounded steps.
+    fn unmap_range(&self, id: u64, from: u64, to: u64) -> Result<()> {
+        let mut at = from;
+        while at < to {
+            self.commit_if_needed()?;
+            let step_end = to.min(at + UNMAP_STEP_CHUNKS);
+            let _gate = self.io_gate();
+            let mut meta = self.write_meta()?;
+            meta.ensure_step_budget()?;
+            self.mutate(&mut meta, |m| m.unmap_chunks(id, at, step_end))?;
+            at = step_end;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over `[offset, offset + len)` through the normal write path.
+    fn zero_bytes(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        let cs = self.chunk_size();
+        let zeros = vec![0u8; cs as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (cs - at % cs).min(offset + len - at);
+            self.write(id, at, &zeros[..n as usize])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Zeroes the parts of partial chunks at both ends of a range, where mapped,
+    /// and returns the whole chunks inside it.
+    fn zero_partial_ends(&self, id: VolumeId, offset: u64, len: u64) -> Result<(u64, u64)> {
+        let cs = self.chunk_size();
+        let end = offset + len;
+        let first_whole = offset.div_ceil(cs);
+        let end_whole = end / cs;
+        if first_whole >= end_whole {
+            // No whole chunk inside: the range lies within at most two chunks.
+            self.zero_if_mapped(id, offset, len)?;
+            return Ok((0, 0));
+        }
+        self.zero_if_mapped(id, offset, first_whole * cs - offset)?;
+        self.zero_if_mapped(id, end_whole * cs, end - end_whole * cs)?;
+        Ok((first_whole, end_whole))
+    }
+
+    fn zero_if_mapped(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let runs = self.allocation_map(id, offset, len)?;
+        for run in runs.iter().filter(|r| r.mapped) {
+            self.zero_bytes(id, run.offset, run.len)?;
+        }
+        Ok(())
+    }
+
+    /// Discards a range: whole chunks are unmapped (their space freed once no
+    /// snapshot needs them), partial chunks at the ends are zeroed.
+    pub fn discard(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
+        let (from, to) = self.zero_partial_ends(id, offset, len)?;
+        self.unmap_range(id.0, from, to)
+    }
+
+    /// Makes a range read as zeros. With `keep_allocation` the chunks stay
+    /// allocated (zeros are written); otherwise whole chunks are unmapped.
+    pub fn write_zeroes(
+        &self,
+        id: VolumeId,
+        offset: u64,
+        len: u64,
+        keep_allocation: bool,
+    ) -> Result<()> {
+        Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
+        if keep_allocation {
+            return self.zero_bytes(id, offset, len);
+        }
+        self.discard(id, offset, len)
+    }
+
+    // ---- reclaim and statistics ------------------------------------------------
+
+    /// Reclaims space of deleted volumes: processes up to `max_nodes` queued
+    /// metadata nodes and commits. Returns how many were processed (0 when
+    /// nothing is pending).
+    pub fn reclaim(&self, max_nodes: usize) -> Result<usize> {
+        let mut total = 0;
+        while total < max_nodes {
+            let done = self.manage(|m| m.reclaim_step(max_nodes - total))?;
+            if done == 0 {
+                break;
+            }
+            total += done;
+        }
+        Ok(total)
+    }
+
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        let meta = self.read_meta()?;
+        let geo = self.store.geo;
+        let snapshots = meta
+            .vols
+            .values()
+            .filter(|r| r.kind == VolumeKind::Snapshot)
+            .count() as u64;
+        Ok(PoolStats {
+            pool_bytes: geo.pool_bytes,
+            chunk_size: geo.chunk_size,
+            data_bytes: geo.data_chunks * geo.chunk_size,
+            data_used_bytes: meta.data_sm.used * geo.chunk_size,
+            metadata_bytes: geo.meta_blocks * BLOCK_SIZE_U64,
+            metadata_used_bytes: meta.meta_sm.used * BLOCK_SIZE_U64,
+            volumes: meta.vols.len() as u64 - snapshots,
+            snapshots,
+            reclaim_pending: meta.reclaim_pending(),
+            txn: meta.txn - 1,
+        })
+    }
+
+    pub fn volume_stats(&self, id: VolumeId) -> Result<VolumeStats> {
+        let meta = self.read_meta()?;
+        let rec = meta.volume(id.0)?;
+        let cs = self.chunk_size();
+        let exclusive = meta.exclusive_chunks(rec.root)?;
+        Ok(VolumeStats {
+            logical_bytes: rec.size_bytes,
+            mapped_bytes: rec.mapped_chunks * cs,
+            exclusive_bytes: exclusive * cs,
+            shared_bytes: rec.mapped_chunks.saturating_sub(exclusive) * cs,
+        })
+    }
+
+    /// Byte ranges where volumes `a` and `b` differ, found by walking only the
+    /// parts of their trees that are not shared. Ranges are chunk-aligned.
+    pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {
+        let meta = self.read_meta()?;
+        let ra = meta.volume(a.0)?.root;
+        let rb = meta.volume(b.0)?.root;
+        let cs = self.chunk_size();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        meta.diff_trees(ra, rb, &mut |from, to| {
+            let (offset, len) = (from * cs, (to - from) * cs);
+            match out.last_mut() {
+                Some(last) if last.0 + last.1 == offset => last.1 += len,
+                _ => out.push((offset, len)),
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Verifies the whole pool (see [`crate::check`]); commits first so the
+    /// on-disk state is the one checked.
+    pub fn check(&self) -> Result<crate::check::CheckReport> {
+        self.flush()?;
+        let _gate = self.commit_gate();
+        let meta = self.read_meta()?;
+        crate::check::check(&meta)
+    }
+}
+
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || size % SECTOR != 0 || size > MAX_VOLUME_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "volume size {size} must be a non-zero multiple of {SECTOR} up to {MAX_VOLUME_SIZE}"
+        )));
+    }
+    Ok(())
+}
+
+fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeInfo {
+    VolumeInfo {
+        id: VolumeId(id),
+        name: rec.name.clone(),
+        snapshot: rec.kind == VolumeKind::Snapshot,
+        size: rec.size_bytes,
+        parent: (rec.parent != 0).then_some(VolumeId(rec.parent)),
+        created_txn: rec.created_txn,
+        created_unix_secs: rec.created_unix_secs,
+        mapped_bytes: rec.mapped_chunks * chunk,
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.check_failed().is_ok() {
+            if let Err(e) = self.flush() {
+                warn!(error = %e, "commit on close failed; the pool will open at its previous commit");
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Reference-counted space maps: one 32-bit count per metadata block or data
+//! chunk, in pages of [`SM_ENTRIES_PER_PAGE`].
+//!
+//! Invariants:
+//! * a count is the number of references to the entry from committed or
+//!   in-transaction metadata (tree nodes, leaf extents, reclaim-queue entries);
+//! * an entry whose count fell to zero in the current transaction stays in
+//!   `pending_free` until commit, because the last committed state may still
+//!   reference it: it is never handed out again before then.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arbor_format::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+const PER_PAGE: u64 = SM_ENTRIES_PER_PAGE as u64;
+
+pub(crate) struct SpaceMap {
+    pub kind: SmKind,
+    entries: u64,
+    /// Pages changed in this transaction (copy-on-write from the clean cache).
+    dirty: HashMap<u32, SmPage>,
+    pending_free: HashSet<u64>,
+    /// Entries with a non-zero count.
+    pub used: u64,
+    /// Next-fit allocation cursor.
+    pub cursor: u64,
+    /// Pages known to have no free entry (a hint, cleared when one is freed).
+    full: Vec<bool>,
+}
+
+fn split(entry: u64) -> (u32, usize) {
+    // entry < entries ≤ pages * PER_PAGE and pages fit in u32 (checked in new()).
+    ((entry / PER_PAGE) as u32, (entry % PER_PAGE) as usize)
+}
+
+impl SpaceMap {
+    pub fn new(kind: SmKind, entries: u64, used: u64, cursor: u64) -> Result<Self> {
+        let pages = entries.div_ceil(PER_PAGE);
+        if pages > u64::from(u32::MAX) {
+            return Err(Error::InvalidArgument("space map too large".into()));
+        }
+        Ok(Self {
+            kind,
+            entries,
+            dirty: HashMap::new(),
+            pending_free: HashSet::new(),
+            used,
+            cursor: if cursor < entries { cursor } else { 0 },
+            full: vec![false; pages as usize],
+        })
+    }
+
+    pub fn free(&self) -> u64 {
+        self.entries - self.used
+    }
+
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty.len()
+    }
+
+    fn check_entry(&self, entry: u64) -> Result<()> {
+        if entry >= self.entries {
+            return Err(Error::inconsistent(format!(
+                "{:?} space-map entry {entry} beyond the end ({})",
+                self.kind, self.entries
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, store: &Store, entry: u64) -> Result<u32> {
+        self.check_entry(entry)?;
+        let (page, slot) = split(entry);
+        if let Some(p) = self.dirty.get(&page) {
+            return Ok(p.counts[slot]);
+        }
+        Ok(store.read_sm_page(self.kind, page)?.counts[slot])
+    }
+
+    fn page_mut(&mut self, store: &Store, page: u32) -> Result<&mut SmPage> {
+        if !self.dirty.contains_key(&page) {
+            let clean = store.read_sm_page(self.kind, page)?;
+            self.dirty.insert(page, (*clean).clone());
+        }
+        // Inserted just above when missing.
+        self.dirty
+            .get_mut(&page)
+            .ok_or_else(|| Error::inconsistent("dirty space-map page vanished"))
+    }
+
+    fn set(&mut self, store: &Store, entry: u64, count: u32) -> Result<()> {
+        let (page, slot) = split(entry);
+        self.page_mut(store, page)?.counts[slot] = count;
+        Ok(())
+    }
+
+    /// Adds one reference to an entry that is already referenced.
+    pub fn inc(&mut self, store: &Store, entry: u64) -> Result<()> {
+        let count = self.get(store, entry)?;
+        if count == 0 {
+            return Err(Error::inconsistent(format!(
+                "{:?} entry {entry}: new reference to an unreferenced entry",
+                self.kind
+            )));
+        }
+        let next = count.checked_add(1).ok_or_else(|| {
+            Error::inconsistent(format!("{:?} entry {entry}: count overflow", self.kind))
+        })?;
+        self.set(store, entry, next)
+    }
+
+    /// Drops one reference; returns the new count. At zero the entry becomes
+    /// pending-free until commit.
+    pub fn dec(&mut self, store: &Store, entry: u64) -> Result<u32> {
+        let count = self.get(store, entry)?;
+        let Some(next) = count.checked_sub(1) else {
+            return Err(Error::inconsistent(format!(
+                "{:?} entry {entry}: dropping a reference that does not exist",
+                self.kind
+            )));
+        };
+        self.set(store, entry, next)?;
+        if next == 0 {
+            self.used -= 1;
+            self.pending_free.insert(entry);
+        }
+        Ok(next)
+    }
+
+    pub fn inc_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
+        for entry in start..start + len {
+            self.inc(store, entry)?;
+        }
+        Ok(())
+    }
+
+    pub fn dec_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
+        for entry in start..start + len {
+            self.dec(store, entry)?;
+        }
+        Ok(())
+    }
+
+    /// Allocates a free entry (count 0, not freed in this transaction) and sets
+    /// its count to 1. `None` when every entry is in use or pending free, or
+    /// when fewer than `reserve` entries would remain.
+    pub fn alloc(&mut self, store: &Store, reserve: u64) -> Result<Option<u64>> {
+        if self.free() <= reserve {
+            return Ok(None);
+        }
+        let pages = self.full.len() as u64;
+        let start_page = self.cursor / PER_PAGE;
+        for step in 0..=pages {
+            let page = (start_page + step) % pages;
+            if self.full[page as usize] {
+                continue;
+            }
+            let first = if step == 0 {
+                self.cursor
+            } else {
+                page * PER_PAGE
+            };
+            let end = ((page + 1) * PER_PAGE).min(self.entries);
+            if let Some(entry) = self.find_free_in_page(store, page as u32, first, end)? {
+                self.set(store, entry, 1)?;
+                self.used += 1;
+                self.cursor = if entry + 1 < self.entries {
+                    entry + 1
+                } else {
+                    0
+                };
+                return Ok(Some(entry));
+            }
+            if first == page * PER_PAGE {
+                self.full[page as usize] = true;
+            }
+        }
+        Ok(None)
+    }
+
+    fn find_free_in_page(
+        &self,
+        store: &Store,
+        page: u32,
+        first: u64,
+        end: u64,
+    ) -> Result<Option<u64>> {
+        let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
+            Some(p) => &p.counts,
+            None => {
+                let clean = store.read_sm_page(self.kind, page)?;
+                return Ok(self.scan(&clean.counts, page, first, end));
+            }
+        };
+        Ok(self.scan(counts, page, first, end))
+    }
+
+    fn scan(
+        &self,
+        counts: &[u32; SM_ENTRIES_PER_PAGE],
+        page: u32,
+        first: u64,
+        end: u64,
+    ) -> Option<u64> {
+        let base = u64::from(page) * PER_PAGE;
+        (first..end).find(|&e| counts[(e - base) as usize] == 0 && !self.pending_free.contains(&e))
+    }
+
+    /// Takes this transaction's changed pages, stamped with `txn`, for the
+    /// commit to journal; and releases pending-free entries for reuse.
+    pub fn take_dirty(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
+        for entry in self.pending_free.drain() {
+            self.full[(entry / PER_PAGE) as usize] = false;
+        }
+        let mut pages: Vec<Arc<SmPage>> = self
+            .dirty
+            .drain()
+            .map(|(_, mut page)| {
+                page.txn = txn;
+                Arc::new(page)
+            })
+            .collect();
+        pages.sort_by_key(|p| p.index);
+        pages
+    }
+
+    pub fn is_dirty_page(&self, index: u32) -> bool {
+        self.dirty.contains_key(&index)
+    }
+}

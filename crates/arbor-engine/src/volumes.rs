@@ -1,0 +1,303 @@
+//! Volume-level operations inside a transaction: the volume table, the
+//! family tree (snapshot, clone, rollback, delete) and the write plan of the
+//! data path. Everything here runs under the pool's metadata write lock.
+
+use arbor_format::{BlockRef, TreeKind, VolumeKind, VolumeRecord};
+
+use crate::error::{Error, Result};
+use crate::meta::{unix_now, Meta, Privilege};
+
+/// Metadata blocks one step of a mutation may allocate at most: a few tree
+/// operations, each shadowing a root-to-leaf path and splitting it.
+/// Checked before the step starts, so a step never fails half-done for lack
+/// of metadata space.
+pub(crate) const STEP_META_BUDGET: u64 = 64;
+
+/// Where the data of one chunk write goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WritePlan {
+    /// The chunk is mapped and referenced by this volume alone: overwrite it.
+    InPlace(u64),
+    /// Write a complete new chunk (`new`, already allocated), then map it.
+    /// `old` is the chunk mapped when planning, whose data fills the parts of
+    /// the chunk a partial write does not cover.
+    Redirect { old: Option<u64>, new: u64 },
+}
+
+impl Meta {
+    pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
+        self.vols
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
+    }
+
+    pub fn volume_id(&self, name: &str) -> Result<u64> {
+        self.names
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound(name.to_owned()))
+    }
+
+    pub fn writable_volume(&self, id: u64) -> Result<&VolumeRecord> {
+        let rec = self.volume(id)?;
+        if rec.kind == VolumeKind::Snapshot {
+            return Err(Error::ReadOnly(rec.name.clone()));
+        }
+        Ok(rec)
+    }
+
+    fn volume_mut(&mut self, id: u64) -> Result<&mut VolumeRecord> {
+        self.dirty_vols.insert(id);
+        self.vols
+            .get_mut(&id)
+            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
+    }
+
+    pub fn ensure_name_free(&self, name: &str) -> Result<()> {
+        if self.names.contains_key(name) {
+            return Err(Error::AlreadyExists(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Fails with `MetadataFull` unless a mutation step can run to completion.
+    pub fn ensure_step_budget(&self) -> Result<()> {
+        let reserve = match self.privilege {
+            Privilege::Normal => self.meta_reserve,
+            Privilege::Reserve => 0,
+        };
+        if self.meta_sm.free() < reserve + STEP_META_BUDGET {
+            return Err(Error::MetadataFull);
+        }
+        Ok(())
+    }
+
+    /// Adds a volume record with a fresh id; `root` must already carry the
+    /// reference the new volume owns.
+    pub fn add_volume(
+        &mut self,
+        name: String,
+        kind: VolumeKind,
+        size: u64,
+        root: BlockRef,
+        parent: u64,
+        mapped: u64,
+    ) -> u64 {
+        let id = self.next_volume_id;
+        self.next_volume_id += 1;
+        let rec = VolumeRecord {
+            root,
+            size_bytes: size,
+            parent,
+            created_txn: self.txn,
+            created_unix_secs: unix_now(),
+            mapped_chunks: mapped,
+            kind,
+            name: name.clone(),
+        };
+        self.vols.insert(id, rec);
+        self.names.insert(name, id);
+        self.dirty_vols.insert(id);
+        id
+    }
+
+    /// Creates `name` sharing the whole tree of `source` (O(1): one reference
+    /// on the source's root).
+    pub fn share_volume(&mut self, source: u64, name: String, kind: VolumeKind) -> Result<u64> {
+        let src = self.volume(source)?.clone();
+        if !src.root.is_none() {
+            self.inc_node(src.root)?;
+        }
+        Ok(self.add_volume(
+            name,
+            kind,
+            src.size_bytes,
+            src.root,
+            source,
+            src.mapped_chunks,
+        ))
+    }
+
+    /// Hands a tree to the reclaim queue, which now owns its reference.
+    pub fn queue_drop(&mut self, root: BlockRef) -> Result<()> {
+        if root.is_none() {
+            return Ok(());
+        }
+        let mut value = [0u8; BlockRef::ENCODED_LEN];
+        root.encode(&mut value);
+        let seq = self.next_queue_seq;
+        self.queue_root = self.tree_insert(self.queue_root, TreeKind::Queue, seq, &value)?;
+        self.next_queue_seq += 1;
+        Ok(())
+    }
+
+    pub fn delete_volume(&mut self, id: u64) -> Result<()> {
+        let rec = self
+            .vols
+            .remove(&id)
+            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))?;
+        self.names.remove(&rec.name);
+        self.dirty_vols.remove(&id);
+        self.removed_vols.insert(id);
+        self.queue_drop(rec.root)
+    }
+
+    /// Points volume `id` at snapshot `snap`'s tree; the volume's old tree
+    /// goes to the reclaim queue. Later snapshots are untouched.
+    pub fn rollback_volume(&mut self, id: u64, snap: u64) -> Result<()> {
+        let snap_rec = self.volume(snap)?.clone();
+        if !snap_rec.root.is_none() {
+            self.inc_node(snap_rec.root)?;
+        }
+        let vol = self.volume_mut(id)?;
+        let old_root = std::mem::replace(&mut vol.root, snap_rec.root);
+        vol.size_bytes = snap_rec.size_bytes;
+        vol.mapped_chunks = snap_rec.mapped_chunks;
+        self.queue_drop(old_root)
+    }
+
+    pub fn rename_volume(&mut self, id: u64, new_name: String) -> Result<()> {
+        let vol = self.volume_mut(id)?;
+        let old = std::mem::replace(&mut vol.name, new_name.clone());
+        self.names.remove(&old);
+        self.names.insert(new_name, id);
+        Ok(())
+    }
+
+    pub fn set_volume_size(&mut self, id: u64, size: u64) -> Result<()> {
+        self.volume_mut(id)?.size_bytes = size;
+        Ok(())
+    }
+
+    /// Unmaps chunks `[from, to)` of volume `id`.
+    pub fn unmap_chunks(&mut self, id: u64, from: u64, to: u64) -> Result<()> {
+        let root = self.volume(id)?.root;
+        let (root, unmapped) = self.map_unset_range(root, from, to)?;
+        let vol = self.volume_mut(id)?;
+        vol.root = root;
+        vol.mapped_chunks = vol.mapped_chunks.saturating_sub(unmapped);
+        Ok(())
+    }
+
+    /// Decides where a write to `chunk` of volume `id` goes (see [`WritePlan`]).
+    pub fn plan_write(&mut self, id: u64, chunk: u64) -> Result<WritePlan> {
+        let root = self.writable_volume(id)?.root;
+        let Some((extent, _)) = self.map_lookup(root, chunk)? else {
+            return Ok(WritePlan::Redirect {
+                old: None,
+                new: self.alloc_data()?,
+            });
+        };
+        let phys = extent.phys(chunk);
+        // An extent written in this transaction sits in a leaf shadowed in this
+        // transaction: the path is already exclusive. Otherwise re-map the
+        // chunk in place, which shadows the path and refreshes its generation.
+        if extent.gen != self.txn {
+            let (root, previous) = self.map_set(root, chunk, phys)?;
+            debug_assert_eq!(previous, Some(phys));
+            self.volume_mut(id)?.root = root;
+        }
+        if self.data_sm.get(&self.store, phys)? == 1 {
+            return Ok(WritePlan::InPlace(phys));
+        }
+        Ok(WritePlan::Redirect {
+            old: Some(phys),
+            new: self.alloc_data()?,
+        })
+    }
+
+    /// Maps `chunk` to the freshly written `new` if the chunk still maps to
+    /// `old` (the plan is still valid); otherwise frees `new` and returns
+    /// false so the caller plans again.
+    pub fn finish_write(
+        &mut self,
+        id: u64,
+        chunk: u64,
+        old: Option<u64>,
+        new: u64,
+    ) -> Result<bool> {
+        let current = match self.writable_volume(id) {
+            Ok(rec) if chunk < rec.size_bytes.div_ceil(self.store.geo.chunk_size) => {
+                let root = rec.root;
+                self.map_lookup(root, chunk)?.map(|(e, _)| e.phys(chunk))
+            }
+            Ok(_) => {
+                self.data_sm.dec(&self.store, new)?;
+                return Err(Error::InvalidArgument(
+                    "write beyond the end of the volume (resized meanwhile)".into(),
+                ));
+            }
+            Err(e) => {
+                self.data_sm.dec(&self.store, new)?;
+                return Err(e);
+            }
+        };
+        if current != old {
+            self.data_sm.dec(&self.store, new)?;
+            return Ok(false);
+        }
+        let root = self.volume(id)?.root;
+        let (root, previous) = self.map_set(root, chunk, new)?;
+        if let Some(previous) = previous {
+            self.data_sm.dec(&self.store, previous)?;
+        }
+        let vol = self.volume_mut(id)?;
+        vol.root = root;
+        if previous.is_none() {
+            vol.mapped_chunks += 1;
+        }
+        Ok(true)
+    }
+
+    /// Processes up to `max_items` reclaim-queue entries; returns how many.
+    pub fn reclaim_step(&mut self, max_items: usize) -> Result<usize> {
+        let mut done = 0;
+        while done < max_items && !self.needs_commit() {
+            self.ensure_step_budget()?;
+            let Some((seq, value)) = self.tree_first(self.queue_root)? else {
+                break;
+            };
+            self.queue_root = self.tree_remove(self.queue_root, seq)?.0;
+            self.drop_tree_ref(BlockRef::decode(&value))?;
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Drops one reference to a mapping-tree node. A node nobody else
+    /// references is freed: its children's references go to the queue, its
+    /// extents' data references are dropped.
+    fn drop_tree_ref(&mut self, r: BlockRef) -> Result<()> {
+        if self.meta_count(r.block)? > 1 {
+            self.dec_node_shallow(r)?;
+            return Ok(());
+        }
+        let node = self.node(r)?.clone();
+        if node.tree != TreeKind::Mapping {
+            return Err(Error::inconsistent(format!(
+                "reclaim queue names a {:?} node",
+                node.tree
+            )));
+        }
+        self.dec_node_shallow(r)?;
+        match &node.body {
+            arbor_format::NodeBody::Internal(children) => {
+                for child in children {
+                    self.queue_drop(*child)?;
+                }
+            }
+            arbor_format::NodeBody::Leaf(_) => {
+                for i in 0..node.len() {
+                    let v = crate::meta::decode_map_value(&node, i)?;
+                    self.data_sm
+                        .dec_range(&self.store, v.pchunk, u64::from(v.len))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn reclaim_pending(&self) -> bool {
+        !self.queue_root.is_none()
+    }
+}

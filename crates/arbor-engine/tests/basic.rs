@@ -1,0 +1,157 @@
+//! Scenario tests of the engine's user-visible behaviour.
+mod common;
+
+use arbor_engine::{Error, VolumeId};
+use common::*;
+
+fn read(pool: &arbor_engine::Pool, id: VolumeId, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0xAAu8; len];
+    pool.read(id, offset, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn thin_volume_reads_zeros_and_round_trips_writes() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("vm1", 8 * MIB).unwrap();
+    assert_eq!(read(&pool, v, 0, 8192), vec![0; 8192]);
+    let data = pattern(1, 1024, 10_240);
+    pool.write(v, 1024, &data).unwrap();
+    assert_eq!(read(&pool, v, 1024, 10_240), data);
+    assert_eq!(read(&pool, v, 0, 1024), vec![0; 1024]);
+    assert_eq!(pool.info(v).unwrap().mapped_bytes, 3 * 4096);
+    assert_clean(&pool);
+}
+
+#[test]
+fn snapshot_is_frozen_and_clone_diverges() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("vm1", 4 * MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 65536)).unwrap();
+    let s = pool.snapshot("vm1@mon").unwrap();
+    pool.write(v, 4096, &pattern(2, 4096, 4096)).unwrap();
+    assert_eq!(read(&pool, s, 0, 65536), pattern(1, 0, 65536));
+    assert!(matches!(
+        pool.write(s, 0, &[0; 512]),
+        Err(Error::ReadOnly(_))
+    ));
+    let c = pool.clone_snapshot("vm1@mon", "ci-1").unwrap();
+    pool.write(c, 0, &pattern(3, 0, 512)).unwrap();
+    assert_eq!(read(&pool, s, 0, 512), pattern(1, 0, 512));
+    assert_eq!(read(&pool, c, 0, 512), pattern(3, 0, 512));
+    assert_eq!(read(&pool, c, 4096, 4096), pattern(1, 4096, 4096));
+    assert_eq!(read(&pool, v, 4096, 4096), pattern(2, 4096, 4096));
+    assert_eq!(pool.diff(s, v).unwrap(), vec![(4096, 4096)]);
+    assert_eq!(pool.diff(v, c).unwrap(), vec![(0, 8192)]);
+    assert_clean(&pool);
+}
+
+#[test]
+fn delete_with_descendants_then_reclaim_frees_space() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("vm1", 16 * MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 8 * MIB as usize)).unwrap();
+    pool.snapshot("vm1@a").unwrap();
+    let c = pool.clone_snapshot("vm1@a", "c1").unwrap();
+    pool.write(v, 0, &pattern(2, 0, MIB as usize)).unwrap();
+    let used_before = pool.pool_stats().unwrap().data_used_bytes;
+    pool.delete("vm1").unwrap();
+    pool.delete("vm1@a").unwrap();
+    assert!(pool.pool_stats().unwrap().reclaim_pending);
+    while pool.reclaim(100).unwrap() > 0 {}
+    let stats = pool.pool_stats().unwrap();
+    assert!(!stats.reclaim_pending);
+    assert_eq!(
+        used_before - stats.data_used_bytes,
+        MIB,
+        "only vm1's own 1 MiB is freed"
+    );
+    assert_eq!(read(&pool, c, 0, 4096), pattern(1, 0, 4096));
+    assert_eq!(pool.volume_stats(c).unwrap().exclusive_bytes, 8 * MIB);
+    assert_clean(&pool);
+}
+
+#[test]
+fn rollback_to_an_older_snapshot_keeps_newer_ones() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("db", MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 4096)).unwrap();
+    pool.snapshot("db@one").unwrap();
+    pool.write(v, 0, &pattern(2, 0, 4096)).unwrap();
+    let two = pool.snapshot("db@two").unwrap();
+    pool.write(v, 0, &pattern(3, 0, 4096)).unwrap();
+    pool.rollback("db", "db@one").unwrap();
+    assert_eq!(read(&pool, v, 0, 4096), pattern(1, 0, 4096));
+    assert_eq!(read(&pool, two, 0, 4096), pattern(2, 0, 4096));
+    while pool.reclaim(100).unwrap() > 0 {}
+    assert_clean(&pool);
+}
+
+#[test]
+fn reopen_preserves_everything() {
+    let (disk, pool) = sim_pool(64 * MIB, 8192);
+    let v = pool.create_volume("vm1", 4 * MIB).unwrap();
+    pool.write(v, 512, &pattern(7, 512, 100_000 / 512 * 512))
+        .unwrap();
+    pool.snapshot("vm1@s").unwrap();
+    pool.rename("vm1", "vm2").unwrap();
+    pool.close().unwrap();
+    let pool = reopen(&disk);
+    let v = pool.lookup("vm2").unwrap();
+    let s = pool.lookup("vm2@s").unwrap();
+    let len = 100_000 / 512 * 512;
+    assert_eq!(read(&pool, v, 512, len), pattern(7, 512, len));
+    assert_eq!(read(&pool, s, 512, len), pattern(7, 512, len));
+    assert_clean(&pool);
+}
+
+#[test]
+fn discard_resize_and_allocation_map() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("vm1", MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 65536)).unwrap();
+    pool.discard(v, 4096 + 512, 3 * 4096).unwrap();
+    let mut expect = pattern(1, 0, 65536);
+    expect[4096 + 512..4 * 4096 + 512].fill(0);
+    assert_eq!(read(&pool, v, 0, 65536), expect);
+    let map = pool.allocation_map(v, 0, 65536).unwrap();
+    assert!(
+        map.iter()
+            .any(|r| !r.mapped && r.offset == 8192 && r.len == 8192),
+        "{map:?}"
+    );
+    pool.resize(v_name(&pool, v).as_str(), 6000 / 512 * 512)
+        .unwrap();
+    pool.resize("vm1", MIB).unwrap();
+    let after = read(&pool, v, 0, 8192);
+    assert_eq!(&after[..5632], &expect[..5632]);
+    assert_eq!(&after[5632..], &vec![0; 8192 - 5632][..]);
+    assert_clean(&pool);
+}
+
+fn v_name(pool: &arbor_engine::Pool, id: VolumeId) -> String {
+    pool.info(id).unwrap().name
+}
+
+#[test]
+fn full_pool_fails_writes_cleanly_and_recovers_after_delete() {
+    let (_disk, pool) = sim_pool(24 * MIB, 65536);
+    let total = pool.pool_stats().unwrap().data_bytes;
+    let v = pool.create_volume("big", total * 2).unwrap();
+    let chunk = vec![1u8; 65536];
+    let mut written = 0;
+    let err = loop {
+        match pool.write(v, written, &chunk) {
+            Ok(()) => written += 65536,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    assert_eq!(written, total);
+    let other = pool.create_volume("other", MIB).unwrap();
+    assert!(matches!(pool.write(other, 0, &chunk), Err(Error::NoSpace)));
+    pool.delete("big").unwrap();
+    while pool.reclaim(1000).unwrap() > 0 {}
+    pool.write(other, 0, &chunk).unwrap();
+    assert_clean(&pool);
+}

@@ -1,0 +1,58 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use arbor_engine::{CreateOptions, OpenOptions, Pool};
+use arbor_io::{BlockDevice, SimDisk};
+
+pub const MIB: u64 = 1 << 20;
+
+/// Small pools: 4 KiB chunks exercise many chunks and tree levels cheaply.
+pub fn small_opts(chunk: u32) -> CreateOptions {
+    CreateOptions {
+        chunk_size: chunk,
+        metadata_bytes: Some(4 * MIB),
+    }
+}
+
+pub fn open_opts() -> OpenOptions {
+    OpenOptions {
+        cache_bytes: 2 << 20,
+        dirty_node_limit: 512,
+    }
+}
+
+pub fn sim_pool(size: u64, chunk: u32) -> (SimDisk, Pool) {
+    let disk = SimDisk::new(size);
+    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+    let pool = Pool::create(dev, &small_opts(chunk), &open_opts()).expect("create pool");
+    (disk, pool)
+}
+
+pub fn reopen(disk: &SimDisk) -> Pool {
+    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+    Pool::open(dev, &open_opts()).expect("reopen pool")
+}
+
+pub fn assert_clean(pool: &Pool) {
+    let report = pool.check().expect("check runs");
+    assert!(
+        report.is_clean(),
+        "check found problems: {:#?}",
+        report.problems
+    );
+}
+
+/// Deterministic pattern for a write: every 8-byte word names (tag, offset).
+pub fn pattern(tag: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut at = offset;
+    while out.len() < len {
+        let word = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ at;
+        out.extend_from_slice(&word.to_le_bytes());
+        at += 8;
+    }
+    out.truncate(len);
+    out
+}
