@@ -1,0 +1,227 @@
+//! Bad input: garbage, truncated pools, flipped bits in metadata and in the
+//! superblock, and bad API arguments give clear errors (or open the other
+//! superblock copy), never a panic or wrong data.
+
+mod common;
+
+use std::sync::Arc;
+
+use arbor_engine::{Error, OpenOptions, Pool};
+use arbor_io::{BlockDevice, SimDisk};
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn open_image(image: Vec<u8>) -> Result<Pool, Error> {
+    let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::from_image(image));
+    Pool::open(dev, &OpenOptions::default())
+}
+
+/// A pool with some volumes, snapshots and data; returns its image.
+fn populated_image() -> Vec<u8> {
+    let (disk, pool) = sim_pool(32 * MIB, 4096);
+    let v = pool.create_volume("vm1", 4 * MIB).unwrap();
+    for i in 0..200u64 {
+        pool.write(v, i * 8192, &pattern(i, i * 8192, 4096))
+            .unwrap();
+    }
+    pool.snapshot("vm1@a").unwrap();
+    pool.clone_snapshot("vm1@a", "c1").unwrap();
+    pool.write(v, 0, &pattern(999, 0, 4096)).unwrap();
+    pool.close().unwrap();
+    disk.handle().durable_image()
+}
+
+#[test]
+fn garbage_and_empty_devices_are_not_pools() {
+    assert!(matches!(
+        open_image(vec![0; 8 * MIB as usize]),
+        Err(Error::NotAPool)
+    ));
+    let mut rng = StdRng::seed_from_u64(5);
+    let garbage: Vec<u8> = (0..8 * MIB).map(|_| rng.gen()).collect();
+    assert!(matches!(open_image(garbage), Err(Error::NotAPool)));
+    assert!(matches!(open_image(vec![0; 100]), Err(Error::NotAPool)));
+}
+
+#[test]
+fn truncated_pool_is_rejected() {
+    let image = populated_image();
+    for len in [4096usize, 16 * 4096, image.len() / 2, image.len() - 4096] {
+        let err = open_image(image[..len].to_vec())
+            .err()
+            .expect("a truncated pool must not open");
+        assert!(
+            matches!(err, Error::Corrupt { .. } | Error::NotAPool),
+            "{len}: {err}"
+        );
+    }
+}
+
+#[test]
+fn one_damaged_superblock_copy_opens_from_the_other() {
+    let mut image = populated_image();
+    image[100] ^= 0x01;
+    let pool = open_image(image.clone()).expect("second superblock copy is used");
+    assert_clean(&pool);
+    image[4096 + 100] ^= 0x01;
+    assert!(matches!(open_image(image), Err(Error::Corrupt { .. })));
+}
+
+#[test]
+fn flipped_bits_in_metadata_never_panic_or_return_wrong_data() {
+    let clean = populated_image();
+    let dev_size = clean.len();
+    let (expected, metadata_end): (Vec<Vec<u8>>, usize) = {
+        let pool = open_image(clean.clone()).unwrap();
+        let stats = pool.pool_stats().unwrap();
+        // Everything below the data region is metadata (the data region ends the pool, up to one chunk of slack).
+        let metadata_end = (stats.pool_bytes - stats.data_bytes - stats.chunk_size) as usize;
+        let data = ["vm1", "vm1@a", "c1"]
+            .iter()
+            .map(|n| {
+                let mut buf = vec![0u8; 4 * MIB as usize];
+                pool.read(pool.lookup(n).unwrap(), 0, &mut buf).unwrap();
+                buf
+            })
+            .collect();
+        (data, metadata_end)
+    };
+    let mut rng = StdRng::seed_from_u64(11);
+    // Flip bits in the metadata area (journals, space maps, nodes). Chunk data
+    // carries no checksum (as in dm-thin), so flips there are not detectable.
+    let mut detected = 0;
+    for _ in 0..300 {
+        let mut image = clean.clone();
+        let at = rng.gen_range(2 * 4096..metadata_end.min(dev_size));
+        image[at] ^= 1 << rng.gen_range(0..8);
+        let Ok(pool) = open_image(image) else {
+            detected += 1;
+            continue;
+        };
+        for (i, n) in ["vm1", "vm1@a", "c1"].iter().enumerate() {
+            let Ok(id) = pool.lookup(n) else {
+                detected += 1;
+                continue;
+            };
+            let mut buf = vec![0u8; 4 * MIB as usize];
+            match pool.read(id, 0, &mut buf) {
+                Ok(()) => assert!(
+                    buf == expected[i],
+                    "a flipped metadata bit at {at} returned wrong data for {n}"
+                ),
+                Err(_) => detected += 1,
+            }
+        }
+        match pool.check() {
+            Ok(report) if !report.is_clean() => detected += 1,
+            _ => {}
+        }
+    }
+    assert!(detected > 0, "no damage was ever detected");
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let (_disk, pool) = sim_pool(32 * MIB, 4096);
+    let v = pool.create_volume("vm1", MIB).unwrap();
+    assert!(matches!(
+        pool.create_volume("vm1", MIB),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        pool.create_volume("bad name", MIB),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        pool.create_volume("x", 1000),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.create_volume("x", 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.create_volume("x", u64::MAX - 511),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.write(v, 100, &[0; 512]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.write(v, MIB, &[0; 512]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.write(v, u64::MAX - 511, &[0; 512]),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut buf = [0u8; 512];
+    assert!(matches!(
+        pool.read(v, MIB - 256, &mut buf),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.discard(v, 0, MIB + 512),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.snapshot("vm1"),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(pool.snapshot("nope@x"), Err(Error::NotFound(_))));
+    pool.snapshot("vm1@s").unwrap();
+    assert!(matches!(
+        pool.snapshot("vm1@s"),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        pool.snapshot("vm1@s@t"),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        pool.clone_snapshot("vm1", "c"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pool.rollback("vm1", "vm1"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(pool.resize("vm1@s", MIB), Err(Error::ReadOnly(_))));
+    assert!(matches!(
+        pool.rename("vm1@s", "other@s"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(pool.delete("ghost"), Err(Error::NotFound(_))));
+    let s = pool.lookup("vm1@s").unwrap();
+    assert!(matches!(
+        pool.write(s, 0, &[0; 512]),
+        Err(Error::ReadOnly(_))
+    ));
+    pool.delete("vm1").unwrap();
+    assert!(matches!(pool.read(v, 0, &mut buf), Err(Error::NotFound(_))));
+    // The snapshot outlives its volume.
+    pool.read(s, 0, &mut buf).unwrap();
+    assert_clean(&pool);
+}
+
+#[test]
+fn invalid_pool_layouts_are_rejected() {
+    let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(32 * MIB));
+    for chunk in [0u32, 1000, 2048, 2 << 20] {
+        let opts = arbor_engine::CreateOptions {
+            chunk_size: chunk,
+            metadata_bytes: None,
+        };
+        assert!(matches!(
+            Pool::create(Arc::clone(&dev), &opts, &open_opts()),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+    let tiny: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(MIB));
+    assert!(matches!(
+        Pool::create(tiny, &small_opts(4096), &open_opts()),
+        Err(Error::InvalidArgument(_))
+    ));
+}
