@@ -159,11 +159,11 @@ impl Meta {
             }
             NodeBody::Internal(children) => {
                 let first = child_index(&node.keys, from);
-                for i in first..node.len() {
+                for (i, &child_ref) in children.iter().enumerate().skip(first) {
                     if node.keys[i] >= to && i > first {
                         return Ok(false);
                     }
-                    let child = self.node(children[i])?;
+                    let child = self.node(child_ref)?;
                     check_child_level(node, &child, node.tree)?;
                     if !self.for_each_rec(&child, from, to, f)? {
                         return Ok(false);

@@ -585,7 +585,7 @@ impl Pool {
         } else {
             meta.volume(id.0)?
         };
-        if offset % SECTOR != 0 || len % SECTOR != 0 {
+        if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
             return Err(Error::InvalidArgument(format!(
                 "offset {offset} and length {len} must be multiples of {SECTOR}"
             )));
@@ -916,7 +916,7 @@ impl Pool {
 }
 
 fn check_size(size: u64) -> Result<()> {
-    if size == 0 || size % SECTOR != 0 || size > MAX_VOLUME_SIZE {
+    if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
         return Err(Error::InvalidArgument(format!(
             "volume size {size} must be a non-zero multiple of {SECTOR} up to {MAX_VOLUME_SIZE}"
         )));

@@ -121,11 +121,11 @@ fn many_threads_many_volumes_with_background_work() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 pool.reclaim(16).unwrap();
-                if n % 3 == 0 {
+                if n.is_multiple_of(3) {
                     pool.flush().unwrap();
                 }
                 // Snapshots of the shared volume race with the interleaved writers.
-                if n % 5 == 0 {
+                if n.is_multiple_of(5) {
                     pool.snapshot(&format!("shared@bg{n}")).unwrap();
                 }
                 if n % 5 == 2 && n > 10 {

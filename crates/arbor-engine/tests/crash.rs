@@ -158,10 +158,9 @@ impl Run {
         self.volume
             .assert_allowed(&read_all(v), &format!("seed {seed}: vol"));
         for (name, data) in &self.snapshots {
-            if self.deleted_in_doubt.as_deref() == Some(name.as_str()) {
-                if pool.lookup(name).is_err() {
-                    continue;
-                }
+            if self.deleted_in_doubt.as_deref() == Some(name.as_str()) && pool.lookup(name).is_err()
+            {
+                continue;
             }
             let id = pool
                 .lookup(name)
@@ -181,7 +180,7 @@ impl Run {
 
 fn crash_once(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (disk, pool) = sim_pool(48 * MIB, if seed % 2 == 0 { 4096 } else { 16384 });
+    let (disk, pool) = sim_pool(48 * MIB, if seed.is_multiple_of(2) { 4096 } else { 16384 });
     let v = pool.create_volume("vol", VOL_BYTES as u64).unwrap();
     let handle = disk.handle();
     handle.cut_power_after(rng.gen_range(1..600));

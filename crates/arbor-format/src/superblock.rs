@@ -150,7 +150,7 @@ impl Superblock {
             return invalid("metadata end overflows");
         };
         let data_start = self.data_start_bytes.get();
-        if data_start < metadata_end || data_start % u64::from(chunk) != 0 {
+        if data_start < metadata_end || !data_start.is_multiple_of(u64::from(chunk)) {
             return invalid("data region overlaps metadata or is not chunk aligned");
         }
         let data_end = self
