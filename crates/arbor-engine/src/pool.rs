@@ -48,7 +48,8 @@ const STRIPES: usize = 256;
 pub struct CreateOptions {
     /// Data chunk size: a power of two from 4 KiB to 1 MiB.
     pub chunk_size: u32,
-    /// Bytes of metadata-node space; default 128 bytes per data chunk (min 8 MiB).
+    /// Bytes of metadata-node space; default 128 bytes per data chunk, at
+    /// least 64 MiB (but at most 1/8 of the device), never below 8 MiB.
     pub metadata_bytes: Option<u64>,
 }
 
@@ -164,7 +165,13 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     let chunk_guess = device_bytes / chunk64;
     let meta_blocks = match opts.metadata_bytes {
         Some(bytes) => bytes / BLOCK_SIZE_U64,
-        None => (chunk_guess / 32).max(2048),
+        // 128 bytes per chunk covers a fully fragmented map with room for
+        // divergence; the 64 MiB floor covers thousands of snapshots on small
+        // pools (each diverged snapshot costs a root-to-leaf path of nodes).
+        None => (chunk_guess / 32)
+            .max(16 * 1024)
+            .min(device_bytes / BLOCK_SIZE_U64 / 8)
+            .max(2048),
     };
     if meta_blocks < 256 {
         return Err(Error::InvalidArgument(
@@ -307,6 +314,12 @@ impl Pool {
 
     pub fn chunk_size(&self) -> u64 {
         self.store.geo.chunk_size
+    }
+
+    /// Byte offset of the data region on the device: everything below it is
+    /// metadata (used by tools and benchmarks that treat the two apart).
+    pub fn data_region_offset(&self) -> u64 {
+        self.store.geo.data_start_bytes
     }
 
     // ---- locking -----------------------------------------------------------

@@ -1,0 +1,492 @@
+//! Engine benchmark: the figures of the engine issue, side by side with the
+//! same I/O done by pwrite on a plain file in the same run. Prints a markdown
+//! report. Not a test: nothing here passes or fails on timings.
+//!
+//! `cargo run --release -p arbor-bench --bin engine-bench -- --dir /var/tmp/arbor-bench`
+
+use std::fs::{File, OpenOptions as FsOpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId};
+use arbor_io::{BlockDevice, FileDevice};
+use clap::Parser;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+#[derive(Parser)]
+struct Args {
+    /// Directory for pool and baseline files (needs ~8 GiB free).
+    #[arg(long, default_value = "/var/tmp/arbor-bench")]
+    dir: PathBuf,
+    /// Smaller sizes and counts, for a quick look.
+    #[arg(long)]
+    quick: bool,
+}
+
+/// Counts writes (and bytes) reaching a device, and can drop writes at or
+/// beyond `drop_from` (reads there return zeros): a "metadata-only" device
+/// that lets a pool map far more data than this machine's disk holds.
+/// Metadata timing stays real; only chunk contents are not stored.
+struct MeteredDevice {
+    inner: FileDevice,
+    writes: AtomicU64,
+    drop_from: AtomicU64,
+}
+
+impl MeteredDevice {
+    fn new(inner: FileDevice) -> Self {
+        Self {
+            inner,
+            writes: AtomicU64::new(0),
+            drop_from: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl BlockDevice for MeteredDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset >= self.drop_from.load(Ordering::Relaxed) {
+            buf.fill(0);
+            return Ok(());
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if offset >= self.drop_from.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+struct Bench {
+    dir: PathBuf,
+    quick: bool,
+}
+
+fn open_opts() -> OpenOptions {
+    OpenOptions::default()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+fn mib_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / MIB as f64 / d.as_secs_f64()
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Random offsets, aligned to `unit`, within `[0, region)`.
+fn offsets(seed: u64, n: usize, unit: u64, region: u64) -> Vec<u64> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.gen_range(0..region / unit) * unit)
+        .collect()
+}
+
+impl Bench {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn new_pool(&self, name: &str, size: u64, chunk: u32) -> Result<(Arc<MeteredDevice>, Pool)> {
+        self.new_pool_with_metadata(name, size, chunk, None)
+    }
+
+    fn new_pool_with_metadata(
+        &self,
+        name: &str,
+        size: u64,
+        chunk: u32,
+        metadata_bytes: Option<u64>,
+    ) -> Result<(Arc<MeteredDevice>, Pool)> {
+        let path = self.path(name);
+        let _ = std::fs::remove_file(&path);
+        let dev = Arc::new(MeteredDevice::new(FileDevice::create_file(&path, size)?));
+        let pool = Pool::create(
+            dev.clone(),
+            &CreateOptions {
+                chunk_size: chunk,
+                metadata_bytes,
+            },
+            &open_opts(),
+        )?;
+        Ok((dev, pool))
+    }
+
+    /// A plain file of `size` bytes, optionally filled (so overwrites are not first writes).
+    fn baseline_file(&self, size: u64, filled: bool) -> Result<File> {
+        let path = self.path("baseline.raw");
+        let _ = std::fs::remove_file(&path);
+        let file = FsOpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        file.set_len(size)?;
+        if filled {
+            let buf = vec![0x5Au8; MIB as usize];
+            for i in 0..size / MIB {
+                file.write_all_at(&buf, i * MIB)?;
+            }
+            file.sync_data()?;
+        }
+        Ok(file)
+    }
+
+    fn time_file_writes(file: &File, offs: &[u64], len: usize) -> Result<Duration> {
+        let buf = vec![0xC3u8; len];
+        let start = Instant::now();
+        for &o in offs {
+            file.write_all_at(&buf, o)?;
+        }
+        file.sync_data()?;
+        Ok(start.elapsed())
+    }
+
+    fn time_pool_writes(pool: &Pool, v: VolumeId, offs: &[u64], len: usize) -> Result<Duration> {
+        let buf = vec![0xC3u8; len];
+        let start = Instant::now();
+        for &o in offs {
+            pool.write(v, o, &buf)?;
+        }
+        pool.flush()?;
+        Ok(start.elapsed())
+    }
+
+    fn fill(pool: &Pool, v: VolumeId, bytes: u64) -> Result<()> {
+        let buf = vec![0x5Au8; MIB as usize];
+        for i in 0..bytes / MIB {
+            pool.write(v, i * MIB, &buf)?;
+        }
+        pool.flush()?;
+        Ok(())
+    }
+
+    /// 4 KiB and full-chunk random writes: fresh volume, right after a
+    /// snapshot, and with 1,000 snapshots; each against pwrite on a file.
+    fn random_writes(&self, chunk: u32) -> Result<()> {
+        let region = if self.quick { 256 * MIB } else { GIB };
+        let n_small = if self.quick { 4000 } else { 20_000 };
+        let n_full = if self.quick { 1000 } else { 4000 };
+        let snaps = if self.quick { 100 } else { 1000 };
+        println!(
+            "\n## Random writes, chunk size {} KiB, {} MiB region\n",
+            chunk / 1024,
+            region / MIB
+        );
+        println!("Each run ends with a flush (arbor commit / fdatasync). Ratio = arbor throughput / plain-file throughput.\n");
+        println!("| scenario | write size | arbor MiB/s | file MiB/s | ratio |");
+        println!("|---|---|---|---|---|");
+        let chunk64 = u64::from(chunk);
+        for scenario in [
+            "fresh volume",
+            "right after a snapshot",
+            "with many snapshots",
+        ] {
+            for (size, n) in [(4 * KIB, n_small), (chunk64, n_full)] {
+                let (_dev, pool) = self.new_pool("rw.pool", region * 3 + GIB, chunk)?;
+                let v = pool.create_volume("v", region)?;
+                let filled = scenario != "fresh volume";
+                if filled {
+                    Self::fill(&pool, v, region)?;
+                    if scenario == "with many snapshots" {
+                        let offs = offsets(7, snaps * 16, 4 * KIB, region);
+                        for s in 0..snaps {
+                            pool.snapshot(&format!("v@s{s}"))?;
+                            for &o in &offs[s * 16..(s + 1) * 16] {
+                                pool.write(v, o, &[1u8; 4096])?;
+                            }
+                        }
+                    }
+                    pool.snapshot("v@last")?;
+                }
+                let offs = offsets(size, n, size, region);
+                let t_pool = Self::time_pool_writes(&pool, v, &offs, size as usize)?;
+                drop(pool);
+                let file = self.baseline_file(region, filled)?;
+                let t_file = Self::time_file_writes(&file, &offs, size as usize)?;
+                let bytes = size * n as u64;
+                let label = if scenario == "with many snapshots" {
+                    format!("with {snaps} snapshots")
+                } else {
+                    scenario.to_string()
+                };
+                let (a, f) = (mib_s(bytes, t_pool), mib_s(bytes, t_file));
+                println!(
+                    "| {label} | {} KiB | {a:.1} | {f:.1} | {:.2} |",
+                    size / KIB,
+                    a / f
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshot and clone latency at 1, 100 and 10,000 existing snapshots,
+    /// and the device writes each snapshot costs.
+    fn snapshot_latency(&self, mapped: u64, metadata_only: bool) -> Result<()> {
+        let size = mapped + 4 * GIB;
+        // 10,000 snapshots that each diverged by a write need a few nodes apiece.
+        let (dev, pool) =
+            self.new_pool_with_metadata("snap.pool", size, 64 * 1024, Some(512 * MIB))?;
+        if metadata_only {
+            dev.drop_from
+                .store(pool.data_region_offset(), Ordering::Relaxed);
+        }
+        let v = pool.create_volume("v", mapped)?;
+        Self::fill(&pool, v, mapped)?;
+        let marks: &[usize] = if self.quick {
+            &[1, 100, 1000]
+        } else {
+            &[1, 100, 10_000]
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut taken = 0usize;
+        let how = if metadata_only {
+            " (metadata-only device: chunk data not stored)"
+        } else {
+            ""
+        };
+        println!("\n### {} GiB mapped{how}\n", mapped / GIB);
+        println!("| existing snapshots | snapshot median | snapshot p99 | clone median | device writes per snapshot |");
+        println!("|---|---|---|---|---|");
+        for &mark in marks {
+            while taken < mark {
+                pool.snapshot(&format!("v@bg{taken}"))?;
+                // Diverge a little, as a volume under use does.
+                pool.write(v, rng.gen_range(0..mapped / 4096) * 4096, &[9u8; 4096])?;
+                taken += 1;
+            }
+            let (mut snap_t, mut clone_t, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..21 {
+                pool.write(v, rng.gen_range(0..mapped / 4096) * 4096, &[7u8; 4096])?;
+                pool.flush()?;
+                let before = dev.writes.load(Ordering::Relaxed);
+                let t = Instant::now();
+                pool.snapshot(&format!("v@m{mark}-{i}"))?;
+                snap_t.push(t.elapsed());
+                writes.push(dev.writes.load(Ordering::Relaxed) - before);
+                let t = Instant::now();
+                pool.clone_snapshot(&format!("v@m{mark}-{i}"), &format!("c{mark}-{i}"))?;
+                clone_t.push(t.elapsed());
+                pool.delete(&format!("c{mark}-{i}"))?;
+                pool.delete(&format!("v@m{mark}-{i}"))?;
+                pool.reclaim(usize::MAX)?;
+            }
+            writes.sort();
+            println!(
+                "| {mark} | {} | {} | {} | {} |",
+                us(median(snap_t.clone())),
+                us(p99(snap_t)),
+                us(median(clone_t)),
+                writes[writes.len() / 2]
+            );
+        }
+        let stats = pool.pool_stats()?;
+        println!(
+            "\nAfter: {} snapshots, metadata used {:.1} MiB.",
+            stats.snapshots,
+            stats.metadata_used_bytes as f64 / MIB as f64
+        );
+        Ok(())
+    }
+
+    /// Metadata bytes per GiB mapped, sequential and random 4 KiB fill.
+    fn metadata_per_gib(&self, chunk: u32) -> Result<(f64, f64)> {
+        let mapped = if self.quick { 256 * MIB } else { GIB };
+        let mut result = Vec::new();
+        for random in [false, true] {
+            let (dev, pool) = self.new_pool("meta.pool", mapped * 2 + GIB, chunk)?;
+            dev.drop_from
+                .store(pool.data_region_offset(), Ordering::Relaxed);
+            let v = pool.create_volume("v", mapped)?;
+            let base = pool.pool_stats()?.metadata_used_bytes;
+            if random {
+                let chunks = mapped / u64::from(chunk);
+                let mut order: Vec<u64> = (0..chunks).collect();
+                let mut rng = StdRng::seed_from_u64(11);
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.gen_range(0..=i));
+                }
+                for c in order {
+                    pool.write(v, c * u64::from(chunk), &[1u8; 4096])?;
+                }
+                pool.flush()?;
+            } else {
+                Self::fill(&pool, v, mapped)?;
+            }
+            let used = pool.pool_stats()?.metadata_used_bytes - base;
+            result.push(used as f64 / (mapped as f64 / GIB as f64));
+        }
+        Ok((result[0], result[1]))
+    }
+
+    /// Open time with a small and a 10x larger mapping (random fill, so the
+    /// larger tree really is ~10x bigger).
+    fn open_time(&self) -> Result<()> {
+        println!("\n## Pool open time\n");
+        println!("| mapped | chunks mapped (random order) | metadata used | open median |");
+        println!("|---|---|---|---|");
+        let small = if self.quick { 256 * MIB } else { GIB };
+        for mapped in [small, small * 10] {
+            let path = self.path("open.pool");
+            {
+                let (dev, pool) = self.new_pool("open.pool", mapped * 2, 64 * 1024)?;
+                dev.drop_from
+                    .store(pool.data_region_offset(), Ordering::Relaxed);
+                let v = pool.create_volume("v", mapped)?;
+                let chunks = mapped / (64 * KIB);
+                let mut rng = StdRng::seed_from_u64(5);
+                let mut order: Vec<u64> = (0..chunks).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.gen_range(0..=i));
+                }
+                for c in order {
+                    pool.write(v, c * 64 * KIB, &[1u8; 4096])?;
+                }
+                pool.flush()?;
+                // End on a small commit, as a pool at rest does: open then
+                // replays a short journal whatever the mapping size.
+                pool.create_volume("marker", MIB)?;
+                pool.close()?;
+            }
+            let mut times = Vec::new();
+            let mut meta = 0;
+            for _ in 0..7 {
+                let dev = Arc::new(FileDevice::open(&path)?);
+                let t = Instant::now();
+                let pool = Pool::open(dev, &open_opts())?;
+                times.push(t.elapsed());
+                meta = pool.pool_stats()?.metadata_used_bytes;
+                std::mem::forget(pool); // no close-time commit in the measurement loop
+            }
+            println!(
+                "| {} GiB | {} | {:.1} MiB | {} |",
+                mapped as f64 / GIB as f64,
+                mapped / (64 * KIB),
+                meta as f64 / MIB as f64,
+                us(median(times))
+            );
+        }
+        Ok(())
+    }
+
+    fn chunk_sweep(&self) -> Result<()> {
+        println!("\n## Chunk size trade-off (basis of the 64 KiB default)\n");
+        println!("4 KiB random writes on a fresh volume and right after a snapshot (ratio to pwrite on a file), and metadata per GiB mapped.\n");
+        println!("| chunk | 4K random, fresh: ratio | 4K random, after snapshot: ratio | 1 MiB sequential, fresh: ratio | metadata/GiB, sequential | metadata/GiB, random 4 KiB |");
+        println!("|---|---|---|---|---|---|");
+        let region = if self.quick { 128 * MIB } else { 512 * MIB };
+        let n = if self.quick { 3000 } else { 10_000 };
+        for chunk in [4u32 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
+            let offs = offsets(42, n, 4 * KIB, region);
+            let mut ratios = Vec::new();
+            for filled in [false, true] {
+                let (_dev, pool) = self.new_pool("sweep.pool", region * 3 + GIB, chunk)?;
+                let v = pool.create_volume("v", region)?;
+                if filled {
+                    Self::fill(&pool, v, region)?;
+                    pool.snapshot("v@s")?;
+                }
+                let t_pool = Self::time_pool_writes(&pool, v, &offs, 4096)?;
+                drop(pool);
+                let file = self.baseline_file(region, filled)?;
+                let t_file = Self::time_file_writes(&file, &offs, 4096)?;
+                ratios.push(t_file.as_secs_f64() / t_pool.as_secs_f64());
+            }
+            let sequential: Vec<u64> = (0..region / MIB).map(|i| i * MIB).collect();
+            let (_dev, pool) = self.new_pool("sweep.pool", region * 3 + GIB, chunk)?;
+            let v = pool.create_volume("v", region)?;
+            let t_pool = Self::time_pool_writes(&pool, v, &sequential, MIB as usize)?;
+            drop(pool);
+            let file = self.baseline_file(region, false)?;
+            let t_file = Self::time_file_writes(&file, &sequential, MIB as usize)?;
+            ratios.push(t_file.as_secs_f64() / t_pool.as_secs_f64());
+            let (seq, rnd) = self.metadata_per_gib(chunk)?;
+            println!(
+                "| {} KiB | {:.2} | {:.2} | {:.2} | {:.1} KiB | {:.1} KiB |",
+                chunk / 1024,
+                ratios[0],
+                ratios[1],
+                ratios[2],
+                seq / KIB as f64,
+                rnd / KIB as f64
+            );
+        }
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let bench = Bench {
+        dir: args.dir.clone(),
+        quick: args.quick,
+    };
+    println!(
+        "# arbor engine benchmark{}\n",
+        if args.quick { " (quick)" } else { "" }
+    );
+    println!(
+        "Machine: {} cores; files in {}.",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        args.dir.display()
+    );
+    bench.random_writes(64 * 1024)?;
+    println!("\n## Snapshot and clone latency");
+    bench.snapshot_latency(if args.quick { 256 * MIB } else { GIB }, false)?;
+    bench.snapshot_latency(if args.quick { 10 * GIB } else { 100 * GIB }, true)?;
+    bench.open_time()?;
+    bench.chunk_sweep()?;
+    println!("\n## Memory\n\nPeak resident memory of this benchmark process: {:.0} MiB (default metadata cache: 64 MiB).", peak_rss_mib());
+    for f in [
+        "rw.pool",
+        "snap.pool",
+        "meta.pool",
+        "open.pool",
+        "sweep.pool",
+        "baseline.raw",
+    ] {
+        let _ = std::fs::remove_file(Path::new(&args.dir).join(f));
+    }
+    Ok(())
+}
