@@ -1,0 +1,57 @@
+//! Every decoder accepts arbitrary bytes without panicking: damaged blocks
+//! are errors. Sealed garbage (valid checksum) must be rejected by the field
+//! validation itself.
+
+use arbor_format::{
+    seal, BlockRef, BlockType, CommitRecord, MapValue, Node, SmKind, SmPage, Superblock,
+    VolumeRecord, BLOCK_SIZE,
+};
+use proptest::prelude::*;
+
+fn block_from(bytes: &[u8]) -> [u8; BLOCK_SIZE] {
+    let mut block = [0u8; BLOCK_SIZE];
+    let n = bytes.len().min(BLOCK_SIZE);
+    block[..n].copy_from_slice(&bytes[..n]);
+    block
+}
+
+fn decode_all(block: &[u8]) {
+    let _ = Superblock::decode(block, u64::MAX);
+    let _ = CommitRecord::decode(block);
+    let _ = SmPage::decode(block, (SmKind::Data, 0));
+    let _ = SmPage::decode_any(block);
+    let _ = Node::decode(block, BlockRef { block: 1, txn: 1 });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, .. ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..BLOCK_SIZE + 16)) {
+        decode_all(&bytes);
+        let block = block_from(&bytes);
+        let _ = MapValue::decode(&block[..MapValue::ENCODED_LEN]);
+        let _ = VolumeRecord::decode(&block[..VolumeRecord::ENCODED_LEN]);
+    }
+
+    #[test]
+    fn sealed_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), BLOCK_SIZE), kind in 1u16..=4) {
+        let mut block = block_from(&bytes);
+        let block_type = match kind {
+            1 => BlockType::Superblock,
+            2 => BlockType::Commit,
+            3 => BlockType::SpaceMap,
+            _ => BlockType::Node,
+        };
+        seal(&mut block, block_type);
+        decode_all(&block);
+        if block_type == BlockType::Node {
+            // Make the header match the pointer so decoding reaches the entries.
+            block[16..24].copy_from_slice(&1u64.to_le_bytes());
+            block[24..32].copy_from_slice(&1u64.to_le_bytes());
+            block[33] %= 17;
+            seal(&mut block, BlockType::Node);
+            let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
+        }
+    }
+}
