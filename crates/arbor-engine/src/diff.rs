@@ -203,6 +203,44 @@ impl Meta {
         Ok(())
     }
 
+    /// Calls `emit(from, to)` for every chunk range whose mapping was written
+    /// after transaction `since` (in increasing order). A subtree whose node
+    /// was written in or before `since` holds only older mappings (a node is
+    /// rewritten whenever an entry below it changes), so it is skipped whole.
+    /// Unmapping leaves no generation behind: ranges discarded since are not
+    /// reported (`diff_trees` against a snapshot reports them).
+    pub fn changed_since(
+        &self,
+        root: BlockRef,
+        since: u64,
+        emit: &mut dyn FnMut(u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let mut stack = vec![root];
+        while let Some(r) = stack.pop() {
+            if r.is_none() || r.txn <= since {
+                continue;
+            }
+            let node = self.node(r)?;
+            match &node.body {
+                NodeBody::Internal(children) => stack.extend(children.iter().rev().copied()),
+                NodeBody::Leaf(_) => {
+                    for i in 0..node.len() {
+                        let v = crate::meta::decode_map_value(&node, i)?;
+                        if v.gen > since {
+                            emit(node.keys[i], node.keys[i].saturating_add(u64::from(v.len)))?;
+                        }
+                    }
+                }
+            }
+            if stack.len() > 1 << 20 {
+                return Err(Error::inconsistent(
+                    "changed-since walk exceeds any valid tree",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Chunks referenced by this tree alone: reachable only through nodes with
     /// a single reference, with a single reference themselves. Walks only the
     /// exclusive part of the tree.

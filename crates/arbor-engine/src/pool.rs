@@ -905,17 +905,20 @@ impl Pool {
         let meta = self.read_meta()?;
         let ra = meta.volume(a.0)?.root;
         let rb = meta.volume(b.0)?.root;
-        let cs = self.chunk_size();
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        meta.diff_trees(ra, rb, &mut |from, to| {
-            let (offset, len) = (from * cs, (to - from) * cs);
-            match out.last_mut() {
-                Some(last) if last.0 + last.1 == offset => last.1 += len,
-                _ => out.push((offset, len)),
-            }
-            Ok(())
-        })?;
-        Ok(out)
+        let mut ranges = ByteRanges::new(self.chunk_size());
+        meta.diff_trees(ra, rb, &mut |from, to| ranges.push(from, to))?;
+        Ok(ranges.0)
+    }
+
+    /// Byte ranges of `id` written after transaction `since` (for example a
+    /// snapshot's `created_txn`), walking only subtrees written since.
+    /// Discarded ranges are not reported; [`Pool::diff`] reports those.
+    pub fn changed_since(&self, id: VolumeId, since: u64) -> Result<Vec<(u64, u64)>> {
+        let meta = self.read_meta()?;
+        let root = meta.volume(id.0)?.root;
+        let mut ranges = ByteRanges::new(self.chunk_size());
+        meta.changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
+        Ok(ranges.0)
     }
 
     /// Verifies the whole pool (see [`crate::check`]); commits first so the
@@ -925,6 +928,28 @@ impl Pool {
         let _gate = self.commit_gate();
         let meta = self.read_meta()?;
         crate::check::check(&meta)
+    }
+}
+
+/// Chunk ranges turned into merged (offset, length) byte ranges.
+struct ByteRanges(Vec<(u64, u64)>, u64);
+
+impl ByteRanges {
+    fn new(chunk_size: u64) -> Self {
+        Self(Vec::new(), chunk_size)
+    }
+
+    /// Adds chunks `[from, to)`, given in increasing order.
+    fn push(&mut self, from: u64, to: u64) -> Result<()> {
+        let (offset, len) = (
+            from.saturating_mul(self.1),
+            (to - from).saturating_mul(self.1),
+        );
+        match self.0.last_mut() {
+            Some(last) if last.0 + last.1 == offset => last.1 += len,
+            _ => self.0.push((offset, len)),
+        }
+        Ok(())
     }
 }
 

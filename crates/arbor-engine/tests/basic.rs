@@ -155,3 +155,30 @@ fn full_pool_fails_writes_cleanly_and_recovers_after_delete() {
     pool.write(other, 0, &chunk).unwrap();
     assert_clean(&pool);
 }
+
+#[test]
+fn changed_since_a_snapshot_reports_later_writes_only() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("vm1", 8 * MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    let s = pool.snapshot("vm1@base").unwrap();
+    let since = pool.info(s).unwrap().created_txn;
+    assert!(pool.changed_since(v, since).unwrap().is_empty());
+    pool.write(v, 4096 * 10, &pattern(2, 0, 8192)).unwrap();
+    pool.write(v, 4 * MIB, &pattern(3, 0, 512)).unwrap();
+    pool.flush().unwrap();
+    pool.write(v, 4 * MIB + 4096, &pattern(4, 0, 4096)).unwrap();
+    assert_eq!(
+        pool.changed_since(v, since).unwrap(),
+        vec![(40960, 8192), (4 * MIB, 8192)]
+    );
+    assert_eq!(pool.changed_since(s, since).unwrap(), vec![]);
+    assert_eq!(
+        pool.changed_since(v, 0)
+            .unwrap()
+            .iter()
+            .map(|r| r.1)
+            .sum::<u64>(),
+        MIB + 8192
+    );
+}
