@@ -286,6 +286,11 @@ impl Meta {
                     _ => break,
                 }
             };
+            // The tree now references the child directly. If the old root is
+            // still referenced elsewhere, it keeps its own reference to the child.
+            if self.meta_count(new_root.block)? > 1 {
+                self.inc_node(only_child)?;
+            }
             self.dec_node_shallow(new_root)?;
             new_root = only_child;
         }
@@ -324,13 +329,67 @@ impl Meta {
         let child = children(node)?[i];
         let (child, value) = self.remove_rec(child, key)?;
         match child {
-            Some(c) => children_mut(node)?[i] = c,
+            Some(c) => {
+                children_mut(node)?[i] = c;
+                self.merge_if_underfull(node, i)?;
+            }
             None => {
                 children_mut(node)?.remove(i);
                 node.keys.remove(i);
             }
         }
         Ok(value)
+    }
+
+    /// Merges child `i` of `parent` with a neighbour when it has fallen below
+    /// a quarter full and both fit comfortably in one node, so trees shrink
+    /// as entries are removed instead of keeping many nearly empty nodes.
+    /// Child `i` was just shadowed (dirty, single reference).
+    fn merge_if_underfull(&mut self, parent: &mut Node, i: usize) -> Result<()> {
+        let kids = children(parent)?;
+        let (len, capacity) = {
+            let child = self.node(kids[i])?;
+            (child.len(), child.capacity())
+        };
+        if len >= capacity / 4 || kids.len() < 2 {
+            return Ok(());
+        }
+        let (left, right) = if i + 1 < kids.len() {
+            (i, i + 1)
+        } else {
+            (i - 1, i)
+        };
+        let sibling = if left == i { right } else { left };
+        if len + self.node(kids[sibling])?.len() > capacity * 3 / 4 {
+            return Ok(());
+        }
+        let left_ref = self.shadow(kids[left])?;
+        let right_ref = self.shadow(kids[right])?;
+        let right_node = self.take_dirty(right_ref)?;
+        let mut left_node = self.take_dirty(left_ref)?;
+        left_node.keys.extend_from_slice(&right_node.keys);
+        let merged = match (&mut left_node.body, &right_node.body) {
+            (NodeBody::Internal(a), NodeBody::Internal(b)) => {
+                a.extend_from_slice(b);
+                Ok(())
+            }
+            (NodeBody::Leaf(a), NodeBody::Leaf(b)) => {
+                a.extend_from_slice(b);
+                Ok(())
+            }
+            _ => Err(Error::inconsistent("siblings of different levels")),
+        };
+        self.put_dirty(left_ref, left_node);
+        // The right node's entries (and the references they hold) now live in
+        // the left node: free the right node without touching its children.
+        self.put_dirty(right_ref, right_node);
+        merged?;
+        self.dec_node_shallow(right_ref)?;
+        let kids = children_mut(parent)?;
+        kids[left] = left_ref;
+        kids.remove(right);
+        parent.keys.remove(right);
+        Ok(())
     }
 }
 

@@ -562,7 +562,14 @@ impl Pool {
         }
         self.manage(|m| {
             m.writable_volume(id)?;
-            m.set_volume_size(id, new_size)
+            m.set_volume_size(id, new_size)?;
+            // Writes that raced with the shrink may have mapped chunks past the
+            // new end after the bulk unmap above; no write can once the size is set.
+            if new_size < old_size {
+                let chunk = m.store.geo.chunk_size;
+                m.unmap_chunks(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
+            }
+            Ok(())
         })
     }
 
