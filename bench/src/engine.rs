@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId};
+use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId, DEFAULT_CHUNK_SIZE};
 use arbor_io::{BlockDevice, FileDevice};
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -265,7 +265,7 @@ impl Bench {
         let size = mapped + 4 * GIB;
         // 10,000 snapshots that each diverged by a write need a few nodes apiece.
         let (dev, pool) =
-            self.new_pool_with_metadata("snap.pool", size, 64 * 1024, Some(512 * MIB))?;
+            self.new_pool_with_metadata("snap.pool", size, DEFAULT_CHUNK_SIZE, Some(512 * MIB))?;
         if metadata_only {
             dev.drop_from
                 .store(pool.data_region_offset(), Ordering::Relaxed);
@@ -409,7 +409,10 @@ impl Bench {
     }
 
     fn chunk_sweep(&self) -> Result<()> {
-        println!("\n## Chunk size trade-off (basis of the 64 KiB default)\n");
+        println!(
+            "\n## Chunk size trade-off (basis of the default chunk size, {} KiB)\n",
+            DEFAULT_CHUNK_SIZE / 1024
+        );
         println!("4 KiB random writes on a fresh volume and right after a snapshot (ratio to pwrite on a file), and metadata per GiB mapped.\n");
         println!("| chunk | 4K random, fresh: ratio | 4K random, after snapshot: ratio | 1 MiB sequential, fresh: ratio | metadata/GiB, sequential | metadata/GiB, random 4 KiB |");
         println!("|---|---|---|---|---|---|");
@@ -471,7 +474,7 @@ fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.dir.display()
     );
-    bench.random_writes(64 * 1024)?;
+    bench.random_writes(DEFAULT_CHUNK_SIZE)?;
     println!("\n## Snapshot and clone latency");
     bench.snapshot_latency(if args.quick { 256 * MIB } else { GIB }, false)?;
     bench.snapshot_latency(if args.quick { 10 * GIB } else { 100 * GIB }, true)?;

@@ -399,52 +399,63 @@ impl Meta {
 }
 
 /// Finds the newest commit whose record and page images are intact, and
-/// replays its page images to their home blocks.
+/// replays its page images to their home blocks. Only the newest record's
+/// pages are read unless they prove damaged, so opening costs at most one
+/// journal area whatever the size of the pool or of its mappings.
 pub(crate) fn recover(store: &Store) -> Result<Resume> {
     let geo = store.geo;
-    let mut best: Option<(CommitRecord, Vec<SmPage>)> = None;
+    let mut candidates = Vec::new();
     for area in geo.journal_start {
-        match read_journal(store, area) {
-            Ok(Some((rec, pages))) => {
-                if best
-                    .as_ref()
-                    .is_none_or(|(b, _)| rec.txn.get() > b.txn.get())
-                {
-                    best = Some((rec, pages));
-                }
-            }
-            Ok(None) => {}
-            Err(e) => warn!(area, error = %e, "journal area unreadable; using the other one"),
+        if let Some(record) = read_commit_record(store, area)? {
+            candidates.push((area, record));
         }
     }
-    let Some((record, pages)) = best else {
-        return Err(Error::inconsistent(
-            "no valid commit record in either journal area",
-        ));
-    };
-    for page in &pages {
-        store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
+    candidates.sort_by_key(|(_, record)| std::cmp::Reverse(record.txn.get()));
+    for (area, record) in candidates {
+        match read_journal_pages(store, area, &record)? {
+            Some(pages) => {
+                for page in &pages {
+                    store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
+                }
+                store.dev.flush()?;
+                return Ok(Resume { record });
+            }
+            None => warn!(
+                area,
+                txn = record.txn.get(),
+                "newest commit's journal is damaged; using the previous commit"
+            ),
+        }
     }
-    store.dev.flush()?;
-    Ok(Resume { record })
+    Err(Error::inconsistent(
+        "no valid commit record in either journal area",
+    ))
 }
 
-/// Reads one journal area; `Ok(None)` when it holds no valid commit of this pool.
-fn read_journal(store: &Store, area: u64) -> Result<Option<(CommitRecord, Vec<SmPage>)>> {
-    let geo = store.geo;
+/// The commit record at the head of a journal area, if it is one of this pool's.
+fn read_commit_record(store: &Store, area: u64) -> Result<Option<CommitRecord>> {
     let raw = store.read_block(area)?;
-    let Ok(rec) = CommitRecord::decode(&raw[..]) else {
+    let Ok(record) = CommitRecord::decode(&raw[..]) else {
         return Ok(None);
     };
-    if rec.uuid != geo.uuid || u64::from(rec.page_count.get()) > geo.journal_pages {
-        return Ok(None);
-    }
-    let count = rec.page_count.get() as usize;
+    let plausible = record.uuid == store.geo.uuid
+        && u64::from(record.page_count.get()) <= store.geo.journal_pages;
+    Ok(plausible.then_some(record))
+}
+
+/// The page images following `record`, or `None` if any is damaged.
+fn read_journal_pages(
+    store: &Store,
+    area: u64,
+    record: &CommitRecord,
+) -> Result<Option<Vec<SmPage>>> {
+    let geo = store.geo;
+    let count = record.page_count.get() as usize;
     let mut images = vec![0u8; count * BLOCK_SIZE];
     store
         .dev
         .read_at(&mut images, (area + 1) * arbor_format::BLOCK_SIZE_U64)?;
-    if crc32c::crc32c(&images) != rec.pages_crc.get() {
+    if crc32c::crc32c(&images) != record.pages_crc.get() {
         return Ok(None);
     }
     let mut pages = Vec::with_capacity(count);
@@ -452,13 +463,15 @@ fn read_journal(store: &Store, area: u64) -> Result<Option<(CommitRecord, Vec<Sm
         let Ok(page) = SmPage::decode_any(image) else {
             return Ok(None);
         };
-        let entries = geo.sm_entries(page.kind);
-        if u64::from(page.index) >= entries.div_ceil(arbor_format::SM_ENTRIES_PER_PAGE as u64) {
+        let map_pages = geo
+            .sm_entries(page.kind)
+            .div_ceil(arbor_format::SM_ENTRIES_PER_PAGE as u64);
+        if u64::from(page.index) >= map_pages {
             return Ok(None);
         }
         pages.push(page);
     }
-    Ok(Some((rec, pages)))
+    Ok(Some(pages))
 }
 
 pub(crate) fn decode_map_value(node: &Node, i: usize) -> Result<MapValue> {

@@ -37,7 +37,7 @@ pub const SECTOR: u64 = 512;
 /// Largest volume size (1 EiB): keeps every byte-offset computation far from overflow.
 pub const MAX_VOLUME_SIZE: u64 = 1 << 60;
 /// Default chunk size; see docs/FORMAT.md ("Choosing the chunk size").
-pub const DEFAULT_CHUNK_SIZE: u32 = 64 * 1024;
+pub const DEFAULT_CHUNK_SIZE: u32 = 16 * 1024;
 const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 /// Chunks unmapped per step of a discard (bounded transaction growth).
 const UNMAP_STEP_CHUNKS: u64 = 4096;
