@@ -153,45 +153,56 @@ impl Walker<'_> {
     }
 
     fn compare_counts(&mut self) -> Result<()> {
-        let meta = self.meta;
-        let geo = meta.store.geo;
-        let mut used = 0;
-        for entry in 0..geo.meta_blocks {
-            let block = geo.meta_start + entry;
-            let expected = self.meta_refs.get(&block).copied().unwrap_or(0);
-            let actual = meta.meta_sm.get(&meta.store, entry)?;
-            if expected != actual {
-                self.report.problem(format!(
-                    "metadata block {block}: space map counts {actual} references, the trees hold {expected}"
-                ));
-            }
-            used += u64::from(actual != 0);
-        }
-        if used != meta.meta_sm.used {
-            self.report.problem(format!(
-                "metadata used counter {} != {used} counted",
-                meta.meta_sm.used
-            ));
-        }
-        let mut used = 0;
-        for chunk in 0..geo.data_chunks {
-            let expected = self.data_refs.get(&chunk).copied().unwrap_or(0);
-            let actual = meta.data_sm.get(&meta.store, chunk)?;
-            if expected != actual {
-                self.report.problem(format!(
-                    "data chunk {chunk}: space map counts {actual} references, the trees hold {expected}"
-                ));
-            }
-            used += u64::from(actual != 0);
-        }
-        if used != meta.data_sm.used {
-            self.report.problem(format!(
-                "data used counter {} != {used} counted",
-                meta.data_sm.used
-            ));
-        }
-        self.report.data_chunks_referenced = used;
+        let geo = self.meta.store.geo;
+        let meta_refs = std::mem::take(&mut self.meta_refs);
+        let data_refs = std::mem::take(&mut self.data_refs);
+        self.compare_map(
+            &self.meta.meta_sm,
+            geo.meta_blocks,
+            |e| meta_refs.get(&(geo.meta_start + e)),
+            "metadata block",
+            geo.meta_start,
+        )?;
+        self.report.data_chunks_referenced = self.compare_map(
+            &self.meta.data_sm,
+            geo.data_chunks,
+            |e| data_refs.get(&e),
+            "data chunk",
+            0,
+        )?;
         Ok(())
+    }
+
+    /// Compares every count of one space map with the references counted by
+    /// the walk, and its used counter with the non-zero counts. `label` and
+    /// `base` name entry `e` as `label (base + e)` in reports.
+    fn compare_map<'r>(
+        &mut self,
+        sm: &crate::spacemap::SpaceMap,
+        entries: u64,
+        expected: impl Fn(u64) -> Option<&'r u32>,
+        label: &str,
+        base: u64,
+    ) -> Result<u64> {
+        let mut used = 0;
+        for entry in 0..entries {
+            let want = expected(entry).copied().unwrap_or(0);
+            let have = sm.get(&self.meta.store, entry)?;
+            if want != have {
+                self.report.problem(format!(
+                    "{label} {}: space map counts {have} references, the trees hold {want}",
+                    base + entry
+                ));
+            }
+            used += u64::from(have != 0);
+        }
+        if used != sm.used {
+            self.report.problem(format!(
+                "{label}s: used counter {} != {used} counted",
+                sm.used
+            ));
+        }
+        Ok(used)
     }
 }
 
