@@ -69,8 +69,6 @@ pub(crate) struct Meta {
     pub names: HashMap<String, u64>,
     pub dirty_vols: BTreeSet<u64>,
     pub removed_vols: BTreeSet<u64>,
-    /// Pages journalled by the last commit whose home copies are not yet written.
-    deferred_home_pages: Vec<Arc<SmPage>>,
     pub privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
     pub meta_reserve: u64,
@@ -123,7 +121,6 @@ impl Meta {
             names: HashMap::new(),
             dirty_vols: BTreeSet::new(),
             removed_vols: BTreeSet::new(),
-            deferred_home_pages: Vec::new(),
             privilege: Privilege::Normal,
             meta_reserve,
             dirty_node_limit,
@@ -306,15 +303,8 @@ impl Meta {
         let store = Arc::clone(&self.store);
         let geo = store.geo;
 
-        for page in std::mem::take(&mut self.deferred_home_pages) {
-            let superseded = match page.kind {
-                SmKind::Meta => self.meta_sm.is_dirty_page(page.index),
-                SmKind::Data => self.data_sm.is_dirty_page(page.index),
-            };
-            if !superseded {
-                store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
-            }
-        }
+        self.meta_sm.write_committed_home(&store)?;
+        self.data_sm.write_committed_home(&store)?;
 
         let mut written: Vec<(u64, Node)> = self.dirty.drain().collect();
         written.sort_by_key(|(block, _)| *block);
@@ -323,8 +313,9 @@ impl Meta {
         }
         store.dev.flush()?;
 
-        let mut pages = self.meta_sm.take_dirty(self.txn);
-        pages.extend(self.data_sm.take_dirty(self.txn));
+        let meta_pages = self.meta_sm.take_dirty(self.txn);
+        let data_pages = self.data_sm.take_dirty(self.txn);
+        let pages: Vec<&Arc<SmPage>> = meta_pages.iter().chain(&data_pages).collect();
         if pages.len() as u64 > geo.journal_pages {
             return Err(Error::inconsistent(format!(
                 "transaction changed {} space-map pages, journal holds {}",
@@ -353,10 +344,8 @@ impl Meta {
         for (block, node) in written {
             store.cache_node(block, self.txn, node);
         }
-        for page in &pages {
-            store.cache_sm_page(Arc::clone(page));
-        }
-        self.deferred_home_pages = pages;
+        self.meta_sm.set_committed(&meta_pages);
+        self.data_sm.set_committed(&data_pages);
         self.last_commit_unix_secs = now;
         self.txn += 1;
         Ok(())

@@ -6,7 +6,10 @@
 //!   in-transaction metadata (tree nodes, leaf extents, reclaim-queue entries);
 //! * an entry whose count fell to zero in the current transaction stays in
 //!   `pending_free` until commit, because the last committed state may still
-//!   reference it: it is never handed out again before then.
+//!   reference it: it is never handed out again before then;
+//! * a page is read from, in order: this transaction's dirty copy, the last
+//!   commit's image (its home copy is written only by the next commit, so
+//!   this image is the only current copy), then the store (cache or home).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -23,6 +26,9 @@ pub(crate) struct SpaceMap {
     entries: u64,
     /// Pages changed in this transaction (copy-on-write from the clean cache).
     dirty: HashMap<u32, SmPage>,
+    /// Pages journalled by the last commit whose home copies are not yet
+    /// written. Never evicted: they are the only current copies.
+    committed: HashMap<u32, Arc<SmPage>>,
     pending_free: HashSet<u64>,
     /// Entries with a non-zero count.
     pub used: u64,
@@ -47,6 +53,7 @@ impl SpaceMap {
             kind,
             entries,
             dirty: HashMap::new(),
+            committed: HashMap::new(),
             pending_free: HashSet::new(),
             used,
             cursor: if cursor < entries { cursor } else { 0 },
@@ -78,12 +85,20 @@ impl SpaceMap {
         if let Some(p) = self.dirty.get(&page) {
             return Ok(p.counts[slot]);
         }
-        Ok(store.read_sm_page(self.kind, page)?.counts[slot])
+        Ok(self.clean_page(store, page)?.counts[slot])
+    }
+
+    /// The current committed copy of a page.
+    fn clean_page(&self, store: &Store, page: u32) -> Result<Arc<SmPage>> {
+        match self.committed.get(&page) {
+            Some(p) => Ok(Arc::clone(p)),
+            None => store.read_sm_page(self.kind, page),
+        }
     }
 
     fn page_mut(&mut self, store: &Store, page: u32) -> Result<&mut SmPage> {
         if !self.dirty.contains_key(&page) {
-            let clean = store.read_sm_page(self.kind, page)?;
+            let clean = self.clean_page(store, page)?;
             self.dirty.insert(page, (*clean).clone());
         }
         // Inserted just above when missing.
@@ -192,7 +207,7 @@ impl SpaceMap {
         let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
             Some(p) => &p.counts,
             None => {
-                let clean = store.read_sm_page(self.kind, page)?;
+                let clean = self.clean_page(store, page)?;
                 return Ok(self.scan(&clean.counts, page, first, end));
             }
         };
@@ -208,6 +223,19 @@ impl SpaceMap {
     ) -> Option<u64> {
         let base = u64::from(page) * PER_PAGE;
         (first..end).find(|&e| counts[(e - base) as usize] == 0 && !self.pending_free.contains(&e))
+    }
+
+    /// Commit step 1: writes the home copies of the last commit's pages
+    /// that this transaction did not change again (those it did are
+    /// superseded by its own journal images).
+    pub fn write_committed_home(&mut self, store: &Store) -> Result<()> {
+        for (index, page) in std::mem::take(&mut self.committed) {
+            if !self.dirty.contains_key(&index) {
+                store.write_block(store.geo.sm_home(self.kind, index), &page.encode())?;
+                store.cache_sm_page(page);
+            }
+        }
+        Ok(())
     }
 
     /// Takes this transaction's changed pages, stamped with `txn`, for the
@@ -228,7 +256,9 @@ impl SpaceMap {
         pages
     }
 
-    pub fn is_dirty_page(&self, index: u32) -> bool {
-        self.dirty.contains_key(&index)
+    /// After the commit is durable: its pages are the current copies until
+    /// the next commit writes them home.
+    pub fn set_committed(&mut self, pages: &[Arc<SmPage>]) {
+        self.committed = pages.iter().map(|p| (p.index, Arc::clone(p))).collect();
     }
 }

@@ -18,7 +18,8 @@ pub fn small_opts(chunk: u32) -> CreateOptions {
 
 pub fn open_opts() -> OpenOptions {
     OpenOptions {
-        cache_bytes: 2 << 20,
+        // Small enough that nodes and space-map pages are evicted constantly.
+        cache_bytes: 256 << 10,
         dirty_node_limit: 512,
     }
 }
