@@ -1,0 +1,236 @@
+//! The daemon's HTTP control API: JSON endpoints over [`PoolControl`].
+//!
+//! Every error response, including those axum produces itself (unknown
+//! route, wrong method, malformed or oversized body), carries an
+//! [`ErrorBody`], so clients need to handle only one error shape.
+
+use axum::body::to_bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Json, Router};
+use serde::Serialize;
+use tracing::error;
+
+use crate::control::{Control, PoolControl};
+use crate::model::{
+    CheckView, CloneRequest, CreateVolumeRequest, DiffQuery, ErrorBody, PoolView, Range,
+    ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView,
+    VolumeView,
+};
+
+/// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
+const BODY_LIMIT: usize = 64 * 1024;
+
+pub fn router(control: PoolControl) -> Router {
+    Router::new()
+        .route("/v1/pool", get(pool_info))
+        .route("/v1/volumes", get(list).post(create_volume))
+        .route("/v1/volumes/{name}", axum::routing::delete(delete))
+        .route("/v1/volumes/{name}/rollback", post(rollback))
+        .route("/v1/volumes/{name}/resize", post(resize))
+        .route("/v1/volumes/{name}/rename", post(rename))
+        .route("/v1/volumes/{name}/stats", get(stats))
+        .route("/v1/snapshots", post(snapshot))
+        .route("/v1/clones", post(clone_snapshot))
+        .route("/v1/diff", get(diff))
+        .route("/v1/flush", post(flush))
+        .route("/v1/check", post(check))
+        .route("/v1/reclaim", post(reclaim))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::map_response(errors_as_json))
+        .with_state(control)
+}
+
+/// An error response: a status and an [`ErrorBody`].
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: String) -> Self {
+        Self {
+            status,
+            body: ErrorBody {
+                code: code.to_owned(),
+                message,
+            },
+        }
+    }
+}
+
+/// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
+impl From<anyhow::Error> for ApiError {
+    fn from(err: anyhow::Error) -> Self {
+        use arbor_engine::Error as E;
+        let (status, code) = match err.downcast_ref::<E>() {
+            Some(E::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
+            Some(E::AlreadyExists(_)) => (StatusCode::CONFLICT, "already_exists"),
+            Some(E::ReadOnly(_)) => (StatusCode::CONFLICT, "read_only"),
+            Some(E::InvalidName { .. }) => (StatusCode::BAD_REQUEST, "invalid_name"),
+            Some(E::InvalidArgument(_)) => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            Some(E::NoSpace) => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+            Some(E::MetadataFull) => (StatusCode::INSUFFICIENT_STORAGE, "metadata_full"),
+            Some(E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "corrupt")
+            }
+            Some(E::Io(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
+            Some(E::Failed(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "pool_failed"),
+            None => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status.is_server_error() {
+            error!(error = format!("{err:#}"), "API request failed");
+        }
+        Self::new(status, code, format!("{err:#}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Runs a blocking engine operation off the async workers.
+async fn blocking<T: Send + 'static>(
+    control: PoolControl,
+    operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(move || operation(&control))
+        .await
+        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+        .map_err(ApiError::from)
+}
+
+/// Replaces the body of an error response that is not already an
+/// [`ErrorBody`] (axum's own rejections are plain text or empty).
+async fn errors_as_json(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v == HeaderValue::from_static("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let reason = status.canonical_reason().unwrap_or("error");
+    let text = to_bytes(response.into_body(), BODY_LIMIT)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        reason.to_owned()
+    } else {
+        text
+    };
+    let code = reason.to_ascii_lowercase().replace([' ', '-'], "_");
+    ApiError::new(status, &code, message).into_response()
+}
+
+fn created<T: Serialize>(value: T) -> Response {
+    (StatusCode::CREATED, Json(value)).into_response()
+}
+
+async fn pool_info(State(c): State<PoolControl>) -> ApiResult<Json<PoolView>> {
+    blocking(c, |c| c.pool_info()).await.map(Json)
+}
+
+async fn list(State(c): State<PoolControl>) -> ApiResult<Json<Vec<VolumeView>>> {
+    blocking(c, |c| c.list()).await.map(Json)
+}
+
+async fn create_volume(
+    State(c): State<PoolControl>,
+    Json(req): Json<CreateVolumeRequest>,
+) -> ApiResult<Response> {
+    blocking(c, move |c| c.create_volume(&req.name, req.size.0))
+        .await
+        .map(created)
+}
+
+async fn snapshot(
+    State(c): State<PoolControl>,
+    Json(req): Json<SnapshotRequest>,
+) -> ApiResult<Response> {
+    blocking(c, move |c| c.snapshot(&req.name))
+        .await
+        .map(created)
+}
+
+async fn clone_snapshot(
+    State(c): State<PoolControl>,
+    Json(req): Json<CloneRequest>,
+) -> ApiResult<Response> {
+    blocking(c, move |c| c.clone_snapshot(&req.snapshot, &req.name))
+        .await
+        .map(created)
+}
+
+async fn delete(State(c): State<PoolControl>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    blocking(c, move |c| c.delete(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn rollback(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<RollbackRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.rollback(&name, &req.snapshot))
+        .await
+        .map(Json)
+}
+
+async fn resize(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<ResizeRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.resize(&name, req.size.0))
+        .await
+        .map(Json)
+}
+
+async fn rename(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<RenameRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.rename(&name, &req.to))
+        .await
+        .map(Json)
+}
+
+async fn stats(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<StatsView>> {
+    blocking(c, move |c| c.stats(&name)).await.map(Json)
+}
+
+async fn diff(
+    State(c): State<PoolControl>,
+    Query(query): Query<DiffQuery>,
+) -> ApiResult<Json<Vec<Range>>> {
+    blocking(c, move |c| c.diff(&query.a, &query.b))
+        .await
+        .map(Json)
+}
+
+async fn flush(State(c): State<PoolControl>) -> ApiResult<StatusCode> {
+    blocking(c, |c| c.flush()).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn check(State(c): State<PoolControl>) -> ApiResult<Json<CheckView>> {
+    blocking(c, |c| c.check()).await.map(Json)
+}
+
+async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
+    blocking(c, |c| c.reclaim()).await.map(Json)
+}

@@ -1,0 +1,113 @@
+//! The daemon's housekeeping: periodic commits and paced reclaim.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use arbor_engine::{Error, Pool};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// How often to look for reclaim work when there was none.
+const RECLAIM_IDLE_POLL: Duration = Duration::from_secs(1);
+/// Most nodes per reclaim call. Each call commits and holds up I/O while it
+/// runs, so many small steps keep write latency low.
+const RECLAIM_MAX_BATCH: u32 = 256;
+
+async fn run_blocking<T: Send + 'static>(
+    pool: &Arc<Pool>,
+    operation: impl FnOnce(&Pool) -> arbor_engine::Result<T> + Send + 'static,
+) -> Result<arbor_engine::Result<T>> {
+    let pool = Arc::clone(pool);
+    tokio::task::spawn_blocking(move || operation(&pool))
+        .await
+        .context("engine task failed")
+}
+
+/// Sleeps for `pause`; false if the daemon is stopping instead.
+async fn pause_unless_stopped(pause: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(pause) => true,
+    }
+}
+
+/// Errors after which the pool can no longer be trusted, so the daemon must
+/// stop (reopening recovers to the last commit). Anything else, such as a
+/// full pool, may clear up and is only logged.
+fn is_fatal(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Io(_)
+            | Error::Corrupt { .. }
+            | Error::Inconsistent(_)
+            | Error::NotAPool
+            | Error::Failed(_)
+    )
+}
+
+/// Commits every `interval`, bounding how much acknowledged-but-unflushed
+/// writing a crash can lose. A failed commit stops the daemon.
+pub async fn commit_periodically(
+    pool: Arc<Pool>,
+    interval: Duration,
+    stop: CancellationToken,
+) -> Result<()> {
+    while pause_unless_stopped(interval, &stop).await {
+        run_blocking(&pool, |p| p.flush())
+            .await?
+            .context("periodic commit failed")?;
+    }
+    Ok(())
+}
+
+/// Reclaims deleted volumes' space at no more than `rate` nodes per second,
+/// so reclaim never starves client I/O.
+pub async fn reclaim_paced(pool: Arc<Pool>, rate: u32, stop: CancellationToken) -> Result<()> {
+    let batch = rate.min(RECLAIM_MAX_BATCH) as usize;
+    loop {
+        let outcome = run_blocking(&pool, move |p| {
+            // Checking first avoids a commit (and its fsync) when idle.
+            if p.pool_stats()?.reclaim_pending {
+                p.reclaim(batch)
+            } else {
+                Ok(0)
+            }
+        })
+        .await?;
+        let processed = match outcome {
+            Ok(n) => n,
+            Err(e) if is_fatal(&e) => return Err(e).context("background reclaim failed"),
+            Err(e) => {
+                warn!(error = %e, "background reclaim failed; will retry");
+                0
+            }
+        };
+        if processed > 0 {
+            debug!(processed, "reclaimed metadata nodes");
+        }
+        if !pause_unless_stopped(reclaim_pause(processed, rate), &stop).await {
+            return Ok(());
+        }
+    }
+}
+
+/// The pause after processing `processed` nodes that keeps the average at `rate`.
+fn reclaim_pause(processed: usize, rate: u32) -> Duration {
+    if processed == 0 {
+        return RECLAIM_IDLE_POLL;
+    }
+    Duration::from_secs_f64(processed as f64 / f64::from(rate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaim_is_paced_to_the_rate() {
+        assert_eq!(reclaim_pause(0, 2000), RECLAIM_IDLE_POLL);
+        assert_eq!(reclaim_pause(256, 2048), Duration::from_millis(125));
+        assert_eq!(reclaim_pause(10, 10), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,132 @@
+//! What management commands return, in the shapes that both `--json` output
+//! and the daemon's HTTP API use, plus the API's request bodies.
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::ByteSize;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolView {
+    pub path: String,
+    pub pool_bytes: u64,
+    pub chunk_size: u64,
+    pub data_bytes: u64,
+    pub data_used_bytes: u64,
+    pub metadata_bytes: u64,
+    pub metadata_used_bytes: u64,
+    pub volumes: u64,
+    pub snapshots: u64,
+    pub reclaim_pending: bool,
+    /// Last committed transaction.
+    pub txn: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeKind {
+    Volume,
+    Snapshot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeView {
+    pub name: String,
+    pub id: u64,
+    pub kind: VolumeKind,
+    pub size: u64,
+    pub mapped_bytes: u64,
+    /// The volume a snapshot was taken of, or the snapshot a clone came
+    /// from; `None` when there is none or it has been deleted.
+    pub parent: Option<String>,
+    pub created_unix_secs: u64,
+    pub created_txn: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsView {
+    pub name: String,
+    pub logical_bytes: u64,
+    pub mapped_bytes: u64,
+    /// What deleting the volume would free.
+    pub exclusive_bytes: u64,
+    pub shared_bytes: u64,
+}
+
+/// A byte range where two volumes differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Range {
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckView {
+    pub clean: bool,
+    pub problems: Vec<String>,
+    /// Problems found beyond those listed.
+    pub unlisted: usize,
+    pub volumes: usize,
+    pub nodes: u64,
+    pub data_chunks_referenced: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReclaimView {
+    /// Metadata nodes processed.
+    pub processed: u64,
+}
+
+/// The body of every API error response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable, machine-readable kind, such as `not_found`.
+    pub code: String,
+    pub message: String,
+}
+
+// ---- API request bodies ------------------------------------------------------
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolumeRequest {
+    pub name: String,
+    pub size: ByteSize,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    pub snapshot: String,
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    pub snapshot: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    pub size: ByteSize,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    pub to: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    pub a: String,
+    pub b: String,
+}

@@ -1,0 +1,166 @@
+//! Opening a pool file or device for exclusive use by this process.
+//!
+//! The engine assumes it is the only writer of its device, so every arbor
+//! process (the daemon and each offline command) takes an advisory `flock`
+//! on the pool before touching it and holds it until the pool is closed.
+
+use std::fs::{File, TryLockError};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arbor_engine::{CreateOptions, OpenOptions, Pool};
+use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
+use arbor_io::FileDevice;
+
+/// An exclusive advisory lock on a pool, released when dropped.
+#[derive(Debug)]
+pub struct PoolLock {
+    _file: File,
+}
+
+impl PoolLock {
+    /// Takes the lock without waiting: a pool held by another process is an
+    /// error, not something to queue behind.
+    pub fn acquire(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(TryLockError::WouldBlock) => bail!(
+                "pool {} is in use by another arbor process (a running daemon?); \
+                 to manage it through the daemon, pass --daemon <API socket>",
+                path.display()
+            ),
+            Err(TryLockError::Error(e)) => {
+                Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+    }
+}
+
+/// A pool opened by this process, with the lock that makes it ours.
+pub struct OpenPool {
+    pub path: PathBuf,
+    pub pool: Arc<Pool>,
+    // Declared after `pool` so it is released only once the pool is closed.
+    _lock: PoolLock,
+}
+
+impl OpenPool {
+    pub fn open(path: &Path, options: &OpenOptions) -> Result<Self> {
+        let lock = PoolLock::acquire(path)?;
+        let device =
+            FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let pool = Pool::open(Arc::new(device), options)
+            .with_context(|| format!("cannot open pool {}", path.display()))?;
+        Ok(Self::new(path, pool, lock))
+    }
+
+    /// Formats `path` as a new pool. `size` is required for a regular file
+    /// (created sparse if missing) and taken from the device otherwise.
+    pub fn create(
+        path: &Path,
+        size: Option<u64>,
+        create: &CreateOptions,
+        force: bool,
+    ) -> Result<Self> {
+        let existed = path.exists();
+        if !existed {
+            File::create_new(path).with_context(|| format!("cannot create {}", path.display()))?;
+        }
+        let created = Self::format(path, size, create, existed && !force);
+        if created.is_err() && !existed {
+            // Leave nothing behind: a half-formatted file would later be
+            // refused as "already contains a pool".
+            let _ = std::fs::remove_file(path);
+        }
+        created
+    }
+
+    fn format(
+        path: &Path,
+        size: Option<u64>,
+        create: &CreateOptions,
+        must_be_blank: bool,
+    ) -> Result<Self> {
+        let lock = PoolLock::acquire(path)?;
+        if must_be_blank {
+            refuse_to_overwrite(path)?;
+        }
+        let device = open_for_format(path, size)?;
+        let pool = Pool::create(Arc::new(device), create, &OpenOptions::default())
+            .with_context(|| format!("cannot create a pool on {}", path.display()))?;
+        Ok(Self::new(path, pool, lock))
+    }
+
+    fn new(path: &Path, pool: Pool, lock: PoolLock) -> Self {
+        Self {
+            path: path.to_owned(),
+            pool: Arc::new(pool),
+            _lock: lock,
+        }
+    }
+
+    /// Commits and closes the pool, reporting a failed final commit (which
+    /// a plain drop could only log).
+    pub fn close(self) -> Result<()> {
+        let path = self.path.display().to_string();
+        match Arc::try_unwrap(self.pool) {
+            Ok(pool) => pool.close(),
+            // Someone still holds the pool (a detached task): commit now; the
+            // last holder closes it.
+            Err(shared) => shared.flush(),
+        }
+        .with_context(|| format!("cannot commit pool {path}"))
+    }
+}
+
+/// Sizes the target for a new pool: a regular file is (re)sized to `size`,
+/// a block device is used whole.
+fn open_for_format(path: &Path, size: Option<u64>) -> Result<FileDevice> {
+    let metadata = path
+        .metadata()
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    let device = if metadata.is_file() {
+        let Some(size) = size else {
+            bail!("--size is required to create a pool in a regular file");
+        };
+        FileDevice::create_file(path, size)
+    } else {
+        if size.is_some() {
+            bail!("--size cannot be used with a device: the pool takes the whole device");
+        }
+        FileDevice::open(path)
+    };
+    device.with_context(|| format!("cannot prepare {}", path.display()))
+}
+
+/// Fails if `path` holds anything: an arbor pool, or any other data.
+fn refuse_to_overwrite(path: &Path) -> Result<()> {
+    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let len = file.seek(SeekFrom::End(0))?;
+    let mut head = Vec::new();
+    file.seek(SeekFrom::Start(0))?;
+    file.take(SUPERBLOCK_SLOTS * BLOCK_SIZE as u64)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    // Anything but "bad magic" is a pool, possibly a damaged one, that
+    // deserves the same protection.
+    let has_pool = head
+        .chunks_exact(BLOCK_SIZE)
+        .any(|block| Superblock::decode(block, len).err() != Some(FormatError::BadMagic));
+    if has_pool {
+        bail!(
+            "{} already contains an arbor pool; use --force to destroy it and create a new one",
+            path.display()
+        );
+    }
+    if head.iter().any(|&b| b != 0) {
+        bail!(
+            "{} already contains data; use --force to overwrite it",
+            path.display()
+        );
+    }
+    Ok(())
+}
