@@ -142,7 +142,8 @@ fn manage<T: Args>(command: ManageCommand<T>, session: &Session) -> Result<ExitC
             emit(&format!("rolled {volume} back to {snapshot}\n"))?;
         }
         ManageCommand::Resize { volume, size, .. } => {
-            emit(&output::volume_line("resized", &c.resize(&volume, size.0)?))?;
+            let view = c.resize(&volume, size.0)?;
+            emit(&format!("resized {volume} to {}\n", ByteSize(view.size)))?;
         }
         ManageCommand::Rename { from, to, .. } => {
             c.rename(&from, &to)?;

@@ -13,7 +13,7 @@ mod size;
 mod transfer;
 
 use std::ffi::OsString;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -79,6 +79,7 @@ fn init_logging<T: Args>(command: &Command<T>) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
