@@ -21,9 +21,9 @@ use crate::size::ByteSize;
     about = "Thin volumes with O(1) snapshots and clones, served over NBD"
 )]
 pub struct Cli<T: Args> {
-    /// Send the command to the daemon listening on this API socket instead of
-    /// opening the pool (which the daemon holds); leave out the pool argument.
-    #[arg(long, global = true, value_name = "SOCKET")]
+    /// Manage the pool through the daemon whose API is at this Unix socket
+    /// or IP:PORT (leave out POOL)
+    #[arg(long, global = true, value_name = "ADDRESS")]
     pub daemon: Option<PathBuf>,
 
     #[command(subcommand)]

@@ -1,6 +1,8 @@
 //! [`Control`] through a running daemon: each call is one HTTP/1.1 request
-//! to its API on a Unix socket.
+//! to its API, on a Unix socket or a loopback TCP address.
 
+use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,7 +13,8 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::runtime::Runtime;
 
 use crate::control::Control;
@@ -21,21 +24,39 @@ use crate::model::{
 };
 use crate::size::ByteSize;
 
+/// Where the daemon's API listens.
+enum Endpoint {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Unix(path) => write!(f, "{}", path.display()),
+            Endpoint::Tcp(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
 pub struct DaemonClient {
-    socket: PathBuf,
+    endpoint: Endpoint,
     runtime: Runtime,
 }
 
 impl DaemonClient {
-    pub fn new(socket: &Path) -> Result<Self> {
+    /// `address` is an `IP:PORT` the API listens on, or else the path of its
+    /// Unix socket.
+    pub fn new(address: &Path) -> Result<Self> {
+        let endpoint = match address.to_str().and_then(|a| a.parse().ok()) {
+            Some(addr) => Endpoint::Tcp(addr),
+            None => Endpoint::Unix(address.to_owned()),
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()
             .context("cannot start the I/O runtime")?;
-        Ok(Self {
-            socket: socket.to_owned(),
-            runtime,
-        })
+        Ok(Self { endpoint, runtime })
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -56,7 +77,7 @@ impl DaemonClient {
             .with_context(|| {
                 format!(
                     "cannot talk to the arbor daemon at {} (is `arbor serve` running?)",
-                    self.socket.display()
+                    self.endpoint
                 )
             })?;
         if status.is_success() {
@@ -77,24 +98,34 @@ impl DaemonClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes)> {
-        let stream = UnixStream::connect(&self.socket).await?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        // Drives the connection until the response has been read.
-        let driver = tokio::spawn(connection);
         let request = Request::builder()
             .method(method)
             .uri(path)
             .header(HOST, "arbor")
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        let bytes = response.into_body().collect().await?.to_bytes();
-        drop(sender);
-        driver.await??;
-        Ok((status, bytes))
+        match &self.endpoint {
+            Endpoint::Unix(socket) => send_over(UnixStream::connect(socket).await?, request).await,
+            Endpoint::Tcp(addr) => send_over(TcpStream::connect(addr).await?, request).await,
+        }
     }
+}
+
+/// One request on a fresh connection.
+async fn send_over<S>(stream: S, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes)>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the connection until the response has been read.
+    let driver = tokio::spawn(connection);
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    drop(sender);
+    driver.await??;
+    Ok((status, bytes))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {

@@ -32,8 +32,8 @@ impl Session {
         Ok(Session::Local { pool, control })
     }
 
-    pub fn daemon(socket: &Path) -> Result<Self> {
-        DaemonClient::new(socket).map(Session::Daemon)
+    pub fn daemon(address: &Path) -> Result<Self> {
+        DaemonClient::new(address).map(Session::Daemon)
     }
 
     fn control(&self) -> &dyn Control {

@@ -58,13 +58,13 @@ fn run_local(cli: Cli<PoolPath>) -> Result<ExitCode> {
 
 fn run_via_daemon(cli: Cli<ViaDaemon>) -> Result<ExitCode> {
     init_logging(&cli.command);
-    let socket = cli
+    let address = cli
         .daemon
-        .context("--daemon needs the daemon's API socket")?;
+        .context("--daemon needs the address of the daemon's API")?;
     if let Some(name) = cli.command.is_local_only() {
         anyhow::bail!("`arbor {name}` works on a pool directly and cannot go through --daemon");
     }
-    commands::execute(cli.command, |_| Session::daemon(&socket))
+    commands::execute(cli.command, |_| Session::daemon(&address))
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG`; the daemon reports its

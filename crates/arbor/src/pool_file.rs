@@ -29,7 +29,7 @@ impl PoolLock {
             Ok(()) => Ok(Self { _file: file }),
             Err(TryLockError::WouldBlock) => bail!(
                 "pool {} is in use by another arbor process (a running daemon?); \
-                 to manage it through the daemon, pass --daemon <API socket>",
+                 to manage it through the daemon, pass --daemon <API address>",
                 path.display()
             ),
             Err(TryLockError::Error(e)) => {

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::Value;
 
 fn via(daemon: &Daemon, args: &[&str]) -> String {
-    let mut full = vec!["--daemon", daemon.socket()];
+    let mut full = vec!["--daemon", daemon.address()];
     full.extend_from_slice(args);
     ok(&full)
 }
@@ -66,7 +66,7 @@ fn cli_through_the_daemon_then_clean_shutdown() {
     via(&daemon, &["delete", "vm@one"]);
     via(&daemon, &["reclaim"]);
 
-    let args = ["--daemon", daemon.socket()];
+    let args = ["--daemon", daemon.address()];
     fails(
         &[&args[..], &["delete", "ghost"]].concat(),
         "no such volume",
@@ -108,7 +108,7 @@ fn cli_through_the_daemon_then_clean_shutdown() {
 fn api_errors_have_statuses_and_json_bodies() {
     let pool = TestPool::new("64M");
     let daemon = Daemon::start(&pool, &[]);
-    let socket = &daemon.socket;
+    let socket = daemon.address();
 
     let (status, body) = http(socket, "POST", "/v1/volumes", r#"{"name":"v","size":"1M"}"#);
     assert_eq!(status, 201, "{body}");
@@ -236,6 +236,16 @@ fn background_reclaim_and_commit() {
         "survivor"
     );
     assert!(ok(&["check", pool.path()]).contains("clean"));
+}
+
+#[test]
+fn api_on_loopback_tcp() {
+    let pool = TestPool::new("64M");
+    let daemon = Daemon::start_tcp(&pool);
+    via(&daemon, &["create", "v", "--size", "1M"]);
+    assert_eq!(via_json(&daemon, &["list", "--json"])[0]["name"], "v");
+    let (status, log) = daemon.stop("TERM");
+    assert!(status.success(), "daemon failed: {log}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -108,19 +109,38 @@ pub fn random_image(seed: u64, len: usize) -> Vec<u8> {
     data
 }
 
-/// `arbor serve` on a Unix API socket, killed when dropped so a failing
-/// test never leaks a server.
+/// `arbor serve`, killed when dropped so a failing test never leaks a server.
 pub struct Daemon {
     child: Option<Child>,
-    pub socket: PathBuf,
+    /// What `--daemon` takes: the API's Unix socket path or IP:PORT.
+    address: String,
 }
 
 impl Daemon {
+    /// Serves the API on a Unix socket beside the pool.
     pub fn start(pool: &TestPool, extra: &[&str]) -> Self {
         let socket = pool.file("api.sock");
+        let socket = p(&socket);
+        Self::spawn(pool, &[&["--api-socket", socket], extra].concat(), socket)
+    }
+
+    /// Serves the API on a free loopback port.
+    pub fn start_tcp(pool: &TestPool) -> Self {
+        // Ask the kernel for a free port, then hand it over (a tiny race
+        // with other processes is acceptable in a test).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        Self::spawn(pool, &["--api", &address], &address)
+    }
+
+    fn spawn(pool: &TestPool, args: &[&str], address: &str) -> Self {
         let child = Command::new(ARBOR)
-            .args(["serve", pool.path(), "--api-socket", p(&socket)])
-            .args(extra)
+            .args(["serve", pool.path()])
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -128,15 +148,22 @@ impl Daemon {
             .expect("start arbor serve");
         let mut daemon = Self {
             child: Some(child),
-            socket,
+            address: address.to_owned(),
         };
         daemon.wait_until_ready();
         daemon
     }
 
+    fn is_listening(&self) -> bool {
+        match self.address.parse::<SocketAddr>() {
+            Ok(addr) => TcpStream::connect(addr).is_ok(),
+            Err(_) => UnixStream::connect(&self.address).is_ok(),
+        }
+    }
+
     fn wait_until_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&self.socket).is_err() {
+        while !self.is_listening() {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("daemon exited early with {status}");
             }
@@ -145,8 +172,8 @@ impl Daemon {
         }
     }
 
-    pub fn socket(&self) -> &str {
-        p(&self.socket)
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// Sends `signal` and waits for the daemon to exit; returns its status
@@ -190,7 +217,7 @@ impl Drop for Daemon {
 }
 
 /// One raw HTTP/1.1 request over a Unix socket; returns the status and body.
-pub fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+pub fn http(socket: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = UnixStream::connect(socket).unwrap();
     write!(
         stream,
