@@ -91,6 +91,40 @@ fn report(err: &anyhow::Error) -> ExitCode {
     if broken_pipe {
         return ExitCode::SUCCESS;
     }
-    let _ = writeln!(std::io::stderr(), "arbor: error: {err:#}");
+    let _ = writeln!(std::io::stderr(), "arbor: error: {}", render(err));
     ExitCode::FAILURE
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text the
+/// message before it already ends with (errors that both print and expose
+/// their source would otherwise say everything twice).
+fn render(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_skips_causes_already_printed() {
+        let inner = anyhow::anyhow!("bad checksum");
+        let outer = inner.context("block 7 is damaged: bad checksum");
+        let top = outer.context("cannot open pool");
+        assert_eq!(
+            render(&top),
+            "cannot open pool: block 7 is damaged: bad checksum"
+        );
+    }
 }

@@ -237,3 +237,19 @@ fn help_and_version_succeed() {
     assert!(ok(&["--version"]).contains(env!("CARGO_PKG_VERSION")));
     assert!(ok(&["pool", "create", "--help"]).contains("--chunk-size"));
 }
+
+#[test]
+fn check_fails_on_a_damaged_pool() {
+    let pool = TestPool::new("64M");
+    ok(&["create", pool.path(), "v", "--size", "1M"]);
+    ok(&["snapshot", pool.path(), "v@s"]);
+    // Break the checksum of every metadata node (block type 4).
+    let mut image = read(&pool.path);
+    for block in image.chunks_exact_mut(4096) {
+        if block.starts_with(b"ARBR") && block[6..8] == [4, 0] {
+            block[100] ^= 0xff;
+        }
+    }
+    std::fs::write(&pool.path, &image).unwrap();
+    fails(&["check", pool.path()], "damaged");
+}
