@@ -105,14 +105,22 @@ impl OpenPool {
     /// Commits and closes the pool, reporting a failed final commit (which
     /// a plain drop could only log).
     pub fn close(self) -> Result<()> {
-        let path = self.path.display().to_string();
-        match Arc::try_unwrap(self.pool) {
+        let OpenPool {
+            path,
+            pool,
+            _lock: lock,
+        } = self;
+        let closed = match Arc::try_unwrap(pool) {
             Ok(pool) => pool.close(),
-            // Someone still holds the pool (a detached task): commit now; the
-            // last holder closes it.
-            Err(shared) => shared.flush(),
-        }
-        .with_context(|| format!("cannot commit pool {path}"))
+            Err(shared) => {
+                // Something still holds the pool (a task that outlived
+                // shutdown): commit now, and keep the lock until the process
+                // exits so no other process opens the pool under it.
+                std::mem::forget(lock);
+                shared.flush()
+            }
+        };
+        closed.with_context(|| format!("cannot commit pool {}", path.display()))
     }
 }
 
