@@ -2,7 +2,7 @@
 //! built on top of the last commit, node allocation and shadowing
 //! (copy-on-write), and the commit protocol.
 //!
-//! Commit protocol (see docs/FORMAT.md, "Commit"):
+//! Commit protocol (see docs/FORMAT.md, "Commit protocol"):
 //! 1. write the home pages journalled by the *previous* commit (deferred so
 //!    that the previous commit stays replayable until this one is durable);
 //! 2. write every node allocated in this transaction to its fresh block;
@@ -11,6 +11,14 @@
 //!    transaction changed into journal area `txn % 2`;
 //! 5. flush. The commit record is the commit point: on open, the newest
 //!    valid record of the two areas wins and its page images are replayed.
+//!
+//! Commits are pipelined so that I/O does not wait for the device: phase A
+//! ([`Meta::begin_commit`], brief, exclusive) freezes the transaction into a
+//! [`CommitJob`] and opens the next one; phase B ([`CommitJob::write`])
+//! does the writes and flushes above with no lock held; phase C
+//! ([`Meta::finish_commit`], brief) publishes the result. Between A and C
+//! readers find the frozen nodes and pages in the in-flight overlays, and
+//! entries freed by the frozen transaction stay unallocatable.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Deref;
@@ -25,7 +33,7 @@ use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
 use crate::spacemap::SpaceMap;
-use crate::store::Store;
+use crate::store::{CachedNode, Store};
 
 /// A node as seen by a reader: borrowed from the transaction's dirty set or
 /// shared from the clean cache.
@@ -59,6 +67,8 @@ pub(crate) struct Meta {
     pub txn: u64,
     /// Nodes allocated in this transaction, by block number.
     dirty: HashMap<u64, Node>,
+    /// Nodes of the transaction being committed (phase B), not yet on disk.
+    inflight_nodes: HashMap<u64, Arc<CachedNode>>,
     pub meta_sm: SpaceMap,
     pub data_sm: SpaceMap,
     pub volumes_root: BlockRef,
@@ -74,6 +84,38 @@ pub(crate) struct Meta {
     pub meta_reserve: u64,
     pub dirty_node_limit: usize,
     pub last_commit_unix_secs: u64,
+}
+
+/// A frozen transaction: everything the writes of phase B need.
+pub(crate) struct CommitJob {
+    txn: u64,
+    /// The previous commit's pages whose home copies are due.
+    home_pages: Vec<Arc<SmPage>>,
+    nodes: Vec<(u64, Arc<CachedNode>)>,
+    /// Commit record followed by the page images.
+    journal: Vec<u8>,
+    area: u64,
+    now: u64,
+}
+
+impl CommitJob {
+    /// Phase B: steps 1 to 5 of the commit protocol. Holds no lock; the
+    /// caller runs one job at a time.
+    pub fn write(&self, store: &Store) -> Result<()> {
+        for page in &self.home_pages {
+            store.write_block(store.geo.sm_home(page.kind, page.index), &page.encode())?;
+            store.cache_sm_page(Arc::clone(page));
+        }
+        for (block, node) in &self.nodes {
+            store.write_block(*block, &node.node.encode(*block, self.txn))?;
+        }
+        store.dev.flush()?;
+        store
+            .dev
+            .write_at(&self.journal, self.area * arbor_format::BLOCK_SIZE_U64)?;
+        store.dev.flush()?;
+        Ok(())
+    }
 }
 
 /// What a pool needs from its last commit to resume.
@@ -111,6 +153,7 @@ impl Meta {
             store,
             txn: rec.txn.get() + 1,
             dirty: HashMap::new(),
+            inflight_nodes: HashMap::new(),
             meta_sm,
             data_sm,
             volumes_root: rec.volumes_root.into(),
@@ -160,6 +203,11 @@ impl Meta {
         if r.txn == self.txn {
             if let Some(n) = self.dirty.get(&r.block) {
                 return Ok(NodeView::Dirty(n));
+            }
+        }
+        if let Some(n) = self.inflight_nodes.get(&r.block) {
+            if n.txn == r.txn {
+                return Ok(NodeView::Clean(Arc::clone(n)));
             }
         }
         Ok(NodeView::Clean(self.store.read_node(r)?))
@@ -288,34 +336,43 @@ impl Meta {
 
     // ---- commit ---------------------------------------------------------------
 
-    /// Makes the transaction durable. On error the caller must stop using the
-    /// pool (in-memory state no longer matches the device).
+    /// Commits in one go (phases A, B and C), for single-threaded callers.
+    /// On error the caller must stop using the pool.
     pub fn commit(&mut self) -> Result<()> {
-        let saved = self.privilege;
-        self.privilege = Privilege::Reserve;
-        let result = self.commit_inner();
-        self.privilege = saved;
-        result
+        let job = self.begin_commit()?;
+        job.write(&self.store)?;
+        self.finish_commit(job);
+        Ok(())
     }
 
-    fn commit_inner(&mut self) -> Result<()> {
-        self.store_volume_records()?;
-        let store = Arc::clone(&self.store);
-        let geo = store.geo;
-
-        self.meta_sm.write_committed_home(&store)?;
-        self.data_sm.write_committed_home(&store)?;
-
-        let mut written: Vec<(u64, Node)> = self.dirty.drain().collect();
-        written.sort_by_key(|(block, _)| *block);
-        for (block, node) in &written {
-            store.write_block(*block, &node.encode(*block, self.txn))?;
-        }
-        store.dev.flush()?;
-
-        let meta_pages = self.meta_sm.take_dirty(self.txn);
-        let data_pages = self.data_sm.take_dirty(self.txn);
-        let pages: Vec<&Arc<SmPage>> = meta_pages.iter().chain(&data_pages).collect();
+    /// Phase A: stores the volume records, freezes the transaction into a
+    /// job and opens the next transaction. Must run with writers quiesced.
+    pub fn begin_commit(&mut self) -> Result<CommitJob> {
+        let saved = self.privilege;
+        self.privilege = Privilege::Reserve;
+        let stored = self.store_volume_records();
+        self.privilege = saved;
+        stored?;
+        let geo = self.store.geo;
+        let mut home_pages = self.meta_sm.home_pages_due();
+        home_pages.extend(self.data_sm.home_pages_due());
+        let mut nodes: Vec<(u64, Arc<CachedNode>)> = self
+            .dirty
+            .drain()
+            .map(|(block, node)| {
+                (
+                    block,
+                    Arc::new(CachedNode {
+                        txn: self.txn,
+                        node,
+                    }),
+                )
+            })
+            .collect();
+        nodes.sort_by_key(|(block, _)| *block);
+        self.inflight_nodes = nodes.iter().map(|(b, n)| (*b, Arc::clone(n))).collect();
+        let mut pages = self.meta_sm.freeze(self.txn);
+        pages.extend(self.data_sm.freeze(self.txn));
         if pages.len() as u64 > geo.journal_pages {
             return Err(Error::inconsistent(format!(
                 "transaction changed {} space-map pages, journal holds {}",
@@ -335,20 +392,28 @@ impl Meta {
             now,
         );
         journal[..BLOCK_SIZE].copy_from_slice(&record.encode());
-        let area = geo.journal_start[(self.txn % 2) as usize];
-        store
-            .dev
-            .write_at(&journal, area * arbor_format::BLOCK_SIZE_U64)?;
-        store.dev.flush()?;
-
-        for (block, node) in written {
-            store.cache_node(block, self.txn, node);
-        }
-        self.meta_sm.set_committed(&meta_pages);
-        self.data_sm.set_committed(&data_pages);
-        self.last_commit_unix_secs = now;
+        let job = CommitJob {
+            txn: self.txn,
+            home_pages,
+            nodes,
+            journal,
+            area: geo.journal_start[(self.txn % 2) as usize],
+            now,
+        };
         self.txn += 1;
-        Ok(())
+        Ok(job)
+    }
+
+    /// Phase C: the job is durable. Its nodes move to the cache, its pages
+    /// become the committed copies, its freed entries become allocatable.
+    pub fn finish_commit(&mut self, job: CommitJob) {
+        for (block, node) in job.nodes {
+            self.store.cache_node(block, node);
+        }
+        self.inflight_nodes.clear();
+        self.meta_sm.thaw();
+        self.data_sm.thaw();
+        self.last_commit_unix_secs = job.now;
     }
 
     fn commit_record(&self, page_count: u32, pages_crc: u32, now: u64) -> CommitRecord {

@@ -2,16 +2,19 @@
 //!
 //! Concurrency (see docs/ARCHITECTURE.md):
 //! * `meta` (RwLock) guards the transaction state. Lookups take it shared,
-//!   mutations exclusive; no data I/O happens while it is held.
-//! * `gate` (RwLock) separates I/O from commits: every read and write holds
-//!   it shared for its whole duration, a commit holds it exclusive. So a
-//!   commit never sees a half-done write, and a chunk freed in a transaction
-//!   (reusable after the commit) is never reused while a reader that looked
-//!   it up is still reading it.
+//!   mutations exclusive; no device I/O of a commit happens while it is held.
+//! * `gate` (RwLock) separates I/O from the start of a commit: every read and
+//!   write holds it shared for its whole duration; a commit holds it
+//!   exclusive only to freeze the transaction (phase A). So a commit never
+//!   sees a half-done write, and a chunk freed in a transaction (reusable
+//!   only after that transaction's commit is durable) is never reallocated
+//!   while a reader that looked it up before the freeze is still reading it.
+//! * `commit_lock` runs one commit at a time; its writes and flushes
+//!   (phase B) hold no other lock, so I/O goes on while the device syncs.
 //! * `stripes` serialise writes to the same (volume, chunk), so two partial
 //!   writes to one chunk never race on its copy-on-write.
 //!
-//! Lock order: gate → stripe → meta.
+//! Lock order: commit_lock → gate → stripe → meta.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -27,7 +30,7 @@ use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
-use crate::meta::{recover, Meta, Privilege, Resume};
+use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, Store};
 use crate::volumes::WritePlan;
@@ -138,6 +141,7 @@ pub struct Pool {
     store: Arc<Store>,
     meta: RwLock<Meta>,
     gate: RwLock<()>,
+    commit_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     failure: Mutex<Option<String>>,
 }
@@ -302,6 +306,7 @@ impl Pool {
             store,
             meta: RwLock::new(meta),
             gate: RwLock::new(()),
+            commit_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             failure: Mutex::new(None),
         }
@@ -387,33 +392,56 @@ impl Pool {
 
     /// A management operation: exclusive, and durable when it returns.
     fn manage<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let _gate = self.commit_gate();
-        let mut meta = self.write_meta()?;
-        let saved = meta.privilege;
-        meta.privilege = Privilege::Reserve;
-        let result = self.mutate(&mut meta, f);
-        meta.privilege = saved;
-        let value = result?;
-        self.commit_locked(&mut meta)?;
+        let _commit = lock_mutex(&self.commit_lock);
+        let (value, job) = {
+            let _gate = self.commit_gate();
+            let mut meta = self.write_meta()?;
+            let saved = meta.privilege;
+            meta.privilege = Privilege::Reserve;
+            let result = self.mutate(&mut meta, f);
+            meta.privilege = saved;
+            let value = result?;
+            (value, self.freeze(&mut meta)?)
+        };
+        self.complete_commit(job)?;
         Ok(value)
     }
 
-    fn commit_locked(&self, meta: &mut Meta) -> Result<()> {
+    /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
+    /// `None` when the transaction has no changes.
+    fn freeze(&self, meta: &mut Meta) -> Result<Option<CommitJob>> {
         if !meta.has_changes() {
-            return self.store.dev.flush().map_err(|e| {
-                let e = Error::Io(e);
-                self.fail(&e);
-                e
-            });
+            return Ok(None);
         }
-        meta.commit().inspect_err(|e| self.fail(e))
+        self.mutate(meta, |m| m.begin_commit()).map(Some)
+    }
+
+    /// Phases B and C (caller holds `commit_lock`). Without a job, only the
+    /// device is flushed (in-place data writes need no metadata change).
+    fn complete_commit(&self, job: Option<CommitJob>) -> Result<()> {
+        let written = match &job {
+            Some(job) => job.write(&self.store),
+            None => self.store.dev.flush().map_err(Error::Io),
+        };
+        if let Err(e) = written {
+            self.fail(&e);
+            return Err(e);
+        }
+        if let Some(job) = job {
+            self.write_meta()?.finish_commit(job);
+        }
+        Ok(())
     }
 
     /// Makes every completed write durable (commits the transaction).
     pub fn flush(&self) -> Result<()> {
-        let _gate = self.commit_gate();
-        let mut meta = self.write_meta()?;
-        self.commit_locked(&mut meta)
+        let _commit = lock_mutex(&self.commit_lock);
+        let job = {
+            let _gate = self.commit_gate();
+            let mut meta = self.write_meta()?;
+            self.freeze(&mut meta)?
+        };
+        self.complete_commit(job)
     }
 
     fn commit_if_needed(&self) -> Result<()> {
@@ -932,6 +960,8 @@ impl Pool {
     /// on-disk state is the one checked.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
         self.flush()?;
+        // No commit may be writing while the on-disk state is walked.
+        let _commit = lock_mutex(&self.commit_lock);
         let _gate = self.commit_gate();
         let meta = self.read_meta()?;
         crate::check::check(&meta)

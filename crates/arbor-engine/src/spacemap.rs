@@ -29,6 +29,11 @@ pub(crate) struct SpaceMap {
     /// Pages journalled by the last commit whose home copies are not yet
     /// written. Never evicted: they are the only current copies.
     committed: HashMap<u32, Arc<SmPage>>,
+    /// Pages of the transaction being committed (between phases A and C).
+    inflight: HashMap<u32, Arc<SmPage>>,
+    /// Entries freed by the transaction being committed: not allocatable
+    /// until its commit is durable.
+    frozen_free: HashSet<u64>,
     pending_free: HashSet<u64>,
     /// Entries with a non-zero count.
     pub used: u64,
@@ -54,6 +59,8 @@ impl SpaceMap {
             entries,
             dirty: HashMap::new(),
             committed: HashMap::new(),
+            inflight: HashMap::new(),
+            frozen_free: HashSet::new(),
             pending_free: HashSet::new(),
             used,
             cursor: if cursor < entries { cursor } else { 0 },
@@ -88,9 +95,13 @@ impl SpaceMap {
         Ok(self.clean_page(store, page)?.counts[slot])
     }
 
-    /// The current committed copy of a page.
+    /// The newest copy of a page outside this transaction.
     fn clean_page(&self, store: &Store, page: u32) -> Result<Arc<SmPage>> {
-        match self.committed.get(&page) {
+        match self
+            .inflight
+            .get(&page)
+            .or_else(|| self.committed.get(&page))
+        {
             Some(p) => Ok(Arc::clone(p)),
             None => store.read_sm_page(self.kind, page),
         }
@@ -222,28 +233,29 @@ impl SpaceMap {
         end: u64,
     ) -> Option<u64> {
         let base = u64::from(page) * PER_PAGE;
-        (first..end).find(|&e| counts[(e - base) as usize] == 0 && !self.pending_free.contains(&e))
+        (first..end).find(|&e| {
+            counts[(e - base) as usize] == 0
+                && !self.pending_free.contains(&e)
+                && !self.frozen_free.contains(&e)
+        })
     }
 
-    /// Commit step 1: writes the home copies of the last commit's pages
-    /// that this transaction did not change again (those it did are
-    /// superseded by its own journal images).
-    pub fn write_committed_home(&mut self, store: &Store) -> Result<()> {
-        for (index, page) in std::mem::take(&mut self.committed) {
-            if !self.dirty.contains_key(&index) {
-                store.write_block(store.geo.sm_home(self.kind, index), &page.encode())?;
-                store.cache_sm_page(page);
-            }
-        }
-        Ok(())
+    /// The last commit's pages whose home copies the next commit writes
+    /// (those this transaction changed again are superseded by its own
+    /// images). They stay readable here until that commit finishes.
+    pub fn home_pages_due(&self) -> Vec<Arc<SmPage>> {
+        self.committed
+            .iter()
+            .filter(|(index, _)| !self.dirty.contains_key(index))
+            .map(|(_, page)| Arc::clone(page))
+            .collect()
     }
 
-    /// Takes this transaction's changed pages, stamped with `txn`, for the
-    /// commit to journal; and releases pending-free entries for reuse.
-    pub fn take_dirty(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
-        for entry in self.pending_free.drain() {
-            self.full[(entry / PER_PAGE) as usize] = false;
-        }
+    /// Phase A: this transaction's changed pages, stamped with `txn`, become
+    /// the in-flight copies, and its freed entries stay reserved until the
+    /// commit is durable. Returns the pages to journal.
+    pub fn freeze(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
+        self.frozen_free = std::mem::take(&mut self.pending_free);
         let mut pages: Vec<Arc<SmPage>> = self
             .dirty
             .drain()
@@ -253,12 +265,16 @@ impl SpaceMap {
             })
             .collect();
         pages.sort_by_key(|p| p.index);
+        self.inflight = pages.iter().map(|p| (p.index, Arc::clone(p))).collect();
         pages
     }
 
-    /// After the commit is durable: its pages are the current copies until
-    /// the next commit writes them home.
-    pub fn set_committed(&mut self, pages: &[Arc<SmPage>]) {
-        self.committed = pages.iter().map(|p| (p.index, Arc::clone(p))).collect();
+    /// Phase C: the frozen pages are now the committed copies, and the
+    /// entries freed by that transaction can be allocated again.
+    pub fn thaw(&mut self) {
+        self.committed = std::mem::take(&mut self.inflight);
+        for entry in self.frozen_free.drain() {
+            self.full[(entry / PER_PAGE) as usize] = false;
+        }
     }
 }

@@ -146,8 +146,8 @@ impl Store {
     }
 
     /// Publishes a node written by a commit.
-    pub fn cache_node(&self, block: u64, txn: u64, node: Node) {
-        lock(&self.nodes).put(block, Arc::new(CachedNode { txn, node }));
+    pub fn cache_node(&self, block: u64, node: Arc<CachedNode>) {
+        lock(&self.nodes).put(block, node);
     }
 
     pub fn forget_node(&self, block: u64) {

@@ -110,7 +110,11 @@ fn interleaved_worker(
 
 #[test]
 fn many_threads_many_volumes_with_background_work() {
-    let (_disk, pool) = sim_pool(128 * MIB, 4096);
+    let (disk, pool) = sim_pool(128 * MIB, 4096);
+    // Slow flushes keep commits in their unlocked write phase for a while,
+    // so I/O and metadata changes run against the in-flight overlays.
+    disk.handle()
+        .set_flush_delay(std::time::Duration::from_millis(2));
     let pool = Arc::new(pool);
     let shared = pool.create_volume("shared", VOL as u64).unwrap();
     let stop = Arc::new(AtomicBool::new(false));

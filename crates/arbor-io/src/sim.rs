@@ -32,6 +32,8 @@ struct SimState {
     powered: bool,
     flushes: u64,
     writes: u64,
+    /// Simulated time a flush takes (widens windows for concurrency tests).
+    flush_delay: std::time::Duration,
 }
 
 fn power_is_off() -> io::Error {
@@ -58,6 +60,7 @@ impl SimDisk {
             powered: true,
             flushes: 0,
             writes: 0,
+            flush_delay: std::time::Duration::ZERO,
         };
         Self {
             inner: Arc::new(Mutex::new(state)),
@@ -125,6 +128,11 @@ impl BlockDevice for SimDisk {
     }
 
     fn flush(&self) -> io::Result<()> {
+        // Sleep outside the lock: other I/O proceeds while a flush is slow.
+        let delay = lock(&self.inner).flush_delay;
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut state = lock(&self.inner);
         if !state.spend_op() {
             return Err(power_is_off());
@@ -154,6 +162,11 @@ impl SimDiskHandle {
     /// Cuts power now.
     pub fn cut_power(&self) {
         lock(&self.inner).powered = false;
+    }
+
+    /// Makes every flush take `delay` (outside the disk's lock).
+    pub fn set_flush_delay(&self, delay: std::time::Duration) {
+        lock(&self.inner).flush_delay = delay;
     }
 
     pub fn is_powered(&self) -> bool {
