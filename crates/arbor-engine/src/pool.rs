@@ -746,7 +746,16 @@ impl Pool {
             let in_chunk = pos % cs;
             let n = ((cs - in_chunk) as usize).min(data.len() - done);
             self.commit_if_needed()?;
-            self.write_chunk(id, pos / cs, in_chunk, &data[done..done + n])?;
+            let chunk_data = &data[done..done + n];
+            match self.write_chunk(id, pos / cs, in_chunk, chunk_data) {
+                // Chunks freed since the last commit become allocatable once it
+                // is durable: commit and try once more before reporting full.
+                Err(Error::NoSpace) if self.read_meta()?.data_sm.awaiting_commit() => {
+                    self.flush()?;
+                    self.write_chunk(id, pos / cs, in_chunk, chunk_data)?;
+                }
+                other => other?,
+            }
             done += n;
         }
         Ok(())

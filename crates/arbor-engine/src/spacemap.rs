@@ -72,6 +72,11 @@ impl SpaceMap {
         self.entries - self.used
     }
 
+    /// Entries freed but not yet allocatable (waiting for a commit).
+    pub fn awaiting_commit(&self) -> bool {
+        !self.pending_free.is_empty() || !self.frozen_free.is_empty()
+    }
+
     pub fn dirty_pages(&self) -> usize {
         self.dirty.len()
     }
