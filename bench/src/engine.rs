@@ -221,7 +221,14 @@ impl Bench {
             "with many snapshots",
         ] {
             for (size, n) in [(4 * KIB, n_small), (chunk64, n_full)] {
-                let (_dev, pool) = self.new_pool("rw.pool", region * 3 + GIB, chunk)?;
+                // Snapshots of a volume under scattered writes pin a leaf per
+                // write: size metadata for 1,000 of them.
+                let (_dev, pool) = self.new_pool_with_metadata(
+                    "rw.pool",
+                    region * 3 + GIB,
+                    chunk,
+                    Some(512 * MIB),
+                )?;
                 let v = pool.create_volume("v", region)?;
                 let filled = scenario != "fresh volume";
                 if filled {

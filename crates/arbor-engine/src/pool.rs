@@ -51,8 +51,9 @@ const STRIPES: usize = 256;
 pub struct CreateOptions {
     /// Data chunk size: a power of two from 4 KiB to 1 MiB.
     pub chunk_size: u32,
-    /// Bytes of metadata-node space; default 128 bytes per data chunk, at
-    /// least 64 MiB (but at most 1/8 of the device), never below 8 MiB.
+    /// Bytes of metadata-node space; default 1/64 of the device (at least
+    /// 128 bytes per data chunk and 64 MiB, at most 1/8 of the device, never
+    /// below 8 MiB). Fixed at creation.
     pub metadata_bytes: Option<u64>,
 }
 
@@ -169,10 +170,13 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     let chunk_guess = device_bytes / chunk64;
     let meta_blocks = match opts.metadata_bytes {
         Some(bytes) => bytes / BLOCK_SIZE_U64,
-        // 128 bytes per chunk covers a fully fragmented map with room for
-        // divergence; the 64 MiB floor covers thousands of snapshots on small
-        // pools (each diverged snapshot costs a root-to-leaf path of nodes).
-        None => (chunk_guess / 32)
+        // 1/64 of the device (and at least 128 bytes per chunk, enough for a
+        // fully fragmented map) leaves room for snapshots: each snapshot whose
+        // volume then diverges in scattered places pins one 4 KiB leaf per
+        // place. The 64 MiB floor serves small pools with many snapshots;
+        // no more than 1/8 of a small device goes to metadata.
+        None => (device_bytes / BLOCK_SIZE_U64 / 64)
+            .max(chunk_guess / 32)
             .max(16 * 1024)
             .min(device_bytes / BLOCK_SIZE_U64 / 8)
             .max(2048),
