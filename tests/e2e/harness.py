@@ -1,0 +1,112 @@
+"""Shared helpers for arbor's end-to-end tests: a temporary pool, a running
+`arbor serve` daemon, and cleanup of everything started (by PID), mounted or
+attached, even when a test fails."""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARBOR = os.environ.get("ARBOR_BIN", os.path.join(ROOT, "target", "debug", "arbor"))
+
+# Debian package for each external tool, for the error when one is missing.
+PACKAGES = {
+    "nbdinfo": "libnbd-bin",
+    "nbdcopy": "libnbd-bin",
+    "nbdfuse": "libnbd-bin",
+    "qemu-img": "qemu-utils",
+    "qemu-io": "qemu-utils",
+    "mkfs.ext4": "e2fsprogs",
+    "losetup": "util-linux",
+    "fusermount3": "fuse3",
+}
+
+
+class Failure(Exception):
+    pass
+
+
+def require_tools(*tools):
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise Failure(f"{tool} is missing: install the Debian package {PACKAGES.get(tool, tool)} (CI installs it)")
+
+
+def run(*argv, check=True, **kwargs):
+    """Runs a command; on failure raises with its output."""
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)
+    if check and proc.returncode != 0:
+        raise Failure(f"{' '.join(map(str, argv))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_until(predicate, what, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise Failure(f"timed out waiting for {what}")
+
+
+class Daemon:
+    """A pool in a temporary directory, served by `arbor serve` on Unix sockets."""
+
+    def __init__(self, pool_size="2G"):
+        self.dir = tempfile.mkdtemp(prefix="arbor-e2e-")
+        self.pool = os.path.join(self.dir, "pool.img")
+        self.api = os.path.join(self.dir, "api.sock")
+        self.nbd = os.path.join(self.dir, "nbd.sock")
+        self.proc = None
+        self.cleanups = []
+        run(ARBOR, "pool", "create", self.pool, "--size", pool_size)
+
+    def start(self):
+        log = open(os.path.join(self.dir, "daemon.log"), "w")
+        self.proc = subprocess.Popen(
+            [ARBOR, "serve", self.pool, "--api-socket", self.api, "--nbd-socket", self.nbd],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: os.path.exists(self.api) and os.path.exists(self.nbd) or self.proc.poll() is not None,
+                   "arbor serve to listen")
+        if self.proc.poll() is not None:
+            raise Failure(f"arbor serve exited {self.proc.returncode}:\n{self.log()}")
+
+    def log(self):
+        with open(os.path.join(self.dir, "daemon.log")) as f:
+            return f.read()
+
+    def cli(self, *args):
+        """A management command sent to the running daemon."""
+        return run(ARBOR, "--daemon", self.api, *args)
+
+    def uri(self, export):
+        return f"nbd+unix:///{export}?socket={self.nbd}"
+
+    def stop(self):
+        """SIGTERM, wait for the final commit, and require a clean exit."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise Failure("arbor serve did not stop within 60 s of SIGTERM")
+            if code != 0:
+                raise Failure(f"arbor serve exited {code} on SIGTERM:\n{self.log()}")
+        self.proc = None
+
+    def close(self):
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception as e:  # keep cleaning up the rest
+                print(f"cleanup: {e}")
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
