@@ -1,0 +1,491 @@
+//! Transmission phase, sans I/O: request header decoding, request validation
+//! into typed [`Command`]s, reply encoding, and the pure planning of
+//! structured read replies and block status extents.
+
+use crate::export::StatusRun;
+use crate::proto::{
+    command, command_flags, reply, state, truncate_text, ByteReader, Errno, CHUNK_HEADER_LEN,
+    MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, REQUEST_HEADER_LEN, REQUEST_MAGIC,
+    SIMPLE_REPLY_LEN, STRUCTURED_REPLY_MAGIC,
+};
+
+/// A request header exactly as received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub flags: u16,
+    pub kind: u16,
+    pub cookie: u64,
+    pub offset: u64,
+    pub length: u32,
+}
+
+/// A request header that cannot be framed: the stream is out of sync and the
+/// connection must be dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("request has magic {0:#010x} instead of NBD_REQUEST_MAGIC")]
+pub struct BadRequestMagic(pub u32);
+
+impl RequestHeader {
+    pub fn decode(bytes: &[u8; REQUEST_HEADER_LEN]) -> Result<Self, BadRequestMagic> {
+        let mut reader = ByteReader::new(bytes);
+        // The reader cannot run short of a fixed 28-byte array; zeroes stand
+        // in for the impossible, and fail the magic check.
+        let magic = reader.u32().unwrap_or(0);
+        if magic != REQUEST_MAGIC {
+            return Err(BadRequestMagic(magic));
+        }
+        Ok(Self {
+            flags: reader.u16().unwrap_or(0),
+            kind: reader.u16().unwrap_or(0),
+            cookie: reader.u64().unwrap_or(0),
+            offset: reader.u64().unwrap_or(0),
+            length: reader.u32().unwrap_or(0),
+        })
+    }
+
+    pub fn encode(&self) -> [u8; REQUEST_HEADER_LEN] {
+        let mut out = [0u8; REQUEST_HEADER_LEN];
+        out[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        out[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        out[6..8].copy_from_slice(&self.kind.to_be_bytes());
+        out[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        out[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        out[24..28].copy_from_slice(&self.length.to_be_bytes());
+        out
+    }
+
+    /// What follows the header on the wire. Only `NBD_CMD_WRITE` carries a
+    /// payload; one larger than [`MAX_PAYLOAD`] is read and thrown away in
+    /// small pieces (so memory stays bounded) and the request then fails
+    /// validation.
+    pub fn payload(&self) -> Payload {
+        match self.length {
+            _ if self.kind != command::WRITE => Payload::None,
+            0 => Payload::None,
+            len if len <= MAX_PAYLOAD => Payload::Receive(len),
+            len => Payload::Discard(len),
+        }
+    }
+}
+
+/// Payload that follows a request header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    None,
+    /// Read this many bytes as the write's data.
+    Receive(u32),
+    /// Read and drop this many bytes; the request will be rejected.
+    Discard(u32),
+}
+
+/// What validation needs to know about the negotiated session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub size: u64,
+    pub read_only: bool,
+    pub structured: bool,
+    pub base_allocation: bool,
+}
+
+/// A validated request: offsets and lengths are aligned and in bounds, flags
+/// are the ones documented for the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Read {
+        offset: u64,
+        length: u32,
+        /// `NBD_CMD_FLAG_DF`: reply with at most one content chunk.
+        dont_fragment: bool,
+    },
+    Write {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
+    Flush,
+    Trim {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        length: u32,
+        fua: bool,
+        may_trim: bool,
+        fast_only: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        length: u32,
+        req_one: bool,
+    },
+    Cache {
+        offset: u64,
+        length: u32,
+    },
+    Disconnect,
+}
+
+impl Command {
+    /// Reply bytes this command may hold in memory, charged to the
+    /// connection's budget before it runs.
+    pub fn reply_size_bound(&self) -> u64 {
+        match *self {
+            Command::Read { length, .. } => u64::from(length),
+            Command::BlockStatus { .. } => 8 * MAX_EXTENTS as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// Why a request is refused, before it reaches the export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub errno: Errno,
+    pub message: &'static str,
+}
+
+const fn reject(errno: Errno, message: &'static str) -> Rejection {
+    Rejection { errno, message }
+}
+
+/// Flags each command accepts. FUA is accepted on every command: the spec
+/// notes that clients set it on non-writes and requires servers to accept it.
+fn allowed_flags(kind: u16, limits: &Limits) -> u16 {
+    let specific = match kind {
+        command::READ if limits.structured => command_flags::DF,
+        command::WRITE_ZEROES => command_flags::NO_HOLE | command_flags::FAST_ZERO,
+        command::BLOCK_STATUS => command_flags::REQ_ONE,
+        _ => 0,
+    };
+    specific | command_flags::FUA
+}
+
+/// Checks a request against the spec and the session, in this order: known
+/// command, documented flags, writes to a read-only export (`EPERM`),
+/// command preconditions, alignment (`EINVAL`), bounds (`ENOSPC` for writes,
+/// else `EINVAL`), payload limits.
+pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Rejection> {
+    use command::*;
+    let kind = header.kind;
+    if !matches!(
+        kind,
+        READ | WRITE | DISC | FLUSH | TRIM | CACHE | WRITE_ZEROES | BLOCK_STATUS
+    ) {
+        return Err(reject(Errno::Inval, "unknown command"));
+    }
+    if kind == DISC {
+        // Nothing useful can be done with a malformed disconnect but to obey it.
+        return Ok(Command::Disconnect);
+    }
+    if header.flags & !allowed_flags(kind, limits) != 0 {
+        return Err(reject(Errno::Inval, "flag not valid for this command"));
+    }
+    if limits.read_only && matches!(kind, WRITE | TRIM | WRITE_ZEROES) {
+        return Err(reject(Errno::Perm, "export is read-only"));
+    }
+    if kind == FLUSH {
+        if header.offset != 0 || header.length != 0 {
+            return Err(reject(Errno::Inval, "flush offset and length must be zero"));
+        }
+        return Ok(Command::Flush);
+    }
+    if kind == BLOCK_STATUS && !limits.base_allocation {
+        return Err(reject(Errno::Inval, "no metadata context was negotiated"));
+    }
+    if kind == BLOCK_STATUS && header.length == 0 {
+        // A reply must describe at least one byte, so an empty query has no
+        // valid answer.
+        return Err(reject(Errno::Inval, "block status of zero bytes"));
+    }
+    check_range(header, limits)?;
+    check_payload_length(header, limits)?;
+    Ok(typed_command(header))
+}
+
+fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
+    let block = u64::from(MIN_BLOCK_SIZE);
+    if !header.offset.is_multiple_of(block) || !u64::from(header.length).is_multiple_of(block) {
+        return Err(reject(
+            Errno::Inval,
+            "offset or length not a multiple of 512",
+        ));
+    }
+    let in_bounds = header
+        .offset
+        .checked_add(u64::from(header.length))
+        .is_some_and(|end| end <= limits.size);
+    if !in_bounds {
+        let errno = match header.kind {
+            command::WRITE | command::WRITE_ZEROES => Errno::NoSpc,
+            _ => Errno::Inval,
+        };
+        return Err(reject(errno, "request extends past the end of the export"));
+    }
+    Ok(())
+}
+
+/// Commands carrying data either way are limited to [`MAX_PAYLOAD`]; the
+/// others may cover any length.
+fn check_payload_length(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
+    if header.length <= MAX_PAYLOAD {
+        return Ok(());
+    }
+    match header.kind {
+        // With structured replies, rejecting a large read up front with
+        // EOVERFLOW is explicitly allowed; a simple reply cannot carry it.
+        command::READ if limits.structured => Err(reject(
+            Errno::Overflow,
+            "read larger than the maximum payload",
+        )),
+        command::READ | command::WRITE => Err(reject(
+            Errno::Inval,
+            "request larger than the maximum payload",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The typed form of a header that passed validation.
+fn typed_command(header: &RequestHeader) -> Command {
+    let flag = |bit: u16| header.flags & bit != 0;
+    let (offset, length) = (header.offset, header.length);
+    let fua = flag(command_flags::FUA);
+    match header.kind {
+        command::READ => Command::Read {
+            offset,
+            length,
+            dont_fragment: flag(command_flags::DF),
+        },
+        command::WRITE => Command::Write {
+            offset,
+            length,
+            fua,
+        },
+        command::TRIM => Command::Trim {
+            offset,
+            length,
+            fua,
+        },
+        command::WRITE_ZEROES => Command::WriteZeroes {
+            offset,
+            length,
+            fua,
+            may_trim: !flag(command_flags::NO_HOLE),
+            fast_only: flag(command_flags::FAST_ZERO),
+        },
+        command::BLOCK_STATUS => Command::BlockStatus {
+            offset,
+            length,
+            req_one: flag(command_flags::REQ_ONE),
+        },
+        command::CACHE => Command::Cache { offset, length },
+        command::FLUSH => Command::Flush,
+        // `validate` rejected every other kind before calling this.
+        _ => Command::Disconnect,
+    }
+}
+
+/// A simple reply header (followed by the data of a successful read).
+pub fn simple_reply(cookie: u64, errno: Option<Errno>) -> [u8; SIMPLE_REPLY_LEN] {
+    let mut out = [0u8; SIMPLE_REPLY_LEN];
+    out[0..4].copy_from_slice(&crate::proto::SIMPLE_REPLY_MAGIC.to_be_bytes());
+    out[4..8].copy_from_slice(&errno.map_or(0, Errno::code).to_be_bytes());
+    out[8..16].copy_from_slice(&cookie.to_be_bytes());
+    out
+}
+
+/// A structured reply chunk header for a payload of `payload_len` bytes.
+pub fn chunk_header(
+    cookie: u64,
+    chunk_type: u16,
+    done: bool,
+    payload_len: u32,
+) -> [u8; CHUNK_HEADER_LEN] {
+    let mut out = [0u8; CHUNK_HEADER_LEN];
+    let flags = if done { reply::FLAG_DONE } else { 0 };
+    out[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out[4..6].copy_from_slice(&flags.to_be_bytes());
+    out[6..8].copy_from_slice(&chunk_type.to_be_bytes());
+    out[8..16].copy_from_slice(&cookie.to_be_bytes());
+    out[16..20].copy_from_slice(&payload_len.to_be_bytes());
+    out
+}
+
+/// The final `NBD_REPLY_TYPE_NONE` chunk.
+pub fn none_chunk(cookie: u64) -> [u8; CHUNK_HEADER_LEN] {
+    chunk_header(cookie, reply::TYPE_NONE, true, 0)
+}
+
+/// A final `NBD_REPLY_TYPE_ERROR` chunk with a human-readable message.
+pub fn error_chunk(cookie: u64, errno: Errno, message: &str) -> Vec<u8> {
+    let message = truncate_text(message).as_bytes();
+    // Both fit: the message is at most MAX_STRING_LEN (4 KiB) long.
+    let message_len = message.len() as u16;
+    let payload_len = 6 + message.len() as u32;
+    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 6 + message.len());
+    out.extend_from_slice(&chunk_header(cookie, reply::TYPE_ERROR, true, payload_len));
+    out.extend_from_slice(&errno.code().to_be_bytes());
+    out.extend_from_slice(&message_len.to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// Header and offset of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk; `data_len`
+/// bytes of data follow. `data_len <= MAX_PAYLOAD`, so `8 + data_len` fits.
+pub fn offset_data_header(cookie: u64, offset: u64, data_len: u32, done: bool) -> Vec<u8> {
+    let payload_len = data_len.saturating_add(8);
+    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 8);
+    out.extend_from_slice(&chunk_header(
+        cookie,
+        reply::TYPE_OFFSET_DATA,
+        done,
+        payload_len,
+    ));
+    out.extend_from_slice(&offset.to_be_bytes());
+    out
+}
+
+/// A complete `NBD_REPLY_TYPE_OFFSET_HOLE` chunk.
+pub fn offset_hole_chunk(cookie: u64, offset: u64, length: u32, done: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 12);
+    out.extend_from_slice(&chunk_header(cookie, reply::TYPE_OFFSET_HOLE, done, 12));
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&length.to_be_bytes());
+    out
+}
+
+/// One block status descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u32,
+    pub flags: u32,
+}
+
+/// Most descriptors sent in one block status chunk (512 KiB of reply). The
+/// spec asks for at most 2^20; fewer keeps the per-request memory charge
+/// small, and clients ask again from where the reply ended.
+pub const MAX_EXTENTS: usize = 65536;
+
+/// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk. `extents` is non-empty and
+/// at most [`MAX_EXTENTS`] long, so the length fits.
+pub fn block_status_chunk(cookie: u64, context_id: u32, extents: &[Extent]) -> Vec<u8> {
+    let payload_len = u32::try_from(4 + 8 * extents.len()).unwrap_or(u32::MAX);
+    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 4 + 8 * extents.len());
+    out.extend_from_slice(&chunk_header(
+        cookie,
+        reply::TYPE_BLOCK_STATUS,
+        true,
+        payload_len,
+    ));
+    out.extend_from_slice(&context_id.to_be_bytes());
+    for extent in extents {
+        out.extend_from_slice(&extent.length.to_be_bytes());
+        out.extend_from_slice(&extent.flags.to_be_bytes());
+    }
+    out
+}
+
+fn status_flags(run: &StatusRun) -> u32 {
+    let mut flags = 0;
+    if run.hole {
+        flags |= state::HOLE;
+    }
+    if run.zero {
+        flags |= state::ZERO;
+    }
+    flags
+}
+
+/// Turns an export's status runs into block status descriptors for a
+/// request of `length` bytes: zero-length runs dropped, neighbours with equal
+/// flags merged, nothing past the request, at most one extent with
+/// `req_one`, at most [`MAX_EXTENTS`]. Empty if the runs cover nothing.
+pub fn extents_from_runs(runs: &[StatusRun], length: u32, req_one: bool) -> Vec<Extent> {
+    let limit = if req_one { 1 } else { MAX_EXTENTS };
+    let mut extents: Vec<Extent> = Vec::new();
+    let mut remaining = length;
+    for run in runs {
+        if remaining == 0 {
+            break;
+        }
+        // Clamped to the request, which fits in u32.
+        let run_len = u32::try_from(run.length.min(u64::from(remaining))).unwrap_or(remaining);
+        if run_len == 0 {
+            continue;
+        }
+        remaining -= run_len;
+        let flags = status_flags(run);
+        let full = extents.len() == limit;
+        match extents.last_mut() {
+            Some(last) if last.flags == flags => last.length += run_len,
+            _ if full => break,
+            _ => extents.push(Extent {
+                length: run_len,
+                flags,
+            }),
+        }
+    }
+    extents
+}
+
+/// One piece of a structured read reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadSegment {
+    /// Read from the export and send as `NBD_REPLY_TYPE_OFFSET_DATA`.
+    Data { offset: u64, length: u32 },
+    /// Known zeroes, sent as `NBD_REPLY_TYPE_OFFSET_HOLE`.
+    Hole { offset: u64, length: u32 },
+}
+
+/// Zero runs shorter than this are read as data: a hole chunk costs a
+/// 32-byte chunk and a round through the client's reassembly, which is not
+/// worth it for less than a preferred block.
+pub const MIN_HOLE_CHUNK: u32 = PREFERRED_BLOCK_SIZE;
+
+/// Splits a read of `[offset, offset + length)` into data and hole segments
+/// from status runs that start at `offset` and may cover only a prefix (the
+/// rest is read as data). Segments are in order, contiguous, non-empty, and
+/// cover the request exactly; neighbours never have the same kind.
+pub fn plan_read(offset: u64, length: u32, runs: &[StatusRun]) -> Vec<ReadSegment> {
+    let mut segments = Vec::new();
+    let mut position = 0u32;
+    for run in runs {
+        let remaining = length - position;
+        if remaining == 0 {
+            break;
+        }
+        // Clamped to what is left of the request, which fits in u32.
+        let run_len = u32::try_from(run.length.min(u64::from(remaining))).unwrap_or(remaining);
+        if run_len == 0 {
+            continue;
+        }
+        let hole = run.zero && run_len >= MIN_HOLE_CHUNK;
+        push_segment(&mut segments, offset, position, run_len, hole);
+        position += run_len;
+    }
+    if position < length {
+        push_segment(&mut segments, offset, position, length - position, false);
+    }
+    segments
+}
+
+/// Appends `[base + start, +len)` as a hole or data segment, merging it into
+/// the previous segment when that has the same kind.
+fn push_segment(segments: &mut Vec<ReadSegment>, base: u64, start: u32, len: u32, hole: bool) {
+    // Validated requests end within the export, so this never saturates.
+    let offset = base.saturating_add(u64::from(start));
+    match (segments.last_mut(), hole) {
+        (Some(ReadSegment::Hole { length, .. }), true)
+        | (Some(ReadSegment::Data { length, .. }), false) => *length += len,
+        (_, true) => segments.push(ReadSegment::Hole {
+            offset,
+            length: len,
+        }),
+        (_, false) => segments.push(ReadSegment::Data {
+            offset,
+            length: len,
+        }),
+    }
+}
