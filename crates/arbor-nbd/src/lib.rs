@@ -1,11 +1,21 @@
 //! NBD server library for arbor (see README.md for the feature list, limits,
 //! error mapping and concurrency model).
+//!
+//! Layers, bottom up:
+//! * [`proto`], [`handshake`], [`transmission`]: the protocol, sans I/O;
+//! * [`export`]: the blocking [`Export`] / [`ExportProvider`] traits served;
+//! * [`dispatch`]: runs one validated command against an export;
+//! * [`connection`], [`server`]: the tokio server ([`serve`]).
 
+pub mod connection;
 pub mod dispatch;
 pub mod export;
 pub mod handshake;
 pub mod memory;
 pub mod proto;
+pub mod server;
 pub mod transmission;
 
 pub use export::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
+pub use server::{serve, Listener, ServerConfig, DEFAULT_TCP_ADDR};
+pub use tokio_util::sync::CancellationToken;

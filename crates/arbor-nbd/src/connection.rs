@@ -1,0 +1,319 @@
+//! One client connection: drives the [`Handshake`] state machine over the
+//! socket, then runs the transmission phase as two halves joined in one
+//! task:
+//!
+//! * the **reader** decodes requests one after another, reserves their
+//!   memory from the connection's [`Budget`] (waiting, and so no longer
+//!   reading the socket, while the budget is exhausted), and hands each valid
+//!   request to `spawn_blocking`, so requests run concurrently;
+//! * the **writer** sends each completed reply whole, in completion order,
+//!   so chunks of one structured reply are never interleaved with another's,
+//!   and releases the reply's reservation once it is written.
+//!
+//! `NBD_CMD_DISC`, end of input, a framing error or server shutdown stop the
+//! reader; the writer then drains the replies of requests still running and
+//! the connection closes.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::{execute, Reply, ReplyContext};
+use crate::export::ExportProvider;
+use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step};
+use crate::proto::{Errno, REQUEST_HEADER_LEN};
+use crate::transmission::{validate, BadRequestMagic, Command, Limits, Payload, RequestHeader};
+
+/// Why a connection ended other than by the client's choice.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("handshake: {0}")]
+    Handshake(#[from] HandshakeError),
+    #[error("transmission: {0}")]
+    Framing(#[from] BadRequestMagic),
+    #[error("handshake not completed in time")]
+    HandshakeTimeout,
+    #[error("export provider panicked during the handshake")]
+    ProviderPanicked,
+}
+
+/// Per-connection limits on work in flight, which bound the memory a client
+/// can make the server hold: at most `bytes` of write payloads and reply data,
+/// across at most `requests` requests, between reading a request and writing
+/// its reply.
+#[derive(Clone)]
+pub struct Budget {
+    requests: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    byte_capacity: u32,
+}
+
+/// Work admitted by a [`Budget`]; dropping it gives the capacity back.
+pub struct Reservation {
+    _request: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+}
+
+impl Budget {
+    pub fn new(requests: usize, bytes: u32) -> Self {
+        Self {
+            requests: Arc::new(Semaphore::new(requests.max(1))),
+            bytes: Arc::new(Semaphore::new(bytes as usize)),
+            byte_capacity: bytes,
+        }
+    }
+
+    /// Waits until one more request of `bytes` bytes fits. A request larger
+    /// than the whole budget is admitted alone rather than never.
+    async fn reserve(&self, bytes: u64) -> Reservation {
+        let bytes = u32::try_from(bytes).map_or(self.byte_capacity, |b| b.min(self.byte_capacity));
+        let request = Arc::clone(&self.requests).acquire_owned().await;
+        let bytes = Arc::clone(&self.bytes).acquire_many_owned(bytes).await;
+        match (request, bytes) {
+            (Ok(request), Ok(bytes)) => Reservation {
+                _request: request,
+                _bytes: bytes,
+            },
+            // Acquiring fails only on a closed semaphore, and these are
+            // private to the budget, which never closes them.
+            _ => unreachable!("connection budget semaphores are never closed"),
+        }
+    }
+}
+
+/// Runs the handshake; `None` if the client ended it without choosing an
+/// export.
+pub async fn negotiate<S>(
+    stream: &mut S,
+    provider: &Arc<dyn ExportProvider>,
+) -> Result<Option<Session>, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(&greeting()).await?;
+    let mut handshake = Handshake::new();
+    loop {
+        let mut input = vec![0u8; handshake.wanted()];
+        stream.read_exact(&mut input).await?;
+        // The provider may block (it opens volumes), so it runs off the runtime.
+        let provider = Arc::clone(provider);
+        let (returned, step) = tokio::task::spawn_blocking(move || {
+            let step = handshake.receive(&input, provider.as_ref());
+            (handshake, step)
+        })
+        .await
+        .map_err(|_| ConnectionError::ProviderPanicked)?;
+        handshake = returned;
+        match step? {
+            Step::Continue { reply } => stream.write_all(&reply).await?,
+            Step::Transmit { reply, session } => {
+                stream.write_all(&reply).await?;
+                return Ok(Some(session));
+            }
+            Step::Close { reply } => {
+                stream.write_all(&reply).await?;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A finished reply on its way to the writer, with the reservation it holds.
+struct Outgoing {
+    reply: Reply,
+    _reservation: Reservation,
+}
+
+/// Runs the transmission phase until the client disconnects, the stream
+/// breaks, or `stop` is cancelled; requests in flight are always answered
+/// (or their replies dropped, if the socket is gone) before this returns.
+pub async fn transmit<S>(
+    stream: S,
+    session: Session,
+    budget: Budget,
+    stop: CancellationToken,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (read_half, write_half) = tokio::io::split(stream);
+    let (replies, outgoing) = mpsc::unbounded_channel();
+    // Cancelled by the writer when the socket breaks, so the reader stops too.
+    let stop = stop.child_token();
+    let reader = read_requests(read_half, &session, &budget, replies, &stop);
+    let writer = write_replies(write_half, outgoing, &stop);
+    let (read_result, write_result) = tokio::join!(reader, writer);
+    read_result.and(write_result)
+}
+
+async fn read_requests<R: AsyncRead + Unpin>(
+    read_half: R,
+    session: &Session,
+    budget: &Budget,
+    replies: mpsc::UnboundedSender<Outgoing>,
+    stop: &CancellationToken,
+) -> Result<(), ConnectionError> {
+    let mut input = BufReader::with_capacity(64 * 1024, read_half);
+    let limits = Limits {
+        size: session.size,
+        read_only: session.read_only,
+        structured: session.structured,
+        base_allocation: session.base_allocation,
+    };
+    loop {
+        let mut header = [0u8; REQUEST_HEADER_LEN];
+        let read = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(()),
+            read = input.read_exact(&mut header) => read,
+        };
+        match read {
+            Ok(_) => {}
+            // The client hung up between requests (or mid-request: nothing
+            // can be answered for a request that never fully arrived).
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(error.into()),
+        }
+        let header = RequestHeader::decode(&header)?;
+        let request = Request {
+            header,
+            validated: validate(&header, &limits),
+        };
+        if request.validated == Ok(Command::Disconnect) {
+            tracing::debug!("client sent NBD_CMD_DISC");
+            return Ok(());
+        }
+        let reservation = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(()),
+            reservation = budget.reserve(request.memory_bound()) => reservation,
+        };
+        let payload = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(()),
+            payload = request.receive_payload(&mut input) => payload?,
+        };
+        request.dispatch(session, payload, reservation, &replies);
+    }
+}
+
+/// A decoded request and the outcome of validating it.
+struct Request {
+    header: RequestHeader,
+    validated: Result<Command, crate::transmission::Rejection>,
+}
+
+impl Request {
+    /// Bytes held for this request: its write payload, if it will be kept,
+    /// plus the reply data it may produce.
+    fn memory_bound(&self) -> u64 {
+        match (&self.validated, self.header.payload()) {
+            (Ok(command), Payload::Receive(len)) => u64::from(len) + command.reply_size_bound(),
+            (Ok(command), _) => command.reply_size_bound(),
+            (Err(_), _) => 0,
+        }
+    }
+
+    /// Reads the write payload, or reads and drops it when the request is
+    /// rejected anyway (keeping the stream in sync with bounded memory).
+    async fn receive_payload<R: AsyncRead + Unpin>(
+        &self,
+        input: &mut R,
+    ) -> std::io::Result<Vec<u8>> {
+        match (self.header.payload(), &self.validated) {
+            (Payload::None, _) => Ok(Vec::new()),
+            (Payload::Receive(len), Ok(_)) => {
+                // `len <= MAX_PAYLOAD` and reserved in the budget.
+                let mut payload = vec![0u8; len as usize];
+                input.read_exact(&mut payload).await?;
+                Ok(payload)
+            }
+            (Payload::Receive(len) | Payload::Discard(len), _) => {
+                let discarded =
+                    tokio::io::copy(&mut input.take(len.into()), &mut tokio::io::sink()).await?;
+                if discarded < u64::from(len) {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Answers a rejected request at once; runs a valid one on the blocking
+    /// pool, which sends the reply when done.
+    fn dispatch(
+        self,
+        session: &Session,
+        payload: Vec<u8>,
+        reservation: Reservation,
+        replies: &mpsc::UnboundedSender<Outgoing>,
+    ) {
+        let context = ReplyContext {
+            cookie: self.header.cookie,
+            structured: session.structured,
+        };
+        let command = match self.validated {
+            Ok(command) => command,
+            Err(rejection) => {
+                tracing::debug!(?self.header, ?rejection, "request rejected");
+                let reply = context.error(rejection.errno, rejection.message);
+                // A send fails only once the writer is gone, when no reply
+                // can be delivered anyway.
+                let _ = replies.send(Outgoing {
+                    reply,
+                    _reservation: reservation,
+                });
+                return;
+            }
+        };
+        tracing::trace!(?command, cookie = context.cookie, "request");
+        let export = Arc::clone(&session.export);
+        let replies = replies.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panicking export must still answer, or the client waits forever.
+            let reply = catch_unwind(AssertUnwindSafe(|| {
+                execute(export.as_ref(), context, command, &payload)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!(?command, "export panicked");
+                context.error(Errno::Io, "internal server error")
+            });
+            let _ = replies.send(Outgoing {
+                reply,
+                _reservation: reservation,
+            });
+        });
+    }
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(
+    write_half: W,
+    mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
+    stop: &CancellationToken,
+) -> Result<(), ConnectionError> {
+    let mut output = BufWriter::with_capacity(256 * 1024, write_half);
+    let result = async {
+        // Ends when the reader and every running request have dropped their
+        // senders, i.e. when every admitted request has been answered.
+        while let Some(message) = outgoing.recv().await {
+            for part in &message.reply.parts {
+                output.write_all(part).await?;
+            }
+            // Flush only when no other reply is ready, to batch small replies.
+            if outgoing.is_empty() {
+                output.flush().await?;
+            }
+        }
+        output.shutdown().await
+    }
+    .await;
+    if result.is_err() {
+        stop.cancel();
+    }
+    Ok(result?)
+}

@@ -1,0 +1,228 @@
+//! The thin tokio server: accepts connections on TCP and Unix sockets and
+//! runs each in its own task (see [`crate::connection`]).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, ToSocketAddrs, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::connection::{negotiate, transmit, Budget, ConnectionError};
+use crate::export::ExportProvider;
+use crate::proto::MAX_PAYLOAD;
+
+/// The loopback address on the IANA NBD port; serving beyond the local
+/// machine is an explicit choice.
+pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:10809";
+
+/// Tunables of [`serve`]. The defaults bound a connection to 64 MiB and the
+/// server to `max_connections` times that.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// Requests per connection read but not yet answered.
+    pub max_requests_in_flight: usize,
+    /// Write payload and read reply bytes per connection held at once. At
+    /// least [`MAX_PAYLOAD`] so one maximal request always fits.
+    pub max_bytes_in_flight: u32,
+    /// A client must reach the transmission phase within this time.
+    pub handshake_timeout: Duration,
+    /// After shutdown is requested, how long connections may take to finish
+    /// the requests they have in flight before they are dropped.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            max_requests_in_flight: 64,
+            max_bytes_in_flight: 2 * MAX_PAYLOAD,
+            handshake_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A bound socket to accept NBD clients on.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    pub async fn bind_tcp(addr: impl ToSocketAddrs) -> std::io::Result<Self> {
+        Ok(Self::Tcp(TcpListener::bind(addr).await?))
+    }
+
+    /// Binds a Unix socket at `path`, which must not exist yet.
+    pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
+        Ok(Self::Unix(UnixListener::bind(path)?))
+    }
+
+    /// The bound TCP address (useful after binding port 0).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Tcp(listener) => listener.local_addr().ok(),
+            Self::Unix(_) => None,
+        }
+    }
+
+    /// Accepts one client, spawning its connection task on `tracker`; the
+    /// task holds `slot` until the connection closes.
+    async fn accept_into(
+        &self,
+        server: &Arc<Server>,
+        tracker: &TaskTracker,
+        slot: OwnedSemaphorePermit,
+    ) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                // Replies are flushed whole; Nagle would only delay them.
+                stream.set_nodelay(true)?;
+                let connection = Arc::clone(server).run_connection(stream, peer.to_string(), slot);
+                tracker.spawn(connection);
+            }
+            Self::Unix(listener) => {
+                let (stream, _) = listener.accept().await?;
+                let connection = Arc::clone(server).run_connection(stream, "unix".to_owned(), slot);
+                tracker.spawn(connection);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves `provider`'s exports on every listener until `shutdown` is
+/// cancelled, then stops accepting, lets connections finish the requests in
+/// flight (for at most [`ServerConfig::shutdown_grace`]) and returns once
+/// every connection has closed.
+pub async fn serve(
+    provider: Arc<dyn ExportProvider>,
+    listeners: Vec<Listener>,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) {
+    let grace = config.shutdown_grace;
+    let server = Arc::new(Server {
+        provider,
+        connection_slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        config,
+        shutdown: shutdown.clone(),
+        abort: CancellationToken::new(),
+        next_id: std::sync::atomic::AtomicU64::new(1),
+    });
+    let connections = TaskTracker::new();
+    let accept_loops = TaskTracker::new();
+    for listener in listeners {
+        accept_loops.spawn(Arc::clone(&server).accept_loop(listener, connections.clone()));
+    }
+    accept_loops.close();
+    accept_loops.wait().await;
+    connections.close();
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still busy after the shutdown grace period; dropping them");
+        server.abort.cancel();
+        connections.wait().await;
+    }
+}
+
+struct Server {
+    provider: Arc<dyn ExportProvider>,
+    config: ServerConfig,
+    connection_slots: Arc<Semaphore>,
+    /// Graceful stop: no new requests, finish those in flight.
+    shutdown: CancellationToken,
+    /// Hard stop after the grace period: drop connections at once.
+    abort: CancellationToken,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Server {
+    async fn accept_loop(self: Arc<Self>, listener: Listener, connections: TaskTracker) {
+        loop {
+            // At the limit, stop accepting: further clients wait in the
+            // listen backlog instead of costing memory here.
+            let slot = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return,
+                slot = Arc::clone(&self.connection_slots).acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    // Never closed; treat as shutdown all the same.
+                    Err(_) => return,
+                },
+            };
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return,
+                accepted = listener.accept_into(&self, &connections, slot) => {
+                    if let Err(error) = accepted {
+                        // Typically EMFILE: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_connection<S>(
+        self: Arc<Self>,
+        stream: S,
+        peer: String,
+        _slot: OwnedSemaphorePermit,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span = tracing::info_span!("nbd", connection = id, %peer);
+        let abort = self.abort.clone();
+        tokio::select! {
+            () = abort.cancelled() => {}
+            result = self.connection(stream).instrument(span.clone()) => match result {
+                Ok(()) => tracing::debug!(parent: &span, "connection closed"),
+                Err(error) => tracing::info!(parent: &span, %error, "connection dropped"),
+            },
+        }
+    }
+
+    async fn connection<S>(&self, mut stream: S) -> Result<(), ConnectionError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let handshake = negotiate(&mut stream, &self.provider);
+        let negotiated = tokio::select! {
+            () = self.shutdown.cancelled() => return Ok(()),
+            negotiated = tokio::time::timeout(self.config.handshake_timeout, handshake) => {
+                negotiated.map_err(|_| ConnectionError::HandshakeTimeout)??
+            }
+        };
+        let Some(session) = negotiated else {
+            return Ok(());
+        };
+        tracing::info!(
+            export = %session.export_name,
+            size = session.size,
+            structured = session.structured,
+            "transmission started"
+        );
+        let budget = Budget::new(
+            self.config.max_requests_in_flight,
+            self.config.max_bytes_in_flight,
+        );
+        transmit(stream, session, budget, self.shutdown.clone()).await
+    }
+}

@@ -1,0 +1,143 @@
+//! A server running in-process on a temporary Unix socket (and optionally
+//! TCP), and helpers to run real NBD clients against it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use arbor_nbd::memory::{ExportTable, MemoryExport};
+use arbor_nbd::{serve, CancellationToken, Export, Listener, ServerConfig};
+
+pub const MIB: u64 = 1024 * 1024;
+
+pub struct TestServer {
+    _dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub tcp: Option<SocketAddr>,
+    pub table: Arc<ExportTable>,
+    shutdown: CancellationToken,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// A server on a Unix socket offering `exports`.
+    pub fn start(exports: Vec<(&str, Arc<dyn Export>)>) -> Self {
+        Self::start_with(exports, false, ServerConfig::default())
+    }
+
+    /// Also listens on TCP 127.0.0.1, port chosen by the kernel.
+    pub fn start_with_tcp(exports: Vec<(&str, Arc<dyn Export>)>) -> Self {
+        Self::start_with(exports, true, ServerConfig::default())
+    }
+
+    pub fn start_with(
+        exports: Vec<(&str, Arc<dyn Export>)>,
+        tcp: bool,
+        config: ServerConfig,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("nbd.sock");
+        let table = Arc::new(ExportTable::new());
+        for (name, export) in exports {
+            table.insert(name, export);
+        }
+        let shutdown = CancellationToken::new();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = {
+            let (socket, table, shutdown) = (socket.clone(), Arc::clone(&table), shutdown.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async move {
+                    let mut listeners = vec![Listener::bind_unix(&socket).expect("bind unix")];
+                    if tcp {
+                        listeners.push(Listener::bind_tcp("127.0.0.1:0").await.expect("bind tcp"));
+                    }
+                    let tcp_addr = listeners.iter().find_map(Listener::tcp_addr);
+                    ready_tx.send(tcp_addr).expect("test waits");
+                    serve(table, listeners, config, shutdown).await;
+                });
+            })
+        };
+        let tcp = ready_rx.recv().expect("server thread started");
+        Self {
+            _dir: dir,
+            socket,
+            tcp,
+            table,
+            shutdown,
+            thread: Some(thread),
+        }
+    }
+
+    /// libnbd/qemu URI of `export` on the Unix socket.
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+}
+
+impl Drop for TestServer {
+    /// Stops the server and waits until every connection has closed.
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("server thread panicked");
+        }
+    }
+}
+
+pub fn memory(size: u64) -> Arc<MemoryExport> {
+    Arc::new(MemoryExport::new(size))
+}
+
+/// Finds `program` on PATH, failing loudly (CI installs it) if it is missing.
+pub fn tool(program: &str, debian_package: &str) -> Command {
+    let found = program.starts_with('/') && Path::new(program).exists()
+        || std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+        });
+    assert!(
+        found,
+        "\n\n*** `{program}` is not installed: `apt-get install {debian_package}` ***\n\n"
+    );
+    Command::new(program)
+}
+
+/// Debian's python3 (python3-libnbd is importable only from it), checked to
+/// have the `nbd` module.
+pub fn python_with_libnbd() -> Command {
+    let probe = tool("/usr/bin/python3", "python3")
+        .args(["-c", "import nbd"])
+        .output()
+        .expect("run /usr/bin/python3");
+    assert!(
+        probe.status.success(),
+        "\n\n*** python3 module `nbd` missing: `apt-get install python3-libnbd` ***\n{}\n",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    Command::new("/usr/bin/python3")
+}
+
+/// Runs `command`, asserting success; returns its stdout.
+pub fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
+    assert_success(command, &output);
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn assert_success(command: &Command, output: &Output) {
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
