@@ -164,8 +164,9 @@ fn allowed_flags(kind: u16, limits: &Limits) -> u16 {
 
 /// Checks a request against the spec and the session, in this order: known
 /// command, documented flags, writes to a read-only export (`EPERM`),
-/// command preconditions, alignment (`EINVAL`), bounds (`ENOSPC` for writes,
-/// else `EINVAL`), payload limits.
+/// command preconditions, payload limits (`EINVAL`, or `EOVERFLOW` for
+/// structured reads), alignment (`EINVAL`), bounds (`ENOSPC` for writes, else
+/// `EINVAL`).
 pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Rejection> {
     use command::*;
     let kind = header.kind;
@@ -199,8 +200,8 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
         // valid answer.
         return Err(reject(Errno::Inval, "block status of zero bytes"));
     }
-    check_range(header, limits)?;
     check_payload_length(header, limits)?;
+    check_range(header, limits)?;
     Ok(typed_command(header))
 }
 

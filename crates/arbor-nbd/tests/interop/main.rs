@@ -6,3 +6,4 @@ mod common;
 mod copy;
 mod libnbd;
 mod nbdinfo;
+mod raw;
