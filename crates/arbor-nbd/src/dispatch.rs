@@ -239,3 +239,163 @@ fn block_status(
         &extents,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryExport;
+    use crate::proto::{reply, ByteReader};
+
+    const STRUCTURED: ReplyContext = ReplyContext {
+        cookie: 42,
+        structured: true,
+    };
+    const SIMPLE: ReplyContext = ReplyContext {
+        cookie: 42,
+        structured: false,
+    };
+
+    /// A structured reply split into (flags, type, payload) per chunk.
+    fn chunks(reply: &Reply) -> Vec<(u16, u16, Vec<u8>)> {
+        let bytes: Vec<u8> = reply.parts.concat();
+        let mut reader = ByteReader::new(&bytes);
+        let mut chunks = Vec::new();
+        while !reader.is_empty() {
+            assert_eq!(reader.u32(), Some(crate::proto::STRUCTURED_REPLY_MAGIC));
+            let flags = reader.u16().unwrap();
+            let kind = reader.u16().unwrap();
+            assert_eq!(reader.u64(), Some(42));
+            let len = reader.u32().unwrap() as usize;
+            chunks.push((flags, kind, reader.bytes(len).unwrap().to_vec()));
+        }
+        chunks
+    }
+
+    fn sparse_export() -> MemoryExport {
+        let export = MemoryExport::new(1 << 20);
+        export.write(0, &[1; 4096]).unwrap();
+        export.write(64 * 1024, &[2; 4096]).unwrap();
+        export
+    }
+
+    fn read(offset: u64, length: u32, dont_fragment: bool) -> Command {
+        Command::Read {
+            offset,
+            length,
+            dont_fragment,
+        }
+    }
+
+    #[test]
+    fn simple_read_is_header_then_data() {
+        let reply = execute(&sparse_export(), SIMPLE, read(0, 1024, false), &[]);
+        let bytes = reply.parts.concat();
+        assert_eq!(bytes[..16], simple_reply(42, None));
+        assert_eq!(bytes[16..], [1; 1024]);
+    }
+
+    #[test]
+    fn structured_read_sends_holes_for_unallocated_space() {
+        let reply = execute(
+            &sparse_export(),
+            STRUCTURED,
+            read(0, 128 * 1024, false),
+            &[],
+        );
+        let chunks = chunks(&reply);
+        let kinds: Vec<u16> = chunks.iter().map(|c| c.1).collect();
+        use reply::{TYPE_OFFSET_DATA as DATA, TYPE_OFFSET_HOLE as HOLE};
+        assert_eq!(kinds, [DATA, HOLE, DATA, HOLE]);
+        assert!(chunks[..3].iter().all(|c| c.0 == 0));
+        assert_eq!(chunks[3].0, reply::FLAG_DONE);
+        assert_eq!(chunks[0].2[8..], [1; 4096]);
+        assert_eq!(
+            chunks[1].2,
+            [&4096u64.to_be_bytes()[..], &(60u32 * 1024).to_be_bytes()].concat()
+        );
+    }
+
+    #[test]
+    fn dont_fragment_read_is_one_data_chunk() {
+        let reply = execute(&sparse_export(), STRUCTURED, read(0, 128 * 1024, true), &[]);
+        let chunks = chunks(&reply);
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(
+            (chunks[0].0, chunks[0].1),
+            (reply::FLAG_DONE, reply::TYPE_OFFSET_DATA)
+        );
+        assert_eq!(chunks[0].2.len(), 8 + 128 * 1024);
+    }
+
+    #[test]
+    fn empty_structured_read_is_a_none_chunk() {
+        let reply = execute(&sparse_export(), STRUCTURED, read(0, 0, false), &[]);
+        assert_eq!(
+            chunks(&reply),
+            [(reply::FLAG_DONE, reply::TYPE_NONE, vec![])]
+        );
+    }
+
+    #[test]
+    fn export_errors_become_error_chunks_or_simple_errors() {
+        let export = sparse_export();
+        export.mark_gone();
+        let reply = execute(&export, STRUCTURED, read(0, 512, false), &[]);
+        let chunks = chunks(&reply);
+        assert_eq!(chunks[0].1, reply::TYPE_ERROR);
+        assert_eq!(chunks[0].2[..4], Errno::Shutdown.code().to_be_bytes());
+        let reply = execute(&export, SIMPLE, Command::Flush, &[]);
+        assert_eq!(
+            reply.parts.concat(),
+            simple_reply(42, Some(Errno::Shutdown))
+        );
+    }
+
+    #[test]
+    fn block_status_merges_runs_into_extents() {
+        let command = Command::BlockStatus {
+            offset: 0,
+            length: 128 * 1024,
+            req_one: false,
+        };
+        let reply = execute(&sparse_export(), STRUCTURED, command, &[]);
+        let chunks = chunks(&reply);
+        assert_eq!(chunks.len(), 1);
+        let mut expected = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        for (length, flags) in [(4096u32, 0u32), (60 * 1024, 3), (4096, 0), (60 * 1024, 3)] {
+            expected.extend_from_slice(&length.to_be_bytes());
+            expected.extend_from_slice(&flags.to_be_bytes());
+        }
+        assert_eq!(chunks[0].2, expected);
+    }
+
+    #[test]
+    fn writes_zeroes_and_trims_reach_the_export() {
+        let export = MemoryExport::new(1 << 20);
+        let write = Command::Write {
+            offset: 4096,
+            length: 512,
+            fua: true,
+        };
+        assert_eq!(execute(&export, SIMPLE, write, &[9; 512]), SIMPLE.ok());
+        let mut buf = [0u8; 512];
+        export.read(4096, &mut buf).unwrap();
+        assert_eq!(buf, [9; 512]);
+        let fast_provision = Command::WriteZeroes {
+            offset: 0,
+            length: 8192,
+            fua: false,
+            may_trim: false,
+            fast_only: true,
+        };
+        let reply = execute(&export, SIMPLE, fast_provision, &[]);
+        assert_eq!(reply.parts.concat(), simple_reply(42, Some(Errno::NotSup)));
+        let trim = Command::Trim {
+            offset: 0,
+            length: 8192,
+            fua: false,
+        };
+        assert_eq!(execute(&export, SIMPLE, trim, &[]), SIMPLE.ok());
+        assert_eq!(export.allocated_bytes(), 0);
+    }
+}

@@ -538,3 +538,372 @@ fn push_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(bytes);
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::memory::{ExportTable, MemoryExport};
+
+    fn exports() -> ExportTable {
+        let table = ExportTable::new();
+        table.insert(
+            "vol",
+            Arc::new(MemoryExport::new(1 << 20).with_description("a volume")),
+        );
+        table.insert("snap", Arc::new(MemoryExport::new(1000).read_only()));
+        table
+    }
+
+    /// How feeding a byte stream to a handshake ended.
+    enum Outcome {
+        NeedMore,
+        Transmit(Session),
+        Closed,
+        Failed(HandshakeError),
+    }
+
+    /// Feeds `input` the way a driver would; returns the replies sent.
+    fn drive(input: &[u8], exports: &ExportTable) -> (Vec<u8>, Outcome) {
+        let mut handshake = Handshake::new();
+        let mut replies = Vec::new();
+        let mut rest = input;
+        loop {
+            let wanted = handshake.wanted();
+            if rest.len() < wanted {
+                return (replies, Outcome::NeedMore);
+            }
+            let (chunk, tail) = rest.split_at(wanted);
+            rest = tail;
+            match handshake.receive(chunk, exports) {
+                Ok(Step::Continue { reply }) => replies.extend(reply),
+                Ok(Step::Transmit { reply, session }) => {
+                    replies.extend(reply);
+                    return (replies, Outcome::Transmit(session));
+                }
+                Ok(Step::Close { reply }) => {
+                    replies.extend(reply);
+                    return (replies, Outcome::Closed);
+                }
+                Err(error) => return (replies, Outcome::Failed(error)),
+            }
+        }
+    }
+
+    fn client_flags(flags: u32) -> Vec<u8> {
+        flags.to_be_bytes().to_vec()
+    }
+
+    fn option(code: u32, data: &[u8]) -> Vec<u8> {
+        let mut out = IHAVEOPT.to_be_bytes().to_vec();
+        out.extend_from_slice(&code.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    fn prefixed(text: &str) -> Vec<u8> {
+        let mut out = (text.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    fn info_request(name: &str, requests: &[u16]) -> Vec<u8> {
+        let mut out = prefixed(name);
+        out.extend_from_slice(&(requests.len() as u16).to_be_bytes());
+        for request in requests {
+            out.extend_from_slice(&request.to_be_bytes());
+        }
+        out
+    }
+
+    fn meta_request(export: &str, queries: &[&str]) -> Vec<u8> {
+        let mut out = prefixed(export);
+        out.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for query in queries {
+            out.extend(prefixed(query));
+        }
+        out
+    }
+
+    /// Splits option replies into (option, type, data).
+    fn parse_replies(mut bytes: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut replies = Vec::new();
+        while !bytes.is_empty() {
+            let mut reader = ByteReader::new(bytes);
+            assert_eq!(reader.u64(), Some(OPTION_REPLY_MAGIC));
+            let (code, kind, len) = (
+                reader.u32().unwrap(),
+                reader.u32().unwrap(),
+                reader.u32().unwrap(),
+            );
+            let data = reader.bytes(len as usize).unwrap().to_vec();
+            replies.push((code, kind, data));
+            bytes = &bytes[20 + len as usize..];
+        }
+        replies
+    }
+
+    fn session_after(input: Vec<u8>) -> (Vec<(u32, u32, Vec<u8>)>, Session) {
+        match drive(&input, &exports()) {
+            (replies, Outcome::Transmit(session)) => (parse_replies(&replies), session),
+            (_, _) => panic!("handshake did not reach transmission"),
+        }
+    }
+
+    #[test]
+    fn greeting_offers_fixed_newstyle_and_no_zeroes() {
+        let greeting = greeting();
+        assert_eq!(&greeting[..8], b"NBDMAGIC");
+        assert_eq!(&greeting[8..16], b"IHAVEOPT");
+        assert_eq!(&greeting[16..], &[0, 3]);
+    }
+
+    #[test]
+    fn unknown_client_flags_end_the_handshake() {
+        let (replies, outcome) = drive(&client_flags(4), &exports());
+        assert!(replies.is_empty());
+        assert!(matches!(
+            outcome,
+            Outcome::Failed(HandshakeError::UnknownClientFlags(4))
+        ));
+    }
+
+    #[test]
+    fn go_reports_size_flags_and_block_sizes_then_transmits() {
+        let mut input = client_flags(3);
+        input.extend(option(
+            option::GO,
+            &info_request("vol", &[info::NAME, info::DESCRIPTION]),
+        ));
+        let (replies, session) = session_after(input);
+        let types: Vec<u32> = replies.iter().map(|r| r.1).collect();
+        assert_eq!(types, [3, 3, 3, 3, option_reply::ACK]);
+        let export_info = &replies[0].2;
+        assert_eq!(export_info[..2], info::EXPORT.to_be_bytes());
+        assert_eq!(export_info[2..10], (1u64 << 20).to_be_bytes());
+        assert_eq!(
+            export_info[10..12],
+            session.transmission_flags.to_be_bytes()
+        );
+        assert_eq!(
+            replies[1].2[2..],
+            [0, 0, 2, 0, 0, 0, 0x10, 0, 0x02, 0, 0, 0][..],
+            "block sizes 512 / 4096 / 32 MiB"
+        );
+        assert_eq!(replies[2].2[2..], *b"vol");
+        assert_eq!(replies[3].2[2..], *b"a volume");
+        assert!(!session.structured && !session.base_allocation && !session.read_only);
+    }
+
+    #[test]
+    fn info_then_go_for_a_missing_export_is_an_error_reply() {
+        let mut input = client_flags(1);
+        input.extend(option(option::INFO, &info_request("nope", &[])));
+        input.extend(option(option::GO, &info_request("snap", &[])));
+        let (replies, session) = session_after(input);
+        assert_eq!(replies[0].1, option_reply::ERR_UNKNOWN);
+        assert!(session.read_only);
+        // The unaligned 1000-byte export is advertised as its whole sectors.
+        assert_eq!(session.size, 512);
+    }
+
+    #[test]
+    fn block_status_needs_a_context_selected_for_the_same_export() {
+        let mut input = client_flags(3);
+        input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &["base:", "qemu:dirty-bitmap:x", BASE_ALLOCATION]),
+        ));
+        let mut same = input.clone();
+        same.extend(option(option::GO, &info_request("vol", &[])));
+        let (replies, session) = session_after(same);
+        assert_eq!(replies[0].1, option_reply::ACK);
+        assert_eq!(replies[1].1, option_reply::META_CONTEXT);
+        assert_eq!(
+            replies[1].2,
+            meta_context(BASE_ALLOCATION_ID, BASE_ALLOCATION)
+        );
+        assert!(session.structured && session.base_allocation);
+        assert_ne!(session.transmission_flags & transmission_flags::SEND_DF, 0);
+
+        input.extend(option(option::GO, &info_request("snap", &[])));
+        let (_, session) = session_after(input);
+        assert!(!session.base_allocation);
+    }
+
+    #[test]
+    fn meta_context_listing_and_wildcards() {
+        let mut input = client_flags(3);
+        input.extend(option(option::LIST_META_CONTEXT, &meta_request("vol", &[])));
+        input.extend(option(
+            option::LIST_META_CONTEXT,
+            &meta_request("vol", &["base:"]),
+        ));
+        input.extend(option(
+            option::LIST_META_CONTEXT,
+            &meta_request("vol", &["other:x"]),
+        ));
+        input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &["base:"]),
+        ));
+        input.extend(option(
+            option::LIST_META_CONTEXT,
+            &meta_request("gone", &[]),
+        ));
+        let (replies, outcome) = drive(&input, &exports());
+        assert!(matches!(outcome, Outcome::NeedMore));
+        let types: Vec<u32> = parse_replies(&replies).iter().map(|r| r.1).collect();
+        use option_reply::{ACK, ERR_UNKNOWN, META_CONTEXT};
+        assert_eq!(
+            types,
+            [
+                META_CONTEXT,
+                ACK,
+                META_CONTEXT,
+                ACK,
+                ACK,
+                ACK,
+                ACK,
+                ERR_UNKNOWN
+            ]
+        );
+    }
+
+    #[test]
+    fn list_names_every_export_with_its_description() {
+        let mut input = client_flags(3);
+        input.extend(option(option::LIST, &[]));
+        let (replies, _) = drive(&input, &exports());
+        let replies = parse_replies(&replies);
+        let mut expected_vol = prefixed("vol");
+        expected_vol.extend_from_slice(b"a volume");
+        assert_eq!(replies[0].2, prefixed("snap"));
+        assert_eq!(replies[1].2, expected_vol);
+        assert_eq!(replies[2].1, option_reply::ACK);
+    }
+
+    #[test]
+    fn export_name_pads_unless_no_zeroes() {
+        for (flags, len) in [(1, 10 + EXPORT_NAME_PADDING), (3, 10)] {
+            let mut input = client_flags(flags);
+            input.extend(option(option::EXPORT_NAME, b"vol"));
+            let (reply, outcome) = drive(&input, &exports());
+            assert!(matches!(outcome, Outcome::Transmit(_)));
+            assert_eq!(reply.len(), len);
+        }
+        let mut input = client_flags(3);
+        input.extend(option(option::EXPORT_NAME, b"missing"));
+        assert!(matches!(
+            drive(&input, &exports()).1,
+            Outcome::Failed(HandshakeError::ExportNameRefused { .. })
+        ));
+    }
+
+    #[test]
+    fn abort_acknowledges_and_closes() {
+        let mut input = client_flags(3);
+        input.extend(option(option::ABORT, b"ignored"));
+        let (replies, outcome) = drive(&input, &exports());
+        assert!(matches!(outcome, Outcome::Closed));
+        assert_eq!(
+            parse_replies(&replies),
+            [(option::ABORT, option_reply::ACK, vec![])]
+        );
+    }
+
+    #[test]
+    fn oversized_options_and_bad_magic_are_fatal() {
+        let mut input = client_flags(3);
+        input.extend(IHAVEOPT.to_be_bytes());
+        input.extend(option::GO.to_be_bytes());
+        input.extend((MAX_OPTION_LEN + 1).to_be_bytes());
+        assert!(matches!(
+            drive(&input, &exports()).1,
+            Outcome::Failed(HandshakeError::OptionTooLong { .. })
+        ));
+        let mut input = client_flags(3);
+        input.extend([0u8; OPTION_HEADER_LEN]);
+        assert!(matches!(
+            drive(&input, &exports()).1,
+            Outcome::Failed(HandshakeError::BadOptionMagic(0))
+        ));
+    }
+
+    #[test]
+    fn receive_rejects_input_of_the_wrong_length() {
+        let mut handshake = Handshake::new();
+        assert!(matches!(
+            handshake.receive(&[0; 3], &exports()),
+            Err(HandshakeError::WrongInputLength { wanted: 4, got: 3 })
+        ));
+    }
+
+    #[test]
+    fn transmission_flags_are_truthful() {
+        use transmission_flags::*;
+        let writable = transmission_flags(false, false);
+        assert_eq!(writable & (READ_ONLY | SEND_DF), 0);
+        let writes = SEND_TRIM | SEND_WRITE_ZEROES | SEND_FAST_ZERO | SEND_FUA;
+        assert_eq!(writable & writes, writes);
+        let read_only = transmission_flags(true, true);
+        assert_eq!(read_only & writes, 0);
+        assert_ne!(read_only & READ_ONLY, 0);
+        assert_ne!(read_only & SEND_DF, 0);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            drive(&input, &exports());
+        }
+
+        #[test]
+        fn arbitrary_options_get_replies_or_end_cleanly(
+            options in proptest::collection::vec(
+                (0u32..16, proptest::collection::vec(any::<u8>(), 0..64)), 1..8),
+        ) {
+            let mut input = client_flags(3);
+            for (code, data) in &options {
+                input.extend(option(*code, data));
+            }
+            let (replies, outcome) = drive(&input, &exports());
+            if let Outcome::NeedMore = outcome {
+                // Every option was answered, ending with a final reply.
+                let replies = parse_replies(&replies);
+                let finals = replies
+                    .iter()
+                    .filter(|(_, kind, _)| *kind == option_reply::ACK || *kind & (1 << 31) != 0)
+                    .count();
+                prop_assert_eq!(finals, options.len());
+            }
+        }
+
+        #[test]
+        fn info_requests_round_trip(
+            name in "[a-z0-9/_.-]{0,64}",
+            requests in proptest::collection::vec(any::<u16>(), 0..16),
+        ) {
+            let encoded = info_request(&name, &requests);
+            let parsed = InfoRequest::parse(&encoded).unwrap();
+            prop_assert_eq!(parsed, InfoRequest { name: &name, requests: requests.clone() });
+            // A truncated payload is never accepted.
+            prop_assert!(InfoRequest::parse(&encoded[..encoded.len() - 1]).is_none());
+        }
+
+        #[test]
+        fn meta_context_requests_round_trip(
+            export in "[a-z0-9]{0,32}",
+            queries in proptest::collection::vec("[a-z]{1,8}:[a-z]{0,16}", 0..8),
+        ) {
+            let query_refs: Vec<&str> = queries.iter().map(String::as_str).collect();
+            let encoded = meta_request(&export, &query_refs);
+            let parsed = MetaContextRequest::parse(&encoded).unwrap();
+            prop_assert_eq!(parsed, MetaContextRequest { export: &export, queries: query_refs });
+        }
+    }
+}

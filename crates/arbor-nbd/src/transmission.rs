@@ -490,3 +490,309 @@ fn push_segment(segments: &mut Vec<ReadSegment>, base: u64, start: u32, len: u32
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use command_flags::*;
+
+    const SIZE: u64 = 1 << 40;
+
+    fn limits() -> Limits {
+        Limits {
+            size: SIZE,
+            read_only: false,
+            structured: true,
+            base_allocation: true,
+        }
+    }
+
+    fn header(kind: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        RequestHeader {
+            flags,
+            kind,
+            cookie: 0xc00c1e,
+            offset,
+            length,
+        }
+    }
+
+    fn errno_of(header: RequestHeader, limits: &Limits) -> Option<Errno> {
+        validate(&header, limits)
+            .err()
+            .map(|rejection| rejection.errno)
+    }
+
+    #[test]
+    fn header_round_trips_and_bad_magic_is_rejected() {
+        let original = header(command::WRITE, FUA, 4096, 512);
+        assert_eq!(RequestHeader::decode(&original.encode()), Ok(original));
+        let mut bytes = original.encode();
+        bytes[0] ^= 1;
+        assert!(RequestHeader::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn only_writes_carry_payloads_and_oversized_ones_are_discarded() {
+        assert_eq!(
+            header(command::WRITE, 0, 0, 512).payload(),
+            Payload::Receive(512)
+        );
+        assert_eq!(header(command::WRITE, 0, 0, 0).payload(), Payload::None);
+        assert_eq!(
+            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(),
+            Payload::Discard(MAX_PAYLOAD + 1)
+        );
+        assert_eq!(header(command::READ, 0, 0, 512).payload(), Payload::None);
+        assert_eq!(header(99, 0, 0, 512).payload(), Payload::None);
+    }
+
+    #[test]
+    fn errors_follow_the_spec() {
+        use command::*;
+        let l = limits();
+        let read_only = Limits {
+            read_only: true,
+            ..l
+        };
+        let simple = Limits {
+            structured: false,
+            base_allocation: false,
+            ..l
+        };
+        let cases = [
+            (header(99, 0, 0, 512), l, Some(Errno::Inval)),
+            (header(READ, NO_HOLE, 0, 512), l, Some(Errno::Inval)),
+            (header(READ, DF, 0, 512), simple, Some(Errno::Inval)),
+            (header(READ, DF | FUA, 0, 512), l, None),
+            (header(WRITE, 0, 0, 512), read_only, Some(Errno::Perm)),
+            (header(TRIM, 0, 0, 512), read_only, Some(Errno::Perm)),
+            (
+                header(WRITE_ZEROES, 0, 0, 512),
+                read_only,
+                Some(Errno::Perm),
+            ),
+            (header(FLUSH, 0, 0, 0), read_only, None),
+            (header(FLUSH, 0, 512, 0), l, Some(Errno::Inval)),
+            (header(READ, 0, 100, 512), l, Some(Errno::Inval)),
+            (header(WRITE, 0, 0, 100), l, Some(Errno::Inval)),
+            (header(READ, 0, SIZE, 512), l, Some(Errno::Inval)),
+            (header(TRIM, 0, SIZE - 512, 1024), l, Some(Errno::Inval)),
+            (header(WRITE, 0, SIZE, 512), l, Some(Errno::NoSpc)),
+            (
+                header(WRITE_ZEROES, 0, SIZE - 512, 1024),
+                l,
+                Some(Errno::NoSpc),
+            ),
+            (header(WRITE, 0, u64::MAX - 511, 512), l, Some(Errno::NoSpc)),
+            (
+                header(READ, 0, 0, MAX_PAYLOAD + 512),
+                l,
+                Some(Errno::Overflow),
+            ),
+            (
+                header(READ, 0, 0, MAX_PAYLOAD + 512),
+                simple,
+                Some(Errno::Inval),
+            ),
+            (
+                header(WRITE, 0, 0, MAX_PAYLOAD + 512),
+                l,
+                Some(Errno::Inval),
+            ),
+            (
+                header(WRITE_ZEROES, FAST_ZERO | NO_HOLE, 0, u32::MAX - 511),
+                l,
+                None,
+            ),
+            (header(TRIM, 0, 0, u32::MAX - 511), l, None),
+            (
+                header(BLOCK_STATUS, REQ_ONE, 0, 512),
+                simple,
+                Some(Errno::Inval),
+            ),
+            (header(BLOCK_STATUS, 0, 0, 0), l, Some(Errno::Inval)),
+            (header(CACHE, 0, 0, 512), l, None),
+        ];
+        for (header, limits, expected) in cases {
+            assert_eq!(errno_of(header, &limits), expected, "{header:?} {limits:?}");
+        }
+        assert_eq!(
+            validate(&header(DISC, 0xffff, 1, 1), &l),
+            Ok(Command::Disconnect)
+        );
+    }
+
+    #[test]
+    fn flags_become_typed_options() {
+        let command = validate(
+            &header(command::WRITE_ZEROES, NO_HOLE | FUA, 0, 512),
+            &limits(),
+        );
+        assert_eq!(
+            command,
+            Ok(Command::WriteZeroes {
+                offset: 0,
+                length: 512,
+                fua: true,
+                may_trim: false,
+                fast_only: false
+            })
+        );
+    }
+
+    #[test]
+    fn reply_encodings_have_the_documented_layout() {
+        let simple = simple_reply(7, Some(Errno::NoSpc));
+        assert_eq!(simple[..8], [0x67, 0x44, 0x66, 0x98, 0, 0, 0, 28]);
+        assert_eq!(simple[8..], 7u64.to_be_bytes());
+
+        let error = error_chunk(7, Errno::Inval, "bad");
+        assert_eq!(
+            error[4..8],
+            [0, 1, 0x80, 1],
+            "done flag, NBD_REPLY_TYPE_ERROR"
+        );
+        assert_eq!(error[16..20], 9u32.to_be_bytes());
+        assert_eq!(error[20..], [0, 0, 0, 22, 0, 3, b'b', b'a', b'd']);
+
+        let hole = offset_hole_chunk(7, 4096, 512, false);
+        assert_eq!(hole[4..8], [0, 0, 0, 2]);
+        assert_eq!(hole[16..20], 12u32.to_be_bytes());
+        assert_eq!(hole[20..28], 4096u64.to_be_bytes());
+
+        let status = block_status_chunk(
+            7,
+            1,
+            &[Extent {
+                length: 512,
+                flags: 3,
+            }],
+        );
+        assert_eq!(status[16..20], 12u32.to_be_bytes());
+        assert_eq!(status[20..], [0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3]);
+
+        let long = "é".repeat(3000);
+        let error = error_chunk(7, Errno::Io, &long);
+        let message_len = u16::from_be_bytes([error[24], error[25]]) as usize;
+        assert!(message_len <= crate::proto::MAX_STRING_LEN);
+        assert!(std::str::from_utf8(&error[26..]).is_ok());
+    }
+
+    #[test]
+    fn read_plan_sends_large_zero_runs_as_holes() {
+        let run = |length, zero| StatusRun {
+            length,
+            hole: zero,
+            zero,
+        };
+        let plan = plan_read(
+            8192,
+            20480,
+            &[
+                run(512, true),
+                run(4096, false),
+                run(8192, true),
+                run(1024, true),
+            ],
+        );
+        assert_eq!(
+            plan,
+            [
+                ReadSegment::Data {
+                    offset: 8192,
+                    length: 4608
+                },
+                ReadSegment::Hole {
+                    offset: 12800,
+                    length: 8192
+                },
+                ReadSegment::Data {
+                    offset: 20992,
+                    length: 7680
+                },
+            ]
+        );
+    }
+
+    fn status_run() -> impl Strategy<Value = StatusRun> {
+        (0u64..20_000, any::<bool>(), any::<bool>()).prop_map(|(length, hole, zero)| StatusRun {
+            length,
+            hole,
+            zero,
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn headers_round_trip(flags: u16, kind: u16, cookie: u64, offset: u64, length: u32) {
+            let original = RequestHeader { flags, kind, cookie, offset, length };
+            prop_assert_eq!(RequestHeader::decode(&original.encode()), Ok(original));
+        }
+
+        #[test]
+        fn arbitrary_headers_never_panic_and_valid_ones_are_in_bounds(
+            bytes in proptest::array::uniform28(any::<u8>()),
+            size in 0u64..(1 << 40),
+            read_only: bool,
+            structured: bool,
+        ) {
+            let mut bytes = bytes;
+            bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+            let header = RequestHeader::decode(&bytes).unwrap();
+            let limits = Limits { size, read_only, structured, base_allocation: structured };
+            let _ = header.payload();
+            if let Ok(command) = validate(&header, &limits) {
+                if !matches!(command, Command::Disconnect | Command::Flush) {
+                    let end = header.offset + u64::from(header.length);
+                    prop_assert!(end <= size);
+                    prop_assert_eq!(header.offset % 512, 0);
+                    prop_assert_eq!(header.length % 512, 0);
+                }
+            }
+        }
+
+        #[test]
+        fn read_plans_cover_the_request_exactly(
+            offset in 0u64..(1 << 40),
+            length in 0u32..(1 << 20),
+            runs in proptest::collection::vec(status_run(), 0..16),
+        ) {
+            let plan = plan_read(offset, length, &runs);
+            let mut position = offset;
+            let mut previous_hole = None;
+            for segment in &plan {
+                let (start, len, hole) = match *segment {
+                    ReadSegment::Data { offset, length } => (offset, length, false),
+                    ReadSegment::Hole { offset, length } => (offset, length, true),
+                };
+                prop_assert_eq!(start, position);
+                prop_assert!(len > 0);
+                prop_assert_ne!(Some(hole), previous_hole);
+                previous_hole = Some(hole);
+                position += u64::from(len);
+            }
+            prop_assert_eq!(position, offset + u64::from(length));
+        }
+
+        #[test]
+        fn extents_are_valid_descriptors(
+            length in 1u32..(1 << 20),
+            runs in proptest::collection::vec(status_run(), 0..16),
+            req_one: bool,
+        ) {
+            let extents = extents_from_runs(&runs, length, req_one);
+            let total: u64 = extents.iter().map(|e| u64::from(e.length)).sum();
+            prop_assert!(total <= u64::from(length));
+            prop_assert!(extents.iter().all(|e| e.length > 0 && e.flags & !3 == 0));
+            prop_assert!(extents.windows(2).all(|pair| pair[0].flags != pair[1].flags));
+            if req_one {
+                prop_assert!(extents.len() <= 1);
+            }
+            let covered: u64 = runs.iter().map(|r| r.length).sum();
+            prop_assert_eq!(extents.is_empty(), covered == 0);
+        }
+    }
+}
