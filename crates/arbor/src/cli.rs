@@ -60,7 +60,7 @@ pub enum Command<T: Args> {
     },
     #[command(flatten)]
     Manage(ManageCommand<T>),
-    /// Run the daemon: hold the pool open and serve the control API
+    /// Run the daemon: hold the pool open, serve the control API and NBD
     Serve(ServeArgs),
 }
 
@@ -215,6 +215,12 @@ pub struct ServeArgs {
     /// Serve the control API on this loopback address, e.g. 127.0.0.1:7070
     #[arg(long, value_name = "ADDR")]
     pub api: Option<SocketAddr>,
+    /// Serve every volume and snapshot over NBD on this Unix socket (mode 0600)
+    #[arg(long, value_name = "PATH")]
+    pub nbd_socket: Option<PathBuf>,
+    /// Serve NBD on this TCP address, e.g. 127.0.0.1:10809 (no authentication!)
+    #[arg(long, value_name = "ADDR")]
+    pub nbd_tcp: Option<SocketAddr>,
     /// Background reclaim pace in metadata nodes per second (0 turns it off)
     #[arg(long, default_value_t = 2000, value_name = "NODES")]
     pub reclaim_rate: u32,

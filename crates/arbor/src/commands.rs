@@ -10,7 +10,7 @@ use clap::Args;
 use crate::cli::{Command, ManageCommand, PoolCommand, PoolCreateArgs, ServeArgs};
 use crate::client::DaemonClient;
 use crate::control::{Control, PoolControl};
-use crate::daemon::{self, ServeConfig};
+use crate::daemon::{self, ApiAddress, ServeConfig};
 use crate::output::{self, emit, emit_as};
 use crate::pool_file::OpenPool;
 use crate::size::ByteSize;
@@ -200,8 +200,13 @@ fn create_pool(args: &PoolCreateArgs) -> Result<ExitCode> {
 fn serve(args: ServeArgs) -> Result<ExitCode> {
     daemon::serve(ServeConfig {
         pool: args.pool,
-        api_socket: args.api_socket,
-        api_tcp: args.api,
+        api: match (args.api_socket, args.api) {
+            (Some(path), _) => Some(ApiAddress::Unix(path)),
+            (None, Some(addr)) => Some(ApiAddress::Tcp(addr)),
+            (None, None) => None,
+        },
+        nbd_socket: args.nbd_socket,
+        nbd_tcp: args.nbd_tcp,
         reclaim_rate: args.reclaim_rate,
         commit_interval: args.commit_interval.into(),
         cache_bytes: usize::try_from(args.cache_size.0).context("--cache-size is too large")?,

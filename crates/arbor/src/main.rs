@@ -7,6 +7,7 @@ mod commands;
 mod control;
 mod daemon;
 mod model;
+mod nbd_export;
 mod output;
 mod pool_file;
 mod size;

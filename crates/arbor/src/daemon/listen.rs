@@ -1,6 +1,9 @@
-//! Where the API listens: a Unix socket (access controlled by file
-//! permissions) or a loopback TCP address. The API has no authentication of
-//! its own, so it is never offered beyond this machine.
+//! The daemon's sockets: the control API, on a Unix socket or a loopback
+//! TCP address, and NBD, on a Unix socket and/or TCP.
+//!
+//! Neither protocol authenticates clients, so Unix sockets are made
+//! owner-only, and the API (which can delete volumes) never listens beyond
+//! this machine.
 
 use std::fmt;
 use std::fs::Permissions;
@@ -13,6 +16,16 @@ use anyhow::{bail, Context, Result};
 use axum::Router;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::nbd_export::PoolExports;
+
+/// Where the control API listens.
+#[derive(Debug, Clone)]
+pub enum ApiAddress {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
 
 pub enum ApiListener {
     Unix(UnixListener, SocketFile),
@@ -20,12 +33,21 @@ pub enum ApiListener {
 }
 
 impl ApiListener {
-    /// Binds exactly one of a Unix socket path or a loopback TCP address.
-    pub async fn bind(socket: Option<&Path>, tcp: Option<SocketAddr>) -> Result<Self> {
-        match (socket, tcp) {
-            (Some(path), None) => bind_unix(path).await,
-            (None, Some(addr)) => bind_tcp(addr).await,
-            _ => bail!("give exactly one of --api-socket or --api"),
+    pub async fn bind(address: &ApiAddress) -> Result<Self> {
+        match address {
+            ApiAddress::Unix(path) => {
+                let (listener, file) = bind_unix(path, |p| UnixListener::bind(p)).await?;
+                Ok(ApiListener::Unix(listener, file))
+            }
+            ApiAddress::Tcp(addr) => {
+                if !addr.ip().is_loopback() {
+                    bail!("refusing to serve the API on {addr}: it has no authentication, use a loopback address or --api-socket");
+                }
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                Ok(ApiListener::Tcp(listener))
+            }
         }
     }
 
@@ -57,25 +79,75 @@ impl fmt::Display for ApiListener {
     }
 }
 
-async fn bind_tcp(addr: SocketAddr) -> Result<ApiListener> {
-    if !addr.ip().is_loopback() {
-        bail!("refusing to serve the API on {addr}: it has no authentication, use a loopback address or --api-socket");
-    }
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    Ok(ApiListener::Tcp(listener))
+/// The NBD server's sockets.
+pub struct NbdListeners {
+    listeners: Vec<arbor_nbd::Listener>,
+    socket_files: Vec<SocketFile>,
 }
 
-async fn bind_unix(path: &Path) -> Result<ApiListener> {
+impl NbdListeners {
+    /// Binds the sockets asked for; `None` when NBD is not wanted.
+    pub async fn bind(socket: Option<&Path>, tcp: Option<SocketAddr>) -> Result<Option<Self>> {
+        let mut nbd = Self {
+            listeners: Vec::new(),
+            socket_files: Vec::new(),
+        };
+        if let Some(path) = socket {
+            let (listener, file) = bind_unix(path, |p| arbor_nbd::Listener::bind_unix(p)).await?;
+            nbd.listeners.push(listener);
+            nbd.socket_files.push(file);
+        }
+        if let Some(addr) = tcp {
+            if !addr.ip().is_loopback() {
+                // Serving block devices to other hosts is a legitimate choice,
+                // but whoever can connect can read and write every volume.
+                warn!(%addr, "NBD has no authentication: any host that can reach this address can read and write every volume");
+            }
+            let listener = arbor_nbd::Listener::bind_tcp(addr)
+                .await
+                .with_context(|| format!("cannot listen for NBD on {addr}"))?;
+            nbd.listeners.push(listener);
+        }
+        Ok((!nbd.listeners.is_empty()).then_some(nbd))
+    }
+
+    /// Serves `exports` until `stop`, then lets connections finish the
+    /// requests they have in flight.
+    pub async fn serve(self, exports: PoolExports, stop: CancellationToken) -> Result<()> {
+        let config = arbor_nbd::ServerConfig::default();
+        arbor_nbd::serve(std::sync::Arc::new(exports), self.listeners, config, stop).await;
+        drop(self.socket_files);
+        Ok(())
+    }
+}
+
+impl fmt::Display for NbdListeners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unix = self
+            .socket_files
+            .iter()
+            .map(|s| format!("unix:{}", s.0.display()));
+        let tcp = self
+            .listeners
+            .iter()
+            .filter_map(arbor_nbd::Listener::tcp_addr);
+        let all: Vec<String> = unix.chain(tcp.map(|a| format!("tcp:{a}"))).collect();
+        f.write_str(&all.join(", "))
+    }
+}
+
+/// Binds a Unix socket at `path` with `bind`, after clearing a stale one,
+/// and restricts it to the owner. The returned guard removes the file.
+async fn bind_unix<L>(
+    path: &Path,
+    bind: impl FnOnce(&Path) -> std::io::Result<L>,
+) -> Result<(L, SocketFile)> {
     remove_stale_socket(path).await?;
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let listener = bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     let file = SocketFile(path.to_owned());
-    // Whoever can connect can delete volumes: owner only.
     std::fs::set_permissions(path, Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict permissions of {}", path.display()))?;
-    Ok(ApiListener::Unix(listener, file))
+    Ok((listener, file))
 }
 
 /// Removes a socket left behind by a daemon that did not shut down cleanly,
@@ -96,7 +168,7 @@ async fn remove_stale_socket(path: &Path) -> Result<()> {
         .with_context(|| format!("cannot remove stale socket {}", path.display()))
 }
 
-/// The socket's path, removed when the listener is dropped.
+/// A socket's path, removed when dropped.
 pub struct SocketFile(PathBuf);
 
 impl Drop for SocketFile {

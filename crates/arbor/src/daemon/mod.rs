@@ -1,4 +1,5 @@
-//! `arbor serve`: one process owns the pool and serves it, until a signal.
+//! `arbor serve`: one process owns the pool and serves it (control API,
+//! NBD exports, housekeeping) until a signal.
 //!
 //! Startup binds every listener before serving anything, so a bad address
 //! fails fast. Shutdown (SIGINT, SIGTERM, or a fatal background error) stops
@@ -22,14 +23,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::control::PoolControl;
+use crate::nbd_export::PoolExports;
 use crate::pool_file::OpenPool;
-use listen::ApiListener;
+pub use listen::ApiAddress;
+use listen::{ApiListener, NbdListeners};
 
 /// Everything `arbor serve` is told on its command line.
 pub struct ServeConfig {
     pub pool: PathBuf,
-    pub api_socket: Option<PathBuf>,
-    pub api_tcp: Option<SocketAddr>,
+    pub api: Option<ApiAddress>,
+    pub nbd_socket: Option<PathBuf>,
+    pub nbd_tcp: Option<SocketAddr>,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
     pub commit_interval: Duration,
@@ -37,8 +41,8 @@ pub struct ServeConfig {
 }
 
 pub fn serve(config: ServeConfig) -> Result<()> {
-    if config.api_socket.is_none() && config.api_tcp.is_none() {
-        bail!("nothing to serve: give --api-socket or --api");
+    if config.api.is_none() && config.nbd_socket.is_none() && config.nbd_tcp.is_none() {
+        bail!("nothing to serve: give --api-socket or --api, and/or --nbd-socket or --nbd-tcp");
     }
     if config.commit_interval.is_zero() {
         bail!("--commit-interval must be greater than zero");
@@ -59,13 +63,24 @@ async fn run(config: ServeConfig) -> Result<()> {
     let open = tokio::task::spawn_blocking(move || OpenPool::open(&path, &options))
         .await
         .context("opening the pool failed")??;
-    let api = ApiListener::bind(config.api_socket.as_deref(), config.api_tcp).await?;
+    let api = match &config.api {
+        Some(address) => Some(ApiListener::bind(address).await?),
+        None => None,
+    };
+    let nbd = NbdListeners::bind(config.nbd_socket.as_deref(), config.nbd_tcp).await?;
 
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let control = PoolControl::new(open.pool.clone(), open.path.clone());
-    info!(pool = %open.path.display(), api = %api, "serving");
-    tasks.spawn(api.serve(api::router(control), stop.clone()));
+    info!(pool = %open.path.display(), "serving");
+    if let Some(api) = api {
+        info!(address = %api, "control API listening");
+        let control = PoolControl::new(open.pool.clone(), open.path.clone());
+        tasks.spawn(api.serve(api::router(control), stop.clone()));
+    }
+    if let Some(nbd) = nbd {
+        info!(address = %nbd, "NBD listening");
+        tasks.spawn(nbd.serve(PoolExports::new(open.pool.clone()), stop.clone()));
+    }
     tasks.spawn(background::commit_periodically(
         open.pool.clone(),
         config.commit_interval,

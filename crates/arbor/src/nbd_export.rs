@@ -1,0 +1,265 @@
+//! Pool volumes as NBD exports: each volume is a writable export under its
+//! name, each snapshot a read-only export `volume@snapshot`.
+//!
+//! Exports are looked up by name on every new connection, so volumes created
+//! since the daemon started appear and resized ones report their new size.
+//! A connection keeps the volume's id, which is never reused: if the volume
+//! is deleted (even if another takes its name) its requests fail cleanly.
+
+use std::sync::Arc;
+
+use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo};
+use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
+use tracing::warn;
+
+use crate::size::ByteSize;
+
+/// Most bytes one block-status answer covers; the server asks again for the
+/// rest, so a client's whole-disk query costs bounded work per round.
+const STATUS_WINDOW: u64 = 1 << 30;
+
+/// The exports of one pool.
+pub struct PoolExports {
+    pool: Arc<Pool>,
+}
+
+impl PoolExports {
+    pub fn new(pool: Arc<Pool>) -> Self {
+        Self { pool }
+    }
+}
+
+fn describe(info: &VolumeInfo) -> String {
+    let kind = if info.snapshot { "snapshot" } else { "volume" };
+    format!("arbor {kind}, {}", ByteSize(info.size))
+}
+
+impl ExportProvider for PoolExports {
+    fn list(&self) -> Vec<ExportListing> {
+        match self.pool.list() {
+            Ok(all) => all
+                .iter()
+                .map(|info| ExportListing {
+                    name: info.name.clone(),
+                    description: describe(info),
+                })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "cannot list volumes for an NBD client");
+                Vec::new()
+            }
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn Export>, ExportError> {
+        let id = self.pool.lookup(name).map_err(|e| match e {
+            // Includes the empty "default export" name: there is none.
+            Error::NotFound(_) | Error::InvalidName { .. } => ExportError::NotFound,
+            other => export_error(other),
+        })?;
+        let info = self.pool.info(id).map_err(export_error)?;
+        Ok(Arc::new(VolumeExport {
+            pool: Arc::clone(&self.pool),
+            id,
+            description: describe(&info),
+            size: info.size,
+            read_only: info.snapshot,
+        }))
+    }
+}
+
+/// One volume or snapshot as seen by one connection.
+struct VolumeExport {
+    pool: Arc<Pool>,
+    id: VolumeId,
+    description: String,
+    /// The size when the connection opened (NBD cannot announce a change).
+    size: u64,
+    read_only: bool,
+}
+
+/// What an NBD client can make of an engine error.
+fn export_error(e: Error) -> ExportError {
+    match e {
+        Error::ReadOnly(_) => ExportError::ReadOnly,
+        Error::NoSpace | Error::MetadataFull => ExportError::NoSpace,
+        Error::InvalidArgument(why) => ExportError::Invalid(why),
+        // Lookups by id fail only once the volume has been deleted.
+        Error::NotFound(_) => ExportError::Gone,
+        other => ExportError::Io(other.to_string()),
+    }
+}
+
+fn status_run(run: &MapRun) -> StatusRun {
+    StatusRun {
+        length: run.len,
+        hole: !run.mapped,
+        zero: !run.mapped,
+    }
+}
+
+impl Export for VolumeExport {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.pool.read(self.id, offset, buf).map_err(export_error)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
+        self.pool.write(self.id, offset, data).map_err(export_error)
+    }
+
+    fn flush(&self) -> Result<(), ExportError> {
+        // A pool-wide commit: covers writes from every connection.
+        self.pool.flush().map_err(export_error)
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.pool
+            .discard(self.id, offset, len)
+            .map_err(export_error)
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fast_only: bool,
+    ) -> Result<(), ExportError> {
+        // Unmapping is fast; keeping the allocation means writing zeros,
+        // which is exactly what `fast_only` asks us not to do.
+        if fast_only && !may_trim {
+            return Err(ExportError::NotSupported);
+        }
+        self.pool
+            .write_zeroes(self.id, offset, len, !may_trim)
+            .map_err(export_error)
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
+        let len = len.min(STATUS_WINDOW);
+        let runs = self
+            .pool
+            .allocation_map(self.id, offset, len)
+            .map_err(export_error)?;
+        Ok(runs.iter().map(status_run).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arbor_engine::{CreateOptions, OpenOptions};
+    use arbor_io::SimDisk;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn exports() -> PoolExports {
+        let disk = Arc::new(SimDisk::new(128 * MIB));
+        let pool = Pool::create(disk, &CreateOptions::default(), &OpenOptions::default()).unwrap();
+        PoolExports::new(Arc::new(pool))
+    }
+
+    fn open(exports: &PoolExports, name: &str) -> Arc<dyn Export> {
+        exports
+            .open(name)
+            .unwrap_or_else(|e| panic!("open {name}: {e}"))
+    }
+
+    #[test]
+    fn volumes_are_writable_and_snapshots_read_only() {
+        let exports = exports();
+        exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        let vm = open(&exports, "vm");
+        assert_eq!((vm.size(), vm.read_only()), (4 * MIB, false));
+        vm.write(MIB, &[7u8; 4096]).unwrap();
+        vm.flush().unwrap();
+
+        exports.pool.snapshot("vm@s").unwrap();
+        let snap = open(&exports, "vm@s");
+        assert!(snap.read_only());
+        let mut buf = vec![0u8; 4096];
+        snap.read(MIB, &mut buf).unwrap();
+        assert_eq!(buf, vec![7u8; 4096]);
+
+        let names: Vec<String> = exports.list().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["vm", "vm@s"]);
+        assert_eq!(exports.open("").err(), Some(ExportError::NotFound));
+        assert_eq!(exports.open("ghost").err(), Some(ExportError::NotFound));
+    }
+
+    #[test]
+    fn block_status_reports_holes_and_data() {
+        let exports = exports();
+        exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        let vm = open(&exports, "vm");
+        let chunk = exports.pool.chunk_size();
+        vm.write(chunk, &vec![1u8; chunk as usize]).unwrap();
+        let runs = vm.block_status(0, 4 * MIB).unwrap();
+        let hole = |length| StatusRun {
+            length,
+            hole: true,
+            zero: true,
+        };
+        let data = StatusRun {
+            length: chunk,
+            hole: false,
+            zero: false,
+        };
+        assert_eq!(runs, [hole(chunk), data, hole(4 * MIB - 2 * chunk)]);
+    }
+
+    #[test]
+    fn write_zeroes_is_fast_only_when_it_may_unmap() {
+        let exports = exports();
+        exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        let vm = open(&exports, "vm");
+        vm.write(0, &vec![1u8; MIB as usize]).unwrap();
+        assert_eq!(
+            vm.write_zeroes(0, MIB, false, true),
+            Err(ExportError::NotSupported)
+        );
+        vm.write_zeroes(0, MIB, true, true).unwrap();
+        let mut buf = vec![1u8; MIB as usize];
+        vm.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(
+            exports
+                .pool
+                .info(exports.pool.lookup("vm").unwrap())
+                .unwrap()
+                .mapped_bytes,
+            0
+        );
+    }
+
+    #[test]
+    fn deleted_and_shrunk_volumes_fail_cleanly() {
+        let exports = exports();
+        exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        let vm = open(&exports, "vm");
+        exports.pool.resize("vm", MIB).unwrap();
+        let mut buf = vec![0u8; 4096];
+        assert!(matches!(
+            vm.read(2 * MIB, &mut buf),
+            Err(ExportError::Invalid(_))
+        ));
+        exports.pool.delete("vm").unwrap();
+        // A new volume taking the name is not the one this connection opened.
+        exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        assert_eq!(vm.read(0, &mut buf), Err(ExportError::Gone));
+        assert_eq!(vm.write(0, &buf), Err(ExportError::Gone));
+    }
+}
