@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The project's test command (see README): formatting, lints, every test.
+# The project's test command (see README): formatting, lints, every test,
+# then the end-to-end tests with real NBD clients and a real ext4 (root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+cargo build --locked -p arbor
+ARBOR_BIN="$PWD/target/debug/arbor" tests/e2e/run.sh

@@ -21,8 +21,9 @@ class Attached:
         self.daemon, self.export, self.read_only = daemon, export, read_only
         base = os.path.join(daemon.dir, export.replace("@", "_at_"))
         self.fuse_dir, self.mount_dir = base + ".fuse", base + ".mnt"
-        os.makedirs(self.fuse_dir)
-        os.makedirs(self.mount_dir)
+        # An export is attached again after being detached: reuse its directories.
+        os.makedirs(self.fuse_dir, exist_ok=True)
+        os.makedirs(self.mount_dir, exist_ok=True)
         self.fuse = None
         self.loop = None
 
