@@ -7,11 +7,12 @@ use arbor_format::FormatError;
 pub enum Error {
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
-    #[error("pool is damaged at {location}: {source}")]
+    /// The reason is part of the message (not also a `source()`), so error
+    /// chains print it once.
+    #[error("pool is damaged at {location}: {reason}")]
     Corrupt {
         location: String,
-        #[source]
-        source: FormatError,
+        reason: FormatError,
     },
     #[error("pool is damaged: {0}")]
     Inconsistent(String),
@@ -38,10 +39,10 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub(crate) fn corrupt(location: impl Into<String>, source: FormatError) -> Self {
+    pub(crate) fn corrupt(location: impl Into<String>, reason: FormatError) -> Self {
         Error::Corrupt {
             location: location.into(),
-            source,
+            reason,
         }
     }
 

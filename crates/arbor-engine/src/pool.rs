@@ -407,7 +407,9 @@ impl Pool {
             let value = result?;
             (value, self.freeze(&mut meta)?)
         };
-        self.complete_commit(job)?;
+        if let Some(job) = job {
+            self.complete_commit(job)?;
+        }
         Ok(value)
     }
 
@@ -420,24 +422,18 @@ impl Pool {
         self.mutate(meta, |m| m.begin_commit()).map(Some)
     }
 
-    /// Phases B and C (caller holds `commit_lock`). Without a job, only the
-    /// device is flushed (in-place data writes need no metadata change).
-    fn complete_commit(&self, job: Option<CommitJob>) -> Result<()> {
-        let written = match &job {
-            Some(job) => job.write(&self.store),
-            None => self.store.dev.flush().map_err(Error::Io),
-        };
-        if let Err(e) = written {
+    /// Phases B and C (caller holds `commit_lock`).
+    fn complete_commit(&self, job: CommitJob) -> Result<()> {
+        if let Err(e) = job.write(&self.store) {
             self.fail(&e);
             return Err(e);
         }
-        if let Some(job) = job {
-            self.write_meta()?.finish_commit(job);
-        }
+        self.write_meta()?.finish_commit(job);
         Ok(())
     }
 
-    /// Makes every completed write durable (commits the transaction).
+    /// Makes every completed write durable (commits the transaction). Costs
+    /// nothing when nothing was written since the last flush.
     pub fn flush(&self) -> Result<()> {
         let _commit = lock_mutex(&self.commit_lock);
         let job = {
@@ -445,7 +441,14 @@ impl Pool {
             let mut meta = self.write_meta()?;
             self.freeze(&mut meta)?
         };
-        self.complete_commit(job)
+        // Every data write changes metadata in its own transaction (a new
+        // mapping, or the generation refresh that precedes an in-place
+        // write), and each commit flushed the data written before it. So a
+        // transaction without changes means nothing to make durable.
+        match job {
+            Some(job) => self.complete_commit(job),
+            None => Ok(()),
+        }
     }
 
     fn commit_if_needed(&self) -> Result<()> {
