@@ -29,15 +29,6 @@ impl Reply {
             parts: vec![bytes.into()],
         }
     }
-
-    /// Bytes on the wire.
-    pub fn len(&self) -> usize {
-        self.parts.iter().map(Bytes::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// How replies are framed on this connection.

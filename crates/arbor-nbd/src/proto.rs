@@ -3,7 +3,8 @@
 //! reader for untrusted payloads.
 //!
 //! Names follow the NBD specification (`doc/proto.md` of the
-//! NetworkBlockDevice project) without the `NBD_` prefix.
+//! NetworkBlockDevice project) without the `NBD_` prefix. Only the values
+//! this server sends or recognises are listed.
 
 /// `NBDMAGIC`: first 8 bytes the server sends.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -38,12 +39,10 @@ pub mod transmission_flags {
     pub const READ_ONLY: u16 = 1 << 1;
     pub const SEND_FLUSH: u16 = 1 << 2;
     pub const SEND_FUA: u16 = 1 << 3;
-    pub const ROTATIONAL: u16 = 1 << 4;
     pub const SEND_TRIM: u16 = 1 << 5;
     pub const SEND_WRITE_ZEROES: u16 = 1 << 6;
     pub const SEND_DF: u16 = 1 << 7;
     pub const CAN_MULTI_CONN: u16 = 1 << 8;
-    pub const SEND_RESIZE: u16 = 1 << 9;
     pub const SEND_CACHE: u16 = 1 << 10;
     pub const SEND_FAST_ZERO: u16 = 1 << 11;
 }
@@ -53,13 +52,11 @@ pub mod option {
     pub const EXPORT_NAME: u32 = 1;
     pub const ABORT: u32 = 2;
     pub const LIST: u32 = 3;
-    pub const STARTTLS: u32 = 5;
     pub const INFO: u32 = 6;
     pub const GO: u32 = 7;
     pub const STRUCTURED_REPLY: u32 = 8;
     pub const LIST_META_CONTEXT: u32 = 9;
     pub const SET_META_CONTEXT: u32 = 10;
-    pub const EXTENDED_HEADERS: u32 = 11;
 }
 
 /// Option reply types. Errors have bit 31 set.
@@ -70,14 +67,8 @@ pub mod option_reply {
     pub const META_CONTEXT: u32 = 4;
     const ERROR: u32 = 1 << 31;
     pub const ERR_UNSUP: u32 = ERROR | 1;
-    pub const ERR_POLICY: u32 = ERROR | 2;
     pub const ERR_INVALID: u32 = ERROR | 3;
-    pub const ERR_PLATFORM: u32 = ERROR | 4;
-    pub const ERR_TLS_REQD: u32 = ERROR | 5;
     pub const ERR_UNKNOWN: u32 = ERROR | 6;
-    pub const ERR_SHUTDOWN: u32 = ERROR | 7;
-    pub const ERR_BLOCK_SIZE_REQD: u32 = ERROR | 8;
-    pub const ERR_TOO_BIG: u32 = ERROR | 9;
 }
 
 /// Information types of `NBD_OPT_INFO` / `NBD_OPT_GO`.
@@ -117,7 +108,6 @@ pub mod reply {
     pub const TYPE_OFFSET_HOLE: u16 = 2;
     pub const TYPE_BLOCK_STATUS: u16 = 5;
     pub const TYPE_ERROR: u16 = (1 << 15) | 1;
-    pub const TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 }
 
 /// Flags of the `base:allocation` metadata context.
@@ -187,14 +177,14 @@ const _: () = {
     assert!(MAX_PAYLOAD.is_multiple_of(MIN_BLOCK_SIZE));
 };
 
-/// Error values carried in replies. Only these are defined by the protocol;
-/// each has the Linux errno value of the same name.
+/// Error values this server puts in replies (the protocol also defines
+/// `ENOMEM`, which servers should avoid). Each has the Linux errno value of
+/// the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Errno {
     Perm = 1,
     Io = 5,
-    NoMem = 12,
     Inval = 22,
     NoSpc = 28,
     Overflow = 75,
@@ -220,11 +210,6 @@ pub struct ByteReader<'a> {
 impl<'a> ByteReader<'a> {
     pub fn new(bytes: &'a [u8]) -> Self {
         Self { rest: bytes }
-    }
-
-    /// Bytes not consumed yet.
-    pub fn remaining(&self) -> usize {
-        self.rest.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -284,7 +269,6 @@ mod tests {
         let mut reader = ByteReader::new(&[0, 1, 2]);
         assert_eq!(reader.u16(), Some(1));
         assert_eq!(reader.u16(), None);
-        assert_eq!(reader.remaining(), 1);
         assert_eq!(reader.bytes(1), Some(&[2u8][..]));
         assert!(reader.is_empty());
     }

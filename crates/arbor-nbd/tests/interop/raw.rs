@@ -23,6 +23,16 @@ const CMD_DISC: u16 = 2;
 const CMD_BLOCK_STATUS: u16 = 7;
 const EINVAL: u32 = 22;
 
+fn request_header(kind: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+    let mut header = 0x2560_9513u32.to_be_bytes().to_vec();
+    header.extend_from_slice(&0u16.to_be_bytes());
+    header.extend_from_slice(&kind.to_be_bytes());
+    header.extend_from_slice(&cookie.to_be_bytes());
+    header.extend_from_slice(&offset.to_be_bytes());
+    header.extend_from_slice(&length.to_be_bytes());
+    header
+}
+
 struct Peer(UnixStream);
 
 impl Peer {
@@ -102,13 +112,7 @@ impl Peer {
     }
 
     fn request(&mut self, kind: u16, cookie: u64, offset: u64, length: u32) {
-        let mut header = 0x2560_9513u32.to_be_bytes().to_vec();
-        header.extend_from_slice(&0u16.to_be_bytes());
-        header.extend_from_slice(&kind.to_be_bytes());
-        header.extend_from_slice(&cookie.to_be_bytes());
-        header.extend_from_slice(&offset.to_be_bytes());
-        header.extend_from_slice(&length.to_be_bytes());
-        self.send(&header);
+        self.send(&request_header(kind, cookie, offset, length));
     }
 
     /// Reads a simple reply: (error, cookie).
@@ -315,4 +319,72 @@ fn silent_clients_time_out_in_the_handshake() {
     let started = Instant::now();
     assert!(silent.closed_by_server());
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+#[test]
+fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
+    let config = ServerConfig {
+        shutdown_grace: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(64 * MIB))], false, config);
+    let before = resident_bytes();
+    let mut greedy = Peer::greet(&server, 0b11);
+    greedy.go("vol");
+    // 2 GiB of reads requested in one write (57 KiB, which the socket
+    // buffer holds even once the server stops reading), no reply read.
+    let requests: Vec<u8> = (0..2048)
+        .flat_map(|cookie| request_header(CMD_READ, cookie, (cookie % 64) * MIB, MIB as u32))
+        .collect();
+    greedy.send(&requests);
+    std::thread::sleep(Duration::from_secs(1));
+    let growth = resident_bytes().saturating_sub(before);
+    assert!(
+        growth < 512 * MIB,
+        "server memory grew by {} MiB",
+        growth / MIB
+    );
+    // Other clients are unaffected.
+    run(tool("nbdinfo", "libnbd-bin").args(["--size", &server.uri("vol")]));
+    let started = Instant::now();
+    drop(server);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(greedy);
+}
+
+#[test]
+fn clients_over_the_connection_limit_wait_for_a_free_slot() {
+    let config = ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let first = Peer::greet(&server, 0b11);
+    let _second = Peer::greet(&server, 0b11);
+    let mut third = Peer::connect(&server);
+    third
+        .0
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let waiting = third.0.read(&mut byte).unwrap_err();
+    assert_eq!(waiting.kind(), ErrorKind::WouldBlock, "third client served");
+    drop(first);
+    third
+        .0
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let greeting: [u8; 18] = third.read_exact();
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
 }
