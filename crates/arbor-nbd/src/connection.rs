@@ -25,7 +25,9 @@ use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
 use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step};
 use crate::proto::{Errno, REQUEST_HEADER_LEN};
-use crate::transmission::{validate, BadRequestMagic, Command, Limits, Payload, RequestHeader};
+use crate::transmission::{
+    validate, BadRequestMagic, Command, Limits, Payload, Rejection, RequestHeader,
+};
 
 /// Why a connection ended other than by the client's choice.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +207,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
 /// A decoded request and the outcome of validating it.
 struct Request {
     header: RequestHeader,
-    validated: Result<Command, crate::transmission::Rejection>,
+    validated: Result<Command, Rejection>,
 }
 
 impl Request {
@@ -233,6 +235,8 @@ impl Request {
                 input.read_exact(&mut payload).await?;
                 Ok(payload)
             }
+            // Discard with a valid request cannot happen (`validate` refuses
+            // writes over MAX_PAYLOAD); dropping the bytes is the safe answer.
             (Payload::Receive(len) | Payload::Discard(len), _) => {
                 let discarded =
                     tokio::io::copy(&mut input.take(len.into()), &mut tokio::io::sink()).await?;

@@ -167,7 +167,10 @@ impl Handshake {
     }
 
     fn on_client_flags(&mut self, input: &[u8]) -> Result<Step, HandshakeError> {
-        let flags = ByteReader::new(input).u32().unwrap_or(u32::MAX);
+        let Some(flags) = ByteReader::new(input).u32() else {
+            // Unreachable: `receive` checked the length.
+            return Err(self.wrong_length(input));
+        };
         if flags & !client_flags::KNOWN != 0 {
             return Err(HandshakeError::UnknownClientFlags(flags));
         }

@@ -45,6 +45,9 @@ fn size_and_block_sizes_are_reported() {
 fn capabilities_of_a_writable_export() {
     let server = TestServer::start(vec![("vol", memory(MIB))]);
     for flag in [
+        "connect",
+        "read",
+        "write",
         "flush",
         "fua",
         "trim",
@@ -84,14 +87,14 @@ fn capabilities_of_a_read_only_export() {
             .code()
     };
     assert_eq!(ask(&["--is", "read-only"]), Some(0));
-    for flag in ["trim", "zero", "fast-zero", "fua"] {
+    for flag in ["write", "trim", "zero", "fast-zero", "fua"] {
         assert_eq!(
             ask(&["--can", flag]),
             Some(2),
             "read-only export has --can {flag}"
         );
     }
-    for flag in ["flush", "multi-conn", "cache"] {
+    for flag in ["connect", "read", "flush", "multi-conn", "cache", "df"] {
         assert_eq!(
             ask(&["--can", flag]),
             Some(0),
