@@ -126,6 +126,7 @@ pub async fn serve(
         accept_loops.spawn(Arc::clone(&server).accept_loop(listener, connections.clone()));
     }
     accept_loops.close();
+    shutdown.cancelled().await;
     accept_loops.wait().await;
     connections.close();
     if tokio::time::timeout(grace, connections.wait())
