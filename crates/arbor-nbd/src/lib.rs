@@ -5,9 +5,9 @@
 //! * [`proto`], [`handshake`], [`transmission`]: the protocol, sans I/O;
 //! * [`export`]: the blocking [`Export`] / [`ExportProvider`] traits served;
 //! * [`dispatch`]: runs one validated command against an export;
-//! * [`connection`], [`server`]: the tokio server ([`serve`]).
+//! * `connection`, [`server`]: the tokio server ([`serve`]).
 
-pub mod connection;
+mod connection;
 pub mod dispatch;
 pub mod export;
 pub mod handshake;

@@ -1,5 +1,5 @@
 //! The thin tokio server: accepts connections on TCP and Unix sockets and
-//! runs each in its own task (see [`crate::connection`]).
+//! runs each in its own task (see the `connection` module).
 
 use std::net::SocketAddr;
 use std::path::Path;
