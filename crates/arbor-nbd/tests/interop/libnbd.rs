@@ -89,6 +89,17 @@ fn flush_on_one_connection_covers_writes_on_another() {
 }
 
 #[test]
+fn many_clients_on_many_exports_at_once() {
+    let server = TestServer::start(
+        ["vol", "vol2", "vol3", "vol4"]
+            .into_iter()
+            .map(|name| (name, memory(8 * MIB) as Arc<dyn Export>))
+            .collect(),
+    );
+    run_check("many_clients", &server);
+}
+
+#[test]
 fn pipelined_requests() {
     run_check("pipelined", &standard_server());
 }

@@ -241,5 +241,26 @@ def check_negotiation(socket):
     h.shutdown()
 
 
+def check_many_clients(socket):
+    # Four connections to each of four exports, all with requests in flight
+    # at once; every connection then verifies what the others wrote.
+    exports = ["vol", "vol2", "vol3", "vol4"]
+    handles = [(name, slot, connect(socket, name)) for name in exports for slot in range(4)]
+    for name, slot, h in handles:
+        for block in range(16):
+            pattern = bytes([exports.index(name) * 16 + slot]) * 65536
+            h.aio_pwrite(pattern, (slot * 16 + block) * 65536)
+    for _, _, h in handles:
+        wait_all(h)
+        h.flush()
+    for name, _, h in handles:
+        for slot in range(4):
+            expected = bytes([exports.index(name) * 16 + slot]) * 65536
+            for block in (0, 15):
+                assert h.pread(65536, (slot * 16 + block) * 65536) == expected, (name, slot)
+    for _, _, h in handles:
+        h.shutdown()
+
+
 if __name__ == "__main__":
     globals()["check_" + sys.argv[1]](sys.argv[2])

@@ -147,3 +147,22 @@ fn map_shows_data_and_holes_after_trim() {
         .collect();
     assert_eq!(got, expected, "{extents}");
 }
+
+#[test]
+fn exports_are_looked_up_on_every_connection() {
+    let server = TestServer::start(vec![("vol", memory(MIB))]);
+    let size = || run(nbdinfo().args(["--size", &server.uri("vol")]));
+    assert_eq!(size().trim(), MIB.to_string());
+    // A resize (or any replacement) is seen by the next connection.
+    server.table.insert("vol", memory(2 * MIB));
+    assert_eq!(size().trim(), (2 * MIB).to_string());
+    server.table.insert("new", memory(MIB));
+    let listing = run(nbdinfo().args(["--list", &server.uri("")]));
+    assert!(listing.contains("new"), "{listing}");
+    server.table.remove("vol");
+    let gone = nbdinfo()
+        .args(["--size", &server.uri("vol")])
+        .output()
+        .expect("nbdinfo");
+    assert!(!gone.status.success());
+}
