@@ -194,9 +194,10 @@ pub struct PoolCreateArgs {
     #[arg(long)]
     pub size: Option<ByteSize>,
     /// Data chunk size: the unit of allocation and copy-on-write (4K to 1M)
-    #[arg(long, default_value = "64K")]
-    pub chunk_size: ByteSize,
-    /// Space for metadata [default: 128 bytes per chunk, at least 64 MiB]
+    /// [default: the engine's, 16K]
+    #[arg(long)]
+    pub chunk_size: Option<ByteSize>,
+    /// Space for metadata [default: 1/64 of the pool, at least 64 MiB]
     #[arg(long)]
     pub metadata_size: Option<ByteSize>,
     /// Overwrite an existing pool or other data

@@ -180,8 +180,12 @@ fn transfer_line(what: &str, done: &Transferred) -> String {
 
 fn create_pool(args: &PoolCreateArgs) -> Result<ExitCode> {
     let options = CreateOptions {
-        chunk_size: u32::try_from(args.chunk_size.0)
-            .with_context(|| format!("chunk size {} is too large", args.chunk_size))?,
+        chunk_size: match args.chunk_size {
+            Some(size) => {
+                u32::try_from(size.0).with_context(|| format!("chunk size {size} is too large"))?
+            }
+            None => arbor_engine::DEFAULT_CHUNK_SIZE,
+        },
         metadata_bytes: args.metadata_size.map(|s| s.0),
     };
     let pool = OpenPool::create(&args.pool, args.size.map(|s| s.0), &options, args.force)?;
