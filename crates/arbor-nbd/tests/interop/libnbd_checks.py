@@ -201,16 +201,19 @@ def check_pipelined(socket):
 
 
 def check_out_of_order(socket):
-    # The export blocks a read of offset 0 until something is written; the
-    # write is sent after the read, so it must complete first.
+    # The export holds a read of offset 0 until something is written. A read
+    # of offset 4096 sent after it must be answered first, and the held read
+    # must complete once a later write opens the gate (a server running
+    # requests one at a time would fail it after 10 s).
     h = connect(socket, "gate")
-    blocked = h.aio_pread(nbd.Buffer(512), 0)
-    write = h.aio_pwrite(b"\x01" * 512, 4096)
-    while not h.aio_command_completed(write):
+    held = h.aio_pread(nbd.Buffer(512), 0)
+    quick = h.aio_pread(nbd.Buffer(512), 4096)
+    while not h.aio_command_completed(quick):
         h.poll(-1)
-    assert not h.aio_command_completed(blocked), "read completed before the write that releases it"
-    while not h.aio_command_completed(blocked):
-        h.poll(-1)
+    assert not h.aio_command_completed(held), "held read answered before the gate opened"
+    h.aio_pwrite(b"\x01" * 512, 8192)
+    wait_all(h)
+    assert h.aio_command_completed(held)
     h.shutdown()
 
 
