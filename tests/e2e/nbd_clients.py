@@ -7,7 +7,6 @@ while the daemon runs show up, report their new size, or go away."""
 import hashlib
 import json
 import os
-import random
 import sys
 
 from harness import ARBOR, Daemon, Failure, require_tools, run
@@ -35,26 +34,32 @@ def check(condition, what):
 
 def main():
     require_tools("nbdinfo", "nbdcopy", "qemu-img", "qemu-io")
-    rng = random.Random(7)
-    daemon = Daemon(pool_size="4G")
+    daemon = Daemon(pool_size="6G")
     try:
         daemon.start()
-        daemon.cli("create", "disk", "--size", "256M")
         image = os.path.join(daemon.dir, "random.img")
         with open(image, "wb") as f:
-            for _ in range(256):
-                f.write(rng.randbytes(MIB))
+            for _ in range(1024):
+                f.write(os.urandom(MIB))
 
-        # qemu-img convert into the volume, compare, and back out.
-        run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", image, daemon.uri("disk"))
-        run("qemu-img", "compare", "-f", "raw", "-F", "raw", image, daemon.uri("disk"))
-        back = os.path.join(daemon.dir, "back.img")
-        run("qemu-img", "convert", "-f", "raw", "-O", "raw", daemon.uri("disk"), back)
-        check(sha(back) == sha(image), "qemu-img round trip changed the data")
-
-        # nbdcopy out, and a snapshot served read-only.
-        daemon.cli("snapshot", "disk@one")
+        # nbdcopy a random 1 GiB image in and out.
+        daemon.cli("create", "disk", "--size", "1G")
+        run("nbdcopy", image, daemon.uri("disk"))
         copy = os.path.join(daemon.dir, "copy.img")
+        run("nbdcopy", daemon.uri("disk"), copy)
+        check(sha(copy) == sha(image), "nbdcopy round trip changed the data")
+
+        # qemu-img convert into another volume, compare, and back out.
+        daemon.cli("create", "qdisk", "--size", "1G")
+        run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", image, daemon.uri("qdisk"))
+        run("qemu-img", "compare", "-f", "raw", "-F", "raw", image, daemon.uri("qdisk"))
+        back = os.path.join(daemon.dir, "back.img")
+        run("qemu-img", "convert", "-f", "raw", "-O", "raw", daemon.uri("qdisk"), back)
+        check(sha(back) == sha(image), "qemu-img round trip changed the data")
+        os.remove(back)
+
+        # A snapshot served read-only.
+        daemon.cli("snapshot", "disk@one")
         run("nbdcopy", daemon.uri("disk@one"), copy)
         check(sha(copy) == sha(image), "nbdcopy of the snapshot differs from what was written")
         listed = exports(daemon)
