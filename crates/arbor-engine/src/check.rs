@@ -41,8 +41,10 @@ impl CheckReport {
 struct Walker<'a> {
     meta: &'a Meta,
     report: CheckReport,
-    meta_refs: HashMap<u64, u32>,
-    data_refs: HashMap<u64, u32>,
+    /// References counted by the walk, indexed like the space maps (4 bytes
+    /// per entry: a 1 TiB pool of 16 KiB chunks needs 256 MiB to check).
+    meta_refs: Vec<u32>,
+    data_refs: Vec<u32>,
     /// Mapped chunks per verified mapping subtree (shared subtrees are walked once).
     mapped: HashMap<u64, u64>,
     queued: Vec<BlockRef>,
@@ -54,7 +56,20 @@ impl Walker<'_> {
     /// Counts one reference to `r` and, the first time, verifies its subtree.
     /// Returns the chunks mapped below it (mapping trees).
     fn walk(&mut self, r: BlockRef, tree: TreeKind, level: Option<u8>, lo: u64, hi: u64) -> u64 {
-        *self.meta_refs.entry(r.block).or_default() += 1;
+        match r
+            .block
+            .checked_sub(self.meta.store.geo.meta_start)
+            .and_then(|e| self.meta_refs.get_mut(e as usize))
+        {
+            Some(count) => *count = count.saturating_add(1),
+            None => {
+                self.report.problem(format!(
+                    "{tree:?} pointer to block {} outside the metadata region",
+                    r.block
+                ));
+                return 0;
+            }
+        }
         if !self.visited.insert(r.block) {
             return self.mapped.get(&r.block).copied().unwrap_or(0);
         }
@@ -137,7 +152,9 @@ impl Walker<'_> {
                         previous_end = key.saturating_add(len);
                         mapped += len;
                         for c in v.pchunk..v.pchunk + len {
-                            *self.data_refs.entry(c).or_default() += 1;
+                            // In range: checked against data_chunks just above.
+                            self.data_refs[c as usize] =
+                                self.data_refs[c as usize].saturating_add(1);
                         }
                     }
                     Err(e) => self.report.problem(format!("leaf {}: {e}", r.block)),
@@ -159,14 +176,14 @@ impl Walker<'_> {
         self.compare_map(
             &self.meta.meta_sm,
             geo.meta_blocks,
-            |e| meta_refs.get(&(geo.meta_start + e)),
+            |e| meta_refs.get(e as usize),
             "metadata block",
             geo.meta_start,
         )?;
         self.report.data_chunks_referenced = self.compare_map(
             &self.meta.data_sm,
             geo.data_chunks,
-            |e| data_refs.get(&e),
+            |e| data_refs.get(e as usize),
             "data chunk",
             0,
         )?;
@@ -211,8 +228,8 @@ pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
     let mut w = Walker {
         meta,
         report: CheckReport::default(),
-        meta_refs: HashMap::new(),
-        data_refs: HashMap::new(),
+        meta_refs: vec![0; meta.store.geo.meta_blocks as usize],
+        data_refs: vec![0; meta.store.geo.data_chunks as usize],
         mapped: HashMap::new(),
         queued: Vec::new(),
         records: Vec::new(),
