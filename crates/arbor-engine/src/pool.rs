@@ -903,14 +903,34 @@ impl Pool {
     /// Reclaims space of deleted volumes: processes up to `max_nodes` queued
     /// metadata nodes and commits. Returns how many were processed (0 when
     /// nothing is pending).
+    ///
+    /// Runs beside I/O: each small step holds only the metadata lock, not the
+    /// I/O gate. That is safe because reclaim touches only trees no volume
+    /// names any more (shared nodes merely lose a reference, under the same
+    /// lock as any shadowing), and the chunks it frees are not reallocated
+    /// before its commit, which quiesces I/O like any other.
     pub fn reclaim(&self, max_nodes: usize) -> Result<usize> {
+        /// Nodes per step: bounds how long one step holds the metadata lock.
+        const STEP: usize = 16;
         let mut total = 0;
         while total < max_nodes {
-            let done = self.manage(|m| m.reclaim_step(max_nodes - total))?;
+            self.commit_if_needed()?;
+            let done = {
+                let mut meta = self.write_meta()?;
+                let saved = meta.privilege;
+                meta.privilege = Privilege::Reserve;
+                let result =
+                    self.mutate(&mut meta, |m| m.reclaim_step(STEP.min(max_nodes - total)));
+                meta.privilege = saved;
+                result?
+            };
             if done == 0 {
                 break;
             }
             total += done;
+        }
+        if total > 0 {
+            self.flush()?;
         }
         Ok(total)
     }
