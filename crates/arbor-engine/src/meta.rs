@@ -83,7 +83,6 @@ pub(crate) struct Meta {
     /// Metadata blocks kept back from ordinary writes.
     pub meta_reserve: u64,
     pub dirty_node_limit: usize,
-    pub last_commit_unix_secs: u64,
 }
 
 /// A frozen transaction: everything the writes of phase B need.
@@ -95,7 +94,6 @@ pub(crate) struct CommitJob {
     /// Commit record followed by the page images.
     journal: Vec<u8>,
     area: u64,
-    now: u64,
 }
 
 impl CommitJob {
@@ -167,7 +165,6 @@ impl Meta {
             privilege: Privilege::Normal,
             meta_reserve,
             dirty_node_limit,
-            last_commit_unix_secs: rec.commit_unix_secs.get(),
         };
         meta.load_volumes()?;
         Ok(meta)
@@ -380,17 +377,12 @@ impl Meta {
                 geo.journal_pages
             )));
         }
-        let now = unix_now();
         let mut journal = Vec::with_capacity((pages.len() + 1) * BLOCK_SIZE);
         journal.resize(BLOCK_SIZE, 0);
         for page in &pages {
             journal.extend_from_slice(&page.encode());
         }
-        let record = self.commit_record(
-            pages.len() as u32,
-            crc32c::crc32c(&journal[BLOCK_SIZE..]),
-            now,
-        );
+        let record = self.commit_record(pages.len() as u32, crc32c::crc32c(&journal[BLOCK_SIZE..]));
         journal[..BLOCK_SIZE].copy_from_slice(&record.encode());
         let job = CommitJob {
             txn: self.txn,
@@ -398,7 +390,6 @@ impl Meta {
             nodes,
             journal,
             area: geo.journal_start[(self.txn % 2) as usize],
-            now,
         };
         self.txn += 1;
         Ok(job)
@@ -413,10 +404,9 @@ impl Meta {
         self.inflight_nodes.clear();
         self.meta_sm.thaw();
         self.data_sm.thaw();
-        self.last_commit_unix_secs = job.now;
     }
 
-    fn commit_record(&self, page_count: u32, pages_crc: u32, now: u64) -> CommitRecord {
+    fn commit_record(&self, page_count: u32, pages_crc: u32) -> CommitRecord {
         let mut rec = CommitRecord::new_zeroed_record();
         rec.uuid = self.store.geo.uuid;
         rec.txn = U64::new(self.txn);
@@ -430,7 +420,7 @@ impl Meta {
         rec.data_used = U64::new(self.data_sm.used);
         rec.meta_cursor = U64::new(self.meta_sm.cursor);
         rec.data_cursor = U64::new(self.data_sm.cursor);
-        rec.commit_unix_secs = U64::new(now);
+        rec.commit_unix_secs = U64::new(unix_now());
         rec
     }
 
