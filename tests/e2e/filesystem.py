@@ -9,9 +9,8 @@ import hashlib
 import os
 import random
 import subprocess
-import sys
 
-from harness import ARBOR, Daemon, Failure, require_tools, run, wait_until
+from harness import Failure, run, run_test, wait_until
 
 
 class Attached:
@@ -94,66 +93,50 @@ def verify_tree(root, sums, what):
                 raise Failure(f"{what}: {rel} has the wrong contents")
 
 
-def main():
-    if os.geteuid() != 0:
-        raise Failure("the filesystem test must run as root (it mounts ext4 on a loop device); CI runs it as root")
-    require_tools("nbdfuse", "losetup", "mkfs.ext4", "fusermount3")
+def body(daemon):
     rng = random.Random(20261123)
-    daemon = Daemon()
-    try:
-        daemon.start()
-        daemon.cli("create", "vm1", "--size", "512M")
+    daemon.cli("create", "vm1", "--size", "512M")
 
-        origin = Attached(daemon, "vm1", read_only=False)
-        run("mkfs.ext4", "-q", "-F", origin.attach())
-        tree = write_tree(origin.mount(), rng)
-        origin.close()
+    origin = Attached(daemon, "vm1", read_only=False)
+    run("mkfs.ext4", "-q", "-F", origin.attach())
+    tree = write_tree(origin.mount(), rng)
+    origin.close()
 
-        daemon.cli("snapshot", "vm1@s1")
+    daemon.cli("snapshot", "vm1@s1")
 
-        snap = Attached(daemon, "vm1@s1", read_only=True)
-        snap.attach()
-        verify_tree(snap.mount(), tree, "snapshot")
-        snap.close()
+    snap = Attached(daemon, "vm1@s1", read_only=True)
+    snap.attach()
+    verify_tree(snap.mount(), tree, "snapshot")
+    snap.close()
 
-        # Change the origin: overwrite, delete and add files.
-        origin = Attached(daemon, "vm1", read_only=False)
-        origin.attach()
-        root = origin.mount()
-        changed = dict(tree)
-        for rel in list(tree)[::3]:
-            with open(os.path.join(root, rel), "wb") as f:
-                data = rng.randbytes(8192)
-                f.write(data)
-            changed[rel] = hashlib.sha256(data).hexdigest()
-        for rel in list(tree)[1::7]:
-            os.remove(os.path.join(root, rel))
-            del changed[rel]
-        changed.update({os.path.join("new", k): v for k, v in write_tree(os.path.join(root, "new"), rng).items()})
-        verify_tree(root, changed, "origin after changes")
-        origin.close()
+    # Change the origin: overwrite, delete and add files.
+    origin = Attached(daemon, "vm1", read_only=False)
+    origin.attach()
+    root = origin.mount()
+    changed = dict(tree)
+    for rel in list(tree)[::3]:
+        with open(os.path.join(root, rel), "wb") as f:
+            data = rng.randbytes(8192)
+            f.write(data)
+        changed[rel] = hashlib.sha256(data).hexdigest()
+    for rel in list(tree)[1::7]:
+        os.remove(os.path.join(root, rel))
+        del changed[rel]
+    changed.update({os.path.join("new", k): v for k, v in write_tree(os.path.join(root, "new"), rng).items()})
+    verify_tree(root, changed, "origin after changes")
+    origin.close()
 
-        snap = Attached(daemon, "vm1@s1", read_only=True)
-        snap.attach()
-        verify_tree(snap.mount(), tree, "snapshot after the origin changed")
-        snap.close()
+    snap = Attached(daemon, "vm1@s1", read_only=True)
+    snap.attach()
+    verify_tree(snap.mount(), tree, "snapshot after the origin changed")
+    snap.close()
 
-        origin = Attached(daemon, "vm1", read_only=False)
-        origin.attach()
-        run("e2fsck", "-fn", origin.loop)
-        verify_tree(origin.mount(), changed, "origin after remount")
-        origin.close()
-
-        daemon.stop()
-        run(ARBOR, "check", daemon.pool)
-        print("filesystem end-to-end: ok")
-    finally:
-        daemon.close()
+    origin = Attached(daemon, "vm1", read_only=False)
+    origin.attach()
+    run("e2fsck", "-fn", origin.loop)
+    verify_tree(origin.mount(), changed, "origin after remount")
+    origin.close()
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Failure as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_test("filesystem end-to-end", body, tools=("nbdfuse", "losetup", "mkfs.ext4", "fusermount3"), needs_root=True)

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -110,3 +111,26 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_test(name, body, tools=(), needs_root=False):
+    """Runs `body(daemon)` against a started daemon on a fresh pool, then
+    stops the daemon (it must exit cleanly) and requires `arbor check` to
+    pass. Exits 1 with the reason on failure (a missing tool or missing root
+    is a failure, never a skip); always cleans up."""
+    try:
+        if needs_root and os.geteuid() != 0:
+            raise Failure(f"{name} must run as root (it mounts a filesystem); CI runs it as root")
+        require_tools(*tools)
+        daemon = Daemon(pool_size="6G")
+        try:
+            daemon.start()
+            body(daemon)
+            daemon.stop()
+            run(ARBOR, "check", daemon.pool)
+        finally:
+            daemon.close()
+    except Failure as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"{name}: ok")
