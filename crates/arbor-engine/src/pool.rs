@@ -18,7 +18,8 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use arbor_format::{
     BlockRef, CommitRecord, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE, BLOCK_SIZE_U64,
@@ -145,7 +146,12 @@ pub struct Pool {
     commit_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     failure: Mutex<Option<String>>,
+    commit_observer: OnceLock<CommitObserver>,
 }
+
+/// Told the duration of every commit's device work (writing the journal and
+/// home pages, and their flushes), for metrics.
+pub type CommitObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
 /// One contiguous piece of a read: `len` bytes from `source` (a device byte
 /// offset) or zeros.
@@ -313,7 +319,14 @@ impl Pool {
             commit_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             failure: Mutex::new(None),
+            commit_observer: OnceLock::new(),
         }
+    }
+
+    /// Installs the function told about every later commit. There is one
+    /// observer per pool: returns false (and drops `observer`) if one is set.
+    pub fn observe_commits(&self, observer: CommitObserver) -> bool {
+        self.commit_observer.set(observer).is_ok()
     }
 
     /// Commits and closes the pool.
@@ -424,11 +437,15 @@ impl Pool {
 
     /// Phases B and C (caller holds `commit_lock`).
     fn complete_commit(&self, job: CommitJob) -> Result<()> {
+        let started = Instant::now();
         if let Err(e) = job.write(&self.store) {
             self.fail(&e);
             return Err(e);
         }
         self.write_meta()?.finish_commit(job);
+        if let Some(observe) = self.commit_observer.get() {
+            observe(started.elapsed());
+        }
         Ok(())
     }
 

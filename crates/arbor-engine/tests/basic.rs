@@ -260,3 +260,23 @@ fn freed_chunk_is_not_reused_before_its_free_commits() {
     );
     assert_clean(&pool);
 }
+
+#[test]
+fn commit_observer_sees_each_commit_with_changes_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&seen);
+    assert!(pool.observe_commits(Box::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    })));
+    assert!(!pool.observe_commits(Box::new(|_| {})));
+    let v = pool.create_volume("vm1", 4 * MIB).unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    pool.write(v, 0, &pattern(1, 0, 4096)).unwrap();
+    pool.flush().unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    pool.flush().unwrap(); // nothing changed: no commit
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+}
