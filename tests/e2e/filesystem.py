@@ -95,14 +95,14 @@ def verify_tree(root, sums, what):
 
 def body(daemon):
     rng = random.Random(20261123)
-    daemon.cli("create", "vm1", "--size", "512M")
+    daemon.cli("volume", "create", "vm1", "--size", "512M")
 
     origin = Attached(daemon, "vm1", read_only=False)
     run("mkfs.ext4", "-q", "-F", origin.attach())
     tree = write_tree(origin.mount(), rng)
     origin.close()
 
-    daemon.cli("snapshot", "vm1@s1")
+    daemon.cli("snapshot", "create", "vm1@s1")
 
     snap = Attached(daemon, "vm1@s1", read_only=True)
     snap.attach()

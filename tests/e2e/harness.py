@@ -54,21 +54,23 @@ def wait_until(predicate, what, timeout=30.0):
 
 
 class Daemon:
-    """A pool in a temporary directory, served by `arbor serve` on Unix sockets."""
+    """`arbor serve` on a temporary data directory (Unix sockets only): it
+    creates the pool on first start."""
 
     def __init__(self, pool_size="2G"):
         self.dir = tempfile.mkdtemp(prefix="arbor-e2e-")
-        self.pool = os.path.join(self.dir, "pool.img")
+        self.pool = os.path.join(self.dir, "pool")
         self.api = os.path.join(self.dir, "api.sock")
         self.nbd = os.path.join(self.dir, "nbd.sock")
+        self.pool_size = pool_size
         self.proc = None
         self.cleanups = []
-        run(ARBOR, "pool", "create", self.pool, "--size", pool_size)
 
     def start(self):
         log = open(os.path.join(self.dir, "daemon.log"), "w")
         self.proc = subprocess.Popen(
-            [ARBOR, "serve", self.pool, "--api-socket", self.api, "--nbd-socket", self.nbd],
+            [ARBOR, "serve", "--data-dir", self.dir, "--pool-size", self.pool_size,
+             "--initial-volume", "none", "--nbd-listen", "none", "--api-listen", "none"],
             stdout=log, stderr=subprocess.STDOUT,
         )
         wait_until(lambda: os.path.exists(self.api) and os.path.exists(self.nbd) or self.proc.poll() is not None,
@@ -82,7 +84,7 @@ class Daemon:
 
     def cli(self, *args):
         """A management command sent to the running daemon."""
-        return run(ARBOR, "--daemon", self.api, *args)
+        return run(ARBOR, "--data-dir", self.dir, *args)
 
     def uri(self, export):
         return f"nbd+unix:///{export}?socket={self.nbd}"

@@ -38,14 +38,14 @@ def body(daemon):
             f.write(os.urandom(MIB))
 
     # nbdcopy a random 1 GiB image in and out.
-    daemon.cli("create", "disk", "--size", "1G")
+    daemon.cli("volume", "create", "disk", "--size", "1G")
     run("nbdcopy", image, daemon.uri("disk"))
     copy = os.path.join(daemon.dir, "copy.img")
     run("nbdcopy", daemon.uri("disk"), copy)
     check(sha(copy) == sha(image), "nbdcopy round trip changed the data")
 
     # qemu-img convert into another volume, compare, and back out.
-    daemon.cli("create", "qdisk", "--size", "1G")
+    daemon.cli("volume", "create", "qdisk", "--size", "1G")
     run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", image, daemon.uri("qdisk"))
     run("qemu-img", "compare", "-f", "raw", "-F", "raw", image, daemon.uri("qdisk"))
     back = os.path.join(daemon.dir, "back.img")
@@ -54,7 +54,7 @@ def body(daemon):
     os.remove(back)
 
     # A snapshot served read-only.
-    daemon.cli("snapshot", "disk@one")
+    daemon.cli("snapshot", "create", "disk@one")
     run("nbdcopy", daemon.uri("disk@one"), copy)
     check(sha(copy) == sha(image), "nbdcopy of the snapshot differs from what was written")
     listed = exports(daemon)
@@ -86,7 +86,7 @@ def body(daemon):
     check(sha(copy) == sha(image), "writing to the volume changed its snapshot")
 
     # A sparse copy of a mostly empty volume.
-    daemon.cli("create", "sparse", "--size", "1G")
+    daemon.cli("volume", "create", "sparse", "--size", "1G")
     run("qemu-io", "-f", "raw", "-c", "write -P 7 500M 64k", daemon.uri("sparse"))
     sparse_copy = os.path.join(daemon.dir, "sparse.img")
     run("nbdcopy", daemon.uri("sparse"), sparse_copy)
@@ -94,12 +94,12 @@ def body(daemon):
     check(os.stat(sparse_copy).st_blocks * 512 < 16 * MIB, "nbdcopy did not copy sparsely")
 
     # Volumes appear, are resized and vanish while the daemon runs.
-    daemon.cli("create", "late", "--size", "64M")
+    daemon.cli("volume", "create", "late", "--size", "64M")
     check("late" in exports(daemon), "a volume created while serving is not listed")
-    daemon.cli("resize", "late", "128M")
+    daemon.cli("volume", "resize", "late", "128M")
     size = int(run("nbdinfo", "--size", daemon.uri("late")).stdout)
     check(size == 128 * MIB, f"resized export reports {size} bytes")
-    daemon.cli("delete", "late")
+    daemon.cli("destroy", "late")
     check("late" not in exports(daemon), "a deleted volume is still listed")
     check(run("nbdinfo", daemon.uri("late"), check=False).returncode != 0, "a deleted volume can be opened")
 

@@ -1,200 +1,150 @@
-//! The command line.
+//! The command line (see docs/CLI.md).
 //!
-//! Management commands name their pool first (`arbor create POOL VOLUME`).
-//! With the global `--daemon SOCKET` they go to a running daemon instead,
-//! and the pool is left out (`arbor --daemon SOCKET create VOLUME`): the
-//! commands are generic over that first argument, [`PoolPath`] or
-//! [`ViaDaemon`], and `main` picks one before parsing.
+//! `arbor serve` runs the daemon. Every other command but `pool create` and
+//! `check PATH` is a client of a running daemon's API, found through the
+//! data directory (`--data-dir` or `ARBOR_DATA_DIR`).
 
-use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::size::ByteSize;
 
+/// The data directory when neither `--data-dir` nor the config names one.
+pub const DEFAULT_DATA_DIR: &str = "arbor-data";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "arbor",
     version,
-    about = "Thin volumes with O(1) snapshots and clones, served over NBD"
+    about = "Thin volumes with O(1) snapshots and clones, served over NBD",
+    after_help = "Start the daemon with `arbor serve`; the other commands talk to it.\n\
+                  See docs/CLI.md for every command and exit status."
 )]
-pub struct Cli<T: Args> {
-    /// Manage the pool through the daemon whose API is at this Unix socket
-    /// or IP:PORT (leave out POOL)
-    #[arg(long, global = true, value_name = "ADDRESS")]
-    pub daemon: Option<PathBuf>,
+pub struct Cli {
+    /// The daemon's data directory: pool file, NBD and API sockets
+    /// [default: ./arbor-data]
+    #[arg(long, global = true, env = "ARBOR_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Print results as JSON (the API's objects) instead of tables
+    #[arg(long, global = true)]
+    pub json: bool,
 
     #[command(subcommand)]
-    pub command: Command<T>,
+    pub command: Command,
 }
 
-/// Whether the command line asks for daemon mode; decides how to parse it.
-pub fn wants_daemon(args: &[OsString]) -> bool {
-    args.iter()
-        .skip(1)
-        .take_while(|a| *a != "--")
-        .filter_map(|a| a.to_str())
-        .any(|a| a == "--daemon" || a.starts_with("--daemon="))
+impl Cli {
+    /// The data directory client commands look for the daemon in.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+    }
 }
-
-/// The pool argument of a command run in this process.
-#[derive(Debug, Args)]
-pub struct PoolPath {
-    /// Pool file or block device
-    #[arg(value_name = "POOL")]
-    pub pool: PathBuf,
-}
-
-/// No pool argument: the daemon named by `--daemon` has the pool.
-#[derive(Debug, Args)]
-pub struct ViaDaemon {}
 
 #[derive(Debug, Subcommand)]
-pub enum Command<T: Args> {
-    /// Create a pool or show its state
-    Pool {
-        #[command(subcommand)]
-        command: PoolCommand<T>,
-    },
-    #[command(flatten)]
-    Manage(ManageCommand<T>),
-    /// Run the daemon: hold the pool open, serve the control API and NBD
+pub enum Command {
+    /// Run the daemon: open (or create) the pool, serve NBD and the API
     Serve(ServeArgs),
-}
-
-/// Commands that act on a pool through a [`Control`](crate::control::Control) session.
-#[derive(Debug, Subcommand)]
-pub enum ManageCommand<T: Args> {
-    /// Verify the whole pool; exits with status 1 if any problem is found
-    Check {
-        #[command(flatten)]
-        target: T,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Reclaim all space of deleted volumes now
-    Reclaim {
-        #[command(flatten)]
-        target: T,
-    },
-    /// Create an empty thin volume
-    Create {
-        #[command(flatten)]
-        target: T,
-        volume: String,
-        /// Size, e.g. 10G (a multiple of 512 bytes)
-        #[arg(long)]
-        size: ByteSize,
-    },
-    /// Take a read-only snapshot VOLUME@SNAP of a volume
-    Snapshot {
-        #[command(flatten)]
-        target: T,
-        #[arg(value_name = "VOLUME@SNAP")]
-        snapshot: String,
-    },
-    /// Create a writable volume from a snapshot
+    /// Create, list, resize volumes; show their space use
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Take and list read-only snapshots
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Create a writable volume from a snapshot, in O(1)
     Clone {
-        #[command(flatten)]
-        target: T,
         #[arg(value_name = "VOLUME@SNAP")]
         snapshot: String,
-        #[arg(value_name = "NEW")]
+        #[arg(value_name = "NEW_VOLUME")]
         name: String,
     },
-    /// Delete a volume or snapshot; its space is reclaimed in the background
-    Delete {
-        #[command(flatten)]
-        target: T,
+    /// Destroy a volume or snapshot; its space is reclaimed in the background
+    Destroy {
+        /// Volume or VOLUME@SNAP
         name: String,
+        /// Destroy it even while NBD clients have it open (their I/O then fails)
+        #[arg(long)]
+        force: bool,
     },
-    /// Make a volume read exactly as one of its snapshots
+    /// Make a volume read exactly as one of its snapshots (any, not only the newest)
     Rollback {
-        #[command(flatten)]
-        target: T,
-        volume: String,
         #[arg(value_name = "VOLUME@SNAP")]
         snapshot: String,
-    },
-    /// Grow or shrink a volume (shrinking discards the data past the new end)
-    Resize {
-        #[command(flatten)]
-        target: T,
-        volume: String,
-        size: ByteSize,
     },
     /// Rename a volume (its snapshots follow) or a snapshot
-    Rename {
-        #[command(flatten)]
-        target: T,
-        from: String,
-        to: String,
-    },
-    /// List volumes and snapshots
-    List {
-        #[command(flatten)]
-        target: T,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Space used by a volume or snapshot
-    Stats {
-        #[command(flatten)]
-        target: T,
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Rename { from: String, to: String },
     /// Byte ranges where two volumes or snapshots differ
-    Diff {
-        #[command(flatten)]
-        target: T,
-        a: String,
-        b: String,
-        #[arg(long)]
-        json: bool,
+    Diff { a: String, b: String },
+    /// Create a pool, show its state, reclaim space now
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Verify a pool: offline with PATH, else through the daemon; exit status 8 if damaged
+    Check {
+        /// Pool file or device not held by a daemon
+        path: Option<PathBuf>,
     },
-    /// Copy a raw image into a volume, creating it if missing; all-zero chunks are skipped
-    Import {
-        #[command(flatten)]
-        target: T,
-        volume: String,
-        file: PathBuf,
-    },
-    /// Write a volume or snapshot to a raw image; unmapped ranges stay holes
-    Export {
-        #[command(flatten)]
-        target: T,
-        name: String,
-        file: PathBuf,
+    /// Print a shell completion script, e.g. `arbor completions bash > /etc/bash_completion.d/arbor`
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
 #[derive(Debug, Subcommand)]
-pub enum PoolCommand<T: Args> {
-    /// Format a file or block device as an empty pool
-    Create(PoolCreateArgs),
-    /// Pool size, space use and counts
-    Info {
-        #[command(flatten)]
-        target: T,
+pub enum VolumeCommand {
+    /// Create an empty thin volume
+    Create {
+        name: String,
+        /// Size, e.g. 20G or 1.5T (a multiple of 512 bytes)
         #[arg(long)]
-        json: bool,
+        size: ByteSize,
     },
+    /// List volumes, snapshots and clones with their space use
+    List {
+        /// Show the family tree: snapshots under their volume, clones under their snapshot
+        #[arg(long)]
+        tree: bool,
+    },
+    /// Grow or shrink a volume (shrinking discards the data past the new end)
+    Resize { name: String, size: ByteSize },
+    /// Space of one volume or snapshot: mapped, exclusive (what destroying frees), shared
+    Stats { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a read-only snapshot of a volume, in O(1)
+    Create {
+        #[arg(value_name = "VOLUME@SNAP")]
+        name: String,
+    },
+    /// List snapshots, of one volume or of all
+    List { volume: Option<String> },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Format a file or block device as an empty pool (offline)
+    Create(PoolCreateArgs),
+    /// Size, space use, counts and warnings of the daemon's pool
+    Status,
+    /// Reclaim all space of destroyed volumes now, instead of in the background
+    Reclaim,
 }
 
 #[derive(Debug, Args)]
 pub struct PoolCreateArgs {
     /// File (created sparse if missing) or block device
-    #[arg(value_name = "POOL")]
-    pub pool: PathBuf,
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
     /// Pool size for a file, e.g. 100G; a device is used whole
     #[arg(long)]
     pub size: Option<ByteSize>,
     /// Data chunk size: the unit of allocation and copy-on-write (4K to 1M)
-    /// [default: the engine's, 16K]
+    /// [default: 16K]
     #[arg(long)]
     pub chunk_size: Option<ByteSize>,
     /// Space for metadata [default: 1/64 of the pool, at least 64 MiB]
@@ -205,65 +155,56 @@ pub struct PoolCreateArgs {
     pub force: bool,
 }
 
-#[derive(Debug, Args)]
+/// `arbor serve` flags; each overrides the config file key of the same
+/// name (with `_` for `-`), which overrides the built-in default.
+#[derive(Debug, Clone, Args, Default)]
 pub struct ServeArgs {
-    /// Pool file or block device
-    #[arg(value_name = "POOL")]
-    pub pool: PathBuf,
-    /// Serve the control API on this Unix socket (mode 0600)
-    #[arg(long, value_name = "PATH", conflicts_with = "api")]
-    pub api_socket: Option<PathBuf>,
-    /// Serve the control API on this loopback address, e.g. 127.0.0.1:7070
-    #[arg(long, value_name = "ADDR")]
-    pub api: Option<SocketAddr>,
-    /// Serve every volume and snapshot over NBD on this Unix socket (mode 0600)
+    /// TOML config file (`arbor serve --print-config` shows every key)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit
+    #[arg(long)]
+    pub print_config: bool,
+    /// Pool file or block device [default: DATA_DIR/pool]
     #[arg(long, value_name = "PATH")]
-    pub nbd_socket: Option<PathBuf>,
-    /// Serve NBD on this TCP address, e.g. 127.0.0.1:10809 (no authentication!)
+    pub pool: Option<PathBuf>,
+    /// Size of a pool file created on first start [default: 20G]
+    #[arg(long, value_name = "SIZE")]
+    pub pool_size: Option<ByteSize>,
+    /// Chunk size of a pool created on first start [default: 16K]
+    #[arg(long, value_name = "SIZE")]
+    pub chunk_size: Option<ByteSize>,
+    /// NBD on TCP: an address, or `none` [default: 127.0.0.1:10809]
     #[arg(long, value_name = "ADDR")]
-    pub nbd_tcp: Option<SocketAddr>,
-    /// Background reclaim pace in metadata nodes per second (0 turns it off)
-    #[arg(long, default_value_t = 2000, value_name = "NODES")]
-    pub reclaim_rate: u32,
-    /// Commit at least this often, bounding what a crash can lose
-    #[arg(long, default_value = "5s", value_name = "DURATION")]
-    pub commit_interval: humantime::Duration,
-    /// Memory for cached metadata
-    #[arg(long, default_value = "64M", value_name = "SIZE")]
-    pub cache_size: ByteSize,
+    pub nbd_listen: Option<String>,
+    /// The HTTP API on TCP: a loopback address, or `none` [default: 127.0.0.1:10810]
+    #[arg(long, value_name = "ADDR")]
+    pub api_listen: Option<String>,
+    /// Volume created with a new pool, or `none` [default: disk0]
+    #[arg(long, value_name = "NAME")]
+    pub initial_volume: Option<String>,
+    /// Size of that volume [default: 10G]
+    #[arg(long, value_name = "SIZE")]
+    pub initial_volume_size: Option<ByteSize>,
+    /// Background reclaim pace in metadata nodes per second; 0 turns it off [default: 2000]
+    #[arg(long, value_name = "NODES")]
+    pub reclaim_rate: Option<u32>,
+    /// Commit at least this often, bounding what a crash can lose [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub commit_interval: Option<humantime::Duration>,
+    /// Memory for cached metadata [default: 64M]
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<ByteSize>,
 }
 
-impl<T: Args> Command<T> {
-    /// Commands that work on a pool path even in daemon mode, which they
-    /// cannot use.
-    pub fn is_local_only(&self) -> Option<&'static str> {
-        match self {
-            Command::Pool {
-                command: PoolCommand::Create(_),
-            } => Some("pool create"),
-            Command::Serve(_) => Some("serve"),
-            _ => None,
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
 
-impl<T: Args> ManageCommand<T> {
-    pub fn target(&self) -> &T {
-        match self {
-            Self::Check { target, .. }
-            | Self::Reclaim { target }
-            | Self::Create { target, .. }
-            | Self::Snapshot { target, .. }
-            | Self::Clone { target, .. }
-            | Self::Delete { target, .. }
-            | Self::Rollback { target, .. }
-            | Self::Resize { target, .. }
-            | Self::Rename { target, .. }
-            | Self::List { target, .. }
-            | Self::Stats { target, .. }
-            | Self::Diff { target, .. }
-            | Self::Import { target, .. }
-            | Self::Export { target, .. } => target,
-        }
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -1,11 +1,10 @@
-//! [`Control`] through a running daemon: each call is one HTTP/1.1 request
-//! to its API, on a Unix socket or a loopback TCP address.
+//! The client side of the control API: each call is one HTTP/1.1 request
+//! to the daemon's Unix socket in the data directory.
 
-use std::fmt;
-use std::net::SocketAddr;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{CONTENT_TYPE, HOST};
@@ -14,49 +13,34 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
-use crate::control::Control;
+use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, PoolView, Range, ReclaimView,
     RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView, VolumeView,
 };
 use crate::size::ByteSize;
 
-/// Where the daemon's API listens.
-enum Endpoint {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Endpoint::Unix(path) => write!(f, "{}", path.display()),
-            Endpoint::Tcp(addr) => write!(f, "{addr}"),
-        }
-    }
-}
-
 pub struct DaemonClient {
-    endpoint: Endpoint,
+    data_dir: PathBuf,
+    socket: PathBuf,
     runtime: Runtime,
 }
 
 impl DaemonClient {
-    /// `address` is an `IP:PORT` the API listens on, or else the path of its
-    /// Unix socket.
-    pub fn new(address: &Path) -> Result<Self> {
-        let endpoint = match address.to_str().and_then(|a| a.parse().ok()) {
-            Some(addr) => Endpoint::Tcp(addr),
-            None => Endpoint::Unix(address.to_owned()),
-        };
+    /// A client of the daemon serving `data_dir`.
+    pub fn new(data_dir: &Path) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()
             .context("cannot start the I/O runtime")?;
-        Ok(Self { endpoint, runtime })
+        Ok(Self {
+            data_dir: data_dir.to_owned(),
+            socket: data_dir.join("api.sock"),
+            runtime,
+        })
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -68,47 +52,62 @@ impl DaemonClient {
         decode(&self.send(Method::POST, path, Some(body))?)
     }
 
-    /// Sends one request; a non-2xx answer becomes an error carrying the
-    /// daemon's message.
+    /// Sends one request; a non-2xx answer becomes a [`Fail`] with the exit
+    /// status its error code calls for and the daemon's message.
     fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Bytes> {
+        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
+        let stream = stream.map_err(|e| self.connect_error(e))?;
         let (status, bytes) = self
             .runtime
-            .block_on(self.exchange(method, path, body))
-            .with_context(|| {
-                format!(
-                    "cannot talk to the arbor daemon at {} (is `arbor serve` running?)",
-                    self.endpoint
-                )
-            })?;
+            .block_on(exchange(stream, method, path, body))
+            .context("the arbor daemon broke off the request")?;
         if status.is_success() {
             return Ok(bytes);
         }
-        match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(error) => Err(anyhow!(error.message)),
-            Err(_) => bail!(
+        let error = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
+            code: "internal".into(),
+            message: format!(
                 "the daemon answered {status}: {}",
                 String::from_utf8_lossy(&bytes)
             ),
-        }
+        });
+        Err(Fail::new(Exit::for_api_code(&error.code), error.message).into())
     }
 
-    async fn exchange(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(StatusCode, Bytes)> {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, "arbor")
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        match &self.endpoint {
-            Endpoint::Unix(socket) => send_over(UnixStream::connect(socket).await?, request).await,
-            Endpoint::Tcp(addr) => send_over(TcpStream::connect(addr).await?, request).await,
+    fn connect_error(&self, err: std::io::Error) -> anyhow::Error {
+        let dir = self.data_dir.display();
+        match err.kind() {
+            ErrorKind::NotFound | ErrorKind::ConnectionRefused => Fail::new(
+                Exit::DaemonNotRunning,
+                format!(
+                    "no arbor daemon is running for data directory {dir} (nothing listens on {}); \
+                     start one with `arbor serve --data-dir {dir}`, or point --data-dir or \
+                     ARBOR_DATA_DIR at the running one",
+                    self.socket.display()
+                ),
+            )
+            .into(),
+            _ => anyhow::Error::new(err).context(format!(
+                "cannot connect to the arbor daemon at {}",
+                self.socket.display()
+            )),
         }
     }
+}
+
+async fn exchange(
+    stream: UnixStream,
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> Result<(StatusCode, Bytes)> {
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(HOST, "arbor")
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+    send_over(stream, request).await
 }
 
 /// One request on a fresh connection.
@@ -151,16 +150,16 @@ fn volume_path(name: &str) -> String {
     format!("/v1/volumes/{}", encode(name))
 }
 
-impl Control for DaemonClient {
-    fn pool_info(&self) -> Result<PoolView> {
+impl DaemonClient {
+    pub fn pool_status(&self) -> Result<PoolView> {
         self.get("/v1/pool")
     }
 
-    fn list(&self) -> Result<Vec<VolumeView>> {
+    pub fn list(&self) -> Result<Vec<VolumeView>> {
         self.get("/v1/volumes")
     }
 
-    fn create_volume(&self, name: &str, size: u64) -> Result<VolumeView> {
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeView> {
         let request = CreateVolumeRequest {
             name: name.to_owned(),
             size: ByteSize(size),
@@ -168,14 +167,14 @@ impl Control for DaemonClient {
         self.post("/v1/volumes", &request)
     }
 
-    fn snapshot(&self, name: &str) -> Result<VolumeView> {
+    pub fn snapshot(&self, name: &str) -> Result<VolumeView> {
         let request = SnapshotRequest {
             name: name.to_owned(),
         };
         self.post("/v1/snapshots", &request)
     }
 
-    fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {
+    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {
         let request = CloneRequest {
             snapshot: snapshot.to_owned(),
             name: name.to_owned(),
@@ -183,48 +182,54 @@ impl Control for DaemonClient {
         self.post("/v1/clones", &request)
     }
 
-    fn delete(&self, name: &str) -> Result<()> {
-        self.send(Method::DELETE, &volume_path(name), None)
-            .map(drop)
+    /// Destroys a volume or snapshot; without `force`, refused while NBD
+    /// clients have it open.
+    pub fn destroy(&self, name: &str, force: bool) -> Result<()> {
+        let path = format!("{}?force={force}", volume_path(name));
+        self.send(Method::DELETE, &path, None).map(drop)
     }
 
-    fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
+    /// Snapshots, of `volume` only if given.
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<VolumeView>> {
+        match volume {
+            Some(volume) => self.get(&format!("/v1/snapshots?volume={}", encode(volume))),
+            None => self.get("/v1/snapshots"),
+        }
+    }
+
+    pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
         let request = RollbackRequest {
             snapshot: snapshot.to_owned(),
         };
         self.post(&format!("{}/rollback", volume_path(volume)), &request)
     }
 
-    fn resize(&self, name: &str, size: u64) -> Result<VolumeView> {
+    pub fn resize(&self, name: &str, size: u64) -> Result<VolumeView> {
         let request = ResizeRequest {
             size: ByteSize(size),
         };
         self.post(&format!("{}/resize", volume_path(name)), &request)
     }
 
-    fn rename(&self, from: &str, to: &str) -> Result<VolumeView> {
+    pub fn rename(&self, from: &str, to: &str) -> Result<VolumeView> {
         let request = RenameRequest { to: to.to_owned() };
         self.post(&format!("{}/rename", volume_path(from)), &request)
     }
 
-    fn stats(&self, name: &str) -> Result<StatsView> {
+    pub fn stats(&self, name: &str) -> Result<StatsView> {
         self.get(&format!("{}/stats", volume_path(name)))
     }
 
-    fn diff(&self, a: &str, b: &str) -> Result<Vec<Range>> {
+    pub fn diff(&self, a: &str, b: &str) -> Result<Vec<Range>> {
         self.get(&format!("/v1/diff?a={}&b={}", encode(a), encode(b)))
     }
 
-    fn check(&self) -> Result<CheckView> {
+    pub fn check(&self) -> Result<CheckView> {
         decode(&self.send(Method::POST, "/v1/check", None)?)
     }
 
-    fn reclaim(&self) -> Result<ReclaimView> {
+    pub fn reclaim(&self) -> Result<ReclaimView> {
         decode(&self.send(Method::POST, "/v1/reclaim", None)?)
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.send(Method::POST, "/v1/flush", None).map(drop)
     }
 }
 

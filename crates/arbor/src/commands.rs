@@ -1,219 +1,229 @@
-//! Running a parsed command line.
+//! Running a parsed command line: the daemon, the offline commands, and the
+//! client commands, which each make one or two API calls.
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use arbor_engine::{CreateOptions, OpenOptions, Pool};
-use clap::Args;
+use anyhow::{Context, Result};
+use arbor_engine::{CreateOptions, OpenOptions};
+use clap::CommandFactory;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 
-use crate::cli::{Command, ManageCommand, PoolCommand, PoolCreateArgs, ServeArgs};
+use crate::cli::{
+    Cli, Command, PoolCommand, PoolCreateArgs, ServeArgs, SnapshotCommand, VolumeCommand,
+};
 use crate::client::DaemonClient;
-use crate::control::{Control, PoolControl};
-use crate::daemon::{self, ApiAddress, ServeConfig};
-use crate::output::{self, emit, emit_as};
+use crate::config;
+use crate::daemon;
+use crate::exit::{Exit, Fail};
+use crate::model::CheckView;
+use crate::output::{self, emit};
 use crate::pool_file::OpenPool;
 use crate::size::ByteSize;
-use crate::transfer::{self, Transferred};
 
-/// What a management command talks to: a pool this process opened, or a daemon.
-pub enum Session {
-    Local {
-        pool: OpenPool,
-        control: PoolControl,
-    },
-    Daemon(DaemonClient),
+/// How results are printed: `--json` or human text.
+struct Printer {
+    json: bool,
 }
 
-impl Session {
-    pub fn local(path: &Path) -> Result<Self> {
-        let pool = OpenPool::open(path, &OpenOptions::default())?;
-        let control = PoolControl::new(pool.pool.clone(), pool.path.clone());
-        Ok(Session::Local { pool, control })
+impl Printer {
+    /// Prints `value` as JSON, or as the text `human` renders.
+    fn show<T: Serialize>(&self, value: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
+        output::emit_as(value, self.json, human)
     }
 
-    pub fn daemon(address: &Path) -> Result<Self> {
-        DaemonClient::new(address).map(Session::Daemon)
-    }
-
-    fn control(&self) -> &dyn Control {
-        match self {
-            Session::Local { control, .. } => control,
-            Session::Daemon(client) => client,
+    /// A confirmation line for people; for scripts, `{"done": ACTION, "name": NAME}`.
+    fn done(&self, action: &str, name: &str, text: String) -> Result<()> {
+        #[derive(Serialize)]
+        struct Done<'a> {
+            done: &'a str,
+            name: &'a str,
         }
-    }
-
-    /// The pool itself, for data transfer, which the API does not offer.
-    fn pool(&self, command: &str) -> Result<&Pool> {
-        match self {
-            Session::Local { pool, .. } => Ok(&pool.pool),
-            Session::Daemon(_) => bail!(
-                "`arbor {command}` needs the pool itself and cannot go through --daemon; \
-                 stop the daemon, or use its NBD exports"
-            ),
-        }
-    }
-
-    /// Closes a local pool with a final commit, reporting its failure.
-    fn finish(self) -> Result<()> {
-        match self {
-            Session::Local { pool, control } => {
-                drop(control);
-                pool.close()
-            }
-            Session::Daemon(_) => Ok(()),
-        }
+        self.show(&Done { done: action, name }, |_| text)
     }
 }
 
-/// Runs `command`; `connect` turns its pool argument into a session.
-pub fn execute<T: Args>(
-    command: Command<T>,
-    connect: impl Fn(&T) -> Result<Session>,
-) -> Result<ExitCode> {
-    match command {
-        Command::Pool {
-            command: PoolCommand::Create(args),
-        } => create_pool(&args),
-        Command::Pool {
-            command: PoolCommand::Info { target, json },
-        } => with_session(connect(&target)?, |session| {
-            emit_as(&session.control().pool_info()?, json, output::pool)?;
+pub fn execute(cli: Cli) -> Result<ExitCode> {
+    let printer = Printer { json: cli.json };
+    let data_dir = cli.data_dir();
+    match cli.command {
+        Command::Serve(args) => serve(cli.data_dir, &args),
+        Command::Pool(PoolCommand::Create(args)) => create_pool(&args, &printer),
+        Command::Check { path: Some(path) } => check_offline(&path, &printer),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "arbor", &mut out);
+            emit(&String::from_utf8_lossy(&out))?;
             Ok(ExitCode::SUCCESS)
-        }),
-        Command::Manage(command) => with_session(connect(command.target())?, |session| {
-            manage(command, session)
-        }),
-        Command::Serve(args) => serve(args),
+        }
+        command => {
+            let client = DaemonClient::new(&data_dir)?;
+            client_command(command, &client, &printer)
+        }
     }
 }
 
-/// Runs `work` and closes the session, whether or not `work` succeeded.
-fn with_session(
-    session: Session,
-    work: impl FnOnce(&Session) -> Result<ExitCode>,
-) -> Result<ExitCode> {
-    let result = work(&session);
-    let finished = session.finish();
-    let code = result?;
-    finished?;
-    Ok(code)
-}
-
-fn manage<T: Args>(command: ManageCommand<T>, session: &Session) -> Result<ExitCode> {
-    let c = session.control();
+fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<ExitCode> {
     match command {
-        ManageCommand::Check { json, .. } => {
-            let report = c.check()?;
-            emit_as(&report, json, output::check)?;
-            if !report.clean {
-                return Ok(ExitCode::FAILURE);
-            }
+        Command::Volume(VolumeCommand::Create { name, size }) => {
+            p.show(&c.create_volume(&name, size.0)?, |v| {
+                output::volume_line("created", v)
+            })?;
         }
-        ManageCommand::Reclaim { .. } => {
-            let done = c.reclaim()?;
-            emit(&format!(
-                "reclaimed: {} metadata nodes processed\n",
-                done.processed
-            ))?;
+        Command::Volume(VolumeCommand::List { tree }) => {
+            let list = c.list()?;
+            p.show(&list, |l| {
+                if tree {
+                    output::volume_tree(l)
+                } else {
+                    output::volumes(l)
+                }
+            })?;
         }
-        ManageCommand::Create { volume, size, .. } => {
-            let view = c.create_volume(&volume, size.0)?;
-            emit(&output::volume_line("created", &view))?;
+        Command::Volume(VolumeCommand::Resize { name, size }) => {
+            p.show(&c.resize(&name, size.0)?, |v| {
+                format!("resized {name} to {}\n", ByteSize(v.size))
+            })?;
         }
-        ManageCommand::Snapshot { snapshot, .. } => {
-            emit(&output::volume_line("created", &c.snapshot(&snapshot)?))?;
+        Command::Volume(VolumeCommand::Stats { name }) => {
+            p.show(&c.stats(&name)?, output::stats)?
         }
-        ManageCommand::Clone { snapshot, name, .. } => {
-            let view = c.clone_snapshot(&snapshot, &name)?;
-            emit(&output::volume_line(
-                &format!("cloned {snapshot} to"),
-                &view,
-            ))?;
+        Command::Snapshot(SnapshotCommand::Create { name }) => {
+            p.show(&c.snapshot(&name)?, |v| output::volume_line("created", v))?;
         }
-        ManageCommand::Delete { name, .. } => {
-            c.delete(&name)?;
-            emit(&format!("deleted {name}\n"))?;
+        Command::Snapshot(SnapshotCommand::List { volume }) => {
+            p.show(&c.snapshots(volume.as_deref())?, |l| output::volumes(l))?;
         }
-        ManageCommand::Rollback {
-            volume, snapshot, ..
-        } => {
-            c.rollback(&volume, &snapshot)?;
-            emit(&format!("rolled {volume} back to {snapshot}\n"))?;
+        Command::Clone { snapshot, name } => {
+            p.show(&c.clone_snapshot(&snapshot, &name)?, |v| {
+                output::volume_line(&format!("cloned {snapshot} to"), v)
+            })?;
         }
-        ManageCommand::Resize { volume, size, .. } => {
-            let view = c.resize(&volume, size.0)?;
-            emit(&format!("resized {volume} to {}\n", ByteSize(view.size)))?;
+        Command::Destroy { name, force } => {
+            c.destroy(&name, force)?;
+            p.done(
+                "destroyed",
+                &name,
+                format!("destroyed {name}; its space is reclaimed in the background\n"),
+            )?;
         }
-        ManageCommand::Rename { from, to, .. } => {
-            c.rename(&from, &to)?;
-            emit(&format!("renamed {from} to {to}\n"))?;
+        Command::Rollback { snapshot } => {
+            let (volume, _) = arbor_engine::split_snapshot_name(&snapshot)?;
+            let volume = volume.to_owned();
+            p.show(&c.rollback(&volume, &snapshot)?, |_| {
+                format!("rolled {volume} back to {snapshot}\n")
+            })?;
         }
-        ManageCommand::List { json, .. } => emit_as(&c.list()?, json, |v| output::volumes(v))?,
-        ManageCommand::Stats { name, json, .. } => {
-            emit_as(&c.stats(&name)?, json, output::stats)?;
+        Command::Rename { from, to } => {
+            p.show(&c.rename(&from, &to)?, |_| {
+                format!("renamed {from} to {to}\n")
+            })?;
         }
-        ManageCommand::Diff { a, b, json, .. } => {
-            emit_as(&c.diff(&a, &b)?, json, |r| output::diff(r))?;
+        Command::Diff { a, b } => {
+            let ranges = with_spinner(&format!("comparing {a} and {b}"), || c.diff(&a, &b))?;
+            p.show(&ranges, |r| output::diff(r))?;
         }
-        ManageCommand::Import { volume, file, .. } => {
-            let done = transfer::import(session.pool("import")?, &volume, &file)?;
-            let what = format!("imported {} into {volume}", file.display());
-            emit(&transfer_line(&what, &done))?;
+        Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
+        Command::Pool(PoolCommand::Reclaim) => {
+            let done = with_spinner("reclaiming destroyed volumes' space", || c.reclaim())?;
+            p.show(&done, |d| {
+                format!("reclaimed: {} metadata nodes processed\n", d.processed)
+            })?;
         }
-        ManageCommand::Export { name, file, .. } => {
-            let done = transfer::export(session.pool("export")?, &name, &file)?;
-            let what = format!("exported {name} to {}", file.display());
-            emit(&transfer_line(&what, &done))?;
+        Command::Check { path: None } => {
+            let report = with_spinner("checking the pool", || c.check())?;
+            return report_check(&report, p);
+        }
+        // `execute` runs these itself; reaching here would be a bug, and an
+        // error says so rather than a panic.
+        Command::Serve(_)
+        | Command::Pool(PoolCommand::Create(_))
+        | Command::Check { path: Some(_) }
+        | Command::Completions { .. } => {
+            anyhow::bail!("internal error: this command does not go through the daemon")
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn transfer_line(what: &str, done: &Transferred) -> String {
-    format!(
-        "{what}: {} written, {} of zeros skipped\n",
-        ByteSize(done.written),
-        ByteSize(done.skipped)
-    )
+/// Runs `work` with a spinner on stderr when it is a terminal (never in
+/// pipes or logs), so a long request visibly makes progress.
+fn with_spinner<T>(message: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    let spinner = ProgressBar::new_spinner().with_message(message.to_owned());
+    spinner.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let result = work();
+    spinner.finish_and_clear();
+    result
 }
 
-fn create_pool(args: &PoolCreateArgs) -> Result<ExitCode> {
+/// Prints the report; a damaged pool is also an error on stderr (exit 8),
+/// so scripts and people notice it even with `--json` on stdout.
+fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
+    p.show(report, output::check)?;
+    if report.clean {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let count = report.problems.len() + report.unlisted;
+    Err(Fail::new(
+        Exit::Damaged,
+        format!("the pool is damaged: {count} problems found"),
+    )
+    .into())
+}
+
+fn check_offline(path: &Path, p: &Printer) -> Result<ExitCode> {
+    let open = OpenPool::open(path, &OpenOptions::default())?;
+    let report = with_spinner(&format!("checking {}", path.display()), || {
+        Ok(open.pool.check()?)
+    })?;
+    open.close()?;
+    report_check(&CheckView::from(report), p)
+}
+
+fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
     let options = CreateOptions {
         chunk_size: match args.chunk_size {
-            Some(size) => {
-                u32::try_from(size.0).with_context(|| format!("chunk size {size} is too large"))?
-            }
+            Some(size) => u32::try_from(size.0)
+                .map_err(|_| Fail::new(Exit::Usage, format!("chunk size {size} is too large")))?,
             None => arbor_engine::DEFAULT_CHUNK_SIZE,
         },
         metadata_bytes: args.metadata_size.map(|s| s.0),
     };
-    let pool = OpenPool::create(&args.pool, args.size.map(|s| s.0), &options, args.force)?;
+    let pool = OpenPool::create(
+        &args.path,
+        args.size.map(|s| s.0),
+        &options,
+        &OpenOptions::default(),
+        args.force,
+    )?;
     let stats = pool.pool.pool_stats()?;
     pool.close()?;
-    emit(&format!(
-        "created pool {}: {} of data space in {} chunks, {} of metadata space\n",
-        args.pool.display(),
-        ByteSize(stats.data_bytes),
-        ByteSize(stats.chunk_size),
-        ByteSize(stats.metadata_bytes),
-    ))?;
+    let path = args.path.display().to_string();
+    p.done(
+        "created",
+        &path,
+        format!(
+            "created pool {path}: {} of data space in {} chunks, {} of metadata space\n",
+            ByteSize(stats.data_bytes),
+            ByteSize(stats.chunk_size),
+            ByteSize(stats.metadata_bytes),
+        ),
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn serve(args: ServeArgs) -> Result<ExitCode> {
-    daemon::serve(ServeConfig {
-        pool: args.pool,
-        api: match (args.api_socket, args.api) {
-            (Some(path), _) => Some(ApiAddress::Unix(path)),
-            (None, Some(addr)) => Some(ApiAddress::Tcp(addr)),
-            (None, None) => None,
-        },
-        nbd_socket: args.nbd_socket,
-        nbd_tcp: args.nbd_tcp,
-        reclaim_rate: args.reclaim_rate,
-        commit_interval: args.commit_interval.into(),
-        cache_bytes: usize::try_from(args.cache_size.0).context("--cache-size is too large")?,
-    })?;
+fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitCode> {
+    let (config, text) = config::load(data_dir, args)?;
+    if args.print_config {
+        emit(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    daemon::serve(config).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,76 +1,52 @@
-//! `arbor`: manage a pool of thin volumes offline, or run the daemon that
-//! serves it. See docs/CLI.md.
+//! `arbor`: the daemon (`arbor serve`) and its command-line client, plus
+//! the offline commands `pool create` and `check PATH`. See docs/CLI.md.
 
 mod cli;
 mod client;
 mod commands;
-mod control;
+mod config;
 mod daemon;
+mod exit;
+mod metrics;
 mod model;
 mod nbd_export;
 mod output;
 mod pool_file;
 mod size;
-mod transfer;
+mod space;
 
-use std::ffi::OsString;
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use clap::{Args, Parser};
+use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, PoolPath, ViaDaemon};
-use commands::Session;
+use cli::{Cli, Command};
+use exit::Exit;
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let result = if cli::wants_daemon(&args) {
-        parse::<ViaDaemon>(&args).map(run_via_daemon)
-    } else {
-        parse::<PoolPath>(&args).map(run_local)
-    };
-    match result {
-        Ok(Ok(code)) => code,
-        Ok(Err(err)) => report(&err),
-        Err(code) => code,
-    }
-}
-
-/// Parses the command line; usage errors, `--help` and `--version` end here
-/// with their exit status (1 for errors, like every other failure).
-fn parse<T: Args>(args: &[OsString]) -> Result<Cli<T>, ExitCode> {
-    Cli::<T>::try_parse_from(args).map_err(|err| {
-        // Nothing better to do if the terminal is gone.
-        let _ = err.print();
-        if err.use_stderr() {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Nothing better to do if the terminal is gone.
+            let _ = err.print();
+            return if err.use_stderr() {
+                Exit::Usage.code()
+            } else {
+                ExitCode::SUCCESS
+            };
         }
-    })
-}
-
-fn run_local(cli: Cli<PoolPath>) -> Result<ExitCode> {
+    };
     init_logging(&cli.command);
-    commands::execute(cli.command, |target| Session::local(&target.pool))
-}
-
-fn run_via_daemon(cli: Cli<ViaDaemon>) -> Result<ExitCode> {
-    init_logging(&cli.command);
-    let address = cli
-        .daemon
-        .context("--daemon needs the address of the daemon's API")?;
-    if let Some(name) = cli.command.is_local_only() {
-        anyhow::bail!("`arbor {name}` works on a pool directly and cannot go through --daemon");
+    match commands::execute(cli) {
+        Ok(code) => code,
+        Err(err) => report(&err),
     }
-    commands::execute(cli.command, |_| Session::daemon(&address))
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG`; the daemon reports its
 /// lifecycle by default, commands only warnings.
-fn init_logging<T: Args>(command: &Command<T>) {
+fn init_logging(command: &Command) {
     let default = if matches!(command, Command::Serve(_)) {
         "info"
     } else {
@@ -93,7 +69,7 @@ fn report(err: &anyhow::Error) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let _ = writeln!(std::io::stderr(), "arbor: error: {}", render(err));
-    ExitCode::FAILURE
+    Exit::of(err).code()
 }
 
 /// The error and its causes joined by ": ", skipping a cause whose text the

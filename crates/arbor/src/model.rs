@@ -19,6 +19,9 @@ pub struct PoolView {
     pub reclaim_pending: bool,
     /// Last committed transaction.
     pub txn: u64,
+    /// Space use past the configured warning thresholds, one sentence each.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +43,9 @@ pub struct VolumeView {
     pub parent: Option<String>,
     pub created_unix_secs: u64,
     pub created_txn: u64,
+    /// Open NBD connections to it.
+    #[serde(default)]
+    pub nbd_connections: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,6 +74,19 @@ pub struct CheckView {
     pub volumes: usize,
     pub nodes: u64,
     pub data_chunks_referenced: u64,
+}
+
+impl From<arbor_engine::CheckReport> for CheckView {
+    fn from(report: arbor_engine::CheckReport) -> Self {
+        Self {
+            clean: report.is_clean(),
+            problems: report.problems,
+            unlisted: report.unlisted,
+            volumes: report.volumes,
+            nodes: report.nodes,
+            data_chunks_referenced: report.data_chunks_referenced,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +141,19 @@ pub struct ResizeRequest {
 #[serde(deny_unknown_fields)]
 pub struct RenameRequest {
     pub to: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DestroyQuery {
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsQuery {
+    pub volume: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -6,26 +6,79 @@
 //! A connection keeps the volume's id, which is never reused: if the volume
 //! is deleted (even if another takes its name) its requests fail cleanly.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo};
 use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
 use tracing::warn;
 
+use crate::metrics::{IoOp, Metrics, VolumeIo};
 use crate::size::ByteSize;
 
 /// Most bytes one block-status answer covers; the server asks again for the
 /// rest, so a client's whole-disk query costs bounded work per round.
 const STATUS_WINDOW: u64 = 1 << 30;
 
+/// How many NBD connections have each volume open, so that destroying a
+/// volume in use can be refused.
+#[derive(Debug, Default)]
+pub struct OpenExports {
+    counts: Mutex<HashMap<VolumeId, usize>>,
+}
+
+impl OpenExports {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<VolumeId, usize>> {
+        // A map of counters: a panic elsewhere cannot leave it half-updated.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Open connections to volume `id`.
+    pub fn count(&self, id: VolumeId) -> usize {
+        self.counts().get(&id).copied().unwrap_or(0)
+    }
+
+    fn open(self: &Arc<Self>, id: VolumeId) -> OpenHandle {
+        *self.counts().entry(id).or_insert(0) += 1;
+        OpenHandle {
+            registry: Arc::clone(self),
+            id,
+        }
+    }
+}
+
+/// Counts one connection while it lives.
+struct OpenHandle {
+    registry: Arc<OpenExports>,
+    id: VolumeId,
+}
+
+impl Drop for OpenHandle {
+    fn drop(&mut self) {
+        let mut counts = self.registry.counts();
+        if let Some(count) = counts.get_mut(&self.id) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.id);
+            }
+        }
+    }
+}
+
 /// The exports of one pool.
 pub struct PoolExports {
     pool: Arc<Pool>,
+    open: Arc<OpenExports>,
+    metrics: Arc<Metrics>,
 }
 
 impl PoolExports {
-    pub fn new(pool: Arc<Pool>) -> Self {
-        Self { pool }
+    pub fn new(pool: Arc<Pool>, open: Arc<OpenExports>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            pool,
+            open,
+            metrics,
+        }
     }
 }
 
@@ -64,6 +117,8 @@ impl ExportProvider for PoolExports {
             description: describe(&info),
             size: info.size,
             read_only: info.snapshot,
+            io: self.metrics.volume_io(&info.name),
+            _open: self.open.open(id),
         }))
     }
 }
@@ -76,6 +131,8 @@ struct VolumeExport {
     /// The size when the connection opened (NBD cannot announce a change).
     size: u64,
     read_only: bool,
+    io: VolumeIo,
+    _open: OpenHandle,
 }
 
 /// What an NBD client can make of an engine error.
@@ -112,22 +169,30 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.pool.read(self.id, offset, buf).map_err(export_error)
+        let len = buf.len() as u64;
+        self.io.record(IoOp::Read, len, || {
+            self.pool.read(self.id, offset, buf).map_err(export_error)
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
-        self.pool.write(self.id, offset, data).map_err(export_error)
+        self.io.record(IoOp::Write, data.len() as u64, || {
+            self.pool.write(self.id, offset, data).map_err(export_error)
+        })
     }
 
     fn flush(&self) -> Result<(), ExportError> {
         // A pool-wide commit: covers writes from every connection.
-        self.pool.flush().map_err(export_error)
+        self.io
+            .record(IoOp::Flush, 0, || self.pool.flush().map_err(export_error))
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.pool
-            .discard(self.id, offset, len)
-            .map_err(export_error)
+        self.io.record(IoOp::Trim, len, || {
+            self.pool
+                .discard(self.id, offset, len)
+                .map_err(export_error)
+        })
     }
 
     fn write_zeroes(
@@ -142,17 +207,20 @@ impl Export for VolumeExport {
         if fast_only && !may_trim {
             return Err(ExportError::NotSupported);
         }
-        self.pool
-            .write_zeroes(self.id, offset, len, !may_trim)
-            .map_err(export_error)
+        self.io.record(IoOp::WriteZeroes, len, || {
+            self.pool
+                .write_zeroes(self.id, offset, len, !may_trim)
+                .map_err(export_error)
+        })
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
         let len = len.min(STATUS_WINDOW);
-        let runs = self
-            .pool
-            .allocation_map(self.id, offset, len)
-            .map_err(export_error)?;
+        let runs = self.io.record(IoOp::BlockStatus, len, || {
+            self.pool
+                .allocation_map(self.id, offset, len)
+                .map_err(export_error)
+        })?;
         Ok(runs.iter().map(status_run).collect())
     }
 }
@@ -169,7 +237,7 @@ mod tests {
     fn exports() -> PoolExports {
         let disk = Arc::new(SimDisk::new(128 * MIB));
         let pool = Pool::create(disk, &CreateOptions::default(), &OpenOptions::default()).unwrap();
-        PoolExports::new(Arc::new(pool))
+        PoolExports::new(Arc::new(pool), Arc::default(), Metrics::new())
     }
 
     fn open(exports: &PoolExports, name: &str) -> Arc<dyn Export> {
@@ -256,10 +324,25 @@ mod tests {
             vm.read(2 * MIB, &mut buf),
             Err(ExportError::Invalid(_))
         ));
+        assert_eq!(exports.open.count(exports.pool.lookup("vm").unwrap()), 1);
         exports.pool.delete("vm").unwrap();
         // A new volume taking the name is not the one this connection opened.
         exports.pool.create_volume("vm", 4 * MIB).unwrap();
         assert_eq!(vm.read(0, &mut buf), Err(ExportError::Gone));
         assert_eq!(vm.write(0, &buf), Err(ExportError::Gone));
+    }
+
+    #[test]
+    fn open_connections_are_counted_until_dropped() {
+        let exports = exports();
+        let id = exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        let first = open(&exports, "vm");
+        let second = open(&exports, "vm");
+        assert_eq!(exports.open.count(id), 2);
+        drop(first);
+        assert_eq!(exports.open.count(id), 1);
+        drop(second);
+        assert_eq!(exports.open.count(id), 0);
+        assert!(exports.open.counts().is_empty());
     }
 }

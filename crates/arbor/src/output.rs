@@ -4,6 +4,7 @@
 //! so a closed pipe (`arbor list | head -1`) is an error to handle, not a
 //! panic inside `println!`.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -44,19 +45,23 @@ fn percent(part: u64, whole: u64) -> String {
     format!("{:.1}%", part as f64 * 100.0 / whole as f64)
 }
 
-/// Left-aligned columns separated by two spaces.
+/// Left-aligned columns separated by two spaces (widths in characters, so
+/// tree lines align too).
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
+            *width = (*width).max(cell.chars().count());
         }
     }
     let line = |cells: Vec<&str>| {
         let padded: Vec<String> = cells
             .iter()
             .zip(&widths)
-            .map(|(cell, &width)| format!("{cell:<width$}"))
+            .map(|(cell, &width)| {
+                let pad = width.saturating_sub(cell.chars().count());
+                format!("{cell}{}", " ".repeat(pad))
+            })
             .collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
@@ -111,7 +116,11 @@ pub fn pool(p: &PoolView) -> String {
             if p.reclaim_pending { "pending" } else { "idle" }.to_owned(),
         ),
         ("transaction", p.txn.to_string()),
-    ])
+    ]) + &p
+        .warnings
+        .iter()
+        .map(|w| format!("WARNING: {w}\n"))
+        .collect::<String>()
 }
 
 fn timestamp(unix_secs: u64) -> String {
@@ -119,28 +128,79 @@ fn timestamp(unix_secs: u64) -> String {
     humantime::format_rfc3339_seconds(time).to_string()
 }
 
+/// `volume`, `snapshot`, or `clone` for a volume made from a snapshot.
+fn kind(v: &VolumeView) -> &'static str {
+    match (v.kind, &v.parent) {
+        (VolumeKind::Snapshot, _) => "snapshot",
+        (VolumeKind::Volume, Some(_)) => "clone",
+        (VolumeKind::Volume, None) => "volume",
+    }
+}
+
+const VOLUME_HEADERS: [&str; 7] = ["NAME", "TYPE", "SIZE", "MAPPED", "PARENT", "NBD", "CREATED"];
+
+fn volume_row(name: String, v: &VolumeView) -> Vec<String> {
+    vec![
+        name,
+        kind(v).to_owned(),
+        size(v.size),
+        size(v.mapped_bytes),
+        v.parent.clone().unwrap_or_else(|| "-".to_owned()),
+        v.nbd_connections.to_string(),
+        timestamp(v.created_unix_secs),
+    ]
+}
+
 pub fn volumes(list: &[VolumeView]) -> String {
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|v| {
-            vec![
-                v.name.clone(),
-                match v.kind {
-                    VolumeKind::Volume => "volume",
-                    VolumeKind::Snapshot => "snapshot",
-                }
-                .to_owned(),
-                size(v.size),
-                size(v.mapped_bytes),
-                v.parent.clone().unwrap_or_else(|| "-".to_owned()),
-                timestamp(v.created_unix_secs),
-            ]
-        })
-        .collect();
-    table(
-        &["NAME", "TYPE", "SIZE", "MAPPED", "PARENT", "CREATED"],
-        &rows,
-    )
+    let rows: Vec<Vec<String>> = list.iter().map(|v| volume_row(v.name.clone(), v)).collect();
+    table(&VOLUME_HEADERS, &rows)
+}
+
+/// The family tree: snapshots under the volume they were taken of, clones
+/// under the snapshot they came from. A snapshot or clone whose parent was
+/// destroyed is a root of its own.
+pub fn volume_tree(list: &[VolumeView]) -> String {
+    let mut children: HashMap<&str, Vec<&VolumeView>> = HashMap::new();
+    let mut roots = Vec::new();
+    let names: std::collections::HashSet<&str> = list.iter().map(|v| v.name.as_str()).collect();
+    for v in list {
+        match v.parent.as_deref().filter(|p| names.contains(p)) {
+            Some(parent) => children.entry(parent).or_default().push(v),
+            None => roots.push(v),
+        }
+    }
+    let mut rows = Vec::new();
+    for root in roots {
+        tree_rows(root, "", None, &children, &mut rows);
+    }
+    table(&VOLUME_HEADERS, &rows)
+}
+
+/// Rows of `v` and its descendants; `last` is whether `v` is its parent's
+/// last child (`None` for a root).
+fn tree_rows(
+    v: &VolumeView,
+    indent: &str,
+    last: Option<bool>,
+    children: &HashMap<&str, Vec<&VolumeView>>,
+    rows: &mut Vec<Vec<String>>,
+) {
+    let (branch, child_indent) = match last {
+        None => (String::new(), String::new()),
+        Some(true) => (format!("{indent}└─ "), format!("{indent}   ")),
+        Some(false) => (format!("{indent}├─ "), format!("{indent}│  ")),
+    };
+    rows.push(volume_row(format!("{branch}{}", v.name), v));
+    let kids = children.get(v.name.as_str()).map_or(&[][..], Vec::as_slice);
+    for (i, child) in kids.iter().enumerate() {
+        tree_rows(
+            child,
+            &child_indent,
+            Some(i + 1 == kids.len()),
+            children,
+            rows,
+        );
+    }
 }
 
 pub fn volume_line(action: &str, v: &VolumeView) -> String {
@@ -201,6 +261,58 @@ mod tests {
             table(&["NAME", "SIZE"], &rows),
             "NAME      SIZE\nvm1       1 GiB\ndatabase  512 B\n"
         );
+    }
+
+    fn view(name: &str, kind: VolumeKind, parent: Option<&str>) -> VolumeView {
+        VolumeView {
+            name: name.into(),
+            id: 0,
+            kind,
+            size: 1 << 30,
+            mapped_bytes: 0,
+            parent: parent.map(Into::into),
+            created_unix_secs: 0,
+            created_txn: 0,
+            nbd_connections: 0,
+        }
+    }
+
+    #[test]
+    fn the_tree_nests_snapshots_and_clones() {
+        use VolumeKind::{Snapshot, Volume};
+        let list = [
+            view("gold", Volume, None),
+            view("gold@a", Snapshot, Some("gold")),
+            view("gold@b", Snapshot, Some("gold")),
+            view("ci-1", Volume, Some("gold@a")),
+            view("ci-1@x", Snapshot, Some("ci-1")),
+            view("orphan@s", Snapshot, None),
+        ];
+        let text = volume_tree(&list);
+        let width = text.find("TYPE").unwrap();
+        let names: Vec<String> = text
+            .lines()
+            .skip(1)
+            .map(|l| {
+                l.chars()
+                    .take(width)
+                    .collect::<String>()
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "gold",
+                "├─ gold@a",
+                "│  └─ ci-1",
+                "│     └─ ci-1@x",
+                "└─ gold@b",
+                "orphan@s",
+            ]
+        );
+        assert!(volume_tree(&list).contains("clone"));
     }
 
     #[test]

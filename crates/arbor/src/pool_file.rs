@@ -14,6 +14,8 @@ use arbor_engine::{CreateOptions, OpenOptions, Pool};
 use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
 use arbor_io::FileDevice;
 
+use crate::exit::{Exit, Fail};
+
 /// An exclusive advisory lock on a pool, released when dropped.
 #[derive(Debug)]
 pub struct PoolLock {
@@ -27,11 +29,15 @@ impl PoolLock {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         match file.try_lock() {
             Ok(()) => Ok(Self { _file: file }),
-            Err(TryLockError::WouldBlock) => bail!(
-                "pool {} is in use by another arbor process (a running daemon?); \
-                 to manage it through the daemon, pass --daemon <API address>",
-                path.display()
-            ),
+            Err(TryLockError::WouldBlock) => Err(Fail::new(
+                Exit::PoolInUse,
+                format!(
+                    "pool {} is in use by another arbor process (a running daemon?); \
+                     manage it through that daemon, or stop it first",
+                    path.display()
+                ),
+            )
+            .into()),
             Err(TryLockError::Error(e)) => {
                 Err(e).with_context(|| format!("cannot lock {}", path.display()))
             }
@@ -63,13 +69,14 @@ impl OpenPool {
         path: &Path,
         size: Option<u64>,
         create: &CreateOptions,
+        open: &OpenOptions,
         force: bool,
     ) -> Result<Self> {
         let existed = path.exists();
         if !existed {
             File::create_new(path).with_context(|| format!("cannot create {}", path.display()))?;
         }
-        let created = Self::format(path, size, create, existed && !force);
+        let created = Self::format(path, size, create, open, existed && !force);
         if created.is_err() && !existed {
             // Leave nothing behind: a half-formatted file would later be
             // refused as "already contains a pool".
@@ -82,6 +89,7 @@ impl OpenPool {
         path: &Path,
         size: Option<u64>,
         create: &CreateOptions,
+        open: &OpenOptions,
         must_be_blank: bool,
     ) -> Result<Self> {
         let lock = PoolLock::acquire(path)?;
@@ -89,7 +97,7 @@ impl OpenPool {
             refuse_to_overwrite(path)?;
         }
         let device = open_for_format(path, size)?;
-        let pool = Pool::create(Arc::new(device), create, &OpenOptions::default())
+        let pool = Pool::create(Arc::new(device), create, open)
             .with_context(|| format!("cannot create a pool on {}", path.display()))?;
         Ok(Self::new(path, pool, lock))
     }

@@ -1,4 +1,4 @@
-//! Byte sizes as people write them (`512`, `4K`, `64KiB`, `10M`, `1G`, `2T`)
+//! Byte sizes as people write them (`512`, `4K`, `64KiB`, `10M`, `1.5T`)
 //! and as tables show them (`1.5 GiB`). Every multiple is binary.
 
 use std::fmt;
@@ -30,29 +30,52 @@ fn unit_multiplier(unit: &str) -> Option<u64> {
     Some(1u64 << (10 * (power + 1)))
 }
 
+/// Most fractional digits accepted (`1.125G`); more is a typo, not a size.
+const MAX_FRACTION_DIGITS: u32 = 9;
+
 impl FromStr for ByteSize {
     type Err = String;
 
+    /// A whole or decimal number with an optional binary unit: `512`, `4K`,
+    /// `1.5T`. A decimal must come to a whole number of bytes.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
-        let digits_end = text
-            .find(|c: char| !c.is_ascii_digit())
+        let number_end = text
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(text.len());
-        let (number, unit) = text.split_at(digits_end);
-        if number.is_empty() {
+        let (number, unit) = text.split_at(number_end);
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let fraction_digits = u32::try_from(fraction.len()).unwrap_or(u32::MAX);
+        if whole.is_empty()
+            || fraction.contains('.')
+            || (number.contains('.') && fraction.is_empty())
+            || fraction_digits > MAX_FRACTION_DIGITS
+        {
             return Err(format!(
-                "invalid size {text:?}: expected a whole number with an optional unit, like 512, 64K or 10GiB"
+                "invalid size {text:?}: expected a number with an optional unit, like 512, 64K, 10GiB or 1.5T"
             ));
         }
         let multiplier = unit_multiplier(unit.trim_start()).ok_or_else(|| {
             format!("invalid size {text:?}: unknown unit {unit:?} (use K, M, G, T, P or E, optionally followed by iB)")
         })?;
-        number
-            .parse::<u64>()
-            .ok()
-            .and_then(|n| n.checked_mul(multiplier))
+        let too_large = || format!("invalid size {text:?}: too large");
+        // Exact arithmetic in u128: digits (at most 20 + 9) times a 2^60
+        // multiplier cannot overflow it.
+        let scale = 10u128.pow(fraction_digits);
+        let digits: u128 = format!("{whole}{fraction}")
+            .parse()
+            .map_err(|_| too_large())?;
+        let scaled = digits
+            .checked_mul(u128::from(multiplier))
+            .ok_or_else(too_large)?;
+        if scaled % scale != 0 {
+            return Err(format!(
+                "invalid size {text:?}: not a whole number of bytes"
+            ));
+        }
+        u64::try_from(scaled / scale)
             .map(ByteSize)
-            .ok_or_else(|| format!("invalid size {text:?}: too large"))
+            .map_err(|_| too_large())
     }
 }
 
@@ -84,6 +107,13 @@ impl<'de> Deserialize<'de> for ByteSize {
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a size in bytes or a string such as \"10G\"")
+            }
+
+            fn visit_i64<E: de::Error>(self, bytes: i64) -> Result<ByteSize, E> {
+                // TOML integers are signed.
+                u64::try_from(bytes)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom("a size cannot be negative"))
             }
 
             fn visit_u64<E: de::Error>(self, bytes: u64) -> Result<ByteSize, E> {
@@ -129,12 +159,25 @@ mod tests {
     }
 
     #[test]
+    fn parses_decimals_that_come_to_whole_bytes() {
+        assert_eq!(parse("1.5T"), Ok(3 << 39));
+        assert_eq!(parse("0.5K"), Ok(512));
+        assert_eq!(parse("2.25 GiB"), Ok(9 << 28));
+        assert_eq!(parse("1.0"), Ok(1));
+        assert!(parse("1.3K").unwrap_err().contains("whole number of bytes"));
+        assert!(parse("16.5E").unwrap_err().contains("too large"));
+    }
+
+    #[test]
     fn rejects_garbage_and_overflow() {
         for bad in [
             "",
             "G",
             "-1",
-            "1.5G",
+            "1.5.5G",
+            ".5G",
+            "1.G",
+            "1.0000000001G",
             "10X",
             "10KB",
             "10 K B",

@@ -1,205 +1,340 @@
-//! The offline CLI end to end, through the built binary.
+//! The `arbor` binary end to end: a real daemon on a temporary data
+//! directory, driven only through the command line.
+//!
+//! Exit statuses (docs/CLI.md): 2 usage, 3 daemon not running, 4 not
+//! found, 5 conflict, 6 busy, 7 no space, 8 damaged, 9 pool in use.
 
 mod common;
 
+use std::io::Write;
+use std::process::{Command, Stdio};
+
 use common::*;
+use serde_json::Value;
 
-const IMAGE_LEN: usize = 3_000_000 + 100; // not a multiple of 512 on purpose
-
-fn read(path: &std::path::Path) -> Vec<u8> {
-    std::fs::read(path).unwrap()
-}
-
-/// The first `len` bytes of an exported image, checking the rest is zeros
-/// (export is volume-sized; the image was padded to 512).
-fn exported(path: &std::path::Path, len: usize) -> Vec<u8> {
-    let mut data = read(path);
-    assert!(data[len..].iter().all(|&b| b == 0), "padding is not zeros");
-    data.truncate(len);
-    data
-}
-
-#[test]
-fn volume_lifecycle_round_trips_data() {
-    let pool = TestPool::new("256M");
-    let image = random_image(1, IMAGE_LEN);
-    let source = pool.file("source.raw");
-    std::fs::write(&source, &image).unwrap();
-
-    ok(&["create", pool.path(), "base", "--size", "8M"]);
-    let out = ok(&["import", pool.path(), "base", p(&source)]);
-    assert!(out.contains("imported"), "{out}");
-    ok(&["snapshot", pool.path(), "base@v1"]);
-    ok(&["clone", pool.path(), "base@v1", "work"]);
-
-    // Overwrite the volume with a second image: its zero stretches must
-    // replace the old data, not be skipped over it.
-    let second = random_image(2, IMAGE_LEN);
-    let second_path = pool.file("second.raw");
-    std::fs::write(&second_path, &second).unwrap();
-    ok(&["import", pool.path(), "base", p(&second_path)]);
-
-    for (name, expected) in [("base", &second), ("base@v1", &image), ("work", &image)] {
-        let target = pool.file(&format!("{name}.out"));
-        ok(&["export", pool.path(), name, p(&target)]);
-        assert_eq!(
-            read(&target).len(),
-            8 << 20,
-            "{name} export is volume-sized"
-        );
-        assert!(&exported(&target, IMAGE_LEN) == expected, "{name} differs");
-    }
-
-    let list = json(&["list", pool.path(), "--json"]);
-    let rows = list.as_array().unwrap();
-    let names: Vec<&str> = rows.iter().map(|v| v["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["base", "base@v1", "work"]);
-    assert_eq!(rows[1]["kind"], "snapshot");
-    assert_eq!(rows[1]["parent"], "base");
-    assert_eq!(rows[2]["parent"], "base@v1");
-    assert_eq!(rows[2]["size"], 8 << 20);
-
-    let table = ok(&["list", pool.path()]);
-    assert!(table.starts_with("NAME"), "{table}");
-    assert!(table.contains("8 MiB"), "{table}");
-
-    let stats = json(&["stats", pool.path(), "work", "--json"]);
-    assert_eq!(stats["logical_bytes"], 8 << 20);
-    assert_eq!(
-        stats["exclusive_bytes"], 0,
-        "a fresh clone shares everything"
-    );
-    assert!(stats["shared_bytes"].as_u64().unwrap() > 0);
-
-    let same = json(&["diff", pool.path(), "work", "base@v1", "--json"]);
-    assert_eq!(same.as_array().unwrap().len(), 0);
-    let changed = json(&["diff", pool.path(), "base", "base@v1", "--json"]);
-    let first = &changed.as_array().unwrap()[0];
-    assert_eq!(first["offset"], 0);
-    assert!(first["len"].as_u64().unwrap() > 0);
-
-    ok(&["rollback", pool.path(), "base", "base@v1"]);
-    let rolled = pool.file("rolled.out");
-    ok(&["export", pool.path(), "base", p(&rolled)]);
-    assert!(exported(&rolled, IMAGE_LEN) == image);
-
-    ok(&["rename", pool.path(), "base", "gold"]);
-    ok(&["resize", pool.path(), "work", "16M"]);
-    let list = json(&["list", pool.path(), "--json"]);
-    let names: Vec<&str> = list
-        .as_array()
+fn names(list: &Value) -> Vec<String> {
+    list.as_array()
         .unwrap()
         .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn uri(daemon: &Daemon, export: &str) -> String {
+    format!("nbd+unix:///{export}?socket={}", daemon.nbd_socket())
+}
+
+#[test]
+fn every_command_through_the_daemon() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    let created = daemon.json(&["volume", "create", "gold", "--size", "1.5M"]);
+    assert_eq!(created["size"], 3 << 19);
+    assert_eq!(created["kind"], "volume");
+    assert!(daemon
+        .ok(&["volume", "create", "other", "--size", "4K"])
+        .contains("created other (4 KiB)"));
+
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![0x5au8; 1 << 20]).unwrap();
+    nbdcopy(p(&image), &uri(&daemon, "gold"));
+
     assert_eq!(
-        names,
-        ["gold", "gold@v1", "work"],
-        "snapshots follow a rename"
+        daemon.json(&["snapshot", "create", "gold@v1"])["kind"],
+        "snapshot"
     );
+    daemon.ok(&["snapshot", "create", "gold@v2"]);
+    let clone = daemon.json(&["clone", "gold@v1", "ci-1"]);
+    assert_eq!(clone["parent"], "gold@v1");
+    daemon.ok(&["snapshot", "create", "ci-1@run"]);
 
-    ok(&["delete", pool.path(), "work"]);
-    ok(&["delete", pool.path(), "gold@v1"]);
-    ok(&["reclaim", pool.path()]);
-    let info = json(&["pool", "info", pool.path(), "--json"]);
-    assert_eq!(info["reclaim_pending"], false);
-    assert_eq!(info["volumes"], 1);
-    assert_eq!(info["snapshots"], 0);
-    let check = ok(&["check", pool.path()]);
-    assert!(check.contains("clean"), "{check}");
-}
-
-#[test]
-fn import_creates_a_volume_sized_to_the_file_and_stays_sparse() {
-    let pool = TestPool::new("64M");
-    let mut image = vec![0u8; 1 << 20];
-    image[700_000..700_010].copy_from_slice(b"0123456789");
-    image.truncate(1_000_001);
-    let source = pool.file("sparse.raw");
-    std::fs::write(&source, &image).unwrap();
-
-    ok(&["import", pool.path(), "disk", p(&source)]);
-    let list = json(&["list", pool.path(), "--json"]);
-    let disk = &list[0];
-    assert_eq!(disk["size"], 1_000_448, "rounded up to 512");
-    let chunk = json(&["pool", "info", pool.path(), "--json"])["chunk_size"].clone();
-    assert_eq!(disk["mapped_bytes"], chunk, "only the non-zero chunk");
-
-    let target = pool.file("disk.out");
-    ok(&["export", pool.path(), "disk", p(&target)]);
-    assert_eq!(exported(&target, image.len()), image);
-}
-
-#[test]
-fn bad_input_fails_cleanly() {
-    let pool = TestPool::new("64M");
-    let path = pool.path();
-    for bad in ["10X", "1.5G", "", "-1", "99999999999E"] {
-        fails(&["create", path, "v", &format!("--size={bad}")], "invalid");
+    let tree = daemon.ok(&["volume", "list", "--tree"]);
+    let expected_order = [
+        "gold",
+        "├─ gold@v1",
+        "│  └─ ci-1",
+        "│     └─ ci-1@run",
+        "└─ gold@v2",
+        "other",
+    ];
+    let rows: Vec<&str> = tree.lines().skip(1).collect();
+    assert_eq!(rows.len(), expected_order.len(), "{tree}");
+    for (row, name) in rows.iter().zip(expected_order) {
+        assert!(row.starts_with(&format!("{name} ")), "{tree}");
     }
-    fails(&["create", path, "v", "--size", "1000"], "multiple of 512");
-    fails(&["create", path, "a/b", "--size", "1M"], "invalid name");
-    fails(
-        &["create", path, "-v", "--size", "1M"],
-        "unexpected argument",
+    assert!(tree.contains("1 MiB"), "mapped bytes with units: {tree}");
+    assert_eq!(
+        names(&daemon.json(&["volume", "list", "--tree"])),
+        ["ci-1", "ci-1@run", "gold", "gold@v1", "gold@v2", "other"]
     );
-    fails(&["snapshot", path, "nosnap"], "volume@snapshot");
-    fails(&["delete", path, "ghost"], "no such volume");
-    fails(&["stats", path, "ghost"], "no such volume");
-    fails(&["diff", path, "ghost", "ghost2"], "no such volume");
-    fails(
-        &["export", path, "ghost", p(&pool.file("x"))],
-        "no such volume",
+    assert_eq!(
+        names(&daemon.json(&["snapshot", "list", "gold"])),
+        ["gold@v1", "gold@v2"]
     );
-    fails(
-        &["import", path, "v", p(&pool.file("missing"))],
-        "cannot open",
+    assert_eq!(names(&daemon.json(&["snapshot", "list"])).len(), 3);
+
+    let stats = daemon.json(&["volume", "stats", "gold"]);
+    assert_eq!(stats["mapped_bytes"], 1 << 20);
+    assert_eq!(stats["exclusive_bytes"], 0, "all shared with gold@v1");
+
+    // Change gold, diff it against its snapshot, then roll back.
+    let patch = daemon.path("patch.raw");
+    std::fs::write(&patch, vec![1u8; 16384]).unwrap();
+    nbdcopy(p(&patch), &uri(&daemon, "gold"));
+    let diff = daemon.json(&["diff", "gold@v1", "gold"]);
+    assert_eq!(diff, serde_json::json!([{"offset": 0, "len": 16384}]));
+    assert!(daemon
+        .ok(&["diff", "gold@v1", "gold@v2"])
+        .contains("no differences"));
+    daemon.ok(&["rollback", "gold@v1"]);
+    assert_eq!(
+        daemon.json(&["diff", "gold@v1", "gold"]),
+        serde_json::json!([])
     );
 
-    ok(&["create", path, "v", "--size", "1M"]);
-    fails(&["create", path, "v", "--size", "1M"], "already exists");
-    ok(&["snapshot", path, "v@s"]);
-    fails(&["resize", path, "v@s", "2M"], "read-only");
-    fails(&["clone", path, "v", "c"], "not a snapshot");
-    let big = pool.file("big.raw");
-    std::fs::write(&big, vec![1u8; 2 << 20]).unwrap();
-    fails(&["import", path, "v", p(&big)], "resize it first");
+    assert_eq!(
+        daemon.json(&["volume", "resize", "ci-1", "2M"])["size"],
+        2 << 20
+    );
+    daemon.ok(&["rename", "ci-1", "ci-2"]);
+    assert_eq!(
+        names(&daemon.json(&["snapshot", "list", "ci-2"])),
+        ["ci-2@run"],
+        "snapshots follow a renamed volume"
+    );
+    let destroyed = daemon.json(&["destroy", "ci-2@run"]);
+    assert_eq!(destroyed["done"], "destroyed");
+    daemon.ok(&["destroy", "ci-2"]);
+    let reclaimed = daemon.json(&["pool", "reclaim"]);
+    assert!(reclaimed["processed"].as_u64().unwrap() > 0);
 
-    fails(&["list", p(&pool.file("nothing"))], "cannot open");
-    let junk = pool.file("junk");
-    std::fs::write(&junk, vec![7u8; 1 << 20]).unwrap();
-    fails(&["list", p(&junk)], "not an arbor pool");
-    fails(&["no-such-command"], "unrecognized subcommand");
+    let status = daemon.json(&["pool", "status"]);
+    assert_eq!(
+        (status["volumes"].as_u64(), status["snapshots"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(status["warnings"], serde_json::json!([]));
+    assert!(daemon
+        .ok(&["pool", "status"])
+        .contains("chunk size:  16 KiB"));
+    assert_eq!(daemon.json(&["check"])["clean"], true);
+    assert!(daemon.ok(&["check"]).contains("pool is clean"));
+
+    let mut daemon = daemon;
+    daemon.stop_cleanly();
+    assert!(!daemon.path("api.sock").exists(), "sockets removed on exit");
+    assert!(!daemon.path("nbd.sock").exists());
+    assert!(ok(&["check", p(&daemon.path("pool"))]).contains("clean"));
+}
+
+#[test]
+fn errors_say_what_went_wrong_with_distinct_exit_codes() {
+    let daemon = Daemon::start(&[]);
+    daemon.ok(&["snapshot", "create", "disk0@s"]);
+
+    let stopped = tempfile::tempdir().unwrap();
+    fails_with(
+        &["--data-dir", p(stopped.path()), "volume", "list"],
+        3,
+        "no arbor daemon is running",
+    );
+    daemon.fails(&["destroy", "disk1"], 4, "did you mean \"disk0\"?");
+    daemon.fails(
+        &["snapshot", "create", "dsk0@t"],
+        4,
+        "did you mean \"disk0\"?",
+    );
+    daemon.fails(&["volume", "stats", "nothing-like-it"], 4, "no such volume");
+    daemon.fails(
+        &["volume", "create", "disk0", "--size", "1M"],
+        5,
+        "already exists",
+    );
+    daemon.fails(&["volume", "resize", "disk0@s", "2M"], 5, "read-only");
+    daemon.fails(
+        &["volume", "create", "v", "--size", "1000"],
+        2,
+        "multiple of 512",
+    );
+    for bad in ["10X", "1.3K", "", "-1", "99999999999E", "1.5.5G"] {
+        daemon.fails(
+            &["volume", "create", "v", &format!("--size={bad}")],
+            2,
+            "invalid",
+        );
+    }
+    daemon.fails(
+        &["volume", "create", "a/b", "--size", "1M"],
+        2,
+        "invalid name",
+    );
+    daemon.fails(&["rollback", "disk0"], 2, "volume@snapshot");
+    daemon.fails(&["clone", "disk0", "c"], 2, "not a snapshot");
+    daemon.fails(&["no-such-command"], 2, "unrecognized subcommand");
+
+    // A pool held by the daemon cannot be opened by another process.
+    let pool = daemon.path("pool");
+    fails_with(&["check", p(&pool)], 9, "in use by another arbor process");
+    fails_with(&["check", p(&daemon.path("missing"))], 4, "No such file");
+
+    // Destroying a volume an NBD client has open is refused (6) unless forced.
+    let mut client = Command::new("qemu-io")
+        .args(["-f", "raw", &uri(&daemon, "disk0")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("qemu-io is missing: apt-get install qemu-utils");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while daemon.json(&["volume", "list"])[0]["nbd_connections"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "qemu-io never connected"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    daemon.fails(&["destroy", "disk0"], 6, "open by 1 NBD connection");
+    daemon.ok(&["destroy", "disk0", "--force"]);
+    let mut stdin = client.stdin.take().unwrap();
+    writeln!(stdin, "quit").unwrap();
+    drop(stdin);
+    client.wait().unwrap();
+}
+
+#[test]
+fn restart_keeps_data_and_tree() {
+    let mut daemon = Daemon::start(&[]);
+    let image = daemon.path("image.raw");
+    let data: Vec<u8> = (0..2 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
+    std::fs::write(&image, &data).unwrap();
+    nbdcopy(p(&image), &uri(&daemon, "disk0"));
+    daemon.ok(&["snapshot", "create", "disk0@a"]);
+    daemon.ok(&["clone", "disk0@a", "copy"]);
+    let before = daemon.json(&["volume", "list"]);
+    daemon.stop_cleanly();
+    assert!(ok(&["check", p(&daemon.path("pool"))]).contains("clean"));
+
+    daemon.restart(&[]);
+    assert_eq!(daemon.json(&["volume", "list"]), before);
+    let back = daemon.path("back.raw");
+    nbdcopy(&uri(&daemon, "copy"), p(&back));
+    let copied = std::fs::read(&back).unwrap();
+    assert!(copied[..data.len()] == data[..], "data survives a restart");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_pool_is_refused() {
+    let daemon = Daemon::start(&[]);
+    fails_with(
+        &[
+            "serve",
+            "--data-dir",
+            daemon.data_dir(),
+            "--nbd-listen",
+            "none",
+            "--api-listen",
+            "none",
+        ],
+        9,
+        "in use by another arbor process",
+    );
+    daemon.ok(&["volume", "list"]);
+}
+
+#[test]
+fn first_start_creates_a_pool_and_prints_working_connection_lines() {
+    let mut daemon = Daemon::start(&["--initial-volume-size", "64M"]);
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(names(&list), ["disk0"]);
+    assert_eq!(list[0]["size"], 64 << 20);
+    let out = daemon.stop_cleanly();
+    daemon.restart(&[]);
+    let nbdinfo = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("nbdinfo "))
+        .unwrap_or_else(|| panic!("no nbdinfo line in: {out}"));
+    let run = Command::new("sh").args(["-c", nbdinfo]).output().unwrap();
+    assert!(run.status.success(), "{nbdinfo}: {}", stderr(&run));
+    assert!(stdout(&run).contains("67108864"), "{}", stdout(&run));
+}
+
+#[test]
+fn config_file_then_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("arbor.toml");
+    std::fs::write(
+        &config,
+        "pool_size = \"128M\"\nchunk_size = \"64K\"\ninitial_volume = \"first\"\n\
+         initial_volume_size = \"8M\"\nnbd_listen = \"none\"\napi_listen = \"none\"\n",
+    )
+    .unwrap();
+    let printed = ok(&[
+        "serve",
+        "--config",
+        p(&config),
+        "--chunk-size",
+        "32K",
+        "--print-config",
+    ]);
+    let table: toml::Table = printed.parse().unwrap();
+    assert_eq!(table["chunk_size"].as_integer(), Some(32 << 10));
+    assert_eq!(table["pool_size"].as_integer(), Some(128 << 20));
+    assert_eq!(table["initial_volume"].as_str(), Some("first"));
+
+    std::fs::write(dir.path().join("bad.toml"), "pool_sise = \"1G\"\n").unwrap();
+    fails_with(
+        &["serve", "--config", p(&dir.path().join("bad.toml"))],
+        2,
+        "unknown key \"pool_sise\"",
+    );
+    fails_with(&["serve", "--api-listen", "0.0.0.0:1"], 2, "loopback");
+    fails_with(
+        &[
+            "serve",
+            "--commit-interval",
+            "0s",
+            "--data-dir",
+            p(dir.path()),
+        ],
+        2,
+        "greater than zero",
+    );
+    assert!(
+        !dir.path().join("pool").exists(),
+        "bad configs create nothing"
+    );
+    fails_with(
+        &["serve", "--config", p(&dir.path().join("none.toml"))],
+        4,
+        "cannot read config file",
+    );
 }
 
 #[test]
 fn pool_create_protects_existing_data() {
-    let pool = TestPool::new("64M");
-    ok(&["create", pool.path(), "keep", "--size", "1M"]);
-    fails(
-        &["pool", "create", pool.path(), "--size", "64M"],
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    let pool = p(&pool);
+    ok(&["pool", "create", pool, "--size", "64M"]);
+    fails_with(
+        &["pool", "create", pool, "--size", "64M"],
+        1,
         "already contains an arbor pool",
     );
-    assert_eq!(json(&["list", pool.path(), "--json"])[0]["name"], "keep");
+    ok(&["pool", "create", pool, "--size", "32M", "--force"]);
 
-    ok(&["pool", "create", pool.path(), "--size", "32M", "--force"]);
-    assert_eq!(
-        json(&["list", pool.path(), "--json"]),
-        serde_json::json!([])
-    );
-
-    let data = pool.file("data");
+    let data = dir.path().join("data");
     std::fs::write(&data, b"precious").unwrap();
-    fails(
+    fails_with(
         &["pool", "create", p(&data), "--size", "64M"],
+        1,
         "already contains data",
     );
-    assert_eq!(read(&data), b"precious");
+    assert_eq!(std::fs::read(&data).unwrap(), b"precious");
 
-    let missing = pool.file("new.img");
-    fails(&["pool", "create", p(&missing)], "--size is required");
+    let missing = dir.path().join("new.img");
+    fails_with(&["pool", "create", p(&missing)], 1, "--size is required");
     assert!(!missing.exists(), "a failed create leaves no file behind");
-    fails(
+    fails_with(
         &[
             "pool",
             "create",
@@ -209,14 +344,16 @@ fn pool_create_protects_existing_data() {
             "--chunk-size",
             "3K",
         ],
+        2,
         "chunk size",
     );
-    fails(
+    fails_with(
         &["pool", "create", p(&missing), "--size", "1M"],
+        2,
         "too small",
     );
     assert!(!missing.exists());
-    ok(&[
+    let created = json(&[
         "pool",
         "create",
         p(&missing),
@@ -226,31 +363,46 @@ fn pool_create_protects_existing_data() {
         "4K",
         "--metadata-size",
         "8M",
+        "--json",
     ]);
-    let info = json(&["pool", "info", p(&missing), "--json"]);
-    assert_eq!(info["chunk_size"], 4096);
-    assert_eq!(info["metadata_bytes"], 8 << 20);
+    assert_eq!(created["done"], "created");
+
+    // A daemon serves a pool made elsewhere with --pool.
+    let daemon = Daemon::start(&["--pool", p(&missing)]);
+    let status = daemon.json(&["pool", "status"]);
+    assert_eq!(status["chunk_size"], 4096);
+    assert_eq!(status["metadata_bytes"], 8 << 20);
+    assert_eq!(
+        status["volumes"], 0,
+        "an existing pool gets no initial volume"
+    );
 }
 
 #[test]
-fn help_and_version_succeed() {
+fn help_version_and_completions() {
     assert!(ok(&["--help"]).contains("snapshot"));
     assert!(ok(&["--version"]).contains(env!("CARGO_PKG_VERSION")));
     assert!(ok(&["pool", "create", "--help"]).contains("--chunk-size"));
+    assert!(ok(&["completions", "bash"]).contains("complete -F"));
+    assert!(ok(&["completions", "zsh"]).contains("#compdef arbor"));
 }
 
 #[test]
-fn check_fails_on_a_damaged_pool() {
-    let pool = TestPool::new("64M");
-    ok(&["create", pool.path(), "v", "--size", "1M"]);
-    ok(&["snapshot", pool.path(), "v@s"]);
+fn check_reports_a_damaged_pool_with_status_8() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    ok(&["pool", "create", p(&pool), "--size", "64M"]);
+    let mut daemon = Daemon::start(&["--pool", p(&pool)]);
+    daemon.ok(&["volume", "create", "v", "--size", "1M"]);
+    daemon.ok(&["snapshot", "create", "v@s"]);
+    daemon.stop_cleanly();
     // Break the checksum of every metadata node (block type 4).
-    let mut image = read(&pool.path);
+    let mut image = std::fs::read(&pool).unwrap();
     for block in image.chunks_exact_mut(4096) {
         if block.starts_with(b"ARBR") && block[6..8] == [4, 0] {
             block[100] ^= 0xff;
         }
     }
-    std::fs::write(&pool.path, &image).unwrap();
-    fails(&["check", pool.path()], "damaged");
+    std::fs::write(&pool, &image).unwrap();
+    fails_with(&["check", p(&pool)], 8, "damaged");
 }

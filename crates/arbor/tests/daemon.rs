@@ -1,22 +1,12 @@
-//! `arbor serve`: the control API, the CLI's --daemon mode, background
-//! work and shutdown.
+//! `arbor serve`: the control API, metrics, background work and shutdown.
 
 mod common;
 
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-fn via(daemon: &Daemon, args: &[&str]) -> String {
-    let mut full = vec!["--daemon", daemon.address()];
-    full.extend_from_slice(args);
-    ok(&full)
-}
-
-fn via_json(daemon: &Daemon, args: &[&str]) -> Value {
-    serde_json::from_str(&via(daemon, args)).unwrap()
-}
 
 fn error_code(body: &str) -> String {
     let error: Value = serde_json::from_str(body)
@@ -26,89 +16,9 @@ fn error_code(body: &str) -> String {
 }
 
 #[test]
-fn cli_through_the_daemon_then_clean_shutdown() {
-    let pool = TestPool::new("128M");
-    ok(&["create", pool.path(), "before", "--size", "4M"]);
-    let daemon = Daemon::start(&pool, &[]);
-
-    fails(&["list", pool.path()], "in use by another arbor process");
-
-    via(&daemon, &["create", "vm", "--size", "16M"]);
-    via(&daemon, &["snapshot", "vm@one"]);
-    via(&daemon, &["clone", "vm@one", "copy"]);
-    via(&daemon, &["resize", "copy", "32M"]);
-    via(&daemon, &["rename", "before", "after"]);
-    via(&daemon, &["rollback", "vm", "vm@one"]);
-    let list = via_json(&daemon, &["list", "--json"]);
-    let names: Vec<&str> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["after", "copy", "vm", "vm@one"]);
-    assert_eq!(list[1]["size"], 32 << 20);
-    assert_eq!(list[1]["parent"], "vm@one");
-
-    assert_eq!(
-        via_json(&daemon, &["stats", "vm", "--json"])["logical_bytes"],
-        16 << 20
-    );
-    assert_eq!(
-        via_json(&daemon, &["diff", "vm", "copy", "--json"]),
-        serde_json::json!([])
-    );
-    assert_eq!(
-        via_json(&daemon, &["pool", "info", "--json"])["snapshots"],
-        1
-    );
-    assert!(via(&daemon, &["check"]).contains("clean"));
-    via(&daemon, &["delete", "vm@one"]);
-    via(&daemon, &["reclaim"]);
-
-    let args = ["--daemon", daemon.address()];
-    fails(
-        &[&args[..], &["delete", "ghost"]].concat(),
-        "no such volume",
-    );
-    fails(
-        &[&args[..], &["create", "vm", "--size", "1M"]].concat(),
-        "already exists",
-    );
-    fails(
-        &[&args[..], &["create", "a/b", "--size", "1M"]].concat(),
-        "invalid name",
-    );
-    fails(
-        &[&args[..], &["export", "vm", "/dev/null"]].concat(),
-        "cannot go through --daemon",
-    );
-    fails(
-        &[&args[..], &["serve", pool.path()]].concat(),
-        "cannot go through --daemon",
-    );
-
-    let (status, log) = daemon.stop("TERM");
-    assert!(status.success(), "daemon failed: {log}");
-    assert!(
-        !pool.file("api.sock").exists(),
-        "socket removed on shutdown"
-    );
-    assert!(ok(&["check", pool.path()]).contains("clean"));
-    let names: Vec<String> = json(&["list", pool.path(), "--json"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(names, ["after", "copy", "vm"]);
-}
-
-#[test]
 fn api_errors_have_statuses_and_json_bodies() {
-    let pool = TestPool::new("64M");
-    let daemon = Daemon::start(&pool, &[]);
-    let socket = daemon.address();
+    let mut daemon = Daemon::start(&["--initial-volume", "none"]);
+    let socket = &daemon.api_socket();
 
     let (status, body) = http(socket, "POST", "/v1/volumes", r#"{"name":"v","size":"1M"}"#);
     assert_eq!(status, 201, "{body}");
@@ -146,6 +56,14 @@ fn api_errors_have_statuses_and_json_bodies() {
         ),
         ("POST", "/v1/volumes", "{not json", 400, "bad_request"),
         ("DELETE", "/v1/volumes/ghost", "", 404, "not_found"),
+        (
+            "DELETE",
+            "/v1/volumes/v?force=maybe",
+            "",
+            400,
+            "bad_request",
+        ),
+        ("GET", "/v1/snapshots?volume=ghost", "", 404, "not_found"),
         ("GET", "/v1/volumes/ghost/stats", "", 404, "not_found"),
         ("GET", "/v1/diff?a=v", "", 400, "bad_request"),
         (
@@ -196,80 +114,174 @@ fn api_errors_have_statuses_and_json_bodies() {
     let (status, _) = http(socket, "DELETE", "/v1/volumes/v%40s", "");
     assert_eq!(status, 204);
 
-    let (status, log) = daemon.stop("INT");
+    let (status, _, log) = daemon.stop("INT");
     assert!(status.success(), "daemon failed: {log}");
-    assert!(ok(&["check", pool.path()]).contains("clean"));
+    assert!(ok(&["check", p(&daemon.path("pool"))]).contains("clean"));
 }
 
 #[test]
 fn background_reclaim_and_commit() {
-    let pool = TestPool::new("64M");
-    let image = random_image(3, 4 << 20);
-    let source = pool.file("image.raw");
-    std::fs::write(&source, &image).unwrap();
-    ok(&["import", pool.path(), "data", p(&source)]);
-    let used = json(&["pool", "info", pool.path(), "--json"])["data_used_bytes"]
-        .as_u64()
-        .unwrap();
-    assert!(used > 0);
-
-    let daemon = Daemon::start(
-        &pool,
-        &["--reclaim-rate", "100", "--commit-interval", "100ms"],
+    let daemon = Daemon::start(&[
+        "--reclaim-rate",
+        "100",
+        "--commit-interval",
+        "100ms",
+        "--initial-volume-size",
+        "8M",
+    ]);
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![9u8; 4 << 20]).unwrap();
+    let uri = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    nbdcopy(p(&image), &uri);
+    assert!(
+        daemon.json(&["pool", "status"])["data_used_bytes"]
+            .as_u64()
+            .unwrap()
+            >= 4 << 20
     );
-    via(&daemon, &["delete", "data"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
+
+    daemon.ok(&["destroy", "disk0"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let info = via_json(&daemon, &["pool", "info", "--json"]);
+        let info = daemon.json(&["pool", "status"]);
         if info["reclaim_pending"] == false && info["data_used_bytes"] == 0 {
             break;
         }
         assert!(Instant::now() < deadline, "reclaim did not finish: {info}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    let metrics = http(&daemon.api_socket(), "GET", "/metrics", "").1;
+    let reclaimed = metric(&metrics, "arbor_reclaimed_nodes_total");
+    assert!(reclaimed > 0.0, "{metrics}");
 
     // A daemon killed outright loses nothing that was committed.
-    via(&daemon, &["create", "survivor", "--size", "1M"]);
-    drop(daemon);
-    assert_eq!(
-        json(&["list", pool.path(), "--json"])[0]["name"],
-        "survivor"
+    daemon.ok(&["volume", "create", "survivor", "--size", "1M"]);
+    let mut daemon = daemon;
+    daemon.stop("KILL");
+    assert!(ok(&["check", p(&daemon.path("pool"))]).contains("clean"));
+}
+
+/// The value of the first sample line starting with `name` (labels included).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in metrics:\n{text}"))
+}
+
+#[test]
+fn metrics_count_io_commits_and_space() {
+    let daemon = Daemon::start(&["--initial-volume-size", "8M"]);
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![3u8; 1 << 20]).unwrap();
+    let uri = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    nbdcopy(p(&image), &uri);
+    let (status, text) = http(&daemon.api_socket(), "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let volume = "volume=\"disk0\"";
+    let written = metric(
+        &text,
+        &format!("arbor_nbd_bytes_total{{{volume},op=\"write\"}}"),
     );
-    assert!(ok(&["check", pool.path()]).contains("clean"));
+    assert_eq!(written, f64::from(1u32 << 20), "{text}");
+    assert!(
+        metric(
+            &text,
+            &format!("arbor_nbd_requests_total{{{volume},op=\"flush\"}}")
+        ) >= 1.0
+    );
+    assert!(
+        text.contains("arbor_nbd_request_duration_seconds_bucket{"),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "arbor_commit_duration_seconds_count") >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "arbor_volume_mapped_bytes{volume=\"disk0\",kind=\"volume\"}"
+        ),
+        f64::from(1u32 << 20)
+    );
+    assert!(metric(&text, "arbor_pool_used_bytes{space=\"data\"}") >= f64::from(1u32 << 20));
+    assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 0.0);
+    assert_eq!(metric(&text, "arbor_pool_volumes{kind=\"volume\"}"), 1.0);
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with EOF");
+
+    // Past a threshold, status and metrics warn.
+    drop(daemon);
+    let warned = Daemon::start(&["--initial-volume-size", "8M", "--config", &warn_config()]);
+    let image = warned.path("image.raw");
+    std::fs::write(&image, vec![3u8; 4 << 20]).unwrap();
+    nbdcopy(
+        p(&image),
+        &format!("nbd+unix:///disk0?socket={}", warned.nbd_socket()),
+    );
+    let status = warned.json(&["pool", "status"]);
+    let warning = status["warnings"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(warning.starts_with("data space is"), "{status}");
+    assert!(warned
+        .ok(&["pool", "status"])
+        .contains("WARNING: data space"));
+    let text = http(&warned.api_socket(), "GET", "/metrics", "").1;
+    assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 1.0);
+}
+
+/// A config whose only warning threshold is 1% (4 MiB of a 256 MiB pool crosses it).
+fn warn_config() -> String {
+    let file = std::env::temp_dir().join(format!("arbor-warn-{}.toml", std::process::id()));
+    std::fs::write(&file, "space_warning_percent = [1]\n").unwrap();
+    p(&file).to_owned()
 }
 
 #[test]
 fn api_on_loopback_tcp() {
-    let pool = TestPool::new("64M");
-    let daemon = Daemon::start_tcp(&pool);
-    via(&daemon, &["create", "v", "--size", "1M"]);
-    assert_eq!(via_json(&daemon, &["list", "--json"])[0]["name"], "v");
-    let (status, log) = daemon.stop("TERM");
-    assert!(status.success(), "daemon failed: {log}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let daemon = Daemon::start(&["--api-listen", &address]);
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        stream,
+        "GET /v1/volumes HTTP/1.1\r\nHost: arbor\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"name\":\"disk0\""), "{response}");
+    drop(daemon);
 }
 
 #[test]
-fn serve_rejects_bad_listeners() {
-    let pool = TestPool::new("64M");
-    fails(&["serve", pool.path()], "nothing to serve");
-    fails(&["serve", pool.path(), "--api", "0.0.0.0:0"], "loopback");
-    let taken = pool.file("taken");
-    std::fs::write(&taken, b"file").unwrap();
-    fails(
-        &["serve", pool.path(), "--api-socket", p(&taken)],
-        "not a socket",
-    );
-    fails(
+fn serve_rejects_bad_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api.sock"), b"file").unwrap();
+    fails_with(
         &[
             "serve",
-            pool.path(),
-            "--api-socket",
-            "x",
-            "--commit-interval",
-            "0s",
+            "--data-dir",
+            p(dir.path()),
+            "--nbd-listen",
+            "none",
+            "--api-listen",
+            "none",
+            "--pool-size",
+            "64M",
         ],
-        "greater than zero",
+        1,
+        "not a socket",
     );
-    // After all those failures the pool is still free to use.
-    ok(&["list", pool.path()]);
+    // The pool was created, then released: a daemon can start on it.
+    std::fs::remove_file(dir.path().join("api.sock")).unwrap();
+    assert!(dir.path().join("pool").exists());
 }

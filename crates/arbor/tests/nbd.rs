@@ -1,4 +1,4 @@
-//! `arbor serve --nbd-socket` with real NBD clients (libnbd's nbdcopy and
+//! `arbor serve`'s NBD socket with real NBD clients (libnbd's nbdcopy and
 //! nbdinfo, from Debian's libnbd-bin, which CI installs).
 
 mod common;
@@ -29,37 +29,32 @@ fn nbd_ok(program: &str, args: &[&str]) -> String {
 }
 
 struct Served {
-    pool: TestPool,
     daemon: Daemon,
 }
 
 impl Served {
     fn start() -> Self {
-        let pool = TestPool::new("128M");
-        let nbd = pool.file("nbd.sock");
-        let daemon = Daemon::start(&pool, &["--nbd-socket", p(&nbd)]);
-        Self { pool, daemon }
+        Self {
+            daemon: Daemon::start(&["--initial-volume", "none"]),
+        }
     }
 
     fn uri(&self, export: &str) -> String {
-        format!(
-            "nbd+unix:///{export}?socket={}",
-            p(&self.pool.file("nbd.sock"))
-        )
+        format!("nbd+unix:///{export}?socket={}", self.daemon.nbd_socket())
     }
 
     fn manage(&self, args: &[&str]) -> String {
-        ok(&[&["--daemon", self.daemon.address()], args].concat())
+        self.daemon.ok(args)
     }
 
     fn write_image(&self, export: &str, image: &[u8]) {
-        let source = self.pool.file("in.raw");
+        let source = self.daemon.path("in.raw");
         std::fs::write(&source, image).unwrap();
         nbd_ok("nbdcopy", &[p(&source), &self.uri(export)]);
     }
 
     fn read_image(&self, export: &str, len: usize) -> Vec<u8> {
-        let target = self.pool.file("out.raw");
+        let target = self.daemon.path("out.raw");
         nbd_ok("nbdcopy", &[&self.uri(export), p(&target)]);
         let mut data = std::fs::read(&target).unwrap();
         data.truncate(len);
@@ -67,13 +62,22 @@ impl Served {
     }
 }
 
+/// `len` bytes of seeded random data.
+fn random_image(seed: u64, len: usize) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut data = vec![0u8; len];
+    rng.fill(&mut data[..]);
+    data
+}
+
 #[test]
 fn volumes_and_snapshots_are_nbd_exports() {
     let served = Served::start();
-    served.manage(&["create", "vm", "--size", "8M"]);
+    served.manage(&["volume", "create", "vm", "--size", "8M"]);
     let first = random_image(10, 3 * MIB);
     served.write_image("vm", &first);
-    served.manage(&["snapshot", "vm@before"]);
+    served.manage(&["snapshot", "create", "vm@before"]);
     let second = random_image(11, 3 * MIB);
     served.write_image("vm", &second);
 
@@ -87,7 +91,7 @@ fn volumes_and_snapshots_are_nbd_exports() {
     assert!(list.contains("export=\"vm\""), "{list}");
     assert!(list.contains("export=\"vm@before\""), "{list}");
 
-    let source = served.pool.file("in.raw");
+    let source = served.daemon.path("in.raw");
     let refused = nbd_tool("nbdcopy", &[p(&source), &served.uri("vm@before")]);
     assert!(!refused.status.success());
     assert!(
@@ -100,8 +104,8 @@ fn volumes_and_snapshots_are_nbd_exports() {
     assert!(map.contains("hole,zero"), "unwritten tail is a hole: {map}");
 
     // Exports are looked up per connection: new and resized volumes show.
-    served.manage(&["create", "late", "--size", "1M"]);
-    served.manage(&["resize", "vm", "16M"]);
+    served.manage(&["volume", "create", "late", "--size", "1M"]);
+    served.manage(&["volume", "resize", "vm", "16M"]);
     assert_eq!(
         nbd_ok("nbdinfo", &["--size", &served.uri("late")]).trim(),
         "1048576"
@@ -113,17 +117,16 @@ fn volumes_and_snapshots_are_nbd_exports() {
     let missing = nbd_tool("nbdinfo", &["--size", &served.uri("ghost")]);
     assert!(!missing.status.success());
 
-    let Served { pool, daemon } = served;
-    let (status, log) = daemon.stop("TERM");
-    assert!(status.success(), "daemon failed: {log}");
+    let Served { mut daemon } = served;
+    daemon.stop_cleanly();
     assert!(
-        !pool.file("nbd.sock").exists(),
+        !daemon.path("nbd.sock").exists(),
         "NBD socket removed on shutdown"
     );
-    let exported = pool.file("vm.raw");
-    ok(&["export", pool.path(), "vm", p(&exported)]);
-    let mut data = std::fs::read(&exported).unwrap();
-    data.truncate(3 * MIB);
-    assert!(data == second, "NBD writes survive the daemon's shutdown");
-    assert!(ok(&["check", pool.path()]).contains("clean"));
+    daemon.restart(&[]);
+    let restarted = Served { daemon };
+    assert!(
+        restarted.read_image("vm", 3 * MIB) == second,
+        "NBD writes survive the daemon's shutdown"
+    );
 }

@@ -13,11 +13,12 @@ use axum::{middleware, Json, Router};
 use serde::Serialize;
 use tracing::error;
 
-use crate::control::{Control, PoolControl};
+use super::control::PoolControl;
+use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, DiffQuery, ErrorBody, PoolView, Range,
-    ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView,
-    VolumeView,
+    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, PoolView,
+    Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest,
+    SnapshotsQuery, StatsView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -32,12 +33,13 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/volumes/{name}/resize", post(resize))
         .route("/v1/volumes/{name}/rename", post(rename))
         .route("/v1/volumes/{name}/stats", get(stats))
-        .route("/v1/snapshots", post(snapshot))
+        .route("/v1/snapshots", get(snapshots).post(snapshot))
         .route("/v1/clones", post(clone_snapshot))
         .route("/v1/diff", get(diff))
         .route("/v1/flush", post(flush))
         .route("/v1/check", post(check))
         .route("/v1/reclaim", post(reclaim))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::map_response(errors_as_json))
         .with_state(control)
@@ -66,6 +68,11 @@ impl ApiError {
 impl From<anyhow::Error> for ApiError {
     fn from(err: anyhow::Error) -> Self {
         use arbor_engine::Error as E;
+        if let Some(fail) = err.downcast_ref::<Fail>() {
+            if fail.exit == Exit::Busy {
+                return Self::new(StatusCode::CONFLICT, "busy", fail.message.clone());
+            }
+        }
         let (status, code) = match err.downcast_ref::<E>() {
             Some(E::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
             Some(E::AlreadyExists(_)) => (StatusCode::CONFLICT, "already_exists"),
@@ -101,10 +108,24 @@ async fn blocking<T: Send + 'static>(
     control: PoolControl,
     operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
-    tokio::task::spawn_blocking(move || operation(&control))
+    tokio::task::spawn_blocking(move || operation(&control).map_err(|e| explain(&control, e)))
         .await
         .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
-        .map_err(ApiError::from)
+}
+
+/// The API error for `err`, with the nearest existing name suggested when
+/// a name was not found.
+fn explain(control: &PoolControl, err: anyhow::Error) -> ApiError {
+    let missing = match err.downcast_ref::<arbor_engine::Error>() {
+        Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
+        _ => None,
+    };
+    let suggestion = missing.and_then(|name| control.nearest_name(&name));
+    let mut api = ApiError::from(err);
+    if let Some(near) = suggestion {
+        api.body.message = format!("{}; did you mean {near:?}?", api.body.message);
+    }
+    api
 }
 
 /// Replaces the body of an error response that is not already an
@@ -171,8 +192,21 @@ async fn clone_snapshot(
         .map(created)
 }
 
-async fn delete(State(c): State<PoolControl>, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    blocking(c, move |c| c.delete(&name)).await?;
+async fn snapshots(
+    State(c): State<PoolControl>,
+    Query(query): Query<SnapshotsQuery>,
+) -> ApiResult<Json<Vec<VolumeView>>> {
+    blocking(c, move |c| c.snapshots(query.volume.as_deref()))
+        .await
+        .map(Json)
+}
+
+async fn delete(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Query(query): Query<DestroyQuery>,
+) -> ApiResult<StatusCode> {
+    blocking(c, move |c| c.destroy(&name, query.force)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -233,4 +267,10 @@ async fn check(State(c): State<PoolControl>) -> ApiResult<Json<CheckView>> {
 
 async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
     blocking(c, |c| c.reclaim()).await.map(Json)
+}
+
+async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
+    let text = blocking(c, |c| c.metrics.render(&c.pool, &c.open, &c.space)).await?;
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }

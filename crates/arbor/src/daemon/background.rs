@@ -1,4 +1,5 @@
-//! The daemon's housekeeping: periodic commits and paced reclaim.
+//! The daemon's housekeeping: periodic commits, paced reclaim and space
+//! warnings.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use arbor_engine::{Error, Pool};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
+
+use super::control::PoolControl;
 
 /// How often to look for reclaim work when there was none.
 const RECLAIM_IDLE_POLL: Duration = Duration::from_secs(1);
@@ -63,10 +66,10 @@ pub async fn commit_periodically(
 
 /// Reclaims deleted volumes' space at no more than `rate` nodes per second,
 /// so reclaim never starves client I/O.
-pub async fn reclaim_paced(pool: Arc<Pool>, rate: u32, stop: CancellationToken) -> Result<()> {
+pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationToken) -> Result<()> {
     let batch = rate.min(RECLAIM_MAX_BATCH) as usize;
     loop {
-        let outcome = run_blocking(&pool, move |p| {
+        let outcome = run_blocking(&control.pool, move |p| {
             // Checking first avoids a commit (and its fsync) when idle.
             if p.pool_stats()?.reclaim_pending {
                 p.reclaim(batch)
@@ -85,8 +88,43 @@ pub async fn reclaim_paced(pool: Arc<Pool>, rate: u32, stop: CancellationToken) 
         };
         if processed > 0 {
             debug!(processed, "reclaimed metadata nodes");
+            control.metrics.count_reclaimed(processed as u64);
         }
         if !pause_unless_stopped(reclaim_pause(processed, rate), &stop).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Logs a warning each time space use rises past a configured threshold
+/// (and a note when it falls back), checking every `interval`.
+pub async fn watch_space(
+    control: PoolControl,
+    interval: Duration,
+    stop: CancellationToken,
+) -> Result<()> {
+    let mut level = None;
+    loop {
+        let stats = run_blocking(&control.pool, |p| p.pool_stats()).await?;
+        match stats {
+            Ok(stats) => {
+                let now = control.space.level(&stats);
+                if now > level {
+                    for warning in control.space.warnings(&stats) {
+                        warn!("{warning}");
+                    }
+                } else if now < level {
+                    info!(
+                        level = now.unwrap_or(0),
+                        "pool space use fell below a warning threshold"
+                    );
+                }
+                level = now;
+            }
+            Err(e) if is_fatal(&e) => return Err(e).context("reading pool space failed"),
+            Err(e) => warn!(error = %e, "cannot read pool space"),
+        }
+        if !pause_unless_stopped(interval, &stop).await {
             return Ok(());
         }
     }

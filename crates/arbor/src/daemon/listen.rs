@@ -1,5 +1,5 @@
-//! The daemon's sockets: the control API, on a Unix socket or a loopback
-//! TCP address, and NBD, on a Unix socket and/or TCP.
+//! The daemon's sockets: the control API and NBD, each on a Unix socket in
+//! the data directory and optionally on TCP (loopback only for the API).
 //!
 //! Neither protocol authenticates clients, so Unix sockets are made
 //! owner-only, and the API (which can delete volumes) never listens beyond
@@ -20,95 +20,86 @@ use tracing::warn;
 
 use crate::nbd_export::PoolExports;
 
-/// Where the control API listens.
-#[derive(Debug, Clone)]
-pub enum ApiAddress {
-    Unix(PathBuf),
-    Tcp(SocketAddr),
+/// The control API's sockets: the data directory's Unix socket, and
+/// optionally a loopback TCP address.
+pub struct ApiListeners {
+    unix: (UnixListener, SocketFile),
+    tcp: Option<TcpListener>,
 }
 
-pub enum ApiListener {
-    Unix(UnixListener, SocketFile),
-    Tcp(TcpListener),
-}
-
-impl ApiListener {
-    pub async fn bind(address: &ApiAddress) -> Result<Self> {
-        match address {
-            ApiAddress::Unix(path) => {
-                let (listener, file) = bind_unix(path, |p| UnixListener::bind(p)).await?;
-                Ok(ApiListener::Unix(listener, file))
-            }
-            ApiAddress::Tcp(addr) => {
+impl ApiListeners {
+    pub async fn bind(socket: &Path, tcp: Option<SocketAddr>) -> Result<Self> {
+        let unix = bind_unix(socket, |p| UnixListener::bind(p)).await?;
+        let tcp = match tcp {
+            Some(addr) => {
+                // The config check already refused this; the API can destroy
+                // volumes, so make sure twice.
                 if !addr.ip().is_loopback() {
-                    bail!("refusing to serve the API on {addr}: it has no authentication, use a loopback address or --api-socket");
+                    bail!("refusing to serve the API on {addr}: it has no authentication");
                 }
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr}"))?;
-                Ok(ApiListener::Tcp(listener))
+                let listener = TcpListener::bind(addr).await.with_context(|| {
+                    format!("cannot listen for the API on {addr} (another daemon? set api_listen, or --api-listen none)")
+                })?;
+                Some(listener)
             }
-        }
+            None => None,
+        };
+        Ok(Self { unix, tcp })
     }
 
     /// Serves `router` until `stop`, then waits for in-flight requests.
     pub async fn serve(self, router: Router, stop: CancellationToken) -> Result<()> {
-        let shutdown = stop.cancelled_owned();
-        match self {
-            ApiListener::Unix(listener, _socket_file) => axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .context("API server failed"),
-            ApiListener::Tcp(listener) => axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .context("API server failed"),
+        let (unix, _socket_file) = self.unix;
+        let on_unix = axum::serve(unix, router.clone())
+            .with_graceful_shutdown(stop.clone().cancelled_owned());
+        match self.tcp {
+            Some(tcp) => {
+                let on_tcp =
+                    axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned());
+                let (a, b) = tokio::join!(on_unix, on_tcp);
+                a.and(b).context("API server failed")
+            }
+            None => on_unix.await.context("API server failed"),
         }
     }
 }
 
-impl fmt::Display for ApiListener {
+impl fmt::Display for ApiListeners {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApiListener::Unix(_, file) => write!(f, "unix:{}", file.0.display()),
-            ApiListener::Tcp(listener) => match listener.local_addr() {
-                Ok(addr) => write!(f, "http://{addr}"),
-                Err(_) => f.write_str("tcp"),
-            },
+        write!(f, "unix:{}", self.unix.1 .0.display())?;
+        if let Some(addr) = self.tcp.as_ref().and_then(|l| l.local_addr().ok()) {
+            write!(f, ", http://{addr}")?;
         }
+        Ok(())
     }
 }
 
-/// The NBD server's sockets.
+/// The NBD server's sockets: the data directory's Unix socket, and
+/// optionally TCP.
 pub struct NbdListeners {
     listeners: Vec<arbor_nbd::Listener>,
     socket_files: Vec<SocketFile>,
 }
 
 impl NbdListeners {
-    /// Binds the sockets asked for; `None` when NBD is not wanted.
-    pub async fn bind(socket: Option<&Path>, tcp: Option<SocketAddr>) -> Result<Option<Self>> {
+    pub async fn bind(socket: &Path, tcp: Option<SocketAddr>) -> Result<Self> {
+        let (listener, file) = bind_unix(socket, |p| arbor_nbd::Listener::bind_unix(p)).await?;
         let mut nbd = Self {
-            listeners: Vec::new(),
-            socket_files: Vec::new(),
+            listeners: vec![listener],
+            socket_files: vec![file],
         };
-        if let Some(path) = socket {
-            let (listener, file) = bind_unix(path, |p| arbor_nbd::Listener::bind_unix(p)).await?;
-            nbd.listeners.push(listener);
-            nbd.socket_files.push(file);
-        }
         if let Some(addr) = tcp {
             if !addr.ip().is_loopback() {
                 // Serving block devices to other hosts is a legitimate choice,
                 // but whoever can connect can read and write every volume.
                 warn!(%addr, "NBD has no authentication: any host that can reach this address can read and write every volume");
             }
-            let listener = arbor_nbd::Listener::bind_tcp(addr)
-                .await
-                .with_context(|| format!("cannot listen for NBD on {addr}"))?;
+            let listener = arbor_nbd::Listener::bind_tcp(addr).await.with_context(|| {
+                format!("cannot listen for NBD on {addr} (another daemon? set nbd_listen, or --nbd-listen none)")
+            })?;
             nbd.listeners.push(listener);
         }
-        Ok((!nbd.listeners.is_empty()).then_some(nbd))
+        Ok(nbd)
     }
 
     /// Serves `exports` until `stop`, then lets connections finish the
@@ -135,7 +126,6 @@ impl fmt::Display for NbdListeners {
         f.write_str(&all.join(", "))
     }
 }
-
 /// Binds a Unix socket at `path` with `bind`, after clearing a stale one,
 /// and restricts it to the owner. The returned guard removes the file.
 async fn bind_unix<L>(

@@ -1,5 +1,5 @@
 //! `arbor serve`: one process owns the pool and serves it (control API,
-//! NBD exports, housekeeping) until a signal.
+//! metrics, NBD exports, housekeeping) until a signal.
 //!
 //! Startup binds every listener before serving anything, so a bad address
 //! fails fast. Shutdown (SIGINT, SIGTERM, or a fatal background error) stops
@@ -8,45 +8,28 @@
 
 mod api;
 mod background;
+pub mod control;
 mod listen;
 
 use std::future::Future;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use arbor_engine::OpenOptions;
+use anyhow::{Context, Result};
+use arbor_engine::{CreateOptions, OpenOptions};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::control::PoolControl;
-use crate::nbd_export::PoolExports;
+use crate::config::ServeConfig;
+use crate::metrics::Metrics;
+use crate::nbd_export::{OpenExports, PoolExports};
 use crate::pool_file::OpenPool;
-pub use listen::ApiAddress;
-use listen::{ApiListener, NbdListeners};
-
-/// Everything `arbor serve` is told on its command line.
-pub struct ServeConfig {
-    pub pool: PathBuf,
-    pub api: Option<ApiAddress>,
-    pub nbd_socket: Option<PathBuf>,
-    pub nbd_tcp: Option<SocketAddr>,
-    /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
-    pub reclaim_rate: u32,
-    pub commit_interval: Duration,
-    pub cache_bytes: usize,
-}
+use crate::space::SpaceWatch;
+use control::PoolControl;
+use listen::{ApiListeners, NbdListeners};
 
 pub fn serve(config: ServeConfig) -> Result<()> {
-    if config.api.is_none() && config.nbd_socket.is_none() && config.nbd_tcp.is_none() {
-        bail!("nothing to serve: give --api-socket or --api, and/or --nbd-socket or --nbd-tcp");
-    }
-    if config.commit_interval.is_zero() {
-        bail!("--commit-interval must be greater than zero");
-    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -54,45 +37,90 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         .block_on(run(config))
 }
 
-async fn run(config: ServeConfig) -> Result<()> {
+/// Opens the pool, or creates it (with its initial volume) when its file
+/// does not exist yet. An existing file or device is never formatted here.
+fn open_or_create(config: &ServeConfig) -> Result<OpenPool> {
     let options = OpenOptions {
         cache_bytes: config.cache_bytes,
         ..OpenOptions::default()
     };
-    let path = config.pool.clone();
-    let open = tokio::task::spawn_blocking(move || OpenPool::open(&path, &options))
+    if config.pool.exists() {
+        return OpenPool::open(&config.pool, &options);
+    }
+    let create = CreateOptions {
+        chunk_size: config.chunk_size,
+        metadata_bytes: None,
+    };
+    let open = OpenPool::create(
+        &config.pool,
+        Some(config.pool_size),
+        &create,
+        &options,
+        false,
+    )?;
+    info!(pool = %config.pool.display(), size = config.pool_size, "created a new pool");
+    if let Some((name, size)) = &config.initial_volume {
+        open.pool
+            .create_volume(name, *size)
+            .with_context(|| format!("cannot create the initial volume {name}"))?;
+        info!(volume = %name, size, "created the initial volume");
+    }
+    Ok(open)
+}
+
+fn prepare_data_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create data directory {}", dir.display()))
+}
+
+async fn run(config: ServeConfig) -> Result<()> {
+    prepare_data_dir(&config.data_dir)?;
+    let setup = config.clone();
+    let open = tokio::task::spawn_blocking(move || open_or_create(&setup))
         .await
         .context("opening the pool failed")??;
-    let api = match &config.api {
-        Some(address) => Some(ApiListener::bind(address).await?),
-        None => None,
-    };
-    let nbd = NbdListeners::bind(config.nbd_socket.as_deref(), config.nbd_tcp).await?;
+    let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
+    let nbd = NbdListeners::bind(&config.nbd_socket(), config.nbd_listen).await?;
 
+    let metrics = Metrics::new();
+    let observer = metrics.clone();
+    open.pool
+        .observe_commits(Box::new(move |took| observer.observe_commit(took)));
+    let control = PoolControl {
+        pool: open.pool.clone(),
+        path: open.path.clone(),
+        open: std::sync::Arc::new(OpenExports::default()),
+        metrics: metrics.clone(),
+        space: SpaceWatch::new(config.space_warning_percent.clone()),
+    };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    info!(pool = %open.path.display(), "serving");
-    if let Some(api) = api {
-        info!(address = %api, "control API listening");
-        let control = PoolControl::new(open.pool.clone(), open.path.clone());
-        tasks.spawn(api.serve(api::router(control), stop.clone()));
-    }
-    if let Some(nbd) = nbd {
-        info!(address = %nbd, "NBD listening");
-        tasks.spawn(nbd.serve(PoolExports::new(open.pool.clone()), stop.clone()));
-    }
+    info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
+    println!("{}", connection_hints(&config, &control)?);
+    let exports = PoolExports::new(open.pool.clone(), control.open.clone(), metrics.clone());
+    tasks.spawn(nbd.serve(exports, stop.clone()));
     tasks.spawn(background::commit_periodically(
         open.pool.clone(),
         config.commit_interval,
         stop.clone(),
     ));
+    tasks.spawn(background::watch_space(
+        control.clone(),
+        config.commit_interval,
+        stop.clone(),
+    ));
     if config.reclaim_rate > 0 {
         tasks.spawn(background::reclaim_paced(
-            open.pool.clone(),
+            control.clone(),
             config.reclaim_rate,
             stop.clone(),
         ));
     }
+    tasks.spawn(api.serve(api::router(control), stop.clone()));
 
     let served = supervise(&mut tasks, &stop, termination_signal()).await;
     info!("closing the pool");
@@ -100,6 +128,44 @@ async fn run(config: ServeConfig) -> Result<()> {
         .await
         .context("closing the pool failed")?;
     served.and(closed)
+}
+
+/// What to type to use the pool, printed once the daemon listens. The
+/// socket paths are absolute so the lines work from any directory.
+fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<String> {
+    let socket =
+        std::path::absolute(config.nbd_socket()).context("cannot resolve the data directory")?;
+    let socket = socket.display();
+    let volumes = control.list()?;
+    let first = volumes
+        .iter()
+        .find(|v| v.kind == crate::model::VolumeKind::Volume)
+        .map(|v| v.name.clone());
+    let pool = control.pool_info()?;
+    let mut text = format!(
+        "arbor: serving pool {} ({} volumes, {} snapshots)\n",
+        config.pool.display(),
+        pool.volumes,
+        pool.snapshots
+    );
+    let dir = config.data_dir.display();
+    let Some(name) = first else {
+        text +=
+            &format!("  create a volume: arbor --data-dir {dir} volume create disk0 --size 10G\n");
+        return Ok(text);
+    };
+    let unix_uri = format!("nbd+unix:///{name}?socket={socket}");
+    text += &format!("  nbdinfo '{unix_uri}'\n");
+    if let Some(addr) = config.nbd_listen {
+        text += &format!("  qemu-img info nbd://{addr}/{name}\n");
+    } else {
+        text += &format!("  qemu-img info '{unix_uri}'\n");
+    }
+    text += &format!(
+        "  mkdir -p /tmp/{name} && nbdfuse /tmp/{name} '{unix_uri}' &   # /tmp/{name}/nbd is the disk\n"
+    );
+    text += &format!("  arbor --data-dir {dir} volume list --tree");
+    Ok(text)
 }
 
 /// Waits for `signal` or for any task to end, then stops and joins all

@@ -1,16 +1,13 @@
-//! Helpers shared by the CLI and daemon tests: running the built binary,
-//! random images, a daemon that never outlives its test, raw HTTP.
+//! Helpers shared by the CLI and daemon tests: running the built binary, a
+//! daemon that never outlives its test, raw HTTP.
 
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
-
-use rand::{Rng, SeedableRng};
 
 pub const ARBOR: &str = env!("CARGO_BIN_EXE_arbor");
 
@@ -18,6 +15,7 @@ pub fn arbor(args: &[&str]) -> Output {
     Command::new(ARBOR)
         .args(args)
         .env("RUST_LOG", "warn")
+        .env_remove("ARBOR_DATA_DIR")
         .output()
         .expect("run arbor")
 }
@@ -42,14 +40,15 @@ pub fn ok(args: &[&str]) -> String {
     stdout(&out)
 }
 
-/// Runs arbor, expecting exit status 1 with `message` on stderr and no panic.
-pub fn fails(args: &[&str], message: &str) {
+/// Runs arbor, expecting exit status `code` with `message` on stderr, no
+/// panic, and nothing on stdout.
+pub fn fails_with(args: &[&str], code: i32, message: &str) {
     let out = arbor(args);
     let err = stderr(&out);
     assert_eq!(
         out.status.code(),
-        Some(1),
-        "arbor {args:?} should fail: {}{err}",
+        Some(code),
+        "arbor {args:?} should fail with {code}: {}{err}",
         stdout(&out)
     );
     assert!(!err.contains("panicked"), "arbor {args:?} panicked: {err}");
@@ -64,128 +63,117 @@ pub fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("arbor {args:?}: bad JSON ({e}): {text}"))
 }
 
-/// A pool file in a fresh temporary directory.
-pub struct TestPool {
-    pub dir: tempfile::TempDir,
-    pub path: PathBuf,
-}
-
-impl TestPool {
-    pub fn new(size: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pool.img");
-        ok(&["pool", "create", p(&path), "--size", size]);
-        Self { dir, path }
-    }
-
-    pub fn path(&self) -> &str {
-        p(&self.path)
-    }
-
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
 pub fn p(path: &Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
 }
 
-/// `len` bytes of seeded random data with some all-zero stretches (so
-/// sparse import has something to skip).
-pub fn random_image(seed: u64, len: usize) -> Vec<u8> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut data = vec![0u8; len];
-    rng.fill(&mut data[..]);
-    let mut at = 0;
-    while at < len {
-        let hole = rng.gen_range(0..300_000);
-        let end = (at + hole).min(len);
-        if rng.gen_bool(0.3) {
-            data[at..end].fill(0);
-        }
-        at = end + rng.gen_range(1..200_000);
-    }
-    data
-}
-
-/// `arbor serve`, killed when dropped so a failing test never leaks a server.
+/// `arbor serve` on a fresh data directory (Unix sockets only), killed when
+/// dropped so a failing test never leaks a server.
 pub struct Daemon {
     child: Option<Child>,
-    /// What `--daemon` takes: the API's Unix socket path or IP:PORT.
-    address: String,
+    pub dir: tempfile::TempDir,
 }
 
+/// What every test daemon gets unless the test says otherwise: no TCP
+/// (tests run in parallel), a small pool.
+const TEST_SERVE_ARGS: [(&str, &str); 3] = [
+    ("--nbd-listen", "none"),
+    ("--api-listen", "none"),
+    ("--pool-size", "256M"),
+];
+
 impl Daemon {
-    /// Serves the API on a Unix socket beside the pool.
-    pub fn start(pool: &TestPool, extra: &[&str]) -> Self {
-        let socket = pool.file("api.sock");
-        let socket = p(&socket);
-        Self::spawn(pool, &[&["--api-socket", socket], extra].concat(), socket)
-    }
-
-    /// Serves the API on a free loopback port.
-    pub fn start_tcp(pool: &TestPool) -> Self {
-        // Ask the kernel for a free port, then hand it over (a tiny race
-        // with other processes is acceptable in a test).
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let address = format!("127.0.0.1:{port}");
-        Self::spawn(pool, &["--api", &address], &address)
-    }
-
-    fn spawn(pool: &TestPool, args: &[&str], address: &str) -> Self {
-        let child = Command::new(ARBOR)
-            .args(["serve", pool.path()])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start arbor serve");
-        let mut daemon = Self {
-            child: Some(child),
-            address: address.to_owned(),
-        };
-        daemon.wait_until_ready();
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = Self { child: None, dir };
+        daemon.restart(extra);
         daemon
     }
 
-    fn is_listening(&self) -> bool {
-        match self.address.parse::<SocketAddr>() {
-            Ok(addr) => TcpStream::connect(addr).is_ok(),
-            Err(_) => UnixStream::connect(&self.address).is_ok(),
-        }
+    /// Starts `arbor serve` on this data directory again (after `stop`).
+    pub fn restart(&mut self, extra: &[&str]) {
+        assert!(self.child.is_none(), "already running");
+        let defaults = TEST_SERVE_ARGS
+            .iter()
+            .filter(|(flag, _)| !extra.contains(flag))
+            .flat_map(|(flag, value)| [*flag, *value]);
+        let child = Command::new(ARBOR)
+            .args(["serve", "--data-dir", self.data_dir()])
+            .args(defaults)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start arbor serve");
+        self.child = Some(child);
+        self.wait_until_ready();
+    }
+
+    pub fn data_dir(&self) -> &str {
+        p(self.dir.path())
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn api_socket(&self) -> String {
+        p(&self.path("api.sock")).to_owned()
+    }
+
+    pub fn nbd_socket(&self) -> String {
+        p(&self.path("nbd.sock")).to_owned()
     }
 
     fn wait_until_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.is_listening() {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("daemon exited early with {status}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(self.api_socket()).is_err() {
+            let child = self.child.as_mut().unwrap();
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("daemon exited early with {status}: {err}");
             }
             assert!(Instant::now() < deadline, "daemon did not start listening");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    pub fn address(&self) -> &str {
-        &self.address
+    /// The command line for a client command of this daemon.
+    pub fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        [&["--data-dir", self.data_dir()][..], args].concat()
     }
 
-    /// Sends `signal` and waits for the daemon to exit; returns its status
-    /// and stderr.
-    pub fn stop(mut self, signal: &str) -> (ExitStatus, String) {
+    /// A client command that must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        ok(&self.args(args))
+    }
+
+    /// A client command with `--json`, parsed.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        json(&self.args(&[args, &["--json"]].concat()))
+    }
+
+    pub fn fails(&self, args: &[&str], code: i32, message: &str) {
+        fails_with(&self.args(args), code, message)
+    }
+
+    /// Sends `signal` and waits for the daemon to exit; returns its status,
+    /// stdout and stderr.
+    pub fn stop(&mut self, signal: &str) -> (ExitStatus, String, String) {
         let mut child = self.child.take().unwrap();
         let killed = Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])
             .status()
             .unwrap();
         assert!(killed.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
@@ -196,14 +184,28 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let mut out = String::new();
         let mut err = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
         child
             .stderr
             .take()
             .unwrap()
             .read_to_string(&mut err)
             .unwrap();
-        (status, err)
+        (status, out, err)
+    }
+
+    /// SIGTERM, which must end the daemon cleanly.
+    pub fn stop_cleanly(&mut self) -> String {
+        let (status, out, err) = self.stop("TERM");
+        assert!(status.success(), "daemon failed on SIGTERM: {err}");
+        out
     }
 }
 
@@ -214,6 +216,20 @@ impl Drop for Daemon {
             let _ = child.wait();
         }
     }
+}
+
+/// `nbdcopy` (Debian's libnbd-bin, which CI installs), flushing the
+/// destination at the end as a careful client does.
+pub fn nbdcopy(from: &str, to: &str) {
+    let out = Command::new("nbdcopy")
+        .args(["--flush", from, to])
+        .output()
+        .expect("nbdcopy is missing: apt-get install libnbd-bin");
+    assert!(
+        out.status.success(),
+        "nbdcopy {from} {to}: {}",
+        stderr(&out)
+    );
 }
 
 /// One raw HTTP/1.1 request over a Unix socket; returns the status and body.

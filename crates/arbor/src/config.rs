@@ -1,0 +1,282 @@
+//! `arbor serve` configuration: built-in defaults (`default-config.toml`,
+//! the one place they are written down), overridden by a TOML file,
+//! overridden by command-line flags.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::ServeArgs;
+use crate::exit::{Exit, Fail};
+use crate::size::ByteSize;
+
+/// The documented defaults; `--print-config` starts from this text.
+pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
+
+/// Most bytes of config file read: it is a handful of keys.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The config file's keys, as written in TOML.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    data_dir: PathBuf,
+    pool: PathBuf,
+    pool_size: ByteSize,
+    chunk_size: ByteSize,
+    initial_volume: String,
+    initial_volume_size: ByteSize,
+    nbd_listen: String,
+    api_listen: String,
+    reclaim_rate: u32,
+    commit_interval: String,
+    cache_size: ByteSize,
+    space_warning_percent: Vec<u8>,
+}
+
+/// Everything the daemon runs with, validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub pool: PathBuf,
+    pub pool_size: u64,
+    pub chunk_size: u32,
+    /// Name and size of the volume created with a new pool.
+    pub initial_volume: Option<(String, u64)>,
+    pub nbd_listen: Option<SocketAddr>,
+    pub api_listen: Option<SocketAddr>,
+    /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
+    pub reclaim_rate: u32,
+    pub commit_interval: Duration,
+    pub cache_bytes: usize,
+    /// Increasing percentages of space use that raise a warning.
+    pub space_warning_percent: Vec<u8>,
+}
+
+impl ServeConfig {
+    pub fn nbd_socket(&self) -> PathBuf {
+        self.data_dir.join("nbd.sock")
+    }
+
+    pub fn api_socket(&self) -> PathBuf {
+        self.data_dir.join("api.sock")
+    }
+}
+
+fn usage(message: String) -> anyhow::Error {
+    Fail::new(Exit::Usage, message).into()
+}
+
+fn parse_table(text: &str, origin: &str) -> Result<toml::Table> {
+    text.parse::<toml::Table>()
+        .map_err(|e| usage(format!("{origin} is not valid TOML: {e}")))
+}
+
+fn read_config_file(path: &Path) -> Result<toml::Table> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        bail!(usage(format!(
+            "config file {} is larger than 1 MiB",
+            path.display()
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    parse_table(&text, &format!("config file {}", path.display()))
+}
+
+/// The defaults with `file`'s keys laid over them; unknown keys are errors
+/// (a typo must not silently fall back to a default).
+fn merged_file(file: Option<&Path>) -> Result<ConfigFile> {
+    let mut merged = parse_table(DEFAULT_CONFIG, "the built-in configuration")?;
+    if let Some(path) = file {
+        for (key, value) in read_config_file(path)? {
+            if !merged.contains_key(&key) {
+                let known: Vec<&str> = merged.keys().map(String::as_str).collect();
+                bail!(usage(format!(
+                    "unknown key {key:?} in config file {}; known keys: {}",
+                    path.display(),
+                    known.join(", ")
+                )));
+            }
+            merged.insert(key, value);
+        }
+    }
+    let origin = file.map_or("the built-in configuration".to_owned(), |p| {
+        format!("config file {}", p.display())
+    });
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e| usage(format!("{origin}: {e}")))
+}
+
+/// Flags win over the file.
+fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &ServeArgs) {
+    fn set<T: Clone>(target: &mut T, flag: &Option<T>) {
+        if let Some(value) = flag {
+            *target = value.clone();
+        }
+    }
+    set(&mut file.data_dir, &data_dir);
+    set(&mut file.pool, &args.pool);
+    set(&mut file.pool_size, &args.pool_size);
+    set(&mut file.chunk_size, &args.chunk_size);
+    set(&mut file.initial_volume, &args.initial_volume);
+    set(&mut file.initial_volume_size, &args.initial_volume_size);
+    set(&mut file.nbd_listen, &args.nbd_listen);
+    set(&mut file.api_listen, &args.api_listen);
+    set(&mut file.reclaim_rate, &args.reclaim_rate);
+    if let Some(interval) = &args.commit_interval {
+        file.commit_interval = interval.to_string();
+    }
+    set(&mut file.cache_size, &args.cache_size);
+}
+
+/// `none` or an IP:PORT.
+fn listen_address(key: &str, text: &str) -> Result<Option<SocketAddr>> {
+    if text.eq_ignore_ascii_case("none") || text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        usage(format!(
+            "{key} = {text:?} is not an address like 127.0.0.1:10809, or \"none\""
+        ))
+    })
+}
+
+fn resolve(file: ConfigFile) -> Result<ServeConfig> {
+    let chunk_size = u32::try_from(file.chunk_size.0)
+        .map_err(|_| usage(format!("chunk_size {} is too large", file.chunk_size)))?;
+    let commit_interval = humantime::parse_duration(&file.commit_interval).map_err(|e| {
+        usage(format!(
+            "commit_interval = {:?}: {e} (use e.g. 5s or 500ms)",
+            file.commit_interval
+        ))
+    })?;
+    if commit_interval.is_zero() {
+        bail!(usage("commit_interval must be greater than zero".into()));
+    }
+    let api_listen = listen_address("api_listen", &file.api_listen)?;
+    if let Some(addr) = api_listen {
+        if !addr.ip().is_loopback() {
+            bail!(usage(format!(
+                "api_listen = {addr}: the API has no authentication, so it listens only on loopback (or on DATA_DIR/api.sock)"
+            )));
+        }
+    }
+    let warnings = &file.space_warning_percent;
+    if warnings.iter().any(|&p| p == 0 || p > 100) || !warnings.is_sorted() {
+        bail!(usage(format!(
+            "space_warning_percent = {warnings:?}: expected increasing percentages from 1 to 100"
+        )));
+    }
+    let pool = if file.pool.as_os_str().is_empty() {
+        file.data_dir.join("pool")
+    } else {
+        file.pool.clone()
+    };
+    Ok(ServeConfig {
+        pool,
+        pool_size: file.pool_size.0,
+        chunk_size,
+        initial_volume: (!file.initial_volume.is_empty() && file.initial_volume != "none")
+            .then(|| (file.initial_volume.clone(), file.initial_volume_size.0)),
+        nbd_listen: listen_address("nbd_listen", &file.nbd_listen)?,
+        api_listen,
+        reclaim_rate: file.reclaim_rate,
+        commit_interval,
+        cache_bytes: usize::try_from(file.cache_size.0)
+            .map_err(|_| usage("cache_size is too large".into()))?,
+        space_warning_percent: file.space_warning_percent.clone(),
+        data_dir: file.data_dir,
+    })
+}
+
+/// The configuration `arbor serve` runs with, and its TOML text for
+/// `--print-config`.
+pub fn load(data_dir: Option<PathBuf>, args: &ServeArgs) -> Result<(ServeConfig, String)> {
+    let mut file = merged_file(args.config.as_deref())?;
+    apply_flags(&mut file, data_dir, args);
+    let text = toml::to_string(&file).context("cannot print the configuration")?;
+    Ok((resolve(file)?, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_text(text: &str, args: &ServeArgs) -> Result<ServeConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arbor.toml");
+        std::fs::write(&path, text).unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..args.clone()
+        };
+        load(None, &args).map(|(config, _)| config)
+    }
+
+    #[test]
+    fn built_in_defaults_are_the_documented_ones() {
+        let (config, _) = load(None, &ServeArgs::default()).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("arbor-data"));
+        assert_eq!(config.pool, PathBuf::from("arbor-data/pool"));
+        assert_eq!(config.pool_size, 20 << 30);
+        assert_eq!(config.chunk_size, arbor_engine::DEFAULT_CHUNK_SIZE);
+        assert_eq!(config.initial_volume, Some(("disk0".into(), 10 << 30)));
+        assert_eq!(config.nbd_listen, Some("127.0.0.1:10809".parse().unwrap()));
+        assert_eq!(config.api_listen, Some("127.0.0.1:10810".parse().unwrap()));
+        assert_eq!(config.commit_interval, Duration::from_secs(5));
+        assert_eq!(config.space_warning_percent, [80, 90]);
+        assert_eq!(config.nbd_socket(), PathBuf::from("arbor-data/nbd.sock"));
+    }
+
+    #[test]
+    fn the_file_overrides_defaults_and_flags_override_the_file() {
+        let args = ServeArgs {
+            pool_size: Some(ByteSize(1 << 30)),
+            ..ServeArgs::default()
+        };
+        let config = load_text(
+            "pool_size = \"5G\"\nnbd_listen = \"none\"\ninitial_volume = \"\"\npool = \"/dev/sdz\"\n",
+            &args,
+        )
+        .unwrap();
+        assert_eq!(config.pool_size, 1 << 30);
+        assert_eq!(config.nbd_listen, None);
+        assert_eq!(config.initial_volume, None);
+        assert_eq!(config.pool, PathBuf::from("/dev/sdz"));
+        assert_eq!(config.api_listen, Some("127.0.0.1:10810".parse().unwrap()));
+    }
+
+    #[test]
+    fn mistakes_are_reported_with_the_key() {
+        let none = ServeArgs::default();
+        let cases = [
+            ("pool_sise = \"5G\"", "unknown key \"pool_sise\""),
+            ("pool_size = \"5Q\"", "unknown unit"),
+            ("nbd_listen = \"localhost\"", "nbd_listen"),
+            ("api_listen = \"0.0.0.0:1\"", "only on loopback"),
+            ("commit_interval = \"0s\"", "greater than zero"),
+            ("commit_interval = \"soon\"", "commit_interval"),
+            ("space_warning_percent = [90, 80]", "increasing"),
+            ("reclaim_rate = -1", "reclaim_rate"),
+            ("this is not toml", "not valid TOML"),
+        ];
+        for (text, expected) in cases {
+            let err = format!("{:#}", load_text(text, &none).unwrap_err());
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn printed_config_loads_back_to_the_same() {
+        let (config, text) = load(None, &ServeArgs::default()).unwrap();
+        let again = load_text(&text, &ServeArgs::default()).unwrap();
+        assert_eq!(format!("{config:?}"), format!("{again:?}"));
+    }
+}

@@ -1,0 +1,225 @@
+//! The management operations the API serves, on the daemon's pool: engine
+//! calls plus what the daemon knows beyond the engine (open NBD
+//! connections, metrics, space warnings, name suggestions).
+//!
+//! Engine errors pass through unwrapped, so the API can map them to
+//! statuses by downcasting.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Result;
+use arbor_engine::{Pool, VolumeId, VolumeInfo};
+
+use crate::exit::{Exit, Fail};
+use crate::metrics::Metrics;
+use crate::model::{CheckView, PoolView, Range, ReclaimView, StatsView, VolumeKind, VolumeView};
+use crate::nbd_export::OpenExports;
+use crate::space::SpaceWatch;
+
+/// Nodes processed per reclaim call when reclaiming to completion: each call
+/// commits, so this bounds how long one commit holds up I/O.
+const RECLAIM_BATCH: usize = 1024;
+
+/// The daemon's pool and what it knows about it; cheap to clone.
+#[derive(Clone)]
+pub struct PoolControl {
+    pub pool: Arc<Pool>,
+    pub path: PathBuf,
+    pub open: Arc<OpenExports>,
+    pub metrics: Arc<Metrics>,
+    pub space: SpaceWatch,
+}
+
+impl PoolControl {
+    fn view(&self, info: VolumeInfo) -> Result<VolumeView> {
+        let parent = match info.parent {
+            Some(id) => self.name_of(id)?,
+            None => None,
+        };
+        Ok(self.to_view(info, parent))
+    }
+
+    fn view_by_name(&self, name: &str) -> Result<VolumeView> {
+        let info = self.pool.info(self.pool.lookup(name)?)?;
+        self.view(info)
+    }
+
+    /// The name of volume `id`, or `None` once it has been deleted.
+    fn name_of(&self, id: VolumeId) -> Result<Option<String>> {
+        match self.pool.info(id) {
+            Ok(info) => Ok(Some(info.name)),
+            Err(arbor_engine::Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn to_view(&self, info: VolumeInfo, parent: Option<String>) -> VolumeView {
+        VolumeView {
+            nbd_connections: self.open.count(info.id) as u64,
+            name: info.name,
+            id: info.id.0,
+            kind: if info.snapshot {
+                VolumeKind::Snapshot
+            } else {
+                VolumeKind::Volume
+            },
+            size: info.size,
+            mapped_bytes: info.mapped_bytes,
+            parent,
+            created_unix_secs: info.created_unix_secs,
+            created_txn: info.created_txn,
+        }
+    }
+
+    /// The existing name closest to `name`, if one is close enough to be
+    /// a likely typo.
+    pub fn nearest_name(&self, name: &str) -> Option<String> {
+        let names = self.pool.list().ok()?.into_iter().map(|v| v.name);
+        let limit = (name.chars().count() / 3).max(2);
+        names
+            .map(|candidate| (strsim::levenshtein(name, &candidate), candidate))
+            .filter(|(distance, _)| *distance <= limit)
+            .min()
+            .map(|(_, candidate)| candidate)
+    }
+
+    pub fn pool_info(&self) -> Result<PoolView> {
+        let s = self.pool.pool_stats()?;
+        Ok(PoolView {
+            path: self.path.display().to_string(),
+            pool_bytes: s.pool_bytes,
+            chunk_size: s.chunk_size,
+            data_bytes: s.data_bytes,
+            data_used_bytes: s.data_used_bytes,
+            metadata_bytes: s.metadata_bytes,
+            metadata_used_bytes: s.metadata_used_bytes,
+            volumes: s.volumes,
+            snapshots: s.snapshots,
+            reclaim_pending: s.reclaim_pending,
+            txn: s.txn,
+            warnings: self.space.warnings(&s),
+        })
+    }
+
+    pub fn list(&self) -> Result<Vec<VolumeView>> {
+        let all = self.pool.list()?;
+        // One listing is a consistent snapshot of names: resolve parents from it.
+        let names: HashMap<VolumeId, String> = all.iter().map(|v| (v.id, v.name.clone())).collect();
+        Ok(all
+            .into_iter()
+            .map(|info| {
+                let parent = info.parent.and_then(|id| names.get(&id).cloned());
+                self.to_view(info, parent)
+            })
+            .collect())
+    }
+
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeView> {
+        let id = self.pool.create_volume(name, size)?;
+        self.view(self.pool.info(id)?)
+    }
+
+    pub fn snapshot(&self, name: &str) -> Result<VolumeView> {
+        let id = self.pool.snapshot(name)?;
+        self.view(self.pool.info(id)?)
+    }
+
+    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {
+        let id = self.pool.clone_snapshot(snapshot, name)?;
+        self.view(self.pool.info(id)?)
+    }
+
+    /// Snapshots, of `volume` only if given (which must exist).
+    pub fn snapshots(&self, volume: Option<&str>) -> Result<Vec<VolumeView>> {
+        if let Some(volume) = volume {
+            self.pool.lookup(volume)?;
+        }
+        let prefix = volume.map(|v| format!("{v}@"));
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|v| v.kind == VolumeKind::Snapshot)
+            .filter(|v| prefix.as_ref().is_none_or(|p| v.name.starts_with(p)))
+            .collect())
+    }
+
+    /// Destroys a volume or snapshot. Refused while NBD clients have it
+    /// open unless `force` (their requests then fail with ESHUTDOWN). A
+    /// client connecting between the check and the destroy is treated as
+    /// if it had connected after: its requests fail the same way.
+    pub fn destroy(&self, name: &str, force: bool) -> Result<()> {
+        let id = self.pool.lookup(name)?;
+        let connections = self.open.count(id);
+        if connections > 0 && !force {
+            let plural = if connections == 1 { "" } else { "s" };
+            return Err(Fail::new(
+                Exit::Busy,
+                format!(
+                    "{name} is open by {connections} NBD connection{plural}; disconnect \
+                     {} first, or destroy it anyway with --force (their I/O will fail)",
+                    if connections == 1 { "it" } else { "them" }
+                ),
+            )
+            .into());
+        }
+        self.pool.delete(name)?;
+        self.metrics.forget_volume(name);
+        Ok(())
+    }
+
+    pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
+        self.pool.rollback(volume, snapshot)?;
+        self.view_by_name(volume)
+    }
+
+    pub fn resize(&self, name: &str, size: u64) -> Result<VolumeView> {
+        self.pool.resize(name, size)?;
+        self.view_by_name(name)
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> Result<VolumeView> {
+        self.pool.rename(from, to)?;
+        self.view_by_name(to)
+    }
+
+    pub fn stats(&self, name: &str) -> Result<StatsView> {
+        let s = self.pool.volume_stats(self.pool.lookup(name)?)?;
+        Ok(StatsView {
+            name: name.to_owned(),
+            logical_bytes: s.logical_bytes,
+            mapped_bytes: s.mapped_bytes,
+            exclusive_bytes: s.exclusive_bytes,
+            shared_bytes: s.shared_bytes,
+        })
+    }
+
+    pub fn diff(&self, a: &str, b: &str) -> Result<Vec<Range>> {
+        let ranges = self.pool.diff(self.pool.lookup(a)?, self.pool.lookup(b)?)?;
+        Ok(ranges
+            .into_iter()
+            .map(|(offset, len)| Range { offset, len })
+            .collect())
+    }
+
+    pub fn check(&self) -> Result<CheckView> {
+        Ok(CheckView::from(self.pool.check()?))
+    }
+
+    pub fn reclaim(&self) -> Result<ReclaimView> {
+        let mut processed = 0u64;
+        loop {
+            let done = self.pool.reclaim(RECLAIM_BATCH)?;
+            if done == 0 {
+                return Ok(ReclaimView { processed });
+            }
+            self.metrics.count_reclaimed(done as u64);
+            processed += done as u64;
+        }
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        Ok(self.pool.flush()?)
+    }
+}

@@ -1,0 +1,89 @@
+//! Space warnings: the pool's data or metadata use crossing configured
+//! percentages (default 80 and 90), as RSnap's 3PAR model does, so an
+//! administrator hears about a filling pool before writes fail.
+
+use arbor_engine::PoolStats;
+
+/// The configured thresholds, in increasing order.
+#[derive(Debug, Clone)]
+pub struct SpaceWatch {
+    thresholds: Vec<u8>,
+}
+
+/// Percent of `total` that `used` is, rounded down.
+fn percent(used: u64, total: u64) -> u64 {
+    if total == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(used) * 100 / u128::from(total)).unwrap_or(100)
+}
+
+impl SpaceWatch {
+    pub fn new(thresholds: Vec<u8>) -> Self {
+        Self { thresholds }
+    }
+
+    /// The highest threshold crossed by data or metadata use, if any.
+    pub fn level(&self, stats: &PoolStats) -> Option<u8> {
+        let used = percent(stats.data_used_bytes, stats.data_bytes)
+            .max(percent(stats.metadata_used_bytes, stats.metadata_bytes));
+        self.thresholds
+            .iter()
+            .rev()
+            .copied()
+            .find(|&t| used >= u64::from(t))
+    }
+
+    /// One sentence per space (data, metadata) past a threshold.
+    pub fn warnings(&self, stats: &PoolStats) -> Vec<String> {
+        let spaces = [
+            ("data", stats.data_used_bytes, stats.data_bytes),
+            ("metadata", stats.metadata_used_bytes, stats.metadata_bytes),
+        ];
+        spaces
+            .iter()
+            .filter_map(|&(name, used, total)| {
+                let p = percent(used, total);
+                let crossed = self.thresholds.iter().rev().find(|&&t| p >= u64::from(t))?;
+                Some(format!(
+                    "{name} space is {p}% used (warning at {crossed}%): destroy unneeded \
+                     snapshots or volumes, or move volumes to another pool"
+                ))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(data_used: u64, meta_used: u64) -> PoolStats {
+        PoolStats {
+            pool_bytes: 0,
+            chunk_size: 0,
+            data_bytes: 100,
+            data_used_bytes: data_used,
+            metadata_bytes: 1000,
+            metadata_used_bytes: meta_used,
+            volumes: 0,
+            snapshots: 0,
+            reclaim_pending: false,
+            txn: 0,
+        }
+    }
+
+    #[test]
+    fn the_highest_crossed_threshold_of_either_space_counts() {
+        let watch = SpaceWatch::new(vec![80, 90]);
+        assert_eq!(watch.level(&stats(79, 0)), None);
+        assert_eq!(watch.level(&stats(80, 0)), Some(80));
+        assert_eq!(watch.level(&stats(10, 950)), Some(90));
+        assert!(watch.warnings(&stats(79, 0)).is_empty());
+        let both = watch.warnings(&stats(85, 990));
+        assert_eq!(both.len(), 2);
+        assert!(both[0].starts_with("data space is 85% used (warning at 80%)"));
+        assert!(both[1].starts_with("metadata space is 99% used (warning at 90%)"));
+        assert_eq!(SpaceWatch::new(vec![]).level(&stats(100, 1000)), None);
+    }
+}
