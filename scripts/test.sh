@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The project's test command (see README): formatting, lints, every test,
-# then the end-to-end tests with real NBD clients and a real ext4 (root).
+# The project's test command (see README): installs what the tests need if
+# anything is missing, checks formatting and lints, runs every test, then
+# the end-to-end tests with real NBD clients and a real ext4 (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

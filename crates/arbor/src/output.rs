@@ -227,7 +227,12 @@ pub fn diff(ranges: &[Range]) -> String {
         .collect();
     let total: u64 = ranges.iter().map(|r| r.len).sum();
     table(&["OFFSET", "LENGTH", "SIZE"], &rows)
-        + &format!("{} ranges, {} differ\n", ranges.len(), size(total))
+        + &format!(
+            "{} range{}, {} differ\n",
+            ranges.len(),
+            if ranges.len() == 1 { "" } else { "s" },
+            size(total)
+        )
 }
 
 pub fn check(c: &CheckView) -> String {

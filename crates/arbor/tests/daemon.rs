@@ -87,7 +87,7 @@ fn api_errors_have_statuses_and_json_bodies() {
             422,
             "unprocessable_entity",
         ),
-        ("GET", "/v1/nothing", "", 404, "not_found"),
+        ("GET", "/v1/nothing", "", 404, "unknown_endpoint"),
         ("PUT", "/v1/pool", "", 405, "method_not_allowed"),
     ];
     for &(method, path, body, expected, code) in cases {
@@ -284,4 +284,43 @@ fn serve_rejects_bad_sockets() {
     // The pool was created, then released: a daemon can start on it.
     std::fs::remove_file(dir.path().join("api.sock")).unwrap();
     assert!(dir.path().join("pool").exists());
+}
+
+/// docs/API.md and the router agree: every documented endpoint is served,
+/// and every route is documented.
+#[test]
+fn the_api_document_matches_the_server() {
+    let doc = include_str!("../../../docs/API.md");
+    let source = include_str!("../src/daemon/api.rs");
+    let documented: Vec<(&str, String)> = doc
+        .lines()
+        .filter_map(|line| {
+            let cell = line.strip_prefix("| `")?.split('`').next()?;
+            let (method, path) = cell.split_once(' ')?;
+            let path = path
+                .replace("{name}", "disk0")
+                .replace("{snapshot}", "disk0%40s");
+            Some((method, path))
+        })
+        .collect();
+    assert!(
+        documented.len() >= 15,
+        "endpoint table not found in docs/API.md"
+    );
+    let daemon = Daemon::start(&[]);
+    let socket = daemon.api_socket();
+    for (method, path) in &documented {
+        let (status, body) = http(&socket, method, path, "{}");
+        assert_ne!(status, 405, "{method} {path}: {body}");
+        if status == 404 {
+            assert_ne!(error_code(&body), "unknown_endpoint", "{method} {path}");
+        }
+    }
+    for route in source.split(".route(\"").skip(1) {
+        let path = route.split('"').next().unwrap();
+        assert!(
+            doc.contains(&format!(" {path}")),
+            "route {path} is not in docs/API.md"
+        );
+    }
 }

@@ -40,6 +40,7 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/check", post(check))
         .route("/v1/reclaim", post(reclaim))
         .route("/metrics", get(metrics))
+        .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::map_response(errors_as_json))
         .with_state(control)
@@ -151,6 +152,16 @@ async fn errors_as_json(response: Response) -> Response {
     };
     let code = reason.to_ascii_lowercase().replace([' ', '-'], "_");
     ApiError::new(status, &code, message).into_response()
+}
+
+/// A path no route matches: its own code, so a client can tell "no such
+/// endpoint" (a client/server version mismatch) from "no such volume".
+async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_endpoint",
+        format!("no API endpoint {}; see docs/API.md", uri.path()),
+    )
 }
 
 fn created<T: Serialize>(value: T) -> Response {

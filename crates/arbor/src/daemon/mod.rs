@@ -142,11 +142,12 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
         .find(|v| v.kind == crate::model::VolumeKind::Volume)
         .map(|v| v.name.clone());
     let pool = control.pool_info()?;
+    let plural = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let mut text = format!(
-        "arbor: serving pool {} ({} volumes, {} snapshots)\n",
+        "arbor: serving pool {} ({}, {})\n",
         config.pool.display(),
-        pool.volumes,
-        pool.snapshots
+        plural(pool.volumes, "volume"),
+        plural(pool.snapshots, "snapshot")
     );
     let dir = config.data_dir.display();
     let Some(name) = first else {
