@@ -16,6 +16,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -40,50 +41,81 @@ pub enum ConnectionError {
     Framing(#[from] BadRequestMagic),
     #[error("handshake not completed in time")]
     HandshakeTimeout,
+    #[error("the client stopped reading replies")]
+    ReplyStalled,
     #[error("export provider panicked during the handshake")]
     ProviderPanicked,
 }
 
-/// Per-connection limits on work in flight, which bound the memory a client
-/// can make the server hold: at most `bytes` of write payloads and reply data,
-/// across at most `requests` requests, between reading a request and writing
-/// its reply.
+/// Limits on work in flight, which bound the memory clients can make the
+/// server hold: per connection, at most `bytes` of write payloads and reply
+/// data across at most `requests` requests, between reading a request and
+/// writing its reply; across all connections, at most the server-wide
+/// `shared` bytes. A connection waits for its own budget before the shared
+/// one, so no single client can hold more than its share, and the shared
+/// semaphore queues waiters in order, so a greedy client cannot starve
+/// the others.
 #[derive(Clone)]
 pub struct Budget {
     requests: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     byte_capacity: u32,
+    shared: SharedBudget,
+}
+
+/// The server-wide byte budget, shared by every connection.
+#[derive(Clone)]
+pub struct SharedBudget {
+    bytes: Arc<Semaphore>,
+    capacity: u32,
+}
+
+impl SharedBudget {
+    pub fn new(capacity: u32) -> Self {
+        Self {
+            bytes: Arc::new(Semaphore::new(capacity as usize)),
+            capacity,
+        }
+    }
 }
 
 /// Work admitted by a [`Budget`]; dropping it gives the capacity back.
 pub struct Reservation {
     _request: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
+    _shared: OwnedSemaphorePermit,
 }
 
 impl Budget {
-    pub fn new(requests: usize, bytes: u32) -> Self {
+    pub fn new(requests: usize, bytes: u32, shared: SharedBudget) -> Self {
         Self {
             requests: Arc::new(Semaphore::new(requests.max(1))),
             bytes: Arc::new(Semaphore::new(bytes as usize)),
             byte_capacity: bytes,
+            shared,
         }
     }
 
     /// Waits until one more request of `bytes` bytes fits. A request larger
-    /// than the whole budget is admitted alone rather than never.
+    /// than a whole budget is admitted alone rather than never.
     async fn reserve(&self, bytes: u64) -> Reservation {
-        let bytes = u32::try_from(bytes).map_or(self.byte_capacity, |b| b.min(self.byte_capacity));
+        let clamp = |capacity: u32| u32::try_from(bytes).map_or(capacity, |b| b.min(capacity));
         let request = Arc::clone(&self.requests).acquire_owned().await;
-        let bytes = Arc::clone(&self.bytes).acquire_many_owned(bytes).await;
-        match (request, bytes) {
-            (Ok(request), Ok(bytes)) => Reservation {
+        let own = Arc::clone(&self.bytes)
+            .acquire_many_owned(clamp(self.byte_capacity))
+            .await;
+        let shared = Arc::clone(&self.shared.bytes)
+            .acquire_many_owned(clamp(self.shared.capacity))
+            .await;
+        match (request, own, shared) {
+            (Ok(request), Ok(own), Ok(shared)) => Reservation {
                 _request: request,
-                _bytes: bytes,
+                _bytes: own,
+                _shared: shared,
             },
             // Acquiring fails only on a closed semaphore, and these are
-            // private to the budget, which never closes them.
-            _ => unreachable!("connection budget semaphores are never closed"),
+            // private to the budgets, which never close them.
+            _ => unreachable!("budget semaphores are never closed"),
         }
     }
 }
@@ -138,6 +170,7 @@ pub async fn transmit<S>(
     stream: S,
     session: Session,
     budget: Budget,
+    stall_timeout: Duration,
     stop: CancellationToken,
 ) -> Result<(), ConnectionError>
 where
@@ -148,7 +181,7 @@ where
     // Cancelled by the writer when the socket breaks, so the reader stops too.
     let stop = stop.child_token();
     let reader = read_requests(read_half, &session, &budget, replies, &stop);
-    let writer = write_replies(write_half, outgoing, &stop);
+    let writer = write_replies(write_half, outgoing, stall_timeout, &stop);
     let (read_result, write_result) = tokio::join!(reader, writer);
     read_result.and(write_result)
 }
@@ -298,6 +331,7 @@ impl Request {
 async fn write_replies<W: AsyncWrite + Unpin>(
     write_half: W,
     mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
+    stall_timeout: Duration,
     stop: &CancellationToken,
 ) -> Result<(), ConnectionError> {
     let mut output = BufWriter::with_capacity(256 * 1024, write_half);
@@ -306,18 +340,35 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         // senders, i.e. when every admitted request has been answered.
         while let Some(message) = outgoing.recv().await {
             for part in &message.reply.parts {
-                output.write_all(part).await?;
+                for piece in part.chunks(STALL_CHECK_BYTES) {
+                    within(stall_timeout, output.write_all(piece)).await?;
+                }
             }
             // Flush only when no other reply is ready, to batch small replies.
             if outgoing.is_empty() {
-                output.flush().await?;
+                within(stall_timeout, output.flush()).await?;
             }
         }
-        output.shutdown().await
+        within(stall_timeout, output.shutdown()).await
     }
     .await;
     if result.is_err() {
         stop.cancel();
     }
-    Ok(result?)
+    result
+}
+
+/// Replies are written in pieces of this size, each of which must be
+/// accepted by the client within the stall timeout: a slow reader keeps its
+/// connection, one that stops reading loses it and the budget it holds.
+const STALL_CHECK_BYTES: usize = 1 << 20;
+
+async fn within(
+    limit: Duration,
+    write: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<(), ConnectionError> {
+    match tokio::time::timeout(limit, write).await {
+        Ok(written) => Ok(written?),
+        Err(_) => Err(ConnectionError::ReplyStalled),
+    }
 }

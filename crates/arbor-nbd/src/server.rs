@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::connection::{negotiate, transmit, Budget, ConnectionError};
+use crate::connection::{negotiate, transmit, Budget, ConnectionError, SharedBudget};
 use crate::export::ExportProvider;
 use crate::proto::MAX_PAYLOAD;
 
@@ -21,8 +21,8 @@ use crate::proto::MAX_PAYLOAD;
 /// machine is an explicit choice.
 pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:10809";
 
-/// Tunables of [`serve`]. The defaults bound a connection to 64 MiB and the
-/// server to `max_connections` times that.
+/// Tunables of [`serve`]. The defaults bound the request data a connection
+/// holds to 64 MiB, and all connections together to 256 MiB.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Connections served at once; further clients wait in the listen backlog.
@@ -32,8 +32,15 @@ pub struct ServerConfig {
     /// Write payload and read reply bytes per connection held at once. At
     /// least [`MAX_PAYLOAD`] so one maximal request always fits.
     pub max_bytes_in_flight: u32,
+    /// Write payload and read reply bytes held at once across all
+    /// connections: the bound on the server's request memory, whatever
+    /// the clients do. At least [`MAX_PAYLOAD`].
+    pub max_bytes_total: u32,
     /// A client must reach the transmission phase within this time.
     pub handshake_timeout: Duration,
+    /// A client that accepts no reply data for this long is disconnected,
+    /// so one that stops reading cannot hold the shared budget forever.
+    pub reply_stall_timeout: Duration,
     /// After shutdown is requested, how long connections may take to finish
     /// the requests they have in flight before they are dropped.
     pub shutdown_grace: Duration,
@@ -45,7 +52,9 @@ impl Default for ServerConfig {
             max_connections: 256,
             max_requests_in_flight: 64,
             max_bytes_in_flight: 2 * MAX_PAYLOAD,
+            max_bytes_total: 8 * MAX_PAYLOAD,
             handshake_timeout: Duration::from_secs(30),
+            reply_stall_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -115,6 +124,7 @@ pub async fn serve(
     let server = Arc::new(Server {
         provider,
         connection_slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        shared_budget: SharedBudget::new(config.max_bytes_total.max(MAX_PAYLOAD)),
         config,
         shutdown: shutdown.clone(),
         abort: CancellationToken::new(),
@@ -143,6 +153,7 @@ struct Server {
     provider: Arc<dyn ExportProvider>,
     config: ServerConfig,
     connection_slots: Arc<Semaphore>,
+    shared_budget: SharedBudget,
     /// Graceful stop: no new requests, finish those in flight.
     shutdown: CancellationToken,
     /// Hard stop after the grace period: drop connections at once.
@@ -222,8 +233,16 @@ impl Server {
         );
         let budget = Budget::new(
             self.config.max_requests_in_flight,
-            self.config.max_bytes_in_flight,
+            self.config.max_bytes_in_flight.max(MAX_PAYLOAD),
+            self.shared_budget.clone(),
         );
-        transmit(stream, session, budget, self.shutdown.clone()).await
+        transmit(
+            stream,
+            session,
+            budget,
+            self.config.reply_stall_timeout,
+            self.shutdown.clone(),
+        )
+        .await
     }
 }

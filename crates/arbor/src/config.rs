@@ -16,6 +16,9 @@ use crate::size::ByteSize;
 /// The documented defaults; `--print-config` starts from this text.
 pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
 
+/// The smallest NBD memory limit: one maximal request must fit.
+const MIN_NBD_MEMORY: u32 = 32 << 20;
+
 /// Most bytes of config file read: it is a handful of keys.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -30,6 +33,8 @@ struct ConfigFile {
     initial_volume: String,
     initial_volume_size: ByteSize,
     nbd_listen: String,
+    nbd_max_connections: u32,
+    nbd_memory_limit: ByteSize,
     api_listen: String,
     reclaim_rate: u32,
     commit_interval: String,
@@ -47,6 +52,9 @@ pub struct ServeConfig {
     /// Name and size of the volume created with a new pool.
     pub initial_volume: Option<(String, u64)>,
     pub nbd_listen: Option<SocketAddr>,
+    pub nbd_max_connections: usize,
+    /// Request bytes held at once across all NBD connections.
+    pub nbd_memory_limit: u32,
     pub api_listen: Option<SocketAddr>,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
@@ -179,8 +187,22 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     } else {
         file.pool.clone()
     };
+    let nbd_memory_limit = u32::try_from(file.nbd_memory_limit.0)
+        .ok()
+        .filter(|&limit| limit >= MIN_NBD_MEMORY)
+        .ok_or_else(|| {
+            usage(format!(
+                "nbd_memory_limit = {}: must be from 32 MiB (one maximal request) to 4 GiB",
+                file.nbd_memory_limit
+            ))
+        })?;
+    if file.nbd_max_connections == 0 {
+        bail!(usage("nbd_max_connections must be at least 1".into()));
+    }
     Ok(ServeConfig {
         pool,
+        nbd_memory_limit,
+        nbd_max_connections: file.nbd_max_connections as usize,
         pool_size: file.pool_size.0,
         chunk_size,
         initial_volume: (!file.initial_volume.is_empty() && file.initial_volume != "none")
@@ -265,6 +287,8 @@ mod tests {
             ("commit_interval = \"soon\"", "commit_interval"),
             ("space_warning_percent = [90, 80]", "increasing"),
             ("reclaim_rate = -1", "reclaim_rate"),
+            ("nbd_memory_limit = \"1M\"", "nbd_memory_limit"),
+            ("nbd_max_connections = 0", "at least 1"),
             ("this is not toml", "not valid TOML"),
         ];
         for (text, expected) in cases {

@@ -20,6 +20,7 @@ const REP_ERR_INVALID: u32 = 0x8000_0003;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
 const CMD_BLOCK_STATUS: u16 = 7;
 const EINVAL: u32 = 22;
 
@@ -131,6 +132,21 @@ impl Peer {
             Ok(_) => false,
             Err(e) => panic!("waiting for close: {e}"),
         }
+    }
+
+    /// Whether the server has closed the connection, waiting up to 10 s,
+    /// without reading: reading would make a stalled client a live one.
+    /// Writes to a socket whose peer closed fail.
+    fn closed_without_reading(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let probe = request_header(CMD_FLUSH, 0, 0, 0);
+        while Instant::now() < deadline {
+            if self.0.write_all(&probe).is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
     }
 }
 
@@ -363,6 +379,40 @@ fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
     drop(server);
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(greedy);
+}
+
+#[test]
+fn clients_that_stop_reading_are_dropped_and_cannot_starve_others() {
+    // The whole server may hold one maximal request's worth of data.
+    let config = ServerConfig {
+        max_bytes_total: 32 * MIB as u32,
+        reply_stall_timeout: Duration::from_millis(500),
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(64 * MIB))], false, config);
+    let mut greedy: Vec<Peer> = (0..3).map(|_| Peer::greet(&server, 0b11)).collect();
+    let requests: Vec<u8> = (0..512)
+        .flat_map(|cookie| request_header(CMD_READ, cookie, (cookie % 64) * MIB, MIB as u32))
+        .collect();
+    for peer in &mut greedy {
+        peer.go("vol");
+        peer.send(&requests);
+    }
+    // The greedy clients hold the shared budget until the server gives up
+    // on them; then a well-behaved client copies the whole export.
+    let started = Instant::now();
+    let target = tempfile::NamedTempFile::new().unwrap();
+    let target = target.path().to_str().unwrap().to_owned();
+    tool("nbdcopy", "libnbd-bin");
+    // Bounded, so a regression fails instead of hanging the suite.
+    run(std::process::Command::new("timeout").args(["30", "nbdcopy", &server.uri("vol"), &target]));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    for mut peer in greedy {
+        assert!(
+            peer.closed_without_reading(),
+            "a client that never reads is dropped"
+        );
+    }
 }
 
 #[test]

@@ -104,8 +104,12 @@ impl NbdListeners {
 
     /// Serves `exports` until `stop`, then lets connections finish the
     /// requests they have in flight.
-    pub async fn serve(self, exports: PoolExports, stop: CancellationToken) -> Result<()> {
-        let config = arbor_nbd::ServerConfig::default();
+    pub async fn serve(
+        self,
+        exports: PoolExports,
+        config: arbor_nbd::ServerConfig,
+        stop: CancellationToken,
+    ) -> Result<()> {
         arbor_nbd::serve(std::sync::Arc::new(exports), self.listeners, config, stop).await;
         drop(self.socket_files);
         Ok(())

@@ -102,7 +102,12 @@ async fn run(config: ServeConfig) -> Result<()> {
     info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
     println!("{}", connection_hints(&config, &control)?);
     let exports = PoolExports::new(open.pool.clone(), control.open.clone(), metrics.clone());
-    tasks.spawn(nbd.serve(exports, stop.clone()));
+    let limits = arbor_nbd::ServerConfig {
+        max_connections: config.nbd_max_connections,
+        max_bytes_total: config.nbd_memory_limit,
+        ..arbor_nbd::ServerConfig::default()
+    };
+    tasks.spawn(nbd.serve(exports, limits, stop.clone()));
     tasks.spawn(background::commit_periodically(
         open.pool.clone(),
         config.commit_interval,
