@@ -5,6 +5,7 @@ attached, even when a test fails."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,8 +74,7 @@ class Daemon:
              "--initial-volume", "none", "--nbd-listen", "none", "--api-listen", "none"],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        wait_until(lambda: os.path.exists(self.api) and os.path.exists(self.nbd) or self.proc.poll() is not None,
-                   "arbor serve to listen")
+        wait_until(lambda: self.listening() or self.proc.poll() is not None, "arbor serve to listen")
         if self.proc.poll() is not None:
             raise Failure(f"arbor serve exited {self.proc.returncode}:\n{self.log()}")
 
@@ -88,6 +88,25 @@ class Daemon:
 
     def uri(self, export):
         return f"nbd+unix:///{export}?socket={self.nbd}"
+
+    def listening(self):
+        """Whether the API answers connections (a socket file alone may be
+        stale, left by a killed daemon)."""
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(self.api)
+            return os.path.exists(self.nbd)
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    def kill(self):
+        """SIGKILL: the daemon gets no chance to commit or clean up."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
     def stop(self):
         """SIGTERM, wait for the final commit, and require a clean exit."""

@@ -83,8 +83,9 @@ async fn run(config: ServeConfig) -> Result<()> {
     let open = tokio::task::spawn_blocking(move || open_or_create(&setup))
         .await
         .context("opening the pool failed")??;
-    let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
+    // NBD first: once the API answers, NBD is bound too.
     let nbd = NbdListeners::bind(&config.nbd_socket(), config.nbd_listen).await?;
+    let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
 
     let metrics = Metrics::new();
     let observer = metrics.clone();
