@@ -134,7 +134,7 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_test(name, body, tools=(), needs_root=False):
+def run_test(name, body, tools=(), needs_root=False, pool_size="6G"):
     """Runs `body(daemon)` against a started daemon on a fresh pool, then
     stops the daemon (it must exit cleanly) and requires `arbor check` to
     pass. Exits 1 with the reason on failure (a missing tool or missing root
@@ -143,7 +143,7 @@ def run_test(name, body, tools=(), needs_root=False):
         if needs_root and os.geteuid() != 0:
             raise Failure(f"{name} must run as root (it mounts a filesystem); CI runs it as root")
         require_tools(*tools)
-        daemon = Daemon(pool_size="6G")
+        daemon = Daemon(pool_size=pool_size)
         try:
             daemon.start()
             body(daemon)
