@@ -35,6 +35,7 @@ struct ConfigFile {
     nbd_listen: String,
     nbd_max_connections: u32,
     nbd_memory_limit: ByteSize,
+    nbd_stall_timeout: String,
     api_listen: String,
     reclaim_rate: u32,
     commit_interval: String,
@@ -55,6 +56,7 @@ pub struct ServeConfig {
     pub nbd_max_connections: usize,
     /// Request bytes held at once across all NBD connections.
     pub nbd_memory_limit: u32,
+    pub nbd_stall_timeout: Duration,
     pub api_listen: Option<SocketAddr>,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
@@ -156,18 +158,20 @@ fn listen_address(key: &str, text: &str) -> Result<Option<SocketAddr>> {
     })
 }
 
+fn positive_duration(key: &str, text: &str) -> Result<Duration> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| usage(format!("{key} = {text:?}: {e} (use e.g. 5s or 500ms)")))?;
+    if duration.is_zero() {
+        bail!(usage(format!("{key} must be greater than zero")));
+    }
+    Ok(duration)
+}
+
 fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let chunk_size = u32::try_from(file.chunk_size.0)
         .map_err(|_| usage(format!("chunk_size {} is too large", file.chunk_size)))?;
-    let commit_interval = humantime::parse_duration(&file.commit_interval).map_err(|e| {
-        usage(format!(
-            "commit_interval = {:?}: {e} (use e.g. 5s or 500ms)",
-            file.commit_interval
-        ))
-    })?;
-    if commit_interval.is_zero() {
-        bail!(usage("commit_interval must be greater than zero".into()));
-    }
+    let commit_interval = positive_duration("commit_interval", &file.commit_interval)?;
+    let nbd_stall_timeout = positive_duration("nbd_stall_timeout", &file.nbd_stall_timeout)?;
     let api_listen = listen_address("api_listen", &file.api_listen)?;
     if let Some(addr) = api_listen {
         if !addr.ip().is_loopback() {
@@ -202,6 +206,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     Ok(ServeConfig {
         pool,
         nbd_memory_limit,
+        nbd_stall_timeout,
         nbd_max_connections: file.nbd_max_connections as usize,
         pool_size: file.pool_size.0,
         chunk_size,

@@ -106,6 +106,7 @@ async fn run(config: ServeConfig) -> Result<()> {
     let limits = arbor_nbd::ServerConfig {
         max_connections: config.nbd_max_connections,
         max_bytes_total: config.nbd_memory_limit,
+        reply_stall_timeout: config.nbd_stall_timeout,
         ..arbor_nbd::ServerConfig::default()
     };
     tasks.spawn(nbd.serve(exports, limits, stop.clone()));
