@@ -88,6 +88,21 @@ impl BlockDevice for RecordingDevice {
     }
 }
 
+/// Lands one write on a crash image: whole, or torn (each sector kept or not).
+pub(crate) fn land(image: &mut [u8], offset: u64, data: &[u8], tear: bool, rng: &mut impl Rng) {
+    let start = offset as usize;
+    if !tear {
+        image[start..start + data.len()].copy_from_slice(data);
+        return;
+    }
+    for (s, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
+        if rng.gen_bool(0.5) {
+            let at = start + s * SECTOR_SIZE as usize;
+            image[at..at + sector.len()].copy_from_slice(sector);
+        }
+    }
+}
+
 /// How to build one crash image from the writes since the last flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashKind {
@@ -160,7 +175,6 @@ impl CrashReplayer {
     pub fn crash_image(&self, kind: CrashKind, rng: &mut impl Rng) -> Vec<u8> {
         let mut image = self.durable.clone();
         for (offset, data) in &self.unflushed {
-            let start = *offset as usize;
             let tear = match kind {
                 CrashKind::DropAll => continue,
                 CrashKind::KeepAll => false,
@@ -171,16 +185,7 @@ impl CrashReplayer {
                     data.len() as u64 > SECTOR_SIZE && rng.gen_range(0..100) < tear_percent
                 }
             };
-            if tear {
-                for (s, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
-                    if rng.gen_bool(0.5) {
-                        let at = start + s * SECTOR_SIZE as usize;
-                        image[at..at + sector.len()].copy_from_slice(sector);
-                    }
-                }
-            } else {
-                image[start..start + data.len()].copy_from_slice(data);
-            }
+            land(&mut image, *offset, data, tear, rng);
         }
         image
     }
