@@ -22,7 +22,7 @@ mod record;
 mod sim;
 
 pub use file::FileDevice;
-pub use record::{CrashKind, CrashReplayer, IoEvent, Recording, RecordingDevice};
+pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};
 pub use sim::{SimDisk, SimDiskHandle};
 
 use std::io;

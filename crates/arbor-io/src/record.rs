@@ -9,6 +9,7 @@
 //! crash images for as many cut points as a test wants, without re-running
 //! the workload for each.
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -88,17 +89,119 @@ impl BlockDevice for RecordingDevice {
     }
 }
 
-/// Lands one write on a crash image: whole, or torn (each sector kept or not).
-pub(crate) fn land(image: &mut [u8], offset: u64, data: &[u8], tear: bool, rng: &mut impl Rng) {
-    let start = offset as usize;
+/// Lands one write through `put`: whole, or torn (each sector kept or not).
+pub(crate) fn land(
+    offset: u64,
+    data: &[u8],
+    tear: bool,
+    rng: &mut impl Rng,
+    mut put: impl FnMut(u64, &[u8]),
+) {
     if !tear {
-        image[start..start + data.len()].copy_from_slice(data);
+        put(offset, data);
         return;
     }
     for (s, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
         if rng.gen_bool(0.5) {
-            let at = start + s * SECTOR_SIZE as usize;
-            image[at..at + sector.len()].copy_from_slice(sector);
+            put(offset + s as u64 * SECTOR_SIZE, sector);
+        }
+    }
+}
+
+/// Copies `data` into `image` at `offset` (the caller checked the range).
+pub(crate) fn put_into(image: &mut [u8]) -> impl FnMut(u64, &[u8]) + '_ {
+    |offset, data| {
+        let at = offset as usize;
+        image[at..at + data.len()].copy_from_slice(data);
+    }
+}
+
+/// A device over a shared, read-only base image: writes go to a private
+/// overlay of sectors. Many crash images of one large pool thus cost only
+/// their differences.
+pub struct OverlayDevice {
+    base: Arc<Vec<u8>>,
+    sectors: Mutex<HashMap<u64, Box<[u8]>>>,
+}
+
+const SECTOR: usize = SECTOR_SIZE as usize;
+
+impl OverlayDevice {
+    pub fn new(base: Arc<Vec<u8>>) -> Self {
+        Self {
+            base,
+            sectors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn sectors(&self) -> MutexGuard<'_, HashMap<u64, Box<[u8]>>> {
+        // Plain bytes: a panic elsewhere cannot leave them half-updated.
+        self.sectors
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The whole image as it reads now.
+    pub fn image(&self) -> Vec<u8> {
+        let mut image = (*self.base).clone();
+        for (s, data) in self.sectors().iter() {
+            let at = *s as usize * SECTOR;
+            image[at..at + SECTOR].copy_from_slice(data);
+        }
+        image
+    }
+}
+
+impl BlockDevice for OverlayDevice {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        crate::check_range(offset, buf.len(), self.size())?;
+        let sectors = self.sectors();
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = offset as usize + done;
+            let (s, within) = (pos / SECTOR, pos % SECTOR);
+            let n = (SECTOR - within).min(buf.len() - done);
+            let src = match sectors.get(&(s as u64)) {
+                Some(data) => &data[within..within + n],
+                None => &self.base[pos..pos + n],
+            };
+            buf[done..done + n].copy_from_slice(src);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        crate::check_range(offset, buf.len(), self.size())?;
+        self.put(offset, buf);
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn size(&self) -> u64 {
+        self.base.len() as u64
+    }
+}
+
+impl OverlayDevice {
+    /// Writes `buf` at `offset`, which the caller checked lies inside.
+    fn put(&self, offset: u64, buf: &[u8]) {
+        let mut sectors = self.sectors();
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = offset as usize + done;
+            let (s, within) = (pos / SECTOR, pos % SECTOR);
+            let n = (SECTOR - within).min(buf.len() - done);
+            let sector = sectors.entry(s as u64).or_insert_with(|| {
+                self.base[s * SECTOR..(s + 1) * SECTOR]
+                    .to_vec()
+                    .into_boxed_slice()
+            });
+            sector[within..within + n].copy_from_slice(&buf[done..done + n]);
+            done += n;
         }
     }
 }
@@ -119,8 +222,9 @@ pub enum CrashKind {
 /// Replays a log of [`IoEvent`]s over an initial image and builds crash
 /// images at the current point of the replay.
 pub struct CrashReplayer {
-    /// The image after every event up to the last flush replayed.
-    durable: Vec<u8>,
+    /// The image after every event up to the last flush replayed (shared
+    /// with the crash devices handed out; copied only if one is still alive).
+    durable: Arc<Vec<u8>>,
     /// Writes replayed since that flush, in order.
     unflushed: Vec<(u64, Vec<u8>)>,
     events: u64,
@@ -131,7 +235,7 @@ impl CrashReplayer {
     /// Starts from `image`, the durable contents before the first event.
     pub fn new(image: Vec<u8>) -> Self {
         Self {
-            durable: image,
+            durable: Arc::new(image),
             unflushed: Vec::new(),
             events: 0,
             flushes: 0,
@@ -146,9 +250,9 @@ impl CrashReplayer {
                 self.unflushed.push((offset, data));
             }
             IoEvent::Flush => {
+                let durable = Arc::make_mut(&mut self.durable);
                 for (offset, data) in self.unflushed.drain(..) {
-                    let at = offset as usize;
-                    self.durable[at..at + data.len()].copy_from_slice(&data);
+                    put_into(durable)(offset, &data);
                 }
                 self.flushes += 1;
             }
@@ -173,7 +277,20 @@ impl CrashReplayer {
 
     /// The image a disk could show after a power cut at this point.
     pub fn crash_image(&self, kind: CrashKind, rng: &mut impl Rng) -> Vec<u8> {
-        let mut image = self.durable.clone();
+        let mut image = (*self.durable).clone();
+        self.land_unflushed(kind, rng, put_into(&mut image));
+        image
+    }
+
+    /// The same as a device sharing the durable image (cheap for large images).
+    pub fn crash_device(&self, kind: CrashKind, rng: &mut impl Rng) -> OverlayDevice {
+        let dev = OverlayDevice::new(Arc::clone(&self.durable));
+        // In range: checked when each write was replayed.
+        self.land_unflushed(kind, rng, |offset, data| dev.put(offset, data));
+        dev
+    }
+
+    fn land_unflushed(&self, kind: CrashKind, rng: &mut impl Rng, mut put: impl FnMut(u64, &[u8])) {
         for (offset, data) in &self.unflushed {
             let tear = match kind {
                 CrashKind::DropAll => continue,
@@ -185,9 +302,8 @@ impl CrashReplayer {
                     data.len() as u64 > SECTOR_SIZE && rng.gen_range(0..100) < tear_percent
                 }
             };
-            land(&mut image, *offset, data, tear, rng);
+            land(*offset, data, tear, rng, &mut put);
         }
-        image
     }
 }
 
@@ -221,6 +337,15 @@ mod tests {
             replay.crash_image(CrashKind::DropAll, &mut rng),
             disk.handle().durable_image()
         );
+        for kind in [CrashKind::KeepAll, CrashKind::DropAll] {
+            let dev = replay.crash_device(kind, &mut rng);
+            assert_eq!(dev.image(), replay.crash_image(kind, &mut rng));
+            let mut buf = vec![0u8; 700];
+            dev.write_at(&[9; 300], 1000).unwrap();
+            dev.read_at(&mut buf, 900).unwrap();
+            assert!(buf[100..400].iter().all(|&b| b == 9));
+            assert!(dev.read_at(&mut buf, 7600).is_err());
+        }
         let mut torn = false;
         for _ in 0..64 {
             let image = replay.crash_image(CrashKind::Random { tear_percent: 100 }, &mut rng);

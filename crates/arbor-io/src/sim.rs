@@ -3,7 +3,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::Rng;
 
-use crate::record::land;
+use crate::record::{land, put_into};
 use crate::{check_range, BlockDevice, SECTOR_SIZE};
 
 /// An in-memory disk with a volatile write cache and a power switch.
@@ -196,7 +196,7 @@ impl SimDiskHandle {
                 continue;
             }
             let tear = Some(i) == torn && data.len() as u64 > SECTOR_SIZE;
-            land(&mut image, *offset, data, tear, rng);
+            land(*offset, data, tear, rng, put_into(&mut image));
         }
         image
     }
