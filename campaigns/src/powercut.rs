@@ -354,6 +354,13 @@ impl Campaign {
     /// verified, then the model records its completion.
     fn step(&mut self, op: Op) -> Result<(), ()> {
         self.step += 1;
+        if std::env::var_os("ARBOR_POWERCUT_TRACE").is_some() {
+            eprintln!(
+                "step {} (event {}): {op:?}",
+                self.step,
+                self.replay.events()
+            );
+        }
         self.before(&op);
         let result = self.execute(&op);
         let events = self.recording.take();

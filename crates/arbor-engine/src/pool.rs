@@ -246,7 +246,7 @@ fn format_space_map(store: &Store, kind: SmKind, pages: u64) -> Result<()> {
     Ok(())
 }
 
-fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let mut last_error = None;
     for slot in 0..SUPERBLOCK_SLOTS {
         let mut raw = [0u8; BLOCK_SIZE];
@@ -1007,6 +1007,22 @@ impl Pool {
         let mut ranges = ByteRanges::new(self.chunk_size());
         meta.changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
         Ok(ranges.0)
+    }
+
+    /// Metadata blocks (absolute block numbers) with a non-zero reference
+    /// count in the last commit: the nodes of every tree and the reclaim
+    /// queue. For tools and damage tests that must tell live blocks from free ones.
+    pub fn metadata_blocks_in_use(&self) -> Result<Vec<u64>> {
+        self.flush()?;
+        let meta = self.read_meta()?;
+        let geo = self.store.geo;
+        let mut blocks = Vec::new();
+        for entry in 0..geo.meta_blocks {
+            if meta.meta_sm.get(&self.store, entry)? > 0 {
+                blocks.push(geo.meta_start + entry);
+            }
+        }
+        Ok(blocks)
     }
 
     /// Verifies the whole pool (see [`crate::check`]); commits first so the
