@@ -2,6 +2,7 @@
 //! library function run two ways: briefly by `cargo test -p arbor-campaigns`
 //! (CI) and for as long as wanted by its binary (`src/bin/`).
 
+pub mod corruption;
 pub mod powercut;
 
 use std::sync::Arc;
@@ -50,31 +51,61 @@ pub fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     }
 }
 
-/// When a by-hand run stops: after a number of runs or a duration.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
+/// When a by-hand run stops, and where its seeds start.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Start no new run after this many seconds.
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Stop after this many runs (without --seconds: one run).
+    #[arg(long)]
     pub runs: Option<u64>,
-    pub duration: Option<Duration>,
-    started: Instant,
+    /// Seed of the first run; run i uses seed + i.
+    #[arg(long, default_value_t = 1000)]
+    pub seed: u64,
 }
 
-impl Budget {
-    pub fn new(runs: Option<u64>, seconds: Option<u64>) -> Self {
-        Self {
-            runs,
-            duration: seconds.map(Duration::from_secs),
-            started: Instant::now(),
+/// What a campaign's runs add up to.
+pub trait Tally: Default {
+    fn add(&mut self, other: Self);
+    fn failures(&self) -> &[String];
+}
+
+/// Runs `one(seed)` for seeds from `args.seed` on, until the budget is spent;
+/// prints every failure as it comes and `progress` every ten runs.
+pub fn repeat<T: Tally>(
+    args: &RunArgs,
+    mut one: impl FnMut(u64) -> T,
+    progress: impl Fn(&T, u64, Duration),
+) -> (T, u64, Duration) {
+    let started = Instant::now();
+    let limit = args.seconds.map(Duration::from_secs);
+    let mut total = T::default();
+    let mut runs = 0;
+    loop {
+        let by_runs = args.runs.map_or(runs == 0 || limit.is_some(), |n| runs < n);
+        let by_time = limit.is_none_or(|d| started.elapsed() < d);
+        if !(by_runs && by_time) {
+            break;
+        }
+        let outcome = one(args.seed + runs);
+        for failure in outcome.failures() {
+            println!("FAIL {failure}");
+        }
+        total.add(outcome);
+        runs += 1;
+        if runs.is_multiple_of(10) {
+            progress(&total, runs, started.elapsed());
         }
     }
+    (total, runs, started.elapsed())
+}
 
-    /// True while run number `done` (counted from 0) may start.
-    pub fn more(&self, done: u64) -> bool {
-        let by_runs = self.runs.is_none_or(|n| done < n);
-        let by_time = self.duration.is_none_or(|d| self.started.elapsed() < d);
-        by_runs && by_time && (self.runs.is_some() || self.duration.is_some() || done == 0)
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+/// The exit status of a campaign binary.
+pub fn exit_code<T: Tally>(total: &T) -> std::process::ExitCode {
+    if total.failures().is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }

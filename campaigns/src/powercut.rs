@@ -84,8 +84,12 @@ pub struct Outcome {
     pub failures: Vec<String>,
 }
 
-impl Outcome {
-    pub fn add(&mut self, other: Outcome) {
+impl crate::Tally for Outcome {
+    fn failures(&self) -> &[String] {
+        &self.failures
+    }
+
+    fn add(&mut self, other: Outcome) {
         self.runs += other.runs;
         self.steps += other.steps;
         self.events += other.events;

@@ -2,6 +2,7 @@
 //! `cargo run --release -p arbor-campaigns --bin powercut -- --seconds N`).
 
 use arbor_campaigns::powercut::{run, Config, Outcome};
+use arbor_campaigns::Tally;
 
 #[test]
 fn record_replay_power_cuts_lose_nothing() {

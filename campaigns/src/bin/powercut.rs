@@ -5,8 +5,8 @@
 
 use std::process::ExitCode;
 
-use arbor_campaigns::powercut::{run, Config, Outcome};
-use arbor_campaigns::Budget;
+use arbor_campaigns::powercut::{run, Config};
+use arbor_campaigns::{exit_code, repeat, RunArgs, Tally};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -14,15 +14,8 @@ use clap::Parser;
     about = "Record a random workload, cut power at many points of it, verify every crash image"
 )]
 struct Args {
-    /// Stop starting new runs after this many seconds.
-    #[arg(long)]
-    seconds: Option<u64>,
-    /// Stop after this many runs (one workload each).
-    #[arg(long)]
-    runs: Option<u64>,
-    /// Seed of the first run; run i uses seed + i.
-    #[arg(long, default_value_t = 1000)]
-    seed: u64,
+    #[command(flatten)]
+    run: RunArgs,
     /// Operations per workload.
     #[arg(long, default_value_t = 300)]
     steps: usize,
@@ -36,49 +29,37 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let budget = Budget::new(args.runs, args.seconds);
-    let mut total = Outcome::default();
-    let mut i = 0;
-    while budget.more(i) {
-        let cfg = Config {
-            steps: args.steps,
-            variants: args.variants,
-            random_cut_percent: args.random_cut_percent,
-            ..Config::new(args.seed + i)
-        };
-        let outcome = run(cfg);
-        for failure in &outcome.failures {
-            println!("FAIL {failure}");
-        }
-        total.add(outcome);
-        i += 1;
-        if i.is_multiple_of(10) {
+    let (total, runs, elapsed) = repeat(
+        &args.run,
+        |seed| {
+            run(Config {
+                steps: args.steps,
+                variants: args.variants,
+                random_cut_percent: args.random_cut_percent,
+                ..Config::new(seed)
+            })
+        },
+        |t, runs, elapsed| {
             eprintln!(
-                "{:>6.0}s: {} runs, {} cut points, {} images, {} failures",
-                budget.elapsed().as_secs_f64(),
-                total.runs,
-                total.cut_points,
-                total.images,
-                total.failures.len()
-            );
-        }
-    }
+                "{:>6.0}s: {runs} runs, {} cut points, {} images, {} failures",
+                elapsed.as_secs_f64(),
+                t.cut_points,
+                t.images,
+                t.failures().len()
+            )
+        },
+    );
     println!(
-        "powercut: {} runs (seeds {}..{}), {} operations, {} device events ({} flushes), {} cut points, {} crash images verified, {} failures, {:.0} s",
-        total.runs,
-        args.seed,
-        args.seed + total.runs,
+        "powercut: {runs} runs (seeds {}..{}), {} operations, {} device events ({} flushes), {} cut points, {} crash images verified, {} failures, {:.0} s",
+        args.run.seed,
+        args.run.seed + runs,
         total.steps,
         total.events,
         total.flushes,
         total.cut_points,
         total.images,
         total.failures.len(),
-        budget.elapsed().as_secs_f64()
+        elapsed.as_secs_f64()
     );
-    if total.failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    exit_code(&total)
 }
