@@ -3,6 +3,8 @@
 //! (CI) and for as long as wanted by its binary (`src/bin/`).
 
 pub mod corruption;
+pub mod cut;
+pub mod isolation;
 pub mod powercut;
 
 use std::sync::Arc;
@@ -108,4 +110,12 @@ pub fn exit_code<T: Tally>(total: &T) -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     }
+}
+
+/// The progress line of the campaigns that cut power.
+pub fn cut_progress(runs: u64, elapsed: Duration, cut_points: u64, images: u64, failures: usize) {
+    eprintln!(
+        "{:>6.0}s: {runs} runs, {cut_points} cut points, {images} images, {failures} failures",
+        elapsed.as_secs_f64()
+    );
 }

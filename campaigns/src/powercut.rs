@@ -26,13 +26,11 @@ use std::sync::Arc;
 
 use arbor_engine::{Pool, VolumeId};
 use arbor_io::model::{pattern, Possible};
-use arbor_io::{
-    BlockDevice, CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice,
-    SimDisk,
-};
+use arbor_io::{BlockDevice, IoEvent, OverlayDevice, Recording, RecordingDevice, SimDisk};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::cut::Cutter;
 use crate::{no_panic, small_create_opts, small_open_opts, MIB};
 
 const SECTOR: usize = 512;
@@ -160,7 +158,9 @@ struct Campaign {
     rng: StdRng,
     pool: Pool,
     recording: Recording,
-    replay: CrashReplayer,
+    cutter: Cutter,
+    /// Crash images verified so far.
+    verified: u64,
     vols: BTreeMap<String, VolModel>,
     /// A volume the operation in flight creates: it may or may not exist.
     pending_new: Option<(String, Possible)>,
@@ -195,21 +195,18 @@ pub fn run(cfg: Config) -> Outcome {
     };
     // The pool's creation is replayed without cuts: a pool that was never
     // completely created need not open.
-    let mut replay = CrashReplayer::new(vec![0; POOL_BYTES as usize]);
-    for event in recording.take() {
-        if let Err(e) = replay.apply(event) {
-            outcome
-                .failures
-                .push(format!("seed {}: replay: {e}", cfg.seed));
-            return outcome;
-        }
+    let mut cutter = Cutter::new(POOL_BYTES, cfg.random_cut_percent, cfg.variants);
+    if let Err(e) = cutter.skip(recording.take()) {
+        outcome.failures.push(format!("seed {}: {e}", cfg.seed));
+        return outcome;
     }
     let mut campaign = Campaign {
         cfg,
         rng: StdRng::seed_from_u64(rng.gen()),
         pool,
         recording,
-        replay,
+        cutter,
+        verified: 0,
         vols: BTreeMap::new(),
         pending_new: None,
         next_name: 0,
@@ -233,8 +230,10 @@ pub fn run(cfg: Config) -> Outcome {
 
 impl Campaign {
     fn finish(mut self) -> Outcome {
-        self.outcome.events = self.replay.events();
-        self.outcome.flushes = self.replay.flushes();
+        self.outcome.events = self.cutter.replay.events();
+        self.outcome.flushes = self.cutter.replay.flushes();
+        self.outcome.cut_points = self.cutter.cut_points;
+        self.outcome.images = self.cutter.images;
         self.outcome.steps = self.step as u64;
         self.outcome
     }
@@ -362,7 +361,7 @@ impl Campaign {
             eprintln!(
                 "step {} (event {}): {op:?}",
                 self.step,
-                self.replay.events()
+                self.cutter.replay.events()
             );
         }
         self.before(&op);
@@ -483,47 +482,26 @@ impl Campaign {
         }
     }
 
-    /// Replays the operation's events, cutting power before and after every
-    /// flush and at random events.
+    /// Replays the operation's events and verifies every crash image cut on the way.
     fn cut_through(&mut self, events: Vec<IoEvent>) -> Result<(), ()> {
-        let n = events.len();
-        let mut events = events.into_iter().peekable();
-        for _ in 0..n {
-            let Some(event) = events.next() else { break };
-            let is_flush = event == IoEvent::Flush;
-            if let Err(e) = self.replay.apply(event) {
-                self.fail(format!("replay: {e}"));
+        let crashes = match self.cutter.feed(events, &mut self.rng) {
+            Ok(crashes) => crashes,
+            Err(e) => {
+                self.fail(e);
                 return Err(());
             }
-            let next_is_flush = events.peek() == Some(&IoEvent::Flush);
-            if is_flush || next_is_flush || self.rng.gen_range(0..100) < self.cfg.random_cut_percent
-            {
-                self.cut_here();
+        };
+        for crash in crashes {
+            self.verified += 1;
+            let exercise = self.verified.is_multiple_of(self.cfg.exercise_every);
+            if let Err(e) = no_panic(|| self.verify(crash.dev, exercise)) {
+                self.fail(format!(
+                    "cut after event {} ({:?}): {e}",
+                    crash.event, crash.kind
+                ));
             }
         }
         Ok(())
-    }
-
-    fn cut_here(&mut self) {
-        self.outcome.cut_points += 1;
-        let kinds: Vec<CrashKind> = if self.replay.unflushed() == 0 {
-            vec![CrashKind::KeepAll]
-        } else {
-            let mut kinds = vec![CrashKind::KeepAll, CrashKind::DropAll];
-            kinds.extend(
-                (2..self.cfg.variants.max(2)).map(|_| CrashKind::Random { tear_percent: 30 }),
-            );
-            kinds
-        };
-        for kind in kinds {
-            let dev = self.replay.crash_device(kind, &mut self.rng);
-            self.outcome.images += 1;
-            let exercise = self.outcome.images.is_multiple_of(self.cfg.exercise_every);
-            let at = self.replay.events();
-            if let Err(e) = no_panic(|| self.verify(Arc::new(dev), exercise)) {
-                self.fail(format!("cut after event {at} ({kind:?}): {e}"));
-            }
-        }
     }
 
     /// Checks one crash image against the model.

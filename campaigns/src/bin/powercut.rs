@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use arbor_campaigns::powercut::{run, Config};
-use arbor_campaigns::{exit_code, repeat, RunArgs, Tally};
+use arbor_campaigns::{cut_progress, exit_code, repeat, RunArgs, Tally};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -39,15 +39,7 @@ fn main() -> ExitCode {
                 ..Config::new(seed)
             })
         },
-        |t, runs, elapsed| {
-            eprintln!(
-                "{:>6.0}s: {runs} runs, {} cut points, {} images, {} failures",
-                elapsed.as_secs_f64(),
-                t.cut_points,
-                t.images,
-                t.failures().len()
-            )
-        },
+        |t, runs, elapsed| cut_progress(runs, elapsed, t.cut_points, t.images, t.failures().len()),
     );
     println!(
         "powercut: {runs} runs (seeds {}..{}), {} operations, {} device events ({} flushes), {} cut points, {} crash images verified, {} failures, {:.0} s",
