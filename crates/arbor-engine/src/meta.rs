@@ -489,6 +489,12 @@ pub(crate) fn journal_warnings(store: &Store, current: u64) -> Result<Vec<String
             Ok(record) if record.uuid != store.geo.uuid => warnings.push(format!(
                 "journal area at block {area}: commit record of another pool"
             )),
+            Ok(record) if u64::from(record.page_count.get()) > store.geo.journal_pages => warnings
+                .push(format!(
+                    "journal area at block {area}: commit record claims {} page images, the area holds {}",
+                    record.page_count.get(),
+                    store.geo.journal_pages
+                )),
             Ok(record) if record.txn.get() > current => warnings.push(format!(
                 "journal area at block {area}: commit {} is newer than the pool's commit {current} but its page images are damaged or torn; the pool is at the previous commit",
                 record.txn.get()
@@ -533,6 +539,9 @@ fn read_journal_pages(
     record: &CommitRecord,
 ) -> Result<Option<Vec<SmPage>>> {
     let geo = store.geo;
+    if u64::from(record.page_count.get()) > geo.journal_pages {
+        return Ok(None);
+    }
     let count = record.page_count.get() as usize;
     let mut images = vec![0u8; count * BLOCK_SIZE];
     store

@@ -58,6 +58,11 @@ impl SpaceMap {
         if pages > u64::from(u32::MAX) {
             return Err(Error::InvalidArgument("space map too large".into()));
         }
+        if used > entries {
+            return Err(Error::inconsistent(format!(
+                "commit record counts {used} {kind:?} entries in use of {entries}"
+            )));
+        }
         Ok(Self {
             kind,
             entries,

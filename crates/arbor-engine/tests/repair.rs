@@ -215,3 +215,37 @@ fn repair_refuses_a_damaged_volume_tree() {
         "a refused repair changes nothing"
     );
 }
+
+/// Regression (found by the open_pool fuzz target): `check` read the page
+/// images of the other journal area's record without bounding its page
+/// count by the journal size, and tried to allocate terabytes.
+#[test]
+fn check_bounds_a_hostile_journal_page_count() {
+    let (disk, contents) = populated();
+    let image = disk.handle().durable_image();
+    let sb = geometry(&image);
+    let newest = newest_commit(&image);
+    let older_area = sb
+        .journal_start
+        .iter()
+        .map(|a| a.get())
+        .find(|a| {
+            let at = *a as usize * BS;
+            CommitRecord::decode(&image[at..at + BS]).map_or(true, |r| r.txn != newest.txn)
+        })
+        .unwrap();
+    let mut hostile = newest;
+    hostile.txn = (newest.txn.get() - 1).into();
+    hostile.page_count = u32::MAX.into();
+    disk.write_at(&hostile.encode(), older_area * BS as u64)
+        .unwrap();
+    disk.flush().unwrap();
+    let pool = reopen(&disk);
+    let report = pool.check().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(
+        !report.warnings.is_empty(),
+        "the bad fallback record is reported"
+    );
+    assert_contents(&pool, &contents);
+}

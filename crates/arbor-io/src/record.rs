@@ -116,11 +116,13 @@ pub(crate) fn put_into(image: &mut [u8]) -> impl FnMut(u64, &[u8]) + '_ {
     }
 }
 
-/// A device over a shared, read-only base image: writes go to a private
-/// overlay of sectors. Many crash images of one large pool thus cost only
-/// their differences.
+/// A device over a shared, read-only base image (or zeros): writes go to a
+/// private overlay of sectors. Many crash images of one large pool thus
+/// cost only their differences, and a large sparse device only its data.
 pub struct OverlayDevice {
-    base: Arc<Vec<u8>>,
+    /// `None`: every sector not written reads as zeros.
+    base: Option<Arc<Vec<u8>>>,
+    size: u64,
     sectors: Mutex<HashMap<u64, Box<[u8]>>>,
 }
 
@@ -129,8 +131,26 @@ const SECTOR: usize = SECTOR_SIZE as usize;
 impl OverlayDevice {
     pub fn new(base: Arc<Vec<u8>>) -> Self {
         Self {
-            base,
+            size: base.len() as u64,
+            base: Some(base),
             sectors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A device of `size` bytes reading zeros until written.
+    pub fn zeroed(size: u64) -> Self {
+        Self {
+            base: None,
+            size,
+            sectors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Bytes `[at, at + len)` of the base (the caller checked the range).
+    fn base_bytes(&self, at: usize, out: &mut [u8]) {
+        match &self.base {
+            Some(base) => out.copy_from_slice(&base[at..at + out.len()]),
+            None => out.fill(0),
         }
     }
 
@@ -143,7 +163,8 @@ impl OverlayDevice {
 
     /// The whole image as it reads now.
     pub fn image(&self) -> Vec<u8> {
-        let mut image = (*self.base).clone();
+        let mut image = vec![0u8; self.size as usize];
+        self.base_bytes(0, &mut image);
         for (s, data) in self.sectors().iter() {
             let at = *s as usize * SECTOR;
             image[at..at + SECTOR].copy_from_slice(data);
@@ -161,11 +182,11 @@ impl BlockDevice for OverlayDevice {
             let pos = offset as usize + done;
             let (s, within) = (pos / SECTOR, pos % SECTOR);
             let n = (SECTOR - within).min(buf.len() - done);
-            let src = match sectors.get(&(s as u64)) {
-                Some(data) => &data[within..within + n],
-                None => &self.base[pos..pos + n],
-            };
-            buf[done..done + n].copy_from_slice(src);
+            let out = &mut buf[done..done + n];
+            match sectors.get(&(s as u64)) {
+                Some(data) => out.copy_from_slice(&data[within..within + n]),
+                None => self.base_bytes(pos, out),
+            }
             done += n;
         }
         Ok(())
@@ -182,7 +203,7 @@ impl BlockDevice for OverlayDevice {
     }
 
     fn size(&self) -> u64 {
-        self.base.len() as u64
+        self.size
     }
 }
 
@@ -196,9 +217,9 @@ impl OverlayDevice {
             let (s, within) = (pos / SECTOR, pos % SECTOR);
             let n = (SECTOR - within).min(buf.len() - done);
             let sector = sectors.entry(s as u64).or_insert_with(|| {
-                self.base[s * SECTOR..(s + 1) * SECTOR]
-                    .to_vec()
-                    .into_boxed_slice()
+                let mut sector = vec![0u8; SECTOR].into_boxed_slice();
+                self.base_bytes(s * SECTOR, &mut sector);
+                sector
             });
             sector[within..within + n].copy_from_slice(&buf[done..done + n]);
             done += n;
@@ -346,6 +367,11 @@ mod tests {
             assert!(buf[100..400].iter().all(|&b| b == 9));
             assert!(dev.read_at(&mut buf, 7600).is_err());
         }
+        let sparse = OverlayDevice::zeroed(1 << 40);
+        sparse.write_at(&[3; 512], 1 << 39).unwrap();
+        let mut buf = vec![1u8; 1024];
+        sparse.read_at(&mut buf, (1 << 39) - 512).unwrap();
+        assert!(buf[..512].iter().all(|&b| b == 0) && buf[512..].iter().all(|&b| b == 3));
         let mut torn = false;
         for _ in 0..64 {
             let image = replay.crash_image(CrashKind::Random { tear_percent: 100 }, &mut rng);
