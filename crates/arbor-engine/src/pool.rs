@@ -981,9 +981,14 @@ impl Pool {
         let exclusive = meta.exclusive_chunks(rec.root)?;
         Ok(VolumeStats {
             logical_bytes: rec.size_bytes,
-            mapped_bytes: rec.mapped_chunks * cs,
-            exclusive_bytes: exclusive * cs,
-            shared_bytes: rec.mapped_chunks.saturating_sub(exclusive) * cs,
+            // The record's counter is only checked by `check`: a damaged one
+            // must not overflow here.
+            mapped_bytes: rec.mapped_chunks.saturating_mul(cs),
+            exclusive_bytes: exclusive.saturating_mul(cs),
+            shared_bytes: rec
+                .mapped_chunks
+                .saturating_sub(exclusive)
+                .saturating_mul(cs),
         })
     }
 
@@ -1077,7 +1082,8 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         parent: (rec.parent != 0).then_some(VolumeId(rec.parent)),
         created_txn: rec.created_txn,
         created_unix_secs: rec.created_unix_secs,
-        mapped_bytes: rec.mapped_chunks * chunk,
+        // A damaged counter (reported by `check`) must not overflow here.
+        mapped_bytes: rec.mapped_chunks.saturating_mul(chunk),
     }
 }
 
