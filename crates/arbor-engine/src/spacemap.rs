@@ -180,15 +180,22 @@ impl SpaceMap {
         Ok(next)
     }
 
+    /// The end of `[start, start + len)`, or an error if it overflows (a damaged extent).
+    fn range_end(&self, start: u64, len: u64) -> Result<u64> {
+        start.checked_add(len).ok_or_else(|| {
+            Error::inconsistent(format!("{:?} range {start}+{len} overflows", self.kind))
+        })
+    }
+
     pub fn inc_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
-        for entry in start..start + len {
+        for entry in start..self.range_end(start, len)? {
             self.inc(store, entry)?;
         }
         Ok(())
     }
 
     pub fn dec_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
-        for entry in start..start + len {
+        for entry in start..self.range_end(start, len)? {
             self.dec(store, entry)?;
         }
         Ok(())
