@@ -172,11 +172,15 @@ impl SpaceMap {
                 self.kind
             )));
         };
-        self.set(store, entry, next)?;
         if next == 0 {
-            self.used -= 1;
+            // The used counter comes from the commit record: a damaged one
+            // can be below the real count.
+            self.used = self.used.checked_sub(1).ok_or_else(|| {
+                Error::inconsistent(format!("{:?} used counter below the counts", self.kind))
+            })?;
             self.pending_free.insert(entry);
         }
+        self.set(store, entry, next)?;
         Ok(next)
     }
 
