@@ -132,6 +132,14 @@ impl Meta {
     pub fn resume(store: Arc<Store>, resume: Resume, dirty_node_limit: usize) -> Result<Self> {
         let rec = resume.record;
         let geo = store.geo;
+        // No real pool gets near 2^63 commits; a record claiming so is damaged
+        // (and later txn arithmetic would overflow).
+        if rec.txn.get() >= 1 << 63 {
+            return Err(Error::inconsistent(format!(
+                "commit record claims transaction {}",
+                rec.txn.get()
+            )));
+        }
         let meta_sm = SpaceMap::new(
             SmKind::Meta,
             geo.meta_blocks,
