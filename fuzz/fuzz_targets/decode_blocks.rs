@@ -2,7 +2,9 @@
 //! field validation behind the checksum is reached.
 #![no_main]
 
-use arbor_format::{seal, BlockRef, BlockType, CommitRecord, Node, SmKind, SmPage, Superblock, BLOCK_SIZE};
+use arbor_format::{
+    seal, BlockRef, BlockType, CommitRecord, Node, SmKind, SmPage, Superblock, BLOCK_SIZE,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -13,7 +15,12 @@ fuzz_target!(|data: &[u8]| {
     let mut block = [0u8; BLOCK_SIZE];
     let n = data.len().min(BLOCK_SIZE);
     block[..n].copy_from_slice(&data[..n]);
-    for block_type in [BlockType::Superblock, BlockType::Commit, BlockType::SpaceMap, BlockType::Node] {
+    for block_type in [
+        BlockType::Superblock,
+        BlockType::Commit,
+        BlockType::SpaceMap,
+        BlockType::Node,
+    ] {
         seal(&mut block, block_type);
         let _ = Superblock::decode(&block, u64::MAX);
         let _ = CommitRecord::decode(&block);

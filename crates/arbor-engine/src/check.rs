@@ -6,17 +6,24 @@
 
 use std::collections::{HashMap, HashSet};
 
-use arbor_format::{BlockRef, NodeBody, TreeKind, VolumeRecord};
+use arbor_format::{
+    BlockRef, NodeBody, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+};
 
 use crate::error::Result;
 use crate::meta::Meta;
 
 /// Problems reported beyond this many are only counted.
 const MAX_REPORTED: usize = 200;
+const SM_PER_PAGE: u64 = SM_ENTRIES_PER_PAGE as u64;
 
 #[derive(Debug, Default, Clone)]
 pub struct CheckReport {
+    /// Damage or inconsistency: the pool is not clean.
     pub problems: Vec<String>,
+    /// Conditions that a power cut also leaves behind and that cost nothing
+    /// now (e.g. no intact fallback commit in the other journal area).
+    pub warnings: Vec<String>,
     /// Problems found but not listed (beyond the first 200).
     pub unlisted: usize,
     pub volumes: usize,
@@ -50,9 +57,18 @@ struct Walker<'a> {
     queued: Vec<BlockRef>,
     records: Vec<(u64, VolumeRecord)>,
     visited: HashSet<u64>,
+    /// A node or entry is damaged (as opposed to counts or records that
+    /// disagree): the references below it are unknown.
+    damaged: bool,
 }
 
 impl Walker<'_> {
+    /// Reports damage to a node or entry.
+    fn damage(&mut self, what: String) {
+        self.damaged = true;
+        self.report.problem(what);
+    }
+
     /// Counts one reference to `r` and, the first time, verifies its subtree.
     /// Returns the chunks mapped below it (mapping trees).
     fn walk(&mut self, r: BlockRef, tree: TreeKind, level: Option<u8>, lo: u64, hi: u64) -> u64 {
@@ -63,7 +79,7 @@ impl Walker<'_> {
         {
             Some(count) => *count = count.saturating_add(1),
             None => {
-                self.report.problem(format!(
+                self.damage(format!(
                     "{tree:?} pointer to block {} outside the metadata region",
                     r.block
                 ));
@@ -77,13 +93,12 @@ impl Walker<'_> {
         let node = match self.meta.store.read_node_uncached(r) {
             Ok(node) => node,
             Err(e) => {
-                self.report
-                    .problem(format!("{tree:?} node {}: {e}", r.block));
+                self.damage(format!("{tree:?} node {}: {e}", r.block));
                 return 0;
             }
         };
         if node.tree != tree || level.is_some_and(|l| l != node.level) {
-            self.report.problem(format!(
+            self.damage(format!(
                 "node {} is a level-{} {:?} node where a level-{level:?} {tree:?} node belongs",
                 r.block, node.level, node.tree
             ));
@@ -91,13 +106,13 @@ impl Walker<'_> {
         }
         if node.keys.first().is_some_and(|&k| k < lo) || node.keys.last().is_some_and(|&k| k >= hi)
         {
-            self.report.problem(format!(
+            self.damage(format!(
                 "node {} has keys outside its range [{lo}, {hi})",
                 r.block
             ));
         }
         if node.is_empty() {
-            self.report.problem(format!("node {} is empty", r.block));
+            self.damage(format!("node {} is empty", r.block));
         }
         let mapped = match &node.body {
             NodeBody::Internal(children) => {
@@ -131,19 +146,19 @@ impl Walker<'_> {
                     Ok(v) => {
                         let len = u64::from(v.len);
                         if key < previous_end {
-                            self.report.problem(format!(
+                            self.damage(format!(
                                 "leaf {}: extent at {key} overlaps the previous one",
                                 r.block
                             ));
                         }
                         if key.saturating_add(len) > hi {
-                            self.report.problem(format!(
+                            self.damage(format!(
                                 "leaf {}: extent at {key} crosses its leaf's range end {hi}",
                                 r.block
                             ));
                         }
                         if v.pchunk.saturating_add(len) > self.meta.store.geo.data_chunks {
-                            self.report.problem(format!(
+                            self.damage(format!(
                                 "leaf {}: extent at {key} points past the data region",
                                 r.block
                             ));
@@ -157,11 +172,11 @@ impl Walker<'_> {
                                 self.data_refs[c as usize].saturating_add(1);
                         }
                     }
-                    Err(e) => self.report.problem(format!("leaf {}: {e}", r.block)),
+                    Err(e) => self.damage(format!("leaf {}: {e}", r.block)),
                 },
                 TreeKind::Volumes => match VolumeRecord::decode(node.value(i)) {
                     Ok(rec) => self.records.push((key, rec)),
-                    Err(e) => self.report.problem(format!("volume record {key}: {e}")),
+                    Err(e) => self.damage(format!("volume record {key}: {e}")),
                 },
                 TreeKind::Queue => self.queued.push(BlockRef::decode(node.value(i))),
             }
@@ -202,9 +217,18 @@ impl Walker<'_> {
         base: u64,
     ) -> Result<u64> {
         let mut used = 0;
-        for entry in 0..entries {
+        let mut entry = 0;
+        while entry < entries {
             let want = expected(entry).copied().unwrap_or(0);
-            let have = sm.get(&self.meta.store, entry)?;
+            let have = match sm.get(&self.meta.store, entry) {
+                Ok(have) => have,
+                Err(e) => {
+                    // A damaged page: report it once and skip its entries.
+                    self.report.problem(format!("{label} space map: {e}"));
+                    entry = (entry / SM_PER_PAGE + 1) * SM_PER_PAGE;
+                    continue;
+                }
+            };
             if want != have {
                 self.report.problem(format!(
                     "{label} {}: space map counts {have} references, the trees hold {want}",
@@ -212,6 +236,7 @@ impl Walker<'_> {
                 ));
             }
             used += u64::from(have != 0);
+            entry += 1;
         }
         if used != sm.used {
             self.report.problem(format!(
@@ -225,6 +250,57 @@ impl Walker<'_> {
 
 /// Verifies the committed state `meta` describes (callers commit first).
 pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
+    let mut w = walk_trees(meta, true)?;
+    w.compare_counts()?;
+    check_superblocks(meta, &mut w.report)?;
+    w.report
+        .warnings
+        .extend(crate::meta::journal_warnings(&meta.store, meta.txn - 1)?);
+    Ok(w.report)
+}
+
+/// References held by the trees (for repair). With
+/// `queue` false, the reclaim queue and the trees it holds are left out, as
+/// if the queue were empty.
+pub(crate) fn count_references(meta: &Meta, queue: bool) -> Result<References> {
+    let mut w = walk_trees(meta, queue)?;
+    Ok(References {
+        damaged: w.damaged.then(|| std::mem::take(&mut w.report.problems)),
+        meta: std::mem::take(&mut w.meta_refs),
+        data: std::mem::take(&mut w.data_refs),
+    })
+}
+
+/// What [`count_references`] found.
+pub(crate) struct References {
+    /// Problems, when a node or entry is damaged (the counts are then incomplete).
+    pub damaged: Option<Vec<String>>,
+    /// References per metadata block (entry `i` = block `meta_start + i`).
+    pub meta: Vec<u32>,
+    /// References per data chunk.
+    pub data: Vec<u32>,
+}
+
+/// Both superblock copies must verify and be identical.
+fn check_superblocks(meta: &Meta, report: &mut CheckReport) -> Result<()> {
+    let store = &meta.store;
+    let mut copies = Vec::new();
+    for slot in 0..SUPERBLOCK_SLOTS {
+        let raw = store.read_block(slot)?;
+        match Superblock::decode(&raw[..], store.dev.size()) {
+            Ok(sb) => copies.push(sb),
+            Err(e) => report.problem(format!("superblock copy {slot} (block {slot}): {e}")),
+        }
+    }
+    if copies.windows(2).any(|pair| pair[0] != pair[1]) {
+        report.problem("the two superblock copies differ".into());
+    }
+    Ok(())
+}
+
+/// Walks every tree (the reclaim queue too if `queue`), verifying every
+/// node once and counting every reference.
+fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
     let mut w = Walker {
         meta,
         report: CheckReport::default(),
@@ -234,11 +310,12 @@ pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
         queued: Vec::new(),
         records: Vec::new(),
         visited: HashSet::new(),
+        damaged: false,
     };
     if !meta.volumes_root.is_none() {
         w.walk(meta.volumes_root, TreeKind::Volumes, None, 0, u64::MAX);
     }
-    if !meta.queue_root.is_none() {
+    if queue && !meta.queue_root.is_none() {
         w.walk(meta.queue_root, TreeKind::Queue, None, 0, u64::MAX);
     }
     let records = std::mem::take(&mut w.records);
@@ -275,11 +352,12 @@ pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
         let size_chunks = rec.size_bytes.div_ceil(meta.store.geo.chunk_size);
         if !rec.root.is_none() {
             let mut beyond = false;
-            meta.map_extents(rec.root, size_chunks, u64::MAX, &mut |_| {
+            // A damaged tree fails here too; the walk above has reported it.
+            let walked = meta.map_extents(rec.root, size_chunks, u64::MAX, &mut |_| {
                 beyond = true;
                 Ok(false)
-            })?;
-            if beyond {
+            });
+            if walked.is_ok() && beyond {
                 w.report.problem(format!(
                     "volume {}: chunks mapped beyond its size",
                     rec.name
@@ -297,6 +375,5 @@ pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
     for r in std::mem::take(&mut w.queued) {
         w.walk(r, TreeKind::Mapping, None, 0, u64::MAX);
     }
-    w.compare_counts()?;
-    Ok(w.report)
+    Ok(w)
 }

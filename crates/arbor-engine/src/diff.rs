@@ -246,18 +246,43 @@ impl Meta {
     /// exclusive part of the tree.
     pub fn exclusive_chunks(&self, root: BlockRef) -> Result<u64> {
         let mut total = 0;
-        let mut stack = vec![root];
-        while let Some(r) = stack.pop() {
+        // Each child must sit one level below its parent: a damaged pool
+        // cannot send the walk around a cycle.
+        let mut stack = vec![(root, None)];
+        while let Some((r, level)) = stack.pop() {
             if r.is_none() || self.meta_count(r.block)? != 1 {
                 continue;
             }
             let node = self.node(r)?;
+            if node.tree != arbor_format::TreeKind::Mapping
+                || level.is_some_and(|l| l != node.level)
+            {
+                return Err(Error::inconsistent(format!(
+                    "node {} is a level-{} {:?} node inside a mapping tree",
+                    r.block, node.level, node.tree
+                )));
+            }
             match &node.body {
-                NodeBody::Internal(children) => stack.extend(children.iter().copied()),
+                NodeBody::Internal(children) => {
+                    let below = node.level.checked_sub(1).ok_or_else(|| {
+                        Error::inconsistent(format!("internal node {} at level 0", r.block))
+                    })?;
+                    stack.extend(children.iter().map(|&c| (c, Some(below))));
+                }
                 NodeBody::Leaf(_) => {
                     for i in 0..node.len() {
                         let v = crate::meta::decode_map_value(&node, i)?;
-                        for c in v.pchunk..v.pchunk + u64::from(v.len) {
+                        let end = v
+                            .pchunk
+                            .checked_add(u64::from(v.len))
+                            .filter(|&end| end <= self.store.geo.data_chunks)
+                            .ok_or_else(|| {
+                                Error::inconsistent(format!(
+                                    "leaf {}: extent at {} points past the data region",
+                                    r.block, node.keys[i]
+                                ))
+                            })?;
+                        for c in v.pchunk..end {
                             if self.data_sm.get(&self.store, c)? == 1 {
                                 total += 1;
                             }

@@ -10,6 +10,7 @@
 //! * `mapping`: a volume's chunk → extent map;
 //! * `volumes`: volume table, family tree, write planning, reclaim;
 //! * `diff`, `check`: tree comparison, exclusive space, full verification;
+//! * `repair`: offline rebuild of the space maps and superblock copies;
 //! * `pool`: the public, thread-safe API and the data path.
 
 mod btree;
@@ -20,6 +21,7 @@ mod mapping;
 mod meta;
 mod names;
 mod pool;
+mod repair;
 mod spacemap;
 mod store;
 mod volumes;
@@ -31,3 +33,4 @@ pub use pool::{
     CommitObserver, CreateOptions, MapRun, OpenOptions, Pool, PoolStats, VolumeId, VolumeInfo,
     VolumeStats, DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
 };
+pub use repair::{repair, RepairReport};

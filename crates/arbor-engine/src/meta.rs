@@ -132,6 +132,14 @@ impl Meta {
     pub fn resume(store: Arc<Store>, resume: Resume, dirty_node_limit: usize) -> Result<Self> {
         let rec = resume.record;
         let geo = store.geo;
+        // No real pool gets near 2^63 commits; a record claiming so is damaged
+        // (and later txn arithmetic would overflow).
+        if rec.txn.get() >= 1 << 63 {
+            return Err(Error::inconsistent(format!(
+                "commit record claims transaction {}",
+                rec.txn.get()
+            )));
+        }
         let meta_sm = SpaceMap::new(
             SmKind::Meta,
             geo.meta_blocks,
@@ -476,6 +484,51 @@ pub(crate) fn recover(store: &Store) -> Result<Resume> {
     ))
 }
 
+/// What `check` says of the journal areas when the pool is at commit
+/// `current`: the other area should hold the previous commit, the fallback
+/// if the current record is ever damaged. A power cut during a commit also
+/// leaves it without one (until the next commit), so these are warnings.
+pub(crate) fn journal_warnings(store: &Store, current: u64) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    let mut fallback = false;
+    for area in store.geo.journal_start {
+        let raw = store.read_block(area)?;
+        match CommitRecord::decode(&raw[..]) {
+            Ok(record) if record.uuid != store.geo.uuid => warnings.push(format!(
+                "journal area at block {area}: commit record of another pool"
+            )),
+            Ok(record) if u64::from(record.page_count.get()) > store.geo.journal_pages => warnings
+                .push(format!(
+                    "journal area at block {area}: commit record claims {} page images, the area holds {}",
+                    record.page_count.get(),
+                    store.geo.journal_pages
+                )),
+            Ok(record) if record.txn.get() > current => warnings.push(format!(
+                "journal area at block {area}: commit {} is newer than the pool's commit {current} but its page images are damaged or torn; the pool is at the previous commit",
+                record.txn.get()
+            )),
+            Ok(record) => {
+                if record.txn.get() + 1 == current
+                    && read_journal_pages(store, area, &record)?.is_some()
+                {
+                    fallback = true;
+                }
+            }
+            Err(e) if raw.iter().any(|&b| b != 0) => warnings.push(format!(
+                "journal area at block {area}: damaged or torn commit record: {e}"
+            )),
+            Err(_) => {}
+        }
+    }
+    if !fallback && current > 1 {
+        warnings.push(format!(
+            "no intact previous commit ({}) to fall back on if the current one is damaged",
+            current - 1
+        ));
+    }
+    Ok(warnings)
+}
+
 /// The commit record at the head of a journal area, if it is one of this pool's.
 fn read_commit_record(store: &Store, area: u64) -> Result<Option<CommitRecord>> {
     let raw = store.read_block(area)?;
@@ -494,6 +547,9 @@ fn read_journal_pages(
     record: &CommitRecord,
 ) -> Result<Option<Vec<SmPage>>> {
     let geo = store.geo;
+    if u64::from(record.page_count.get()) > geo.journal_pages {
+        return Ok(None);
+    }
     let count = record.page_count.get() as usize;
     let mut images = vec![0u8; count * BLOCK_SIZE];
     store

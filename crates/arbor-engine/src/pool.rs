@@ -246,7 +246,7 @@ fn format_space_map(store: &Store, kind: SmKind, pages: u64) -> Result<()> {
     Ok(())
 }
 
-fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
     let mut last_error = None;
     for slot in 0..SUPERBLOCK_SLOTS {
         let mut raw = [0u8; BLOCK_SIZE];
@@ -981,9 +981,14 @@ impl Pool {
         let exclusive = meta.exclusive_chunks(rec.root)?;
         Ok(VolumeStats {
             logical_bytes: rec.size_bytes,
-            mapped_bytes: rec.mapped_chunks * cs,
-            exclusive_bytes: exclusive * cs,
-            shared_bytes: rec.mapped_chunks.saturating_sub(exclusive) * cs,
+            // The record's counter is only checked by `check`: a damaged one
+            // must not overflow here.
+            mapped_bytes: rec.mapped_chunks.saturating_mul(cs),
+            exclusive_bytes: exclusive.saturating_mul(cs),
+            shared_bytes: rec
+                .mapped_chunks
+                .saturating_sub(exclusive)
+                .saturating_mul(cs),
         })
     }
 
@@ -1007,6 +1012,22 @@ impl Pool {
         let mut ranges = ByteRanges::new(self.chunk_size());
         meta.changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
         Ok(ranges.0)
+    }
+
+    /// Metadata blocks (absolute block numbers) with a non-zero reference
+    /// count in the last commit: the nodes of every tree and the reclaim
+    /// queue. For tools and damage tests that must tell live blocks from free ones.
+    pub fn metadata_blocks_in_use(&self) -> Result<Vec<u64>> {
+        self.flush()?;
+        let meta = self.read_meta()?;
+        let geo = self.store.geo;
+        let mut blocks = Vec::new();
+        for entry in 0..geo.meta_blocks {
+            if meta.meta_sm.get(&self.store, entry)? > 0 {
+                blocks.push(geo.meta_start + entry);
+            }
+        }
+        Ok(blocks)
     }
 
     /// Verifies the whole pool (see [`crate::check`]); commits first so the
@@ -1061,7 +1082,8 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         parent: (rec.parent != 0).then_some(VolumeId(rec.parent)),
         created_txn: rec.created_txn,
         created_unix_secs: rec.created_unix_secs,
-        mapped_bytes: rec.mapped_chunks * chunk,
+        // A damaged counter (reported by `check`) must not overflow here.
+        mapped_bytes: rec.mapped_chunks.saturating_mul(chunk),
     }
 }
 

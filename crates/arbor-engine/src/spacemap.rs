@@ -35,6 +35,10 @@ pub(crate) struct SpaceMap {
     /// until its commit is durable.
     frozen_free: HashSet<u64>,
     pending_free: HashSet<u64>,
+    /// Entries allocated in this transaction, and in the one being
+    /// committed: no durable commit references them yet.
+    fresh: HashSet<u64>,
+    fresh_frozen: HashSet<u64>,
     /// Entries with a non-zero count.
     pub used: u64,
     /// Next-fit allocation cursor.
@@ -54,6 +58,11 @@ impl SpaceMap {
         if pages > u64::from(u32::MAX) {
             return Err(Error::InvalidArgument("space map too large".into()));
         }
+        if used > entries {
+            return Err(Error::inconsistent(format!(
+                "commit record counts {used} {kind:?} entries in use of {entries}"
+            )));
+        }
         Ok(Self {
             kind,
             entries,
@@ -62,6 +71,8 @@ impl SpaceMap {
             inflight: HashMap::new(),
             frozen_free: HashSet::new(),
             pending_free: HashSet::new(),
+            fresh: HashSet::new(),
+            fresh_frozen: HashSet::new(),
             used,
             cursor: if cursor < entries { cursor } else { 0 },
             full: vec![false; pages as usize],
@@ -70,6 +81,13 @@ impl SpaceMap {
 
     pub fn free(&self) -> u64 {
         self.entries - self.used
+    }
+
+    /// True when `entry` was allocated after the last durable commit (in this
+    /// transaction or the one being committed): a power cut now recovers to
+    /// a state that does not reference it.
+    pub fn allocated_since_durable(&self, entry: u64) -> bool {
+        self.fresh.contains(&entry) || self.fresh_frozen.contains(&entry)
     }
 
     /// Entries freed but not yet allocatable (waiting for a commit).
@@ -154,23 +172,34 @@ impl SpaceMap {
                 self.kind
             )));
         };
-        self.set(store, entry, next)?;
         if next == 0 {
-            self.used -= 1;
+            // The used counter comes from the commit record: a damaged one
+            // can be below the real count.
+            self.used = self.used.checked_sub(1).ok_or_else(|| {
+                Error::inconsistent(format!("{:?} used counter below the counts", self.kind))
+            })?;
             self.pending_free.insert(entry);
         }
+        self.set(store, entry, next)?;
         Ok(next)
     }
 
+    /// The end of `[start, start + len)`, or an error if it overflows (a damaged extent).
+    fn range_end(&self, start: u64, len: u64) -> Result<u64> {
+        start.checked_add(len).ok_or_else(|| {
+            Error::inconsistent(format!("{:?} range {start}+{len} overflows", self.kind))
+        })
+    }
+
     pub fn inc_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
-        for entry in start..start + len {
+        for entry in start..self.range_end(start, len)? {
             self.inc(store, entry)?;
         }
         Ok(())
     }
 
     pub fn dec_range(&mut self, store: &Store, start: u64, len: u64) -> Result<()> {
-        for entry in start..start + len {
+        for entry in start..self.range_end(start, len)? {
             self.dec(store, entry)?;
         }
         Ok(())
@@ -199,6 +228,7 @@ impl SpaceMap {
             if let Some(entry) = self.find_free_in_page(store, page as u32, first, end)? {
                 self.set(store, entry, 1)?;
                 self.used += 1;
+                self.fresh.insert(entry);
                 self.cursor = if entry + 1 < self.entries {
                     entry + 1
                 } else {
@@ -261,6 +291,7 @@ impl SpaceMap {
     /// commit is durable. Returns the pages to journal.
     pub fn freeze(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
         self.frozen_free = std::mem::take(&mut self.pending_free);
+        self.fresh_frozen = std::mem::take(&mut self.fresh);
         let mut pages: Vec<Arc<SmPage>> = self
             .dirty
             .drain()
@@ -278,6 +309,7 @@ impl SpaceMap {
     /// entries freed by that transaction can be allocated again.
     pub fn thaw(&mut self) {
         self.committed = std::mem::take(&mut self.inflight);
+        self.fresh_frozen.clear();
         for entry in self.frozen_free.drain() {
             self.full[(entry / PER_PAGE) as usize] = false;
         }

@@ -16,7 +16,8 @@ pub(crate) const STEP_META_BUDGET: u64 = 64;
 /// Where the data of one chunk write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WritePlan {
-    /// The chunk is mapped and referenced by this volume alone: overwrite it.
+    /// The chunk is mapped, referenced by this volume alone, and allocated
+    /// after the last durable commit: overwrite it.
     InPlace(u64),
     /// Write a complete new chunk (`new`, already allocated), then map it.
     /// `old` is the chunk mapped when planning, whose data fills the parts of
@@ -197,7 +198,13 @@ impl Meta {
             debug_assert_eq!(previous, Some(phys));
             self.volume_mut(id)?.root = root;
         }
-        if self.data_sm.get(&self.store, phys)? == 1 {
+        // In place only if this volume alone references the chunk now AND no
+        // state a power cut can recover to references it: a count of 1 now
+        // says nothing of the last commit, where another volume may still
+        // map the chunk (e.g. a clone whose shared leaf this transaction
+        // unshared). A chunk allocated since the last durable commit is
+        // unreferenced there.
+        if self.data_sm.get(&self.store, phys)? == 1 && self.data_sm.allocated_since_durable(phys) {
             return Ok(WritePlan::InPlace(phys));
         }
         Ok(WritePlan::Redirect {

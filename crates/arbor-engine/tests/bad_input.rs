@@ -63,7 +63,16 @@ fn one_damaged_superblock_copy_opens_from_the_other() {
     let mut image = populated_image();
     image[100] ^= 0x01;
     let pool = open_image(image.clone()).expect("second superblock copy is used");
-    assert_clean(&pool);
+    let report = pool.check().unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("superblock copy 0")),
+        "check reports the damaged copy: {:?}",
+        report.problems
+    );
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     image[4096 + 100] ^= 0x01;
     assert!(matches!(open_image(image), Err(Error::Corrupt { .. })));
 }

@@ -33,6 +33,18 @@ impl BlockRef {
     }
 }
 
+/// A value read from a leaf of the wrong tree kind can be shorter than the
+/// record expected there.
+fn check_len(bytes: &[u8], want: usize, what: &str) -> Result<(), FormatError> {
+    if bytes.len() < want {
+        return Err(FormatError::Invalid(format!(
+            "{what} of {} bytes (needs {want})",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The longest run of chunks one mapping entry may describe. Bounding it
 /// bounds the space-map pages a single leaf operation can touch (a run spans
 /// at most two pages), which bounds the size of one transaction's journal.
@@ -58,6 +70,7 @@ impl MapValue {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        check_len(bytes, Self::ENCODED_LEN, "mapping entry")?;
         let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
         if len == 0 || len > MAX_EXTENT_CHUNKS {
             return Err(FormatError::Invalid(format!(
@@ -123,6 +136,7 @@ impl VolumeRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        check_len(bytes, Self::ENCODED_LEN, "volume record")?;
         let name_len = usize::from(u16::from_le_bytes([bytes[60], bytes[61]]));
         if name_len == 0 || name_len > MAX_NAME_LEN {
             return Err(FormatError::Invalid(format!(
@@ -153,6 +167,19 @@ impl VolumeRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (found by the open_pool fuzz target): a volume-table root
+    /// that names a reclaim-queue node hands 16-byte values to the volume
+    /// record decoder, which indexed past them.
+    #[test]
+    fn values_too_short_are_errors() {
+        for len in [0, 16, 24, 247] {
+            assert!(VolumeRecord::decode(&vec![1u8; len]).is_err(), "{len}");
+        }
+        for len in [0, 16, 23] {
+            assert!(MapValue::decode(&vec![1u8; len]).is_err(), "{len}");
+        }
+    }
 
     #[test]
     fn volume_record_round_trip() {

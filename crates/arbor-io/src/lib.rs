@@ -10,11 +10,19 @@
 //!   A test can cut power at any moment and obtain the image a real disk
 //!   could show afterwards: any subset of the unflushed writes, one of them
 //!   possibly torn at sector granularity.
+//! * [`RecordingDevice`] (a wrapper): logs every write and flush so that a
+//!   [`CrashReplayer`] can rebuild the image of a power cut at any point of a
+//!   recorded run (the dm-log-writes / CrashMonkey method).
+//!
+//! [`model`] holds what tests and campaigns expect of a volume after a crash.
 
 mod file;
+pub mod model;
+mod record;
 mod sim;
 
 pub use file::FileDevice;
+pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};
 pub use sim::{SimDisk, SimDiskHandle};
 
 use std::io;

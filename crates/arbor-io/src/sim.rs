@@ -3,6 +3,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::Rng;
 
+use crate::record::{land, put_into};
 use crate::{check_range, BlockDevice, SECTOR_SIZE};
 
 /// An in-memory disk with a volatile write cache and a power switch.
@@ -194,18 +195,8 @@ impl SimDiskHandle {
             if !rng.gen_bool(0.5) {
                 continue;
             }
-            let start = *offset as usize;
-            if Some(i) == torn && data.len() as u64 > SECTOR_SIZE {
-                // Keep a random subset of whole sectors: what a torn write leaves.
-                for (s, sector) in data.chunks(SECTOR_SIZE as usize).enumerate() {
-                    if rng.gen_bool(0.5) {
-                        let at = start + s * SECTOR_SIZE as usize;
-                        image[at..at + sector.len()].copy_from_slice(sector);
-                    }
-                }
-            } else {
-                image[start..start + data.len()].copy_from_slice(data);
-            }
+            let tear = Some(i) == torn && data.len() as u64 > SECTOR_SIZE;
+            land(*offset, data, tear, rng, put_into(&mut image));
         }
         image
     }

@@ -45,15 +45,5 @@ pub fn assert_clean(pool: &Pool) {
     );
 }
 
-/// Deterministic pattern for a write: every 8-byte word names (tag, offset).
-pub fn pattern(tag: u64, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let mut at = offset;
-    while out.len() < len {
-        let word = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ at;
-        out.extend_from_slice(&word.to_le_bytes());
-        at += 8;
-    }
-    out.truncate(len);
-    out
-}
+#[allow(unused_imports)]
+pub use arbor_io::model::{pattern, Possible};

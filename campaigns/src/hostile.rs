@@ -1,0 +1,392 @@
+//! Hostile input: every fuzz target of the project, run on stable Rust.
+//!
+//! The targets' own files (`fuzz/fuzz_targets/*.rs`, and the NBD codec's in
+//! `crates/arbor-nbd/fuzz/fuzz_targets/`) are compiled here as modules; the
+//! `arbor-fuzz-shim` crate stands in for `libfuzzer-sys`, so each
+//! `fuzz_target!` becomes a plain `run(&[u8])`. CI runs every target on its
+//! seeds, on every saved regression input (`fuzz/regressions/<target>/`)
+//! and on a bounded number of inputs mutated from the seeds. Coverage-guided
+//! fuzzing for as long as wanted is `fuzz/run.sh` (libFuzzer, see
+//! docs/RELIABILITY.md).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arbor_engine::Pool;
+use arbor_io::model::pattern;
+use arbor_io::OverlayDevice;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use crate::{small_create_opts, small_open_opts, MIB};
+
+#[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/decode_blocks.rs"]
+mod decode_blocks;
+#[allow(unused_attributes)]
+#[path = "../../crates/arbor-nbd/fuzz/fuzz_targets/handshake.rs"]
+mod handshake;
+#[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/open_pool.rs"]
+mod open_pool;
+#[allow(unused_attributes)]
+#[path = "../../crates/arbor-nbd/fuzz/fuzz_targets/request.rs"]
+mod request;
+
+/// One fuzz target: its name (as in `cargo fuzz run NAME`), its body and
+/// its seed inputs.
+pub struct Target {
+    pub name: &'static str,
+    pub run: fn(&[u8]),
+    pub seeds: fn() -> Vec<Vec<u8>>,
+    /// How to derive a new input from a seed.
+    pub mutate: fn(&mut StdRng, &[u8]) -> Vec<u8>,
+    /// Where its libFuzzer project lives, relative to the repository root.
+    pub fuzz_dir: &'static str,
+}
+
+pub const TARGETS: [Target; 4] = [
+    Target {
+        name: "decode_blocks",
+        run: decode_blocks::run,
+        seeds: block_seeds,
+        mutate,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "open_pool",
+        run: open_pool::run,
+        seeds: pool_seeds,
+        mutate: mutate_pool,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "handshake",
+        run: handshake::run,
+        seeds: handshake_seeds,
+        mutate,
+        fuzz_dir: "crates/arbor-nbd/fuzz",
+    },
+    Target {
+        name: "request",
+        run: request::run,
+        seeds: request_seeds,
+        mutate,
+        fuzz_dir: "crates/arbor-nbd/fuzz",
+    },
+];
+
+/// The repository root (this crate is `campaigns/`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Saved inputs that once crashed a target: `fuzz/regressions/<target>/*`.
+pub fn regressions(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = repo_root().join("fuzz/regressions").join(target);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut inputs: Vec<(PathBuf, Vec<u8>)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path()).ok().map(|data| (e.path(), data)))
+        .collect();
+    inputs.sort();
+    inputs
+}
+
+/// A random mutation of `input`: bit flips, byte overwrites with boundary
+/// values, inserted, deleted or duplicated runs, truncation.
+pub fn mutate(rng: &mut StdRng, input: &[u8]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    for _ in 0..rng.gen_range(1..=8) {
+        let len = out.len();
+        match rng.gen_range(0..7) {
+            0 | 1 if len > 0 => {
+                let at = rng.gen_range(0..len);
+                out[at] ^= 1 << rng.gen_range(0..8);
+            }
+            2 if len > 0 => {
+                let at = rng.gen_range(0..len);
+                let values = [0u8, 1, 0x7f, 0x80, 0xff];
+                let n = rng.gen_range(1..=8).min(len - at);
+                let v = values[rng.gen_range(0..values.len())];
+                out[at..at + n].fill(v);
+            }
+            3 if len > 0 => {
+                let at = rng.gen_range(0..len);
+                let n = rng.gen_range(1..=64).min(len - at);
+                out.drain(at..at + n);
+            }
+            4 if len > 0 => {
+                let from = rng.gen_range(0..len);
+                let n = rng.gen_range(1..=64).min(len - from);
+                let piece = out[from..from + n].to_vec();
+                let at = rng.gen_range(0..=len);
+                out.splice(at..at, piece);
+            }
+            5 if len > 0 => out.truncate(rng.gen_range(0..len)),
+            _ => {
+                let at = rng.gen_range(0..=len);
+                let random: Vec<u8> = (0..rng.gen_range(1..=16)).map(|_| rng.gen()).collect();
+                out.splice(at..at, random);
+            }
+        }
+    }
+    out
+}
+
+/// A mutation of an `open_pool` input that keeps its framing: damage inside
+/// one or more blocks (mostly in the headers and fields at their start,
+/// where a re-sealed block's checks live), a block moved, dropped or
+/// duplicated elsewhere.
+pub fn mutate_pool(rng: &mut StdRng, input: &[u8]) -> Vec<u8> {
+    const RECORD: usize = 4 + arbor_format::BLOCK_SIZE;
+    let mut out = input.to_vec();
+    let records = out.len().saturating_sub(5) / RECORD;
+    if records == 0 {
+        return mutate(rng, input);
+    }
+    for _ in 0..rng.gen_range(1..=4) {
+        let r = 5 + rng.gen_range(0..records) * RECORD;
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                let within = if rng.gen_bool(0.8) {
+                    rng.gen_range(0..256)
+                } else {
+                    rng.gen_range(0..RECORD - 4)
+                };
+                let at = r + 4 + within;
+                match rng.gen_range(0..3) {
+                    0 => out[at] ^= 1 << rng.gen_range(0..8),
+                    1 => out[at] = [0, 1, 0x7f, 0x80, 0xff][rng.gen_range(0..5)],
+                    _ => out[at] = out[at].wrapping_add(rng.gen_range(1..4)),
+                }
+            }
+            6 => {
+                let index: u32 = rng.gen();
+                out[r..r + 4].copy_from_slice(&index.to_le_bytes());
+            }
+            7 => {
+                let other = 5 + rng.gen_range(0..records) * RECORD;
+                let index = out[other..other + 4].to_vec();
+                out[r..r + 4].copy_from_slice(&index);
+            }
+            8 => {
+                out.drain(r..r + RECORD);
+                return out;
+            }
+            _ => {
+                let record = out[r..r + RECORD].to_vec();
+                out.extend_from_slice(&record);
+            }
+        }
+    }
+    out
+}
+
+/// Encodes a device image in `open_pool`'s input format: its non-zero blocks.
+pub fn encode_pool_input(image: &[u8], reseal: bool) -> Vec<u8> {
+    const BS: usize = arbor_format::BLOCK_SIZE;
+    let mut out = vec![u8::from(reseal)];
+    out.extend_from_slice(&((image.len() / BS) as u32).to_le_bytes());
+    for (i, block) in image.chunks(BS).enumerate() {
+        if block.iter().any(|&b| b != 0) {
+            out.extend_from_slice(&(i as u32).to_le_bytes());
+            out.extend_from_slice(block);
+        }
+    }
+    out
+}
+
+/// A small real pool: volumes, a snapshot, a clone, a deleted volume
+/// awaiting reclaim. Returns its image.
+fn small_pool_image(chunk: u32) -> Vec<u8> {
+    let dev = Arc::new(OverlayDevice::zeroed(14 * MIB));
+    let build = || -> arbor_engine::Result<()> {
+        let pool = Pool::create(dev.clone(), &small_create_opts(chunk), &small_open_opts())?;
+        let v = pool.create_volume("vm1", MIB)?;
+        let doomed = pool.create_volume("doomed", MIB)?;
+        for i in 0..4u64 {
+            pool.write(v, i * 65536, &pattern(i, i * 65536, 4096))?;
+            pool.write(doomed, i * 4096, &pattern(i + 9, i * 4096, 512))?;
+        }
+        pool.snapshot("vm1@a")?;
+        pool.clone_snapshot("vm1@a", "c1")?;
+        pool.write(pool.lookup("c1")?, 0, &pattern(99, 0, 4096))?;
+        pool.delete("doomed")?;
+        pool.close()
+    };
+    // Building a fresh pool in memory cannot fail; if it ever does, the
+    // seed is just the partial image (still a valid fuzz input).
+    let _ = build();
+    dev.image()
+}
+
+fn pool_seeds() -> Vec<Vec<u8>> {
+    let a = small_pool_image(4096);
+    let b = small_pool_image(16384);
+    vec![
+        encode_pool_input(&a, false),
+        encode_pool_input(&a, true),
+        encode_pool_input(&b, true),
+    ]
+}
+
+fn block_seeds() -> Vec<Vec<u8>> {
+    let image = small_pool_image(4096);
+    let mut seeds = Vec::new();
+    let mut kinds = std::collections::BTreeSet::new();
+    for block in image.chunks(arbor_format::BLOCK_SIZE) {
+        // One block of each type (byte 6 of the header), and of each tree kind.
+        if block[..4] == *b"ARBR" && kinds.insert((block[6], block[32])) {
+            seeds.push(block.to_vec());
+        }
+    }
+    seeds
+}
+
+fn option(code: u32, data: &[u8]) -> Vec<u8> {
+    let mut out = 0x4948_4156_454F_5054u64.to_be_bytes().to_vec();
+    out.extend_from_slice(&code.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+fn name_and_infos(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut out = (name.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for info in infos {
+        out.extend_from_slice(&info.to_be_bytes());
+    }
+    out
+}
+
+fn meta_context(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut out = (name.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        out.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        out.extend_from_slice(q.as_bytes());
+    }
+    out
+}
+
+/// Client sides of handshakes as libnbd (nbdinfo, nbdcopy) and qemu send them.
+fn handshake_seeds() -> Vec<Vec<u8>> {
+    let session = |flags: u32, options: &[Vec<u8>]| {
+        let mut out = flags.to_be_bytes().to_vec();
+        for o in options {
+            out.extend_from_slice(o);
+        }
+        out
+    };
+    vec![
+        session(
+            3,
+            &[
+                option(8, &[]),
+                option(3, &[]),
+                option(9, &meta_context("vol", &["base:"])),
+                option(10, &meta_context("vol", &["base:allocation"])),
+                option(7, &name_and_infos("vol", &[3])),
+            ],
+        ),
+        session(1, &[option(1, b"vol")]),
+        session(
+            3,
+            &[
+                option(6, &name_and_infos("", &[0, 1, 2, 3])),
+                option(2, &[]),
+            ],
+        ),
+        session(
+            3,
+            &[
+                option(7, &name_and_infos("nope", &[])),
+                option(7, &name_and_infos("", &[])),
+            ],
+        ),
+    ]
+}
+
+fn request(flags: u16, kind: u16, offset: u64, len: u32) -> Vec<u8> {
+    let mut out = 0x2560_9513u32.to_be_bytes().to_vec();
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&7u64.to_be_bytes());
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out
+}
+
+/// Transmission-phase sessions: every command, with and without structured replies.
+fn request_seeds() -> Vec<Vec<u8>> {
+    let mut writes = request(1, 1, 0, 4096);
+    writes.extend_from_slice(&pattern(1, 0, 4096));
+    let commands = [
+        writes,
+        request(0, 0, 0, 4096),
+        request(4, 0, 0, 8192),
+        request(0, 3, 0, 0),
+        request(1, 4, 4096, 4096),
+        request(2, 6, 8192, 4096),
+        request(16, 6, 8192, 4096),
+        request(8, 7, 0, 65536),
+        request(0, 5, 0, 4096),
+        request(0, 2, 0, 0),
+    ];
+    [0u8, 1, 2, 6]
+        .iter()
+        .map(|&session| {
+            let mut out = vec![session];
+            for c in &commands {
+                out.extend_from_slice(c);
+            }
+            out
+        })
+        .collect()
+}
+
+/// Runs `target` on its seeds, its saved regressions and `mutations` inputs
+/// mutated from the seeds (deterministic for a given `seed`). Returns how
+/// many inputs ran. A crash panics with the input's description; the input
+/// is saved to `fuzz/artifacts/<target>/` for a regression test.
+pub fn exercise(target: &Target, mutations: u64, seed: u64) -> u64 {
+    use rand::SeedableRng;
+    let seeds = (target.seeds)();
+    let mut runs = 0;
+    let mut one = |what: &str, input: &[u8]| {
+        runs += 1;
+        let outcome = std::panic::catch_unwind(|| (target.run)(input));
+        if outcome.is_err() {
+            let dir = repo_root().join("fuzz/artifacts").join(target.name);
+            let path = dir.join(format!("crash-{seed}-{runs}"));
+            let saved = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, input));
+            panic!(
+                "{}: {what} crashed the target (input saved: {saved:?} at {})",
+                target.name,
+                path.display()
+            );
+        }
+    };
+    for (i, input) in seeds.iter().enumerate() {
+        one(&format!("seed {i}"), input);
+    }
+    for (path, input) in regressions(target.name) {
+        one(&format!("regression {}", path.display()), &input);
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    for i in 0..mutations {
+        if seeds.is_empty() {
+            break;
+        }
+        let from = rng.gen_range(0..seeds.len());
+        let input = (target.mutate)(&mut rng, &seeds[from]);
+        one(&format!("mutation {i} (rng seed {seed})"), &input);
+    }
+    runs
+}

@@ -1,0 +1,195 @@
+//! Offline repair of what can be rebuilt from the trees.
+//!
+//! What it repairs:
+//! * a damaged or differing superblock copy, rewritten from the one that
+//!   verifies;
+//! * both space maps (every reference count of every metadata block and
+//!   data chunk, and the used counters): recomputed from a full walk of the
+//!   trees and rewritten wherever a home page is damaged, stale or wrong.
+//!   This fixes leaks (counts too high: space never freed) and, more
+//!   importantly, counts too low (space that would be handed out again
+//!   while still in use);
+//! * a damaged reclaim queue (or a queued tree with a damaged node): the
+//!   queue is dropped, and everything only it referenced (deleted volumes'
+//!   space) is free at once;
+//! * a next volume id not above every volume id.
+//!
+//! What it cannot repair, and refuses (the pool is left as it was):
+//! * no superblock copy verifies (the geometry is unknown);
+//! * no commit record with intact page images in either journal area (the
+//!   roots of the trees are unknown);
+//! * a damaged node of the volume table or of any volume's or snapshot's
+//!   mapping tree: the data it mapped cannot be found again (chunk data
+//!   carries no back-references). The volumes concerned are named in the
+//!   error; reading their undamaged ranges still works, and copying them
+//!   out then deleting them is the way forward.
+//!
+//! It does not fix a volume record's mapped-chunk counter (accounting only,
+//! reported by `check`), and it never touches chunk data (which carries no
+//! checksum: damage there is not detectable).
+//!
+//! Crash safety: home pages are rewritten first, then one new commit record
+//! (with no page images) makes them current. A crash before that record is
+//! durable leaves a mix of repaired and old pages, which `check` reports;
+//! run repair again before using the pool.
+
+use std::sync::Arc;
+
+use arbor_format::{BlockRef, CommitRecord, SmKind, SmPage, SM_ENTRIES_PER_PAGE};
+use arbor_io::BlockDevice;
+use zerocopy::little_endian::{U32, U64};
+
+use crate::check::count_references;
+use crate::error::{Error, Result};
+use crate::meta::{recover, unix_now, Meta};
+use crate::pool::{read_superblock, OpenOptions};
+use crate::store::{Geometry, Store};
+
+/// What [`repair`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    /// One line per change made; empty when nothing needed repair.
+    pub actions: Vec<String>,
+    /// The commit the pool is at afterwards.
+    pub txn: u64,
+}
+
+/// Repairs the pool on `dev`, which nothing else may have open. Returns what
+/// was changed, or an error naming the damage it cannot repair (see the
+/// module documentation); the pool then opens as before, if at all.
+pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairReport> {
+    let mut actions = Vec::new();
+    let sb = read_superblock(dev.as_ref())?;
+    let good = sb.encode();
+    for slot in 0..arbor_format::SUPERBLOCK_SLOTS {
+        let mut raw = [0u8; arbor_format::BLOCK_SIZE];
+        dev.read_at(&mut raw, slot * arbor_format::BLOCK_SIZE_U64)?;
+        if raw != good {
+            dev.write_at(&good, slot * arbor_format::BLOCK_SIZE_U64)?;
+            actions.push(format!(
+                "rewrote superblock copy {slot} from the intact copy"
+            ));
+        }
+    }
+    dev.flush()?;
+    let geo = Geometry::from_superblock(&sb);
+    let store = Arc::new(Store::new(
+        dev,
+        geo,
+        opts.cache_bytes / arbor_format::BLOCK_SIZE,
+    ));
+    let resume = recover(&store)?;
+    let mut meta = Meta::resume(Arc::clone(&store), resume, opts.dirty_node_limit)?;
+
+    let volumes = count_references(&meta, false)?;
+    if let Some(problems) = volumes.damaged {
+        return Err(Error::inconsistent(format!(
+            "cannot repair: volume trees are damaged ({}); copy the readable data out and delete the volumes concerned",
+            problems.join("; ")
+        )));
+    }
+    let mut refs = volumes;
+    if !meta.queue_root.is_none() {
+        let with_queue = count_references(&meta, true)?;
+        match with_queue.damaged {
+            None => refs = with_queue,
+            Some(problems) => {
+                meta.queue_root = BlockRef::NONE;
+                actions.push(format!(
+                    "dropped the damaged reclaim queue ({}); the space of deleted volumes is free now",
+                    problems.join("; ")
+                ));
+            }
+        }
+    }
+    let txn = meta.txn;
+    let meta_used = rewrite_map(&store, SmKind::Meta, &refs.meta, txn, &mut actions)?;
+    let data_used = rewrite_map(&store, SmKind::Data, &refs.data, txn, &mut actions)?;
+    for (kind, old, new) in [
+        ("metadata blocks", meta.meta_sm.used, meta_used),
+        ("data chunks", meta.data_sm.used, data_used),
+    ] {
+        if old != new {
+            actions.push(format!(
+                "{kind} in use: {old} counted in the commit, {new} found"
+            ));
+        }
+    }
+    let next_id = meta
+        .vols
+        .keys()
+        .next_back()
+        .map_or(1, |&id| id + 1)
+        .max(meta.next_volume_id);
+    if next_id != meta.next_volume_id {
+        actions.push(format!(
+            "next volume id raised from {} to {next_id}",
+            meta.next_volume_id
+        ));
+    }
+    if actions.is_empty() {
+        return Ok(RepairReport {
+            actions,
+            txn: txn - 1,
+        });
+    }
+    let mut record = CommitRecord::new_zeroed_record();
+    record.uuid = geo.uuid;
+    record.txn = U64::new(txn);
+    record.page_count = U32::new(0);
+    record.pages_crc = U32::new(crc32c::crc32c(&[]));
+    record.volumes_root = meta.volumes_root.into();
+    record.queue_root = meta.queue_root.into();
+    record.next_volume_id = U64::new(next_id);
+    record.next_queue_seq = U64::new(meta.next_queue_seq);
+    record.meta_used = U64::new(meta_used);
+    record.data_used = U64::new(data_used);
+    record.commit_unix_secs = U64::new(unix_now());
+    // The rewritten home pages are durable before the record that makes them current.
+    store.dev.flush()?;
+    store.write_block(geo.journal_start[(txn % 2) as usize], &record.encode())?;
+    store.dev.flush()?;
+    Ok(RepairReport { actions, txn })
+}
+
+/// Rewrites every home page of one space map whose counts differ from
+/// `counts` (or that does not verify); returns the entries in use.
+fn rewrite_map(
+    store: &Store,
+    kind: SmKind,
+    counts: &[u32],
+    txn: u64,
+    actions: &mut Vec<String>,
+) -> Result<u64> {
+    let mut rewritten = 0;
+    let mut fixed_entries = 0;
+    for (index, want) in counts.chunks(SM_ENTRIES_PER_PAGE).enumerate() {
+        // Pages per map fit in u32 (checked when the space map is opened).
+        let index = index as u32;
+        let mut page = SmPage::empty(kind, index);
+        page.txn = txn;
+        page.counts[..want.len()].copy_from_slice(want);
+        let home = store.geo.sm_home(kind, index);
+        let raw = store.read_block(home)?;
+        match SmPage::decode(&raw[..], (kind, index)) {
+            Ok(old) if old.counts == page.counts => continue,
+            Ok(old) => {
+                fixed_entries += old
+                    .counts
+                    .iter()
+                    .zip(page.counts.iter())
+                    .filter(|(a, b)| a != b)
+                    .count();
+            }
+            Err(_) => fixed_entries += want.len(),
+        }
+        store.write_block(home, &page.encode())?;
+        rewritten += 1;
+    }
+    if rewritten > 0 {
+        actions.push(format!(
+            "{kind:?} space map: rewrote {rewritten} pages ({fixed_entries} counts corrected or restored)"
+        ));
+    }
+    Ok(counts.iter().filter(|&&c| c != 0).count() as u64)
+}
