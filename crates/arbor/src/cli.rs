@@ -85,6 +85,10 @@ pub enum Command {
     Check {
         /// Pool file or device not held by a daemon
         path: Option<PathBuf>,
+        /// Rebuild what can be rebuilt from the trees (space maps, superblock
+        /// copies, the reclaim queue) before checking; needs PATH
+        #[arg(long, requires = "path")]
+        repair: bool,
     },
     /// Print a shell completion script, e.g. `arbor completions bash > /etc/bash_completion.d/arbor`
     Completions {

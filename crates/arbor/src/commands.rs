@@ -20,7 +20,7 @@ use crate::daemon;
 use crate::exit::{Exit, Fail};
 use crate::model::CheckView;
 use crate::output::{self, emit};
-use crate::pool_file::OpenPool;
+use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
 
 /// How results are printed: `--json` or human text.
@@ -51,7 +51,10 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(cli.data_dir, &args),
         Command::Pool(PoolCommand::Create(args)) => create_pool(&args, &printer),
-        Command::Check { path: Some(path) } => check_offline(&path, &printer),
+        Command::Check {
+            path: Some(path),
+            repair,
+        } => check_offline(&path, repair, &printer),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "arbor", &mut out);
@@ -132,7 +135,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
                 format!("reclaimed: {} metadata nodes processed\n", d.processed)
             })?;
         }
-        Command::Check { path: None } => {
+        Command::Check { path: None, .. } => {
             let report = with_spinner("checking the pool", || c.check())?;
             return report_check(&report, p);
         }
@@ -140,7 +143,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         // error says so rather than a panic.
         Command::Serve(_)
         | Command::Pool(PoolCommand::Create(_))
-        | Command::Check { path: Some(_) }
+        | Command::Check { path: Some(_), .. }
         | Command::Completions { .. } => {
             anyhow::bail!("internal error: this command does not go through the daemon")
         }
@@ -177,13 +180,23 @@ fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
     .into())
 }
 
-fn check_offline(path: &Path, p: &Printer) -> Result<ExitCode> {
+fn check_offline(path: &Path, repair: bool, p: &Printer) -> Result<ExitCode> {
+    let repaired = if repair {
+        let actions = with_spinner(&format!("repairing {}", path.display()), || {
+            pool_file::repair(path, &OpenOptions::default())
+        })?;
+        Some(actions)
+    } else {
+        None
+    };
     let open = OpenPool::open(path, &OpenOptions::default())?;
     let report = with_spinner(&format!("checking {}", path.display()), || {
         Ok(open.pool.check()?)
     })?;
     open.close()?;
-    report_check(&CheckView::from(report), p)
+    let mut view = CheckView::from(report);
+    view.repaired = repaired;
+    report_check(&view, p)
 }
 
 fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {

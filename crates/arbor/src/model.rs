@@ -69,11 +69,17 @@ pub struct Range {
 pub struct CheckView {
     pub clean: bool,
     pub problems: Vec<String>,
+    /// Conditions a power cut also leaves behind, harmless now.
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// Problems found beyond those listed.
     pub unlisted: usize,
     pub volumes: usize,
     pub nodes: u64,
     pub data_chunks_referenced: u64,
+    /// What `--repair` changed before the check; absent without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<Vec<String>>,
 }
 
 impl From<arbor_engine::CheckReport> for CheckView {
@@ -81,10 +87,12 @@ impl From<arbor_engine::CheckReport> for CheckView {
         Self {
             clean: report.is_clean(),
             problems: report.problems,
+            warnings: report.warnings,
             unlisted: report.unlisted,
             volumes: report.volumes,
             nodes: report.nodes,
             data_chunks_referenced: report.data_chunks_referenced,
+            repaired: None,
         }
     }
 }

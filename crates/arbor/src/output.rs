@@ -236,11 +236,14 @@ pub fn diff(ranges: &[Range]) -> String {
 }
 
 pub fn check(c: &CheckView) -> String {
-    let mut out: String = c
-        .problems
-        .iter()
-        .map(|p| format!("problem: {p}\n"))
-        .collect();
+    let mut out = String::new();
+    match &c.repaired {
+        Some(actions) if actions.is_empty() => out += "repair: nothing needed repair\n",
+        Some(actions) => out.extend(actions.iter().map(|a| format!("repaired: {a}\n"))),
+        None => {}
+    }
+    out.extend(c.problems.iter().map(|p| format!("problem: {p}\n")));
+    out.extend(c.warnings.iter().map(|w| format!("warning: {w}\n")));
     if c.unlisted > 0 {
         out += &format!("... and {} more problems\n", c.unlisted);
     }

@@ -132,6 +132,18 @@ impl OpenPool {
     }
 }
 
+/// Repairs the pool at `path` offline (see [`arbor_engine::repair`]) under
+/// the pool lock, so no daemon can have it open meanwhile; returns one line
+/// per change made.
+pub fn repair(path: &Path, options: &OpenOptions) -> Result<Vec<String>> {
+    let _lock = PoolLock::acquire(path)?;
+    let device =
+        FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let report = arbor_engine::repair(Arc::new(device), options)
+        .with_context(|| format!("cannot repair pool {}", path.display()))?;
+    Ok(report.actions)
+}
+
 /// Sizes the target for a new pool: a regular file is (re)sized to `size`,
 /// a block device is used whole.
 fn open_for_format(path: &Path, size: Option<u64>) -> Result<FileDevice> {

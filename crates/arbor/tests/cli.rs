@@ -397,12 +397,64 @@ fn check_reports_a_damaged_pool_with_status_8() {
     daemon.ok(&["snapshot", "create", "v@s"]);
     daemon.stop_cleanly();
     // Break the checksum of every metadata node (block type 4).
-    let mut image = std::fs::read(&pool).unwrap();
-    for block in image.chunks_exact_mut(4096) {
-        if block.starts_with(b"ARBR") && block[6..8] == [4, 0] {
-            block[100] ^= 0xff;
-        }
-    }
-    std::fs::write(&pool, &image).unwrap();
+    damage_blocks(&pool, 4, false);
     fails_with(&["check", p(&pool)], 8, "damaged");
+}
+
+/// Breaks the checksum of blocks of `kind` (the type field of the common
+/// block header) in the pool image at `pool`: all of them, or only the last
+/// one (a home page: the journal areas come first).
+fn damage_blocks(pool: &std::path::Path, kind: u8, only_last: bool) {
+    let mut image = std::fs::read(pool).unwrap();
+    let mut found: Vec<_> = image
+        .chunks_exact_mut(4096)
+        .filter(|b| b.starts_with(b"ARBR") && b[6..8] == [kind, 0])
+        .collect();
+    assert!(!found.is_empty(), "no blocks of type {kind}");
+    let from = if only_last { found.len() - 1 } else { 0 };
+    for block in &mut found[from..] {
+        block[100] ^= 0xff;
+    }
+    std::fs::write(pool, &image).unwrap();
+}
+
+#[test]
+fn check_repair_rebuilds_space_maps_and_refuses_damaged_trees() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    ok(&["pool", "create", p(&pool), "--size", "64M"]);
+    let mut daemon = Daemon::start(&["--pool", p(&pool)]);
+    daemon.ok(&["volume", "create", "v", "--size", "1M"]);
+    let image = dir.path().join("image.raw");
+    let contents: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&image, &contents).unwrap();
+    nbdcopy(p(&image), &uri(&daemon, "v"));
+    daemon.ok(&["snapshot", "create", "v@s"]);
+    daemon.ok(&["clone", "v@s", "c"]);
+    let tree = names(&daemon.json(&["volume", "list", "--tree"]));
+    daemon.stop_cleanly();
+
+    fails_with(&["check", "--repair"], 2, "PATH");
+    // A space-map home page (block type 3) is rebuilt from the trees.
+    damage_blocks(&pool, 3, true);
+    fails_with(&["check", p(&pool)], 8, "");
+    let repaired = ok(&["check", p(&pool), "--repair"]);
+    assert!(repaired.contains("repaired: "), "{repaired}");
+    assert!(repaired.contains("pool is clean"), "{repaired}");
+    let again = json(&["check", p(&pool), "--repair", "--json"]);
+    assert_eq!(again["repaired"], serde_json::json!([]), "{again}");
+    assert_eq!(again["clean"], true);
+    let mut daemon = Daemon::start(&["--pool", p(&pool)]);
+    assert_eq!(names(&daemon.json(&["volume", "list", "--tree"])), tree);
+    let copy = dir.path().join("copy.raw");
+    nbdcopy(&uri(&daemon, "c"), p(&copy));
+    assert!(std::fs::read(&copy).unwrap() == contents, "the clone changed");
+    daemon.stop_cleanly();
+
+    // Tree nodes (block type 4) cannot be rebuilt: repair refuses and
+    // changes nothing.
+    damage_blocks(&pool, 4, false);
+    let before = std::fs::read(&pool).unwrap();
+    fails_with(&["check", p(&pool), "--repair"], 8, "cannot repair");
+    assert!(std::fs::read(&pool).unwrap() == before, "repair changed a pool it refused");
 }
