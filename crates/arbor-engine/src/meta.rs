@@ -83,6 +83,13 @@ pub(crate) struct Meta {
     /// Metadata blocks kept back from ordinary writes.
     pub meta_reserve: u64,
     pub dirty_node_limit: usize,
+    /// Per volume, the last transaction in which its tree was shared (a
+    /// snapshot taken of it, its creation as a clone, a rollback), for the
+    /// in-place write rule (`Meta::plan_write`). In memory only: a volume
+    /// not listed was last shared no later than `opened_txn`.
+    pub shared_txn: HashMap<u64, u64>,
+    /// The last committed transaction when the pool was opened.
+    pub opened_txn: u64,
 }
 
 /// A frozen transaction: everything the writes of phase B need.
@@ -173,6 +180,8 @@ impl Meta {
             privilege: Privilege::Normal,
             meta_reserve,
             dirty_node_limit,
+            shared_txn: HashMap::new(),
+            opened_txn: rec.txn.get(),
         };
         meta.load_volumes()?;
         Ok(meta)

@@ -16,8 +16,9 @@ pub(crate) const STEP_META_BUDGET: u64 = 64;
 /// Where the data of one chunk write goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WritePlan {
-    /// The chunk is mapped, referenced by this volume alone, and allocated
-    /// after the last durable commit: overwrite it.
+    /// The chunk is mapped and referenced by this volume alone, in the open
+    /// transaction and in every state a power cut can recover to: overwrite
+    /// it.
     InPlace(u64),
     /// Write a complete new chunk (`new`, already allocated), then map it.
     /// `old` is the chunk mapped when planning, whose data fills the parts of
@@ -109,14 +110,30 @@ impl Meta {
         if !src.root.is_none() {
             self.inc_node(src.root)?;
         }
-        Ok(self.add_volume(
+        let id = self.add_volume(
             name,
             kind,
             src.size_bytes,
             src.root,
             source,
             src.mapped_chunks,
-        ))
+        );
+        self.note_shared(source);
+        self.note_shared(id);
+        Ok(id)
+    }
+
+    /// Records that volume `id`'s tree is shared as of this transaction.
+    fn note_shared(&mut self, id: u64) {
+        self.shared_txn.insert(id, self.txn);
+    }
+
+    /// The last transaction in which volume `id`'s tree was shared.
+    fn last_shared_txn(&self, id: u64) -> u64 {
+        self.shared_txn
+            .get(&id)
+            .copied()
+            .unwrap_or(self.opened_txn)
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.
@@ -138,6 +155,7 @@ impl Meta {
             .remove(&id)
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))?;
         self.names.remove(&rec.name);
+        self.shared_txn.remove(&id);
         self.dirty_vols.remove(&id);
         self.removed_vols.insert(id);
         self.queue_drop(rec.root)
@@ -154,6 +172,7 @@ impl Meta {
         let old_root = std::mem::replace(&mut vol.root, snap_rec.root);
         vol.size_bytes = snap_rec.size_bytes;
         vol.mapped_chunks = snap_rec.mapped_chunks;
+        self.note_shared(id);
         self.queue_drop(old_root)
     }
 
@@ -190,6 +209,7 @@ impl Meta {
             });
         };
         let phys = extent.phys(chunk);
+        let written_since_shared = extent.gen > self.last_shared_txn(id);
         // An extent written in this transaction sits in a leaf shadowed in this
         // transaction: the path is already exclusive. Otherwise re-map the
         // chunk in place, which shadows the path and refreshes its generation.
@@ -199,12 +219,20 @@ impl Meta {
             self.volume_mut(id)?.root = root;
         }
         // In place only if this volume alone references the chunk now AND no
-        // state a power cut can recover to references it: a count of 1 now
-        // says nothing of the last commit, where another volume may still
-        // map the chunk (e.g. a clone whose shared leaf this transaction
-        // unshared). A chunk allocated since the last durable commit is
-        // unreferenced there.
-        if self.data_sm.get(&self.store, phys)? == 1 && self.data_sm.allocated_since_durable(phys) {
+        // state a power cut can recover to has another tree referencing it:
+        // a count of 1 now says nothing of the last commit, where another
+        // volume may still map the chunk (e.g. a clone whose shared leaf
+        // this transaction unshared). Either of two facts rules that out:
+        // * the chunk was allocated since the last durable commit, so no
+        //   recoverable state references it at all;
+        // * this volume mapped it after its tree was last shared (the
+        //   dm-thin rule: a mapping newer than the last snapshot is
+        //   exclusive). Only a share can give another tree this chunk, and
+        //   when it was mapped here the count was 1 with the path shadowed,
+        //   so no tree held it then, by this same rule at that time.
+        let exclusive_since_durable =
+            self.data_sm.allocated_since_durable(phys) || written_since_shared;
+        if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
             return Ok(WritePlan::InPlace(phys));
         }
         Ok(WritePlan::Redirect {
