@@ -130,10 +130,7 @@ impl Meta {
 
     /// The last transaction in which volume `id`'s tree was shared.
     fn last_shared_txn(&self, id: u64) -> u64 {
-        self.shared_txn
-            .get(&id)
-            .copied()
-            .unwrap_or(self.opened_txn)
+        self.shared_txn.get(&id).copied().unwrap_or(self.opened_txn)
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.

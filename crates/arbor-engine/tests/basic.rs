@@ -1,7 +1,9 @@
 //! Scenario tests of the engine's user-visible behaviour.
 mod common;
 
-use arbor_engine::{Error, VolumeId};
+use std::sync::Arc;
+
+use arbor_engine::{Error, Pool, VolumeId};
 use common::*;
 
 fn read(pool: &arbor_engine::Pool, id: VolumeId, offset: u64, len: usize) -> Vec<u8> {
@@ -279,4 +281,56 @@ fn commit_observer_sees_each_commit_with_changes_once() {
     assert_eq!(seen.load(Ordering::SeqCst), 2);
     pool.flush().unwrap(); // nothing changed: no commit
     assert_eq!(seen.load(Ordering::SeqCst), 2);
+}
+
+/// How the pool wrote `pattern` to the device since the last look: the
+/// lengths of the writes whose data contains it.
+fn writes_carrying(recording: &arbor_io::Recording, pattern: &[u8]) -> Vec<usize> {
+    recording
+        .take()
+        .into_iter()
+        .filter_map(|event| match event {
+            arbor_io::IoEvent::Write { data, .. } => data
+                .windows(pattern.len())
+                .any(|w| w == pattern)
+                .then_some(data.len()),
+            arbor_io::IoEvent::Flush => None,
+        })
+        .collect()
+}
+
+#[test]
+fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
+    const CHUNK: usize = 64 << 10;
+    let disk = arbor_io::SimDisk::new(64 * MIB);
+    let (recorder, recording) = arbor_io::RecordingDevice::new(Arc::new(disk));
+    let pool = Pool::create(Arc::new(recorder), &small_opts(CHUNK as u32), &open_opts()).unwrap();
+    let v = pool.create_volume("v", MIB).unwrap();
+    pool.write(v, 0, &vec![1u8; CHUNK]).unwrap();
+    pool.flush().unwrap();
+    recording.take();
+    let write_4k = |offset: u64, byte: u8| {
+        let data = vec![byte; 4096];
+        pool.write(v, offset, &data).unwrap();
+        pool.flush().unwrap();
+        writes_carrying(&recording, &data)
+    };
+
+    // Mapped in an earlier, durable commit and never shared: in place.
+    assert_eq!(write_4k(4096, 2), [4096]);
+    // Shared with a snapshot: a whole new chunk.
+    pool.snapshot("v@s").unwrap();
+    assert_eq!(write_4k(8192, 3), [CHUNK]);
+    // That new chunk is the volume's alone: in place again, also after
+    // the commit that made it durable.
+    assert_eq!(write_4k(12288, 4), [4096]);
+    assert_eq!(write_4k(16384, 5), [4096]);
+    let mut volume = vec![1u8; CHUNK];
+    let mut snapshot = vec![1u8; CHUNK];
+    snapshot[4096..8192].fill(2);
+    for (i, byte) in [2u8, 3, 4, 5].into_iter().enumerate() {
+        volume[4096 * (i + 1)..4096 * (i + 2)].fill(byte);
+    }
+    assert!(read(&pool, v, 0, CHUNK) == volume);
+    assert!(read(&pool, pool.lookup("v@s").unwrap(), 0, CHUNK) == snapshot);
 }

@@ -448,7 +448,10 @@ fn check_repair_rebuilds_space_maps_and_refuses_damaged_trees() {
     assert_eq!(names(&daemon.json(&["volume", "list", "--tree"])), tree);
     let copy = dir.path().join("copy.raw");
     nbdcopy(&uri(&daemon, "c"), p(&copy));
-    assert!(std::fs::read(&copy).unwrap() == contents, "the clone changed");
+    assert!(
+        std::fs::read(&copy).unwrap() == contents,
+        "the clone changed"
+    );
     daemon.stop_cleanly();
 
     // Tree nodes (block type 4) cannot be rebuilt: repair refuses and
@@ -456,5 +459,8 @@ fn check_repair_rebuilds_space_maps_and_refuses_damaged_trees() {
     damage_blocks(&pool, 4, false);
     let before = std::fs::read(&pool).unwrap();
     fails_with(&["check", p(&pool), "--repair"], 8, "cannot repair");
-    assert!(std::fs::read(&pool).unwrap() == before, "repair changed a pool it refused");
+    assert!(
+        std::fs::read(&pool).unwrap() == before,
+        "repair changed a pool it refused"
+    );
 }
