@@ -44,7 +44,7 @@ PROFILES = {
     "smoke": dict(size1=64 * MIB, runtime=1, size2=64 * MIB, arbor_marks=[0, 1, 10], qcow_marks=[0, 1, 3],
                   writes_between=4, cli_n=3, lat_runtime=2, size5=128 * MIB, io5=4 * MIB, size6=64 * MIB,
                   snaps6=5, reclaim_bytes=16 * MIB, all_jobs=False),
-    "quick": dict(size1=512 * MIB, runtime=2, size2=256 * MIB, arbor_marks=[0, 1, 10, 100, 1000],
+    "quick": dict(size1=512 * MIB, runtime=3, size2=256 * MIB, arbor_marks=[0, 1, 10, 100, 1000],
                   qcow_marks=[0, 1, 10, 100], writes_between=16, cli_n=20, lat_runtime=8,
                   size5=1 * GIB, io5=32 * MIB, size6=512 * MIB, snaps6=100, reclaim_bytes=128 * MIB,
                   all_jobs=False),
@@ -117,6 +117,44 @@ def proc_cpu_seconds(pid):
         return None
 
 
+def proc_thread_switches(pid):
+    """{thread id: context switches} of a process's live threads."""
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                out[tid] = sum(int(ln.split()[1]) for ln in f if "ctxt_switches" in ln)
+    except OSError:
+        pass
+    return out
+
+
+class SwitchSampler(threading.Thread):
+    """Context switches of a server's threads during a job, sampled every
+    0.2 s (threads that exit, like nbdkit's per-connection ones, take their
+    counts with them, so the last sample of each thread is kept)."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.first, self.last = pid, proc_thread_switches(pid), {}
+        self.done = threading.Event()
+        self.threads = 0
+
+    def run(self):
+        while True:
+            now = proc_thread_switches(self.pid)
+            self.last.update(now)
+            self.threads = max(self.threads, len(now))
+            if self.done.wait(0.2):
+                self.last.update(proc_thread_switches(self.pid))
+                return
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        return sum(v - self.first.get(t, 0) for t, v in self.last.items())
+
+
 class BusyMonitor(threading.Thread):
     """Samples, every second, the load average and how many compiler/linker
     processes run on the machine (other engineers building): a figure taken
@@ -165,7 +203,7 @@ def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, en
     if end_fsync is None:
         end_fsync = is_write
     argv = ["fio", "--name=j", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--output-format=json",
-            f"--randseed={seed}", "--lat_percentiles=1", "--percentile_list=50:99:99.9"]
+            f"--randseed={seed}", "--lat_percentiles=1", "--percentile_list=50:99:99.9", "--invalidate=0"]
     if kind == "file":
         argv += ["--ioengine=psync", f"--filename={where}"]
     else:
@@ -278,24 +316,31 @@ class Bench:
     def timed_fio(self, target, job, size, server_pid=None, profile_as=None, **kw):
         rw, bs, qd = JOBS[job]
         cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+        sampler = SwitchSampler(server_pid) if server_pid else None
+        if sampler:
+            sampler.start()
         t0 = time.time()
-        perf = None
-        if profile_as and server_pid and self.args.perf:
-            data = os.path.join(self.out, f"perf-{profile_as}.data")
-            perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(server_pid), "-o", data],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             r = fio(target, rw, bs, qd, size, **kw)
         finally:
-            if perf:
+            switches = sampler.stop() if sampler else None
+        t1 = time.time()
+        if cpu0 is not None:
+            r["server_cpu_us_per_io"] = (proc_cpu_seconds(server_pid) - cpu0) * 1e6 / max(r["ios"], 1)
+            r["server_switches_per_io"] = switches / max(r["ios"], 1)
+            r["server_threads"] = sampler.threads
+        if profile_as and server_pid and self.args.perf:
+            # A second, unreported run of the same job under `perf record`
+            # (sampling perturbs the figures, so it never runs during a measured one).
+            data = os.path.join(self.out, f"perf-{profile_as}.data")
+            perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(server_pid), "-o", data],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                fio(target, rw, bs, qd, size, **kw)
+            finally:
                 perf.send_signal(signal.SIGINT)
                 perf.wait()
-        t1 = time.time()
-        if perf:
             self.perf_reports[profile_as] = data
-        if cpu0 is not None:
-            cpu1 = proc_cpu_seconds(server_pid)
-            r["server_cpu_us_per_io"] = (cpu1 - cpu0) * 1e6 / max(r["ios"], 1)
         r.update(self.busy.window(t0, t1))
         return r
 
@@ -709,10 +754,13 @@ class Bench:
 
     def perf_text(self):
         for name, data in self.perf_reports.items():
-            out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--percent-limit", "1.5",
-                                  "--sort", "symbol", "-g", "none"], capture_output=True, text=True).stdout
             with open(os.path.join(self.out, f"perf-{name}.txt"), "w") as f:
-                f.write(out)
+                for title, opts in (("self time by symbol", ["--no-children", "--percent-limit", "1.5"]),
+                                    ("inclusive time (with callees) by symbol", ["--children", "--percent-limit", "4"])):
+                    out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "symbol", "-g", "none",
+                                          *opts], capture_output=True, text=True).stdout
+                    lines = [ln.rstrip()[:140] for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+                    f.write(f"## {title}\n\n" + "\n".join(lines) + "\n\n")
             os.unlink(data)
 
 

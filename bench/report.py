@@ -96,6 +96,11 @@ def write(out):
                     line += f" | {a['iops'] / n['iops']:.2f}" if a and n else " | "
                 add(line + " |")
             add("")
+            add("Server context switches per I/O (all threads; most threads seen): " + "; ".join(
+                f"{s}: " + ", ".join(f"{r['job'].split()[0]} {r['job'].split()[1]} {r['job'].split()[-1]} "
+                                     f"{r['server_switches_per_io']:.2f} ({r['server_threads']})"
+                                     for r in rows if r["system"] == s and "server_switches_per_io" in r)
+                for s in syss if s != "file (fio psync)") + "\n")
             add("Server CPU per I/O (µs): " + "; ".join(
                 f"{s}: " + ", ".join(f"{r['job'].split()[0]} {r['job'].split()[1]} {r['job'].split()[-1]} "
                                      f"{r['server_cpu_us_per_io']:.1f}"
