@@ -168,6 +168,12 @@ class Arbor:
         subprocess.run(argv, check=True, capture_output=True)
         return time.perf_counter() - t0
 
+    def cli_noop(self):
+        """`arbor --version`: the cost of starting a client process at all."""
+        t0 = time.perf_counter()
+        subprocess.run([self.binary, "--version"], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
     def cli_snapshot(self, name):
         return self._client("snapshot", "create", name) if self.interface == "data-dir" else self._client("snapshot", name)
 

@@ -54,27 +54,32 @@ PROFILES = {
                  all_jobs=True),
 }
 
+FIRST_WRITES = "4K first writes QD32"
 # name, fio rw, block size, queue depth
 JOBS = {
     "4K randread QD1": ("randread", "4k", 1),
     "4K randread QD32": ("randread", "4k", 32),
     "4K randwrite QD1": ("randwrite", "4k", 1),
     "4K randwrite QD32": ("randwrite", "4k", 32),
+    # one 4 KiB write per 64 KiB (random order, each once): every write is the first to
+    # its arbor chunk (16 KiB) and to its qcow2 cluster (64 KiB); the job ends when done
+    FIRST_WRITES: ("randwrite", "4k", 32),
     "64K randwrite QD32": ("randwrite", "64k", 32),
     "1M seqread QD8": ("read", "1m", 8),
     "1M seqwrite QD8": ("write", "1m", 8),
 }
 READS = [j for j, (rw, _, _) in JOBS.items() if "read" in rw]
+FIRST_WRITES_SPACING = 64 * KIB
 WRITES = [j for j, (rw, _, _) in JOBS.items() if "write" in rw]
 
 # Which jobs run in which state (the quick profile skips the least telling cells).
 STATE_JOBS_QUICK = {
-    "fresh": ["4K randwrite QD32", "64K randwrite QD32", "1M seqwrite QD8"],
-    "full": list(JOBS),
-    "after snapshot": ["4K randread QD32", "4K randwrite QD1", "4K randwrite QD32", "64K randwrite QD32",
-                       "1M seqwrite QD8"],
+    "fresh": ["4K randwrite QD32", FIRST_WRITES, "64K randwrite QD32", "1M seqwrite QD8"],
+    "full": [j for j in JOBS if j != FIRST_WRITES],
+    "after snapshot": ["4K randread QD32", "4K randwrite QD1", "4K randwrite QD32", FIRST_WRITES,
+                       "64K randwrite QD32", "1M seqwrite QD8"],
 }
-STATE_JOBS_FULL = {"fresh": list(JOBS), "full": list(JOBS), "after snapshot": list(JOBS)}
+STATE_JOBS_FULL = {"fresh": list(JOBS), "full": [j for j in JOBS if j != FIRST_WRITES], "after snapshot": list(JOBS)}
 
 # Systems of experiment 1, and which states each has. For peers, "after
 # snapshot" is a qcow2 overlay on a raw backing file, or a qcow2 image right
@@ -315,6 +320,9 @@ class Bench:
 
     def timed_fio(self, target, job, size, server_pid=None, profile_as=None, **kw):
         rw, bs, qd = JOBS[job]
+        if job == FIRST_WRITES:
+            kw = dict(kw, runtime=None, io_size=size // (FIRST_WRITES_SPACING // 4096),
+                      extra=[f"--blockalign={FIRST_WRITES_SPACING}"])
         cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
         sampler = SwitchSampler(server_pid) if server_pid else None
         if sampler:
@@ -530,6 +538,15 @@ class Bench:
     def exp3_cli_latency(self, ab, held, size):
         n = self.p["cli_n"]
         t0 = time.time()
+        if held == 0:
+            # what any process start costs here, and an arbor client that does nothing
+            spawn = []
+            for _ in range(n):
+                t = time.perf_counter()
+                subprocess.run(["/bin/true"], check=True)
+                spawn.append(time.perf_counter() - t)
+            self.record(exp=3, kind="spawn_reference", true=spawn, arbor_version=[ab.cli_noop() for _ in range(n)],
+                        **self.busy.window(t0, time.time()))
         for vol, mapped in (("ms", size), ("empty", 0)):
             cli = [ab.cli_snapshot(f"{vol}@cli{held}_{i}") for i in range(n)]
             api = []
