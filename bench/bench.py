@@ -238,6 +238,10 @@ def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, en
     }
 
 
+# Every server started (Peer or Arbor), so that an error midway still stops them all.
+STARTED = []
+
+
 class Peer:
     """An NBD server process we start (nbdkit or qemu-nbd), stopped by its PID."""
 
@@ -246,6 +250,7 @@ class Peer:
         if os.path.exists(sock):
             os.unlink(sock)
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        STARTED.append(self)
         wait_for_socket(sock, self.proc)
 
     @property
@@ -316,7 +321,9 @@ class Bench:
     def arbor(self, name, pool_size, **kw):
         d = self.path(name)
         shutil.rmtree(d, ignore_errors=True)
-        return Arbor(self.arbor_bin, d, pool_size, log=self.arbor_log, **kw).start()
+        ab = Arbor(self.arbor_bin, d, pool_size, log=self.arbor_log, **kw)
+        STARTED.append(ab)
+        return ab.start()
 
     def timed_fio(self, target, job, size, server_pid=None, profile_as=None, **kw):
         rw, bs, qd = JOBS[job]
@@ -761,6 +768,8 @@ class Bench:
             meta["steps"] = timings
             meta["busy_overall"] = self.busy.window(t_start, time.time())
             self.busy.stop_flag.set()
+            for server in STARTED:
+                server.stop()
             with open(os.path.join(self.out, "results.json"), "w") as f:
                 json.dump({"meta": meta, "records": self.records}, f, indent=1)
             shutil.rmtree(self.work, ignore_errors=True)
