@@ -42,14 +42,14 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PROFILES = {
     # harness validation only (seconds, figures meaningless)
     "smoke": dict(size1=64 * MIB, runtime=1, size2=64 * MIB, arbor_marks=[0, 1, 10], qcow_marks=[0, 1, 3],
-                  writes_between=4, cli_n=3, lat_runtime=2, size5=128 * MIB, io5=4 * MIB, size6=64 * MIB,
+                  writes_between=4, exp2_repeats=1, cli_n=3, lat_runtime=2, size5=128 * MIB, io5=4 * MIB, size6=64 * MIB,
                   snaps6=5, reclaim_bytes=16 * MIB, all_jobs=False),
     "quick": dict(size1=512 * MIB, runtime=3, size2=256 * MIB, arbor_marks=[0, 1, 10, 100, 1000],
-                  qcow_marks=[0, 1, 10, 100], writes_between=16, cli_n=20, lat_runtime=8,
+                  qcow_marks=[0, 1, 10, 100], writes_between=16, exp2_repeats=3, cli_n=20, lat_runtime=8,
                   size5=1 * GIB, io5=32 * MIB, size6=512 * MIB, snaps6=100, reclaim_bytes=128 * MIB,
                   all_jobs=False),
     "full": dict(size1=2 * GIB, runtime=10, size2=1 * GIB, arbor_marks=[0, 1, 10, 100, 1000],
-                 qcow_marks=[0, 1, 10, 100, 1000], writes_between=16, cli_n=100, lat_runtime=30,
+                 qcow_marks=[0, 1, 10, 100, 1000], writes_between=16, exp2_repeats=3, cli_n=100, lat_runtime=30,
                  size5=4 * GIB, io5=128 * MIB, size6=2 * GIB, snaps6=1000, reclaim_bytes=1 * GIB,
                  all_jobs=True),
 }
@@ -472,6 +472,11 @@ class Bench:
         for _ in range(n):
             h.pwrite(buf, rng.randrange(size // 4096) * 4096)
 
+    def exp2_jobs(self):
+        """The measured jobs at each snapshot count; the 4 KiB one repeated (each
+        run right after its own snapshot), the report takes the median."""
+        return ["4K randwrite QD32"] * self.p["exp2_repeats"] + ["1M seqwrite QD8"]
+
     def exp2_many_snapshots(self):
         import nbd
         p = self.p
@@ -493,7 +498,7 @@ class Bench:
                 ab.snapshot(f"ms@s{held}")
             h.flush()
             log(f"exp2 arbor: {held} snapshots held ({time.time() - t0:.1f} s to take them)")
-            for job in ("4K randwrite QD32", "1M seqwrite QD8"):
+            for job in self.exp2_jobs():
                 if held:
                     held += 1
                     ab.snapshot(f"ms@s{held}")  # the measured writes are first writes after a snapshot
@@ -526,7 +531,7 @@ class Bench:
                 held += 1
                 run(["qemu-img", "snapshot", "-c", f"s{held}", img])
             log(f"exp2 qcow2: {held} snapshots held ({time.time() - t0:.1f} s to take them)")
-            for job in ("4K randwrite QD32", "1M seqwrite QD8"):
+            for job in self.exp2_jobs():
                 if held:
                     held += 1
                     t1 = time.perf_counter()
