@@ -340,6 +340,7 @@ class Bench:
         finally:
             switches = sampler.stop() if sampler else None
         t1 = time.time()
+        r["wall_s"] = t1 - t0  # includes fio start-up and the end-of-job flush, which fio's rate leaves out
         if cpu0 is not None:
             r["server_cpu_us_per_io"] = (proc_cpu_seconds(server_pid) - cpu0) * 1e6 / max(r["ios"], 1)
             r["server_switches_per_io"] = switches / max(r["ios"], 1)
