@@ -1,0 +1,184 @@
+"""Every arbor invocation the benchmark harness makes goes through this module.
+
+The arbor CLI is being redesigned; this adapter speaks both interfaces and
+picks one by looking at `arbor serve --help`:
+
+* "pool" (the original): `arbor pool create POOL ...`, `arbor serve POOL
+  --nbd-socket S --api-socket A`, clients `arbor --daemon A snapshot V@S`.
+* "data-dir" (the new one): `arbor serve --data-dir DIR --pool-size ...
+  --chunk-size ... --nbd-listen none --api-listen none` (NBD on DIR/nbd.sock,
+  API on DIR/api.sock), clients `arbor --data-dir DIR snapshot create V@S`.
+
+Bulk management (creating 1,000 snapshots) uses the HTTP control API over
+the Unix socket, in-process; the *CLI round trip* figures use the client
+commands (a new process each time, as a user or script would).
+"""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=120):
+        super().__init__("arbor", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def wait_for_socket(path, proc, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        if os.path.exists(path):
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(path)
+                    return
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise RuntimeError(f"{proc.args[0]}: nothing listening on {path}")
+
+
+def detect_interface(binary):
+    out = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True)
+    return "data-dir" if "--data-dir" in (out.stdout + out.stderr) else "pool"
+
+
+class Arbor:
+    """One arbor daemon serving one pool in `workdir`."""
+
+    def __init__(self, binary, workdir, pool_size, chunk_size="16K", cache_size=None, log=None):
+        self.binary = binary
+        self.workdir = workdir
+        self.pool_size = pool_size
+        self.chunk_size = chunk_size
+        self.cache_size = cache_size
+        self.interface = detect_interface(binary)
+        self.proc = None
+        self.log = log
+        os.makedirs(workdir, exist_ok=True)
+        if self.interface == "data-dir":
+            self.nbd_sock = os.path.join(workdir, "nbd.sock")
+            self.api_sock = os.path.join(workdir, "api.sock")
+        else:
+            self.pool = os.path.join(workdir, "pool.img")
+            self.nbd_sock = os.path.join(workdir, "arbor-nbd.sock")
+            self.api_sock = os.path.join(workdir, "arbor-api.sock")
+
+    # --- daemon lifecycle -------------------------------------------------
+
+    def start(self):
+        if self.interface == "data-dir":
+            argv = [self.binary, "serve", "--data-dir", self.workdir, "--pool-size", str(self.pool_size),
+                    "--chunk-size", self.chunk_size, "--nbd-listen", "none", "--api-listen", "none"]
+        else:
+            if not os.path.exists(self.pool):
+                subprocess.run([self.binary, "pool", "create", self.pool, "--size", str(self.pool_size),
+                                "--chunk-size", self.chunk_size], check=True, capture_output=True)
+            argv = [self.binary, "serve", self.pool, "--nbd-socket", self.nbd_sock, "--api-socket", self.api_sock]
+        if self.cache_size:
+            argv += ["--cache-size", self.cache_size]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log or subprocess.DEVNULL)
+        wait_for_socket(self.api_sock, self.proc)
+        wait_for_socket(self.nbd_sock, self.proc)
+        return self
+
+    def stop(self):
+        """SIGTERM to the daemon we started (by PID); it commits and exits."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def uri(self, export):
+        return f"nbd+unix:///{export}?socket={self.nbd_sock}"
+
+    def peak_rss_bytes(self):
+        """VmHWM of the daemon (peak resident set), read while it runs."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    # --- control API (in-process HTTP over the Unix socket) ---------------
+
+    def _api(self, method, path, body=None):
+        conn = _UnixHTTPConnection(self.api_sock)
+        try:
+            headers = {}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            if resp.status >= 300:
+                raise RuntimeError(f"{method} {path}: {resp.status} {text}")
+            return json.loads(text) if text else None
+        finally:
+            conn.close()
+
+    def volume_create(self, name, size):
+        return self._api("POST", "/v1/volumes", {"name": name, "size": int(size)})
+
+    def snapshot(self, name):
+        return self._api("POST", "/v1/snapshots", {"name": name})
+
+    def clone(self, snapshot, name):
+        return self._api("POST", "/v1/clones", {"snapshot": snapshot, "name": name})
+
+    def destroy(self, name):
+        return self._api("DELETE", "/v1/volumes/" + name.replace("@", "%40"))
+
+    def flush(self):
+        return self._api("POST", "/v1/flush")
+
+    def status(self):
+        """Pool object: data_used_bytes, metadata_used_bytes, reclaim_pending, ..."""
+        return self._api("GET", "/v1/pool")
+
+    # --- CLI client commands (one process each: the user-visible round trip)
+
+    def _client(self, *args):
+        if self.interface == "data-dir":
+            argv = [self.binary, "--data-dir", self.workdir, *args]
+        else:
+            argv = [self.binary, "--daemon", self.api_sock, *args]
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    def cli_noop(self):
+        """`arbor --version`: the cost of starting a client process at all."""
+        t0 = time.perf_counter()
+        subprocess.run([self.binary, "--version"], check=True, capture_output=True)
+        return time.perf_counter() - t0
+
+    def cli_snapshot(self, name):
+        return self._client("snapshot", "create", name) if self.interface == "data-dir" else self._client("snapshot", name)
+
+    def cli_clone(self, snapshot, name):
+        return self._client("clone", snapshot, name)
+
+    def cli_destroy(self, name):
+        return self._client("destroy", name) if self.interface == "data-dir" else self._client("delete", name)
