@@ -1,13 +1,9 @@
 """Every arbor invocation the benchmark harness makes goes through this module.
 
-The arbor CLI is being redesigned; this adapter speaks both interfaces and
-picks one by looking at `arbor serve --help`:
-
-* "pool" (the original): `arbor pool create POOL ...`, `arbor serve POOL
-  --nbd-socket S --api-socket A`, clients `arbor --daemon A snapshot V@S`.
-* "data-dir" (the new one): `arbor serve --data-dir DIR --pool-size ...
-  --chunk-size ... --nbd-listen none --api-listen none` (NBD on DIR/nbd.sock,
-  API on DIR/api.sock), clients `arbor --data-dir DIR snapshot create V@S`.
+The daemon: `arbor serve --data-dir DIR --pool-size ... --chunk-size ...
+--initial-volume none --nbd-listen none --api-listen none` (NBD on
+DIR/nbd.sock, API on DIR/api.sock); clients: `arbor --data-dir DIR
+snapshot create V@S` and so on (docs/CLI.md).
 
 Bulk management (creating 1,000 snapshots) uses the HTTP control API over
 the Unix socket, in-process; the *CLI round trip* figures use the client
@@ -50,11 +46,6 @@ def wait_for_socket(path, proc, timeout=30.0):
     raise RuntimeError(f"{proc.args[0]}: nothing listening on {path}")
 
 
-def detect_interface(binary):
-    out = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True)
-    return "data-dir" if "--data-dir" in (out.stdout + out.stderr) else "pool"
-
-
 class Arbor:
     """One arbor daemon serving one pool in `workdir`."""
 
@@ -64,29 +55,18 @@ class Arbor:
         self.pool_size = pool_size
         self.chunk_size = chunk_size
         self.cache_size = cache_size
-        self.interface = detect_interface(binary)
         self.proc = None
         self.log = log
         os.makedirs(workdir, exist_ok=True)
-        if self.interface == "data-dir":
-            self.nbd_sock = os.path.join(workdir, "nbd.sock")
-            self.api_sock = os.path.join(workdir, "api.sock")
-        else:
-            self.pool = os.path.join(workdir, "pool.img")
-            self.nbd_sock = os.path.join(workdir, "arbor-nbd.sock")
-            self.api_sock = os.path.join(workdir, "arbor-api.sock")
+        self.nbd_sock = os.path.join(workdir, "nbd.sock")
+        self.api_sock = os.path.join(workdir, "api.sock")
 
     # --- daemon lifecycle -------------------------------------------------
 
     def start(self):
-        if self.interface == "data-dir":
-            argv = [self.binary, "serve", "--data-dir", self.workdir, "--pool-size", str(self.pool_size),
-                    "--chunk-size", self.chunk_size, "--nbd-listen", "none", "--api-listen", "none"]
-        else:
-            if not os.path.exists(self.pool):
-                subprocess.run([self.binary, "pool", "create", self.pool, "--size", str(self.pool_size),
-                                "--chunk-size", self.chunk_size], check=True, capture_output=True)
-            argv = [self.binary, "serve", self.pool, "--nbd-socket", self.nbd_sock, "--api-socket", self.api_sock]
+        argv = [self.binary, "serve", "--data-dir", self.workdir, "--pool-size", str(self.pool_size),
+                "--chunk-size", self.chunk_size, "--initial-volume", "none",
+                "--nbd-listen", "none", "--api-listen", "none"]
         if self.cache_size:
             argv += ["--cache-size", self.cache_size]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log or subprocess.DEVNULL)
@@ -160,10 +140,7 @@ class Arbor:
     # --- CLI client commands (one process each: the user-visible round trip)
 
     def _client(self, *args):
-        if self.interface == "data-dir":
-            argv = [self.binary, "--data-dir", self.workdir, *args]
-        else:
-            argv = [self.binary, "--daemon", self.api_sock, *args]
+        argv = [self.binary, "--data-dir", self.workdir, *args]
         t0 = time.perf_counter()
         subprocess.run(argv, check=True, capture_output=True)
         return time.perf_counter() - t0
@@ -175,10 +152,10 @@ class Arbor:
         return time.perf_counter() - t0
 
     def cli_snapshot(self, name):
-        return self._client("snapshot", "create", name) if self.interface == "data-dir" else self._client("snapshot", name)
+        return self._client("snapshot", "create", name)
 
     def cli_clone(self, snapshot, name):
         return self._client("clone", snapshot, name)
 
     def cli_destroy(self, name):
-        return self._client("destroy", name) if self.interface == "data-dir" else self._client("delete", name)
+        return self._client("destroy", name)

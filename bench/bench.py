@@ -747,7 +747,6 @@ class Bench:
             "fio": cmd("fio", "--version"), "nbdkit": cmd("nbdkit", "--version"),
             "qemu": cmd("qemu-nbd", "--version"),
             "arbor_commit": cmd("git", "-C", ROOT, "rev-parse", "--short", "HEAD"),
-            "arbor_interface": Arbor(self.arbor_bin, self.path("probe"), 0).interface,
             "command": " ".join(sys.argv),
         }
 

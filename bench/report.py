@@ -43,7 +43,7 @@ def write(out):
     md = []
     add = md.append
     add(f"# arbor benchmark report ({meta['profile']} profile)\n")
-    add(f"Date {meta['date_utc']}; commit {meta['arbor_commit']} (CLI interface: {meta['arbor_interface']}); "
+    add(f"Date {meta['date_utc']}; commit {meta['arbor_commit']}; "
         f"{meta['cpus']} CPUs ({meta['cpu']}), {meta['mem_gib']} GiB RAM, kernel {meta['kernel']}; "
         f"all files on one {meta['filesystem']} filesystem ({meta['workdir']}); {meta['fio']}, {meta['nbdkit']}, "
         f"{meta['qemu']}. Run took {meta['seconds']:.0f} s.\n")

@@ -1050,12 +1050,18 @@ impl ByteRanges {
         Self(Vec::new(), chunk_size)
     }
 
-    /// Adds chunks `[from, to)`, given in increasing order.
+    /// Adds chunks `[from, to)`, given in increasing order. The chunks come
+    /// from mapping trees, so a range whose bytes do not fit in u64 means a
+    /// damaged tree: an error, not an overflow.
     fn push(&mut self, from: u64, to: u64) -> Result<()> {
-        let (offset, len) = (
-            from.saturating_mul(self.1),
-            (to - from).saturating_mul(self.1),
-        );
+        let damaged =
+            || Error::inconsistent(format!("mapped chunk range {from}..{to} is impossible"));
+        let chunks = to.checked_sub(from).ok_or_else(damaged)?;
+        let offset = from.checked_mul(self.1).ok_or_else(damaged)?;
+        let len = chunks.checked_mul(self.1).ok_or_else(damaged)?;
+        // Invariant: every stored range ends at or below u64::MAX, so the
+        // sums below (a stored end, and a merged end equal to this one) fit.
+        offset.checked_add(len).ok_or_else(damaged)?;
         match self.0.last_mut() {
             Some(last) if last.0 + last.1 == offset => last.1 += len,
             _ => self.0.push((offset, len)),
