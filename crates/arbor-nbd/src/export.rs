@@ -139,6 +139,16 @@ pub trait Export: Send + Sync + 'static {
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         Ok(())
     }
+
+    /// Whether small reads and writes may run on the connection's own task
+    /// rather than on the blocking pool, which saves two thread hand-offs per
+    /// request. Say yes only if they never wait for another request to make
+    /// progress (run inline, one connection's requests run one at a time)
+    /// and are usually served from memory; a slow one still sends the
+    /// connection's requests to the pool for a while.
+    fn small_io_inline(&self) -> bool {
+        false
+    }
 }
 
 /// The set of exports a server offers, looked up by name on every handshake

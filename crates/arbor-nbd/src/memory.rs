@@ -231,6 +231,11 @@ impl Export for MemoryExport {
         self.store(offset, len, None)
     }
 
+    // Plain memory: never waits, never slow.
+    fn small_io_inline(&self) -> bool {
+        true
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
         self.check_alive()?;
         self.check_range(offset, len)?;

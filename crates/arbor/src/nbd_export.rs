@@ -214,6 +214,13 @@ impl Export for VolumeExport {
         })
     }
 
+    // The engine never makes a read or write wait for another request (a
+    // write that needs a commit runs it itself), and small ones are served
+    // from the page cache and the metadata cache.
+    fn small_io_inline(&self) -> bool {
+        true
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
         let len = len.min(STATUS_WINDOW);
         let runs = self.io.record(IoOp::BlockStatus, len, || {
