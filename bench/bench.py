@@ -483,8 +483,11 @@ class Bench:
         p = self.p
         size, rt, wb = p["size2"], p["runtime"], p["writes_between"]
         rng = random.Random(2)
-        # arbor
-        ab = self.arbor("exp2", size * 16 + GIB)
+        # arbor. Each measured job runs right after its own snapshot and may
+        # copy the whole volume, which that snapshot then keeps: size the
+        # pool for all of them, plus the volume and the small snapshots.
+        measured = len(p["arbor_marks"]) * len(self.exp2_jobs())
+        ab = self.arbor("exp2", size * (measured + 4) + GIB)
         ab.volume_create("ms", size)
         ab.volume_create("empty", 100 * GIB)
         fio(("nbd", ab.uri("ms")), "write", "1m", 8, size)
