@@ -266,9 +266,16 @@ impl Request {
         match (self.header.payload(), &self.validated) {
             (Payload::None, _) => Ok(Vec::new()),
             (Payload::Receive(len), Ok(_)) => {
-                // `len <= MAX_PAYLOAD` and reserved in the budget.
-                let mut payload = vec![0u8; len as usize];
-                input.read_exact(&mut payload).await?;
+                // `len <= MAX_PAYLOAD` and reserved in the budget. Read into
+                // spare capacity: zeroing a buffer the socket then overwrites
+                // was a tenth of the server's time on 1 MiB writes.
+                let mut payload = Vec::with_capacity(len as usize);
+                let mut rest = input.take(len.into());
+                while payload.len() < payload.capacity() {
+                    if rest.read_buf(&mut payload).await? == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
                 Ok(payload)
             }
             // Discard with a valid request cannot happen (`validate` refuses
