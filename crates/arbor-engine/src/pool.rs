@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, Store};
-use crate::volumes::WritePlan;
+use crate::volumes::{InPlaceCheck, WritePlan};
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
 pub const SECTOR: u64 = 512;
@@ -46,6 +46,9 @@ const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 /// Chunks unmapped per step of a discard (bounded transaction growth).
 const UNMAP_STEP_CHUNKS: u64 = 4096;
 const STRIPES: usize = 256;
+/// Most chunks one device write of an in-place run covers, which bounds how
+/// long the run holds the metadata lock while planning.
+const IN_PLACE_RUN_CHUNKS: u64 = 64;
 
 /// How to lay out a new pool.
 #[derive(Debug, Clone)]
@@ -770,6 +773,15 @@ impl Pool {
             let in_chunk = pos % cs;
             let n = ((cs - in_chunk) as usize).min(data.len() - done);
             self.commit_if_needed()?;
+            // A write over several chunks tries one device write for all
+            // the chunks it may overwrite in place.
+            if n < data.len() - done {
+                let run = self.write_in_place_run(id, pos, &data[done..])?;
+                if run > 0 {
+                    done += run;
+                    continue;
+                }
+            }
             let chunk_data = &data[done..done + n];
             match self.write_chunk(id, pos / cs, in_chunk, chunk_data) {
                 // Chunks freed since the last commit become allocatable once it
@@ -783,6 +795,53 @@ impl Pool {
             done += n;
         }
         Ok(())
+    }
+
+    /// Writes in place, with one device write, the longest prefix of `data`
+    /// (at byte `offset` of the volume) whose chunks may all be overwritten
+    /// in place and lie consecutively on the device. Returns the bytes
+    /// written: 0 when the first chunk needs a new one.
+    ///
+    /// No stripe lock, unlike `write_chunk`: stripes keep two copy-on-writes
+    /// of one chunk from racing, and a chunk written in place is not being
+    /// copied (a copy needs it shared, and it is exclusive until a snapshot,
+    /// clone or commit, each of which waits for the gate held here until the
+    /// data is written).
+    fn write_in_place_run(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<usize> {
+        let _gate = self.io_gate();
+        let geo = self.store.geo;
+        let cs = geo.chunk_size;
+        let (first_chunk, in_chunk) = (offset / cs, offset % cs);
+        // Bytes of `data` the first `chunks` chunks of the run hold.
+        let covered = |chunks: u64| ((chunks * cs - in_chunk) as usize).min(data.len());
+        let mut meta = self.write_meta()?;
+        meta.ensure_step_budget()?;
+        let mut first_phys = None;
+        let mut chunks = 0u64;
+        loop {
+            let only_at = first_phys.map(|first: u64| first + chunks);
+            let chunk = first_chunk + chunks;
+            match self.mutate(&mut meta, |m| m.try_in_place(id.0, chunk, only_at))? {
+                InPlaceCheck::Yes(phys) => {
+                    first_phys.get_or_insert(phys);
+                    chunks += 1;
+                }
+                InPlaceCheck::No { .. } => break,
+            }
+            let more = chunks < IN_PLACE_RUN_CHUNKS && covered(chunks) < data.len();
+            if !more || meta.ensure_step_budget().is_err() {
+                break;
+            }
+        }
+        drop(meta);
+        let Some(first) = first_phys else {
+            return Ok(0);
+        };
+        let len = covered(chunks);
+        self.store
+            .dev
+            .write_at(&data[..len], geo.chunk_offset(first) + in_chunk)?;
+        Ok(len)
     }
 
     fn write_chunk(&self, id: VolumeId, chunk: u64, in_chunk: u64, data: &[u8]) -> Result<()> {

@@ -26,6 +26,15 @@ pub(crate) enum WritePlan {
     Redirect { old: Option<u64>, new: u64 },
 }
 
+/// The answer of [`Meta::try_in_place`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InPlaceCheck {
+    /// Overwrite this physical chunk.
+    Yes(u64),
+    /// Not in place; `mapped` is the chunk's current physical chunk, if any.
+    No { mapped: Option<u64> },
+}
+
 impl Meta {
     pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
         self.vols
@@ -198,14 +207,34 @@ impl Meta {
 
     /// Decides where a write to `chunk` of volume `id` goes (see [`WritePlan`]).
     pub fn plan_write(&mut self, id: u64, chunk: u64) -> Result<WritePlan> {
+        let old = match self.try_in_place(id, chunk, None)? {
+            InPlaceCheck::Yes(phys) => return Ok(WritePlan::InPlace(phys)),
+            InPlaceCheck::No { mapped } => mapped,
+        };
+        Ok(WritePlan::Redirect {
+            old,
+            new: self.alloc_data()?,
+        })
+    }
+
+    /// Whether `chunk` of volume `id` may be overwritten in place. If it is
+    /// mapped, its path is shadowed and its generation refreshed (a write
+    /// follows either way). With `only_at`, gives up changing nothing unless
+    /// the chunk maps to that physical chunk.
+    pub fn try_in_place(
+        &mut self,
+        id: u64,
+        chunk: u64,
+        only_at: Option<u64>,
+    ) -> Result<InPlaceCheck> {
         let root = self.writable_volume(id)?.root;
         let Some((extent, _)) = self.map_lookup(root, chunk)? else {
-            return Ok(WritePlan::Redirect {
-                old: None,
-                new: self.alloc_data()?,
-            });
+            return Ok(InPlaceCheck::No { mapped: None });
         };
         let phys = extent.phys(chunk);
+        if only_at.is_some_and(|wanted| wanted != phys) {
+            return Ok(InPlaceCheck::No { mapped: Some(phys) });
+        }
         let written_since_shared = extent.gen > self.last_shared_txn(id);
         // An extent written in this transaction sits in a leaf shadowed in this
         // transaction: the path is already exclusive. Otherwise re-map the
@@ -230,12 +259,9 @@ impl Meta {
         let exclusive_since_durable =
             self.data_sm.allocated_since_durable(phys) || written_since_shared;
         if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
-            return Ok(WritePlan::InPlace(phys));
+            return Ok(InPlaceCheck::Yes(phys));
         }
-        Ok(WritePlan::Redirect {
-            old: Some(phys),
-            new: self.alloc_data()?,
-        })
+        Ok(InPlaceCheck::No { mapped: Some(phys) })
     }
 
     /// Maps `chunk` to the freshly written `new` if the chunk still maps to

@@ -333,4 +333,22 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
     }
     assert!(read(&pool, v, 0, CHUNK) == volume);
     assert!(read(&pool, pool.lookup("v@s").unwrap(), 0, CHUNK) == snapshot);
+
+    // A write over several exclusive chunks that lie consecutively on the
+    // device (allocated one after the other here) is one device write.
+    let big = |byte: u8| vec![byte; 4 * CHUNK];
+    pool.write(v, CHUNK as u64, &big(6)).unwrap();
+    pool.flush().unwrap();
+    recording.take();
+    pool.write(v, CHUNK as u64, &big(7)).unwrap();
+    pool.flush().unwrap();
+    assert_eq!(writes_carrying(&recording, &big(7)), [4 * CHUNK]);
+    // Also when it starts and ends inside a chunk.
+    let inner = vec![8u8; 4 * CHUNK - 1024];
+    pool.write(v, CHUNK as u64 + 512, &inner).unwrap();
+    pool.flush().unwrap();
+    assert_eq!(writes_carrying(&recording, &inner), [inner.len()]);
+    let mut expected = big(7);
+    expected[512..4 * CHUNK - 512].fill(8);
+    assert!(read(&pool, v, CHUNK as u64, 4 * CHUNK) == expected);
 }
