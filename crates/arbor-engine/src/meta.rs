@@ -90,6 +90,8 @@ pub(crate) struct Meta {
     pub shared_txn: HashMap<u64, u64>,
     /// The last committed transaction when the pool was opened.
     pub opened_txn: u64,
+    /// Between phase A and phase C of a commit.
+    commit_in_flight: bool,
 }
 
 /// A frozen transaction: everything the writes of phase B need.
@@ -182,6 +184,7 @@ impl Meta {
             dirty_node_limit,
             shared_txn: HashMap::new(),
             opened_txn: rec.txn.get(),
+            commit_in_flight: false,
         };
         meta.load_volumes()?;
         Ok(meta)
@@ -245,6 +248,12 @@ impl Meta {
     pub fn needs_commit(&self) -> bool {
         let pages = self.meta_sm.dirty_pages() + self.data_sm.dirty_pages();
         pages as u64 > self.store.geo.journal_pages / 2 || self.dirty.len() > self.dirty_node_limit
+    }
+
+    /// Whether the open state is exactly the last durable commit: no commit
+    /// in flight and nothing changed since.
+    pub fn matches_durable(&self) -> bool {
+        !self.commit_in_flight && !self.has_changes()
     }
 
     pub fn has_changes(&self) -> bool {
@@ -409,6 +418,7 @@ impl Meta {
             area: geo.journal_start[(self.txn % 2) as usize],
         };
         self.txn += 1;
+        self.commit_in_flight = true;
         Ok(job)
     }
 
@@ -421,6 +431,7 @@ impl Meta {
         self.inflight_nodes.clear();
         self.meta_sm.thaw();
         self.data_sm.thaw();
+        self.commit_in_flight = false;
     }
 
     fn commit_record(&self, page_count: u32, pages_crc: u32) -> CommitRecord {

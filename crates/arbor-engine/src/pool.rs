@@ -471,6 +471,11 @@ impl Pool {
         }
     }
 
+    fn commit_may_free_space(&self) -> Result<bool> {
+        let meta = self.read_meta()?;
+        Ok(meta.data_sm.awaiting_commit() || !meta.matches_durable())
+    }
+
     fn commit_if_needed(&self) -> Result<()> {
         if self.read_meta()?.needs_commit() {
             self.flush()?;
@@ -785,8 +790,10 @@ impl Pool {
             let chunk_data = &data[done..done + n];
             match self.write_chunk(id, pos / cs, in_chunk, chunk_data) {
                 // Chunks freed since the last commit become allocatable once it
-                // is durable: commit and try once more before reporting full.
-                Err(Error::NoSpace) if self.read_meta()?.data_sm.awaiting_commit() => {
+                // is durable, and a chunk that is this volume's alone in the
+                // open state may be overwritten in place once that state is
+                // durable: commit and try once more before reporting full.
+                Err(Error::NoSpace) if self.commit_may_free_space()? => {
                     self.flush()?;
                     self.write_chunk(id, pos / cs, in_chunk, chunk_data)?;
                 }

@@ -236,6 +236,7 @@ impl Meta {
             return Ok(InPlaceCheck::No { mapped: Some(phys) });
         }
         let written_since_shared = extent.gen > self.last_shared_txn(id);
+        let durable_is_current = self.matches_durable();
         // An extent written in this transaction sits in a leaf shadowed in this
         // transaction: the path is already exclusive. Otherwise re-map the
         // chunk in place, which shadows the path and refreshes its generation.
@@ -248,16 +249,23 @@ impl Meta {
         // state a power cut can recover to has another tree referencing it:
         // a count of 1 now says nothing of the last commit, where another
         // volume may still map the chunk (e.g. a clone whose shared leaf
-        // this transaction unshared). Either of two facts rules that out:
+        // this transaction unshared). Any of three facts rules that out:
         // * the chunk was allocated since the last durable commit, so no
         //   recoverable state references it at all;
         // * this volume mapped it after its tree was last shared (the
         //   dm-thin rule: a mapping newer than the last snapshot is
         //   exclusive). Only a share can give another tree this chunk, and
         //   when it was mapped here the count was 1 with the path shadowed,
-        //   so no tree held it then, by this same rule at that time.
-        let exclusive_since_durable =
-            self.data_sm.allocated_since_durable(phys) || written_since_shared;
+        //   so no tree held it then, by this same rule at that time;
+        // * the open state was the durable one when this call began: then a
+        //   count of 1 after shadowing this volume's path (shadowing a shared
+        //   node adds a count to each child) means the path and the chunk
+        //   were this volume's alone in the durable state too. This is what
+        //   frees a volume whose snapshots are gone: a full pool commits
+        //   and retries a write that found no space (`Pool::write`).
+        let exclusive_since_durable = self.data_sm.allocated_since_durable(phys)
+            || written_since_shared
+            || durable_is_current;
         if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
             return Ok(InPlaceCheck::Yes(phys));
         }

@@ -135,6 +135,31 @@ fn v_name(pool: &arbor_engine::Pool, id: VolumeId) -> String {
     pool.info(id).unwrap().name
 }
 
+/// Regression: on a full pool, once a volume's only snapshot is destroyed
+/// and reclaimed, its chunks are its own again and overwriting them needs
+/// no new space (the in-place rule once demanded a fresh chunk for every
+/// chunk mapped before the volume was last shared).
+#[test]
+fn after_its_snapshot_is_gone_a_full_volume_is_overwritten_without_new_space() {
+    let (_disk, pool) = sim_pool(24 * MIB, 65536);
+    let total = pool.pool_stats().unwrap().data_bytes;
+    let v = pool.create_volume("big", total).unwrap();
+    for offset in (0..total).step_by(MIB as usize) {
+        let len = MIB.min(total - offset) as usize;
+        pool.write(v, offset, &vec![1u8; len]).unwrap();
+    }
+    pool.snapshot("big@s").unwrap();
+    assert!(matches!(pool.write(v, 0, &[2u8; 4096]), Err(Error::NoSpace)));
+    pool.delete("big@s").unwrap();
+    while pool.reclaim(1000).unwrap() > 0 {}
+    pool.write(v, 0, &vec![3u8; MIB as usize]).unwrap();
+    pool.write(v, total - 4096, &[4u8; 4096]).unwrap();
+    pool.flush().unwrap();
+    assert!(read(&pool, v, 0, MIB as usize) == vec![3u8; MIB as usize]);
+    assert!(read(&pool, v, total - 8192, 8192) == [[1u8; 4096], [4u8; 4096]].concat());
+    assert_clean(&pool);
+}
+
 #[test]
 fn full_pool_fails_writes_cleanly_and_recovers_after_delete() {
     let (_disk, pool) = sim_pool(24 * MIB, 65536);
