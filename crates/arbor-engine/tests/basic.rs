@@ -149,7 +149,10 @@ fn after_its_snapshot_is_gone_a_full_volume_is_overwritten_without_new_space() {
         pool.write(v, offset, &vec![1u8; len]).unwrap();
     }
     pool.snapshot("big@s").unwrap();
-    assert!(matches!(pool.write(v, 0, &[2u8; 4096]), Err(Error::NoSpace)));
+    assert!(matches!(
+        pool.write(v, 0, &[2u8; 4096]),
+        Err(Error::NoSpace)
+    ));
     pool.delete("big@s").unwrap();
     while pool.reclaim(1000).unwrap() > 0 {}
     pool.write(v, 0, &vec![3u8; MIB as usize]).unwrap();
