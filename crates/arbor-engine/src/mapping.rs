@@ -144,13 +144,24 @@ impl Meta {
         chunk: u64,
         pchunk: u64,
     ) -> Result<(BlockRef, Option<u64>)> {
+        self.map_set_as(root, chunk, pchunk, self.txn)
+    }
+
+    /// [`Meta::map_set`] with the extent's generation given: the mapping's
+    /// previous generation shadows the path without claiming a write.
+    pub fn map_set_as(
+        &mut self,
+        root: BlockRef,
+        chunk: u64,
+        pchunk: u64,
+        gen: u64,
+    ) -> Result<(BlockRef, Option<u64>)> {
         let mut root = root;
         let mut previous = None;
         if let Some((e, _)) = self.map_lookup(root, chunk)? {
             previous = Some(e.phys(chunk));
             root = self.cut_extent(root, e, chunk, chunk + 1)?;
         }
-        let gen = self.txn;
         if let Some(left) = chunk.checked_sub(1) {
             if let Some((e, leaf_upper)) = self.map_lookup(root, left)? {
                 let extendable = e.end() == chunk

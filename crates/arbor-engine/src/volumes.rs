@@ -239,11 +239,16 @@ impl Meta {
         let durable_is_current = self.matches_durable();
         // An extent written in this transaction sits in a leaf shadowed in this
         // transaction: the path is already exclusive. Otherwise re-map the
-        // chunk in place, which shadows the path and refreshes its generation.
+        // chunk as it is, generation included, which shadows the path: the
+        // count below means something only on an exclusive path. The
+        // generation moves only with an in-place write (below): the rule
+        // "mapped after the last share" must never be claimed by a chunk a
+        // redirect is about to replace, which another writer of the same
+        // chunk would then overwrite in place under the copy.
         if extent.gen != self.txn {
-            let (root, previous) = self.map_set(root, chunk, phys)?;
+            let (shadowed, previous) = self.map_set_as(root, chunk, phys, extent.gen)?;
             debug_assert_eq!(previous, Some(phys));
-            self.volume_mut(id)?.root = root;
+            self.volume_mut(id)?.root = shadowed;
         }
         // In place only if this volume alone references the chunk now AND no
         // state a power cut can recover to has another tree referencing it:
@@ -267,6 +272,12 @@ impl Meta {
             || written_since_shared
             || durable_is_current;
         if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
+            if extent.gen != self.txn {
+                // The path is this transaction's now, so this is cheap.
+                let root = self.volume(id)?.root;
+                let (root, _) = self.map_set(root, chunk, phys)?;
+                self.volume_mut(id)?.root = root;
+            }
             return Ok(InPlaceCheck::Yes(phys));
         }
         Ok(InPlaceCheck::No { mapped: Some(phys) })
