@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A/B of two arbor builds on the data path, alternating runs so drift in the
+# machine's state hits both alike: for each build, a 512 MiB volume filled
+# with 1 MiB writes, then fio's nbd engine over the Unix socket, 5 s per job.
+# Prints one line per build, job and round. Figures quoted in
+# docs/PERFORMANCE.md ("What changed") come from this script.
+#
+#   bench/ab.sh OLD_BINARY NEW_BINARY [ROUNDS]
+#
+# Build the old one from another worktree, e.g.
+#   git worktree add /tmp/old HEAD~1 && cargo build --release -p arbor --manifest-path /tmp/old/Cargo.toml
+set -euo pipefail
+old=${1:?old arbor binary}
+new=${2:?new arbor binary}
+rounds=${3:-2}
+jobs=("randread 4k 32" "randwrite 4k 32" "read 1m 8" "write 1m 8")
+work=$(mktemp -d /var/tmp/arbor-ab-XXXXXX)
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+run_one() { # label binary
+  local label=$1 bin=$2 dir="$work/$1"
+  rm -rf "$dir"
+  "$bin" serve --data-dir "$dir" --pool-size 2G --initial-volume none \
+    --nbd-listen none --api-listen none >/dev/null 2>"$work/$label.log" &
+  pid=$!
+  for _ in $(seq 200); do [ -S "$dir/api.sock" ] && [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
+  "$bin" --data-dir "$dir" volume create v --size 512M >/dev/null
+  local uri="nbd+unix:///v?socket=$dir/nbd.sock"
+  fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
+    --size=512M --end_fsync=1 >/dev/null 2>&1
+  for job in "${jobs[@]}"; do
+    read -r rw bs qd <<<"$job"
+    fio --name=j --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      --size=512M --time_based --runtime=5 --randrepeat=1 --end_fsync=1 \
+      --output-format=json 2>/dev/null | sed -n '/^{/,$p' |
+      /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)["jobs"][0]
+iops = j["read"]["iops"] + j["write"]["iops"]
+mib = (j["read"]["bw"] + j["write"]["bw"]) / 1024
+print(f"{sys.argv[1]:4} {sys.argv[2]:10} {sys.argv[3]:3} QD{sys.argv[4]:3} {iops:10.0f} IOPS {mib:8.0f} MiB/s")
+' "$label" "$rw" "$bs" "$qd"
+  done
+  kill "$pid"; wait "$pid" || true; pid=
+}
+
+for round in $(seq "$rounds"); do
+  echo "round $round"
+  run_one old "$old"
+  run_one new "$new"
+done
