@@ -15,6 +15,8 @@ use std::sync::Arc;
 use arbor_engine::Pool;
 use arbor_io::model::pattern;
 use arbor_io::OverlayDevice;
+use arbor_nbd::handshake::{Handshake, Step};
+use arbor_nbd::memory::{ExportTable, MemoryExport};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -275,7 +277,49 @@ fn meta_context(name: &str, queries: &[&str]) -> Vec<u8> {
     out
 }
 
-/// Client sides of handshakes as libnbd (nbdinfo, nbdcopy) and qemu send them.
+/// Real client sessions (client-to-server bytes of nbdinfo, nbdcopy,
+/// qemu-img, qemu-io and python3-libnbd connections to `arbor serve`),
+/// recorded by `fuzz/sessions/capture.py`, in file-name order.
+fn recorded_sessions() -> Vec<Vec<u8>> {
+    let dir = repo_root().join("fuzz/sessions");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    paths.retain(|p| p.extension().is_some_and(|e| e == "bin"));
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect()
+}
+
+/// A recorded session as the `request` target takes it: the session bits
+/// (read-only 1, structured 2, base:allocation 4) the handshake negotiated,
+/// then the bytes after the handshake. None if it never left the handshake.
+fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
+    let exports = ExportTable::new();
+    exports.insert("vol", Arc::new(MemoryExport::new(MIB)));
+    let mut handshake = Handshake::new();
+    let mut rest = stream;
+    while rest.len() >= handshake.wanted() {
+        let (chunk, tail) = rest.split_at(handshake.wanted());
+        rest = tail;
+        match handshake.receive(chunk, &exports).ok()? {
+            Step::Continue { .. } => {}
+            Step::Transmit { session, .. } => {
+                let bits = u8::from(session.read_only)
+                    | u8::from(session.structured) << 1
+                    | u8::from(session.base_allocation) << 2;
+                return Some([&[bits], rest].concat());
+            }
+            Step::Close { .. } => return None,
+        }
+    }
+    None
+}
+
+/// Client sides of handshakes: built as libnbd (nbdinfo, nbdcopy) and qemu
+/// send them, and recorded from the real clients.
 fn handshake_seeds() -> Vec<Vec<u8>> {
     let session = |flags: u32, options: &[Vec<u8>]| {
         let mut out = flags.to_be_bytes().to_vec();
@@ -311,6 +355,9 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
             ],
         ),
     ]
+    .into_iter()
+    .chain(recorded_sessions())
+    .collect()
 }
 
 fn request(flags: u16, kind: u16, offset: u64, len: u32) -> Vec<u8> {
@@ -323,7 +370,8 @@ fn request(flags: u16, kind: u16, offset: u64, len: u32) -> Vec<u8> {
     out
 }
 
-/// Transmission-phase sessions: every command, with and without structured replies.
+/// Transmission-phase sessions: every command, with and without structured
+/// replies, and the transmission phases of the recorded real sessions.
 fn request_seeds() -> Vec<Vec<u8>> {
     let mut writes = request(1, 1, 0, 4096);
     writes.extend_from_slice(&pattern(1, 0, 4096));
@@ -348,6 +396,11 @@ fn request_seeds() -> Vec<Vec<u8>> {
             }
             out
         })
+        .chain(
+            recorded_sessions()
+                .iter()
+                .filter_map(|s| transmission_part(s)),
+        )
         .collect()
 }
 
@@ -389,4 +442,34 @@ pub fn exercise(target: &Target, mutations: u64, seed: u64) -> u64 {
         one(&format!("mutation {i} (rng seed {seed})"), &input);
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_sessions_reach_the_transmission_phase_with_requests() {
+        let sessions = recorded_sessions();
+        assert!(
+            sessions.len() >= 8,
+            "only {} recorded sessions",
+            sessions.len()
+        );
+        let parts: Vec<Vec<u8>> = sessions
+            .iter()
+            .filter_map(|s| transmission_part(s))
+            .collect();
+        // `nbdinfo --list` ends in the handshake; every other client transmits.
+        assert_eq!(parts.len(), sessions.len() - 1);
+        let header = arbor_nbd::proto::REQUEST_HEADER_LEN;
+        assert!(
+            parts.iter().all(|p| p.len() > header),
+            "a session without requests"
+        );
+        assert!(
+            parts.iter().any(|p| p[0] & 6 == 6),
+            "no session negotiated structured replies with base:allocation"
+        );
+    }
 }
