@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::buffers::{Buffer, BufferPool};
 use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
 use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step};
@@ -65,11 +66,15 @@ pub struct Budget {
     shared: SharedBudget,
 }
 
-/// The server-wide byte budget, shared by every connection.
+/// The server-wide byte budget, shared by every connection, and the pool
+/// that recycles large request buffers between requests. The pool keeps at
+/// most a quarter of the budget idle, so request memory stays within 1.25
+/// times the budget.
 #[derive(Clone)]
 pub struct SharedBudget {
     bytes: Arc<Semaphore>,
     capacity: u32,
+    buffers: Arc<BufferPool>,
 }
 
 impl SharedBudget {
@@ -77,6 +82,7 @@ impl SharedBudget {
         Self {
             bytes: Arc::new(Semaphore::new(capacity as usize)),
             capacity,
+            buffers: BufferPool::new(capacity as usize / 4),
         }
     }
 }
@@ -234,9 +240,16 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let payload = tokio::select! {
             biased;
             () = stop.cancelled() => return Ok(()),
-            payload = request.receive_payload(&mut input) => payload?,
+            payload = request.receive_payload(&mut input, &budget.shared.buffers) => payload?,
         };
-        request.dispatch(session, payload, reservation, &replies, &mut dispatch);
+        request.dispatch(
+            session,
+            payload,
+            reservation,
+            &replies,
+            &mut dispatch,
+            &budget.shared.buffers,
+        );
     }
 }
 
@@ -262,17 +275,19 @@ impl Request {
     async fn receive_payload<R: AsyncRead + Unpin>(
         &self,
         input: &mut R,
-    ) -> std::io::Result<Vec<u8>> {
+        buffers: &Arc<BufferPool>,
+    ) -> std::io::Result<Buffer> {
         match (self.header.payload(), &self.validated) {
-            (Payload::None, _) => Ok(Vec::new()),
+            (Payload::None, _) => Ok(buffers.take_empty(0)),
             (Payload::Receive(len), Ok(_)) => {
                 // `len <= MAX_PAYLOAD` and reserved in the budget. Read into
                 // spare capacity: zeroing a buffer the socket then overwrites
                 // was a tenth of the server's time on 1 MiB writes.
-                let mut payload = Vec::with_capacity(len as usize);
-                let mut rest = input.take(len.into());
-                while payload.len() < payload.capacity() {
-                    if rest.read_buf(&mut payload).await? == 0 {
+                let len = len as usize;
+                let mut payload = buffers.take_empty(len);
+                let mut rest = input.take(len as u64);
+                while payload.len() < len {
+                    if rest.read_buf(&mut *payload).await? == 0 {
                         return Err(std::io::ErrorKind::UnexpectedEof.into());
                     }
                 }
@@ -286,7 +301,7 @@ impl Request {
                 if discarded < u64::from(len) {
                     return Err(std::io::ErrorKind::UnexpectedEof.into());
                 }
-                Ok(Vec::new())
+                Ok(buffers.take_empty(0))
             }
         }
     }
@@ -296,10 +311,11 @@ impl Request {
     fn dispatch(
         self,
         session: &Session,
-        payload: Vec<u8>,
+        payload: Buffer,
         reservation: Reservation,
         replies: &mpsc::UnboundedSender<Outgoing>,
         dispatch: &mut Dispatch,
+        buffers: &Arc<BufferPool>,
     ) {
         let context = ReplyContext {
             cookie: self.header.cookie,
@@ -322,10 +338,11 @@ impl Request {
         tracing::trace!(?command, cookie = context.cookie, "request");
         let export = Arc::clone(&session.export);
         let replies = replies.clone();
+        let buffers = Arc::clone(buffers);
         let run = move || {
             // A panicking export must still answer, or the client waits forever.
             let reply = catch_unwind(AssertUnwindSafe(|| {
-                execute(export.as_ref(), context, command, &payload)
+                execute(export.as_ref(), context, command, &payload, &buffers)
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(?command, "export panicked");

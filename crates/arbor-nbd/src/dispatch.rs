@@ -2,8 +2,11 @@
 //! reply. Synchronous (the export blocks); the server calls it from
 //! `spawn_blocking`. No sockets here, so it is tested directly.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
+use crate::buffers::BufferPool;
 use crate::export::{Export, ExportError};
 use crate::proto::{Errno, BASE_ALLOCATION_ID};
 use crate::transmission::{
@@ -67,11 +70,13 @@ impl ReplyContext {
 }
 
 /// Executes `command`; `payload` is the data of a write (empty otherwise).
+/// Read replies are read into buffers from `buffers`.
 pub fn execute(
     export: &dyn Export,
     context: ReplyContext,
     command: Command,
     payload: &[u8],
+    buffers: &Arc<BufferPool>,
 ) -> Reply {
     let fua_flush = |fua: bool| if fua { export.flush() } else { Ok(()) };
     let result = match command {
@@ -79,7 +84,7 @@ pub fn execute(
             offset,
             length,
             dont_fragment,
-        } => return read(export, context, offset, length, dont_fragment),
+        } => return read(export, buffers, context, offset, length, dont_fragment),
         Command::BlockStatus {
             offset,
             length,
@@ -126,13 +131,14 @@ const HOLE_DETECTION_MIN_LEN: u32 = 64 * 1024;
 
 fn read(
     export: &dyn Export,
+    buffers: &Arc<BufferPool>,
     context: ReplyContext,
     offset: u64,
     length: u32,
     dont_fragment: bool,
 ) -> Reply {
     if !context.structured {
-        return simple_read(export, context, offset, length);
+        return simple_read(export, buffers, context, offset, length);
     }
     let segments = if dont_fragment || length < HOLE_DETECTION_MIN_LEN {
         // One content chunk: holes are sent as explicit zeroes.
@@ -143,22 +149,29 @@ fn read(
             Err(error) => return context.export_error(&error),
         }
     };
-    match structured_read(export, context.cookie, &segments) {
+    match structured_read(export, buffers, context.cookie, &segments) {
         Ok(reply) => reply,
         Err(error) => context.export_error(&error),
     }
 }
 
-fn simple_read(export: &dyn Export, context: ReplyContext, offset: u64, length: u32) -> Reply {
+fn simple_read(
+    export: &dyn Export,
+    buffers: &Arc<BufferPool>,
+    context: ReplyContext,
+    offset: u64,
+    length: u32,
+) -> Reply {
     // `length <= MAX_PAYLOAD` (validated), so this allocation is bounded.
-    let mut data = vec![0u8; length as usize];
+    // Its old contents are never sent: a successful read fills all of it.
+    let mut data = buffers.take_filled(length as usize);
     if let Err(error) = export.read(offset, &mut data) {
         return context.export_error(&error);
     }
     Reply {
         parts: vec![
             Bytes::copy_from_slice(&simple_reply(context.cookie, None)),
-            Bytes::from(data),
+            data.into_bytes(),
         ],
     }
 }
@@ -169,6 +182,7 @@ fn simple_read(export: &dyn Export, context: ReplyContext, offset: u64, length: 
 /// chunk.
 fn structured_read(
     export: &dyn Export,
+    buffers: &Arc<BufferPool>,
     cookie: u64,
     segments: &[ReadSegment],
 ) -> Result<Reply, ExportError> {
@@ -179,7 +193,9 @@ fn structured_read(
             ReadSegment::Hole { .. } => 0,
         })
         .sum();
-    let mut data = vec![0u8; data_len];
+    // Its old contents are never sent: the data segments cover all of it,
+    // and a successful read fills each one.
+    let mut data = buffers.take_filled(data_len);
     let mut filled = 0usize;
     for segment in segments {
         if let ReadSegment::Data { offset, length } = *segment {
@@ -189,7 +205,7 @@ fn structured_read(
             filled = end;
         }
     }
-    let data = Bytes::from(data);
+    let data = data.into_bytes();
     let Some(last) = segments.len().checked_sub(1) else {
         return Ok(Reply::single(none_chunk(cookie).to_vec()));
     };
@@ -268,6 +284,10 @@ mod tests {
         chunks
     }
 
+    fn run(export: &dyn Export, context: ReplyContext, command: Command, payload: &[u8]) -> Reply {
+        execute(export, context, command, payload, &BufferPool::new(1 << 20))
+    }
+
     fn sparse_export() -> MemoryExport {
         let export = MemoryExport::new(1 << 20);
         export.write(0, &[1; 4096]).unwrap();
@@ -285,7 +305,7 @@ mod tests {
 
     #[test]
     fn simple_read_is_header_then_data() {
-        let reply = execute(&sparse_export(), SIMPLE, read(0, 1024, false), &[]);
+        let reply = run(&sparse_export(), SIMPLE, read(0, 1024, false), &[]);
         let bytes = reply.parts.concat();
         assert_eq!(bytes[..16], simple_reply(42, None));
         assert_eq!(bytes[16..], [1; 1024]);
@@ -293,7 +313,7 @@ mod tests {
 
     #[test]
     fn structured_read_sends_holes_for_unallocated_space() {
-        let reply = execute(
+        let reply = run(
             &sparse_export(),
             STRUCTURED,
             read(0, 128 * 1024, false),
@@ -312,9 +332,31 @@ mod tests {
         );
     }
 
+    /// Read buffers are recycled: one that held another request's data
+    /// must not show it in a reply.
+    #[test]
+    fn recycled_read_buffers_never_show_earlier_data() {
+        const LEN: u32 = 1 << 20;
+        let export = MemoryExport::new(2 * u64::from(LEN));
+        export.write(0, &[1; 4096]).unwrap();
+        let buffers = BufferPool::new(4 * LEN as usize);
+        for context in [SIMPLE, STRUCTURED] {
+            for _ in 0..4 {
+                let mut earlier = buffers.take_filled(LEN as usize);
+                earlier.fill(0xEE);
+            }
+            let reply = execute(&export, context, read(0, LEN, true), &[], &buffers);
+            let bytes = reply.parts.concat();
+            // Header (16 bytes simple; 20 + 8 offset structured), then data.
+            let data = &bytes[bytes.len() - LEN as usize..];
+            assert_eq!(data[..4096], [1; 4096]);
+            assert!(data[4096..].iter().all(|&b| b == 0), "{context:?}");
+        }
+    }
+
     #[test]
     fn dont_fragment_read_is_one_data_chunk() {
-        let reply = execute(&sparse_export(), STRUCTURED, read(0, 128 * 1024, true), &[]);
+        let reply = run(&sparse_export(), STRUCTURED, read(0, 128 * 1024, true), &[]);
         let chunks = chunks(&reply);
         assert_eq!(chunks.len(), 1);
         assert_eq!(
@@ -326,7 +368,7 @@ mod tests {
 
     #[test]
     fn empty_structured_read_is_a_none_chunk() {
-        let reply = execute(&sparse_export(), STRUCTURED, read(0, 0, false), &[]);
+        let reply = run(&sparse_export(), STRUCTURED, read(0, 0, false), &[]);
         assert_eq!(
             chunks(&reply),
             [(reply::FLAG_DONE, reply::TYPE_NONE, vec![])]
@@ -337,11 +379,11 @@ mod tests {
     fn export_errors_become_error_chunks_or_simple_errors() {
         let export = sparse_export();
         export.mark_gone();
-        let reply = execute(&export, STRUCTURED, read(0, 512, false), &[]);
+        let reply = run(&export, STRUCTURED, read(0, 512, false), &[]);
         let chunks = chunks(&reply);
         assert_eq!(chunks[0].1, reply::TYPE_ERROR);
         assert_eq!(chunks[0].2[..4], Errno::Shutdown.code().to_be_bytes());
-        let reply = execute(&export, SIMPLE, Command::Flush, &[]);
+        let reply = run(&export, SIMPLE, Command::Flush, &[]);
         assert_eq!(
             reply.parts.concat(),
             simple_reply(42, Some(Errno::Shutdown))
@@ -355,7 +397,7 @@ mod tests {
             length: 128 * 1024,
             req_one: false,
         };
-        let reply = execute(&sparse_export(), STRUCTURED, command, &[]);
+        let reply = run(&sparse_export(), STRUCTURED, command, &[]);
         let chunks = chunks(&reply);
         assert_eq!(chunks.len(), 1);
         let mut expected = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
@@ -374,7 +416,7 @@ mod tests {
             length: 512,
             fua: true,
         };
-        assert_eq!(execute(&export, SIMPLE, write, &[9; 512]), SIMPLE.ok());
+        assert_eq!(run(&export, SIMPLE, write, &[9; 512]), SIMPLE.ok());
         let mut buf = [0u8; 512];
         export.read(4096, &mut buf).unwrap();
         assert_eq!(buf, [9; 512]);
@@ -385,14 +427,14 @@ mod tests {
             may_trim: false,
             fast_only: true,
         };
-        let reply = execute(&export, SIMPLE, fast_provision, &[]);
+        let reply = run(&export, SIMPLE, fast_provision, &[]);
         assert_eq!(reply.parts.concat(), simple_reply(42, Some(Errno::NotSup)));
         let trim = Command::Trim {
             offset: 0,
             length: 8192,
             fua: false,
         };
-        assert_eq!(execute(&export, SIMPLE, trim, &[]), SIMPLE.ok());
+        assert_eq!(run(&export, SIMPLE, trim, &[]), SIMPLE.ok());
         assert_eq!(export.allocated_bytes(), 0);
     }
 }

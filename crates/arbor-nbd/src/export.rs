@@ -104,7 +104,9 @@ pub trait Export: Send + Sync + 'static {
         String::new()
     }
 
-    /// Fills `buf` with the bytes at `offset`.
+    /// Fills `buf` with the bytes at `offset`. On success every byte of
+    /// `buf` must have been written: the server recycles buffers, so one
+    /// left untouched would send an earlier request's data.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
 
     /// Writes `data` at `offset`. Durability is only required after `flush`

@@ -5,8 +5,10 @@
 //! * [`proto`], [`handshake`], [`transmission`]: the protocol, sans I/O;
 //! * [`export`]: the blocking [`Export`] / [`ExportProvider`] traits served;
 //! * [`dispatch`]: runs one validated command against an export;
+//! * [`buffers`]: recycled buffers for large payloads and read replies;
 //! * `connection`, [`server`]: the tokio server ([`serve`]).
 
+pub mod buffers;
 mod connection;
 pub mod dispatch;
 pub mod export;

@@ -3,6 +3,7 @@
 //! export. Must never panic.
 #![no_main]
 
+use arbor_nbd::buffers::BufferPool;
 use arbor_nbd::dispatch::{execute, ReplyContext};
 use arbor_nbd::memory::MemoryExport;
 use arbor_nbd::proto::REQUEST_HEADER_LEN;
@@ -22,6 +23,7 @@ fuzz_target!(|input: &[u8]| {
         base_allocation: session_bits & 6 == 6,
     };
     let export = MemoryExport::new(SIZE);
+    let buffers = BufferPool::new(SIZE as usize);
     while let Some((bytes, tail)) = rest.split_first_chunk::<REQUEST_HEADER_LEN>() {
         rest = tail;
         let Ok(header) = RequestHeader::decode(bytes) else {
@@ -41,7 +43,7 @@ fuzz_target!(|input: &[u8]| {
                 cookie: header.cookie,
                 structured: limits.structured,
             };
-            execute(&export, context, command, payload);
+            execute(&export, context, command, payload, &buffers);
         }
     }
 });
