@@ -3,7 +3,8 @@
 //!
 //! A random workload runs on a pool whose device is a [`RecordingDevice`]:
 //! writes and discards on several volumes, flushes, snapshots, clones of
-//! snapshots, deletes, rollbacks, new volumes and reclaim. After each
+//! snapshots, deletes, rollbacks, shrinks (and growing back), renames, new
+//! volumes and reclaim. After each
 //! operation, the device events it produced are replayed one by one and the
 //! campaign cuts power at chosen points of the replay: just before and just
 //! after every flush, and at random events. At each cut it builds crash
@@ -13,7 +14,8 @@
 //! * the pool opens and `check` is clean;
 //! * every volume that existed at the last completed operation exists,
 //!   unless the operation in flight deletes it; no other volume exists except
-//!   the one the operation in flight creates;
+//!   the one the operation in flight creates; a rename in flight shows all
+//!   its names old or all new (a volume's snapshots follow it atomically);
 //! * every sector of every volume reads as its value at the last completed
 //!   flush (or management operation, which commits) or as a value written
 //!   there since ([`Possible`]): acknowledged data is intact, and no volume
@@ -148,6 +150,17 @@ enum Op {
         vol: String,
         snap: String,
     },
+    /// Shrinks the volume to `shrink_to` bytes, then grows it back: the
+    /// tail must read as zeros, never as what it held before.
+    Resize {
+        vol: String,
+        shrink_to: usize,
+    },
+    /// Renames a volume (its snapshots follow) or a snapshot.
+    Rename {
+        from: String,
+        to: String,
+    },
     Reclaim {
         nodes: usize,
     },
@@ -164,6 +177,8 @@ struct Campaign {
     vols: BTreeMap<String, VolModel>,
     /// A volume the operation in flight creates: it may or may not exist.
     pending_new: Option<(String, Possible)>,
+    /// The (old, new) names of a rename in flight: all old or all new.
+    pending_rename: Vec<(String, String)>,
     next_name: u64,
     step: usize,
     outcome: Outcome,
@@ -209,6 +224,7 @@ pub fn run(cfg: Config) -> Outcome {
         verified: 0,
         vols: BTreeMap::new(),
         pending_new: None,
+        pending_rename: Vec::new(),
         next_name: 0,
         step: 0,
         outcome,
@@ -343,13 +359,50 @@ impl Campaign {
                     None => Op::Flush,
                 }
             }
-            90..=96 => Op::Reclaim {
+            90..=94 => Op::Reclaim {
                 nodes: self.rng.gen_range(1..40),
             },
+            95..=96 => Op::Resize {
+                vol,
+                // Any sector, so the new last chunk is often cut part-way.
+                shrink_to: self.rng.gen_range(1..VOL_BYTES / SECTOR) * SECTOR,
+            },
+            97 => self.choose_rename(vol, &snapshots),
             _ => Op::Create {
                 name: self.fresh_name("v"),
             },
         }
+    }
+
+    /// Renames `vol` (its snapshots follow), or one of the snapshots.
+    fn choose_rename(&mut self, vol: String, snapshots: &[String]) -> Op {
+        match self.pick(snapshots) {
+            Some(snap) if self.rng.gen_bool(0.4) => {
+                let owner = self.vols[&snap].snapshot_of.clone().unwrap_or_default();
+                Op::Rename {
+                    from: snap,
+                    to: format!("{owner}@{}", self.fresh_name("t")),
+                }
+            }
+            _ => Op::Rename {
+                from: vol,
+                to: self.fresh_name("r"),
+            },
+        }
+    }
+
+    /// The names a rename changes: the volume and each of its snapshots.
+    fn renamed_names(&self, from: &str, to: &str) -> Vec<(String, String)> {
+        let mut pairs = vec![(from.to_owned(), to.to_owned())];
+        if self.vols[from].snapshot_of.is_none() {
+            for (name, v) in &self.vols {
+                if v.snapshot_of.as_deref() == Some(from) {
+                    let (_, snap) = name.split_once('@').unwrap_or_default();
+                    pairs.push((name.clone(), format!("{to}@{snap}")));
+                }
+            }
+        }
+        pairs
     }
 
     /// Runs one operation: the model first says what a crash during it may
@@ -418,6 +471,11 @@ impl Campaign {
                 let contents = self.vols[snap].possible.durable.clone();
                 self.vol_mut(vol).possible.since.push((0, contents));
             }
+            Op::Resize { vol, shrink_to } => {
+                let zeros = vec![0; VOL_BYTES - shrink_to];
+                self.vol_mut(vol).possible.since.push((*shrink_to, zeros));
+            }
+            Op::Rename { from, to } => self.pending_rename = self.renamed_names(from, to),
             Op::Flush | Op::Reclaim { .. } => {}
         }
     }
@@ -435,6 +493,11 @@ impl Campaign {
             Op::Clone { snap, name } => self.pool.clone_snapshot(snap, name).map(|_| ()),
             Op::Delete { name } => self.pool.delete(name),
             Op::Rollback { vol, snap } => self.pool.rollback(vol, snap),
+            Op::Resize { vol, shrink_to } => {
+                self.pool.resize(vol, *shrink_to as u64)?;
+                self.pool.resize(vol, VOL_BYTES as u64)
+            }
+            Op::Rename { from, to } => self.pool.rename(from, to),
             Op::Reclaim { nodes } => self.pool.reclaim(*nodes).map(|_| ()),
         }
     }
@@ -472,6 +535,20 @@ impl Campaign {
             Op::Rollback { vol, snap } => {
                 let contents = self.vols[snap].possible.durable.clone();
                 self.vol_mut(vol).possible = Possible::new(contents);
+                true
+            }
+            Op::Resize { .. } => true,
+            Op::Rename { from, to } => {
+                for (old, new) in std::mem::take(&mut self.pending_rename) {
+                    if let Some(v) = self.vols.remove(&old) {
+                        self.vols.insert(new, v);
+                    }
+                }
+                for v in self.vols.values_mut() {
+                    if v.snapshot_of.as_deref() == Some(from.as_str()) {
+                        v.snapshot_of = Some(to.clone());
+                    }
+                }
                 true
             }
         };
@@ -513,19 +590,29 @@ impl Campaign {
         }
         let pending = self.pending_new.as_ref();
         for info in pool.list().map_err(|e| format!("list: {e}"))? {
-            let known =
-                self.vols.contains_key(&info.name) || pending.is_some_and(|(n, _)| *n == info.name);
+            let known = self.vols.contains_key(&info.name)
+                || pending.is_some_and(|(n, _)| *n == info.name)
+                || self.pending_rename.iter().any(|(_, new)| *new == info.name);
             if !known {
                 return Err(format!("volume {} exists but was never created", info.name));
             }
         }
+        let renamed = self.rename_outcome(&pool)?;
         let read_all = |id: VolumeId| -> Result<Vec<u8>, String> {
+            // A shrink in flight may have taken effect without the growth
+            // back: past the end, the volume reads as zeros.
+            let size = pool.info(id).map_err(|e| format!("info: {e}"))?.size;
+            let readable = usize::try_from(size).map_or(VOL_BYTES, |s| s.min(VOL_BYTES));
             let mut buf = vec![0u8; VOL_BYTES];
-            pool.read(id, 0, &mut buf)
+            pool.read(id, 0, &mut buf[..readable])
                 .map_err(|e| format!("read: {e}"))?;
             Ok(buf)
         };
         for (name, v) in &self.vols {
+            let name = match renamed {
+                Some(true) => self.new_name(name),
+                _ => name,
+            };
             match pool.lookup(name) {
                 Ok(id) => v
                     .possible
@@ -547,14 +634,48 @@ impl Campaign {
         }
         Ok(())
     }
+
+    /// Whether the rename in flight took effect (`None`: none in flight), or
+    /// an error if only some of its names changed.
+    fn rename_outcome(&self, pool: &Pool) -> Result<Option<bool>, String> {
+        if self.pending_rename.is_empty() {
+            return Ok(None);
+        }
+        let sides: Vec<(bool, bool)> = self
+            .pending_rename
+            .iter()
+            .map(|(old, new)| (pool.lookup(old).is_ok(), pool.lookup(new).is_ok()))
+            .collect();
+        if sides.iter().all(|&side| side == (true, false)) {
+            Ok(Some(false))
+        } else if sides.iter().all(|&side| side == (false, true)) {
+            Ok(Some(true))
+        } else {
+            Err(format!(
+                "rename half done: {:?} (old, new) found {sides:?}",
+                self.pending_rename
+            ))
+        }
+    }
+
+    /// The name `name` has once the rename in flight takes effect.
+    fn new_name<'a>(&'a self, name: &'a str) -> &'a str {
+        self.pending_rename
+            .iter()
+            .find(|(old, _)| old == name)
+            .map_or(name, |(_, new)| new.as_str())
+    }
 }
 
 /// The recovered pool keeps working: reclaim everything, write, reopen, check.
 fn exercise_recovered(pool: Pool, dev: Arc<OverlayDevice>) -> Result<(), String> {
     while pool.reclaim(1 << 20).map_err(|e| format!("reclaim: {e}"))? > 0 {}
     let list = pool.list().map_err(|e| format!("list: {e}"))?;
-    let target = list.iter().find(|v| !v.snapshot);
     let data = pattern(u64::MAX, 0, 8192);
+    // A shrink cut short may have left a volume smaller than the write.
+    let target = list
+        .iter()
+        .find(|v| !v.snapshot && v.size >= data.len() as u64);
     if let Some(v) = target {
         pool.write(v.id, 0, &data)
             .map_err(|e| format!("write: {e}"))?;
