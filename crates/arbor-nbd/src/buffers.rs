@@ -56,6 +56,10 @@ impl BufferPool {
     /// earlier request's data): the caller must overwrite all of it before
     /// exposing any of it. `len` must already be bounded by the caller.
     pub fn take_filled(self: &Arc<Self>, len: usize) -> Buffer {
+        if len < Self::MIN_POOLED {
+            // Zeroed memory from the allocator: the cheapest for small sizes.
+            return self.wrap(vec![0; len]);
+        }
         let mut data = self.take(len);
         if data.len() >= len {
             data.truncate(len);
