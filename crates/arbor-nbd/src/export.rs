@@ -2,8 +2,9 @@
 //! [`ExportProvider`] that names them.
 //!
 //! Both traits are blocking; the server calls them from
-//! `tokio::task::spawn_blocking`, never on the async runtime, so an
-//! implementation may do disk I/O and take locks freely.
+//! `tokio::task::spawn_blocking`, or, for small I/O an export allows inline,
+//! from the connection's own thread (which serves that connection alone), so
+//! an implementation may do disk I/O and take locks freely.
 
 use std::sync::Arc;
 

@@ -1,5 +1,14 @@
 //! The thin tokio server: accepts connections on TCP and Unix sockets and
-//! runs each in its own task (see the `connection` module).
+//! runs each on its own thread, in a single-threaded tokio runtime (see the
+//! `connection` module).
+//!
+//! Why a thread per connection: on a multi-threaded runtime a connection's
+//! task is woken on whichever worker is free, and waking a parked worker
+//! costs a context switch per batch of requests. On 2 cores that made a
+//! single client's 4 KiB reads about 30 % slower than with one worker (A/B
+//! in docs/PERFORMANCE.md), while one worker for everybody serialized all
+//! clients. A thread of its own gives each connection the single-worker
+//! path and lets connections run in parallel, as nbdkit does.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -84,8 +93,8 @@ impl Listener {
         }
     }
 
-    /// Accepts one client, spawning its connection task on `tracker`; the
-    /// task holds `slot` until the connection closes.
+    /// Accepts one client and starts its connection thread, tracked by
+    /// `tracker`; the connection holds `slot` until it closes.
     async fn accept_into(
         &self,
         server: &Arc<Server>,
@@ -97,18 +106,25 @@ impl Listener {
                 let (stream, peer) = listener.accept().await?;
                 // Replies are flushed whole; Nagle would only delay them.
                 stream.set_nodelay(true)?;
-                let connection = Arc::clone(server).run_connection(stream, peer.to_string(), slot);
-                tracker.spawn(connection);
+                // Moved to the connection's own runtime, which registers it anew.
+                let stream = stream.into_std()?;
+                let attach = move || tokio::net::TcpStream::from_std(stream);
+                Arc::clone(server).start_connection(tracker, slot, peer.to_string(), attach)
             }
             Self::Unix(listener) => {
                 let (stream, _) = listener.accept().await?;
-                let connection = Arc::clone(server).run_connection(stream, "unix".to_owned(), slot);
-                tracker.spawn(connection);
+                let stream = stream.into_std()?;
+                let attach = move || tokio::net::UnixStream::from_std(stream);
+                Arc::clone(server).start_connection(tracker, slot, "unix".to_owned(), attach)
             }
         }
-        Ok(())
     }
 }
+
+/// Threads a connection's runtime may use for requests that do not run
+/// inline (flushes, large or slow I/O); more wait in its queue. Together
+/// with the connection limit this bounds the server's threads.
+const BLOCKING_THREADS_PER_CONNECTION: usize = 16;
 
 /// Serves `provider`'s exports on every listener until `shutdown` is
 /// cancelled, then stops accepting, lets connections finish the requests in
@@ -162,6 +178,52 @@ struct Server {
 }
 
 impl Server {
+    /// Runs a connection on a thread of its own, in a single-threaded
+    /// runtime; `attach` registers the socket with that runtime. `tracker`
+    /// follows the thread, so shutdown waits for the connection to close.
+    fn start_connection<S, A>(
+        self: Arc<Self>,
+        tracker: &TaskTracker,
+        slot: OwnedSemaphorePermit,
+        peer: String,
+        attach: A,
+    ) -> std::io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: FnOnce() -> std::io::Result<S> + Send + 'static,
+    {
+        // Dropped when the thread ends, however it ends, which wakes the
+        // tracked task below.
+        let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("nbd-connection".to_owned())
+            .spawn(move || {
+                let _ended = ended;
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .max_blocking_threads(BLOCKING_THREADS_PER_CONNECTION)
+                    .build();
+                let runtime = match runtime {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        tracing::warn!(%error, %peer, "cannot start a connection's runtime");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match attach() {
+                        Ok(stream) => self.run_connection(stream, peer, slot).await,
+                        Err(error) => tracing::warn!(%error, %peer, "cannot register a connection"),
+                    }
+                });
+            })?;
+        tracker.spawn(async move {
+            // An error only says the sender is gone: the thread has ended.
+            let _ = on_end.await;
+        });
+        Ok(())
+    }
+
     async fn accept_loop(self: Arc<Self>, listener: Listener, connections: TaskTracker) {
         loop {
             // At the limit, stop accepting: further clients wait in the
