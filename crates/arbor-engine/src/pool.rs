@@ -773,19 +773,24 @@ impl Pool {
         Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
         let cs = self.chunk_size();
         let mut done = 0usize;
+        // A write over several chunks tries one device write for all the
+        // chunks it may overwrite in place. Once a chunk needs a new one,
+        // the rest goes chunk by chunk: `write_chunk` plans that chunk again
+        // (under its stripe lock), and trying a run before every chunk of a
+        // write that redirects would plan each of them twice.
+        let mut try_runs = true;
         while done < data.len() {
             let pos = offset + done as u64;
             let in_chunk = pos % cs;
             let n = ((cs - in_chunk) as usize).min(data.len() - done);
             self.commit_if_needed()?;
-            // A write over several chunks tries one device write for all
-            // the chunks it may overwrite in place.
-            if n < data.len() - done {
+            if try_runs && n < data.len() - done {
                 let run = self.write_in_place_run(id, pos, &data[done..])?;
                 if run > 0 {
                     done += run;
                     continue;
                 }
+                try_runs = false;
             }
             let chunk_data = &data[done..done + n];
             match self.write_chunk(id, pos / cs, in_chunk, chunk_data) {
