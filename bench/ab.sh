@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A/B of two arbor builds on the data path, alternating runs so drift in the
 # machine's state hits both alike: for each build, a 512 MiB volume filled
-# with 1 MiB writes, then fio's nbd engine over the Unix socket, 5 s per job.
+# with 1 MiB writes, then fio's nbd engine over the Unix socket, 5 s per job:
+# one connection, then four at once (fio --numjobs=4, QD8 each), for changes
+# to how connections share the daemon's threads.
 # Prints one line per build, job and round. Figures quoted in
 # docs/PERFORMANCE.md ("What changed") come from this script.
 #
@@ -13,7 +15,9 @@ set -euo pipefail
 old=${1:?old arbor binary}
 new=${2:?new arbor binary}
 rounds=${3:-2}
-jobs=("randread 4k 32" "randwrite 4k 32" "read 1m 8" "write 1m 8")
+# rw, block size, queue depth, connections
+jobs=("randread 4k 32 1" "randwrite 4k 32 1" "read 1m 8 1" "write 1m 8 1"
+  "randread 4k 8 4" "randwrite 4k 8 4")
 work=$(mktemp -d /var/tmp/arbor-ab-XXXXXX)
 pid=
 cleanup() {
@@ -34,8 +38,9 @@ run_one() { # label binary
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
     --size=512M --end_fsync=1 >/dev/null 2>&1
   for job in "${jobs[@]}"; do
-    read -r rw bs qd <<<"$job"
+    read -r rw bs qd conns <<<"$job"
     fio --name=j --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      --numjobs="$conns" --group_reporting \
       --size=512M --time_based --runtime=5 --randrepeat=1 --end_fsync=1 \
       --output-format=json 2>/dev/null | sed -n '/^{/,$p' |
       /usr/bin/python3 -c '
@@ -43,8 +48,8 @@ import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 iops = j["read"]["iops"] + j["write"]["iops"]
 mib = (j["read"]["bw"] + j["write"]["bw"]) / 1024
-print(f"{sys.argv[1]:4} {sys.argv[2]:10} {sys.argv[3]:3} QD{sys.argv[4]:3} {iops:10.0f} IOPS {mib:8.0f} MiB/s")
-' "$label" "$rw" "$bs" "$qd"
+print(f"{sys.argv[1]:4} {sys.argv[2]:10} {sys.argv[3]:3} QD{sys.argv[4]:3} x{sys.argv[5]} {iops:10.0f} IOPS {mib:8.0f} MiB/s")
+' "$label" "$rw" "$bs" "$qd" "$conns"
   done
   kill "$pid"; wait "$pid" || true; pid=
 }

@@ -1,6 +1,7 @@
 //! Runs a validated [`Command`] against an [`Export`] and builds the complete
 //! reply. Synchronous (the export blocks); the server calls it from
-//! `spawn_blocking`. No sockets here, so it is tested directly.
+//! `spawn_blocking`, or inline on the connection's thread for small I/O. No
+//! sockets here, so it is tested directly.
 
 use std::sync::Arc;
 
