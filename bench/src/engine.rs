@@ -143,6 +143,7 @@ impl Bench {
             &CreateOptions {
                 chunk_size: chunk,
                 metadata_bytes,
+                ..Default::default()
             },
             &open_opts(),
         )?;

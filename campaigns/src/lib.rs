@@ -21,6 +21,7 @@ pub fn small_create_opts(chunk: u32) -> CreateOptions {
     CreateOptions {
         chunk_size: chunk,
         metadata_bytes: Some(4 * MIB),
+        ..Default::default()
     }
 }
 

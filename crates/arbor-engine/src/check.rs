@@ -238,10 +238,10 @@ impl Walker<'_> {
             used += u64::from(have != 0);
             entry += 1;
         }
-        if used != sm.used {
+        if used != sm.used() {
             self.report.problem(format!(
                 "{label}s: used counter {} != {used} counted",
-                sm.used
+                sm.used()
             ));
         }
         Ok(used)
@@ -326,7 +326,7 @@ fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
             w.report
                 .problem(format!("two volumes named {:?}", rec.name));
         }
-        if meta.vols.get(id) != Some(rec) {
+        if meta.table().get(*id) != Some(rec) {
             w.report.problem(format!(
                 "volume {id} ({}) differs between the table and memory",
                 rec.name
@@ -365,10 +365,10 @@ fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
             }
         }
     }
-    if records.len() != meta.vols.len() {
+    if records.len() != meta.table().len() {
         w.report.problem(format!(
             "{} volumes in memory, {} in the table",
-            meta.vols.len(),
+            meta.table().len(),
             records.len()
         ));
     }

@@ -34,6 +34,12 @@ pub enum Error {
     MetadataFull,
     #[error("the pool stopped after a failed commit and must be reopened: {0}")]
     Failed(String),
+    /// A step of an operation would change more space-map pages than one
+    /// commit can journal. The engine commits and runs the step again in an
+    /// empty transaction; it reaches a caller only if a single step needs
+    /// more than the whole journal.
+    #[error("one step of the operation changes more space-map pages than the journal holds")]
+    TransactionFull,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -48,5 +54,15 @@ impl Error {
 
     pub(crate) fn inconsistent(what: impl Into<String>) -> Self {
         Error::Inconsistent(what.into())
+    }
+
+    /// Whether this error means the in-memory state can no longer be
+    /// trusted, so the pool must stop (every later call fails until it is
+    /// reopened). The one place that decides it.
+    pub fn stops_pool(&self) -> bool {
+        matches!(
+            self,
+            Error::Io(_) | Error::Corrupt { .. } | Error::Inconsistent(_) | Error::Failed(_)
+        )
     }
 }

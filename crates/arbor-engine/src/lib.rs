@@ -24,6 +24,7 @@ mod pool;
 mod repair;
 mod spacemap;
 mod store;
+mod table;
 mod volumes;
 
 pub use check::CheckReport;

@@ -20,7 +20,7 @@
 //! readers find the frozen nodes and pages in the in-flight overlays, and
 //! entries freed by the frozen transaction stay unallocatable.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -32,8 +32,9 @@ use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
-use crate::spacemap::SpaceMap;
+use crate::spacemap::{SmSavepoint, SpaceMap};
 use crate::store::{CachedNode, Store};
+use crate::table::{TableSavepoint, VolumeTable};
 
 /// A node as seen by a reader: borrowed from the transaction's dirty set or
 /// shared from the clean cache.
@@ -75,23 +76,44 @@ pub(crate) struct Meta {
     pub queue_root: BlockRef,
     pub next_volume_id: u64,
     pub next_queue_seq: u64,
-    pub vols: BTreeMap<u64, VolumeRecord>,
-    pub names: HashMap<String, u64>,
-    pub dirty_vols: BTreeSet<u64>,
-    pub removed_vols: BTreeSet<u64>,
+    /// The volume records, names and share times of the open transaction.
+    table: VolumeTable,
     pub privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
     pub meta_reserve: u64,
     pub dirty_node_limit: usize,
-    /// Per volume, the last transaction in which its tree was shared (a
-    /// snapshot taken of it, its creation as a clone, a rollback), for the
-    /// in-place write rule (`Meta::plan_write`). In memory only: a volume
-    /// not listed was last shared no later than `opened_txn`.
-    pub shared_txn: HashMap<u64, u64>,
     /// The last committed transaction when the pool was opened.
     pub opened_txn: u64,
     /// Between phase A and phase C of a commit.
     commit_in_flight: bool,
+    /// How to undo node changes since the oldest open savepoint.
+    node_log: Vec<NodeUndo>,
+    /// Blocks whose state before the oldest open savepoint is in `node_log`
+    /// (or that the savepoint's operations created): later changes to them
+    /// need no further logging.
+    node_logged: HashSet<u64>,
+    savepoints: usize,
+}
+
+/// How to undo one change to the dirty-node set.
+enum NodeUndo {
+    /// The block was not dirty: remove it.
+    Added(u64),
+    /// The block held this node: put it back.
+    Held(u64, Node),
+}
+
+/// Everything a rollback needs to restore the transaction (see [`Meta::atomic`]).
+pub(crate) struct Savepoint {
+    volumes_root: BlockRef,
+    queue_root: BlockRef,
+    next_volume_id: u64,
+    next_queue_seq: u64,
+    privilege: Privilege,
+    meta_sm: SmSavepoint,
+    data_sm: SmSavepoint,
+    table: TableSavepoint,
+    node_log_len: usize,
 }
 
 /// A frozen transaction: everything the writes of phase B need.
@@ -175,16 +197,15 @@ impl Meta {
             queue_root: rec.queue_root.into(),
             next_volume_id: rec.next_volume_id.get(),
             next_queue_seq: rec.next_queue_seq.get(),
-            vols: BTreeMap::new(),
-            names: HashMap::new(),
-            dirty_vols: BTreeSet::new(),
-            removed_vols: BTreeSet::new(),
+            table: VolumeTable::default(),
             privilege: Privilege::Normal,
             meta_reserve,
             dirty_node_limit,
-            shared_txn: HashMap::new(),
             opened_txn: rec.txn.get(),
             commit_in_flight: false,
+            node_log: Vec::new(),
+            node_logged: HashSet::new(),
+            savepoints: 0,
         };
         meta.load_volumes()?;
         Ok(meta)
@@ -198,16 +219,118 @@ impl Meta {
             records.push((id, rec));
             Ok(true)
         })?;
-        for (id, rec) in records {
-            if self.names.insert(rec.name.clone(), id).is_some() {
-                return Err(Error::inconsistent(format!(
-                    "two volumes are named {:?}",
-                    rec.name
-                )));
-            }
-            self.vols.insert(id, rec);
-        }
+        self.table = VolumeTable::load(records)?;
         Ok(())
+    }
+
+    /// The volume table of the open transaction.
+    pub fn table(&self) -> &VolumeTable {
+        &self.table
+    }
+
+    pub fn table_mut(&mut self) -> &mut VolumeTable {
+        &mut self.table
+    }
+
+    // ---- savepoints -----------------------------------------------------------
+
+    /// Runs `f` as one atomic step of the open transaction: if it fails, every
+    /// change it made (nodes, space maps, volume table, roots and counters)
+    /// is undone, so the transaction is exactly as before the call. A step
+    /// that leaves more changed space-map pages than one commit can journal
+    /// is undone too, with [`Error::TransactionFull`]: the caller commits and
+    /// runs it again in an empty transaction.
+    pub fn atomic<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let sp = self.savepoint();
+        let result = f(self);
+        let result = match result {
+            Ok(_) if self.journal_pages_needed() > self.store.geo.journal_pages => {
+                Err(Error::TransactionFull)
+            }
+            other => other,
+        };
+        match result {
+            Ok(value) => {
+                self.release(sp);
+                Ok(value)
+            }
+            Err(e) => {
+                self.rollback(sp);
+                Err(e)
+            }
+        }
+    }
+
+    fn savepoint(&mut self) -> Savepoint {
+        self.savepoints += 1;
+        Savepoint {
+            volumes_root: self.volumes_root,
+            queue_root: self.queue_root,
+            next_volume_id: self.next_volume_id,
+            next_queue_seq: self.next_queue_seq,
+            privilege: self.privilege,
+            meta_sm: self.meta_sm.savepoint(),
+            data_sm: self.data_sm.savepoint(),
+            table: self.table.savepoint(),
+            node_log_len: self.node_log.len(),
+        }
+    }
+
+    fn release(&mut self, sp: Savepoint) {
+        self.meta_sm.release(sp.meta_sm);
+        self.data_sm.release(sp.data_sm);
+        self.table.release(sp.table);
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.node_log.clear();
+            self.node_logged.clear();
+        }
+    }
+
+    fn rollback(&mut self, sp: Savepoint) {
+        while self.node_log.len() > sp.node_log_len {
+            match self.node_log.pop() {
+                Some(NodeUndo::Added(block)) => {
+                    self.dirty.remove(&block);
+                    self.node_logged.remove(&block);
+                }
+                Some(NodeUndo::Held(block, node)) => {
+                    self.dirty.insert(block, node);
+                    self.node_logged.remove(&block);
+                }
+                None => break,
+            }
+        }
+        self.meta_sm.rollback(sp.meta_sm);
+        self.data_sm.rollback(sp.data_sm);
+        self.table.rollback(sp.table);
+        self.volumes_root = sp.volumes_root;
+        self.queue_root = sp.queue_root;
+        self.next_volume_id = sp.next_volume_id;
+        self.next_queue_seq = sp.next_queue_seq;
+        self.privilege = sp.privilege;
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.node_log.clear();
+            self.node_logged.clear();
+        }
+    }
+
+    /// Logs the state of dirty block `block` before its first change in the
+    /// open savepoints. `current` is its node if it is dirty now.
+    fn log_node(&mut self, block: u64, current: Option<&Node>) {
+        if self.savepoints == 0 || !self.node_logged.insert(block) {
+            return;
+        }
+        self.node_log.push(match current {
+            Some(node) => NodeUndo::Held(block, node.clone()),
+            None => NodeUndo::Added(block),
+        });
+    }
+
+    /// Space-map page images the open transaction would journal.
+    fn journal_pages_needed(&self) -> u64 {
+        (self.meta_sm.dirty_pages() + self.data_sm.dirty_pages()) as u64
     }
 
     // ---- node access -------------------------------------------------------
@@ -233,9 +356,12 @@ impl Meta {
     /// Removes a dirty node from the dirty set so the caller can mutate it
     /// while also using `self`; it must be returned with [`Self::put_dirty`].
     pub fn take_dirty(&mut self, r: BlockRef) -> Result<Node> {
-        self.dirty
+        let node = self
+            .dirty
             .remove(&r.block)
-            .ok_or_else(|| Error::inconsistent(format!("block {} is not dirty", r.block)))
+            .ok_or_else(|| Error::inconsistent(format!("block {} is not dirty", r.block)))?;
+        self.log_node(r.block, Some(&node));
+        Ok(node)
     }
 
     pub fn put_dirty(&mut self, r: BlockRef, node: Node) {
@@ -260,8 +386,7 @@ impl Meta {
         !self.dirty.is_empty()
             || self.meta_sm.dirty_pages() > 0
             || self.data_sm.dirty_pages() > 0
-            || !self.dirty_vols.is_empty()
-            || !self.removed_vols.is_empty()
+            || self.table.has_changes()
     }
 
     // ---- allocation and reference counting ---------------------------------
@@ -291,6 +416,7 @@ impl Meta {
             .ok_or(Error::MetadataFull)?;
         let block = self.store.geo.meta_start + entry;
         self.store.forget_node(block);
+        self.log_node(block, None);
         self.dirty.insert(block, node);
         Ok(BlockRef {
             block,
@@ -310,7 +436,11 @@ impl Meta {
         let entry = self.meta_entry(r.block)?;
         let left = self.meta_sm.dec(&self.store, entry)?;
         if left == 0 {
-            self.dirty.remove(&r.block);
+            if let Some(node) = self.dirty.remove(&r.block) {
+                if self.savepoints > 0 && self.node_logged.insert(r.block) {
+                    self.node_log.push(NodeUndo::Held(r.block, node));
+                }
+            }
         }
         Ok(left)
     }
@@ -371,11 +501,16 @@ impl Meta {
     /// Phase A: stores the volume records, freezes the transaction into a
     /// job and opens the next transaction. Must run with writers quiesced.
     pub fn begin_commit(&mut self) -> Result<CommitJob> {
-        let saved = self.privilege;
-        self.privilege = Privilege::Reserve;
-        let stored = self.store_volume_records();
-        self.privilege = saved;
-        stored?;
+        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
+        let (removed, dirty) = self.table.take_changes();
+        let stored = self.atomic(|m| {
+            m.privilege = Privilege::Reserve;
+            m.store_volume_records(&removed, &dirty)
+        });
+        if let Err(e) = stored {
+            self.table.restore_changes(removed, dirty);
+            return Err(e);
+        }
         let geo = self.store.geo;
         let mut home_pages = self.meta_sm.home_pages_due();
         home_pages.extend(self.data_sm.home_pages_due());
@@ -444,23 +579,25 @@ impl Meta {
         rec.queue_root = self.queue_root.into();
         rec.next_volume_id = U64::new(self.next_volume_id);
         rec.next_queue_seq = U64::new(self.next_queue_seq);
-        rec.meta_used = U64::new(self.meta_sm.used);
-        rec.data_used = U64::new(self.data_sm.used);
-        rec.meta_cursor = U64::new(self.meta_sm.cursor);
-        rec.data_cursor = U64::new(self.data_sm.cursor);
+        rec.meta_used = U64::new(self.meta_sm.used());
+        rec.data_used = U64::new(self.data_sm.used());
+        rec.meta_cursor = U64::new(self.meta_sm.cursor());
+        rec.data_cursor = U64::new(self.data_sm.cursor());
         rec.commit_unix_secs = U64::new(unix_now());
         rec
     }
 
     /// Writes changed volume records into the volume table.
-    fn store_volume_records(&mut self) -> Result<()> {
-        for id in std::mem::take(&mut self.removed_vols) {
+    fn store_volume_records(
+        &mut self,
+        removed: &[u64],
+        dirty: &[(u64, VolumeRecord)],
+    ) -> Result<()> {
+        for &id in removed {
             self.volumes_root = self.tree_remove(self.volumes_root, id)?.0;
         }
-        for id in std::mem::take(&mut self.dirty_vols) {
-            let Some(rec) = self.vols.get(&id) else {
-                continue;
-            };
+        for (id, rec) in dirty {
+            let id = *id;
             let mut value = [0u8; VolumeRecord::ENCODED_LEN];
             rec.encode(&mut value);
             self.volumes_root =

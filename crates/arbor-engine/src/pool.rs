@@ -43,6 +43,9 @@ pub const MAX_VOLUME_SIZE: u64 = 1 << 60;
 /// Default chunk size; see docs/FORMAT.md ("Choosing the chunk size").
 pub const DEFAULT_CHUNK_SIZE: u32 = 16 * 1024;
 const DEFAULT_JOURNAL_PAGES: u32 = 1024;
+/// A transaction's largest single step must fit a journal with room to spare.
+const MIN_JOURNAL_PAGES: u32 = 16;
+const MAX_JOURNAL_PAGES: u32 = 1 << 16;
 /// Chunks unmapped per step of a discard (bounded transaction growth).
 const UNMAP_STEP_CHUNKS: u64 = 4096;
 const STRIPES: usize = 256;
@@ -59,6 +62,10 @@ pub struct CreateOptions {
     /// 128 bytes per data chunk and 64 MiB, at most 1/8 of the device, never
     /// below 8 MiB). Fixed at creation.
     pub metadata_bytes: Option<u64>,
+    /// Space-map page images one transaction may journal (default 1024,
+    /// at least 16): the bound on how many space-map pages a commit changes.
+    /// Small values make tests of scattered layouts cheap.
+    pub journal_pages: Option<u32>,
 }
 
 impl Default for CreateOptions {
@@ -66,6 +73,7 @@ impl Default for CreateOptions {
         Self {
             chunk_size: DEFAULT_CHUNK_SIZE,
             metadata_bytes: None,
+            journal_pages: None,
         }
     }
 }
@@ -196,7 +204,13 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
         ));
     }
     let per_page = SM_ENTRIES_PER_PAGE as u64;
-    let journal_pages = u64::from(DEFAULT_JOURNAL_PAGES);
+    let journal_pages32 = opts.journal_pages.unwrap_or(DEFAULT_JOURNAL_PAGES);
+    if !(MIN_JOURNAL_PAGES..=MAX_JOURNAL_PAGES).contains(&journal_pages32) {
+        return Err(Error::InvalidArgument(format!(
+            "journal of {journal_pages32} pages: must hold {MIN_JOURNAL_PAGES} to {MAX_JOURNAL_PAGES}"
+        )));
+    }
+    let journal_pages = u64::from(journal_pages32);
     let journal_a = SUPERBLOCK_SLOTS;
     let journal_b = journal_a + journal_pages + 1;
     let meta_sm_start = journal_b + journal_pages + 1;
@@ -219,7 +233,7 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     sb.pool_bytes = U64::new(device_bytes);
     sb.created_unix_secs = U64::new(crate::meta::unix_now());
     sb.chunk_size = U32::new(chunk);
-    sb.journal_pages = U32::new(DEFAULT_JOURNAL_PAGES);
+    sb.journal_pages = U32::new(journal_pages32);
     sb.journal_start = [U64::new(journal_a), U64::new(journal_b)];
     sb.meta_sm_start = U64::new(meta_sm_start);
     sb.data_sm_start = U64::new(data_sm_start);
@@ -398,12 +412,9 @@ impl Pool {
     /// precondition errors (not found, no space...) are raised before any
     /// change and leave it running.
     fn mutate<T>(&self, meta: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let result = f(meta);
+        let result = meta.atomic(f);
         if let Err(e) = &result {
-            if matches!(
-                e,
-                Error::Io(_) | Error::Corrupt { .. } | Error::Inconsistent(_)
-            ) {
+            if e.stops_pool() {
                 self.fail(e);
             }
         }
@@ -435,7 +446,17 @@ impl Pool {
         if !meta.has_changes() {
             return Ok(None);
         }
-        self.mutate(meta, |m| m.begin_commit()).map(Some)
+        // Not through `mutate`: phase A is not a step of an operation (it
+        // undoes itself when it cannot store the volume records).
+        match meta.begin_commit() {
+            Ok(job) => Ok(Some(job)),
+            Err(e) => {
+                if e.stops_pool() {
+                    self.fail(&e);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Phases B and C (caller holds `commit_lock`).
@@ -567,14 +588,14 @@ impl Pool {
                     check_volume_name(to)?;
                     let prefix = format!("{from}@");
                     let snapshots: Vec<(u64, String)> = m
-                        .vols
+                        .table()
                         .iter()
                         .filter(|(_, r)| {
                             r.kind == VolumeKind::Snapshot
                                 && r.parent == id
                                 && r.name.starts_with(&prefix)
                         })
-                        .map(|(&sid, r)| (sid, format!("{to}@{}", &r.name[prefix.len()..])))
+                        .map(|(sid, r)| (sid, format!("{to}@{}", &r.name[prefix.len()..])))
                         .collect();
                     for (_, new_name) in &snapshots {
                         split_snapshot_name(new_name)?;
@@ -648,9 +669,9 @@ impl Pool {
         let meta = self.read_meta()?;
         let chunk = self.chunk_size();
         let mut all: Vec<VolumeInfo> = meta
-            .vols
+            .table()
             .iter()
-            .map(|(&id, r)| volume_info(id, r, chunk))
+            .map(|(id, r)| volume_info(id, r, chunk))
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
@@ -1027,18 +1048,18 @@ impl Pool {
         let meta = self.read_meta()?;
         let geo = self.store.geo;
         let snapshots = meta
-            .vols
-            .values()
-            .filter(|r| r.kind == VolumeKind::Snapshot)
+            .table()
+            .iter()
+            .filter(|(_, r)| r.kind == VolumeKind::Snapshot)
             .count() as u64;
         Ok(PoolStats {
             pool_bytes: geo.pool_bytes,
             chunk_size: geo.chunk_size,
             data_bytes: geo.data_chunks * geo.chunk_size,
-            data_used_bytes: meta.data_sm.used * geo.chunk_size,
+            data_used_bytes: meta.data_sm.used() * geo.chunk_size,
             metadata_bytes: geo.meta_blocks * BLOCK_SIZE_U64,
-            metadata_used_bytes: meta.meta_sm.used * BLOCK_SIZE_U64,
-            volumes: meta.vols.len() as u64 - snapshots,
+            metadata_used_bytes: meta.meta_sm.used() * BLOCK_SIZE_U64,
+            volumes: meta.table().len() as u64 - snapshots,
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
             txn: meta.txn - 1,

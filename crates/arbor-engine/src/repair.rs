@@ -106,8 +106,8 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
     let meta_used = rewrite_map(&store, SmKind::Meta, &refs.meta, txn, &mut actions)?;
     let data_used = rewrite_map(&store, SmKind::Data, &refs.data, txn, &mut actions)?;
     for (kind, old, new) in [
-        ("metadata blocks", meta.meta_sm.used, meta_used),
-        ("data chunks", meta.data_sm.used, data_used),
+        ("metadata blocks", meta.meta_sm.used(), meta_used),
+        ("data chunks", meta.data_sm.used(), data_used),
     ] {
         if old != new {
             actions.push(format!(
@@ -116,10 +116,11 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
         }
     }
     let next_id = meta
-        .vols
-        .keys()
-        .next_back()
-        .map_or(1, |&id| id + 1)
+        .table()
+        .iter()
+        .map(|(id, _)| id)
+        .last()
+        .map_or(1, |id| id + 1)
         .max(meta.next_volume_id);
     if next_id != meta.next_volume_id {
         actions.push(format!(

@@ -10,6 +10,10 @@
 //! * a page is read from, in order: this transaction's dirty copy, the last
 //!   commit's image (its home copy is written only by the next commit, so
 //!   this image is the only current copy), then the store (cache or home).
+//!
+//! Every change made between [`SpaceMap::savepoint`] and
+//! [`SpaceMap::release`] is logged, so [`SpaceMap::rollback`] can restore
+//! the map exactly as it was at the savepoint (see `meta::Meta::atomic`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,6 +24,28 @@ use crate::error::{Error, Result};
 use crate::store::Store;
 
 const PER_PAGE: u64 = SM_ENTRIES_PER_PAGE as u64;
+
+/// One logged change, undone in reverse order.
+enum Undo {
+    /// `entry` held `count` before it was set.
+    Count {
+        entry: u64,
+        count: u32,
+    },
+    /// The page became dirty (it was clean before).
+    PageDirtied(u32),
+    PendingAdded(u64),
+    FreshAdded(u64),
+    FullSet(u32),
+}
+
+/// What a rollback restores besides the logged changes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SmSavepoint {
+    used: u64,
+    cursor: u64,
+    log_len: usize,
+}
 
 pub(crate) struct SpaceMap {
     pub kind: SmKind,
@@ -40,11 +66,15 @@ pub(crate) struct SpaceMap {
     fresh: HashSet<u64>,
     fresh_frozen: HashSet<u64>,
     /// Entries with a non-zero count.
-    pub used: u64,
+    used: u64,
     /// Next-fit allocation cursor.
-    pub cursor: u64,
+    cursor: u64,
     /// Pages known to have no free entry (a hint, cleared when one is freed).
     full: Vec<bool>,
+    /// Changes since the oldest open savepoint (empty when none is open).
+    log: Vec<Undo>,
+    /// Open savepoints (nested savepoints share the log).
+    savepoints: usize,
 }
 
 fn split(entry: u64) -> (u32, usize) {
@@ -76,11 +106,89 @@ impl SpaceMap {
             used,
             cursor: if cursor < entries { cursor } else { 0 },
             full: vec![false; pages as usize],
+            log: Vec::new(),
+            savepoints: 0,
         })
     }
 
-    pub fn free(&self) -> u64 {
-        self.entries - self.used
+    /// Entries with a non-zero count.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The next-fit allocation cursor (kept in the commit record).
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// Entries that can be allocated now: not referenced, and not freed by a
+    /// transaction that has not committed yet (those the last durable
+    /// commit may still reference).
+    pub fn allocatable(&self) -> u64 {
+        // Every pending or frozen entry has a zero count, so it is not in
+        // `used`: the subtraction cannot underflow on a consistent map, and
+        // saturates on a damaged one.
+        (self.entries - self.used)
+            .saturating_sub(self.pending_free.len() as u64)
+            .saturating_sub(self.frozen_free.len() as u64)
+    }
+
+    // ---- savepoints ------------------------------------------------------------
+
+    /// Starts logging changes so that [`Self::rollback`] can undo them.
+    pub fn savepoint(&mut self) -> SmSavepoint {
+        self.savepoints += 1;
+        SmSavepoint {
+            used: self.used,
+            cursor: self.cursor,
+            log_len: self.log.len(),
+        }
+    }
+
+    /// Keeps the changes since `sp`.
+    pub fn release(&mut self, sp: SmSavepoint) {
+        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.log.clear();
+        }
+    }
+
+    /// Undoes every change since `sp`, restoring the map exactly.
+    pub fn rollback(&mut self, sp: SmSavepoint) {
+        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
+        while self.log.len() > sp.log_len {
+            match self.log.pop() {
+                Some(Undo::Count { entry, count }) => {
+                    let (page, slot) = split(entry);
+                    // Logged after the page became dirty, undone before it is cleaned.
+                    if let Some(p) = self.dirty.get_mut(&page) {
+                        p.counts[slot] = count;
+                    }
+                }
+                Some(Undo::PageDirtied(page)) => {
+                    self.dirty.remove(&page);
+                }
+                Some(Undo::PendingAdded(entry)) => {
+                    self.pending_free.remove(&entry);
+                }
+                Some(Undo::FreshAdded(entry)) => {
+                    self.fresh.remove(&entry);
+                }
+                Some(Undo::FullSet(page)) => self.full[page as usize] = false,
+                None => break,
+            }
+        }
+        self.used = sp.used;
+        self.cursor = sp.cursor;
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.log.clear();
+        }
+    }
+
+    fn logging(&self) -> bool {
+        self.savepoints > 0
     }
 
     /// True when `entry` was allocated after the last durable commit (in this
@@ -134,6 +242,9 @@ impl SpaceMap {
         if !self.dirty.contains_key(&page) {
             let clean = self.clean_page(store, page)?;
             self.dirty.insert(page, (*clean).clone());
+            if self.logging() {
+                self.log.push(Undo::PageDirtied(page));
+            }
         }
         // Inserted just above when missing.
         self.dirty
@@ -143,7 +254,12 @@ impl SpaceMap {
 
     fn set(&mut self, store: &Store, entry: u64, count: u32) -> Result<()> {
         let (page, slot) = split(entry);
-        self.page_mut(store, page)?.counts[slot] = count;
+        let logging = self.logging();
+        let counts = &mut self.page_mut(store, page)?.counts;
+        let old = std::mem::replace(&mut counts[slot], count);
+        if logging {
+            self.log.push(Undo::Count { entry, count: old });
+        }
         Ok(())
     }
 
@@ -178,7 +294,9 @@ impl SpaceMap {
             self.used = self.used.checked_sub(1).ok_or_else(|| {
                 Error::inconsistent(format!("{:?} used counter below the counts", self.kind))
             })?;
-            self.pending_free.insert(entry);
+            if self.pending_free.insert(entry) && self.logging() {
+                self.log.push(Undo::PendingAdded(entry));
+            }
         }
         self.set(store, entry, next)?;
         Ok(next)
@@ -209,7 +327,7 @@ impl SpaceMap {
     /// its count to 1. `None` when every entry is in use or pending free, or
     /// when fewer than `reserve` entries would remain.
     pub fn alloc(&mut self, store: &Store, reserve: u64) -> Result<Option<u64>> {
-        if self.free() <= reserve {
+        if self.allocatable() <= reserve {
             return Ok(None);
         }
         let pages = self.full.len() as u64;
@@ -228,7 +346,9 @@ impl SpaceMap {
             if let Some(entry) = self.find_free_in_page(store, page as u32, first, end)? {
                 self.set(store, entry, 1)?;
                 self.used += 1;
-                self.fresh.insert(entry);
+                if self.fresh.insert(entry) && self.logging() {
+                    self.log.push(Undo::FreshAdded(entry));
+                }
                 self.cursor = if entry + 1 < self.entries {
                     entry + 1
                 } else {
@@ -236,8 +356,11 @@ impl SpaceMap {
                 };
                 return Ok(Some(entry));
             }
-            if first == page * PER_PAGE {
+            if first == page * PER_PAGE && !self.full[page as usize] {
                 self.full[page as usize] = true;
+                if self.logging() {
+                    self.log.push(Undo::FullSet(page as u32));
+                }
             }
         }
         Ok(None)
@@ -290,6 +413,7 @@ impl SpaceMap {
     /// the in-flight copies, and its freed entries stay reserved until the
     /// commit is durable. Returns the pages to journal.
     pub fn freeze(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
+        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
         self.frozen_free = std::mem::take(&mut self.pending_free);
         self.fresh_frozen = std::mem::take(&mut self.fresh);
         let mut pages: Vec<Arc<SmPage>> = self

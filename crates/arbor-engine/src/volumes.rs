@@ -37,15 +37,14 @@ pub(crate) enum InPlaceCheck {
 
 impl Meta {
     pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
-        self.vols
-            .get(&id)
+        self.table()
+            .get(id)
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u64> {
-        self.names
-            .get(name)
-            .copied()
+        self.table()
+            .id_of(name)
             .ok_or_else(|| Error::NotFound(name.to_owned()))
     }
 
@@ -57,15 +56,13 @@ impl Meta {
         Ok(rec)
     }
 
-    fn volume_mut(&mut self, id: u64) -> Result<&mut VolumeRecord> {
-        self.dirty_vols.insert(id);
-        self.vols
-            .get_mut(&id)
-            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
+    /// Changes volume `id`'s record (logged, so a failed step undoes it).
+    fn update_volume<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
+        self.table_mut().update(id, f)
     }
 
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
-        if self.names.contains_key(name) {
+        if self.table().id_of(name).is_some() {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
         Ok(())
@@ -77,7 +74,7 @@ impl Meta {
             Privilege::Normal => self.meta_reserve,
             Privilege::Reserve => 0,
         };
-        if self.meta_sm.free() < reserve + STEP_META_BUDGET {
+        if self.meta_sm.allocatable() < reserve + STEP_META_BUDGET {
             return Err(Error::MetadataFull);
         }
         Ok(())
@@ -104,11 +101,9 @@ impl Meta {
             created_unix_secs: unix_now(),
             mapped_chunks: mapped,
             kind,
-            name: name.clone(),
+            name,
         };
-        self.vols.insert(id, rec);
-        self.names.insert(name, id);
-        self.dirty_vols.insert(id);
+        self.table_mut().insert(id, rec);
         id
     }
 
@@ -134,12 +129,14 @@ impl Meta {
 
     /// Records that volume `id`'s tree is shared as of this transaction.
     fn note_shared(&mut self, id: u64) {
-        self.shared_txn.insert(id, self.txn);
+        let txn = self.txn;
+        self.table_mut().set_shared(id, txn);
     }
 
-    /// The last transaction in which volume `id`'s tree was shared.
+    /// The last transaction in which volume `id`'s tree was shared (a volume
+    /// not shared since the pool opened: no later than the opening commit).
     fn last_shared_txn(&self, id: u64) -> u64 {
-        self.shared_txn.get(&id).copied().unwrap_or(self.opened_txn)
+        self.table().shared_txn(id).unwrap_or(self.opened_txn)
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.
@@ -156,14 +153,7 @@ impl Meta {
     }
 
     pub fn delete_volume(&mut self, id: u64) -> Result<()> {
-        let rec = self
-            .vols
-            .remove(&id)
-            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))?;
-        self.names.remove(&rec.name);
-        self.shared_txn.remove(&id);
-        self.dirty_vols.remove(&id);
-        self.removed_vols.insert(id);
+        let rec = self.table_mut().remove(id)?;
         self.queue_drop(rec.root)
     }
 
@@ -174,35 +164,31 @@ impl Meta {
         if !snap_rec.root.is_none() {
             self.inc_node(snap_rec.root)?;
         }
-        let vol = self.volume_mut(id)?;
-        let old_root = std::mem::replace(&mut vol.root, snap_rec.root);
-        vol.size_bytes = snap_rec.size_bytes;
-        vol.mapped_chunks = snap_rec.mapped_chunks;
+        let old_root = self.update_volume(id, |vol| {
+            vol.size_bytes = snap_rec.size_bytes;
+            vol.mapped_chunks = snap_rec.mapped_chunks;
+            std::mem::replace(&mut vol.root, snap_rec.root)
+        })?;
         self.note_shared(id);
         self.queue_drop(old_root)
     }
 
     pub fn rename_volume(&mut self, id: u64, new_name: String) -> Result<()> {
-        let vol = self.volume_mut(id)?;
-        let old = std::mem::replace(&mut vol.name, new_name.clone());
-        self.names.remove(&old);
-        self.names.insert(new_name, id);
-        Ok(())
+        self.table_mut().rename(id, new_name)
     }
 
     pub fn set_volume_size(&mut self, id: u64, size: u64) -> Result<()> {
-        self.volume_mut(id)?.size_bytes = size;
-        Ok(())
+        self.update_volume(id, |vol| vol.size_bytes = size)
     }
 
     /// Unmaps chunks `[from, to)` of volume `id`.
     pub fn unmap_chunks(&mut self, id: u64, from: u64, to: u64) -> Result<()> {
         let root = self.volume(id)?.root;
         let (root, unmapped) = self.map_unset_range(root, from, to)?;
-        let vol = self.volume_mut(id)?;
-        vol.root = root;
-        vol.mapped_chunks = vol.mapped_chunks.saturating_sub(unmapped);
-        Ok(())
+        self.update_volume(id, |vol| {
+            vol.root = root;
+            vol.mapped_chunks = vol.mapped_chunks.saturating_sub(unmapped);
+        })
     }
 
     /// Decides where a write to `chunk` of volume `id` goes (see [`WritePlan`]).
@@ -248,7 +234,7 @@ impl Meta {
         if extent.gen != self.txn {
             let (shadowed, previous) = self.map_set_as(root, chunk, phys, extent.gen)?;
             debug_assert_eq!(previous, Some(phys));
-            self.volume_mut(id)?.root = shadowed;
+            self.update_volume(id, |vol| vol.root = shadowed)?;
         }
         // In place only if this volume alone references the chunk now AND no
         // state a power cut can recover to has another tree referencing it:
@@ -276,7 +262,7 @@ impl Meta {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;
                 let (root, _) = self.map_set(root, chunk, phys)?;
-                self.volume_mut(id)?.root = root;
+                self.update_volume(id, |vol| vol.root = root)?;
             }
             return Ok(InPlaceCheck::Yes(phys));
         }
@@ -318,11 +304,12 @@ impl Meta {
         if let Some(previous) = previous {
             self.data_sm.dec(&self.store, previous)?;
         }
-        let vol = self.volume_mut(id)?;
-        vol.root = root;
-        if previous.is_none() {
-            vol.mapped_chunks += 1;
-        }
+        self.update_volume(id, |vol| {
+            vol.root = root;
+            if previous.is_none() {
+                vol.mapped_chunks += 1;
+            }
+        })?;
         Ok(true)
     }
 

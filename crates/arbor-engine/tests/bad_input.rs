@@ -222,6 +222,7 @@ fn invalid_pool_layouts_are_rejected() {
         let opts = arbor_engine::CreateOptions {
             chunk_size: chunk,
             metadata_bytes: None,
+            ..Default::default()
         };
         assert!(matches!(
             Pool::create(Arc::clone(&dev), &opts, &open_opts()),

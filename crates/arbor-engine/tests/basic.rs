@@ -221,6 +221,7 @@ fn full_metadata_still_allows_delete_reclaim_and_recovery() {
     let opts = arbor_engine::CreateOptions {
         chunk_size: 4096,
         metadata_bytes: Some(MIB),
+        ..Default::default()
     };
     let pool = arbor_engine::Pool::create(dev, &opts, &open_opts()).unwrap();
     let v = pool.create_volume("vm1", 32 * MIB).unwrap();

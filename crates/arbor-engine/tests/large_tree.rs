@@ -20,6 +20,7 @@ fn big_tree_survives_sharing_and_mass_discard() {
     let opts = CreateOptions {
         chunk_size: 4096,
         metadata_bytes: Some(24 * MIB),
+        ..Default::default()
     };
     let pool = Pool::create(dev, &opts, &open_opts()).unwrap();
     let v = pool.create_volume("v", 512 * MIB).unwrap();

@@ -17,6 +17,7 @@ fn tiny_cache_never_serves_stale_space_map_pages() {
     let opts = CreateOptions {
         chunk_size: 4096,
         metadata_bytes: Some(16 * MIB),
+        ..Default::default()
     };
     // 64 KiB of cache: 16 nodes and 16 space-map pages.
     let open = OpenOptions {

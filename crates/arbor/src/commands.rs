@@ -207,6 +207,7 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
             None => arbor_engine::DEFAULT_CHUNK_SIZE,
         },
         metadata_bytes: args.metadata_size.map(|s| s.0),
+        ..Default::default()
     };
     let pool = OpenPool::create(
         &args.path,

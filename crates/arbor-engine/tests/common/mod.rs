@@ -13,6 +13,7 @@ pub fn small_opts(chunk: u32) -> CreateOptions {
     CreateOptions {
         chunk_size: chunk,
         metadata_bytes: Some(4 * MIB),
+        ..Default::default()
     }
 }
 

@@ -50,6 +50,7 @@ fn open_or_create(config: &ServeConfig) -> Result<OpenPool> {
     let create = CreateOptions {
         chunk_size: config.chunk_size,
         metadata_bytes: None,
+        ..Default::default()
     };
     let open = OpenPool::create(
         &config.pool,

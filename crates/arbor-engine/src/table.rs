@@ -1,0 +1,330 @@
+//! The in-memory volume table of the open transaction: every volume record
+//! by id, the name index, which records the next commit must store or
+//! remove, and when each volume's tree was last shared.
+//!
+//! Its state is private: every change goes through a method that logs how
+//! to undo it while a savepoint is open, so an operation that fails part
+//! way leaves the table exactly as it found it (see `meta::Meta::atomic`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use arbor_format::VolumeRecord;
+
+use crate::error::{Error, Result};
+
+enum Undo {
+    /// Record `id` was this before (None: absent).
+    Record(u64, Option<VolumeRecord>),
+    Name(String, Option<u64>),
+    Dirty(u64, bool),
+    Removed(u64, bool),
+    Shared(u64, Option<u64>),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TableSavepoint {
+    log_len: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct VolumeTable {
+    vols: BTreeMap<u64, VolumeRecord>,
+    names: HashMap<String, u64>,
+    /// Records changed since the last commit (stored by the next one).
+    dirty: BTreeSet<u64>,
+    /// Records deleted since the last commit (removed by the next one).
+    removed: BTreeSet<u64>,
+    /// Per volume, the last transaction in which its tree was shared (see
+    /// `Meta::try_in_place`). In memory only.
+    shared_txn: HashMap<u64, u64>,
+    log: Vec<Undo>,
+    savepoints: usize,
+}
+
+impl VolumeTable {
+    /// The table as loaded from a commit: nothing dirty.
+    pub fn load(records: Vec<(u64, VolumeRecord)>) -> Result<Self> {
+        let mut table = Self::default();
+        for (id, rec) in records {
+            if table.names.insert(rec.name.clone(), id).is_some() {
+                return Err(Error::inconsistent(format!(
+                    "two volumes are named {:?}",
+                    rec.name
+                )));
+            }
+            table.vols.insert(id, rec);
+        }
+        Ok(table)
+    }
+
+    // ---- reading ---------------------------------------------------------------
+
+    pub fn get(&self, id: u64) -> Option<&VolumeRecord> {
+        self.vols.get(&id)
+    }
+
+    pub fn id_of(&self, name: &str) -> Option<u64> {
+        self.names.get(name).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.vols.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &VolumeRecord)> {
+        self.vols.iter().map(|(&id, rec)| (id, rec))
+    }
+
+    pub fn shared_txn(&self, id: u64) -> Option<u64> {
+        self.shared_txn.get(&id).copied()
+    }
+
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty() || !self.removed.is_empty()
+    }
+
+    // ---- changing --------------------------------------------------------------
+
+    fn note(&mut self, undo: impl FnOnce(&Self) -> Undo) {
+        if self.savepoints > 0 {
+            let u = undo(self);
+            self.log.push(u);
+        }
+    }
+
+    fn mark_dirty(&mut self, id: u64) {
+        if !self.dirty.contains(&id) {
+            self.note(|_| Undo::Dirty(id, false));
+            self.dirty.insert(id);
+        }
+    }
+
+    /// Inserts a new record; the name must be free.
+    pub fn insert(&mut self, id: u64, rec: VolumeRecord) {
+        self.note(|t| Undo::Name(rec.name.clone(), t.names.get(&rec.name).copied()));
+        self.names.insert(rec.name.clone(), id);
+        self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
+        self.vols.insert(id, rec);
+        self.mark_dirty(id);
+    }
+
+    /// Changes record `id` with `f` (a rename must go through [`Self::rename`]).
+    pub fn update<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
+        let Some(rec) = self.vols.get(&id) else {
+            return Err(Error::NotFound(format!("volume id {id}")));
+        };
+        let name = rec.name.clone();
+        self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
+        self.mark_dirty(id);
+        let rec = self
+            .vols
+            .get_mut(&id)
+            .ok_or_else(|| Error::inconsistent("volume record vanished"))?;
+        let out = f(rec);
+        if rec.name != name {
+            return Err(Error::inconsistent("volume renamed outside rename()"));
+        }
+        Ok(out)
+    }
+
+    pub fn rename(&mut self, id: u64, new_name: String) -> Result<()> {
+        let Some(rec) = self.vols.get(&id) else {
+            return Err(Error::NotFound(format!("volume id {id}")));
+        };
+        let old_name = rec.name.clone();
+        self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
+        self.mark_dirty(id);
+        self.note(|t| Undo::Name(old_name.clone(), t.names.get(&old_name).copied()));
+        self.names.remove(&old_name);
+        self.note(|t| Undo::Name(new_name.clone(), t.names.get(&new_name).copied()));
+        self.names.insert(new_name.clone(), id);
+        if let Some(rec) = self.vols.get_mut(&id) {
+            rec.name = new_name;
+        }
+        Ok(())
+    }
+
+    /// Removes record `id` and returns it.
+    pub fn remove(&mut self, id: u64) -> Result<VolumeRecord> {
+        let Some(rec) = self.vols.get(&id) else {
+            return Err(Error::NotFound(format!("volume id {id}")));
+        };
+        let name = rec.name.clone();
+        self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
+        let rec = self
+            .vols
+            .remove(&id)
+            .ok_or_else(|| Error::inconsistent("volume record vanished"))?;
+        self.note(|t| Undo::Name(name.clone(), t.names.get(&name).copied()));
+        self.names.remove(&name);
+        let shared = self.shared_txn.get(&id).copied();
+        self.note(|_| Undo::Shared(id, shared));
+        self.shared_txn.remove(&id);
+        let was_dirty = self.dirty.contains(&id);
+        self.note(|_| Undo::Dirty(id, was_dirty));
+        self.dirty.remove(&id);
+        let was_removed = self.removed.contains(&id);
+        self.note(|_| Undo::Removed(id, was_removed));
+        self.removed.insert(id);
+        Ok(rec)
+    }
+
+    pub fn set_shared(&mut self, id: u64, txn: u64) {
+        self.note(|t| Undo::Shared(id, t.shared_txn.get(&id).copied()));
+        self.shared_txn.insert(id, txn);
+    }
+
+    /// Hands the records to store and the ids to remove to the commit, and
+    /// starts a clean slate. Must not run inside a savepoint.
+    pub fn take_changes(&mut self) -> (Vec<u64>, Vec<(u64, VolumeRecord)>) {
+        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
+        let removed = std::mem::take(&mut self.removed).into_iter().collect();
+        let dirty = std::mem::take(&mut self.dirty)
+            .into_iter()
+            .filter_map(|id| self.vols.get(&id).map(|r| (id, r.clone())))
+            .collect();
+        (removed, dirty)
+    }
+
+    /// Puts back what [`Self::take_changes`] took (the commit could not
+    /// store it).
+    pub fn restore_changes(&mut self, removed: Vec<u64>, dirty: Vec<(u64, VolumeRecord)>) {
+        self.removed.extend(removed);
+        self.dirty.extend(dirty.into_iter().map(|(id, _)| id));
+    }
+
+    // ---- savepoints --------------------------------------------------------------
+
+    pub fn savepoint(&mut self) -> TableSavepoint {
+        self.savepoints += 1;
+        TableSavepoint {
+            log_len: self.log.len(),
+        }
+    }
+
+    pub fn release(&mut self, sp: TableSavepoint) {
+        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.log.clear();
+        }
+    }
+
+    pub fn rollback(&mut self, sp: TableSavepoint) {
+        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
+        while self.log.len() > sp.log_len {
+            let Some(undo) = self.log.pop() else { break };
+            match undo {
+                Undo::Record(id, Some(rec)) => {
+                    self.vols.insert(id, rec);
+                }
+                Undo::Record(id, None) => {
+                    self.vols.remove(&id);
+                }
+                Undo::Name(name, Some(id)) => {
+                    self.names.insert(name, id);
+                }
+                Undo::Name(name, None) => {
+                    self.names.remove(&name);
+                }
+                Undo::Dirty(id, was) => set_member(&mut self.dirty, id, was),
+                Undo::Removed(id, was) => set_member(&mut self.removed, id, was),
+                Undo::Shared(id, Some(txn)) => {
+                    self.shared_txn.insert(id, txn);
+                }
+                Undo::Shared(id, None) => {
+                    self.shared_txn.remove(&id);
+                }
+            }
+        }
+        self.savepoints -= 1;
+        if self.savepoints == 0 {
+            self.log.clear();
+        }
+    }
+}
+
+fn set_member(set: &mut BTreeSet<u64>, id: u64, member: bool) {
+    if member {
+        set.insert(id);
+    } else {
+        set.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arbor_format::{BlockRef, VolumeKind};
+
+    fn rec(name: &str) -> VolumeRecord {
+        VolumeRecord {
+            root: BlockRef::NONE,
+            size_bytes: 4096,
+            parent: 0,
+            created_txn: 1,
+            created_unix_secs: 0,
+            mapped_chunks: 0,
+            kind: VolumeKind::Volume,
+            name: name.into(),
+        }
+    }
+
+    fn state(t: &VolumeTable) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?}",
+            t.vols,
+            {
+                let mut n: Vec<_> = t.names.iter().collect();
+                n.sort();
+                n
+            },
+            t.dirty,
+            t.removed,
+            {
+                let mut s: Vec<_> = t.shared_txn.iter().collect();
+                s.sort();
+                s
+            }
+        )
+    }
+
+    #[test]
+    fn rollback_restores_every_kind_of_change() {
+        let mut t = VolumeTable::load(vec![(1, rec("a")), (2, rec("b"))]).unwrap();
+        t.set_shared(1, 5);
+        let before = state(&t);
+        let sp = t.savepoint();
+        t.insert(3, rec("c"));
+        t.rename(1, "z".into()).unwrap();
+        t.update(2, |r| r.size_bytes = 8192).unwrap();
+        t.remove(2).unwrap();
+        t.set_shared(3, 9);
+        t.remove(1).unwrap();
+        assert_ne!(state(&t), before);
+        t.rollback(sp);
+        assert_eq!(state(&t), before);
+        assert!(t.log.is_empty());
+    }
+
+    #[test]
+    fn release_keeps_changes_and_nested_rollback_undoes_only_its_own() {
+        let mut t = VolumeTable::load(vec![(1, rec("a"))]).unwrap();
+        let outer = t.savepoint();
+        t.insert(2, rec("b"));
+        let after_insert = state(&t);
+        let inner = t.savepoint();
+        t.rename(2, "c".into()).unwrap();
+        t.rollback(inner);
+        assert_eq!(state(&t), after_insert);
+        t.release(outer);
+        assert_eq!(t.id_of("b"), Some(2));
+        assert!(t.log.is_empty());
+    }
+
+    #[test]
+    fn update_refuses_renames() {
+        let mut t = VolumeTable::load(vec![(1, rec("a"))]).unwrap();
+        assert!(t.update(1, |r| r.name = "x".into()).is_err());
+    }
+}
