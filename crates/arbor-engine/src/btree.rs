@@ -73,6 +73,17 @@ fn split_off_upper(node: &mut Node) -> Result<Node> {
     })
 }
 
+/// What [`Meta::tree_remove_range`] took out of a tree.
+pub(crate) struct RangeRemoval {
+    /// The tree's new root.
+    pub root: BlockRef,
+    /// Entries removed from leaves the range bounds cut, in key order.
+    pub removed: Vec<(u64, Vec<u8>)>,
+    /// Subtrees wholly inside the range, detached unread: the caller owns
+    /// one reference to each.
+    pub detached: Vec<BlockRef>,
+}
+
 /// A leaf entry found by [`Meta::tree_get_le`]: its key, value bytes, and
 /// the exclusive upper bound of the key range its leaf covers.
 pub(crate) struct Found {
@@ -273,11 +284,132 @@ impl Meta {
             _ => return Ok((root, None)),
         }
         let (new_root, value) = self.remove_rec(root, key)?;
-        let Some(mut new_root) = new_root else {
+        let Some(new_root) = new_root else {
             return Ok((BlockRef::NONE, Some(value)));
         };
-        // Collapse internal roots with a single child; the child's reference
-        // passes from the freed root to the tree itself.
+        Ok((self.collapse_root(new_root)?, Some(value)))
+    }
+
+    /// Removes every entry with a key in `[from, to)`, touching only the
+    /// nodes whose key range the bounds cut: at most two root-to-leaf paths
+    /// are shadowed, whatever the size of the range. A subtree whose whole
+    /// key range lies inside `[from, to)` is detached without being read:
+    /// its reference passes to the caller (in [`RangeRemoval::detached`]),
+    /// who must drop it. Leaves only lose entries, so nothing splits.
+    pub fn tree_remove_range(
+        &mut self,
+        root: BlockRef,
+        from: u64,
+        to: u64,
+    ) -> Result<RangeRemoval> {
+        let mut out = RangeRemoval {
+            root,
+            removed: Vec::new(),
+            detached: Vec::new(),
+        };
+        if root.is_none() || from >= to {
+            return Ok(out);
+        }
+        let level = self.node(root)?.level;
+        if level > MAX_LEVEL {
+            return Err(Error::inconsistent("tree too deep"));
+        }
+        out.root = match self.remove_range_rec(root, 0, u64::MAX, from, to, &mut out)? {
+            Some(r) => self.collapse_root(r)?,
+            None => BlockRef::NONE,
+        };
+        Ok(out)
+    }
+
+    /// [`Self::tree_remove_range`] below `r`, whose key range is `[lo, hi)`.
+    /// `None` when nothing is left of the subtree (its reference was dropped
+    /// or detached).
+    fn remove_range_rec(
+        &mut self,
+        r: BlockRef,
+        lo: u64,
+        hi: u64,
+        from: u64,
+        to: u64,
+        out: &mut RangeRemoval,
+    ) -> Result<Option<BlockRef>> {
+        if from <= lo && hi <= to {
+            out.detached.push(r);
+            return Ok(None);
+        }
+        let r = self.shadow(r)?;
+        let mut node = self.take_dirty(r)?;
+        let result = self.remove_range_from(&mut node, lo, hi, from, to, out);
+        let empty = node.is_empty();
+        self.put_dirty(r, node);
+        result?;
+        if empty {
+            self.dec_node_shallow(r)?;
+            return Ok(None);
+        }
+        Ok(Some(r))
+    }
+
+    fn remove_range_from(
+        &mut self,
+        node: &mut Node,
+        lo: u64,
+        hi: u64,
+        from: u64,
+        to: u64,
+        out: &mut RangeRemoval,
+    ) -> Result<()> {
+        if node.level == 0 {
+            let vlen = node.tree.value_len();
+            let first = node.keys.partition_point(|&k| k < from);
+            let end = node.keys.partition_point(|&k| k < to);
+            let values = leaf_values_mut(node)?;
+            let removed: Vec<u8> = values.drain(first * vlen..end * vlen).collect();
+            for (key, value) in node.keys.drain(first..end).zip(removed.chunks_exact(vlen)) {
+                out.removed.push((key, value.to_vec()));
+            }
+            return Ok(());
+        }
+        let mut i = 0;
+        // Children the bounds cut (shadowed, so they may merge below).
+        let mut cut = Vec::new();
+        while i < node.len() {
+            let child_lo = if i == 0 { lo } else { node.keys[i] };
+            let child_hi = node.keys.get(i + 1).copied().unwrap_or(hi);
+            if child_hi <= from || child_lo >= to {
+                i += 1;
+                continue;
+            }
+            let child = children(node)?[i];
+            if from > child_lo || child_hi > to {
+                // Only a child the bounds cut is read; check its level.
+                let child_node = self.node(child)?;
+                check_child_level(node, &child_node, node.tree)?;
+            }
+            match self.remove_range_rec(child, child_lo, child_hi, from, to, out)? {
+                Some(c) => {
+                    children_mut(node)?[i] = c;
+                    cut.push(c);
+                    i += 1;
+                }
+                None => {
+                    children_mut(node)?.remove(i);
+                    node.keys.remove(i);
+                }
+            }
+        }
+        for c in cut {
+            if let Some(at) = children(node)?.iter().position(|&x| x == c) {
+                self.merge_if_underfull(node, at)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces an internal root with a single child by that child, as long
+    /// as there is one; the child's reference passes from the root to the
+    /// tree itself.
+    fn collapse_root(&mut self, mut new_root: BlockRef) -> Result<BlockRef> {
         loop {
             let only_child = {
                 let node = self.node(new_root)?;
@@ -294,7 +426,7 @@ impl Meta {
             self.dec_node_shallow(new_root)?;
             new_root = only_child;
         }
-        Ok((new_root, Some(value)))
+        Ok(new_root)
     }
 
     /// Removes `key` (known present) below `r`; `None` when the node emptied

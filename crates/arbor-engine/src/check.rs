@@ -5,13 +5,73 @@
 //! references both show up).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use arbor_format::{
-    BlockRef, NodeBody, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+    BlockRef, NodeBody, SmKind, SmPage, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
+    SUPERBLOCK_SLOTS,
 };
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::store::Store;
+
+/// One committed state of the pool, captured in a moment so that it can be
+/// walked without holding the metadata lock while I/O goes on: nodes are
+/// read from the device (a committed node's block is not reused before a
+/// later commit, which the caller holds off), space-map pages from the
+/// captured images of the last commit or from home.
+pub(crate) struct Committed {
+    store: Arc<Store>,
+    txn: u64,
+    volumes_root: BlockRef,
+    queue_root: BlockRef,
+    next_volume_id: u64,
+    meta_used: u64,
+    data_used: u64,
+    meta_pages: HashMap<u32, Arc<SmPage>>,
+    data_pages: HashMap<u32, Arc<SmPage>>,
+    /// The open transaction's volume records when it had no changes (then
+    /// they must equal the table's).
+    memory: Option<HashMap<u64, VolumeRecord>>,
+}
+
+impl Committed {
+    /// The last commit of `meta`, which must have no commit in flight.
+    pub fn capture(meta: &Meta) -> Result<Self> {
+        if meta.commit_in_flight() {
+            return Err(Error::inconsistent("check during a commit"));
+        }
+        let rec = meta.last_record();
+        Ok(Self {
+            store: Arc::clone(&meta.store),
+            txn: rec.txn.get(),
+            volumes_root: rec.volumes_root.into(),
+            queue_root: rec.queue_root.into(),
+            next_volume_id: rec.next_volume_id.get(),
+            meta_used: rec.meta_used.get(),
+            data_used: rec.data_used.get(),
+            meta_pages: meta.meta_sm.committed_pages(),
+            data_pages: meta.data_sm.committed_pages(),
+            memory: (!meta.has_changes())
+                .then(|| meta.table().iter().map(|(id, r)| (id, r.clone())).collect()),
+        })
+    }
+
+    fn count(&self, kind: SmKind, entry: u64) -> Result<u32> {
+        let page = u32::try_from(entry / SM_PER_PAGE)
+            .map_err(|_| Error::inconsistent("space-map entry out of range"))?;
+        let slot = (entry % SM_PER_PAGE) as usize;
+        let pages = match kind {
+            SmKind::Meta => &self.meta_pages,
+            SmKind::Data => &self.data_pages,
+        };
+        Ok(match pages.get(&page) {
+            Some(p) => p.counts[slot],
+            None => self.store.read_sm_page(kind, page)?.counts[slot],
+        })
+    }
+}
 
 /// Problems reported beyond this many are only counted.
 const MAX_REPORTED: usize = 200;
@@ -46,14 +106,15 @@ impl CheckReport {
 }
 
 struct Walker<'a> {
-    meta: &'a Meta,
+    meta: &'a Committed,
     report: CheckReport,
     /// References counted by the walk, indexed like the space maps (4 bytes
     /// per entry: a 1 TiB pool of 16 KiB chunks needs 256 MiB to check).
     meta_refs: Vec<u32>,
     data_refs: Vec<u32>,
-    /// Mapped chunks per verified mapping subtree (shared subtrees are walked once).
-    mapped: HashMap<u64, u64>,
+    /// Mapped chunks and the end of the last extent per verified mapping
+    /// subtree (shared subtrees are walked once).
+    mapped: HashMap<u64, (u64, u64)>,
     queued: Vec<BlockRef>,
     records: Vec<(u64, VolumeRecord)>,
     visited: HashSet<u64>,
@@ -70,8 +131,16 @@ impl Walker<'_> {
     }
 
     /// Counts one reference to `r` and, the first time, verifies its subtree.
-    /// Returns the chunks mapped below it (mapping trees).
-    fn walk(&mut self, r: BlockRef, tree: TreeKind, level: Option<u8>, lo: u64, hi: u64) -> u64 {
+    /// Returns the chunks mapped below it and the end of its last extent
+    /// (mapping trees).
+    fn walk(
+        &mut self,
+        r: BlockRef,
+        tree: TreeKind,
+        level: Option<u8>,
+        lo: u64,
+        hi: u64,
+    ) -> (u64, u64) {
         match r
             .block
             .checked_sub(self.meta.store.geo.meta_start)
@@ -83,18 +152,18 @@ impl Walker<'_> {
                     "{tree:?} pointer to block {} outside the metadata region",
                     r.block
                 ));
-                return 0;
+                return (0, 0);
             }
         }
         if !self.visited.insert(r.block) {
-            return self.mapped.get(&r.block).copied().unwrap_or(0);
+            return self.mapped.get(&r.block).copied().unwrap_or((0, 0));
         }
         self.report.nodes += 1;
         let node = match self.meta.store.read_node_uncached(r) {
             Ok(node) => node,
             Err(e) => {
                 self.damage(format!("{tree:?} node {}: {e}", r.block));
-                return 0;
+                return (0, 0);
             }
         };
         if node.tree != tree || level.is_some_and(|l| l != node.level) {
@@ -102,7 +171,7 @@ impl Walker<'_> {
                 "node {} is a level-{} {:?} node where a level-{level:?} {tree:?} node belongs",
                 r.block, node.level, node.tree
             ));
-            return 0;
+            return (0, 0);
         }
         if node.keys.first().is_some_and(|&k| k < lo) || node.keys.last().is_some_and(|&k| k >= hi)
         {
@@ -116,19 +185,21 @@ impl Walker<'_> {
         }
         let mapped = match &node.body {
             NodeBody::Internal(children) => {
-                let mut total = 0u64;
+                let (mut total, mut end) = (0u64, 0u64);
                 for (i, child) in children.iter().enumerate() {
                     let child_lo = if i == 0 { lo } else { node.keys[i] };
                     let child_hi = node.keys.get(i + 1).copied().unwrap_or(hi);
-                    total += self.walk(
+                    let (mapped, child_end) = self.walk(
                         *child,
                         tree,
                         Some(node.level.saturating_sub(1)),
                         child_lo,
                         child_hi,
                     );
+                    total = total.saturating_add(mapped);
+                    end = end.max(child_end);
                 }
-                total
+                (total, end)
             }
             NodeBody::Leaf(_) => self.check_leaf(r, &node, hi),
         };
@@ -136,7 +207,7 @@ impl Walker<'_> {
         mapped
     }
 
-    fn check_leaf(&mut self, r: BlockRef, node: &arbor_format::Node, hi: u64) -> u64 {
+    fn check_leaf(&mut self, r: BlockRef, node: &arbor_format::Node, hi: u64) -> (u64, u64) {
         let mut mapped = 0;
         let mut previous_end = 0;
         for i in 0..node.len() {
@@ -181,7 +252,7 @@ impl Walker<'_> {
                 TreeKind::Queue => self.queued.push(BlockRef::decode(node.value(i))),
             }
         }
-        mapped
+        (mapped, previous_end)
     }
 
     fn compare_counts(&mut self) -> Result<()> {
@@ -189,14 +260,16 @@ impl Walker<'_> {
         let meta_refs = std::mem::take(&mut self.meta_refs);
         let data_refs = std::mem::take(&mut self.data_refs);
         self.compare_map(
-            &self.meta.meta_sm,
+            SmKind::Meta,
+            self.meta.meta_used,
             geo.meta_blocks,
             |e| meta_refs.get(e as usize),
             "metadata block",
             geo.meta_start,
         )?;
         self.report.data_chunks_referenced = self.compare_map(
-            &self.meta.data_sm,
+            SmKind::Data,
+            self.meta.data_used,
             geo.data_chunks,
             |e| data_refs.get(e as usize),
             "data chunk",
@@ -210,7 +283,8 @@ impl Walker<'_> {
     /// `base` name entry `e` as `label (base + e)` in reports.
     fn compare_map<'r>(
         &mut self,
-        sm: &crate::spacemap::SpaceMap,
+        kind: SmKind,
+        recorded_used: u64,
         entries: u64,
         expected: impl Fn(u64) -> Option<&'r u32>,
         label: &str,
@@ -220,7 +294,7 @@ impl Walker<'_> {
         let mut entry = 0;
         while entry < entries {
             let want = expected(entry).copied().unwrap_or(0);
-            let have = match sm.get(&self.meta.store, entry) {
+            let have = match self.meta.count(kind, entry) {
                 Ok(have) => have,
                 Err(e) => {
                     // A damaged page: report it once and skip its entries.
@@ -238,24 +312,24 @@ impl Walker<'_> {
             used += u64::from(have != 0);
             entry += 1;
         }
-        if used != sm.used() {
+        if used != recorded_used {
             self.report.problem(format!(
-                "{label}s: used counter {} != {used} counted",
-                sm.used()
+                "{label}s: used counter {recorded_used} != {used} counted"
             ));
         }
         Ok(used)
     }
 }
 
-/// Verifies the committed state `meta` describes (callers commit first).
-pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
-    let mut w = walk_trees(meta, true)?;
+/// Verifies a committed state. The caller holds off commits until this
+/// returns (nodes of the state must not be reused), nothing else.
+pub(crate) fn check(state: &Committed) -> Result<CheckReport> {
+    let mut w = walk_trees(state, true)?;
     w.compare_counts()?;
-    check_superblocks(meta, &mut w.report)?;
+    check_superblocks(&state.store, &mut w.report)?;
     w.report
         .warnings
-        .extend(crate::meta::journal_warnings(&meta.store, meta.txn - 1)?);
+        .extend(crate::meta::journal_warnings(&state.store, state.txn)?);
     Ok(w.report)
 }
 
@@ -263,7 +337,8 @@ pub(crate) fn check(meta: &Meta) -> Result<CheckReport> {
 /// `queue` false, the reclaim queue and the trees it holds are left out, as
 /// if the queue were empty.
 pub(crate) fn count_references(meta: &Meta, queue: bool) -> Result<References> {
-    let mut w = walk_trees(meta, queue)?;
+    let state = Committed::capture(meta)?;
+    let mut w = walk_trees(&state, queue)?;
     Ok(References {
         damaged: w.damaged.then(|| std::mem::take(&mut w.report.problems)),
         meta: std::mem::take(&mut w.meta_refs),
@@ -282,8 +357,7 @@ pub(crate) struct References {
 }
 
 /// Both superblock copies must verify and be identical.
-fn check_superblocks(meta: &Meta, report: &mut CheckReport) -> Result<()> {
-    let store = &meta.store;
+fn check_superblocks(store: &Store, report: &mut CheckReport) -> Result<()> {
     let mut copies = Vec::new();
     for slot in 0..SUPERBLOCK_SLOTS {
         let raw = store.read_block(slot)?;
@@ -300,7 +374,7 @@ fn check_superblocks(meta: &Meta, report: &mut CheckReport) -> Result<()> {
 
 /// Walks every tree (the reclaim queue too if `queue`), verifying every
 /// node once and counting every reference.
-fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
+fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
     let mut w = Walker {
         meta,
         report: CheckReport::default(),
@@ -326,20 +400,20 @@ fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
             w.report
                 .problem(format!("two volumes named {:?}", rec.name));
         }
-        if meta.table().get(*id) != Some(rec) {
+        if meta.memory.as_ref().is_some_and(|m| m.get(id) != Some(rec)) {
             w.report.problem(format!(
                 "volume {id} ({}) differs between the table and memory",
                 rec.name
             ));
         }
-        if id >= &meta.next_volume_id {
+        if *id >= meta.next_volume_id {
             w.report.problem(format!(
                 "volume id {id} is not below the next id {}",
                 meta.next_volume_id
             ));
         }
-        let mapped = if rec.root.is_none() {
-            0
+        let (mapped, end) = if rec.root.is_none() {
+            (0, 0)
         } else {
             w.walk(rec.root, TreeKind::Mapping, None, 0, u64::MAX)
         };
@@ -349,26 +423,17 @@ fn walk_trees(meta: &Meta, queue: bool) -> Result<Walker<'_>> {
                 rec.name, rec.mapped_chunks
             ));
         }
-        let size_chunks = rec.size_bytes.div_ceil(meta.store.geo.chunk_size);
-        if !rec.root.is_none() {
-            let mut beyond = false;
-            // A damaged tree fails here too; the walk above has reported it.
-            let walked = meta.map_extents(rec.root, size_chunks, u64::MAX, &mut |_| {
-                beyond = true;
-                Ok(false)
-            });
-            if walked.is_ok() && beyond {
-                w.report.problem(format!(
-                    "volume {}: chunks mapped beyond its size",
-                    rec.name
-                ));
-            }
+        if end > rec.size_bytes.div_ceil(meta.store.geo.chunk_size) {
+            w.report.problem(format!(
+                "volume {}: chunks mapped beyond its size",
+                rec.name
+            ));
         }
     }
-    if records.len() != meta.table().len() {
+    if let Some(memory) = meta.memory.as_ref().filter(|m| m.len() != records.len()) {
         w.report.problem(format!(
             "{} volumes in memory, {} in the table",
-            meta.table().len(),
+            memory.len(),
             records.len()
         ));
     }

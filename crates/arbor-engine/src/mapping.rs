@@ -213,4 +213,52 @@ impl Meta {
         }
         Ok((root, unmapped))
     }
+
+    /// Unmaps every chunk in `[from, to)` with bounded work whatever the
+    /// size of the range: the extents the bounds cut are cut first, then
+    /// the range is removed from the tree, which shadows at most two paths
+    /// and detaches every subtree inside the range unread. Data references
+    /// of the extents removed from the two boundary leaves are dropped here;
+    /// the detached subtrees are returned with their references, for the
+    /// caller to hand to the reclaim queue. Returns the new root, the
+    /// number of chunks unmapped, and the detached subtrees.
+    pub fn map_discard(
+        &mut self,
+        root: BlockRef,
+        from: u64,
+        to: u64,
+    ) -> Result<(BlockRef, u64, Vec<BlockRef>)> {
+        let (mut root, mut unmapped) = (root, 0);
+        if from >= to {
+            return Ok((root, 0, Vec::new()));
+        }
+        // No extent may straddle a bound once these are cut.
+        if let Some((e, _)) = self.map_lookup(root, from)? {
+            if e.start < from {
+                let (r, n) = self.map_unset_range(root, from, e.end().min(to))?;
+                (root, unmapped) = (r, unmapped + n);
+            }
+        }
+        if let Some((e, _)) = self.map_lookup(root, to - 1)? {
+            if e.end() > to {
+                let (r, n) = self.map_unset_range(root, e.start.max(from), to)?;
+                (root, unmapped) = (r, unmapped + n);
+            }
+        }
+        let removal = self.tree_remove_range(root, from, to)?;
+        let data_chunks = self.store.geo.data_chunks;
+        for (key, value) in &removal.removed {
+            let e = Extent::from_entry(*key, value, data_chunks)?;
+            self.data_sm
+                .dec_range(&self.store, e.pchunk, u64::from(e.len))?;
+            unmapped += u64::from(e.len);
+        }
+        for &subtree in &removal.detached {
+            self.map_extents(subtree, 0, u64::MAX, &mut |e| {
+                unmapped += u64::from(e.len);
+                Ok(true)
+            })?;
+        }
+        Ok((removal.root, unmapped, removal.detached))
+    }
 }

@@ -86,6 +86,8 @@ pub(crate) struct Meta {
     pub opened_txn: u64,
     /// Between phase A and phase C of a commit.
     commit_in_flight: bool,
+    /// The record of the newest commit (durable once no commit is in flight).
+    last_record: CommitRecord,
     /// How to undo node changes since the oldest open savepoint.
     node_log: Vec<NodeUndo>,
     /// Blocks whose state before the oldest open savepoint is in `node_log`
@@ -203,6 +205,7 @@ impl Meta {
             dirty_node_limit,
             opened_txn: rec.txn.get(),
             commit_in_flight: false,
+            last_record: rec,
             node_log: Vec::new(),
             node_logged: HashSet::new(),
             savepoints: 0,
@@ -221,6 +224,16 @@ impl Meta {
         })?;
         self.table = VolumeTable::load(records)?;
         Ok(())
+    }
+
+    /// The record of the newest commit: durable when no commit is in flight.
+    pub fn last_record(&self) -> &CommitRecord {
+        &self.last_record
+    }
+
+    /// Whether a commit is between phases A and C.
+    pub fn commit_in_flight(&self) -> bool {
+        self.commit_in_flight
     }
 
     /// The volume table of the open transaction.
@@ -545,6 +558,7 @@ impl Meta {
         }
         let record = self.commit_record(pages.len() as u32, crc32c::crc32c(&journal[BLOCK_SIZE..]));
         journal[..BLOCK_SIZE].copy_from_slice(&record.encode());
+        self.last_record = record;
         let job = CommitJob {
             txn: self.txn,
             home_pages,

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, Store};
-use crate::volumes::{InPlaceCheck, WritePlan};
+use crate::volumes::{InPlaceCheck, WriteEnd, WritePlan};
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
 pub const SECTOR: u64 = 512;
@@ -46,8 +46,6 @@ const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 /// A transaction's largest single step must fit a journal with room to spare.
 const MIN_JOURNAL_PAGES: u32 = 16;
 const MAX_JOURNAL_PAGES: u32 = 1 << 16;
-/// Chunks unmapped per step of a discard (bounded transaction growth).
-const UNMAP_STEP_CHUNKS: u64 = 4096;
 const STRIPES: usize = 256;
 /// Most chunks one device write of an in-place run covers, which bounds how
 /// long the run holds the metadata lock while planning.
@@ -421,23 +419,42 @@ impl Pool {
         result
     }
 
-    /// A management operation: exclusive, and durable when it returns.
-    fn manage<T>(&self, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+    /// A management operation: exclusive, atomic, and durable when it
+    /// returns. Operations that free space (delete, rollback, shrink) run
+    /// with `Privilege::Reserve`, so they work when metadata is full; those
+    /// that take space must leave the reserve alone.
+    fn manage<T>(
+        &self,
+        privilege: Privilege,
+        mut f: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
         let _commit = lock_mutex(&self.commit_lock);
-        let (value, job) = {
-            let _gate = self.commit_gate();
-            let mut meta = self.write_meta()?;
-            let saved = meta.privilege;
-            meta.privilege = Privilege::Reserve;
-            let result = self.mutate(&mut meta, f);
-            meta.privilege = saved;
-            let value = result?;
-            (value, self.freeze(&mut meta)?)
-        };
-        if let Some(job) = job {
-            self.complete_commit(job)?;
+        let mut committed = false;
+        loop {
+            let (value, job) = {
+                let _gate = self.commit_gate();
+                let mut meta = self.write_meta()?;
+                let saved = meta.privilege;
+                meta.privilege = privilege;
+                let result = self.mutate(&mut meta, &mut f);
+                meta.privilege = saved;
+                match result {
+                    // Commit what is there and run the operation alone.
+                    Err(Error::TransactionFull) if !committed => {
+                        committed = true;
+                        (None, self.freeze(&mut meta)?)
+                    }
+                    Err(e) => return Err(e),
+                    Ok(value) => (Some(value), self.freeze(&mut meta)?),
+                }
+            };
+            if let Some(job) = job {
+                self.complete_commit(job)?;
+            }
+            if let Some(value) = value {
+                return Ok(value);
+            }
         }
-        Ok(value)
     }
 
     /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
@@ -492,9 +509,29 @@ impl Pool {
         }
     }
 
-    fn commit_may_free_space(&self) -> Result<bool> {
-        let meta = self.read_meta()?;
-        Ok(meta.data_sm.awaiting_commit() || !meta.matches_durable())
+    /// After a write found no space: reclaims deleted volumes' space if any
+    /// awaits, and commits when that may help (entries freed since the last
+    /// commit, or an open state that differs from the durable one). Returns
+    /// whether anything was done, i.e. whether trying again may succeed.
+    fn make_room(&self) -> Result<bool> {
+        /// Queue entries reclaimed per attempt (bounded, like a reclaim call).
+        const RECLAIM_NODES: usize = 4096;
+        let (pending, helps) = {
+            let meta = self.read_meta()?;
+            (
+                meta.reclaim_pending(),
+                meta.data_sm.awaiting_commit()
+                    || meta.meta_sm.awaiting_commit()
+                    || !meta.matches_durable(),
+            )
+        };
+        if pending && self.reclaim(RECLAIM_NODES)? > 0 {
+            return Ok(true);
+        }
+        if helps {
+            self.flush()?;
+        }
+        Ok(helps)
     }
 
     fn commit_if_needed(&self) -> Result<()> {
@@ -510,7 +547,7 @@ impl Pool {
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeId> {
         check_volume_name(name)?;
         check_size(size)?;
-        self.manage(|m| {
+        self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(name)?;
             Ok(VolumeId(m.add_volume(
                 name.to_owned(),
@@ -526,7 +563,7 @@ impl Pool {
     /// Takes a read-only snapshot `volume@snap` of a volume, in O(1).
     pub fn snapshot(&self, name: &str) -> Result<VolumeId> {
         let (volume, _) = split_snapshot_name(name)?;
-        self.manage(|m| {
+        self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(name)?;
             let source = m.volume_id(volume)?;
             m.writable_volume(source)?;
@@ -538,7 +575,7 @@ impl Pool {
     /// Creates a writable volume `new_name` from a snapshot, in O(1).
     pub fn clone_snapshot(&self, snapshot: &str, new_name: &str) -> Result<VolumeId> {
         check_volume_name(new_name)?;
-        self.manage(|m| {
+        self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(new_name)?;
             let source = m.volume_id(snapshot)?;
             if m.volume(source)?.kind != VolumeKind::Snapshot {
@@ -554,7 +591,7 @@ impl Pool {
     /// Deletes a volume or snapshot at once; its space is reclaimed in the
     /// background. Snapshots and clones of it keep their data.
     pub fn delete(&self, name: &str) -> Result<()> {
-        self.manage(|m| {
+        self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(name)?;
             m.delete_volume(id)
         })
@@ -563,7 +600,7 @@ impl Pool {
     /// Makes `volume` read exactly as its snapshot `snapshot` (any of its
     /// snapshots, not only the newest); all snapshots are kept.
     pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
-        self.manage(|m| {
+        self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(volume)?;
             m.writable_volume(id)?;
             let snap = m.volume_id(snapshot)?;
@@ -580,7 +617,7 @@ impl Pool {
     /// Renames a volume (its snapshots follow: `old@s` becomes `new@s`) or a
     /// snapshot (within the same volume).
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.manage(|m| {
+        self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(to)?;
             let id = m.volume_id(from)?;
             match m.volume(id)?.kind {
@@ -621,37 +658,64 @@ impl Pool {
         })
     }
 
-    /// Grows or shrinks a volume. Shrinking discards the data beyond the new
-    /// end, so growing again later reads zeros there.
+    /// Grows or shrinks a volume, atomically. Shrinking unmaps the chunks
+    /// past the new end; growing again reads zeros there.
+    ///
+    /// Bytes past a volume's size inside its last chunk are not part of it
+    /// and may hold anything (a shrink leaves them, and a snapshot keeps its
+    /// volume's last chunk whole): a grow zeroes them before they become part
+    /// of the volume. A shrink sets the size under the I/O gate, and every
+    /// write checks its end against the size when it is planned and mapped,
+    /// so once a shrink has returned no write lands past the end.
     pub fn resize(&self, name: &str, new_size: u64) -> Result<()> {
         check_size(new_size)?;
-        let id = {
+        let cs = self.chunk_size();
+        let (id, old_size) = {
             let meta = self.read_meta()?;
             let id = meta.volume_id(name)?;
-            meta.writable_volume(id)?;
-            id
+            (id, meta.writable_volume(id)?.size_bytes)
         };
-        let old_size = self.read_meta()?.volume(id)?.size_bytes;
-        if new_size < old_size {
-            // Zero the tail of the new last chunk, then unmap every chunk past it.
-            let chunk = self.chunk_size();
-            let tail_end = new_size.div_ceil(chunk) * chunk;
-            if tail_end > new_size {
-                self.zero_bytes(VolumeId(id), new_size, tail_end.min(old_size) - new_size)?;
+        if new_size > old_size {
+            let tail_end = (old_size.div_ceil(cs) * cs).min(new_size);
+            if tail_end > old_size {
+                self.zero_tail(VolumeId(id), old_size, tail_end - old_size)?;
             }
-            self.unmap_range(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
         }
-        self.manage(|m| {
-            m.writable_volume(id)?;
+        let privilege = if new_size < old_size {
+            Privilege::Reserve
+        } else {
+            Privilege::Normal
+        };
+        self.manage(privilege, |m| {
+            let rec = m.writable_volume(id)?;
+            if rec.size_bytes != old_size {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} was resized meanwhile"
+                )));
+            }
             m.set_volume_size(id, new_size)?;
-            // Writes that raced with the shrink may have mapped chunks past the
-            // new end after the bulk unmap above; no write can once the size is set.
             if new_size < old_size {
                 let chunk = m.store.geo.chunk_size;
                 m.unmap_chunks(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
             }
             Ok(())
         })
+    }
+
+    /// Zeroes `[offset, offset + len)` past the size inside the last chunk,
+    /// where mapped.
+    fn zero_tail(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        let mapped = {
+            let meta = self.read_meta()?;
+            let cs = self.chunk_size();
+            let root = meta.volume(id.0)?.root;
+            meta.map_lookup(root, offset / cs)?.is_some()
+        };
+        if mapped {
+            let zeros = vec![0u8; len as usize];
+            self.write_inner(id, offset, &zeros, true)?;
+        }
+        Ok(())
     }
 
     pub fn lookup(&self, name: &str) -> Result<VolumeId> {
@@ -792,6 +856,13 @@ impl Pool {
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
+        self.write_inner(id, offset, data, false)
+    }
+
+    /// [`Pool::write`] after the range was checked; with `past_end` it may
+    /// write past the size up to the end of the last chunk (to zero that
+    /// tail before a grow).
+    fn write_inner(&self, id: VolumeId, offset: u64, data: &[u8], past_end: bool) -> Result<()> {
         let cs = self.chunk_size();
         let mut done = 0usize;
         // A write over several chunks tries one device write for all the
@@ -806,7 +877,7 @@ impl Pool {
             let n = ((cs - in_chunk) as usize).min(data.len() - done);
             self.commit_if_needed()?;
             if try_runs && n < data.len() - done {
-                let run = self.write_in_place_run(id, pos, &data[done..])?;
+                let run = self.write_in_place_run(id, pos, &data[done..], past_end)?;
                 if run > 0 {
                     done += run;
                     continue;
@@ -814,14 +885,25 @@ impl Pool {
                 try_runs = false;
             }
             let chunk_data = &data[done..done + n];
-            match self.write_chunk(id, pos / cs, in_chunk, chunk_data) {
-                // Chunks freed since the last commit become allocatable once it
-                // is durable, and a chunk that is this volume's alone in the
-                // open state may be overwritten in place once that state is
-                // durable: commit and try once more before reporting full.
-                Err(Error::NoSpace) if self.commit_may_free_space()? => {
+            let end = WriteEnd {
+                end: pos + n as u64,
+                past_end,
+            };
+            match self.write_chunk(id, pos / cs, in_chunk, chunk_data, end) {
+                // Entries freed since the last commit become allocatable once
+                // it is durable, deleted volumes' space once reclaimed, and a
+                // chunk that is this volume's alone in the open state may be
+                // overwritten in place once that state is durable: make room
+                // and try once more before reporting full.
+                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
+                    if !self.make_room()? {
+                        return Err(e);
+                    }
+                    self.write_chunk(id, pos / cs, in_chunk, chunk_data, end)?;
+                }
+                Err(Error::TransactionFull) => {
                     self.flush()?;
-                    self.write_chunk(id, pos / cs, in_chunk, chunk_data)?;
+                    self.write_chunk(id, pos / cs, in_chunk, chunk_data, end)?;
                 }
                 other => other?,
             }
@@ -840,7 +922,13 @@ impl Pool {
     /// copied (a copy needs it shared, and it is exclusive until a snapshot,
     /// clone or commit, each of which waits for the gate held here until the
     /// data is written).
-    fn write_in_place_run(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<usize> {
+    fn write_in_place_run(
+        &self,
+        id: VolumeId,
+        offset: u64,
+        data: &[u8],
+        past_end: bool,
+    ) -> Result<usize> {
         let _gate = self.io_gate();
         let geo = self.store.geo;
         let cs = geo.chunk_size;
@@ -854,7 +942,11 @@ impl Pool {
         loop {
             let only_at = first_phys.map(|first: u64| first + chunks);
             let chunk = first_chunk + chunks;
-            match self.mutate(&mut meta, |m| m.try_in_place(id.0, chunk, only_at))? {
+            let end = WriteEnd {
+                end: (offset + data.len() as u64).min((chunk + 1) * cs),
+                past_end,
+            };
+            match self.mutate(&mut meta, |m| m.try_in_place(id.0, chunk, only_at, end))? {
                 InPlaceCheck::Yes(phys) => {
                     first_phys.get_or_insert(phys);
                     chunks += 1;
@@ -877,7 +969,14 @@ impl Pool {
         Ok(len)
     }
 
-    fn write_chunk(&self, id: VolumeId, chunk: u64, in_chunk: u64, data: &[u8]) -> Result<()> {
+    fn write_chunk(
+        &self,
+        id: VolumeId,
+        chunk: u64,
+        in_chunk: u64,
+        data: &[u8],
+        end: WriteEnd,
+    ) -> Result<()> {
         let _gate = self.io_gate();
         let _stripe = self.stripe(id.0, chunk);
         let geo = self.store.geo;
@@ -885,7 +984,7 @@ impl Pool {
             let plan = {
                 let mut meta = self.write_meta()?;
                 meta.ensure_step_budget()?;
-                self.mutate(&mut meta, |m| m.plan_write(id.0, chunk))?
+                self.mutate(&mut meta, |m| m.plan_write(id.0, chunk, end))?
             };
             let (old, new) = match plan {
                 WritePlan::InPlace(phys) => {
@@ -902,8 +1001,16 @@ impl Pool {
                 return Err(e);
             }
             let mut meta = self.write_meta()?;
-            if self.mutate(&mut meta, |m| m.finish_write(id.0, chunk, old, new))? {
-                return Ok(());
+            match self.mutate(&mut meta, |m| m.finish_write(id.0, chunk, old, new, end)) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    // The failed step was undone; the chunk it would have mapped is ours to free.
+                    if !e.stops_pool() {
+                        self.mutate(&mut meta, |m| m.data_sm.dec(&m.store, new).map(|_| ()))?;
+                    }
+                    return Err(e);
+                }
             }
         }
     }
@@ -927,19 +1034,45 @@ impl Pool {
         Ok(())
     }
 
-    /// Unmaps whole chunks `[from, to)` in bounded steps.
+    /// Unmaps whole chunks `[from, to)` in one atomic step (its work is
+    /// bounded whatever the range: `Meta::unmap_chunks`). It may use the
+    /// metadata reserve: it frees space.
     fn unmap_range(&self, id: u64, from: u64, to: u64) -> Result<()> {
-        let mut at = from;
-        while at < to {
-            self.commit_if_needed()?;
-            let step_end = to.min(at + UNMAP_STEP_CHUNKS);
-            let _gate = self.io_gate();
-            let mut meta = self.write_meta()?;
-            meta.ensure_step_budget()?;
-            self.mutate(&mut meta, |m| m.unmap_chunks(id, at, step_end))?;
-            at = step_end;
+        if from >= to {
+            return Ok(());
         }
-        Ok(())
+        self.commit_if_needed()?;
+        self.step(Privilege::Reserve, |m| m.unmap_chunks(id, from, to))
+    }
+
+    /// Runs one atomic step of an operation under the I/O gate. A step that
+    /// does not fit the open transaction's journal room is undone
+    /// (`Error::TransactionFull`) and run once more after a commit, in an
+    /// empty transaction.
+    fn step<T>(
+        &self,
+        privilege: Privilege,
+        mut f: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        let mut committed = false;
+        loop {
+            let result = {
+                let _gate = self.io_gate();
+                let mut meta = self.write_meta()?;
+                let saved = meta.privilege;
+                meta.privilege = privilege;
+                let result = self.mutate(&mut meta, &mut f);
+                meta.privilege = saved;
+                result
+            };
+            match result {
+                Err(Error::TransactionFull) if !committed => {
+                    self.flush()?;
+                    committed = true;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Writes zeros over `[offset, offset + len)` through the normal write path.
@@ -1124,13 +1257,16 @@ impl Pool {
 
     /// Verifies the whole pool (see [`crate::check`]); commits first so the
     /// on-disk state is the one checked.
+    ///
+    /// It walks the last commit while I/O goes on: it holds the metadata
+    /// lock only to capture that commit's roots and page images, and holds
+    /// off other commits (not reads or writes) until it is done, so no block
+    /// of the state being walked is reused under it.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
         self.flush()?;
-        // No commit may be writing while the on-disk state is walked.
         let _commit = lock_mutex(&self.commit_lock);
-        let _gate = self.commit_gate();
-        let meta = self.read_meta()?;
-        crate::check::check(&meta)
+        let state = crate::check::Committed::capture(&*self.read_meta()?)?;
+        crate::check::check(&state)
     }
 }
 

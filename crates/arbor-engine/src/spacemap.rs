@@ -203,6 +203,15 @@ impl SpaceMap {
         !self.pending_free.is_empty() || !self.frozen_free.is_empty()
     }
 
+    /// The newest committed page images whose home copies are not written
+    /// yet (with no commit in flight: exactly the last commit's pages).
+    /// Every other page's committed copy is at home until the next commit.
+    pub fn committed_pages(&self) -> HashMap<u32, Arc<SmPage>> {
+        let mut pages = self.committed.clone();
+        pages.extend(self.inflight.iter().map(|(i, p)| (*i, Arc::clone(p))));
+        pages
+    }
+
     pub fn dirty_pages(&self) -> usize {
         self.dirty.len()
     }

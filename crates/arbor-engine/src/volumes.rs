@@ -26,6 +26,18 @@ pub(crate) enum WritePlan {
     Redirect { old: Option<u64>, new: u64 },
 }
 
+/// Where a write ends, checked against the volume's size when the write is
+/// planned and when it is mapped, under the metadata lock: a write in
+/// flight when a shrink sets the size can no longer land past the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteEnd {
+    /// The byte offset the write ends at.
+    pub end: u64,
+    /// May go past the size up to the end of the last chunk (only to zero
+    /// that tail before a grow makes it part of the volume).
+    pub past_end: bool,
+}
+
 /// The answer of [`Meta::try_in_place`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InPlaceCheck {
@@ -59,6 +71,25 @@ impl Meta {
     /// Changes volume `id`'s record (logged, so a failed step undoes it).
     fn update_volume<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
         self.table_mut().update(id, f)
+    }
+
+    /// Fails unless volume `id` is writable and a write ending at `end`
+    /// fits it.
+    pub fn check_write_end(&self, id: u64, end: WriteEnd) -> Result<()> {
+        let rec = self.writable_volume(id)?;
+        let limit = if end.past_end {
+            let cs = self.store.geo.chunk_size;
+            rec.size_bytes.div_ceil(cs) * cs
+        } else {
+            rec.size_bytes
+        };
+        if end.end > limit {
+            return Err(Error::InvalidArgument(format!(
+                "write to byte {} beyond the end of {} ({} bytes; resized meanwhile?)",
+                end.end, rec.name, rec.size_bytes
+            )));
+        }
+        Ok(())
     }
 
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
@@ -181,10 +212,15 @@ impl Meta {
         self.update_volume(id, |vol| vol.size_bytes = size)
     }
 
-    /// Unmaps chunks `[from, to)` of volume `id`.
+    /// Unmaps chunks `[from, to)` of volume `id`, with bounded work whatever
+    /// the range (see [`Meta::map_discard`]): subtrees inside the range go to
+    /// the reclaim queue, whose background steps drop their data.
     pub fn unmap_chunks(&mut self, id: u64, from: u64, to: u64) -> Result<()> {
         let root = self.volume(id)?.root;
-        let (root, unmapped) = self.map_unset_range(root, from, to)?;
+        let (root, unmapped, detached) = self.map_discard(root, from, to)?;
+        for subtree in detached {
+            self.queue_drop(subtree)?;
+        }
         self.update_volume(id, |vol| {
             vol.root = root;
             vol.mapped_chunks = vol.mapped_chunks.saturating_sub(unmapped);
@@ -192,8 +228,8 @@ impl Meta {
     }
 
     /// Decides where a write to `chunk` of volume `id` goes (see [`WritePlan`]).
-    pub fn plan_write(&mut self, id: u64, chunk: u64) -> Result<WritePlan> {
-        let old = match self.try_in_place(id, chunk, None)? {
+    pub fn plan_write(&mut self, id: u64, chunk: u64, end: WriteEnd) -> Result<WritePlan> {
+        let old = match self.try_in_place(id, chunk, None, end)? {
             InPlaceCheck::Yes(phys) => return Ok(WritePlan::InPlace(phys)),
             InPlaceCheck::No { mapped } => mapped,
         };
@@ -212,7 +248,9 @@ impl Meta {
         id: u64,
         chunk: u64,
         only_at: Option<u64>,
+        end: WriteEnd,
     ) -> Result<InPlaceCheck> {
+        self.check_write_end(id, end)?;
         let root = self.writable_volume(id)?.root;
         let Some((extent, _)) = self.map_lookup(root, chunk)? else {
             return Ok(InPlaceCheck::No { mapped: None });
@@ -278,23 +316,13 @@ impl Meta {
         chunk: u64,
         old: Option<u64>,
         new: u64,
+        end: WriteEnd,
     ) -> Result<bool> {
-        let current = match self.writable_volume(id) {
-            Ok(rec) if chunk < rec.size_bytes.div_ceil(self.store.geo.chunk_size) => {
-                let root = rec.root;
-                self.map_lookup(root, chunk)?.map(|(e, _)| e.phys(chunk))
-            }
-            Ok(_) => {
-                self.data_sm.dec(&self.store, new)?;
-                return Err(Error::InvalidArgument(
-                    "write beyond the end of the volume (resized meanwhile)".into(),
-                ));
-            }
-            Err(e) => {
-                self.data_sm.dec(&self.store, new)?;
-                return Err(e);
-            }
-        };
+        // A failed step is undone whole, `new`'s allocation included: the
+        // caller frees it.
+        self.check_write_end(id, end)?;
+        let root = self.volume(id)?.root;
+        let current = self.map_lookup(root, chunk)?.map(|(e, _)| e.phys(chunk));
         if current != old {
             self.data_sm.dec(&self.store, new)?;
             return Ok(false);
@@ -317,7 +345,6 @@ impl Meta {
     pub fn reclaim_step(&mut self, max_items: usize) -> Result<usize> {
         let mut done = 0;
         while done < max_items && !self.needs_commit() {
-            self.ensure_step_budget()?;
             let Some((seq, value)) = self.tree_first(self.queue_root)? else {
                 break;
             };
