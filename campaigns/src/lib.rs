@@ -4,6 +4,7 @@
 
 pub mod corruption;
 pub mod cut;
+pub mod exhaustion;
 pub mod hostile;
 pub mod isolation;
 pub mod powercut;

@@ -56,7 +56,7 @@ impl Exit {
             E::InvalidName { .. } | E::InvalidArgument(_) => Exit::Usage,
             E::NoSpace | E::MetadataFull => Exit::NoSpace,
             E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool => Exit::Damaged,
-            E::Io(_) | E::Failed(_) => Exit::Failure,
+            E::Io(_) | E::Failed(_) | E::TransactionFull => Exit::Failure,
         }
     }
 

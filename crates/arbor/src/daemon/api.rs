@@ -87,6 +87,7 @@ impl From<anyhow::Error> for ApiError {
             }
             Some(E::Io(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
             Some(E::Failed(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "pool_failed"),
+            Some(E::TransactionFull) => (StatusCode::INSUFFICIENT_STORAGE, "transaction_full"),
             None => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {
