@@ -306,16 +306,16 @@ fn check_on_a_live_pool_reports_no_false_damage() {
                 i += 1;
                 let at = (i * 7919 % 4096) * 4096;
                 pool.write(v, at, &pattern(i, at, 4096)).unwrap();
-                if i % 7 == 0 {
+                if i.is_multiple_of(7) {
                     pool.discard(v, ((i * 31) % 4000) * 4096, 8192).unwrap();
                 }
-                if i % 50 == 0 {
+                if i.is_multiple_of(50) {
                     pool.flush().unwrap();
                 }
-                if i % 200 == 0 {
+                if i.is_multiple_of(200) {
                     pool.snapshot(&format!("v@{i}")).unwrap();
                 }
-                if i % 400 == 0 {
+                if i.is_multiple_of(400) {
                     pool.delete(&format!("v@{}", i - 200)).unwrap();
                 }
             }
