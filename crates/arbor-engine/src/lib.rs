@@ -25,6 +25,7 @@ mod repair;
 mod spacemap;
 mod store;
 mod table;
+mod undo;
 mod volumes;
 
 pub use check::CheckReport;

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
 use crate::store::{CachedNode, Store};
 use crate::table::{TableSavepoint, VolumeTable};
+use crate::undo::{Mark, UndoLog};
 
 /// A node as seen by a reader: borrowed from the transaction's dirty set or
 /// shared from the clean cache.
@@ -78,7 +79,8 @@ pub(crate) struct Meta {
     pub next_queue_seq: u64,
     /// The volume records, names and share times of the open transaction.
     table: VolumeTable,
-    pub privilege: Privilege,
+    /// Who the running step allocates for (set by [`Meta::atomic`] only).
+    privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
     pub meta_reserve: u64,
     pub dirty_node_limit: usize,
@@ -89,12 +91,11 @@ pub(crate) struct Meta {
     /// The record of the newest commit (durable once no commit is in flight).
     last_record: CommitRecord,
     /// How to undo node changes since the oldest open savepoint.
-    node_log: Vec<NodeUndo>,
+    node_log: UndoLog<NodeUndo>,
     /// Blocks whose state before the oldest open savepoint is in `node_log`
     /// (or that the savepoint's operations created): later changes to them
     /// need no further logging.
     node_logged: HashSet<u64>,
-    savepoints: usize,
 }
 
 /// How to undo one change to the dirty-node set.
@@ -115,7 +116,7 @@ pub(crate) struct Savepoint {
     meta_sm: SmSavepoint,
     data_sm: SmSavepoint,
     table: TableSavepoint,
-    node_log_len: usize,
+    nodes: Mark,
 }
 
 /// A frozen transaction: everything the writes of phase B need.
@@ -206,9 +207,8 @@ impl Meta {
             opened_txn: rec.txn.get(),
             commit_in_flight: false,
             last_record: rec,
-            node_log: Vec::new(),
+            node_log: UndoLog::default(),
             node_logged: HashSet::new(),
-            savepoints: 0,
         };
         meta.load_volumes()?;
         Ok(meta)
@@ -224,6 +224,11 @@ impl Meta {
         })?;
         self.table = VolumeTable::load(records)?;
         Ok(())
+    }
+
+    /// The privilege of the running step.
+    pub fn privilege(&self) -> Privilege {
+        self.privilege
     }
 
     /// The record of the newest commit: durable when no commit is in flight.
@@ -252,9 +257,15 @@ impl Meta {
     /// is undone, so the transaction is exactly as before the call. A step
     /// that leaves more changed space-map pages than one commit can journal
     /// is undone too, with [`Error::TransactionFull`]: the caller commits and
-    /// runs it again in an empty transaction.
-    pub fn atomic<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+    /// runs it again in an empty transaction. The step allocates metadata
+    /// with `privilege`; the previous privilege is back when it returns.
+    pub fn atomic<T>(
+        &mut self,
+        privilege: Privilege,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         let sp = self.savepoint();
+        self.privilege = privilege;
         let result = f(self);
         let result = match result {
             Ok(_) if self.journal_pages_needed() > self.store.geo.journal_pages => {
@@ -275,7 +286,6 @@ impl Meta {
     }
 
     fn savepoint(&mut self) -> Savepoint {
-        self.savepoints += 1;
         Savepoint {
             volumes_root: self.volumes_root,
             queue_root: self.queue_root,
@@ -285,35 +295,37 @@ impl Meta {
             meta_sm: self.meta_sm.savepoint(),
             data_sm: self.data_sm.savepoint(),
             table: self.table.savepoint(),
-            node_log_len: self.node_log.len(),
+            nodes: self.node_log.begin(),
         }
     }
 
     fn release(&mut self, sp: Savepoint) {
+        self.privilege = sp.privilege;
         self.meta_sm.release(sp.meta_sm);
         self.data_sm.release(sp.data_sm);
         self.table.release(sp.table);
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.node_log.clear();
+        self.node_log.release(sp.nodes);
+        if self.node_log.idle() {
             self.node_logged.clear();
         }
     }
 
     fn rollback(&mut self, sp: Savepoint) {
-        while self.node_log.len() > sp.node_log_len {
-            match self.node_log.pop() {
-                Some(NodeUndo::Added(block)) => {
+        let mut log = std::mem::take(&mut self.node_log);
+        log.rollback(sp.nodes, |undo| {
+            let block = match undo {
+                NodeUndo::Added(block) => {
                     self.dirty.remove(&block);
-                    self.node_logged.remove(&block);
+                    block
                 }
-                Some(NodeUndo::Held(block, node)) => {
+                NodeUndo::Held(block, node) => {
                     self.dirty.insert(block, node);
-                    self.node_logged.remove(&block);
+                    block
                 }
-                None => break,
-            }
-        }
+            };
+            self.node_logged.remove(&block);
+        });
+        self.node_log = log;
         self.meta_sm.rollback(sp.meta_sm);
         self.data_sm.rollback(sp.data_sm);
         self.table.rollback(sp.table);
@@ -322,23 +334,17 @@ impl Meta {
         self.next_volume_id = sp.next_volume_id;
         self.next_queue_seq = sp.next_queue_seq;
         self.privilege = sp.privilege;
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.node_log.clear();
+        if self.node_log.idle() {
             self.node_logged.clear();
         }
     }
 
-    /// Logs the state of dirty block `block` before its first change in the
-    /// open savepoints. `current` is its node if it is dirty now.
-    fn log_node(&mut self, block: u64, current: Option<&Node>) {
-        if self.savepoints == 0 || !self.node_logged.insert(block) {
-            return;
+    /// Logs the state of block `block` before its first change in the open
+    /// savepoints (`prior` builds the entry only when it is needed).
+    fn log_node(&mut self, block: u64, prior: impl FnOnce() -> NodeUndo) {
+        if self.node_log.recording() && self.node_logged.insert(block) {
+            self.node_log.push(prior());
         }
-        self.node_log.push(match current {
-            Some(node) => NodeUndo::Held(block, node.clone()),
-            None => NodeUndo::Added(block),
-        });
     }
 
     /// Space-map page images the open transaction would journal.
@@ -373,7 +379,7 @@ impl Meta {
             .dirty
             .remove(&r.block)
             .ok_or_else(|| Error::inconsistent(format!("block {} is not dirty", r.block)))?;
-        self.log_node(r.block, Some(&node));
+        self.log_node(r.block, || NodeUndo::Held(r.block, node.clone()));
         Ok(node)
     }
 
@@ -429,7 +435,7 @@ impl Meta {
             .ok_or(Error::MetadataFull)?;
         let block = self.store.geo.meta_start + entry;
         self.store.forget_node(block);
-        self.log_node(block, None);
+        self.log_node(block, || NodeUndo::Added(block));
         self.dirty.insert(block, node);
         Ok(BlockRef {
             block,
@@ -450,9 +456,7 @@ impl Meta {
         let left = self.meta_sm.dec(&self.store, entry)?;
         if left == 0 {
             if let Some(node) = self.dirty.remove(&r.block) {
-                if self.savepoints > 0 && self.node_logged.insert(r.block) {
-                    self.node_log.push(NodeUndo::Held(r.block, node));
-                }
+                self.log_node(r.block, || NodeUndo::Held(r.block, node));
             }
         }
         Ok(left)
@@ -514,10 +518,9 @@ impl Meta {
     /// Phase A: stores the volume records, freezes the transaction into a
     /// job and opens the next transaction. Must run with writers quiesced.
     pub fn begin_commit(&mut self) -> Result<CommitJob> {
-        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
+        debug_assert!(self.node_log.idle(), "a commit inside an operation");
         let (removed, dirty) = self.table.take_changes();
-        let stored = self.atomic(|m| {
-            m.privilege = Privilege::Reserve;
+        let stored = self.atomic(Privilege::Reserve, |m| {
             m.store_volume_records(&removed, &dirty)
         });
         if let Err(e) = stored {

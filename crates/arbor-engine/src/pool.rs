@@ -409,8 +409,13 @@ impl Pool {
     /// longer be trusted (I/O, corruption, broken invariants) stop the pool;
     /// precondition errors (not found, no space...) are raised before any
     /// change and leave it running.
-    fn mutate<T>(&self, meta: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let result = meta.atomic(f);
+    fn mutate<T>(
+        &self,
+        meta: &mut Meta,
+        privilege: Privilege,
+        f: impl FnOnce(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        let result = meta.atomic(privilege, f);
         if let Err(e) = &result {
             if e.stops_pool() {
                 self.fail(e);
@@ -434,11 +439,7 @@ impl Pool {
             let (value, job) = {
                 let _gate = self.commit_gate();
                 let mut meta = self.write_meta()?;
-                let saved = meta.privilege;
-                meta.privilege = privilege;
-                let result = self.mutate(&mut meta, &mut f);
-                meta.privilege = saved;
-                match result {
+                match self.mutate(&mut meta, privilege, &mut f) {
                     // Commit what is there and run the operation alone.
                     Err(Error::TransactionFull) if !committed => {
                         committed = true;
@@ -946,7 +947,9 @@ impl Pool {
                 end: (offset + data.len() as u64).min((chunk + 1) * cs),
                 past_end,
             };
-            match self.mutate(&mut meta, |m| m.try_in_place(id.0, chunk, only_at, end))? {
+            match self.mutate(&mut meta, Privilege::Normal, |m| {
+                m.try_in_place(id.0, chunk, only_at, end)
+            })? {
                 InPlaceCheck::Yes(phys) => {
                     first_phys.get_or_insert(phys);
                     chunks += 1;
@@ -984,7 +987,9 @@ impl Pool {
             let plan = {
                 let mut meta = self.write_meta()?;
                 meta.ensure_step_budget()?;
-                self.mutate(&mut meta, |m| m.plan_write(id.0, chunk, end))?
+                self.mutate(&mut meta, Privilege::Normal, |m| {
+                    m.plan_write(id.0, chunk, end)
+                })?
             };
             let (old, new) = match plan {
                 WritePlan::InPlace(phys) => {
@@ -997,17 +1002,23 @@ impl Pool {
             };
             if let Err(e) = self.fill_new_chunk(old, new, in_chunk, data) {
                 let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, |m| m.data_sm.dec(&m.store, new).map(|_| ()))?;
+                self.mutate(&mut meta, Privilege::Normal, |m| {
+                    m.data_sm.dec(&m.store, new).map(|_| ())
+                })?;
                 return Err(e);
             }
             let mut meta = self.write_meta()?;
-            match self.mutate(&mut meta, |m| m.finish_write(id.0, chunk, old, new, end)) {
+            match self.mutate(&mut meta, Privilege::Normal, |m| {
+                m.finish_write(id.0, chunk, old, new, end)
+            }) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
                     // The failed step was undone; the chunk it would have mapped is ours to free.
                     if !e.stops_pool() {
-                        self.mutate(&mut meta, |m| m.data_sm.dec(&m.store, new).map(|_| ()))?;
+                        self.mutate(&mut meta, Privilege::Normal, |m| {
+                            m.data_sm.dec(&m.store, new).map(|_| ())
+                        })?;
                     }
                     return Err(e);
                 }
@@ -1059,11 +1070,7 @@ impl Pool {
             let result = {
                 let _gate = self.io_gate();
                 let mut meta = self.write_meta()?;
-                let saved = meta.privilege;
-                meta.privilege = privilege;
-                let result = self.mutate(&mut meta, &mut f);
-                meta.privilege = saved;
-                result
+                self.mutate(&mut meta, privilege, &mut f)
             };
             match result {
                 Err(Error::TransactionFull) if !committed => {
@@ -1159,12 +1166,9 @@ impl Pool {
             self.commit_if_needed()?;
             let done = {
                 let mut meta = self.write_meta()?;
-                let saved = meta.privilege;
-                meta.privilege = Privilege::Reserve;
-                let result =
-                    self.mutate(&mut meta, |m| m.reclaim_step(STEP.min(max_nodes - total)));
-                meta.privilege = saved;
-                result?
+                self.mutate(&mut meta, Privilege::Reserve, |m| {
+                    m.reclaim_step(STEP.min(max_nodes - total))
+                })?
             };
             if done == 0 {
                 break;
@@ -1328,5 +1332,31 @@ impl Drop for Pool {
                 warn!(error = %e, "commit on close failed; the pool will open at its previous commit");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A commit stores the volume records with the reserve; ordinary steps
+    /// after it must not inherit that (they would eat the reserve that keeps
+    /// delete and reclaim working on a full pool).
+    #[test]
+    fn steps_after_a_commit_leave_the_reserve_alone() {
+        let dev: Arc<dyn BlockDevice> = Arc::new(arbor_io::SimDisk::new(32 << 20));
+        let opts = CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(2 << 20),
+            ..Default::default()
+        };
+        let pool = Pool::create(dev, &opts, &OpenOptions::default()).unwrap();
+        let v = pool.create_volume("v", 1 << 20).unwrap();
+        pool.write(v, 0, &[1; 4096]).unwrap();
+        pool.flush().unwrap();
+        assert_eq!(pool.meta.read().unwrap().privilege(), Privilege::Normal);
+        pool.delete("v").unwrap();
+        pool.reclaim(100).unwrap();
+        assert_eq!(pool.meta.read().unwrap().privilege(), Privilege::Normal);
     }
 }

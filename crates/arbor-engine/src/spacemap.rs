@@ -22,6 +22,7 @@ use arbor_format::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 
 use crate::error::{Error, Result};
 use crate::store::Store;
+use crate::undo::{Mark, UndoLog};
 
 const PER_PAGE: u64 = SM_ENTRIES_PER_PAGE as u64;
 
@@ -44,7 +45,7 @@ enum Undo {
 pub(crate) struct SmSavepoint {
     used: u64,
     cursor: u64,
-    log_len: usize,
+    mark: Mark,
 }
 
 pub(crate) struct SpaceMap {
@@ -71,10 +72,8 @@ pub(crate) struct SpaceMap {
     cursor: u64,
     /// Pages known to have no free entry (a hint, cleared when one is freed).
     full: Vec<bool>,
-    /// Changes since the oldest open savepoint (empty when none is open).
-    log: Vec<Undo>,
-    /// Open savepoints (nested savepoints share the log).
-    savepoints: usize,
+    /// How to undo the changes since the oldest open savepoint.
+    log: UndoLog<Undo>,
 }
 
 fn split(entry: u64) -> (u32, usize) {
@@ -106,8 +105,7 @@ impl SpaceMap {
             used,
             cursor: if cursor < entries { cursor } else { 0 },
             full: vec![false; pages as usize],
-            log: Vec::new(),
-            savepoints: 0,
+            log: UndoLog::default(),
         })
     }
 
@@ -137,58 +135,43 @@ impl SpaceMap {
 
     /// Starts logging changes so that [`Self::rollback`] can undo them.
     pub fn savepoint(&mut self) -> SmSavepoint {
-        self.savepoints += 1;
         SmSavepoint {
             used: self.used,
             cursor: self.cursor,
-            log_len: self.log.len(),
+            mark: self.log.begin(),
         }
     }
 
     /// Keeps the changes since `sp`.
     pub fn release(&mut self, sp: SmSavepoint) {
-        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.log.clear();
-        }
+        self.log.release(sp.mark);
     }
 
     /// Undoes every change since `sp`, restoring the map exactly.
     pub fn rollback(&mut self, sp: SmSavepoint) {
-        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
-        while self.log.len() > sp.log_len {
-            match self.log.pop() {
-                Some(Undo::Count { entry, count }) => {
-                    let (page, slot) = split(entry);
-                    // Logged after the page became dirty, undone before it is cleaned.
-                    if let Some(p) = self.dirty.get_mut(&page) {
-                        p.counts[slot] = count;
-                    }
+        let mut log = std::mem::take(&mut self.log);
+        log.rollback(sp.mark, |undo| match undo {
+            Undo::Count { entry, count } => {
+                let (page, slot) = split(entry);
+                // Logged after the page became dirty, undone before it is cleaned.
+                if let Some(p) = self.dirty.get_mut(&page) {
+                    p.counts[slot] = count;
                 }
-                Some(Undo::PageDirtied(page)) => {
-                    self.dirty.remove(&page);
-                }
-                Some(Undo::PendingAdded(entry)) => {
-                    self.pending_free.remove(&entry);
-                }
-                Some(Undo::FreshAdded(entry)) => {
-                    self.fresh.remove(&entry);
-                }
-                Some(Undo::FullSet(page)) => self.full[page as usize] = false,
-                None => break,
             }
-        }
+            Undo::PageDirtied(page) => {
+                self.dirty.remove(&page);
+            }
+            Undo::PendingAdded(entry) => {
+                self.pending_free.remove(&entry);
+            }
+            Undo::FreshAdded(entry) => {
+                self.fresh.remove(&entry);
+            }
+            Undo::FullSet(page) => self.full[page as usize] = false,
+        });
+        self.log = log;
         self.used = sp.used;
         self.cursor = sp.cursor;
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.log.clear();
-        }
-    }
-
-    fn logging(&self) -> bool {
-        self.savepoints > 0
     }
 
     /// True when `entry` was allocated after the last durable commit (in this
@@ -251,9 +234,7 @@ impl SpaceMap {
         if !self.dirty.contains_key(&page) {
             let clean = self.clean_page(store, page)?;
             self.dirty.insert(page, (*clean).clone());
-            if self.logging() {
-                self.log.push(Undo::PageDirtied(page));
-            }
+            self.log.push(Undo::PageDirtied(page));
         }
         // Inserted just above when missing.
         self.dirty
@@ -263,12 +244,9 @@ impl SpaceMap {
 
     fn set(&mut self, store: &Store, entry: u64, count: u32) -> Result<()> {
         let (page, slot) = split(entry);
-        let logging = self.logging();
         let counts = &mut self.page_mut(store, page)?.counts;
         let old = std::mem::replace(&mut counts[slot], count);
-        if logging {
-            self.log.push(Undo::Count { entry, count: old });
-        }
+        self.log.push(Undo::Count { entry, count: old });
         Ok(())
     }
 
@@ -303,7 +281,7 @@ impl SpaceMap {
             self.used = self.used.checked_sub(1).ok_or_else(|| {
                 Error::inconsistent(format!("{:?} used counter below the counts", self.kind))
             })?;
-            if self.pending_free.insert(entry) && self.logging() {
+            if self.pending_free.insert(entry) {
                 self.log.push(Undo::PendingAdded(entry));
             }
         }
@@ -355,7 +333,7 @@ impl SpaceMap {
             if let Some(entry) = self.find_free_in_page(store, page as u32, first, end)? {
                 self.set(store, entry, 1)?;
                 self.used += 1;
-                if self.fresh.insert(entry) && self.logging() {
+                if self.fresh.insert(entry) {
                     self.log.push(Undo::FreshAdded(entry));
                 }
                 self.cursor = if entry + 1 < self.entries {
@@ -367,9 +345,7 @@ impl SpaceMap {
             }
             if first == page * PER_PAGE && !self.full[page as usize] {
                 self.full[page as usize] = true;
-                if self.logging() {
-                    self.log.push(Undo::FullSet(page as u32));
-                }
+                self.log.push(Undo::FullSet(page as u32));
             }
         }
         Ok(None)
@@ -422,7 +398,7 @@ impl SpaceMap {
     /// the in-flight copies, and its freed entries stay reserved until the
     /// commit is durable. Returns the pages to journal.
     pub fn freeze(&mut self, txn: u64) -> Vec<Arc<SmPage>> {
-        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
+        debug_assert!(self.log.idle(), "a commit inside an operation");
         self.frozen_free = std::mem::take(&mut self.pending_free);
         self.fresh_frozen = std::mem::take(&mut self.fresh);
         let mut pages: Vec<Arc<SmPage>> = self

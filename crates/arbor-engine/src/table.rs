@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use arbor_format::VolumeRecord;
 
 use crate::error::{Error, Result};
+use crate::undo::{Mark, UndoLog};
 
 enum Undo {
     /// Record `id` was this before (None: absent).
@@ -22,9 +23,7 @@ enum Undo {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TableSavepoint {
-    log_len: usize,
-}
+pub(crate) struct TableSavepoint(Mark);
 
 #[derive(Default)]
 pub(crate) struct VolumeTable {
@@ -37,8 +36,7 @@ pub(crate) struct VolumeTable {
     /// Per volume, the last transaction in which its tree was shared (see
     /// `Meta::try_in_place`). In memory only.
     shared_txn: HashMap<u64, u64>,
-    log: Vec<Undo>,
-    savepoints: usize,
+    log: UndoLog<Undo>,
 }
 
 impl VolumeTable {
@@ -86,7 +84,7 @@ impl VolumeTable {
     // ---- changing --------------------------------------------------------------
 
     fn note(&mut self, undo: impl FnOnce(&Self) -> Undo) {
-        if self.savepoints > 0 {
+        if self.log.recording() {
             let u = undo(self);
             self.log.push(u);
         }
@@ -108,22 +106,23 @@ impl VolumeTable {
         self.mark_dirty(id);
     }
 
-    /// Changes record `id` with `f` (a rename must go through [`Self::rename`]).
+    /// Changes record `id` with `f`, which must not rename it (that goes
+    /// through [`Self::rename`], which keeps the name index).
     pub fn update<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
-        let Some(rec) = self.vols.get(&id) else {
+        if !self.vols.contains_key(&id) {
             return Err(Error::NotFound(format!("volume id {id}")));
-        };
-        let name = rec.name.clone();
+        }
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
         self.mark_dirty(id);
         let rec = self
             .vols
             .get_mut(&id)
             .ok_or_else(|| Error::inconsistent("volume record vanished"))?;
+        #[cfg(debug_assertions)]
+        let name = rec.name.clone();
         let out = f(rec);
-        if rec.name != name {
-            return Err(Error::inconsistent("volume renamed outside rename()"));
-        }
+        #[cfg(debug_assertions)]
+        debug_assert_eq!(rec.name, name, "volume renamed outside rename()");
         Ok(out)
     }
 
@@ -177,7 +176,7 @@ impl VolumeTable {
     /// Hands the records to store and the ids to remove to the commit, and
     /// starts a clean slate. Must not run inside a savepoint.
     pub fn take_changes(&mut self) -> (Vec<u64>, Vec<(u64, VolumeRecord)>) {
-        debug_assert_eq!(self.savepoints, 0, "a commit inside an operation");
+        debug_assert!(self.log.idle(), "a commit inside an operation");
         let removed = std::mem::take(&mut self.removed).into_iter().collect();
         let dirty = std::mem::take(&mut self.dirty)
             .into_iter()
@@ -196,51 +195,38 @@ impl VolumeTable {
     // ---- savepoints --------------------------------------------------------------
 
     pub fn savepoint(&mut self) -> TableSavepoint {
-        self.savepoints += 1;
-        TableSavepoint {
-            log_len: self.log.len(),
-        }
+        TableSavepoint(self.log.begin())
     }
 
     pub fn release(&mut self, sp: TableSavepoint) {
-        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.log.clear();
-        }
+        self.log.release(sp.0);
     }
 
     pub fn rollback(&mut self, sp: TableSavepoint) {
-        debug_assert!(self.savepoints > 0 && self.log.len() >= sp.log_len);
-        while self.log.len() > sp.log_len {
-            let Some(undo) = self.log.pop() else { break };
-            match undo {
-                Undo::Record(id, Some(rec)) => {
-                    self.vols.insert(id, rec);
-                }
-                Undo::Record(id, None) => {
-                    self.vols.remove(&id);
-                }
-                Undo::Name(name, Some(id)) => {
-                    self.names.insert(name, id);
-                }
-                Undo::Name(name, None) => {
-                    self.names.remove(&name);
-                }
-                Undo::Dirty(id, was) => set_member(&mut self.dirty, id, was),
-                Undo::Removed(id, was) => set_member(&mut self.removed, id, was),
-                Undo::Shared(id, Some(txn)) => {
-                    self.shared_txn.insert(id, txn);
-                }
-                Undo::Shared(id, None) => {
-                    self.shared_txn.remove(&id);
-                }
+        let mut log = std::mem::take(&mut self.log);
+        log.rollback(sp.0, |undo| match undo {
+            Undo::Record(id, Some(rec)) => {
+                self.vols.insert(id, rec);
             }
-        }
-        self.savepoints -= 1;
-        if self.savepoints == 0 {
-            self.log.clear();
-        }
+            Undo::Record(id, None) => {
+                self.vols.remove(&id);
+            }
+            Undo::Name(name, Some(id)) => {
+                self.names.insert(name, id);
+            }
+            Undo::Name(name, None) => {
+                self.names.remove(&name);
+            }
+            Undo::Dirty(id, was) => set_member(&mut self.dirty, id, was),
+            Undo::Removed(id, was) => set_member(&mut self.removed, id, was),
+            Undo::Shared(id, Some(txn)) => {
+                self.shared_txn.insert(id, txn);
+            }
+            Undo::Shared(id, None) => {
+                self.shared_txn.remove(&id);
+            }
+        });
+        self.log = log;
     }
 }
 
@@ -323,8 +309,9 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "volume renamed outside rename()")]
     fn update_refuses_renames() {
         let mut t = VolumeTable::load(vec![(1, rec("a"))]).unwrap();
-        assert!(t.update(1, |r| r.name = "x".into()).is_err());
+        let _ = t.update(1, |r| r.name = "x".into());
     }
 }

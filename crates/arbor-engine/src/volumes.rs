@@ -101,7 +101,7 @@ impl Meta {
 
     /// Fails with `MetadataFull` unless a mutation step can run to completion.
     pub fn ensure_step_budget(&self) -> Result<()> {
-        let reserve = match self.privilege {
+        let reserve = match self.privilege() {
             Privilege::Normal => self.meta_reserve,
             Privilege::Reserve => 0,
         };
