@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arbor_engine::{CreateOptions, Error, OpenOptions, Pool, VolumeId};
+use arbor_engine::{CreateOptions, Error, Pool, VolumeId};
 use arbor_io::model::pattern;
 use arbor_io::{BlockDevice, SimDisk};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{no_panic, Tally, MIB};
+use crate::{no_panic, small_open_opts, Tally, MIB};
 
 const CHUNK: u64 = 4096;
 const SECTOR: u64 = 512;
@@ -64,13 +64,6 @@ struct Vol {
 
 /// The pool as the campaign knows it: every name and its contents.
 type Model = BTreeMap<String, Vol>;
-
-fn open_opts() -> OpenOptions {
-    OpenOptions {
-        cache_bytes: 256 << 10,
-        dirty_node_limit: 256,
-    }
-}
 
 fn is_resource(e: &Error) -> bool {
     matches!(e, Error::NoSpace | Error::MetadataFull)
@@ -166,7 +159,8 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
         metadata_bytes: Some(MIB),
         journal_pages: Some(16),
     };
-    let mut pool = Arc::new(Pool::create(dev, &opts, &open_opts()).map_err(|e| e.to_string())?);
+    let mut pool =
+        Arc::new(Pool::create(dev, &opts, &small_open_opts()).map_err(|e| e.to_string())?);
     let mut model = Model::new();
     let mut next_name = 0u64;
     // The concurrent writer's volume: outside the model, checked by the writer.
@@ -183,159 +177,151 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
         };
         let when = format!("seed {seed} step {step}");
         let before = model.clone();
-        let kind = rng.gen_range(0..100);
-        // Each arm returns the operation's result and, on success, the model after it.
+        // The operation, and what it acts on: a volume, a snapshot or any
+        // name. With nothing of that kind yet, it creates a volume instead.
+        let mut kind = rng.gen_range(0..100);
+        let target = match kind {
+            0..=44 | 53..=62 | 81..=89 => pick(&mut rng, &vols),
+            63..=68 | 77..=80 => pick(&mut rng, &snaps),
+            69..=76 => pick(&mut rng, &names.iter().collect::<Vec<_>>()),
+            _ => Some(String::new()),
+        };
+        let target = target.unwrap_or_else(|| {
+            kind = 45;
+            String::new()
+        });
+        // Each arm updates the model when the operation succeeds.
         let (what, result): (String, Result<(), Error>) = match kind {
-            0..=34 => match pick(&mut rng, &vols) {
-                Some(v) => {
-                    let size = model[&v].data.len() as u64;
-                    let (off, mut len) = sector_range(&mut rng, size, 512 * 1024);
-                    if !spanning {
-                        len = len.min(CHUNK - off % CHUNK);
-                    }
-                    let data = pattern(rng.gen(), off, len as usize);
-                    let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
-                    let r = pool.write(id, off, &data);
-                    if r.is_ok() {
-                        let m = model.get_mut(&v).ok_or("model")?;
-                        m.data[off as usize..(off + len) as usize].copy_from_slice(&data);
-                    }
-                    (format!("write {v} {off}+{len}"), r)
+            0..=34 => {
+                let v = target.clone();
+                let size = model[&v].data.len() as u64;
+                let (off, mut len) = sector_range(&mut rng, size, 512 * 1024);
+                if !spanning {
+                    len = len.min(CHUNK - off % CHUNK);
                 }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            35..=44 => match pick(&mut rng, &vols) {
-                Some(v) => {
-                    let size = model[&v].data.len() as u64;
-                    let (mut off, mut len) = sector_range(&mut rng, size, size);
-                    if !spanning && off / CHUNK != (off + len - 1) / CHUNK {
-                        // Whole chunks only (no partial ends to zero).
-                        off = off.div_ceil(CHUNK) * CHUNK;
-                        let end = ((off + len) / CHUNK * CHUNK).max(off);
-                        len = end - off;
-                    }
-                    let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
-                    let r = if len == 0 {
-                        Ok(())
-                    } else if rng.gen_bool(0.5) {
-                        pool.discard(id, off, len)
-                    } else {
-                        pool.write_zeroes(
-                            id,
-                            off,
-                            len,
-                            rng.gen_bool(0.3) && (spanning || len <= CHUNK),
-                        )
-                    };
-                    if r.is_ok() {
-                        let m = model.get_mut(&v).ok_or("model")?;
-                        m.data[off as usize..(off + len) as usize].fill(0);
-                    }
-                    (format!("discard/zero {v} {off}+{len}"), r)
+                let data = pattern(rng.gen(), off, len as usize);
+                let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
+                let r = pool.write(id, off, &data);
+                if r.is_ok() {
+                    let m = model.get_mut(&v).ok_or("model")?;
+                    m.data[off as usize..(off + len) as usize].copy_from_slice(&data);
                 }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            45..=52 => create(&pool, &mut model, &mut next_name, &mut rng),
-            53..=62 => match pick(&mut rng, &vols) {
-                Some(v) => {
-                    next_name += 1;
-                    let name = format!("{v}@s{next_name}");
-                    let r = pool.snapshot(&name).map(|_| ());
-                    if r.is_ok() {
-                        let data = model[&v].data.clone();
-                        model.insert(
-                            name.clone(),
-                            Vol {
-                                snapshot: true,
-                                data,
-                            },
-                        );
-                    }
-                    (format!("snapshot {name}"), r)
-                }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            63..=68 => match pick(&mut rng, &snaps) {
-                Some(s) => {
-                    next_name += 1;
-                    let name = format!("c{next_name}");
-                    let r = pool.clone_snapshot(&s, &name).map(|_| ());
-                    if r.is_ok() {
-                        let data = model[&s].data.clone();
-                        model.insert(
-                            name.clone(),
-                            Vol {
-                                snapshot: false,
-                                data,
-                            },
-                        );
-                    }
-                    (format!("clone {s} {name}"), r)
-                }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            69..=76 => match pick(&mut rng, &names.iter().collect::<Vec<_>>()) {
-                Some(n) => {
-                    let r = pool.delete(&n);
-                    if r.is_ok() {
-                        model.remove(&n);
-                    }
-                    (format!("delete {n}"), r)
-                }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            77..=80 => {
-                let own: Vec<&String> = snaps.clone();
-                match pick(&mut rng, &own) {
-                    Some(s) => {
-                        let v = s.split('@').next().unwrap_or_default().to_owned();
-                        let r = pool.rollback(&v, &s);
-                        if r.is_ok() {
-                            let data = model[&s].data.clone();
-                            model.get_mut(&v).ok_or("model")?.data = data;
-                        }
-                        (format!("rollback {v} {s}"), r)
-                    }
-                    None => create(&pool, &mut model, &mut next_name, &mut rng),
-                }
+                (format!("write {v} {off}+{len}"), r)
             }
-            81..=86 => match pick(&mut rng, &vols) {
-                Some(v) => {
-                    let size = model[&v].data.len() as u64;
-                    let new =
-                        rng.gen_range(1..=(2 * size / SECTOR).min(16 * MIB / SECTOR)) * SECTOR;
-                    let r = pool.resize(&v, new);
-                    if r.is_ok() {
-                        model
-                            .get_mut(&v)
-                            .ok_or("model")?
-                            .data
-                            .resize(new as usize, 0);
-                    }
-                    (format!("resize {v} {size}->{new}"), r)
+            35..=44 => {
+                let v = target.clone();
+                let size = model[&v].data.len() as u64;
+                let (mut off, mut len) = sector_range(&mut rng, size, size);
+                if !spanning && off / CHUNK != (off + len - 1) / CHUNK {
+                    // Whole chunks only (no partial ends to zero).
+                    off = off.div_ceil(CHUNK) * CHUNK;
+                    let end = ((off + len) / CHUNK * CHUNK).max(off);
+                    len = end - off;
                 }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
-            87..=89 => match pick(&mut rng, &vols) {
-                Some(v) => {
-                    next_name += 1;
-                    let to = format!("r{next_name}");
-                    let r = pool.rename(&v, &to);
-                    if r.is_ok() {
-                        let moved: Vec<String> = model
-                            .keys()
-                            .filter(|n| *n == &v || n.starts_with(&format!("{v}@")))
-                            .cloned()
-                            .collect();
-                        for n in moved {
-                            let vol = model.remove(&n).ok_or("model")?;
-                            model.insert(n.replacen(&v, &to, 1), vol);
-                        }
-                    }
-                    (format!("rename {v} {to}"), r)
+                let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
+                let r = if len == 0 {
+                    Ok(())
+                } else if rng.gen_bool(0.5) {
+                    pool.discard(id, off, len)
+                } else {
+                    pool.write_zeroes(
+                        id,
+                        off,
+                        len,
+                        rng.gen_bool(0.3) && (spanning || len <= CHUNK),
+                    )
+                };
+                if r.is_ok() {
+                    let m = model.get_mut(&v).ok_or("model")?;
+                    m.data[off as usize..(off + len) as usize].fill(0);
                 }
-                None => create(&pool, &mut model, &mut next_name, &mut rng),
-            },
+                (format!("discard/zero {v} {off}+{len}"), r)
+            }
+            45..=52 => create(&pool, &mut model, &mut next_name, &mut rng),
+            53..=62 => {
+                let v = target.clone();
+                next_name += 1;
+                let name = format!("{v}@s{next_name}");
+                let r = pool.snapshot(&name).map(|_| ());
+                if r.is_ok() {
+                    let data = model[&v].data.clone();
+                    model.insert(
+                        name.clone(),
+                        Vol {
+                            snapshot: true,
+                            data,
+                        },
+                    );
+                }
+                (format!("snapshot {name}"), r)
+            }
+            63..=68 => {
+                let s = target.clone();
+                next_name += 1;
+                let name = format!("c{next_name}");
+                let r = pool.clone_snapshot(&s, &name).map(|_| ());
+                if r.is_ok() {
+                    let data = model[&s].data.clone();
+                    model.insert(
+                        name.clone(),
+                        Vol {
+                            snapshot: false,
+                            data,
+                        },
+                    );
+                }
+                (format!("clone {s} {name}"), r)
+            }
+            69..=76 => {
+                let n = target.clone();
+                let r = pool.delete(&n);
+                if r.is_ok() {
+                    model.remove(&n);
+                }
+                (format!("delete {n}"), r)
+            }
+            77..=80 => {
+                let s = target.clone();
+                let v = s.split('@').next().unwrap_or_default().to_owned();
+                let r = pool.rollback(&v, &s);
+                if r.is_ok() {
+                    let data = model[&s].data.clone();
+                    model.get_mut(&v).ok_or("model")?.data = data;
+                }
+                (format!("rollback {v} {s}"), r)
+            }
+            81..=86 => {
+                let v = target.clone();
+                let size = model[&v].data.len() as u64;
+                let new = rng.gen_range(1..=(2 * size / SECTOR).min(16 * MIB / SECTOR)) * SECTOR;
+                let r = pool.resize(&v, new);
+                if r.is_ok() {
+                    model
+                        .get_mut(&v)
+                        .ok_or("model")?
+                        .data
+                        .resize(new as usize, 0);
+                }
+                (format!("resize {v} {size}->{new}"), r)
+            }
+            87..=89 => {
+                let v = target.clone();
+                next_name += 1;
+                let to = format!("r{next_name}");
+                let r = pool.rename(&v, &to);
+                if r.is_ok() {
+                    let moved: Vec<String> = model
+                        .keys()
+                        .filter(|n| *n == &v || n.starts_with(&format!("{v}@")))
+                        .cloned()
+                        .collect();
+                    for n in moved {
+                        let vol = model.remove(&n).ok_or("model")?;
+                        model.insert(n.replacen(&v, &to, 1), vol);
+                    }
+                }
+                (format!("rename {v} {to}"), r)
+            }
             90..=92 => (
                 "reclaim".into(),
                 pool.reclaim(rng.gen_range(1..200)).map(|_| ()),
@@ -348,51 +334,35 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
                 }
                 ("flush".into(), r)
             }
-            97..=98 => {
-                // Reopen: commit, close and open again.
+            _ => {
+                // A reopen (close and open) or a power cut, right after a
+                // flush: everything acknowledged and flushed must read back.
+                let cut = kind > 98;
                 writer.stop(out)?;
                 match pool.flush() {
                     Ok(()) => {
+                        if cut {
+                            disk = SimDisk::from_image(disk.handle().durable_image());
+                            out.power_cuts += 1;
+                        } else {
+                            out.reopens += 1;
+                        }
                         drop(pool);
                         let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+                        let when =
+                            format!("{when}: after {}", if cut { "power cut" } else { "reopen" });
                         pool = Arc::new(
-                            Pool::open(dev, &open_opts())
-                                .map_err(|e| format!("{when}: reopen: {e}"))?,
+                            Pool::open(dev, &small_open_opts())
+                                .map_err(|e| format!("{when}: open: {e}"))?,
                         );
-                        out.reopens += 1;
-                        compare(&pool, &model, &format!("{when}: after reopen"))?;
-                        check_clean(&pool, &format!("{when}: after reopen"))?;
+                        compare(&pool, &model, &when)?;
+                        check_clean(&pool, &when)?;
                     }
                     Err(e) if is_resource(&e) => {}
-                    Err(e) => return Err(format!("{when}: flush before reopen: {e}")),
+                    Err(e) => return Err(format!("{when}: flush: {e}")),
                 }
                 writer = Writer::start(&pool, seed + step as u64);
-                ("reopen".into(), Ok(()))
-            }
-            _ => {
-                // Power cut right after a flush: everything acknowledged and
-                // flushed must read back from what the device kept.
-                writer.stop(out)?;
-                match pool.flush() {
-                    Ok(()) => {
-                        let image = disk.handle().durable_image();
-                        drop(pool);
-                        let crashed = SimDisk::from_image(image);
-                        let dev: Arc<dyn BlockDevice> = Arc::new(crashed.clone());
-                        pool = Arc::new(
-                            Pool::open(dev, &open_opts())
-                                .map_err(|e| format!("{when}: open after cut: {e}"))?,
-                        );
-                        out.power_cuts += 1;
-                        compare(&pool, &model, &format!("{when}: after power cut"))?;
-                        check_clean(&pool, &format!("{when}: after power cut"))?;
-                        disk = crashed;
-                    }
-                    Err(e) if is_resource(&e) => {}
-                    Err(e) => return Err(format!("{when}: flush before cut: {e}")),
-                }
-                writer = Writer::start(&pool, seed + step as u64);
-                ("power cut".into(), Ok(()))
+                ((if cut { "power cut" } else { "reopen" }).into(), Ok(()))
             }
         };
         match result {
