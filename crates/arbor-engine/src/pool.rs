@@ -34,7 +34,10 @@ use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, Store};
-use crate::volumes::{InPlaceCheck, WriteEnd, WritePlan};
+use crate::volumes::WriteEnd;
+
+mod write;
+use write::{Fill, Unit};
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
 pub const SECTOR: u64 = 512;
@@ -47,9 +50,6 @@ const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 const MIN_JOURNAL_PAGES: u32 = 16;
 const MAX_JOURNAL_PAGES: u32 = 1 << 16;
 const STRIPES: usize = 256;
-/// Most chunks one device write of an in-place run covers, which bounds how
-/// long the run holds the metadata lock while planning.
-const IN_PLACE_RUN_CHUNKS: u64 = 64;
 
 /// How to lay out a new pool.
 #[derive(Debug, Clone)]
@@ -399,10 +399,10 @@ impl Pool {
         self.gate.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn stripe(&self, id: u64, chunk: u64) -> MutexGuard<'_, ()> {
+    fn stripe_index(&self, id: u64, chunk: u64) -> usize {
         let mut h = DefaultHasher::new();
         (id, chunk).hash(&mut h);
-        lock_mutex(&self.stripes[(h.finish() as usize) % STRIPES])
+        (h.finish() as usize) % STRIPES
     }
 
     /// Runs a metadata mutation. Errors that mean the in-memory state can no
@@ -706,17 +706,15 @@ impl Pool {
     /// Zeroes `[offset, offset + len)` past the size inside the last chunk,
     /// where mapped.
     fn zero_tail(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
-        let mapped = {
-            let meta = self.read_meta()?;
-            let cs = self.chunk_size();
-            let root = meta.volume(id.0)?.root;
-            meta.map_lookup(root, offset / cs)?.is_some()
-        };
-        if mapped {
-            let zeros = vec![0u8; len as usize];
-            self.write_inner(id, offset, &zeros, true)?;
-        }
-        Ok(())
+        // Inside one chunk, so a discard only zeroes it, where mapped.
+        self.apply_all(Unit {
+            id,
+            offset,
+            len,
+            fill: Fill::Zeros,
+            unmap: true,
+            past_end: true,
+        })
     }
 
     pub fn lookup(&self, name: &str) -> Result<VolumeId> {
@@ -857,282 +855,34 @@ impl Pool {
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
-        self.write_inner(id, offset, data, false)
-    }
-
-    /// [`Pool::write`] after the range was checked; with `past_end` it may
-    /// write past the size up to the end of the last chunk (to zero that
-    /// tail before a grow).
-    fn write_inner(&self, id: VolumeId, offset: u64, data: &[u8], past_end: bool) -> Result<()> {
-        let cs = self.chunk_size();
-        let mut done = 0usize;
-        // A write over several chunks tries one device write for all the
-        // chunks it may overwrite in place. Once a chunk needs a new one,
-        // the rest goes chunk by chunk: `write_chunk` plans that chunk again
-        // (under its stripe lock), and trying a run before every chunk of a
-        // write that redirects would plan each of them twice.
-        let mut try_runs = true;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let in_chunk = pos % cs;
-            let n = ((cs - in_chunk) as usize).min(data.len() - done);
-            self.commit_if_needed()?;
-            if try_runs && n < data.len() - done {
-                let run = self.write_in_place_run(id, pos, &data[done..], past_end)?;
-                if run > 0 {
-                    done += run;
-                    continue;
-                }
-                try_runs = false;
-            }
-            let chunk_data = &data[done..done + n];
-            let end = WriteEnd {
-                end: pos + n as u64,
-                past_end,
-            };
-            match self.write_chunk(id, pos / cs, in_chunk, chunk_data, end) {
-                // Entries freed since the last commit become allocatable once
-                // it is durable, deleted volumes' space once reclaimed, and a
-                // chunk that is this volume's alone in the open state may be
-                // overwritten in place once that state is durable: make room
-                // and try once more before reporting full.
-                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
-                    if !self.make_room()? {
-                        return Err(e);
-                    }
-                    self.write_chunk(id, pos / cs, in_chunk, chunk_data, end)?;
-                }
-                Err(Error::TransactionFull) => {
-                    self.flush()?;
-                    self.write_chunk(id, pos / cs, in_chunk, chunk_data, end)?;
-                }
-                other => other?,
-            }
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// Writes in place, with one device write, the longest prefix of `data`
-    /// (at byte `offset` of the volume) whose chunks may all be overwritten
-    /// in place and lie consecutively on the device. Returns the bytes
-    /// written: 0 when the first chunk needs a new one.
-    ///
-    /// No stripe lock, unlike `write_chunk`: stripes keep two copy-on-writes
-    /// of one chunk from racing, and a chunk written in place is not being
-    /// copied (a copy needs it shared, and it is exclusive until a snapshot,
-    /// clone or commit, each of which waits for the gate held here until the
-    /// data is written).
-    fn write_in_place_run(
-        &self,
-        id: VolumeId,
-        offset: u64,
-        data: &[u8],
-        past_end: bool,
-    ) -> Result<usize> {
-        let _gate = self.io_gate();
-        let geo = self.store.geo;
-        let cs = geo.chunk_size;
-        let (first_chunk, in_chunk) = (offset / cs, offset % cs);
-        // Bytes of `data` the first `chunks` chunks of the run hold.
-        let covered = |chunks: u64| ((chunks * cs - in_chunk) as usize).min(data.len());
-        let mut meta = self.write_meta()?;
-        meta.ensure_step_budget()?;
-        let mut first_phys = None;
-        let mut chunks = 0u64;
-        loop {
-            let only_at = first_phys.map(|first: u64| first + chunks);
-            let chunk = first_chunk + chunks;
-            let end = WriteEnd {
-                end: (offset + data.len() as u64).min((chunk + 1) * cs),
-                past_end,
-            };
-            match self.mutate(&mut meta, Privilege::Normal, |m| {
-                m.try_in_place(id.0, chunk, only_at, end)
-            })? {
-                InPlaceCheck::Yes(phys) => {
-                    first_phys.get_or_insert(phys);
-                    chunks += 1;
-                }
-                InPlaceCheck::No { .. } => break,
-            }
-            let more = chunks < IN_PLACE_RUN_CHUNKS && covered(chunks) < data.len();
-            if !more || meta.ensure_step_budget().is_err() {
-                break;
-            }
-        }
-        drop(meta);
-        let Some(first) = first_phys else {
-            return Ok(0);
-        };
-        let len = covered(chunks);
-        self.store
-            .dev
-            .write_at(&data[..len], geo.chunk_offset(first) + in_chunk)?;
-        Ok(len)
-    }
-
-    fn write_chunk(
-        &self,
-        id: VolumeId,
-        chunk: u64,
-        in_chunk: u64,
-        data: &[u8],
-        end: WriteEnd,
-    ) -> Result<()> {
-        let _gate = self.io_gate();
-        let _stripe = self.stripe(id.0, chunk);
-        let geo = self.store.geo;
-        loop {
-            let plan = {
-                let mut meta = self.write_meta()?;
-                meta.ensure_step_budget()?;
-                self.mutate(&mut meta, Privilege::Normal, |m| {
-                    m.plan_write(id.0, chunk, end)
-                })?
-            };
-            let (old, new) = match plan {
-                WritePlan::InPlace(phys) => {
-                    self.store
-                        .dev
-                        .write_at(data, geo.chunk_offset(phys) + in_chunk)?;
-                    return Ok(());
-                }
-                WritePlan::Redirect { old, new } => (old, new),
-            };
-            if let Err(e) = self.fill_new_chunk(old, new, in_chunk, data) {
-                let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, Privilege::Normal, |m| {
-                    m.data_sm.dec(&m.store, new).map(|_| ())
-                })?;
-                return Err(e);
-            }
-            let mut meta = self.write_meta()?;
-            match self.mutate(&mut meta, Privilege::Normal, |m| {
-                m.finish_write(id.0, chunk, old, new, end)
-            }) {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => {
-                    // The failed step was undone; the chunk it would have mapped is ours to free.
-                    if !e.stops_pool() {
-                        self.mutate(&mut meta, Privilege::Normal, |m| {
-                            m.data_sm.dec(&m.store, new).map(|_| ())
-                        })?;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// Writes the whole of chunk `new`: `data` at `in_chunk`, the rest from
-    /// `old` (or zeros), so a reallocated chunk never shows earlier contents.
-    fn fill_new_chunk(&self, old: Option<u64>, new: u64, in_chunk: u64, data: &[u8]) -> Result<()> {
-        let geo = self.store.geo;
-        let cs = geo.chunk_size as usize;
-        if data.len() == cs {
-            self.store.dev.write_at(data, geo.chunk_offset(new))?;
-            return Ok(());
-        }
-        let mut buf = vec![0u8; cs];
-        if let Some(old) = old {
-            self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?;
-        }
-        let at = in_chunk as usize;
-        buf[at..at + data.len()].copy_from_slice(data);
-        self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
-        Ok(())
-    }
-
-    /// Unmaps whole chunks `[from, to)` in one atomic step (its work is
-    /// bounded whatever the range: `Meta::unmap_chunks`). It may use the
-    /// metadata reserve: it frees space.
-    fn unmap_range(&self, id: u64, from: u64, to: u64) -> Result<()> {
-        if from >= to {
-            return Ok(());
-        }
-        self.commit_if_needed()?;
-        self.step(Privilege::Reserve, |m| m.unmap_chunks(id, from, to))
-    }
-
-    /// Runs one atomic step of an operation under the I/O gate. A step that
-    /// does not fit the open transaction's journal room is undone
-    /// (`Error::TransactionFull`) and run once more after a commit, in an
-    /// empty transaction.
-    fn step<T>(
-        &self,
-        privilege: Privilege,
-        mut f: impl FnMut(&mut Meta) -> Result<T>,
-    ) -> Result<T> {
-        let mut committed = false;
-        loop {
-            let result = {
-                let _gate = self.io_gate();
-                let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, privilege, &mut f)
-            };
-            match result {
-                Err(Error::TransactionFull) if !committed => {
-                    self.flush()?;
-                    committed = true;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Writes zeros over `[offset, offset + len)` through the normal write path.
-    fn zero_bytes(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
-        let cs = self.chunk_size();
-        let zeros = vec![0u8; cs as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let n = (cs - at % cs).min(offset + len - at);
-            self.write(id, at, &zeros[..n as usize])?;
-            at += n;
-        }
-        Ok(())
-    }
-
-    /// Zeroes the parts of partial chunks at both ends of a range, where mapped,
-    /// and returns the whole chunks inside it.
-    fn zero_partial_ends(&self, id: VolumeId, offset: u64, len: u64) -> Result<(u64, u64)> {
-        let cs = self.chunk_size();
-        let end = offset + len;
-        let first_whole = offset.div_ceil(cs);
-        let end_whole = end / cs;
-        if first_whole >= end_whole {
-            // No whole chunk inside: the range lies within at most two chunks.
-            self.zero_if_mapped(id, offset, len)?;
-            return Ok((0, 0));
-        }
-        self.zero_if_mapped(id, offset, first_whole * cs - offset)?;
-        self.zero_if_mapped(id, end_whole * cs, end - end_whole * cs)?;
-        Ok((first_whole, end_whole))
-    }
-
-    fn zero_if_mapped(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let runs = self.allocation_map(id, offset, len)?;
-        for run in runs.iter().filter(|r| r.mapped) {
-            self.zero_bytes(id, run.offset, run.len)?;
-        }
-        Ok(())
+        self.apply_all(Unit {
+            id,
+            offset,
+            len: data.len() as u64,
+            fill: Fill::Data(data),
+            unmap: false,
+            past_end: false,
+        })
     }
 
     /// Discards a range: whole chunks are unmapped (their space freed once no
     /// snapshot needs them), partial chunks at the ends are zeroed.
+    /// Atomic whatever the range (see `pool/write.rs`).
     pub fn discard(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
-        let (from, to) = self.zero_partial_ends(id, offset, len)?;
-        self.unmap_range(id.0, from, to)
+        self.apply_all(Unit {
+            id,
+            offset,
+            len,
+            fill: Fill::Zeros,
+            unmap: true,
+            past_end: false,
+        })
     }
 
     /// Makes a range read as zeros. With `keep_allocation` the chunks stay
-    /// allocated (zeros are written); otherwise whole chunks are unmapped.
+    /// allocated (zeros are written; atomic up to 32 MiB, longer ranges in
+    /// atomic pieces); otherwise whole chunks are unmapped (as a discard).
     pub fn write_zeroes(
         &self,
         id: VolumeId,
@@ -1141,10 +891,14 @@ impl Pool {
         keep_allocation: bool,
     ) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
-        if keep_allocation {
-            return self.zero_bytes(id, offset, len);
-        }
-        self.discard(id, offset, len)
+        self.apply_all(Unit {
+            id,
+            offset,
+            len,
+            fill: Fill::Zeros,
+            unmap: !keep_allocation,
+            past_end: false,
+        })
     }
 
     // ---- reclaim and statistics ------------------------------------------------

@@ -13,17 +13,29 @@ use crate::meta::{unix_now, Meta, Privilege};
 /// of metadata space.
 pub(crate) const STEP_META_BUDGET: u64 = 64;
 
-/// Where the data of one chunk write goes.
+/// What an atomic write does to one chunk, decided in its planning step
+/// (see `Pool::apply` in `pool/write.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WritePlan {
+pub(crate) enum ChunkPlan {
     /// The chunk is mapped and referenced by this volume alone, in the open
     /// transaction and in every state a power cut can recover to: overwrite
-    /// it.
+    /// it once every redirected chunk of the write is mapped.
     InPlace(u64),
     /// Write a complete new chunk (`new`, already allocated), then map it.
     /// `old` is the chunk mapped when planning, whose data fills the parts of
     /// the chunk a partial write does not cover.
     Redirect { old: Option<u64>, new: u64 },
+    /// Nothing to write: a chunk a discard zeroes only where mapped, and it
+    /// is not.
+    Skip,
+}
+
+/// One chunk a write plans: the chunk number, and whether it is only
+/// written where mapped (the partial ends of a discard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChunkWanted {
+    pub chunk: u64,
+    pub only_if_mapped: bool,
 }
 
 /// Where a write ends, checked against the volume's size when the write is
@@ -227,28 +239,108 @@ impl Meta {
         })
     }
 
-    /// Decides where a write to `chunk` of volume `id` goes (see [`WritePlan`]).
-    pub fn plan_write(&mut self, id: u64, chunk: u64, end: WriteEnd) -> Result<WritePlan> {
-        let old = match self.try_in_place(id, chunk, None, end)? {
-            InPlaceCheck::Yes(phys) => return Ok(WritePlan::InPlace(phys)),
-            InPlaceCheck::No { mapped } => mapped,
-        };
-        Ok(WritePlan::Redirect {
-            old,
-            new: self.alloc_data()?,
-        })
+    /// The planning step of an atomic write to volume `id`: decides what
+    /// each chunk of `wanted` does (see [`ChunkPlan`]) and allocates every
+    /// new chunk, or fails having changed nothing once the step is undone.
+    pub fn plan_chunks(
+        &mut self,
+        id: u64,
+        wanted: &[ChunkWanted],
+        end: WriteEnd,
+    ) -> Result<Vec<ChunkPlan>> {
+        self.check_write_end(id, end)?;
+        // Whether the open state was the durable one when the step began:
+        // the changes this step makes before a later chunk's check (shadowing
+        // this volume's paths, allocating fresh chunks) only add references,
+        // so that check may still rely on it (see `try_in_place`).
+        let durable_at_start = self.matches_durable();
+        let mut plans = Vec::with_capacity(wanted.len());
+        for w in wanted {
+            let plan = match self.try_in_place(id, w.chunk, end, durable_at_start)? {
+                InPlaceCheck::Yes(phys) => ChunkPlan::InPlace(phys),
+                InPlaceCheck::No { mapped: None } if w.only_if_mapped => ChunkPlan::Skip,
+                InPlaceCheck::No { mapped } => ChunkPlan::Redirect {
+                    old: mapped,
+                    new: self.alloc_data()?,
+                },
+            };
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    /// The mapping step of an atomic write, after the new chunks were
+    /// written: maps every redirected chunk of `plans` (planned for
+    /// `wanted`) and unmaps the whole chunks `unmap`.
+    pub fn map_planned(
+        &mut self,
+        id: u64,
+        wanted: &[ChunkWanted],
+        plans: &[ChunkPlan],
+        unmap: std::ops::Range<u64>,
+        end: WriteEnd,
+    ) -> Result<()> {
+        debug_assert_eq!(wanted.len(), plans.len());
+        self.check_write_end(id, end)?;
+        let root = self.volume(id)?.root;
+        // The writer holds the stripes of these chunks and the I/O gate, so
+        // nothing changed their mappings since the plan: a paired check.
+        for (w, plan) in wanted.iter().zip(plans) {
+            if let ChunkPlan::Redirect { old, .. } = *plan {
+                let current = self.map_lookup(root, w.chunk)?.map(|(e, _)| e.phys(w.chunk));
+                if current != old {
+                    return Err(Error::inconsistent(format!(
+                        "chunk {} of volume {id} maps to {current:?}, planned against {old:?}",
+                        w.chunk
+                    )));
+                }
+            }
+        }
+        let mut root = root;
+        let mut added = 0u64;
+        for (w, plan) in wanted.iter().zip(plans) {
+            if let ChunkPlan::Redirect { new, .. } = *plan {
+                let (shadowed, previous) = self.map_set(root, w.chunk, new)?;
+                root = shadowed;
+                match previous {
+                    Some(previous) => {
+                        self.data_sm.dec(&self.store, previous)?;
+                    }
+                    None => added += 1,
+                }
+            }
+        }
+        self.update_volume(id, |vol| {
+            vol.root = root;
+            vol.mapped_chunks += added;
+        })?;
+        if !unmap.is_empty() {
+            self.unmap_chunks(id, unmap.start, unmap.end)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the new chunks of `plans` (a write that did not map them).
+    pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
+        for plan in plans {
+            if let ChunkPlan::Redirect { new, .. } = *plan {
+                self.data_sm.dec(&self.store, new)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether `chunk` of volume `id` may be overwritten in place. If it is
     /// mapped, its path is shadowed and its generation refreshed (a write
-    /// follows either way). With `only_at`, gives up changing nothing unless
-    /// the chunk maps to that physical chunk.
-    pub fn try_in_place(
+    /// follows either way). `durable_at_start`: the open state was the
+    /// durable one when the step began, and has changed since only by this
+    /// step's shadowing and allocations.
+    fn try_in_place(
         &mut self,
         id: u64,
         chunk: u64,
-        only_at: Option<u64>,
         end: WriteEnd,
+        durable_at_start: bool,
     ) -> Result<InPlaceCheck> {
         self.check_write_end(id, end)?;
         let root = self.writable_volume(id)?.root;
@@ -256,11 +348,7 @@ impl Meta {
             return Ok(InPlaceCheck::No { mapped: None });
         };
         let phys = extent.phys(chunk);
-        if only_at.is_some_and(|wanted| wanted != phys) {
-            return Ok(InPlaceCheck::No { mapped: Some(phys) });
-        }
         let written_since_shared = extent.gen > self.last_shared_txn(id);
-        let durable_is_current = self.matches_durable();
         // An extent written in this transaction sits in a leaf shadowed in this
         // transaction: the path is already exclusive. Otherwise re-map the
         // chunk as it is, generation included, which shadows the path: the
@@ -286,7 +374,7 @@ impl Meta {
         //   exclusive). Only a share can give another tree this chunk, and
         //   when it was mapped here the count was 1 with the path shadowed,
         //   so no tree held it then, by this same rule at that time;
-        // * the open state was the durable one when this call began: then a
+        // * the open state was the durable one when the step began: then a
         //   count of 1 after shadowing this volume's path (shadowing a shared
         //   node adds a count to each child) means the path and the chunk
         //   were this volume's alone in the durable state too. This is what
@@ -294,7 +382,7 @@ impl Meta {
         //   and retries a write that found no space (`Pool::write`).
         let exclusive_since_durable = self.data_sm.allocated_since_durable(phys)
             || written_since_shared
-            || durable_is_current;
+            || durable_at_start;
         if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
             if extent.gen != self.txn {
                 // The path is this transaction's now, so this is cheap.
@@ -305,40 +393,6 @@ impl Meta {
             return Ok(InPlaceCheck::Yes(phys));
         }
         Ok(InPlaceCheck::No { mapped: Some(phys) })
-    }
-
-    /// Maps `chunk` to the freshly written `new` if the chunk still maps to
-    /// `old` (the plan is still valid); otherwise frees `new` and returns
-    /// false so the caller plans again.
-    pub fn finish_write(
-        &mut self,
-        id: u64,
-        chunk: u64,
-        old: Option<u64>,
-        new: u64,
-        end: WriteEnd,
-    ) -> Result<bool> {
-        // A failed step is undone whole, `new`'s allocation included: the
-        // caller frees it.
-        self.check_write_end(id, end)?;
-        let root = self.volume(id)?.root;
-        let current = self.map_lookup(root, chunk)?.map(|(e, _)| e.phys(chunk));
-        if current != old {
-            self.data_sm.dec(&self.store, new)?;
-            return Ok(false);
-        }
-        let root = self.volume(id)?.root;
-        let (root, previous) = self.map_set(root, chunk, new)?;
-        if let Some(previous) = previous {
-            self.data_sm.dec(&self.store, previous)?;
-        }
-        self.update_volume(id, |vol| {
-            vol.root = root;
-            if previous.is_none() {
-                vol.mapped_chunks += 1;
-            }
-        })?;
-        Ok(true)
     }
 
     /// Processes up to `max_items` reclaim-queue entries; returns how many.

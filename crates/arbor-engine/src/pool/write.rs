@@ -1,0 +1,450 @@
+//! Writes, write-zeroes, discards and the zeroing of a grown volume's old
+//! tail: each is carried out as one or more *units*, and a unit is atomic.
+//! It completes, or it fails and leaves the pool exactly as before.
+//!
+//! A unit runs under the I/O gate (no commit, snapshot or clone runs before
+//! it ends) and the stripe locks of every chunk it touches (no other write
+//! or discard changes those chunks' mappings meanwhile):
+//! 1. **plan**, one metadata step: each chunk is decided in place or
+//!    redirected, and every new chunk is allocated;
+//! 2. the new chunks are written whole (the old data or zeros around the
+//!    write);
+//! 3. **map**, one metadata step: every redirected chunk is mapped and a
+//!    discard's whole chunks are unmapped;
+//! 4. the in-place chunks are overwritten.
+//!
+//! A failed step is undone whole (`Meta::atomic`), and the chunks allocated
+//! in step 1 are freed when step 2 or 3 fails, so nothing changes until step
+//! 3 succeeds, after which only the device can fail. A unit that runs out of
+//! data or metadata space makes room (reclaim, commit) and runs once more; one
+//! that does not fit the open transaction's journal room runs again after a
+//! commit, and one that does not fit an empty transaction is split in two
+//! (a write of thousands of chunks whose space-map entries are scattered
+//! over more pages than the journal holds).
+//!
+//! A unit covers at most [`unit_chunks`] chunks: any request of the NBD
+//! maximum payload, wherever it starts. Longer write-zeroes (and writes
+//! through the engine API) go unit by unit; each unit is atomic.
+
+use std::ops::Range;
+
+use super::*;
+use crate::volumes::{ChunkPlan, ChunkWanted};
+
+/// Bytes of one write request served whole by one unit: the NBD maximum
+/// payload (arbor-nbd `MAX_PAYLOAD`).
+const UNIT_BYTES: u64 = 32 << 20;
+/// Largest device write of zeros (the zero buffer's size).
+const ZERO_RUN: u64 = 1 << 20;
+
+/// Chunks a unit covers at most with chunks of `cs` bytes: a request of
+/// `UNIT_BYTES` that does not start on a chunk boundary touches one more.
+fn unit_chunks(cs: u64) -> u64 {
+    UNIT_BYTES / cs + 1
+}
+
+/// What a unit writes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Fill<'a> {
+    /// These bytes (as many as the unit's length).
+    Data(&'a [u8]),
+    Zeros,
+}
+
+/// One atomic piece of a write, write-zeroes or discard.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Unit<'a> {
+    pub id: VolumeId,
+    pub offset: u64,
+    pub len: u64,
+    pub fill: Fill<'a>,
+    /// A discard: whole chunks are unmapped, and the parts of partial chunks
+    /// are zeroed where mapped. Discards may use the metadata reserve (they
+    /// free space; their partial ends copy at most two chunks).
+    pub unmap: bool,
+    /// May write past the size up to the end of the last chunk (only to
+    /// zero that tail before a grow makes it part of the volume).
+    pub past_end: bool,
+}
+
+impl<'a> Unit<'a> {
+    fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    /// Every chunk the unit touches.
+    fn chunk_range(&self, cs: u64) -> Range<u64> {
+        self.offset / cs..self.end().div_ceil(cs)
+    }
+
+    /// The chunks the unit plans, and the whole chunks it unmaps.
+    fn chunks(&self, cs: u64) -> (Vec<ChunkWanted>, Range<u64>) {
+        let all = self.chunk_range(cs);
+        if !self.unmap {
+            let wanted = all
+                .map(|chunk| ChunkWanted {
+                    chunk,
+                    only_if_mapped: false,
+                })
+                .collect();
+            return (wanted, 0..0);
+        }
+        let whole = self.offset.div_ceil(cs)..self.end() / cs;
+        let partial = |chunk| ChunkWanted {
+            chunk,
+            only_if_mapped: true,
+        };
+        if whole.is_empty() {
+            // No whole chunk inside: the range lies within one or two chunks.
+            return (all.map(partial).collect(), 0..0);
+        }
+        let mut wanted = Vec::with_capacity(2);
+        if whole.start > all.start {
+            wanted.push(partial(all.start));
+        }
+        if whole.end < all.end {
+            wanted.push(partial(whole.end));
+        }
+        (wanted, whole)
+    }
+
+    fn privilege(&self) -> Privilege {
+        if self.unmap {
+            Privilege::Reserve
+        } else {
+            Privilege::Normal
+        }
+    }
+
+    /// The part `[from, to)` of this unit (byte offsets of the volume).
+    fn part(&self, from: u64, to: u64) -> Unit<'a> {
+        let fill = match self.fill {
+            Fill::Data(d) => Fill::Data(&d[(from - self.offset) as usize..(to - self.offset) as usize]),
+            Fill::Zeros => Fill::Zeros,
+        };
+        Unit {
+            offset: from,
+            len: to - from,
+            fill,
+            ..*self
+        }
+    }
+
+    /// Two halves split at a chunk boundary, if the unit spans more than one
+    /// chunk.
+    fn halves(&self, cs: u64) -> Option<(Unit<'a>, Unit<'a>)> {
+        let chunks = self.chunk_range(cs);
+        let mid = (chunks.start + chunks.end) / 2 * cs;
+        (mid > self.offset && mid < self.end())
+            .then(|| (self.part(self.offset, mid), self.part(mid, self.end())))
+    }
+
+    /// The bytes of the unit inside chunk `chunk`.
+    fn span(&self, chunk: u64, cs: u64) -> Range<u64> {
+        (chunk * cs).max(self.offset)..((chunk + 1) * cs).min(self.end())
+    }
+}
+
+/// Consecutive device writes merged into one: `logical` bytes of the unit
+/// go to the device at `device`.
+struct Run {
+    logical: Range<u64>,
+    device: u64,
+}
+
+impl Pool {
+    /// Carries out `unit` (any length) as a sequence of atomic units.
+    pub(super) fn apply_all(&self, unit: Unit<'_>) -> Result<()> {
+        let cs = self.chunk_size();
+        if unit.unmap {
+            // Bounded whatever the range: at most two partial chunks to
+            // write, and the whole chunks unmapped with bounded work.
+            return self.apply(unit);
+        }
+        let step = unit_chunks(cs) * cs;
+        let mut at = unit.offset;
+        while at < unit.end() {
+            // Units end on chunk boundaries, so each covers at most
+            // `unit_chunks` chunks.
+            let to = ((at / cs) * cs + step).min(unit.end());
+            self.apply(unit.part(at, to))?;
+            at = to;
+        }
+        Ok(())
+    }
+
+    /// Carries out one unit atomically (see the module documentation).
+    fn apply(&self, unit: Unit<'_>) -> Result<()> {
+        /// Commits before a unit that does not fit the journal room is
+        /// split: another writer may fill the transaction again between a
+        /// commit and the unit's next try.
+        const COMMITS_BEFORE_SPLIT: u32 = 2;
+        let mut commits = 0;
+        let mut made_room = false;
+        loop {
+            self.commit_if_needed()?;
+            match self.attempt(&unit) {
+                Ok(()) => return Ok(()),
+                // Entries freed since the last commit become allocatable once
+                // it is durable, deleted volumes' space once reclaimed, and a
+                // chunk that is this volume's alone in the open state may be
+                // overwritten in place once that state is durable: make room
+                // and try once more before reporting full.
+                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
+                    if made_room || !self.make_room()? {
+                        return Err(e);
+                    }
+                    made_room = true;
+                }
+                Err(Error::TransactionFull) if commits < COMMITS_BEFORE_SPLIT => {
+                    self.flush()?;
+                    commits += 1;
+                }
+                Err(Error::TransactionFull) => {
+                    let Some((a, b)) = unit.halves(self.chunk_size()) else {
+                        return Err(Error::TransactionFull);
+                    };
+                    self.apply(a)?;
+                    return self.apply(b);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One try of a unit: steps 1 to 4 of the module documentation.
+    fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
+        let cs = self.chunk_size();
+        let _gate = self.io_gate();
+        let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(cs));
+        let (wanted, unmap) = unit.chunks(cs);
+        let privilege = unit.privilege();
+        let end = WriteEnd {
+            end: unit.end(),
+            past_end: unit.past_end,
+        };
+        let plans = {
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, privilege, |m| {
+                m.ensure_step_budget()?;
+                m.plan_chunks(unit.id.0, &wanted, end)
+            })?
+        };
+        let mapped = self.write_new_chunks(unit, &wanted, &plans).and_then(|()| {
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, privilege, |m| {
+                m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
+            })
+        });
+        if let Err(e) = mapped {
+            // Nothing maps the new chunks: free them, unless the pool stopped.
+            if !e.stops_pool() {
+                let mut meta = self.write_meta()?;
+                self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
+            }
+            return Err(e);
+        }
+        self.write_in_place(unit, &wanted, &plans)
+    }
+
+    /// Locks the stripes of chunks `chunks` of volume `id`, in index order
+    /// (so two units never wait for each other's stripes).
+    fn lock_stripes(&self, id: u64, chunks: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+        let indices: Vec<usize> = if chunks.end - chunks.start >= STRIPES as u64 {
+            (0..STRIPES).collect()
+        } else {
+            let mut v: Vec<usize> = chunks.map(|c| self.stripe_index(id, c)).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        indices
+            .into_iter()
+            .map(|i| lock_mutex(&self.stripes[i]))
+            .collect()
+    }
+
+    /// Step 2: writes every redirected chunk whole.
+    fn write_new_chunks(
+        &self,
+        unit: &Unit<'_>,
+        wanted: &[ChunkWanted],
+        plans: &[ChunkPlan],
+    ) -> Result<()> {
+        let geo = self.store.geo;
+        let cs = geo.chunk_size;
+        let mut runs = Runs::default();
+        for (w, plan) in wanted.iter().zip(plans) {
+            let ChunkPlan::Redirect { old, new } = *plan else {
+                continue;
+            };
+            let span = unit.span(w.chunk, cs);
+            if span.end - span.start == cs {
+                if let Some(run) = runs.add(span, geo.chunk_offset(new)) {
+                    self.write_run(unit, &run)?;
+                }
+                continue;
+            }
+            // A partial chunk: the old data (or zeros) around the write.
+            if let Some(run) = runs.take() {
+                self.write_run(unit, &run)?;
+            }
+            let mut buf = vec![0u8; cs as usize];
+            if let Some(old) = old {
+                self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?;
+            }
+            let at = (span.start - w.chunk * cs) as usize;
+            let len = (span.end - span.start) as usize;
+            match unit.fill {
+                Fill::Data(d) => {
+                    let from = (span.start - unit.offset) as usize;
+                    buf[at..at + len].copy_from_slice(&d[from..from + len]);
+                }
+                Fill::Zeros => buf[at..at + len].fill(0),
+            }
+            self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
+        }
+        if let Some(run) = runs.take() {
+            self.write_run(unit, &run)?;
+        }
+        Ok(())
+    }
+
+    /// Step 4: overwrites the in-place chunks.
+    fn write_in_place(
+        &self,
+        unit: &Unit<'_>,
+        wanted: &[ChunkWanted],
+        plans: &[ChunkPlan],
+    ) -> Result<()> {
+        let geo = self.store.geo;
+        let cs = geo.chunk_size;
+        let mut runs = Runs::default();
+        for (w, plan) in wanted.iter().zip(plans) {
+            let ChunkPlan::InPlace(phys) = *plan else {
+                continue;
+            };
+            let span = unit.span(w.chunk, cs);
+            let device = geo.chunk_offset(phys) + (span.start - w.chunk * cs);
+            if let Some(run) = runs.add(span, device) {
+                self.write_run(unit, &run)?;
+            }
+        }
+        if let Some(run) = runs.take() {
+            self.write_run(unit, &run)?;
+        }
+        Ok(())
+    }
+
+    fn write_run(&self, unit: &Unit<'_>, run: &Run) -> Result<()> {
+        match unit.fill {
+            Fill::Data(d) => {
+                let from = (run.logical.start - unit.offset) as usize;
+                let to = (run.logical.end - unit.offset) as usize;
+                self.store.dev.write_at(&d[from..to], run.device)?;
+            }
+            Fill::Zeros => {
+                let total = run.logical.end - run.logical.start;
+                let zeros = vec![0u8; total.min(ZERO_RUN) as usize];
+                let mut done = 0;
+                while done < total {
+                    let n = (total - done).min(ZERO_RUN);
+                    self.store.dev.write_at(&zeros[..n as usize], run.device + done)?;
+                    done += n;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Merges pieces that are consecutive both in the unit and on the device.
+#[derive(Default)]
+struct Runs {
+    open: Option<Run>,
+}
+
+impl Runs {
+    /// Adds `logical` bytes going to `device`; returns the run this closes,
+    /// if the piece does not continue it.
+    fn add(&mut self, logical: Range<u64>, device: u64) -> Option<Run> {
+        if let Some(run) = &mut self.open {
+            let len = run.logical.end - run.logical.start;
+            if run.logical.end == logical.start && run.device + len == device {
+                run.logical.end = logical.end;
+                return None;
+            }
+        }
+        self.open.replace(Run { logical, device })
+    }
+
+    fn take(&mut self) -> Option<Run> {
+        self.open.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(offset: u64, len: u64, unmap: bool) -> Unit<'static> {
+        Unit {
+            id: VolumeId(1),
+            offset,
+            len,
+            fill: Fill::Zeros,
+            unmap,
+            past_end: false,
+        }
+    }
+
+    #[test]
+    fn a_discard_plans_its_partial_ends_and_unmaps_the_whole_chunks() {
+        let cs = 4096;
+        let chunks = |u: Unit| {
+            let (w, unmap) = u.chunks(cs);
+            (w.iter().map(|w| w.chunk).collect::<Vec<_>>(), unmap)
+        };
+        assert_eq!(chunks(unit(512, 3 * cs, true)), (vec![0, 3], 1..3));
+        assert_eq!(chunks(unit(0, 3 * cs, true)), (vec![], 0..3));
+        assert_eq!(chunks(unit(cs - 512, 1024, true)), (vec![0, 1], 0..0));
+        assert_eq!(chunks(unit(512, 1024, true)), (vec![0], 0..0));
+        assert_eq!(chunks(unit(cs, cs + 512, true)), (vec![2], 1..2));
+        assert!(unit(cs, cs + 512, true).chunks(cs).0[0].only_if_mapped);
+        assert_eq!(chunks(unit(512, 2 * cs, false)), (vec![0, 1, 2], 0..0));
+    }
+
+    #[test]
+    fn halves_split_on_a_chunk_boundary_and_a_single_chunk_does_not_split() {
+        let cs = 4096;
+        let (a, b) = unit(512, 3 * cs, false).halves(cs).expect("four chunks split");
+        assert_eq!((a.offset, a.end(), b.offset, b.end()), (512, 2 * cs, 2 * cs, 3 * cs + 512));
+        assert!(unit(0, cs, false).halves(cs).is_none());
+        assert!(unit(512, 1024, false).halves(cs).is_none());
+        let (a, b) = unit(cs - 512, 1024, false).halves(cs).expect("two chunks split");
+        assert_eq!((a.end(), b.offset), (cs, cs));
+    }
+
+    #[test]
+    fn runs_merge_only_what_is_consecutive_in_the_unit_and_on_the_device() {
+        let mut runs = Runs::default();
+        assert!(runs.add(0..10, 100).is_none());
+        assert!(runs.add(10..20, 110).is_none());
+        let closed = runs.add(20..30, 200).expect("device gap closes the run");
+        assert_eq!((closed.logical, closed.device), (0..20, 100));
+        let closed = runs.add(40..50, 210).expect("logical gap closes the run");
+        assert_eq!((closed.logical, closed.device), (20..30, 200));
+        let last = runs.take().expect("open run");
+        assert_eq!((last.logical, last.device), (40..50, 210));
+        assert!(runs.take().is_none());
+    }
+
+    #[test]
+    fn a_maximum_payload_is_one_unit_wherever_it_starts() {
+        for cs in [4096u64, 16384, 1 << 20] {
+            let u = unit(512, UNIT_BYTES, false);
+            let range = u.chunk_range(cs);
+            assert!(range.end - range.start <= unit_chunks(cs));
+        }
+    }
+}
