@@ -1,7 +1,10 @@
 //! Exhaustion campaign: random sequences of every public operation on a
 //! pool whose data and metadata regions and journal are tiny, so that
 //! `NoSpace` and `MetadataFull` happen all the time, with a concurrent
-//! writer on a volume of its own.
+//! writer on a volume of its own. Even seeds run on a pool whose data
+//! region is the tight one (6 MiB), odd seeds on one whose 1 MiB of
+//! metadata is (32 MiB of data): bursts of scattered writes and snapshots
+//! fill it with leaves.
 //!
 //! What must hold:
 //! * an operation that fails leaves the pool exactly as before it (the
@@ -14,6 +17,7 @@
 //!   flushes are the power-cut campaign's.)
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -33,6 +37,10 @@ const WRITER_VOLUME: &str = "w";
 pub struct Outcome {
     pub operations: u64,
     pub resource_failures: u64,
+    /// Per operation and error: how often it ran out.
+    pub ran_out: BTreeMap<String, u64>,
+    /// Writes of the concurrent writer that ran out (each checked unchanged).
+    pub writer_ran_out: u64,
     pub commits_checked: u64,
     pub reopens: u64,
     pub power_cuts: u64,
@@ -44,6 +52,10 @@ impl Tally for Outcome {
     fn add(&mut self, o: Self) {
         self.operations += o.operations;
         self.resource_failures += o.resource_failures;
+        for (k, v) in o.ran_out {
+            *self.ran_out.entry(k).or_default() += v;
+        }
+        self.writer_ran_out += o.writer_ran_out;
         self.commits_checked += o.commits_checked;
         self.reopens += o.reopens;
         self.power_cuts += o.power_cuts;
@@ -52,6 +64,25 @@ impl Tally for Outcome {
     }
     fn failures(&self) -> &[String] {
         &self.failures
+    }
+}
+
+impl Outcome {
+    /// "write: NoSpace 12, MetadataFull 3; snapshot: ..." for reports.
+    pub fn ran_out_summary(&self) -> String {
+        let mut out = String::new();
+        for (k, v) in &self.ran_out {
+            let _ = write!(out, "{}{k} {v}", if out.is_empty() { "" } else { ", " });
+        }
+        out
+    }
+
+    /// Operation kinds that ran out of data space and of metadata at least once.
+    pub fn ran_out_of(&self, error: &str) -> Vec<&str> {
+        self.ran_out
+            .keys()
+            .filter_map(|k| k.strip_suffix(error).map(|op| op.trim_end_matches(": ")))
+            .collect()
     }
 }
 
@@ -64,6 +95,9 @@ struct Vol {
 
 /// The pool as the campaign knows it: every name and its contents.
 type Model = BTreeMap<String, Vol>;
+
+/// Operations that free space: they must work when metadata is full.
+const FREE_SPACE: [&str; 4] = ["delete", "rollback", "reclaim", "flush"];
 
 fn is_resource(e: &Error) -> bool {
     matches!(e, Error::NoSpace | Error::MetadataFull)
@@ -96,7 +130,11 @@ fn compare(pool: &Pool, model: &Model, when: &str) -> Result<(), String> {
     let names: Vec<&String> = list.iter().map(|i| &i.name).collect();
     let want: Vec<&String> = model.keys().collect();
     if names != want {
-        return Err(format!("{when}: names {names:?}, model {want:?}"));
+        let extra: Vec<_> = names.iter().filter(|n| !model.contains_key(**n)).collect();
+        let missing: Vec<_> = want.iter().filter(|n| !names.contains(n)).collect();
+        return Err(format!(
+            "{when}: the pool has {extra:?} the model has not, and lacks {missing:?}"
+        ));
     }
     for info in &list {
         let vol = &model[&info.name];
@@ -112,8 +150,9 @@ fn compare(pool: &Pool, model: &Model, when: &str) -> Result<(), String> {
         }
         let data =
             read_all(pool, info.id).map_err(|e| format!("{when}: read {}: {e}", info.name))?;
-        if let Some(at) = data.iter().zip(&vol.data).position(|(a, b)| a != b) {
-            return Err(format!("{when}: {} differs at byte {at}", info.name));
+        if data != vol.data {
+            let at = data.iter().zip(&vol.data).position(|(a, b)| a != b);
+            return Err(format!("{when}: {} differs at byte {at:?}", info.name));
         }
     }
     Ok(())
@@ -138,21 +177,19 @@ fn sector_range(rng: &mut StdRng, size: u64, max: u64) -> (u64, u64) {
     (off * SECTOR, len * SECTOR)
 }
 
-/// One campaign run: `steps` operations from `seed`. With `spanning`,
-/// writes, and discards and zeroes with partial ends, may span several
-/// chunks. Those are not atomic yet when space runs out part way (a
-/// multi-chunk write is planned and mapped chunk by chunk): docs/RELIABILITY.md.
-pub fn run(seed: u64, steps: usize, spanning: bool) -> Outcome {
+/// One campaign run: `steps` operations from `seed`.
+pub fn run(seed: u64, steps: usize) -> Outcome {
     let mut out = Outcome::default();
-    if let Err(e) = no_panic(|| run_inner(seed, steps, spanning, &mut out)) {
+    if let Err(e) = no_panic(|| run_inner(seed, steps, &mut out)) {
         out.failures.push(format!("seed {seed}: {e}"));
     }
     out
 }
 
-fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Result<(), String> {
+fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut disk = SimDisk::new(6 * MIB);
+    let metadata_tight = seed % 2 == 1;
+    let mut disk = SimDisk::new(if metadata_tight { 96 * MIB } else { 6 * MIB });
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
     let opts = CreateOptions {
         chunk_size: CHUNK as u32,
@@ -166,6 +203,9 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
     // The concurrent writer's volume: outside the model, checked by the writer.
     pool.create_volume(WRITER_VOLUME, 2 * MIB)
         .map_err(|e| e.to_string())?;
+    if metadata_tight {
+        fill_metadata(&pool, &mut model, &mut next_name, &mut rng)?;
+    }
     let mut writer = Writer::start(&pool, seed);
     for step in 0..steps {
         out.operations += 1;
@@ -176,7 +216,6 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
             (!from.is_empty()).then(|| from[rng.gen_range(0..from.len())].clone())
         };
         let when = format!("seed {seed} step {step}");
-        let before = model.clone();
         // The operation, and what it acts on: a volume, a snapshot or any
         // name. With nothing of that kind yet, it creates a volume instead.
         let mut kind = rng.gen_range(0..100);
@@ -190,52 +229,58 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
             kind = 45;
             String::new()
         });
-        // Each arm updates the model when the operation succeeds.
+        // Each arm updates the model only when its operation succeeds, so
+        // after a failure the model is the state before it.
         let (what, result): (String, Result<(), Error>) = match kind {
-            0..=34 => {
+            32..=34 => brim(&pool, &mut model, &target, &mut next_name, &mut rng)?,
+            0..=31 => {
                 let v = target.clone();
-                let size = model[&v].data.len() as u64;
-                let (off, mut len) = sector_range(&mut rng, size, 512 * 1024);
-                if !spanning {
-                    len = len.min(CHUNK - off % CHUNK);
-                }
-                let data = pattern(rng.gen(), off, len as usize);
                 let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
-                let r = pool.write(id, off, &data);
-                if r.is_ok() {
-                    let m = model.get_mut(&v).ok_or("model")?;
-                    m.data[off as usize..(off + len) as usize].copy_from_slice(&data);
+                let size = model[&v].data.len() as u64;
+                // A burst of scattered small writes (each its own call; one
+                // extent each, so they fill metadata) or one write of up to
+                // 512 KiB over several chunks.
+                let most = if metadata_tight { 256 } else { 64 };
+                let burst = if rng.gen_bool(0.4) {
+                    rng.gen_range(2..=most)
+                } else {
+                    1
+                };
+                let mut result = (String::new(), Ok(()));
+                for _ in 0..burst {
+                    let (off, len) =
+                        sector_range(&mut rng, size, if burst > 1 { 4096 } else { 512 * 1024 });
+                    let data = pattern(rng.gen(), off, len as usize);
+                    let r = pool.write(id, off, &data);
+                    let what = format!("write {v} {off}+{len}");
+                    match r {
+                        Ok(()) => {
+                            let m = model.get_mut(&v).ok_or("model")?;
+                            m.data[off as usize..(off + len) as usize].copy_from_slice(&data);
+                        }
+                        Err(e) => {
+                            result = (what, Err(e));
+                            break;
+                        }
+                    }
                 }
-                (format!("write {v} {off}+{len}"), r)
+                result
             }
             35..=44 => {
                 let v = target.clone();
                 let size = model[&v].data.len() as u64;
-                let (mut off, mut len) = sector_range(&mut rng, size, size);
-                if !spanning && off / CHUNK != (off + len - 1) / CHUNK {
-                    // Whole chunks only (no partial ends to zero).
-                    off = off.div_ceil(CHUNK) * CHUNK;
-                    let end = ((off + len) / CHUNK * CHUNK).max(off);
-                    len = end - off;
-                }
+                let (off, len) = sector_range(&mut rng, size, size);
                 let id = pool.lookup(&v).map_err(|e| format!("{when}: {e}"))?;
-                let r = if len == 0 {
-                    Ok(())
-                } else if rng.gen_bool(0.5) {
-                    pool.discard(id, off, len)
-                } else {
-                    pool.write_zeroes(
-                        id,
-                        off,
-                        len,
-                        rng.gen_bool(0.3) && (spanning || len <= CHUNK),
-                    )
+                let (op, r) = match rng.gen_range(0..10) {
+                    0..=4 => ("discard", pool.discard(id, off, len)),
+                    5..=7 => ("zero", pool.write_zeroes(id, off, len, false)),
+                    _ => ("zero-keep", pool.write_zeroes(id, off, len, true)),
                 };
                 if r.is_ok() {
                     let m = model.get_mut(&v).ok_or("model")?;
                     m.data[off as usize..(off + len) as usize].fill(0);
                 }
-                (format!("discard/zero {v} {off}+{len}"), r)
+                (format!("{op} {v} {off}+{len}"), r)
             }
             45..=52 => create(&pool, &mut model, &mut next_name, &mut rng),
             53..=62 => {
@@ -368,10 +413,16 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
         match result {
             Ok(()) => {}
             Err(e) if is_resource(&e) || is_refusal(&e) => {
+                let op = what.split(' ').next().unwrap_or_default();
+                if matches!(e, Error::MetadataFull) && FREE_SPACE.contains(&op) {
+                    return Err(format!(
+                        "{when}: {what} ran out of metadata (it frees space, so it may use the reserve)"
+                    ));
+                }
                 if is_resource(&e) {
                     out.resource_failures += 1;
+                    *out.ran_out.entry(format!("{op}: {e:?}")).or_default() += 1;
                 }
-                model = before;
                 compare(&pool, &model, &format!("{when}: after failed {what} ({e})"))?;
             }
             Err(e) => return Err(format!("{when}: {what}: {e}")),
@@ -382,6 +433,122 @@ fn run_inner(seed: u64, steps: usize, spanning: bool, out: &mut Outcome) -> Resu
         .map_err(|e| format!("seed {seed}: final flush: {e}"))?;
     check_clean(&pool, &format!("seed {seed}: end"))?;
     compare(&pool, &model, &format!("seed {seed}: end"))
+}
+
+/// Fills the pool to the brim: snapshots of volume `v`, each followed by a
+/// burst of scattered one-sector writes until a write runs out of metadata,
+/// then snapshots alone until one runs out (at most 64 rounds). Returns the
+/// operation that failed and its error, for the caller's checks; the
+/// operations after it then run on a full pool.
+fn brim(
+    pool: &Pool,
+    model: &mut Model,
+    v: &str,
+    next_name: &mut u64,
+    rng: &mut StdRng,
+) -> Result<(String, Result<(), Error>), String> {
+    let id = pool.lookup(v).map_err(|e| e.to_string())?;
+    let size = model[v].data.len() as u64;
+    let mut writes = true;
+    for _ in 0..64 {
+        *next_name += 1;
+        let snap = format!("{v}@s{next_name}");
+        if let Err(e) = pool.snapshot(&snap) {
+            return Ok((format!("snapshot {snap}"), Err(e)));
+        }
+        let data = model[v].data.clone();
+        model.insert(
+            snap,
+            Vol {
+                snapshot: true,
+                data,
+            },
+        );
+        for _ in 0..if writes { 16 } else { 0 } {
+            let off = rng.gen_range(0..size / SECTOR) * SECTOR;
+            let bytes = pattern(rng.gen(), off, SECTOR as usize);
+            match pool.write(id, off, &bytes) {
+                // Writes need more metadata than a snapshot: go on with
+                // snapshots alone until one runs out too.
+                Err(Error::MetadataFull) => {
+                    writes = false;
+                    break;
+                }
+                Err(e) => return Ok((format!("write {v} {off}+{SECTOR}"), Err(e))),
+                Ok(()) => {}
+            }
+            let m = model.get_mut(v).ok_or("model")?;
+            m.data[off as usize..(off + SECTOR) as usize].copy_from_slice(&bytes);
+        }
+    }
+    Ok(("brim".into(), Ok(())))
+}
+
+/// Fills 65% of the metadata before a run starts: a volume of
+/// scattered chunks (one extent each), then snapshots of it, each followed by
+/// one write into every leaf (so the snapshot pins a copy of every leaf).
+fn fill_metadata(
+    pool: &Pool,
+    model: &mut Model,
+    next_name: &mut u64,
+    rng: &mut StdRng,
+) -> Result<(), String> {
+    const SIZE: u64 = 8 * MIB;
+    let full = |pool: &Pool| -> Result<bool, String> {
+        let st = pool.pool_stats().map_err(|e| e.to_string())?;
+        Ok(st.metadata_used_bytes * 100 >= st.metadata_bytes * 65)
+    };
+    *next_name += 1;
+    let name = format!("v{next_name}");
+    let id = pool.create_volume(&name, SIZE).map_err(|e| e.to_string())?;
+    let mut data = vec![0; SIZE as usize];
+    let mut write = |pool: &Pool, data: &mut Vec<u8>, chunk: u64| -> Result<(), Error> {
+        let off = chunk * CHUNK;
+        let bytes = pattern(rng.gen(), off, SECTOR as usize);
+        pool.write(id, off, &bytes)?;
+        data[off as usize..(off + SECTOR) as usize].copy_from_slice(&bytes);
+        Ok(())
+    };
+    let mut result = Ok(());
+    for chunk in (0..SIZE / CHUNK).step_by(2) {
+        result = write(pool, &mut data, chunk);
+        if result.is_err() {
+            break;
+        }
+    }
+    while result.is_ok() && !full(pool)? {
+        *next_name += 1;
+        let snap = format!("{name}@s{next_name}");
+        if let Err(e) = pool.snapshot(&snap) {
+            result = Err(e);
+            break;
+        }
+        model.insert(
+            snap,
+            Vol {
+                snapshot: true,
+                data: data.clone(),
+            },
+        );
+        for chunk in (0..SIZE / CHUNK).step_by(64) {
+            result = write(pool, &mut data, chunk);
+            if result.is_err() {
+                break;
+            }
+        }
+    }
+    model.insert(
+        name,
+        Vol {
+            snapshot: false,
+            data,
+        },
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if is_resource(&e) => Ok(()),
+        Err(e) => Err(format!("filling metadata: {e}")),
+    }
 }
 
 fn create(
@@ -410,26 +577,29 @@ fn create(
 /// failed write it checks the range is unchanged.
 struct Writer {
     stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<Result<u64, String>>>,
+    handle: Option<std::thread::JoinHandle<Result<(u64, u64), String>>>,
 }
 
 impl Writer {
     fn start(pool: &Arc<Pool>, seed: u64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (pool, flag) = (Arc::clone(pool), Arc::clone(&stop));
-        let handle = std::thread::spawn(move || -> Result<u64, String> {
+        let handle = std::thread::spawn(move || -> Result<(u64, u64), String> {
             let id = pool.lookup(WRITER_VOLUME).map_err(|e| e.to_string())?;
             let mut model = read_all(&pool, id)?;
             let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-            let mut ops = 0;
+            let (mut ops, mut ran_out) = (0, 0);
             while !flag.load(Ordering::Relaxed) {
                 ops += 1;
                 let (off, len) = sector_range(&mut rng, model.len() as u64, 32 * 1024);
                 let range = off as usize..(off + len) as usize;
                 let data = pattern(rng.gen(), off, len as usize);
+                let mut full = false;
                 match pool.write(id, off, &data) {
                     Ok(()) => model[range].copy_from_slice(&data),
                     Err(e) if is_resource(&e) => {
+                        ran_out += 1;
+                        full = true;
                         let mut now = vec![0; len as usize];
                         pool.read(id, off, &mut now).map_err(|e| e.to_string())?;
                         if now != model[range] {
@@ -440,14 +610,19 @@ impl Writer {
                     }
                     Err(e) => return Err(format!("writer: {e}")),
                 }
-                // Pacing only (the main sequence must get the locks too).
-                std::thread::sleep(std::time::Duration::from_micros(100));
+                // Pacing only (the main sequence must get the locks too;
+                // on a full pool each failed write commits).
+                std::thread::sleep(std::time::Duration::from_micros(if full {
+                    2000
+                } else {
+                    100
+                }));
             }
             let now = read_all(&pool, id)?;
             if now != model {
                 return Err("writer: volume w differs from its model".into());
             }
-            Ok(ops)
+            Ok((ops, ran_out))
         });
         Self {
             stop,
@@ -458,7 +633,9 @@ impl Writer {
     fn stop(&mut self, out: &mut Outcome) -> Result<(), String> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
-            out.writer_ops += h.join().map_err(|_| "writer panicked".to_string())??;
+            let (ops, ran_out) = h.join().map_err(|_| "writer panicked".to_string())??;
+            out.writer_ops += ops;
+            out.writer_ran_out += ran_out;
         }
         Ok(())
     }

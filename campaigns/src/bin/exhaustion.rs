@@ -18,16 +18,13 @@ struct Args {
     /// Operations per run.
     #[arg(long, default_value_t = 400)]
     steps: usize,
-    /// Let writes, discards and zeroes span chunks (not atomic yet: finds the known gap).
-    #[arg(long)]
-    spanning: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let (total, runs, elapsed) = repeat(
         &args.run,
-        |seed| run(seed, args.steps, args.spanning),
+        |seed| run(seed, args.steps),
         |t, runs, elapsed| {
             eprintln!(
                 "{:>6.0}s: {runs} runs, {} operations, {} ran out of space, {} failures",
@@ -39,15 +36,17 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space, {} commits checked, {} reopens, {} power cuts, {} concurrent writes, {} failures, {:.0} s",
+        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
         total.resource_failures,
+        total.ran_out_summary(),
         total.commits_checked,
         total.reopens,
         total.power_cuts,
         total.writer_ops,
+        total.writer_ran_out,
         total.failures.len(),
         elapsed.as_secs_f64()
     );

@@ -227,6 +227,7 @@ impl Meta {
     }
 
     /// The privilege of the running step.
+    #[cfg(test)]
     pub fn privilege(&self) -> Privilege {
         self.privilege
     }
@@ -519,14 +520,10 @@ impl Meta {
     /// job and opens the next transaction. Must run with writers quiesced.
     pub fn begin_commit(&mut self) -> Result<CommitJob> {
         debug_assert!(self.node_log.idle(), "a commit inside an operation");
-        let (removed, dirty) = self.table.take_changes();
-        let stored = self.atomic(Privilege::Reserve, |m| {
-            m.store_volume_records(&removed, &dirty)
-        });
-        if let Err(e) = stored {
-            self.table.restore_changes(removed, dirty);
-            return Err(e);
-        }
+        // Usually nothing is left: management operations store their
+        // records in their own step (`Pool::manage`); these are the records
+        // writes changed.
+        self.atomic(Privilege::Reserve, Self::store_table)?;
         let geo = self.store.geo;
         let mut home_pages = self.meta_sm.home_pages_due();
         home_pages.extend(self.data_sm.home_pages_due());
@@ -604,17 +601,14 @@ impl Meta {
         rec
     }
 
-    /// Writes changed volume records into the volume table.
-    fn store_volume_records(
-        &mut self,
-        removed: &[u64],
-        dirty: &[(u64, VolumeRecord)],
-    ) -> Result<()> {
-        for &id in removed {
+    /// Writes the changed volume records into the volume table's tree (inside
+    /// a step: a failure gives the table its changes back).
+    pub fn store_table(&mut self) -> Result<()> {
+        let (removed, dirty) = self.table.take_changes();
+        for &id in &removed {
             self.volumes_root = self.tree_remove(self.volumes_root, id)?.0;
         }
         for (id, rec) in dirty {
-            let id = *id;
             let mut value = [0u8; VolumeRecord::ENCODED_LEN];
             rec.encode(&mut value);
             self.volumes_root =

@@ -439,7 +439,15 @@ impl Pool {
             let (value, job) = {
                 let _gate = self.commit_gate();
                 let mut meta = self.write_meta()?;
-                match self.mutate(&mut meta, privilege, &mut f) {
+                // The operation's records are stored in its own step, with
+                // its privilege: an operation that may not use the reserve
+                // must not make the commit use it either.
+                let step = |m: &mut Meta| {
+                    let value = f(m)?;
+                    m.store_table()?;
+                    Ok(value)
+                };
+                match self.mutate(&mut meta, privilege, step) {
                     // Commit what is there and run the operation alone.
                     Err(Error::TransactionFull) if !committed => {
                         committed = true;

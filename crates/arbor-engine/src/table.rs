@@ -173,23 +173,22 @@ impl VolumeTable {
         self.shared_txn.insert(id, txn);
     }
 
-    /// Hands the records to store and the ids to remove to the commit, and
-    /// starts a clean slate. Must not run inside a savepoint.
+    /// Hands over the records to store and the ids to remove, and starts a
+    /// clean slate (logged: a failed step gets them back).
     pub fn take_changes(&mut self) -> (Vec<u64>, Vec<(u64, VolumeRecord)>) {
-        debug_assert!(self.log.idle(), "a commit inside an operation");
-        let removed = std::mem::take(&mut self.removed).into_iter().collect();
-        let dirty = std::mem::take(&mut self.dirty)
+        let removed: Vec<u64> = std::mem::take(&mut self.removed).into_iter().collect();
+        let dirty_ids = std::mem::take(&mut self.dirty);
+        for &id in &removed {
+            self.note(|_| Undo::Removed(id, true));
+        }
+        for &id in &dirty_ids {
+            self.note(|_| Undo::Dirty(id, true));
+        }
+        let dirty = dirty_ids
             .into_iter()
             .filter_map(|id| self.vols.get(&id).map(|r| (id, r.clone())))
             .collect();
         (removed, dirty)
-    }
-
-    /// Puts back what [`Self::take_changes`] took (the commit could not
-    /// store it).
-    pub fn restore_changes(&mut self, removed: Vec<u64>, dirty: Vec<(u64, VolumeRecord)>) {
-        self.removed.extend(removed);
-        self.dirty.extend(dirty.into_iter().map(|(id, _)| id));
     }
 
     // ---- savepoints --------------------------------------------------------------

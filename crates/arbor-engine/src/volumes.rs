@@ -5,13 +5,7 @@
 use arbor_format::{BlockRef, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
-use crate::meta::{unix_now, Meta, Privilege};
-
-/// Metadata blocks one step of a mutation may allocate at most: a few tree
-/// operations, each shadowing a root-to-leaf path and splitting it.
-/// Checked before the step starts, so a step never fails half-done for lack
-/// of metadata space.
-pub(crate) const STEP_META_BUDGET: u64 = 64;
+use crate::meta::{unix_now, Meta};
 
 /// What an atomic write does to one chunk, decided in its planning step
 /// (see `Pool::apply` in `pool/write.rs`).
@@ -107,18 +101,6 @@ impl Meta {
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
         if self.table().id_of(name).is_some() {
             return Err(Error::AlreadyExists(name.to_owned()));
-        }
-        Ok(())
-    }
-
-    /// Fails with `MetadataFull` unless a mutation step can run to completion.
-    pub fn ensure_step_budget(&self) -> Result<()> {
-        let reserve = match self.privilege() {
-            Privilege::Normal => self.meta_reserve,
-            Privilege::Reserve => 0,
-        };
-        if self.meta_sm.allocatable() < reserve + STEP_META_BUDGET {
-            return Err(Error::MetadataFull);
         }
         Ok(())
     }
@@ -287,7 +269,9 @@ impl Meta {
         // nothing changed their mappings since the plan: a paired check.
         for (w, plan) in wanted.iter().zip(plans) {
             if let ChunkPlan::Redirect { old, .. } = *plan {
-                let current = self.map_lookup(root, w.chunk)?.map(|(e, _)| e.phys(w.chunk));
+                let current = self
+                    .map_lookup(root, w.chunk)?
+                    .map(|(e, _)| e.phys(w.chunk));
                 if current != old {
                     return Err(Error::inconsistent(format!(
                         "chunk {} of volume {id} maps to {current:?}, planned against {old:?}",
@@ -380,9 +364,8 @@ impl Meta {
         //   were this volume's alone in the durable state too. This is what
         //   frees a volume whose snapshots are gone: a full pool commits
         //   and retries a write that found no space (`Pool::write`).
-        let exclusive_since_durable = self.data_sm.allocated_since_durable(phys)
-            || written_since_shared
-            || durable_at_start;
+        let exclusive_since_durable =
+            self.data_sm.allocated_since_durable(phys) || written_since_shared || durable_at_start;
         if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
             if extent.gen != self.txn {
                 // The path is this transaction's now, so this is cheap.

@@ -227,6 +227,48 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
         .unwrap();
 }
 
+/// Found by the exhaustion campaign: snapshots stored their volume records at
+/// commit time with the metadata reserve, so snapshots alone could use up
+/// the reserve; the snapshot whose commit then failed stayed listed although
+/// it had returned `MetadataFull`. Now each one fails whole, the reserve is
+/// left for the operations that free space, and those work.
+#[test]
+fn snapshots_that_fill_metadata_fail_whole_and_leave_the_reserve() {
+    let (disk, pool) = tiny_meta_pool(16 * MIB, MIB);
+    let v = pool.create_volume("v", MIB).unwrap();
+    pool.write(v, 0, &pattern(1, 0, CHUNK as usize)).unwrap();
+    let mut snaps = 0u64;
+    let error = loop {
+        match pool.snapshot(&format!("v@s{snaps}")) {
+            Ok(_) => snaps += 1,
+            Err(e) => break e,
+        }
+        assert!(snaps < 100_000, "metadata never ran out");
+    };
+    assert!(matches!(error, Error::MetadataFull), "{error}");
+    assert!(
+        matches!(pool.lookup(&format!("v@s{snaps}")), Err(Error::NotFound(_))),
+        "the failed snapshot is listed"
+    );
+    assert_eq!(pool.list().unwrap().len() as u64, snaps + 1);
+    pool.flush().expect("flush on a full pool");
+    assert_clean(&pool);
+    // What frees space works with metadata full.
+    for s in (0..snaps).step_by(2) {
+        pool.delete(&format!("v@s{s}"))
+            .expect("delete on a full pool");
+    }
+    while pool.reclaim(1000).expect("reclaim on a full pool") > 0 {}
+    pool.flush().unwrap();
+    assert_clean(&pool);
+    pool.snapshot("v@again").expect("room again after deletes");
+    let model = Model::of(&pool);
+    drop(pool);
+    let pool = reopen(&disk);
+    assert_eq!(Model::of(&pool), model);
+    assert_clean(&pool);
+}
+
 /// Defect 2: discard, write-zeroes and shrink of a range whose chunks lie in
 /// more space-map pages than the journal holds.
 #[test]

