@@ -294,10 +294,12 @@ impl Meta {
                 }
             }
         }
-        self.update_volume(id, |vol| {
-            vol.root = root;
-            vol.mapped_chunks += added;
-        })?;
+        if root != self.volume(id)?.root || added > 0 {
+            self.update_volume(id, |vol| {
+                vol.root = root;
+                vol.mapped_chunks += added;
+            })?;
+        }
         if !unmap.is_empty() {
             self.unmap_chunks(id, unmap.start, unmap.end)?;
         }

@@ -36,6 +36,14 @@ use crate::volumes::{ChunkPlan, ChunkWanted};
 const UNIT_BYTES: u64 = 32 << 20;
 /// Largest device write of zeros (the zero buffer's size).
 const ZERO_RUN: u64 = 1 << 20;
+/// Longest run of consecutive chunks merged into one device write (at least
+/// one chunk is always written whole). Longer writes into a pool file that
+/// is not in the page cache yet make Linux cache it in large folios, and
+/// every later 4 KiB write into such a folio costs far more: after a fill
+/// with 1 MiB runs, 4 KiB random writes ran at 43-46k IOPS instead of
+/// 83-93k (ext4, `ext4_block_write_begin`), while the fill itself gained
+/// nothing measurable from runs longer than 64 KiB.
+const MAX_DEVICE_WRITE: u64 = 64 << 10;
 
 /// Chunks a unit covers at most with chunks of `cs` bytes: a request of
 /// `UNIT_BYTES` that does not start on a chunk boundary touches one more.
@@ -231,12 +239,20 @@ impl Pool {
                 m.plan_chunks(unit.id.0, &wanted, end)
             })?
         };
-        let mapped = self.write_new_chunks(unit, &wanted, &plans).and_then(|()| {
-            let mut meta = self.write_meta()?;
-            self.mutate(&mut meta, privilege, |m| {
-                m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
+        let redirects = plans
+            .iter()
+            .any(|p| matches!(p, ChunkPlan::Redirect { .. }));
+        let mapped = if !redirects && unmap.is_empty() {
+            // All in place (the common overwrite): nothing to map.
+            Ok(())
+        } else {
+            self.write_new_chunks(unit, &wanted, &plans).and_then(|()| {
+                let mut meta = self.write_meta()?;
+                self.mutate(&mut meta, privilege, |m| {
+                    m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
+                })
             })
-        });
+        };
         if let Err(e) = mapped {
             // Nothing maps the new chunks: free them, unless the pool stopped.
             if !e.stops_pool() {
@@ -361,7 +377,8 @@ impl Pool {
     }
 }
 
-/// Merges pieces that are consecutive both in the unit and on the device.
+/// Merges pieces that are consecutive both in the unit and on the device,
+/// up to `MAX_DEVICE_WRITE` bytes.
 #[derive(Default)]
 struct Runs {
     open: Option<Run>,
@@ -373,7 +390,8 @@ impl Runs {
     fn add(&mut self, logical: Range<u64>, device: u64) -> Option<Run> {
         if let Some(run) = &mut self.open {
             let len = run.logical.end - run.logical.start;
-            if run.logical.end == logical.start && run.device + len == device {
+            let fits = len + (logical.end - logical.start) <= MAX_DEVICE_WRITE;
+            if fits && run.logical.end == logical.start && run.device + len == device {
                 run.logical.end = logical.end;
                 return None;
             }
@@ -438,6 +456,13 @@ mod tests {
     #[test]
     fn runs_merge_only_what_is_consecutive_in_the_unit_and_on_the_device() {
         let mut runs = Runs::default();
+        let max = MAX_DEVICE_WRITE;
+        assert!(runs.add(0..max - 10, 0).is_none());
+        let closed = runs
+            .add(max - 10..max + 10, max - 10)
+            .expect("too long closes the run");
+        assert_eq!((closed.logical, closed.device), (0..max - 10, 0));
+        runs.take();
         assert!(runs.add(0..10, 100).is_none());
         assert!(runs.add(10..20, 110).is_none());
         let closed = runs.add(20..30, 200).expect("device gap closes the run");
