@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arbor_engine::{CreateOptions, Error, Pool, VolumeId};
@@ -45,6 +45,8 @@ pub struct Outcome {
     pub reopens: u64,
     pub power_cuts: u64,
     pub writer_ops: u64,
+    /// Shrinks of the writer's volume raced by writes near its end.
+    pub resize_races: u64,
     pub failures: Vec<String>,
 }
 
@@ -60,6 +62,7 @@ impl Tally for Outcome {
         self.reopens += o.reopens;
         self.power_cuts += o.power_cuts;
         self.writer_ops += o.writer_ops;
+        self.resize_races += o.resize_races;
         self.failures.extend(o.failures);
     }
     fn failures(&self) -> &[String] {
@@ -335,6 +338,12 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 }
                 (format!("rollback {v} {s}"), r)
             }
+            81..=86 if rng.gen_bool(0.3) => {
+                writer.stop(out)?;
+                let r = resize_race(&pool, seed ^ step as u64, &when, out);
+                writer = Writer::start(&pool, seed + step as u64);
+                r?
+            }
             81..=86 => {
                 let v = target.clone();
                 let size = model[&v].data.len() as u64;
@@ -433,6 +442,69 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         .map_err(|e| format!("seed {seed}: final flush: {e}"))?;
     check_clean(&pool, &format!("seed {seed}: end"))?;
     compare(&pool, &model, &format!("seed {seed}: end"))
+}
+
+/// Shrinks the writer's volume while a thread writes near its end, then
+/// grows it back: whatever the interleaving, no write lands past the end
+/// once the shrink has returned, so the grown tail reads as zeros. (A write
+/// is atomic: one that ends past the new size fails whole.) The writer is
+/// stopped; it reloads its model when it starts again.
+fn resize_race(
+    pool: &Arc<Pool>,
+    seed: u64,
+    when: &str,
+    out: &mut Outcome,
+) -> Result<(String, Result<(), Error>), String> {
+    let id = pool.lookup(WRITER_VOLUME).map_err(|e| e.to_string())?;
+    let size = pool.info(id).map_err(|e| e.to_string())?.size;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let shrunk = size - rng.gen_range(1..2 * CHUNK / SECTOR) * SECTOR;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let racer = {
+        let (pool, stop, writes) = (Arc::clone(pool), Arc::clone(&stop), Arc::clone(&writes));
+        std::thread::spawn(move || -> Result<(), String> {
+            while !stop.load(Ordering::Relaxed) {
+                let off = size - rng.gen_range(1..=3 * CHUNK / SECTOR) * SECTOR;
+                let len = rng.gen_range(1..=(size - off) / SECTOR) * SECTOR;
+                match pool.write(id, off, &pattern(rng.gen(), off, len as usize)) {
+                    Ok(()) | Err(Error::InvalidArgument(_)) => {}
+                    Err(e) if is_resource(&e) => {}
+                    Err(e) => return Err(format!("racer: {e}")),
+                }
+                writes.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    };
+    // Let the racer get going (synchronisation, not timing: the check
+    // below holds whatever the interleaving).
+    while writes.load(Ordering::Relaxed) < 2 && !racer.is_finished() {
+        std::thread::yield_now();
+    }
+    let shrink = pool.resize(WRITER_VOLUME, shrunk);
+    stop.store(true, Ordering::Relaxed);
+    racer.join().map_err(|_| "racer panicked".to_string())??;
+    let what = format!("resize-race {WRITER_VOLUME} {size}->{shrunk}");
+    if shrink.is_err() {
+        return Ok((what, shrink));
+    }
+    out.resize_races += 1;
+    match pool.resize(WRITER_VOLUME, size) {
+        Ok(()) => {}
+        Err(e) if is_resource(&e) => return Ok((format!("{what}->{size}"), Err(e))),
+        Err(e) => return Err(format!("{when}: {what}: grow: {e}")),
+    }
+    let mut tail = vec![0u8; (size - shrunk) as usize];
+    pool.read(id, shrunk, &mut tail)
+        .map_err(|e| e.to_string())?;
+    if let Some(at) = tail.iter().position(|b| *b != 0) {
+        return Err(format!(
+            "{when}: {what}->{size}: byte {} past the shrink's end is not zero: a write landed after the shrink returned",
+            shrunk + at as u64
+        ));
+    }
+    Ok((what, Ok(())))
 }
 
 /// Fills the pool to the brim: snapshots of volume `v`, each followed by a

@@ -13,6 +13,11 @@ fn failed_operations_leave_no_trace_on_a_pool_that_keeps_running_out() {
     eprintln!("{total:?}");
     assert!(total.failures.is_empty(), "{:#?}", total.failures);
     assert!(total.power_cuts + total.reopens >= 6);
+    assert!(
+        total.resize_races >= 8,
+        "{} raced shrinks",
+        total.resize_races
+    );
     // The campaign proves something only if the pool does run out, of both
     // kinds of space, in writes and in the operations that take metadata.
     let no_space = total.ran_out_of("NoSpace");

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} failures, {:.0} s",
+        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         total.power_cuts,
         total.writer_ops,
         total.writer_ran_out,
+        total.resize_races,
         total.failures.len(),
         elapsed.as_secs_f64()
     );
