@@ -149,21 +149,34 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
     let v = pool.create_volume("v", size).unwrap();
     pool.write(v, 0, &pattern(1, 0, (4 * MIB) as usize))
         .unwrap();
-    // Snapshots followed by scattered writes until metadata runs out.
+    // Snapshots followed by scattered writes until a write runs out of
+    // metadata, then snapshots alone until one does too (they need less):
+    // the operations below then find metadata really full.
     let mut snaps = 0u64;
     let mut i = 0u64;
-    'fill: loop {
-        match pool.snapshot(&format!("v@s{snaps}")) {
+    let mut writes = true;
+    loop {
+        let name = format!("v@s{snaps}");
+        match pool.snapshot(&name) {
             Ok(_) => snaps += 1,
-            Err(e) if is_resource(&e) => break 'fill,
+            Err(e) if is_resource(&e) => {
+                assert!(
+                    matches!(pool.lookup(&name), Err(Error::NotFound(_))),
+                    "the failed snapshot {name} is listed"
+                );
+                break;
+            }
             Err(e) => panic!("{e}"),
         }
-        for _ in 0..16 {
+        for _ in 0..if writes { 16 } else { 0 } {
             i += 1;
             let at = ((i * 131) % (size / CHUNK)) * CHUNK;
             match pool.write(v, at, &pattern(i, 0, CHUNK as usize)) {
                 Ok(()) => {}
-                Err(e) if is_resource(&e) => break 'fill,
+                Err(e) if is_resource(&e) => {
+                    writes = false;
+                    break;
+                }
                 Err(e) => panic!("{e}"),
             }
         }

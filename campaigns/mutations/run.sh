@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Shows that the exhaustion campaign catches each of the four failure-path
+# defects of issue 12 if it comes back: applies each patch here to a scratch
+# worktree of HEAD, builds the campaign and runs it until its first failure
+# (or the budget runs out, which counts as NOT caught). Prints one line per
+# mutation; exits non-zero if any was not caught. Results: docs/RELIABILITY.md.
+#
+#   campaigns/mutations/run.sh [SECONDS_PER_MUTATION]   (default 300)
+#
+# 1-no-undo            a failed step keeps its changes (defect 1)
+# 2-unbounded-unmap    discard unmaps chunk by chunk, unbounded (defect 2)
+# 3-check-live-table   check compares the live table while writes run (defect 3)
+# 4-no-end-check       writes are not checked against the size (defect 4)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+budget=${1:-300}
+work=$(mktemp -d /var/tmp/arbor-mutations-XXXXXX)
+tree="$work/tree"
+cleanup() {
+  git worktree remove --force "$tree" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+git worktree add --detach "$tree" HEAD >/dev/null 2>&1
+missed=0
+for patch in campaigns/mutations/*.patch; do
+  name=$(basename "$patch" .patch)
+  git -C "$tree" checkout -q -- .
+  git -C "$tree" apply "$PWD/$patch"
+  cargo build --release -q -p arbor-campaigns --bin exhaustion \
+    --manifest-path "$tree/Cargo.toml" --target-dir "$work/target" 2>"$work/build.log" ||
+    { echo "$name: does not build"; cat "$work/build.log"; exit 2; }
+  log="$work/$name.log"
+  start=$(date +%s)
+  # The campaign prints "FAIL ..." per failure as it comes: stop at the first.
+  ("$work/target/release/exhaustion" --seconds "$budget" --steps 300 --seed 1000 >"$log" 2>&1 || true) &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if grep -q '^FAIL' "$log"; then pkill -P "$pid" exhaustion || true; break; fi
+    sleep 1
+  done
+  wait "$pid" 2>/dev/null || true
+  took=$(($(date +%s) - start))
+  if first=$(grep -m1 '^FAIL' "$log"); then
+    echo "$name: caught after ${took}s: ${first:0:300}"
+  else
+    echo "$name: NOT caught in ${budget}s"
+    missed=1
+  fi
+done
+exit $missed
