@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use arbor_engine::Pool;
+use arbor_engine::{Pool, VolumeId};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -17,7 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::nbd_export::OpenExports;
 use crate::space::SpaceWatch;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -248,8 +247,15 @@ impl Metrics {
         self.reclaimed_nodes.inc_by(nodes);
     }
 
-    /// The text exposition, with gauges refreshed from the pool.
-    pub fn render(&self, pool: &Pool, exports: &OpenExports, space: &SpaceWatch) -> Result<String> {
+    /// The text exposition, with gauges refreshed from the pool;
+    /// `connections` tells the open NBD connections to a volume (the export
+    /// layer sits above this one and is not named here).
+    pub fn render(
+        &self,
+        pool: &Pool,
+        connections: &dyn Fn(VolumeId) -> usize,
+        space: &SpaceWatch,
+    ) -> Result<String> {
         let stats = pool.pool_stats()?;
         let set = |family: &Family<SpaceLabels, Gauge>, space, value: u64| {
             family
@@ -268,13 +274,13 @@ impl Metrics {
                 .get_or_create(&KindLabels { kind })
                 .set(gauge_value(count));
         }
-        self.refresh_volumes(pool, exports)?;
+        self.refresh_volumes(pool, connections)?;
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
     }
 
-    fn refresh_volumes(&self, pool: &Pool, exports: &OpenExports) -> Result<()> {
+    fn refresh_volumes(&self, pool: &Pool, connections: &dyn Fn(VolumeId) -> usize) -> Result<()> {
         let volumes = pool.list()?;
         self.volume_size.clear();
         self.volume_mapped.clear();
@@ -292,7 +298,7 @@ impl Metrics {
                 .set(gauge_value(v.mapped_bytes));
             self.volume_connections
                 .get_or_create(&labels)
-                .set(gauge_value(exports.count(v.id) as u64));
+                .set(gauge_value(connections(v.id) as u64));
         }
         Ok(())
     }

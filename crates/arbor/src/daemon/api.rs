@@ -282,7 +282,10 @@ async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
 }
 
 async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
-    let text = blocking(c, |c| c.metrics.render(&c.pool, &c.open, &c.space)).await?;
+    let text = blocking(c, |c| {
+        c.metrics.render(&c.pool, &|id| c.open.count(id), &c.space)
+    })
+    .await?;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }
