@@ -5,7 +5,8 @@
 # (or the budget runs out, which counts as NOT caught). Prints one line per
 # mutation; exits non-zero if any was not caught. Results: docs/RELIABILITY.md.
 #
-#   campaigns/mutations/run.sh [SECONDS_PER_MUTATION]   (default 300)
+#   campaigns/mutations/run.sh [SECONDS_PER_MUTATION [NAME_PATTERN]]
+#   (default 300 seconds, every mutation; e.g. `run.sh 300 2-*` for one)
 #
 # 1-no-undo            a failed step keeps its changes (defect 1)
 # 2-unbounded-unmap    discard unmaps chunk by chunk, unbounded (defect 2)
@@ -14,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 budget=${1:-300}
+pattern=${2:-*}
 work=$(mktemp -d /var/tmp/arbor-mutations-XXXXXX)
 tree="$work/tree"
 cleanup() {
@@ -23,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 git worktree add --detach "$tree" HEAD >/dev/null 2>&1
 missed=0
-for patch in campaigns/mutations/*.patch; do
+for patch in campaigns/mutations/$pattern.patch; do
   name=$(basename "$patch" .patch)
   git -C "$tree" checkout -q -- .
   git -C "$tree" apply "$PWD/$patch"
