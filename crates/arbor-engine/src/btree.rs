@@ -527,7 +527,80 @@ impl Meta {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use arbor_format::{leaf_capacity, BlockRef, TreeKind};
+    use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+
     use super::child_index;
+    use crate::meta::Meta;
+    use crate::testing::{check_refs, check_tree, drop_tree, fresh_meta, Shape};
+
+    /// Volume-table leaves hold 15 entries of 248 bytes, so a few thousand
+    /// keys make a three-level tree (internal nodes hold 169 children).
+    const KIND: TreeKind = TreeKind::Volumes;
+
+    type Model = BTreeMap<u64, Vec<u8>>;
+
+    /// A value that names its key and a version tag.
+    fn val(key: u64, tag: u8) -> Vec<u8> {
+        let mut v = vec![tag; KIND.value_len()];
+        v[..8].copy_from_slice(&key.to_le_bytes());
+        v
+    }
+
+    fn contents(meta: &Meta, root: BlockRef, from: u64, to: u64) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        meta.tree_for_each(root, from, to, &mut |k, v| {
+            out.push((k, v.to_vec()));
+            Ok(true)
+        })
+        .unwrap();
+        out
+    }
+
+    fn model_range(model: &Model, from: u64, to: u64) -> Vec<(u64, Vec<u8>)> {
+        model
+            .range(from..to)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect()
+    }
+
+    /// Full check of one unshared tree against its model: structure,
+    /// contents in order, and reference counts (the tree is the only
+    /// holder of metadata references in `meta`).
+    fn check_against(meta: &Meta, root: BlockRef, model: &Model) -> Shape {
+        let shape = check_tree(meta, root, KIND);
+        assert_eq!(shape.entries(), model.len());
+        assert_eq!(
+            contents(meta, root, 0, u64::MAX),
+            model_range(model, 0, u64::MAX)
+        );
+        assert_eq!(root.is_none(), model.is_empty());
+        let refs = check_refs(meta, &[root], 0);
+        assert_eq!(refs.nodes, shape.nodes);
+        shape
+    }
+
+    fn insert_all(
+        meta: &mut Meta,
+        keys: &[u64],
+        model: &mut Model,
+        commit_every: usize,
+    ) -> BlockRef {
+        let mut root = BlockRef::NONE;
+        for (n, &k) in keys.iter().enumerate() {
+            root = meta.tree_insert(root, KIND, k, &val(k, 1)).unwrap();
+            model.insert(k, val(k, 1));
+            if commit_every > 0 && n % commit_every == commit_every - 1 {
+                meta.commit().unwrap();
+            }
+        }
+        root
+    }
 
     #[test]
     fn child_index_routes_by_lower_bounds() {
@@ -537,5 +610,397 @@ mod tests {
         assert_eq!(child_index(&keys, 19), 0);
         assert_eq!(child_index(&keys, 20), 1);
         assert_eq!(child_index(&keys, 99), 2);
+    }
+
+    /// Enough inserts, in ascending, descending and random order (the last
+    /// with commits in between, so clean nodes are shadowed too), split
+    /// leaves and internal nodes into a three-level tree; every key is then
+    /// found, ranges list exactly the model's keys in order, lookups of
+    /// absent keys return at most their predecessor, and the space map
+    /// counts exactly the tree's nodes.
+    #[test]
+    fn inserts_split_nodes_and_every_key_stays_findable() {
+        let n = 3000u64;
+        let ascending: Vec<u64> = (0..n).map(|i| i * 2).collect();
+        let descending: Vec<u64> = ascending.iter().rev().copied().collect();
+        let mut random = ascending.clone();
+        random.shuffle(&mut StdRng::seed_from_u64(7));
+        for (keys, commit_every) in [(ascending, 0), (descending, 0), (random, 700)] {
+            let mut meta = fresh_meta();
+            let mut model = Model::new();
+            let root = insert_all(&mut meta, &keys, &mut model, commit_every);
+            let shape = check_against(&meta, root, &model);
+            assert!(
+                shape.level >= Some(2),
+                "leaves and internal nodes split: level {:?}",
+                shape.level
+            );
+            assert!(shape.leaves.len() > arbor_format::internal_capacity());
+            for &k in &keys {
+                let found = meta.tree_get_le(root, k).unwrap().expect("key present");
+                assert_eq!((found.key, found.value), (k, val(k, 1)));
+                assert!(found.leaf_upper > k);
+                // Odd keys are absent: at most their predecessor is found.
+                let probe = k + 1;
+                if let Some(found) = meta.tree_get_le(root, probe).unwrap() {
+                    assert_eq!(found.key, k);
+                    assert!(found.leaf_upper > probe);
+                }
+            }
+            assert_eq!(
+                meta.tree_first(root).unwrap(),
+                model.iter().next().map(|(k, v)| (*k, v.clone()))
+            );
+            let mut rng = StdRng::seed_from_u64(8);
+            for _ in 0..50 {
+                let a = rng.gen_range(0..2 * n + 10);
+                let b = rng.gen_range(a..2 * n + 10);
+                assert_eq!(contents(&meta, root, a, b), model_range(&model, a, b));
+            }
+            // tree_for_each stops when told to.
+            let mut seen = 0;
+            meta.tree_for_each(root, 0, u64::MAX, &mut |_, _| {
+                seen += 1;
+                Ok(seen < 10)
+            })
+            .unwrap();
+            assert_eq!(seen, 10);
+            // Replacing values splits nothing.
+            let mut root = root;
+            for &k in keys.iter().step_by(3) {
+                root = meta.tree_insert(root, KIND, k, &val(k, 2)).unwrap();
+                model.insert(k, val(k, 2));
+            }
+            let replaced = check_against(&meta, root, &model);
+            assert_eq!(replaced.nodes, shape.nodes);
+        }
+    }
+
+    /// Removing every key in random order (with commits in between) returns
+    /// each value, merges underfull nodes so the tree loses nodes and
+    /// levels as it empties, keeps every node non-empty, and ends with the
+    /// empty tree and no metadata block in use.
+    #[test]
+    fn removals_merge_nodes_until_the_tree_is_empty() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let mut keys: Vec<u64> = (0..3000).map(|i| i * 3).collect();
+        let mut rng = StdRng::seed_from_u64(11);
+        keys.shuffle(&mut rng);
+        let mut root = insert_all(&mut meta, &keys, &mut model, 0);
+        let full = check_against(&meta, root, &model);
+        assert_eq!(full.level, Some(2));
+        keys.shuffle(&mut rng);
+        let mut last_level = full.level;
+        for (n, &k) in keys.iter().enumerate() {
+            // An absent key changes nothing.
+            let (same, none) = meta.tree_remove(root, k + 1).unwrap();
+            assert_eq!((same, none), (root, None));
+            let (r, value) = meta.tree_remove(root, k).unwrap();
+            root = r;
+            assert_eq!(value, model.remove(&k));
+            let left = model.len();
+            if left.is_multiple_of(100) || left < 40 {
+                let shape = check_against(&meta, root, &model);
+                assert!(shape.level <= last_level, "removal added a level");
+                last_level = shape.level;
+                // Merging keeps the leaves from staying nearly empty: with
+                // a tenth of the keys left, well under half the leaves remain.
+                if left == 300 {
+                    assert!(
+                        shape.leaves.len() * 2 < full.leaves.len(),
+                        "{} leaves of {} left for {left} keys",
+                        shape.leaves.len(),
+                        full.leaves.len()
+                    );
+                }
+                if left <= leaf_capacity(KIND) * 3 / 4 {
+                    assert!(
+                        shape.level <= Some(1),
+                        "{left} keys at level {:?}",
+                        shape.level
+                    );
+                }
+            }
+            if n % 700 == 699 {
+                meta.commit().unwrap();
+            }
+        }
+        assert_eq!(root, BlockRef::NONE);
+        assert_eq!(meta.meta_sm.used(), 0);
+        assert_eq!(meta.tree_remove(root, 3).unwrap(), (BlockRef::NONE, None));
+    }
+
+    /// Checks one `tree_remove_range` against the model: what it returns
+    /// (entries cut from boundary leaves plus detached subtrees, which the
+    /// test then drops) is exactly the model's range, the tree keeps the
+    /// rest, and no node is left empty or leaked.
+    fn remove_range_checked(
+        meta: &mut Meta,
+        root: BlockRef,
+        model: &mut Model,
+        from: u64,
+        to: u64,
+    ) -> (BlockRef, usize, usize) {
+        let expected = model_range(model, from, to);
+        let removal = meta.tree_remove_range(root, from, to).unwrap();
+        let mut taken = removal.removed.clone();
+        for &subtree in &removal.detached {
+            assert!(!subtree.is_none());
+            taken.extend(contents(meta, subtree, 0, u64::MAX));
+        }
+        taken.sort_by_key(|(k, _)| *k);
+        assert_eq!(taken, expected, "entries taken out of [{from}, {to})");
+        model.retain(|k, _| !(from..to).contains(k));
+        for &subtree in &removal.detached {
+            drop_tree(meta, subtree);
+        }
+        check_against(meta, removal.root, model);
+        (removal.root, removal.removed.len(), removal.detached.len())
+    }
+
+    /// Range removals whose bounds fall inside leaves (so both boundary
+    /// leaves lose only some entries) take out exactly the model's range,
+    /// whether the range lies in one leaf, spans two, or spans whole
+    /// subtrees (which are detached); prefixes, suffixes and the whole key
+    /// space work too, and the tree keeps its invariants throughout.
+    #[test]
+    fn remove_range_cutting_leaves_matches_the_model() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let mut keys: Vec<u64> = (0..4000).map(|i| i * 2).collect();
+        keys.shuffle(&mut StdRng::seed_from_u64(5));
+        let mut root = insert_all(&mut meta, &keys, &mut model, 1000);
+        meta.commit().unwrap();
+        // Interior points of leaves: the second key of leaf `i`.
+        let inner = |meta: &Meta, root: BlockRef, i: usize| -> u64 {
+            let shape = check_tree(meta, root, KIND);
+            let leaf = &shape.leaves[i.min(shape.leaves.len() - 1)];
+            assert!(leaf.keys.len() >= 2);
+            leaf.keys[1]
+        };
+        // Within one leaf.
+        let from = inner(&meta, root, 10);
+        let (r, cut, detached) = remove_range_checked(&mut meta, root, &mut model, from, from + 1);
+        root = r;
+        assert_eq!((cut, detached), (1, 0));
+        // Across two neighbouring leaves.
+        let (from, to) = (inner(&meta, root, 20), inner(&meta, root, 21));
+        let (r, cut, detached) = remove_range_checked(&mut meta, root, &mut model, from, to);
+        root = r;
+        assert!(cut >= 2);
+        assert_eq!(detached, 0);
+        // Across many leaves and whole subtrees, bounds inside leaves.
+        let (from, to) = (inner(&meta, root, 30), inner(&meta, root, 250));
+        let (r, cut, detached) = remove_range_checked(&mut meta, root, &mut model, from, to);
+        root = r;
+        assert!(cut >= 2 && detached > 0, "cut {cut}, detached {detached}");
+        meta.commit().unwrap();
+        // A range holding no key, an empty range, then a prefix and a suffix.
+        let k = *model.keys().nth(100).unwrap();
+        let (r, cut, detached) = remove_range_checked(&mut meta, root, &mut model, k + 1, k + 2);
+        root = r;
+        assert_eq!((cut, detached), (0, 0));
+        let (r, cut, detached) = remove_range_checked(&mut meta, root, &mut model, k, k);
+        root = r;
+        assert_eq!((cut, detached), (0, 0));
+        let to = inner(&meta, root, 5);
+        root = remove_range_checked(&mut meta, root, &mut model, 0, to).0;
+        let from = inner(&meta, root, 60);
+        root = remove_range_checked(&mut meta, root, &mut model, from, u64::MAX).0;
+        assert!(!model.is_empty());
+        root = remove_range_checked(&mut meta, root, &mut model, 0, u64::MAX).0;
+        assert_eq!(root, BlockRef::NONE);
+        assert_eq!(meta.meta_sm.used(), 0);
+    }
+
+    /// A second reference to a root (what a snapshot takes) shares the
+    /// whole tree; changing either copy afterwards (inserts, replacements,
+    /// removals, range removals) shadows the nodes it touches and leaves
+    /// the other copy's contents unchanged, and the reference counts stay
+    /// exact. Dropping one copy leaves the other intact and alone.
+    #[test]
+    fn a_shared_tree_is_copied_on_write() {
+        for commit_first in [false, true] {
+            let mut meta = fresh_meta();
+            let mut model_a = Model::new();
+            let mut keys: Vec<u64> = (0..1500).map(|i| i * 4).collect();
+            keys.shuffle(&mut StdRng::seed_from_u64(3));
+            let a = insert_all(&mut meta, &keys, &mut model_a, 0);
+            if commit_first {
+                meta.commit().unwrap();
+            }
+            let nodes = check_against(&meta, a, &model_a).nodes;
+            meta.inc_node(a).unwrap();
+            let (mut b, mut model_b) = (a, model_a.clone());
+            assert_eq!(check_refs(&meta, &[a, b], 0).nodes, nodes);
+
+            // Change b only.
+            let mut rng = StdRng::seed_from_u64(4);
+            for _ in 0..200 {
+                let k = rng.gen_range(0..7000u64);
+                b = meta.tree_insert(b, KIND, k, &val(k, 9)).unwrap();
+                model_b.insert(k, val(k, 9));
+            }
+            for _ in 0..200 {
+                let k = rng.gen_range(0..1500u64) * 4;
+                let (r, v) = meta.tree_remove(b, k).unwrap();
+                b = r;
+                assert_eq!(v, model_b.remove(&k));
+            }
+            let removal = meta.tree_remove_range(b, 1001, 3001).unwrap();
+            b = removal.root;
+            for &subtree in &removal.detached {
+                drop_tree(&mut meta, subtree);
+            }
+            model_b.retain(|k, _| !(1001..3001).contains(k));
+            assert_ne!(a, b);
+            assert_eq!(
+                contents(&meta, a, 0, u64::MAX),
+                model_range(&model_a, 0, u64::MAX)
+            );
+            assert_eq!(
+                contents(&meta, b, 0, u64::MAX),
+                model_range(&model_b, 0, u64::MAX)
+            );
+            check_tree(&meta, a, KIND);
+            check_tree(&meta, b, KIND);
+            let shared = check_refs(&meta, &[a, b], 0).nodes;
+            assert!(shared < 2 * nodes, "the copies still share untouched nodes");
+
+            // Now change a: b does not see it.
+            let mut a = a;
+            for k in (0..6000).step_by(7) {
+                a = meta.tree_insert(a, KIND, k, &val(k, 5)).unwrap();
+                model_a.insert(k, val(k, 5));
+            }
+            assert_eq!(
+                contents(&meta, a, 0, u64::MAX),
+                model_range(&model_a, 0, u64::MAX)
+            );
+            assert_eq!(
+                contents(&meta, b, 0, u64::MAX),
+                model_range(&model_b, 0, u64::MAX)
+            );
+            check_refs(&meta, &[a, b], 0);
+
+            // Dropping b leaves a whole and the only user of the space map.
+            drop_tree(&mut meta, b);
+            check_against(&meta, a, &model_a);
+            drop_tree(&mut meta, a);
+            assert_eq!(meta.meta_sm.used(), 0);
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, u8),
+        InsertRun(u64, u64),
+        Remove(u64),
+        RemoveRange(u64, u64),
+        Commit,
+        /// Share the current tree, as a snapshot does, and keep the copy.
+        Share,
+        /// Drop the oldest kept copy.
+        DropShared,
+    }
+
+    const KEYS: u64 = 1000;
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..KEYS, any::<u8>()).prop_map(|(k, t)| Op::Insert(k, t)),
+            3 => (0..KEYS, 1..120u64).prop_map(|(k, n)| Op::InsertRun(k, n)),
+            4 => (0..KEYS).prop_map(Op::Remove),
+            2 => (0..KEYS, 0..300u64).prop_map(|(k, n)| Op::RemoveRange(k, k + n)),
+            1 => Just(Op::Commit),
+            1 => Just(Op::Share),
+            1 => Just(Op::DropShared),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 64,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Random inserts, removals, range removals, commits and shared
+        /// copies keep the tree equal to a BTreeMap, every kept copy equal
+        /// to its model at the time it was shared, the structure valid and
+        /// the reference counts exact; dropping everything frees every node.
+        #[test]
+        fn tree_operations_match_a_btreemap_model(ops in proptest::collection::vec(op(), 1..150)) {
+            let mut meta = fresh_meta();
+            let mut root = BlockRef::NONE;
+            let mut model = Model::new();
+            let mut shared: Vec<(BlockRef, Model)> = Vec::new();
+            for (n, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Insert(k, t) => {
+                        root = meta.tree_insert(root, KIND, k, &val(k, t)).unwrap();
+                        model.insert(k, val(k, t));
+                    }
+                    Op::InsertRun(k, len) => {
+                        for k in k..k + len {
+                            root = meta.tree_insert(root, KIND, k, &val(k, 0)).unwrap();
+                            model.insert(k, val(k, 0));
+                        }
+                    }
+                    Op::Remove(k) => {
+                        let (r, v) = meta.tree_remove(root, k).unwrap();
+                        root = r;
+                        prop_assert_eq!(v, model.remove(&k));
+                    }
+                    Op::RemoveRange(from, to) => {
+                        let expected = model_range(&model, from, to);
+                        let removal = meta.tree_remove_range(root, from, to).unwrap();
+                        let mut taken = removal.removed.clone();
+                        for &subtree in &removal.detached {
+                            taken.extend(contents(&meta, subtree, 0, u64::MAX));
+                            drop_tree(&mut meta, subtree);
+                        }
+                        taken.sort_by_key(|(k, _)| *k);
+                        prop_assert_eq!(taken, expected);
+                        root = removal.root;
+                        model.retain(|k, _| !(from..to).contains(k));
+                    }
+                    Op::Commit => meta.commit().unwrap(),
+                    Op::Share => {
+                        if shared.len() < 3 && !root.is_none() {
+                            meta.inc_node(root).unwrap();
+                            shared.push((root, model.clone()));
+                        }
+                    }
+                    Op::DropShared => {
+                        if !shared.is_empty() {
+                            let (r, _) = shared.remove(0);
+                            drop_tree(&mut meta, r);
+                        }
+                    }
+                }
+                prop_assert_eq!(
+                    contents(&meta, root, 0, u64::MAX),
+                    model_range(&model, 0, u64::MAX)
+                );
+                if n % 10 == 9 || n + 1 == ops.len() {
+                    let shape = check_tree(&meta, root, KIND);
+                    prop_assert_eq!(shape.entries(), model.len());
+                    let mut roots = vec![root];
+                    for (r, m) in &shared {
+                        check_tree(&meta, *r, KIND);
+                        prop_assert_eq!(contents(&meta, *r, 0, u64::MAX), model_range(m, 0, u64::MAX));
+                        roots.push(*r);
+                    }
+                    check_refs(&meta, &roots, 0);
+                }
+            }
+            drop_tree(&mut meta, root);
+            for (r, _) in shared {
+                drop_tree(&mut meta, r);
+            }
+            prop_assert_eq!(meta.meta_sm.used(), 0);
+        }
     }
 }

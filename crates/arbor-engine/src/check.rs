@@ -8,19 +8,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_format::{
-    BlockRef, NodeBody, SmKind, SmPage, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
+    BlockRef, NodeBody, SmKind, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
     SUPERBLOCK_SLOTS,
 };
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
-use crate::store::Store;
+use crate::store::{PreservedPages, Store};
 
 /// One committed state of the pool, captured in a moment so that it can be
-/// walked without holding the metadata lock while I/O goes on: nodes are
-/// read from the device (a committed node's block is not reused before a
-/// later commit, which the caller holds off), space-map pages from the
-/// captured images of the last commit or from home.
+/// walked while I/O and later commits go on: nodes are read from the device
+/// (the metadata space map is pinned meanwhile, so no block that state
+/// references is reused), space-map pages from the captured images of the
+/// last commit, from the old home images later commits saved in
+/// `PreservedPages` before overwriting them, or from home.
 pub(crate) struct Committed {
     store: Arc<Store>,
     txn: u64,
@@ -29,8 +30,7 @@ pub(crate) struct Committed {
     next_volume_id: u64,
     meta_used: u64,
     data_used: u64,
-    meta_pages: HashMap<u32, Arc<SmPage>>,
-    data_pages: HashMap<u32, Arc<SmPage>>,
+    pages: Arc<PreservedPages>,
     /// The open transaction's volume records when it had no changes (then
     /// they must equal the table's).
     memory: Option<HashMap<u64, VolumeRecord>>,
@@ -43,6 +43,16 @@ impl Committed {
             return Err(Error::inconsistent("check during a commit"));
         }
         let rec = meta.last_record();
+        let pages = PreservedPages::default();
+        {
+            let mut map = pages.lock();
+            for (index, page) in meta.meta_sm.committed_pages() {
+                map.insert((SmKind::Meta, index), page);
+            }
+            for (index, page) in meta.data_sm.committed_pages() {
+                map.insert((SmKind::Data, index), page);
+            }
+        }
         Ok(Self {
             store: Arc::clone(&meta.store),
             txn: rec.txn.get(),
@@ -51,25 +61,27 @@ impl Committed {
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),
-            meta_pages: meta.meta_sm.committed_pages(),
-            data_pages: meta.data_sm.committed_pages(),
+            pages: Arc::new(pages),
             memory: (!meta.has_changes())
                 .then(|| meta.table().iter().map(|(id, r)| (id, r.clone())).collect()),
         })
+    }
+
+    /// Where commits made while this state is walked keep its pages.
+    pub fn preserved(&self) -> Arc<PreservedPages> {
+        Arc::clone(&self.pages)
+    }
+
+    /// The transaction captured.
+    pub fn txn(&self) -> u64 {
+        self.txn
     }
 
     fn count(&self, kind: SmKind, entry: u64) -> Result<u32> {
         let page = u32::try_from(entry / SM_PER_PAGE)
             .map_err(|_| Error::inconsistent("space-map entry out of range"))?;
         let slot = (entry % SM_PER_PAGE) as usize;
-        let pages = match kind {
-            SmKind::Meta => &self.meta_pages,
-            SmKind::Data => &self.data_pages,
-        };
-        Ok(match pages.get(&page) {
-            Some(p) => p.counts[slot],
-            None => self.store.read_sm_page(kind, page)?.counts[slot],
-        })
+        Ok(self.pages.get(&self.store, kind, page)?.counts[slot])
     }
 }
 
@@ -323,14 +335,23 @@ impl Walker<'_> {
 
 /// Verifies a committed state. The caller holds off commits until this
 /// returns (nodes of the state must not be reused), nothing else.
+/// Verifies `state`. The journal is not looked at here: later commits may
+/// be writing it (see [`journal_and_superblocks`]).
 pub(crate) fn check(state: &Committed) -> Result<CheckReport> {
     let mut w = walk_trees(state, true)?;
     w.compare_counts()?;
-    check_superblocks(&state.store, &mut w.report)?;
-    w.report
-        .warnings
-        .extend(crate::meta::journal_warnings(&state.store, state.txn)?);
     Ok(w.report)
+}
+
+/// The checks of the superblock copies and of the journal's fallback
+/// commit, for a report on commit `txn`: run while no commit is writing.
+pub(crate) fn journal_and_superblocks(store: &Store, txn: u64) -> Result<CheckReport> {
+    let mut report = CheckReport::default();
+    check_superblocks(store, &mut report)?;
+    report
+        .warnings
+        .extend(crate::meta::journal_warnings(store, txn)?);
+    Ok(report)
 }
 
 /// References held by the trees (for repair). With

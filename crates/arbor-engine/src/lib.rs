@@ -25,6 +25,8 @@ mod repair;
 mod spacemap;
 mod store;
 mod table;
+#[cfg(test)]
+mod testing;
 mod undo;
 mod volumes;
 

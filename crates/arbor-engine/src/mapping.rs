@@ -262,3 +262,444 @@ impl Meta {
         Ok((removal.root, unmapped, removal.detached))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::testing::{check_refs, check_tree, drop_tree, fresh_meta};
+
+    /// Logical chunk → physical chunk.
+    type Model = BTreeMap<u64, u64>;
+
+    fn extents(meta: &Meta, root: BlockRef, from: u64, to: u64) -> Vec<Extent> {
+        let mut out = Vec::new();
+        meta.map_extents(root, from, to, &mut |e| {
+            out.push(e);
+            Ok(true)
+        })
+        .unwrap();
+        out
+    }
+
+    fn ext(start: u64, len: u32, pchunk: u64, gen: u64) -> Extent {
+        Extent {
+            start,
+            len,
+            pchunk,
+            gen,
+        }
+    }
+
+    /// Maps `chunk` to `pchunk` (whose reference the caller holds and
+    /// hands over), drops the reference to the chunk it replaces, and
+    /// checks that the replaced chunk is the model's.
+    fn set(
+        meta: &mut Meta,
+        root: BlockRef,
+        model: &mut Model,
+        chunk: u64,
+        pchunk: u64,
+    ) -> BlockRef {
+        let (root, previous) = meta.map_set(root, chunk, pchunk).unwrap();
+        assert_eq!(
+            previous,
+            model.insert(chunk, pchunk),
+            "replaced chunk of {chunk}"
+        );
+        if let Some(p) = previous {
+            meta.data_sm.dec(&meta.store, p).unwrap();
+        }
+        root
+    }
+
+    /// Writes `[start, start + len)` in order, each chunk newly allocated.
+    fn write(meta: &mut Meta, root: BlockRef, model: &mut Model, start: u64, len: u64) -> BlockRef {
+        let mut root = root;
+        for chunk in start..start + len {
+            let p = meta.alloc_data().unwrap();
+            root = set(meta, root, model, chunk, p);
+        }
+        root
+    }
+
+    /// The map at `root` against its model: extents in order, disjoint,
+    /// of 1 to MAX_EXTENT_CHUNKS chunks, each inside its leaf's key range,
+    /// together mapping exactly the model's chunks to its physical chunks;
+    /// with `lookups`, map_lookup agrees for every chunk up to past the end.
+    fn check_map(meta: &Meta, root: BlockRef, model: &Model, lookups: bool) -> Vec<Extent> {
+        let shape = check_tree(meta, root, TreeKind::Mapping);
+        let all = extents(meta, root, 0, u64::MAX);
+        assert_eq!(shape.entries(), all.len());
+        let mut seen = Model::new();
+        let mut end = 0;
+        for e in &all {
+            assert!((1..=MAX_EXTENT_CHUNKS).contains(&e.len), "{e:?}");
+            assert!(e.start >= end, "overlapping extents at {e:?}");
+            end = e.end();
+            seen.extend((e.start..e.end()).map(|c| (c, e.phys(c))));
+        }
+        assert_eq!(&seen, model);
+        for leaf in &shape.leaves {
+            for &key in &leaf.keys {
+                let (e, leaf_upper) = meta.map_lookup(root, key).unwrap().unwrap();
+                assert_eq!((e.start, leaf_upper), (key, leaf.hi));
+                assert!(
+                    leaf.lo <= e.start && e.end() <= leaf.hi,
+                    "{e:?} leaves its leaf"
+                );
+            }
+        }
+        if lookups {
+            let last = model.keys().next_back().map_or(0, |c| c + 3);
+            for chunk in 0..last {
+                let found = meta.map_lookup(root, chunk).unwrap();
+                assert_eq!(
+                    found.map(|(e, _)| e.phys(chunk)),
+                    model.get(&chunk).copied()
+                );
+            }
+        }
+        all
+    }
+
+    /// Chunks written one after another to consecutive physical chunks in
+    /// one transaction form one extent; a gap in the physical chunks, a
+    /// different generation (map_set_as) or a new transaction starts a new
+    /// one, the same generation given explicitly extends it, and no extent
+    /// grows past MAX_EXTENT_CHUNKS.
+    #[test]
+    fn consecutive_writes_merge_into_one_extent() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let g = meta.txn;
+        let mut root = write(&mut meta, BlockRef::NONE, &mut model, 100, 10);
+        let p0 = model[&100];
+        assert!(
+            (100..110).all(|c| model[&c] == p0 + (c - 100)),
+            "precondition: a fresh map allocates consecutive chunks"
+        );
+        assert_eq!(check_map(&meta, root, &model, true), [ext(100, 10, p0, g)]);
+
+        // A gap in the physical chunks.
+        let skipped = meta.alloc_data().unwrap();
+        assert_eq!(skipped, p0 + 10);
+        root = write(&mut meta, root, &mut model, 110, 1);
+        assert_eq!(model[&110], p0 + 11);
+        // Another generation, then that generation again.
+        let p = meta.alloc_data().unwrap();
+        root = meta.map_set_as(root, 111, p, g + 7).unwrap().0;
+        model.insert(111, p);
+        let p = meta.alloc_data().unwrap();
+        root = meta.map_set_as(root, 112, p, g + 7).unwrap().0;
+        model.insert(112, p);
+        assert_eq!(
+            check_map(&meta, root, &model, true),
+            [
+                ext(100, 10, p0, g),
+                ext(110, 1, p0 + 11, g),
+                ext(111, 2, p0 + 12, g + 7),
+            ]
+        );
+        // The next transaction.
+        meta.commit().unwrap();
+        root = write(&mut meta, root, &mut model, 113, 2);
+        assert_eq!(
+            check_map(&meta, root, &model, true)[3..],
+            [ext(113, 2, p0 + 14, g + 1)]
+        );
+
+        // 300 consecutive chunks: 256 + 44.
+        root = write(&mut meta, root, &mut model, 1000, 300);
+        let q = model[&1000];
+        assert_eq!(
+            check_map(&meta, root, &model, true)[4..],
+            [
+                ext(1000, MAX_EXTENT_CHUNKS, q, g + 1),
+                ext(1256, 44, q + 256, g + 1)
+            ]
+        );
+        check_refs(&meta, &[root], 1);
+    }
+
+    /// Mapping a chunk inside an extent cuts it in three: the left part
+    /// (same start and physical chunk), the new one-chunk extent, and the
+    /// right part starting one past it with its physical chunk offset by
+    /// the same amount and the old generation; the replaced physical chunk
+    /// is returned. At an extent's first or last chunk it cuts in two.
+    #[test]
+    fn setting_a_chunk_inside_an_extent_cuts_it_in_three() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let g = meta.txn;
+        let mut root = write(&mut meta, BlockRef::NONE, &mut model, 10, 10);
+        let p0 = model[&10];
+        assert_eq!(check_map(&meta, root, &model, true), [ext(10, 10, p0, g)]);
+        meta.commit().unwrap();
+        let g2 = meta.txn;
+
+        let q = meta.alloc_data().unwrap();
+        let (r, previous) = meta.map_set(root, 15, q).unwrap();
+        root = r;
+        assert_eq!(previous, Some(p0 + 5));
+        assert_eq!(meta.data_sm.dec(&meta.store, p0 + 5).unwrap(), 0);
+        model.insert(15, q);
+        assert_eq!(
+            check_map(&meta, root, &model, true),
+            [ext(10, 5, p0, g), ext(15, 1, q, g2), ext(16, 4, p0 + 6, g)]
+        );
+
+        // First and last chunks of extents.
+        let a = meta.alloc_data().unwrap();
+        root = set(&mut meta, root, &mut model, 10, a);
+        let b = meta.alloc_data().unwrap();
+        root = set(&mut meta, root, &mut model, 19, b);
+        assert_eq!(
+            check_map(&meta, root, &model, true),
+            [
+                ext(10, 1, a, g2),
+                ext(11, 4, p0 + 1, g),
+                ext(15, 1, q, g2),
+                ext(16, 3, p0 + 6, g),
+                ext(19, 1, b, g2),
+            ]
+        );
+        check_refs(&meta, &[root], 0);
+    }
+
+    /// A map of several hundred extents over several leaves: runs of one
+    /// to six chunks (each run one extent) separated by gaps.
+    fn scattered_map(meta: &mut Meta, model: &mut Model, seed: u64) -> BlockRef {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut root = BlockRef::NONE;
+        let mut chunk = 0;
+        for _ in 0..600 {
+            let len = rng.gen_range(1..=6);
+            root = write(meta, root, model, chunk, len);
+            chunk += len + rng.gen_range(1..4);
+        }
+        let shape = check_tree(meta, root, TreeKind::Mapping);
+        assert!(shape.leaves.len() >= 5, "{} leaves", shape.leaves.len());
+        root
+    }
+
+    /// The first extent at or after `chunk` longer than `n` chunks.
+    fn extent_over(meta: &Meta, root: BlockRef, chunk: u64, n: u32) -> Extent {
+        extents(meta, root, chunk, u64::MAX)
+            .into_iter()
+            .find(|e| e.start >= chunk && e.len > n)
+            .expect("a long enough extent")
+    }
+
+    /// A bound inside an extent at or after `chunk` with `n` of its chunks
+    /// below the bound.
+    fn after(meta: &Meta, root: BlockRef, chunk: u64, n: u32) -> u64 {
+        extent_over(meta, root, chunk, n).start + u64::from(n)
+    }
+
+    /// A bound inside an extent at or after `chunk` with `n` of its chunks
+    /// at or above the bound.
+    fn before(meta: &Meta, root: BlockRef, chunk: u64, n: u32) -> u64 {
+        extent_over(meta, root, chunk, n).end() - u64::from(n)
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum How {
+        Unset,
+        Discard,
+    }
+
+    /// Unmaps `[from, to)` one way or the other, drops what the caller
+    /// owns, and checks the result against the model.
+    fn unmap(
+        meta: &mut Meta,
+        root: BlockRef,
+        model: &mut Model,
+        how: How,
+        from: u64,
+        to: u64,
+    ) -> (BlockRef, usize) {
+        let expected = model.range(from..to).count() as u64;
+        let (root, unmapped, detached) = match how {
+            How::Unset => {
+                let (root, unmapped) = meta.map_unset_range(root, from, to).unwrap();
+                (root, unmapped, Vec::new())
+            }
+            How::Discard => meta.map_discard(root, from, to).unwrap(),
+        };
+        assert_eq!(unmapped, expected, "chunks unmapped from [{from}, {to})");
+        for &subtree in &detached {
+            drop_tree(meta, subtree);
+        }
+        model.retain(|c, _| !(from..to).contains(c));
+        check_map(meta, root, model, true);
+        let refs = check_refs(meta, &[root], 0);
+        assert_eq!(refs.data_chunks, model.len());
+        (root, detached.len())
+    }
+
+    /// map_unset_range and map_discard over ranges whose bounds cut
+    /// extents (in one extent, across neighbours, across many leaves) leave
+    /// exactly the chunks outside the range mapped, to the same physical
+    /// chunks, report how many chunks they unmapped, and drop exactly the
+    /// data references of the unmapped chunks (discard hands whole
+    /// subtrees back, which the test drops).
+    #[test]
+    fn unset_and_discard_cut_extents_at_both_ends() {
+        for how in [How::Unset, How::Discard] {
+            let mut meta = fresh_meta();
+            let mut model = Model::new();
+            let mut root = scattered_map(&mut meta, &mut model, 9);
+            meta.commit().unwrap();
+            // Inside one extent.
+            let from = after(&meta, root, 50, 1);
+            root = unmap(&mut meta, root, &mut model, how, from, from + 1).0;
+            assert!(model.contains_key(&(from - 1)) && model.contains_key(&(from + 1)));
+            // From inside one extent to inside a later one, one chunk of
+            // each left outside the range.
+            let (from, to) = (after(&meta, root, 200, 1), before(&meta, root, 230, 1));
+            root = unmap(&mut meta, root, &mut model, how, from, to).0;
+            // Across many leaves, two chunks left outside at each end.
+            let (from, to) = (after(&meta, root, 400, 2), before(&meta, root, 2000, 2));
+            let (r, detached) = unmap(&mut meta, root, &mut model, how, from, to);
+            root = r;
+            if matches!(how, How::Discard) {
+                assert!(detached > 0, "whole leaves are handed back");
+            }
+            meta.commit().unwrap();
+            // Nothing mapped there, an empty range, a prefix, everything.
+            root = unmap(&mut meta, root, &mut model, how, from, to).0;
+            root = unmap(&mut meta, root, &mut model, how, 300, 300).0;
+            let to = before(&meta, root, 100, 1);
+            root = unmap(&mut meta, root, &mut model, how, 0, to).0;
+            assert!(!model.is_empty());
+            root = unmap(&mut meta, root, &mut model, how, 0, u64::MAX).0;
+            assert_eq!(root, BlockRef::NONE);
+            assert_eq!((meta.meta_sm.used(), meta.data_sm.used()), (0, 0));
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Write `len` chunks from `start`, each newly allocated; `scatter`
+        /// maps them to the allocated chunks in reverse order, so no two
+        /// merge.
+        Write {
+            start: u64,
+            len: u64,
+            scatter: bool,
+        },
+        Unset(u64, u64),
+        Discard(u64, u64),
+        Commit,
+        /// Share the map (as a snapshot does) and keep the copy.
+        Share,
+        DropShared,
+    }
+
+    const CHUNKS: u64 = 1000;
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0..CHUNKS, 1..48u64, any::<bool>())
+                .prop_map(|(start, len, scatter)| Op::Write { start, len, scatter }),
+            2 => (0..CHUNKS, 0..200u64).prop_map(|(c, n)| Op::Unset(c, c + n)),
+            2 => (0..CHUNKS, 0..400u64).prop_map(|(c, n)| Op::Discard(c, c + n)),
+            1 => Just(Op::Commit),
+            1 => Just(Op::Share),
+            1 => Just(Op::DropShared),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 64,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Random writes (merging and not), unsets, discards, commits and
+        /// shared copies keep the map equal to a BTreeMap of chunk →
+        /// physical chunk, keep every shared copy equal to the model it was
+        /// shared with, report the right number of unmapped chunks, and keep
+        /// metadata and data reference counts exact; dropping everything
+        /// frees every node and chunk.
+        #[test]
+        fn mapping_operations_match_a_model(ops in proptest::collection::vec(op(), 1..80)) {
+            let mut meta = fresh_meta();
+            let mut root = BlockRef::NONE;
+            let mut model = Model::new();
+            let mut shared: Vec<(BlockRef, Model)> = Vec::new();
+            for (n, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Write { start, len, scatter } => {
+                        if meta.data_sm.allocatable() < len {
+                            meta.commit().unwrap();
+                        }
+                        if meta.data_sm.allocatable() >= len {
+                            if scatter {
+                                let ps: Vec<u64> =
+                                    (0..len).map(|_| meta.alloc_data().unwrap()).collect();
+                                for (i, &p) in ps.iter().rev().enumerate() {
+                                    root = set(&mut meta, root, &mut model, start + i as u64, p);
+                                }
+                            } else {
+                                root = write(&mut meta, root, &mut model, start, len);
+                            }
+                        }
+                    }
+                    Op::Unset(from, to) => {
+                        let expected = model.range(from..to).count() as u64;
+                        let (r, unmapped) = meta.map_unset_range(root, from, to).unwrap();
+                        prop_assert_eq!(unmapped, expected);
+                        root = r;
+                        model.retain(|c, _| !(from..to).contains(c));
+                    }
+                    Op::Discard(from, to) => {
+                        let expected = model.range(from..to).count() as u64;
+                        let (r, unmapped, detached) = meta.map_discard(root, from, to).unwrap();
+                        prop_assert_eq!(unmapped, expected);
+                        for subtree in detached {
+                            drop_tree(&mut meta, subtree);
+                        }
+                        root = r;
+                        model.retain(|c, _| !(from..to).contains(c));
+                    }
+                    Op::Commit => meta.commit().unwrap(),
+                    Op::Share => {
+                        if shared.len() < 2 && !root.is_none() {
+                            meta.inc_node(root).unwrap();
+                            shared.push((root, model.clone()));
+                        }
+                    }
+                    Op::DropShared => {
+                        if !shared.is_empty() {
+                            let (r, _) = shared.remove(0);
+                            drop_tree(&mut meta, r);
+                        }
+                    }
+                }
+                let last = n + 1 == ops.len();
+                check_map(&meta, root, &model, last || n % 10 == 9);
+                if last || n % 5 == 4 {
+                    let mut roots = vec![root];
+                    for (r, m) in &shared {
+                        check_map(&meta, *r, m, false);
+                        roots.push(*r);
+                    }
+                    check_refs(&meta, &roots, 0);
+                }
+            }
+            drop_tree(&mut meta, root);
+            for (r, _) in shared {
+                drop_tree(&mut meta, r);
+            }
+            prop_assert_eq!((meta.meta_sm.used(), meta.data_sm.used()), (0, 0));
+        }
+    }
+}

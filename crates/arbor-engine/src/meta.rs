@@ -33,7 +33,7 @@ use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
-use crate::store::{CachedNode, Store};
+use crate::store::{CachedNode, PreservedPages, Store};
 use crate::table::{TableSavepoint, VolumeTable};
 use crate::undo::{Mark, UndoLog};
 
@@ -133,8 +133,13 @@ pub(crate) struct CommitJob {
 impl CommitJob {
     /// Phase B: steps 1 to 5 of the commit protocol. Holds no lock; the
     /// caller runs one job at a time.
-    pub fn write(&self, store: &Store) -> Result<()> {
+    /// With `preserve` (a check is walking an earlier commit), each home
+    /// page's old image is kept there before it is overwritten.
+    pub fn write(&self, store: &Store, preserve: Option<&PreservedPages>) -> Result<()> {
         for page in &self.home_pages {
+            let _kept = preserve
+                .map(|p| p.keep_home(store, page.kind, page.index))
+                .transpose()?;
             store.write_block(store.geo.sm_home(page.kind, page.index), &page.encode())?;
             store.cache_sm_page(Arc::clone(page));
         }
@@ -511,7 +516,7 @@ impl Meta {
     /// On error the caller must stop using the pool.
     pub fn commit(&mut self) -> Result<()> {
         let job = self.begin_commit()?;
-        job.write(&self.store)?;
+        job.write(&self.store, None)?;
         self.finish_commit(job);
         Ok(())
     }

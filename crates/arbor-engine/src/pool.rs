@@ -33,7 +33,7 @@ use zerocopy::little_endian::{U32, U64};
 use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
-use crate::store::{Geometry, Store};
+use crate::store::{Geometry, PreservedPages, Store};
 use crate::volumes::WriteEnd;
 
 mod write;
@@ -156,7 +156,18 @@ pub struct Pool {
     stripes: Vec<Mutex<()>>,
     failure: Mutex<Option<String>>,
     commit_observer: OnceLock<CommitObserver>,
+    /// One `check` at a time; while it walks, commits keep the old home
+    /// images of the space-map pages they overwrite here.
+    check_lock: Mutex<()>,
+    check_pages: Mutex<Option<Arc<PreservedPages>>>,
+    /// Runs between a check's capture and its walk (tests: commits go on).
+    #[cfg(test)]
+    check_pause: Mutex<Option<CheckPause>>,
 }
+
+/// What a test runs between a check's capture and its walk.
+#[cfg(test)]
+type CheckPause = Box<dyn FnOnce(&Pool) + Send>;
 
 /// Told the duration of every commit's device work (writing the journal and
 /// home pages, and their flushes), for metrics.
@@ -333,6 +344,10 @@ impl Pool {
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            check_lock: Mutex::new(()),
+            check_pages: Mutex::new(None),
+            #[cfg(test)]
+            check_pause: Mutex::new(None),
             failure: Mutex::new(None),
             commit_observer: OnceLock::new(),
         }
@@ -488,7 +503,8 @@ impl Pool {
     /// Phases B and C (caller holds `commit_lock`).
     fn complete_commit(&self, job: CommitJob) -> Result<()> {
         let started = Instant::now();
-        if let Err(e) = job.write(&self.store) {
+        let preserve = lock_mutex(&self.check_pages).clone();
+        if let Err(e) = job.write(&self.store, preserve.as_deref()) {
             self.fail(&e);
             return Err(e);
         }
@@ -1029,10 +1045,42 @@ impl Pool {
     /// off other commits (not reads or writes) until it is done, so no block
     /// of the state being walked is reused under it.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
+        let _one = lock_mutex(&self.check_lock);
         self.flush()?;
-        let _commit = lock_mutex(&self.commit_lock);
-        let state = crate::check::Committed::capture(&*self.read_meta()?)?;
-        crate::check::check(&state)
+        // Capture the last commit and pin the blocks it references, with no
+        // commit in flight; the journal and superblocks are read now, before
+        // later commits write the journal.
+        let (state, mut report) = {
+            let _commit = lock_mutex(&self.commit_lock);
+            let mut meta = self.write_meta()?;
+            let state = crate::check::Committed::capture(&meta)?;
+            let report = crate::check::journal_and_superblocks(&self.store, state.txn())?;
+            meta.meta_sm.pin();
+            *lock_mutex(&self.check_pages) = Some(state.preserved());
+            (state, report)
+        };
+        // The walk holds no lock: I/O and commits go on.
+        #[cfg(test)]
+        if let Some(pause) = lock_mutex(&self.check_pause).take() {
+            pause(self);
+        }
+        let walked = crate::check::check(&state);
+        {
+            let _commit = lock_mutex(&self.commit_lock);
+            *lock_mutex(&self.check_pages) = None;
+            // A stopped pool keeps its pins: it allocates nothing any more.
+            if let Ok(mut meta) = self.write_meta() {
+                meta.meta_sm.unpin();
+            }
+        }
+        let walked = walked?;
+        report.problems.extend(walked.problems);
+        report.warnings.extend(walked.warnings);
+        report.unlisted += walked.unlisted;
+        report.volumes = walked.volumes;
+        report.nodes = walked.nodes;
+        report.data_chunks_referenced = walked.data_chunks_referenced;
+        Ok(report)
     }
 }
 
@@ -1120,5 +1168,85 @@ mod tests {
         pool.delete("v").unwrap();
         pool.reclaim(100).unwrap();
         assert_eq!(pool.meta.read().unwrap().privilege(), Privilege::Normal);
+    }
+
+    /// A check walks the commit it captured while later commits run: they
+    /// free that commit's nodes (a deleted snapshot, reclaimed), allocate
+    /// over and over in a metadata region small enough to wrap around, and
+    /// write space-map pages home. The check must neither wait for them nor
+    /// see their changes, and the blocks it pinned are free again after it.
+    #[test]
+    fn check_walks_its_commit_while_later_commits_free_and_reuse_blocks() {
+        let dev: Arc<dyn BlockDevice> = Arc::new(arbor_io::SimDisk::new(48 << 20));
+        let opts = CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(2 << 20),
+            journal_pages: Some(16),
+        };
+        let pool = Pool::create(dev, &opts, &OpenOptions::default()).unwrap();
+        let v = pool.create_volume("v", 8 << 20).unwrap();
+        for i in 0..1024u64 {
+            pool.write(v, i * 2 * 4096, &[i as u8 | 1; 512]).unwrap();
+        }
+        pool.snapshot("v@s").unwrap();
+        for i in 0..256u64 {
+            pool.write(v, i * 8 * 4096, &[2; 512]).unwrap();
+        }
+        pool.flush().unwrap();
+        *lock_mutex(&pool.check_pause) = Some(Box::new(move |pool: &Pool| {
+            assert!(
+                pool.commit_lock.try_lock().is_ok(),
+                "check holds the commit lock"
+            );
+            pool.delete("v@s").unwrap();
+            while pool.reclaim(1000).unwrap() > 0 {}
+            // Until the allocation cursor wraps around the metadata region
+            // (where, without the pin, it would reuse the blocks of the
+            // snapshot's nodes), or until metadata runs out: the blocks
+            // freed during the walk stay pinned, so it may.
+            let cursor = || pool.meta.read().unwrap().meta_sm.cursor();
+            let start = cursor();
+            let (mut passed_end, mut commits) = (false, 0);
+            // New chunks of a new volume change space-map pages the
+            // captured commit did not, and later commits write them home.
+            let n = pool.create_volume("n", 32 << 20).unwrap();
+            'churn: for round in 0..400u64 {
+                for i in 0..64u64 {
+                    let at = ((i * 37 + round * 11) % 2048) * 4096;
+                    let fresh = ((round * 64 + i) % 8192) * 4096;
+                    match pool
+                        .write(v, at, &[round as u8; 4096])
+                        .and_then(|()| pool.write(n, fresh, &[1; 4096]))
+                    {
+                        Ok(()) => {}
+                        Err(Error::MetadataFull) => break 'churn,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                pool.flush().unwrap();
+                commits += 1;
+                passed_end |= cursor() < start;
+                if passed_end && cursor() > start / 2 {
+                    break;
+                }
+            }
+            assert!(commits >= 3, "only {commits} commits during the walk");
+        }));
+        let report = pool.check().unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert!(
+            lock_mutex(&pool.check_pause).is_none(),
+            "the walk did not pause"
+        );
+        // The pins are gone: with nothing pending, every unused block is
+        // allocatable again.
+        pool.flush().unwrap();
+        let meta = pool.meta.read().unwrap();
+        assert_eq!(
+            meta.meta_sm.allocatable() + meta.meta_sm.used(),
+            meta.store.geo.meta_blocks
+        );
+        drop(meta);
+        assert!(pool.check().unwrap().is_clean());
     }
 }

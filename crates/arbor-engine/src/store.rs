@@ -2,6 +2,7 @@
 //! caches of clean (committed) metadata. Everything here is immutable or
 //! internally locked, so readers on many threads share it.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -171,5 +172,50 @@ impl Store {
 
     pub fn cache_sm_page(&self, page: Arc<SmPage>) {
         lock(&self.pages).put((page.kind, page.index), page);
+    }
+}
+
+/// The space-map pages of a captured commit that are not (or soon not) at
+/// home: its own journalled images, and the home images later commits
+/// overwrite while a check walks it (a commit saves the old image here
+/// before it writes the new one, see `CommitJob::write`). Used by `check`.
+#[derive(Default)]
+pub(crate) struct PreservedPages {
+    pages: Mutex<PageImages>,
+}
+
+/// Space-map page images by kind and index.
+pub(crate) type PageImages = HashMap<(SmKind, u32), Arc<SmPage>>;
+
+impl PreservedPages {
+    pub fn lock(&self) -> MutexGuard<'_, PageImages> {
+        // A map of immutable images: a panic cannot leave it half-updated.
+        self.pages.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The captured commit's page `index`. Under the lock, so never a home
+    /// copy a commit is overwriting.
+    pub fn get(&self, store: &Store, kind: SmKind, index: u32) -> Result<Arc<SmPage>> {
+        let pages = self.lock();
+        match pages.get(&(kind, index)) {
+            Some(page) => Ok(Arc::clone(page)),
+            None => store.read_sm_page(kind, index),
+        }
+    }
+
+    /// Before a commit writes page `index` home: keeps the image the
+    /// captured commit sees. The returned guard must be held until the home
+    /// copy is written.
+    pub fn keep_home(
+        &self,
+        store: &Store,
+        kind: SmKind,
+        index: u32,
+    ) -> Result<MutexGuard<'_, PageImages>> {
+        let mut pages = self.lock();
+        if let std::collections::hash_map::Entry::Vacant(slot) = pages.entry((kind, index)) {
+            slot.insert(store.read_sm_page(kind, index)?);
+        }
+        Ok(pages)
     }
 }

@@ -36,14 +36,17 @@ use crate::volumes::{ChunkPlan, ChunkWanted};
 const UNIT_BYTES: u64 = 32 << 20;
 /// Largest device write of zeros (the zero buffer's size).
 const ZERO_RUN: u64 = 1 << 20;
-/// Longest run of consecutive chunks merged into one device write (at least
-/// one chunk is always written whole). Longer writes into a pool file that
-/// is not in the page cache yet make Linux cache it in large folios, and
-/// every later 4 KiB write into such a folio costs far more: after a fill
-/// with 1 MiB runs, 4 KiB random writes ran at 43-46k IOPS instead of
-/// 83-93k (ext4, `ext4_block_write_begin`), while the fill itself gained
-/// nothing measurable from runs longer than 64 KiB.
-const MAX_DEVICE_WRITE: u64 = 64 << 10;
+/// Longest run of consecutive *new* chunks merged into one device write (at
+/// least one chunk is always written whole). New chunks are usually parts
+/// of the pool file not in the page cache yet, and longer writes there make
+/// Linux cache them in large folios, after which every 4 KiB write into
+/// such a folio costs far more: after a fill with 1 MiB runs, 4 KiB random
+/// writes ran at 43-46k IOPS instead of 83-93k (ext4,
+/// `ext4_block_write_begin`), while the fill itself gained nothing
+/// measurable from runs longer than 64 KiB. Runs of in-place chunks are not
+/// limited (the whole run is one write: their pages are usually cached
+/// already, and one write per run is what made large overwrites fast).
+const MAX_NEW_CHUNK_WRITE: u64 = 64 << 10;
 
 /// Chunks a unit covers at most with chunks of `cs` bytes: a request of
 /// `UNIT_BYTES` that does not start on a chunk boundary touches one more.
@@ -290,7 +293,7 @@ impl Pool {
     ) -> Result<()> {
         let geo = self.store.geo;
         let cs = geo.chunk_size;
-        let mut runs = Runs::default();
+        let mut runs = Runs::new(MAX_NEW_CHUNK_WRITE);
         for (w, plan) in wanted.iter().zip(plans) {
             let ChunkPlan::Redirect { old, new } = *plan else {
                 continue;
@@ -336,7 +339,7 @@ impl Pool {
     ) -> Result<()> {
         let geo = self.store.geo;
         let cs = geo.chunk_size;
-        let mut runs = Runs::default();
+        let mut runs = Runs::new(u64::MAX);
         for (w, plan) in wanted.iter().zip(plans) {
             let ChunkPlan::InPlace(phys) = *plan else {
                 continue;
@@ -378,19 +381,23 @@ impl Pool {
 }
 
 /// Merges pieces that are consecutive both in the unit and on the device,
-/// up to `MAX_DEVICE_WRITE` bytes.
-#[derive(Default)]
+/// up to `max` bytes.
 struct Runs {
     open: Option<Run>,
+    max: u64,
 }
 
 impl Runs {
+    fn new(max: u64) -> Self {
+        Self { open: None, max }
+    }
+
     /// Adds `logical` bytes going to `device`; returns the run this closes,
     /// if the piece does not continue it.
     fn add(&mut self, logical: Range<u64>, device: u64) -> Option<Run> {
         if let Some(run) = &mut self.open {
             let len = run.logical.end - run.logical.start;
-            let fits = len + (logical.end - logical.start) <= MAX_DEVICE_WRITE;
+            let fits = len + (logical.end - logical.start) <= self.max;
             if fits && run.logical.end == logical.start && run.device + len == device {
                 run.logical.end = logical.end;
                 return None;
@@ -455,8 +462,8 @@ mod tests {
 
     #[test]
     fn runs_merge_only_what_is_consecutive_in_the_unit_and_on_the_device() {
-        let mut runs = Runs::default();
-        let max = MAX_DEVICE_WRITE;
+        let max = MAX_NEW_CHUNK_WRITE;
+        let mut runs = Runs::new(max);
         assert!(runs.add(0..max - 10, 0).is_none());
         let closed = runs
             .add(max - 10..max + 10, max - 10)
