@@ -1,12 +1,13 @@
 //! Exhaustion campaign: random sequences of every public operation on a
 //! pool whose data and metadata regions and journal are tiny, so that
 //! `NoSpace` and `MetadataFull` happen all the time, with a concurrent
-//! writer on a volume of its own. Even seeds run on a pool whose data
-//! region is the tight one (6 MiB), odd seeds on one whose 1 MiB of
-//! metadata is (160 MiB of data): bursts of scattered writes and snapshots
-//! fill it with leaves. There, a volume's chunks spread over more
-//! space-map pages (40) than the 16-page journal holds, so a discard or a
-//! shrink must split its work to fit.
+//! writer on a volume of its own. Seeds run on one of three pools (by seed
+//! modulo 3): one whose data region is the tight one (6 MiB); one whose
+//! 1 MiB of metadata is (160 MiB of data), which bursts of scattered writes
+//! and snapshots fill with leaves; and a *scattered* one, where a volume's
+//! chunks lie one in sixteen over 32 space-map pages, twice what the
+//! 16-page journal holds, so a discard or a shrink of much of it must
+//! bound its work to fit.
 //!
 //! What must hold:
 //! * an operation that fails leaves the pool exactly as before it (the
@@ -193,8 +194,13 @@ pub fn run(seed: u64, steps: usize) -> Outcome {
 
 fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let metadata_tight = seed % 2 == 1;
-    let mut disk = SimDisk::new(if metadata_tight { 160 * MIB } else { 6 * MIB });
+    let metadata_tight = seed % 3 == 1;
+    let scattered = seed % 3 == 2;
+    let mut disk = SimDisk::new(match (metadata_tight, scattered) {
+        (true, _) => 160 * MIB,
+        (_, true) => 136 * MIB,
+        _ => 6 * MIB,
+    });
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
     let opts = CreateOptions {
         chunk_size: CHUNK as u32,
@@ -210,6 +216,9 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     if metadata_tight {
         fill_metadata(&pool, &mut model, &mut next_name, &mut rng)?;
+    }
+    if scattered {
+        scatter(&pool, &mut model, &mut next_name, &mut rng)?;
     }
     let mut writer = Writer::start(&pool, seed);
     for step in 0..steps {
@@ -556,6 +565,45 @@ fn brim(
         }
     }
     Ok(("brim".into(), Ok(())))
+}
+
+/// Writes an 8 MiB volume one chunk in sixteen, the fifteen between going to
+/// a ballast volume that is then deleted and reclaimed: the volume's chunks
+/// lie over 32 space-map pages (the journal holds 16).
+fn scatter(
+    pool: &Pool,
+    model: &mut Model,
+    next_name: &mut u64,
+    rng: &mut StdRng,
+) -> Result<(), String> {
+    const SIZE: u64 = 8 * MIB;
+    const BETWEEN: u64 = 15;
+    let e = |e: Error| format!("scattering: {e}");
+    *next_name += 1;
+    let name = format!("v{next_name}");
+    let id = pool.create_volume(&name, SIZE).map_err(e)?;
+    let ballast = pool.create_volume("ballast", SIZE * BETWEEN).map_err(e)?;
+    let mut data = vec![0; SIZE as usize];
+    for chunk in 0..SIZE / CHUNK {
+        let off = chunk * CHUNK;
+        let bytes = pattern(rng.gen(), off, CHUNK as usize);
+        pool.write(id, off, &bytes).map_err(e)?;
+        data[off as usize..(off + CHUNK) as usize].copy_from_slice(&bytes);
+        let at = chunk * BETWEEN * CHUNK;
+        pool.write(ballast, at, &vec![1; (BETWEEN * CHUNK) as usize])
+            .map_err(e)?;
+    }
+    pool.delete("ballast").map_err(e)?;
+    while pool.reclaim(4096).map_err(e)? > 0 {}
+    pool.flush().map_err(e)?;
+    model.insert(
+        name,
+        Vol {
+            snapshot: false,
+            data,
+        },
+    );
+    Ok(())
 }
 
 /// Fills 65% of the metadata before a run starts: a volume of
