@@ -9,7 +9,7 @@
 #   (default 300 seconds, every mutation; e.g. `run.sh 300 2-*` for one)
 #
 # 1-no-undo            a failed step keeps its changes (defect 1)
-# 2-unbounded-unmap    discard unmaps chunk by chunk, unbounded (defect 2)
+# 2-unbounded-unmap    discard unmaps chunk by chunk, unbounded, in one step (defect 2)
 # 3-check-live-table   check compares the live table while writes run (defect 3)
 # 4-no-end-check       writes are not checked against the size (defect 4)
 set -euo pipefail
