@@ -257,8 +257,10 @@ impl Pool {
             })
         };
         if let Err(e) = mapped {
-            // Nothing maps the new chunks: free them, unless the pool stopped.
-            if !e.stops_pool() {
+            // Nothing maps the new chunks: free them, unless the pool stopped
+            // (a failed mapping step that stops it; not a failed data write,
+            // which leaves the metadata sound and is reported to the caller).
+            if self.check_failed().is_ok() {
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
             }
