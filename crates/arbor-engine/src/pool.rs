@@ -1003,10 +1003,29 @@ impl Pool {
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
-        let ra = meta.volume(a.0)?.root;
-        let rb = meta.volume(b.0)?.root;
-        let mut ranges = ByteRanges::new(self.chunk_size());
-        meta.diff_trees(ra, rb, &mut |from, to| ranges.push(from, to))?;
+        let (va, vb) = (meta.volume(a.0)?, meta.volume(b.0)?);
+        let (ra, rb) = (va.root, vb.root);
+        let cs = self.chunk_size();
+        let mut chunks: Vec<(u64, u64)> = Vec::new();
+        meta.diff_trees(ra, rb, &mut |from, to| {
+            chunks.push((from, to));
+            Ok(())
+        })?;
+        // Bytes past a volume's size in its last chunk are not part of it
+        // (they read as zeros once it grows), though the chunk may still be
+        // shared: when the sizes differ, that chunk differs too.
+        let shorter = va.size_bytes.min(vb.size_bytes);
+        if va.size_bytes != vb.size_bytes && !shorter.is_multiple_of(cs) {
+            let tail = shorter / cs;
+            if !chunks.iter().any(|&(from, to)| from <= tail && tail < to) {
+                chunks.push((tail, tail + 1));
+                chunks.sort_unstable();
+            }
+        }
+        let mut ranges = ByteRanges::new(cs);
+        for (from, to) in chunks {
+            ranges.push(from, to)?;
+        }
         Ok(ranges.0)
     }
 
