@@ -893,15 +893,7 @@ impl Pool {
     /// snapshot needs them), partial chunks at the ends are zeroed.
     /// Atomic whatever the range (see `pool/write.rs`).
     pub fn discard(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
-        Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
-        self.apply_all(Unit {
-            id,
-            offset,
-            len,
-            fill: Fill::Zeros,
-            unmap: true,
-            past_end: false,
-        })
+        self.write_zeroes(id, offset, len, false)
     }
 
     /// Makes a range read as zeros. With `keep_allocation` the chunks stay
