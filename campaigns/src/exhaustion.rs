@@ -206,6 +206,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         chunk_size: CHUNK as u32,
         metadata_bytes: Some(MIB),
         journal_pages: Some(16),
+        ..CreateOptions::default()
     };
     let mut pool =
         Arc::new(Pool::create(dev, &opts, &small_open_opts()).map_err(|e| e.to_string())?);

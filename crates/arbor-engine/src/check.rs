@@ -30,6 +30,10 @@ pub(crate) struct Committed {
     next_volume_id: u64,
     meta_used: u64,
     data_used: u64,
+    /// Entries of each space map at that commit (a growth may add more
+    /// while the state is walked).
+    meta_entries: u64,
+    data_entries: u64,
     pages: Arc<PreservedPages>,
     /// The open transaction's volume records when it had no changes (then
     /// they must equal the table's).
@@ -61,6 +65,8 @@ impl Committed {
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),
+            meta_entries: meta.meta_sm.entries(),
+            data_entries: meta.data_sm.entries(),
             pages: Arc::new(pages),
             memory: (!meta.has_changes())
                 .then(|| meta.table().iter().map(|(id, r)| (id, r.clone())).collect()),
@@ -153,9 +159,11 @@ impl Walker<'_> {
         lo: u64,
         hi: u64,
     ) -> (u64, u64) {
-        match r
-            .block
-            .checked_sub(self.meta.store.geo.meta_start)
+        match self
+            .meta
+            .store
+            .geo
+            .meta_entry(r.block)
             .and_then(|e| self.meta_refs.get_mut(e as usize))
         {
             Some(count) => *count = count.saturating_add(1),
@@ -240,7 +248,7 @@ impl Walker<'_> {
                                 r.block
                             ));
                         }
-                        if v.pchunk.saturating_add(len) > self.meta.store.geo.data_chunks {
+                        if v.pchunk.saturating_add(len) > self.meta.data_entries {
                             self.damage(format!(
                                 "leaf {}: extent at {key} points past the data region",
                                 r.block
@@ -268,31 +276,31 @@ impl Walker<'_> {
     }
 
     fn compare_counts(&mut self) -> Result<()> {
-        let geo = self.meta.store.geo;
+        let geo = &self.meta.store.geo;
         let meta_refs = std::mem::take(&mut self.meta_refs);
         let data_refs = std::mem::take(&mut self.data_refs);
         self.compare_map(
             SmKind::Meta,
             self.meta.meta_used,
-            geo.meta_blocks,
+            meta_refs.len() as u64,
             |e| meta_refs.get(e as usize),
             "metadata block",
-            geo.meta_start,
+            |e| geo.meta_block(e).unwrap_or(u64::MAX),
         )?;
         self.report.data_chunks_referenced = self.compare_map(
             SmKind::Data,
             self.meta.data_used,
-            geo.data_chunks,
+            data_refs.len() as u64,
             |e| data_refs.get(e as usize),
             "data chunk",
-            0,
+            |e| e,
         )?;
         Ok(())
     }
 
     /// Compares every count of one space map with the references counted by
     /// the walk, and its used counter with the non-zero counts. `label` and
-    /// `base` name entry `e` as `label (base + e)` in reports.
+    /// `name` name entry `e` as `label name(e)` in reports.
     fn compare_map<'r>(
         &mut self,
         kind: SmKind,
@@ -300,7 +308,7 @@ impl Walker<'_> {
         entries: u64,
         expected: impl Fn(u64) -> Option<&'r u32>,
         label: &str,
-        base: u64,
+        name: impl Fn(u64) -> u64,
     ) -> Result<u64> {
         let mut used = 0;
         let mut entry = 0;
@@ -318,7 +326,7 @@ impl Walker<'_> {
             if want != have {
                 self.report.problem(format!(
                     "{label} {}: space map counts {have} references, the trees hold {want}",
-                    base + entry
+                    name(entry)
                 ));
             }
             used += u64::from(have != 0);
@@ -399,8 +407,8 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
     let mut w = Walker {
         meta,
         report: CheckReport::default(),
-        meta_refs: vec![0; meta.store.geo.meta_blocks as usize],
-        data_refs: vec![0; meta.store.geo.data_chunks as usize],
+        meta_refs: vec![0; meta.meta_entries as usize],
+        data_refs: vec![0; meta.data_entries as usize],
         mapped: HashMap::new(),
         queued: Vec::new(),
         records: Vec::new(),

@@ -275,7 +275,7 @@ impl Meta {
                         let end = v
                             .pchunk
                             .checked_add(u64::from(v.len))
-                            .filter(|&end| end <= self.store.geo.data_chunks)
+                            .filter(|&end| end <= self.store.geo.data_chunks())
                             .ok_or_else(|| {
                                 Error::inconsistent(format!(
                                     "leaf {}: extent at {} points past the data region",

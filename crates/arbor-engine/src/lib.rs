@@ -34,7 +34,7 @@ pub use check::CheckReport;
 pub use error::{Error, Result};
 pub use names::{check_volume_name, split_snapshot_name};
 pub use pool::{
-    CommitObserver, CreateOptions, MapRun, OpenOptions, Pool, PoolStats, VolumeId, VolumeInfo,
-    VolumeStats, DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
+    CommitObserver, CreateOptions, GrowOptions, GrowReport, MapRun, OpenOptions, Pool, PoolStats,
+    VolumeId, VolumeInfo, VolumeStats, DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};

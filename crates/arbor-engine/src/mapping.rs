@@ -77,7 +77,7 @@ impl Meta {
         let Some(found) = self.tree_get_le(root, chunk)? else {
             return Ok(None);
         };
-        let extent = Extent::from_entry(found.key, &found.value, self.store.geo.data_chunks)?;
+        let extent = Extent::from_entry(found.key, &found.value, self.store.geo.data_chunks())?;
         Ok(extent.covers(chunk).then_some((extent, found.leaf_upper)))
     }
 
@@ -97,7 +97,7 @@ impl Meta {
                 return Ok(());
             }
         }
-        let data_chunks = self.store.geo.data_chunks;
+        let data_chunks = self.store.geo.data_chunks();
         self.tree_for_each(root, from, to, &mut |key, value| {
             f(Extent::from_entry(key, value, data_chunks)?)
         })
@@ -246,7 +246,7 @@ impl Meta {
             }
         }
         let removal = self.tree_remove_range(root, from, to)?;
-        let data_chunks = self.store.geo.data_chunks;
+        let data_chunks = self.store.geo.data_chunks();
         for (key, value) in &removal.removed {
             let e = Extent::from_entry(*key, value, data_chunks)?;
             self.data_sm

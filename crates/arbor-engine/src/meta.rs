@@ -25,8 +25,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use arbor_format::{
-    BlockRef, CommitRecord, MapValue, Node, NodeBody, SmKind, SmPage, TreeKind, VolumeRecord,
-    BLOCK_SIZE,
+    BlockRef, CommitRecord, Layout, MapValue, Node, NodeBody, SmKind, SmPage, TreeKind,
+    VolumeRecord, BLOCK_SIZE,
 };
 use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
@@ -88,6 +88,8 @@ pub(crate) struct Meta {
     pub opened_txn: u64,
     /// Between phase A and phase C of a commit.
     commit_in_flight: bool,
+    /// The pool grew since the last commit (which must name the new region).
+    grown: bool,
     /// The record of the newest commit (durable once no commit is in flight).
     last_record: CommitRecord,
     /// How to undo node changes since the oldest open savepoint.
@@ -140,7 +142,7 @@ impl CommitJob {
             let _kept = preserve
                 .map(|p| p.keep_home(store, page.kind, page.index))
                 .transpose()?;
-            store.write_block(store.geo.sm_home(page.kind, page.index), &page.encode())?;
+            store.write_block(store.geo.sm_home(page.kind, page.index)?, &page.encode())?;
             store.cache_sm_page(Arc::clone(page));
         }
         for (block, node) in &self.nodes {
@@ -160,6 +162,12 @@ pub(crate) struct Resume {
     pub record: CommitRecord,
 }
 
+/// Metadata blocks kept back from ordinary writes in a pool of `blocks`:
+/// 1% (64 ..= 4096), at most a quarter.
+fn meta_reserve(blocks: u64) -> u64 {
+    (blocks / 100).clamp(64, 4096).min(blocks / 4)
+}
+
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -170,7 +178,7 @@ pub(crate) fn unix_now() -> u64 {
 impl Meta {
     pub fn resume(store: Arc<Store>, resume: Resume, dirty_node_limit: usize) -> Result<Self> {
         let rec = resume.record;
-        let geo = store.geo;
+        let geo = &store.geo;
         // No real pool gets near 2^63 commits; a record claiming so is damaged
         // (and later txn arithmetic would overflow).
         if rec.txn.get() >= 1 << 63 {
@@ -181,19 +189,17 @@ impl Meta {
         }
         let meta_sm = SpaceMap::new(
             SmKind::Meta,
-            geo.meta_blocks,
+            geo.meta_blocks(),
             rec.meta_used.get(),
             rec.meta_cursor.get(),
         )?;
         let data_sm = SpaceMap::new(
             SmKind::Data,
-            geo.data_chunks,
+            geo.data_chunks(),
             rec.data_used.get(),
             rec.data_cursor.get(),
         )?;
-        let meta_reserve = (geo.meta_blocks / 100)
-            .clamp(64, 4096)
-            .min(geo.meta_blocks / 4);
+        let meta_reserve = meta_reserve(geo.meta_blocks());
         let mut meta = Self {
             store,
             txn: rec.txn.get() + 1,
@@ -211,6 +217,7 @@ impl Meta {
             dirty_node_limit,
             opened_txn: rec.txn.get(),
             commit_in_flight: false,
+            grown: false,
             last_record: rec,
             node_log: UndoLog::default(),
             node_logged: HashSet::new(),
@@ -408,7 +415,8 @@ impl Meta {
     }
 
     pub fn has_changes(&self) -> bool {
-        !self.dirty.is_empty()
+        self.grown
+            || !self.dirty.is_empty()
             || self.meta_sm.dirty_pages() > 0
             || self.data_sm.dirty_pages() > 0
             || self.table.has_changes()
@@ -417,12 +425,10 @@ impl Meta {
     // ---- allocation and reference counting ---------------------------------
 
     fn meta_entry(&self, block: u64) -> Result<u64> {
-        if !self.store.geo.is_meta_block(block) {
-            return Err(Error::inconsistent(format!(
-                "block {block} is not a metadata block"
-            )));
-        }
-        Ok(block - self.store.geo.meta_start)
+        self.store
+            .geo
+            .meta_entry(block)
+            .ok_or_else(|| Error::inconsistent(format!("block {block} is not a metadata block")))
     }
 
     pub fn meta_count(&self, block: u64) -> Result<u32> {
@@ -439,7 +445,10 @@ impl Meta {
             .meta_sm
             .alloc(&self.store, reserve)?
             .ok_or(Error::MetadataFull)?;
-        let block = self.store.geo.meta_start + entry;
+        let block =
+            self.store.geo.meta_block(entry).ok_or_else(|| {
+                Error::inconsistent(format!("metadata entry {entry} has no block"))
+            })?;
         self.store.forget_node(block);
         self.log_node(block, || NodeUndo::Added(block));
         self.dirty.insert(block, node);
@@ -529,7 +538,7 @@ impl Meta {
         // records in their own step (`Pool::manage`); these are the records
         // writes changed.
         self.atomic(Privilege::Reserve, Self::store_table)?;
-        let geo = self.store.geo;
+        let geo = &self.store.geo;
         let mut home_pages = self.meta_sm.home_pages_due();
         home_pages.extend(self.data_sm.home_pages_due());
         let mut nodes: Vec<(u64, Arc<CachedNode>)> = self
@@ -562,7 +571,10 @@ impl Meta {
             journal.extend_from_slice(&page.encode());
         }
         let record = self.commit_record(pages.len() as u32, crc32c::crc32c(&journal[BLOCK_SIZE..]));
-        journal[..BLOCK_SIZE].copy_from_slice(&record.encode());
+        let encoded = record
+            .encode(self.store.geo.version())
+            .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
+        journal[..BLOCK_SIZE].copy_from_slice(&encoded);
         self.last_record = record;
         let job = CommitJob {
             txn: self.txn,
@@ -573,6 +585,7 @@ impl Meta {
         };
         self.txn += 1;
         self.commit_in_flight = true;
+        self.grown = false;
         Ok(job)
     }
 
@@ -603,7 +616,23 @@ impl Meta {
         rec.meta_cursor = U64::new(self.meta_sm.cursor());
         rec.data_cursor = U64::new(self.data_sm.cursor());
         rec.commit_unix_secs = U64::new(unix_now());
+        self.store.geo.layout().store(&mut rec);
         rec
+    }
+
+    /// Takes on the grown region of `layout` (formatted and flushed by the
+    /// caller, who commits next): the geometry maps its blocks and chunks,
+    /// the space maps count them. Run with writers held off.
+    pub fn grow(&mut self, layout: Layout) -> Result<()> {
+        debug_assert!(self.node_log.idle(), "a growth inside an operation");
+        let meta_entries = layout.entries(SmKind::Meta);
+        let data_entries = layout.entries(SmKind::Data);
+        self.store.geo.grow_to(layout);
+        self.meta_sm.grow(meta_entries)?;
+        self.data_sm.grow(data_entries)?;
+        self.meta_reserve = meta_reserve(meta_entries);
+        self.grown = true;
+        Ok(())
     }
 
     /// Writes the changed volume records into the volume table's tree (inside
@@ -628,7 +657,7 @@ impl Meta {
 /// pages are read unless they prove damaged, so opening costs at most one
 /// journal area whatever the size of the pool or of its mappings.
 pub(crate) fn recover(store: &Store) -> Result<Resume> {
-    let geo = store.geo;
+    let geo = &store.geo;
     let mut candidates = Vec::new();
     for area in geo.journal_start {
         if let Some(record) = read_commit_record(store, area)? {
@@ -637,10 +666,20 @@ pub(crate) fn recover(store: &Store) -> Result<Resume> {
     }
     candidates.sort_by_key(|(_, record)| std::cmp::Reverse(record.txn.get()));
     for (area, record) in candidates {
-        match read_journal_pages(store, area, &record)? {
+        let layout = match Layout::from_record(geo.superblock(), &record, store.dev.size()) {
+            Ok(layout) => layout,
+            Err(e) => {
+                warn!(area, txn = record.txn.get(), error = %e, "commit record's layout is unusable; using the previous commit");
+                continue;
+            }
+        };
+        match read_journal_pages(store, area, &record, &layout)? {
             Some(pages) => {
+                // Every region this commit names is formatted and durable
+                // (growth flushes them before the commit that names them).
+                geo.grow_to(layout);
                 for page in &pages {
-                    store.write_block(geo.sm_home(page.kind, page.index), &page.encode())?;
+                    store.write_block(geo.sm_home(page.kind, page.index)?, &page.encode())?;
                 }
                 store.dev.flush()?;
                 return Ok(Resume { record });
@@ -681,10 +720,11 @@ pub(crate) fn journal_warnings(store: &Store, current: u64) -> Result<Vec<String
                 record.txn.get()
             )),
             Ok(record) => {
-                if record.txn.get() + 1 == current
-                    && read_journal_pages(store, area, &record)?.is_some()
-                {
-                    fallback = true;
+                let layout = Layout::from_record(store.geo.superblock(), &record, store.dev.size());
+                if let (true, Ok(layout)) = (record.txn.get() + 1 == current, layout) {
+                    if read_journal_pages(store, area, &record, &layout)?.is_some() {
+                        fallback = true;
+                    }
                 }
             }
             Err(e) if raw.iter().any(|&b| b != 0) => warnings.push(format!(
@@ -702,13 +742,15 @@ pub(crate) fn journal_warnings(store: &Store, current: u64) -> Result<Vec<String
     Ok(warnings)
 }
 
-/// The commit record at the head of a journal area, if it is one of this pool's.
+/// The commit record at the head of a journal area, if it is one of this
+/// pool's (and of a format version no newer than the pool's).
 fn read_commit_record(store: &Store, area: u64) -> Result<Option<CommitRecord>> {
     let raw = store.read_block(area)?;
-    let Ok(record) = CommitRecord::decode(&raw[..]) else {
+    let Ok((record, version)) = CommitRecord::decode_versioned(&raw[..]) else {
         return Ok(None);
     };
     let plausible = record.uuid == store.geo.uuid
+        && version <= store.geo.version()
         && u64::from(record.page_count.get()) <= store.geo.journal_pages;
     Ok(plausible.then_some(record))
 }
@@ -718,8 +760,9 @@ fn read_journal_pages(
     store: &Store,
     area: u64,
     record: &CommitRecord,
+    layout: &Layout,
 ) -> Result<Option<Vec<SmPage>>> {
-    let geo = store.geo;
+    let geo = &store.geo;
     if u64::from(record.page_count.get()) > geo.journal_pages {
         return Ok(None);
     }
@@ -736,10 +779,7 @@ fn read_journal_pages(
         let Ok(page) = SmPage::decode_any(image) else {
             return Ok(None);
         };
-        let map_pages = geo
-            .sm_entries(page.kind)
-            .div_ceil(arbor_format::SM_ENTRIES_PER_PAGE as u64);
-        if u64::from(page.index) >= map_pages {
+        if u64::from(page.index) >= layout.sm_pages(page.kind) {
             return Ok(None);
         }
         pages.push(page);

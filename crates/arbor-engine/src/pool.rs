@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use std::time::{Duration, Instant};
 
 use arbor_format::{
-    BlockRef, CommitRecord, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE, BLOCK_SIZE_U64,
-    MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+    BlockRef, CommitRecord, Layout, Region, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE,
+    BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
 };
 use arbor_io::BlockDevice;
 use rand::RngCore;
@@ -36,7 +36,9 @@ use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, PreservedPages, Store};
 use crate::volumes::WriteEnd;
 
+mod grow;
 mod write;
+pub use grow::{GrowOptions, GrowReport};
 use write::{Fill, Unit};
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
@@ -64,6 +66,9 @@ pub struct CreateOptions {
     /// at least 16): the bound on how many space-map pages a commit changes.
     /// Small values make tests of scattered layouts cheap.
     pub journal_pages: Option<u32>,
+    /// On-disk format version: the newest by default; version 1 only for
+    /// pools that older arbor releases must still open (they cannot grow).
+    pub format_version: u16,
 }
 
 impl Default for CreateOptions {
@@ -72,6 +77,7 @@ impl Default for CreateOptions {
             chunk_size: DEFAULT_CHUNK_SIZE,
             metadata_bytes: None,
             journal_pages: None,
+            format_version: arbor_format::FORMAT_VERSION,
         }
     }
 }
@@ -255,24 +261,29 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     Ok(sb)
 }
 
-/// Writes freshly formatted (all-zero) space-map pages, in batches.
-fn format_space_map(store: &Store, kind: SmKind, pages: u64) -> Result<()> {
+/// Writes freshly formatted (all-zero) space-map pages `pages` of a map
+/// whose homes lie in one region (so they are contiguous), in batches.
+pub(crate) fn format_space_map(dev: &dyn BlockDevice, region: &Region, kind: SmKind) -> Result<()> {
     const BATCH: u64 = 256;
-    let mut index = 0;
-    while index < pages {
-        let n = BATCH.min(pages - index);
+    let first = region.first_page(kind);
+    let end = first + region.sm_pages(kind);
+    let mut index = first;
+    while index < end {
+        let n = BATCH.min(end - index);
         let mut buf = Vec::with_capacity(n as usize * BLOCK_SIZE);
         for i in index..index + n {
+            // Page numbers fit in u32: the layout was validated.
             buf.extend_from_slice(&SmPage::empty(kind, i as u32).encode());
         }
-        let home = store.geo.sm_home(kind, index as u32);
-        store.dev.write_at(&buf, home * BLOCK_SIZE_U64)?;
+        let home = region.sm_home(kind, index);
+        dev.write_at(&buf, home * BLOCK_SIZE_U64)?;
         index += n;
     }
     Ok(())
 }
 
-pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+/// The first superblock copy that verifies, and the pool's format version.
+pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Superblock, u16)> {
     let mut last_error = None;
     for slot in 0..SUPERBLOCK_SLOTS {
         let mut raw = [0u8; BLOCK_SIZE];
@@ -280,8 +291,8 @@ pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
             break;
         }
         dev.read_at(&mut raw, slot * BLOCK_SIZE_U64)?;
-        match Superblock::decode(&raw, dev.size()) {
-            Ok(sb) => return Ok(sb),
+        match Superblock::decode_versioned(&raw, dev.size()) {
+            Ok(found) => return Ok(found),
             Err(e) => {
                 warn!(slot, error = %e, "superblock copy unusable");
                 last_error = Some(e);
@@ -302,18 +313,22 @@ impl Pool {
         open: &OpenOptions,
     ) -> Result<Pool> {
         let sb = layout(dev.size(), opts)?;
-        let geo = Geometry::from_superblock(&sb);
+        let version = opts.format_version;
         let store = Arc::new(Store::new(
             Arc::clone(&dev),
-            geo,
+            Geometry::new(&sb, version),
             open.cache_bytes / BLOCK_SIZE,
         ));
-        format_space_map(&store, SmKind::Meta, sb.meta_sm_pages())?;
-        format_space_map(&store, SmKind::Data, sb.data_sm_pages())?;
+        let geo = &store.geo;
+        let region0 = Layout::from_superblock(&sb).regions()[0];
+        format_space_map(dev.as_ref(), &region0, SmKind::Meta)?;
+        format_space_map(dev.as_ref(), &region0, SmKind::Data)?;
         for area in geo.journal_start {
             store.write_block(area, &[0u8; BLOCK_SIZE])?;
         }
-        let sb_block = sb.encode();
+        let sb_block = sb
+            .encode(version)
+            .map_err(|e| Error::InvalidArgument(format!("format version: {e}")))?;
         for slot in 0..SUPERBLOCK_SLOTS {
             store.write_block(slot, &sb_block)?;
         }
@@ -329,8 +344,8 @@ impl Pool {
 
     /// Opens an existing pool, recovering to its last commit.
     pub fn open(dev: Arc<dyn BlockDevice>, open: &OpenOptions) -> Result<Pool> {
-        let sb = read_superblock(dev.as_ref())?;
-        let geo = Geometry::from_superblock(&sb);
+        let (sb, version) = read_superblock(dev.as_ref())?;
+        let geo = Geometry::new(&sb, version);
         let store = Arc::new(Store::new(dev, geo, open.cache_bytes / BLOCK_SIZE));
         let resume = recover(&store)?;
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
@@ -371,7 +386,7 @@ impl Pool {
     /// Byte offset of the data region on the device: everything below it is
     /// metadata (used by tools and benchmarks that treat the two apart).
     pub fn data_region_offset(&self) -> u64 {
-        self.store.geo.data_start_bytes
+        self.store.geo.first_data_bytes()
     }
 
     // ---- locking -----------------------------------------------------------
@@ -789,7 +804,7 @@ impl Pool {
 
     /// Splits `[offset, offset + len)` into mapped and unmapped pieces.
     fn resolve(meta: &Meta, id: VolumeId, offset: u64, len: u64) -> Result<Vec<Piece>> {
-        let geo = meta.store.geo;
+        let geo = &meta.store.geo;
         let cs = geo.chunk_size;
         let root = meta.volume(id.0)?.root;
         let end = offset + len;
@@ -953,18 +968,18 @@ impl Pool {
 
     pub fn pool_stats(&self) -> Result<PoolStats> {
         let meta = self.read_meta()?;
-        let geo = self.store.geo;
+        let geo = &self.store.geo;
         let snapshots = meta
             .table()
             .iter()
             .filter(|(_, r)| r.kind == VolumeKind::Snapshot)
             .count() as u64;
         Ok(PoolStats {
-            pool_bytes: geo.pool_bytes,
+            pool_bytes: geo.pool_bytes(),
             chunk_size: geo.chunk_size,
-            data_bytes: geo.data_chunks * geo.chunk_size,
+            data_bytes: geo.data_chunks() * geo.chunk_size,
             data_used_bytes: meta.data_sm.used() * geo.chunk_size,
-            metadata_bytes: geo.meta_blocks * BLOCK_SIZE_U64,
+            metadata_bytes: geo.meta_blocks() * BLOCK_SIZE_U64,
             metadata_used_bytes: meta.meta_sm.used() * BLOCK_SIZE_U64,
             volumes: meta.table().len() as u64 - snapshots,
             snapshots,
@@ -1038,11 +1053,11 @@ impl Pool {
     pub fn metadata_blocks_in_use(&self) -> Result<Vec<u64>> {
         self.flush()?;
         let meta = self.read_meta()?;
-        let geo = self.store.geo;
+        let geo = &self.store.geo;
         let mut blocks = Vec::new();
-        for entry in 0..geo.meta_blocks {
+        for entry in 0..geo.meta_blocks() {
             if meta.meta_sm.get(&self.store, entry)? > 0 {
-                blocks.push(geo.meta_start + entry);
+                blocks.extend(geo.meta_block(entry));
             }
         }
         Ok(blocks)
@@ -1193,6 +1208,7 @@ mod tests {
             chunk_size: 4096,
             metadata_bytes: Some(2 << 20),
             journal_pages: Some(16),
+            ..CreateOptions::default()
         };
         let pool = Pool::create(dev, &opts, &OpenOptions::default()).unwrap();
         let v = pool.create_volume("v", 8 << 20).unwrap();
@@ -1255,7 +1271,7 @@ mod tests {
         let meta = pool.meta.read().unwrap();
         assert_eq!(
             meta.meta_sm.allocatable() + meta.meta_sm.used(),
-            meta.store.geo.meta_blocks
+            meta.store.geo.meta_blocks()
         );
         drop(meta);
         assert!(pool.check().unwrap().is_clean());

@@ -59,8 +59,10 @@ pub struct RepairReport {
 /// module documentation); the pool then opens as before, if at all.
 pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairReport> {
     let mut actions = Vec::new();
-    let sb = read_superblock(dev.as_ref())?;
-    let good = sb.encode();
+    let (sb, version) = read_superblock(dev.as_ref())?;
+    let good = sb
+        .encode(version)
+        .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
     for slot in 0..arbor_format::SUPERBLOCK_SLOTS {
         let mut raw = [0u8; arbor_format::BLOCK_SIZE];
         dev.read_at(&mut raw, slot * arbor_format::BLOCK_SIZE_U64)?;
@@ -72,12 +74,12 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
         }
     }
     dev.flush()?;
-    let geo = Geometry::from_superblock(&sb);
     let store = Arc::new(Store::new(
         dev,
-        geo,
+        Geometry::new(&sb, version),
         opts.cache_bytes / arbor_format::BLOCK_SIZE,
     ));
+    let geo = &store.geo;
     let resume = recover(&store)?;
     let mut meta = Meta::resume(Arc::clone(&store), resume, opts.dirty_node_limit)?;
 
@@ -146,9 +148,13 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
     record.meta_used = U64::new(meta_used);
     record.data_used = U64::new(data_used);
     record.commit_unix_secs = U64::new(unix_now());
+    geo.layout().store(&mut record);
+    let encoded = record
+        .encode(version)
+        .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
     // The rewritten home pages are durable before the record that makes them current.
     store.dev.flush()?;
-    store.write_block(geo.journal_start[(txn % 2) as usize], &record.encode())?;
+    store.write_block(geo.journal_start[(txn % 2) as usize], &encoded)?;
     store.dev.flush()?;
     Ok(RepairReport { actions, txn })
 }
@@ -170,7 +176,7 @@ fn rewrite_map(
         let mut page = SmPage::empty(kind, index);
         page.txn = txn;
         page.counts[..want.len()].copy_from_slice(want);
-        let home = store.geo.sm_home(kind, index);
+        let home = store.geo.sm_home(kind, index)?;
         let raw = store.read_block(home)?;
         match SmPage::decode(&raw[..], (kind, index)) {
             Ok(old) if old.counts == page.counts => continue,

@@ -115,6 +115,33 @@ impl SpaceMap {
         })
     }
 
+    /// Entries of the map (every region's).
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Adds entries at the end (a growth: the new entries' pages are
+    /// formatted, and those sharing the last page with old entries hold
+    /// zeros there). The caller commits before anything else can fail.
+    pub fn grow(&mut self, entries: u64) -> Result<()> {
+        debug_assert!(self.log.idle(), "a growth inside an operation");
+        if entries < self.entries {
+            return Err(Error::inconsistent("a space map cannot shrink"));
+        }
+        let pages = entries.div_ceil(PER_PAGE);
+        let pages = usize::try_from(pages)
+            .ok()
+            .filter(|&p| p as u64 <= u64::from(u32::MAX))
+            .ok_or_else(|| Error::InvalidArgument("space map too large".into()))?;
+        // The old last page may have gained entries.
+        if let Some(last) = self.full.last_mut() {
+            *last = false;
+        }
+        self.full.resize(pages, false);
+        self.entries = entries;
+        Ok(())
+    }
+
     /// Entries with a non-zero count.
     pub fn used(&self) -> u64 {
         self.used
@@ -476,7 +503,7 @@ mod tests {
 
     /// A map over every data chunk of the test pool (three pages).
     fn data_map(store: &Store, cursor: u64) -> SpaceMap {
-        let entries = store.geo.data_chunks;
+        let entries = store.geo.data_chunks();
         assert!(entries > 2 * PER_PAGE, "the test pool spans three pages");
         SpaceMap::new(SmKind::Data, entries, 0, cursor % entries).unwrap()
     }
@@ -518,7 +545,7 @@ mod tests {
         let due = sm.home_pages_due();
         sm.freeze(*txn);
         for page in due {
-            let home = store.geo.sm_home(page.kind, page.index);
+            let home = store.geo.sm_home(page.kind, page.index).unwrap();
             store.write_block(home, &page.encode()).unwrap();
             store.cache_sm_page(page);
         }

@@ -4,73 +4,170 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use arbor_format::{BlockRef, Node, SmKind, SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64};
+use arbor_format::{
+    chunk_offset_in, meta_block_in, meta_entry_in, sm_home_in, BlockRef, Layout, Node, Region,
+    SmKind, SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_GROWTHS,
+};
 use arbor_io::BlockDevice;
 use lru::LruCache;
 
 use crate::error::{Error, Result};
 
-/// Geometry as plain integers, derived once from the validated superblock.
-#[derive(Debug, Clone, Copy)]
+/// The pool's geometry: fixed parts from the superblock, and the regions
+/// of the layout (see [`arbor_format::Layout`]), which only ever grow. The
+/// regions are published lock-free, so lookups on the I/O paths take no
+/// lock; only [`Geometry::grow`] (under the pool's commit lock) adds one.
 pub(crate) struct Geometry {
     pub chunk_size: u64,
     pub journal_pages: u64,
     pub journal_start: [u64; 2],
-    pub meta_sm_start: u64,
-    pub data_sm_start: u64,
-    pub meta_start: u64,
-    pub meta_blocks: u64,
-    pub data_start_bytes: u64,
-    pub data_chunks: u64,
-    pub pool_bytes: u64,
     pub uuid: [u8; 16],
+    /// The superblock as read or written at creation (its geometry never changes).
+    superblock: Superblock,
+    /// The pool's format version (1 until upgraded).
+    version: AtomicU16,
+    /// Region `i` once `i < published`.
+    regions: Vec<OnceLock<Region>>,
+    published: AtomicUsize,
+    meta_blocks: AtomicU64,
+    data_chunks: AtomicU64,
+    /// The same regions, for commit records and growth planning.
+    layout: Mutex<Layout>,
 }
 
 impl Geometry {
-    pub fn from_superblock(sb: &Superblock) -> Self {
-        Self {
+    /// The geometry of region 0 (grow it with [`Self::grow_to`]).
+    pub fn new(sb: &Superblock, version: u16) -> Self {
+        let geo = Self {
             chunk_size: u64::from(sb.chunk_size.get()),
             journal_pages: u64::from(sb.journal_pages.get()),
             journal_start: [sb.journal_start[0].get(), sb.journal_start[1].get()],
-            meta_sm_start: sb.meta_sm_start.get(),
-            data_sm_start: sb.data_sm_start.get(),
-            meta_start: sb.meta_start.get(),
-            meta_blocks: sb.meta_blocks.get(),
-            data_start_bytes: sb.data_start_bytes.get(),
-            data_chunks: sb.data_chunks.get(),
-            pool_bytes: sb.pool_bytes.get(),
             uuid: sb.uuid,
+            superblock: *sb,
+            version: AtomicU16::new(version),
+            regions: (0..=MAX_GROWTHS).map(|_| OnceLock::new()).collect(),
+            published: AtomicUsize::new(0),
+            meta_blocks: AtomicU64::new(0),
+            data_chunks: AtomicU64::new(0),
+            layout: Mutex::new(Layout::from_superblock(sb)),
+        };
+        geo.publish(Layout::from_superblock(sb));
+        geo
+    }
+
+    /// Makes every region of `layout` (a superset of the current one) visible.
+    fn publish(&self, layout: Layout) {
+        let regions = layout.regions();
+        for (i, region) in regions.iter().enumerate() {
+            // Set once: a region, once published, never changes.
+            let _ = self.regions[i].set(*region);
         }
+        self.meta_blocks
+            .store(layout.entries(SmKind::Meta), Ordering::Release);
+        self.data_chunks
+            .store(layout.entries(SmKind::Data), Ordering::Release);
+        self.published.store(regions.len(), Ordering::Release);
+        *lock(&self.layout) = layout;
+    }
+
+    /// Adds the regions of `layout` beyond the current ones: at open, a
+    /// commit's layout; online, the region a growth planned (the caller
+    /// holds the commit lock and the metadata lock, so no commit and no
+    /// allocation sees half of it).
+    pub fn grow_to(&self, layout: Layout) {
+        debug_assert!(layout.regions().starts_with(lock(&self.layout).regions()));
+        self.publish(layout);
+    }
+
+    pub fn layout(&self) -> Layout {
+        lock(&self.layout).clone()
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.superblock
+    }
+
+    pub fn version(&self) -> u16 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn set_version(&self, version: u16) {
+        self.version.store(version, Ordering::Release);
+    }
+
+    fn regions(&self) -> impl DoubleEndedIterator<Item = &Region> {
+        let n = self.published.load(Ordering::Acquire);
+        self.regions[..n].iter().filter_map(OnceLock::get)
+    }
+
+    fn first(&self) -> &Region {
+        // Region 0 is published by `new`.
+        self.regions()
+            .next()
+            .unwrap_or_else(|| unreachable!("region 0 is published at creation"))
+    }
+
+    /// Metadata blocks of every region.
+    pub fn meta_blocks(&self) -> u64 {
+        self.meta_blocks.load(Ordering::Acquire)
+    }
+
+    /// Data chunks of every region.
+    pub fn data_chunks(&self) -> u64 {
+        self.data_chunks.load(Ordering::Acquire)
+    }
+
+    /// The byte just past the pool's last region (at least the size the
+    /// pool was created with).
+    pub fn pool_bytes(&self) -> u64 {
+        let end = self
+            .regions()
+            .next_back()
+            .map_or(0, |r| r.end_bytes(self.chunk_size));
+        end.max(self.superblock.pool_bytes.get())
+    }
+
+    /// Byte offset of the first region's data.
+    pub fn first_data_bytes(&self) -> u64 {
+        self.first().data_start_bytes
     }
 
     /// Home block of a space-map page.
-    pub fn sm_home(&self, kind: SmKind, index: u32) -> u64 {
-        let start = match kind {
-            SmKind::Meta => self.meta_sm_start,
-            SmKind::Data => self.data_sm_start,
-        };
-        start + u64::from(index)
+    pub fn sm_home(&self, kind: SmKind, index: u32) -> Result<u64> {
+        sm_home_in(self.regions(), kind, u64::from(index)).ok_or_else(|| {
+            Error::inconsistent(format!("{kind:?} space-map page {index} beyond the map"))
+        })
     }
 
-    /// Entries a space map of `kind` has.
-    pub fn sm_entries(&self, kind: SmKind) -> u64 {
-        match kind {
-            SmKind::Meta => self.meta_blocks,
-            SmKind::Data => self.data_chunks,
-        }
+    /// The metadata space-map entry of a block, if it is a metadata block.
+    pub fn meta_entry(&self, block: u64) -> Option<u64> {
+        meta_entry_in(self.regions(), block)
+    }
+
+    /// The block of a metadata space-map entry.
+    pub fn meta_block(&self, entry: u64) -> Option<u64> {
+        meta_block_in(self.regions(), entry)
     }
 
     pub fn is_meta_block(&self, block: u64) -> bool {
-        block >= self.meta_start && block - self.meta_start < self.meta_blocks
+        self.meta_entry(block).is_some()
     }
 
     /// Byte offset of a data chunk. The caller passes a chunk below
-    /// `data_chunks` (mapping values are validated on read), so this cannot
-    /// overflow: the superblock validated that the data region fits the pool.
+    /// `data_chunks()` (mapping values are validated on read), so this
+    /// cannot overflow: every region was validated to fit the device.
     pub fn chunk_offset(&self, pchunk: u64) -> u64 {
-        self.data_start_bytes + pchunk * self.chunk_size
+        let first = self.first();
+        if pchunk < first.data_chunks {
+            return first.data_start_bytes + pchunk * self.chunk_size;
+        }
+        // Not reachable for a validated chunk; past the device, so the I/O
+        // fails rather than touching another chunk.
+        chunk_offset_in(self.regions(), self.chunk_size, pchunk)
+            .unwrap_or(u64::MAX - self.chunk_size)
     }
 }
 
@@ -160,7 +257,7 @@ impl Store {
         if let Some(hit) = lock(&self.pages).get(&(kind, index)) {
             return Ok(Arc::clone(hit));
         }
-        let home = self.geo.sm_home(kind, index);
+        let home = self.geo.sm_home(kind, index)?;
         let raw = self.read_block(home)?;
         let page = SmPage::decode(&raw[..], (kind, index)).map_err(|e| {
             Error::corrupt(format!("space-map page {kind:?}/{index} (block {home})"), e)

@@ -28,13 +28,14 @@ pub(crate) fn fresh_meta() -> Meta {
         chunk_size: 4096,
         metadata_bytes: Some(METADATA_BYTES),
         journal_pages: Some(16),
+        ..CreateOptions::default()
     };
     let open = OpenOptions::default();
     drop(Pool::create(Arc::clone(&dev), &create, &open).expect("create a pool"));
-    let sb = read_superblock(dev.as_ref()).expect("read the superblock");
+    let (sb, version) = read_superblock(dev.as_ref()).expect("read the superblock");
     let store = Arc::new(Store::new(
         dev,
-        Geometry::from_superblock(&sb),
+        Geometry::new(&sb, version),
         open.cache_bytes / BLOCK_SIZE,
     ));
     let resume = recover(&store).expect("recover the last commit");

@@ -297,6 +297,7 @@ fn scattered_discard_zero_and_shrink_fit_the_journal() {
             chunk_size: CHUNK as u32,
             metadata_bytes: Some(8 * MIB),
             journal_pages: Some(pages),
+            ..CreateOptions::default()
         };
         let pool = Pool::create(dev, &opts, &open_opts()).unwrap();
         let a_size = a_chunks * CHUNK;

@@ -1,7 +1,11 @@
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::{FormatError, BLOCK_SIZE, FORMAT_VERSION};
+use crate::{FormatError, BLOCK_SIZE, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
+
+/// The version written into blocks whose layout has not changed since
+/// version 1 (nodes and space-map pages): pools of either version share them.
+pub const UNCHANGED_LAYOUT_VERSION: u16 = 1;
 
 pub const MAGIC: [u8; 4] = *b"ARBR";
 
@@ -36,12 +40,20 @@ fn block_checksum(block: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, &block[CHECKSUM_AT + 4..])
 }
 
-/// Writes the common header (magic, version, type) and the checksum into a
-/// fully built block. Call last: any later change invalidates the checksum.
+/// Writes the common header (magic, version 1, type) and the checksum into a
+/// fully built block whose layout is that of version 1 (nodes, space-map
+/// pages). Call last: any later change invalidates the checksum.
 pub fn seal(block: &mut [u8; BLOCK_SIZE], block_type: BlockType) {
+    seal_version(block, block_type, UNCHANGED_LAYOUT_VERSION);
+}
+
+/// [`seal`] with an explicit format version (superblocks and commit
+/// records carry their pool's version).
+pub fn seal_version(block: &mut [u8; BLOCK_SIZE], block_type: BlockType, version: u16) {
+    debug_assert!((OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version));
     let header = BlockHeader {
         magic: MAGIC,
-        version: U16::new(FORMAT_VERSION),
+        version: U16::new(version),
         block_type: U16::new(block_type as u16),
         checksum: U32::new(0),
         reserved: U32::new(0),
@@ -53,6 +65,11 @@ pub fn seal(block: &mut [u8; BLOCK_SIZE], block_type: BlockType) {
 
 /// Verifies magic, version, type and checksum of a block.
 pub fn verify(block: &[u8], expected: BlockType) -> Result<(), FormatError> {
+    verify_version(block, expected).map(|_| ())
+}
+
+/// [`verify`], returning the block's format version.
+pub fn verify_version(block: &[u8], expected: BlockType) -> Result<u16, FormatError> {
     if block.len() != BLOCK_SIZE {
         return Err(FormatError::Invalid(format!(
             "block is {} bytes, expected {BLOCK_SIZE}",
@@ -64,7 +81,8 @@ pub fn verify(block: &[u8], expected: BlockType) -> Result<(), FormatError> {
     if header.magic != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    if header.version.get() != FORMAT_VERSION {
+    let version = header.version.get();
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(FormatError::UnsupportedVersion(header.version.get()));
     }
     let stored = header.checksum.get();
@@ -78,7 +96,7 @@ pub fn verify(block: &[u8], expected: BlockType) -> Result<(), FormatError> {
             found: header.block_type.get(),
         });
     }
-    Ok(())
+    Ok(version)
 }
 
 #[cfg(test)]

@@ -8,12 +8,17 @@
 //! never panics: damaged bytes give a [`FormatError`].
 
 mod header;
+mod layout;
 mod node;
 mod records;
 mod spacemap;
 mod superblock;
 
-pub use header::{seal, BlockHeader, BlockType};
+pub use header::{seal, seal_version, BlockHeader, BlockType, UNCHANGED_LAYOUT_VERSION};
+pub use layout::{
+    chunk_offset_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
+    MAX_GROWTHS,
+};
 pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, MAX_LEVEL, NODE_HEADER_SIZE,
 };
@@ -25,8 +30,12 @@ pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
 pub const BLOCK_SIZE: usize = 4096;
 /// [`BLOCK_SIZE`] as u64, for offset arithmetic.
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
-/// The on-disk format version this crate reads and writes.
-pub const FORMAT_VERSION: u16 = 1;
+/// The newest on-disk format version this crate reads and writes (new
+/// pools get it).
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this crate still reads and writes: version 1
+/// pools open and stay version 1 until upgraded on request.
+pub const OLDEST_FORMAT_VERSION: u16 = 1;
 /// Smallest and largest data chunk sizes a pool may use.
 pub const MIN_CHUNK_SIZE: u32 = 4096;
 pub const MAX_CHUNK_SIZE: u32 = 1 << 20;
@@ -36,7 +45,7 @@ pub const MAX_CHUNK_SIZE: u32 = 1 << 20;
 pub enum FormatError {
     #[error("bad magic: not an arbor block")]
     BadMagic,
-    #[error("unsupported format version {0} (this build reads version {FORMAT_VERSION})")]
+    #[error("unsupported format version {0} (this build reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})")]
     UnsupportedVersion(u16),
     #[error("unexpected block type {found} (expected {expected})")]
     WrongType { expected: u16, found: u16 },

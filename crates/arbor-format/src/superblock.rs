@@ -6,8 +6,12 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::header::{self, BlockType, HEADER_SIZE};
+use crate::layout::{RegionRaw, MAX_GROWTHS};
 use crate::records::BlockRef;
-use crate::{FormatError, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
+use crate::{
+    FormatError, BLOCK_SIZE, BLOCK_SIZE_U64, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
+    OLDEST_FORMAT_VERSION,
+};
 
 /// Blocks 0 and 1 hold the two superblock copies.
 pub const SUPERBLOCK_SLOTS: u64 = 2;
@@ -56,6 +60,11 @@ pub struct CommitRecord {
     pub meta_cursor: U64,
     pub data_cursor: U64,
     pub commit_unix_secs: U64,
+    /// Regions added by online growth, in order (version 2; see
+    /// [`crate::Layout`]). A version 1 record has none.
+    pub grown_count: U32,
+    pub reserved: U32,
+    pub grown: [RegionRaw; MAX_GROWTHS],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -83,22 +92,36 @@ impl From<BlockRefRaw> for BlockRef {
     }
 }
 
-fn encode_body<T: IntoBytes + Immutable>(body: &T, block_type: BlockType) -> [u8; BLOCK_SIZE] {
+fn encode_body<T: IntoBytes + Immutable>(
+    body: &T,
+    block_type: BlockType,
+    version: u16,
+) -> [u8; BLOCK_SIZE] {
     let mut block = [0u8; BLOCK_SIZE];
     let bytes = body.as_bytes();
     block[HEADER_SIZE..HEADER_SIZE + bytes.len()].copy_from_slice(bytes);
-    header::seal(&mut block, block_type);
+    header::seal_version(&mut block, block_type, version);
     block
 }
 
+/// The body of a verified block, and the block's format version.
 fn decode_body<T: FromBytes + KnownLayout + Immutable + Copy>(
     block: &[u8],
     block_type: BlockType,
-) -> Result<T, FormatError> {
-    header::verify(block, block_type)?;
+) -> Result<(T, u16), FormatError> {
+    let version = header::verify_version(block, block_type)?;
     T::read_from_prefix(&block[HEADER_SIZE..])
-        .map(|(body, _)| body)
+        .map(|(body, _)| (body, version))
         .map_err(|_| FormatError::Invalid("block too short for its body".into()))
+}
+
+/// A pool's format version must be one this crate writes.
+fn check_version(version: u16) -> Result<(), FormatError> {
+    if (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+        Ok(())
+    } else {
+        Err(FormatError::UnsupportedVersion(version))
+    }
 }
 
 impl Superblock {
@@ -106,15 +129,23 @@ impl Superblock {
         Self::new_zeroed()
     }
 
-    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
-        encode_body(self, BlockType::Superblock)
+    /// The superblock of a pool of format `version` (the version is the
+    /// pool's: a version 1 pool keeps writing version 1 superblocks).
+    pub fn encode(&self, version: u16) -> Result<[u8; BLOCK_SIZE], FormatError> {
+        check_version(version)?;
+        Ok(encode_body(self, BlockType::Superblock, version))
     }
 
     /// Decodes and validates a superblock against the size of its device.
     pub fn decode(block: &[u8], device_bytes: u64) -> Result<Self, FormatError> {
-        let sb: Self = decode_body(block, BlockType::Superblock)?;
+        Self::decode_versioned(block, device_bytes).map(|(sb, _)| sb)
+    }
+
+    /// [`Self::decode`], with the pool's format version.
+    pub fn decode_versioned(block: &[u8], device_bytes: u64) -> Result<(Self, u16), FormatError> {
+        let (sb, version): (Self, u16) = decode_body(block, BlockType::Superblock)?;
         sb.validate(device_bytes)?;
-        Ok(sb)
+        Ok((sb, version))
     }
 
     /// Checks that the regions are ordered, disjoint and inside the device, so
@@ -182,12 +213,40 @@ impl CommitRecord {
         Self::new_zeroed()
     }
 
-    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
-        encode_body(self, BlockType::Commit)
+    /// The record as a pool of format `version` writes it. Version 1 has
+    /// no grown regions.
+    pub fn encode(&self, version: u16) -> Result<[u8; BLOCK_SIZE], FormatError> {
+        check_version(version)?;
+        self.check_regions(version)?;
+        Ok(encode_body(self, BlockType::Commit, version))
     }
 
     pub fn decode(block: &[u8]) -> Result<Self, FormatError> {
-        decode_body(block, BlockType::Commit)
+        Self::decode_versioned(block).map(|(record, _)| record)
+    }
+
+    /// [`Self::decode`], with the record's format version. The grown
+    /// regions are checked against the superblock by
+    /// [`crate::Layout::from_record`].
+    pub fn decode_versioned(block: &[u8]) -> Result<(Self, u16), FormatError> {
+        let (record, version): (Self, u16) = decode_body(block, BlockType::Commit)?;
+        record.check_regions(version)?;
+        Ok((record, version))
+    }
+
+    fn check_regions(&self, version: u16) -> Result<(), FormatError> {
+        let count = self.grown_count.get();
+        if version < 2 && count != 0 {
+            return Err(FormatError::Invalid(format!(
+                "commit record: version {version} names {count} grown regions"
+            )));
+        }
+        if count as usize > MAX_GROWTHS {
+            return Err(FormatError::Invalid(format!(
+                "commit record: {count} grown regions, at most {MAX_GROWTHS}"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -214,19 +273,23 @@ mod tests {
     #[test]
     fn superblock_round_trip() {
         let sb = geometry();
-        let decoded = Superblock::decode(&sb.encode(), 64 << 20).unwrap();
-        assert_eq!(decoded, sb);
+        for version in [1, 2] {
+            let block = sb.encode(version).unwrap();
+            let decoded = Superblock::decode_versioned(&block, 64 << 20).unwrap();
+            assert_eq!(decoded, (sb, version));
+        }
+        assert!(sb.encode(3).is_err());
     }
 
     #[test]
     fn superblock_rejects_escaping_regions() {
         let mut sb = geometry();
         sb.data_chunks = U64::new(u64::MAX / 2);
-        assert!(Superblock::decode(&sb.encode(), 64 << 20).is_err());
+        assert!(Superblock::decode(&sb.encode(2).unwrap(), 64 << 20).is_err());
         let mut sb = geometry();
         sb.meta_start = U64::new(3);
-        assert!(Superblock::decode(&sb.encode(), 64 << 20).is_err());
-        assert!(Superblock::decode(&geometry().encode(), 1 << 20).is_err());
+        assert!(Superblock::decode(&sb.encode(2).unwrap(), 64 << 20).is_err());
+        assert!(Superblock::decode(&geometry().encode(2).unwrap(), 1 << 20).is_err());
     }
 
     #[test]
@@ -234,8 +297,24 @@ mod tests {
         let mut c = CommitRecord::new_zeroed_record();
         c.txn = U64::new(77);
         c.volumes_root = BlockRef { block: 5, txn: 76 }.into();
-        let decoded = CommitRecord::decode(&c.encode()).unwrap();
+        let decoded = CommitRecord::decode(&c.encode(1).unwrap()).unwrap();
         assert_eq!(decoded, c);
         assert_eq!(BlockRef::from(decoded.volumes_root).block, 5);
+    }
+
+    #[test]
+    fn only_version_2_records_name_grown_regions() {
+        let mut c = CommitRecord::new_zeroed_record();
+        c.grown_count = U32::new(1);
+        assert!(c.encode(1).is_err());
+        let block = c.encode(2).unwrap();
+        assert_eq!(CommitRecord::decode_versioned(&block).unwrap().1, 2);
+        // A version 1 header over a record that names regions is rejected.
+        let mut forged = block;
+        forged[4..6].copy_from_slice(&1u16.to_le_bytes());
+        crate::seal_version(&mut forged, BlockType::Commit, 1);
+        assert!(CommitRecord::decode(&forged).is_err());
+        c.grown_count = U32::new(MAX_GROWTHS as u32 + 1);
+        assert!(c.encode(2).is_err());
     }
 }

@@ -46,6 +46,22 @@ pub trait BlockDevice: Send + Sync {
     fn flush(&self) -> io::Result<()>;
     /// Size of the device in bytes.
     fn size(&self) -> u64;
+    /// Re-reads the size of a device enlarged from outside (a block device
+    /// after `lvextend`, a file after `truncate`) and returns it. The size
+    /// never goes down: a device that shrank is an error.
+    fn refresh_size(&self) -> io::Result<u64> {
+        Ok(self.size())
+    }
+    /// Enlarges the device to `size` bytes (a regular file: sparse, and
+    /// durable with the next `flush`). Devices that cannot resize
+    /// themselves return [`io::ErrorKind::Unsupported`].
+    fn extend(&self, size: u64) -> io::Result<()> {
+        let _ = size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this device cannot be enlarged by arbor; enlarge it with its own tools",
+        ))
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.

@@ -128,6 +128,22 @@ impl BlockDevice for SimDisk {
         Ok(())
     }
 
+    /// Enlarging is a metadata change of the medium: it is durable at once
+    /// (as a file's size after its `fdatasync`), and the new bytes are zeros.
+    fn extend(&self, size: u64) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        if !state.powered {
+            return Err(power_is_off());
+        }
+        let size = usize::try_from(size)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
+        if size > state.visible.len() {
+            state.visible.resize(size, 0);
+            state.durable.resize(size, 0);
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> io::Result<()> {
         // Sleep outside the lock: other I/O proceeds while a flush is slow.
         let delay = lock(&self.inner).flush_delay;

@@ -293,7 +293,7 @@ impl Pool {
         wanted: &[ChunkWanted],
         plans: &[ChunkPlan],
     ) -> Result<()> {
-        let geo = self.store.geo;
+        let geo = &self.store.geo;
         let cs = geo.chunk_size;
         let mut runs = Runs::new(MAX_NEW_CHUNK_WRITE);
         for (w, plan) in wanted.iter().zip(plans) {
@@ -339,7 +339,7 @@ impl Pool {
         wanted: &[ChunkWanted],
         plans: &[ChunkPlan],
     ) -> Result<()> {
-        let geo = self.store.geo;
+        let geo = &self.store.geo;
         let cs = geo.chunk_size;
         let mut runs = Runs::new(u64::MAX);
         for (w, plan) in wanted.iter().zip(plans) {

@@ -1,0 +1,146 @@
+//! Online growth (format version 2) and the upgrade from version 1.
+//!
+//! A growth appends one region after the pool's end (see
+//! [`arbor_format::Layout`]):
+//! 1. the device is enlarged (a file) or its new size read (a device);
+//! 2. the region's space-map home pages are formatted and flushed: they lie
+//!    past the end of every committed layout, so a power cut here leaves
+//!    the pool as it was;
+//! 3. with writers held off, the region is published and the space maps
+//!    take its entries;
+//! 4. a commit names the region. Before its record is durable, a power cut
+//!    opens the pool at its old size; after, at the new one.
+//!
+//! Writes go on between the steps and use the new space once step 3 is done.
+
+use super::*;
+
+/// What a growth adds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrowOptions {
+    /// The pool's new size in bytes. A regular file is enlarged to it
+    /// first when smaller; a block device must be enlarged with its own
+    /// tools. Without it the pool grows to the device's current size.
+    pub size: Option<u64>,
+    /// Metadata space in the new region, in bytes (rounded down to 4 KiB
+    /// blocks); the rest becomes data chunks. Default: as at creation, 1/64
+    /// of the added bytes and at least 128 bytes per added chunk. Give it to
+    /// cure `MetadataFull` with little new data space.
+    pub metadata_bytes: Option<u64>,
+}
+
+/// What a growth did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowReport {
+    pub old_pool_bytes: u64,
+    pub new_pool_bytes: u64,
+    pub data_bytes_added: u64,
+    pub metadata_bytes_added: u64,
+}
+
+/// Metadata blocks for a region of `bytes` bytes when the user does not
+/// say: the creation policy (1/64 of the space, at least 128 bytes per
+/// chunk, at most 1/8 of the space).
+fn default_growth_metadata(bytes: u64, chunk_size: u64) -> u64 {
+    let blocks = bytes / BLOCK_SIZE_U64;
+    (blocks / 64).max(bytes / chunk_size / 32).min(blocks / 8)
+}
+
+impl Pool {
+    /// The pool's on-disk format version.
+    pub fn format_version(&self) -> u16 {
+        self.store.geo.version()
+    }
+
+    /// Converts a version 1 pool to version 2, which can grow. Older arbor
+    /// releases (which read version 1 only) cannot open it afterwards.
+    /// Returns false when the pool already is version 2.
+    pub fn upgrade(&self) -> Result<bool> {
+        let _commit = lock_mutex(&self.commit_lock);
+        self.check_failed()?;
+        let geo = &self.store.geo;
+        if geo.version() >= arbor_format::FORMAT_VERSION {
+            return Ok(false);
+        }
+        let block = geo
+            .superblock()
+            .encode(arbor_format::FORMAT_VERSION)
+            .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
+        // One copy at a time: a power cut leaves a version 2 copy and a
+        // version 1 copy, both valid for a reader of version 2, and the
+        // version 1 commit records written so far are valid in either.
+        for slot in 0..SUPERBLOCK_SLOTS {
+            self.store.write_block(slot, &block)?;
+            self.store.dev.flush()?;
+        }
+        // Commits write version 2 records from now on.
+        geo.set_version(arbor_format::FORMAT_VERSION);
+        Ok(true)
+    }
+
+    /// Grows the pool onto the rest of its device (enlarged first when
+    /// `opts.size` is given), adding data and metadata space, while it
+    /// serves. Atomic: a failure or power cut leaves the old size.
+    pub fn grow(&self, opts: &GrowOptions) -> Result<GrowReport> {
+        let _commit = lock_mutex(&self.commit_lock);
+        self.check_failed()?;
+        let geo = &self.store.geo;
+        if geo.version() < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "the pool is format version {}, which cannot grow; upgrade it to version 2 first (older arbor releases cannot open it then)",
+                geo.version()
+            )));
+        }
+        let dev = &self.store.dev;
+        let layout = geo.layout();
+        let old_end = layout.end_bytes();
+        let target = match opts.size {
+            Some(size) if size < old_end => {
+                return Err(Error::InvalidArgument(format!(
+                    "the pool ends at byte {old_end}; it cannot shrink to {size} bytes"
+                )))
+            }
+            Some(size) => {
+                if size > dev.refresh_size()? {
+                    dev.extend(size).map_err(|e| match e.kind() {
+                        std::io::ErrorKind::Unsupported => Error::InvalidArgument(e.to_string()),
+                        _ => Error::Io(e),
+                    })?;
+                }
+                size
+            }
+            None => dev.refresh_size()?,
+        };
+        let added = target.saturating_sub(old_end);
+        let meta_blocks = match opts.metadata_bytes {
+            Some(bytes) => bytes / BLOCK_SIZE_U64,
+            None => default_growth_metadata(added, geo.chunk_size),
+        };
+        let plan = layout
+            .plan_growth(target, meta_blocks)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let region = plan.region;
+        // Past every committed layout's end: no trace if anything fails.
+        format_space_map(dev.as_ref(), &region, SmKind::Meta)?;
+        format_space_map(dev.as_ref(), &region, SmKind::Data)?;
+        dev.flush()?;
+        let job = {
+            let _gate = self.commit_gate();
+            let mut meta = self.write_meta()?;
+            if let Err(e) = meta.grow(plan.layout) {
+                self.fail(&e);
+                return Err(e);
+            }
+            self.freeze(&mut meta)?
+        };
+        if let Some(job) = job {
+            self.complete_commit(job)?;
+        }
+        Ok(GrowReport {
+            old_pool_bytes: old_end,
+            new_pool_bytes: geo.pool_bytes(),
+            data_bytes_added: region.data_chunks * geo.chunk_size,
+            metadata_bytes_added: region.meta_blocks * BLOCK_SIZE_U64,
+        })
+    }
+}
