@@ -3,7 +3,8 @@
 #![no_main]
 
 use arbor_format::{
-    seal, BlockRef, BlockType, CommitRecord, Node, SmKind, SmPage, Superblock, BLOCK_SIZE,
+    seal, seal_version, BlockRef, BlockType, CommitRecord, Layout, Node, SmKind, SmPage,
+    Superblock, BLOCK_SIZE,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -27,4 +28,26 @@ fuzz_target!(|data: &[u8]| {
         let _ = SmPage::decode(&block, (SmKind::Meta, 0));
         let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
     }
+    // A version 2 record's grown regions, against a valid region 0.
+    seal_version(&mut block, BlockType::Commit, 2);
+    if let Ok(record) = CommitRecord::decode(&block) {
+        let _ = Layout::from_record(&region0(), &record, u64::MAX);
+    }
 });
+
+/// The superblock of a small pool (64 MiB, 4 KiB chunks).
+fn region0() -> Superblock {
+    use zerocopy::little_endian::{U32, U64};
+    let mut sb = Superblock::new_zeroed_geometry();
+    sb.pool_bytes = U64::new(64 << 20);
+    sb.chunk_size = U32::new(4096);
+    sb.journal_pages = U32::new(16);
+    sb.journal_start = [U64::new(2), U64::new(19)];
+    sb.meta_sm_start = U64::new(36);
+    sb.data_sm_start = U64::new(37);
+    sb.meta_start = U64::new(53);
+    sb.meta_blocks = U64::new(700);
+    sb.data_start_bytes = U64::new(753 * 4096);
+    sb.data_chunks = U64::new((64 << 20) / 4096 - 753);
+    sb
+}

@@ -402,3 +402,204 @@ impl Layout {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+    use zerocopy::little_endian::U32;
+
+    use super::*;
+    use crate::BLOCK_SIZE;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A region 0 like `Pool::create` lays out: 64 MiB, 4 KiB chunks,
+    /// metadata that does not fill whole space-map pages.
+    fn superblock() -> Superblock {
+        let mut sb = Superblock::new_zeroed_geometry();
+        sb.pool_bytes = U64::new(64 * MIB);
+        sb.chunk_size = U32::new(4096);
+        sb.journal_pages = U32::new(16);
+        sb.journal_start = [U64::new(2), U64::new(19)];
+        sb.meta_sm_start = U64::new(36);
+        sb.data_sm_start = U64::new(37);
+        sb.meta_start = U64::new(53);
+        sb.meta_blocks = U64::new(700);
+        sb.data_start_bytes = U64::new(753 * BLOCK_SIZE_U64);
+        sb.data_chunks = U64::new(64 * MIB / 4096 - 753);
+        sb.validate(64 * MIB).unwrap();
+        sb
+    }
+
+    /// Where every block of every region's parts is, as (what, region).
+    fn occupancy(layout: &Layout) -> HashMap<u64, (&'static str, usize)> {
+        let mut owner = HashMap::new();
+        let cs = layout.chunk_size();
+        for (i, r) in layout.regions().iter().enumerate() {
+            let mut claim = |what, start: u64, blocks: u64| {
+                for b in start..start + blocks {
+                    if let Some(prev) = owner.insert(b, (what, i)) {
+                        panic!("block {b}: {what} of region {i} over {prev:?}");
+                    }
+                }
+            };
+            claim("meta sm", r.meta_sm_start, r.sm_pages(SmKind::Meta));
+            claim("data sm", r.data_sm_start, r.sm_pages(SmKind::Data));
+            claim("meta", r.meta_start, r.meta_blocks);
+            claim(
+                "data",
+                r.data_start_bytes / BLOCK_SIZE_U64,
+                r.data_chunks * cs / BLOCK_SIZE_U64,
+            );
+        }
+        owner
+    }
+
+    /// Every entry of both maps lives in exactly one region, every page has
+    /// exactly one home, in the region that holds its first entry, and no
+    /// two parts of any regions share a block.
+    fn check_layout(layout: &Layout) {
+        let owner = occupancy(layout);
+        for kind in [SmKind::Meta, SmKind::Data] {
+            let entries = layout.entries(kind);
+            let mut homes = HashMap::new();
+            for page in 0..layout.sm_pages(kind) {
+                let home = layout.sm_home(kind, page).expect("every page has a home");
+                let first = page * PER_PAGE;
+                let holder = layout
+                    .regions()
+                    .iter()
+                    .position(|r| first >= r.base(kind) && first - r.base(kind) < r.entries(kind))
+                    .expect("a page's first entry is in a region");
+                let want = if kind == SmKind::Meta {
+                    "meta sm"
+                } else {
+                    "data sm"
+                };
+                assert_eq!(
+                    owner.get(&home),
+                    Some(&(want, holder)),
+                    "{kind:?} page {page}"
+                );
+                assert!(
+                    homes.insert(home, page).is_none(),
+                    "two pages at block {home}"
+                );
+            }
+            assert!(layout.sm_home(kind, layout.sm_pages(kind)).is_none());
+            assert_eq!(entries.div_ceil(PER_PAGE), layout.sm_pages(kind));
+        }
+        let regions = layout.regions();
+        for e in (0..layout.entries(SmKind::Meta)).step_by(97) {
+            let block = meta_block_in(regions.iter(), e).expect("a block per entry");
+            assert_eq!(owner.get(&block).map(|o| o.0), Some("meta"));
+            assert_eq!(meta_entry_in(regions.iter(), block), Some(e));
+        }
+        let cs = layout.chunk_size();
+        for c in (0..layout.entries(SmKind::Data)).step_by(89) {
+            let at = chunk_offset_in(regions.iter(), cs, c).expect("an offset per chunk");
+            assert_eq!(owner.get(&(at / BLOCK_SIZE_U64)).map(|o| o.0), Some("data"));
+        }
+    }
+
+    /// The layout a commit record holding `layout`'s regions decodes to.
+    fn through_record(sb: &Superblock, layout: &Layout, device: u64) -> Layout {
+        let mut rec = CommitRecord::new_zeroed_record();
+        layout.store(&mut rec);
+        let rec = CommitRecord::decode(&rec.encode(2).unwrap()).unwrap();
+        Layout::from_record(sb, &rec, device).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any sequence of growths lays out disjoint regions whose pages
+        /// and entries resolve exactly once, and a commit record carries
+        /// them unchanged.
+        #[test]
+        fn growths_lay_out_disjoint_regions(
+            steps in prop::collection::vec((1u64..40_000, 0u64..3_000), 1..12)
+        ) {
+            let sb = superblock();
+            let mut layout = Layout::from_superblock(&sb);
+            let mut device = 64 * MIB;
+            for (add_blocks, meta) in steps {
+                device += add_blocks * BLOCK_SIZE_U64;
+                match layout.plan_growth(device, meta) {
+                    Ok(plan) => {
+                        prop_assert_eq!(plan.layout.regions().len(), layout.regions().len() + 1);
+                        prop_assert!(plan.layout.end_bytes() <= device);
+                        layout = plan.layout;
+                    }
+                    // Too little room for the metadata asked for.
+                    Err(e) => prop_assert!(e.to_string().contains("no room"), "{}", e),
+                }
+                check_layout(&layout);
+                prop_assert_eq!(&through_record(&sb, &layout, device), &layout);
+            }
+        }
+    }
+
+    #[test]
+    fn records_with_overlapping_or_escaping_regions_are_invalid() {
+        let sb = superblock();
+        let layout = Layout::from_superblock(&sb);
+        let plan = layout.plan_growth(80 * MIB, 64).unwrap();
+        let mut rec = CommitRecord::new_zeroed_record();
+        plan.layout.store(&mut rec);
+        assert!(Layout::from_record(&sb, &rec, 80 * MIB).is_ok());
+        assert!(
+            Layout::from_record(&sb, &rec, 79 * MIB).is_err(),
+            "past the device"
+        );
+        let mut bad = rec;
+        bad.grown[0].meta_sm_start = U64::new(100);
+        assert!(
+            Layout::from_record(&sb, &bad, 80 * MIB).is_err(),
+            "over region 0"
+        );
+        let mut bad = rec;
+        bad.grown[0].meta_start = bad.grown[0].data_sm_start;
+        assert!(
+            Layout::from_record(&sb, &bad, 80 * MIB).is_err(),
+            "metadata over its space-map pages"
+        );
+        let mut bad = rec;
+        bad.grown[0].data_start_bytes = U64::new(bad.grown[0].data_start_bytes.get() + 512);
+        assert!(
+            Layout::from_record(&sb, &bad, 80 * MIB).is_err(),
+            "unaligned data"
+        );
+        let mut bad = rec;
+        bad.grown[0].data_chunks = U64::new(u64::MAX / 2);
+        assert!(
+            Layout::from_record(&sb, &bad, u64::MAX).is_err(),
+            "overflow"
+        );
+        let mut bad = rec;
+        bad.grown[0].meta_blocks = U64::new(0);
+        bad.grown[0].data_chunks = U64::new(0);
+        assert!(
+            Layout::from_record(&sb, &bad, 80 * MIB).is_err(),
+            "an empty region"
+        );
+        let mut bad = rec;
+        bad.grown_count = U32::new(2);
+        bad.grown[1] = bad.grown[0];
+        assert!(
+            Layout::from_record(&sb, &bad, 160 * MIB).is_err(),
+            "a region over the previous one"
+        );
+        let mut full = Layout::from_superblock(&sb);
+        let mut device = 64 * MIB;
+        for _ in 0..MAX_GROWTHS {
+            device += MIB;
+            full = full.plan_growth(device, 8).unwrap().layout;
+        }
+        let e = full.plan_growth(device + MIB, 8).unwrap_err();
+        assert!(e.to_string().contains("64 times"), "{e}");
+        assert_eq!(BLOCK_SIZE, 4096);
+    }
+}
