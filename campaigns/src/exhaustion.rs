@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arbor_engine::{CreateOptions, Error, Pool, VolumeId};
+use arbor_engine::{CreateOptions, Error, GrowOptions, Pool, VolumeId};
 use arbor_io::model::pattern;
 use arbor_io::{BlockDevice, SimDisk};
 use rand::rngs::StdRng;
@@ -50,6 +50,8 @@ pub struct Outcome {
     pub writer_ops: u64,
     /// Shrinks of the writer's volume raced by writes near its end.
     pub resize_races: u64,
+    /// Online growths of the pool (with the writer writing).
+    pub growths: u64,
     pub failures: Vec<String>,
 }
 
@@ -66,6 +68,7 @@ impl Tally for Outcome {
         self.power_cuts += o.power_cuts;
         self.writer_ops += o.writer_ops;
         self.resize_races += o.resize_races;
+        self.growths += o.growths;
         self.failures.extend(o.failures);
     }
     fn failures(&self) -> &[String] {
@@ -388,10 +391,26 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 }
                 (format!("rename {v} {to}"), r)
             }
-            90..=92 => (
+            90..=91 => (
                 "reclaim".into(),
                 pool.reclaim(rng.gen_range(1..200)).map(|_| ()),
             ),
+            92 => {
+                // A small growth, online: the writer keeps writing. Too
+                // much metadata for the room added is refused.
+                let size = disk.size() + rng.gen_range(16..=128) * CHUNK;
+                let metadata_bytes = rng.gen_bool(0.5).then(|| rng.gen_range(0..=32) * 4096);
+                let r = pool.grow(&GrowOptions {
+                    size: Some(size),
+                    metadata_bytes,
+                });
+                if r.is_ok() {
+                    out.growths += 1;
+                    check_clean(&pool, &format!("{when}: after growth"))?;
+                    compare(&pool, &model, &format!("{when}: after growth"))?;
+                }
+                (format!("grow {size} {metadata_bytes:?}"), r.map(|_| ()))
+            }
             93..=96 => {
                 let r = pool.flush();
                 if r.is_ok() {

@@ -833,14 +833,19 @@ impl Pool {
                     source: None,
                 });
             }
-            if hi > lo {
-                let source = geo.chunk_offset(e.pchunk) + (lo - e.start * cs);
+            // An extent's chunks are contiguous on the device within a
+            // region only: a piece ends where the region does.
+            let mut lo = lo;
+            while lo < hi {
+                let (device, run) = geo.chunk_run(e.pchunk + (lo / cs - e.start));
+                let piece = (run * cs - lo % cs).min(hi - lo);
                 push(Piece {
-                    len: hi - lo,
-                    source: Some(source),
+                    len: piece,
+                    source: Some(device + lo % cs),
                 });
-                pos = hi;
+                lo += piece;
             }
+            pos = pos.max(hi);
             Ok(pos < end)
         })?;
         if pos < end {

@@ -156,6 +156,29 @@ impl Geometry {
         self.meta_entry(block).is_some()
     }
 
+    /// Byte offset of data chunk `pchunk` and how many chunks from it on
+    /// are contiguous on the device (to the end of its region). Consecutive
+    /// chunk numbers in two regions are not: a read of an extent that
+    /// crosses a region's end is split there.
+    pub fn chunk_run(&self, pchunk: u64) -> (u64, u64) {
+        let first = self.first();
+        if pchunk < first.data_chunks {
+            return (
+                first.data_start_bytes + pchunk * self.chunk_size,
+                first.data_chunks - pchunk,
+            );
+        }
+        self.regions()
+            .find(|r| pchunk >= r.data_base && pchunk - r.data_base < r.data_chunks)
+            .map_or((u64::MAX - self.chunk_size, 1), |r| {
+                let offset = pchunk - r.data_base;
+                (
+                    r.data_start_bytes + offset * self.chunk_size,
+                    r.data_chunks - offset,
+                )
+            })
+    }
+
     /// Byte offset of a data chunk. The caller passes a chunk below
     /// `data_chunks()` (mapping values are validated on read), so this
     /// cannot overflow: every region was validated to fit the device.
