@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} failures, {:.0} s",
+        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} online growths, {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         total.writer_ops,
         total.writer_ran_out,
         total.resize_races,
+        total.growths,
         total.failures.len(),
         elapsed.as_secs_f64()
     );
