@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use arbor_format::{
     BlockRef, CommitRecord, Layout, MapValue, Node, NodeBody, SmKind, SmPage, TreeKind,
-    VolumeRecord, BLOCK_SIZE,
+    VolumeRecord,
 };
 use tracing::warn;
-use zerocopy::little_endian::{U32, U64};
+use zerocopy::little_endian::U64;
 
 use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
@@ -565,16 +565,9 @@ impl Meta {
                 geo.journal_pages
             )));
         }
-        let mut journal = Vec::with_capacity((pages.len() + 1) * BLOCK_SIZE);
-        journal.resize(BLOCK_SIZE, 0);
-        for page in &pages {
-            journal.extend_from_slice(&page.encode());
-        }
-        let record = self.commit_record(pages.len() as u32, crc32c::crc32c(&journal[BLOCK_SIZE..]));
-        let encoded = record
-            .encode(self.store.geo.version())
+        let mut record = self.commit_record();
+        let journal = arbor_format::encode_journal(&mut record, self.store.geo.version(), &pages)
             .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
-        journal[..BLOCK_SIZE].copy_from_slice(&encoded);
         self.last_record = record;
         let job = CommitJob {
             txn: self.txn,
@@ -601,12 +594,12 @@ impl Meta {
         self.commit_in_flight = false;
     }
 
-    fn commit_record(&self, page_count: u32, pages_crc: u32) -> CommitRecord {
+    /// The record of this transaction (its journal's page count and
+    /// checksum are set by `encode_journal`).
+    fn commit_record(&self) -> CommitRecord {
         let mut rec = CommitRecord::new_zeroed_record();
         rec.uuid = self.store.geo.uuid;
         rec.txn = U64::new(self.txn);
-        rec.page_count = U32::new(page_count);
-        rec.pages_crc = U32::new(pages_crc);
         rec.volumes_root = self.volumes_root.into();
         rec.queue_root = self.queue_root.into();
         rec.next_volume_id = U64::new(self.next_volume_id);
@@ -766,25 +759,11 @@ fn read_journal_pages(
     if u64::from(record.page_count.get()) > geo.journal_pages {
         return Ok(None);
     }
-    let count = record.page_count.get() as usize;
-    let mut images = vec![0u8; count * BLOCK_SIZE];
+    let mut images = vec![0u8; arbor_format::journal_images_len(record)];
     store
         .dev
         .read_at(&mut images, (area + 1) * arbor_format::BLOCK_SIZE_U64)?;
-    if crc32c::crc32c(&images) != record.pages_crc.get() {
-        return Ok(None);
-    }
-    let mut pages = Vec::with_capacity(count);
-    for image in images.chunks_exact(BLOCK_SIZE) {
-        let Ok(page) = SmPage::decode_any(image) else {
-            return Ok(None);
-        };
-        if u64::from(page.index) >= layout.sm_pages(page.kind) {
-            return Ok(None);
-        }
-        pages.push(page);
-    }
-    Ok(Some(pages))
+    Ok(arbor_format::decode_journal_pages(record, &images, layout).ok())
 }
 
 pub(crate) fn decode_map_value(node: &Node, i: usize) -> Result<MapValue> {

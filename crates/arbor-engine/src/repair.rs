@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use arbor_format::{BlockRef, CommitRecord, SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 use arbor_io::BlockDevice;
-use zerocopy::little_endian::{U32, U64};
+use zerocopy::little_endian::U64;
 
 use crate::check::count_references;
 use crate::error::{Error, Result};
@@ -139,8 +139,6 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
     let mut record = CommitRecord::new_zeroed_record();
     record.uuid = geo.uuid;
     record.txn = U64::new(txn);
-    record.page_count = U32::new(0);
-    record.pages_crc = U32::new(crc32c::crc32c(&[]));
     record.volumes_root = meta.volumes_root.into();
     record.queue_root = meta.queue_root.into();
     record.next_volume_id = U64::new(next_id);
@@ -149,12 +147,15 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
     record.data_used = U64::new(data_used);
     record.commit_unix_secs = U64::new(unix_now());
     geo.layout().store(&mut record);
-    let encoded = record
-        .encode(version)
+    let no_pages: [SmPage; 0] = [];
+    let journal = arbor_format::encode_journal(&mut record, version, &no_pages)
         .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
     // The rewritten home pages are durable before the record that makes them current.
     store.dev.flush()?;
-    store.write_block(geo.journal_start[(txn % 2) as usize], &encoded)?;
+    store.dev.write_at(
+        &journal,
+        geo.journal_start[(txn % 2) as usize] * arbor_format::BLOCK_SIZE_U64,
+    )?;
     store.dev.flush()?;
     Ok(RepairReport { actions, txn })
 }

@@ -39,6 +39,12 @@ pub struct SmPage {
     pub counts: Box<[u32; SM_ENTRIES_PER_PAGE]>,
 }
 
+impl AsRef<SmPage> for SmPage {
+    fn as_ref(&self) -> &SmPage {
+        self
+    }
+}
+
 impl SmPage {
     pub fn empty(kind: SmKind, index: u32) -> Self {
         Self {
