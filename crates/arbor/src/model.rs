@@ -8,6 +8,8 @@ use crate::size::ByteSize;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolView {
     pub path: String,
+    /// On-disk format version (1 cannot grow until upgraded).
+    pub format_version: u16,
     pub pool_bytes: u64,
     pub chunk_size: u64,
     pub data_bytes: u64,
@@ -103,6 +105,33 @@ pub struct ReclaimView {
     pub processed: u64,
 }
 
+/// What a pool growth added.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrowView {
+    pub old_pool_bytes: u64,
+    pub new_pool_bytes: u64,
+    pub data_bytes_added: u64,
+    pub metadata_bytes_added: u64,
+}
+
+impl From<arbor_engine::GrowReport> for GrowView {
+    fn from(report: arbor_engine::GrowReport) -> Self {
+        Self {
+            old_pool_bytes: report.old_pool_bytes,
+            new_pool_bytes: report.new_pool_bytes,
+            data_bytes_added: report.data_bytes_added,
+            metadata_bytes_added: report.metadata_bytes_added,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpgradeView {
+    /// False when the pool already was the newest version.
+    pub upgraded: bool,
+    pub format_version: u16,
+}
+
 /// The body of every API error response.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -143,6 +172,25 @@ pub struct RollbackRequest {
 #[serde(deny_unknown_fields)]
 pub struct ResizeRequest {
     pub size: ByteSize,
+}
+
+/// Both optional: `{}` grows the pool onto its device's current size.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_bytes: Option<ByteSize>,
+}
+
+impl GrowRequest {
+    pub fn options(&self) -> arbor_engine::GrowOptions {
+        arbor_engine::GrowOptions {
+            size: self.size.map(|s| s.0),
+            metadata_bytes: self.metadata_bytes.map(|s| s.0),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Serialize)]

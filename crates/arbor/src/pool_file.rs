@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use arbor_engine::{CreateOptions, OpenOptions, Pool};
+use arbor_engine::{CreateOptions, GrowOptions, OpenOptions, Pool};
 use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
 use arbor_io::FileDevice;
 
 use crate::exit::{Exit, Fail};
+use crate::model::{GrowView, UpgradeView};
+use crate::size::ByteSize;
 
 /// An exclusive advisory lock on a pool, released when dropped.
 #[derive(Debug)]
@@ -142,6 +144,69 @@ pub fn repair(path: &Path, options: &OpenOptions) -> Result<Vec<String>> {
     let report = arbor_engine::repair(Arc::new(device), options)
         .with_context(|| format!("cannot repair pool {}", path.display()))?;
     Ok(report.actions)
+}
+
+/// The first on-disk format version that can grow.
+const GROWABLE_FORMAT_VERSION: u16 = 2;
+
+/// Grows `pool`, whose file or device is `path` (see [`Pool::grow`]), for
+/// the daemon and the offline command alike. Engine errors pass through
+/// unwrapped, so callers map them to statuses as any other.
+pub fn grow(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<GrowView> {
+    if let Some(reason) = growth_refusal(pool, path, options)? {
+        return Err(arbor_engine::Error::InvalidArgument(reason).into());
+    }
+    Ok(pool.grow(options)?.into())
+}
+
+/// Why a growth cannot happen, for refusals the engine makes too but in
+/// its own terms (it cannot name the command that fixes them) or as an I/O
+/// error (a size no file can have).
+fn growth_refusal(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<Option<String>> {
+    let version = pool.format_version();
+    if version < GROWABLE_FORMAT_VERSION {
+        return Ok(Some(format!(
+            "the pool is format version {version}, which cannot grow: upgrade it first with \
+             `arbor pool upgrade` (POST /v1/pool/upgrade); older arbor releases cannot open \
+             it then"
+        )));
+    }
+    if let Some(size) = options.size {
+        if i64::try_from(size).is_err() {
+            return Ok(Some(format!(
+                "size {size} is beyond the largest file or device offset ({})",
+                i64::MAX
+            )));
+        }
+    } else {
+        let device_bytes = device_size(path)?;
+        if device_bytes <= pool.pool_stats()?.pool_bytes {
+            return Ok(Some(format!(
+                "the pool already fills {} ({}): give its new size to enlarge a pool file \
+                 (`arbor pool grow --size SIZE`), or enlarge the block device with its own \
+                 tools (lvextend, ...) first",
+                path.display(),
+                ByteSize(device_bytes)
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Converts `pool` to the newest format version (see [`Pool::upgrade`]).
+pub fn upgrade(pool: &Pool) -> Result<UpgradeView> {
+    let upgraded = pool.upgrade()?;
+    Ok(UpgradeView {
+        upgraded,
+        format_version: pool.format_version(),
+    })
+}
+
+/// The current size of the file or block device at `path`.
+fn device_size(path: &Path) -> Result<u64> {
+    File::open(path)
+        .and_then(|mut file| file.seek(SeekFrom::End(0)))
+        .with_context(|| format!("cannot read the size of {}", path.display()))
 }
 
 /// Sizes the target for a new pool: a regular file is (re)sized to `size`,

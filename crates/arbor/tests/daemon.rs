@@ -87,6 +87,45 @@ fn api_errors_have_statuses_and_json_bodies() {
             422,
             "unprocessable_entity",
         ),
+        (
+            "POST",
+            "/v1/pool/grow",
+            r#"{"size":"1Q"}"#,
+            422,
+            "unprocessable_entity",
+        ),
+        (
+            "POST",
+            "/v1/pool/grow",
+            r#"{"size":-1}"#,
+            422,
+            "unprocessable_entity",
+        ),
+        (
+            "POST",
+            "/v1/pool/grow",
+            r#"{"size":"1G","metadata_size":"1M"}"#,
+            422,
+            "unprocessable_entity",
+        ),
+        ("POST", "/v1/pool/grow", "{not json", 400, "bad_request"),
+        (
+            "POST",
+            "/v1/pool/grow",
+            r#"{"size":4096}"#,
+            400,
+            "invalid_argument",
+        ),
+        ("POST", "/v1/pool/grow", "{}", 400, "invalid_argument"),
+        (
+            "POST",
+            "/v1/pool/grow",
+            r#"{"size":"15E"}"#,
+            400,
+            "invalid_argument",
+        ),
+        ("GET", "/v1/pool/grow", "", 405, "method_not_allowed"),
+        ("GET", "/v1/pool/upgrade", "", 405, "method_not_allowed"),
         ("GET", "/v1/nothing", "", 404, "unknown_endpoint"),
         ("PUT", "/v1/pool", "", 405, "method_not_allowed"),
     ];
@@ -217,7 +256,7 @@ fn metrics_count_io_commits_and_space() {
 
     // Past a threshold, status and metrics warn.
     drop(daemon);
-    let warned = Daemon::start(&["--initial-volume-size", "8M", "--config", &warn_config()]);
+    let warned = Daemon::start(&["--initial-volume-size", "8M", "--config", &warn_config(1)]);
     let image = warned.path("image.raw");
     std::fs::write(&image, vec![3u8; 4 << 20]).unwrap();
     nbdcopy(
@@ -237,11 +276,86 @@ fn metrics_count_io_commits_and_space() {
     assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 1.0);
 }
 
-/// A config whose only warning threshold is 1% (4 MiB of a 256 MiB pool crosses it).
-fn warn_config() -> String {
-    let file = std::env::temp_dir().join(format!("arbor-warn-{}.toml", std::process::id()));
-    std::fs::write(&file, "space_warning_percent = [1]\n").unwrap();
+/// A config whose only warning threshold is `percent` (1%: 4 MiB of a 256
+/// MiB pool crosses it).
+fn warn_config(percent: u8) -> String {
+    let file =
+        std::env::temp_dir().join(format!("arbor-warn-{}-{percent}.toml", std::process::id()));
+    std::fs::write(&file, format!("space_warning_percent = [{percent}]\n")).unwrap();
     p(&file).to_owned()
+}
+
+/// A growth through the API is what status, metrics and space warnings
+/// report from then on.
+#[test]
+fn growth_reaches_status_metrics_and_space_warnings() {
+    let daemon = Daemon::start(&[
+        "--pool-size",
+        "32M",
+        "--initial-volume-size",
+        "16M",
+        "--config",
+        &warn_config(50),
+    ]);
+    let socket = &daemon.api_socket();
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![7u8; 12 << 20]).unwrap();
+    nbdcopy(
+        p(&image),
+        &format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket()),
+    );
+    let pool = |what: &str| -> Value {
+        let (status, body) = http(socket, "GET", "/v1/pool", "");
+        assert_eq!(status, 200, "{what}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let before = pool("before");
+    assert_eq!(before["format_version"], 2);
+    assert_eq!(
+        before["warnings"].as_array().map(Vec::len),
+        Some(1),
+        "{before}"
+    );
+    let text = http(socket, "GET", "/metrics", "").1;
+    assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 50.0);
+
+    let (status, body) = http(
+        socket,
+        "POST",
+        "/v1/pool/grow",
+        r#"{"size": "64M", "metadata_bytes": 1048576}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let grown: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(grown["old_pool_bytes"], 32 << 20, "{grown}");
+    assert_eq!(grown["new_pool_bytes"], 64 << 20, "{grown}");
+    assert_eq!(grown["metadata_bytes_added"], 1 << 20, "{grown}");
+    let added = grown["data_bytes_added"].as_u64().unwrap();
+
+    let after = pool("after");
+    let data = before["data_bytes"].as_u64().unwrap() + added;
+    let metadata = before["metadata_bytes"].as_u64().unwrap() + (1 << 20);
+    assert_eq!(after["data_bytes"], data, "{after}");
+    assert_eq!(after["metadata_bytes"], metadata, "{after}");
+    assert_eq!(after["warnings"], serde_json::json!([]), "{after}");
+    let text = http(socket, "GET", "/metrics", "").1;
+    assert_eq!(
+        metric(&text, "arbor_pool_capacity_bytes{space=\"data\"}"),
+        data as f64
+    );
+    assert_eq!(
+        metric(&text, "arbor_pool_capacity_bytes{space=\"metadata\"}"),
+        metadata as f64
+    );
+    assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 0.0);
+
+    let (status, body) = http(socket, "POST", "/v1/pool/upgrade", "");
+    assert_eq!(status, 200, "{body}");
+    let upgraded: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        upgraded,
+        serde_json::json!({"upgraded": false, "format_version": 2})
+    );
 }
 
 #[test]

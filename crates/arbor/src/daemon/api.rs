@@ -16,9 +16,9 @@ use tracing::error;
 use super::control::PoolControl;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, PoolView,
-    Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest,
-    SnapshotsQuery, StatsView, VolumeView,
+    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
+    GrowView, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest,
+    SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -27,6 +27,8 @@ const BODY_LIMIT: usize = 64 * 1024;
 pub fn router(control: PoolControl) -> Router {
     Router::new()
         .route("/v1/pool", get(pool_info))
+        .route("/v1/pool/grow", post(grow))
+        .route("/v1/pool/upgrade", post(upgrade))
         .route("/v1/volumes", get(list).post(create_volume))
         .route("/v1/volumes/{name}", axum::routing::delete(delete))
         .route("/v1/volumes/{name}/rollback", post(rollback))
@@ -171,6 +173,17 @@ fn created<T: Serialize>(value: T) -> Response {
 
 async fn pool_info(State(c): State<PoolControl>) -> ApiResult<Json<PoolView>> {
     blocking(c, |c| c.pool_info()).await.map(Json)
+}
+
+async fn grow(
+    State(c): State<PoolControl>,
+    Json(req): Json<GrowRequest>,
+) -> ApiResult<Json<GrowView>> {
+    blocking(c, move |c| c.grow(&req)).await.map(Json)
+}
+
+async fn upgrade(State(c): State<PoolControl>) -> ApiResult<Json<UpgradeView>> {
+    blocking(c, |c| c.upgrade()).await.map(Json)
 }
 
 async fn list(State(c): State<PoolControl>) -> ApiResult<Json<Vec<VolumeView>>> {

@@ -11,11 +11,16 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use arbor_engine::{Pool, VolumeId, VolumeInfo};
+use tracing::info;
 
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
-use crate::model::{CheckView, PoolView, Range, ReclaimView, StatsView, VolumeKind, VolumeView};
+use crate::model::{
+    CheckView, GrowRequest, GrowView, PoolView, Range, ReclaimView, StatsView, UpgradeView,
+    VolumeKind, VolumeView,
+};
 use crate::nbd_export::OpenExports;
+use crate::pool_file;
 use crate::space::SpaceWatch;
 
 /// Nodes processed per reclaim call when reclaiming to completion: each call
@@ -89,6 +94,7 @@ impl PoolControl {
         let s = self.pool.pool_stats()?;
         Ok(PoolView {
             path: self.path.display().to_string(),
+            format_version: self.pool.format_version(),
             pool_bytes: s.pool_bytes,
             chunk_size: s.chunk_size,
             data_bytes: s.data_bytes,
@@ -217,6 +223,28 @@ impl PoolControl {
             self.metrics.count_reclaimed(done as u64);
             processed += done as u64;
         }
+    }
+
+    /// Grows the pool while it serves. Nothing here keeps the pool's size:
+    /// status, metrics and space warnings read it from the pool each time.
+    pub fn grow(&self, request: &GrowRequest) -> Result<GrowView> {
+        let grown = pool_file::grow(&self.pool, &self.path, &request.options())?;
+        info!(
+            from = grown.old_pool_bytes,
+            to = grown.new_pool_bytes,
+            data_added = grown.data_bytes_added,
+            metadata_added = grown.metadata_bytes_added,
+            "grew the pool"
+        );
+        Ok(grown)
+    }
+
+    pub fn upgrade(&self) -> Result<UpgradeView> {
+        let view = pool_file::upgrade(&self.pool)?;
+        if view.upgraded {
+            info!(version = view.format_version, "upgraded the pool's format");
+        }
+        Ok(view)
     }
 
     pub fn flush(&self) -> Result<()> {
