@@ -1,8 +1,9 @@
 //! The command line (see docs/CLI.md).
 //!
 //! `arbor serve` runs the daemon. Every other command but `pool create` and
-//! `check PATH` is a client of a running daemon's API, found through the
-//! data directory (`--data-dir` or `ARBOR_DATA_DIR`).
+//! those given a pool PATH (`check`, `pool grow`, `pool upgrade`) is a
+//! client of a running daemon's API, found through the data directory
+//! (`--data-dir` or `ARBOR_DATA_DIR`).
 
 use std::path::PathBuf;
 
@@ -78,7 +79,7 @@ pub enum Command {
     Rename { from: String, to: String },
     /// Byte ranges where two volumes or snapshots differ
     Diff { a: String, b: String },
-    /// Create a pool, show its state, reclaim space now
+    /// Create, grow or upgrade a pool, show its state, reclaim space now
     #[command(subcommand)]
     Pool(PoolCommand),
     /// Verify a pool: offline with PATH, else through the daemon; exit status 8 if damaged
@@ -137,6 +138,30 @@ pub enum PoolCommand {
     Status,
     /// Reclaim all space of destroyed volumes now, instead of in the background
     Reclaim,
+    /// Grow the pool online onto more space: a pool file is enlarged to
+    /// --size; a block device must be enlarged with its own tools first
+    Grow(PoolGrowArgs),
+    /// Convert a format version 1 pool to version 2, which can grow (older
+    /// arbor releases cannot open it afterwards)
+    Upgrade {
+        /// Pool file or device not held by a daemon [default: the daemon's pool]
+        path: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PoolGrowArgs {
+    /// Pool file or device not held by a daemon [default: the daemon's pool]
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
+    /// The pool's new size, e.g. 40G: a pool file is enlarged to it [default:
+    /// the size of the file or device now]
+    #[arg(long)]
+    pub size: Option<ByteSize>,
+    /// Metadata space among the added space [default: 1/64 of it, at least
+    /// 128 bytes per added chunk]; give it to cure a full metadata space
+    #[arg(long)]
+    pub metadata_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +179,16 @@ pub struct PoolCreateArgs {
     /// Space for metadata [default: 1/64 of the pool, at least 64 MiB]
     #[arg(long)]
     pub metadata_size: Option<ByteSize>,
+    /// On-disk format version: 1 only for a pool that older arbor releases
+    /// must open (it cannot grow until `arbor pool upgrade`)
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value_t = arbor_format::FORMAT_VERSION,
+        value_parser = clap::value_parser!(u16)
+            .range(i64::from(arbor_format::OLDEST_FORMAT_VERSION)..=i64::from(arbor_format::FORMAT_VERSION))
+    )]
+    pub format_version: u16,
     /// Overwrite an existing pool or other data
     #[arg(long)]
     pub force: bool,

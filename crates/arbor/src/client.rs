@@ -18,8 +18,9 @@ use tokio::runtime::Runtime;
 
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, PoolView, Range, ReclaimView,
-    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView, VolumeView,
+    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, PoolView,
+    Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView,
+    UpgradeView, VolumeView,
 };
 use crate::size::ByteSize;
 
@@ -153,6 +154,14 @@ fn volume_path(name: &str) -> String {
 impl DaemonClient {
     pub fn pool_status(&self) -> Result<PoolView> {
         self.get("/v1/pool")
+    }
+
+    pub fn grow(&self, request: &GrowRequest) -> Result<GrowView> {
+        self.post("/v1/pool/grow", request)
+    }
+
+    pub fn upgrade(&self) -> Result<UpgradeView> {
+        decode(&self.send(Method::POST, "/v1/pool/upgrade", None)?)
     }
 
     pub fn list(&self) -> Result<Vec<VolumeView>> {

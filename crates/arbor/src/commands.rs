@@ -12,13 +12,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, PoolCommand, PoolCreateArgs, ServeArgs, SnapshotCommand, VolumeCommand,
+    Cli, Command, PoolCommand, PoolCreateArgs, PoolGrowArgs, ServeArgs, SnapshotCommand,
+    VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
-use crate::model::CheckView;
+use crate::model::{CheckView, GrowRequest};
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
@@ -55,6 +56,25 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             path: Some(path),
             repair,
         } => check_offline(&path, repair, &printer),
+        Command::Pool(PoolCommand::Grow(PoolGrowArgs {
+            path: Some(path),
+            size,
+            metadata_size,
+        })) => {
+            let request = grow_request(size, metadata_size);
+            let grown = with_offline_pool(&path, |open| {
+                with_spinner(&format!("growing {}", path.display()), || {
+                    pool_file::grow(&open.pool, &path, &request.options())
+                })
+            })?;
+            printer.show(&grown, output::grow)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pool(PoolCommand::Upgrade { path: Some(path) }) => {
+            let upgraded = with_offline_pool(&path, |open| pool_file::upgrade(&open.pool))?;
+            printer.show(&upgraded, output::upgrade)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "arbor", &mut out);
@@ -135,6 +155,14 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
                 format!("reclaimed: {} metadata nodes processed\n", d.processed)
             })?;
         }
+        Command::Pool(PoolCommand::Grow(args @ PoolGrowArgs { path: None, .. })) => {
+            let request = grow_request(args.size, args.metadata_size);
+            let grown = with_spinner("growing the pool", || c.grow(&request))?;
+            p.show(&grown, output::grow)?;
+        }
+        Command::Pool(PoolCommand::Upgrade { path: None }) => {
+            p.show(&c.upgrade()?, output::upgrade)?
+        }
         Command::Check { path: None, .. } => {
             let report = with_spinner("checking the pool", || c.check())?;
             return report_check(&report, p);
@@ -143,6 +171,8 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         // error says so rather than a panic.
         Command::Serve(_)
         | Command::Pool(PoolCommand::Create(_))
+        | Command::Pool(PoolCommand::Grow(PoolGrowArgs { path: Some(_), .. }))
+        | Command::Pool(PoolCommand::Upgrade { path: Some(_) })
         | Command::Check { path: Some(_), .. }
         | Command::Completions { .. } => {
             anyhow::bail!("internal error: this command does not go through the daemon")
@@ -180,6 +210,22 @@ fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
     .into())
 }
 
+fn grow_request(size: Option<ByteSize>, metadata_size: Option<ByteSize>) -> GrowRequest {
+    GrowRequest {
+        size,
+        metadata_bytes: metadata_size,
+    }
+}
+
+/// Runs `work` on the pool at `path`, opened and locked by this process
+/// (refused while a daemon holds it), then commits and closes the pool.
+fn with_offline_pool<T>(path: &Path, work: impl FnOnce(&OpenPool) -> Result<T>) -> Result<T> {
+    let open = OpenPool::open(path, &OpenOptions::default())?;
+    let result = work(&open)?;
+    open.close()?;
+    Ok(result)
+}
+
 fn check_offline(path: &Path, repair: bool, p: &Printer) -> Result<ExitCode> {
     let repaired = if repair {
         let actions = with_spinner(&format!("repairing {}", path.display()), || {
@@ -189,11 +235,11 @@ fn check_offline(path: &Path, repair: bool, p: &Printer) -> Result<ExitCode> {
     } else {
         None
     };
-    let open = OpenPool::open(path, &OpenOptions::default())?;
-    let report = with_spinner(&format!("checking {}", path.display()), || {
-        Ok(open.pool.check()?)
+    let report = with_offline_pool(path, |open| {
+        with_spinner(&format!("checking {}", path.display()), || {
+            Ok(open.pool.check()?)
+        })
     })?;
-    open.close()?;
     let mut view = CheckView::from(report);
     view.repaired = repaired;
     report_check(&view, p)
@@ -207,6 +253,7 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
             None => arbor_engine::DEFAULT_CHUNK_SIZE,
         },
         metadata_bytes: args.metadata_size.map(|s| s.0),
+        format_version: args.format_version,
         ..Default::default()
     };
     let pool = OpenPool::create(
@@ -217,16 +264,19 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
         args.force,
     )?;
     let stats = pool.pool.pool_stats()?;
+    let version = pool.pool.format_version();
     pool.close()?;
     let path = args.path.display().to_string();
     p.done(
         "created",
         &path,
         format!(
-            "created pool {path}: {} of data space in {} chunks, {} of metadata space\n",
+            "created pool {path}: {} of data space in {} chunks, {} of metadata space, \
+             format version {}\n",
             ByteSize(stats.data_bytes),
             ByteSize(stats.chunk_size),
             ByteSize(stats.metadata_bytes),
+            version,
         ),
     )?;
     Ok(ExitCode::SUCCESS)

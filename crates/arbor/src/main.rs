@@ -1,5 +1,6 @@
 //! `arbor`: the daemon (`arbor serve`) and its command-line client, plus
-//! the offline commands `pool create` and `check PATH`. See docs/CLI.md.
+//! the offline commands (`pool create`, and `check`, `pool grow`, `pool
+//! upgrade` given a PATH). See docs/CLI.md.
 
 mod cli;
 mod client;

@@ -11,7 +11,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::model::{CheckView, PoolView, Range, StatsView, VolumeKind, VolumeView};
+use crate::model::{
+    CheckView, GrowView, PoolView, Range, StatsView, UpgradeView, VolumeKind, VolumeView,
+};
 use crate::size::ByteSize;
 
 pub fn emit(text: &str) -> Result<()> {
@@ -89,6 +91,7 @@ fn fields(pairs: &[(&str, String)]) -> String {
 pub fn pool(p: &PoolView) -> String {
     fields(&[
         ("pool", p.path.clone()),
+        ("format", format!("version {}", p.format_version)),
         ("size", size(p.pool_bytes)),
         ("chunk size", size(p.chunk_size)),
         (
@@ -121,6 +124,32 @@ pub fn pool(p: &PoolView) -> String {
         .iter()
         .map(|w| format!("WARNING: {w}\n"))
         .collect::<String>()
+}
+
+pub fn grow(g: &GrowView) -> String {
+    fields(&[
+        (
+            "pool size",
+            format!("{} -> {}", size(g.old_pool_bytes), size(g.new_pool_bytes)),
+        ),
+        ("data added", size(g.data_bytes_added)),
+        ("metadata added", size(g.metadata_bytes_added)),
+    ])
+}
+
+pub fn upgrade(u: &UpgradeView) -> String {
+    if u.upgraded {
+        format!(
+            "upgraded the pool to format version {}: it can grow now, and older arbor \
+             releases cannot open it\n",
+            u.format_version
+        )
+    } else {
+        format!(
+            "the pool already is format version {}; nothing to do\n",
+            u.format_version
+        )
+    }
 }
 
 fn timestamp(unix_secs: u64) -> String {

@@ -464,3 +464,196 @@ fn check_repair_rebuilds_space_maps_and_refuses_damaged_trees() {
         "repair changed a pool it refused"
     );
 }
+
+/// The number `field` of a JSON object, which must have it.
+fn bytes(v: &Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} in {v}"))
+}
+
+/// `len` bytes in which every 8 hold their offset plus `tag`, so data read
+/// from the wrong place never matches by chance.
+fn pattern(len: u64, tag: u64) -> Vec<u8> {
+    (0..len / 8)
+        .flat_map(|i| (i * 8 + tag).to_le_bytes())
+        .collect()
+}
+
+/// Copies `data` to the start of `export`, then reads it back.
+fn write_and_read_back(daemon: &Daemon, export: &str, data: &[u8]) -> Vec<u8> {
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, data).unwrap();
+    nbdcopy(p(&image), &uri(daemon, export));
+    let back = daemon.path("back.raw");
+    nbdcopy(&uri(daemon, export), p(&back));
+    let mut read = std::fs::read(&back).unwrap();
+    read.truncate(data.len());
+    read
+}
+
+/// A full pool grows while the daemon serves it: the report adds up, status
+/// shows the new sizes at once, what was written before still reads back,
+/// and a new volume is written into the added space.
+#[test]
+fn a_full_pool_grows_and_serves_writes_in_the_added_space() {
+    let daemon = Daemon::start(&["--pool-size", "32M", "--initial-volume-size", "64M"]);
+    let before = daemon.json(&["pool", "status"]);
+    assert_eq!(bytes(&before, "pool_bytes"), 32 << 20);
+    let old_data = bytes(&before, "data_bytes");
+    let first = pattern(old_data, 1 << 40);
+    assert!(write_and_read_back(&daemon, "disk0", &first) == first);
+    let full = daemon.json(&["pool", "status"]);
+    assert_eq!(
+        bytes(&full, "data_used_bytes"),
+        old_data,
+        "the pool is full"
+    );
+
+    let grown = daemon.json(&["pool", "grow", "--size", "64M"]);
+    assert_eq!(bytes(&grown, "old_pool_bytes"), 32 << 20, "{grown}");
+    assert_eq!(bytes(&grown, "new_pool_bytes"), 64 << 20, "{grown}");
+    let data_added = bytes(&grown, "data_bytes_added");
+    let metadata_added = bytes(&grown, "metadata_bytes_added");
+    assert!(data_added > 24 << 20, "{grown}");
+    assert!(metadata_added > 0, "{grown}");
+    assert!(data_added + metadata_added <= 32 << 20, "{grown}");
+    assert_eq!(
+        std::fs::metadata(daemon.path("pool")).unwrap().len(),
+        64 << 20,
+        "the pool file was enlarged"
+    );
+
+    let after = daemon.json(&["pool", "status"]);
+    assert_eq!(bytes(&after, "pool_bytes"), 64 << 20);
+    assert_eq!(bytes(&after, "data_bytes"), old_data + data_added);
+    assert_eq!(
+        bytes(&after, "metadata_bytes"),
+        bytes(&before, "metadata_bytes") + metadata_added
+    );
+    assert_eq!(bytes(&after, "data_used_bytes"), old_data);
+
+    // The old space is full: this volume's data can only be in the new space.
+    daemon.ok(&["volume", "create", "more", "--size", "24M"]);
+    let second = pattern(24 << 20, 2 << 40);
+    assert!(
+        write_and_read_back(&daemon, "more", &second) == second,
+        "data written into the added space reads back"
+    );
+    let back = daemon.path("back.raw");
+    nbdcopy(&uri(&daemon, "disk0"), p(&back));
+    assert!(
+        std::fs::read(&back).unwrap()[..first.len()] == first[..],
+        "data written before the growth reads back"
+    );
+    let used = bytes(&daemon.json(&["pool", "status"]), "data_used_bytes");
+    assert_eq!(used, old_data + (24 << 20));
+
+    let text = daemon.ok(&["pool", "grow", "--size", "80M"]);
+    assert!(text.contains("64 MiB -> 80 MiB"), "{text}");
+    assert!(text.contains("metadata added:"), "{text}");
+    assert_eq!(daemon.json(&["check"])["clean"], true);
+}
+
+/// A volume whose data continues from the old end of the data space into
+/// the added space reads back: its mapping extents run across two regions,
+/// which are not contiguous on the device.
+#[test]
+fn data_across_the_old_end_of_the_data_space_reads_back() {
+    let daemon = Daemon::start(&["--pool-size", "32M", "--initial-volume-size", "64M"]);
+    let first = pattern(8 << 20, 1 << 40);
+    assert!(write_and_read_back(&daemon, "disk0", &first) == first);
+    daemon.ok(&["pool", "grow", "--size", "64M"]);
+    let second = pattern(40 << 20, 2 << 40);
+    let read = write_and_read_back(&daemon, "disk0", &second);
+    let chunk = 16 << 10;
+    let bad: Vec<usize> = (0..second.len() / chunk)
+        .filter(|&c| read[c * chunk..(c + 1) * chunk] != second[c * chunk..(c + 1) * chunk])
+        .collect();
+    assert!(bad.is_empty(), "chunks that read back wrong: {bad:?}");
+}
+
+/// `arbor pool create` of a 32 MiB pool file of format `version`.
+fn create_32m<'a>(path: &'a str, version: &'a str) -> [&'a str; 7] {
+    [
+        "pool",
+        "create",
+        path,
+        "--size",
+        "32M",
+        "--format-version",
+        version,
+    ]
+}
+
+/// Growth refusals are usage errors (2) that say what to do; a version 1
+/// pool grows once upgraded; offline, `pool grow PATH` and `pool upgrade
+/// PATH` work on a pool no daemon holds, and are refused (9) while one does.
+#[test]
+fn pool_grow_refusals_upgrade_and_offline_growth() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    let pool = p(&pool);
+    let created = json(&[&create_32m(pool, "1")[..], &["--json"]].concat());
+    assert_eq!(created["done"], "created");
+    fails_with(&create_32m(pool, "3"), 2, "--format-version");
+
+    let mut daemon = Daemon::start(&["--pool", pool]);
+    assert_eq!(daemon.json(&["pool", "status"])["format_version"], 1);
+    assert!(daemon.ok(&["pool", "status"]).contains("version 1"));
+    daemon.fails(&["pool", "grow", "--size", "64M"], 2, "arbor pool upgrade");
+    assert_eq!(
+        daemon.json(&["pool", "upgrade"]),
+        serde_json::json!({"upgraded": true, "format_version": 2})
+    );
+    assert!(daemon
+        .ok(&["pool", "upgrade"])
+        .contains("already is format version 2"));
+    assert_eq!(daemon.json(&["pool", "status"])["format_version"], 2);
+
+    // Nothing to grow onto: the file is as big as the pool.
+    daemon.fails(&["pool", "grow"], 2, "already fills");
+    daemon.fails(&["pool", "grow", "--size", "16M"], 2, "cannot shrink");
+    let grown = daemon.json(&["pool", "grow", "--size", "64M"]);
+    assert_eq!(grown["new_pool_bytes"], 64 << 20);
+    fails_with(
+        &["pool", "grow", pool, "--size", "96M"],
+        9,
+        "in use by another arbor process",
+    );
+    fails_with(
+        &["pool", "upgrade", pool],
+        9,
+        "in use by another arbor process",
+    );
+    daemon.stop_cleanly();
+
+    // Offline: a file enlarged by other means, then one enlarged by --size.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(pool)
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    let grown = json(&["pool", "grow", pool, "--metadata-size", "2M", "--json"]);
+    assert_eq!(grown["old_pool_bytes"], 64 << 20, "{grown}");
+    assert_eq!(grown["new_pool_bytes"], 96 << 20, "{grown}");
+    assert_eq!(grown["metadata_bytes_added"], 2 << 20, "{grown}");
+    let text = ok(&["pool", "grow", pool, "--size", "128M"]);
+    assert!(text.contains("96 MiB -> 128 MiB"), "{text}");
+    fails_with(&["pool", "grow", pool], 2, "already fills");
+    assert!(ok(&["check", pool]).contains("pool is clean"));
+    let daemon = Daemon::start(&["--pool", pool]);
+    assert_eq!(daemon.json(&["pool", "status"])["pool_bytes"], 128 << 20);
+    drop(daemon);
+
+    let old = dir.path().join("old.img");
+    ok(&create_32m(p(&old), "1"));
+    fails_with(&["pool", "grow", p(&old), "--size", "64M"], 2, "upgrade");
+    assert!(ok(&["pool", "upgrade", p(&old)]).contains("upgraded the pool to format version 2"));
+    assert_eq!(
+        json(&["pool", "grow", p(&old), "--size", "64M", "--json"])["new_pool_bytes"],
+        64 << 20
+    );
+    assert!(ok(&["check", p(&old)]).contains("pool is clean"));
+}
