@@ -436,3 +436,24 @@ fn an_extent_across_a_region_boundary_reads_back() {
     }
     assert_clean(&pool);
 }
+
+/// A size no device can take is a usage error, not an I/O failure, and
+/// changes nothing.
+#[test]
+fn an_impossible_size_is_refused() {
+    let disk = SimDisk::new(16 * MIB);
+    let pool = pool_on(&disk, 2 * MIB, 2);
+    let before = pool.pool_stats().unwrap();
+    for size in [1u64 << 60, u64::MAX] {
+        let e = pool
+            .grow(&GrowOptions {
+                size: Some(size),
+                metadata_bytes: None,
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    assert_eq!(pool.pool_stats().unwrap(), before);
+    assert_eq!(disk.size(), 16 * MIB);
+    assert_clean(&pool);
+}

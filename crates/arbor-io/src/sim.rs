@@ -135,8 +135,14 @@ impl BlockDevice for SimDisk {
         if !state.powered {
             return Err(power_is_off());
         }
+        // A simulated disk lives in memory: refuse what no test needs.
+        const MAX_SIM_BYTES: u64 = 64 << 30;
         let size = usize::try_from(size)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
+            .ok()
+            .filter(|_| size <= MAX_SIM_BYTES)
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::FileTooLarge, "simulated disk too large")
+            })?;
         if size > state.visible.len() {
             state.visible.resize(size, 0);
             state.durable.resize(size, 0);

@@ -103,7 +103,12 @@ impl Pool {
             Some(size) => {
                 if size > dev.refresh_size()? {
                     dev.extend(size).map_err(|e| match e.kind() {
-                        std::io::ErrorKind::Unsupported => Error::InvalidArgument(e.to_string()),
+                        // The device cannot grow this way, or not that far.
+                        std::io::ErrorKind::Unsupported
+                        | std::io::ErrorKind::FileTooLarge
+                        | std::io::ErrorKind::InvalidInput => Error::InvalidArgument(format!(
+                            "cannot enlarge the pool's file to {size} bytes: {e}"
+                        )),
                         _ => Error::Io(e),
                     })?;
                 }
