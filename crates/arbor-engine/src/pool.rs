@@ -159,6 +159,9 @@ pub struct Pool {
     meta: RwLock<Meta>,
     gate: RwLock<()>,
     commit_lock: Mutex<()>,
+    /// One growth or upgrade at a time (held across a growth's device
+    /// work, which the commit lock is not).
+    grow_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     failure: Mutex<Option<String>>,
     commit_observer: OnceLock<CommitObserver>,
@@ -358,6 +361,7 @@ impl Pool {
             meta: RwLock::new(meta),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
+            grow_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             check_lock: Mutex::new(()),
             check_pages: Mutex::new(None),

@@ -6,12 +6,14 @@
 //! 2. the region's space-map home pages are formatted and flushed: they lie
 //!    past the end of every committed layout, so a power cut here leaves
 //!    the pool as it was;
-//! 3. with writers held off, the region is published and the space maps
-//!    take its entries;
+//! 3. with commits and writers held off, the region is published and the
+//!    space maps take its entries;
 //! 4. a commit names the region. Before its record is durable, a power cut
 //!    opens the pool at its old size; after, at the new one.
 //!
-//! Writes go on between the steps and use the new space once step 3 is done.
+//! Writes and commits go on during steps 1 and 2 (formatting a large
+//! region's pages takes a while); writes use the new space once step 3 is
+//! done. One growth runs at a time.
 
 use super::*;
 
@@ -56,6 +58,7 @@ impl Pool {
     /// releases (which read version 1 only) cannot open it afterwards.
     /// Returns false when the pool already is version 2.
     pub fn upgrade(&self) -> Result<bool> {
+        let _grow = lock_mutex(&self.grow_lock);
         let _commit = lock_mutex(&self.commit_lock);
         self.check_failed()?;
         let geo = &self.store.geo;
@@ -82,7 +85,9 @@ impl Pool {
     /// `opts.size` is given), adding data and metadata space, while it
     /// serves. Atomic: a failure or power cut leaves the old size.
     pub fn grow(&self, opts: &GrowOptions) -> Result<GrowReport> {
-        let _commit = lock_mutex(&self.commit_lock);
+        // Only growths change the layout: it stays as read here until this
+        // one publishes. Commits go on during the device work.
+        let _grow = lock_mutex(&self.grow_lock);
         self.check_failed()?;
         let geo = &self.store.geo;
         if geo.version() < 2 {
@@ -129,6 +134,7 @@ impl Pool {
         format_space_map(dev.as_ref(), &region, SmKind::Meta)?;
         format_space_map(dev.as_ref(), &region, SmKind::Data)?;
         dev.flush()?;
+        let _commit = lock_mutex(&self.commit_lock);
         let job = {
             let _gate = self.commit_gate();
             let mut meta = self.write_meta()?;
