@@ -722,6 +722,18 @@ struct Writer {
     handle: Option<std::thread::JoinHandle<Result<(u64, u64), String>>>,
 }
 
+/// A run that fails stops its writer too (else the thread writes on,
+/// unflushed, and the simulated disk's write cache grows until the
+/// campaign runs out of memory: a long run was killed that way).
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 impl Writer {
     fn start(pool: &Arc<Pool>, seed: u64) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
