@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arbor_format::{
-    chunk_offset_in, meta_block_in, meta_entry_in, sm_home_in, BlockRef, Layout, Node, Region,
-    SmKind, SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_GROWTHS,
+    chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, BlockRef, Layout, Node, Region, SmKind,
+    SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_GROWTHS,
 };
 use arbor_io::BlockDevice;
 use lru::LruCache;
@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 /// The pool's geometry: fixed parts from the superblock, and the regions
 /// of the layout (see [`arbor_format::Layout`]), which only ever grow. The
 /// regions are published lock-free, so lookups on the I/O paths take no
-/// lock; only [`Geometry::grow`] (under the pool's commit lock) adds one.
+/// lock; only [`Geometry::grow_to`] (at open, or under the pool's commit
+/// lock) adds any.
 pub(crate) struct Geometry {
     pub chunk_size: u64,
     pub journal_pages: u64,
@@ -32,8 +33,6 @@ pub(crate) struct Geometry {
     /// Region `i` once `i < published`.
     regions: Vec<OnceLock<Region>>,
     published: AtomicUsize,
-    meta_blocks: AtomicU64,
-    data_chunks: AtomicU64,
     /// The same regions, for commit records and growth planning.
     layout: Mutex<Layout>,
 }
@@ -50,8 +49,6 @@ impl Geometry {
             version: AtomicU16::new(version),
             regions: (0..=MAX_GROWTHS).map(|_| OnceLock::new()).collect(),
             published: AtomicUsize::new(0),
-            meta_blocks: AtomicU64::new(0),
-            data_chunks: AtomicU64::new(0),
             layout: Mutex::new(Layout::from_superblock(sb)),
         };
         geo.publish(Layout::from_superblock(sb));
@@ -65,10 +62,6 @@ impl Geometry {
             // Set once: a region, once published, never changes.
             let _ = self.regions[i].set(*region);
         }
-        self.meta_blocks
-            .store(layout.entries(SmKind::Meta), Ordering::Release);
-        self.data_chunks
-            .store(layout.entries(SmKind::Data), Ordering::Release);
         self.published.store(regions.len(), Ordering::Release);
         *lock(&self.layout) = layout;
     }
@@ -110,24 +103,31 @@ impl Geometry {
             .unwrap_or_else(|| unreachable!("region 0 is published at creation"))
     }
 
-    /// Metadata blocks of every region.
+    fn last(&self) -> &Region {
+        // Region 0 is published by `new`.
+        self.regions()
+            .next_back()
+            .unwrap_or_else(|| unreachable!("region 0 is published at creation"))
+    }
+
+    /// Metadata blocks of every region (entries are numbered across them).
     pub fn meta_blocks(&self) -> u64 {
-        self.meta_blocks.load(Ordering::Acquire)
+        let last = self.last();
+        last.meta_base + last.meta_blocks
     }
 
     /// Data chunks of every region.
     pub fn data_chunks(&self) -> u64 {
-        self.data_chunks.load(Ordering::Acquire)
+        let last = self.last();
+        last.data_base + last.data_chunks
     }
 
     /// The byte just past the pool's last region (at least the size the
     /// pool was created with).
     pub fn pool_bytes(&self) -> u64 {
-        let end = self
-            .regions()
-            .next_back()
-            .map_or(0, |r| r.end_bytes(self.chunk_size));
-        end.max(self.superblock.pool_bytes.get())
+        self.last()
+            .end_bytes(self.chunk_size)
+            .max(self.superblock.pool_bytes.get())
     }
 
     /// Byte offset of the first region's data.
@@ -159,38 +159,18 @@ impl Geometry {
     /// Byte offset of data chunk `pchunk` and how many chunks from it on
     /// are contiguous on the device (to the end of its region). Consecutive
     /// chunk numbers in two regions are not: a read of an extent that
-    /// crosses a region's end is split there.
+    /// crosses a region's end is split there. The caller passes a chunk
+    /// below `data_chunks()` (mapping values are validated on read).
     pub fn chunk_run(&self, pchunk: u64) -> (u64, u64) {
-        let first = self.first();
-        if pchunk < first.data_chunks {
-            return (
-                first.data_start_bytes + pchunk * self.chunk_size,
-                first.data_chunks - pchunk,
-            );
-        }
-        self.regions()
-            .find(|r| pchunk >= r.data_base && pchunk - r.data_base < r.data_chunks)
-            .map_or((u64::MAX - self.chunk_size, 1), |r| {
-                let offset = pchunk - r.data_base;
-                (
-                    r.data_start_bytes + offset * self.chunk_size,
-                    r.data_chunks - offset,
-                )
-            })
-    }
-
-    /// Byte offset of a data chunk. The caller passes a chunk below
-    /// `data_chunks()` (mapping values are validated on read), so this
-    /// cannot overflow: every region was validated to fit the device.
-    pub fn chunk_offset(&self, pchunk: u64) -> u64 {
-        let first = self.first();
-        if pchunk < first.data_chunks {
-            return first.data_start_bytes + pchunk * self.chunk_size;
-        }
         // Not reachable for a validated chunk; past the device, so the I/O
         // fails rather than touching another chunk.
-        chunk_offset_in(self.regions(), self.chunk_size, pchunk)
-            .unwrap_or(u64::MAX - self.chunk_size)
+        chunk_run_in(self.regions(), self.chunk_size, pchunk)
+            .unwrap_or((u64::MAX - self.chunk_size, 1))
+    }
+
+    /// Byte offset of a data chunk (see [`Self::chunk_run`]).
+    pub fn chunk_offset(&self, pchunk: u64) -> u64 {
+        self.chunk_run(pchunk).0
     }
 }
 

@@ -155,16 +155,23 @@ pub fn meta_block_in<'a>(regions: impl Iterator<Item = &'a Region>, entry: u64) 
     })
 }
 
-/// The byte offset of data chunk `pchunk` (a global chunk number).
-pub fn chunk_offset_in<'a>(
+/// The byte offset of data chunk `pchunk` (a global chunk number), and
+/// how many chunks from it on are contiguous on the device (to the end of
+/// its region: consecutive chunk numbers in two regions are not).
+pub fn chunk_run_in<'a>(
     regions: impl Iterator<Item = &'a Region>,
     chunk_size: u64,
     pchunk: u64,
-) -> Option<u64> {
+) -> Option<(u64, u64)> {
     regions.into_iter().find_map(|r| {
         let offset = pchunk.checked_sub(r.data_base)?;
         // In range: the region was validated to fit the device.
-        (offset < r.data_chunks).then(|| r.data_start_bytes + offset * chunk_size)
+        (offset < r.data_chunks).then(|| {
+            (
+                r.data_start_bytes + offset * chunk_size,
+                r.data_chunks - offset,
+            )
+        })
     })
 }
 
@@ -499,7 +506,8 @@ mod tests {
         }
         let cs = layout.chunk_size();
         for c in (0..layout.entries(SmKind::Data)).step_by(89) {
-            let at = chunk_offset_in(regions.iter(), cs, c).expect("an offset per chunk");
+            let (at, run) = chunk_run_in(regions.iter(), cs, c).expect("an offset per chunk");
+            assert!(run >= 1);
             assert_eq!(owner.get(&(at / BLOCK_SIZE_U64)).map(|o| o.0), Some("data"));
         }
     }

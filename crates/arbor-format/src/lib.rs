@@ -18,7 +18,7 @@ mod superblock;
 pub use header::{seal, seal_version, BlockHeader, BlockType, UNCHANGED_LAYOUT_VERSION};
 pub use journal::{decode_journal_pages, encode_journal, journal_images_len};
 pub use layout::{
-    chunk_offset_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
+    chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
     MAX_GROWTHS,
 };
 pub use node::{
