@@ -92,6 +92,9 @@ pub(crate) struct Meta {
     grown: bool,
     /// The record of the newest commit (durable once no commit is in flight).
     last_record: CommitRecord,
+    /// The reclaim-queue entry that holds a volume's earlier tree for a
+    /// unit running in pieces (`volumes::hold_tree`): reclaim stops there.
+    held_queue_seq: Option<u64>,
     /// How to undo node changes since the oldest open savepoint.
     node_log: UndoLog<NodeUndo>,
     /// Blocks whose state before the oldest open savepoint is in `node_log`
@@ -219,6 +222,7 @@ impl Meta {
             commit_in_flight: false,
             grown: false,
             last_record: rec,
+            held_queue_seq: None,
             node_log: UndoLog::default(),
             node_logged: HashSet::new(),
         };
@@ -252,6 +256,29 @@ impl Meta {
     /// Whether a commit is between phases A and C.
     pub fn commit_in_flight(&self) -> bool {
         self.commit_in_flight
+    }
+
+    /// Holds reclaim back at queue entry `seq` until [`Self::unhold_tree`].
+    pub fn hold_queue_entry(&mut self, seq: u64) {
+        debug_assert!(self.held_queue_seq.is_none(), "two held trees");
+        self.held_queue_seq = Some(seq);
+    }
+
+    /// The queue entry reclaim must not reach, if any.
+    pub fn held_queue_entry(&self) -> Option<u64> {
+        self.held_queue_seq
+    }
+
+    /// Ends the hold of [`Self::hold_queue_entry`]: the entry is reclaimed
+    /// like any other.
+    pub fn unhold_tree(&mut self) {
+        self.held_queue_seq = None;
+    }
+
+    /// Whether entries freed since the last commit wait for a commit to be
+    /// allocatable again.
+    pub fn awaiting_commit(&self) -> bool {
+        self.data_sm.awaiting_commit() || self.meta_sm.awaiting_commit()
     }
 
     /// The volume table of the open transaction.

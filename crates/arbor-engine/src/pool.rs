@@ -18,6 +18,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -165,6 +166,9 @@ pub struct Pool {
     stripes: Vec<Mutex<()>>,
     failure: Mutex<Option<String>>,
     commit_observer: OnceLock<CommitObserver>,
+    /// Units that did not fit an empty transaction's journal and ran in
+    /// pieces (`pool/write.rs`).
+    split_units: AtomicU64,
     /// One `check` at a time; while it walks, commits keep the old home
     /// images of the space-map pages they overwrite here.
     check_lock: Mutex<()>,
@@ -369,6 +373,7 @@ impl Pool {
             check_pause: Mutex::new(None),
             failure: Mutex::new(None),
             commit_observer: OnceLock::new(),
+            split_units: AtomicU64::new(0),
         }
     }
 
@@ -564,9 +569,7 @@ impl Pool {
             let meta = self.read_meta()?;
             (
                 meta.reclaim_pending(),
-                meta.data_sm.awaiting_commit()
-                    || meta.meta_sm.awaiting_commit()
-                    || !meta.matches_durable(),
+                meta.awaiting_commit() || !meta.matches_durable(),
             )
         };
         if pending && self.reclaim(RECLAIM_NODES)? > 0 {

@@ -32,6 +32,13 @@ pub(crate) struct ChunkWanted {
     pub only_if_mapped: bool,
 }
 
+/// A volume's tree kept as it was by [`Meta::hold_tree`].
+pub(crate) struct HeldTree {
+    id: u64,
+    root: BlockRef,
+    mapped_chunks: u64,
+}
+
 /// Where a write ends, checked against the volume's size when the write is
 /// planned and when it is mapped, under the metadata lock: a write in
 /// flight when a shrink sets the size can no longer land past the end.
@@ -175,6 +182,46 @@ impl Meta {
         self.queue_root = self.tree_insert(self.queue_root, TreeKind::Queue, seq, &value)?;
         self.next_queue_seq += 1;
         Ok(())
+    }
+
+    /// Keeps volume `id`'s tree as it is now whatever later steps and
+    /// commits do to the volume, until [`Self::release_tree`]: a reference
+    /// to its root goes to the reclaim queue, whose entry reclaim does not
+    /// reach while it is held (after a power cut it is reclaimed like any
+    /// other). The volume's chunks are shared from now on, so later writes
+    /// redirect them and the held tree's data stays as it is.
+    pub fn hold_tree(&mut self, id: u64) -> Result<HeldTree> {
+        let rec = self.writable_volume(id)?.clone();
+        let seq = self.next_queue_seq;
+        if !rec.root.is_none() {
+            self.inc_node(rec.root)?;
+            self.queue_drop(rec.root)?;
+        }
+        self.note_shared(id);
+        self.hold_queue_entry(seq);
+        Ok(HeldTree {
+            id,
+            root: rec.root,
+            mapped_chunks: rec.mapped_chunks,
+        })
+    }
+
+    /// Ends [`Self::hold_tree`] (the caller then calls
+    /// [`Meta::unhold_tree`]). With `restore`, the volume gets the held tree
+    /// back, and its tree of now goes to the reclaim queue.
+    pub fn release_tree(&mut self, held: &HeldTree, restore: bool) -> Result<()> {
+        if !restore {
+            return Ok(());
+        }
+        if !held.root.is_none() {
+            self.inc_node(held.root)?;
+        }
+        let now = self.update_volume(held.id, |vol| {
+            vol.mapped_chunks = held.mapped_chunks;
+            std::mem::replace(&mut vol.root, held.root)
+        })?;
+        self.note_shared(held.id);
+        self.queue_drop(now)
     }
 
     pub fn delete_volume(&mut self, id: u64) -> Result<()> {
@@ -387,6 +434,9 @@ impl Meta {
             let Some((seq, value)) = self.tree_first(self.queue_root)? else {
                 break;
             };
+            if self.held_queue_entry() == Some(seq) {
+                break;
+            }
             self.queue_root = self.tree_remove(self.queue_root, seq)?.0;
             self.drop_tree_ref(BlockRef::decode(&value))?;
             done += 1;

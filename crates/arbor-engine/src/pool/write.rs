@@ -18,9 +18,12 @@
 //! 3 succeeds, after which only the device can fail. A unit that runs out of
 //! data or metadata space makes room (reclaim, commit) and runs once more; one
 //! that does not fit the open transaction's journal room runs again after a
-//! commit, and one that does not fit an empty transaction is split in two
-//! (a write of thousands of chunks whose space-map entries are scattered
-//! over more pages than the journal holds).
+//! commit, and then alone, with the pool to itself (`Pool::apply_alone`).
+//! One that does not fit even an empty transaction (thousands of chunks
+//! whose space-map entries are scattered over more pages than the journal
+//! holds) runs in pieces, each its own transaction, and stays atomic as a
+//! whole: its volume's tree is held as it was before the first piece, and
+//! put back if a later piece fails.
 //!
 //! A unit covers at most [`unit_chunks`] chunks: any request of the NBD
 //! maximum payload, wherever it starts. Longer write-zeroes (and writes
@@ -213,23 +216,113 @@ impl Pool {
                     self.flush()?;
                     commits += 1;
                 }
+                Err(Error::TransactionFull) => return self.apply_alone(&unit),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Carries out a unit that did not fit the journal room left by other
+    /// writers, with the pool to itself: it holds the commit lock and the
+    /// I/O gate (exclusive), so no other write, management operation or
+    /// commit runs until it ends. It runs whole in an empty transaction if
+    /// it fits one; otherwise in pieces, each a transaction of its own,
+    /// after its volume's tree as it is now is *held* (`Meta::hold_tree`):
+    /// a piece that fails puts the tree back, so the unit is atomic as a
+    /// whole, not piece by piece. Holding the tree makes every chunk it maps
+    /// shared, so the pieces redirect all of their chunks (more data space
+    /// than in place, for units that need more space-map pages than the
+    /// whole journal holds: thousands of chunks scattered over a large,
+    /// fragmented pool).
+    fn apply_alone(&self, unit: &Unit<'_>) -> Result<()> {
+        let _commit = lock_mutex(&self.commit_lock);
+        let _gate = self.commit_gate();
+        self.commit_held()?;
+        match self.attempt_locked(unit) {
+            Err(Error::TransactionFull) => {}
+            other => return other,
+        }
+        if unit.halves(self.chunk_size()).is_none() {
+            return Err(Error::TransactionFull);
+        }
+        self.split_units.fetch_add(1, Ordering::Relaxed);
+        let held = {
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, unit.privilege(), |m| m.hold_tree(unit.id.0))?
+        };
+        let result = self.apply_pieces(unit);
+        let restore = match &result {
+            Ok(()) => false,
+            // A stopped pool is reopened from its last commit.
+            Err(e) if e.stops_pool() => return result,
+            Err(_) => true,
+        };
+        let mut meta = self.write_meta()?;
+        let released = self.mutate(&mut meta, Privilege::Reserve, |m| {
+            m.release_tree(&held, restore)
+        });
+        meta.unhold_tree();
+        if let Err(e) = released {
+            warn!(error = %e, "a failed write could not put its volume's tree back");
+        }
+        result
+    }
+
+    /// The pieces of a unit run by [`Self::apply_alone`] (caller holds the
+    /// commit lock and the gate): whole if it fits an empty transaction,
+    /// else in halves.
+    fn apply_pieces(&self, unit: &Unit<'_>) -> Result<()> {
+        let mut committed_for_space = false;
+        loop {
+            match self.attempt_locked(unit) {
+                Ok(()) => return Ok(()),
+                // Earlier pieces filled the transaction: commit them.
+                Err(Error::TransactionFull) if self.read_meta()?.has_changes() => {
+                    self.commit_held()?
+                }
                 Err(Error::TransactionFull) => {
                     let Some((a, b)) = unit.halves(self.chunk_size()) else {
                         return Err(Error::TransactionFull);
                     };
-                    self.apply(a)?;
-                    return self.apply(b);
+                    self.apply_pieces(&a)?;
+                    return self.apply_pieces(&b);
+                }
+                // Entries the earlier pieces freed are allocatable once
+                // committed.
+                Err(Error::NoSpace | Error::MetadataFull)
+                    if !committed_for_space && self.read_meta()?.awaiting_commit() =>
+                {
+                    committed_for_space = true;
+                    self.commit_held()?;
                 }
                 Err(e) => return Err(e),
             }
         }
     }
 
+    /// Commits, for a caller that holds the commit lock and the gate.
+    fn commit_held(&self) -> Result<()> {
+        let job = {
+            let mut meta = self.write_meta()?;
+            self.freeze(&mut meta)?
+        };
+        match job {
+            Some(job) => self.complete_commit(job),
+            None => Ok(()),
+        }
+    }
+
     /// One try of a unit: steps 1 to 4 of the module documentation.
     fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
-        let cs = self.chunk_size();
         let _gate = self.io_gate();
-        let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(cs));
+        let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
+        self.attempt_locked(unit)
+    }
+
+    /// [`Self::attempt`] for a caller that holds the gate, and the stripes
+    /// of the unit's chunks or the gate exclusive.
+    fn attempt_locked(&self, unit: &Unit<'_>) -> Result<()> {
+        let cs = self.chunk_size();
         let (wanted, unmap) = unit.chunks(cs);
         let privilege = unit.privilege();
         let end = WriteEnd {
@@ -490,5 +583,130 @@ mod tests {
             let range = u.chunk_range(cs);
             assert!(range.end - range.start <= unit_chunks(cs));
         }
+    }
+}
+
+/// A unit split for journal room (see `Pool::apply`) is atomic as a whole,
+/// not per piece. Unit tests: they set how much metadata ordinary steps may
+/// allocate, one block at a time, which the public API cannot.
+#[cfg(test)]
+mod split_tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    const CS: u64 = 4096;
+    /// Chunks of the written volume; each lies 64 chunks from the last, so
+    /// their space-map entries span more pages than the 16-page journal.
+    const A_CHUNKS: u64 = 300;
+    const GAP: u64 = 63;
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 / 512) % 251) as u8 | 1)
+            .collect()
+    }
+
+    /// A pool whose volume `a` (snapshotted as `a@s`, so that every chunk a
+    /// write touches is redirected) has its chunks scattered; returns `a`
+    /// and its contents.
+    fn scattered_snapshotted() -> (Pool, VolumeId, Vec<u8>) {
+        let dev: Arc<dyn BlockDevice> = Arc::new(arbor_io::SimDisk::new(100 << 20));
+        let opts = CreateOptions {
+            chunk_size: CS as u32,
+            metadata_bytes: Some(2 << 20),
+            journal_pages: Some(16),
+            ..CreateOptions::default()
+        };
+        let pool = Pool::create(dev, &opts, &OpenOptions::default()).unwrap();
+        let a = pool.create_volume("a", A_CHUNKS * CS).unwrap();
+        let b = pool.create_volume("b", A_CHUNKS * GAP * CS).unwrap();
+        let mut model = Vec::new();
+        for c in 0..A_CHUNKS {
+            let data = pattern(c, CS as usize);
+            pool.write(a, c * CS, &data).unwrap();
+            model.extend_from_slice(&data);
+            pool.write(b, c * GAP * CS, &pattern(c + 1000, (GAP * CS) as usize))
+                .unwrap();
+        }
+        // Fill the rest of the pool, then free every other chunk of b's
+        // first gaps: new chunks come one in two, so the extents of a's new
+        // mappings never merge and its tree keeps its size.
+        let stats = pool.pool_stats().unwrap();
+        let f = pool.create_volume("f", stats.data_bytes).unwrap();
+        let mut at = 0;
+        for len in [1 << 20, CS] {
+            while pool.write(f, at, &vec![3; len as usize]).is_ok() {
+                at += len;
+            }
+        }
+        for c in (0..A_CHUNKS * 4).step_by(2) {
+            pool.discard(b, c * CS, CS).unwrap();
+        }
+        pool.snapshot("a@s").unwrap();
+        pool.flush().unwrap();
+        (pool, a, model)
+    }
+
+    fn read(pool: &Pool, id: VolumeId) -> Vec<u8> {
+        let mut buf = vec![0u8; (A_CHUNKS * CS) as usize];
+        pool.read(id, 0, &mut buf).unwrap();
+        buf
+    }
+
+    /// Regression (long exhaustion run, seed 40094): a zero-keep over
+    /// scattered shared chunks does not fit the journal whole and is split;
+    /// the metadata ran out in its second piece, after the first had been
+    /// applied and committed. Every count of allocatable metadata blocks in
+    /// turn, from none to more than the unit needs: the call fails and the
+    /// volume reads as before, or succeeds and it reads as zeros; the
+    /// snapshot never changes, and the pool checks clean and still writes.
+    #[test]
+    fn a_split_unit_is_atomic_whatever_point_metadata_runs_out_at() {
+        let (mut failed, mut succeeded, mut split) = (0, 0, 0);
+        for allow in 0..200u64 {
+            let (pool, a, model) = scattered_snapshotted();
+            {
+                let mut meta = pool.meta.write().unwrap();
+                let free = meta.meta_sm.allocatable();
+                meta.meta_reserve = free.saturating_sub(allow);
+            }
+            let splits_before = pool.split_units.load(Ordering::Relaxed);
+            let result = pool.write_zeroes(a, 0, A_CHUNKS * CS, true);
+            split += pool.split_units.load(Ordering::Relaxed) - splits_before;
+            match &result {
+                Ok(()) => {
+                    assert!(read(&pool, a).iter().all(|&b| b == 0), "allow {allow}");
+                    succeeded += 1;
+                }
+                Err(Error::MetadataFull | Error::NoSpace) => {
+                    assert!(
+                        read(&pool, a) == model,
+                        "allow {allow}: {result:?} left a changed"
+                    );
+                    failed += 1;
+                }
+                Err(e) => panic!("allow {allow}: {e}"),
+            }
+            let snap = pool.lookup("a@s").unwrap();
+            assert!(
+                read(&pool, snap) == model,
+                "allow {allow}: snapshot changed"
+            );
+            pool.flush().unwrap();
+            let report = pool.check().unwrap();
+            assert!(report.is_clean(), "allow {allow}: {:?}", report.problems);
+            // The space is usable again once the reserve is back.
+            pool.meta.write().unwrap().meta_reserve = 64;
+            pool.write(a, 0, &[7; 4096]).unwrap();
+            if succeeded >= 3 {
+                break;
+            }
+        }
+        assert!(
+            failed > 0 && succeeded > 0,
+            "failed {failed}, succeeded {succeeded}"
+        );
+        assert!(split > 0, "no unit was split");
     }
 }
