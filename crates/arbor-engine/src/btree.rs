@@ -727,7 +727,7 @@ mod tests {
             }
         }
         assert_eq!(root, BlockRef::NONE);
-        assert_eq!(meta.meta_sm.used(), 0);
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
         assert_eq!(meta.tree_remove(root, 3).unwrap(), (BlockRef::NONE, None));
     }
 
@@ -811,7 +811,7 @@ mod tests {
         assert!(!model.is_empty());
         root = remove_range_checked(&mut meta, root, &mut model, 0, u64::MAX).0;
         assert_eq!(root, BlockRef::NONE);
-        assert_eq!(meta.meta_sm.used(), 0);
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
     }
 
     /// A second reference to a root (what a snapshot takes) shares the
@@ -888,7 +888,7 @@ mod tests {
             drop_tree(&mut meta, b);
             check_against(&meta, a, &model_a);
             drop_tree(&mut meta, a);
-            assert_eq!(meta.meta_sm.used(), 0);
+            assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
         }
     }
 
@@ -1000,7 +1000,7 @@ mod tests {
             for (r, _) in shared {
                 drop_tree(&mut meta, r);
             }
-            prop_assert_eq!(meta.meta_sm.used(), 0);
+            prop_assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
         }
     }
 }

@@ -50,23 +50,23 @@ impl Committed {
         let pages = PreservedPages::default();
         {
             let mut map = pages.lock();
-            for (index, page) in meta.meta_sm.committed_pages() {
+            for (index, page) in meta.committed_pages(SmKind::Meta) {
                 map.insert((SmKind::Meta, index), page);
             }
-            for (index, page) in meta.data_sm.committed_pages() {
+            for (index, page) in meta.committed_pages(SmKind::Data) {
                 map.insert((SmKind::Data, index), page);
             }
         }
         Ok(Self {
-            store: Arc::clone(&meta.store),
+            store: Arc::clone(meta.store()),
             txn: rec.txn.get(),
             volumes_root: rec.volumes_root.into(),
             queue_root: rec.queue_root.into(),
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),
-            meta_entries: meta.meta_sm.entries(),
-            data_entries: meta.data_sm.entries(),
+            meta_entries: meta.entries(SmKind::Meta),
+            data_entries: meta.entries(SmKind::Data),
             pages: Arc::new(pages),
             memory: (!meta.has_changes())
                 .then(|| meta.table().iter().map(|(id, r)| (id, r.clone())).collect()),

@@ -275,7 +275,7 @@ impl Meta {
                         let end = v
                             .pchunk
                             .checked_add(u64::from(v.len))
-                            .filter(|&end| end <= self.store.geo.data_chunks())
+                            .filter(|&end| end <= self.geo().data_chunks())
                             .ok_or_else(|| {
                                 Error::inconsistent(format!(
                                     "leaf {}: extent at {} points past the data region",
@@ -283,7 +283,7 @@ impl Meta {
                                 ))
                             })?;
                         for c in v.pchunk..end {
-                            if self.data_sm.get(&self.store, c)? == 1 {
+                            if self.data_count(c)? == 1 {
                                 total += 1;
                             }
                         }

@@ -77,7 +77,7 @@ impl Meta {
         let Some(found) = self.tree_get_le(root, chunk)? else {
             return Ok(None);
         };
-        let extent = Extent::from_entry(found.key, &found.value, self.store.geo.data_chunks())?;
+        let extent = Extent::from_entry(found.key, &found.value, self.geo().data_chunks())?;
         Ok(extent.covers(chunk).then_some((extent, found.leaf_upper)))
     }
 
@@ -97,7 +97,7 @@ impl Meta {
                 return Ok(());
             }
         }
-        let data_chunks = self.store.geo.data_chunks();
+        let data_chunks = self.geo().data_chunks();
         self.tree_for_each(root, from, to, &mut |key, value| {
             f(Extent::from_entry(key, value, data_chunks)?)
         })
@@ -144,7 +144,7 @@ impl Meta {
         chunk: u64,
         pchunk: u64,
     ) -> Result<(BlockRef, Option<u64>)> {
-        self.map_set_as(root, chunk, pchunk, self.txn)
+        self.map_set_as(root, chunk, pchunk, self.txn())
     }
 
     /// [`Meta::map_set`] with the extent's generation given: the mapping's
@@ -207,8 +207,7 @@ impl Meta {
             let cut_from = e.start.max(from);
             let cut_to = e.end().min(to);
             root = self.cut_extent(root, e, cut_from, cut_to)?;
-            self.data_sm
-                .dec_range(&self.store, e.phys(cut_from), cut_to - cut_from)?;
+            self.dec_data_range(e.phys(cut_from), cut_to - cut_from)?;
             unmapped += cut_to - cut_from;
         }
         Ok((root, unmapped))
@@ -246,11 +245,10 @@ impl Meta {
             }
         }
         let removal = self.tree_remove_range(root, from, to)?;
-        let data_chunks = self.store.geo.data_chunks();
+        let data_chunks = self.geo().data_chunks();
         for (key, value) in &removal.removed {
             let e = Extent::from_entry(*key, value, data_chunks)?;
-            self.data_sm
-                .dec_range(&self.store, e.pchunk, u64::from(e.len))?;
+            self.dec_data_range(e.pchunk, u64::from(e.len))?;
             unmapped += u64::from(e.len);
         }
         for &subtree in &removal.detached {
@@ -313,7 +311,7 @@ mod tests {
             "replaced chunk of {chunk}"
         );
         if let Some(p) = previous {
-            meta.data_sm.dec(&meta.store, p).unwrap();
+            meta.dec_data(p).unwrap();
         }
         root
     }
@@ -377,7 +375,7 @@ mod tests {
     fn consecutive_writes_merge_into_one_extent() {
         let mut meta = fresh_meta();
         let mut model = Model::new();
-        let g = meta.txn;
+        let g = meta.txn();
         let mut root = write(&mut meta, BlockRef::NONE, &mut model, 100, 10);
         let p0 = model[&100];
         assert!(
@@ -436,18 +434,18 @@ mod tests {
     fn setting_a_chunk_inside_an_extent_cuts_it_in_three() {
         let mut meta = fresh_meta();
         let mut model = Model::new();
-        let g = meta.txn;
+        let g = meta.txn();
         let mut root = write(&mut meta, BlockRef::NONE, &mut model, 10, 10);
         let p0 = model[&10];
         assert_eq!(check_map(&meta, root, &model, true), [ext(10, 10, p0, g)]);
         meta.commit().unwrap();
-        let g2 = meta.txn;
+        let g2 = meta.txn();
 
         let q = meta.alloc_data().unwrap();
         let (r, previous) = meta.map_set(root, 15, q).unwrap();
         root = r;
         assert_eq!(previous, Some(p0 + 5));
-        assert_eq!(meta.data_sm.dec(&meta.store, p0 + 5).unwrap(), 0);
+        assert_eq!(meta.dec_data(p0 + 5).unwrap(), 0);
         model.insert(15, q);
         assert_eq!(
             check_map(&meta, root, &model, true),
@@ -580,7 +578,13 @@ mod tests {
             assert!(!model.is_empty());
             root = unmap(&mut meta, root, &mut model, how, 0, u64::MAX).0;
             assert_eq!(root, BlockRef::NONE);
-            assert_eq!((meta.meta_sm.used(), meta.data_sm.used()), (0, 0));
+            assert_eq!(
+                (
+                    meta.used(arbor_format::SmKind::Meta),
+                    meta.used(arbor_format::SmKind::Data)
+                ),
+                (0, 0)
+            );
         }
     }
 
@@ -638,10 +642,10 @@ mod tests {
             for (n, op) in ops.iter().enumerate() {
                 match *op {
                     Op::Write { start, len, scatter } => {
-                        if meta.data_sm.allocatable() < len {
+                        if meta.allocatable(arbor_format::SmKind::Data) < len {
                             meta.commit().unwrap();
                         }
-                        if meta.data_sm.allocatable() >= len {
+                        if meta.allocatable(arbor_format::SmKind::Data) >= len {
                             if scatter {
                                 let ps: Vec<u64> =
                                     (0..len).map(|_| meta.alloc_data().unwrap()).collect();
@@ -699,7 +703,7 @@ mod tests {
             for (r, _) in shared {
                 drop_tree(&mut meta, r);
             }
-            prop_assert_eq!((meta.meta_sm.used(), meta.data_sm.used()), (0, 0));
+            prop_assert_eq!((meta.used(arbor_format::SmKind::Meta), meta.used(arbor_format::SmKind::Data)), (0, 0));
         }
     }
 }

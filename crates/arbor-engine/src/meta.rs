@@ -33,7 +33,7 @@ use zerocopy::little_endian::U64;
 
 use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
-use crate::store::{CachedNode, PreservedPages, Store};
+use crate::store::{CachedNode, Geometry, PreservedPages, Store};
 use crate::table::{TableSavepoint, VolumeTable};
 use crate::undo::{Mark, UndoLog};
 
@@ -64,28 +64,28 @@ pub(crate) enum Privilege {
 }
 
 pub(crate) struct Meta {
-    pub store: Arc<Store>,
+    store: Arc<Store>,
     /// The transaction being built: last committed txn + 1.
-    pub txn: u64,
+    txn: u64,
     /// Nodes allocated in this transaction, by block number.
     dirty: HashMap<u64, Node>,
     /// Nodes of the transaction being committed (phase B), not yet on disk.
     inflight_nodes: HashMap<u64, Arc<CachedNode>>,
-    pub meta_sm: SpaceMap,
-    pub data_sm: SpaceMap,
-    pub volumes_root: BlockRef,
-    pub queue_root: BlockRef,
-    pub next_volume_id: u64,
-    pub next_queue_seq: u64,
+    meta_sm: SpaceMap,
+    data_sm: SpaceMap,
+    volumes_root: BlockRef,
+    queue_root: BlockRef,
+    next_volume_id: u64,
+    next_queue_seq: u64,
     /// The volume records, names and share times of the open transaction.
     table: VolumeTable,
     /// Who the running step allocates for (set by [`Meta::atomic`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
-    pub meta_reserve: u64,
-    pub dirty_node_limit: usize,
+    meta_reserve: u64,
+    dirty_node_limit: usize,
     /// The last committed transaction when the pool was opened.
-    pub opened_txn: u64,
+    opened_txn: u64,
     /// Between phase A and phase C of a commit.
     commit_in_flight: bool,
     /// The pool grew since the last commit (which must name the new region).
@@ -258,15 +258,169 @@ impl Meta {
         self.commit_in_flight
     }
 
+    // ---- what the layers above may read and count --------------------------
+
+    /// The device, geometry and caches.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn geo(&self) -> &Geometry {
+        &self.store.geo
+    }
+
+    /// The open transaction (the last committed one + 1).
+    pub fn txn(&self) -> u64 {
+        self.txn
+    }
+
+    /// The last committed transaction when the pool was opened.
+    pub fn opened_txn(&self) -> u64 {
+        self.opened_txn
+    }
+
+    fn space_map(&self, kind: SmKind) -> &SpaceMap {
+        match kind {
+            SmKind::Meta => &self.meta_sm,
+            SmKind::Data => &self.data_sm,
+        }
+    }
+
+    /// Entries in use (referenced) in the open transaction.
+    pub fn used(&self, kind: SmKind) -> u64 {
+        self.space_map(kind).used()
+    }
+
+    /// Entries a step could allocate now (see [`SpaceMap::allocatable`]).
+    #[cfg(test)]
+    pub fn allocatable(&self, kind: SmKind) -> u64 {
+        self.space_map(kind).allocatable()
+    }
+
+    /// Entries the space map counts (every region's).
+    pub fn entries(&self, kind: SmKind) -> u64 {
+        self.space_map(kind).entries()
+    }
+
+    /// The committed space-map pages held in memory, by page index.
+    pub fn committed_pages(&self, kind: SmKind) -> HashMap<u32, Arc<SmPage>> {
+        self.space_map(kind).committed_pages()
+    }
+
+    /// The next-fit allocation cursor.
+    #[cfg(test)]
+    pub fn cursor(&self, kind: SmKind) -> u64 {
+        self.space_map(kind).cursor()
+    }
+
+    /// Keeps every metadata block the last commit references from being
+    /// allocated again until [`Self::unpin_committed_meta`] (a live check
+    /// walks that commit). Call with no commit in flight.
+    pub fn pin_committed_meta(&mut self) {
+        self.meta_sm.pin();
+    }
+
+    pub fn unpin_committed_meta(&mut self) {
+        self.meta_sm.unpin();
+    }
+
+    /// References to data chunk `chunk`.
+    pub fn data_count(&self, chunk: u64) -> Result<u32> {
+        self.data_sm.get(&self.store, chunk)
+    }
+
+    /// Drops one reference to data chunk `chunk`; returns how many are left.
+    pub fn dec_data(&mut self, chunk: u64) -> Result<u32> {
+        self.data_sm.dec(&self.store, chunk)
+    }
+
+    /// Drops one reference to each of `len` chunks from `start`.
+    pub fn dec_data_range(&mut self, start: u64, len: u64) -> Result<()> {
+        self.data_sm.dec_range(&self.store, start, len)
+    }
+
+    /// Whether data chunk `chunk` was allocated since the last durable
+    /// commit (no state a power cut recovers to references it).
+    pub fn data_allocated_since_durable(&self, chunk: u64) -> bool {
+        self.data_sm.allocated_since_durable(chunk)
+    }
+
+    /// Metadata blocks kept back from ordinary steps (tests set it to let
+    /// them allocate a chosen number of blocks).
+    #[cfg(test)]
+    pub fn set_meta_reserve(&mut self, blocks: u64) {
+        self.meta_reserve = blocks;
+    }
+
+    // ---- volume ids and the reclaim queue ---------------------------------------
+
+    /// The id the next volume will get.
+    pub fn next_volume_id(&self) -> u64 {
+        self.next_volume_id
+    }
+
+    /// Takes the next volume id (ids are never reused).
+    pub fn take_volume_id(&mut self) -> u64 {
+        let id = self.next_volume_id;
+        self.next_volume_id += 1;
+        id
+    }
+
+    /// The root of the reclaim queue: trees whose references await dropping.
+    pub fn queue_root(&self) -> BlockRef {
+        self.queue_root
+    }
+
+    /// Appends a tree to the reclaim queue, which now owns the reference the
+    /// caller held. Returns its queue entry (a sequence number).
+    pub fn queue_push(&mut self, root: BlockRef) -> Result<u64> {
+        let mut value = [0u8; BlockRef::ENCODED_LEN];
+        root.encode(&mut value);
+        let seq = self.next_queue_seq;
+        self.queue_root = self.tree_insert(self.queue_root, TreeKind::Queue, seq, &value)?;
+        self.next_queue_seq += 1;
+        Ok(seq)
+    }
+
+    /// Takes the oldest tree off the reclaim queue (its reference passes to
+    /// the caller); `None` when the queue is empty or its oldest entry is held
+    /// ([`Self::hold_queue_entry`]).
+    pub fn queue_pop(&mut self) -> Result<Option<BlockRef>> {
+        let Some((seq, value)) = self.tree_first(self.queue_root)? else {
+            return Ok(None);
+        };
+        if self.held_queue_seq == Some(seq) {
+            return Ok(None);
+        }
+        self.queue_root = self.tree_remove(self.queue_root, seq)?.0;
+        Ok(Some(BlockRef::decode(&value)))
+    }
+
+    /// Forgets the whole reclaim queue (offline repair of a damaged queue:
+    /// the space maps are rebuilt from the volumes afterwards).
+    pub fn forget_queue(&mut self) {
+        self.queue_root = BlockRef::NONE;
+    }
+
+    /// The record a repair writes: this transaction's, with the counts and
+    /// next volume id it found.
+    pub fn repair_record(
+        &self,
+        meta_used: u64,
+        data_used: u64,
+        next_volume_id: u64,
+    ) -> CommitRecord {
+        let mut rec = self.commit_record();
+        rec.meta_used = U64::new(meta_used);
+        rec.data_used = U64::new(data_used);
+        rec.next_volume_id = U64::new(next_volume_id);
+        rec
+    }
+
     /// Holds reclaim back at queue entry `seq` until [`Self::unhold_tree`].
     pub fn hold_queue_entry(&mut self, seq: u64) {
         debug_assert!(self.held_queue_seq.is_none(), "two held trees");
         self.held_queue_seq = Some(seq);
-    }
-
-    /// The queue entry reclaim must not reach, if any.
-    pub fn held_queue_entry(&self) -> Option<u64> {
-        self.held_queue_seq
     }
 
     /// Ends the hold of [`Self::hold_queue_entry`]: the entry is reclaimed
@@ -460,6 +614,11 @@ impl Meta {
 
     pub fn meta_count(&self, block: u64) -> Result<u32> {
         let entry = self.meta_entry(block)?;
+        self.meta_count_entry(entry)
+    }
+
+    /// References to metadata space-map entry `entry`.
+    pub fn meta_count_entry(&self, entry: u64) -> Result<u32> {
         self.meta_sm.get(&self.store, entry)
     }
 

@@ -742,7 +742,7 @@ impl Pool {
             }
             m.set_volume_size(id, new_size)?;
             if new_size < old_size {
-                let chunk = m.store.geo.chunk_size;
+                let chunk = m.geo().chunk_size;
                 m.unmap_chunks(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
             }
             Ok(())
@@ -811,7 +811,7 @@ impl Pool {
 
     /// Splits `[offset, offset + len)` into mapped and unmapped pieces.
     fn resolve(meta: &Meta, id: VolumeId, offset: u64, len: u64) -> Result<Vec<Piece>> {
-        let geo = &meta.store.geo;
+        let geo = meta.geo();
         let cs = geo.chunk_size;
         let root = meta.volume(id.0)?.root;
         let end = offset + len;
@@ -990,13 +990,13 @@ impl Pool {
             pool_bytes: geo.pool_bytes(),
             chunk_size: geo.chunk_size,
             data_bytes: geo.data_chunks() * geo.chunk_size,
-            data_used_bytes: meta.data_sm.used() * geo.chunk_size,
+            data_used_bytes: meta.used(SmKind::Data) * geo.chunk_size,
             metadata_bytes: geo.meta_blocks() * BLOCK_SIZE_U64,
-            metadata_used_bytes: meta.meta_sm.used() * BLOCK_SIZE_U64,
+            metadata_used_bytes: meta.used(SmKind::Meta) * BLOCK_SIZE_U64,
             volumes: meta.table().len() as u64 - snapshots,
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
-            txn: meta.txn - 1,
+            txn: meta.txn() - 1,
         })
     }
 
@@ -1068,7 +1068,7 @@ impl Pool {
         let geo = &self.store.geo;
         let mut blocks = Vec::new();
         for entry in 0..geo.meta_blocks() {
-            if meta.meta_sm.get(&self.store, entry)? > 0 {
+            if meta.meta_count_entry(entry)? > 0 {
                 blocks.extend(geo.meta_block(entry));
             }
         }
@@ -1093,7 +1093,7 @@ impl Pool {
             let mut meta = self.write_meta()?;
             let state = crate::check::Committed::capture(&meta)?;
             let report = crate::check::journal_and_superblocks(&self.store, state.txn())?;
-            meta.meta_sm.pin();
+            meta.pin_committed_meta();
             *lock_mutex(&self.check_pages) = Some(state.preserved());
             (state, report)
         };
@@ -1108,7 +1108,7 @@ impl Pool {
             *lock_mutex(&self.check_pages) = None;
             // A stopped pool keeps its pins: it allocates nothing any more.
             if let Ok(mut meta) = self.write_meta() {
-                meta.meta_sm.unpin();
+                meta.unpin_committed_meta();
             }
         }
         let walked = walked?;
@@ -1243,7 +1243,7 @@ mod tests {
             // (where, without the pin, it would reuse the blocks of the
             // snapshot's nodes), or until metadata runs out: the blocks
             // freed during the walk stay pinned, so it may.
-            let cursor = || pool.meta.read().unwrap().meta_sm.cursor();
+            let cursor = || pool.meta.read().unwrap().cursor(SmKind::Meta);
             let start = cursor();
             let (mut passed_end, mut commits) = (false, 0);
             // New chunks of a new volume change space-map pages the
@@ -1282,8 +1282,8 @@ mod tests {
         pool.flush().unwrap();
         let meta = pool.meta.read().unwrap();
         assert_eq!(
-            meta.meta_sm.allocatable() + meta.meta_sm.used(),
-            meta.store.geo.meta_blocks()
+            meta.allocatable(SmKind::Meta) + meta.used(SmKind::Meta),
+            meta.geo().meta_blocks()
         );
         drop(meta);
         assert!(pool.check().unwrap().is_clean());

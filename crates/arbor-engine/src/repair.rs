@@ -35,13 +35,12 @@
 
 use std::sync::Arc;
 
-use arbor_format::{BlockRef, CommitRecord, SmKind, SmPage, SM_ENTRIES_PER_PAGE};
+use arbor_format::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 use arbor_io::BlockDevice;
-use zerocopy::little_endian::U64;
 
 use crate::check::count_references;
 use crate::error::{Error, Result};
-use crate::meta::{recover, unix_now, Meta};
+use crate::meta::{recover, Meta};
 use crate::pool::{read_superblock, OpenOptions};
 use crate::store::{Geometry, Store};
 
@@ -91,12 +90,12 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
         )));
     }
     let mut refs = volumes;
-    if !meta.queue_root.is_none() {
+    if !meta.queue_root().is_none() {
         let with_queue = count_references(&meta, true)?;
         match with_queue.damaged {
             None => refs = with_queue,
             Some(problems) => {
-                meta.queue_root = BlockRef::NONE;
+                meta.forget_queue();
                 actions.push(format!(
                     "dropped the damaged reclaim queue ({}); the space of deleted volumes is free now",
                     problems.join("; ")
@@ -104,12 +103,12 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
             }
         }
     }
-    let txn = meta.txn;
+    let txn = meta.txn();
     let meta_used = rewrite_map(&store, SmKind::Meta, &refs.meta, txn, &mut actions)?;
     let data_used = rewrite_map(&store, SmKind::Data, &refs.data, txn, &mut actions)?;
     for (kind, old, new) in [
-        ("metadata blocks", meta.meta_sm.used(), meta_used),
-        ("data chunks", meta.data_sm.used(), data_used),
+        ("metadata blocks", meta.used(SmKind::Meta), meta_used),
+        ("data chunks", meta.used(SmKind::Data), data_used),
     ] {
         if old != new {
             actions.push(format!(
@@ -123,11 +122,11 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
         .map(|(id, _)| id)
         .last()
         .map_or(1, |id| id + 1)
-        .max(meta.next_volume_id);
-    if next_id != meta.next_volume_id {
+        .max(meta.next_volume_id());
+    if next_id != meta.next_volume_id() {
         actions.push(format!(
             "next volume id raised from {} to {next_id}",
-            meta.next_volume_id
+            meta.next_volume_id()
         ));
     }
     if actions.is_empty() {
@@ -136,17 +135,7 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
             txn: txn - 1,
         });
     }
-    let mut record = CommitRecord::new_zeroed_record();
-    record.uuid = geo.uuid;
-    record.txn = U64::new(txn);
-    record.volumes_root = meta.volumes_root.into();
-    record.queue_root = meta.queue_root.into();
-    record.next_volume_id = U64::new(next_id);
-    record.next_queue_seq = U64::new(meta.next_queue_seq);
-    record.meta_used = U64::new(meta_used);
-    record.data_used = U64::new(data_used);
-    record.commit_unix_secs = U64::new(unix_now());
-    geo.layout().store(&mut record);
+    let mut record = meta.repair_record(meta_used, data_used, next_id);
     let no_pages: [SmPage; 0] = [];
     let journal = arbor_format::encode_journal(&mut record, version, &no_pages)
         .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;

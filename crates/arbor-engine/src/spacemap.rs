@@ -498,7 +498,7 @@ mod tests {
 
     /// The store of a fresh pool: every space-map page at home is all zeros.
     fn store() -> Arc<Store> {
-        fresh_meta().store
+        Arc::clone(fresh_meta().store())
     }
 
     /// A map over every data chunk of the test pool (three pages).

@@ -40,8 +40,16 @@ pub(crate) fn fresh_meta() -> Meta {
     ));
     let resume = recover(&store).expect("recover the last commit");
     let meta = Meta::resume(store, resume, open.dirty_node_limit).expect("resume");
-    assert_eq!(meta.meta_sm.used(), 0, "a fresh pool has no nodes");
-    assert_eq!(meta.data_sm.used(), 0, "a fresh pool has no data");
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Meta),
+        0,
+        "a fresh pool has no nodes"
+    );
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Data),
+        0,
+        "a fresh pool has no data"
+    );
     meta
 }
 
@@ -187,19 +195,19 @@ pub(crate) fn check_refs(meta: &Meta, roots: &[BlockRef], other_data: usize) -> 
         );
     }
     assert_eq!(
-        meta.meta_sm.used() as usize,
+        meta.used(arbor_format::SmKind::Meta) as usize,
         node_refs.len(),
         "metadata blocks in use vs. nodes reachable (a leak or a lost node)"
     );
     for (&chunk, &expected) in &data_refs {
         assert_eq!(
-            meta.data_sm.get(&meta.store, chunk).expect("data count"),
+            meta.data_count(chunk).expect("data count"),
             expected,
             "reference count of data chunk {chunk}"
         );
     }
     assert_eq!(
-        meta.data_sm.used() as usize,
+        meta.used(arbor_format::SmKind::Data) as usize,
         data_refs.len() + other_data,
         "data chunks in use vs. chunks referenced"
     );
@@ -228,8 +236,7 @@ pub(crate) fn drop_tree(meta: &mut Meta, r: BlockRef) {
         NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
             for i in 0..node.len() {
                 let v = decode_map_value(&node, i).expect("decode an extent");
-                meta.data_sm
-                    .dec_range(&meta.store, v.pchunk, u64::from(v.len))
+                meta.dec_data_range(v.pchunk, u64::from(v.len))
                     .expect("drop data references");
             }
         }

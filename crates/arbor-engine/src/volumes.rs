@@ -91,7 +91,7 @@ impl Meta {
     pub fn check_write_end(&self, id: u64, end: WriteEnd) -> Result<()> {
         let rec = self.writable_volume(id)?;
         let limit = if end.past_end {
-            let cs = self.store.geo.chunk_size;
+            let cs = self.geo().chunk_size;
             rec.size_bytes.div_ceil(cs) * cs
         } else {
             rec.size_bytes
@@ -123,13 +123,12 @@ impl Meta {
         parent: u64,
         mapped: u64,
     ) -> u64 {
-        let id = self.next_volume_id;
-        self.next_volume_id += 1;
+        let id = self.take_volume_id();
         let rec = VolumeRecord {
             root,
             size_bytes: size,
             parent,
-            created_txn: self.txn,
+            created_txn: self.txn(),
             created_unix_secs: unix_now(),
             mapped_chunks: mapped,
             kind,
@@ -161,26 +160,21 @@ impl Meta {
 
     /// Records that volume `id`'s tree is shared as of this transaction.
     fn note_shared(&mut self, id: u64) {
-        let txn = self.txn;
+        let txn = self.txn();
         self.table_mut().set_shared(id, txn);
     }
 
     /// The last transaction in which volume `id`'s tree was shared (a volume
     /// not shared since the pool opened: no later than the opening commit).
     fn last_shared_txn(&self, id: u64) -> u64 {
-        self.table().shared_txn(id).unwrap_or(self.opened_txn)
+        self.table().shared_txn(id).unwrap_or(self.opened_txn())
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.
     pub fn queue_drop(&mut self, root: BlockRef) -> Result<()> {
-        if root.is_none() {
-            return Ok(());
+        if !root.is_none() {
+            self.queue_push(root)?;
         }
-        let mut value = [0u8; BlockRef::ENCODED_LEN];
-        root.encode(&mut value);
-        let seq = self.next_queue_seq;
-        self.queue_root = self.tree_insert(self.queue_root, TreeKind::Queue, seq, &value)?;
-        self.next_queue_seq += 1;
         Ok(())
     }
 
@@ -192,13 +186,12 @@ impl Meta {
     /// redirect them and the held tree's data stays as it is.
     pub fn hold_tree(&mut self, id: u64) -> Result<HeldTree> {
         let rec = self.writable_volume(id)?.clone();
-        let seq = self.next_queue_seq;
         if !rec.root.is_none() {
             self.inc_node(rec.root)?;
-            self.queue_drop(rec.root)?;
+            let seq = self.queue_push(rec.root)?;
+            self.hold_queue_entry(seq);
         }
         self.note_shared(id);
-        self.hold_queue_entry(seq);
         Ok(HeldTree {
             id,
             root: rec.root,
@@ -335,7 +328,7 @@ impl Meta {
                 root = shadowed;
                 match previous {
                     Some(previous) => {
-                        self.data_sm.dec(&self.store, previous)?;
+                        self.dec_data(previous)?;
                     }
                     None => added += 1,
                 }
@@ -357,7 +350,7 @@ impl Meta {
     pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
         for plan in plans {
             if let ChunkPlan::Redirect { new, .. } = *plan {
-                self.data_sm.dec(&self.store, new)?;
+                self.dec_data(new)?;
             }
         }
         Ok(())
@@ -390,7 +383,7 @@ impl Meta {
         // "mapped after the last share" must never be claimed by a chunk a
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
-        if extent.gen != self.txn {
+        if extent.gen != self.txn() {
             let (shadowed, previous) = self.map_set_as(root, chunk, phys, extent.gen)?;
             debug_assert_eq!(previous, Some(phys));
             self.update_volume(id, |vol| vol.root = shadowed)?;
@@ -414,9 +407,9 @@ impl Meta {
         //   frees a volume whose snapshots are gone: a full pool commits
         //   and retries a write that found no space (`Pool::write`).
         let exclusive_since_durable =
-            self.data_sm.allocated_since_durable(phys) || written_since_shared || durable_at_start;
-        if self.data_sm.get(&self.store, phys)? == 1 && exclusive_since_durable {
-            if extent.gen != self.txn {
+            self.data_allocated_since_durable(phys) || written_since_shared || durable_at_start;
+        if self.data_count(phys)? == 1 && exclusive_since_durable {
+            if extent.gen != self.txn() {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;
                 let (root, _) = self.map_set(root, chunk, phys)?;
@@ -431,14 +424,10 @@ impl Meta {
     pub fn reclaim_step(&mut self, max_items: usize) -> Result<usize> {
         let mut done = 0;
         while done < max_items && !self.needs_commit() {
-            let Some((seq, value)) = self.tree_first(self.queue_root)? else {
+            let Some(root) = self.queue_pop()? else {
                 break;
             };
-            if self.held_queue_entry() == Some(seq) {
-                break;
-            }
-            self.queue_root = self.tree_remove(self.queue_root, seq)?.0;
-            self.drop_tree_ref(BlockRef::decode(&value))?;
+            self.drop_tree_ref(root)?;
             done += 1;
         }
         Ok(done)
@@ -469,8 +458,7 @@ impl Meta {
             arbor_format::NodeBody::Leaf(_) => {
                 for i in 0..node.len() {
                     let v = crate::meta::decode_map_value(&node, i)?;
-                    self.data_sm
-                        .dec_range(&self.store, v.pchunk, u64::from(v.len))?;
+                    self.dec_data_range(v.pchunk, u64::from(v.len))?;
                 }
             }
         }
@@ -478,6 +466,6 @@ impl Meta {
     }
 
     pub fn reclaim_pending(&self) -> bool {
-        !self.queue_root.is_none()
+        !self.queue_root().is_none()
     }
 }

@@ -668,8 +668,8 @@ mod split_tests {
             let (pool, a, model) = scattered_snapshotted();
             {
                 let mut meta = pool.meta.write().unwrap();
-                let free = meta.meta_sm.allocatable();
-                meta.meta_reserve = free.saturating_sub(allow);
+                let free = meta.allocatable(SmKind::Meta);
+                meta.set_meta_reserve(free.saturating_sub(allow));
             }
             let splits_before = pool.split_units.load(Ordering::Relaxed);
             let result = pool.write_zeroes(a, 0, A_CHUNKS * CS, true);
@@ -697,7 +697,7 @@ mod split_tests {
             let report = pool.check().unwrap();
             assert!(report.is_clean(), "allow {allow}: {:?}", report.problems);
             // The space is usable again once the reserve is back.
-            pool.meta.write().unwrap().meta_reserve = 64;
+            pool.meta.write().unwrap().set_meta_reserve(64);
             pool.write(a, 0, &[7; 4096]).unwrap();
             if succeeded >= 3 {
                 break;
