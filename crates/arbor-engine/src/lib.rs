@@ -5,15 +5,16 @@
 //! docs/ARCHITECTURE.md):
 //! * `store`: device, geometry, bounded caches of committed metadata;
 //! * `spacemap`: reference counts of metadata blocks and data chunks;
-//! * `meta`: the transaction (dirty nodes, allocation, shadowing, commit, recovery);
-//! * `btree`: copy-on-write B-trees with shared, reference-counted nodes;
+//! * `meta`: the transaction (dirty nodes, allocation, shadowing, commit,
+//!   recovery); its node API is private to it and to
+//! * `meta::btree`: copy-on-write B-trees with shared, reference-counted
+//!   nodes, the only layer that changes nodes;
 //! * `mapping`: a volume's chunk → extent map;
 //! * `volumes`: volume table, family tree, write planning, reclaim;
 //! * `diff`, `check`: tree comparison, exclusive space, full verification;
 //! * `repair`: offline rebuild of the space maps and superblock copies;
 //! * `pool`: the public, thread-safe API and the data path.
 
-mod btree;
 pub mod check;
 mod diff;
 mod error;

@@ -677,7 +677,7 @@ mod tests {
                     Op::Commit => meta.commit().unwrap(),
                     Op::Share => {
                         if shared.len() < 2 && !root.is_none() {
-                            meta.inc_node(root).unwrap();
+                            meta.tree_share(root).unwrap();
                             shared.push((root, model.clone()));
                         }
                     }

@@ -37,6 +37,8 @@ use crate::store::{CachedNode, Geometry, PreservedPages, Store};
 use crate::table::{TableSavepoint, VolumeTable};
 use crate::undo::{Mark, UndoLog};
 
+mod btree;
+
 /// A node as seen by a reader: borrowed from the transaction's dirty set or
 /// shared from the clean cache.
 pub(crate) enum NodeView<'a> {
@@ -548,7 +550,7 @@ impl Meta {
 
     // ---- node access -------------------------------------------------------
 
-    pub fn is_dirty(&self, r: BlockRef) -> bool {
+    fn is_dirty(&self, r: BlockRef) -> bool {
         r.txn == self.txn && self.dirty.contains_key(&r.block)
     }
 
@@ -568,7 +570,7 @@ impl Meta {
 
     /// Removes a dirty node from the dirty set so the caller can mutate it
     /// while also using `self`; it must be returned with [`Self::put_dirty`].
-    pub fn take_dirty(&mut self, r: BlockRef) -> Result<Node> {
+    fn take_dirty(&mut self, r: BlockRef) -> Result<Node> {
         let node = self
             .dirty
             .remove(&r.block)
@@ -577,7 +579,7 @@ impl Meta {
         Ok(node)
     }
 
-    pub fn put_dirty(&mut self, r: BlockRef, node: Node) {
+    fn put_dirty(&mut self, r: BlockRef, node: Node) {
         self.dirty.insert(r.block, node);
     }
 
@@ -622,7 +624,7 @@ impl Meta {
         self.meta_sm.get(&self.store, entry)
     }
 
-    pub fn alloc_node(&mut self, node: Node) -> Result<BlockRef> {
+    fn alloc_node(&mut self, node: Node) -> Result<BlockRef> {
         let reserve = match self.privilege {
             Privilege::Normal => self.meta_reserve,
             Privilege::Reserve => 0,
@@ -644,7 +646,7 @@ impl Meta {
         })
     }
 
-    pub fn inc_node(&mut self, r: BlockRef) -> Result<()> {
+    fn inc_node(&mut self, r: BlockRef) -> Result<()> {
         let entry = self.meta_entry(r.block)?;
         self.meta_sm.inc(&self.store, entry)
     }
@@ -652,7 +654,7 @@ impl Meta {
     /// Drops one reference to a node without touching its children (the caller
     /// either transfers the children's references or queues them). Returns the
     /// new count; a node at zero leaves the dirty set.
-    pub fn dec_node_shallow(&mut self, r: BlockRef) -> Result<u32> {
+    fn dec_node_shallow(&mut self, r: BlockRef) -> Result<u32> {
         let entry = self.meta_entry(r.block)?;
         let left = self.meta_sm.dec(&self.store, entry)?;
         if left == 0 {
@@ -690,7 +692,7 @@ impl Meta {
 
     /// Makes `r` writable in this transaction: returns a dirty node with a
     /// single reference holding the same entries (Rodeh's "shadowing").
-    pub fn shadow(&mut self, r: BlockRef) -> Result<BlockRef> {
+    fn shadow(&mut self, r: BlockRef) -> Result<BlockRef> {
         let count = self.meta_count(r.block)?;
         if self.is_dirty(r) && count == 1 {
             return Ok(r);

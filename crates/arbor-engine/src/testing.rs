@@ -75,7 +75,7 @@ impl Shape {
 }
 
 /// Walks the tree at `root` and panics unless it keeps the B-tree
-/// invariants documented in `btree.rs`: no node is empty or over capacity,
+/// invariants documented in `meta/btree.rs`: no node is empty or over capacity,
 /// keys are strictly increasing, every leaf key lies in the range its
 /// parents route to it, levels step down by one to the leaves at 0, and
 /// every node is of `kind`.
@@ -223,10 +223,9 @@ pub(crate) fn drop_tree(meta: &mut Meta, r: BlockRef) {
     if r.is_none() {
         return;
     }
-    let node = meta.node(r).expect("read a node").clone();
-    if meta.dec_node_shallow(r).expect("drop a node reference") > 0 {
+    let Some(node) = meta.tree_release(r).expect("drop a node reference") else {
         return;
-    }
+    };
     match &node.body {
         NodeBody::Internal(children) => {
             for &child in children {

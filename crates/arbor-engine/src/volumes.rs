@@ -143,7 +143,7 @@ impl Meta {
     pub fn share_volume(&mut self, source: u64, name: String, kind: VolumeKind) -> Result<u64> {
         let src = self.volume(source)?.clone();
         if !src.root.is_none() {
-            self.inc_node(src.root)?;
+            self.tree_share(src.root)?;
         }
         let id = self.add_volume(
             name,
@@ -187,7 +187,7 @@ impl Meta {
     pub fn hold_tree(&mut self, id: u64) -> Result<HeldTree> {
         let rec = self.writable_volume(id)?.clone();
         if !rec.root.is_none() {
-            self.inc_node(rec.root)?;
+            self.tree_share(rec.root)?;
             let seq = self.queue_push(rec.root)?;
             self.hold_queue_entry(seq);
         }
@@ -207,7 +207,7 @@ impl Meta {
             return Ok(());
         }
         if !held.root.is_none() {
-            self.inc_node(held.root)?;
+            self.tree_share(held.root)?;
         }
         let now = self.update_volume(held.id, |vol| {
             vol.mapped_chunks = held.mapped_chunks;
@@ -227,7 +227,7 @@ impl Meta {
     pub fn rollback_volume(&mut self, id: u64, snap: u64) -> Result<()> {
         let snap_rec = self.volume(snap)?.clone();
         if !snap_rec.root.is_none() {
-            self.inc_node(snap_rec.root)?;
+            self.tree_share(snap_rec.root)?;
         }
         let old_root = self.update_volume(id, |vol| {
             vol.size_bytes = snap_rec.size_bytes;
@@ -437,18 +437,15 @@ impl Meta {
     /// references is freed: its children's references go to the queue, its
     /// extents' data references are dropped.
     fn drop_tree_ref(&mut self, r: BlockRef) -> Result<()> {
-        if self.meta_count(r.block)? > 1 {
-            self.dec_node_shallow(r)?;
-            return Ok(());
-        }
-        let node = self.node(r)?.clone();
-        if node.tree != TreeKind::Mapping {
+        let kind = self.node(r)?.tree;
+        if kind != TreeKind::Mapping {
             return Err(Error::inconsistent(format!(
-                "reclaim queue names a {:?} node",
-                node.tree
+                "reclaim queue names a {kind:?} node"
             )));
         }
-        self.dec_node_shallow(r)?;
+        let Some(node) = self.tree_release(r)? else {
+            return Ok(());
+        };
         match &node.body {
             arbor_format::NodeBody::Internal(children) => {
                 for child in children {

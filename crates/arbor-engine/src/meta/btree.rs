@@ -93,6 +93,29 @@ pub(crate) struct Found {
 }
 
 impl Meta {
+    /// Adds a reference to the tree at `root` (a snapshot or clone shares
+    /// it; the empty tree needs none).
+    pub fn tree_share(&mut self, root: BlockRef) -> Result<()> {
+        if root.is_none() {
+            return Ok(());
+        }
+        self.inc_node(root)
+    }
+
+    /// Drops one reference to the node at `r`. If it was the last, the node
+    /// is freed and returned: the caller then owns one reference to each of
+    /// its children (internal) or to each of its values' data (mapping
+    /// leaf), and drops them.
+    pub fn tree_release(&mut self, r: BlockRef) -> Result<Option<Node>> {
+        if self.meta_count(r.block)? > 1 {
+            self.dec_node_shallow(r)?;
+            return Ok(None);
+        }
+        let node = self.node(r)?.clone();
+        self.dec_node_shallow(r)?;
+        Ok(Some(node))
+    }
+
     /// The entry with the greatest key ≤ `key` *within the leaf whose range
     /// holds `key`* (an entry in an earlier leaf is not returned: mapping
     /// extents never cross their leaf's upper bound, so it cannot cover `key`).
