@@ -126,6 +126,11 @@ pub(crate) struct Savepoint {
     nodes: Mark,
 }
 
+/// An open atomic step ([`Meta::begin_step`]); ended only by
+/// [`Meta::end_step`].
+#[must_use = "a step must be ended with Meta::end_step"]
+pub(crate) struct Step(Savepoint);
+
 /// A frozen transaction: everything the writes of phase B need.
 pub(crate) struct CommitJob {
     txn: u64,
@@ -460,9 +465,25 @@ impl Meta {
         privilege: Privilege,
         f: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
+        let step = self.begin_step(privilege);
+        let result = f(self);
+        self.end_step(step, result)
+    }
+
+    /// Opens an atomic step (see [`Self::atomic`]), for a layer above that
+    /// runs its own closure over itself; it must pass the step and the
+    /// step's result to [`Self::end_step`].
+    pub fn begin_step(&mut self, privilege: Privilege) -> Step {
         let sp = self.savepoint();
         self.privilege = privilege;
-        let result = f(self);
+        Step(sp)
+    }
+
+    /// Ends a step opened by [`Self::begin_step`]: keeps its changes if
+    /// `result` is a success that fits the journal, undoes them all
+    /// otherwise.
+    pub fn end_step<T>(&mut self, step: Step, result: Result<T>) -> Result<T> {
+        let Step(sp) = step;
         let result = match result {
             Ok(_) if self.journal_pages_needed() > self.store.geo.journal_pages => {
                 Err(Error::TransactionFull)

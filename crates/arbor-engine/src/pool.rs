@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::store::{Geometry, PreservedPages, Store};
+use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
 
 mod grow;
@@ -157,7 +158,7 @@ pub struct MapRun {
 
 pub struct Pool {
     store: Arc<Store>,
-    meta: RwLock<Meta>,
+    meta: RwLock<Volumes>,
     gate: RwLock<()>,
     commit_lock: Mutex<()>,
     /// One growth or upgrade at a time (held across a growth's device
@@ -362,7 +363,7 @@ impl Pool {
     fn from_parts(store: Arc<Store>, meta: Meta) -> Self {
         Self {
             store,
-            meta: RwLock::new(meta),
+            meta: RwLock::new(Volumes::new(meta)),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
             grow_lock: Mutex::new(()),
@@ -415,14 +416,14 @@ impl Pool {
         }
     }
 
-    fn read_meta(&self) -> Result<RwLockReadGuard<'_, Meta>> {
+    fn read_meta(&self) -> Result<RwLockReadGuard<'_, Volumes>> {
         self.check_failed()?;
         self.meta
             .read()
             .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
     }
 
-    fn write_meta(&self) -> Result<RwLockWriteGuard<'_, Meta>> {
+    fn write_meta(&self) -> Result<RwLockWriteGuard<'_, Volumes>> {
         self.check_failed()?;
         self.meta
             .write()
@@ -450,9 +451,9 @@ impl Pool {
     /// change and leave it running.
     fn mutate<T>(
         &self,
-        meta: &mut Meta,
+        meta: &mut Volumes,
         privilege: Privilege,
-        f: impl FnOnce(&mut Meta) -> Result<T>,
+        f: impl FnOnce(&mut Volumes) -> Result<T>,
     ) -> Result<T> {
         let result = meta.atomic(privilege, f);
         if let Err(e) = &result {
@@ -470,7 +471,7 @@ impl Pool {
     fn manage<T>(
         &self,
         privilege: Privilege,
-        mut f: impl FnMut(&mut Meta) -> Result<T>,
+        mut f: impl FnMut(&mut Volumes) -> Result<T>,
     ) -> Result<T> {
         let _commit = lock_mutex(&self.commit_lock);
         let mut committed = false;
@@ -481,7 +482,7 @@ impl Pool {
                 // The operation's records are stored in its own step, with
                 // its privilege: an operation that may not use the reserve
                 // must not make the commit use it either.
-                let step = |m: &mut Meta| {
+                let step = |m: &mut Volumes| {
                     let value = f(m)?;
                     m.store_table()?;
                     Ok(value)
@@ -507,8 +508,8 @@ impl Pool {
 
     /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
     /// `None` when the transaction has no changes.
-    fn freeze(&self, meta: &mut Meta) -> Result<Option<CommitJob>> {
-        if !meta.has_changes() {
+    fn freeze(&self, meta: &mut Volumes) -> Result<Option<CommitJob>> {
+        if !meta.meta().has_changes() {
             return Ok(None);
         }
         // Not through `mutate`: phase A is not a step of an operation (it
@@ -569,7 +570,7 @@ impl Pool {
             let meta = self.read_meta()?;
             (
                 meta.reclaim_pending(),
-                meta.awaiting_commit() || !meta.matches_durable(),
+                meta.meta().awaiting_commit() || !meta.meta().matches_durable(),
             )
         };
         if pending && self.reclaim(RECLAIM_NODES)? > 0 {
@@ -582,7 +583,7 @@ impl Pool {
     }
 
     fn commit_if_needed(&self) -> Result<()> {
-        if self.read_meta()?.needs_commit() {
+        if self.read_meta()?.meta().needs_commit() {
             self.flush()?;
         }
         Ok(())
@@ -672,6 +673,7 @@ impl Pool {
                     check_volume_name(to)?;
                     let prefix = format!("{from}@");
                     let snapshots: Vec<(u64, String)> = m
+                        .meta()
                         .table()
                         .iter()
                         .filter(|(_, r)| {
@@ -742,7 +744,7 @@ impl Pool {
             }
             m.set_volume_size(id, new_size)?;
             if new_size < old_size {
-                let chunk = m.geo().chunk_size;
+                let chunk = m.meta().geo().chunk_size;
                 m.unmap_chunks(id, new_size.div_ceil(chunk), old_size.div_ceil(chunk))?;
             }
             Ok(())
@@ -778,6 +780,7 @@ impl Pool {
         let meta = self.read_meta()?;
         let chunk = self.chunk_size();
         let mut all: Vec<VolumeInfo> = meta
+            .meta()
             .table()
             .iter()
             .map(|(id, r)| volume_info(id, r, chunk))
@@ -789,7 +792,7 @@ impl Pool {
     // ---- data path ---------------------------------------------------------------
 
     /// Checks an I/O request against the volume and returns the volume size.
-    fn check_io(meta: &Meta, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
+    fn check_io(meta: &Volumes, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
         let rec = if write {
             meta.writable_volume(id.0)?
         } else {
@@ -810,8 +813,8 @@ impl Pool {
     }
 
     /// Splits `[offset, offset + len)` into mapped and unmapped pieces.
-    fn resolve(meta: &Meta, id: VolumeId, offset: u64, len: u64) -> Result<Vec<Piece>> {
-        let geo = meta.geo();
+    fn resolve(meta: &Volumes, id: VolumeId, offset: u64, len: u64) -> Result<Vec<Piece>> {
+        let geo = meta.meta().geo();
         let cs = geo.chunk_size;
         let root = meta.volume(id.0)?.root;
         let end = offset + len;
@@ -831,30 +834,31 @@ impl Pool {
             }
             pieces.push(piece);
         };
-        meta.map_extents(root, offset / cs, end.div_ceil(cs), &mut |e| {
-            let lo = (e.start * cs).max(pos);
-            let hi = (e.end() * cs).min(end);
-            if lo > pos {
-                push(Piece {
-                    len: lo - pos,
-                    source: None,
-                });
-            }
-            // An extent's chunks are contiguous on the device within a
-            // region only: a piece ends where the region does.
-            let mut lo = lo;
-            while lo < hi {
-                let (device, run) = geo.chunk_run(e.pchunk + (lo / cs - e.start));
-                let piece = (run * cs - lo % cs).min(hi - lo);
-                push(Piece {
-                    len: piece,
-                    source: Some(device + lo % cs),
-                });
-                lo += piece;
-            }
-            pos = pos.max(hi);
-            Ok(pos < end)
-        })?;
+        meta.meta()
+            .map_extents(root, offset / cs, end.div_ceil(cs), &mut |e| {
+                let lo = (e.start * cs).max(pos);
+                let hi = (e.end() * cs).min(end);
+                if lo > pos {
+                    push(Piece {
+                        len: lo - pos,
+                        source: None,
+                    });
+                }
+                // An extent's chunks are contiguous on the device within a
+                // region only: a piece ends where the region does.
+                let mut lo = lo;
+                while lo < hi {
+                    let (device, run) = geo.chunk_run(e.pchunk + (lo / cs - e.start));
+                    let piece = (run * cs - lo % cs).min(hi - lo);
+                    push(Piece {
+                        len: piece,
+                        source: Some(device + lo % cs),
+                    });
+                    lo += piece;
+                }
+                pos = pos.max(hi);
+                Ok(pos < end)
+            })?;
         if pos < end {
             push(Piece {
                 len: end - pos,
@@ -982,6 +986,7 @@ impl Pool {
         let meta = self.read_meta()?;
         let geo = &self.store.geo;
         let snapshots = meta
+            .meta()
             .table()
             .iter()
             .filter(|(_, r)| r.kind == VolumeKind::Snapshot)
@@ -990,13 +995,13 @@ impl Pool {
             pool_bytes: geo.pool_bytes(),
             chunk_size: geo.chunk_size,
             data_bytes: geo.data_chunks() * geo.chunk_size,
-            data_used_bytes: meta.used(SmKind::Data) * geo.chunk_size,
+            data_used_bytes: meta.meta().used(SmKind::Data) * geo.chunk_size,
             metadata_bytes: geo.meta_blocks() * BLOCK_SIZE_U64,
-            metadata_used_bytes: meta.used(SmKind::Meta) * BLOCK_SIZE_U64,
-            volumes: meta.table().len() as u64 - snapshots,
+            metadata_used_bytes: meta.meta().used(SmKind::Meta) * BLOCK_SIZE_U64,
+            volumes: meta.meta().table().len() as u64 - snapshots,
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
-            txn: meta.txn() - 1,
+            txn: meta.meta().txn() - 1,
         })
     }
 
@@ -1004,7 +1009,7 @@ impl Pool {
         let meta = self.read_meta()?;
         let rec = meta.volume(id.0)?;
         let cs = self.chunk_size();
-        let exclusive = meta.exclusive_chunks(rec.root)?;
+        let exclusive = meta.meta().exclusive_chunks(rec.root)?;
         Ok(VolumeStats {
             logical_bytes: rec.size_bytes,
             // The record's counter is only checked by `check`: a damaged one
@@ -1026,7 +1031,7 @@ impl Pool {
         let (ra, rb) = (va.root, vb.root);
         let cs = self.chunk_size();
         let mut chunks: Vec<(u64, u64)> = Vec::new();
-        meta.diff_trees(ra, rb, &mut |from, to| {
+        meta.meta().diff_trees(ra, rb, &mut |from, to| {
             chunks.push((from, to));
             Ok(())
         })?;
@@ -1055,7 +1060,8 @@ impl Pool {
         let meta = self.read_meta()?;
         let root = meta.volume(id.0)?.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
-        meta.changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
+        meta.meta()
+            .changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
         Ok(ranges.0)
     }
 
@@ -1068,7 +1074,7 @@ impl Pool {
         let geo = &self.store.geo;
         let mut blocks = Vec::new();
         for entry in 0..geo.meta_blocks() {
-            if meta.meta_count_entry(entry)? > 0 {
+            if meta.meta().meta_count_entry(entry)? > 0 {
                 blocks.extend(geo.meta_block(entry));
             }
         }
@@ -1091,7 +1097,7 @@ impl Pool {
         let (state, mut report) = {
             let _commit = lock_mutex(&self.commit_lock);
             let mut meta = self.write_meta()?;
-            let state = crate::check::Committed::capture(&meta)?;
+            let state = crate::check::Committed::capture(meta.meta())?;
             let report = crate::check::journal_and_superblocks(&self.store, state.txn())?;
             meta.pin_committed_meta();
             *lock_mutex(&self.check_pages) = Some(state.preserved());
@@ -1202,10 +1208,16 @@ mod tests {
         let v = pool.create_volume("v", 1 << 20).unwrap();
         pool.write(v, 0, &[1; 4096]).unwrap();
         pool.flush().unwrap();
-        assert_eq!(pool.meta.read().unwrap().privilege(), Privilege::Normal);
+        assert_eq!(
+            pool.meta.read().unwrap().meta().privilege(),
+            Privilege::Normal
+        );
         pool.delete("v").unwrap();
         pool.reclaim(100).unwrap();
-        assert_eq!(pool.meta.read().unwrap().privilege(), Privilege::Normal);
+        assert_eq!(
+            pool.meta.read().unwrap().meta().privilege(),
+            Privilege::Normal
+        );
     }
 
     /// A check walks the commit it captured while later commits run: they
@@ -1243,7 +1255,7 @@ mod tests {
             // (where, without the pin, it would reuse the blocks of the
             // snapshot's nodes), or until metadata runs out: the blocks
             // freed during the walk stay pinned, so it may.
-            let cursor = || pool.meta.read().unwrap().cursor(SmKind::Meta);
+            let cursor = || pool.meta.read().unwrap().meta().cursor(SmKind::Meta);
             let start = cursor();
             let (mut passed_end, mut commits) = (false, 0);
             // New chunks of a new volume change space-map pages the
@@ -1282,8 +1294,8 @@ mod tests {
         pool.flush().unwrap();
         let meta = pool.meta.read().unwrap();
         assert_eq!(
-            meta.allocatable(SmKind::Meta) + meta.used(SmKind::Meta),
-            meta.geo().meta_blocks()
+            meta.meta().allocatable(SmKind::Meta) + meta.meta().used(SmKind::Meta),
+            meta.meta().geo().meta_blocks()
         );
         drop(meta);
         assert!(pool.check().unwrap().is_clean());

@@ -1,11 +1,20 @@
-//! Volume-level operations inside a transaction: the volume table, the
-//! family tree (snapshot, clone, rollback, delete) and the write plan of the
-//! data path. Everything here runs under the pool's metadata write lock.
+//! The volume layer: the volume table, the family tree (snapshot, clone,
+//! rollback, delete), the write plan of the data path and reclaim, over
+//! the mapping trees and the transaction. [`Volumes`] owns the transaction:
+//! the pool reads it through [`Volumes::meta`] and changes it only through
+//! this layer's operations, each inside an atomic step
+//! ([`Volumes::atomic`]). Everything here runs under the pool's metadata
+//! lock.
 
-use arbor_format::{BlockRef, TreeKind, VolumeKind, VolumeRecord};
+use arbor_format::{BlockRef, Layout, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
-use crate::meta::{unix_now, Meta};
+use crate::meta::{unix_now, CommitJob, Meta, Privilege};
+
+/// The volume layer over the open transaction (see the module comment).
+pub(crate) struct Volumes {
+    meta: Meta,
+}
 
 /// What an atomic write does to one chunk, decided in its planning step
 /// (see `Pool::apply` in `pool/write.rs`).
@@ -60,15 +69,79 @@ pub(crate) enum InPlaceCheck {
     No { mapped: Option<u64> },
 }
 
-impl Meta {
+impl Volumes {
+    pub fn new(meta: Meta) -> Self {
+        Self { meta }
+    }
+
+    /// The transaction, to read (lookups, statistics, a check's capture).
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Runs `f` as one atomic step of the open transaction (see
+    /// [`Meta::atomic`]): if it fails, the volume layer and everything
+    /// below are exactly as before the call.
+    pub fn atomic<T>(
+        &mut self,
+        privilege: Privilege,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        let step = self.meta.begin_step(privilege);
+        let result = f(self);
+        self.meta.end_step(step, result)
+    }
+
+    /// Writes the changed volume records into the volume table's tree
+    /// ([`Meta::store_table`]).
+    pub fn store_table(&mut self) -> Result<()> {
+        self.meta.store_table()
+    }
+
+    /// Phase A of a commit ([`Meta::begin_commit`]).
+    pub fn begin_commit(&mut self) -> Result<CommitJob> {
+        self.meta.begin_commit()
+    }
+
+    /// Phase C of a commit ([`Meta::finish_commit`]).
+    pub fn finish_commit(&mut self, job: CommitJob) {
+        self.meta.finish_commit(job)
+    }
+
+    /// Takes on a grown region ([`Meta::grow`]).
+    pub fn grow(&mut self, layout: Layout) -> Result<()> {
+        self.meta.grow(layout)
+    }
+
+    /// See [`Meta::pin_committed_meta`].
+    pub fn pin_committed_meta(&mut self) {
+        self.meta.pin_committed_meta()
+    }
+
+    pub fn unpin_committed_meta(&mut self) {
+        self.meta.unpin_committed_meta()
+    }
+
+    /// Ends a [`Self::hold_tree`] whatever [`Self::release_tree`] did.
+    pub fn unhold_tree(&mut self) {
+        self.meta.unhold_tree()
+    }
+
+    #[cfg(test)]
+    pub fn set_meta_reserve(&mut self, blocks: u64) {
+        self.meta.set_meta_reserve(blocks)
+    }
+
     pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
-        self.table()
+        self.meta
+            .table()
             .get(id)
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u64> {
-        self.table()
+        self.meta
+            .table()
             .id_of(name)
             .ok_or_else(|| Error::NotFound(name.to_owned()))
     }
@@ -83,7 +156,7 @@ impl Meta {
 
     /// Changes volume `id`'s record (logged, so a failed step undoes it).
     fn update_volume<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
-        self.table_mut().update(id, f)
+        self.meta.table_mut().update(id, f)
     }
 
     /// Fails unless volume `id` is writable and a write ending at `end`
@@ -91,7 +164,7 @@ impl Meta {
     pub fn check_write_end(&self, id: u64, end: WriteEnd) -> Result<()> {
         let rec = self.writable_volume(id)?;
         let limit = if end.past_end {
-            let cs = self.geo().chunk_size;
+            let cs = self.meta.geo().chunk_size;
             rec.size_bytes.div_ceil(cs) * cs
         } else {
             rec.size_bytes
@@ -106,7 +179,7 @@ impl Meta {
     }
 
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
-        if self.table().id_of(name).is_some() {
+        if self.meta.table().id_of(name).is_some() {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
         Ok(())
@@ -123,18 +196,18 @@ impl Meta {
         parent: u64,
         mapped: u64,
     ) -> u64 {
-        let id = self.take_volume_id();
+        let id = self.meta.take_volume_id();
         let rec = VolumeRecord {
             root,
             size_bytes: size,
             parent,
-            created_txn: self.txn(),
+            created_txn: self.meta.txn(),
             created_unix_secs: unix_now(),
             mapped_chunks: mapped,
             kind,
             name,
         };
-        self.table_mut().insert(id, rec);
+        self.meta.table_mut().insert(id, rec);
         id
     }
 
@@ -143,7 +216,7 @@ impl Meta {
     pub fn share_volume(&mut self, source: u64, name: String, kind: VolumeKind) -> Result<u64> {
         let src = self.volume(source)?.clone();
         if !src.root.is_none() {
-            self.tree_share(src.root)?;
+            self.meta.tree_share(src.root)?;
         }
         let id = self.add_volume(
             name,
@@ -160,20 +233,23 @@ impl Meta {
 
     /// Records that volume `id`'s tree is shared as of this transaction.
     fn note_shared(&mut self, id: u64) {
-        let txn = self.txn();
-        self.table_mut().set_shared(id, txn);
+        let txn = self.meta.txn();
+        self.meta.table_mut().set_shared(id, txn);
     }
 
     /// The last transaction in which volume `id`'s tree was shared (a volume
     /// not shared since the pool opened: no later than the opening commit).
     fn last_shared_txn(&self, id: u64) -> u64 {
-        self.table().shared_txn(id).unwrap_or(self.opened_txn())
+        self.meta
+            .table()
+            .shared_txn(id)
+            .unwrap_or(self.meta.opened_txn())
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.
     pub fn queue_drop(&mut self, root: BlockRef) -> Result<()> {
         if !root.is_none() {
-            self.queue_push(root)?;
+            self.meta.queue_push(root)?;
         }
         Ok(())
     }
@@ -187,9 +263,9 @@ impl Meta {
     pub fn hold_tree(&mut self, id: u64) -> Result<HeldTree> {
         let rec = self.writable_volume(id)?.clone();
         if !rec.root.is_none() {
-            self.tree_share(rec.root)?;
-            let seq = self.queue_push(rec.root)?;
-            self.hold_queue_entry(seq);
+            self.meta.tree_share(rec.root)?;
+            let seq = self.meta.queue_push(rec.root)?;
+            self.meta.hold_queue_entry(seq);
         }
         self.note_shared(id);
         Ok(HeldTree {
@@ -207,7 +283,7 @@ impl Meta {
             return Ok(());
         }
         if !held.root.is_none() {
-            self.tree_share(held.root)?;
+            self.meta.tree_share(held.root)?;
         }
         let now = self.update_volume(held.id, |vol| {
             vol.mapped_chunks = held.mapped_chunks;
@@ -218,7 +294,7 @@ impl Meta {
     }
 
     pub fn delete_volume(&mut self, id: u64) -> Result<()> {
-        let rec = self.table_mut().remove(id)?;
+        let rec = self.meta.table_mut().remove(id)?;
         self.queue_drop(rec.root)
     }
 
@@ -227,7 +303,7 @@ impl Meta {
     pub fn rollback_volume(&mut self, id: u64, snap: u64) -> Result<()> {
         let snap_rec = self.volume(snap)?.clone();
         if !snap_rec.root.is_none() {
-            self.tree_share(snap_rec.root)?;
+            self.meta.tree_share(snap_rec.root)?;
         }
         let old_root = self.update_volume(id, |vol| {
             vol.size_bytes = snap_rec.size_bytes;
@@ -239,7 +315,7 @@ impl Meta {
     }
 
     pub fn rename_volume(&mut self, id: u64, new_name: String) -> Result<()> {
-        self.table_mut().rename(id, new_name)
+        self.meta.table_mut().rename(id, new_name)
     }
 
     pub fn set_volume_size(&mut self, id: u64, size: u64) -> Result<()> {
@@ -251,7 +327,7 @@ impl Meta {
     /// the reclaim queue, whose background steps drop their data.
     pub fn unmap_chunks(&mut self, id: u64, from: u64, to: u64) -> Result<()> {
         let root = self.volume(id)?.root;
-        let (root, unmapped, detached) = self.map_discard(root, from, to)?;
+        let (root, unmapped, detached) = self.meta.map_discard(root, from, to)?;
         for subtree in detached {
             self.queue_drop(subtree)?;
         }
@@ -275,7 +351,7 @@ impl Meta {
         // the changes this step makes before a later chunk's check (shadowing
         // this volume's paths, allocating fresh chunks) only add references,
         // so that check may still rely on it (see `try_in_place`).
-        let durable_at_start = self.matches_durable();
+        let durable_at_start = self.meta.matches_durable();
         let mut plans = Vec::with_capacity(wanted.len());
         for w in wanted {
             let plan = match self.try_in_place(id, w.chunk, end, durable_at_start)? {
@@ -283,7 +359,7 @@ impl Meta {
                 InPlaceCheck::No { mapped: None } if w.only_if_mapped => ChunkPlan::Skip,
                 InPlaceCheck::No { mapped } => ChunkPlan::Redirect {
                     old: mapped,
-                    new: self.alloc_data()?,
+                    new: self.meta.alloc_data()?,
                 },
             };
             plans.push(plan);
@@ -310,6 +386,7 @@ impl Meta {
         for (w, plan) in wanted.iter().zip(plans) {
             if let ChunkPlan::Redirect { old, .. } = *plan {
                 let current = self
+                    .meta
                     .map_lookup(root, w.chunk)?
                     .map(|(e, _)| e.phys(w.chunk));
                 if current != old {
@@ -324,11 +401,11 @@ impl Meta {
         let mut added = 0u64;
         for (w, plan) in wanted.iter().zip(plans) {
             if let ChunkPlan::Redirect { new, .. } = *plan {
-                let (shadowed, previous) = self.map_set(root, w.chunk, new)?;
+                let (shadowed, previous) = self.meta.map_set(root, w.chunk, new)?;
                 root = shadowed;
                 match previous {
                     Some(previous) => {
-                        self.dec_data(previous)?;
+                        self.meta.dec_data(previous)?;
                     }
                     None => added += 1,
                 }
@@ -350,7 +427,7 @@ impl Meta {
     pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
         for plan in plans {
             if let ChunkPlan::Redirect { new, .. } = *plan {
-                self.dec_data(new)?;
+                self.meta.dec_data(new)?;
             }
         }
         Ok(())
@@ -370,7 +447,7 @@ impl Meta {
     ) -> Result<InPlaceCheck> {
         self.check_write_end(id, end)?;
         let root = self.writable_volume(id)?.root;
-        let Some((extent, _)) = self.map_lookup(root, chunk)? else {
+        let Some((extent, _)) = self.meta.map_lookup(root, chunk)? else {
             return Ok(InPlaceCheck::No { mapped: None });
         };
         let phys = extent.phys(chunk);
@@ -383,8 +460,8 @@ impl Meta {
         // "mapped after the last share" must never be claimed by a chunk a
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
-        if extent.gen != self.txn() {
-            let (shadowed, previous) = self.map_set_as(root, chunk, phys, extent.gen)?;
+        if extent.gen != self.meta.txn() {
+            let (shadowed, previous) = self.meta.map_set_as(root, chunk, phys, extent.gen)?;
             debug_assert_eq!(previous, Some(phys));
             self.update_volume(id, |vol| vol.root = shadowed)?;
         }
@@ -406,13 +483,14 @@ impl Meta {
         //   were this volume's alone in the durable state too. This is what
         //   frees a volume whose snapshots are gone: a full pool commits
         //   and retries a write that found no space (`Pool::write`).
-        let exclusive_since_durable =
-            self.data_allocated_since_durable(phys) || written_since_shared || durable_at_start;
-        if self.data_count(phys)? == 1 && exclusive_since_durable {
-            if extent.gen != self.txn() {
+        let exclusive_since_durable = self.meta.data_allocated_since_durable(phys)
+            || written_since_shared
+            || durable_at_start;
+        if self.meta.data_count(phys)? == 1 && exclusive_since_durable {
+            if extent.gen != self.meta.txn() {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;
-                let (root, _) = self.map_set(root, chunk, phys)?;
+                let (root, _) = self.meta.map_set(root, chunk, phys)?;
                 self.update_volume(id, |vol| vol.root = root)?;
             }
             return Ok(InPlaceCheck::Yes(phys));
@@ -423,8 +501,8 @@ impl Meta {
     /// Processes up to `max_items` reclaim-queue entries; returns how many.
     pub fn reclaim_step(&mut self, max_items: usize) -> Result<usize> {
         let mut done = 0;
-        while done < max_items && !self.needs_commit() {
-            let Some(root) = self.queue_pop()? else {
+        while done < max_items && !self.meta.needs_commit() {
+            let Some(root) = self.meta.queue_pop()? else {
                 break;
             };
             self.drop_tree_ref(root)?;
@@ -437,13 +515,13 @@ impl Meta {
     /// references is freed: its children's references go to the queue, its
     /// extents' data references are dropped.
     fn drop_tree_ref(&mut self, r: BlockRef) -> Result<()> {
-        let kind = self.node(r)?.tree;
+        let kind = self.meta.node(r)?.tree;
         if kind != TreeKind::Mapping {
             return Err(Error::inconsistent(format!(
                 "reclaim queue names a {kind:?} node"
             )));
         }
-        let Some(node) = self.tree_release(r)? else {
+        let Some(node) = self.meta.tree_release(r)? else {
             return Ok(());
         };
         match &node.body {
@@ -455,7 +533,7 @@ impl Meta {
             arbor_format::NodeBody::Leaf(_) => {
                 for i in 0..node.len() {
                     let v = crate::meta::decode_map_value(&node, i)?;
-                    self.dec_data_range(v.pchunk, u64::from(v.len))?;
+                    self.meta.dec_data_range(v.pchunk, u64::from(v.len))?;
                 }
             }
         }
@@ -463,6 +541,6 @@ impl Meta {
     }
 
     pub fn reclaim_pending(&self) -> bool {
-        !self.queue_root().is_none()
+        !self.meta.queue_root().is_none()
     }
 }

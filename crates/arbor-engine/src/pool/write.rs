@@ -277,7 +277,7 @@ impl Pool {
             match self.attempt_locked(unit) {
                 Ok(()) => return Ok(()),
                 // Earlier pieces filled the transaction: commit them.
-                Err(Error::TransactionFull) if self.read_meta()?.has_changes() => {
+                Err(Error::TransactionFull) if self.read_meta()?.meta().has_changes() => {
                     self.commit_held()?
                 }
                 Err(Error::TransactionFull) => {
@@ -290,7 +290,7 @@ impl Pool {
                 // Entries the earlier pieces freed are allocatable once
                 // committed.
                 Err(Error::NoSpace | Error::MetadataFull)
-                    if !committed_for_space && self.read_meta()?.awaiting_commit() =>
+                    if !committed_for_space && self.read_meta()?.meta().awaiting_commit() =>
                 {
                     committed_for_space = true;
                     self.commit_held()?;
@@ -668,7 +668,7 @@ mod split_tests {
             let (pool, a, model) = scattered_snapshotted();
             {
                 let mut meta = pool.meta.write().unwrap();
-                let free = meta.allocatable(SmKind::Meta);
+                let free = meta.meta().allocatable(SmKind::Meta);
                 meta.set_meta_reserve(free.saturating_sub(allow));
             }
             let splits_before = pool.split_units.load(Ordering::Relaxed);
