@@ -15,6 +15,7 @@ use arbor_format::{
 use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::store::{PreservedPages, Store};
+use crate::table::VolumeTable;
 
 /// One committed state of the pool, captured in a moment so that it can be
 /// walked while I/O and later commits go on: nodes are read from the device
@@ -42,7 +43,9 @@ pub(crate) struct Committed {
 
 impl Committed {
     /// The last commit of `meta`, which must have no commit in flight.
-    pub fn capture(meta: &Meta) -> Result<Self> {
+    /// `memory`: the volume table in memory, if it has not changed since
+    /// that commit (the walk compares the two).
+    pub fn capture(meta: &Meta, memory: Option<&VolumeTable>) -> Result<Self> {
         if meta.commit_in_flight() {
             return Err(Error::inconsistent("check during a commit"));
         }
@@ -68,8 +71,7 @@ impl Committed {
             meta_entries: meta.entries(SmKind::Meta),
             data_entries: meta.entries(SmKind::Data),
             pages: Arc::new(pages),
-            memory: (!meta.has_changes())
-                .then(|| meta.table().iter().map(|(id, r)| (id, r.clone())).collect()),
+            memory: memory.map(|table| table.iter().map(|(id, r)| (id, r.clone())).collect()),
         })
     }
 
@@ -366,7 +368,7 @@ pub(crate) fn journal_and_superblocks(store: &Store, txn: u64) -> Result<CheckRe
 /// `queue` false, the reclaim queue and the trees it holds are left out, as
 /// if the queue were empty.
 pub(crate) fn count_references(meta: &Meta, queue: bool) -> Result<References> {
-    let state = Committed::capture(meta)?;
+    let state = Committed::capture(meta, None)?;
     let mut w = walk_trees(&state, queue)?;
     Ok(References {
         damaged: w.damaged.then(|| std::mem::take(&mut w.report.problems)),

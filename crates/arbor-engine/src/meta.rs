@@ -26,7 +26,6 @@ use std::sync::Arc;
 
 use arbor_format::{
     BlockRef, CommitRecord, Layout, MapValue, Node, NodeBody, SmKind, SmPage, TreeKind,
-    VolumeRecord,
 };
 use tracing::warn;
 use zerocopy::little_endian::U64;
@@ -34,7 +33,6 @@ use zerocopy::little_endian::U64;
 use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
 use crate::store::{CachedNode, Geometry, PreservedPages, Store};
-use crate::table::{TableSavepoint, VolumeTable};
 use crate::undo::{Mark, UndoLog};
 
 mod btree;
@@ -75,13 +73,9 @@ pub(crate) struct Meta {
     inflight_nodes: HashMap<u64, Arc<CachedNode>>,
     meta_sm: SpaceMap,
     data_sm: SpaceMap,
-    volumes_root: BlockRef,
     queue_root: BlockRef,
-    next_volume_id: u64,
     next_queue_seq: u64,
-    /// The volume records, names and share times of the open transaction.
-    table: VolumeTable,
-    /// Who the running step allocates for (set by [`Meta::atomic`] only).
+    /// Who the running step allocates for (set by [`Volumes::atomic`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
     meta_reserve: u64,
@@ -113,17 +107,31 @@ enum NodeUndo {
     Held(u64, Node),
 }
 
-/// Everything a rollback needs to restore the transaction (see [`Meta::atomic`]).
+/// Everything a rollback needs to restore the transaction (see [`Volumes::atomic`]).
 pub(crate) struct Savepoint {
-    volumes_root: BlockRef,
     queue_root: BlockRef,
-    next_volume_id: u64,
     next_queue_seq: u64,
     privilege: Privilege,
     meta_sm: SmSavepoint,
     data_sm: SmSavepoint,
-    table: TableSavepoint,
     nodes: Mark,
+}
+
+/// What a commit record says of the volume layer: its table's tree and the
+/// next volume id.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VolumeRoots {
+    pub root: BlockRef,
+    pub next_id: u64,
+}
+
+impl VolumeRoots {
+    pub fn of(record: &CommitRecord) -> Self {
+        Self {
+            root: record.volumes_root.into(),
+            next_id: record.next_volume_id.get(),
+        }
+    }
 }
 
 /// An open atomic step ([`Meta::begin_step`]); ended only by
@@ -210,18 +218,15 @@ impl Meta {
             rec.data_cursor.get(),
         )?;
         let meta_reserve = meta_reserve(geo.meta_blocks());
-        let mut meta = Self {
+        Ok(Self {
             store,
             txn: rec.txn.get() + 1,
             dirty: HashMap::new(),
             inflight_nodes: HashMap::new(),
             meta_sm,
             data_sm,
-            volumes_root: rec.volumes_root.into(),
             queue_root: rec.queue_root.into(),
-            next_volume_id: rec.next_volume_id.get(),
             next_queue_seq: rec.next_queue_seq.get(),
-            table: VolumeTable::default(),
             privilege: Privilege::Normal,
             meta_reserve,
             dirty_node_limit,
@@ -232,21 +237,7 @@ impl Meta {
             held_queue_seq: None,
             node_log: UndoLog::default(),
             node_logged: HashSet::new(),
-        };
-        meta.load_volumes()?;
-        Ok(meta)
-    }
-
-    fn load_volumes(&mut self) -> Result<()> {
-        let mut records = Vec::new();
-        self.tree_for_each(self.volumes_root, 0, u64::MAX, &mut |id, value| {
-            let rec = VolumeRecord::decode(value)
-                .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
-            records.push((id, rec));
-            Ok(true)
-        })?;
-        self.table = VolumeTable::load(records)?;
-        Ok(())
+        })
     }
 
     /// The privilege of the running step.
@@ -361,18 +352,6 @@ impl Meta {
 
     // ---- volume ids and the reclaim queue ---------------------------------------
 
-    /// The id the next volume will get.
-    pub fn next_volume_id(&self) -> u64 {
-        self.next_volume_id
-    }
-
-    /// Takes the next volume id (ids are never reused).
-    pub fn take_volume_id(&mut self) -> u64 {
-        let id = self.next_volume_id;
-        self.next_volume_id += 1;
-        id
-    }
-
     /// The root of the reclaim queue: trees whose references await dropping.
     pub fn queue_root(&self) -> BlockRef {
         self.queue_root
@@ -409,18 +388,17 @@ impl Meta {
         self.queue_root = BlockRef::NONE;
     }
 
-    /// The record a repair writes: this transaction's, with the counts and
-    /// next volume id it found.
+    /// The record a repair writes: this transaction's, with the volume
+    /// table and the counts it found.
     pub fn repair_record(
         &self,
+        volumes: VolumeRoots,
         meta_used: u64,
         data_used: u64,
-        next_volume_id: u64,
     ) -> CommitRecord {
-        let mut rec = self.commit_record();
+        let mut rec = self.commit_record(volumes);
         rec.meta_used = U64::new(meta_used);
         rec.data_used = U64::new(data_used);
-        rec.next_volume_id = U64::new(next_volume_id);
         rec
     }
 
@@ -442,37 +420,17 @@ impl Meta {
         self.data_sm.awaiting_commit() || self.meta_sm.awaiting_commit()
     }
 
-    /// The volume table of the open transaction.
-    pub fn table(&self) -> &VolumeTable {
-        &self.table
-    }
-
-    pub fn table_mut(&mut self) -> &mut VolumeTable {
-        &mut self.table
-    }
-
     // ---- savepoints -----------------------------------------------------------
 
-    /// Runs `f` as one atomic step of the open transaction: if it fails, every
-    /// change it made (nodes, space maps, volume table, roots and counters)
-    /// is undone, so the transaction is exactly as before the call. A step
-    /// that leaves more changed space-map pages than one commit can journal
-    /// is undone too, with [`Error::TransactionFull`]: the caller commits and
-    /// runs it again in an empty transaction. The step allocates metadata
-    /// with `privilege`; the previous privilege is back when it returns.
-    pub fn atomic<T>(
-        &mut self,
-        privilege: Privilege,
-        f: impl FnOnce(&mut Self) -> Result<T>,
-    ) -> Result<T> {
-        let step = self.begin_step(privilege);
-        let result = f(self);
-        self.end_step(step, result)
-    }
-
-    /// Opens an atomic step (see [`Self::atomic`]), for a layer above that
-    /// runs its own closure over itself; it must pass the step and the
-    /// step's result to [`Self::end_step`].
+    /// Opens an atomic step of the open transaction, which the caller (the
+    /// volume layer: `Volumes::atomic`) ends with [`Self::end_step`],
+    /// passing the step's result. If the step failed, every change it made
+    /// (nodes, space maps, the reclaim queue) is undone, so the transaction
+    /// is exactly as before the step. A step that leaves more changed
+    /// space-map pages than one commit can journal is undone too, with
+    /// [`Error::TransactionFull`]: the caller commits and runs it again in
+    /// an empty transaction. The step allocates metadata with `privilege`;
+    /// the previous privilege is back when it ends.
     pub fn begin_step(&mut self, privilege: Privilege) -> Step {
         let sp = self.savepoint();
         self.privilege = privilege;
@@ -504,14 +462,11 @@ impl Meta {
 
     fn savepoint(&mut self) -> Savepoint {
         Savepoint {
-            volumes_root: self.volumes_root,
             queue_root: self.queue_root,
-            next_volume_id: self.next_volume_id,
             next_queue_seq: self.next_queue_seq,
             privilege: self.privilege,
             meta_sm: self.meta_sm.savepoint(),
             data_sm: self.data_sm.savepoint(),
-            table: self.table.savepoint(),
             nodes: self.node_log.begin(),
         }
     }
@@ -520,7 +475,6 @@ impl Meta {
         self.privilege = sp.privilege;
         self.meta_sm.release(sp.meta_sm);
         self.data_sm.release(sp.data_sm);
-        self.table.release(sp.table);
         self.node_log.release(sp.nodes);
         if self.node_log.idle() {
             self.node_logged.clear();
@@ -545,10 +499,7 @@ impl Meta {
         self.node_log = log;
         self.meta_sm.rollback(sp.meta_sm);
         self.data_sm.rollback(sp.data_sm);
-        self.table.rollback(sp.table);
-        self.volumes_root = sp.volumes_root;
         self.queue_root = sp.queue_root;
-        self.next_volume_id = sp.next_volume_id;
         self.next_queue_seq = sp.next_queue_seq;
         self.privilege = sp.privilege;
         if self.node_log.idle() {
@@ -612,18 +563,14 @@ impl Meta {
         pages as u64 > self.store.geo.journal_pages / 2 || self.dirty.len() > self.dirty_node_limit
     }
 
-    /// Whether the open state is exactly the last durable commit: no commit
-    /// in flight and nothing changed since.
-    pub fn matches_durable(&self) -> bool {
-        !self.commit_in_flight && !self.has_changes()
-    }
-
-    pub fn has_changes(&self) -> bool {
+    /// Whether the transaction changed nodes, space maps or the layout
+    /// since the last commit (the volume layer adds its table's changes:
+    /// `Volumes::has_changes`).
+    pub fn has_txn_changes(&self) -> bool {
         self.grown
             || !self.dirty.is_empty()
             || self.meta_sm.dirty_pages() > 0
             || self.data_sm.dirty_pages() > 0
-            || self.table.has_changes()
     }
 
     // ---- allocation and reference counting ---------------------------------
@@ -732,21 +679,20 @@ impl Meta {
 
     /// Commits in one go (phases A, B and C), for single-threaded callers.
     /// On error the caller must stop using the pool.
+    /// The volume table is the last commit's (tests of the layers below).
+    #[cfg(test)]
     pub fn commit(&mut self) -> Result<()> {
-        let job = self.begin_commit()?;
+        let job = self.begin_commit(VolumeRoots::of(&self.last_record))?;
         job.write(&self.store, None)?;
         self.finish_commit(job);
         Ok(())
     }
 
-    /// Phase A: stores the volume records, freezes the transaction into a
-    /// job and opens the next transaction. Must run with writers quiesced.
-    pub fn begin_commit(&mut self) -> Result<CommitJob> {
+    /// Phase A: freezes the transaction into a job, with `volumes` (the
+    /// volume layer stored its records first: `Volumes::begin_commit`), and
+    /// opens the next transaction. Must run with writers quiesced.
+    pub fn begin_commit(&mut self, volumes: VolumeRoots) -> Result<CommitJob> {
         debug_assert!(self.node_log.idle(), "a commit inside an operation");
-        // Usually nothing is left: management operations store their
-        // records in their own step (`Pool::manage`); these are the records
-        // writes changed.
-        self.atomic(Privilege::Reserve, Self::store_table)?;
         let geo = &self.store.geo;
         let mut home_pages = self.meta_sm.home_pages_due();
         home_pages.extend(self.data_sm.home_pages_due());
@@ -774,7 +720,7 @@ impl Meta {
                 geo.journal_pages
             )));
         }
-        let mut record = self.commit_record();
+        let mut record = self.commit_record(volumes);
         let journal = arbor_format::encode_journal(&mut record, self.store.geo.version(), &pages)
             .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
         self.last_record = record;
@@ -805,13 +751,13 @@ impl Meta {
 
     /// The record of this transaction (its journal's page count and
     /// checksum are set by `encode_journal`).
-    fn commit_record(&self) -> CommitRecord {
+    fn commit_record(&self, volumes: VolumeRoots) -> CommitRecord {
         let mut rec = CommitRecord::new_zeroed_record();
         rec.uuid = self.store.geo.uuid;
         rec.txn = U64::new(self.txn);
-        rec.volumes_root = self.volumes_root.into();
+        rec.volumes_root = volumes.root.into();
         rec.queue_root = self.queue_root.into();
-        rec.next_volume_id = U64::new(self.next_volume_id);
+        rec.next_volume_id = U64::new(volumes.next_id);
         rec.next_queue_seq = U64::new(self.next_queue_seq);
         rec.meta_used = U64::new(self.meta_sm.used());
         rec.data_used = U64::new(self.data_sm.used());
@@ -834,22 +780,6 @@ impl Meta {
         self.data_sm.grow(data_entries)?;
         self.meta_reserve = meta_reserve(meta_entries);
         self.grown = true;
-        Ok(())
-    }
-
-    /// Writes the changed volume records into the volume table's tree (inside
-    /// a step: a failure gives the table its changes back).
-    pub fn store_table(&mut self) -> Result<()> {
-        let (removed, dirty) = self.table.take_changes();
-        for &id in &removed {
-            self.volumes_root = self.tree_remove(self.volumes_root, id)?.0;
-        }
-        for (id, rec) in dirty {
-            let mut value = [0u8; VolumeRecord::ENCODED_LEN];
-            rec.encode(&mut value);
-            self.volumes_root =
-                self.tree_insert(self.volumes_root, TreeKind::Volumes, id, &value)?;
-        }
         Ok(())
     }
 }

@@ -345,9 +345,10 @@ impl Pool {
         record.uuid = geo.uuid;
         record.next_volume_id = U64::new(1);
         record.next_queue_seq = U64::new(1);
-        let mut meta = Meta::resume(Arc::clone(&store), Resume { record }, open.dirty_node_limit)?;
-        meta.commit()?;
-        Ok(Self::from_parts(store, meta))
+        let meta = Meta::resume(Arc::clone(&store), Resume { record }, open.dirty_node_limit)?;
+        let mut volumes = Volumes::resume(meta)?;
+        volumes.commit()?;
+        Ok(Self::from_parts(store, volumes))
     }
 
     /// Opens an existing pool, recovering to its last commit.
@@ -357,13 +358,13 @@ impl Pool {
         let store = Arc::new(Store::new(dev, geo, open.cache_bytes / BLOCK_SIZE));
         let resume = recover(&store)?;
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
-        Ok(Self::from_parts(store, meta))
+        Ok(Self::from_parts(store, Volumes::resume(meta)?))
     }
 
-    fn from_parts(store: Arc<Store>, meta: Meta) -> Self {
+    fn from_parts(store: Arc<Store>, volumes: Volumes) -> Self {
         Self {
             store,
-            meta: RwLock::new(Volumes::new(meta)),
+            meta: RwLock::new(volumes),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
             grow_lock: Mutex::new(()),
@@ -509,7 +510,7 @@ impl Pool {
     /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
     /// `None` when the transaction has no changes.
     fn freeze(&self, meta: &mut Volumes) -> Result<Option<CommitJob>> {
-        if !meta.meta().has_changes() {
+        if !meta.has_changes() {
             return Ok(None);
         }
         // Not through `mutate`: phase A is not a step of an operation (it
@@ -570,7 +571,7 @@ impl Pool {
             let meta = self.read_meta()?;
             (
                 meta.reclaim_pending(),
-                meta.meta().awaiting_commit() || !meta.meta().matches_durable(),
+                meta.meta().awaiting_commit() || !meta.matches_durable(),
             )
         };
         if pending && self.reclaim(RECLAIM_NODES)? > 0 {
@@ -673,7 +674,6 @@ impl Pool {
                     check_volume_name(to)?;
                     let prefix = format!("{from}@");
                     let snapshots: Vec<(u64, String)> = m
-                        .meta()
                         .table()
                         .iter()
                         .filter(|(_, r)| {
@@ -780,7 +780,6 @@ impl Pool {
         let meta = self.read_meta()?;
         let chunk = self.chunk_size();
         let mut all: Vec<VolumeInfo> = meta
-            .meta()
             .table()
             .iter()
             .map(|(id, r)| volume_info(id, r, chunk))
@@ -986,7 +985,6 @@ impl Pool {
         let meta = self.read_meta()?;
         let geo = &self.store.geo;
         let snapshots = meta
-            .meta()
             .table()
             .iter()
             .filter(|(_, r)| r.kind == VolumeKind::Snapshot)
@@ -998,7 +996,7 @@ impl Pool {
             data_used_bytes: meta.meta().used(SmKind::Data) * geo.chunk_size,
             metadata_bytes: geo.meta_blocks() * BLOCK_SIZE_U64,
             metadata_used_bytes: meta.meta().used(SmKind::Meta) * BLOCK_SIZE_U64,
-            volumes: meta.meta().table().len() as u64 - snapshots,
+            volumes: meta.table().len() as u64 - snapshots,
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
             txn: meta.meta().txn() - 1,
@@ -1097,7 +1095,10 @@ impl Pool {
         let (state, mut report) = {
             let _commit = lock_mutex(&self.commit_lock);
             let mut meta = self.write_meta()?;
-            let state = crate::check::Committed::capture(meta.meta())?;
+            let state = crate::check::Committed::capture(
+                meta.meta(),
+                Some(meta.table()).filter(|_| !meta.has_changes()),
+            )?;
             let report = crate::check::journal_and_superblocks(&self.store, state.txn())?;
             meta.pin_committed_meta();
             *lock_mutex(&self.check_pages) = Some(state.preserved());

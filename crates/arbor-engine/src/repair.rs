@@ -40,9 +40,10 @@ use arbor_io::BlockDevice;
 
 use crate::check::count_references;
 use crate::error::{Error, Result};
-use crate::meta::{recover, Meta};
+use crate::meta::{recover, Meta, VolumeRoots};
 use crate::pool::{read_superblock, OpenOptions};
 use crate::store::{Geometry, Store};
+use crate::volumes::Volumes;
 
 /// What [`repair`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,17 +117,19 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
             ));
         }
     }
-    let next_id = meta
+    let volumes = Volumes::resume(meta)?;
+    let meta = volumes.meta();
+    let next_id = volumes
         .table()
         .iter()
         .map(|(id, _)| id)
         .last()
         .map_or(1, |id| id + 1)
-        .max(meta.next_volume_id());
-    if next_id != meta.next_volume_id() {
+        .max(volumes.next_volume_id());
+    if next_id != volumes.next_volume_id() {
         actions.push(format!(
             "next volume id raised from {} to {next_id}",
-            meta.next_volume_id()
+            volumes.next_volume_id()
         ));
     }
     if actions.is_empty() {
@@ -135,7 +138,11 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
             txn: txn - 1,
         });
     }
-    let mut record = meta.repair_record(meta_used, data_used, next_id);
+    let roots = VolumeRoots {
+        root: volumes.roots().root,
+        next_id,
+    };
+    let mut record = meta.repair_record(roots, meta_used, data_used);
     let no_pages: [SmPage; 0] = [];
     let journal = arbor_format::encode_journal(&mut record, version, &no_pages)
         .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;

@@ -13,7 +13,7 @@
 //!
 //! Every change made between [`SpaceMap::savepoint`] and
 //! [`SpaceMap::release`] is logged, so [`SpaceMap::rollback`] can restore
-//! the map exactly as it was at the savepoint (see `meta::Meta::atomic`).
+//! the map exactly as it was at the savepoint (see `volumes::Volumes::atomic`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //!
 //! Its state is private: every change goes through a method that logs how
 //! to undo it while a savepoint is open, so an operation that fails part
-//! way leaves the table exactly as it found it (see `meta::Meta::atomic`).
+//! way leaves the table exactly as it found it (see `volumes::Volumes::atomic`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -1,4 +1,4 @@
-//! The undo log behind `Meta::atomic`: each piece of transaction state
+//! The undo log behind `Volumes::atomic`: each piece of transaction state
 //! (space maps, volume table, dirty nodes) logs how to undo its changes
 //! while a savepoint is open, in one of these.
 

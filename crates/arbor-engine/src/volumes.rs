@@ -9,11 +9,17 @@
 use arbor_format::{BlockRef, Layout, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
-use crate::meta::{unix_now, CommitJob, Meta, Privilege};
+use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
+use crate::table::VolumeTable;
 
 /// The volume layer over the open transaction (see the module comment).
 pub(crate) struct Volumes {
     meta: Meta,
+    /// The volume records, names and share times of the open transaction.
+    table: VolumeTable,
+    /// The volume table's tree, as of the last [`Self::store_table`].
+    root: BlockRef,
+    next_id: u64,
 }
 
 /// What an atomic write does to one chunk, decided in its planning step
@@ -70,8 +76,52 @@ pub(crate) enum InPlaceCheck {
 }
 
 impl Volumes {
-    pub fn new(meta: Meta) -> Self {
-        Self { meta }
+    /// The volume layer of `meta`'s last commit: its volume records are
+    /// read from the table's tree.
+    pub fn resume(meta: Meta) -> Result<Self> {
+        let roots = VolumeRoots::of(meta.last_record());
+        let mut records = Vec::new();
+        meta.tree_for_each(roots.root, 0, u64::MAX, &mut |id, value| {
+            let rec = VolumeRecord::decode(value)
+                .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
+            records.push((id, rec));
+            Ok(true)
+        })?;
+        Ok(Self {
+            meta,
+            table: VolumeTable::load(records)?,
+            root: roots.root,
+            next_id: roots.next_id,
+        })
+    }
+
+    /// The volume table of the open transaction.
+    pub fn table(&self) -> &VolumeTable {
+        &self.table
+    }
+
+    /// The id the next volume will get.
+    pub fn next_volume_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// What the next commit record says of this layer.
+    pub fn roots(&self) -> VolumeRoots {
+        VolumeRoots {
+            root: self.root,
+            next_id: self.next_id,
+        }
+    }
+
+    /// Whether anything changed since the last commit.
+    pub fn has_changes(&self) -> bool {
+        self.meta.has_txn_changes() || self.table.has_changes()
+    }
+
+    /// Whether the open state is exactly the last durable commit: no commit
+    /// in flight and nothing changed since.
+    pub fn matches_durable(&self) -> bool {
+        !self.meta.commit_in_flight() && !self.has_changes()
     }
 
     /// The transaction, to read (lookups, statistics, a check's capture).
@@ -80,7 +130,7 @@ impl Volumes {
     }
 
     /// Runs `f` as one atomic step of the open transaction (see
-    /// [`Meta::atomic`]): if it fails, the volume layer and everything
+    /// [`Meta::begin_step`]): if it fails, the volume layer and everything
     /// below are exactly as before the call.
     pub fn atomic<T>(
         &mut self,
@@ -88,19 +138,54 @@ impl Volumes {
         f: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
         let step = self.meta.begin_step(privilege);
+        let (table, root, next_id) = (self.table.savepoint(), self.root, self.next_id);
         let result = f(self);
-        self.meta.end_step(step, result)
+        let result = self.meta.end_step(step, result);
+        match result {
+            Ok(_) => self.table.release(table),
+            Err(_) => {
+                self.table.rollback(table);
+                self.root = root;
+                self.next_id = next_id;
+            }
+        }
+        result
     }
 
-    /// Writes the changed volume records into the volume table's tree
-    /// ([`Meta::store_table`]).
+    /// Writes the changed volume records into the volume table's tree (run
+    /// inside a step: a failure gives the table its changes back).
     pub fn store_table(&mut self) -> Result<()> {
-        self.meta.store_table()
+        let (removed, dirty) = self.table.take_changes();
+        for &id in &removed {
+            self.root = self.meta.tree_remove(self.root, id)?.0;
+        }
+        for (id, rec) in dirty {
+            let mut value = [0u8; VolumeRecord::ENCODED_LEN];
+            rec.encode(&mut value);
+            self.root = self
+                .meta
+                .tree_insert(self.root, TreeKind::Volumes, id, &value)?;
+        }
+        Ok(())
     }
 
-    /// Phase A of a commit ([`Meta::begin_commit`]).
+    /// Phase A of a commit: stores the volume records the writes changed
+    /// (management operations store theirs in their own step:
+    /// `Pool::manage`), with the reserve, then freezes the transaction
+    /// ([`Meta::begin_commit`]).
     pub fn begin_commit(&mut self) -> Result<CommitJob> {
-        self.meta.begin_commit()
+        self.atomic(Privilege::Reserve, Self::store_table)?;
+        let roots = self.roots();
+        self.meta.begin_commit(roots)
+    }
+
+    /// Commits in one go (phases A, B and C), for a caller that has the
+    /// pool to itself (creation). On error the pool must not be used.
+    pub fn commit(&mut self) -> Result<()> {
+        let job = self.begin_commit()?;
+        job.write(self.meta.store(), None)?;
+        self.finish_commit(job);
+        Ok(())
     }
 
     /// Phase C of a commit ([`Meta::finish_commit`]).
@@ -133,15 +218,13 @@ impl Volumes {
     }
 
     pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
-        self.meta
-            .table()
+        self.table
             .get(id)
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u64> {
-        self.meta
-            .table()
+        self.table
             .id_of(name)
             .ok_or_else(|| Error::NotFound(name.to_owned()))
     }
@@ -156,7 +239,7 @@ impl Volumes {
 
     /// Changes volume `id`'s record (logged, so a failed step undoes it).
     fn update_volume<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
-        self.meta.table_mut().update(id, f)
+        self.table.update(id, f)
     }
 
     /// Fails unless volume `id` is writable and a write ending at `end`
@@ -179,7 +262,7 @@ impl Volumes {
     }
 
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
-        if self.meta.table().id_of(name).is_some() {
+        if self.table.id_of(name).is_some() {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
         Ok(())
@@ -196,7 +279,8 @@ impl Volumes {
         parent: u64,
         mapped: u64,
     ) -> u64 {
-        let id = self.meta.take_volume_id();
+        let id = self.next_id;
+        self.next_id += 1;
         let rec = VolumeRecord {
             root,
             size_bytes: size,
@@ -207,7 +291,7 @@ impl Volumes {
             kind,
             name,
         };
-        self.meta.table_mut().insert(id, rec);
+        self.table.insert(id, rec);
         id
     }
 
@@ -234,16 +318,13 @@ impl Volumes {
     /// Records that volume `id`'s tree is shared as of this transaction.
     fn note_shared(&mut self, id: u64) {
         let txn = self.meta.txn();
-        self.meta.table_mut().set_shared(id, txn);
+        self.table.set_shared(id, txn);
     }
 
     /// The last transaction in which volume `id`'s tree was shared (a volume
     /// not shared since the pool opened: no later than the opening commit).
     fn last_shared_txn(&self, id: u64) -> u64 {
-        self.meta
-            .table()
-            .shared_txn(id)
-            .unwrap_or(self.meta.opened_txn())
+        self.table.shared_txn(id).unwrap_or(self.meta.opened_txn())
     }
 
     /// Hands a tree to the reclaim queue, which now owns its reference.
@@ -294,7 +375,7 @@ impl Volumes {
     }
 
     pub fn delete_volume(&mut self, id: u64) -> Result<()> {
-        let rec = self.meta.table_mut().remove(id)?;
+        let rec = self.table.remove(id)?;
         self.queue_drop(rec.root)
     }
 
@@ -315,7 +396,7 @@ impl Volumes {
     }
 
     pub fn rename_volume(&mut self, id: u64, new_name: String) -> Result<()> {
-        self.meta.table_mut().rename(id, new_name)
+        self.table.rename(id, new_name)
     }
 
     pub fn set_volume_size(&mut self, id: u64, size: u64) -> Result<()> {
@@ -351,7 +432,7 @@ impl Volumes {
         // the changes this step makes before a later chunk's check (shadowing
         // this volume's paths, allocating fresh chunks) only add references,
         // so that check may still rely on it (see `try_in_place`).
-        let durable_at_start = self.meta.matches_durable();
+        let durable_at_start = self.matches_durable();
         let mut plans = Vec::with_capacity(wanted.len());
         for w in wanted {
             let plan = match self.try_in_place(id, w.chunk, end, durable_at_start)? {

@@ -13,7 +13,7 @@
 //!    discard's whole chunks are unmapped;
 //! 4. the in-place chunks are overwritten.
 //!
-//! A failed step is undone whole (`Meta::atomic`), and the chunks allocated
+//! A failed step is undone whole (`Volumes::atomic`), and the chunks allocated
 //! in step 1 are freed when step 2 or 3 fails, so nothing changes until step
 //! 3 succeeds, after which only the device can fail. A unit that runs out of
 //! data or metadata space makes room (reclaim, commit) and runs once more; one
@@ -277,7 +277,7 @@ impl Pool {
             match self.attempt_locked(unit) {
                 Ok(()) => return Ok(()),
                 // Earlier pieces filled the transaction: commit them.
-                Err(Error::TransactionFull) if self.read_meta()?.meta().has_changes() => {
+                Err(Error::TransactionFull) if self.read_meta()?.has_changes() => {
                     self.commit_held()?
                 }
                 Err(Error::TransactionFull) => {
