@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
+use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, PoolView,
@@ -66,13 +67,13 @@ impl DaemonClient {
             return Ok(bytes);
         }
         let error = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
-            code: "internal".into(),
+            code: ErrorCode::Internal,
             message: format!(
                 "the daemon answered {status}: {}",
                 String::from_utf8_lossy(&bytes)
             ),
         });
-        Err(Fail::new(Exit::for_api_code(&error.code), error.message).into())
+        Err(Fail::new(error.code.exit(), error.message).into())
     }
 
     fn connect_error(&self, err: std::io::Error) -> anyhow::Error {

@@ -4,6 +4,8 @@
 
 use std::process::ExitCode;
 
+use crate::error_code::ErrorCode;
+
 /// What went wrong, as far as a script needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
@@ -32,32 +34,10 @@ impl Exit {
         ExitCode::from(self as u8)
     }
 
-    /// The status for an API error code (see docs/API.md).
-    pub fn for_api_code(code: &str) -> Self {
-        match code {
-            "not_found" => Exit::NotFound,
-            "already_exists" | "read_only" => Exit::Conflict,
-            "busy" => Exit::Busy,
-            "no_space" | "metadata_full" => Exit::NoSpace,
-            "corrupt" => Exit::Damaged,
-            "invalid_name" | "invalid_argument" | "bad_request" | "unprocessable_entity" => {
-                Exit::Usage
-            }
-            _ => Exit::Failure,
-        }
-    }
-
-    /// The status for an engine error met by an offline command.
+    /// The status for an engine error met by an offline command: that of
+    /// its error code.
     pub fn for_engine(err: &arbor_engine::Error) -> Self {
-        use arbor_engine::Error as E;
-        match err {
-            E::NotFound(_) => Exit::NotFound,
-            E::AlreadyExists(_) | E::ReadOnly(_) => Exit::Conflict,
-            E::InvalidName { .. } | E::InvalidArgument(_) => Exit::Usage,
-            E::NoSpace | E::MetadataFull => Exit::NoSpace,
-            E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool => Exit::Damaged,
-            E::Io(_) | E::Failed(_) | E::TransactionFull => Exit::Failure,
-        }
+        ErrorCode::of_engine(err).exit()
     }
 
     /// The status for any error: the first cause in its chain that knows one.
@@ -112,7 +92,5 @@ mod tests {
             Exit::NoSpace
         );
         assert_eq!(Exit::of(&anyhow::anyhow!("odd")), Exit::Failure);
-        assert_eq!(Exit::for_api_code("busy"), Exit::Busy);
-        assert_eq!(Exit::for_api_code("something_new"), Exit::Failure);
     }
 }

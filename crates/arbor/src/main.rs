@@ -7,6 +7,7 @@ mod client;
 mod commands;
 mod config;
 mod daemon;
+mod error_code;
 mod exit;
 mod metrics;
 mod model;

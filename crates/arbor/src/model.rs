@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error_code::ErrorCode;
 use crate::size::ByteSize;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,7 +137,7 @@ pub struct UpgradeView {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// Stable, machine-readable kind, such as `not_found`.
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
 }
 

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tracing::error;
 
 use super::control::PoolControl;
+use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
@@ -56,13 +57,10 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &str, message: String) -> Self {
+    fn new(code: ErrorCode, message: String) -> Self {
         Self {
-            status,
-            body: ErrorBody {
-                code: code.to_owned(),
-                message,
-            },
+            status: code.status(),
+            body: ErrorBody { code, message },
         }
     }
 }
@@ -70,32 +68,19 @@ impl ApiError {
 /// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
 impl From<anyhow::Error> for ApiError {
     fn from(err: anyhow::Error) -> Self {
-        use arbor_engine::Error as E;
-        if let Some(fail) = err.downcast_ref::<Fail>() {
-            if fail.exit == Exit::Busy {
-                return Self::new(StatusCode::CONFLICT, "busy", fail.message.clone());
-            }
-        }
-        let (status, code) = match err.downcast_ref::<E>() {
-            Some(E::NotFound(_)) => (StatusCode::NOT_FOUND, "not_found"),
-            Some(E::AlreadyExists(_)) => (StatusCode::CONFLICT, "already_exists"),
-            Some(E::ReadOnly(_)) => (StatusCode::CONFLICT, "read_only"),
-            Some(E::InvalidName { .. }) => (StatusCode::BAD_REQUEST, "invalid_name"),
-            Some(E::InvalidArgument(_)) => (StatusCode::BAD_REQUEST, "invalid_argument"),
-            Some(E::NoSpace) => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
-            Some(E::MetadataFull) => (StatusCode::INSUFFICIENT_STORAGE, "metadata_full"),
-            Some(E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "corrupt")
-            }
-            Some(E::Io(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "io"),
-            Some(E::Failed(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "pool_failed"),
-            Some(E::TransactionFull) => (StatusCode::INSUFFICIENT_STORAGE, "transaction_full"),
-            None => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        let busy = err
+            .downcast_ref::<Fail>()
+            .is_some_and(|fail| fail.exit == Exit::Busy);
+        let code = if busy {
+            ErrorCode::Busy
+        } else {
+            err.downcast_ref::<arbor_engine::Error>()
+                .map_or(ErrorCode::Internal, ErrorCode::of_engine)
         };
-        if status.is_server_error() {
+        if code.status().is_server_error() {
             error!(error = format!("{err:#}"), "API request failed");
         }
-        Self::new(status, code, format!("{err:#}"))
+        Self::new(code, format!("{err:#}"))
     }
 }
 
@@ -153,16 +138,17 @@ async fn errors_as_json(response: Response) -> Response {
     } else {
         text
     };
-    let code = reason.to_ascii_lowercase().replace([' ', '-'], "_");
-    ApiError::new(status, &code, message).into_response()
+    let mut api = ApiError::new(ErrorCode::of_status(status), message);
+    // The framework's status stands even where the code's own differs.
+    api.status = status;
+    api.into_response()
 }
 
 /// A path no route matches: its own code, so a client can tell "no such
 /// endpoint" (a client/server version mismatch) from "no such volume".
 async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "unknown_endpoint",
+        ErrorCode::UnknownEndpoint,
         format!("no API endpoint {}; see docs/API.md", uri.path()),
     )
 }
