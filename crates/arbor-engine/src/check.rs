@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_format::{
-    BlockRef, NodeBody, SmKind, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
+    BlockRef, Node, NodeBody, SmKind, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
     SUPERBLOCK_SLOTS,
 };
 
@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::store::{PreservedPages, Store};
 use crate::table::VolumeTable;
+use crate::walk::{walk, Damage, Descend, Place, Visitor};
 
 /// One committed state of the pool, captured in a moment so that it can be
 /// walked while I/O and later commits go on: nodes are read from the device
@@ -138,6 +139,8 @@ struct Walker<'a> {
     queued: Vec<BlockRef>,
     records: Vec<(u64, VolumeRecord)>,
     visited: HashSet<u64>,
+    /// Mapped chunks and end of the subtrees being walked, innermost last.
+    sums: Vec<(u64, u64)>,
     /// A node or entry is damaged (as opposed to counts or records that
     /// disagree): the references below it are unknown.
     damaged: bool,
@@ -150,83 +153,26 @@ impl Walker<'_> {
         self.report.problem(what);
     }
 
-    /// Counts one reference to `r` and, the first time, verifies its subtree.
-    /// Returns the chunks mapped below it and the end of its last extent
-    /// (mapping trees).
-    fn walk(
-        &mut self,
-        r: BlockRef,
-        tree: TreeKind,
-        level: Option<u8>,
-        lo: u64,
-        hi: u64,
-    ) -> (u64, u64) {
-        match self
-            .meta
-            .store
-            .geo
-            .meta_entry(r.block)
-            .and_then(|e| self.meta_refs.get_mut(e as usize))
-        {
-            Some(count) => *count = count.saturating_add(1),
-            None => {
-                self.damage(format!(
-                    "{tree:?} pointer to block {} outside the metadata region",
-                    r.block
-                ));
-                return (0, 0);
-            }
+    /// Counts one reference to `r` and, the first time, verifies its subtree
+    /// (through the one tree walker, `walk::walk`). Returns the chunks
+    /// mapped below it and the end of its last extent (mapping trees).
+    fn walk(&mut self, r: BlockRef, tree: TreeKind) -> (u64, u64) {
+        let committed = self.meta;
+        let read = |r: BlockRef| committed.store.read_node_uncached(r).map(Box::new);
+        self.sums.push((0, 0));
+        // The visitor records every problem and never fails the walk.
+        if let Err(e) = walk(&read, r, tree, self) {
+            self.damage(format!("{tree:?} tree at block {}: {e}", r.block));
         }
-        if !self.visited.insert(r.block) {
-            return self.mapped.get(&r.block).copied().unwrap_or((0, 0));
+        self.sums.pop().unwrap_or((0, 0))
+    }
+
+    /// Adds a subtree's mapped chunks and end to its parent's.
+    fn add(&mut self, (mapped, end): (u64, u64)) {
+        if let Some(sum) = self.sums.last_mut() {
+            sum.0 = sum.0.saturating_add(mapped);
+            sum.1 = sum.1.max(end);
         }
-        self.report.nodes += 1;
-        let node = match self.meta.store.read_node_uncached(r) {
-            Ok(node) => node,
-            Err(e) => {
-                self.damage(format!("{tree:?} node {}: {e}", r.block));
-                return (0, 0);
-            }
-        };
-        if node.tree != tree || level.is_some_and(|l| l != node.level) {
-            self.damage(format!(
-                "node {} is a level-{} {:?} node where a level-{level:?} {tree:?} node belongs",
-                r.block, node.level, node.tree
-            ));
-            return (0, 0);
-        }
-        if node.keys.first().is_some_and(|&k| k < lo) || node.keys.last().is_some_and(|&k| k >= hi)
-        {
-            self.damage(format!(
-                "node {} has keys outside its range [{lo}, {hi})",
-                r.block
-            ));
-        }
-        if node.is_empty() {
-            self.damage(format!("node {} is empty", r.block));
-        }
-        let mapped = match &node.body {
-            NodeBody::Internal(children) => {
-                let (mut total, mut end) = (0u64, 0u64);
-                for (i, child) in children.iter().enumerate() {
-                    let child_lo = if i == 0 { lo } else { node.keys[i] };
-                    let child_hi = node.keys.get(i + 1).copied().unwrap_or(hi);
-                    let (mapped, child_end) = self.walk(
-                        *child,
-                        tree,
-                        Some(node.level.saturating_sub(1)),
-                        child_lo,
-                        child_hi,
-                    );
-                    total = total.saturating_add(mapped);
-                    end = end.max(child_end);
-                }
-                (total, end)
-            }
-            NodeBody::Leaf(_) => self.check_leaf(r, &node, hi),
-        };
-        self.mapped.insert(r.block, mapped);
-        mapped
     }
 
     fn check_leaf(&mut self, r: BlockRef, node: &arbor_format::Node, hi: u64) -> (u64, u64) {
@@ -403,6 +349,58 @@ fn check_superblocks(store: &Store, report: &mut CheckReport) -> Result<()> {
     Ok(())
 }
 
+impl Visitor for Walker<'_> {
+    fn enter(&mut self, r: BlockRef, at: &Place) -> Result<bool> {
+        let entry = self.meta.store.geo.meta_entry(r.block);
+        match entry.and_then(|e| self.meta_refs.get_mut(e as usize)) {
+            Some(count) => *count = count.saturating_add(1),
+            None => {
+                self.damage(format!(
+                    "{:?} pointer to block {} outside the metadata region",
+                    at.tree, r.block
+                ));
+                return Ok(false);
+            }
+        }
+        if !self.visited.insert(r.block) {
+            let seen = self.mapped.get(&r.block).copied().unwrap_or((0, 0));
+            self.add(seen);
+            return Ok(false);
+        }
+        self.report.nodes += 1;
+        Ok(true)
+    }
+
+    fn visit(&mut self, r: BlockRef, node: &Node, at: &Place) -> Result<Descend> {
+        match node.body {
+            NodeBody::Internal(_) => self.sums.push((0, 0)),
+            NodeBody::Leaf(_) => {
+                let mapped = self.check_leaf(r, node, at.hi);
+                self.mapped.insert(r.block, mapped);
+                self.add(mapped);
+            }
+        }
+        Ok(Descend::Children)
+    }
+
+    fn leave(&mut self, r: BlockRef, _node: &Node, _at: &Place) -> Result<()> {
+        let mapped = self.sums.pop().unwrap_or((0, 0));
+        self.mapped.insert(r.block, mapped);
+        self.add(mapped);
+        Ok(())
+    }
+
+    fn unreadable(&mut self, r: BlockRef, at: &Place, error: Error) -> Result<()> {
+        self.damage(format!("{:?} node {}: {error}", at.tree, r.block));
+        Ok(())
+    }
+
+    fn damaged(&mut self, _r: BlockRef, _at: &Place, damage: Damage) -> Result<()> {
+        self.damage(damage.what);
+        Ok(())
+    }
+}
+
 /// Walks every tree (the reclaim queue too if `queue`), verifying every
 /// node once and counting every reference.
 fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
@@ -415,13 +413,14 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
         queued: Vec::new(),
         records: Vec::new(),
         visited: HashSet::new(),
+        sums: Vec::new(),
         damaged: false,
     };
     if !meta.volumes_root.is_none() {
-        w.walk(meta.volumes_root, TreeKind::Volumes, None, 0, u64::MAX);
+        w.walk(meta.volumes_root, TreeKind::Volumes);
     }
     if queue && !meta.queue_root.is_none() {
-        w.walk(meta.queue_root, TreeKind::Queue, None, 0, u64::MAX);
+        w.walk(meta.queue_root, TreeKind::Queue);
     }
     let records = std::mem::take(&mut w.records);
     w.report.volumes = records.len();
@@ -446,7 +445,7 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
         let (mapped, end) = if rec.root.is_none() {
             (0, 0)
         } else {
-            w.walk(rec.root, TreeKind::Mapping, None, 0, u64::MAX)
+            w.walk(rec.root, TreeKind::Mapping)
         };
         if mapped != rec.mapped_chunks {
             w.report.problem(format!(
@@ -469,7 +468,7 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
         ));
     }
     for r in std::mem::take(&mut w.queued) {
-        w.walk(r, TreeKind::Mapping, None, 0, u64::MAX);
+        w.walk(r, TreeKind::Mapping);
     }
     Ok(w)
 }

@@ -8,10 +8,11 @@
 //! the same block and the same range are identical and skipped whole: that is
 //! what makes the cost follow the size of the change, not of the volume.
 
-use arbor_format::{BlockRef, NodeBody};
+use arbor_format::{BlockRef, Node, NodeBody, TreeKind};
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::walk::{verify, walk, Descend, Place, Visitor};
 
 #[derive(Debug, Clone, Copy)]
 enum Piece {
@@ -72,11 +73,14 @@ impl Side {
             return Err(Error::inconsistent("diff: expanding a run"));
         };
         let n = meta.node(node)?;
-        if level.is_some_and(|l| l != n.level) {
-            return Err(Error::inconsistent(format!(
-                "diff: node {} at an unexpected level",
-                node.block
-            )));
+        let at = Place {
+            tree: TreeKind::Mapping,
+            level,
+            lo,
+            hi,
+        };
+        if let Some(damage) = verify(node.block, &n, &at).into_iter().next() {
+            return Err(Error::inconsistent(format!("diff: {}", damage.what)));
         }
         let mut pieces = Vec::new();
         match &n.body {
@@ -215,67 +219,58 @@ impl Meta {
         since: u64,
         emit: &mut dyn FnMut(u64, u64) -> Result<()>,
     ) -> Result<()> {
-        let mut stack = vec![root];
-        while let Some(r) = stack.pop() {
-            if r.is_none() || r.txn <= since {
-                continue;
+        struct Newer<'e> {
+            since: u64,
+            emit: &'e mut dyn FnMut(u64, u64) -> Result<()>,
+        }
+        impl Visitor for Newer<'_> {
+            fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
+                Ok(r.txn > self.since)
             }
-            let node = self.node(r)?;
-            match &node.body {
-                NodeBody::Internal(children) => stack.extend(children.iter().rev().copied()),
-                NodeBody::Leaf(_) => {
+            fn visit(&mut self, _r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
+                if let NodeBody::Leaf(_) = node.body {
                     for i in 0..node.len() {
-                        let v = crate::meta::decode_map_value(&node, i)?;
-                        if v.gen > since {
-                            emit(node.keys[i], node.keys[i].saturating_add(u64::from(v.len)))?;
+                        let v = crate::meta::decode_map_value(node, i)?;
+                        if v.gen > self.since {
+                            (self.emit)(
+                                node.keys[i],
+                                node.keys[i].saturating_add(u64::from(v.len)),
+                            )?;
                         }
                     }
                 }
-            }
-            if stack.len() > 1 << 20 {
-                return Err(Error::inconsistent(
-                    "changed-since walk exceeds any valid tree",
-                ));
+                Ok(Descend::Children)
             }
         }
-        Ok(())
+        walk(
+            &|r| self.node(r),
+            root,
+            TreeKind::Mapping,
+            &mut Newer { since, emit },
+        )
+        .map(|_| ())
     }
 
     /// Chunks referenced by this tree alone: reachable only through nodes with
     /// a single reference, with a single reference themselves. Walks only the
     /// exclusive part of the tree.
     pub fn exclusive_chunks(&self, root: BlockRef) -> Result<u64> {
-        let mut total = 0;
-        // Each child must sit one level below its parent: a damaged pool
-        // cannot send the walk around a cycle.
-        let mut stack = vec![(root, None)];
-        while let Some((r, level)) = stack.pop() {
-            if r.is_none() || self.meta_count(r.block)? != 1 {
-                continue;
+        struct Exclusive<'m> {
+            meta: &'m Meta,
+            total: u64,
+        }
+        impl Visitor for Exclusive<'_> {
+            fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
+                Ok(self.meta.meta_count(r.block)? == 1)
             }
-            let node = self.node(r)?;
-            if node.tree != arbor_format::TreeKind::Mapping
-                || level.is_some_and(|l| l != node.level)
-            {
-                return Err(Error::inconsistent(format!(
-                    "node {} is a level-{} {:?} node inside a mapping tree",
-                    r.block, node.level, node.tree
-                )));
-            }
-            match &node.body {
-                NodeBody::Internal(children) => {
-                    let below = node.level.checked_sub(1).ok_or_else(|| {
-                        Error::inconsistent(format!("internal node {} at level 0", r.block))
-                    })?;
-                    stack.extend(children.iter().map(|&c| (c, Some(below))));
-                }
-                NodeBody::Leaf(_) => {
+            fn visit(&mut self, r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
+                if let NodeBody::Leaf(_) = node.body {
                     for i in 0..node.len() {
-                        let v = crate::meta::decode_map_value(&node, i)?;
+                        let v = crate::meta::decode_map_value(node, i)?;
                         let end = v
                             .pchunk
                             .checked_add(u64::from(v.len))
-                            .filter(|&end| end <= self.geo().data_chunks())
+                            .filter(|&end| end <= self.meta.geo().data_chunks())
                             .ok_or_else(|| {
                                 Error::inconsistent(format!(
                                     "leaf {}: extent at {} points past the data region",
@@ -283,19 +278,20 @@ impl Meta {
                                 ))
                             })?;
                         for c in v.pchunk..end {
-                            if self.data_count(c)? == 1 {
-                                total += 1;
+                            if self.meta.data_count(c)? == 1 {
+                                self.total += 1;
                             }
                         }
                     }
                 }
-            }
-            if stack.len() > 1 << 20 {
-                return Err(Error::inconsistent(
-                    "exclusive-space walk exceeds any valid tree",
-                ));
+                Ok(Descend::Children)
             }
         }
-        Ok(total)
+        let mut exclusive = Exclusive {
+            meta: self,
+            total: 0,
+        };
+        walk(&|r| self.node(r), root, TreeKind::Mapping, &mut exclusive)?;
+        Ok(exclusive.total)
     }
 }

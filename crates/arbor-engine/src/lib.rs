@@ -30,6 +30,7 @@ mod table;
 mod testing;
 mod undo;
 mod volumes;
+mod walk;
 
 pub use check::CheckReport;
 pub use error::{Error, Result};

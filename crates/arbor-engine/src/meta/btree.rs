@@ -18,6 +18,7 @@ use arbor_format::{BlockRef, Node, NodeBody, TreeKind, MAX_LEVEL};
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::walk::{walk, Descend, Place, Visitor};
 
 /// Index of the child of an internal node whose range holds `key`.
 fn child_index(keys: &[u64], key: u64) -> usize {
@@ -161,51 +162,34 @@ impl Meta {
         to: u64,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
     ) -> Result<()> {
-        if root.is_none() || from >= to {
+        /// Visits the leaves that overlap `[from, to)`.
+        struct Range<'f> {
+            from: u64,
+            to: u64,
+            f: &'f mut dyn FnMut(u64, &[u8]) -> Result<bool>,
+        }
+        impl Visitor for Range<'_> {
+            fn enter(&mut self, _r: BlockRef, at: &Place) -> Result<bool> {
+                Ok(at.lo < self.to && at.hi > self.from)
+            }
+            fn visit(&mut self, _r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
+                if let NodeBody::Leaf(_) = node.body {
+                    let start = node.keys.partition_point(|&k| k < self.from);
+                    for i in start..node.len() {
+                        if node.keys[i] >= self.to || !(self.f)(node.keys[i], node.value(i))? {
+                            return Ok(Descend::Stop);
+                        }
+                    }
+                }
+                Ok(Descend::Children)
+            }
+        }
+        if from >= to || root.is_none() {
             return Ok(());
         }
-        let node = self.node(root)?;
-        if node.level > MAX_LEVEL {
-            return Err(Error::inconsistent("tree too deep"));
-        }
-        self.for_each_rec(&node, from, to, f).map(|_| ())
-    }
-
-    fn for_each_rec(
-        &self,
-        node: &Node,
-        from: u64,
-        to: u64,
-        f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
-    ) -> Result<bool> {
-        match &node.body {
-            NodeBody::Leaf(_) => {
-                let start = node.keys.partition_point(|&k| k < from);
-                for i in start..node.len() {
-                    if node.keys[i] >= to {
-                        return Ok(false);
-                    }
-                    if !f(node.keys[i], node.value(i))? {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            }
-            NodeBody::Internal(children) => {
-                let first = child_index(&node.keys, from);
-                for (i, &child_ref) in children.iter().enumerate().skip(first) {
-                    if node.keys[i] >= to && i > first {
-                        return Ok(false);
-                    }
-                    let child = self.node(child_ref)?;
-                    check_child_level(node, &child, node.tree)?;
-                    if !self.for_each_rec(&child, from, to, f)? {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            }
-        }
+        // The root's own kind: every node below must match it.
+        let tree = self.node(root)?.tree;
+        walk(&|r| self.node(r), root, tree, &mut Range { from, to, f }).map(|_| ())
     }
 
     /// The smallest key in the tree and its value.
