@@ -255,15 +255,19 @@ mod tests {
         }
     }
 
-    fn run(nodes: &HashMap<u64, Node>, root: u64, seen: &mut Seen) -> Result<bool> {
-        let read = |b: BlockRef| {
+    /// Reads blocks from `nodes`.
+    fn reader(nodes: &HashMap<u64, Node>) -> impl Fn(BlockRef) -> Result<Box<Node>> + '_ {
+        |b: BlockRef| {
             nodes
                 .get(&b.block)
                 .cloned()
                 .map(Box::new)
                 .ok_or_else(|| Error::inconsistent("no such block"))
-        };
-        walk(&read, r(root), TreeKind::Queue, seen)
+        }
+    }
+
+    fn run(nodes: &HashMap<u64, Node>, root: u64, seen: &mut Seen) -> Result<bool> {
+        walk(&reader(nodes), r(root), TreeKind::Queue, seen)
     }
 
     #[test]
@@ -315,14 +319,7 @@ mod tests {
                 Ok(Descend::Children)
             }
         }
-        let read = |b: BlockRef| {
-            nodes
-                .get(&b.block)
-                .cloned()
-                .map(Box::new)
-                .ok_or_else(|| Error::inconsistent("no such block"))
-        };
-        assert!(walk(&read, r(1), TreeKind::Queue, &mut Strict).is_err());
+        assert!(walk(&reader(&nodes), r(1), TreeKind::Queue, &mut Strict).is_err());
     }
 
     #[test]
