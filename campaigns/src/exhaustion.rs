@@ -52,6 +52,9 @@ pub struct Outcome {
     pub resize_races: u64,
     /// Online growths of the pool (with the writer writing).
     pub growths: u64,
+    /// Writes that did not fit an empty transaction's journal and ran in
+    /// pieces (`PoolStats::split_units`, summed over every open).
+    pub split_units: u64,
     pub failures: Vec<String>,
 }
 
@@ -69,6 +72,7 @@ impl Tally for Outcome {
         self.writer_ops += o.writer_ops;
         self.resize_races += o.resize_races;
         self.growths += o.growths;
+        self.split_units += o.split_units;
         self.failures.extend(o.failures);
     }
     fn failures(&self) -> &[String] {
@@ -426,6 +430,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 writer.stop(out)?;
                 match pool.flush() {
                     Ok(()) => {
+                        out.split_units += pool.pool_stats().map_or(0, |s| s.split_units);
                         if cut {
                             disk = SimDisk::from_image(disk.handle().durable_image());
                             out.power_cuts += 1;
@@ -469,6 +474,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         }
     }
     writer.stop(out)?;
+    out.split_units += pool.pool_stats().map_or(0, |s| s.split_units);
     pool.flush()
         .map_err(|e| format!("seed {seed}: final flush: {e}"))?;
     check_clean(&pool, &format!("seed {seed}: end"))?;

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} online growths, {} failures, {:.0} s",
+        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} online growths, {} units split for journal room, {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
@@ -49,6 +49,7 @@ fn main() -> ExitCode {
         total.writer_ran_out,
         total.resize_races,
         total.growths,
+        total.split_units,
         total.failures.len(),
         elapsed.as_secs_f64()
     );

@@ -146,6 +146,10 @@ pub struct PoolStats {
     pub reclaim_pending: bool,
     /// Last committed transaction.
     pub txn: u64,
+    /// Writes since the pool was opened that did not fit an empty
+    /// transaction's journal and ran in pieces, atomic as a whole
+    /// (`pool/write.rs`).
+    pub split_units: u64,
 }
 
 /// A byte range and whether it is mapped (reads from a chunk) or reads as zeros.
@@ -1000,6 +1004,7 @@ impl Pool {
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
             txn: meta.meta().txn() - 1,
+            split_units: self.split_units.load(Ordering::Relaxed),
         })
     }
 

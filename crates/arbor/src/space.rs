@@ -70,6 +70,7 @@ mod tests {
             snapshots: 0,
             reclaim_pending: false,
             txn: 0,
+            split_units: 0,
         }
     }
 
