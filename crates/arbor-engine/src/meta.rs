@@ -75,7 +75,7 @@ pub(crate) struct Meta {
     data_sm: SpaceMap,
     queue_root: BlockRef,
     next_queue_seq: u64,
-    /// Who the running step allocates for (set by [`Volumes::atomic`] only).
+    /// Who the running step allocates for (set by [`Meta::begin_step`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
     meta_reserve: u64,
@@ -107,7 +107,7 @@ enum NodeUndo {
     Held(u64, Node),
 }
 
-/// Everything a rollback needs to restore the transaction (see [`Volumes::atomic`]).
+/// Everything a rollback needs to restore the transaction (see [`Meta::begin_step`]).
 pub(crate) struct Savepoint {
     queue_root: BlockRef,
     next_queue_seq: u64,

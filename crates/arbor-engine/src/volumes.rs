@@ -47,7 +47,7 @@ pub(crate) struct ChunkWanted {
     pub only_if_mapped: bool,
 }
 
-/// A volume's tree kept as it was by [`Meta::hold_tree`].
+/// A volume's tree kept as it was by [`Volumes::hold_tree`].
 pub(crate) struct HeldTree {
     id: u64,
     root: BlockRef,
@@ -66,7 +66,7 @@ pub(crate) struct WriteEnd {
     pub past_end: bool,
 }
 
-/// The answer of [`Meta::try_in_place`].
+/// The answer of [`Volumes::try_in_place`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InPlaceCheck {
     /// Overwrite this physical chunk.
@@ -357,7 +357,7 @@ impl Volumes {
     }
 
     /// Ends [`Self::hold_tree`] (the caller then calls
-    /// [`Meta::unhold_tree`]). With `restore`, the volume gets the held tree
+    /// [`Self::unhold_tree`]). With `restore`, the volume gets the held tree
     /// back, and its tree of now goes to the reclaim queue.
     pub fn release_tree(&mut self, held: &HeldTree, restore: bool) -> Result<()> {
         if !restore {

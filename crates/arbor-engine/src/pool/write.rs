@@ -227,7 +227,7 @@ impl Pool {
     /// I/O gate (exclusive), so no other write, management operation or
     /// commit runs until it ends. It runs whole in an empty transaction if
     /// it fits one; otherwise in pieces, each a transaction of its own,
-    /// after its volume's tree as it is now is *held* (`Meta::hold_tree`):
+    /// after its volume's tree as it is now is *held* (`Volumes::hold_tree`):
     /// a piece that fails puts the tree back, so the unit is atomic as a
     /// whole, not piece by piece. Holding the tree makes every chunk it maps
     /// shared, so the pieces redirect all of their chunks (more data space
