@@ -16,12 +16,8 @@ use crate::walk::{verify, walk, Descend, Place, Visitor};
 
 #[derive(Debug, Clone, Copy)]
 enum Piece {
-    Subtree {
-        node: BlockRef,
-        level: Option<u8>,
-        lo: u64,
-        hi: u64,
-    },
+    /// The subtree at `node`, where its parent puts it.
+    Subtree { node: BlockRef, at: Place },
     /// Chunks `[lo, hi)` map to physical chunks from `phys` on, or are unmapped.
     Run { lo: u64, hi: u64, phys: Option<u64> },
 }
@@ -29,13 +25,15 @@ enum Piece {
 impl Piece {
     fn lo(&self) -> u64 {
         match *self {
-            Piece::Subtree { lo, .. } | Piece::Run { lo, .. } => lo,
+            Piece::Subtree { at, .. } => at.lo,
+            Piece::Run { lo, .. } => lo,
         }
     }
 
     fn hi(&self) -> u64 {
         match *self {
-            Piece::Subtree { hi, .. } | Piece::Run { hi, .. } => hi,
+            Piece::Subtree { at, .. } => at.hi,
+            Piece::Run { hi, .. } => hi,
         }
     }
 }
@@ -54,53 +52,31 @@ impl Side {
         } else {
             Piece::Subtree {
                 node: root,
-                level: None,
-                lo: 0,
-                hi: u64::MAX,
+                at: Place::root(TreeKind::Mapping),
             }
         }])
     }
 
     /// Replaces the front subtree piece by its children (or its runs).
     fn expand(&mut self, meta: &Meta) -> Result<()> {
-        let Some(Piece::Subtree {
-            node,
-            level,
-            lo,
-            hi,
-        }) = self.0.pop()
-        else {
+        let Some(Piece::Subtree { node, at }) = self.0.pop() else {
             return Err(Error::inconsistent("diff: expanding a run"));
         };
+        let (lo, hi) = (at.lo, at.hi);
         let n = meta.node(node)?;
-        let at = Place {
-            tree: TreeKind::Mapping,
-            level,
-            lo,
-            hi,
-        };
         if let Some(damage) = verify(node.block, &n, &at).into_iter().next() {
             return Err(Error::inconsistent(format!("diff: {}", damage.what)));
         }
         let mut pieces = Vec::new();
         match &n.body {
             NodeBody::Internal(children) => {
-                let child_level = n
-                    .level
-                    .checked_sub(1)
-                    .ok_or_else(|| Error::inconsistent("internal node at level 0"))?;
-                let mut start = lo;
+                // Verified above: the children's ranges are in order and
+                // inside this node's.
                 for (i, child) in children.iter().enumerate() {
-                    let end = n.keys.get(i + 1).map_or(hi, |&k| k.clamp(start, hi));
-                    if end > start {
-                        pieces.push(Piece::Subtree {
-                            node: *child,
-                            level: Some(child_level),
-                            lo: start,
-                            hi: end,
-                        });
+                    let at = at.child(&n, i);
+                    if at.hi > at.lo {
+                        pieces.push(Piece::Subtree { node: *child, at });
                     }
-                    start = end;
                 }
             }
             NodeBody::Leaf(_) => {

@@ -98,7 +98,7 @@ impl Meta {
             }
         }
         let data_chunks = self.geo().data_chunks();
-        self.tree_for_each(root, from, to, &mut |key, value| {
+        self.tree_for_each(root, TreeKind::Mapping, from, to, &mut |key, value| {
             f(Extent::from_entry(key, value, data_chunks)?)
         })
     }

@@ -372,7 +372,7 @@ impl Meta {
     /// the caller); `None` when the queue is empty or its oldest entry is held
     /// ([`Self::hold_queue_entry`]).
     pub fn queue_pop(&mut self) -> Result<Option<BlockRef>> {
-        let Some((seq, value)) = self.tree_first(self.queue_root)? else {
+        let Some((seq, value)) = self.tree_first(self.queue_root, TreeKind::Queue)? else {
             return Ok(None);
         };
         if self.held_queue_seq == Some(seq) {
@@ -402,7 +402,8 @@ impl Meta {
         rec
     }
 
-    /// Holds reclaim back at queue entry `seq` until [`Self::unhold_tree`].
+    /// Holds reclaim back at queue entry `seq` until
+    /// [`Self::unhold_queue_entry`].
     pub fn hold_queue_entry(&mut self, seq: u64) {
         debug_assert!(self.held_queue_seq.is_none(), "two held trees");
         self.held_queue_seq = Some(seq);
@@ -410,7 +411,7 @@ impl Meta {
 
     /// Ends the hold of [`Self::hold_queue_entry`]: the entry is reclaimed
     /// like any other.
-    pub fn unhold_tree(&mut self) {
+    pub fn unhold_queue_entry(&mut self) {
         self.held_queue_seq = None;
     }
 

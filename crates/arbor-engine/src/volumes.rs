@@ -81,12 +81,18 @@ impl Volumes {
     pub fn resume(meta: Meta) -> Result<Self> {
         let roots = VolumeRoots::of(meta.last_record());
         let mut records = Vec::new();
-        meta.tree_for_each(roots.root, 0, u64::MAX, &mut |id, value| {
-            let rec = VolumeRecord::decode(value)
-                .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
-            records.push((id, rec));
-            Ok(true)
-        })?;
+        meta.tree_for_each(
+            roots.root,
+            TreeKind::Volumes,
+            0,
+            u64::MAX,
+            &mut |id, value| {
+                let rec = VolumeRecord::decode(value)
+                    .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
+                records.push((id, rec));
+                Ok(true)
+            },
+        )?;
         Ok(Self {
             meta,
             table: VolumeTable::load(records)?,
@@ -209,7 +215,7 @@ impl Volumes {
 
     /// Ends a [`Self::hold_tree`] whatever [`Self::release_tree`] did.
     pub fn unhold_tree(&mut self) {
-        self.meta.unhold_tree()
+        self.meta.unhold_queue_entry()
     }
 
     #[cfg(test)]
@@ -596,15 +602,17 @@ impl Volumes {
     /// references is freed: its children's references go to the queue, its
     /// extents' data references are dropped.
     fn drop_tree_ref(&mut self, r: BlockRef) -> Result<()> {
-        let kind = self.meta.node(r)?.tree;
-        if kind != TreeKind::Mapping {
-            return Err(Error::inconsistent(format!(
-                "reclaim queue names a {kind:?} node"
-            )));
-        }
         let Some(node) = self.meta.tree_release(r)? else {
             return Ok(());
         };
+        // A failed step is undone whole, so checking after the release is
+        // as good as before it, and a shared node is not read at all.
+        if node.tree != TreeKind::Mapping {
+            return Err(Error::inconsistent(format!(
+                "reclaim queue names a {:?} node",
+                node.tree
+            )));
+        }
         match &node.body {
             arbor_format::NodeBody::Internal(children) => {
                 for child in children {

@@ -7,7 +7,7 @@
 //! outside a parent's key range unnoticed. The diff's two-tree merge walks
 //! lazily and calls [`verify`] itself.
 
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 
 use arbor_format::{BlockRef, Node, NodeBody, TreeKind, MAX_LEVEL};
 
@@ -35,7 +35,7 @@ impl Place {
     }
 
     /// Where child `i` of `node` (at this place) sits.
-    fn child(&self, node: &Node, i: usize) -> Self {
+    pub fn child(&self, node: &Node, i: usize) -> Self {
         Self {
             tree: self.tree,
             level: Some(node.level.saturating_sub(1)),
@@ -118,6 +118,13 @@ pub(crate) enum Descend {
 
 /// What a walk does at each node.
 pub(crate) trait Visitor {
+    /// The keys the walk is about, if not all: subtrees outside them are
+    /// neither read nor entered (found by binary search in each internal
+    /// node).
+    fn keys(&self) -> Option<Range<u64>> {
+        None
+    }
+
     /// Before block `r` is read: false skips it and its subtree unread
     /// (a range outside the walk's, a shared or older subtree, a node
     /// already seen).
@@ -195,7 +202,18 @@ fn walk_at<N: Deref<Target = Node>>(
         Descend::Children => {}
     }
     if let NodeBody::Internal(children) = &node.body {
-        for (i, &child) in children.iter().enumerate() {
+        let keys = visitor.keys();
+        // The child whose range holds the first key wanted, and those after
+        // it that start below the last (keys are verified in order above).
+        let first = keys.as_ref().map_or(0, |keys| {
+            node.keys
+                .partition_point(|&k| k <= keys.start)
+                .saturating_sub(1)
+        });
+        for (i, &child) in children.iter().enumerate().skip(first) {
+            if i > first && keys.as_ref().is_some_and(|keys| node.keys[i] >= keys.end) {
+                break;
+            }
             if !walk_at(read, child, &at.child(&node, i), visitor)? {
                 return Ok(false);
             }
@@ -239,9 +257,13 @@ mod tests {
         visited: Vec<u64>,
         damage: Vec<String>,
         skip: Vec<u64>,
+        keys: Option<std::ops::Range<u64>>,
     }
 
     impl Visitor for Seen {
+        fn keys(&self) -> Option<std::ops::Range<u64>> {
+            self.keys.clone()
+        }
         fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
             Ok(!self.skip.contains(&r.block))
         }
@@ -288,6 +310,19 @@ mod tests {
         };
         run(&nodes, 1, &mut seen).unwrap();
         assert_eq!(seen.visited, [1, 2, 4]);
+        // Only the children whose ranges meet the keys wanted are read.
+        for (keys, read) in [
+            (12..18, vec![1, 3]),
+            (5..11, vec![1, 2, 3]),
+            (25..40, vec![1, 4]),
+        ] {
+            let mut seen = Seen {
+                keys: Some(keys.clone()),
+                ..Seen::default()
+            };
+            run(&nodes, 1, &mut seen).unwrap();
+            assert_eq!(seen.visited, read, "{keys:?}");
+        }
     }
 
     #[test]

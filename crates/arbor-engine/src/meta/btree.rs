@@ -158,19 +158,20 @@ impl Meta {
     pub fn tree_for_each(
         &self,
         root: BlockRef,
+        tree: TreeKind,
         from: u64,
         to: u64,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
     ) -> Result<()> {
         /// Visits the leaves that overlap `[from, to)`.
-        struct Range<'f> {
+        struct InRange<'f> {
             from: u64,
             to: u64,
             f: &'f mut dyn FnMut(u64, &[u8]) -> Result<bool>,
         }
-        impl Visitor for Range<'_> {
-            fn enter(&mut self, _r: BlockRef, at: &Place) -> Result<bool> {
-                Ok(at.lo < self.to && at.hi > self.from)
+        impl Visitor for InRange<'_> {
+            fn keys(&self) -> Option<std::ops::Range<u64>> {
+                Some(self.from..self.to)
             }
             fn visit(&mut self, _r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
                 if let NodeBody::Leaf(_) = node.body {
@@ -184,18 +185,16 @@ impl Meta {
                 Ok(Descend::Children)
             }
         }
-        if from >= to || root.is_none() {
+        if from >= to {
             return Ok(());
         }
-        // The root's own kind: every node below must match it.
-        let tree = self.node(root)?.tree;
-        walk(&|r| self.node(r), root, tree, &mut Range { from, to, f }).map(|_| ())
+        walk(&|r| self.node(r), root, tree, &mut InRange { from, to, f }).map(|_| ())
     }
 
     /// The smallest key in the tree and its value.
-    pub fn tree_first(&self, root: BlockRef) -> Result<Option<(u64, Vec<u8>)>> {
+    pub fn tree_first(&self, root: BlockRef, tree: TreeKind) -> Result<Option<(u64, Vec<u8>)>> {
         let mut first = None;
-        self.tree_for_each(root, 0, u64::MAX, &mut |k, v| {
+        self.tree_for_each(root, tree, 0, u64::MAX, &mut |k, v| {
             first = Some((k, v.to_vec()));
             Ok(false)
         })?;
@@ -561,7 +560,7 @@ mod tests {
 
     fn contents(meta: &Meta, root: BlockRef, from: u64, to: u64) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::new();
-        meta.tree_for_each(root, from, to, &mut |k, v| {
+        meta.tree_for_each(root, KIND, from, to, &mut |k, v| {
             out.push((k, v.to_vec()));
             Ok(true)
         })
@@ -655,7 +654,7 @@ mod tests {
                 }
             }
             assert_eq!(
-                meta.tree_first(root).unwrap(),
+                meta.tree_first(root, KIND).unwrap(),
                 model.iter().next().map(|(k, v)| (*k, v.clone()))
             );
             let mut rng = StdRng::seed_from_u64(8);
@@ -666,7 +665,7 @@ mod tests {
             }
             // tree_for_each stops when told to.
             let mut seen = 0;
-            meta.tree_for_each(root, 0, u64::MAX, &mut |_, _| {
+            meta.tree_for_each(root, KIND, 0, u64::MAX, &mut |_, _| {
                 seen += 1;
                 Ok(seen < 10)
             })
