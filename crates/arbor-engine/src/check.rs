@@ -213,10 +213,12 @@ impl Walker<'_> {
                     }
                     Err(e) => self.damage(format!("leaf {}: {e}", r.block)),
                 },
-                TreeKind::Volumes => match VolumeRecord::decode(node.value(i)) {
-                    Ok(rec) => self.records.push((key, rec)),
-                    Err(e) => self.damage(format!("volume record {key}: {e}")),
-                },
+                TreeKind::Volumes | TreeKind::VolumeTable => {
+                    match crate::volumes::decode_record(node.tree, node.value(i)) {
+                        Ok(rec) => self.records.push((key, rec)),
+                        Err(e) => self.damage(format!("volume record {key}: {e}")),
+                    }
+                }
                 TreeKind::Queue => self.queued.push(BlockRef::decode(node.value(i))),
             }
         }
@@ -417,7 +419,15 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
         damaged: false,
     };
     if !meta.volumes_root.is_none() {
-        w.walk(meta.volumes_root, TreeKind::Volumes);
+        // Either layout (see `Volumes::convert_table`); the walk verifies
+        // every node against the kind its root gives.
+        let kind = match meta.store.read_node_uncached(meta.volumes_root) {
+            Ok(node) if node.tree == TreeKind::VolumeTable && meta.store.geo.version() >= 3 => {
+                TreeKind::VolumeTable
+            }
+            _ => TreeKind::Volumes,
+        };
+        w.walk(meta.volumes_root, kind);
     }
     if queue && !meta.queue_root.is_none() {
         w.walk(meta.queue_root, TreeKind::Queue);

@@ -40,6 +40,15 @@ pub enum Error {
     /// more than the whole journal.
     #[error("one step of the operation changes more space-map pages than the journal holds")]
     TransactionFull,
+    /// The operation conflicts with the pool's state (a receive of another
+    /// stream in progress, a volume written since a stream's base); the
+    /// message says what to do.
+    #[error("{0}")]
+    Conflict(String),
+    /// The pool's format version cannot do this yet; the message names the
+    /// upgrade.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

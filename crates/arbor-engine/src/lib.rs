@@ -32,11 +32,13 @@ mod undo;
 mod volumes;
 mod walk;
 
+pub use arbor_format::Guid;
 pub use check::CheckReport;
 pub use error::{Error, Result};
 pub use names::{check_volume_name, split_snapshot_name};
 pub use pool::{
-    CommitObserver, CreateOptions, GrowOptions, GrowReport, MapRun, OpenOptions, Pool, PoolStats,
-    VolumeId, VolumeInfo, VolumeStats, DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
+    guid_hex, CommitObserver, CreateOptions, GrowOptions, GrowReport, MapRun, OpenOptions, Pool,
+    PoolStats, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId, VolumeInfo, VolumeStats,
+    DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};

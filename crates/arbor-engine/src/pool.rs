@@ -39,8 +39,10 @@ use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
 
 mod grow;
+mod receive;
 mod write;
 pub use grow::{GrowOptions, GrowReport};
+pub use receive::{hex as guid_hex, ReceiveStart, ReceiveStatus, ReceiveTarget};
 use write::{Fill, Unit};
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
@@ -118,6 +120,9 @@ pub struct VolumeInfo {
     pub created_txn: u64,
     pub created_unix_secs: u64,
     pub mapped_bytes: u64,
+    /// Identity, kept by send and receive (None in a pool whose volume
+    /// table predates identities).
+    pub guid: Option<arbor_format::Guid>,
 }
 
 /// Space accounting of one volume.
@@ -362,7 +367,17 @@ impl Pool {
         let store = Arc::new(Store::new(dev, geo, open.cache_bytes / BLOCK_SIZE));
         let resume = recover(&store)?;
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
-        Ok(Self::from_parts(store, Volumes::resume(meta)?))
+        let pool = Self::from_parts(store, Volumes::resume(meta)?);
+        // An upgrade to version 3 that a power cut interrupted: finish it.
+        // Failing to (no metadata space) leaves a pool that works but
+        // cannot receive until it is done.
+        if let Err(e) = pool.convert_table() {
+            if e.stops_pool() {
+                return Err(e);
+            }
+            warn!(error = %e, "could not give volumes identities yet; receives are refused until `arbor pool upgrade` succeeds");
+        }
+        Ok(pool)
     }
 
     fn from_parts(store: Arc<Store>, volumes: Volumes) -> Self {
@@ -707,6 +722,7 @@ impl Pool {
                     }
                     m.rename_volume(id, to.to_owned())
                 }
+                VolumeKind::Receiving => Err(Error::NotFound(from.to_owned())),
             }
         })
     }
@@ -775,7 +791,7 @@ impl Pool {
 
     pub fn info(&self, id: VolumeId) -> Result<VolumeInfo> {
         let meta = self.read_meta()?;
-        let rec = meta.volume(id.0)?;
+        let rec = meta.visible_volume(id.0)?;
         Ok(volume_info(id.0, rec, self.chunk_size()))
     }
 
@@ -786,6 +802,7 @@ impl Pool {
         let mut all: Vec<VolumeInfo> = meta
             .table()
             .iter()
+            .filter(|(_, r)| r.kind != VolumeKind::Receiving)
             .map(|(id, r)| volume_info(id, r, chunk))
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -794,13 +811,19 @@ impl Pool {
 
     // ---- data path ---------------------------------------------------------------
 
-    /// Checks an I/O request against the volume and returns the volume size.
+    /// Checks an I/O request against the volume (hidden receives are not
+    /// found).
     fn check_io(meta: &Volumes, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
-        let rec = if write {
-            meta.writable_volume(id.0)?
-        } else {
-            meta.volume(id.0)?
-        };
+        let rec = meta.visible_volume(id.0)?;
+        if write {
+            meta.writable_volume(id.0)?;
+        }
+        Self::check_range(rec, offset, len)
+    }
+
+    /// Fails unless `[offset, offset + len)` is sector-aligned and inside
+    /// the volume.
+    fn check_range(rec: &arbor_format::VolumeRecord, offset: u64, len: u64) -> Result<()> {
         if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
             return Err(Error::InvalidArgument(format!(
                 "offset {offset} and length {len} must be multiples of {SECTOR}"
@@ -873,10 +896,16 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        Self::check_io(&*self.read_meta()?, id, offset, buf.len() as u64, false)?;
+        self.read_unchecked(id, offset, buf)
+    }
+
+    /// [`Pool::read`] of a range already checked (a volume may be resized
+    /// between the check and the read: the lookup reads what is mapped).
+    fn read_unchecked(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _gate = self.io_gate();
         let pieces = {
             let meta = self.read_meta()?;
-            Self::check_io(&meta, id, offset, buf.len() as u64, false)?;
             Self::resolve(&meta, id, offset, buf.len() as u64)?
         };
         let mut at = 0usize;
@@ -913,14 +942,7 @@ impl Pool {
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
-        self.apply_all(Unit {
-            id,
-            offset,
-            len: data.len() as u64,
-            fill: Fill::Data(data),
-            unmap: false,
-            past_end: false,
-        })
+        self.apply_all(Unit::data(id, offset, data))
     }
 
     /// Discards a range: whole chunks are unmapped (their space freed once no
@@ -941,14 +963,7 @@ impl Pool {
         keep_allocation: bool,
     ) -> Result<()> {
         Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
-        self.apply_all(Unit {
-            id,
-            offset,
-            len,
-            fill: Fill::Zeros,
-            unmap: !keep_allocation,
-            past_end: false,
-        })
+        self.apply_all(Unit::zeros(id, offset, len, !keep_allocation))
     }
 
     // ---- reclaim and statistics ------------------------------------------------
@@ -1000,7 +1015,11 @@ impl Pool {
             data_used_bytes: meta.meta().used(SmKind::Data) * geo.chunk_size,
             metadata_bytes: geo.meta_blocks() * BLOCK_SIZE_U64,
             metadata_used_bytes: meta.meta().used(SmKind::Meta) * BLOCK_SIZE_U64,
-            volumes: meta.table().len() as u64 - snapshots,
+            volumes: meta
+                .table()
+                .iter()
+                .filter(|(_, r)| r.kind == VolumeKind::Volume)
+                .count() as u64,
             snapshots,
             reclaim_pending: meta.reclaim_pending(),
             txn: meta.meta().txn() - 1,
@@ -1010,7 +1029,7 @@ impl Pool {
 
     pub fn volume_stats(&self, id: VolumeId) -> Result<VolumeStats> {
         let meta = self.read_meta()?;
-        let rec = meta.volume(id.0)?;
+        let rec = meta.visible_volume(id.0)?;
         let cs = self.chunk_size();
         let exclusive = meta.meta().exclusive_chunks(rec.root)?;
         Ok(VolumeStats {
@@ -1030,7 +1049,7 @@ impl Pool {
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
-        let (va, vb) = (meta.volume(a.0)?, meta.volume(b.0)?);
+        let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
         let (ra, rb) = (va.root, vb.root);
         let cs = self.chunk_size();
         let mut chunks: Vec<(u64, u64)> = Vec::new();
@@ -1061,7 +1080,7 @@ impl Pool {
     /// Discarded ranges are not reported; [`Pool::diff`] reports those.
     pub fn changed_since(&self, id: VolumeId, since: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
-        let root = meta.volume(id.0)?.root;
+        let root = meta.visible_volume(id.0)?.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
         meta.meta()
             .changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
@@ -1182,6 +1201,7 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         created_unix_secs: rec.created_unix_secs,
         // A damaged counter (reported by `check`) must not overflow here.
         mapped_bytes: rec.mapped_chunks.saturating_mul(chunk),
+        guid: (rec.guid != [0; 16]).then_some(rec.guid),
     }
 }
 

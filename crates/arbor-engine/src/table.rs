@@ -65,10 +65,6 @@ impl VolumeTable {
         self.names.get(name).copied()
     }
 
-    pub fn len(&self) -> usize {
-        self.vols.len()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (u64, &VolumeRecord)> {
         self.vols.iter().map(|(&id, rec)| (id, rec))
     }
@@ -252,6 +248,8 @@ mod tests {
             mapped_chunks: 0,
             kind: VolumeKind::Volume,
             name: name.into(),
+            guid: [1; 16],
+            receive: Default::default(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! ([`Volumes::atomic`]). Everything here runs under the pool's metadata
 //! lock.
 
-use arbor_format::{BlockRef, Layout, TreeKind, VolumeKind, VolumeRecord};
+use arbor_format::{BlockRef, Guid, Layout, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
@@ -19,7 +19,21 @@ pub(crate) struct Volumes {
     table: VolumeTable,
     /// The volume table's tree, as of the last [`Self::store_table`].
     root: BlockRef,
+    /// Its layout: [`TreeKind::VolumeTable`] (version 3, identities), or
+    /// [`TreeKind::Volumes`] in a pool not yet upgraded (or upgraded by a
+    /// call a power cut interrupted: [`Self::convert_table`] finishes it).
+    kind: TreeKind,
     next_id: u64,
+}
+
+/// A fresh random identity (never all zeros, which means none).
+pub(crate) fn new_guid() -> Guid {
+    loop {
+        let guid: Guid = rand::random();
+        if guid != [0; 16] {
+            return guid;
+        }
+    }
 }
 
 /// What an atomic write does to one chunk, decided in its planning step
@@ -80,25 +94,57 @@ impl Volumes {
     /// read from the table's tree.
     pub fn resume(meta: Meta) -> Result<Self> {
         let roots = VolumeRoots::of(meta.last_record());
+        let kind = table_kind(&meta, roots.root)?;
         let mut records = Vec::new();
-        meta.tree_for_each(
-            roots.root,
-            TreeKind::Volumes,
-            0,
-            u64::MAX,
-            &mut |id, value| {
-                let rec = VolumeRecord::decode(value)
-                    .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
-                records.push((id, rec));
-                Ok(true)
-            },
-        )?;
+        meta.tree_for_each(roots.root, kind, 0, u64::MAX, &mut |id, value| {
+            let rec = decode_record(kind, value)
+                .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
+            records.push((id, rec));
+            Ok(true)
+        })?;
         Ok(Self {
             meta,
             table: VolumeTable::load(records)?,
             root: roots.root,
+            kind,
             next_id: roots.next_id,
         })
+    }
+
+    /// Whether the volume table has the version 3 layout (identities,
+    /// receives).
+    pub fn has_identities(&self) -> bool {
+        self.kind == TreeKind::VolumeTable
+    }
+
+    /// Rewrites a version 1 volume table as a version 3 one, giving every
+    /// volume and snapshot an identity (run in a step, in a version 3 pool:
+    /// a failure leaves the old table). Returns false when there was
+    /// nothing to do.
+    pub fn convert_table(&mut self) -> Result<bool> {
+        if self.kind == TreeKind::VolumeTable {
+            return Ok(false);
+        }
+        if self.meta.geo().version() < 3 {
+            return Err(Error::inconsistent(
+                "a version 3 volume table in a pool of an older version",
+            ));
+        }
+        let ids: Vec<u64> = self.table.iter().map(|(id, _)| id).collect();
+        for &id in &ids {
+            self.root = self.meta.tree_remove(self.root, id)?.0;
+            self.table.update(id, |rec| rec.guid = new_guid())?;
+        }
+        if !self.root.is_none() {
+            return Err(Error::inconsistent(
+                "the old volume table holds records the open table does not",
+            ));
+        }
+        // Every record is dirty now (its identity changed): all go into
+        // the new tree.
+        self.kind = TreeKind::VolumeTable;
+        self.store_table()?;
+        Ok(true)
     }
 
     /// The volume table of the open transaction.
@@ -144,7 +190,8 @@ impl Volumes {
         f: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
         let step = self.meta.begin_step(privilege);
-        let (table, root, next_id) = (self.table.savepoint(), self.root, self.next_id);
+        let (table, root, kind, next_id) =
+            (self.table.savepoint(), self.root, self.kind, self.next_id);
         let result = f(self);
         let result = self.meta.end_step(step, result);
         match result {
@@ -152,6 +199,7 @@ impl Volumes {
             Err(_) => {
                 self.table.rollback(table);
                 self.root = root;
+                self.kind = kind;
                 self.next_id = next_id;
             }
         }
@@ -167,10 +215,17 @@ impl Volumes {
         }
         for (id, rec) in dirty {
             let mut value = [0u8; VolumeRecord::ENCODED_LEN];
-            rec.encode(&mut value);
-            self.root = self
-                .meta
-                .tree_insert(self.root, TreeKind::Volumes, id, &value)?;
+            let value = match self.kind {
+                TreeKind::VolumeTable => {
+                    rec.encode(&mut value);
+                    &value[..]
+                }
+                _ => {
+                    rec.encode_v1(&mut value);
+                    &value[..VolumeRecord::ENCODED_LEN_V1]
+                }
+            };
+            self.root = self.meta.tree_insert(self.root, self.kind, id, value)?;
         }
         Ok(())
     }
@@ -229,16 +284,129 @@ impl Volumes {
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
     }
 
+    /// The id of the volume or snapshot named `name` (receives in progress
+    /// are not found by name: see [`Self::receiving_id`]).
     pub fn volume_id(&self, name: &str) -> Result<u64> {
         self.table
             .id_of(name)
+            .filter(|&id| {
+                self.table
+                    .get(id)
+                    .is_some_and(|r| r.kind != VolumeKind::Receiving)
+            })
             .ok_or_else(|| Error::NotFound(name.to_owned()))
+    }
+
+    /// The receive in progress into volume `volume`, if any.
+    pub fn receiving_id(&self, volume: &str) -> Option<u64> {
+        self.table.id_of(&receiving_name(volume)).filter(|&id| {
+            self.table
+                .get(id)
+                .is_some_and(|r| r.kind == VolumeKind::Receiving)
+        })
+    }
+
+    /// The volume or snapshot whose identity is `guid`.
+    pub fn guid_id(&self, guid: &Guid) -> Option<u64> {
+        if *guid == [0; 16] {
+            return None;
+        }
+        self.table
+            .iter()
+            .find(|(_, r)| r.kind != VolumeKind::Receiving && r.guid == *guid)
+            .map(|(id, _)| id)
+    }
+
+    /// Adds the hidden volume a receive into `volume` is applied to: empty
+    /// (a full stream) or sharing the base snapshot's tree (an incremental
+    /// one). Its size is the base's; the caller resizes it.
+    pub fn add_receiving(
+        &mut self,
+        volume: &str,
+        base: Option<u64>,
+        size: u64,
+        state: arbor_format::ReceiveState,
+    ) -> Result<u64> {
+        if !self.has_identities() {
+            return Err(Error::Unsupported(
+                "this pool's format (version 2 or older) cannot receive streams; \
+                 upgrade it first (arbor pool upgrade)"
+                    .into(),
+            ));
+        }
+        let name = receiving_name(volume);
+        self.ensure_name_free(&name)?;
+        let id = match base {
+            Some(base) => self.share_volume(base, name, VolumeKind::Receiving)?,
+            None => self.add_volume(name, VolumeKind::Receiving, size, BlockRef::NONE, 0, 0),
+        };
+        self.update_volume(id, |rec| {
+            rec.guid = [0; 16];
+            rec.receive = state;
+        })?;
+        Ok(id)
+    }
+
+    /// Records how far receive `id` has applied its stream.
+    pub fn set_received(&mut self, id: u64, offset: u64) -> Result<()> {
+        self.update_volume(id, |rec| rec.receive.offset = offset)
+    }
+
+    /// Turns the finished receive `id` into `volume` (created: a full
+    /// stream) and its snapshot `snapshot` with the stream's identity. For
+    /// an incremental stream `volume` exists and is rolled forward to the
+    /// new snapshot (its old tree goes to the reclaim queue). Returns the
+    /// snapshot's id.
+    pub fn finish_receiving(&mut self, id: u64, volume: &str, snapshot: &str) -> Result<u64> {
+        let rec = self.volume(id)?.clone();
+        if rec.kind != VolumeKind::Receiving {
+            return Err(Error::inconsistent(
+                "finishing a volume that is not receiving",
+            ));
+        }
+        self.ensure_name_free(snapshot)?;
+        let target = rec.receive.target;
+        if rec.receive.base == [0; 16] {
+            self.ensure_name_free(volume)?;
+            self.table.rename(id, volume.to_owned())?;
+            self.update_volume(id, |vol| {
+                vol.kind = VolumeKind::Volume;
+                vol.guid = new_guid(); // receives exist in version 3 tables only
+                vol.receive = Default::default();
+                vol.parent = 0;
+            })?;
+            let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
+            self.update_volume(snap, |s| s.guid = target)?;
+            Ok(snap)
+        } else {
+            let vol = self.volume_id(volume)?;
+            self.writable_volume(vol)?;
+            let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
+            self.update_volume(snap, |s| {
+                s.guid = target;
+                s.receive = Default::default();
+                s.parent = vol;
+            })?;
+            self.rollback_volume(vol, snap)?;
+            self.delete_volume(id)?;
+            Ok(snap)
+        }
     }
 
     pub fn writable_volume(&self, id: u64) -> Result<&VolumeRecord> {
         let rec = self.volume(id)?;
         if rec.kind == VolumeKind::Snapshot {
             return Err(Error::ReadOnly(rec.name.clone()));
+        }
+        Ok(rec)
+    }
+
+    /// Volume `id` unless it is a receive in progress (hidden from every
+    /// caller but the receive itself).
+    pub fn visible_volume(&self, id: u64) -> Result<&VolumeRecord> {
+        let rec = self.volume(id)?;
+        if rec.kind == VolumeKind::Receiving {
+            return Err(Error::NotFound(format!("volume id {id}")));
         }
         Ok(rec)
     }
@@ -296,6 +464,14 @@ impl Volumes {
             mapped_chunks: mapped,
             kind,
             name,
+            // A version 1 table stores no identity: the conversion gives
+            // every record one.
+            guid: if self.has_identities() {
+                new_guid()
+            } else {
+                [0; 16]
+            },
+            receive: Default::default(),
         };
         self.table.insert(id, rec);
         id
@@ -631,5 +807,44 @@ impl Volumes {
 
     pub fn reclaim_pending(&self) -> bool {
         !self.meta.queue_root().is_none()
+    }
+}
+
+/// The name of the hidden record of a receive into `volume`: `%` is never
+/// part of a volume name, so no user name can collide with it.
+pub(crate) fn receiving_name(volume: &str) -> String {
+    format!("{volume}%recv")
+}
+
+/// The layout of the volume table rooted at `root`: what its root node says
+/// (either layout may be found in a version 3 pool, see
+/// [`Volumes::convert_table`]); an empty table has its pool's layout.
+fn table_kind(meta: &Meta, root: BlockRef) -> Result<TreeKind> {
+    let kind = if root.is_none() {
+        if meta.geo().version() >= 3 {
+            TreeKind::VolumeTable
+        } else {
+            TreeKind::Volumes
+        }
+    } else {
+        meta.node(root)?.tree
+    };
+    match kind {
+        TreeKind::Volumes => Ok(kind),
+        TreeKind::VolumeTable if meta.geo().version() >= 3 => Ok(kind),
+        other => Err(Error::inconsistent(format!(
+            "the volume table's root is a {other:?} node"
+        ))),
+    }
+}
+
+/// Decodes a volume record stored in a table of layout `kind`.
+pub(crate) fn decode_record(
+    kind: TreeKind,
+    value: &[u8],
+) -> std::result::Result<VolumeRecord, arbor_format::FormatError> {
+    match kind {
+        TreeKind::VolumeTable => VolumeRecord::decode(value),
+        _ => VolumeRecord::decode_v1(value),
     }
 }

@@ -24,7 +24,10 @@ pub use layout::{
 pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, MAX_LEVEL, NODE_HEADER_SIZE,
 };
-pub use records::{BlockRef, MapValue, VolumeKind, VolumeRecord, MAX_EXTENT_CHUNKS, MAX_NAME_LEN};
+pub use records::{
+    BlockRef, Guid, MapValue, ReceiveState, VolumeKind, VolumeRecord, MAX_EXTENT_CHUNKS,
+    MAX_NAME_LEN,
+};
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
 
@@ -34,7 +37,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it).
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

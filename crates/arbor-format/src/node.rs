@@ -20,18 +20,22 @@ pub const MAX_LEVEL: u8 = 16;
 pub enum TreeKind {
     /// A volume's logical chunk → physical extent map ([`MapValue`]).
     Mapping = 1,
-    /// Volume id → [`VolumeRecord`].
+    /// Volume id → [`VolumeRecord`], version 1 layout (no identities).
     Volumes = 2,
     /// Reclaim queue: sequence number → [`BlockRef`] of a subtree to drop.
     Queue = 3,
+    /// Volume id → [`VolumeRecord`], version 3 layout (identities and
+    /// receives in progress).
+    VolumeTable = 4,
 }
 
 impl TreeKind {
     pub fn value_len(self) -> usize {
         match self {
             TreeKind::Mapping => MapValue::ENCODED_LEN,
-            TreeKind::Volumes => VolumeRecord::ENCODED_LEN,
+            TreeKind::Volumes => VolumeRecord::ENCODED_LEN_V1,
             TreeKind::Queue => BlockRef::ENCODED_LEN,
+            TreeKind::VolumeTable => VolumeRecord::ENCODED_LEN,
         }
     }
 
@@ -40,6 +44,7 @@ impl TreeKind {
             1 => Ok(TreeKind::Mapping),
             2 => Ok(TreeKind::Volumes),
             3 => Ok(TreeKind::Queue),
+            4 => Ok(TreeKind::VolumeTable),
             other => Err(FormatError::Invalid(format!("tree kind {other}"))),
         }
     }
@@ -278,5 +283,6 @@ mod tests {
         assert_eq!(leaf_capacity(TreeKind::Mapping), 126);
         assert_eq!(leaf_capacity(TreeKind::Volumes), 15);
         assert_eq!(leaf_capacity(TreeKind::Queue), 169);
+        assert_eq!(leaf_capacity(TreeKind::VolumeTable), 12);
     }
 }

@@ -95,6 +95,27 @@ pub enum VolumeKind {
     Volume = 0,
     /// A read-only point-in-time image of a volume.
     Snapshot = 1,
+    /// A receive in progress (version 3): a hidden volume that a stream is
+    /// being applied to; it becomes a snapshot when the stream has arrived
+    /// and verified, and its progress survives a restart.
+    Receiving = 2,
+}
+
+/// A snapshot's or volume's identity (version 3): 16 random bytes given at
+/// creation and kept by send and receive, so that a stream's base is found
+/// by what it is, not by its name. All zeros: none (a record read from a
+/// version 1 volume table, before its pool was upgraded).
+pub type Guid = [u8; 16];
+
+/// Where a receive in progress stands (a [`VolumeKind::Receiving`] record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReceiveState {
+    /// The identity the snapshot will have.
+    pub target: Guid,
+    /// The base snapshot's identity (zeros for a full stream).
+    pub base: Guid,
+    /// Bytes of the volume applied and committed: a resumed stream starts here.
+    pub offset: u64,
 }
 
 /// A volume-table value: everything the pool knows about one volume.
@@ -113,14 +134,42 @@ pub struct VolumeRecord {
     pub mapped_chunks: u64,
     pub kind: VolumeKind,
     pub name: String,
+    /// Identity (version 3 tables; zeros in version 1 tables).
+    pub guid: Guid,
+    /// For [`VolumeKind::Receiving`] only (zeros otherwise).
+    pub receive: ReceiveState,
 }
 
 impl VolumeRecord {
-    pub const ENCODED_LEN: usize = 248;
+    /// Value size in a version 3 volume table ([`crate::TreeKind::VolumeTable`]).
+    pub const ENCODED_LEN: usize = 312;
+    /// Value size in a version 1 volume table ([`crate::TreeKind::Volumes`]).
+    pub const ENCODED_LEN_V1: usize = 248;
+    const NAME_AT_V1: usize = Self::ENCODED_LEN_V1 - MAX_NAME_LEN;
     const NAME_AT: usize = Self::ENCODED_LEN - MAX_NAME_LEN;
 
+    /// Encodes as a version 3 table value ([`Self::ENCODED_LEN`] bytes).
     pub fn encode(&self, out: &mut [u8]) {
         out[..Self::ENCODED_LEN].fill(0);
+        self.encode_common(out);
+        out[64..80].copy_from_slice(&self.guid);
+        out[80..96].copy_from_slice(&self.receive.target);
+        out[96..112].copy_from_slice(&self.receive.base);
+        put_u64(out, 112, self.receive.offset);
+        // 120..128 reserved.
+        self.encode_name(out, Self::NAME_AT);
+    }
+
+    /// Encodes as a version 1 table value ([`Self::ENCODED_LEN_V1`] bytes):
+    /// the identity and receive state are not stored (a pool holding
+    /// receives or identities has a version 3 table).
+    pub fn encode_v1(&self, out: &mut [u8]) {
+        out[..Self::ENCODED_LEN_V1].fill(0);
+        self.encode_common(out);
+        self.encode_name(out, Self::NAME_AT_V1);
+    }
+
+    fn encode_common(&self, out: &mut [u8]) {
         self.root.encode(&mut out[0..16]);
         put_u64(out, 16, self.size_bytes);
         put_u64(out, 24, self.parent);
@@ -128,15 +177,47 @@ impl VolumeRecord {
         put_u64(out, 40, self.created_unix_secs);
         put_u64(out, 48, self.mapped_chunks);
         // 56..60 flags (none defined yet), 60..62 name length, 62 kind, 63 reserved.
+        out[62] = self.kind as u8;
+    }
+
+    fn encode_name(&self, out: &mut [u8], at: usize) {
         let name = self.name.as_bytes();
         let name_len = name.len().min(MAX_NAME_LEN);
         out[60..62].copy_from_slice(&(name_len as u16).to_le_bytes());
-        out[62] = self.kind as u8;
-        out[Self::NAME_AT..Self::NAME_AT + name_len].copy_from_slice(&name[..name_len]);
+        out[at..at + name_len].copy_from_slice(&name[..name_len]);
     }
 
+    /// Decodes a version 3 table value.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         check_len(bytes, Self::ENCODED_LEN, "volume record")?;
+        let mut rec = Self::decode_common(bytes, Self::NAME_AT, true)?;
+        rec.guid.copy_from_slice(&bytes[64..80]);
+        rec.receive.target.copy_from_slice(&bytes[80..96]);
+        rec.receive.base.copy_from_slice(&bytes[96..112]);
+        rec.receive.offset = get_u64(bytes, 112);
+        let receiving = rec.kind == VolumeKind::Receiving;
+        if !receiving && rec.receive != ReceiveState::default() {
+            return Err(FormatError::Invalid(format!(
+                "volume record {}: receive state on a volume that is not receiving",
+                rec.name
+            )));
+        }
+        if receiving && rec.receive.offset > rec.size_bytes {
+            return Err(FormatError::Invalid(format!(
+                "volume record {}: received up to {} of {} bytes",
+                rec.name, rec.receive.offset, rec.size_bytes
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// Decodes a version 1 table value (no identity, no receives).
+    pub fn decode_v1(bytes: &[u8]) -> Result<Self, FormatError> {
+        check_len(bytes, Self::ENCODED_LEN_V1, "volume record")?;
+        Self::decode_common(bytes, Self::NAME_AT_V1, false)
+    }
+
+    fn decode_common(bytes: &[u8], name_at: usize, v3: bool) -> Result<Self, FormatError> {
         let name_len = usize::from(u16::from_le_bytes([bytes[60], bytes[61]]));
         if name_len == 0 || name_len > MAX_NAME_LEN {
             return Err(FormatError::Invalid(format!(
@@ -146,9 +227,10 @@ impl VolumeRecord {
         let kind = match bytes[62] {
             0 => VolumeKind::Volume,
             1 => VolumeKind::Snapshot,
+            2 if v3 => VolumeKind::Receiving,
             other => return Err(FormatError::Invalid(format!("volume kind {other}"))),
         };
-        let name = std::str::from_utf8(&bytes[Self::NAME_AT..Self::NAME_AT + name_len])
+        let name = std::str::from_utf8(&bytes[name_at..name_at + name_len])
             .map_err(|_| FormatError::Invalid("volume name is not UTF-8".into()))?
             .to_owned();
         Ok(Self {
@@ -160,6 +242,8 @@ impl VolumeRecord {
             mapped_chunks: get_u64(bytes, 48),
             kind,
             name,
+            guid: [0; 16],
+            receive: ReceiveState::default(),
         })
     }
 }
@@ -192,10 +276,71 @@ mod tests {
             mapped_chunks: 77,
             kind: VolumeKind::Snapshot,
             name: "vm1@monday".into(),
+            guid: [7; 16],
+            receive: ReceiveState::default(),
         };
         let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
         rec.encode(&mut buf);
         assert_eq!(VolumeRecord::decode(&buf).unwrap(), rec);
+        let receiving = VolumeRecord {
+            kind: VolumeKind::Receiving,
+            name: "vm1%recv".into(),
+            receive: ReceiveState {
+                target: [1; 16],
+                base: [2; 16],
+                offset: 1 << 20,
+            },
+            ..rec.clone()
+        };
+        receiving.encode(&mut buf);
+        assert_eq!(VolumeRecord::decode(&buf).unwrap(), receiving);
+        // A version 1 value keeps everything but the identity.
+        let mut v1 = [0u8; VolumeRecord::ENCODED_LEN_V1];
+        rec.encode_v1(&mut v1);
+        let back = VolumeRecord::decode_v1(&v1).unwrap();
+        assert_eq!(
+            back,
+            VolumeRecord {
+                guid: [0; 16],
+                ..rec
+            }
+        );
+        // Receives exist only in version 3 tables.
+        receiving.encode_v1(&mut v1);
+        assert!(VolumeRecord::decode_v1(&v1).is_err());
+    }
+
+    #[test]
+    fn receive_state_only_on_receiving_records() {
+        let rec = VolumeRecord {
+            root: BlockRef::NONE,
+            size_bytes: 4096,
+            parent: 0,
+            created_txn: 1,
+            created_unix_secs: 0,
+            mapped_chunks: 0,
+            kind: VolumeKind::Volume,
+            name: "v".into(),
+            guid: [1; 16],
+            receive: ReceiveState {
+                target: [0; 16],
+                base: [0; 16],
+                offset: 512,
+            },
+        };
+        let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
+        rec.encode(&mut buf);
+        assert!(VolumeRecord::decode(&buf).is_err());
+        let past_end = VolumeRecord {
+            kind: VolumeKind::Receiving,
+            receive: ReceiveState {
+                offset: 8192,
+                ..rec.receive
+            },
+            ..rec
+        };
+        past_end.encode(&mut buf);
+        assert!(VolumeRecord::decode(&buf).is_err());
     }
 
     #[test]

@@ -37,6 +37,13 @@ pub enum ErrorCode {
     Io,
     /// The pool stopped after a failed commit.
     PoolFailed,
+    /// The operation conflicts with the pool's state (a receive of another
+    /// stream in progress, a volume written since a stream's base).
+    Conflict,
+    /// The pool's format version cannot do this (upgrade it).
+    Unsupported,
+    /// A send stream is damaged, truncated or not one.
+    BadStream,
     Internal,
     /// A code this client does not know (a newer daemon).
     #[serde(other)]
@@ -59,6 +66,8 @@ impl ErrorCode {
             E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool => Self::Corrupt,
             E::Io(_) => Self::Io,
             E::Failed(_) => Self::PoolFailed,
+            E::Conflict(_) => Self::Conflict,
+            E::Unsupported(_) => Self::Unsupported,
         }
     }
 
@@ -79,10 +88,16 @@ impl ErrorCode {
     /// The HTTP status of an API error with this code.
     pub fn status(self) -> StatusCode {
         match self {
-            Self::InvalidName | Self::InvalidArgument | Self::BadRequest => StatusCode::BAD_REQUEST,
+            Self::InvalidName | Self::InvalidArgument | Self::BadRequest | Self::BadStream => {
+                StatusCode::BAD_REQUEST
+            }
             Self::NotFound | Self::UnknownEndpoint => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::AlreadyExists | Self::ReadOnly | Self::Busy => StatusCode::CONFLICT,
+            Self::AlreadyExists
+            | Self::ReadOnly
+            | Self::Busy
+            | Self::Conflict
+            | Self::Unsupported => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::UnprocessableEntity => StatusCode::UNPROCESSABLE_ENTITY,
@@ -99,14 +114,17 @@ impl ErrorCode {
     pub fn exit(self) -> Exit {
         match self {
             Self::NotFound => Exit::NotFound,
-            Self::AlreadyExists | Self::ReadOnly => Exit::Conflict,
+            Self::AlreadyExists | Self::ReadOnly | Self::Conflict | Self::Unsupported => {
+                Exit::Conflict
+            }
             Self::Busy => Exit::Busy,
             Self::NoSpace | Self::MetadataFull => Exit::NoSpace,
             Self::Corrupt => Exit::Damaged,
             Self::InvalidName
             | Self::InvalidArgument
             | Self::BadRequest
-            | Self::UnprocessableEntity => Exit::Usage,
+            | Self::UnprocessableEntity
+            | Self::BadStream => Exit::Usage,
             Self::UnknownEndpoint
             | Self::MethodNotAllowed
             | Self::PayloadTooLarge
@@ -124,7 +142,7 @@ impl ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 20] = [
+    const ALL: [ErrorCode; 23] = [
         ErrorCode::InvalidName,
         ErrorCode::InvalidArgument,
         ErrorCode::BadRequest,
@@ -143,6 +161,9 @@ mod tests {
         ErrorCode::Corrupt,
         ErrorCode::Io,
         ErrorCode::PoolFailed,
+        ErrorCode::Conflict,
+        ErrorCode::Unsupported,
+        ErrorCode::BadStream,
         ErrorCode::Internal,
         ErrorCode::Unknown,
     ];

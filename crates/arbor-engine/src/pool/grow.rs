@@ -54,10 +54,26 @@ impl Pool {
         self.store.geo.version()
     }
 
-    /// Converts a version 1 pool to version 2, which can grow. Older arbor
-    /// releases (which read version 1 only) cannot open it afterwards.
-    /// Returns false when the pool already is version 2.
+    /// Converts a pool of an older format version to the newest (version
+    /// 2 can grow; version 3 gives every volume and snapshot an identity,
+    /// which send and receive need). Older arbor releases cannot open it
+    /// afterwards. Returns false when there was nothing to do.
     pub fn upgrade(&self) -> Result<bool> {
+        let wrote = self.upgrade_superblocks()?;
+        Ok(self.convert_table()? || wrote)
+    }
+
+    /// Rewrites a version 1 volume table as a version 3 one in a version 3
+    /// pool (the second half of an upgrade), in one commit. Returns whether
+    /// there was anything to do.
+    pub(super) fn convert_table(&self) -> Result<bool> {
+        if self.store.geo.version() < 3 || self.read_meta()?.has_identities() {
+            return Ok(false);
+        }
+        self.manage(Privilege::Normal, |m| m.convert_table())
+    }
+
+    fn upgrade_superblocks(&self) -> Result<bool> {
         let _grow = lock_mutex(&self.grow_lock);
         let _commit = lock_mutex(&self.commit_lock);
         self.check_failed()?;
@@ -69,9 +85,11 @@ impl Pool {
             .superblock()
             .encode(arbor_format::FORMAT_VERSION)
             .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
-        // One copy at a time: a power cut leaves a version 2 copy and a
-        // version 1 copy, both valid for a reader of version 2, and the
-        // version 1 commit records written so far are valid in either.
+        // One copy at a time: a power cut leaves a new copy and an old
+        // one, both valid for a reader of the new version, and the commit
+        // records written so far are valid in either. The volume table is
+        // converted after both (`convert_table`): a new version pool may
+        // hold an old table until then.
         for slot in 0..SUPERBLOCK_SLOTS {
             self.store.write_block(slot, &block)?;
             self.store.dev.flush()?;

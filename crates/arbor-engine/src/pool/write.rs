@@ -82,6 +82,31 @@ pub(super) struct Unit<'a> {
 }
 
 impl<'a> Unit<'a> {
+    /// Writes `data` at `offset`.
+    pub fn data(id: VolumeId, offset: u64, data: &'a [u8]) -> Self {
+        Self {
+            id,
+            offset,
+            len: data.len() as u64,
+            fill: Fill::Data(data),
+            unmap: false,
+            past_end: false,
+        }
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros; with `unmap`, whole
+    /// chunks are unmapped (a discard), else zeros are written.
+    pub fn zeros(id: VolumeId, offset: u64, len: u64, unmap: bool) -> Self {
+        Self {
+            id,
+            offset,
+            len,
+            fill: Fill::Zeros,
+            unmap,
+            past_end: false,
+        }
+    }
+
     fn end(&self) -> u64 {
         self.offset + self.len
     }

@@ -1,0 +1,324 @@
+//! Receiving a snapshot from elsewhere, atomically and resumably: the
+//! engine's half of `arbor receive` (the stream format and its checks are
+//! the `arbor-stream` crate's).
+//!
+//! A receive is applied to a hidden volume (a [`VolumeKind::Receiving`]
+//! record named `VOL%recv`, which no name lookup finds): empty for a full
+//! stream, sharing the base snapshot's tree for an incremental one. Its
+//! record keeps the stream's identities and how far it got; each
+//! [`Pool::receive_checkpoint`] commits the data applied so far with that
+//! offset, so a receive interrupted anyhow (a broken pipe, a killed
+//! sender, a power cut) resumes there. Nothing of it is visible until
+//! [`Pool::finish_receive`], which creates the snapshot (and the volume, or
+//! rolls it forward) in one commit.
+
+use arbor_format::{Guid, ReceiveState, VolumeKind};
+
+use super::write::Unit;
+use super::{check_size, Pool, VolumeId};
+use crate::error::{Error, Result};
+use crate::meta::Privilege;
+use crate::names::{check_volume_name, split_snapshot_name};
+use crate::volumes::{receiving_name, Volumes};
+
+/// What a stream says it holds, for [`Pool::begin_receive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiveTarget {
+    /// The volume received into: created by a full stream, rolled forward
+    /// by an incremental one.
+    pub volume: String,
+    /// The identity the new snapshot gets (the sender's snapshot's).
+    pub target: Guid,
+    /// The base snapshot's identity, for an incremental stream.
+    pub base: Option<Guid>,
+    /// The snapshot's size in bytes.
+    pub size: u64,
+}
+
+/// A receive in progress, as [`Pool::receive_status`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReceiveStatus {
+    /// The hidden volume the stream is applied to.
+    pub id: VolumeId,
+    pub target: Guid,
+    pub base: Option<Guid>,
+    pub size: u64,
+    /// Bytes of the volume applied and committed: a resumed stream starts here.
+    pub offset: u64,
+}
+
+/// What [`Pool::begin_receive`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiveStart {
+    pub status: ReceiveStatus,
+    /// A receive of another stream into the same volume whose base snapshot
+    /// no longer exists was discarded (it could never finish); this says
+    /// which.
+    pub discarded: Option<String>,
+}
+
+fn nonzero(guid: Guid) -> Option<Guid> {
+    (guid != [0; 16]).then_some(guid)
+}
+
+fn status_of(meta: &Volumes, id: u64) -> Result<ReceiveStatus> {
+    let rec = meta.volume(id)?;
+    Ok(ReceiveStatus {
+        id: VolumeId(id),
+        target: rec.receive.target,
+        base: nonzero(rec.receive.base),
+        size: rec.size_bytes,
+        offset: rec.receive.offset,
+    })
+}
+
+/// Whether a receive's base snapshot is gone (an incremental receive can
+/// then never finish).
+fn base_gone(meta: &Volumes, status: &ReceiveStatus) -> bool {
+    status
+        .base
+        .is_some_and(|base| meta.guid_id(&base).is_none())
+}
+
+impl Pool {
+    /// The identity of volume or snapshot `id` (None in a pool whose volume
+    /// table predates identities: `arbor pool upgrade` gives them).
+    pub fn guid(&self, id: VolumeId) -> Result<Option<Guid>> {
+        let meta = self.read_meta()?;
+        Ok(nonzero(meta.visible_volume(id.0)?.guid))
+    }
+
+    /// The volume or snapshot whose identity is `guid`.
+    pub fn find_guid(&self, guid: &Guid) -> Result<Option<VolumeId>> {
+        Ok(self.read_meta()?.guid_id(guid).map(VolumeId))
+    }
+
+    /// The receive in progress into `volume`, if any.
+    pub fn receive_status(&self, volume: &str) -> Result<Option<ReceiveStatus>> {
+        let meta = self.read_meta()?;
+        match meta.receiving_id(volume) {
+            Some(id) => status_of(&meta, id).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts receiving a stream into `t.volume`, or resumes the receive of
+    /// the same stream (same identities and size) left by an earlier call:
+    /// the returned status says from which offset the stream must go on.
+    ///
+    /// A full stream needs `t.volume` not to exist; an incremental one
+    /// needs its base, found by identity, to be a snapshot of `t.volume`.
+    /// A receive of another stream into the same volume is refused
+    /// ([`Error::Conflict`]: abort it first), unless its base is gone, in
+    /// which case it is discarded and the start says so.
+    pub fn begin_receive(&self, t: &ReceiveTarget) -> Result<ReceiveStart> {
+        check_volume_name(&t.volume)?;
+        check_size(t.size)?;
+        if t.target == [0; 16] || t.base == Some([0; 16]) {
+            return Err(Error::InvalidArgument("a stream identity of zeros".into()));
+        }
+        let cs = self.chunk_size();
+        let (fresh, discarded) = self.manage(Privilege::Normal, |m| {
+            let mut discarded = None;
+            if let Some(id) = m.receiving_id(&t.volume) {
+                let status = status_of(m, id)?;
+                if status.target == t.target && status.base == t.base {
+                    // The same stream: resume (sizing it again if an
+                    // earlier start stopped before that).
+                    let resize = status.size != t.size && status.offset == 0;
+                    return Ok((resize.then_some(VolumeId(id)), None));
+                }
+                if !base_gone(m, &status) {
+                    return Err(Error::Conflict(format!(
+                        "a receive of another stream into {} is in progress (snapshot {}); \
+                         resume it, or abort it with `arbor receive --abort {}`",
+                        t.volume,
+                        hex(&status.target),
+                        t.volume
+                    )));
+                }
+                m.delete_volume(id)?;
+                discarded = Some(format!(
+                    "discarded the interrupted receive of snapshot {} into {}: its base \
+                     snapshot {} no longer exists",
+                    hex(&status.target),
+                    t.volume,
+                    status.base.map(|b| hex(&b)).unwrap_or_default()
+                ));
+            }
+            if let Some(existing) = m.guid_id(&t.target) {
+                return Err(Error::AlreadyExists(format!(
+                    "{} (it has the stream's snapshot identity {})",
+                    m.volume(existing)?.name,
+                    hex(&t.target)
+                )));
+            }
+            let state = ReceiveState {
+                target: t.target,
+                base: t.base.unwrap_or([0; 16]),
+                offset: 0,
+            };
+            let id = match t.base {
+                None => {
+                    m.ensure_name_free(&t.volume)?;
+                    m.add_receiving(&t.volume, None, t.size, state)?
+                }
+                Some(base) => {
+                    let vol = m.volume_id(&t.volume)?;
+                    m.writable_volume(vol)?;
+                    let base_id = m.guid_id(&base).ok_or_else(|| {
+                        Error::NotFound(format!(
+                            "the stream's base snapshot (identity {}) is not in this pool",
+                            hex(&base)
+                        ))
+                    })?;
+                    let rec = m.volume(base_id)?;
+                    if rec.kind != VolumeKind::Snapshot || rec.parent != vol {
+                        return Err(Error::InvalidArgument(format!(
+                            "the stream's base is {}, which is not a snapshot of {}",
+                            rec.name, t.volume
+                        )));
+                    }
+                    let old_size = rec.size_bytes;
+                    let id = m.add_receiving(&t.volume, Some(base_id), t.size, state)?;
+                    if t.size < old_size {
+                        m.unmap_chunks(id, t.size.div_ceil(cs), old_size.div_ceil(cs))?;
+                    }
+                    id
+                }
+            };
+            Ok((Some(VolumeId(id)), discarded))
+        })?;
+        // An incremental receive starts at its base's size: bytes of the
+        // base's last chunk past that size must read as zeros (as a grow
+        // does) before a larger size is set. A failure here leaves a
+        // receive at offset 0 that the same stream resumes.
+        if let (Some(id), Some(_)) = (fresh, t.base) {
+            self.size_receiving(id, t.size)?;
+        }
+        Ok(ReceiveStart {
+            status: self
+                .receive_status(&t.volume)?
+                .ok_or_else(|| Error::inconsistent("a receive vanished as it began"))?,
+            discarded,
+        })
+    }
+
+    /// Sets an incremental receive's size to `size` (its base's chunks
+    /// past a smaller size are already unmapped), zeroing the base's last
+    /// chunk past its size first when larger.
+    fn size_receiving(&self, id: VolumeId, size: u64) -> Result<()> {
+        let cs = self.chunk_size();
+        let old = self.read_meta()?.volume(id.0)?.size_bytes;
+        if size <= old {
+            if size < old {
+                self.manage(Privilege::Reserve, |m| m.set_volume_size(id.0, size))?;
+            }
+            return Ok(());
+        }
+        let tail_end = (old.div_ceil(cs) * cs).min(size);
+        if tail_end > old {
+            self.zero_tail(id, old, tail_end - old)?;
+        }
+        self.manage(Privilege::Normal, |m| m.set_volume_size(id.0, size))
+    }
+
+    /// Fails unless `id` is a receive in progress and the range lies in it.
+    fn check_receiving(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        let meta = self.read_meta()?;
+        let rec = meta.volume(id.0)?;
+        if rec.kind != VolumeKind::Receiving {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a receive in progress",
+                rec.name
+            )));
+        }
+        Self::check_range(rec, offset, len)
+    }
+
+    /// Applies a stream's data to receive `id` (see [`Pool::write`]).
+    pub fn receive_write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_receiving(id, offset, data.len() as u64)?;
+        self.apply_all(Unit::data(id, offset, data))
+    }
+
+    /// Makes a range of receive `id` read as zeros, unmapping whole chunks
+    /// (a stream's zero and discard records).
+    pub fn receive_discard(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+        self.check_receiving(id, offset, len)?;
+        self.apply_all(Unit::zeros(id, offset, len, true))
+    }
+
+    /// Reads receive `id` as applied so far (an incremental receive reads
+    /// its base where the stream has not yet written: what a binary delta
+    /// is decoded against).
+    pub fn receive_read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_receiving(id, offset, buf.len() as u64)?;
+        self.read_unchecked(id, offset, buf)
+    }
+
+    /// Makes everything applied to receive `id` durable, with `offset`, the
+    /// point a resumed stream goes on from, in the same commit.
+    pub fn receive_checkpoint(&self, id: VolumeId, offset: u64) -> Result<()> {
+        self.manage(Privilege::Normal, |m| {
+            let rec = m.volume(id.0)?;
+            if rec.kind != VolumeKind::Receiving || offset > rec.size_bytes {
+                return Err(Error::InvalidArgument(format!(
+                    "checkpoint at {offset} of {}",
+                    rec.name
+                )));
+            }
+            m.set_received(id.0, offset)
+        })
+    }
+
+    /// Makes the finished receive `id` visible in one commit: the snapshot
+    /// `snapshot` (`volume@name`, with the stream's identity) and, for a
+    /// full stream, the volume. An incremental receive rolls the volume
+    /// forward to the new snapshot, which needs the volume unchanged since
+    /// the base unless `force` (its changes are then discarded, as
+    /// `zfs receive -F` does).
+    pub fn finish_receive(&self, id: VolumeId, snapshot: &str, force: bool) -> Result<VolumeId> {
+        let (volume, _) = split_snapshot_name(snapshot)?;
+        self.manage(Privilege::Normal, |m| {
+            let rec = m.volume(id.0)?;
+            if rec.kind != VolumeKind::Receiving || rec.name != receiving_name(volume) {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not a receive into {volume}",
+                    rec.name
+                )));
+            }
+            if let Some(base) = nonzero(rec.receive.base) {
+                let vol = m.volume_id(volume)?;
+                let base_id = m.guid_id(&base).ok_or_else(|| {
+                    Error::Conflict(format!(
+                        "the stream's base snapshot (identity {}) was deleted during the receive",
+                        hex(&base)
+                    ))
+                })?;
+                if m.volume(vol)?.root != m.volume(base_id)?.root && !force {
+                    return Err(Error::Conflict(format!(
+                        "{volume} was written since {}; receive with --force to discard \
+                         those changes",
+                        m.volume(base_id)?.name
+                    )));
+                }
+            }
+            m.finish_receiving(id.0, volume, snapshot).map(VolumeId)
+        })
+    }
+
+    /// Abandons the receive into `volume`, if any; its space is reclaimed
+    /// in the background. Returns whether there was one.
+    pub fn abort_receive(&self, volume: &str) -> Result<bool> {
+        self.manage(Privilege::Reserve, |m| match m.receiving_id(volume) {
+            Some(id) => m.delete_volume(id).map(|()| true),
+            None => Ok(false),
+        })
+    }
+}
+
+/// A GUID as 32 lowercase hex digits.
+pub fn hex(guid: &Guid) -> String {
+    guid.iter().map(|b| format!("{b:02x}")).collect()
+}
