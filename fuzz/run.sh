@@ -17,7 +17,7 @@ seconds=${2:?seconds}
 shift 2
 root="$(cd "$(dirname "$0")/.." && pwd)"
 case "$target" in
-  decode_blocks|open_pool) dir="$root/fuzz" ;;
+  decode_blocks|open_pool|decode_stream) dir="$root/fuzz" ;;
   handshake|request) dir="$root/crates/arbor-nbd/fuzz" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac

@@ -26,6 +26,9 @@ use crate::{small_create_opts, small_open_opts, MIB};
 #[path = "../../fuzz/fuzz_targets/decode_blocks.rs"]
 mod decode_blocks;
 #[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/decode_stream.rs"]
+mod decode_stream;
+#[allow(unused_attributes)]
 #[path = "../../crates/arbor-nbd/fuzz/fuzz_targets/handshake.rs"]
 mod handshake;
 #[allow(unused_attributes)]
@@ -47,7 +50,7 @@ pub struct Target {
     pub fuzz_dir: &'static str,
 }
 
-pub const TARGETS: [Target; 4] = [
+pub const TARGETS: [Target; 5] = [
     Target {
         name: "decode_blocks",
         run: decode_blocks::run,
@@ -60,6 +63,13 @@ pub const TARGETS: [Target; 4] = [
         run: open_pool::run,
         seeds: pool_seeds,
         mutate: mutate_pool,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "decode_stream",
+        run: decode_stream::run,
+        seeds: stream_seeds,
+        mutate,
         fuzz_dir: "fuzz",
     },
     Target {
@@ -245,6 +255,71 @@ fn block_seeds() -> Vec<Vec<u8>> {
             seeds.push(block.to_vec());
         }
     }
+    seeds
+}
+
+/// Real send streams, as the `decode_stream` target takes them (a flags
+/// byte, then the stream): full, incremental with delta records against
+/// the target's base pattern, resumed, empty; whole and in pieces, as sent
+/// and re-sealed (so that mutations get past the checksums); and a resume
+/// token.
+fn stream_seeds() -> Vec<Vec<u8>> {
+    use arbor_stream::format::{Compression, Encoder, Guid, Header, ResumeToken, StreamError};
+    let header = |base: Option<Guid>, resume_offset: u64| Header {
+        chunk_size: 16384,
+        volume_size: 4 * MIB,
+        target: Guid([0x5a; 16]),
+        base,
+        resume_offset,
+        creation_time: 1_700_000_000,
+        name: "vm1@monday".to_string(),
+    };
+    let base = decode_stream::base();
+    let build = |h: &Header, compression| -> Result<Vec<u8>, StreamError> {
+        let mut out = Vec::new();
+        let mut enc = Encoder::new(h, compression, &mut out)?;
+        let start = h.resume_offset;
+        if h.volume_size > start {
+            enc.data(start, &pattern(1, start, 4096), None, &mut out)?;
+            enc.data(start + 8192, &[0x61; 8192], None, &mut out)?;
+            let mut edited = base[..16384].to_vec();
+            edited[100] ^= 0xff;
+            let delta_base = h.base.map(|_| &base[..16384]);
+            enc.data(start + 65536, &edited, delta_base, &mut out)?;
+            enc.zero(start + 131072, 65536, &mut out)?;
+            enc.discard(start + 262144, MIB, &mut out)?;
+        }
+        enc.finish(&mut out)?;
+        Ok(out)
+    };
+    let streams = [
+        (header(None, 0), Compression::Zstd { level: 3 }),
+        (
+            header(Some(Guid([0xa5; 16])), 0),
+            Compression::Best { level: 3 },
+        ),
+        (
+            header(Some(Guid([0xa5; 16])), 2 * MIB),
+            Compression::Zstd { level: 1 },
+        ),
+        (header(None, 4 * MIB), Compression::None),
+    ];
+    let mut seeds = Vec::new();
+    for (h, compression) in &streams {
+        // Encoding fixed, valid streams cannot fail.
+        let stream =
+            build(h, *compression).unwrap_or_else(|e| panic!("building a decode_stream seed: {e}"));
+        for flags in [0x00u8, 0x80, 0x81, 0x07] {
+            seeds.push([&[flags], &stream[..]].concat());
+        }
+    }
+    let token = ResumeToken {
+        target: Guid([0x5a; 16]),
+        base: Some(Guid([0xa5; 16])),
+        offset: 2 * MIB,
+        volume_size: 4 * MIB,
+    };
+    seeds.push(token.encode().into_bytes());
     seeds
 }
 

@@ -1,5 +1,5 @@
-//! Every fuzz target (pool images, on-disk blocks, NBD handshake and
-//! requests) on its seeds, its saved regressions and a bounded number of
+//! Every fuzz target (pool images, on-disk blocks, send streams, NBD
+//! handshake and requests) on its seeds, its saved regressions and a bounded number of
 //! mutated inputs, on stable Rust. Coverage-guided runs: `fuzz/run.sh`.
 
 use arbor_campaigns::hostile::{exercise, TARGETS};

@@ -352,10 +352,11 @@ impl Volumes {
         self.update_volume(id, |rec| rec.receive.offset = offset)
     }
 
-    /// Turns the finished receive `id` into `volume` (created: a full
-    /// stream) and its snapshot `snapshot` with the stream's identity. For
-    /// an incremental stream `volume` exists and is rolled forward to the
-    /// new snapshot (its old tree goes to the reclaim queue). Returns the
+    /// Turns the finished receive `id` into its snapshot `snapshot`, with
+    /// the stream's identity, of `volume`: an existing volume (an
+    /// incremental stream into one of its snapshots) is rolled forward to
+    /// it, its old tree going to the reclaim queue; else `volume` is
+    /// created (empty from a full stream, a clone of the base). Returns the
     /// snapshot's id.
     pub fn finish_receiving(&mut self, id: u64, volume: &str, snapshot: &str) -> Result<u64> {
         let rec = self.volume(id)?.clone();
@@ -366,20 +367,9 @@ impl Volumes {
         }
         self.ensure_name_free(snapshot)?;
         let target = rec.receive.target;
-        if rec.receive.base == [0; 16] {
-            self.ensure_name_free(volume)?;
-            self.table.rename(id, volume.to_owned())?;
-            self.update_volume(id, |vol| {
-                vol.kind = VolumeKind::Volume;
-                vol.guid = new_guid(); // receives exist in version 3 tables only
-                vol.receive = Default::default();
-                vol.parent = 0;
-            })?;
-            let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
-            self.update_volume(snap, |s| s.guid = target)?;
-            Ok(snap)
-        } else {
-            let vol = self.volume_id(volume)?;
+        let into = self.volume_id(volume).ok();
+        if let (Some(vol), true) = (into, rec.receive.base != [0; 16]) {
+            // Roll the existing volume forward to the new snapshot.
             self.writable_volume(vol)?;
             let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
             self.update_volume(snap, |s| {
@@ -389,8 +379,21 @@ impl Volumes {
             })?;
             self.rollback_volume(vol, snap)?;
             self.delete_volume(id)?;
-            Ok(snap)
+            return Ok(snap);
         }
+        // A new volume: empty (a full stream) or a clone of the base.
+        self.ensure_name_free(volume)?;
+        let origin = self.guid_id(&rec.receive.base).unwrap_or(0);
+        self.table.rename(id, volume.to_owned())?;
+        self.update_volume(id, |vol| {
+            vol.kind = VolumeKind::Volume;
+            vol.guid = new_guid(); // receives exist in version 3 tables only
+            vol.receive = Default::default();
+            vol.parent = origin;
+        })?;
+        let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
+        self.update_volume(snap, |s| s.guid = target)?;
+        Ok(snap)
     }
 
     pub fn writable_volume(&self, id: u64) -> Result<&VolumeRecord> {

@@ -79,6 +79,12 @@ pub enum Command {
     Rename { from: String, to: String },
     /// Byte ranges where two volumes or snapshots differ
     Diff { a: String, b: String },
+    /// Write a snapshot as a stream (docs/STREAM.md): whole, or what
+    /// differs from a base snapshot; `arbor receive` applies it
+    Send(SendArgs),
+    /// Apply a stream from `arbor send` to a volume: atomic (nothing shows
+    /// until the whole stream has arrived and verified) and resumable
+    Receive(ReceiveArgs),
     /// Create, grow or upgrade a pool, show its state, reclaim space now
     #[command(subcommand)]
     Pool(PoolCommand),
@@ -96,6 +102,61 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The snapshot to send
+    #[arg(value_name = "VOLUME@SNAP", required_unless_present = "resume")]
+    pub snapshot: Option<String>,
+    /// Send only what differs from this snapshot (an ancestor, a sibling
+    /// or a clone's origin); the receiver must have it
+    #[arg(long, value_name = "VOLUME@SNAP", conflicts_with = "resume")]
+    pub from: Option<String>,
+    /// Where to write the stream: a file, or `-` for stdout
+    #[arg(short, long, value_name = "FILE", default_value = "-")]
+    pub output: PathBuf,
+    /// Continue an interrupted stream: the token `arbor receive --status`
+    /// prints on the receiving side
+    #[arg(long, value_name = "TOKEN", conflicts_with = "snapshot")]
+    pub resume: Option<String>,
+    /// Print what the stream would carry, from the metadata, and send nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Data record encoding: none, zstd, or best (the smallest of raw, zstd
+    /// and zstd against the base's data)
+    #[arg(long, value_enum, default_value = "zstd")]
+    pub compression: CompressionArg,
+    /// zstd level, 1 to 19
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub level: i32,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CompressionArg {
+    None,
+    Zstd,
+    Best,
+}
+
+#[derive(Debug, Args)]
+pub struct ReceiveArgs {
+    /// The volume to receive into: created by a full stream, rolled forward
+    /// to the new snapshot by an incremental one
+    pub volume: String,
+    /// Where to read the stream: a file, or `-` for stdin
+    #[arg(short, long, value_name = "FILE", default_value = "-")]
+    pub input: PathBuf,
+    /// Roll the volume forward even if it was written since the stream's
+    /// base (those writes are lost) or NBD clients have it open
+    #[arg(long)]
+    pub force: bool,
+    /// Print the receive in progress into VOLUME and its resume token
+    #[arg(long, conflicts_with_all = ["abort", "force"])]
+    pub status: bool,
+    /// Abandon the receive in progress into VOLUME
+    #[arg(long, conflicts_with = "force")]
+    pub abort: bool,
 }
 
 #[derive(Debug, Subcommand)]

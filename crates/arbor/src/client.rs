@@ -1,12 +1,13 @@
 //! The client side of the control API: each call is one HTTP/1.1 request
 //! to the daemon's Unix socket in the data directory.
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Bytes;
+use hyper::body::Frame;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -20,7 +21,8 @@ use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, PoolView,
-    Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, StatsView,
+    Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ResizeRequest,
+    RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression,
     UpgradeView, VolumeView,
 };
 use crate::size::ByteSize;
@@ -66,14 +68,7 @@ impl DaemonClient {
         if status.is_success() {
             return Ok(bytes);
         }
-        let error = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
-            code: ErrorCode::Internal,
-            message: format!(
-                "the daemon answered {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            ),
-        });
-        Err(Fail::new(error.code.exit(), error.message).into())
+        Err(error_of(status, &bytes))
     }
 
     fn connect_error(&self, err: std::io::Error) -> anyhow::Error {
@@ -241,6 +236,187 @@ impl DaemonClient {
     pub fn reclaim(&self) -> Result<ReclaimView> {
         decode(&self.send(Method::POST, "/v1/reclaim", None)?)
     }
+
+    /// `send --dry-run`.
+    pub fn send_estimate(&self, query: &SendQuery) -> Result<SendEstimateView> {
+        self.get(&format!("/v1/send/estimate?{}", send_query(query)))
+    }
+
+    /// Streams a snapshot (or delta) into `out`, calling `progress` with
+    /// the bytes written so far. Returns how many were written.
+    pub fn send_stream(
+        &self,
+        query: &SendQuery,
+        out: &mut dyn Write,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64> {
+        let path = format!("/v1/send?{}", send_query(query));
+        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
+        let stream = stream.map_err(|e| self.connect_error(e))?;
+        self.runtime.block_on(async {
+            let request = Request::builder()
+                .method(Method::GET)
+                .uri(&path)
+                .header(HOST, "arbor")
+                .body(Full::new(Bytes::new()))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let driver = tokio::spawn(connection);
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let mut body = response.into_body();
+            if !status.is_success() {
+                let bytes = body.collect().await?.to_bytes();
+                return Err(error_of(status, &bytes));
+            }
+            let mut written = 0u64;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.context(
+                    "the daemon broke off the stream (see its log); what was written is \
+                     incomplete and a receiver will refuse it",
+                )?;
+                if let Ok(data) = frame.into_data() {
+                    out.write_all(&data).context("cannot write the stream")?;
+                    written += data.len() as u64;
+                    progress(written);
+                }
+            }
+            out.flush().context("cannot write the stream")?;
+            drop(sender);
+            driver.abort();
+            Ok(written)
+        })
+    }
+
+    /// Sends the stream read from `input` to be received into `volume`,
+    /// calling `progress` with the bytes sent so far.
+    pub fn receive_stream(
+        &self,
+        volume: &str,
+        force: bool,
+        mut input: Box<dyn Read + Send>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<ReceivedView> {
+        let path = format!("/v1/receive/{}?force={force}", encode(volume));
+        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
+        let stream = stream.map_err(|e| self.connect_error(e))?;
+        // A thread reads the input (a file or a pipe, blocking); the body
+        // takes its pieces through a small channel: bounded memory.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                match input.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if tx
+                            .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                }
+            }
+        });
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel::<u64>();
+        let result = self.runtime.block_on(async {
+            let frames = futures_util::stream::unfold((rx, 0u64), move |(mut rx, sent)| {
+                let sent_tx = sent_tx.clone();
+                async move {
+                    let item = rx.recv().await?;
+                    let sent = sent + item.as_ref().map_or(0, |b| b.len() as u64);
+                    let _ = sent_tx.send(sent);
+                    Some((item.map(Frame::data), (rx, sent)))
+                }
+            });
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri(&path)
+                .header(HOST, "arbor")
+                .header(CONTENT_TYPE, "application/vnd.arbor.stream")
+                .body(StreamBody::new(frames))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let driver = tokio::spawn(connection);
+            let response = sender.send_request(request).await;
+            let response = match response {
+                Ok(r) => r,
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context("the daemon broke off the receive"))
+                }
+            };
+            let status = response.status();
+            let bytes = response.into_body().collect().await?.to_bytes();
+            drop(sender);
+            driver.abort();
+            if !status.is_success() {
+                return Err(error_of(status, &bytes));
+            }
+            decode::<ReceivedView>(&bytes)
+        });
+        while let Ok(sent) = sent_rx.try_recv() {
+            progress(sent);
+        }
+        let _ = reader.join();
+        result
+    }
+
+    /// The receive in progress into `volume`, with its resume token.
+    pub fn receive_status(&self, volume: &str) -> Result<ReceiveStatusView> {
+        self.get(&format!("/v1/receive/{}", encode(volume)))
+    }
+
+    /// Abandons the receive in progress into `volume`.
+    pub fn receive_abort(&self, volume: &str) -> Result<()> {
+        self.send(
+            Method::DELETE,
+            &format!("/v1/receive/{}", encode(volume)),
+            None,
+        )
+        .map(drop)
+    }
+}
+
+/// The query string of a send request.
+fn send_query(q: &SendQuery) -> String {
+    let mut parts = Vec::new();
+    if let Some(s) = &q.snapshot {
+        parts.push(format!("snapshot={}", encode(s)));
+    }
+    if let Some(f) = &q.from {
+        parts.push(format!("from={}", encode(f)));
+    }
+    if let Some(r) = &q.resume {
+        parts.push(format!("resume={}", encode(r)));
+    }
+    let compression = match q.compression {
+        StreamCompression::None => "none",
+        StreamCompression::Zstd => "zstd",
+        StreamCompression::Best => "best",
+    };
+    parts.push(format!("compression={compression}"));
+    if let Some(level) = q.level {
+        parts.push(format!("level={level}"));
+    }
+    parts.join("&")
+}
+
+/// The failure an error response describes.
+fn error_of(status: StatusCode, bytes: &[u8]) -> anyhow::Error {
+    let error = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
+        code: ErrorCode::Internal,
+        message: format!(
+            "the daemon answered {status}: {}",
+            String::from_utf8_lossy(bytes)
+        ),
+    });
+    Fail::new(error.code.exit(), error.message).into()
 }
 
 #[cfg(test)]

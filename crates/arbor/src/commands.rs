@@ -1,6 +1,7 @@
 //! Running a parsed command line: the daemon, the offline commands, and the
 //! client commands, which each make one or two API calls.
 
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,14 +13,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, PoolCommand, PoolCreateArgs, PoolGrowArgs, ServeArgs, SnapshotCommand,
-    VolumeCommand,
+    Cli, Command, CompressionArg, PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs, SendArgs,
+    ServeArgs, SnapshotCommand, VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
-use crate::model::{CheckView, GrowRequest};
+use crate::model::{CheckView, GrowRequest, SendQuery, StreamCompression};
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
@@ -148,6 +149,8 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             let ranges = with_spinner(&format!("comparing {a} and {b}"), || c.diff(&a, &b))?;
             p.show(&ranges, |r| output::diff(r))?;
         }
+        Command::Send(args) => send(&args, c, p)?,
+        Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
         Command::Pool(PoolCommand::Reclaim) => {
             let done = with_spinner("reclaiming destroyed volumes' space", || c.reclaim())?;
@@ -179,6 +182,143 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `arbor send`: the stream to a file or stdout, progress on stderr for a
+/// terminal, a summary after (on stderr when the stream is on stdout).
+fn send(args: &SendArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
+    let query = SendQuery {
+        snapshot: args.snapshot.clone(),
+        from: args.from.clone(),
+        resume: args.resume.clone(),
+        compression: match args.compression {
+            CompressionArg::None => StreamCompression::None,
+            CompressionArg::Zstd => StreamCompression::Zstd,
+            CompressionArg::Best => StreamCompression::Best,
+        },
+        level: Some(args.level),
+    };
+    let estimate = c.send_estimate(&query)?;
+    if args.dry_run {
+        return p.show(&estimate, output::send_estimate);
+    }
+    let to_stdout = args.output.as_os_str() == "-";
+    if to_stdout && std::io::stdout().is_terminal() {
+        return Err(Fail::new(
+            Exit::Usage,
+            "not writing a binary stream to a terminal: give -o FILE or pipe it".to_owned(),
+        )
+        .into());
+    }
+    let mut out: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(
+            std::fs::File::create(&args.output)
+                .with_context(|| format!("cannot create {}", args.output.display()))?,
+        )
+    };
+    let bar = byte_progress(
+        estimate.stream_bytes_max,
+        &format!("sending {}", estimate.snapshot),
+    );
+    let written = c.send_stream(&query, &mut out, &mut |n| bar.set_position(n))?;
+    bar.finish_and_clear();
+    drop(out);
+    let summary = SendSummary {
+        snapshot: estimate.snapshot,
+        from: estimate.from,
+        stream_bytes: written,
+        data_bytes: estimate.data_bytes,
+        resume_offset: estimate.resume_offset,
+    };
+    let text = |s: &SendSummary| {
+        format!(
+            "sent {}{}: {} of data in a {} stream\n",
+            s.snapshot,
+            s.from
+                .as_ref()
+                .map(|f| format!(" (from {f})"))
+                .unwrap_or_default(),
+            ByteSize(s.data_bytes),
+            ByteSize(s.stream_bytes)
+        )
+    };
+    if to_stdout {
+        eprint!("{}", text(&summary));
+        Ok(())
+    } else {
+        p.show(&summary, text)
+    }
+}
+
+#[derive(Serialize)]
+struct SendSummary {
+    snapshot: String,
+    from: Option<String>,
+    stream_bytes: u64,
+    data_bytes: u64,
+    resume_offset: u64,
+}
+
+/// `arbor receive`: a stream from a file or stdin into a volume; or the
+/// status or abort of one in progress.
+fn receive(args: &ReceiveArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
+    let volume = &args.volume;
+    if args.status {
+        return p.show(&c.receive_status(volume)?, output::receive_status);
+    }
+    if args.abort {
+        c.receive_abort(volume)?;
+        return p.done(
+            "aborted",
+            volume,
+            format!(
+                "abandoned the receive into {volume}; its space is reclaimed in the background\n"
+            ),
+        );
+    }
+    let (input, size): (Box<dyn Read + Send>, Option<u64>) = if args.input.as_os_str() == "-" {
+        if std::io::stdin().is_terminal() {
+            return Err(Fail::new(
+                Exit::Usage,
+                "no stream on stdin (a terminal): give -i FILE or pipe `arbor send` into it"
+                    .to_owned(),
+            )
+            .into());
+        }
+        (Box::new(std::io::stdin()), None)
+    } else {
+        let file = std::fs::File::open(&args.input)
+            .with_context(|| format!("cannot open {}", args.input.display()))?;
+        let size = file.metadata().ok().map(|m| m.len());
+        (Box::new(file), size)
+    };
+    let bar = byte_progress(size.unwrap_or(0), &format!("receiving into {volume}"));
+    let received = c.receive_stream(volume, args.force, input, &mut |n| bar.set_position(n));
+    bar.finish_and_clear();
+    p.show(&received?, output::received)
+}
+
+/// A byte progress bar on stderr when it is a terminal (hidden otherwise);
+/// `total` 0: unknown.
+fn byte_progress(total: u64, message: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = if total > 0 {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::new_spinner()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} {bytes}/{total_bytes} {bytes_per_sec} ({elapsed}, eta {eta})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(message.to_owned());
+    bar
 }
 
 /// Runs `work` with a spinner on stderr when it is a terminal (never in

@@ -49,6 +49,10 @@ pub struct VolumeView {
     /// Open NBD connections to it.
     #[serde(default)]
     pub nbd_connections: u64,
+    /// Identity (32 hex digits), kept by send and receive; absent in a pool
+    /// whose format predates identities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guid: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,4 +222,86 @@ pub struct SnapshotsQuery {
 pub struct DiffQuery {
     pub a: String,
     pub b: String,
+}
+
+/// How data records of a sent stream are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamCompression {
+    None,
+    /// zstd per record (raw where that is not smaller).
+    #[default]
+    Zstd,
+    /// The smallest of raw, zstd and zstd against the base's data.
+    Best,
+}
+
+/// `GET /v1/send` and `GET /v1/send/estimate`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendQuery {
+    /// The snapshot to send, `vol@snap` (not with `resume`).
+    pub snapshot: Option<String>,
+    /// The base of an incremental stream.
+    pub from: Option<String>,
+    /// A receiver's resume token: continue that stream.
+    pub resume: Option<String>,
+    #[serde(default)]
+    pub compression: StreamCompression,
+    /// zstd level (1 ..= 19) [default: 3].
+    pub level: Option<i32>,
+}
+
+/// What a stream will carry (`send --dry-run`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendEstimateView {
+    pub snapshot: String,
+    pub from: Option<String>,
+    /// Where the stream starts (a resumed stream's offset).
+    pub resume_offset: u64,
+    pub volume_size: u64,
+    /// Bytes of data records, before compression.
+    pub data_bytes: u64,
+    /// Bytes the stream's zero and discard records cover.
+    pub zero_bytes: u64,
+    pub records: u64,
+    /// The stream's size with every data record raw: compression only
+    /// makes it smaller.
+    pub stream_bytes_max: u64,
+}
+
+/// `POST /v1/receive/{volume}`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveQuery {
+    /// Roll the volume forward even if it was written since the base, or
+    /// while NBD clients have it open.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// A finished receive.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReceivedView {
+    pub snapshot: String,
+    pub guid: String,
+    pub stream_bytes: u64,
+    pub data_bytes: u64,
+    pub resumed_from: u64,
+    /// An earlier receive into the volume that could never finish (its
+    /// base is gone) was discarded.
+    pub discarded: Option<String>,
+}
+
+/// A receive in progress (`receive --status`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReceiveStatusView {
+    pub volume: String,
+    /// Give it to `arbor send --resume` on the sending side.
+    pub token: String,
+    pub target: String,
+    pub base: Option<String>,
+    /// Bytes of the volume received and committed.
+    pub offset: u64,
+    pub size: u64,
 }

@@ -12,7 +12,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::model::{
-    CheckView, GrowView, PoolView, Range, StatsView, UpgradeView, VolumeKind, VolumeView,
+    CheckView, GrowView, PoolView, Range, ReceiveStatusView, ReceivedView, SendEstimateView,
+    StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::size::ByteSize;
 
@@ -137,11 +138,64 @@ pub fn grow(g: &GrowView) -> String {
     ])
 }
 
+pub fn send_estimate(e: &SendEstimateView) -> String {
+    let mut rows = vec![("snapshot", e.snapshot.clone())];
+    if let Some(from) = &e.from {
+        rows.push(("from", from.clone()));
+    }
+    if e.resume_offset > 0 {
+        rows.push(("resumes at", size(e.resume_offset)));
+    }
+    rows.push(("data", size(e.data_bytes)));
+    rows.push(("zeroed or discarded", size(e.zero_bytes)));
+    rows.push(("records", e.records.to_string()));
+    rows.push(("stream, at most", size(e.stream_bytes_max)));
+    fields(&rows)
+}
+
+pub fn received(r: &ReceivedView) -> String {
+    let mut text = format!(
+        "received {}: {} of data from a {} stream",
+        r.snapshot,
+        size(r.data_bytes),
+        size(r.stream_bytes)
+    );
+    if r.resumed_from > 0 {
+        text.push_str(&format!(", resumed at {}", size(r.resumed_from)));
+    }
+    text.push('\n');
+    if let Some(note) = &r.discarded {
+        text.push_str(&format!("note: {note}\n"));
+    }
+    text
+}
+
+pub fn receive_status(s: &ReceiveStatusView) -> String {
+    let mut rows = vec![
+        ("volume", s.volume.clone()),
+        ("snapshot identity", s.target.clone()),
+    ];
+    if let Some(base) = &s.base {
+        rows.push(("base identity", base.clone()));
+    }
+    rows.push((
+        "received",
+        format!("{} of {}", size(s.offset), size(s.size)),
+    ));
+    rows.push(("resume token", s.token.clone()));
+    let mut text = fields(&rows);
+    text.push_str(&format!(
+        "continue with: arbor send --resume {} | arbor receive {}\n",
+        s.token, s.volume
+    ));
+    text
+}
+
 pub fn upgrade(u: &UpgradeView) -> String {
     if u.upgraded {
         format!(
-            "upgraded the pool to format version {}: it can grow now, and older arbor \
-             releases cannot open it\n",
+            "upgraded the pool to format version {}: it can grow, send and receive now, \
+             and older arbor releases cannot open it\n",
             u.format_version
         )
     } else {
@@ -311,6 +365,7 @@ mod tests {
             created_unix_secs: 0,
             created_txn: 0,
             nbd_connections: 0,
+            guid: None,
         }
     }
 

@@ -93,8 +93,12 @@ impl Pool {
         Ok(self.read_meta()?.guid_id(guid).map(VolumeId))
     }
 
-    /// The receive in progress into `volume`, if any.
+    /// The receive in progress into `volume`, if any, as durable: its
+    /// offset is one a restart keeps (a checkpoint changes it only inside
+    /// a management operation, which holds the commit lock until its
+    /// commit is durable).
     pub fn receive_status(&self, volume: &str) -> Result<Option<ReceiveStatus>> {
+        let _durable = super::lock_mutex(&self.commit_lock);
         let meta = self.read_meta()?;
         match meta.receiving_id(volume) {
             Some(id) => status_of(&meta, id).map(Some),
@@ -106,8 +110,11 @@ impl Pool {
     /// the same stream (same identities and size) left by an earlier call:
     /// the returned status says from which offset the stream must go on.
     ///
-    /// A full stream needs `t.volume` not to exist; an incremental one
-    /// needs its base, found by identity, to be a snapshot of `t.volume`.
+    /// A full stream needs `t.volume` not to exist. An incremental one
+    /// needs its base, found by identity: into an existing volume it must
+    /// be one of the volume's snapshots (the volume is rolled forward);
+    /// into a new one it may be any snapshot (the volume is created as its
+    /// clone: a stream against a sibling or a clone's origin).
     /// A receive of another stream into the same volume is refused
     /// ([`Error::Conflict`]: abort it first), unless its base is gone, in
     /// which case it is discarded and the start says so.
@@ -147,8 +154,8 @@ impl Pool {
                 ));
             }
             if let Some(existing) = m.guid_id(&t.target) {
-                return Err(Error::AlreadyExists(format!(
-                    "{} (it has the stream's snapshot identity {})",
+                return Err(Error::Conflict(format!(
+                    "this pool already has the stream's snapshot, as {} (identity {})",
                     m.volume(existing)?.name,
                     hex(&t.target)
                 )));
@@ -164,8 +171,6 @@ impl Pool {
                     m.add_receiving(&t.volume, None, t.size, state)?
                 }
                 Some(base) => {
-                    let vol = m.volume_id(&t.volume)?;
-                    m.writable_volume(vol)?;
                     let base_id = m.guid_id(&base).ok_or_else(|| {
                         Error::NotFound(format!(
                             "the stream's base snapshot (identity {}) is not in this pool",
@@ -173,11 +178,24 @@ impl Pool {
                         ))
                     })?;
                     let rec = m.volume(base_id)?;
-                    if rec.kind != VolumeKind::Snapshot || rec.parent != vol {
+                    if rec.kind != VolumeKind::Snapshot {
                         return Err(Error::InvalidArgument(format!(
-                            "the stream's base is {}, which is not a snapshot of {}",
-                            rec.name, t.volume
+                            "the stream's base {} is not a snapshot",
+                            rec.name
                         )));
+                    }
+                    // Into an existing volume: the base must be one of its
+                    // snapshots (the volume rolls forward). Else the volume
+                    // is created as a clone of the base.
+                    if let Ok(vol) = m.volume_id(&t.volume) {
+                        m.writable_volume(vol)?;
+                        if rec.parent != vol {
+                            return Err(Error::InvalidArgument(format!(
+                                "the stream's base is {}, which is not a snapshot of {}; \
+                                 receive into a new volume to make it a clone of {}",
+                                rec.name, t.volume, rec.name
+                            )));
+                        }
                     }
                     let old_size = rec.size_bytes;
                     let id = m.add_receiving(&t.volume, Some(base_id), t.size, state)?;
@@ -288,8 +306,7 @@ impl Pool {
                     rec.name
                 )));
             }
-            if let Some(base) = nonzero(rec.receive.base) {
-                let vol = m.volume_id(volume)?;
+            if let (Some(base), Ok(vol)) = (nonzero(rec.receive.base), m.volume_id(volume)) {
                 let base_id = m.guid_id(&base).ok_or_else(|| {
                     Error::Conflict(format!(
                         "the stream's base snapshot (identity {}) was deleted during the receive",

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tracing::error;
 
 use super::control::PoolControl;
+use super::stream;
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
@@ -42,6 +43,16 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/flush", post(flush))
         .route("/v1/check", post(check))
         .route("/v1/reclaim", post(reclaim))
+        .route("/v1/send", get(stream::send))
+        .route("/v1/send/estimate", get(stream::estimate))
+        .route(
+            "/v1/receive/{volume}",
+            post(stream::receive)
+                // The body is a stream of any length, consumed as it comes.
+                .layer(DefaultBodyLimit::disable())
+                .get(stream::status)
+                .delete(stream::abort),
+        )
         .route("/metrics", get(metrics))
         .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -57,11 +68,17 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(code: ErrorCode, message: String) -> Self {
+    pub(super) fn new(code: ErrorCode, message: String) -> Self {
         Self {
             status: code.status(),
             body: ErrorBody { code, message },
         }
+    }
+
+    /// Adds `hint` to the message.
+    pub(super) fn with_hint(mut self, hint: String) -> Self {
+        self.body.message.push_str(&hint);
+        self
     }
 }
 
@@ -90,7 +107,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// Runs a blocking engine operation off the async workers.
 async fn blocking<T: Send + 'static>(

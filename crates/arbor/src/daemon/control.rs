@@ -35,6 +35,8 @@ pub struct PoolControl {
     pub open: Arc<OpenExports>,
     pub metrics: Arc<Metrics>,
     pub space: SpaceWatch,
+    /// Volumes a receive is running into: one at a time each.
+    pub receiving: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl PoolControl {
@@ -75,6 +77,7 @@ impl PoolControl {
             parent,
             created_unix_secs: info.created_unix_secs,
             created_txn: info.created_txn,
+            guid: info.guid.as_ref().map(arbor_engine::guid_hex),
         }
     }
 

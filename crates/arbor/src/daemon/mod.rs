@@ -10,6 +10,7 @@ mod api;
 mod background;
 pub mod control;
 mod listen;
+mod stream;
 
 use std::future::Future;
 use std::path::Path;
@@ -98,6 +99,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         open: std::sync::Arc::new(OpenExports::default()),
         metrics: metrics.clone(),
         space: SpaceWatch::new(config.space_warning_percent.clone()),
+        receiving: Default::default(),
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();

@@ -1,0 +1,317 @@
+//! Receiving: a stream decoded as it arrives and applied to a hidden
+//! volume of the pool (`Pool::begin_receive`), which becomes the snapshot
+//! in one commit once the trailer has verified the whole stream.
+//!
+//! Every record is verified (checksum, sequence, order, range) before it
+//! is applied, so whatever was applied is the sender's. Progress is
+//! committed with the data every [`ReceiveOptions::checkpoint_bytes`] and
+//! whenever the input stops ([`Receiver::interrupted`]): a receive
+//! interrupted anyhow resumes from there, with the token
+//! [`resume_token`] prints. A resumed stream may start at or before that
+//! point (records are applied again, which is idempotent: data records
+//! against a base are decoded against the base snapshot, never against what
+//! the receive has written), never after it.
+
+use arbor_engine::{
+    split_snapshot_name, Pool, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId,
+};
+
+use crate::format::{DataDecoder, Decoded, Decoder, Encoding, Guid, Header, Record, ResumeToken};
+use crate::send::read_base;
+use crate::StreamFailure;
+
+/// How a receive runs (policy).
+#[derive(Debug, Clone)]
+pub struct ReceiveOptions {
+    /// Commit the data applied, with the resume point, after this many
+    /// bytes of the volume.
+    pub checkpoint_bytes: u64,
+    /// An incremental stream rolls its volume forward even if it was
+    /// written since the base (those writes are lost; `zfs receive -F`).
+    pub force: bool,
+}
+
+impl Default for ReceiveOptions {
+    fn default() -> Self {
+        Self {
+            checkpoint_bytes: 256 << 20,
+            force: false,
+        }
+    }
+}
+
+/// What a finished receive made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The new snapshot (`volume@name`).
+    pub snapshot: String,
+    pub id: VolumeId,
+    pub guid: Guid,
+    /// Stream bytes read, and data bytes applied.
+    pub stream_bytes: u64,
+    pub data_bytes: u64,
+    /// Where this stream started (0, or a resumed stream's offset).
+    pub resumed_from: u64,
+    /// An earlier receive into the volume that could never finish (its
+    /// base is gone) was discarded: this says so.
+    pub discarded: Option<String>,
+}
+
+/// Where a receive stands while it runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiveProgress {
+    pub stream_bytes: u64,
+    pub data_bytes: u64,
+    /// Volume bytes applied (the end of the last record).
+    pub applied_to: u64,
+    pub volume_size: u64,
+}
+
+/// A stream being received: [`Receiver::push`] its bytes as they come, then
+/// [`Receiver::finish`] at the end of the input.
+pub struct Receiver<'p> {
+    pool: &'p Pool,
+    volume: String,
+    opts: ReceiveOptions,
+    decoder: Decoder,
+    data: DataDecoder,
+    /// Input not yet decoded (at most one record and one push).
+    pending: Vec<u8>,
+    started: Option<Started>,
+    decoded: Vec<u8>,
+    base_data: Vec<u8>,
+    progress: ReceiveProgress,
+    /// Volume bytes applied since the last checkpoint.
+    unsaved: u64,
+    /// The volume offset committed last.
+    saved_to: u64,
+    ended: bool,
+}
+
+struct Started {
+    header: Header,
+    status: ReceiveStatus,
+    snapshot: String,
+    base: Option<VolumeId>,
+    discarded: Option<String>,
+}
+
+/// The resume token of the receive in progress into `volume`, if any
+/// (`arbor receive --status`).
+pub fn resume_token(pool: &Pool, volume: &str) -> Result<Option<ResumeToken>, StreamFailure> {
+    Ok(pool.receive_status(volume)?.map(|s| token_of(&s)))
+}
+
+fn token_of(s: &ReceiveStatus) -> ResumeToken {
+    ResumeToken {
+        target: Guid(s.target),
+        base: s.base.map(Guid),
+        offset: s.offset,
+        volume_size: s.size,
+    }
+}
+
+impl<'p> Receiver<'p> {
+    pub fn new(pool: &'p Pool, volume: &str, opts: ReceiveOptions) -> Self {
+        Self {
+            pool,
+            volume: volume.to_owned(),
+            opts,
+            decoder: Decoder::new(),
+            data: DataDecoder::new(),
+            pending: Vec::new(),
+            started: None,
+            decoded: Vec::new(),
+            base_data: Vec::new(),
+            progress: ReceiveProgress::default(),
+            unsaved: 0,
+            saved_to: 0,
+            ended: false,
+        }
+    }
+
+    /// Where the receive stands.
+    pub fn progress(&self) -> ReceiveProgress {
+        self.progress
+    }
+
+    /// The stream's header, once it has arrived.
+    pub fn header(&self) -> Option<&Header> {
+        self.started.as_ref().map(|s| &s.header)
+    }
+
+    /// Decodes and applies whatever whole records `bytes` completes.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<ReceiveProgress, StreamFailure> {
+        self.progress.stream_bytes += bytes.len() as u64;
+        // Out of `self` while records borrowed from it are applied.
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend_from_slice(bytes);
+        let mut at = 0;
+        let result = loop {
+            match self.decoder.decode(&pending[at..]) {
+                Ok(Decoded::NeedMore(_)) => break Ok(()),
+                Ok(Decoded::Record { consumed, record }) => {
+                    at += consumed;
+                    if let Err(e) = self.apply(record) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(StreamFailure::Stream(e)),
+            }
+        };
+        pending.drain(..at);
+        self.pending = pending;
+        result.map(|()| self.progress)
+    }
+
+    /// Applies one verified record.
+    fn apply(&mut self, record: Record<'_>) -> Result<(), StreamFailure> {
+        match record {
+            Record::Header(header) => self.start(header),
+            Record::Data {
+                offset,
+                length,
+                encoding,
+                payload,
+            } => {
+                let started = self.started()?;
+                let (id, base) = (started.status.id, started.base);
+                let n = usize::try_from(length).unwrap_or(usize::MAX);
+                let base_bytes = match (encoding, base) {
+                    (Encoding::ZstdDelta, Some(base)) => {
+                        self.base_data.resize(n, 0);
+                        read_base(self.pool, base, offset, &mut self.base_data)?;
+                        Some(&self.base_data[..])
+                    }
+                    _ => None,
+                };
+                self.data
+                    .decode(encoding, payload, length, base_bytes, &mut self.decoded)?;
+                self.pool.receive_write(id, offset, &self.decoded)?;
+                self.progress.data_bytes += u64::from(length);
+                self.applied(offset + u64::from(length), u64::from(length))
+            }
+            Record::Zero { offset, length } | Record::Discard { offset, length } => {
+                let id = self.started()?.status.id;
+                self.pool.receive_discard(id, offset, length)?;
+                self.applied(offset + length, length)
+            }
+            Record::Skipped { .. } => Ok(()),
+            Record::End => {
+                self.ended = true;
+                Ok(())
+            }
+        }
+    }
+
+    fn started(&self) -> Result<&Started, StreamFailure> {
+        self.started
+            .as_ref()
+            .ok_or_else(|| StreamFailure::Refused("a record before the stream's header".into()))
+    }
+
+    /// The header has arrived: begin (or resume) the receive in the pool.
+    fn start(&mut self, header: Header) -> Result<(), StreamFailure> {
+        let (_, snap) = split_snapshot_name(&header.name).map_err(|_| {
+            StreamFailure::Refused(format!(
+                "the stream's snapshot name {:?} is not of the form volume@snapshot",
+                header.name
+            ))
+        })?;
+        let snapshot = format!("{}@{snap}", self.volume);
+        split_snapshot_name(&snapshot)?;
+        let ReceiveStart { status, discarded } = self.pool.begin_receive(&ReceiveTarget {
+            volume: self.volume.clone(),
+            target: header.target.0,
+            base: header.base.map(|b| b.0),
+            size: header.volume_size,
+        })?;
+        if header.resume_offset > status.offset {
+            return Err(StreamFailure::Refused(format!(
+                "the stream resumes at byte {}, but the receive into {} has committed only {} \
+                 bytes: resume with the token of `arbor receive --status {}`",
+                header.resume_offset, self.volume, status.offset, self.volume
+            )));
+        }
+        let base = match header.base {
+            Some(guid) => Some(self.pool.find_guid(&guid.0)?.ok_or_else(|| {
+                StreamFailure::Refused(format!("the base snapshot {guid} vanished"))
+            })?),
+            None => None,
+        };
+        self.saved_to = status.offset;
+        self.progress.applied_to = header.resume_offset;
+        self.progress.volume_size = header.volume_size;
+        self.started = Some(Started {
+            header,
+            status,
+            snapshot,
+            base,
+            discarded,
+        });
+        Ok(())
+    }
+
+    fn applied(&mut self, end: u64, bytes: u64) -> Result<(), StreamFailure> {
+        self.progress.applied_to = end;
+        self.unsaved += bytes;
+        if self.unsaved >= self.opts.checkpoint_bytes {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Commits what was applied, with the point a resumed stream goes on
+    /// from (never backwards: a resumed stream may re-apply records).
+    fn checkpoint(&mut self) -> Result<(), StreamFailure> {
+        let Some(started) = &self.started else {
+            return Ok(());
+        };
+        let to = self.progress.applied_to.max(self.saved_to);
+        self.pool.receive_checkpoint(started.status.id, to)?;
+        self.saved_to = to;
+        self.unsaved = 0;
+        Ok(())
+    }
+
+    /// The input stopped before the end (a broken pipe, a damaged record, a
+    /// killed sender): commits what was applied and returns the token to
+    /// resume with, if the receive had begun.
+    pub fn interrupted(&mut self) -> Result<Option<ResumeToken>, StreamFailure> {
+        if self.started.is_none() {
+            return Ok(None);
+        }
+        self.checkpoint()?;
+        resume_token(self.pool, &self.volume)
+    }
+
+    /// The input has ended: the stream must have ended with its verified
+    /// trailer. Makes the snapshot visible, in one commit.
+    pub fn finish(mut self) -> Result<Received, StreamFailure> {
+        if !self.ended {
+            self.decoder.end_of_input()?;
+            return Err(StreamFailure::Refused("the stream did not end".into()));
+        }
+        if !self.pending.is_empty() {
+            return Err(StreamFailure::Refused(
+                "bytes after the stream's end".into(),
+            ));
+        }
+        let started = self
+            .started
+            .take()
+            .ok_or_else(|| StreamFailure::Refused("a stream without a header".into()))?;
+        let id = self
+            .pool
+            .finish_receive(started.status.id, &started.snapshot, self.opts.force)?;
+        Ok(Received {
+            snapshot: started.snapshot,
+            id,
+            guid: started.header.target,
+            stream_bytes: self.progress.stream_bytes,
+            data_bytes: self.progress.data_bytes,
+            resumed_from: started.header.resume_offset,
+            discarded: started.discarded,
+        })
+    }
+}

@@ -1,0 +1,358 @@
+//! Sending: a snapshot, or what differs between two snapshots, read from a
+//! pool and encoded as a stream (docs/STREAM.md), piece by piece with
+//! bounded memory.
+//!
+//! What a stream carries, as Zumastor's delta files did, comes from the
+//! metadata: a full stream walks the snapshot's allocation map (unmapped
+//! ranges cost nothing), an incremental one the ranges where the two
+//! snapshots' trees differ (`Pool::diff`, which skips shared subtrees), so
+//! the work follows the change, not the volume size.
+
+use std::io::Write;
+
+use arbor_engine::{Pool, VolumeId, VolumeInfo};
+
+use crate::format::{
+    Compression, Encoder, Encoding, Guid, Header, ResumeToken, DATA_HEADER_LEN, FRAME_CRC_LEN,
+    FRAME_HEADER_LEN, HEADER_FIXED_LEN, MAX_DATA, MAX_NAME, RANGE_PAYLOAD_LEN, TRAILER_PAYLOAD_LEN,
+};
+use crate::StreamFailure;
+
+/// How much of the volume one allocation-map lookup covers: bounds the
+/// runs held in memory whatever the volume size.
+const WINDOW: u64 = 256 << 20;
+
+/// Record sizes, for estimates: a data record's bytes beyond its data, a
+/// zero or discard record, the largest header, the trailer.
+const FRAME: u64 = (FRAME_HEADER_LEN + FRAME_CRC_LEN) as u64;
+const DATA_OVERHEAD: u64 = FRAME + DATA_HEADER_LEN as u64;
+const RANGE_RECORD: u64 = FRAME + RANGE_PAYLOAD_LEN as u64;
+const HEADER_RECORD_MAX: u64 = FRAME + (HEADER_FIXED_LEN + MAX_NAME) as u64;
+const TRAILER_RECORD: u64 = FRAME + TRAILER_PAYLOAD_LEN as u64;
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct SendRequest {
+    /// The snapshot to send (`vol@snap`).
+    pub target: String,
+    /// For an incremental stream, the snapshot it is a delta against: any
+    /// snapshot sharing history with the target (an ancestor, a sibling,
+    /// a clone's origin).
+    pub base: Option<String>,
+    /// Continue an interrupted stream from where the receiver stands (its
+    /// `receive --status` token): target and base are then the snapshots
+    /// the token names, found by identity.
+    pub resume: Option<ResumeToken>,
+    pub compression: Compression,
+}
+
+/// What a stream will carry (`send --dry-run`) and, after a send, carried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// Bytes of data records before compression.
+    pub data_bytes: u64,
+    /// Bytes covered by zero and discard records.
+    pub zero_bytes: u64,
+    pub records: u64,
+    /// Bytes of the stream (after a send; for an estimate, an upper bound:
+    /// every data record raw).
+    pub stream_bytes: u64,
+    /// Data records sent compressed, and against the base.
+    pub zstd_records: u64,
+    pub delta_records: u64,
+}
+
+/// One range of the volume the stream covers.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u64,
+    end: u64,
+}
+
+/// A stream being produced: call [`Sender::next`] until it returns false.
+pub struct Sender<'p> {
+    pool: &'p Pool,
+    target: VolumeId,
+    base: Option<VolumeId>,
+    header: Header,
+    encoder: Option<Encoder>,
+    compression: Compression,
+    /// The ranges still to send, in order (the last is the one in work).
+    spans: Vec<Span>,
+    /// Mapped/unmapped runs of the current window: (offset, len, mapped).
+    runs: std::collections::VecDeque<(u64, u64, bool)>,
+    data: Vec<u8>,
+    base_data: Vec<u8>,
+    stats: SendStats,
+    finished: bool,
+}
+
+fn snapshot_info(pool: &Pool, name: &str) -> Result<VolumeInfo, StreamFailure> {
+    let info = pool.info(pool.lookup(name)?)?;
+    if !info.snapshot {
+        return Err(StreamFailure::Refused(format!(
+            "{name} is not a snapshot: send snapshots, which do not change while they are sent"
+        )));
+    }
+    Ok(info)
+}
+
+fn by_guid(pool: &Pool, guid: Guid, what: &str) -> Result<VolumeInfo, StreamFailure> {
+    let id = pool.find_guid(&guid.0)?.ok_or_else(|| {
+        StreamFailure::Refused(format!(
+            "the resume token's {what} snapshot (identity {guid}) is not in this pool"
+        ))
+    })?;
+    Ok(pool.info(id)?)
+}
+
+fn guid_of(info: &VolumeInfo) -> Result<Guid, StreamFailure> {
+    info.guid.map(Guid).ok_or_else(|| {
+        StreamFailure::Refused(format!(
+            "{} has no identity: this pool's format predates send; upgrade it (arbor pool upgrade)",
+            info.name
+        ))
+    })
+}
+
+impl<'p> Sender<'p> {
+    /// Plans the stream: finds the snapshots, their identities and the
+    /// ranges to send (for an incremental stream, where the two trees
+    /// differ). Nothing is read or written yet.
+    pub fn new(pool: &'p Pool, req: &SendRequest) -> Result<Self, StreamFailure> {
+        let (target, base, resume_offset) = match &req.resume {
+            Some(token) => {
+                let target = by_guid(pool, token.target, "target")?;
+                let base = match token.base {
+                    Some(b) => Some(by_guid(pool, b, "base")?),
+                    None => None,
+                };
+                if target.size != token.volume_size || token.offset > target.size {
+                    return Err(StreamFailure::Refused(format!(
+                        "the resume token does not fit {} ({} bytes)",
+                        target.name, target.size
+                    )));
+                }
+                (target, base, token.offset)
+            }
+            None => {
+                let target = snapshot_info(pool, &req.target)?;
+                let base = match &req.base {
+                    Some(b) => Some(snapshot_info(pool, b)?),
+                    None => None,
+                };
+                (target, base, 0)
+            }
+        };
+        if let Some(b) = &base {
+            if b.id == target.id {
+                return Err(StreamFailure::Refused(format!(
+                    "{} is both the target and the base",
+                    target.name
+                )));
+            }
+        }
+        let header = Header {
+            chunk_size: u32::try_from(pool.chunk_size()).unwrap_or(u32::MAX),
+            volume_size: target.size,
+            target: guid_of(&target)?,
+            base: base.as_ref().map(guid_of).transpose()?,
+            resume_offset,
+            creation_time: target.created_unix_secs,
+            name: target.name.clone(),
+        };
+        let mut spans: Vec<Span> = match &base {
+            None => vec![Span {
+                start: resume_offset,
+                end: target.size,
+            }],
+            Some(b) => pool
+                .diff(b.id, target.id)?
+                .into_iter()
+                // (offset, length) pairs, chunk-aligned, in order.
+                .map(|(offset, len)| Span {
+                    start: offset.max(resume_offset),
+                    end: offset.saturating_add(len).min(target.size),
+                })
+                .filter(|s| s.start < s.end)
+                .collect(),
+        };
+        spans.reverse();
+        Ok(Self {
+            pool,
+            target: target.id,
+            base: base.map(|b| b.id),
+            header,
+            encoder: None,
+            compression: req.compression,
+            spans,
+            runs: Default::default(),
+            data: Vec::new(),
+            base_data: Vec::new(),
+            stats: SendStats::default(),
+            finished: false,
+        })
+    }
+
+    /// The stream's header (identities, size, resume point).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// What the stream will carry, from the metadata alone (no data is
+    /// read): `send --dry-run`.
+    pub fn estimate(&self) -> Result<SendStats, StreamFailure> {
+        let mut stats = SendStats::default();
+        for span in self.spans.iter().rev() {
+            let mut at = span.start;
+            while at < span.end {
+                let len = (span.end - at).min(WINDOW);
+                for run in self.pool.allocation_map(self.target, at, len)? {
+                    if run.mapped {
+                        let records = run.len.div_ceil(MAX_DATA as u64);
+                        stats.data_bytes += run.len;
+                        stats.records += records;
+                        stats.stream_bytes += run.len + records * DATA_OVERHEAD;
+                    } else if self.base.is_some() {
+                        stats.zero_bytes += run.len;
+                        stats.records += 1;
+                        stats.stream_bytes += RANGE_RECORD;
+                    }
+                }
+                at += len;
+            }
+        }
+        stats.records += 2;
+        stats.stream_bytes += HEADER_RECORD_MAX + TRAILER_RECORD;
+        Ok(stats)
+    }
+
+    /// Appends the next records to `out` (about a megabyte at most per
+    /// call). Returns false once the trailer has been appended.
+    pub fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, StreamFailure> {
+        if self.finished {
+            return Ok(false);
+        }
+        let start = out.len();
+        let mut encoder = match self.encoder.take() {
+            Some(e) => e,
+            None => Encoder::new(&self.header, self.compression, out)?,
+        };
+        if self.fill(&mut encoder, out)? {
+            encoder.finish(out)?;
+            self.stats.records += 2;
+            self.finished = true;
+        } else {
+            self.encoder = Some(encoder);
+        }
+        self.stats.stream_bytes = self
+            .stats
+            .stream_bytes
+            .saturating_add(u64::try_from(out.len() - start).unwrap_or(u64::MAX));
+        Ok(true)
+    }
+
+    /// Encodes records until about [`MAX_DATA`] bytes were appended;
+    /// returns true when every range has been sent.
+    fn fill(&mut self, encoder: &mut Encoder, out: &mut Vec<u8>) -> Result<bool, StreamFailure> {
+        let start = out.len();
+        while out.len() - start < MAX_DATA {
+            let Some((offset, len, mapped)) = self.runs.pop_front() else {
+                // Refill from the next window of the current span.
+                let Some(span) = self.spans.last_mut() else {
+                    return Ok(true);
+                };
+                let len = (span.end - span.start).min(WINDOW);
+                for run in self.pool.allocation_map(self.target, span.start, len)? {
+                    self.runs.push_back((run.offset, run.len, run.mapped));
+                }
+                span.start += len;
+                if span.start >= span.end {
+                    self.spans.pop();
+                }
+                continue;
+            };
+            if !mapped {
+                // Reads as zeros: a full stream's receiver starts empty; an
+                // incremental one's has the base there.
+                if self.base.is_some() {
+                    encoder.discard(offset, len, out)?;
+                    self.stats.zero_bytes += len;
+                    self.stats.records += 1;
+                }
+                continue;
+            }
+            let piece = len.min(MAX_DATA as u64);
+            if piece < len {
+                self.runs.push_front((offset + piece, len - piece, true));
+            }
+            // At most MAX_DATA, just above.
+            let n = piece as usize;
+            self.data.resize(n, 0);
+            self.pool.read(self.target, offset, &mut self.data)?;
+            if self.data.iter().all(|&b| b == 0) {
+                if self.base.is_some() {
+                    encoder.zero(offset, piece, out)?;
+                    self.stats.zero_bytes += piece;
+                    self.stats.records += 1;
+                }
+                continue;
+            }
+            let base = match (self.base, self.compression) {
+                (Some(base), Compression::Best { .. }) => {
+                    self.base_data.resize(n, 0);
+                    read_base(self.pool, base, offset, &mut self.base_data)?;
+                    Some(&self.base_data[..])
+                }
+                _ => None,
+            };
+            match encoder.data(offset, &self.data, base, out)? {
+                Encoding::Raw => {}
+                Encoding::Zstd => self.stats.zstd_records += 1,
+                Encoding::ZstdDelta => self.stats.delta_records += 1,
+            }
+            self.stats.data_bytes += piece;
+            self.stats.records += 1;
+        }
+        Ok(false)
+    }
+
+    /// Writes the whole stream to `w`, calling `progress` with the stream
+    /// bytes written so far after each piece.
+    pub fn write_to(
+        mut self,
+        w: &mut dyn Write,
+        progress: &mut dyn FnMut(&SendStats),
+    ) -> Result<SendStats, StreamFailure> {
+        let mut out = Vec::with_capacity(2 * MAX_DATA);
+        while self.next(&mut out)? {
+            w.write_all(&out).map_err(StreamFailure::Output)?;
+            out.clear();
+            progress(&self.stats);
+        }
+        w.flush().map_err(StreamFailure::Output)?;
+        Ok(self.stats)
+    }
+
+    /// What was sent so far.
+    pub fn stats(&self) -> SendStats {
+        self.stats
+    }
+}
+
+/// Reads the base snapshot where it has bytes (a smaller base reads zeros
+/// past its end).
+pub(crate) fn read_base(
+    pool: &Pool,
+    base: VolumeId,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), StreamFailure> {
+    let size = pool.info(base)?.size;
+    buf.fill(0);
+    if offset < size {
+        let n = usize::try_from((size - offset).min(buf.len() as u64)).unwrap_or(buf.len());
+        pool.read(base, offset, &mut buf[..n])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,350 @@
+//! Send and receive through the daemon: the stream is the body of the
+//! request or response, produced and consumed piece by piece (a bounded
+//! channel between the HTTP side and a blocking task over the engine), so
+//! memory stays bounded whatever the volume size.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use arbor_engine::{guid_hex, Pool};
+use arbor_stream::format::{Compression, ResumeToken};
+use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
+use arbor_stream::send::{SendRequest, Sender};
+use arbor_stream::StreamFailure;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use super::api::{ApiError, ApiResult};
+use super::control::PoolControl;
+use crate::error_code::ErrorCode;
+use crate::model::{
+    ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
+};
+
+/// Stream pieces in flight between the engine task and the connection:
+/// with pieces of about a megabyte, what a send or receive holds in memory.
+const IN_FLIGHT: usize = 4;
+
+/// The API error for a failed send or receive.
+fn failure(err: StreamFailure) -> ApiError {
+    match err {
+        StreamFailure::Engine(e) => ApiError::from(anyhow::Error::new(e)),
+        StreamFailure::Stream(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
+        StreamFailure::Refused(m) => ApiError::new(ErrorCode::InvalidArgument, m),
+        StreamFailure::Output(e) => ApiError::new(ErrorCode::Io, e.to_string()),
+    }
+}
+
+fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
+    let level = q.level.unwrap_or(3);
+    if !(1..=19).contains(&level) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("zstd level {level} is not 1 to 19"),
+        ));
+    }
+    let compression = match q.compression {
+        StreamCompression::None => Compression::None,
+        StreamCompression::Zstd => Compression::Zstd { level },
+        StreamCompression::Best => Compression::Best { level },
+    };
+    let resume = match &q.resume {
+        Some(token) => Some(
+            ResumeToken::decode(token)
+                .map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.to_string()))?,
+        ),
+        None => None,
+    };
+    let target = match (&q.snapshot, &resume) {
+        (Some(s), None) => s.clone(),
+        (None, Some(_)) => String::new(),
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "give either a snapshot or a resume token".into(),
+            ))
+        }
+    };
+    if resume.is_some() && q.from.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "a resume token already names the base".into(),
+        ));
+    }
+    Ok(SendRequest {
+        target,
+        base: q.from.clone(),
+        resume,
+        compression,
+    })
+}
+
+/// `GET /v1/send/estimate`: what the stream would carry, from the metadata.
+pub async fn estimate(
+    State(c): State<PoolControl>,
+    Query(q): Query<SendQuery>,
+) -> ApiResult<Json<SendEstimateView>> {
+    let req = request_of(&q)?;
+    let pool = Arc::clone(&c.pool);
+    tokio::task::spawn_blocking(move || {
+        let sender = Sender::new(&pool, &req).map_err(failure)?;
+        let stats = sender.estimate().map_err(failure)?;
+        let header = sender.header();
+        let name_of = |guid: &arbor_stream::format::Guid| {
+            pool.find_guid(&guid.0)
+                .ok()
+                .flatten()
+                .and_then(|id| pool.info(id).ok())
+                .map(|i| i.name)
+        };
+        Ok(Json(SendEstimateView {
+            snapshot: header.name.clone(),
+            from: header.base.as_ref().and_then(name_of),
+            resume_offset: header.resume_offset,
+            volume_size: header.volume_size,
+            data_bytes: stats.data_bytes,
+            zero_bytes: stats.zero_bytes,
+            records: stats.records,
+            stream_bytes_max: stats.stream_bytes,
+        }))
+    })
+    .await
+    .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+}
+
+/// `GET /v1/send`: the stream, as the response body. Errors found before
+/// the first byte (no such snapshot, no shared history) are ordinary error
+/// responses; one met later ends the body early, which the client sees as
+/// a broken stream (and the receiver as a truncated one).
+pub async fn send(State(c): State<PoolControl>, Query(q): Query<SendQuery>) -> ApiResult<Response> {
+    let req = request_of(&q)?;
+    let pool = Arc::clone(&c.pool);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
+    let (ready_tx, ready_rx) = oneshot::channel::<Result<(), ApiError>>();
+    tokio::task::spawn_blocking(move || produce(&pool, &req, &tx, ready_tx));
+    ready_rx
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::Internal, "the send task ended".into()))??;
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/vnd.arbor.stream")],
+        body,
+    )
+        .into_response())
+}
+
+fn produce(
+    pool: &Pool,
+    req: &SendRequest,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    ready: oneshot::Sender<Result<(), ApiError>>,
+) {
+    let mut sender = match Sender::new(pool, req) {
+        Ok(sender) => sender,
+        Err(e) => {
+            let _ = ready.send(Err(failure(e)));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let name = sender.header().name.clone();
+    loop {
+        let mut out = Vec::new();
+        match sender.next(&mut out) {
+            Ok(true) => {
+                if tx.blocking_send(Ok(Bytes::from(out))).is_err() {
+                    info!(snapshot = %name, "the receiving side of a send went away");
+                    return;
+                }
+            }
+            Ok(false) => break,
+            Err(e) => {
+                warn!(snapshot = %name, error = %e, "send failed part way");
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+                return;
+            }
+        }
+    }
+    let stats = sender.stats();
+    info!(snapshot = %name, bytes = stats.stream_bytes, data = stats.data_bytes, "sent");
+}
+
+/// Marks `volume` as being received into until dropped.
+struct Receiving {
+    set: Arc<Mutex<HashSet<String>>>,
+    volume: String,
+}
+
+impl Receiving {
+    fn claim(set: &Arc<Mutex<HashSet<String>>>, volume: &str) -> Result<Self, ApiError> {
+        let mut held = set.lock().unwrap_or_else(|e| e.into_inner());
+        if !held.insert(volume.to_owned()) {
+            return Err(ApiError::new(
+                ErrorCode::Busy,
+                format!("a receive into {volume} is already running"),
+            ));
+        }
+        Ok(Self {
+            set: Arc::clone(set),
+            volume: volume.to_owned(),
+        })
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        let mut held = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(&self.volume);
+    }
+}
+
+/// `POST /v1/receive/{volume}`: the request body is the stream. Nothing
+/// becomes visible unless the whole stream arrives and verifies; an
+/// interrupted one keeps its progress for `send --resume`.
+pub async fn receive(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+    Query(q): Query<ReceiveQuery>,
+    body: Body,
+) -> ApiResult<Json<ReceivedView>> {
+    let claim = Receiving::claim(&c.receiving, &volume)?;
+    if let Ok(id) = c.pool.lookup(&volume) {
+        let connections = c.open.count(id);
+        if connections > 0 && !q.force {
+            return Err(ApiError::new(
+                ErrorCode::Busy,
+                format!(
+                    "{volume} is open by {connections} NBD connection(s): a receive rolls it \
+                     forward under them; disconnect first, or receive with --force"
+                ),
+            ));
+        }
+    }
+    let (tx, mut rx) = mpsc::channel::<Option<Bytes>>(IN_FLIGHT);
+    let pool = Arc::clone(&c.pool);
+    let opts = ReceiveOptions {
+        force: q.force,
+        ..ReceiveOptions::default()
+    };
+    let target = volume.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let _claim = claim;
+        let mut receiver = Receiver::new(&pool, &target, opts);
+        // `None`: the body broke off.
+        while let Some(item) = rx.blocking_recv() {
+            let Some(bytes) = item else {
+                let token = receiver.interrupted().map_err(failure)?;
+                return Err(interrupted(&target, token, "the stream broke off"));
+            };
+            if let Err(e) = receiver.push(&bytes) {
+                let token = receiver.interrupted().ok().flatten();
+                let mut api = failure(e);
+                if let Some(token) = token {
+                    api = api.with_hint(format!(
+                        "; what arrived before is kept: resume with `arbor send --resume {}`",
+                        token.encode()
+                    ));
+                }
+                return Err(api);
+            }
+        }
+        let received = receiver.finish().map_err(failure)?;
+        info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received");
+        Ok(ReceivedView {
+            snapshot: received.snapshot,
+            guid: guid_hex(&received.guid.0),
+            stream_bytes: received.stream_bytes,
+            data_bytes: received.data_bytes,
+            resumed_from: received.resumed_from,
+            discarded: received.discarded,
+        })
+    });
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = frames.next().await {
+        let item = frame.ok();
+        let broke = item.is_none();
+        if tx.send(item).await.is_err() || broke {
+            break;
+        }
+    }
+    drop(tx);
+    task.await
+        .context("engine task failed")
+        .map_err(ApiError::from)?
+        .map(Json)
+}
+
+fn interrupted(volume: &str, token: Option<ResumeToken>, why: &str) -> ApiError {
+    let resume = match token {
+        Some(t) => format!("; resume with `arbor send --resume {}`", t.encode()),
+        None => String::new(),
+    };
+    ApiError::new(
+        ErrorCode::BadStream,
+        format!("receive into {volume}: {why}{resume}"),
+    )
+}
+
+/// `GET /v1/receive/{volume}`: the receive in progress, with its token.
+pub async fn status(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+) -> ApiResult<Json<ReceiveStatusView>> {
+    let pool = Arc::clone(&c.pool);
+    tokio::task::spawn_blocking(move || {
+        let status = pool
+            .receive_status(&volume)
+            .map_err(|e| failure(e.into()))?
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::NotFound,
+                    format!("no receive into {volume} is in progress"),
+                )
+            })?;
+        let token = resume_token(&pool, &volume)
+            .map_err(failure)?
+            .map(|t| t.encode())
+            .unwrap_or_default();
+        Ok(Json(ReceiveStatusView {
+            volume,
+            token,
+            target: guid_hex(&status.target),
+            base: status.base.as_ref().map(guid_hex),
+            offset: status.offset,
+            size: status.size,
+        }))
+    })
+    .await
+    .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+}
+
+/// `DELETE /v1/receive/{volume}`: abandons the receive in progress.
+pub async fn abort(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+) -> ApiResult<StatusCode> {
+    let _claim = Receiving::claim(&c.receiving, &volume)?;
+    let pool = Arc::clone(&c.pool);
+    let name = volume.clone();
+    let found = tokio::task::spawn_blocking(move || pool.abort_receive(&name))
+        .await
+        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+        .map_err(|e| failure(e.into()))?;
+    if !found {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no receive into {volume} is in progress"),
+        ));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
