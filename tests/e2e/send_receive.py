@@ -11,7 +11,9 @@ NBD clients writing and reading the volumes:
   the target is unchanged and the receive resumes from its last
   checkpoint, identical;
 * garbage and damaged streams get exit status 2 and change nothing;
-* `send --dry-run` reports the stream's size before sending.
+* `send --dry-run` reports the stream's size before sending;
+* a held snapshot (`arbor hold`) is not destroyed without --force, and
+  holds survive a restart.
 """
 
 import hashlib
@@ -104,6 +106,17 @@ def body(a):
         if va[f"vm@{snap}"]["guid"] != vb[f"copy@{snap}"]["guid"]:
             raise Failure(f"identity of @{snap} not kept: {va[f'vm@{snap}']} {vb[f'copy@{snap}']}")
 
+    # Holds: the receiving side keeps its base for the next increment.
+    b.cli("hold", "copy@two", "replication")
+    r = cli(b, "destroy", "copy@two", check=False)
+    if r.returncode != 5 or "replication" not in r.stderr:
+        raise Failure(f"destroying a held snapshot: exit {r.returncode}: {r.stderr}")
+    if volumes(b)["copy@two"].get("holds") != ["replication"]:
+        raise Failure(f"holds not listed: {volumes(b)['copy@two']}")
+    r = cli(b, "release", "copy@two", "nobody", check=False)
+    if r.returncode != 4:
+        raise Failure(f"releasing a hold that is not there: exit {r.returncode}")
+
     # Garbage and a damaged stream: exit status 2, nothing changes.
     garbage = os.path.join(tmp, "garbage")
     with open(garbage, "wb") as f:
@@ -167,6 +180,10 @@ def body(a):
     got = pipe(a, ["--resume", status["token"]], b, ["fifth"])
     if got["resumed_from"] != status["offset"] or digest(b, "fifth@three") != three:
         raise Failure(f"resume after kill -9: {got}")
+    if volumes(b)["copy@two"].get("holds") != ["replication"]:
+        raise Failure("a hold did not survive the restart")
+    b.cli("release", "copy@two", "replication")
+    b.cli("destroy", "copy@two")
     b.stop()
     run(ARBOR, "check", b.pool)
 

@@ -658,11 +658,47 @@ impl Pool {
 
     /// Deletes a volume or snapshot at once; its space is reclaimed in the
     /// background. Snapshots and clones of it keep their data.
+    /// A held snapshot is refused ([`Error::Conflict`]): see
+    /// [`Pool::delete_forced`].
     pub fn delete(&self, name: &str) -> Result<()> {
+        self.delete_forced(name, false)
+    }
+
+    /// [`Pool::delete`]; with `force`, a held snapshot is deleted too (its
+    /// holds are released).
+    pub fn delete_forced(&self, name: &str, force: bool) -> Result<()> {
         self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(name)?;
-            m.delete_volume(id)
+            m.delete_checked(id, force)
         })
+    }
+
+    /// Holds snapshot `name` with `tag`: it cannot be destroyed without
+    /// force until every hold is released. Returns false if `tag` already
+    /// held it.
+    pub fn hold(&self, name: &str, tag: &str) -> Result<bool> {
+        check_volume_name(tag).map_err(|_| {
+            Error::InvalidArgument(format!("hold tag {tag:?}: use letters, digits and . _ : -"))
+        })?;
+        self.manage(Privilege::Normal, |m| {
+            let id = m.volume_id(name)?;
+            m.add_hold(id, tag)
+        })
+    }
+
+    /// Releases hold `tag` on snapshot `name`. Returns false if it had none.
+    pub fn release(&self, name: &str, tag: &str) -> Result<bool> {
+        self.manage(Privilege::Reserve, |m| {
+            let id = m.volume_id(name)?;
+            m.release_hold(id, tag)
+        })
+    }
+
+    /// The tags holding snapshot `id`.
+    pub fn holds(&self, id: VolumeId) -> Result<Vec<String>> {
+        let meta = self.read_meta()?;
+        meta.visible_volume(id.0)?;
+        Ok(meta.holds(id.0))
     }
 
     /// Makes `volume` read exactly as its snapshot `snapshot` (any of its
@@ -722,7 +758,7 @@ impl Pool {
                     }
                     m.rename_volume(id, to.to_owned())
                 }
-                VolumeKind::Receiving => Err(Error::NotFound(from.to_owned())),
+                VolumeKind::Receiving | VolumeKind::Hold => Err(Error::NotFound(from.to_owned())),
             }
         })
     }
@@ -802,7 +838,7 @@ impl Pool {
         let mut all: Vec<VolumeInfo> = meta
             .table()
             .iter()
-            .filter(|(_, r)| r.kind != VolumeKind::Receiving)
+            .filter(|(_, r)| r.kind.is_visible())
             .map(|(id, r)| volume_info(id, r, chunk))
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));

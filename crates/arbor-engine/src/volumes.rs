@@ -313,7 +313,7 @@ impl Volumes {
         }
         self.table
             .iter()
-            .find(|(_, r)| r.kind != VolumeKind::Receiving && r.guid == *guid)
+            .find(|(_, r)| r.kind.is_visible() && r.guid == *guid)
             .map(|(id, _)| id)
     }
 
@@ -347,6 +347,73 @@ impl Volumes {
         Ok(id)
     }
 
+    /// The tags holding snapshot `id`, sorted.
+    pub fn holds(&self, id: u64) -> Vec<String> {
+        let prefix = hold_prefix(id);
+        let mut tags: Vec<String> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.kind == VolumeKind::Hold && r.parent == id)
+            .filter_map(|(_, r)| r.name.strip_prefix(&prefix).map(str::to_owned))
+            .collect();
+        tags.sort();
+        tags
+    }
+
+    /// Holds snapshot `id` with `tag` (a name-like word). Returns false if
+    /// it already held it.
+    pub fn add_hold(&mut self, id: u64, tag: &str) -> Result<bool> {
+        let rec = self.visible_volume(id)?;
+        if rec.kind != VolumeKind::Snapshot {
+            return Err(Error::InvalidArgument(format!(
+                "{} is not a snapshot: only snapshots are held",
+                rec.name
+            )));
+        }
+        if !self.has_identities() {
+            return Err(Error::Unsupported(
+                "this pool's format (version 2 or older) cannot hold snapshots; upgrade it \
+                 first (arbor pool upgrade)"
+                    .into(),
+            ));
+        }
+        let name = format!("{}{tag}", hold_prefix(id));
+        if self.table.id_of(&name).is_some() {
+            return Ok(false);
+        }
+        let hold = self.add_volume(name, VolumeKind::Hold, 0, BlockRef::NONE, id, 0);
+        self.update_volume(hold, |r| r.guid = [0; 16])?;
+        Ok(true)
+    }
+
+    /// Releases hold `tag` on snapshot `id`. Returns false if there was none.
+    pub fn release_hold(&mut self, id: u64, tag: &str) -> Result<bool> {
+        match self.table.id_of(&format!("{}{tag}", hold_prefix(id))) {
+            Some(hold) => self.table.remove(hold).map(|_| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Deletes volume or snapshot `id`. A held snapshot is refused unless
+    /// `force`, which releases its holds too.
+    pub fn delete_checked(&mut self, id: u64, force: bool) -> Result<()> {
+        let holds = self.holds(id);
+        if !holds.is_empty() {
+            if !force {
+                return Err(Error::Conflict(format!(
+                    "{} is held ({}); release the hold{} (arbor release) or destroy it with --force",
+                    self.volume(id)?.name,
+                    holds.join(", "),
+                    if holds.len() == 1 { "" } else { "s" }
+                )));
+            }
+            for tag in holds {
+                self.release_hold(id, &tag)?;
+            }
+        }
+        self.delete_volume(id)
+    }
+
     /// Records how far receive `id` has applied its stream.
     pub fn set_received(&mut self, id: u64, offset: u64) -> Result<()> {
         self.update_volume(id, |rec| rec.receive.offset = offset)
@@ -358,7 +425,13 @@ impl Volumes {
     /// it, its old tree going to the reclaim queue; else `volume` is
     /// created (empty from a full stream, a clone of the base). Returns the
     /// snapshot's id.
-    pub fn finish_receiving(&mut self, id: u64, volume: &str, snapshot: &str) -> Result<u64> {
+    pub fn finish_receiving(
+        &mut self,
+        id: u64,
+        volume: &str,
+        snapshot: &str,
+        created_unix_secs: u64,
+    ) -> Result<u64> {
         let rec = self.volume(id)?.clone();
         if rec.kind != VolumeKind::Receiving {
             return Err(Error::inconsistent(
@@ -376,6 +449,7 @@ impl Volumes {
                 s.guid = target;
                 s.receive = Default::default();
                 s.parent = vol;
+                s.created_unix_secs = created_unix_secs;
             })?;
             self.rollback_volume(vol, snap)?;
             self.delete_volume(id)?;
@@ -392,7 +466,10 @@ impl Volumes {
             vol.parent = origin;
         })?;
         let snap = self.share_volume(id, snapshot.to_owned(), VolumeKind::Snapshot)?;
-        self.update_volume(snap, |s| s.guid = target)?;
+        self.update_volume(snap, |s| {
+            s.guid = target;
+            s.created_unix_secs = created_unix_secs;
+        })?;
         Ok(snap)
     }
 
@@ -405,10 +482,10 @@ impl Volumes {
     }
 
     /// Volume `id` unless it is a receive in progress (hidden from every
-    /// caller but the receive itself).
+    /// caller but the receive itself) or a hold.
     pub fn visible_volume(&self, id: u64) -> Result<&VolumeRecord> {
         let rec = self.volume(id)?;
-        if rec.kind == VolumeKind::Receiving {
+        if !rec.kind.is_visible() {
             return Err(Error::NotFound(format!("volume id {id}")));
         }
         Ok(rec)
@@ -811,6 +888,12 @@ impl Volumes {
     pub fn reclaim_pending(&self) -> bool {
         !self.meta.queue_root().is_none()
     }
+}
+
+/// The start of the names of the hold records of snapshot `id` (`%` is
+/// never part of a volume name, and the id, never reused, survives renames).
+fn hold_prefix(id: u64) -> String {
+    format!("{id}%hold%")
 }
 
 /// The name of the hidden record of a receive into `volume`: `%` is never

@@ -99,6 +99,18 @@ pub enum VolumeKind {
     /// being applied to; it becomes a snapshot when the stream has arrived
     /// and verified, and its progress survives a restart.
     Receiving = 2,
+    /// A hold on a snapshot (version 3): `parent` is the snapshot, the name
+    /// says which (`{id}%hold%{tag}`); the snapshot cannot be destroyed
+    /// without force while it has one. No tree, no size.
+    Hold = 3,
+}
+
+impl VolumeKind {
+    /// Whether records of this kind are volumes or snapshots people see
+    /// (not receives in progress or holds).
+    pub fn is_visible(self) -> bool {
+        matches!(self, VolumeKind::Volume | VolumeKind::Snapshot)
+    }
 }
 
 /// A snapshot's or volume's identity (version 3): 16 random bytes given at
@@ -202,6 +214,14 @@ impl VolumeRecord {
                 rec.name
             )));
         }
+        if rec.kind == VolumeKind::Hold
+            && (!rec.root.is_none() || rec.mapped_chunks != 0 || rec.parent == 0)
+        {
+            return Err(FormatError::Invalid(format!(
+                "hold record {}: holds have no tree and name a snapshot",
+                rec.name
+            )));
+        }
         if receiving && rec.receive.offset > rec.size_bytes {
             return Err(FormatError::Invalid(format!(
                 "volume record {}: received up to {} of {} bytes",
@@ -228,6 +248,7 @@ impl VolumeRecord {
             0 => VolumeKind::Volume,
             1 => VolumeKind::Snapshot,
             2 if v3 => VolumeKind::Receiving,
+            3 if v3 => VolumeKind::Hold,
             other => return Err(FormatError::Invalid(format!("volume kind {other}"))),
         };
         let name = std::str::from_utf8(&bytes[name_at..name_at + name_len])

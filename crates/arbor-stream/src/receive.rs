@@ -301,9 +301,12 @@ impl<'p> Receiver<'p> {
             .started
             .take()
             .ok_or_else(|| StreamFailure::Refused("a stream without a header".into()))?;
-        let id = self
-            .pool
-            .finish_receive(started.status.id, &started.snapshot, self.opts.force)?;
+        let id = self.pool.finish_receive(
+            started.status.id,
+            &started.snapshot,
+            started.header.creation_time,
+            self.opts.force,
+        )?;
         Ok(Received {
             snapshot: started.snapshot,
             id,

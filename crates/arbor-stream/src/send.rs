@@ -194,6 +194,11 @@ impl<'p> Sender<'p> {
         })
     }
 
+    /// The snapshots the stream reads: the target, and the base.
+    pub fn snapshots(&self) -> (VolumeId, Option<VolumeId>) {
+        (self.target, self.base)
+    }
+
     /// The stream's header (identities, size, resume point).
     pub fn header(&self) -> &Header {
         &self.header

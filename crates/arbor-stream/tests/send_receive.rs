@@ -250,6 +250,10 @@ proptest! {
             prop_assert_eq!(got.guid, guid);
             let bid = b.lookup(&got.snapshot).unwrap();
             prop_assert_eq!(b.guid(bid).unwrap(), Some(guid.0));
+            prop_assert_eq!(
+                b.info(bid).unwrap().created_unix_secs,
+                a.info(sid).unwrap().created_unix_secs
+            );
             prop_assert!(contents(&b, bid) == contents(&a, sid), "{} differs from {}", got.snapshot, snap);
             // The volume reads as the snapshot it was rolled forward to.
             let vid = b.lookup(&volume).unwrap();

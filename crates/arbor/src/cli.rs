@@ -79,6 +79,20 @@ pub enum Command {
     Rename { from: String, to: String },
     /// Byte ranges where two volumes or snapshots differ
     Diff { a: String, b: String },
+    /// Hold a snapshot: it cannot be destroyed without --force until every
+    /// hold is released (backup and replication tools hold their bases)
+    Hold {
+        #[arg(value_name = "VOLUME@SNAP")]
+        snapshot: String,
+        /// Who holds it: letters, digits and . _ : -
+        tag: String,
+    },
+    /// Release a hold on a snapshot
+    Release {
+        #[arg(value_name = "VOLUME@SNAP")]
+        snapshot: String,
+        tag: String,
+    },
     /// Write a snapshot as a stream (docs/STREAM.md): whole, or what
     /// differs from a base snapshot; `arbor receive` applies it
     Send(SendArgs),

@@ -20,8 +20,8 @@ use tokio::runtime::Runtime;
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, PoolView,
-    Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ResizeRequest,
+    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, HoldRequest,
+    PoolView, Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ResizeRequest,
     RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression,
     UpgradeView, VolumeView,
 };
@@ -235,6 +235,21 @@ impl DaemonClient {
 
     pub fn reclaim(&self) -> Result<ReclaimView> {
         decode(&self.send(Method::POST, "/v1/reclaim", None)?)
+    }
+
+    pub fn hold(&self, snapshot: &str, tag: &str) -> Result<VolumeView> {
+        let request = HoldRequest {
+            tag: tag.to_owned(),
+        };
+        self.post(
+            &format!("/v1/snapshots/{}/holds", encode(snapshot)),
+            &request,
+        )
+    }
+
+    pub fn release(&self, snapshot: &str, tag: &str) -> Result<VolumeView> {
+        let path = format!("/v1/snapshots/{}/holds/{}", encode(snapshot), encode(tag));
+        decode(&self.send(Method::DELETE, &path, None)?)
     }
 
     /// `send --dry-run`.

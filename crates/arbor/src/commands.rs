@@ -149,6 +149,23 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             let ranges = with_spinner(&format!("comparing {a} and {b}"), || c.diff(&a, &b))?;
             p.show(&ranges, |r| output::diff(r))?;
         }
+        Command::Hold { snapshot, tag } => {
+            p.show(&c.hold(&snapshot, &tag)?, |v| {
+                format!("{snapshot} is held by: {}\n", v.holds.join(", "))
+            })?;
+        }
+        Command::Release { snapshot, tag } => {
+            p.show(&c.release(&snapshot, &tag)?, |v| {
+                if v.holds.is_empty() {
+                    format!("released {tag}: {snapshot} is not held any more\n")
+                } else {
+                    format!(
+                        "released {tag}: {snapshot} is still held by {}\n",
+                        v.holds.join(", ")
+                    )
+                }
+            })?;
+        }
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,

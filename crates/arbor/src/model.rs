@@ -53,6 +53,17 @@ pub struct VolumeView {
     /// whose format predates identities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guid: Option<String>,
+    /// Tags holding a snapshot (`arbor hold`): it cannot be destroyed
+    /// without force while any is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<String>,
+}
+
+/// `POST /v1/snapshots/{name}/holds` and `DELETE .../holds/{tag}`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    pub tag: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

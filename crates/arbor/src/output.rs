@@ -366,6 +366,7 @@ mod tests {
             created_txn: 0,
             nbd_connections: 0,
             guid: None,
+            holds: Vec::new(),
         }
     }
 

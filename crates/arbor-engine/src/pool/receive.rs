@@ -291,12 +291,19 @@ impl Pool {
     }
 
     /// Makes the finished receive `id` visible in one commit: the snapshot
-    /// `snapshot` (`volume@name`, with the stream's identity) and, for a
+    /// `snapshot` (`volume@name`, with the stream's identity and the time
+    /// the sender took it) and, for a
     /// full stream, the volume. An incremental receive rolls the volume
     /// forward to the new snapshot, which needs the volume unchanged since
     /// the base unless `force` (its changes are then discarded, as
     /// `zfs receive -F` does).
-    pub fn finish_receive(&self, id: VolumeId, snapshot: &str, force: bool) -> Result<VolumeId> {
+    pub fn finish_receive(
+        &self,
+        id: VolumeId,
+        snapshot: &str,
+        created_unix_secs: u64,
+        force: bool,
+    ) -> Result<VolumeId> {
         let (volume, _) = split_snapshot_name(snapshot)?;
         self.manage(Privilege::Normal, |m| {
             let rec = m.volume(id.0)?;
@@ -321,7 +328,8 @@ impl Pool {
                     )));
                 }
             }
-            m.finish_receiving(id.0, volume, snapshot).map(VolumeId)
+            m.finish_receiving(id.0, volume, snapshot, created_unix_secs)
+                .map(VolumeId)
         })
     }
 
@@ -338,4 +346,60 @@ impl Pool {
 /// A GUID as 32 lowercase hex digits.
 pub fn hex(guid: &Guid) -> String {
     guid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arbor_io::{BlockDevice, SimDisk};
+
+    use crate::{CreateOptions, Error, OpenOptions, Pool};
+
+    fn pool(disk: &SimDisk) -> Pool {
+        let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+        let opts = CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(4 << 20),
+            ..Default::default()
+        };
+        Pool::create(dev, &opts, &OpenOptions::default()).unwrap()
+    }
+
+    /// A held snapshot survives destroy until its holds are released or
+    /// the destroy is forced; holds are durable, hidden from listings, and
+    /// follow the snapshot through a rename of its volume.
+    #[test]
+    fn holds_keep_a_snapshot_until_released_or_forced() {
+        let disk = SimDisk::new(64 << 20);
+        let p = pool(&disk);
+        let v = p.create_volume("v", 1 << 20).unwrap();
+        p.write(v, 0, &[3; 4096]).unwrap();
+        p.snapshot("v@s").unwrap();
+        assert!(p.hold("v@s", "backup").unwrap());
+        assert!(!p.hold("v@s", "backup").unwrap(), "the same tag twice");
+        assert!(p.hold("v@s", "repl:site-b").unwrap());
+        assert!(matches!(p.hold("v", "x"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            p.hold("v@s", "bad tag"),
+            Err(Error::InvalidArgument(_))
+        ));
+        let err = p.delete("v@s").unwrap_err();
+        assert!(matches!(err, Error::Conflict(_)), "{err}");
+        assert!(err.to_string().contains("backup, repl:site-b"), "{err}");
+        assert_eq!(p.list().unwrap().len(), 2, "holds are not volumes");
+        p.rename("v", "w").unwrap();
+        p.close().unwrap();
+        let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+        let p = Pool::open(dev, &OpenOptions::default()).unwrap();
+        let s = p.lookup("w@s").unwrap();
+        assert_eq!(p.holds(s).unwrap(), ["backup", "repl:site-b"]);
+        assert!(p.release("w@s", "backup").unwrap());
+        assert!(!p.release("w@s", "backup").unwrap());
+        assert!(p.delete("w@s").is_err());
+        p.delete_forced("w@s", true).unwrap();
+        assert!(p.lookup("w@s").is_err());
+        assert_eq!(p.list().unwrap().len(), 1);
+        assert!(p.check().unwrap().is_clean());
+    }
 }

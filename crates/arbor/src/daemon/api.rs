@@ -19,8 +19,8 @@ use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
-    GrowView, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest,
-    SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
+    GrowView, HoldRequest, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest,
+    RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -38,6 +38,11 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/volumes/{name}/rename", post(rename))
         .route("/v1/volumes/{name}/stats", get(stats))
         .route("/v1/snapshots", get(snapshots).post(snapshot))
+        .route("/v1/snapshots/{name}/holds", post(hold))
+        .route(
+            "/v1/snapshots/{name}/holds/{tag}",
+            axum::routing::delete(release),
+        )
         .route("/v1/clones", post(clone_snapshot))
         .route("/v1/diff", get(diff))
         .route("/v1/flush", post(flush))
@@ -85,14 +90,13 @@ impl ApiError {
 /// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
 impl From<anyhow::Error> for ApiError {
     fn from(err: anyhow::Error) -> Self {
-        let busy = err
-            .downcast_ref::<Fail>()
-            .is_some_and(|fail| fail.exit == Exit::Busy);
-        let code = if busy {
-            ErrorCode::Busy
-        } else {
-            err.downcast_ref::<arbor_engine::Error>()
-                .map_or(ErrorCode::Internal, ErrorCode::of_engine)
+        // The daemon's own refusals carry the exit status they mean.
+        let code = match err.downcast_ref::<Fail>().map(|fail| fail.exit) {
+            Some(Exit::Busy) => ErrorCode::Busy,
+            Some(Exit::NotFound) => ErrorCode::NotFound,
+            _ => err
+                .downcast_ref::<arbor_engine::Error>()
+                .map_or(ErrorCode::Internal, ErrorCode::of_engine),
         };
         if code.status().is_server_error() {
             error!(error = format!("{err:#}"), "API request failed");
@@ -227,6 +231,23 @@ async fn snapshots(
     blocking(c, move |c| c.snapshots(query.volume.as_deref()))
         .await
         .map(Json)
+}
+
+async fn hold(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<HoldRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.hold(&name, &req.tag))
+        .await
+        .map(Json)
+}
+
+async fn release(
+    State(c): State<PoolControl>,
+    Path((name, tag)): Path<(String, String)>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.release(&name, &tag)).await.map(Json)
 }
 
 async fn delete(

@@ -37,6 +37,51 @@ pub struct PoolControl {
     pub space: SpaceWatch,
     /// Volumes a receive is running into: one at a time each.
     pub receiving: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Snapshots a send is reading: destroying one needs force.
+    pub sending: Arc<Pins>,
+}
+
+/// Volumes in use by running operations (sends), counted.
+#[derive(Default)]
+pub struct Pins(std::sync::Mutex<HashMap<VolumeId, usize>>);
+
+impl Pins {
+    /// Pins `ids` until the guard is dropped.
+    pub fn pin(self: &Arc<Self>, ids: Vec<VolumeId>) -> PinGuard {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &ids {
+            *map.entry(*id).or_default() += 1;
+        }
+        PinGuard {
+            pins: Arc::clone(self),
+            ids,
+        }
+    }
+
+    pub fn count(&self, id: VolumeId) -> usize {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&id).copied().unwrap_or(0)
+    }
+}
+
+/// Unpins on drop.
+pub struct PinGuard {
+    pins: Arc<Pins>,
+    ids: Vec<VolumeId>,
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        let mut map = self.pins.0.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &self.ids {
+            if let Some(n) = map.get_mut(id) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(id);
+                }
+            }
+        }
+    }
 }
 
 impl PoolControl {
@@ -77,6 +122,11 @@ impl PoolControl {
             parent,
             created_unix_secs: info.created_unix_secs,
             created_txn: info.created_txn,
+            holds: if info.snapshot {
+                self.pool.holds(info.id).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
             guid: info.guid.as_ref().map(arbor_engine::guid_hex),
         }
     }
@@ -173,9 +223,35 @@ impl PoolControl {
             )
             .into());
         }
-        self.pool.delete(name)?;
+        let sends = self.sending.count(id);
+        if sends > 0 && !force {
+            return Err(Fail::new(
+                Exit::Busy,
+                format!(
+                    "{name} is being sent ({sends} send{}); wait for it, or destroy it anyway \
+                     with --force (the send then fails)",
+                    if sends == 1 { "" } else { "s" }
+                ),
+            )
+            .into());
+        }
+        self.pool.delete_forced(name, force)?;
         self.metrics.forget_volume(name);
         Ok(())
+    }
+
+    /// Holds snapshot `name` with `tag`.
+    pub fn hold(&self, name: &str, tag: &str) -> Result<VolumeView> {
+        self.pool.hold(name, tag)?;
+        self.view_by_name(name)
+    }
+
+    /// Releases hold `tag` on snapshot `name`.
+    pub fn release(&self, name: &str, tag: &str) -> Result<VolumeView> {
+        if !self.pool.release(name, tag)? {
+            return Err(Fail::new(Exit::NotFound, format!("{name} has no hold {tag:?}")).into());
+        }
+        self.view_by_name(name)
     }
 
     pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {

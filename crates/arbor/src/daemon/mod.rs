@@ -100,6 +100,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         metrics: metrics.clone(),
         space: SpaceWatch::new(config.space_warning_percent.clone()),
         receiving: Default::default(),
+        sending: Default::default(),
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();

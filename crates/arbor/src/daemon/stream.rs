@@ -128,7 +128,8 @@ pub async fn send(State(c): State<PoolControl>, Query(q): Query<SendQuery>) -> A
     let pool = Arc::clone(&c.pool);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
     let (ready_tx, ready_rx) = oneshot::channel::<Result<(), ApiError>>();
-    tokio::task::spawn_blocking(move || produce(&pool, &req, &tx, ready_tx));
+    let pins = Arc::clone(&c.sending);
+    tokio::task::spawn_blocking(move || produce(&pool, &pins, &req, &tx, ready_tx));
     ready_rx
         .await
         .map_err(|_| ApiError::new(ErrorCode::Internal, "the send task ended".into()))??;
@@ -145,6 +146,7 @@ pub async fn send(State(c): State<PoolControl>, Query(q): Query<SendQuery>) -> A
 
 fn produce(
     pool: &Pool,
+    pins: &Arc<super::control::Pins>,
     req: &SendRequest,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     ready: oneshot::Sender<Result<(), ApiError>>,
@@ -156,6 +158,9 @@ fn produce(
             return;
         }
     };
+    // Destroying the snapshots this send reads needs force meanwhile.
+    let (target, base) = sender.snapshots();
+    let _pinned = pins.pin(std::iter::once(target).chain(base).collect());
     let _ = ready.send(Ok(()));
     let name = sender.header().name.clone();
     loop {
