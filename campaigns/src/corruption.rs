@@ -262,7 +262,8 @@ fn classify(image: &[u8], live: &[u64]) -> Result<BTreeMap<Target, Vec<u64>>, St
         // Byte 32 of a node is its tree kind.
         let target = match image[block as usize * BS + 32] {
             1 => Target::MappingNode,
-            2 => Target::VolumeTableNode,
+            // Version 1 and version 3 volume tables.
+            2 | 4 => Target::VolumeTableNode,
             3 => Target::QueueNode,
             other => return Err(format!("live block {block} has tree kind {other}")),
         };

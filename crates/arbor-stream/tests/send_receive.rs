@@ -492,3 +492,42 @@ fn a_volume_written_since_the_base_needs_force() {
     assert!(contents(&b, w) == contents(&a, a.lookup("v@2").unwrap()));
     assert_clean(&b);
 }
+
+/// A receive that runs out of data space fails cleanly: nothing shows,
+/// the pool checks clean, the partial receive is kept (it resumes once
+/// there is room) and aborting it gives the space back.
+#[test]
+fn a_receive_that_runs_out_of_space_leaves_nothing_visible() {
+    let (_, a) = two_snapshots();
+    let v = a.lookup("v").unwrap();
+    // Incompressible-ish data, more than the small pool holds.
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut noise = vec![0u8; 4 * MIB as usize];
+    rng.fill(&mut noise[..]);
+    a.write(v, 0, &noise).unwrap();
+    a.snapshot("v@big").unwrap();
+    let big = stream(&a, &request("v@big", None, Compression::None));
+    let small = SimDisk::new(12 * MIB);
+    // 8 MiB of metadata and a small journal leave about 3 MiB of data.
+    let dev: Arc<dyn BlockDevice> = Arc::new(small.clone());
+    let opts = CreateOptions {
+        chunk_size: CHUNK,
+        metadata_bytes: Some(8 * MIB),
+        journal_pages: Some(64),
+        ..Default::default()
+    };
+    let b = Pool::create(dev, &opts, &open_opts()).unwrap();
+    let used = b.pool_stats().unwrap().data_used_bytes;
+    let err = receive(&b, "w", &big, false, &mut rng).unwrap_err();
+    assert!(
+        matches!(err, StreamFailure::Engine(arbor_engine::Error::NoSpace)),
+        "{err}"
+    );
+    assert!(b.list().unwrap().is_empty(), "nothing visible");
+    assert_clean(&b);
+    assert!(resume_token(&b, "w").unwrap().is_some());
+    assert!(b.abort_receive("w").unwrap());
+    while b.reclaim(4096).unwrap() > 0 {}
+    assert_eq!(b.pool_stats().unwrap().data_used_bytes, used);
+    assert_clean(&b);
+}
