@@ -384,7 +384,7 @@ fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
             Step::Transmit { session, .. } => {
                 let bits = u8::from(session.read_only)
                     | u8::from(session.structured) << 1
-                    | u8::from(session.base_allocation) << 2;
+                    | u8::from(session.base_allocation()) << 2;
                 return Some([&[bits], rest].concat());
             }
             Step::Close { .. } => return None,

@@ -207,7 +207,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         size: session.size,
         read_only: session.read_only,
         structured: session.structured,
-        base_allocation: session.base_allocation,
+        base_allocation: !session.contexts.is_empty(),
     };
     loop {
         let mut header = [0u8; REQUEST_HEADER_LEN];
@@ -337,12 +337,20 @@ impl Request {
         };
         tracing::trace!(?command, cookie = context.cookie, "request");
         let export = Arc::clone(&session.export);
+        let contexts = Arc::clone(&session.contexts);
         let replies = replies.clone();
         let buffers = Arc::clone(buffers);
         let run = move || {
             // A panicking export must still answer, or the client waits forever.
             let reply = catch_unwind(AssertUnwindSafe(|| {
-                execute(export.as_ref(), context, command, &payload, &buffers)
+                execute(
+                    export.as_ref(),
+                    context,
+                    &contexts,
+                    command,
+                    &payload,
+                    &buffers,
+                )
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(?command, "export panicked");

@@ -9,10 +9,10 @@ use bytes::Bytes;
 
 use crate::buffers::BufferPool;
 use crate::export::{Export, ExportError};
-use crate::proto::{Errno, BASE_ALLOCATION_ID};
+use crate::proto::{Errno, MetaContext, BASE_ALLOCATION};
 use crate::transmission::{
-    block_status_chunk, error_chunk, extents_from_runs, none_chunk, offset_data_header,
-    offset_hole_chunk, plan_read, simple_reply, Command, ReadSegment,
+    block_status_chunk, error_chunk, extents_from_flags, extents_from_runs, none_chunk,
+    offset_data_header, offset_hole_chunk, plan_read, simple_reply, Command, ReadSegment,
 };
 
 /// Largest range one block status request asks the export about, bounding
@@ -72,9 +72,12 @@ impl ReplyContext {
 
 /// Executes `command`; `payload` is the data of a write (empty otherwise).
 /// Read replies are read into buffers from `buffers`.
+/// `contexts`: the metadata contexts the session selected, which a block
+/// status request answers.
 pub fn execute(
     export: &dyn Export,
     context: ReplyContext,
+    contexts: &[MetaContext],
     command: Command,
     payload: &[u8],
     buffers: &Arc<BufferPool>,
@@ -90,7 +93,7 @@ pub fn execute(
             offset,
             length,
             req_one,
-        } => return block_status(export, context, offset, length, req_one),
+        } => return block_status(export, context, contexts, offset, length, req_one),
         // Zero-length ranges are legal but pointless: succeed without
         // bothering the export.
         Command::Write { length: 0, .. }
@@ -231,33 +234,52 @@ fn structured_read(
     Ok(Reply { parts })
 }
 
+/// One block status chunk per selected context, the last one ending the
+/// reply. Each context describes a prefix of the range of its own length.
 fn block_status(
     export: &dyn Export,
     context: ReplyContext,
+    contexts: &[MetaContext],
     offset: u64,
     length: u32,
     req_one: bool,
 ) -> Reply {
     let query = length.min(MAX_STATUS_QUERY);
-    let runs = match export.block_status(offset, query.into()) {
-        Ok(runs) => runs,
-        Err(error) => return context.export_error(&error),
-    };
-    let extents = extents_from_runs(&runs, query, req_one);
-    if extents.is_empty() {
-        return context.error(Errno::Io, "export reported no allocation status");
+    let mut parts = Vec::with_capacity(contexts.len());
+    for (i, meta) in contexts.iter().enumerate() {
+        let extents = if meta.name == BASE_ALLOCATION {
+            match export.block_status(offset, query.into()) {
+                Ok(runs) => extents_from_runs(&runs, query, req_one),
+                Err(error) => return context.export_error(&error),
+            }
+        } else {
+            match export.context_status(&meta.name, offset, query.into()) {
+                Ok(runs) => extents_from_flags(runs, query, req_one),
+                Err(error) => return context.export_error(&error),
+            }
+        };
+        if extents.is_empty() {
+            return context.error(Errno::Io, "export reported no block status");
+        }
+        let done = i + 1 == contexts.len();
+        parts.push(Bytes::from(block_status_chunk(
+            context.cookie,
+            meta.id,
+            &extents,
+            done,
+        )));
     }
-    Reply::single(block_status_chunk(
-        context.cookie,
-        BASE_ALLOCATION_ID,
-        &extents,
-    ))
+    if parts.is_empty() {
+        return context.error(Errno::Inval, "no metadata context was negotiated");
+    }
+    Reply { parts }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memory::MemoryExport;
+    use crate::proto::BASE_ALLOCATION_ID;
     use crate::proto::{reply, ByteReader};
 
     const STRUCTURED: ReplyContext = ReplyContext {
@@ -286,7 +308,18 @@ mod tests {
     }
 
     fn run(export: &dyn Export, context: ReplyContext, command: Command, payload: &[u8]) -> Reply {
-        execute(export, context, command, payload, &BufferPool::new(1 << 20))
+        let base = [MetaContext {
+            id: BASE_ALLOCATION_ID,
+            name: BASE_ALLOCATION.into(),
+        }];
+        execute(
+            export,
+            context,
+            &base,
+            command,
+            payload,
+            &BufferPool::new(1 << 20),
+        )
     }
 
     fn sparse_export() -> MemoryExport {
@@ -346,7 +379,7 @@ mod tests {
                 let mut earlier = buffers.take_filled(LEN as usize);
                 earlier.fill(0xEE);
             }
-            let reply = execute(&export, context, read(0, LEN, true), &[], &buffers);
+            let reply = execute(&export, context, &[], read(0, LEN, true), &[], &buffers);
             let bytes = reply.parts.concat();
             // Header (16 bytes simple; 20 + 8 offset structured), then data.
             let data = &bytes[bytes.len() - LEN as usize..];

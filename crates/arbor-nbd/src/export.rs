@@ -138,6 +138,27 @@ pub trait Export: Send + Sync + 'static {
     /// zeroes on reads.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError>;
 
+    /// Metadata contexts beyond `base:allocation` this export answers,
+    /// among those `query` names: an exact context name, a namespace
+    /// prefix ending in `:` (a wildcard, for listing), or the empty string
+    /// for all. Names must be at most 4 KiB and in a namespace the server
+    /// owns (an unregistered server's start with `x-`).
+    fn meta_contexts(&self, _query: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Block status of `[offset, offset + len)` in one of
+    /// [`Self::meta_contexts`]: consecutive `(length, flags)` runs from
+    /// `offset` covering a non-empty prefix of the range.
+    fn context_status(
+        &self,
+        _context: &str,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<Vec<(u64, u32)>, ExportError> {
+        Err(ExportError::NotSupported)
+    }
+
     /// Hint that the range will be accessed soon.
     fn cache(&self, _offset: u64, _len: u64) -> Result<(), ExportError> {
         Ok(())

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use crate::export::{Export, ExportError, ExportProvider};
 use crate::proto::{
     client_flags, handshake_flags, info, option, option_reply, transmission_flags, truncate_text,
-    ByteReader, BASE_ALLOCATION, BASE_ALLOCATION_ID, BASE_NAMESPACE, CLIENT_FLAGS_LEN,
-    EXPORT_NAME_PADDING, GREETING_LEN, IHAVEOPT, MAX_OPTION_LEN, MAX_PAYLOAD, MAX_STRING_LEN,
-    MIN_BLOCK_SIZE, NBD_MAGIC, OPTION_HEADER_LEN, OPTION_REPLY_MAGIC, PREFERRED_BLOCK_SIZE,
+    ByteReader, MetaContext, BASE_ALLOCATION, BASE_ALLOCATION_ID, BASE_NAMESPACE, CLIENT_FLAGS_LEN,
+    EXPORT_NAME_PADDING, GREETING_LEN, IHAVEOPT, MAX_META_CONTEXTS, MAX_OPTION_LEN, MAX_PAYLOAD,
+    MAX_STRING_LEN, MIN_BLOCK_SIZE, NBD_MAGIC, OPTION_HEADER_LEN, OPTION_REPLY_MAGIC,
+    PREFERRED_BLOCK_SIZE,
 };
 
 /// The first bytes the server sends on a new connection.
@@ -64,8 +65,16 @@ pub struct Session {
     pub transmission_flags: u16,
     /// Structured replies were negotiated.
     pub structured: bool,
-    /// `base:allocation` was selected for this export, enabling block status.
-    pub base_allocation: bool,
+    /// The metadata contexts selected for this export (`base:allocation`
+    /// and the export's own); block status is enabled when there is one.
+    pub contexts: Arc<Vec<MetaContext>>,
+}
+
+impl Session {
+    /// Whether `base:allocation` was selected.
+    pub fn base_allocation(&self) -> bool {
+        self.contexts.iter().any(|c| c.name == BASE_ALLOCATION)
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -76,7 +85,7 @@ impl std::fmt::Debug for Session {
             .field("read_only", &self.read_only)
             .field("transmission_flags", &self.transmission_flags)
             .field("structured", &self.structured)
-            .field("base_allocation", &self.base_allocation)
+            .field("contexts", &self.contexts)
             .finish_non_exhaustive()
     }
 }
@@ -110,10 +119,10 @@ pub struct Handshake {
     expect: Expect,
     no_zeroes: bool,
     structured: bool,
-    /// Export for which the last `NBD_OPT_SET_META_CONTEXT` selected
-    /// `base:allocation`; block status is enabled only if the client then
-    /// opens this same export.
-    base_allocation_for: Option<String>,
+    /// The export for which the last `NBD_OPT_SET_META_CONTEXT` selected
+    /// contexts, and those contexts; block status is enabled only if the
+    /// client then opens this same export.
+    contexts_for: Option<(String, Vec<MetaContext>)>,
 }
 
 impl Default for Handshake {
@@ -128,7 +137,7 @@ impl Handshake {
             expect: Expect::ClientFlags,
             no_zeroes: false,
             structured: false,
-            base_allocation_for: None,
+            contexts_for: None,
         }
     }
 
@@ -340,6 +349,13 @@ impl Handshake {
             replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
             return;
         }
+        let export = match exports.open(request.export) {
+            Ok(export) => export,
+            Err(error) => {
+                replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
+                return;
+            }
+        };
         // No query lists everything; "base:" is the namespace wildcard.
         let listed = request.queries.is_empty()
             || request
@@ -353,6 +369,21 @@ impl Handshake {
                 &meta_context(0, BASE_ALLOCATION),
             );
         }
+        let mut own: Vec<String> = if request.queries.is_empty() {
+            export.meta_contexts("")
+        } else {
+            request
+                .queries
+                .iter()
+                .filter(|query| !query.starts_with(BASE_NAMESPACE))
+                .flat_map(|query| export.meta_contexts(query))
+                .collect()
+        };
+        own.sort();
+        own.dedup();
+        for name in own.iter().filter(|n| n.len() <= MAX_STRING_LEN) {
+            replies.push(option_reply::META_CONTEXT, &meta_context(0, name));
+        }
         replies.ack();
     }
 
@@ -363,7 +394,7 @@ impl Handshake {
         replies: &mut Replies,
     ) {
         // The selection is replaced even when this request fails.
-        self.base_allocation_for = None;
+        self.contexts_for = None;
         if !self.structured {
             replies.error(
                 option_reply::ERR_INVALID,
@@ -375,18 +406,40 @@ impl Handshake {
             replies.error(option_reply::ERR_INVALID, "malformed meta context request");
             return;
         };
-        if let Err(error) = exports.open(request.export) {
-            replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
-            return;
+        let export = match exports.open(request.export) {
+            Ok(export) => export,
+            Err(error) => {
+                replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
+                return;
+            }
+        };
+        // Unknown namespaces and leaves, and wildcards, are ignored as the
+        // spec allows; each known name is selected once, up to a bound.
+        let mut selected: Vec<MetaContext> = Vec::new();
+        for query in &request.queries {
+            let known = *query == BASE_ALLOCATION
+                || (!query.starts_with(BASE_NAMESPACE)
+                    && export.meta_contexts(query).iter().any(|n| n == query));
+            if !known
+                || selected.iter().any(|c| c.name == *query)
+                || selected.len() == MAX_META_CONTEXTS
+            {
+                continue;
+            }
+            let id = if *query == BASE_ALLOCATION {
+                BASE_ALLOCATION_ID
+            } else {
+                // Ids after base:allocation's, unique in this selection.
+                BASE_ALLOCATION_ID + 1 + selected.len() as u32
+            };
+            replies.push(option_reply::META_CONTEXT, &meta_context(id, query));
+            selected.push(MetaContext {
+                id,
+                name: (*query).to_owned(),
+            });
         }
-        // Unknown namespaces and leaves, and the bare "base:" wildcard, are
-        // ignored as the spec requires.
-        if request.queries.contains(&BASE_ALLOCATION) {
-            replies.push(
-                option_reply::META_CONTEXT,
-                &meta_context(BASE_ALLOCATION_ID, BASE_ALLOCATION),
-            );
-            self.base_allocation_for = Some(request.export.to_owned());
+        if !selected.is_empty() {
+            self.contexts_for = Some((request.export.to_owned(), selected));
         }
         replies.ack();
     }
@@ -409,7 +462,10 @@ impl Handshake {
             read_only,
             transmission_flags: transmission_flags(read_only, self.structured),
             structured: self.structured,
-            base_allocation: self.base_allocation_for.as_deref() == Some(name),
+            contexts: Arc::new(match &self.contexts_for {
+                Some((export, contexts)) if export == name => contexts.clone(),
+                _ => Vec::new(),
+            }),
         })
     }
 }
@@ -697,7 +753,7 @@ mod tests {
         );
         assert_eq!(replies[2].2[2..], *b"vol");
         assert_eq!(replies[3].2[2..], *b"a volume");
-        assert!(!session.structured && !session.base_allocation && !session.read_only);
+        assert!(!session.structured && !session.base_allocation() && !session.read_only);
     }
 
     #[test]
@@ -729,12 +785,12 @@ mod tests {
             replies[1].2,
             meta_context(BASE_ALLOCATION_ID, BASE_ALLOCATION)
         );
-        assert!(session.structured && session.base_allocation);
+        assert!(session.structured && session.base_allocation());
         assert_ne!(session.transmission_flags & transmission_flags::SEND_DF, 0);
 
         input.extend(option(option::GO, &info_request("snap", &[])));
         let (_, session) = session_after(input);
-        assert!(!session.base_allocation);
+        assert!(!session.base_allocation());
     }
 
     #[test]

@@ -116,12 +116,23 @@ pub mod state {
     pub const ZERO: u32 = 1 << 1;
 }
 
-/// The one metadata context this server implements.
+/// The metadata context every export has (exports may offer more: see
+/// `Export::meta_contexts`).
 pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Most metadata contexts one connection selects (each block status
+/// request answers every one of them).
+pub const MAX_META_CONTEXTS: usize = 8;
+
+/// A metadata context selected for a connection, and the id it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContext {
+    pub id: u32,
+    pub name: String,
+}
 /// The namespace prefix of [`BASE_ALLOCATION`]; alone, it is a wildcard query.
 pub const BASE_NAMESPACE: &str = "base:";
 /// Context id handed out for `base:allocation` (ids are per connection and
-/// opaque to the client; one context needs only one id).
+/// opaque to the client); an export's own contexts get the ids after it.
 pub const BASE_ALLOCATION_ID: u32 = 1;
 
 /// Length of the server's initial greeting: `NBDMAGIC`, `IHAVEOPT`, flags.

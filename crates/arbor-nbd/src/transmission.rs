@@ -371,13 +371,13 @@ pub const MAX_EXTENTS: usize = 65536;
 
 /// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk. `extents` is non-empty and
 /// at most [`MAX_EXTENTS`] long, so the length fits.
-pub fn block_status_chunk(cookie: u64, context_id: u32, extents: &[Extent]) -> Vec<u8> {
+pub fn block_status_chunk(cookie: u64, context_id: u32, extents: &[Extent], done: bool) -> Vec<u8> {
     let payload_len = u32::try_from(4 + 8 * extents.len()).unwrap_or(u32::MAX);
     let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 4 + 8 * extents.len());
     out.extend_from_slice(&chunk_header(
         cookie,
         reply::TYPE_BLOCK_STATUS,
-        true,
+        done,
         payload_len,
     ));
     out.extend_from_slice(&context_id.to_be_bytes());
@@ -404,20 +404,33 @@ fn status_flags(run: &StatusRun) -> u32 {
 /// flags merged, nothing past the request, at most one extent with
 /// `req_one`, at most [`MAX_EXTENTS`]. Empty if the runs cover nothing.
 pub fn extents_from_runs(runs: &[StatusRun], length: u32, req_one: bool) -> Vec<Extent> {
+    extents_from_flags(
+        runs.iter().map(|run| (run.length, status_flags(run))),
+        length,
+        req_one,
+    )
+}
+
+/// [`extents_from_runs`] for runs already as `(length, flags)`, of any
+/// metadata context.
+pub fn extents_from_flags(
+    runs: impl IntoIterator<Item = (u64, u32)>,
+    length: u32,
+    req_one: bool,
+) -> Vec<Extent> {
     let limit = if req_one { 1 } else { MAX_EXTENTS };
     let mut extents: Vec<Extent> = Vec::new();
     let mut remaining = length;
-    for run in runs {
+    for (run_length, flags) in runs {
         if remaining == 0 {
             break;
         }
         // Clamped to the request, which fits in u32.
-        let run_len = u32::try_from(run.length.min(u64::from(remaining))).unwrap_or(remaining);
+        let run_len = u32::try_from(run_length.min(u64::from(remaining))).unwrap_or(remaining);
         if run_len == 0 {
             continue;
         }
         remaining -= run_len;
-        let flags = status_flags(run);
         let full = extents.len() == limit;
         match extents.last_mut() {
             Some(last) if last.flags == flags => last.length += run_len,
@@ -670,7 +683,9 @@ mod tests {
                 length: 512,
                 flags: 3,
             }],
+            true,
         );
+        assert_eq!(status[4..6], 1u16.to_be_bytes(), "the DONE flag");
         assert_eq!(status[16..20], 12u32.to_be_bytes());
         assert_eq!(status[20..], [0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3]);
 

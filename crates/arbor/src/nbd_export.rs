@@ -114,6 +114,11 @@ impl ExportProvider for PoolExports {
         Ok(Arc::new(VolumeExport {
             pool: Arc::clone(&self.pool),
             id,
+            volume: info
+                .name
+                .split_once('@')
+                .map_or(info.name.as_str(), |(volume, _)| volume)
+                .to_owned(),
             description: describe(&info),
             size: info.size,
             read_only: info.snapshot,
@@ -127,6 +132,10 @@ impl ExportProvider for PoolExports {
 struct VolumeExport {
     pool: Arc<Pool>,
     id: VolumeId,
+    /// The volume this export is (or, for a snapshot, was taken of), as
+    /// named when the connection opened: whose snapshots its changed-block
+    /// contexts list.
+    volume: String,
     description: String,
     /// The size when the connection opened (NBD cannot announce a change).
     size: u64,
@@ -146,6 +155,15 @@ fn export_error(e: Error) -> ExportError {
         other => ExportError::Io(other.to_string()),
     }
 }
+
+/// The metadata context namespace of changed blocks: `x-arbor:changed:SNAP`
+/// reports, as bit 0 of each extent's flags, the ranges where the export
+/// differs from snapshot SNAP (written or discarded since, or, for a
+/// snapshot export, differing from it). It comes from the persistent
+/// mapping trees (the same walk as `arbor diff`), so no crash loses it.
+const CHANGED_PREFIX: &str = "x-arbor:changed:";
+/// The flag of a changed range.
+const CHANGED: u32 = 1;
 
 fn status_run(run: &MapRun) -> StatusRun {
     StatusRun {
@@ -221,6 +239,69 @@ impl Export for VolumeExport {
         true
     }
 
+    fn meta_contexts(&self, query: &str) -> Vec<String> {
+        if let Some(snapshot) = query.strip_prefix(CHANGED_PREFIX).filter(|s| !s.is_empty()) {
+            // An exact name: any snapshot sharing history can be compared.
+            return match self.pool.lookup(snapshot).and_then(|id| self.pool.info(id)) {
+                Ok(info) if info.snapshot => vec![query.to_owned()],
+                _ => Vec::new(),
+            };
+        }
+        // Wildcards list the snapshots of this export's volume.
+        if !matches!(query, "" | "x-arbor:" | CHANGED_PREFIX) {
+            return Vec::new();
+        }
+        let prefix = format!("{}@", self.volume);
+        match self.pool.list() {
+            Ok(all) => all
+                .into_iter()
+                .filter(|v| v.snapshot && v.name.starts_with(&prefix))
+                .map(|v| format!("{CHANGED_PREFIX}{}", v.name))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn context_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u32)>, ExportError> {
+        let snapshot = context
+            .strip_prefix(CHANGED_PREFIX)
+            .ok_or(ExportError::NotSupported)?;
+        let len = len.min(STATUS_WINDOW);
+        let end = offset.saturating_add(len);
+        let since = self
+            .pool
+            .lookup(snapshot)
+            .map_err(|_| ExportError::Invalid(format!("snapshot {snapshot} no longer exists")))?;
+        let ranges = self.io.record(IoOp::BlockStatus, len, || {
+            self.pool.diff(since, self.id).map_err(export_error)
+        })?;
+        let mut runs = Vec::new();
+        let mut at = offset;
+        for (start, length) in ranges {
+            let (lo, hi) = (start.max(at), start.saturating_add(length).min(end));
+            if lo >= hi {
+                if start >= end {
+                    break;
+                }
+                continue;
+            }
+            if lo > at {
+                runs.push((lo - at, 0));
+            }
+            runs.push((hi - lo, CHANGED));
+            at = hi;
+        }
+        if at < end {
+            runs.push((end - at, 0));
+        }
+        Ok(runs)
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
         let len = len.min(STATUS_WINDOW);
         let runs = self.io.record(IoOp::BlockStatus, len, || {
@@ -273,6 +354,57 @@ mod tests {
         assert_eq!(names, ["vm", "vm@s"]);
         assert_eq!(exports.open("").err(), Some(ExportError::NotFound));
         assert_eq!(exports.open("ghost").err(), Some(ExportError::NotFound));
+    }
+
+    /// `x-arbor:changed:SNAP`: listed for the volume's snapshots, selected
+    /// by exact name for any snapshot, and reporting written and discarded
+    /// ranges as bit 0.
+    #[test]
+    fn the_changed_context_reports_writes_and_discards_since_a_snapshot() {
+        let exports = exports();
+        let v = exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        exports.pool.write(v, 0, &vec![7u8; MIB as usize]).unwrap();
+        exports.pool.snapshot("vm@a").unwrap();
+        exports.pool.create_volume("other", MIB).unwrap();
+        exports.pool.snapshot("other@x").unwrap();
+        let vm = open(&exports, "vm");
+        let chunk = exports.pool.chunk_size();
+        vm.write(2 * MIB, &vec![1u8; chunk as usize]).unwrap();
+        vm.trim(0, chunk).unwrap();
+        assert_eq!(vm.meta_contexts(""), ["x-arbor:changed:vm@a"]);
+        assert_eq!(vm.meta_contexts("x-arbor:"), ["x-arbor:changed:vm@a"]);
+        assert!(vm.meta_contexts("qemu:dirty-bitmap:").is_empty());
+        assert_eq!(
+            vm.meta_contexts("x-arbor:changed:other@x"),
+            ["x-arbor:changed:other@x"]
+        );
+        assert!(vm.meta_contexts("x-arbor:changed:nope@x").is_empty());
+        assert!(
+            vm.meta_contexts("x-arbor:changed:other").is_empty(),
+            "not a snapshot"
+        );
+        let runs = vm
+            .context_status("x-arbor:changed:vm@a", 0, 4 * MIB)
+            .unwrap();
+        assert_eq!(
+            runs,
+            [
+                (chunk, 1),
+                (2 * MIB - chunk, 0),
+                (chunk, 1),
+                (2 * MIB - chunk, 0)
+            ]
+        );
+        // A window inside the range.
+        let runs = vm
+            .context_status("x-arbor:changed:vm@a", MIB, MIB + 512)
+            .unwrap();
+        assert_eq!(runs, [(MIB, 0), (512, 1)]);
+        exports.pool.delete("vm@a").unwrap();
+        assert!(matches!(
+            vm.context_status("x-arbor:changed:vm@a", 0, MIB),
+            Err(ExportError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -43,7 +43,11 @@ fuzz_target!(|input: &[u8]| {
                 cookie: header.cookie,
                 structured: limits.structured,
             };
-            execute(&export, context, command, payload, &buffers);
+            let base = [arbor_nbd::proto::MetaContext {
+                id: arbor_nbd::proto::BASE_ALLOCATION_ID,
+                name: arbor_nbd::proto::BASE_ALLOCATION.into(),
+            }];
+            execute(&export, context, &base, command, payload, &buffers);
         }
     }
 });
