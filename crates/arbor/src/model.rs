@@ -316,3 +316,36 @@ pub struct ReceiveStatusView {
     pub offset: u64,
     pub size: u64,
 }
+
+/// `GET /v1/snapshots/{name}/allocated` and `.../changed`: a page of block
+/// metadata, the shape of the CSI SnapshotMetadata service.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataQuery {
+    /// For `changed`: the snapshot to compare with (CSI's base snapshot).
+    pub base: Option<String>,
+    /// Report ranges that end after this byte offset (a range that starts
+    /// before it is reported whole).
+    #[serde(default)]
+    pub starting_offset: u64,
+    /// Most ranges in this page (1 ..= 10000) [default: 256].
+    pub max_results: Option<u32>,
+}
+
+/// One page of block metadata (CSI `GetMetadataAllocated` /
+/// `GetMetadataDelta` responses, with a cursor).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MetadataPage {
+    /// Always `"VARIABLE_LENGTH"`: each range has its own size.
+    pub block_metadata_type: String,
+    pub volume_capacity_bytes: u64,
+    pub block_metadata: Vec<BlockMetadata>,
+    /// Where the next page starts; `null` when this is the last.
+    pub next_starting_offset: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockMetadata {
+    pub byte_offset: u64,
+    pub size_bytes: u64,
+}

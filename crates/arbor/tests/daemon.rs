@@ -442,3 +442,88 @@ fn the_api_document_matches_the_server() {
         );
     }
 }
+
+/// The CSI-shaped metadata endpoints page through what a snapshot maps and
+/// where it differs from another, matching `diff`, discards included.
+#[test]
+fn allocated_and_changed_pages_cover_the_snapshot() {
+    let daemon = Daemon::start(&["--pool-size", "256M", "--initial-volume-size", "64M"]);
+    let socket = &daemon.api_socket();
+    let uri = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    let image = daemon.path("image.raw");
+    // Every other 64 KiB of the first 8 MiB: 64 separate ranges.
+    let mut data = vec![0u8; 8 << 20];
+    for (i, piece) in data.chunks_mut(64 << 10).enumerate() {
+        if i % 2 == 0 {
+            piece.fill(i as u8 | 1);
+        }
+    }
+    std::fs::write(&image, &data).unwrap();
+    nbdcopy(p(&image), &uri);
+    let get = |path: &str| -> Value {
+        let (status, body) = http(socket, "GET", path, "");
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let post = |path: &str, body: &str| {
+        let (status, reply) = http(socket, "POST", path, body);
+        assert!(status < 300, "{path}: {reply}");
+    };
+    post("/v1/snapshots", r#"{"name": "disk0@a"}"#);
+    // Page through in pieces of 5.
+    let mut ranges = Vec::new();
+    let mut at = Some(0u64);
+    while let Some(from) = at {
+        let page = get(&format!(
+            "/v1/snapshots/disk0%40a/allocated?starting_offset={from}&max_results=5"
+        ));
+        assert_eq!(page["block_metadata_type"], "VARIABLE_LENGTH");
+        assert_eq!(page["volume_capacity_bytes"], 64 << 20);
+        for r in page["block_metadata"].as_array().unwrap() {
+            ranges.push((
+                r["byte_offset"].as_u64().unwrap(),
+                r["size_bytes"].as_u64().unwrap(),
+            ));
+        }
+        at = page["next_starting_offset"].as_u64();
+    }
+    let want: Vec<(u64, u64)> = (0..64).map(|i| (i * (128 << 10), 64 << 10)).collect();
+    assert_eq!(ranges, want);
+    // Changes since: a write and a discard.
+    std::process::Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 9 32M 64k",
+            "-c",
+            "discard 0 64k",
+            &uri,
+        ])
+        .output()
+        .unwrap();
+    post("/v1/snapshots", r#"{"name": "disk0@b"}"#);
+    let page = get("/v1/snapshots/disk0%40b/changed?base=disk0%40a");
+    let got: Vec<(u64, u64)> = page["block_metadata"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["byte_offset"].as_u64().unwrap(),
+                r["size_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(0, 64 << 10), (32 << 20, 64 << 10)]);
+    assert!(page["next_starting_offset"].is_null());
+    let (status, body) = http(socket, "GET", "/v1/snapshots/disk0%40b/changed", "");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = http(
+        socket,
+        "GET",
+        "/v1/snapshots/disk0%40b/allocated?max_results=0",
+        "",
+    );
+    assert_eq!(status, 400, "{body}");
+}

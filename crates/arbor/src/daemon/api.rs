@@ -19,8 +19,9 @@ use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
-    GrowView, HoldRequest, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest,
-    RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
+    GrowView, HoldRequest, MetadataPage, MetadataQuery, PoolView, Range, ReclaimView,
+    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
+    UpgradeView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -39,6 +40,8 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/volumes/{name}/stats", get(stats))
         .route("/v1/snapshots", get(snapshots).post(snapshot))
         .route("/v1/snapshots/{name}/holds", post(hold))
+        .route("/v1/snapshots/{name}/allocated", get(allocated))
+        .route("/v1/snapshots/{name}/changed", get(changed))
         .route(
             "/v1/snapshots/{name}/holds/{tag}",
             axum::routing::delete(release),
@@ -94,6 +97,7 @@ impl From<anyhow::Error> for ApiError {
         let code = match err.downcast_ref::<Fail>().map(|fail| fail.exit) {
             Some(Exit::Busy) => ErrorCode::Busy,
             Some(Exit::NotFound) => ErrorCode::NotFound,
+            Some(Exit::Usage) => ErrorCode::InvalidArgument,
             _ => err
                 .downcast_ref::<arbor_engine::Error>()
                 .map_or(ErrorCode::Internal, ErrorCode::of_engine),
@@ -301,6 +305,26 @@ async fn diff(
     Query(query): Query<DiffQuery>,
 ) -> ApiResult<Json<Vec<Range>>> {
     blocking(c, move |c| c.diff(&query.a, &query.b))
+        .await
+        .map(Json)
+}
+
+async fn allocated(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Query(query): Query<MetadataQuery>,
+) -> ApiResult<Json<MetadataPage>> {
+    blocking(c, move |c| c.allocated(&name, &query))
+        .await
+        .map(Json)
+}
+
+async fn changed(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Query(query): Query<MetadataQuery>,
+) -> ApiResult<Json<MetadataPage>> {
+    blocking(c, move |c| c.changed(&name, &query))
         .await
         .map(Json)
 }

@@ -16,8 +16,8 @@ use tracing::info;
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
 use crate::model::{
-    CheckView, GrowRequest, GrowView, PoolView, Range, ReclaimView, StatsView, UpgradeView,
-    VolumeKind, VolumeView,
+    BlockMetadata, CheckView, GrowRequest, GrowView, MetadataPage, MetadataQuery, PoolView, Range,
+    ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::nbd_export::OpenExports;
 use crate::pool_file;
@@ -39,6 +39,27 @@ pub struct PoolControl {
     pub receiving: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Snapshots a send is reading: destroying one needs force.
     pub sending: Arc<Pins>,
+}
+
+/// The page size a metadata query asks for.
+fn page_size(q: &MetadataQuery) -> Result<usize> {
+    match q.max_results.unwrap_or(256) {
+        n @ 1..=10_000 => Ok(n as usize),
+        n => Err(Fail::new(Exit::Usage, format!("max_results {n} is not 1 to 10000")).into()),
+    }
+}
+
+/// The page of the first `max` of `found` (one more than a page tells that
+/// another follows).
+fn page(mut found: Vec<BlockMetadata>, max: usize, size: u64) -> MetadataPage {
+    let next = (found.len() > max).then(|| found[max].byte_offset);
+    found.truncate(max);
+    MetadataPage {
+        block_metadata_type: "VARIABLE_LENGTH".to_owned(),
+        volume_capacity_bytes: size,
+        block_metadata: found,
+        next_starting_offset: next,
+    }
 }
 
 /// Volumes in use by running operations (sends), counted.
@@ -286,6 +307,65 @@ impl PoolControl {
             .into_iter()
             .map(|(offset, len)| Range { offset, len })
             .collect())
+    }
+
+    /// A page of what snapshot `name` maps (CSI `GetMetadataAllocated`),
+    /// looked up window by window so a page costs what it returns.
+    pub fn allocated(&self, name: &str, q: &MetadataQuery) -> Result<MetadataPage> {
+        /// The volume range one allocation lookup covers.
+        const WINDOW: u64 = 1 << 30;
+        let max = page_size(q)?;
+        let id = self.pool.lookup(name)?;
+        let size = self.pool.info(id)?.size;
+        let mut found: Vec<BlockMetadata> = Vec::new();
+        let mut at = q.starting_offset.min(size) / arbor_engine::SECTOR * arbor_engine::SECTOR;
+        while at < size && found.len() <= max {
+            let len = (size - at).min(WINDOW);
+            for run in self
+                .pool
+                .allocation_map(id, at, len)?
+                .into_iter()
+                .filter(|r| r.mapped)
+            {
+                match found.last_mut() {
+                    Some(last) if last.byte_offset + last.size_bytes == run.offset => {
+                        last.size_bytes += run.len
+                    }
+                    _ => found.push(BlockMetadata {
+                        byte_offset: run.offset,
+                        size_bytes: run.len,
+                    }),
+                }
+            }
+            at += len;
+        }
+        Ok(page(found, max, size))
+    }
+
+    /// A page of the ranges where snapshot `name` differs from `q.base`
+    /// (CSI `GetMetadataDelta`).
+    pub fn changed(&self, name: &str, q: &MetadataQuery) -> Result<MetadataPage> {
+        let max = page_size(q)?;
+        let base = q.base.as_deref().ok_or_else(|| {
+            Fail::new(
+                Exit::Usage,
+                "give base=VOLUME@SNAP, the snapshot to compare with".to_owned(),
+            )
+        })?;
+        let id = self.pool.lookup(name)?;
+        let size = self.pool.info(id)?.size;
+        let found = self
+            .pool
+            .diff(self.pool.lookup(base)?, id)?
+            .into_iter()
+            .filter(|&(offset, len)| offset + len > q.starting_offset)
+            .take(max + 1)
+            .map(|(byte_offset, size_bytes)| BlockMetadata {
+                byte_offset,
+                size_bytes,
+            })
+            .collect();
+        Ok(page(found, max, size))
     }
 
     pub fn check(&self) -> Result<CheckView> {
