@@ -42,3 +42,4 @@ pub use pool::{
     DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};
+pub use volumes::new_guid;

@@ -26,8 +26,10 @@ pub(crate) struct Volumes {
     next_id: u64,
 }
 
-/// A fresh random identity (never all zeros, which means none).
-pub(crate) fn new_guid() -> Guid {
+/// A fresh random identity (never all zeros, which means none): for a
+/// snapshot made here, or received from a stream that carries none (an
+/// `rbd diff`).
+pub fn new_guid() -> Guid {
     loop {
         let guid: Guid = rand::random();
         if guid != [0; 16] {

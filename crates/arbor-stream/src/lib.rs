@@ -11,6 +11,7 @@
 pub mod format;
 
 mod failure;
+pub mod rbd;
 pub mod receive;
 pub mod send;
 

@@ -318,3 +318,256 @@ impl<'p> Receiver<'p> {
         })
     }
 }
+
+/// A Ceph `rbd diff` (v1 or v2) being received into a volume, the way `rbd
+/// import-diff` applies one: a diff from snapshot `f` needs `VOLUME@f` and
+/// rolls the volume forward; one without needs no volume there and creates
+/// it; either way `VOLUME@t` must not exist and is created. Atomic like an
+/// arbor stream (nothing shows before the end record); not resumable (the
+/// format has no identities), so a failed receive is abandoned at once.
+pub struct RbdReceiver<'p> {
+    pool: &'p Pool,
+    volume: String,
+    force: bool,
+    decoder: crate::rbd::RbdDecoder,
+    pending: Vec<u8>,
+    from: Option<String>,
+    to: Option<String>,
+    started: Option<VolumeId>,
+    /// Bytes of `w` records not yet written: a sector-aligned run from
+    /// `stage_at` (records may arrive in pieces split anywhere).
+    stage: Vec<u8>,
+    stage_at: u64,
+    progress: ReceiveProgress,
+    ended: bool,
+}
+
+impl<'p> RbdReceiver<'p> {
+    pub fn new(pool: &'p Pool, volume: &str, force: bool) -> Self {
+        Self {
+            pool,
+            volume: volume.to_owned(),
+            force,
+            decoder: crate::rbd::RbdDecoder::new(),
+            pending: Vec::new(),
+            from: None,
+            to: None,
+            started: None,
+            stage: Vec::new(),
+            stage_at: 0,
+            progress: ReceiveProgress::default(),
+            ended: false,
+        }
+    }
+
+    /// Decodes and applies what `bytes` completes; on any failure the
+    /// receive is abandoned (its space reclaimed in the background).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<ReceiveProgress, StreamFailure> {
+        let result = self.push_inner(bytes);
+        if result.is_err() {
+            self.abandon();
+        }
+        result
+    }
+
+    fn push_inner(&mut self, bytes: &[u8]) -> Result<ReceiveProgress, StreamFailure> {
+        use crate::rbd::{RbdDecoded, RbdRecord};
+        self.progress.stream_bytes += bytes.len() as u64;
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend_from_slice(bytes);
+        let mut at = 0;
+        let result = loop {
+            let (consumed, record) = match self.decoder.decode(&pending[at..]) {
+                Ok(RbdDecoded::NeedMore(_)) => break Ok(()),
+                Ok(RbdDecoded::Record { consumed, record }) => (consumed, record),
+                Err(e) => break Err(StreamFailure::Refused(e.to_string())),
+            };
+            at += consumed;
+            let step = match record {
+                RbdRecord::Version(_) | RbdRecord::Skipped { .. } | RbdRecord::Size(_) => Ok(()),
+                RbdRecord::From(name) => {
+                    self.from = Some(name);
+                    Ok(())
+                }
+                RbdRecord::To(name) => {
+                    self.to = Some(name);
+                    Ok(())
+                }
+                RbdRecord::Write { offset, data } => self.write(offset, data),
+                RbdRecord::Zero { offset, length } => self.zero(offset, length),
+                RbdRecord::End => self.flush().map(|()| self.ended = true),
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+        };
+        pending.drain(..at);
+        self.pending = pending;
+        result.map(|()| self.progress)
+    }
+
+    /// The hidden volume, begun at the first data record (the metadata
+    /// records all come before).
+    fn start(&mut self) -> Result<VolumeId, StreamFailure> {
+        if let Some(id) = self.started {
+            return Ok(id);
+        }
+        let refuse = |m: String| Err(StreamFailure::Refused(m));
+        let Some(size) = self.decoder.size() else {
+            return refuse("the rbd diff has no image size record".into());
+        };
+        if size == 0 || !size.is_multiple_of(512) {
+            return refuse(format!(
+                "the rbd image size {size} is not a multiple of 512 bytes, which arbor volumes are"
+            ));
+        }
+        let Some(to) = self.to.clone() else {
+            return refuse("the rbd diff names no end snapshot (`t` record)".into());
+        };
+        let snapshot = format!("{}@{to}", self.volume);
+        split_snapshot_name(&snapshot)?;
+        if self.pool.lookup(&snapshot).is_ok() {
+            return refuse(format!(
+                "{snapshot} already exists (as rbd import-diff, the end snapshot must not)"
+            ));
+        }
+        let base = match &self.from {
+            Some(from) => {
+                let name = format!("{}@{from}", self.volume);
+                let id = self.pool.lookup(&name).map_err(|_| {
+                    StreamFailure::Refused(format!(
+                        "the rbd diff starts from snapshot {from}, and {name} does not exist"
+                    ))
+                })?;
+                Some(self.pool.guid(id)?.ok_or_else(|| {
+                    StreamFailure::Refused(format!("{name} has no identity: upgrade the pool"))
+                })?)
+            }
+            None => None,
+        };
+        let start = self.pool.begin_receive(&ReceiveTarget {
+            volume: self.volume.clone(),
+            target: arbor_engine::new_guid(),
+            base,
+            size,
+        })?;
+        if start.status.offset != 0 {
+            return refuse("an earlier receive into this volume is in progress".into());
+        }
+        self.progress.volume_size = size;
+        self.started = Some(start.status.id);
+        Ok(start.status.id)
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StreamFailure> {
+        if self.stage.is_empty() || self.stage_at + self.stage.len() as u64 != offset {
+            self.flush()?;
+            if !offset.is_multiple_of(512) {
+                return Err(StreamFailure::Refused(format!(
+                    "an rbd diff write at byte {offset}, not on a 512-byte sector"
+                )));
+            }
+            self.stage_at = offset;
+        }
+        self.stage.extend_from_slice(data);
+        self.progress.data_bytes += data.len() as u64;
+        if self.stage.len() >= crate::rbd::MAX_PIECE {
+            let whole = self.stage.len() / 512 * 512;
+            let id = self.start()?;
+            self.pool
+                .receive_write(id, self.stage_at, &self.stage[..whole])?;
+            self.stage.drain(..whole);
+            self.stage_at += whole as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes what is staged, which must end on a sector.
+    fn flush(&mut self) -> Result<(), StreamFailure> {
+        if self.stage.is_empty() {
+            return Ok(());
+        }
+        if !self.stage.len().is_multiple_of(512) {
+            return Err(StreamFailure::Refused(format!(
+                "an rbd diff write ending at byte {}, not on a 512-byte sector",
+                self.stage_at + self.stage.len() as u64
+            )));
+        }
+        let id = self.start()?;
+        self.pool.receive_write(id, self.stage_at, &self.stage)?;
+        self.progress.applied_to = self.stage_at + self.stage.len() as u64;
+        self.stage.clear();
+        Ok(())
+    }
+
+    fn zero(&mut self, offset: u64, length: u64) -> Result<(), StreamFailure> {
+        self.flush()?;
+        if !offset.is_multiple_of(512) || !length.is_multiple_of(512) {
+            return Err(StreamFailure::Refused(format!(
+                "an rbd diff zero range {offset}+{length}, not on 512-byte sectors"
+            )));
+        }
+        let id = self.start()?;
+        if length > 0 {
+            self.pool.receive_discard(id, offset, length)?;
+        }
+        Ok(())
+    }
+
+    fn abandon(&mut self) {
+        if self.started.take().is_some() {
+            let _ = self.pool.abort_receive(&self.volume);
+        }
+    }
+
+    /// The input has ended: makes `VOLUME@t` visible, in one commit.
+    pub fn finish(mut self) -> Result<Received, StreamFailure> {
+        let result = self.finish_inner();
+        if result.is_err() {
+            self.abandon();
+        }
+        result
+    }
+
+    fn finish_inner(&mut self) -> Result<Received, StreamFailure> {
+        if !self.ended {
+            return Err(StreamFailure::Refused(
+                self.decoder
+                    .end_of_input()
+                    .err()
+                    .map_or("the rbd diff did not end".into(), |e| e.to_string()),
+            ));
+        }
+        if !self.pending.is_empty() {
+            return Err(StreamFailure::Refused(
+                "bytes after the rbd diff's end".into(),
+            ));
+        }
+        let id = self.start()?;
+        let to = self.to.clone().unwrap_or_default();
+        let snapshot = format!("{}@{to}", self.volume);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let snap = self.pool.finish_receive(id, &snapshot, now, self.force)?;
+        self.started = None;
+        let guid = self.pool.guid(snap)?.map(Guid).unwrap_or(Guid::ZERO);
+        Ok(Received {
+            snapshot,
+            id: snap,
+            guid,
+            stream_bytes: self.progress.stream_bytes,
+            data_bytes: self.progress.data_bytes,
+            resumed_from: 0,
+            discarded: None,
+        })
+    }
+}
+
+impl Drop for RbdReceiver<'_> {
+    /// A receive dropped before it finished (the connection went away) is
+    /// abandoned: an rbd diff cannot resume.
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}

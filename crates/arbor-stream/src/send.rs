@@ -16,6 +16,7 @@ use crate::format::{
     Compression, Encoder, Encoding, Guid, Header, ResumeToken, DATA_HEADER_LEN, FRAME_CRC_LEN,
     FRAME_HEADER_LEN, HEADER_FIXED_LEN, MAX_DATA, MAX_NAME, RANGE_PAYLOAD_LEN, TRAILER_PAYLOAD_LEN,
 };
+use crate::rbd::RbdEncoder;
 use crate::StreamFailure;
 
 /// How much of the volume one allocation-map lookup covers: bounds the
@@ -44,6 +45,74 @@ pub struct SendRequest {
     /// the token names, found by identity.
     pub resume: Option<ResumeToken>,
     pub compression: Compression,
+    pub format: SendFormat,
+}
+
+/// Which stream format a send writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SendFormat {
+    /// arbor's own (docs/STREAM.md): identities, checksums, resume,
+    /// compression.
+    #[default]
+    Arbor,
+    /// Ceph's `rbd diff` v1, for `rbd import-diff`: snapshot names instead
+    /// of identities, raw data, no checksums, no resume.
+    RbdDiff,
+}
+
+/// The encoder of the chosen format.
+enum Out {
+    Arbor(Encoder),
+    Rbd(RbdEncoder),
+}
+
+impl Out {
+    fn data(
+        &mut self,
+        offset: u64,
+        bytes: &[u8],
+        base: Option<&[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<Encoding, StreamFailure> {
+        match self {
+            Out::Arbor(e) => Ok(e.data(offset, bytes, base, out)?),
+            Out::Rbd(e) => {
+                e.write(offset, bytes, out);
+                Ok(Encoding::Raw)
+            }
+        }
+    }
+
+    fn zero(&mut self, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<(), StreamFailure> {
+        match self {
+            Out::Arbor(e) => Ok(e.zero(offset, len, out)?),
+            Out::Rbd(e) => {
+                e.zero(offset, len, out);
+                Ok(())
+            }
+        }
+    }
+
+    fn discard(&mut self, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<(), StreamFailure> {
+        match self {
+            Out::Arbor(e) => Ok(e.discard(offset, len, out)?),
+            // rbd diffs have no discard: the range reads as zeros.
+            Out::Rbd(e) => {
+                e.zero(offset, len, out);
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self, out: &mut Vec<u8>) -> Result<(), StreamFailure> {
+        match self {
+            Out::Arbor(e) => Ok(e.finish(out)?),
+            Out::Rbd(e) => {
+                e.end(out);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What a stream will carry (`send --dry-run`) and, after a send, carried.
@@ -75,8 +144,11 @@ pub struct Sender<'p> {
     target: VolumeId,
     base: Option<VolumeId>,
     header: Header,
-    encoder: Option<Encoder>,
+    encoder: Option<Out>,
     compression: Compression,
+    format: SendFormat,
+    /// The snapshots' names after `@`, for an rbd diff's records.
+    names: (String, Option<String>),
     /// The ranges still to send, in order (the last is the one in work).
     spans: Vec<Span>,
     /// Mapped/unmapped runs of the current window: (offset, len, mapped).
@@ -144,6 +216,16 @@ impl<'p> Sender<'p> {
                 (target, base, 0)
             }
         };
+        if req.format == SendFormat::RbdDiff && req.resume.is_some() {
+            return Err(StreamFailure::Refused(
+                "rbd diff streams cannot resume (they carry no identities)".into(),
+            ));
+        }
+        let snap_part = |name: &str| name.split_once('@').map_or(name, |(_, s)| s).to_owned();
+        let names = (
+            snap_part(&target.name),
+            base.as_ref().map(|b| snap_part(&b.name)),
+        );
         if let Some(b) = &base {
             if b.id == target.id {
                 return Err(StreamFailure::Refused(format!(
@@ -185,6 +267,8 @@ impl<'p> Sender<'p> {
             header,
             encoder: None,
             compression: req.compression,
+            format: req.format,
+            names,
             spans,
             runs: Default::default(),
             data: Vec::new(),
@@ -241,7 +325,15 @@ impl<'p> Sender<'p> {
         let start = out.len();
         let mut encoder = match self.encoder.take() {
             Some(e) => e,
-            None => Encoder::new(&self.header, self.compression, out)?,
+            None => match self.format {
+                SendFormat::Arbor => Out::Arbor(Encoder::new(&self.header, self.compression, out)?),
+                SendFormat::RbdDiff => Out::Rbd(RbdEncoder::header(
+                    self.names.1.as_deref(),
+                    &self.names.0,
+                    self.header.volume_size,
+                    out,
+                )),
+            },
         };
         if self.fill(&mut encoder, out)? {
             encoder.finish(out)?;
@@ -259,7 +351,7 @@ impl<'p> Sender<'p> {
 
     /// Encodes records until about [`MAX_DATA`] bytes were appended;
     /// returns true when every range has been sent.
-    fn fill(&mut self, encoder: &mut Encoder, out: &mut Vec<u8>) -> Result<bool, StreamFailure> {
+    fn fill(&mut self, encoder: &mut Out, out: &mut Vec<u8>) -> Result<bool, StreamFailure> {
         let start = out.len();
         while out.len() - start < MAX_DATA {
             let Some((offset, len, mapped)) = self.runs.pop_front() else {
@@ -304,7 +396,7 @@ impl<'p> Sender<'p> {
                 continue;
             }
             let base = match (self.base, self.compression) {
-                (Some(base), Compression::Best { .. }) => {
+                (Some(base), Compression::Best { .. }) if self.format == SendFormat::Arbor => {
                     self.base_data.resize(n, 0);
                     read_base(self.pool, base, offset, &mut self.base_data)?;
                     Some(&self.base_data[..])

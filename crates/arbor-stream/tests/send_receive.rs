@@ -70,6 +70,7 @@ fn request(target: &str, base: Option<&str>, compression: Compression) -> SendRe
         base: base.map(str::to_owned),
         resume: None,
         compression,
+        format: Default::default(),
     }
 }
 
@@ -307,6 +308,7 @@ fn resumed(a: &Pool, token: arbor_stream::format::ResumeToken) -> Vec<u8> {
             base: None,
             resume: Some(token),
             compression: Compression::Zstd { level: 1 },
+            format: Default::default(),
         },
     )
 }
@@ -529,5 +531,47 @@ fn a_receive_that_runs_out_of_space_leaves_nothing_visible() {
     assert!(b.abort_receive("w").unwrap());
     while b.reclaim(4096).unwrap() > 0 {}
     assert_eq!(b.pool_stats().unwrap().data_used_bytes, used);
+    assert_clean(&b);
+}
+
+/// arbor → `rbd diff` → arbor: a full diff and an incremental one arrive
+/// identical; like `rbd import-diff`, a missing from-snapshot or an
+/// existing to-snapshot is refused, and a cut or failed diff leaves
+/// nothing (not even a receive in progress: the format cannot resume).
+#[test]
+fn rbd_diffs_round_trip_and_are_refused_like_import_diff() {
+    use arbor_stream::receive::RbdReceiver;
+    use arbor_stream::send::SendFormat;
+    let (_, a) = two_snapshots();
+    let rbd = |target: &str, base: Option<&str>| {
+        let mut req = request(target, base, Compression::None);
+        req.format = SendFormat::RbdDiff;
+        stream(&a, &req)
+    };
+    let (full, incr) = (rbd("v@1", None), rbd("v@2", Some("v@1")));
+    assert!(full.starts_with(b"rbd diff v1\n"));
+    let db = SimDisk::new(64 * MIB);
+    let b = pool(&db);
+    let apply = |volume: &str, bytes: &[u8], step: usize| {
+        let mut r = RbdReceiver::new(&b, volume, false);
+        for piece in bytes.chunks(step) {
+            r.push(piece)?;
+        }
+        r.finish()
+    };
+    // An incremental diff whose from-snapshot is missing.
+    let err = apply("w", &incr, 4096).unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    // Cut short: nothing, not even a receive in progress.
+    assert!(apply("w", &full[..full.len() / 2], 1000).is_err());
+    assert!(b.list().unwrap().is_empty());
+    assert!(resume_token(&b, "w").unwrap().is_none());
+    apply("w", &full, 70_000).unwrap();
+    apply("w", &incr, 333).unwrap();
+    for (src, dst) in [("v@1", "w@1"), ("v@2", "w@2"), ("v@2", "w")] {
+        assert!(contents(&b, b.lookup(dst).unwrap()) == contents(&a, a.lookup(src).unwrap()));
+    }
+    let err = apply("w", &incr, 4096).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
     assert_clean(&b);
 }

@@ -144,6 +144,17 @@ pub struct SendArgs {
     /// zstd level, 1 to 19
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: i32,
+    /// Stream format: arbor's own, or Ceph's `rbd diff` v1 for `rbd
+    /// import-diff` (snapshot names instead of identities, raw data, no
+    /// resume)
+    #[arg(long, value_enum, default_value = "arbor")]
+    pub format: FormatArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    Arbor,
+    RbdDiff,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -171,6 +182,11 @@ pub struct ReceiveArgs {
     /// Abandon the receive in progress into VOLUME
     #[arg(long, conflicts_with = "force")]
     pub abort: bool,
+    /// Stream format: arbor's own, or Ceph's `rbd diff` (v1 or v2, from
+    /// `rbd export-diff`): like `rbd import-diff`, VOLUME@FROM must exist
+    /// and VOLUME@TO must not
+    #[arg(long, value_enum, default_value = "arbor")]
+    pub format: FormatArg,
 }
 
 #[derive(Debug, Subcommand)]

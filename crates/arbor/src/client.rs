@@ -23,7 +23,7 @@ use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, HoldRequest,
     PoolView, Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ResizeRequest,
     RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression,
-    UpgradeView, VolumeView,
+    StreamFormat, UpgradeView, VolumeView,
 };
 use crate::size::ByteSize;
 
@@ -309,10 +309,18 @@ impl DaemonClient {
         &self,
         volume: &str,
         force: bool,
+        format: StreamFormat,
         mut input: Box<dyn Read + Send>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<ReceivedView> {
-        let path = format!("/v1/receive/{}?force={force}", encode(volume));
+        let format = match format {
+            StreamFormat::Arbor => "arbor",
+            StreamFormat::RbdDiff => "rbd-diff",
+        };
+        let path = format!(
+            "/v1/receive/{}?force={force}&format={format}",
+            encode(volume)
+        );
         let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
         let stream = stream.map_err(|e| self.connect_error(e))?;
         // A thread reads the input (a file or a pipe, blocking); the body
@@ -418,6 +426,9 @@ fn send_query(q: &SendQuery) -> String {
     parts.push(format!("compression={compression}"));
     if let Some(level) = q.level {
         parts.push(format!("level={level}"));
+    }
+    if q.format == StreamFormat::RbdDiff {
+        parts.push("format=rbd-diff".to_owned());
     }
     parts.join("&")
 }

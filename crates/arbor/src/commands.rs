@@ -13,14 +13,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, CompressionArg, PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs, SendArgs,
-    ServeArgs, SnapshotCommand, VolumeCommand,
+    Cli, Command, CompressionArg, FormatArg, PoolCommand, PoolCreateArgs, PoolGrowArgs,
+    ReceiveArgs, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
-use crate::model::{CheckView, GrowRequest, SendQuery, StreamCompression};
+use crate::model::{CheckView, GrowRequest, SendQuery, StreamCompression, StreamFormat};
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
@@ -214,6 +214,7 @@ fn send(args: &SendArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
             CompressionArg::Best => StreamCompression::Best,
         },
         level: Some(args.level),
+        format: stream_format(args.format),
     };
     let estimate = c.send_estimate(&query)?;
     if args.dry_run {
@@ -278,6 +279,13 @@ struct SendSummary {
     resume_offset: u64,
 }
 
+fn stream_format(arg: FormatArg) -> StreamFormat {
+    match arg {
+        FormatArg::Arbor => StreamFormat::Arbor,
+        FormatArg::RbdDiff => StreamFormat::RbdDiff,
+    }
+}
+
 /// `arbor receive`: a stream from a file or stdin into a volume; or the
 /// status or abort of one in progress.
 fn receive(args: &ReceiveArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
@@ -312,7 +320,13 @@ fn receive(args: &ReceiveArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
         (Box::new(file), size)
     };
     let bar = byte_progress(size.unwrap_or(0), &format!("receiving into {volume}"));
-    let received = c.receive_stream(volume, args.force, input, &mut |n| bar.set_position(n));
+    let received = c.receive_stream(
+        volume,
+        args.force,
+        stream_format(args.format),
+        input,
+        &mut |n| bar.set_position(n),
+    );
     bar.finish_and_clear();
     p.show(&received?, output::received)
 }

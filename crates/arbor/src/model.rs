@@ -261,6 +261,19 @@ pub struct SendQuery {
     pub compression: StreamCompression,
     /// zstd level (1 ..= 19) [default: 3].
     pub level: Option<i32>,
+    #[serde(default)]
+    pub format: StreamFormat,
+}
+
+/// The stream format of a send or receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamFormat {
+    /// arbor's own (docs/STREAM.md).
+    #[default]
+    Arbor,
+    /// Ceph's `rbd diff` (v1 written; v1 and v2 read).
+    RbdDiff,
 }
 
 /// What a stream will carry (`send --dry-run`).
@@ -289,6 +302,8 @@ pub struct ReceiveQuery {
     /// while NBD clients have it open.
     #[serde(default)]
     pub force: bool,
+    #[serde(default)]
+    pub format: StreamFormat,
 }
 
 /// A finished receive.

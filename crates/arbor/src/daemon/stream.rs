@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use arbor_engine::{guid_hex, Pool};
 use arbor_stream::format::{Compression, ResumeToken};
+use arbor_stream::receive::RbdReceiver;
 use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
-use arbor_stream::send::{SendRequest, Sender};
+use arbor_stream::send::{SendFormat, SendRequest, Sender};
 use arbor_stream::StreamFailure;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -26,6 +27,7 @@ use super::control::PoolControl;
 use crate::error_code::ErrorCode;
 use crate::model::{
     ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
+    StreamFormat,
 };
 
 /// Stream pieces in flight between the engine task and the connection:
@@ -83,6 +85,10 @@ fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
         base: q.from.clone(),
         resume,
         compression,
+        format: match q.format {
+            StreamFormat::Arbor => SendFormat::Arbor,
+            StreamFormat::RbdDiff => SendFormat::RbdDiff,
+        },
     })
 }
 
@@ -242,8 +248,12 @@ pub async fn receive(
         ..ReceiveOptions::default()
     };
     let target = volume.clone();
+    let format = q.format;
     let task = tokio::task::spawn_blocking(move || {
         let _claim = claim;
+        if format == StreamFormat::RbdDiff {
+            return receive_rbd(&pool, &target, opts.force, &mut rx);
+        }
         let mut receiver = Receiver::new(&pool, &target, opts);
         // `None`: the body broke off.
         while let Some(item) = rx.blocking_recv() {
@@ -287,6 +297,40 @@ pub async fn receive(
         .context("engine task failed")
         .map_err(ApiError::from)?
         .map(Json)
+}
+
+/// An rbd diff into `volume`: applied as it comes, abandoned on any
+/// failure (the format cannot resume).
+fn receive_rbd(
+    pool: &Pool,
+    volume: &str,
+    force: bool,
+    rx: &mut mpsc::Receiver<Option<Bytes>>,
+) -> Result<ReceivedView, ApiError> {
+    let rbd_failure = |e: StreamFailure| match e {
+        StreamFailure::Refused(m) => ApiError::new(ErrorCode::BadStream, m),
+        other => failure(other),
+    };
+    let mut receiver = RbdReceiver::new(pool, volume, force);
+    while let Some(item) = rx.blocking_recv() {
+        let Some(bytes) = item else {
+            return Err(ApiError::new(
+                ErrorCode::BadStream,
+                format!("receive into {volume}: the rbd diff broke off; nothing was kept"),
+            ));
+        };
+        receiver.push(&bytes).map_err(rbd_failure)?;
+    }
+    let received = receiver.finish().map_err(rbd_failure)?;
+    info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received an rbd diff");
+    Ok(ReceivedView {
+        snapshot: received.snapshot,
+        guid: guid_hex(&received.guid.0),
+        stream_bytes: received.stream_bytes,
+        data_bytes: received.data_bytes,
+        resumed_from: 0,
+        discarded: None,
+    })
 }
 
 fn interrupted(volume: &str, token: Option<ResumeToken>, why: &str) -> ApiError {
