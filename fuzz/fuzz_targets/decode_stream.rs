@@ -3,7 +3,8 @@
 //! against a fixed base); also parses the input as a resume token and an
 //! identity. None of it may panic, ask for more than a record's worth of
 //! bytes, decode more data than a record states, or decode differently
-//! depending on how the bytes arrive.
+//! depending on how the bytes arrive. The same bytes also go to the `rbd
+//! diff` decoder (Ceph's format), whole and in pieces, with the same rules.
 //!
 //! Input: byte 0 = flags: bits 0 to 6 the size of the pieces the stream is
 //! handed to the decoder in (0: all at once), bit 7 re-seal (recompute
@@ -42,7 +43,75 @@ fuzz_target!(|data: &[u8]| {
     if piece != 0 {
         assert_eq!(decode(&stream, piece), whole, "pieces of {piece} bytes");
     }
+    // As an rbd diff (also with the banner prepended, so the bytes reach
+    // the record rules).
+    let rbd_whole = decode_rbd(&stream, usize::MAX);
+    if piece != 0 {
+        assert_eq!(decode_rbd(&stream, piece), rbd_whole, "rbd pieces of {piece} bytes");
+    }
+    let mut banner = if flags & 1 == 0 {
+        arbor_stream::rbd::BANNER_V1.to_vec()
+    } else {
+        arbor_stream::rbd::BANNER_V2.to_vec()
+    };
+    banner.extend_from_slice(&stream);
+    let rbd_whole = decode_rbd(&banner, usize::MAX);
+    if piece != 0 {
+        assert_eq!(decode_rbd(&banner, piece), rbd_whole, "rbd pieces of {piece} bytes");
+    }
 });
+
+/// Decodes `stream` as an rbd diff handed over `piece` bytes at a time;
+/// returns the records (write pieces joined into (offset, total length))
+/// and how it ended.
+fn decode_rbd(stream: &[u8], piece: usize) -> (Vec<String>, Result<(), String>) {
+    use arbor_stream::rbd::{RbdDecoded, RbdDecoder, RbdRecord, MAX_PIECE};
+    let mut decoder = RbdDecoder::new();
+    let mut seen: Vec<String> = Vec::new();
+    let mut written: Option<(u64, u64)> = None;
+    let (mut pos, mut avail) = (0usize, 0usize);
+    let flush = |written: &mut Option<(u64, u64)>, seen: &mut Vec<String>| {
+        if let Some((offset, len)) = written.take() {
+            seen.push(format!("w {offset} {len}"));
+        }
+    };
+    loop {
+        match decoder.decode(&stream[pos..avail]) {
+            Err(e) => {
+                flush(&mut written, &mut seen);
+                return (seen, Err(e.to_string()));
+            }
+            Ok(RbdDecoded::NeedMore(n)) => {
+                assert!(n <= MAX_PIECE + 64, "NeedMore({n})");
+                if avail == stream.len() {
+                    flush(&mut written, &mut seen);
+                    return (seen, decoder.end_of_input().map_err(|e| e.to_string()));
+                }
+                avail = avail.saturating_add(piece).min(stream.len());
+            }
+            Ok(RbdDecoded::Record { consumed, record }) => {
+                assert!(consumed <= avail - pos);
+                pos += consumed;
+                match record {
+                    RbdRecord::Write { offset, data } => {
+                        assert!(data.len() <= MAX_PIECE);
+                        match &mut written {
+                            Some((o, l)) if *o + *l == offset => *l += data.len() as u64,
+                            _ => {
+                                flush(&mut written, &mut seen);
+                                written = Some((offset, data.len() as u64));
+                            }
+                        }
+                    }
+                    other => {
+                        flush(&mut written, &mut seen);
+                        seen.push(format!("{other:?}"));
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// The receiver's bytes for a delta record's range: the first `length`
 /// bytes of a fixed pattern (the seeds' delta records are made against it).
