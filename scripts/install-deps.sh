@@ -10,6 +10,7 @@ declare -A PACKAGES=(
   [nbdkit]=nbdkit [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils
   [fio]=fio [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs
   [losetup]=util-linux
+  [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph-mgr]=ceph-mgr [ceph]=ceph-common [rbd]=ceph-common
 )
 missing=()
 for program in "${!PACKAGES[@]}"; do
