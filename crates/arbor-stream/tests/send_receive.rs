@@ -575,3 +575,45 @@ fn rbd_diffs_round_trip_and_are_refused_like_import_diff() {
     assert!(err.to_string().contains("already exists"), "{err}");
     assert_clean(&b);
 }
+
+/// A receive whose base snapshot was deleted meanwhile can never finish:
+/// its status says so, and the next receive into the volume discards it
+/// with a clear message instead of failing forever.
+#[test]
+fn a_receive_whose_base_is_gone_is_discarded_with_a_message() {
+    let (_, a) = two_snapshots();
+    let (full, incr) = streams(&a, Compression::Zstd { level: 1 });
+    let db = SimDisk::new(64 * MIB);
+    let b = pool(&db);
+    let mut rng = StdRng::seed_from_u64(13);
+    receive(&b, "w", &full, false, &mut rng).unwrap();
+    let mut r = Receiver::new(
+        &b,
+        "w",
+        ReceiveOptions {
+            checkpoint_bytes: 16 << 10,
+            force: false,
+        },
+    );
+    r.push(&incr[..incr.len() / 2]).unwrap();
+    let token = r.interrupted().unwrap().expect("a token");
+    drop(r);
+    b.delete("w@1").unwrap();
+    let status = b.receive_status("w").unwrap().unwrap();
+    assert!(status.stale);
+    // Resuming now: the stale receive goes, and the stream's base is
+    // missing, which the error says too.
+    let err = receive(&b, "w", &resumed(&a, token), false, &mut rng).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("discarded the interrupted receive"), "{text}");
+    assert!(text.contains("not in this pool"), "{text}");
+    assert!(
+        b.receive_status("w").unwrap().is_none(),
+        "discarded for good"
+    );
+    // A full stream of another snapshot goes in as usual.
+    let other = stream(&a, &request("v@2", None, Compression::None));
+    receive(&b, "x", &other, false, &mut rng).unwrap();
+    while b.reclaim(4096).unwrap() > 0 {}
+    assert_clean(&b);
+}

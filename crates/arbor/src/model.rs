@@ -330,6 +330,10 @@ pub struct ReceiveStatusView {
     /// Bytes of the volume received and committed.
     pub offset: u64,
     pub size: u64,
+    /// Its base snapshot no longer exists: it can never finish, and the
+    /// next receive into the volume discards it.
+    #[serde(default)]
+    pub stale: bool,
 }
 
 /// `GET /v1/snapshots/{name}/allocated` and `.../changed`: a page of block

@@ -184,10 +184,17 @@ pub fn receive_status(s: &ReceiveStatusView) -> String {
     ));
     rows.push(("resume token", s.token.clone()));
     let mut text = fields(&rows);
-    text.push_str(&format!(
-        "continue with: arbor send --resume {} | arbor receive {}\n",
-        s.token, s.volume
-    ));
+    if s.stale {
+        text.push_str(
+            "its base snapshot no longer exists: it can never finish; the next receive \
+             into this volume discards it (or: arbor receive --abort)\n",
+        );
+    } else {
+        text.push_str(&format!(
+            "continue with: arbor send --resume {} | arbor receive {}\n",
+            s.token, s.volume
+        ));
+    }
     text
 }
 

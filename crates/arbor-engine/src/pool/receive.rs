@@ -45,6 +45,9 @@ pub struct ReceiveStatus {
     pub size: u64,
     /// Bytes of the volume applied and committed: a resumed stream starts here.
     pub offset: u64,
+    /// An incremental receive whose base snapshot no longer exists: it can
+    /// never finish, and the next receive into the volume discards it.
+    pub stale: bool,
 }
 
 /// What [`Pool::begin_receive`] found.
@@ -63,12 +66,14 @@ fn nonzero(guid: Guid) -> Option<Guid> {
 
 fn status_of(meta: &Volumes, id: u64) -> Result<ReceiveStatus> {
     let rec = meta.volume(id)?;
+    let base = nonzero(rec.receive.base);
     Ok(ReceiveStatus {
         id: VolumeId(id),
         target: rec.receive.target,
-        base: nonzero(rec.receive.base),
+        base,
         size: rec.size_bytes,
         offset: rec.receive.offset,
+        stale: base.is_some_and(|b| meta.guid_id(&b).is_none()),
     })
 }
 
@@ -125,33 +130,42 @@ impl Pool {
             return Err(Error::InvalidArgument("a stream identity of zeros".into()));
         }
         let cs = self.chunk_size();
-        let (fresh, discarded) = self.manage(Privilege::Normal, |m| {
-            let mut discarded = None;
+        // A receive whose base is gone can never finish: it is discarded
+        // first, in a commit of its own (so it stays discarded even if this
+        // stream is refused), and the start says so.
+        let discarded = self.manage(Privilege::Reserve, |m| {
+            let Some(id) = m.receiving_id(&t.volume) else {
+                return Ok(None);
+            };
+            let status = status_of(m, id)?;
+            if !status.stale {
+                return Ok(None);
+            }
+            m.delete_volume(id)?;
+            Ok(Some(format!(
+                "discarded the interrupted receive of snapshot {} into {}: its base snapshot \
+                 {} no longer exists",
+                hex(&status.target),
+                t.volume,
+                status.base.map(|b| hex(&b)).unwrap_or_default()
+            )))
+        })?;
+        let started = self.manage(Privilege::Normal, |m| {
             if let Some(id) = m.receiving_id(&t.volume) {
                 let status = status_of(m, id)?;
                 if status.target == t.target && status.base == t.base {
                     // The same stream: resume (sizing it again if an
                     // earlier start stopped before that).
                     let resize = status.size != t.size && status.offset == 0;
-                    return Ok((resize.then_some(VolumeId(id)), None));
+                    return Ok(resize.then_some(VolumeId(id)));
                 }
-                if !base_gone(m, &status) {
-                    return Err(Error::Conflict(format!(
-                        "a receive of another stream into {} is in progress (snapshot {}); \
-                         resume it, or abort it with `arbor receive --abort {}`",
-                        t.volume,
-                        hex(&status.target),
-                        t.volume
-                    )));
-                }
-                m.delete_volume(id)?;
-                discarded = Some(format!(
-                    "discarded the interrupted receive of snapshot {} into {}: its base \
-                     snapshot {} no longer exists",
-                    hex(&status.target),
+                return Err(Error::Conflict(format!(
+                    "a receive of another stream into {} is in progress (snapshot {}); \
+                     resume it, or abort it with `arbor receive --abort {}`",
                     t.volume,
-                    status.base.map(|b| hex(&b)).unwrap_or_default()
-                ));
+                    hex(&status.target),
+                    t.volume
+                )));
             }
             if let Some(existing) = m.guid_id(&t.target) {
                 return Err(Error::Conflict(format!(
@@ -205,8 +219,14 @@ impl Pool {
                     id
                 }
             };
-            Ok((Some(VolumeId(id)), discarded))
-        })?;
+            Ok(Some(VolumeId(id)))
+        });
+        let fresh = match (started, &discarded) {
+            (Ok(fresh), _) => fresh,
+            (Err(e), None) => return Err(e),
+            // Say what was discarded, whatever else went wrong.
+            (Err(e), Some(note)) => return Err(Error::Conflict(format!("{note}; then: {e}"))),
+        };
         // An incremental receive starts at its base's size: bytes of the
         // base's last chunk past that size must read as zeros (as a grow
         // does) before a larger size is set. A failure here leaves a

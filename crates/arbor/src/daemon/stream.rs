@@ -371,6 +371,7 @@ pub async fn status(
             base: status.base.as_ref().map(guid_hex),
             offset: status.offset,
             size: status.size,
+            stale: status.stale,
         }))
     })
     .await
