@@ -47,7 +47,11 @@ fuzz_target!(|data: &[u8]| {
     // the record rules).
     let rbd_whole = decode_rbd(&stream, usize::MAX);
     if piece != 0 {
-        assert_eq!(decode_rbd(&stream, piece), rbd_whole, "rbd pieces of {piece} bytes");
+        assert_eq!(
+            decode_rbd(&stream, piece),
+            rbd_whole,
+            "rbd pieces of {piece} bytes"
+        );
     }
     let mut banner = if flags & 1 == 0 {
         arbor_stream::rbd::BANNER_V1.to_vec()
@@ -57,7 +61,11 @@ fuzz_target!(|data: &[u8]| {
     banner.extend_from_slice(&stream);
     let rbd_whole = decode_rbd(&banner, usize::MAX);
     if piece != 0 {
-        assert_eq!(decode_rbd(&banner, piece), rbd_whole, "rbd pieces of {piece} bytes");
+        assert_eq!(
+            decode_rbd(&banner, piece),
+            rbd_whole,
+            "rbd pieces of {piece} bytes"
+        );
     }
 });
 

@@ -77,14 +77,6 @@ fn status_of(meta: &Volumes, id: u64) -> Result<ReceiveStatus> {
     })
 }
 
-/// Whether a receive's base snapshot is gone (an incremental receive can
-/// then never finish).
-fn base_gone(meta: &Volumes, status: &ReceiveStatus) -> bool {
-    status
-        .base
-        .is_some_and(|base| meta.guid_id(&base).is_none())
-}
-
 impl Pool {
     /// The identity of volume or snapshot `id` (None in a pool whose volume
     /// table predates identities: `arbor pool upgrade` gives them).
