@@ -6,7 +6,7 @@
 #
 #   fuzz/run.sh TARGET SECONDS [libFuzzer options...]
 #
-# TARGET: decode_blocks | open_pool (this directory) | handshake | request
+# TARGET: decode_blocks | open_pool | decode_stream (this directory) | handshake | request
 # (crates/arbor-nbd/fuzz). Seeds come from `arbor-campaigns --bin fuzz-seeds`;
 # the corpus grows in <fuzz dir>/corpus/TARGET, crashes land in
 # <fuzz dir>/artifacts/TARGET: copy each to fuzz/regressions/TARGET/ so the
