@@ -127,17 +127,55 @@ impl Side {
 }
 
 impl Meta {
-    /// Calls `emit(from, to)` for every chunk range where the trees map
-    /// differently (ranges come in increasing order, possibly adjacent).
+    /// Calls `emit(lo, hi)` for every chunk range inside chunks `[from,
+    /// to)` where the trees map differently (ranges come in increasing
+    /// order, possibly adjacent). Pieces wholly before `from` are skipped
+    /// without reading their nodes, and the walk stops at `to`, so a window
+    /// costs the trees' depth plus what differs in it.
     pub fn diff_trees(
         &self,
         a: BlockRef,
         b: BlockRef,
+        from: u64,
+        to: u64,
         emit: &mut dyn FnMut(u64, u64) -> Result<()>,
     ) -> Result<()> {
         let mut left = Side::new(a);
         let mut right = Side::new(b);
         while let (Some(&pa), Some(&pb)) = (left.0.last(), right.0.last()) {
+            if pa.lo() >= to {
+                break;
+            }
+            // Before the window: drop what ends there on both sides without
+            // reading it; a wider piece is expanded (below) or cut.
+            let end = pa.hi().min(pb.hi());
+            if end <= from && pa.lo() == pb.lo() {
+                match (pa, pb) {
+                    (Piece::Run { .. }, Piece::Run { .. }) => {
+                        left.consume_to(end);
+                        right.consume_to(end);
+                        continue;
+                    }
+                    _ if pa.hi() == pb.hi() => {
+                        left.0.pop();
+                        right.0.pop();
+                        continue;
+                    }
+                    (Piece::Subtree { .. }, Piece::Run { .. }) if pa.hi() == end => {
+                        left.0.pop();
+                        right.consume_to(end);
+                        continue;
+                    }
+                    (Piece::Run { .. }, Piece::Subtree { .. }) if pb.hi() == end => {
+                        right.0.pop();
+                        left.consume_to(end);
+                        continue;
+                    }
+                    // The narrower is a subtree inside the wider one:
+                    // expand the wider (as the walk does anyway).
+                    _ => {}
+                }
+            }
             if pa.lo() != pb.lo() {
                 return Err(Error::inconsistent(
                     "diff: walks out of step (damaged tree ranges)",
@@ -172,8 +210,9 @@ impl Meta {
                     },
                 ) => {
                     let end = ha.min(hb);
-                    if xa != xb {
-                        emit(lo, end)?;
+                    let (lo_in, end_in) = (lo.max(from), end.min(to));
+                    if xa != xb && lo_in < end_in {
+                        emit(lo_in, end_in)?;
                     }
                     left.consume_to(end);
                     right.consume_to(end);

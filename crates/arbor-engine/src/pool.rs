@@ -1084,13 +1084,23 @@ impl Pool {
     /// Byte ranges where volumes `a` and `b` differ, found by walking only the
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {
+        self.diff_in(a, b, 0, u64::MAX)
+    }
+
+    /// [`Pool::diff`] of the chunks that overlap bytes `[from, to)` only
+    /// (ranges are whole chunks, so the first and last may reach outside):
+    /// the walk skips what lies before the window without reading it and
+    /// stops after it, so paging through a large diff window by window
+    /// keeps memory to one window's ranges.
+    pub fn diff_in(&self, a: VolumeId, b: VolumeId, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
         let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
         let (ra, rb) = (va.root, vb.root);
         let cs = self.chunk_size();
+        let (first, end) = (from / cs, to.div_ceil(cs));
         let mut chunks: Vec<(u64, u64)> = Vec::new();
-        meta.meta().diff_trees(ra, rb, &mut |from, to| {
-            chunks.push((from, to));
+        meta.meta().diff_trees(ra, rb, first, end, &mut |lo, hi| {
+            chunks.push((lo, hi));
             Ok(())
         })?;
         // Bytes past a volume's size in its last chunk are not part of it
@@ -1099,14 +1109,16 @@ impl Pool {
         let shorter = va.size_bytes.min(vb.size_bytes);
         if va.size_bytes != vb.size_bytes && !shorter.is_multiple_of(cs) {
             let tail = shorter / cs;
-            if !chunks.iter().any(|&(from, to)| from <= tail && tail < to) {
+            if (first..end).contains(&tail)
+                && !chunks.iter().any(|&(lo, hi)| lo <= tail && tail < hi)
+            {
                 chunks.push((tail, tail + 1));
                 chunks.sort_unstable();
             }
         }
         let mut ranges = ByteRanges::new(cs);
-        for (from, to) in chunks {
-            ranges.push(from, to)?;
+        for (lo, hi) in chunks {
+            ranges.push(lo, hi)?;
         }
         Ok(ranges.0)
     }

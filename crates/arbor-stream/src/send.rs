@@ -22,6 +22,9 @@ use crate::StreamFailure;
 /// How much of the volume one allocation-map lookup covers: bounds the
 /// runs held in memory whatever the volume size.
 const WINDOW: u64 = 256 << 20;
+/// How much of the volume one diff walk covers by default: bounds the
+/// changed ranges held in memory whatever the volume size.
+pub const DIFF_WINDOW: u64 = 1 << 30;
 
 /// Record sizes, for estimates: a data record's bytes beyond its data, a
 /// zero or discard record, the largest header, the trailer.
@@ -151,6 +154,11 @@ pub struct Sender<'p> {
     names: (String, Option<String>),
     /// The ranges still to send, in order (the last is the one in work).
     spans: Vec<Span>,
+    /// An incremental stream: where the next window of the diff starts
+    /// (None once the whole volume has been diffed).
+    diff_from: Option<u64>,
+    diff_window: u64,
+    size: u64,
     /// Mapped/unmapped runs of the current window: (offset, len, mapped).
     runs: std::collections::VecDeque<(u64, u64, bool)>,
     data: Vec<u8>,
@@ -243,23 +251,18 @@ impl<'p> Sender<'p> {
             creation_time: target.created_unix_secs,
             name: target.name.clone(),
         };
-        let mut spans: Vec<Span> = match &base {
-            None => vec![Span {
-                start: resume_offset,
-                end: target.size,
-            }],
-            Some(b) => pool
-                .diff(b.id, target.id)?
-                .into_iter()
-                // (offset, length) pairs, chunk-aligned, in order.
-                .map(|(offset, len)| Span {
-                    start: offset.max(resume_offset),
-                    end: offset.saturating_add(len).min(target.size),
-                })
-                .filter(|s| s.start < s.end)
-                .collect(),
+        // A full stream is one span; an incremental one's spans come from
+        // the diff, a window of the volume at a time (`next_spans`).
+        let (spans, diff_from) = match &base {
+            None => (
+                vec![Span {
+                    start: resume_offset,
+                    end: target.size,
+                }],
+                None,
+            ),
+            Some(_) => (Vec::new(), Some(resume_offset)),
         };
-        spans.reverse();
         Ok(Self {
             pool,
             target: target.id,
@@ -270,12 +273,44 @@ impl<'p> Sender<'p> {
             format: req.format,
             names,
             spans,
+            diff_from,
+            diff_window: DIFF_WINDOW,
+            size: target.size,
             runs: Default::default(),
             data: Vec::new(),
             base_data: Vec::new(),
             stats: SendStats::default(),
             finished: false,
         })
+    }
+
+    /// The spans where the target differs from the base in the diff window
+    /// starting at `from`, in order, and where the next window starts.
+    fn diff_window(&self, from: u64) -> Result<(Vec<Span>, Option<u64>), StreamFailure> {
+        let base = self
+            .base
+            .ok_or_else(|| StreamFailure::Refused("a diff window without a base".into()))?;
+        let to = from.saturating_add(self.diff_window).min(self.size);
+        let spans = self
+            .pool
+            .diff_in(base, self.target, from, to)?
+            .into_iter()
+            // (offset, length) pairs, whole chunks, in order: clipped to
+            // the window so that neighbouring windows do not overlap.
+            .map(|(offset, len)| Span {
+                start: offset.max(from),
+                end: offset.saturating_add(len).min(to),
+            })
+            .filter(|s| s.start < s.end)
+            .collect();
+        Ok((spans, (to < self.size).then_some(to)))
+    }
+
+    /// Walks the diff `bytes` of the volume at a time instead of
+    /// [`DIFF_WINDOW`] (at least 512; the stream is the same whatever it is).
+    pub fn with_diff_window(mut self, bytes: u64) -> Self {
+        self.diff_window = bytes.max(512);
+        self
     }
 
     /// The snapshots the stream reads: the target, and the base.
@@ -292,7 +327,14 @@ impl<'p> Sender<'p> {
     /// read): `send --dry-run`.
     pub fn estimate(&self) -> Result<SendStats, StreamFailure> {
         let mut stats = SendStats::default();
-        for span in self.spans.iter().rev() {
+        let mut spans: Vec<Span> = self.spans.iter().rev().copied().collect();
+        let mut diff_from = self.diff_from;
+        while let Some(from) = diff_from {
+            let (window, next) = self.diff_window(from)?;
+            spans.extend(window);
+            diff_from = next;
+        }
+        for span in &spans {
             let mut at = span.start;
             while at < span.end {
                 let len = (span.end - at).min(WINDOW);
@@ -355,7 +397,17 @@ impl<'p> Sender<'p> {
         let start = out.len();
         while out.len() - start < MAX_DATA {
             let Some((offset, len, mapped)) = self.runs.pop_front() else {
-                // Refill from the next window of the current span.
+                // Refill from the next window of the current span, or the
+                // next window of the diff.
+                if self.spans.is_empty() {
+                    if let Some(from) = self.diff_from {
+                        let (mut window, next) = self.diff_window(from)?;
+                        window.reverse();
+                        self.spans = window;
+                        self.diff_from = next;
+                        continue;
+                    }
+                }
                 let Some(span) = self.spans.last_mut() else {
                     return Ok(true);
                 };

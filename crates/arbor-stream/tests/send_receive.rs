@@ -55,7 +55,11 @@ fn contents(pool: &Pool, id: VolumeId) -> Vec<u8> {
 
 fn stream(pool: &Pool, req: &SendRequest) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut sender = Sender::new(pool, req).expect("plan");
+    // Small diff windows, so that incremental streams span many (the
+    // stream must not depend on the window).
+    let mut sender = Sender::new(pool, req)
+        .expect("plan")
+        .with_diff_window(20 << 10);
     let mut piece = Vec::new();
     while sender.next(&mut piece).expect("send") {
         out.extend_from_slice(&piece);

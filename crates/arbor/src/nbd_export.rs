@@ -160,7 +160,8 @@ fn export_error(e: Error) -> ExportError {
 /// reports, as bit 0 of each extent's flags, the ranges where the export
 /// differs from snapshot SNAP (written or discarded since, or, for a
 /// snapshot export, differing from it). It comes from the persistent
-/// mapping trees (the same walk as `arbor diff`), so no crash loses it.
+/// mapping trees (the same walk as `arbor diff`, over the request's window
+/// only), so no crash loses it.
 const CHANGED_PREFIX: &str = "x-arbor:changed:";
 /// The flag of a changed range.
 const CHANGED: u32 = 1;
@@ -278,7 +279,10 @@ impl Export for VolumeExport {
             .lookup(snapshot)
             .map_err(|_| ExportError::Invalid(format!("snapshot {snapshot} no longer exists")))?;
         let ranges = self.io.record(IoOp::BlockStatus, len, || {
-            self.pool.diff(since, self.id).map_err(export_error)
+            // Only the window asked about is walked.
+            self.pool
+                .diff_in(since, self.id, offset, end)
+                .map_err(export_error)
         })?;
         let mut runs = Vec::new();
         let mut at = offset;

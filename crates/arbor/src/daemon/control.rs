@@ -352,19 +352,38 @@ impl PoolControl {
                 "give base=VOLUME@SNAP, the snapshot to compare with".to_owned(),
             )
         })?;
+        /// The volume range one diff walk covers.
+        const WINDOW: u64 = 1 << 30;
         let id = self.pool.lookup(name)?;
+        let base = self.pool.lookup(base)?;
         let size = self.pool.info(id)?.size;
-        let found = self
-            .pool
-            .diff(self.pool.lookup(base)?, id)?
-            .into_iter()
-            .filter(|&(offset, len)| offset + len > q.starting_offset)
-            .take(max + 1)
-            .map(|(byte_offset, size_bytes)| BlockMetadata {
-                byte_offset,
-                size_bytes,
-            })
-            .collect();
+        let end = size.max(self.pool.info(base)?.size);
+        // Window by window from the starting offset, until a page and one
+        // more range are found: memory and work follow the page.
+        let mut found: Vec<BlockMetadata> = Vec::new();
+        let mut at = q.starting_offset;
+        while at < end && found.len() <= max {
+            let to = at.saturating_add(WINDOW).min(end);
+            for (offset, len) in self.pool.diff_in(base, id, at, to)? {
+                // Whole chunks: one overlapping the previous window is
+                // already in, joined.
+                match found.last_mut() {
+                    Some(last) if offset < last.byte_offset + last.size_bytes => {
+                        let new_end = (offset + len).max(last.byte_offset + last.size_bytes);
+                        last.size_bytes = new_end - last.byte_offset;
+                    }
+                    Some(last) if offset == last.byte_offset + last.size_bytes => {
+                        last.size_bytes += len
+                    }
+                    _ if offset + len > q.starting_offset => found.push(BlockMetadata {
+                        byte_offset: offset,
+                        size_bytes: len,
+                    }),
+                    _ => {}
+                }
+            }
+            at = to;
+        }
         Ok(page(found, max, size))
     }
 
