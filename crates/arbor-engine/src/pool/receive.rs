@@ -366,7 +366,7 @@ mod tests {
 
     use arbor_io::{BlockDevice, SimDisk};
 
-    use crate::{CreateOptions, Error, OpenOptions, Pool};
+    use crate::{CreateOptions, Error, OpenOptions, Pool, Result};
 
     fn pool(disk: &SimDisk) -> Pool {
         let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
@@ -376,6 +376,87 @@ mod tests {
             ..Default::default()
         };
         Pool::create(dev, &opts, &OpenOptions::default()).unwrap()
+    }
+
+    /// Every step of a receive (begin, writes, checkpoint, finish) run out
+    /// of metadata at every point in turn: each fails cleanly or completes;
+    /// nothing shows before the finish, the volume and its base are
+    /// unchanged until then, the pool checks clean, and once there is room
+    /// again the same receive resumes and finishes.
+    #[test]
+    fn a_receive_is_atomic_whatever_point_metadata_runs_out_at() {
+        use arbor_format::SmKind;
+
+        use crate::ReceiveTarget;
+        const CS: u64 = 4096;
+        let (mut failed, mut finished) = (0, 0);
+        for allow in 0..400u64 {
+            let disk = SimDisk::new(64 << 20);
+            let p = pool(&disk);
+            let v = p.create_volume("v", 4 << 20).unwrap();
+            for i in 0..256u64 {
+                p.write(v, i * 4 * CS, &[i as u8 | 1; 4096]).unwrap();
+            }
+            let base = p.snapshot("v@a").unwrap();
+            let before = read_all(&p, v);
+            let target = ReceiveTarget {
+                volume: "v".into(),
+                target: [9; 16],
+                base: Some(p.guid(base).unwrap().unwrap()),
+                size: 4 << 20,
+            };
+            {
+                let mut meta = p.meta.write().unwrap();
+                let free = meta.meta().allocatable(SmKind::Meta);
+                meta.set_meta_reserve(free.saturating_sub(allow));
+            }
+            let run = || -> Result<()> {
+                let id = p.begin_receive(&target)?.status.id;
+                for i in 0..256u64 {
+                    p.receive_write(id, i * 4 * CS + CS, &[0xee; 4096])?;
+                }
+                p.receive_checkpoint(id, 4 << 20)?;
+                p.finish_receive(id, "v@b", 1, false).map(drop)
+            };
+            match run() {
+                Ok(()) => finished += 1,
+                Err(Error::MetadataFull | Error::NoSpace) => {
+                    failed += 1;
+                    assert!(p.lookup("v@b").is_err(), "allow {allow}: visible");
+                    assert!(read_all(&p, v) == before, "allow {allow}: volume changed");
+                    assert!(read_all(&p, base) == before, "allow {allow}: base changed");
+                    p.flush().unwrap();
+                    assert!(p.check().unwrap().is_clean(), "allow {allow}");
+                    // Room again: the same receive resumes and finishes.
+                    p.meta.write().unwrap().set_meta_reserve(64);
+                    run().unwrap();
+                }
+                Err(e) => panic!("allow {allow}: {e}"),
+            }
+            let b = p.lookup("v@b").unwrap();
+            let got = read_all(&p, b);
+            for i in 0..256usize {
+                let at = i * 4 * CS as usize;
+                assert_eq!(got[at], i as u8 | 1, "allow {allow}");
+                assert_eq!(got[at + CS as usize], 0xee, "allow {allow}");
+            }
+            assert!(read_all(&p, v) == got);
+            assert!(read_all(&p, base) == before);
+            assert!(p.check().unwrap().is_clean(), "allow {allow}");
+            if finished >= 2 {
+                break;
+            }
+        }
+        assert!(
+            failed > 0 && finished > 0,
+            "failed {failed}, finished {finished}"
+        );
+    }
+
+    fn read_all(p: &Pool, id: crate::VolumeId) -> Vec<u8> {
+        let mut buf = vec![0u8; p.info(id).unwrap().size as usize];
+        p.read(id, 0, &mut buf).unwrap();
+        buf
     }
 
     /// A held snapshot survives destroy until its holds are released or
