@@ -851,8 +851,8 @@ impl Pool {
     /// found).
     fn check_io(meta: &Volumes, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
         let rec = meta.visible_volume(id.0)?;
-        if write {
-            meta.writable_volume(id.0)?;
+        if write && rec.kind == VolumeKind::Snapshot {
+            return Err(Error::ReadOnly(rec.name.clone()));
         }
         Self::check_range(rec, offset, len)
     }
@@ -932,16 +932,10 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
-        Self::check_io(&*self.read_meta()?, id, offset, buf.len() as u64, false)?;
-        self.read_unchecked(id, offset, buf)
-    }
-
-    /// [`Pool::read`] of a range already checked (a volume may be resized
-    /// between the check and the read: the lookup reads what is mapped).
-    fn read_unchecked(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _gate = self.io_gate();
         let pieces = {
             let meta = self.read_meta()?;
+            Self::check_io(&meta, id, offset, buf.len() as u64, false)?;
             Self::resolve(&meta, id, offset, buf.len() as u64)?
         };
         let mut at = 0usize;

@@ -207,7 +207,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         size: session.size,
         read_only: session.read_only,
         structured: session.structured,
-        base_allocation: !session.contexts.is_empty(),
+        block_status: !session.contexts.is_empty(),
     };
     loop {
         let mut header = [0u8; REQUEST_HEADER_LEN];

@@ -84,7 +84,8 @@ pub struct Limits {
     pub size: u64,
     pub read_only: bool,
     pub structured: bool,
-    pub base_allocation: bool,
+    /// A metadata context was selected, so block status is allowed.
+    pub block_status: bool,
 }
 
 /// A validated request: offsets and lengths are aligned and in bounds, flags
@@ -192,7 +193,7 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
         }
         return Ok(Command::Flush);
     }
-    if kind == BLOCK_STATUS && !limits.base_allocation {
+    if kind == BLOCK_STATUS && !limits.block_status {
         return Err(reject(Errno::Inval, "no metadata context was negotiated"));
     }
     if kind == BLOCK_STATUS && header.length == 0 {
@@ -518,7 +519,7 @@ mod tests {
             size: SIZE,
             read_only: false,
             structured: true,
-            base_allocation: true,
+            block_status: true,
         }
     }
 
@@ -572,7 +573,7 @@ mod tests {
         };
         let simple = Limits {
             structured: false,
-            base_allocation: false,
+            block_status: false,
             ..l
         };
         let cases = [
@@ -757,7 +758,7 @@ mod tests {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
             let header = RequestHeader::decode(&bytes).unwrap();
-            let limits = Limits { size, read_only, structured, base_allocation: structured };
+            let limits = Limits { size, read_only, structured, block_status: structured };
             let _ = header.payload();
             if let Ok(command) = validate(&header, &limits) {
                 if !matches!(command, Command::Disconnect | Command::Flush) {

@@ -9,6 +9,10 @@ pub enum StreamFailure {
     /// nothing of it became visible.
     #[error("{0}")]
     Stream(#[from] crate::format::StreamError),
+    /// A Ceph `rbd diff` is damaged, truncated or not one: nothing of it
+    /// became visible.
+    #[error("{0}")]
+    Rbd(#[from] crate::rbd::RbdError),
     /// The pool refused or failed (no such snapshot, no space, a receive
     /// of another stream in progress...).
     #[error("{0}")]

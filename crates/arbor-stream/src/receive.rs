@@ -85,7 +85,6 @@ pub struct Receiver<'p> {
     unsaved: u64,
     /// The volume offset committed last.
     saved_to: u64,
-    ended: bool,
 }
 
 struct Started {
@@ -126,7 +125,6 @@ impl<'p> Receiver<'p> {
             progress: ReceiveProgress::default(),
             unsaved: 0,
             saved_to: 0,
-            ended: false,
         }
     }
 
@@ -197,10 +195,8 @@ impl<'p> Receiver<'p> {
                 self.applied(offset + length, length)
             }
             Record::Skipped { .. } => Ok(()),
-            Record::End => {
-                self.ended = true;
-                Ok(())
-            }
+            // The decoder verified the trailer; `finish` asks it.
+            Record::End => Ok(()),
         }
     }
 
@@ -288,10 +284,8 @@ impl<'p> Receiver<'p> {
     /// The input has ended: the stream must have ended with its verified
     /// trailer. Makes the snapshot visible, in one commit.
     pub fn finish(mut self) -> Result<Received, StreamFailure> {
-        if !self.ended {
-            self.decoder.end_of_input()?;
-            return Err(StreamFailure::Refused("the stream did not end".into()));
-        }
+        // Truncated unless the trailer arrived and verified.
+        self.decoder.end_of_input()?;
         if !self.pending.is_empty() {
             return Err(StreamFailure::Refused(
                 "bytes after the stream's end".into(),
@@ -339,7 +333,6 @@ pub struct RbdReceiver<'p> {
     stage: Vec<u8>,
     stage_at: u64,
     progress: ReceiveProgress,
-    ended: bool,
 }
 
 impl<'p> RbdReceiver<'p> {
@@ -356,7 +349,6 @@ impl<'p> RbdReceiver<'p> {
             stage: Vec::new(),
             stage_at: 0,
             progress: ReceiveProgress::default(),
-            ended: false,
         }
     }
 
@@ -380,7 +372,7 @@ impl<'p> RbdReceiver<'p> {
             let (consumed, record) = match self.decoder.decode(&pending[at..]) {
                 Ok(RbdDecoded::NeedMore(_)) => break Ok(()),
                 Ok(RbdDecoded::Record { consumed, record }) => (consumed, record),
-                Err(e) => break Err(StreamFailure::Refused(e.to_string())),
+                Err(e) => break Err(StreamFailure::Rbd(e)),
             };
             at += consumed;
             let step = match record {
@@ -395,7 +387,7 @@ impl<'p> RbdReceiver<'p> {
                 }
                 RbdRecord::Write { offset, data } => self.write(offset, data),
                 RbdRecord::Zero { offset, length } => self.zero(offset, length),
-                RbdRecord::End => self.flush().map(|()| self.ended = true),
+                RbdRecord::End => self.flush(),
             };
             if let Err(e) = step {
                 break Err(e);
@@ -530,14 +522,7 @@ impl<'p> RbdReceiver<'p> {
     }
 
     fn finish_inner(&mut self) -> Result<Received, StreamFailure> {
-        if !self.ended {
-            return Err(StreamFailure::Refused(
-                self.decoder
-                    .end_of_input()
-                    .err()
-                    .map_or("the rbd diff did not end".into(), |e| e.to_string()),
-            ));
-        }
+        self.decoder.end_of_input()?;
         if !self.pending.is_empty() {
             return Err(StreamFailure::Refused(
                 "bytes after the rbd diff's end".into(),

@@ -279,14 +279,6 @@ impl Pool {
         self.apply_all(Unit::zeros(id, offset, len, true))
     }
 
-    /// Reads receive `id` as applied so far (an incremental receive reads
-    /// its base where the stream has not yet written: what a binary delta
-    /// is decoded against).
-    pub fn receive_read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_receiving(id, offset, buf.len() as u64)?;
-        self.read_unchecked(id, offset, buf)
-    }
-
     /// Makes everything applied to receive `id` durable, with `offset`, the
     /// point a resumed stream goes on from, in the same commit.
     pub fn receive_checkpoint(&self, id: VolumeId, offset: u64) -> Result<()> {

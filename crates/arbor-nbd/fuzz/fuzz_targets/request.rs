@@ -20,7 +20,7 @@ fuzz_target!(|input: &[u8]| {
         size: SIZE,
         read_only: session_bits & 1 != 0,
         structured: session_bits & 2 != 0,
-        base_allocation: session_bits & 6 == 6,
+        block_status: session_bits & 6 == 6,
     };
     let export = MemoryExport::new(SIZE);
     let buffers = BufferPool::new(SIZE as usize);

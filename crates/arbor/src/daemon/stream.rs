@@ -10,7 +10,7 @@ use anyhow::Context;
 use arbor_engine::{guid_hex, Pool};
 use arbor_stream::format::{Compression, ResumeToken};
 use arbor_stream::receive::RbdReceiver;
-use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
+use arbor_stream::receive::{resume_token, ReceiveOptions, Received, Receiver};
 use arbor_stream::send::{SendFormat, SendRequest, Sender};
 use arbor_stream::StreamFailure;
 use axum::body::{Body, Bytes};
@@ -39,6 +39,7 @@ fn failure(err: StreamFailure) -> ApiError {
     match err {
         StreamFailure::Engine(e) => ApiError::from(anyhow::Error::new(e)),
         StreamFailure::Stream(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
+        StreamFailure::Rbd(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
         StreamFailure::Refused(m) => ApiError::new(ErrorCode::InvalidArgument, m),
         StreamFailure::Output(e) => ApiError::new(ErrorCode::Io, e.to_string()),
     }
@@ -275,14 +276,7 @@ pub async fn receive(
         }
         let received = receiver.finish().map_err(failure)?;
         info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received");
-        Ok(ReceivedView {
-            snapshot: received.snapshot,
-            guid: guid_hex(&received.guid.0),
-            stream_bytes: received.stream_bytes,
-            data_bytes: received.data_bytes,
-            resumed_from: received.resumed_from,
-            discarded: received.discarded,
-        })
+        Ok(view_of(received))
     });
     let mut frames = body.into_data_stream();
     while let Some(frame) = frames.next().await {
@@ -307,10 +301,6 @@ fn receive_rbd(
     force: bool,
     rx: &mut mpsc::Receiver<Option<Bytes>>,
 ) -> Result<ReceivedView, ApiError> {
-    let rbd_failure = |e: StreamFailure| match e {
-        StreamFailure::Refused(m) => ApiError::new(ErrorCode::BadStream, m),
-        other => failure(other),
-    };
     let mut receiver = RbdReceiver::new(pool, volume, force);
     while let Some(item) = rx.blocking_recv() {
         let Some(bytes) = item else {
@@ -319,18 +309,23 @@ fn receive_rbd(
                 format!("receive into {volume}: the rbd diff broke off; nothing was kept"),
             ));
         };
-        receiver.push(&bytes).map_err(rbd_failure)?;
+        receiver.push(&bytes).map_err(failure)?;
     }
-    let received = receiver.finish().map_err(rbd_failure)?;
+    let received = receiver.finish().map_err(failure)?;
     info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received an rbd diff");
-    Ok(ReceivedView {
+    Ok(view_of(received))
+}
+
+/// What the API says of a finished receive.
+fn view_of(received: Received) -> ReceivedView {
+    ReceivedView {
         snapshot: received.snapshot,
         guid: guid_hex(&received.guid.0),
         stream_bytes: received.stream_bytes,
         data_bytes: received.data_bytes,
-        resumed_from: 0,
-        discarded: None,
-    })
+        resumed_from: received.resumed_from,
+        discarded: received.discarded,
+    }
 }
 
 fn interrupted(volume: &str, token: Option<ResumeToken>, why: &str) -> ApiError {
