@@ -1075,6 +1075,16 @@ impl Pool {
         })
     }
 
+    /// Whether `a` and `b` share their whole tree and size, as a volume and
+    /// the snapshot just taken of it do until either is written (O(1), no
+    /// walk). False does not prove the contents differ: a write of the same
+    /// bytes still gives the volume a tree of its own.
+    pub fn same_tree(&self, a: VolumeId, b: VolumeId) -> Result<bool> {
+        let meta = self.read_meta()?;
+        let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
+        Ok(va.root == vb.root && va.size_bytes == vb.size_bytes)
+    }
+
     /// Byte ranges where volumes `a` and `b` differ, found by walking only the
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {

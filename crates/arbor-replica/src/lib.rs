@@ -1,0 +1,6 @@
+//! Replication between hosts (docs/REPLICATION.md): a source sends the
+//! snapshots a target lacks as delta streams (`arbor-stream`), over one
+//! session per cycle on a mutually authenticated TLS connection.
+
+pub mod plan;
+pub mod proto;

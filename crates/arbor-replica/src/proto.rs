@@ -1,0 +1,625 @@
+//! The replication session protocol (docs/REPLICATION.md, version
+//! [`PROTOCOL_VERSION`]) as a sans-I/O codec: [`encode`] appends one
+//! framed message to a buffer, a [`FrameDecoder`] takes bytes as they
+//! arrive and hands back messages only once they are whole and verified.
+//!
+//! A frame is `ARPL`, the version (u16 LE), the kind (u16 LE), the payload
+//! length (u32 LE, at most [`MAX_PAYLOAD`]), the payload, and a crc32c (u32
+//! LE) of everything before it. Control messages carry JSON; a
+//! [`Message::Data`] frame carries a piece of a delta stream as it is.
+
+use std::fmt;
+use std::str::FromStr;
+
+use arbor_stream::format::{Guid, ResumeToken};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The frame's first bytes.
+pub const MAGIC: [u8; 4] = *b"ARPL";
+/// Bytes before a frame's payload.
+pub const FRAME_HEADER_LEN: usize = 12;
+/// Bytes after it (the crc).
+pub const FRAME_CRC_LEN: usize = 4;
+/// The largest payload: a data piece, or a control message.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+/// Most snapshots a hello lists (the source's newest).
+pub const MAX_SNAPSHOTS: usize = 1024;
+/// Most hosts in a replication path.
+pub const MAX_PATH: usize = 32;
+/// Longest name or identity carried.
+pub const MAX_NAME: usize = 256;
+/// Longest error message carried.
+pub const MAX_MESSAGE: usize = 4096;
+
+const KIND_HELLO: u16 = 1;
+const KIND_PLAN: u16 = 2;
+const KIND_REFUSE: u16 = 3;
+const KIND_BEGIN: u16 = 4;
+const KIND_DATA: u16 = 5;
+const KIND_DONE: u16 = 6;
+const KIND_RECEIVED: u16 = 7;
+const KIND_FAILED: u16 = 8;
+const KIND_END: u16 = 9;
+
+/// What is wrong with bytes that should be a frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("not an arbor replication peer (bad frame magic)")]
+    BadMagic,
+    #[error(
+        "the peer speaks replication protocol version {0}; this build speaks {PROTOCOL_VERSION}"
+    )]
+    Version(u16),
+    #[error("a frame of unknown kind {0}")]
+    UnknownKind(u16),
+    #[error("a frame of {0} bytes, more than the limit of {MAX_PAYLOAD}")]
+    TooLarge(u32),
+    #[error("a frame's checksum does not match (damaged in transit)")]
+    Checksum,
+    #[error("a malformed {kind} message: {reason}")]
+    Malformed { kind: &'static str, reason: String },
+}
+
+/// A snapshot as a hello lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    pub guid: WireGuid,
+    /// Its name on the source (`vol@snap`), for messages.
+    pub name: String,
+    /// When the source's master took it (seconds since 1970).
+    pub created: u64,
+}
+
+/// The source's opening message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The volume on the target.
+    pub volume: String,
+    /// The source's snapshots of the volume, newest first.
+    pub snapshots: Vec<SnapshotEntry>,
+    /// The identities of the hosts the snapshots came through, the master
+    /// first and the source last: a target finding itself here is a cycle.
+    pub path: Vec<String>,
+    /// The target already holds a snapshot the source has (seeded by hand):
+    /// never start over with a full stream.
+    pub seeded: bool,
+    /// Roll the target back to the newest common snapshot if it diverged
+    /// (`arbor replica resync --force`).
+    pub force: bool,
+}
+
+/// The target's answer to a hello: where the volume stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The newest of the hello's snapshots the target has.
+    pub common: Option<WireGuid>,
+    /// A receive in progress into the volume (its resume token).
+    pub resume: Option<String>,
+    /// Snapshots deleted and changes discarded by a forced resync, for the
+    /// report.
+    pub rolled_back: Vec<String>,
+}
+
+/// Why a target refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub message: String,
+}
+
+/// The kinds of refusal a source acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    /// The target's configuration does not allow this source for the volume.
+    NotAllowed,
+    /// The target volume has writes or snapshots not from the source.
+    Diverged,
+    /// The target would be its own source.
+    Cycle,
+    /// The target's pool is out of space or metadata.
+    NoSpace,
+    /// Another session is receiving into the volume.
+    Busy,
+    /// The stream or the session broke the protocol.
+    Protocol,
+    /// Anything else (the message says).
+    Failed,
+}
+
+impl fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RefusalCode::NotAllowed => "not allowed",
+            RefusalCode::Diverged => "diverged",
+            RefusalCode::Cycle => "replication cycle",
+            RefusalCode::NoSpace => "target pool full",
+            RefusalCode::Busy => "busy",
+            RefusalCode::Protocol => "protocol error",
+            RefusalCode::Failed => "failed",
+        })
+    }
+}
+
+/// The source starts one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Begin {
+    /// Abandon the receive in progress first (the source cannot resume it).
+    pub abort_partial: bool,
+}
+
+/// The target received one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Received {
+    pub snapshot: String,
+    pub guid: WireGuid,
+    /// Stream bytes this session carried.
+    pub stream_bytes: u64,
+    /// The volume offset the stream resumed from (0: from the start).
+    pub resumed_from: u64,
+}
+
+/// One message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello(Hello),
+    Plan(Plan),
+    Refuse(Refusal),
+    Begin(Begin),
+    /// A piece of the delta stream.
+    Data(Vec<u8>),
+    /// The stream's last piece has been sent.
+    Done,
+    Received(Received),
+    Failed(Refusal),
+    /// The source has nothing more to send.
+    End,
+}
+
+impl Message {
+    fn kind(&self) -> u16 {
+        match self {
+            Message::Hello(_) => KIND_HELLO,
+            Message::Plan(_) => KIND_PLAN,
+            Message::Refuse(_) => KIND_REFUSE,
+            Message::Begin(_) => KIND_BEGIN,
+            Message::Data(_) => KIND_DATA,
+            Message::Done => KIND_DONE,
+            Message::Received(_) => KIND_RECEIVED,
+            Message::Failed(_) => KIND_FAILED,
+            Message::End => KIND_END,
+        }
+    }
+
+    /// The message's name, for errors.
+    pub fn name(&self) -> &'static str {
+        kind_name(self.kind())
+    }
+}
+
+fn kind_name(kind: u16) -> &'static str {
+    match kind {
+        KIND_HELLO => "hello",
+        KIND_PLAN => "plan",
+        KIND_REFUSE => "refuse",
+        KIND_BEGIN => "begin",
+        KIND_DATA => "data",
+        KIND_DONE => "done",
+        KIND_RECEIVED => "received",
+        KIND_FAILED => "failed",
+        KIND_END => "end",
+        _ => "unknown",
+    }
+}
+
+/// A snapshot identity, as 32 hex digits in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WireGuid(pub Guid);
+
+impl Serialize for WireGuid {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for WireGuid {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        let guid = Guid::from_str(&text).map_err(serde::de::Error::custom)?;
+        if guid.is_zero() {
+            return Err(serde::de::Error::custom("an identity of zeros"));
+        }
+        Ok(WireGuid(guid))
+    }
+}
+
+/// Appends `message` as one frame to `out`. Data longer than
+/// [`MAX_PAYLOAD`] is the caller's to split (see [`encode_data`]).
+pub fn encode(message: &Message, out: &mut Vec<u8>) {
+    let payload: Vec<u8> = match message {
+        Message::Hello(m) => to_json(m),
+        Message::Plan(m) => to_json(m),
+        Message::Refuse(m) | Message::Failed(m) => to_json(m),
+        Message::Begin(m) => to_json(m),
+        Message::Received(m) => to_json(m),
+        Message::Data(bytes) => return frame(KIND_DATA, bytes, out),
+        Message::Done | Message::End => Vec::new(),
+    };
+    frame(message.kind(), &payload, out);
+}
+
+/// Appends `bytes` as data frames of at most [`MAX_PAYLOAD`] each.
+pub fn encode_data(bytes: &[u8], out: &mut Vec<u8>) {
+    for piece in bytes.chunks(MAX_PAYLOAD) {
+        frame(KIND_DATA, piece, out);
+    }
+}
+
+fn frame(kind: u16, payload: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(payload.len() <= MAX_PAYLOAD);
+    let start = out.len();
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    out.extend_from_slice(&kind.to_le_bytes());
+    // MAX_PAYLOAD fits a u32.
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// A control message's JSON. Serializing plain structs of strings,
+/// numbers and lists cannot fail (serde_json fails only on maps with
+/// non-string keys, which these do not have).
+fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// Takes bytes as they arrive and hands back whole, verified messages.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already handed back.
+    consumed: usize,
+}
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds input.
+    pub fn push(&mut self, bytes: &[u8]) {
+        // What was handed back goes: the buffer holds at most one frame
+        // and one push.
+        self.buf.drain(..self.consumed);
+        self.consumed = 0;
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes received but not yet handed back as a message.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.consumed
+    }
+
+    /// The next whole message, if one has arrived.
+    pub fn next(&mut self) -> Result<Option<Message>, ProtoError> {
+        let rest = &self.buf[self.consumed..];
+        if rest.len() < FRAME_HEADER_LEN {
+            // A wrong magic is reported as soon as it can be seen.
+            let n = rest.len().min(MAGIC.len());
+            if rest[..n] != MAGIC[..n] {
+                return Err(ProtoError::BadMagic);
+            }
+            return Ok(None);
+        }
+        if rest[..4] != MAGIC {
+            return Err(ProtoError::BadMagic);
+        }
+        let version = u16::from_le_bytes([rest[4], rest[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(ProtoError::Version(version));
+        }
+        let kind = u16::from_le_bytes([rest[6], rest[7]]);
+        if !(KIND_HELLO..=KIND_END).contains(&kind) {
+            return Err(ProtoError::UnknownKind(kind));
+        }
+        let len32 = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
+        let len = usize::try_from(len32)
+            .ok()
+            .filter(|&l| l <= MAX_PAYLOAD)
+            .ok_or(ProtoError::TooLarge(len32))?;
+        let total = FRAME_HEADER_LEN + len + FRAME_CRC_LEN;
+        if rest.len() < total {
+            return Ok(None);
+        }
+        let body_end = FRAME_HEADER_LEN + len;
+        let crc = u32::from_le_bytes([
+            rest[body_end],
+            rest[body_end + 1],
+            rest[body_end + 2],
+            rest[body_end + 3],
+        ]);
+        if crc != crc32c::crc32c(&rest[..body_end]) {
+            return Err(ProtoError::Checksum);
+        }
+        let message = parse(kind, &rest[FRAME_HEADER_LEN..body_end])?;
+        self.consumed += total;
+        Ok(Some(message))
+    }
+}
+
+fn malformed(kind: u16, reason: impl fmt::Display) -> ProtoError {
+    ProtoError::Malformed {
+        kind: kind_name(kind),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse(kind: u16, payload: &[u8]) -> Result<Message, ProtoError> {
+    fn json<T: serde::de::DeserializeOwned>(kind: u16, payload: &[u8]) -> Result<T, ProtoError> {
+        serde_json::from_slice(payload).map_err(|e| malformed(kind, e))
+    }
+    let empty = |m: Message| {
+        if payload.is_empty() {
+            Ok(m)
+        } else {
+            Err(malformed(kind, "a payload where none belongs"))
+        }
+    };
+    let message = match kind {
+        KIND_HELLO => Message::Hello(json(kind, payload)?),
+        KIND_PLAN => Message::Plan(json(kind, payload)?),
+        KIND_REFUSE => Message::Refuse(json(kind, payload)?),
+        KIND_BEGIN => Message::Begin(json(kind, payload)?),
+        KIND_DATA => Message::Data(payload.to_vec()),
+        KIND_DONE => return empty(Message::Done),
+        KIND_RECEIVED => Message::Received(json(kind, payload)?),
+        KIND_FAILED => Message::Failed(json(kind, payload)?),
+        KIND_END => return empty(Message::End),
+        other => return Err(ProtoError::UnknownKind(other)),
+    };
+    check_limits(kind, &message)?;
+    Ok(message)
+}
+
+/// Every list and string a peer sends has a stated limit.
+fn check_limits(kind: u16, message: &Message) -> Result<(), ProtoError> {
+    let name = |s: &str, what: &str| {
+        if s.len() > MAX_NAME {
+            Err(malformed(
+                kind,
+                format!("{what} longer than {MAX_NAME} bytes"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match message {
+        Message::Hello(h) => {
+            name(&h.volume, "the volume name")?;
+            if h.snapshots.len() > MAX_SNAPSHOTS {
+                return Err(malformed(
+                    kind,
+                    format!("more than {MAX_SNAPSHOTS} snapshots"),
+                ));
+            }
+            for s in &h.snapshots {
+                name(&s.name, "a snapshot name")?;
+            }
+            if h.path.is_empty() || h.path.len() > MAX_PATH {
+                return Err(malformed(
+                    kind,
+                    format!("a path of 1 to {MAX_PATH} hosts expected"),
+                ));
+            }
+            for host in &h.path {
+                name(host, "a host identity")?;
+            }
+        }
+        Message::Plan(p) => {
+            if let Some(token) = &p.resume {
+                ResumeToken::decode(token).map_err(|e| malformed(kind, e))?;
+            }
+            if p.rolled_back.len() > MAX_SNAPSHOTS {
+                return Err(malformed(kind, "too many rolled-back snapshots"));
+            }
+            for s in &p.rolled_back {
+                name(s, "a snapshot name")?;
+            }
+        }
+        Message::Refuse(r) | Message::Failed(r) => {
+            if r.message.len() > MAX_MESSAGE {
+                return Err(malformed(kind, "a message longer than 4096 bytes"));
+            }
+        }
+        Message::Received(r) => name(&r.snapshot, "the snapshot name")?,
+        Message::Begin(_) | Message::Data(_) | Message::Done | Message::End => {}
+    }
+    Ok(())
+}
+
+/// Cuts `message` to what a refusal may carry, at a character boundary.
+pub fn bounded_message(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE - 3;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guid(n: u8) -> WireGuid {
+        WireGuid(Guid([n; 16]))
+    }
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::Hello(Hello {
+                volume: "vm1".into(),
+                snapshots: vec![SnapshotEntry {
+                    guid: guid(7),
+                    name: "vm1@a".into(),
+                    created: 5,
+                }],
+                path: vec!["alpha".into()],
+                seeded: true,
+                force: false,
+            }),
+            Message::Plan(Plan {
+                common: Some(guid(7)),
+                resume: None,
+                rolled_back: vec!["vm1@x".into()],
+            }),
+            Message::Refuse(Refusal {
+                code: RefusalCode::Diverged,
+                message: "no".into(),
+            }),
+            Message::Begin(Begin {
+                abort_partial: true,
+            }),
+            Message::Data(vec![1, 2, 3]),
+            Message::Data(Vec::new()),
+            Message::Done,
+            Message::Received(Received {
+                snapshot: "vm1@a".into(),
+                guid: guid(9),
+                stream_bytes: 10,
+                resumed_from: 0,
+            }),
+            Message::Failed(Refusal {
+                code: RefusalCode::NoSpace,
+                message: "full".into(),
+            }),
+            Message::End,
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_whole_and_byte_by_byte() {
+        let mut wire = Vec::new();
+        for m in samples() {
+            encode(&m, &mut wire);
+        }
+        let mut whole = FrameDecoder::new();
+        whole.push(&wire);
+        let mut slow = FrameDecoder::new();
+        let mut got = Vec::new();
+        for b in &wire {
+            slow.push(std::slice::from_ref(b));
+            while let Some(m) = slow.next().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, samples());
+        for m in samples() {
+            assert_eq!(whole.next().unwrap(), Some(m));
+        }
+        assert_eq!(whole.next().unwrap(), None);
+        assert_eq!(whole.buffered(), 0);
+    }
+
+    #[test]
+    fn damage_is_refused_never_misread() {
+        let mut wire = Vec::new();
+        encode(&samples()[0], &mut wire);
+        for i in 0..wire.len() {
+            let mut bad = wire.clone();
+            bad[i] ^= 0x10;
+            let mut d = FrameDecoder::new();
+            d.push(&bad);
+            // A flipped length may just wait for more bytes; never a message.
+            assert!(!matches!(d.next(), Ok(Some(_))), "byte {i}");
+        }
+        let mut d = FrameDecoder::new();
+        d.push(b"GET / HTTP/1.1\r\n");
+        assert_eq!(d.next(), Err(ProtoError::BadMagic));
+        let mut d = FrameDecoder::new();
+        d.push(b"AR");
+        assert_eq!(d.next(), Ok(None));
+        d.push(b"X");
+        assert_eq!(d.next(), Err(ProtoError::BadMagic));
+    }
+
+    #[test]
+    fn lengths_and_lists_have_limits() {
+        let mut header = Vec::new();
+        header.extend_from_slice(&MAGIC);
+        header.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        header.extend_from_slice(&KIND_DATA.to_le_bytes());
+        header.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut d = FrameDecoder::new();
+        d.push(&header);
+        assert_eq!(d.next(), Err(ProtoError::TooLarge(u32::MAX)));
+
+        let many = Hello {
+            volume: "v".into(),
+            snapshots: (0..=MAX_SNAPSHOTS)
+                .map(|i| SnapshotEntry {
+                    guid: guid(1),
+                    name: format!("v@{i}"),
+                    created: 0,
+                })
+                .collect(),
+            path: vec!["a".into()],
+            seeded: false,
+            force: false,
+        };
+        let mut wire = Vec::new();
+        encode(&Message::Hello(many), &mut wire);
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert!(matches!(d.next(), Err(ProtoError::Malformed { .. })));
+
+        let mut wire = Vec::new();
+        frame(KIND_HELLO, br#"{"volume":"v","snapshots":[{"guid":"00000000000000000000000000000000","name":"v@a","created":0}],"path":["a"],"seeded":false,"force":false}"#, &mut wire);
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert!(matches!(d.next(), Err(ProtoError::Malformed { .. })));
+    }
+
+    #[test]
+    fn other_versions_and_kinds_are_named() {
+        let mut wire = Vec::new();
+        encode(&Message::End, &mut wire);
+        wire[4] = 2;
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert_eq!(d.next(), Err(ProtoError::Version(2)));
+        let mut wire = Vec::new();
+        frame(77, &[], &mut wire);
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert_eq!(d.next(), Err(ProtoError::UnknownKind(77)));
+    }
+
+    #[test]
+    fn data_is_split_into_frames_within_the_limit() {
+        let bytes = vec![5u8; MAX_PAYLOAD * 2 + 3];
+        let mut wire = Vec::new();
+        encode_data(&bytes, &mut wire);
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        let mut back = Vec::new();
+        while let Some(Message::Data(piece)) = d.next().unwrap() {
+            assert!(piece.len() <= MAX_PAYLOAD);
+            back.extend(piece);
+        }
+        assert_eq!(back, bytes);
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character() {
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = bounded_message(&long);
+        assert!(cut.len() <= MAX_MESSAGE && cut.ends_with("..."));
+    }
+}
