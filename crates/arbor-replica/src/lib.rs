@@ -2,5 +2,11 @@
 //! snapshots a target lacks as delta streams (`arbor-stream`), over one
 //! session per cycle on a mutually authenticated TLS connection.
 
+pub mod local;
 pub mod plan;
 pub mod proto;
+pub mod session;
+pub mod source;
+pub mod state;
+pub mod target;
+pub mod tls;

@@ -305,7 +305,7 @@ impl FrameDecoder {
     }
 
     /// The next whole message, if one has arrived.
-    pub fn next(&mut self) -> Result<Option<Message>, ProtoError> {
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtoError> {
         let rest = &self.buf[self.consumed..];
         if rest.len() < FRAME_HEADER_LEN {
             // A wrong magic is reported as soon as it can be seen.
@@ -515,15 +515,15 @@ mod tests {
         let mut got = Vec::new();
         for b in &wire {
             slow.push(std::slice::from_ref(b));
-            while let Some(m) = slow.next().unwrap() {
+            while let Some(m) = slow.next_message().unwrap() {
                 got.push(m);
             }
         }
         assert_eq!(got, samples());
         for m in samples() {
-            assert_eq!(whole.next().unwrap(), Some(m));
+            assert_eq!(whole.next_message().unwrap(), Some(m));
         }
-        assert_eq!(whole.next().unwrap(), None);
+        assert_eq!(whole.next_message().unwrap(), None);
         assert_eq!(whole.buffered(), 0);
     }
 
@@ -537,16 +537,16 @@ mod tests {
             let mut d = FrameDecoder::new();
             d.push(&bad);
             // A flipped length may just wait for more bytes; never a message.
-            assert!(!matches!(d.next(), Ok(Some(_))), "byte {i}");
+            assert!(!matches!(d.next_message(), Ok(Some(_))), "byte {i}");
         }
         let mut d = FrameDecoder::new();
         d.push(b"GET / HTTP/1.1\r\n");
-        assert_eq!(d.next(), Err(ProtoError::BadMagic));
+        assert_eq!(d.next_message(), Err(ProtoError::BadMagic));
         let mut d = FrameDecoder::new();
         d.push(b"AR");
-        assert_eq!(d.next(), Ok(None));
+        assert_eq!(d.next_message(), Ok(None));
         d.push(b"X");
-        assert_eq!(d.next(), Err(ProtoError::BadMagic));
+        assert_eq!(d.next_message(), Err(ProtoError::BadMagic));
     }
 
     #[test]
@@ -558,7 +558,7 @@ mod tests {
         header.extend_from_slice(&u32::MAX.to_le_bytes());
         let mut d = FrameDecoder::new();
         d.push(&header);
-        assert_eq!(d.next(), Err(ProtoError::TooLarge(u32::MAX)));
+        assert_eq!(d.next_message(), Err(ProtoError::TooLarge(u32::MAX)));
 
         let many = Hello {
             volume: "v".into(),
@@ -577,13 +577,19 @@ mod tests {
         encode(&Message::Hello(many), &mut wire);
         let mut d = FrameDecoder::new();
         d.push(&wire);
-        assert!(matches!(d.next(), Err(ProtoError::Malformed { .. })));
+        assert!(matches!(
+            d.next_message(),
+            Err(ProtoError::Malformed { .. })
+        ));
 
         let mut wire = Vec::new();
         frame(KIND_HELLO, br#"{"volume":"v","snapshots":[{"guid":"00000000000000000000000000000000","name":"v@a","created":0}],"path":["a"],"seeded":false,"force":false}"#, &mut wire);
         let mut d = FrameDecoder::new();
         d.push(&wire);
-        assert!(matches!(d.next(), Err(ProtoError::Malformed { .. })));
+        assert!(matches!(
+            d.next_message(),
+            Err(ProtoError::Malformed { .. })
+        ));
     }
 
     #[test]
@@ -593,12 +599,12 @@ mod tests {
         wire[4] = 2;
         let mut d = FrameDecoder::new();
         d.push(&wire);
-        assert_eq!(d.next(), Err(ProtoError::Version(2)));
+        assert_eq!(d.next_message(), Err(ProtoError::Version(2)));
         let mut wire = Vec::new();
         frame(77, &[], &mut wire);
         let mut d = FrameDecoder::new();
         d.push(&wire);
-        assert_eq!(d.next(), Err(ProtoError::UnknownKind(77)));
+        assert_eq!(d.next_message(), Err(ProtoError::UnknownKind(77)));
     }
 
     #[test]
@@ -609,7 +615,7 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.push(&wire);
         let mut back = Vec::new();
-        while let Some(Message::Data(piece)) = d.next().unwrap() {
+        while let Some(Message::Data(piece)) = d.next_message().unwrap() {
             assert!(piece.len() <= MAX_PAYLOAD);
             back.extend(piece);
         }

@@ -10,6 +10,7 @@
 
 pub mod format;
 
+pub mod busy;
 mod failure;
 pub mod rbd;
 pub mod receive;

@@ -36,9 +36,9 @@ pub struct PoolControl {
     pub metrics: Arc<Metrics>,
     pub space: SpaceWatch,
     /// Volumes a receive is running into: one at a time each.
-    pub receiving: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    pub receiving: Arc<arbor_stream::busy::Claims>,
     /// Snapshots a send is reading: destroying one needs force.
-    pub sending: Arc<Pins>,
+    pub sending: Arc<arbor_stream::busy::Pins>,
 }
 
 /// The page size a metadata query asks for.
@@ -59,49 +59,6 @@ fn page(mut found: Vec<BlockMetadata>, max: usize, size: u64) -> MetadataPage {
         volume_capacity_bytes: size,
         block_metadata: found,
         next_starting_offset: next,
-    }
-}
-
-/// Volumes in use by running operations (sends), counted.
-#[derive(Default)]
-pub struct Pins(std::sync::Mutex<HashMap<VolumeId, usize>>);
-
-impl Pins {
-    /// Pins `ids` until the guard is dropped.
-    pub fn pin(self: &Arc<Self>, ids: Vec<VolumeId>) -> PinGuard {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for id in &ids {
-            *map.entry(*id).or_default() += 1;
-        }
-        PinGuard {
-            pins: Arc::clone(self),
-            ids,
-        }
-    }
-
-    pub fn count(&self, id: VolumeId) -> usize {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&id).copied().unwrap_or(0)
-    }
-}
-
-/// Unpins on drop.
-pub struct PinGuard {
-    pins: Arc<Pins>,
-    ids: Vec<VolumeId>,
-}
-
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        let mut map = self.pins.0.lock().unwrap_or_else(|e| e.into_inner());
-        for id in &self.ids {
-            if let Some(n) = map.get_mut(id) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(id);
-                }
-            }
-        }
     }
 }
 

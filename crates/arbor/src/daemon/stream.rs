@@ -3,11 +3,11 @@
 //! channel between the HTTP side and a blocking task over the engine), so
 //! memory stays bounded whatever the volume size.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use arbor_engine::{guid_hex, Pool};
+use arbor_stream::busy::{Claim, Claims};
 use arbor_stream::format::{Compression, ResumeToken};
 use arbor_stream::receive::RbdReceiver;
 use arbor_stream::receive::{resume_token, ReceiveOptions, Received, Receiver};
@@ -153,7 +153,7 @@ pub async fn send(State(c): State<PoolControl>, Query(q): Query<SendQuery>) -> A
 
 fn produce(
     pool: &Pool,
-    pins: &Arc<super::control::Pins>,
+    pins: &Arc<arbor_stream::busy::Pins>,
     req: &SendRequest,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     ready: oneshot::Sender<Result<(), ApiError>>,
@@ -191,33 +191,14 @@ fn produce(
     info!(snapshot = %name, bytes = stats.stream_bytes, data = stats.data_bytes, "sent");
 }
 
-/// Marks `volume` as being received into until dropped.
-struct Receiving {
-    set: Arc<Mutex<HashSet<String>>>,
-    volume: String,
-}
-
-impl Receiving {
-    fn claim(set: &Arc<Mutex<HashSet<String>>>, volume: &str) -> Result<Self, ApiError> {
-        let mut held = set.lock().unwrap_or_else(|e| e.into_inner());
-        if !held.insert(volume.to_owned()) {
-            return Err(ApiError::new(
-                ErrorCode::Busy,
-                format!("a receive into {volume} is already running"),
-            ));
-        }
-        Ok(Self {
-            set: Arc::clone(set),
-            volume: volume.to_owned(),
-        })
-    }
-}
-
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        let mut held = self.set.lock().unwrap_or_else(|e| e.into_inner());
-        held.remove(&self.volume);
-    }
+/// Claims `volume` for one receive, or says which is running.
+fn claim(claims: &Arc<Claims>, volume: &str) -> Result<Claim, ApiError> {
+    claims.claim(volume).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Busy,
+            format!("a receive into {volume} is already running"),
+        )
+    })
 }
 
 /// `POST /v1/receive/{volume}`: the request body is the stream. Nothing
@@ -229,7 +210,7 @@ pub async fn receive(
     Query(q): Query<ReceiveQuery>,
     body: Body,
 ) -> ApiResult<Json<ReceivedView>> {
-    let claim = Receiving::claim(&c.receiving, &volume)?;
+    let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
         let connections = c.open.count(id);
         if connections > 0 && !q.force {
@@ -378,7 +359,7 @@ pub async fn abort(
     State(c): State<PoolControl>,
     Path(volume): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let _claim = Receiving::claim(&c.receiving, &volume)?;
+    let _claim = claim(&c.receiving, &volume)?;
     let pool = Arc::clone(&c.pool);
     let name = volume.clone();
     let found = tokio::task::spawn_blocking(move || pool.abort_receive(&name))

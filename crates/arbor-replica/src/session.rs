@@ -1,0 +1,188 @@
+//! The protocol's messages over an async connection (TLS or, on loopback,
+//! plain TCP): reading whole frames, writing them, every wait bounded by
+//! the session's idle timeout, and the one error type of a session.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::proto::{self, FrameDecoder, Message, ProtoError, Refusal, RefusalCode};
+
+/// Bytes read from the connection at once.
+const READ_BUF: usize = 64 << 10;
+
+/// Why a session failed, by where the failure came from.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The connection failed or closed early.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent nothing for the idle timeout (a cut link, a stopped
+    /// host).
+    #[error("the peer sent nothing for {0:?} (link cut or peer stopped?)")]
+    Idle(Duration),
+    /// The peer broke the protocol.
+    #[error("protocol: {0}")]
+    Proto(#[from] ProtoError),
+    /// The peer sent a message out of turn.
+    #[error("protocol: expected {expected}, got {got}")]
+    Unexpected {
+        expected: &'static str,
+        got: &'static str,
+    },
+    /// The peer refused or failed, and said why.
+    #[error("{}: {}", .0.code, .0.message)]
+    Refused(Refusal),
+    /// This side's pool or stream failed.
+    #[error("{0}")]
+    Local(#[from] arbor_stream::StreamFailure),
+    /// The daemon is stopping.
+    #[error("stopped: the daemon is shutting down")]
+    Stopped,
+}
+
+impl SessionError {
+    /// The refusal this error is, as the other side is told it.
+    pub fn refusal(&self) -> Refusal {
+        use arbor_engine::Error as E;
+        use arbor_stream::StreamFailure as F;
+        let code = match self {
+            SessionError::Refused(r) => return r.clone(),
+            SessionError::Local(F::Engine(E::NoSpace | E::MetadataFull)) => RefusalCode::NoSpace,
+            SessionError::Local(F::Engine(E::Conflict(_))) => RefusalCode::Diverged,
+            SessionError::Local(F::Stream(_) | F::Refused(_))
+            | SessionError::Proto(_)
+            | SessionError::Unexpected { .. } => RefusalCode::Protocol,
+            _ => RefusalCode::Failed,
+        };
+        Refusal {
+            code,
+            message: proto::bounded_message(&self.to_string()),
+        }
+    }
+}
+
+/// The reading half of a session.
+pub struct Reader<R> {
+    inner: R,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+    idle: Duration,
+    /// Bytes read from the connection.
+    pub bytes: u64,
+}
+
+impl<R: AsyncRead + Unpin> Reader<R> {
+    pub fn new(inner: R, idle: Duration) -> Self {
+        Self {
+            inner,
+            decoder: FrameDecoder::new(),
+            buf: vec![0; READ_BUF],
+            idle,
+            bytes: 0,
+        }
+    }
+
+    /// The next message; None when the peer closed between messages.
+    pub async fn next(&mut self) -> Result<Option<Message>, SessionError> {
+        self.next_within(Some(self.idle)).await
+    }
+
+    /// [`Reader::next`] without the idle timeout: for watching a peer that
+    /// has nothing to say unless something fails, while sending to it
+    /// (cancel-safe: a message half read stays buffered).
+    pub async fn next_untimed(&mut self) -> Result<Option<Message>, SessionError> {
+        self.next_within(None).await
+    }
+
+    async fn next_within(
+        &mut self,
+        idle: Option<Duration>,
+    ) -> Result<Option<Message>, SessionError> {
+        loop {
+            if let Some(m) = self.decoder.next_message()? {
+                return Ok(Some(m));
+            }
+            let read = self.inner.read(&mut self.buf);
+            let n = match idle {
+                Some(idle) => tokio::time::timeout(idle, read)
+                    .await
+                    .map_err(|_| SessionError::Idle(idle))??,
+                None => read.await?,
+            };
+            if n == 0 {
+                if self.decoder.buffered() > 0 {
+                    return Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+                return Ok(None);
+            }
+            self.bytes += n as u64;
+            self.decoder.push(&self.buf[..n]);
+        }
+    }
+
+    /// The next message, which must be there.
+    pub async fn expect(&mut self, expected: &'static str) -> Result<Message, SessionError> {
+        match self.next().await? {
+            Some(Message::Refuse(r)) | Some(Message::Failed(r)) => Err(SessionError::Refused(r)),
+            Some(m) => Ok(m),
+            None => Err(SessionError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("the peer closed the connection before its {expected}"),
+            ))),
+        }
+    }
+}
+
+/// The writing half of a session.
+pub struct Writer<W> {
+    inner: W,
+    idle: Duration,
+    out: Vec<u8>,
+    /// Bytes written to the connection.
+    pub bytes: u64,
+}
+
+impl<W: AsyncWrite + Unpin> Writer<W> {
+    pub fn new(inner: W, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            out: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Sends one message.
+    pub async fn send(&mut self, message: &Message) -> Result<(), SessionError> {
+        self.out.clear();
+        proto::encode(message, &mut self.out);
+        self.flush_out().await
+    }
+
+    /// Sends `bytes` of a stream as data frames.
+    pub async fn send_data(&mut self, bytes: &[u8]) -> Result<(), SessionError> {
+        self.out.clear();
+        proto::encode_data(bytes, &mut self.out);
+        self.flush_out().await
+    }
+
+    async fn flush_out(&mut self) -> Result<(), SessionError> {
+        let write = async {
+            self.inner.write_all(&self.out).await?;
+            self.inner.flush().await
+        };
+        tokio::time::timeout(self.idle, write)
+            .await
+            .map_err(|_| SessionError::Idle(self.idle))??;
+        self.bytes += self.out.len() as u64;
+        Ok(())
+    }
+
+    /// Closes the writing direction (TLS close_notify, TCP FIN).
+    pub async fn shutdown(&mut self) {
+        // The session's outcome is already decided; a failing close changes
+        // nothing the peer can act on.
+        let _ = tokio::time::timeout(self.idle, self.inner.shutdown()).await;
+    }
+}

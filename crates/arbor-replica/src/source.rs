@@ -1,0 +1,485 @@
+//! The source's half of a session: one replication cycle of one pair.
+//!
+//! 1. On the master (a volume that is no replica here), a snapshot
+//!    `VOL@repl-<UTC time>` if the volume changed since its newest one.
+//! 2. The hello: the volume's snapshots by identity, and the path.
+//! 3. From the target's plan, the streams that bring it up to date: a
+//!    receive left half done resumes first; then every snapshot after the
+//!    newest shared one, in order.
+//! 4. After each stream the pair's hold moves to the snapshot sent.
+//! 5. At the end, the master prunes its replication snapshots by the
+//!    pair's retention (held ones stay).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use arbor_engine::Pool;
+use arbor_stream::busy::Pins;
+use arbor_stream::format::{Compression, Guid, ResumeToken};
+use arbor_stream::send::{SendFormat, SendRequest, Sender};
+use arbor_stream::StreamFailure;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tracing::info;
+
+use crate::local;
+use crate::plan::{self, Step};
+use crate::proto::{Begin, Hello, Message, SnapshotEntry, WireGuid, MAX_SNAPSHOTS};
+use crate::session::{Reader, SessionError, Writer};
+use crate::state::Pair;
+use crate::target::blocking;
+
+/// The name prefix (after the `@`) of the snapshots a master takes for
+/// replication: the ones its retention prunes.
+pub const SNAPSHOT_PREFIX: &str = "repl-";
+
+/// Stream pieces in flight from the engine task (about 1 MiB each).
+const IN_FLIGHT: usize = 4;
+
+/// What a source cycle needs of this host.
+#[derive(Clone)]
+pub struct SourceContext {
+    pub pool: Arc<Pool>,
+    pub pins: Arc<Pins>,
+    /// This host's identity (its certificate's).
+    pub identity: String,
+    /// The hosts the volume's snapshots came through to here, if it is a
+    /// replica here (then no snapshot is taken: it only passes them on).
+    pub upstream: Option<Vec<String>>,
+    pub idle: Duration,
+    pub compression: Compression,
+}
+
+/// A cycle's progress, read by status while it runs.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes written to the connection this cycle.
+    pub wire_bytes: AtomicU64,
+    /// Stream bytes the current stream will carry at most (its estimate).
+    pub stream_total: AtomicU64,
+    /// Stream bytes of the current stream sent.
+    pub stream_sent: AtomicU64,
+    /// The snapshot being sent.
+    pub snapshot: Mutex<String>,
+}
+
+impl Progress {
+    fn start(&self, snapshot: &str, total: u64) {
+        *self.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot.to_owned();
+        self.stream_total.store(total, Ordering::Relaxed);
+        self.stream_sent.store(0, Ordering::Relaxed);
+    }
+}
+
+/// One snapshot sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub snapshot: String,
+    pub stream_bytes: u64,
+    pub resumed_from: u64,
+}
+
+/// What a cycle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CycleReport {
+    /// The snapshot taken for it, if any.
+    pub taken: Option<String>,
+    pub sent: Vec<Sent>,
+    /// Bytes written to the connection.
+    pub wire_bytes: u64,
+    /// The newest snapshot the target now has (name here, creation time):
+    /// the recovery point.
+    pub replicated: Option<(String, u64)>,
+    /// What a forced resync discarded on the target.
+    pub rolled_back: Vec<String>,
+    pub pruned: Vec<String>,
+}
+
+/// A sending rate limit: a token bucket of one second's worth.
+struct RateLimit {
+    rate: u64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    fn new(rate: u64) -> Self {
+        Self {
+            rate,
+            tokens: rate as f64,
+            last: Instant::now(),
+        }
+    }
+
+    /// Waits until `n` bytes may go.
+    async fn take(&mut self, n: usize) {
+        let now = Instant::now();
+        let rate = self.rate as f64;
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate);
+        self.last = now;
+        self.tokens -= n as f64;
+        if self.tokens < 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(-self.tokens / rate)).await;
+        }
+    }
+}
+
+/// A snapshot of the source, oldest first, as the hello lists it.
+struct Snap {
+    guid: Guid,
+    name: String,
+    created: u64,
+}
+
+/// The volume's snapshots (with identities), oldest first; on the master,
+/// first a new one if the volume changed since its newest.
+fn prepare(
+    pool: &Pool,
+    volume: &str,
+    master: bool,
+) -> Result<(Option<String>, Vec<Snap>), StreamFailure> {
+    let id = pool.lookup(volume)?;
+    let mut taken = None;
+    if master {
+        let snaps = local::snapshots_of(pool, id)?;
+        let changed = match snaps.last() {
+            Some(newest) => !pool.same_tree(id, newest.id)?,
+            None => true,
+        };
+        if changed {
+            let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+            let mut name = format!("{volume}@{SNAPSHOT_PREFIX}{stamp}");
+            let mut n = 1;
+            while pool.lookup(&name).is_ok() {
+                n += 1;
+                name = format!("{volume}@{SNAPSHOT_PREFIX}{stamp}.{n}");
+            }
+            pool.snapshot(&name)?;
+            taken = Some(name);
+        }
+    }
+    let snaps = local::snapshots_of(pool, id)?
+        .into_iter()
+        .filter_map(|s| {
+            s.guid.map(|g| Snap {
+                guid: Guid(g),
+                name: s.name,
+                created: s.created_unix_secs,
+            })
+        })
+        .collect();
+    Ok((taken, snaps))
+}
+
+/// Runs one cycle of `pair` over `conn`, a connection to its target.
+pub async fn cycle<S>(
+    ctx: &SourceContext,
+    pair: &Pair,
+    conn: S,
+    progress: &Progress,
+) -> Result<CycleReport, SessionError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(conn);
+    let mut reader = Reader::new(rd, ctx.idle);
+    let mut writer = Writer::new(wr, ctx.idle);
+    let result = run(ctx, pair, &mut reader, &mut writer, progress).await;
+    if let Err(e) = &result {
+        if matches!(e, SessionError::Local(_) | SessionError::Stopped) {
+            let _ = writer.send(&Message::Failed(e.refusal())).await;
+        }
+    }
+    writer.shutdown().await;
+    result.map(|mut report| {
+        report.wire_bytes = writer.bytes;
+        report
+    })
+}
+
+async fn run<R, W>(
+    ctx: &SourceContext,
+    pair: &Pair,
+    reader: &mut Reader<R>,
+    writer: &mut Writer<W>,
+    progress: &Progress,
+) -> Result<CycleReport, SessionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let pool = Arc::clone(&ctx.pool);
+    let (volume, master) = (pair.volume.clone(), ctx.upstream.is_none());
+    let (taken, snaps) = blocking(move || Ok(prepare(&pool, &volume, master)?)).await?;
+    let mut path = ctx.upstream.clone().unwrap_or_default();
+    path.push(ctx.identity.clone());
+    let hello = Hello {
+        volume: pair.remote_volume.clone(),
+        snapshots: snaps
+            .iter()
+            .rev()
+            .take(MAX_SNAPSHOTS)
+            .map(|s| SnapshotEntry {
+                guid: WireGuid(s.guid),
+                name: s.name.clone(),
+                created: s.created,
+            })
+            .collect(),
+        path,
+        seeded: pair.seeded,
+        force: pair.resync,
+    };
+    writer.send(&Message::Hello(hello)).await?;
+    let plan = match reader.expect("plan").await? {
+        Message::Plan(p) => p,
+        other => {
+            return Err(SessionError::Unexpected {
+                expected: "plan",
+                got: other.name(),
+            })
+        }
+    };
+    let mut report = CycleReport {
+        taken,
+        rolled_back: plan.rolled_back.clone(),
+        ..CycleReport::default()
+    };
+    let order: Vec<Guid> = snaps.iter().map(|s| s.guid).collect();
+    let by_guid = |g: Guid| snaps.iter().find(|s| s.guid == g);
+    // A receive left half done goes on, if its snapshots are still here.
+    let token = match &plan.resume {
+        Some(t) => Some(ResumeToken::decode(t).map_err(StreamFailure::from)?),
+        None => None,
+    };
+    let resumable = token
+        .filter(|t| by_guid(t.target).is_some() && t.base.is_none_or(|b| by_guid(b).is_some()));
+    let mut common = plan.common.map(|g| g.0);
+    let mut abort_partial = token.is_some() && resumable.is_none();
+    if let Some(t) = resumable {
+        let sent = send_one(
+            ctx,
+            pair,
+            reader,
+            writer,
+            progress,
+            StreamOf::Resume(t),
+            false,
+        )
+        .await?;
+        report.sent.push(sent);
+        common = Some(t.target);
+        moved(ctx, pair, by_guid(t.target)).await?;
+    }
+    if common.is_none() && pair.seeded {
+        return Err(SessionError::Refused(crate::proto::Refusal {
+            code: crate::proto::RefusalCode::Diverged,
+            message: format!(
+                "{} on the target shares no snapshot with {} here, though the pair was \
+                 seeded: was it seeded from another volume?",
+                pair.remote_volume, pair.volume
+            ),
+        }));
+    }
+    let steps = plan::steps(&order, common).ok_or_else(|| {
+        SessionError::Local(StreamFailure::Refused(
+            "the target named a common snapshot this source does not have".into(),
+        ))
+    })?;
+    for Step { target, base } in steps {
+        let snap = by_guid(target).map(|s| s.name.clone()).unwrap_or_default();
+        let base = base.and_then(by_guid).map(|s| s.name.clone());
+        let sent = send_one(
+            ctx,
+            pair,
+            reader,
+            writer,
+            progress,
+            StreamOf::Snapshot { snap, base },
+            abort_partial,
+        )
+        .await?;
+        abort_partial = false;
+        report.sent.push(sent);
+        common = Some(target);
+        moved(ctx, pair, by_guid(target)).await?;
+    }
+    writer.send(&Message::End).await?;
+    // The target's answer to the end is closing the session.
+    let _ = reader.next().await;
+    if let Some(s) = common.and_then(by_guid) {
+        report.replicated = Some((s.name.clone(), s.created));
+        // The hold may predate this cycle (or be lost to a crash between
+        // a receive and its move): make sure it is on the common one.
+        moved(ctx, pair, Some(s)).await?;
+    }
+    if let (Some(keep), true) = (pair.keep, ctx.upstream.is_none()) {
+        let pool = Arc::clone(&ctx.pool);
+        let pins = Arc::clone(&ctx.pins);
+        let volume = pair.volume.clone();
+        report.pruned = blocking(move || {
+            Ok(
+                local::prune(&pool, &volume, SNAPSHOT_PREFIX, keep as usize, &pins)
+                    .map_err(StreamFailure::from)?,
+            )
+        })
+        .await?;
+    }
+    Ok(report)
+}
+
+/// Moves the pair's hold to `snap`.
+async fn moved(ctx: &SourceContext, pair: &Pair, snap: Option<&Snap>) -> Result<(), SessionError> {
+    let Some(snap) = snap else { return Ok(()) };
+    let pool = Arc::clone(&ctx.pool);
+    let (name, tag) = (snap.name.clone(), pair.hold_tag());
+    blocking(move || Ok(local::move_hold(&pool, &name, &tag).map_err(StreamFailure::from)?)).await
+}
+
+/// A write that failed because the target closed the connection may have
+/// been preceded by the target's reason (its pool full): that is the
+/// error to report, if it arrived.
+async fn explained<R: AsyncRead + Unpin>(
+    reader: &mut Reader<R>,
+    err: SessionError,
+    idle: Duration,
+) -> SessionError {
+    if !matches!(err, SessionError::Io(_)) {
+        return err;
+    }
+    match tokio::time::timeout(idle, reader.next_untimed()).await {
+        Ok(Ok(Some(Message::Failed(r) | Message::Refuse(r)))) => SessionError::Refused(r),
+        _ => err,
+    }
+}
+
+enum StreamOf {
+    Resume(ResumeToken),
+    Snapshot { snap: String, base: Option<String> },
+}
+
+/// Sends one stream and waits for the target to have received it.
+async fn send_one<R, W>(
+    ctx: &SourceContext,
+    pair: &Pair,
+    reader: &mut Reader<R>,
+    writer: &mut Writer<W>,
+    progress: &Progress,
+    what: StreamOf,
+    abort_partial: bool,
+) -> Result<Sent, SessionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let req = match what {
+        StreamOf::Resume(token) => SendRequest {
+            target: String::new(),
+            base: None,
+            resume: Some(token),
+            compression: ctx.compression,
+            format: SendFormat::Arbor,
+        },
+        StreamOf::Snapshot { snap, base } => SendRequest {
+            target: snap,
+            base,
+            resume: None,
+            compression: ctx.compression,
+            format: SendFormat::Arbor,
+        },
+    };
+    let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, StreamFailure>>(IN_FLIGHT);
+    let (ready_tx, ready_rx) =
+        tokio::sync::oneshot::channel::<Result<(String, u64), StreamFailure>>();
+    let pool = Arc::clone(&ctx.pool);
+    let pins = Arc::clone(&ctx.pins);
+    tokio::task::spawn_blocking(move || {
+        let sender = match Sender::new(&pool, &req) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        // Pruning and destroying leave these alone while the stream runs.
+        let (target, base) = sender.snapshots();
+        let _pinned = pins.pin(std::iter::once(target).chain(base).collect());
+        let estimate = match sender.estimate() {
+            Ok(e) => e.stream_bytes,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready_tx.send(Ok((sender.header().name.clone(), estimate)));
+        let mut sender = sender;
+        loop {
+            let mut out = Vec::with_capacity(1 << 20);
+            match sender.next(&mut out) {
+                Ok(true) => {
+                    if tx.blocking_send(Ok(out)).is_err() {
+                        return;
+                    }
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    let (name, estimate) = ready_rx
+        .await
+        .map_err(|_| SessionError::Local(StreamFailure::Refused("the send task ended".into())))??;
+    progress.start(&name, estimate);
+    writer
+        .send(&Message::Begin(Begin { abort_partial }))
+        .await?;
+    let mut limit = pair.rate_limit.map(RateLimit::new);
+    loop {
+        tokio::select! {
+            // The target may fail part way (its pool full): it says so at
+            // once, without waiting for the rest of the stream.
+            message = reader.next_untimed() => {
+                return Err(match message? {
+                    Some(Message::Failed(r)) | Some(Message::Refuse(r)) => SessionError::Refused(r),
+                    Some(other) => SessionError::Unexpected { expected: "nothing during a stream", got: other.name() },
+                    None => SessionError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the target closed the connection during the stream")),
+                });
+            }
+            piece = rx.recv() => match piece {
+                Some(Ok(bytes)) => {
+                    if let Some(limit) = limit.as_mut() {
+                        limit.take(bytes.len()).await;
+                    }
+                    let before = writer.bytes;
+                    if let Err(e) = writer.send_data(&bytes).await {
+                        return Err(explained(reader, e, ctx.idle).await);
+                    }
+                    progress.wire_bytes.fetch_add(writer.bytes - before, Ordering::Relaxed);
+                    progress.stream_sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                Some(Err(e)) => return Err(SessionError::Local(e)),
+                None => break,
+            }
+        }
+    }
+    if let Err(e) = writer.send(&Message::Done).await {
+        return Err(explained(reader, e, ctx.idle).await);
+    }
+    match reader.expect("received").await? {
+        Message::Received(r) => {
+            info!(pair = %pair.key(), snapshot = %r.snapshot, bytes = r.stream_bytes, resumed_from = r.resumed_from, "replicated");
+            Ok(Sent {
+                snapshot: name,
+                stream_bytes: r.stream_bytes,
+                resumed_from: r.resumed_from,
+            })
+        }
+        other => Err(SessionError::Unexpected {
+            expected: "received",
+            got: other.name(),
+        }),
+    }
+}

@@ -1,0 +1,407 @@
+//! The target's half of a session: checks the source against the
+//! configuration and the volume's history, answers with the plan, then
+//! receives each stream atomically (resumably, if cut), moves its hold
+//! forward, and prunes by its retention at the end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbor_engine::Pool;
+use arbor_stream::busy::{Claims, Pins};
+use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
+use arbor_stream::StreamFailure;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::local;
+use crate::plan;
+use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
+use crate::session::{Reader, SessionError, Writer};
+use crate::state::{Role, Store};
+
+/// The hold a target keeps on the newest snapshot it received: the base
+/// of the next stream.
+pub const UPSTREAM_HOLD: &str = "replica:upstream";
+
+/// Stream pieces in flight to the engine task (about 1 MiB each).
+const IN_FLIGHT: usize = 4;
+
+/// A source this target accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allow {
+    /// The source's certificate identity.
+    pub source: String,
+    /// The volumes it may replicate here (`*`: any).
+    pub volumes: Vec<String>,
+    /// Snapshots kept of each of its volumes (the newest; held ones always).
+    pub keep: Option<u32>,
+}
+
+impl Allow {
+    fn covers(&self, volume: &str) -> bool {
+        self.volumes.iter().any(|v| v == "*" || v == volume)
+    }
+}
+
+/// How this host serves as a target.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// This host's identity (its certificate's).
+    pub identity: String,
+    pub allow: Vec<Allow>,
+    /// The longest silence from a source before the session is dropped.
+    pub idle: Duration,
+    /// Stream bytes applied between commits of the received offset: at
+    /// most this is received again after a cut.
+    pub checkpoint_bytes: u64,
+}
+
+/// What serving a session needs.
+#[derive(Clone)]
+pub struct Target {
+    pub pool: Arc<Pool>,
+    pub config: Arc<TargetConfig>,
+    pub store: Arc<Store>,
+    pub claims: Arc<Claims>,
+    pub pins: Arc<Pins>,
+}
+
+/// What a session did, for the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Served {
+    pub volume: String,
+    pub received: Vec<String>,
+    pub stream_bytes: u64,
+    pub rolled_back: Vec<String>,
+    pub pruned: Vec<String>,
+}
+
+fn refusal(code: RefusalCode, message: String) -> SessionError {
+    SessionError::Refused(Refusal { code, message })
+}
+
+/// Runs `f` on a blocking thread (engine calls block on disk I/O).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SessionError> + Send + 'static,
+) -> Result<T, SessionError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SessionError::Io(std::io::Error::other(format!("engine task: {e}"))))?
+}
+
+impl Target {
+    /// Serves one session from the source whose verified identity is
+    /// `peer`, on `conn`. A refusal is sent to the source as well as
+    /// returned.
+    pub async fn serve<S>(&self, peer: &str, conn: S) -> Result<Served, SessionError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (rd, wr) = tokio::io::split(conn);
+        let mut reader = Reader::new(rd, self.config.idle);
+        let mut writer = Writer::new(wr, self.config.idle);
+        let result = self.session(peer, &mut reader, &mut writer).await;
+        if let Err(e) = &result {
+            // The source learns why, unless the connection is what failed.
+            if !matches!(e, SessionError::Io(_) | SessionError::Idle(_)) {
+                let _ = writer.send(&Message::Failed(e.refusal())).await;
+            }
+        }
+        writer.shutdown().await;
+        result
+    }
+
+    async fn session<R, W>(
+        &self,
+        peer: &str,
+        reader: &mut Reader<R>,
+        writer: &mut Writer<W>,
+    ) -> Result<Served, SessionError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let hello = match reader.expect("hello").await? {
+            Message::Hello(h) => h,
+            other => {
+                return Err(SessionError::Unexpected {
+                    expected: "hello",
+                    got: other.name(),
+                })
+            }
+        };
+        let allow = self.admit(peer, &hello)?;
+        let volume = hello.volume.clone();
+        let _claim = self.claims.claim(&volume).ok_or_else(|| {
+            refusal(
+                RefusalCode::Busy,
+                format!("another receive into {volume} is running here"),
+            )
+        })?;
+        let (decision, resume) = {
+            let pool = Arc::clone(&self.pool);
+            let hello = hello.clone();
+            blocking(move || {
+                let local = local::view(&pool, &hello.volume).map_err(StreamFailure::from)?;
+                let decision = plan::decide(&hello, &local).map_err(SessionError::Refused)?;
+                let resume = resume_token(&pool, &hello.volume)?.map(|t| t.encode());
+                Ok((decision, resume))
+            })
+            .await?
+        };
+        let mut served = Served {
+            volume: volume.clone(),
+            ..Served::default()
+        };
+        if let Some(to) = &decision.roll_back_to {
+            served.rolled_back = self.roll_back(&volume, to, &decision.delete).await?;
+            warn!(volume = %volume, to = %to, discarded = ?served.rolled_back, source = %peer, "resync: rolled the replica back");
+        }
+        writer
+            .send(&Message::Plan(Plan {
+                common: decision.common.map(WireGuid),
+                resume,
+                rolled_back: served.rolled_back.clone(),
+            }))
+            .await?;
+        loop {
+            match reader.expect("begin or end").await? {
+                Message::Begin(begin) => {
+                    if begin.abort_partial {
+                        let pool = Arc::clone(&self.pool);
+                        let v = volume.clone();
+                        blocking(move || {
+                            Ok(pool.abort_receive(&v).map_err(StreamFailure::from)?)
+                        })
+                        .await?;
+                    }
+                    let got = self.receive_one(&volume, reader).await?;
+                    served.stream_bytes += got.stream_bytes;
+                    served.received.push(got.snapshot.clone());
+                    self.received(peer, &hello, &got.snapshot).await?;
+                    info!(snapshot = %got.snapshot, bytes = got.stream_bytes, resumed_from = got.resumed_from, source = %peer, "replica received");
+                    writer.send(&Message::Received(got)).await?;
+                }
+                Message::End => break,
+                other => {
+                    return Err(SessionError::Unexpected {
+                        expected: "begin or end",
+                        got: other.name(),
+                    })
+                }
+            }
+        }
+        if let Some(keep) = allow.keep {
+            let pool = Arc::clone(&self.pool);
+            let pins = Arc::clone(&self.pins);
+            let v = volume.clone();
+            served.pruned = blocking(move || {
+                Ok(local::prune(&pool, &v, "", keep as usize, &pins)
+                    .map_err(StreamFailure::from)?)
+            })
+            .await?;
+        }
+        Ok(served)
+    }
+
+    /// The configuration entry that lets `peer` replicate `hello.volume`
+    /// here, after the checks of who may write it.
+    fn admit(&self, peer: &str, hello: &Hello) -> Result<Allow, SessionError> {
+        let volume = &hello.volume;
+        let allow = self
+            .config
+            .allow
+            .iter()
+            .find(|a| a.source == peer && a.covers(volume))
+            .cloned()
+            .ok_or_else(|| {
+                refusal(
+                    RefusalCode::NotAllowed,
+                    format!(
+                        "{} does not accept {volume} from {peer} (its replication allow list \
+                         does not name that source for that volume)",
+                        self.config.identity
+                    ),
+                )
+            })?;
+        if hello.path.iter().any(|h| h == &self.config.identity) {
+            return Err(refusal(
+                RefusalCode::Cycle,
+                format!(
+                    "replication cycle: {} -> {}",
+                    hello.path.join(" -> "),
+                    self.config.identity
+                ),
+            ));
+        }
+        if hello.path.last().map(String::as_str) != Some(peer) {
+            return Err(refusal(
+                RefusalCode::Protocol,
+                format!("the source {peer} must end the path it sends"),
+            ));
+        }
+        match self.store.role(volume) {
+            Some(Role {
+                source: Some(source),
+                ..
+            }) if source != peer => Err(refusal(
+                RefusalCode::NotAllowed,
+                format!(
+                    "{volume} on {} is a replica of {source}; each replica has one source \
+                     (`arbor replica promote {volume}` there, then `demote` here, to change it)",
+                    self.config.identity
+                ),
+            )),
+            Some(_) => Ok(allow),
+            None => {
+                let exists = self.pool.lookup(volume).is_ok();
+                if exists && !hello.seeded {
+                    return Err(refusal(
+                        RefusalCode::Diverged,
+                        format!(
+                            "{volume} exists on {} and is writable, not a replica: \
+                             `arbor replica demote {volume}` there makes it one, or add the \
+                             pair with --seeded if it was seeded by hand",
+                            self.config.identity
+                        ),
+                    ));
+                }
+                Ok(allow)
+            }
+        }
+    }
+
+    /// A forced resync: deletes the replica's own snapshots after the
+    /// common one and rolls the volume back to it.
+    async fn roll_back(
+        &self,
+        volume: &str,
+        to: &str,
+        delete: &[String],
+    ) -> Result<Vec<String>, SessionError> {
+        let pool = Arc::clone(&self.pool);
+        let (volume, to, delete) = (volume.to_owned(), to.to_owned(), delete.to_vec());
+        blocking(move || {
+            let mut gone = Vec::new();
+            for name in &delete {
+                pool.delete_forced(name, true)
+                    .map_err(StreamFailure::from)?;
+                gone.push(name.clone());
+            }
+            pool.rollback(&volume, &to).map_err(StreamFailure::from)?;
+            gone.push(format!("writes to {volume} since {to}"));
+            Ok(gone)
+        })
+        .await
+    }
+
+    /// Receives one stream (data frames up to a done) into `volume`.
+    async fn receive_one<R: AsyncRead + Unpin>(
+        &self,
+        volume: &str,
+        reader: &mut Reader<R>,
+    ) -> Result<Received, SessionError> {
+        enum Piece {
+            Data(Vec<u8>),
+            Done,
+            Broken,
+        }
+        let (tx, mut rx) = mpsc::channel::<Piece>(IN_FLIGHT);
+        let pool = Arc::clone(&self.pool);
+        let opts = ReceiveOptions {
+            checkpoint_bytes: self.config.checkpoint_bytes,
+            force: false,
+        };
+        let v = volume.to_owned();
+        let task = tokio::task::spawn_blocking(move || -> Result<Received, SessionError> {
+            let mut receiver = Receiver::new(&pool, &v, opts);
+            loop {
+                match rx.blocking_recv() {
+                    Some(Piece::Data(bytes)) => {
+                        if let Err(e) = receiver.push(&bytes) {
+                            // What arrived before stays for the next attempt.
+                            let _ = receiver.interrupted();
+                            return Err(e.into());
+                        }
+                    }
+                    Some(Piece::Done) => break,
+                    Some(Piece::Broken) | None => {
+                        receiver.interrupted()?;
+                        return Err(SessionError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the stream broke off",
+                        )));
+                    }
+                }
+            }
+            let resumed_from = receiver.header().map_or(0, |h| h.resume_offset);
+            let received = receiver.finish()?;
+            Ok(Received {
+                snapshot: received.snapshot,
+                guid: WireGuid(received.guid),
+                stream_bytes: received.stream_bytes,
+                resumed_from,
+            })
+        });
+        let fed: Result<(), SessionError> = async {
+            loop {
+                match reader.expect("data or done").await? {
+                    Message::Data(bytes) => {
+                        if tx.send(Piece::Data(bytes)).await.is_err() {
+                            // The engine task failed: its error says why.
+                            return Ok(());
+                        }
+                    }
+                    Message::Done => {
+                        let _ = tx.send(Piece::Done).await;
+                        return Ok(());
+                    }
+                    other => {
+                        return Err(SessionError::Unexpected {
+                            expected: "data or done",
+                            got: other.name(),
+                        })
+                    }
+                }
+            }
+        }
+        .await;
+        if fed.is_err() {
+            let _ = tx.send(Piece::Broken).await;
+        }
+        drop(tx);
+        let applied = task
+            .await
+            .map_err(|e| SessionError::Io(std::io::Error::other(format!("engine task: {e}"))))?;
+        // A broken connection is the error to report, not the receiver's
+        // view of it.
+        fed?;
+        applied
+    }
+
+    /// After a receive: the new snapshot carries the upstream hold, and the
+    /// volume is a replica of `peer`.
+    async fn received(
+        &self,
+        peer: &str,
+        hello: &Hello,
+        snapshot: &str,
+    ) -> Result<(), SessionError> {
+        let pool = Arc::clone(&self.pool);
+        let snap = snapshot.to_owned();
+        blocking(move || {
+            Ok(local::move_hold(&pool, &snap, UPSTREAM_HOLD).map_err(StreamFailure::from)?)
+        })
+        .await?;
+        self.store
+            .set_role(
+                &hello.volume,
+                Role {
+                    source: Some(peer.to_owned()),
+                    path: hello.path.clone(),
+                },
+            )
+            .map_err(|e| refusal(RefusalCode::Failed, e.to_string()))
+    }
+}

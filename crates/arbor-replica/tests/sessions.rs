@@ -1,0 +1,416 @@
+//! Replication sessions between real pools (on simulated disks), over
+//! in-memory connections: seeding, increments, chains, divergence and its
+//! forced resync, cut connections resumed without resending what arrived,
+//! a full target pool, and the target's refusals (unknown source, cycle,
+//! a second source, a writable volume).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arbor_engine::{CreateOptions, OpenOptions, Pool};
+use arbor_io::{BlockDevice, SimDisk};
+use arbor_replica::proto::RefusalCode;
+use arbor_replica::session::SessionError;
+use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
+use arbor_replica::state::{Pair, Role, Store};
+use arbor_replica::target::{Allow, Served, Target, TargetConfig, UPSTREAM_HOLD};
+use arbor_stream::busy::{Claims, Pins};
+use arbor_stream::format::Compression;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+
+const MIB: u64 = 1 << 20;
+const VOL: u64 = 16 * MIB;
+
+struct Host {
+    name: String,
+    pool: Arc<Pool>,
+    store: Arc<Store>,
+    pins: Arc<Pins>,
+    claims: Arc<Claims>,
+    allow: Vec<Allow>,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new(name: &str, disk_bytes: u64) -> Host {
+        let disk = SimDisk::new(disk_bytes);
+        let dev: Arc<dyn BlockDevice> = Arc::new(disk);
+        let opts = CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(4 * MIB),
+            ..Default::default()
+        };
+        let pool = Pool::create(dev, &opts, &OpenOptions::default()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        Host {
+            name: name.into(),
+            pool: Arc::new(pool),
+            store: Arc::new(Store::open(&dir.path().join("replication.json")).unwrap()),
+            pins: Arc::default(),
+            claims: Arc::default(),
+            allow: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    fn allowing(mut self, source: &str) -> Host {
+        self.allow.push(Allow {
+            source: source.into(),
+            volumes: vec!["*".into()],
+            keep: None,
+        });
+        self
+    }
+
+    fn target(&self) -> Target {
+        Target {
+            pool: Arc::clone(&self.pool),
+            config: Arc::new(TargetConfig {
+                identity: self.name.clone(),
+                allow: self.allow.clone(),
+                idle: Duration::from_secs(30),
+                checkpoint_bytes: MIB,
+            }),
+            store: Arc::clone(&self.store),
+            claims: Arc::clone(&self.claims),
+            pins: Arc::clone(&self.pins),
+        }
+    }
+
+    fn source(&self, volume: &str) -> SourceContext {
+        SourceContext {
+            pool: Arc::clone(&self.pool),
+            pins: Arc::clone(&self.pins),
+            identity: self.name.clone(),
+            upstream: self.store.role(volume).map(|r| r.path),
+            idle: Duration::from_secs(30),
+            compression: Compression::Zstd { level: 1 },
+        }
+    }
+
+    fn write_random(&self, volume: &str, rng: &mut StdRng, writes: usize) {
+        let id = self.pool.lookup(volume).unwrap();
+        for _ in 0..writes {
+            let len = rng.gen_range(1..64) * 4096;
+            let off = rng.gen_range(0..(VOL - len as u64) / 4096) * 4096;
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            self.pool.write(id, off, &data).unwrap();
+        }
+    }
+
+    fn contents(&self, name: &str) -> Vec<u8> {
+        let id = self.pool.lookup(name).unwrap();
+        let mut buf = vec![0u8; self.pool.info(id).unwrap().size as usize];
+        self.pool.read(id, 0, &mut buf).unwrap();
+        buf
+    }
+
+    fn snapshots(&self, volume: &str) -> Vec<String> {
+        let id = self.pool.lookup(volume).unwrap();
+        arbor_replica::local::snapshots_of(&self.pool, id)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    fn newest(&self, volume: &str) -> String {
+        self.snapshots(volume).pop().unwrap()
+    }
+}
+
+fn pair(volume: &str, target: &str) -> Pair {
+    Pair {
+        volume: volume.into(),
+        target: format!("{target}:7400"),
+        remote_volume: volume.into(),
+        identity: None,
+        rate_limit: None,
+        interval_secs: 10,
+        keep: None,
+        seeded: false,
+        resync: false,
+    }
+}
+
+/// A connection that breaks (as a cut link does) after `left` bytes have
+/// been written through it.
+struct Cutoff {
+    inner: DuplexStream,
+    left: usize,
+}
+
+impl AsyncRead for Cutoff {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Cutoff {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.left == 0 {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        let n = buf.len().min(self.left);
+        let polled = Pin::new(&mut self.inner).poll_write(cx, &buf[..n]);
+        if let Poll::Ready(Ok(done)) = polled {
+            self.left -= done;
+            if self.left == 0 {
+                // The far end sees the connection end here.
+                let _ = Pin::new(&mut self.inner).poll_shutdown(cx);
+            }
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// One cycle of `pair` from `src` to `dst`; the link breaks after `cut`
+/// bytes from the source if given.
+async fn cycle(
+    src: &Host,
+    pair: &Pair,
+    dst: &Host,
+    cut: Option<usize>,
+) -> (
+    Result<CycleReport, SessionError>,
+    Result<Served, SessionError>,
+) {
+    let (a, b) = tokio::io::duplex(256 << 10);
+    let target = dst.target();
+    let peer = src.name.clone();
+    let served = tokio::spawn(async move { target.serve(&peer, b).await });
+    let ctx = src.source(&pair.volume);
+    let progress = Progress::default();
+    let report = match cut {
+        Some(left) => source::cycle(&ctx, pair, Cutoff { inner: a, left }, &progress).await,
+        None => source::cycle(&ctx, pair, a, &progress).await,
+    };
+    (report, served.await.unwrap())
+}
+
+fn refusal_code(e: &SessionError) -> Option<RefusalCode> {
+    match e {
+        SessionError::Refused(r) => Some(r.code),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_converges_to_the_same_snapshots_and_holds_move_forward() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    let c = Host::new("gamma", 256 * MIB).allowing("beta");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    let (ab, bc) = (pair("vm1", "beta"), pair("vm1", "gamma"));
+    for round in 0..4 {
+        a.write_random("vm1", &mut rng, 20);
+        let (report, served) = cycle(&a, &ab, &b, None).await;
+        let report = report.unwrap();
+        let served = served.unwrap();
+        assert!(report.taken.is_some());
+        assert_eq!(report.sent.len(), 1, "round {round}: {report:?}");
+        assert_eq!(served.received.len(), 1);
+        let (report, _) = cycle(&b, &bc, &c, None).await;
+        let report = report.unwrap();
+        // B passes snapshots on and takes none of its own.
+        assert!(report.taken.is_none());
+        assert_eq!(report.sent.len(), 1);
+        let newest = a.newest("vm1");
+        for host in [&b, &c] {
+            assert_eq!(host.newest("vm1"), newest);
+            assert_eq!(host.contents("vm1"), a.contents(&newest));
+            assert_eq!(host.contents(&newest), a.contents(&newest));
+            assert_eq!(
+                host.pool.guid(host.pool.lookup(&newest).unwrap()).unwrap(),
+                a.pool.guid(a.pool.lookup(&newest).unwrap()).unwrap()
+            );
+        }
+        // Exactly one snapshot carries each hold: the newest.
+        let held = |h: &Host, tag: &str| -> Vec<String> {
+            h.snapshots("vm1")
+                .into_iter()
+                .filter(|s| {
+                    let id = h.pool.lookup(s).unwrap();
+                    h.pool.holds(id).unwrap().iter().any(|t| t == tag)
+                })
+                .collect()
+        };
+        assert_eq!(held(&a, &ab.hold_tag()), vec![newest.clone()]);
+        assert_eq!(held(&b, UPSTREAM_HOLD), vec![newest.clone()]);
+        assert_eq!(held(&b, &bc.hold_tag()), vec![newest.clone()]);
+        assert_eq!(held(&c, UPSTREAM_HOLD), vec![newest.clone()]);
+    }
+    // Nothing changed: a cycle takes no snapshot and sends nothing.
+    let (report, _) = cycle(&a, &ab, &b, None).await;
+    let report = report.unwrap();
+    assert!(report.taken.is_none() && report.sent.is_empty());
+    assert_eq!(c.store.role("vm1").unwrap().path, vec!["alpha", "beta"]);
+    for h in [&a, &b, &c] {
+        assert!(h.pool.check().unwrap().is_clean(), "{}", h.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_resumes_without_resending_what_arrived() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 200);
+    let ab = pair("vm1", "beta");
+    let mut wire = 0u64;
+    let mut cuts = 0;
+    // Cut every 3 MiB until it gets through.
+    let report = loop {
+        let (report, served) = cycle(&a, &ab, &b, Some(3 * MIB as usize)).await;
+        match report {
+            Ok(r) => {
+                served.unwrap();
+                break r;
+            }
+            Err(e) => {
+                assert!(served.is_err());
+                assert!(refusal_code(&e).is_none(), "{e}");
+                cuts += 1;
+                wire += 3 * MIB;
+                assert!(cuts < 20);
+            }
+        }
+    };
+    wire += report.wire_bytes;
+    assert!(cuts >= 2, "the stream should need several attempts");
+    assert!(report.sent[0].resumed_from > 0, "{report:?}");
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
+    // A cut loses at most what came after the last checkpoint (1 MiB
+    // here) plus what was in flight.
+    let whole = {
+        let (r, _) = cycle(
+            &a,
+            &pair("vm1", "other"),
+            &Host::new("other", 256 * MIB).allowing("alpha"),
+            None,
+        )
+        .await;
+        r.unwrap().wire_bytes
+    };
+    assert!(
+        wire <= whole + cuts * (MIB + (512 << 10)),
+        "sent {wire} bytes in {cuts} cuts for a {whole}-byte stream"
+    );
+    assert!(b.pool.check().unwrap().is_clean());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divergence_is_reported_and_a_forced_resync_rolls_back() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 10);
+    let mut ab = pair("vm1", "beta");
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    let common = b.newest("vm1");
+    // Someone writes to the replica and snapshots it.
+    b.write_random("vm1", &mut rng, 3);
+    b.pool.snapshot("vm1@local").unwrap();
+    b.write_random("vm1", &mut rng, 3);
+    a.write_random("vm1", &mut rng, 10);
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    let e = report.unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::Diverged), "{e}");
+    assert!(e.to_string().contains("vm1@local"), "{e}");
+    assert!(served.is_err());
+    // Nothing changed on the replica.
+    assert!(b.pool.lookup("vm1@local").is_ok());
+    ab.resync = true;
+    let report = cycle(&a, &ab, &b, None).await.0.unwrap();
+    assert!(report.rolled_back.iter().any(|s| s == "vm1@local"));
+    assert!(b.pool.lookup("vm1@local").is_err());
+    assert!(b.pool.lookup(&common).is_ok());
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_refuse_unknown_sources_cycles_second_sources_and_writable_volumes() {
+    let a = Host::new("alpha", 64 * MIB);
+    let b = Host::new("beta", 64 * MIB)
+        .allowing("alpha")
+        .allowing("delta");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    let ab = pair("vm1", "beta");
+    // An unknown source.
+    let stranger = Host::new("mallory", 64 * MIB);
+    stranger.pool.create_volume("vm1", VOL).unwrap();
+    let e = cycle(&stranger, &ab, &b, None).await.0.unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
+    assert!(b.pool.lookup("vm1").is_err());
+    // A writable volume of the same name.
+    b.pool.create_volume("vm1", VOL).unwrap();
+    let e = cycle(&a, &ab, &b, None).await.0.unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::Diverged), "{e}");
+    b.pool.delete("vm1").unwrap();
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    // A second source for the same replica.
+    let d = Host::new("delta", 64 * MIB);
+    d.pool.create_volume("vm1", VOL).unwrap();
+    let e = cycle(&d, &ab, &b, None).await.0.unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
+    // A cycle: beta sending vm1 back to alpha, which alpha allows.
+    let a = a.allowing("beta");
+    a.store
+        .set_role(
+            "vm1",
+            Role {
+                source: None,
+                path: Vec::new(),
+            },
+        )
+        .unwrap();
+    let e = cycle(&b, &pair("vm1", "alpha"), &a, None)
+        .await
+        .0
+        .unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::Cycle), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_target_pool_says_so_and_keeps_what_arrived() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let a = Host::new("alpha", 256 * MIB);
+    // Room for about half the volume.
+    let b = Host::new("beta", 16 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 400);
+    let ab = pair("vm1", "beta");
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    let e = report.unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::NoSpace), "{e}");
+    assert!(served.is_err());
+    assert!(b.pool.lookup("vm1").is_err());
+    assert!(b.pool.check().unwrap().is_clean());
+    // What arrived is kept for the next attempt.
+    assert!(arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .is_some());
+}
