@@ -24,6 +24,10 @@ use crate::state::{Role, Store};
 /// of the next stream.
 pub const UPSTREAM_HOLD: &str = "replica:upstream";
 
+/// The identity of a source on a plain loopback connection (no
+/// certificate): what a loopback-only allow entry names.
+pub const LOOPBACK: &str = "loopback";
+
 /// Stream pieces in flight to the engine task (about 1 MiB each).
 const IN_FLIGHT: usize = 4;
 
@@ -229,13 +233,14 @@ impl Target {
             return Err(refusal(
                 RefusalCode::Cycle,
                 format!(
-                    "replication cycle: {} -> {}",
+                    "{} -> {}: this host is already on the path its snapshots come by",
                     hello.path.join(" -> "),
                     self.config.identity
                 ),
             ));
         }
-        if hello.path.last().map(String::as_str) != Some(peer) {
+        // A certificate names the source; its path must end with it.
+        if peer != LOOPBACK && hello.path.last().map(String::as_str) != Some(peer) {
             return Err(refusal(
                 RefusalCode::Protocol,
                 format!("the source {peer} must end the path it sends"),

@@ -99,6 +99,10 @@ pub enum Command {
     /// Apply a stream from `arbor send` to a volume: atomic (nothing shows
     /// until the whole stream has arrived and verified) and resumable
     Receive(ReceiveArgs),
+    /// Replicate volumes to other hosts' daemons, and manage the replicas
+    /// held here
+    #[command(subcommand)]
+    Replica(ReplicaCommand),
     /// Create, grow or upgrade a pool, show its state, reclaim space now
     #[command(subcommand)]
     Pool(PoolCommand),
@@ -116,6 +120,65 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicaCommand {
+    /// Replicate VOLUME to a target daemon's replication listener: a cycle
+    /// at once, then every interval (snapshot, send what the target lacks,
+    /// move the holds, prune)
+    Add {
+        volume: String,
+        /// HOST:PORT[/REMOTE_VOLUME] of the target (default remote name: VOLUME)
+        #[arg(long, value_name = "HOST:PORT[/VOLUME]")]
+        target: String,
+        /// Bytes per second at most, e.g. 50M
+        #[arg(long, value_name = "RATE")]
+        rate_limit: Option<ByteSize>,
+        /// Time between cycles
+        #[arg(long, value_name = "DURATION", default_value = "60s")]
+        interval: humantime::Duration,
+        /// Replication snapshots kept here (the newest; held ones always stay)
+        #[arg(long, value_name = "N")]
+        keep: Option<u32>,
+        /// The identity the target's certificate must carry [default: HOST]
+        #[arg(long, value_name = "NAME")]
+        identity: Option<String>,
+        /// The target was seeded by hand (`arbor send` here, `arbor
+        /// receive` there): never start over with a full stream
+        #[arg(long)]
+        seeded: bool,
+    },
+    /// Stop replicating VOLUME (to one target); its holds are released
+    Remove {
+        volume: String,
+        #[arg(long, value_name = "HOST:PORT")]
+        target: Option<String>,
+    },
+    /// Pairs and replicas: state, recovery point, bytes, progress, next run
+    #[command(alias = "list")]
+    Status,
+    /// Run a cycle of VOLUME's pairs now and wait for it
+    Run {
+        volume: String,
+        #[arg(long, value_name = "HOST:PORT")]
+        target: Option<String>,
+    },
+    /// Roll a diverged target back to the newest common snapshot (deleting
+    /// its own snapshots and writes since), then replicate
+    Resync {
+        volume: String,
+        #[arg(long, value_name = "HOST:PORT")]
+        target: Option<String>,
+        /// Required: the target's divergent changes are lost
+        #[arg(long)]
+        force: bool,
+    },
+    /// Make a replica here the writable master (failover)
+    Promote { volume: String },
+    /// Make VOLUME here a read-only replica, waiting for a source (failback:
+    /// the old master becomes a target of the new one)
+    Demote { volume: String },
 }
 
 #[derive(Debug, Args)]
@@ -310,6 +373,9 @@ pub struct ServeArgs {
     /// The HTTP API on TCP: a loopback address, or `none` [default: 127.0.0.1:10810]
     #[arg(long, value_name = "ADDR")]
     pub api_listen: Option<String>,
+    /// Replication listener on TCP: an address, or `none` [default: none]
+    #[arg(long, value_name = "ADDR")]
+    pub replication_listen: Option<String>,
     /// Volume created with a new pool, or `none` [default: disk0]
     #[arg(long, value_name = "NAME")]
     pub initial_volume: Option<String>,

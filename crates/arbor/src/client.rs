@@ -21,7 +21,8 @@ use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, HoldRequest,
-    PoolView, Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ResizeRequest,
+    PoolView, Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest,
+    ReplicaAddRequest, ReplicaRoleView, ReplicaRunView, ReplicasView, ResizeRequest,
     RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression,
     StreamFormat, UpgradeView, VolumeView,
 };
@@ -250,6 +251,50 @@ impl DaemonClient {
     pub fn release(&self, snapshot: &str, tag: &str) -> Result<VolumeView> {
         let path = format!("/v1/snapshots/{}/holds/{}", encode(snapshot), encode(tag));
         decode(&self.send(Method::DELETE, &path, None)?)
+    }
+
+    pub fn replicas(&self) -> Result<ReplicasView> {
+        self.get("/v1/replicas")
+    }
+
+    pub fn replica_add(&self, request: &ReplicaAddRequest) -> Result<ReplicasView> {
+        self.post("/v1/replicas", request)
+    }
+
+    fn replica_path(volume: &str, action: &str, target: Option<&str>, force: bool) -> String {
+        let mut path = format!("/v1/replicas/{}{action}?force={force}", encode(volume));
+        if let Some(t) = target {
+            path += &format!("&target={}", encode(t));
+        }
+        path
+    }
+
+    pub fn replica_remove(&self, volume: &str, target: Option<&str>) -> Result<()> {
+        let path = Self::replica_path(volume, "", target, false);
+        self.send(Method::DELETE, &path, None).map(drop)
+    }
+
+    /// A cycle now (`resync`: rolling a diverged target back), answered
+    /// when it ends.
+    pub fn replica_run(
+        &self,
+        volume: &str,
+        target: Option<&str>,
+        resync: bool,
+    ) -> Result<Vec<ReplicaRunView>> {
+        let action = if resync { "/resync" } else { "/run" };
+        let path = Self::replica_path(volume, action, target, resync);
+        decode(&self.send(Method::POST, &path, None)?)
+    }
+
+    pub fn replica_promote(&self, volume: &str) -> Result<ReplicaRoleView> {
+        let path = Self::replica_path(volume, "/promote", None, false);
+        decode(&self.send(Method::POST, &path, None)?)
+    }
+
+    pub fn replica_demote(&self, volume: &str) -> Result<()> {
+        let path = Self::replica_path(volume, "/demote", None, false);
+        self.send(Method::POST, &path, None).map(drop)
     }
 
     /// `send --dry-run`.

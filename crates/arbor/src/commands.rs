@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use arbor_engine::{CreateOptions, OpenOptions};
 use clap::CommandFactory;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,13 +14,15 @@ use serde::Serialize;
 
 use crate::cli::{
     Cli, Command, CompressionArg, FormatArg, PoolCommand, PoolCreateArgs, PoolGrowArgs,
-    ReceiveArgs, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
+    ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
-use crate::model::{CheckView, GrowRequest, SendQuery, StreamCompression, StreamFormat};
+use crate::model::{
+    CheckView, GrowRequest, ReplicaAddRequest, SendQuery, StreamCompression, StreamFormat,
+};
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
@@ -166,6 +168,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
                 }
             })?;
         }
+        Command::Replica(command) => replica(command, c, p)?,
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
@@ -461,4 +464,84 @@ fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitC
     }
     daemon::serve(config).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn replica(command: ReplicaCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
+    match command {
+        ReplicaCommand::Add {
+            volume,
+            target,
+            rate_limit,
+            interval,
+            keep,
+            identity,
+            seeded,
+        } => {
+            let (target, remote_volume) = match target.split_once('/') {
+                Some((t, v)) => (t.to_owned(), Some(v.to_owned())),
+                None => (target, None),
+            };
+            let request = ReplicaAddRequest {
+                volume: volume.clone(),
+                target: target.clone(),
+                remote_volume,
+                identity,
+                rate_limit: rate_limit.map(|r| r.0),
+                interval_secs: Some(interval.as_secs()),
+                keep,
+                seeded,
+            };
+            p.show(&c.replica_add(&request)?, |_| {
+                format!("replicating {volume} to {target}: the first cycle runs now (arbor replica status)\n")
+            })?;
+        }
+        ReplicaCommand::Remove { volume, target } => {
+            c.replica_remove(&volume, target.as_deref())?;
+            let to = target.map(|t| format!(" to {t}")).unwrap_or_default();
+            p.done(
+                "unreplicated",
+                &volume,
+                format!("{volume} is no longer replicated{to}\n"),
+            )?;
+        }
+        ReplicaCommand::Status => p.show(&c.replicas()?, output::replicas)?,
+        ReplicaCommand::Run { volume, target } => p.show(
+            &c.replica_run(&volume, target.as_deref(), false)?,
+            output::replica_runs,
+        )?,
+        ReplicaCommand::Resync {
+            volume,
+            target,
+            force,
+        } => {
+            if !force {
+                bail!(Fail::new(
+                    Exit::Usage,
+                    format!("a resync deletes the target's own snapshots of {volume} and its writes since the newest common snapshot: give --force")
+                ));
+            }
+            p.show(
+                &c.replica_run(&volume, target.as_deref(), true)?,
+                output::replica_runs,
+            )?
+        }
+        ReplicaCommand::Promote { volume } => {
+            let role = c.replica_promote(&volume)?;
+            p.show(&role, |r| {
+                format!(
+                    "{volume} is now writable here (it was a replica of {})\n",
+                    r.source.as_deref().unwrap_or("no source yet")
+                )
+            })?;
+        }
+        ReplicaCommand::Demote { volume } => {
+            c.replica_demote(&volume)?;
+            p.done(
+                "demoted",
+                &volume,
+                format!("{volume} is now a read-only replica, waiting for its source\n"),
+            )?;
+        }
+    }
+    Ok(())
 }

@@ -41,6 +41,28 @@ struct ConfigFile {
     commit_interval: String,
     cache_size: ByteSize,
     space_warning_percent: Vec<u8>,
+    replication_listen: String,
+    tls_ca: PathBuf,
+    tls_cert: PathBuf,
+    tls_key: PathBuf,
+    replication_identity: String,
+    replication_timeout: String,
+    replication_allow: Vec<AllowEntry>,
+}
+
+/// One source a replication target accepts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct AllowEntry {
+    source: String,
+    #[serde(default = "any_volume")]
+    volumes: Vec<String>,
+    #[serde(default)]
+    keep: u32,
+}
+
+fn any_volume() -> Vec<String> {
+    vec!["*".to_owned()]
 }
 
 /// Everything the daemon runs with, validated.
@@ -64,6 +86,20 @@ pub struct ServeConfig {
     pub cache_bytes: usize,
     /// Increasing percentages of space use that raise a warning.
     pub space_warning_percent: Vec<u8>,
+    pub replication: ReplicationConfig,
+}
+
+/// How this host replicates (`arbor replica`).
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    /// The listener for replicas sent here.
+    pub listen: Option<SocketAddr>,
+    /// Mutual TLS for replication, both ways.
+    pub tls: Option<arbor_replica::tls::TlsFiles>,
+    /// This host's identity without TLS.
+    pub identity: String,
+    pub timeout: Duration,
+    pub allow: Vec<arbor_replica::target::Allow>,
 }
 
 impl ServeConfig {
@@ -139,6 +175,7 @@ fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &ServeArg
     set(&mut file.initial_volume_size, &args.initial_volume_size);
     set(&mut file.nbd_listen, &args.nbd_listen);
     set(&mut file.api_listen, &args.api_listen);
+    set(&mut file.replication_listen, &args.replication_listen);
     set(&mut file.reclaim_rate, &args.reclaim_rate);
     if let Some(interval) = &args.commit_interval {
         file.commit_interval = interval.to_string();
@@ -200,6 +237,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
                 file.nbd_memory_limit
             ))
         })?;
+    let replication = replication(&file)?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
     }
@@ -219,7 +257,61 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         cache_bytes: usize::try_from(file.cache_size.0)
             .map_err(|_| usage("cache_size is too large".into()))?,
         space_warning_percent: file.space_warning_percent.clone(),
+        replication,
         data_dir: file.data_dir,
+    })
+}
+
+fn replication(file: &ConfigFile) -> Result<ReplicationConfig> {
+    let listen = listen_address("replication_listen", &file.replication_listen)?;
+    let paths = [&file.tls_ca, &file.tls_cert, &file.tls_key];
+    let given = paths.iter().filter(|p| !p.as_os_str().is_empty()).count();
+    let tls = match given {
+        0 => None,
+        3 => Some(arbor_replica::tls::TlsFiles {
+            ca: file.tls_ca.clone(),
+            cert: file.tls_cert.clone(),
+            key: file.tls_key.clone(),
+        }),
+        _ => bail!(usage(
+            "tls_ca, tls_cert and tls_key go together: give all three, or none".into()
+        )),
+    };
+    if let Some(addr) = listen {
+        if !addr.ip().is_loopback() && tls.is_none() {
+            bail!(usage(format!(
+                "replication_listen = {addr}: beyond loopback replication needs TLS \
+                 (tls_ca, tls_cert, tls_key), so that sources are known by certificate"
+            )));
+        }
+    }
+    let mut allow = Vec::new();
+    for entry in &file.replication_allow {
+        if entry.source.is_empty() || entry.volumes.is_empty() {
+            bail!(usage(
+                "replication_allow: every entry needs a source and at least one volume (or \"*\")"
+                    .into()
+            ));
+        }
+        allow.push(arbor_replica::target::Allow {
+            source: entry.source.clone(),
+            volumes: entry.volumes.clone(),
+            keep: (entry.keep > 0).then_some(entry.keep),
+        });
+    }
+    let identity = if file.replication_identity.is_empty() {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".to_owned())
+    } else {
+        file.replication_identity.clone()
+    };
+    Ok(ReplicationConfig {
+        listen,
+        tls,
+        identity,
+        timeout: positive_duration("replication_timeout", &file.replication_timeout)?,
+        allow,
     })
 }
 
@@ -294,6 +386,10 @@ mod tests {
             ("reclaim_rate = -1", "reclaim_rate"),
             ("nbd_memory_limit = \"1M\"", "nbd_memory_limit"),
             ("nbd_max_connections = 0", "at least 1"),
+            ("replication_listen = \"10.0.0.1:7400\"", "needs TLS"),
+            ("tls_ca = \"ca.pem\"", "go together"),
+            ("replication_allow = [{ source = \"\" }]", "needs a source"),
+            ("replication_allow = [{ sauce = \"a\" }]", "unknown field"),
             ("this is not toml", "not valid TOML"),
         ];
         for (text, expected) in cases {

@@ -65,6 +65,12 @@ struct VolumeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PairLabels {
+    volume: String,
+    target: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpaceLabels {
     space: &'static str,
 }
@@ -105,6 +111,11 @@ pub struct Metrics {
     volume_size: Family<VolumeLabels, Gauge>,
     volume_mapped: Family<VolumeLabels, Gauge>,
     volume_connections: Family<VolumeLabels, Gauge>,
+    replica_recovery_point: Family<PairLabels, Gauge>,
+    replica_sent: Family<PairLabels, Gauge>,
+    replica_failed: Family<PairLabels, Gauge>,
+    replica_cycles_ok: Family<PairLabels, Gauge>,
+    replica_cycles_failed: Family<PairLabels, Gauge>,
 }
 
 impl Metrics {
@@ -125,6 +136,11 @@ impl Metrics {
             volume_size: Family::default(),
             volume_mapped: Family::default(),
             volume_connections: Family::default(),
+            replica_recovery_point: Family::default(),
+            replica_sent: Family::default(),
+            replica_failed: Family::default(),
+            replica_cycles_ok: Family::default(),
+            replica_cycles_failed: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -182,6 +198,33 @@ impl Metrics {
             "pool_reclaim_pending",
             "1 while destroyed volumes await reclaim",
             m.reclaim_pending.clone(),
+        );
+        r.register_with_unit(
+            "replica_recovery_point",
+            "Age of the target's copy of a replicated volume: since when it is known current",
+            Unit::Seconds,
+            m.replica_recovery_point.clone(),
+        );
+        r.register_with_unit(
+            "replica_sent",
+            "Bytes a replication pair has sent since the daemon started",
+            Unit::Bytes,
+            m.replica_sent.clone(),
+        );
+        r.register(
+            "replica_failed",
+            "1 while a replication pair's last cycle failed",
+            m.replica_failed.clone(),
+        );
+        r.register(
+            "replica_cycles_succeeded",
+            "Replication cycles that succeeded since the daemon started",
+            m.replica_cycles_ok.clone(),
+        );
+        r.register(
+            "replica_cycles_failed",
+            "Replication cycles that failed since the daemon started",
+            m.replica_cycles_failed.clone(),
         );
         r.register(
             "pool_volumes",
@@ -278,6 +321,43 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+
+    /// Refreshes the replication pairs' gauges from their status.
+    pub fn set_replication(&self, pairs: &[crate::model::ReplicaPairView]) {
+        let families = [
+            &self.replica_recovery_point,
+            &self.replica_sent,
+            &self.replica_failed,
+            &self.replica_cycles_ok,
+            &self.replica_cycles_failed,
+        ];
+        for f in families {
+            f.clear();
+        }
+        for p in pairs {
+            let labels = PairLabels {
+                volume: p.volume.clone(),
+                target: p.target.clone(),
+            };
+            if let Some(rpo) = p.recovery_point_secs {
+                self.replica_recovery_point
+                    .get_or_create(&labels)
+                    .set(gauge_value(rpo));
+            }
+            self.replica_sent
+                .get_or_create(&labels)
+                .set(gauge_value(p.bytes_sent_total));
+            self.replica_failed
+                .get_or_create(&labels)
+                .set(i64::from(p.state == crate::model::ReplicaState::Failed));
+            self.replica_cycles_ok
+                .get_or_create(&labels)
+                .set(gauge_value(p.cycles_ok));
+            self.replica_cycles_failed
+                .get_or_create(&labels)
+                .set(gauge_value(p.cycles_failed));
+        }
     }
 
     fn refresh_volumes(&self, pool: &Pool, connections: &dyn Fn(VolumeId) -> usize) -> Result<()> {

@@ -368,3 +368,131 @@ pub struct BlockMetadata {
     pub byte_offset: u64,
     pub size_bytes: u64,
 }
+
+/// `POST /v1/replicas`: a new replication pair (`arbor replica add`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaAddRequest {
+    pub volume: String,
+    /// `HOST:PORT` of the target's replication listener.
+    pub target: String,
+    /// The volume's name on the target (default: the same).
+    #[serde(default)]
+    pub remote_volume: Option<String>,
+    /// The identity the target's certificate must carry (default: HOST).
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// Bytes per second at most.
+    #[serde(default)]
+    pub rate_limit: Option<u64>,
+    /// Seconds between cycles.
+    #[serde(default)]
+    pub interval_secs: Option<u64>,
+    /// Replication snapshots kept on this side.
+    #[serde(default)]
+    pub keep: Option<u32>,
+    /// The target was seeded by hand (`arbor receive` there).
+    #[serde(default)]
+    pub seeded: bool,
+}
+
+/// Which pairs of a volume a replica request is about.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplicaQuery {
+    /// One target (`HOST:PORT`); all of the volume's pairs without.
+    #[serde(default)]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The state of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    Idle,
+    Running,
+    Failed,
+}
+
+/// The cycle running now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaCycleView {
+    pub snapshot: String,
+    /// Stream bytes sent of the current snapshot, and its estimate.
+    pub stream_sent: u64,
+    pub stream_total: u64,
+    /// Bytes sent on the connection this cycle.
+    pub wire_bytes: u64,
+    pub elapsed_secs: f64,
+    pub bytes_per_sec: f64,
+}
+
+/// One pair, as `arbor replica status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaPairView {
+    pub volume: String,
+    pub target: String,
+    pub remote_volume: String,
+    pub state: ReplicaState,
+    /// The last failure, while the pair is failed.
+    pub error: Option<String>,
+    /// Its kind: not_allowed, diverged, cycle, no_space, busy, protocol,
+    /// failed, connection.
+    pub error_kind: Option<String>,
+    /// The newest snapshot the target is known to have.
+    pub last_snapshot: Option<String>,
+    /// Seconds since the target's copy was last known current (the
+    /// recovery point).
+    pub recovery_point_secs: Option<u64>,
+    /// Unix time of the last cycle that succeeded.
+    pub last_success: Option<u64>,
+    pub bytes_sent_total: u64,
+    pub cycles_ok: u64,
+    pub cycles_failed: u64,
+    /// Failures in a row (the backoff grows with them).
+    pub failures: u32,
+    pub cycle: Option<ReplicaCycleView>,
+    /// Seconds until the next cycle.
+    pub next_run_secs: Option<u64>,
+    pub interval_secs: u64,
+    pub rate_limit: Option<u64>,
+    pub keep: Option<u32>,
+    pub seeded: bool,
+    /// A forced resync waits for the next cycle.
+    pub resync: bool,
+}
+
+/// A volume this host holds as a replica.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaRoleView {
+    pub volume: String,
+    /// Its one source (none after `demote`, until one replicates to it).
+    pub source: Option<String>,
+    /// The hosts its snapshots come through, master first.
+    pub path: Vec<String>,
+}
+
+/// `GET /v1/replicas`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicasView {
+    /// This host's identity in replication.
+    pub identity: String,
+    /// The replication listener, if on.
+    pub listen: Option<String>,
+    pub pairs: Vec<ReplicaPairView>,
+    pub replicas: Vec<ReplicaRoleView>,
+}
+
+/// What one cycle did (`arbor replica run`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaRunView {
+    pub pair: String,
+    pub taken: Option<String>,
+    pub sent: Vec<String>,
+    pub wire_bytes: u64,
+    pub resumed_from: Vec<u64>,
+    pub replicated: Option<String>,
+    pub rolled_back: Vec<String>,
+    pub pruned: Vec<String>,
+}

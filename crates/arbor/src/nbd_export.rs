@@ -70,14 +70,22 @@ pub struct PoolExports {
     pool: Arc<Pool>,
     open: Arc<OpenExports>,
     metrics: Arc<Metrics>,
+    /// Which volumes are replicas of another host's: read-only here.
+    replicas: Arc<arbor_replica::state::Store>,
 }
 
 impl PoolExports {
-    pub fn new(pool: Arc<Pool>, open: Arc<OpenExports>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        pool: Arc<Pool>,
+        open: Arc<OpenExports>,
+        metrics: Arc<Metrics>,
+        replicas: Arc<arbor_replica::state::Store>,
+    ) -> Self {
         Self {
             pool,
             open,
             metrics,
+            replicas,
         }
     }
 }
@@ -111,17 +119,21 @@ impl ExportProvider for PoolExports {
             other => export_error(other),
         })?;
         let info = self.pool.info(id).map_err(export_error)?;
+        let volume = info
+            .name
+            .split_once('@')
+            .map_or(info.name.as_str(), |(volume, _)| volume)
+            .to_owned();
+        // A replica reads as its newest received snapshot and moves to the
+        // next one when it arrives (each read sees one or the other, whole).
+        let read_only = info.snapshot || self.replicas.role(&volume).is_some();
         Ok(Arc::new(VolumeExport {
             pool: Arc::clone(&self.pool),
             id,
-            volume: info
-                .name
-                .split_once('@')
-                .map_or(info.name.as_str(), |(volume, _)| volume)
-                .to_owned(),
+            volume,
             description: describe(&info),
             size: info.size,
-            read_only: info.snapshot,
+            read_only,
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
         }))
@@ -329,7 +341,10 @@ mod tests {
     fn exports() -> PoolExports {
         let disk = Arc::new(SimDisk::new(128 * MIB));
         let pool = Pool::create(disk, &CreateOptions::default(), &OpenOptions::default()).unwrap();
-        PoolExports::new(Arc::new(pool), Arc::default(), Metrics::new())
+        // A state file that is never written (no replica roles).
+        let state = std::env::temp_dir().join("arbor-nbd-export-test-no-state.json");
+        let replicas = Arc::new(arbor_replica::state::Store::open(&state).unwrap());
+        PoolExports::new(Arc::new(pool), Arc::default(), Metrics::new(), replicas)
     }
 
     fn open(exports: &PoolExports, name: &str) -> Arc<dyn Export> {

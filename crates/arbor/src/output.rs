@@ -345,6 +345,117 @@ pub fn check(c: &CheckView) -> String {
     out
 }
 
+fn ago(secs: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+/// `arbor replica status`.
+pub fn replicas(v: &crate::model::ReplicasView) -> String {
+    use crate::model::ReplicaState;
+    let mut out = format!(
+        "this host: {} (replication listener: {})\n",
+        v.identity,
+        v.listen.as_deref().unwrap_or("off")
+    );
+    if v.pairs.is_empty() {
+        out += "no volume is replicated from here\n";
+    }
+    for p in &v.pairs {
+        let state = match p.state {
+            ReplicaState::Idle => "idle",
+            ReplicaState::Running => "running",
+            ReplicaState::Failed => "FAILED",
+        };
+        out += &format!(
+            "{} -> {}/{}: {state}\n",
+            p.volume, p.target, p.remote_volume
+        );
+        if let Some(e) = &p.error {
+            out += &format!(
+                "  error ({}, {} in a row): {e}\n",
+                p.error_kind.as_deref().unwrap_or("?"),
+                p.failures
+            );
+        }
+        let rpo = p
+            .recovery_point_secs
+            .map_or("none yet".to_owned(), |s| format!("{} ago", ago(s)));
+        out += &format!(
+            "  last replicated: {} (recovery point {rpo})\n",
+            p.last_snapshot.as_deref().unwrap_or("nothing yet")
+        );
+        if let Some(c) = &p.cycle {
+            let pct = if c.stream_total > 0 {
+                100.0 * c.stream_sent as f64 / c.stream_total as f64
+            } else {
+                0.0
+            };
+            out += &format!(
+                "  sending {}: {} of at most {} ({pct:.0}%), {}/s\n",
+                c.snapshot,
+                size(c.stream_sent),
+                size(c.stream_total),
+                size(c.bytes_per_sec as u64)
+            );
+        }
+        out += &format!(
+            "  sent {} in {} cycles ({} failed); every {}{}{}",
+            size(p.bytes_sent_total),
+            p.cycles_ok + p.cycles_failed,
+            p.cycles_failed,
+            ago(p.interval_secs),
+            p.rate_limit
+                .map(|r| format!(", at most {}/s", size(r)))
+                .unwrap_or_default(),
+            p.keep.map(|k| format!(", keeping {k}")).unwrap_or_default()
+        );
+        if let Some(n) = p.next_run_secs {
+            out += &format!("; next in {}", ago(n));
+        }
+        out += "\n";
+    }
+    for r in &v.replicas {
+        out += &format!(
+            "{} here is a read-only replica of {}{}\n",
+            r.volume,
+            r.source.as_deref().unwrap_or("(waiting for a source)"),
+            if r.path.len() > 1 {
+                format!(" (via {})", r.path.join(" -> "))
+            } else {
+                String::new()
+            }
+        );
+    }
+    out
+}
+
+/// `arbor replica run` and `resync`.
+pub fn replica_runs(runs: &Vec<crate::model::ReplicaRunView>) -> String {
+    let mut out = String::new();
+    for r in runs {
+        out += &format!("{}: ", r.pair);
+        if !r.rolled_back.is_empty() {
+            out += &format!(
+                "rolled the target back (discarded {}); ",
+                r.rolled_back.join(", ")
+            );
+        }
+        if r.sent.is_empty() {
+            out += "the target was up to date";
+        } else {
+            out += &format!("sent {} ({})", r.sent.join(", "), size(r.wire_bytes));
+        }
+        if let Some(s) = &r.replicated {
+            out += &format!("; the target has {s}");
+        }
+        if !r.pruned.is_empty() {
+            out += &format!("; pruned {}", r.pruned.join(", "));
+        }
+        out += "\n";
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tracing::error;
 
 use super::control::PoolControl;
-use super::stream;
+use super::{replica_api, stream};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
@@ -61,6 +61,18 @@ pub fn router(control: PoolControl) -> Router {
                 .get(stream::status)
                 .delete(stream::abort),
         )
+        .route(
+            "/v1/replicas",
+            get(replica_api::list).post(replica_api::add),
+        )
+        .route(
+            "/v1/replicas/{volume}",
+            axum::routing::delete(replica_api::remove),
+        )
+        .route("/v1/replicas/{volume}/run", post(replica_api::run))
+        .route("/v1/replicas/{volume}/resync", post(replica_api::resync))
+        .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
+        .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
         .route("/metrics", get(metrics))
         .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -178,6 +190,21 @@ async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
     )
 }
 
+/// A replica changes only by replication: its snapshots and contents are
+/// its source's.
+pub(super) fn not_replica(c: &PoolControl, volume: &str) -> ApiResult<()> {
+    if c.replication.is_replica(volume) {
+        return Err(ApiError::new(
+            ErrorCode::ReadOnly,
+            format!(
+                "{volume} is a replica: it changes only by replication \
+                 (`arbor replica promote {volume}` makes it the writable master)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn created<T: Serialize>(value: T) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
 }
@@ -214,6 +241,12 @@ async fn snapshot(
     State(c): State<PoolControl>,
     Json(req): Json<SnapshotRequest>,
 ) -> ApiResult<Response> {
+    not_replica(
+        &c,
+        req.name
+            .split_once('@')
+            .map_or(req.name.as_str(), |(v, _)| v),
+    )?;
     blocking(c, move |c| c.snapshot(&req.name))
         .await
         .map(created)
@@ -268,6 +301,7 @@ async fn rollback(
     Path(name): Path<String>,
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Json<VolumeView>> {
+    not_replica(&c, &name)?;
     blocking(c, move |c| c.rollback(&name, &req.snapshot))
         .await
         .map(Json)
@@ -278,6 +312,7 @@ async fn resize(
     Path(name): Path<String>,
     Json(req): Json<ResizeRequest>,
 ) -> ApiResult<Json<VolumeView>> {
+    not_replica(&c, &name)?;
     blocking(c, move |c| c.resize(&name, req.size.0))
         .await
         .map(Json)
@@ -288,6 +323,7 @@ async fn rename(
     Path(name): Path<String>,
     Json(req): Json<RenameRequest>,
 ) -> ApiResult<Json<VolumeView>> {
+    not_replica(&c, &name)?;
     blocking(c, move |c| c.rename(&name, &req.to))
         .await
         .map(Json)
@@ -343,6 +379,7 @@ async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
 }
 
 async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
+    c.metrics.set_replication(&c.replication.view().pairs);
     let text = blocking(c, |c| {
         c.metrics.render(&c.pool, &|id| c.open.count(id), &c.space)
     })

@@ -39,6 +39,7 @@ pub struct PoolControl {
     pub receiving: Arc<arbor_stream::busy::Claims>,
     /// Snapshots a send is reading: destroying one needs force.
     pub sending: Arc<arbor_stream::busy::Pins>,
+    pub replication: Arc<super::replication::Replication>,
 }
 
 /// The page size a metadata query asks for.

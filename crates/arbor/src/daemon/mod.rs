@@ -10,6 +10,8 @@ mod api;
 mod background;
 pub mod control;
 mod listen;
+mod replica_api;
+pub mod replication;
 mod stream;
 
 use std::future::Future;
@@ -89,6 +91,18 @@ async fn run(config: ServeConfig) -> Result<()> {
     let nbd = NbdListeners::bind(&config.nbd_socket(), config.nbd_listen).await?;
     let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
 
+    let stop = CancellationToken::new();
+    let sending = std::sync::Arc::new(arbor_stream::busy::Pins::default());
+    let receiving = std::sync::Arc::new(arbor_stream::busy::Claims::default());
+    let replication = replication::Replication::new(
+        open.pool.clone(),
+        &config.data_dir,
+        &config.replication,
+        sending.clone(),
+        receiving.clone(),
+        stop.clone(),
+    )?;
+    let replication_listener = replication.bind().await?;
     let metrics = Metrics::new();
     let observer = metrics.clone();
     open.pool
@@ -99,14 +113,19 @@ async fn run(config: ServeConfig) -> Result<()> {
         open: std::sync::Arc::new(OpenExports::default()),
         metrics: metrics.clone(),
         space: SpaceWatch::new(config.space_warning_percent.clone()),
-        receiving: Default::default(),
-        sending: Default::default(),
+        receiving,
+        sending,
+        replication: replication.clone(),
     };
-    let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
     info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
     println!("{}", connection_hints(&config, &control)?);
-    let exports = PoolExports::new(open.pool.clone(), control.open.clone(), metrics.clone());
+    let exports = PoolExports::new(
+        open.pool.clone(),
+        control.open.clone(),
+        metrics.clone(),
+        replication.store.clone(),
+    );
     let limits = arbor_nbd::ServerConfig {
         max_connections: config.nbd_max_connections,
         max_bytes_total: config.nbd_memory_limit,
@@ -132,8 +151,14 @@ async fn run(config: ServeConfig) -> Result<()> {
         ));
     }
     tasks.spawn(api.serve(api::router(control), stop.clone()));
+    if let Some(listener) = replication_listener {
+        info!(listen = ?listener.local_addr().ok(), "replication listener");
+        tasks.spawn(replication.clone().serve(listener));
+    }
+    replication.start_pairs();
 
     let served = supervise(&mut tasks, &stop, termination_signal()).await;
+    replication.stop_pairs().await;
     info!("closing the pool");
     let closed = tokio::task::spawn_blocking(move || open.close())
         .await

@@ -210,6 +210,7 @@ pub async fn receive(
     Query(q): Query<ReceiveQuery>,
     body: Body,
 ) -> ApiResult<Json<ReceivedView>> {
+    super::api::not_replica(&c, &volume)?;
     let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
         let connections = c.open.count(id);

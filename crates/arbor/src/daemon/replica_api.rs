@@ -1,0 +1,193 @@
+//! `/v1/replicas`: replication pairs and replicas over the API (`arbor
+//! replica ...`).
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+
+use super::api::{ApiError, ApiResult};
+use super::control::PoolControl;
+use super::replication::CycleFailure;
+use crate::error_code::ErrorCode;
+use crate::model::{
+    ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
+};
+use arbor_replica::state::{Pair, StateError};
+
+/// Shortest interval between cycles.
+const MIN_INTERVAL_SECS: u64 = 1;
+/// Interval when none is given.
+const DEFAULT_INTERVAL_SECS: u64 = 60;
+
+fn state_error(e: StateError) -> ApiError {
+    match e {
+        StateError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
+        StateError::Invalid(m) => ApiError::new(ErrorCode::InvalidArgument, m),
+        other => ApiError::from(anyhow::Error::new(other)),
+    }
+}
+
+fn cycle_error(f: CycleFailure) -> ApiError {
+    let code = match f.kind {
+        "diverged" | "cycle" | "not_allowed" => ErrorCode::Conflict,
+        "no_space" => ErrorCode::NoSpace,
+        "busy" => ErrorCode::Busy,
+        "connection" => ErrorCode::Io,
+        _ => ErrorCode::Internal,
+    };
+    ApiError::new(code, format!("{} ({})", f.message, f.kind))
+}
+
+/// `GET /v1/replicas`.
+pub async fn list(State(c): State<PoolControl>) -> Json<ReplicasView> {
+    Json(c.replication.view())
+}
+
+/// `POST /v1/replicas`: adds a pair; its first cycle starts at once.
+pub async fn add(
+    State(c): State<PoolControl>,
+    Json(req): Json<ReplicaAddRequest>,
+) -> ApiResult<(StatusCode, Json<ReplicasView>)> {
+    c.pool
+        .lookup(&req.volume)
+        .map_err(|e| ApiError::from(anyhow::Error::new(e)))?;
+    let remote = req
+        .remote_volume
+        .clone()
+        .unwrap_or_else(|| req.volume.clone());
+    arbor_engine::check_volume_name(&remote)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))?;
+    let valid_target = req
+        .target
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !valid_target {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("target {:?} is not HOST:PORT", req.target),
+        ));
+    }
+    let interval = req.interval_secs.unwrap_or(DEFAULT_INTERVAL_SECS);
+    if interval < MIN_INTERVAL_SECS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "the interval must be at least 1s".into(),
+        ));
+    }
+    if req.rate_limit == Some(0) || req.keep == Some(0) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "a rate limit and a retention count must be above zero (leave them out for none)"
+                .into(),
+        ));
+    }
+    let pair = Pair {
+        volume: req.volume,
+        target: req.target,
+        remote_volume: remote,
+        identity: req.identity,
+        rate_limit: req.rate_limit,
+        interval_secs: interval,
+        keep: req.keep,
+        seeded: req.seeded,
+        resync: false,
+    };
+    c.replication.add(pair).map_err(state_error)?;
+    Ok((StatusCode::CREATED, Json(c.replication.view())))
+}
+
+/// `DELETE /v1/replicas/{volume}`: removes the volume's pairs (to one
+/// target), releasing their holds.
+pub async fn remove(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+    Query(q): Query<ReplicaQuery>,
+) -> ApiResult<StatusCode> {
+    c.replication
+        .remove(&volume, q.target.as_deref())
+        .await
+        .map_err(state_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn run_pairs(
+    c: &PoolControl,
+    volume: &str,
+    target: Option<&str>,
+) -> ApiResult<Json<Vec<ReplicaRunView>>> {
+    let results = c.replication.run_now(volume, target).await;
+    if results.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("{volume} is not replicated from here"),
+        ));
+    }
+    let mut views = Vec::new();
+    for (_, result) in results {
+        views.push(result.map_err(cycle_error)?);
+    }
+    Ok(Json(views))
+}
+
+/// `POST /v1/replicas/{volume}/run`: a cycle now, answered when it ends.
+pub async fn run(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+    Query(q): Query<ReplicaQuery>,
+) -> ApiResult<Json<Vec<ReplicaRunView>>> {
+    run_pairs(&c, &volume, q.target.as_deref()).await
+}
+
+/// `POST /v1/replicas/{volume}/resync?force=true`: the next cycle rolls a
+/// diverged target back to the newest common snapshot; runs it now.
+pub async fn resync(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+    Query(q): Query<ReplicaQuery>,
+) -> ApiResult<Json<Vec<ReplicaRunView>>> {
+    if !q.force {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "a resync deletes the target's own snapshots of {volume} and discards its \
+                 writes since the newest common snapshot: give --force"
+            ),
+        ));
+    }
+    c.replication
+        .store
+        .edit_pairs(&volume, q.target.as_deref(), |p| p.resync = true)
+        .map_err(state_error)?;
+    run_pairs(&c, &volume, q.target.as_deref()).await
+}
+
+/// `POST /v1/replicas/{volume}/promote`: the replica becomes the writable
+/// master.
+pub async fn promote(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+) -> ApiResult<Json<ReplicaRoleView>> {
+    let role =
+        c.replication
+            .promote(&volume)
+            .await
+            .map_err(|e| match e.downcast::<StateError>() {
+                Ok(s) => state_error(s),
+                Err(e) => ApiError::from(e),
+            })?;
+    Ok(Json(ReplicaRoleView {
+        volume,
+        source: role.source,
+        path: role.path,
+    }))
+}
+
+/// `POST /v1/replicas/{volume}/demote`: the volume becomes a read-only
+/// replica waiting for a source.
+pub async fn demote(
+    State(c): State<PoolControl>,
+    Path(volume): Path<String>,
+) -> ApiResult<StatusCode> {
+    c.replication.demote(&volume).map_err(ApiError::from)?;
+    Ok(StatusCode::NO_CONTENT)
+}

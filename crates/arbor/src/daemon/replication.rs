@@ -1,0 +1,659 @@
+//! Replication in the daemon (`arbor replica`): the listener that receives
+//! replicas (mutual TLS beyond loopback), one task per configured pair
+//! running its cycles on the pair's interval (with exponential backoff
+//! after failures, or at once on `arbor replica run`), and the pairs' status.
+//! The sessions themselves are `arbor-replica`'s.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use arbor_engine::Pool;
+use arbor_replica::proto::RefusalCode;
+use arbor_replica::session::SessionError;
+use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
+use arbor_replica::state::{Pair, Role, Store};
+use arbor_replica::target::{Target, TargetConfig};
+use arbor_replica::tls::{peer_identity, server_name, Tls};
+use arbor_stream::busy::{Claims, Pins};
+use arbor_stream::format::Compression;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::ReplicationConfig;
+use crate::model::{
+    ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState, ReplicasView,
+};
+
+/// Sessions served at once; more connections are closed at once.
+const MAX_SESSIONS: usize = 32;
+/// Stream bytes a target applies between commits of its progress: at most
+/// this is sent again after a cut.
+const CHECKPOINT_BYTES: u64 = 16 << 20;
+/// The longest wait between attempts of a failing pair.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// A connection, TLS or plain.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+/// What one cycle's caller gets back.
+type RunReply = oneshot::Sender<Result<ReplicaRunView, CycleFailure>>;
+
+/// A failed cycle, classified for the API and status.
+#[derive(Debug, Clone)]
+pub struct CycleFailure {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl CycleFailure {
+    fn of(e: &SessionError) -> Self {
+        let kind = match e {
+            SessionError::Refused(r) => match r.code {
+                RefusalCode::NotAllowed => "not_allowed",
+                RefusalCode::Diverged => "diverged",
+                RefusalCode::Cycle => "cycle",
+                RefusalCode::NoSpace => "no_space",
+                RefusalCode::Busy => "busy",
+                RefusalCode::Protocol => "protocol",
+                RefusalCode::Failed => "failed",
+            },
+            SessionError::Io(_) | SessionError::Idle(_) => "connection",
+            SessionError::Proto(_) | SessionError::Unexpected { .. } => "protocol",
+            SessionError::Local(_) => "local",
+            SessionError::Stopped => "stopped",
+        };
+        let message = match e {
+            SessionError::Refused(r) => format!("the target refused: {}: {}", r.code, r.message),
+            other => other.to_string(),
+        };
+        Self { kind, message }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    running_since: Option<Instant>,
+    error: Option<CycleFailure>,
+    last_snapshot: Option<String>,
+    /// When the target's copy was last known current.
+    current_as_of: Option<u64>,
+    last_success: Option<u64>,
+    bytes_sent_total: u64,
+    cycles_ok: u64,
+    cycles_failed: u64,
+    failures: u32,
+    next_run: Option<Instant>,
+}
+
+struct Runner {
+    status: Arc<Mutex<Status>>,
+    progress: Arc<Progress>,
+    runs: mpsc::Sender<RunReply>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Replication on this host.
+pub struct Replication {
+    pool: Arc<Pool>,
+    pub store: Arc<Store>,
+    tls: Option<Tls>,
+    identity: String,
+    idle: Duration,
+    listen: Mutex<Option<SocketAddr>>,
+    config: ReplicationConfig,
+    pins: Arc<Pins>,
+    claims: Arc<Claims>,
+    runners: Mutex<HashMap<String, Runner>>,
+    stop: CancellationToken,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Status fields are plain values set in single steps.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Replication {
+    /// Loads the state and the certificates; starts nothing yet.
+    pub fn new(
+        pool: Arc<Pool>,
+        data_dir: &std::path::Path,
+        config: &ReplicationConfig,
+        pins: Arc<Pins>,
+        claims: Arc<Claims>,
+        stop: CancellationToken,
+    ) -> Result<Arc<Self>> {
+        let store = Store::open(&data_dir.join("replication.json"))?;
+        let tls = match &config.tls {
+            Some(files) => Some(Tls::load(files).context("replication TLS")?),
+            None => None,
+        };
+        let identity = tls
+            .as_ref()
+            .map_or_else(|| config.identity.clone(), |t| t.identity().to_owned());
+        Ok(Arc::new(Self {
+            pool,
+            store: Arc::new(store),
+            tls,
+            identity,
+            idle: config.timeout,
+            listen: Mutex::new(None),
+            config: config.clone(),
+            pins,
+            claims,
+            runners: Mutex::new(HashMap::new()),
+            stop,
+        }))
+    }
+
+    /// Binds the listener, if configured.
+    pub async fn bind(&self) -> Result<Option<TcpListener>> {
+        let Some(addr) = self.config.listen else {
+            return Ok(None);
+        };
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for replication on {addr}"))?;
+        *lock(&self.listen) = listener.local_addr().ok();
+        Ok(Some(listener))
+    }
+
+    fn target(&self) -> Target {
+        Target {
+            pool: Arc::clone(&self.pool),
+            config: Arc::new(TargetConfig {
+                identity: self.identity.clone(),
+                allow: self.config.allow.clone(),
+                idle: self.idle,
+                checkpoint_bytes: CHECKPOINT_BYTES,
+            }),
+            store: Arc::clone(&self.store),
+            claims: Arc::clone(&self.claims),
+            pins: Arc::clone(&self.pins),
+        }
+    }
+
+    /// Accepts sessions until stopped, then ends those running (a receive
+    /// cut so keeps what it committed).
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<()> {
+        let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
+        let mut sessions = JoinSet::new();
+        loop {
+            let (tcp, from) = tokio::select! {
+                _ = self.stop.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        warn!(error = %e, "replication listener: accept failed");
+                        continue;
+                    }
+                },
+                Some(_) = sessions.join_next(), if !sessions.is_empty() => continue,
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                warn!(%from, "replication: too many sessions; connection closed");
+                continue;
+            };
+            let this = Arc::clone(&self);
+            sessions.spawn(async move {
+                let _slot = slot;
+                if let Err(e) = this.session(tcp, from).await {
+                    warn!(%from, error = %e, "replication session failed");
+                }
+            });
+        }
+        sessions.shutdown().await;
+        Ok(())
+    }
+
+    async fn session(&self, tcp: TcpStream, from: SocketAddr) -> Result<(), SessionError> {
+        let _ = tcp.set_nodelay(true);
+        let target = self.target();
+        let served = match &self.tls {
+            Some(tls) => {
+                let conn = tokio::time::timeout(self.idle, tls.acceptor().accept(tcp))
+                    .await
+                    .map_err(|_| SessionError::Idle(self.idle))??;
+                let peer = peer_identity(conn.get_ref().1)
+                    .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
+                target.serve(&peer, conn).await?
+            }
+            None if from.ip().is_loopback() => {
+                target.serve(arbor_replica::target::LOOPBACK, tcp).await?
+            }
+            None => {
+                return Err(SessionError::Io(std::io::Error::other(format!(
+                    "{from} is not on loopback and this listener has no TLS"
+                ))))
+            }
+        };
+        if !served.received.is_empty() || !served.rolled_back.is_empty() {
+            info!(volume = %served.volume, received = ?served.received, pruned = ?served.pruned, "replica updated");
+        }
+        Ok(())
+    }
+
+    /// Starts the task of every configured pair.
+    pub fn start_pairs(self: &Arc<Self>) {
+        for pair in self.store.pairs() {
+            self.start(pair);
+        }
+    }
+
+    fn start(self: &Arc<Self>, pair: Pair) {
+        let key = pair.key();
+        let (tx, rx) = mpsc::channel(8);
+        let status = Arc::new(Mutex::new(Status::default()));
+        let progress = Arc::new(Progress::default());
+        let task = tokio::spawn(Arc::clone(self).run_pair(
+            key.clone(),
+            rx,
+            Arc::clone(&status),
+            Arc::clone(&progress),
+        ));
+        let runner = Runner {
+            status,
+            progress,
+            runs: tx,
+            task,
+        };
+        if let Some(old) = lock(&self.runners).insert(key, runner) {
+            old.task.abort();
+        }
+    }
+
+    /// Stops every pair's task.
+    pub async fn stop_pairs(&self) {
+        let runners: Vec<Runner> = lock(&self.runners).drain().map(|(_, r)| r).collect();
+        for r in runners {
+            r.task.abort();
+            let _ = r.task.await;
+        }
+    }
+
+    async fn run_pair(
+        self: Arc<Self>,
+        key: String,
+        mut runs: mpsc::Receiver<RunReply>,
+        status: Arc<Mutex<Status>>,
+        progress: Arc<Progress>,
+    ) {
+        if let Some(pair) = self.pair(&key) {
+            let pool = Arc::clone(&self.pool);
+            let last = tokio::task::spawn_blocking(move || held_snapshot(&pool, &pair))
+                .await
+                .ok()
+                .flatten();
+            if let Some((name, created)) = last {
+                let mut s = lock(&status);
+                s.last_snapshot = Some(name);
+                s.current_as_of = Some(created);
+            }
+        }
+        let mut next = Instant::now();
+        loop {
+            lock(&status).next_run = Some(next);
+            let reply = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next.into()) => None,
+                r = runs.recv() => match r {
+                    Some(r) => Some(r),
+                    None => return,
+                },
+            };
+            let Some(pair) = self.pair(&key) else { return };
+            {
+                let mut s = lock(&status);
+                s.running_since = Some(Instant::now());
+                s.next_run = None;
+            }
+            let started = now_secs();
+            let result = tokio::select! {
+                r = self.cycle(&pair, &progress) => r,
+                _ = self.stop.cancelled() => Err(SessionError::Stopped),
+            };
+            let interval = Duration::from_secs(pair.interval_secs.max(1));
+            let outcome = {
+                let mut s = lock(&status);
+                s.running_since = None;
+                s.bytes_sent_total += progress.wire_bytes.swap(0, Ordering::Relaxed);
+                match result {
+                    Ok(report) => {
+                        s.error = None;
+                        s.failures = 0;
+                        s.cycles_ok += 1;
+                        s.last_success = Some(now_secs());
+                        if let Some((name, created)) = &report.replicated {
+                            s.last_snapshot = Some(name.clone());
+                            // Unchanged since its newest snapshot, which the
+                            // target has: current as of this cycle.
+                            let unchanged = report.taken.is_none()
+                                && report.sent.is_empty()
+                                && self.store.role(&pair.volume).is_none();
+                            s.current_as_of = Some(if unchanged { started } else { *created });
+                        }
+                        next = Instant::now() + interval;
+                        if pair.resync {
+                            let _ = self
+                                .store
+                                .edit_pairs(&pair.volume, Some(&pair.target), |p| p.resync = false);
+                        }
+                        Ok(run_view(&pair, report))
+                    }
+                    Err(e) => {
+                        let failure = CycleFailure::of(&e);
+                        warn!(pair = %key, kind = failure.kind, error = %failure.message, "replication cycle failed");
+                        s.error = Some(failure.clone());
+                        s.failures = s.failures.saturating_add(1);
+                        s.cycles_failed += 1;
+                        let backoff =
+                            Duration::from_secs(1u64 << s.failures.min(9).saturating_sub(1))
+                                .min(MAX_BACKOFF);
+                        next = Instant::now() + backoff;
+                        Err(failure)
+                    }
+                }
+            };
+            if let Some(reply) = reply {
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    fn pair(&self, key: &str) -> Option<Pair> {
+        self.store.pairs().into_iter().find(|p| p.key() == key)
+    }
+
+    async fn connect(&self, pair: &Pair) -> Result<Box<dyn Io>, SessionError> {
+        let tcp = tokio::time::timeout(self.idle, TcpStream::connect(&pair.target))
+            .await
+            .map_err(|_| SessionError::Idle(self.idle))??;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Some(tls) => {
+                let expected = pair.identity.as_deref().unwrap_or(pair.host());
+                let name = server_name(expected)
+                    .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
+                let conn = tokio::time::timeout(self.idle, tls.connector().connect(name, tcp))
+                    .await
+                    .map_err(|_| SessionError::Idle(self.idle))??;
+                Ok(Box::new(conn))
+            }
+            None if tcp.peer_addr()?.ip().is_loopback() => Ok(Box::new(tcp)),
+            None => Err(SessionError::Io(std::io::Error::other(format!(
+                "{} is not on loopback: replication beyond loopback needs TLS (tls_ca, tls_cert, tls_key)",
+                pair.target
+            )))),
+        }
+    }
+
+    async fn cycle(&self, pair: &Pair, progress: &Progress) -> Result<CycleReport, SessionError> {
+        // Connect first: an unreachable target costs no snapshot.
+        let conn = self.connect(pair).await?;
+        let ctx = SourceContext {
+            pool: Arc::clone(&self.pool),
+            pins: Arc::clone(&self.pins),
+            identity: self.identity.clone(),
+            upstream: self.store.role(&pair.volume).map(|r| r.path),
+            idle: self.idle,
+            compression: Compression::Zstd { level: 1 },
+        };
+        source::cycle(&ctx, pair, conn, progress).await
+    }
+
+    /// Adds a pair and starts it.
+    pub fn add(self: &Arc<Self>, pair: Pair) -> Result<(), arbor_replica::state::StateError> {
+        self.store.add_pair(pair.clone())?;
+        self.start(pair);
+        Ok(())
+    }
+
+    /// Removes the pairs of `volume` (to `target`), releasing their holds.
+    pub async fn remove(
+        &self,
+        volume: &str,
+        target: Option<&str>,
+    ) -> Result<Vec<Pair>, arbor_replica::state::StateError> {
+        let gone = self.store.remove_pairs(volume, target)?;
+        for pair in &gone {
+            let runner = lock(&self.runners).remove(&pair.key());
+            if let Some(r) = runner {
+                r.task.abort();
+                let _ = r.task.await;
+            }
+            let pool = Arc::clone(&self.pool);
+            let p = pair.clone();
+            let _ = tokio::task::spawn_blocking(move || release_holds(&pool, &p)).await;
+        }
+        Ok(gone)
+    }
+
+    /// Runs a cycle of each pair of `volume` (to `target`) now and waits
+    /// for the results.
+    pub async fn run_now(
+        &self,
+        volume: &str,
+        target: Option<&str>,
+    ) -> Vec<(String, Result<ReplicaRunView, CycleFailure>)> {
+        let senders: Vec<(String, mpsc::Sender<RunReply>)> = lock(&self.runners)
+            .iter()
+            .filter(|(_, _)| true)
+            .filter_map(|(key, r)| {
+                let pair = self.pair(key)?;
+                (pair.volume == volume && target.is_none_or(|t| pair.target == t))
+                    .then(|| (key.clone(), r.runs.clone()))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (key, runs) in senders {
+            let (tx, rx) = oneshot::channel();
+            let result = match runs.send(tx).await {
+                Ok(()) => rx.await.unwrap_or_else(|_| {
+                    Err(CycleFailure {
+                        kind: "stopped",
+                        message: "the pair was removed or the daemon is stopping".into(),
+                    })
+                }),
+                Err(_) => Err(CycleFailure {
+                    kind: "stopped",
+                    message: "the pair's task has ended".into(),
+                }),
+            };
+            out.push((key, result));
+        }
+        out
+    }
+
+    /// Status of every pair and replica.
+    pub fn view(&self) -> ReplicasView {
+        let runners = lock(&self.runners);
+        let mut pairs: Vec<ReplicaPairView> = self
+            .store
+            .pairs()
+            .into_iter()
+            .map(|pair| {
+                let runner = runners.get(&pair.key());
+                pair_view(&pair, runner)
+            })
+            .collect();
+        pairs.sort_by(|a, b| (&a.volume, &a.target).cmp(&(&b.volume, &b.target)));
+        let replicas = self
+            .store
+            .replicas()
+            .into_iter()
+            .map(|(volume, role)| ReplicaRoleView {
+                volume,
+                source: role.source,
+                path: role.path,
+            })
+            .collect();
+        ReplicasView {
+            identity: self.identity.clone(),
+            listen: lock(&self.listen).map(|a| a.to_string()),
+            pairs,
+            replicas,
+        }
+    }
+
+    /// Whether `volume` is a replica here (read-only).
+    pub fn is_replica(&self, volume: &str) -> bool {
+        self.store.role(volume).is_some()
+    }
+
+    /// Makes replica `volume` the writable master.
+    pub async fn promote(&self, volume: &str) -> Result<Role> {
+        let role = self.store.clear_role(volume)?;
+        let pool = Arc::clone(&self.pool);
+        let v = volume.to_owned();
+        // A receive left half done can never finish now.
+        tokio::task::spawn_blocking(move || pool.abort_receive(&v))
+            .await
+            .context("engine task failed")??;
+        info!(volume, source = ?role.source, "promoted: the replica is now writable");
+        Ok(role)
+    }
+
+    /// Makes `volume` a replica, waiting for a source (read-only from now).
+    pub fn demote(&self, volume: &str) -> Result<()> {
+        self.pool.lookup(volume)?;
+        if self
+            .store
+            .pairs()
+            .iter()
+            .any(|p| p.volume == volume && self.store.role(volume).is_none())
+        {
+            // Its pairs would keep sending a volume that now receives.
+            anyhow::bail!(crate::exit::Fail::new(
+                crate::exit::Exit::Usage,
+                format!("{volume} is replicated from here: `arbor replica remove {volume}` first"),
+            ));
+        }
+        self.store.set_role(
+            volume,
+            Role {
+                source: None,
+                path: Vec::new(),
+            },
+        )?;
+        info!(
+            volume,
+            "demoted: the volume is a read-only replica, waiting for its source"
+        );
+        Ok(())
+    }
+}
+
+/// The snapshot carrying `pair`'s hold, and when it was taken.
+fn held_snapshot(pool: &Pool, pair: &Pair) -> Option<(String, u64)> {
+    let id = pool.lookup(&pair.volume).ok()?;
+    let tag = pair.hold_tag();
+    arbor_replica::local::snapshots_of(pool, id)
+        .ok()?
+        .into_iter()
+        .rev()
+        .find(|s| pool.holds(s.id).is_ok_and(|h| h.contains(&tag)))
+        .map(|s| (s.name, s.created_unix_secs))
+}
+
+fn release_holds(pool: &Pool, pair: &Pair) {
+    let Ok(id) = pool.lookup(&pair.volume) else {
+        return;
+    };
+    let tag = pair.hold_tag();
+    for s in arbor_replica::local::snapshots_of(pool, id).unwrap_or_default() {
+        if pool.holds(s.id).is_ok_and(|h| h.contains(&tag)) {
+            if let Err(e) = pool.release(&s.name, &tag) {
+                warn!(snapshot = %s.name, error = %e, "cannot release a replication hold");
+            }
+        }
+    }
+}
+
+fn run_view(pair: &Pair, report: CycleReport) -> ReplicaRunView {
+    ReplicaRunView {
+        pair: pair.key(),
+        taken: report.taken,
+        sent: report.sent.iter().map(|s| s.snapshot.clone()).collect(),
+        resumed_from: report.sent.iter().map(|s| s.resumed_from).collect(),
+        wire_bytes: report.wire_bytes,
+        replicated: report.replicated.map(|(n, _)| n),
+        rolled_back: report.rolled_back,
+        pruned: report.pruned,
+    }
+}
+
+fn pair_view(pair: &Pair, runner: Option<&Runner>) -> ReplicaPairView {
+    let now = Instant::now();
+    let mut view = ReplicaPairView {
+        volume: pair.volume.clone(),
+        target: pair.target.clone(),
+        remote_volume: pair.remote_volume.clone(),
+        state: ReplicaState::Idle,
+        error: None,
+        error_kind: None,
+        last_snapshot: None,
+        recovery_point_secs: None,
+        last_success: None,
+        bytes_sent_total: 0,
+        cycles_ok: 0,
+        cycles_failed: 0,
+        failures: 0,
+        cycle: None,
+        next_run_secs: None,
+        interval_secs: pair.interval_secs,
+        rate_limit: pair.rate_limit,
+        keep: pair.keep,
+        seeded: pair.seeded,
+        resync: pair.resync,
+    };
+    let Some(runner) = runner else { return view };
+    let s = lock(&runner.status);
+    view.last_snapshot = s.last_snapshot.clone();
+    view.recovery_point_secs = s.current_as_of.map(|t| now_secs().saturating_sub(t));
+    view.last_success = s.last_success;
+    view.cycles_ok = s.cycles_ok;
+    view.cycles_failed = s.cycles_failed;
+    view.failures = s.failures;
+    view.next_run_secs = s
+        .next_run
+        .map(|t| t.saturating_duration_since(now).as_secs());
+    let in_cycle = runner.progress.wire_bytes.load(Ordering::Relaxed);
+    view.bytes_sent_total = s.bytes_sent_total + in_cycle;
+    if let Some(e) = &s.error {
+        view.state = ReplicaState::Failed;
+        view.error = Some(e.message.clone());
+        view.error_kind = Some(e.kind.to_owned());
+    }
+    if let Some(since) = s.running_since {
+        view.state = ReplicaState::Running;
+        let elapsed = now.duration_since(since).as_secs_f64();
+        let p = &runner.progress;
+        view.cycle = Some(ReplicaCycleView {
+            snapshot: lock(&p.snapshot).clone(),
+            stream_sent: p.stream_sent.load(Ordering::Relaxed),
+            stream_total: p.stream_total.load(Ordering::Relaxed),
+            wire_bytes: in_cycle,
+            elapsed_secs: elapsed,
+            bytes_per_sec: if elapsed > 0.0 {
+                in_cycle as f64 / elapsed
+            } else {
+                0.0
+            },
+        });
+    }
+    view
+}
