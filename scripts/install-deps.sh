@@ -9,7 +9,7 @@ declare -A PACKAGES=(
   [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [nbdfuse]=libnbd-bin
   [nbdkit]=nbdkit [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils
   [fio]=fio [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs
-  [losetup]=util-linux
+  [losetup]=util-linux [openssl]=openssl [ip]=iproute2 [tc]=iproute2
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph-mgr]=ceph-mgr [ceph]=ceph-common [rbd]=ceph-common
 )
 missing=()
