@@ -26,6 +26,9 @@ use crate::{small_create_opts, small_open_opts, MIB};
 #[path = "../../fuzz/fuzz_targets/decode_blocks.rs"]
 mod decode_blocks;
 #[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/decode_session.rs"]
+mod decode_session;
+#[allow(unused_attributes)]
 #[path = "../../fuzz/fuzz_targets/decode_stream.rs"]
 mod decode_stream;
 #[allow(unused_attributes)]
@@ -50,7 +53,7 @@ pub struct Target {
     pub fuzz_dir: &'static str,
 }
 
-pub const TARGETS: [Target; 5] = [
+pub const TARGETS: [Target; 6] = [
     Target {
         name: "decode_blocks",
         run: decode_blocks::run,
@@ -69,6 +72,13 @@ pub const TARGETS: [Target; 5] = [
         name: "decode_stream",
         run: decode_stream::run,
         seeds: stream_seeds,
+        mutate,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "decode_session",
+        run: decode_session::run,
+        seeds: session_seeds,
         mutate,
         fuzz_dir: "fuzz",
     },
@@ -263,6 +273,82 @@ fn block_seeds() -> Vec<Vec<u8>> {
 /// the target's base pattern, resumed, empty; whole and in pieces, as sent
 /// and re-sealed (so that mutations get past the checksums); and a resume
 /// token.
+/// Replication sessions as they go: a source's and a target's messages,
+/// each after a flags byte (whole, in small pieces, re-sealed).
+fn session_seeds() -> Vec<Vec<u8>> {
+    use arbor_replica::proto::*;
+    use arbor_stream::format::Guid;
+    let guid = |n: u8| WireGuid(Guid([n; 16]));
+    let source = [
+        Message::Hello(Hello {
+            volume: "vm1".into(),
+            snapshots: vec![
+                SnapshotEntry {
+                    guid: guid(2),
+                    name: "vm1@repl-2".into(),
+                    created: 1_700_000_100,
+                },
+                SnapshotEntry {
+                    guid: guid(1),
+                    name: "vm1@repl-1".into(),
+                    created: 1_700_000_000,
+                },
+            ],
+            path: vec!["alpha".into(), "beta".into()],
+            seeded: false,
+            force: true,
+        }),
+        Message::Begin(Begin {
+            abort_partial: true,
+        }),
+        Message::Data(stream_seeds().into_iter().next().unwrap_or_default()),
+        Message::Done,
+        Message::End,
+    ];
+    let target = [
+        Message::Plan(Plan {
+            common: Some(guid(1)),
+            resume: Some(
+                arbor_stream::format::ResumeToken {
+                    target: Guid([2; 16]),
+                    base: Some(Guid([1; 16])),
+                    offset: 65536,
+                    volume_size: 4 * MIB,
+                }
+                .encode(),
+            ),
+            rolled_back: vec!["vm1@local".into()],
+        }),
+        Message::Received(Received {
+            snapshot: "vm1@repl-2".into(),
+            guid: guid(2),
+            stream_bytes: 4096,
+            resumed_from: 65536,
+        }),
+        Message::Refuse(Refusal {
+            code: RefusalCode::Diverged,
+            message: "vm1 diverged".into(),
+        }),
+        Message::Failed(Refusal {
+            code: RefusalCode::NoSpace,
+            message: "full".into(),
+        }),
+    ];
+    let mut seeds = Vec::new();
+    for side in [&source[..], &target[..]] {
+        let mut wire = Vec::new();
+        for m in side {
+            encode(m, &mut wire);
+        }
+        for flags in [0u8, 0x03, 0x80 | 0x11] {
+            let mut seed = vec![flags];
+            seed.extend_from_slice(&wire);
+            seeds.push(seed);
+        }
+    }
+    seeds
+}
+
 fn stream_seeds() -> Vec<Vec<u8>> {
     use arbor_stream::format::{Compression, Encoder, Guid, Header, ResumeToken, StreamError};
     let header = |base: Option<Guid>, resume_offset: u64| Header {
