@@ -149,8 +149,19 @@ impl Target {
             blocking(move || {
                 let local = local::view(&pool, &hello.volume).map_err(StreamFailure::from)?;
                 let decision = plan::decide(&hello, &local).map_err(SessionError::Refused)?;
-                let resume = resume_token(&pool, &hello.volume)?.map(|t| t.encode());
-                Ok((decision, resume))
+                let mut resume = resume_token(&pool, &hello.volume)?;
+                // A receive of a snapshot the source no longer lists can
+                // never be resumed: it goes, rather than hold space.
+                let listed =
+                    |g: &arbor_stream::format::Guid| hello.snapshots.iter().any(|s| s.guid.0 == *g);
+                if let Some(t) = resume {
+                    if !listed(&t.target) || t.base.as_ref().is_some_and(|b| !listed(b)) {
+                        pool.abort_receive(&hello.volume)
+                            .map_err(StreamFailure::from)?;
+                        resume = None;
+                    }
+                }
+                Ok((decision, resume.map(|t| t.encode())))
             })
             .await?
         };

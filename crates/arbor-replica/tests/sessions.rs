@@ -414,3 +414,30 @@ async fn a_full_target_pool_says_so_and_keeps_what_arrived() {
         .unwrap()
         .is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_received_snapshot_the_source_no_longer_has_is_dropped() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 200);
+    let ab = pair("vm1", "beta");
+    let (report, _) = cycle(&a, &ab, &b, Some(3 * MIB as usize)).await;
+    assert!(report.is_err());
+    let token = arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .expect("a partial receive");
+    // The source loses that snapshot before the next cycle.
+    let gone = a.newest("vm1");
+    a.pool.delete(&gone).unwrap();
+    a.write_random("vm1", &mut rng, 5);
+    let report = cycle(&a, &ab, &b, None).await.0.unwrap();
+    assert_eq!(report.sent.len(), 1);
+    assert_eq!(report.sent[0].resumed_from, 0);
+    // (The new snapshot may reuse the name within the same second; its
+    // identity is new.)
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
+    assert!(b.pool.find_guid(&token.target.0).unwrap().is_none());
+    assert!(b.pool.check().unwrap().is_clean());
+}
