@@ -244,7 +244,25 @@ impl Replication {
         if !served.received.is_empty() || !served.rolled_back.is_empty() {
             info!(volume = %served.volume, received = ?served.received, pruned = ?served.pruned, "replica updated");
         }
+        if !served.received.is_empty() {
+            self.pass_on(&served.volume);
+        }
         Ok(())
+    }
+
+    /// Starts a cycle of every pair sending `volume` from here, without
+    /// waiting for their interval: a replica passes what it received on
+    /// at once, so each hop of a chain adds its transfer, not its interval.
+    fn pass_on(&self, volume: &str) {
+        let runners = lock(&self.runners);
+        for (key, runner) in runners.iter() {
+            if self.pair(key).is_some_and(|p| p.volume == volume) {
+                // Nobody waits for this cycle's result; a cycle already
+                // queued or running will see the new snapshot anyway.
+                let (reply, _) = oneshot::channel();
+                let _ = runner.runs.try_send(reply);
+            }
+        }
     }
 
     /// Starts the task of every configured pair.
