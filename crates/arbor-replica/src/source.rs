@@ -149,12 +149,13 @@ fn prepare(
         };
         if changed {
             let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-            let mut name = format!("{volume}@{SNAPSHOT_PREFIX}{stamp}");
-            let mut n = 1;
-            while pool.lookup(&name).is_ok() {
-                n += 1;
-                name = format!("{volume}@{SNAPSHOT_PREFIX}{stamp}.{n}");
-            }
+            let newest = snaps
+                .iter()
+                .rev()
+                .filter_map(|s| s.name.split_once('@'))
+                .find_map(|(_, snap)| snap.strip_prefix(SNAPSHOT_PREFIX))
+                .and_then(stamp_of);
+            let name = format!("{volume}@{SNAPSHOT_PREFIX}{}", next_stamp(&stamp, newest));
             pool.snapshot(&name)?;
             taken = Some(name);
         }
@@ -170,6 +171,27 @@ fn prepare(
         })
         .collect();
     Ok((taken, snaps))
+}
+
+/// A replication snapshot's time stamp and sequence number: `T` is
+/// `(T, 1)`, `T.N` is `(T, N)`.
+fn stamp_of(name: &str) -> Option<(String, u32)> {
+    match name.rsplit_once('.') {
+        Some((stamp, n)) => Some((stamp.to_owned(), n.parse().ok()?)),
+        None => Some((name.to_owned(), 1)),
+    }
+}
+
+/// The name part of the next replication snapshot: the time `now`, or,
+/// when the newest one is as late (several cycles in a second, or a clock
+/// set back), the newest's with its sequence number increased. Names only
+/// grow, so one pruned here is never given to another snapshot (a target
+/// that keeps more may still have it).
+fn next_stamp(now: &str, newest: Option<(String, u32)>) -> String {
+    match newest {
+        Some((stamp, n)) if stamp.as_str() >= now => format!("{stamp}.{}", n.saturating_add(1)),
+        _ => now.to_owned(),
+    }
 }
 
 /// Runs one cycle of `pair` over `conn`, a connection to its target.
@@ -481,5 +503,26 @@ where
             expected: "received",
             got: other.name(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replication_snapshot_names_only_grow() {
+        let t1 = "2026-11-24T01:31:00Z";
+        let t2 = "2026-11-24T01:31:01Z";
+        assert_eq!(next_stamp(t1, None), t1);
+        assert_eq!(next_stamp(t2, stamp_of(t1)), t2);
+        assert_eq!(next_stamp(t1, stamp_of(t1)), format!("{t1}.2"));
+        assert_eq!(
+            next_stamp(t1, stamp_of(&format!("{t1}.9"))),
+            format!("{t1}.10")
+        );
+        // A clock set back still gives a later name.
+        assert_eq!(next_stamp(t1, stamp_of(t2)), format!("{t2}.2"));
+        assert_eq!(stamp_of("x.y"), None);
     }
 }

@@ -441,3 +441,24 @@ async fn a_half_received_snapshot_the_source_no_longer_has_is_dropped() {
     assert!(b.pool.find_guid(&token.target.0).unwrap().is_none());
     assert!(b.pool.check().unwrap().is_clean());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_never_hands_a_pruned_name_to_a_new_snapshot() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    let mut ab = pair("vm1", "beta");
+    ab.keep = Some(1);
+    // Cycles faster than the clock's seconds: the master prunes names the
+    // target (keeping all) still has.
+    for _ in 0..5 {
+        a.write_random("vm1", &mut rng, 2);
+        let report = cycle(&a, &ab, &b, None).await.0.unwrap();
+        assert_eq!(report.sent.len(), 1, "{report:?}");
+    }
+    assert_eq!(a.snapshots("vm1").len(), 1);
+    let names = b.snapshots("vm1");
+    assert_eq!(names.len(), 5);
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
+}

@@ -292,7 +292,14 @@ async fn delete(
     Path(name): Path<String>,
     Query(query): Query<DestroyQuery>,
 ) -> ApiResult<StatusCode> {
+    let replication = c.replication.clone();
+    let volume = name.clone();
     blocking(c, move |c| c.destroy(&name, query.force)).await?;
+    // A destroyed replica is no replica any more: a volume created later
+    // under its name is an ordinary, writable one.
+    if !volume.contains('@') && replication.is_replica(&volume) {
+        replication.forget(&volume)?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -323,7 +330,8 @@ async fn rename(
     Path(name): Path<String>,
     Json(req): Json<RenameRequest>,
 ) -> ApiResult<Json<VolumeView>> {
-    not_replica(&c, &name)?;
+    // Renaming a replica's snapshot would break its match with the source's.
+    not_replica(&c, name.split_once('@').map_or(name.as_str(), |(v, _)| v))?;
     blocking(c, move |c| c.rename(&name, &req.to))
         .await
         .map(Json)

@@ -16,7 +16,7 @@ use arbor_replica::proto::RefusalCode;
 use arbor_replica::session::SessionError;
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
 use arbor_replica::state::{Pair, Role, Store};
-use arbor_replica::target::{Target, TargetConfig};
+use arbor_replica::target::{Target, TargetConfig, UPSTREAM_HOLD};
 use arbor_replica::tls::{peer_identity, server_name, Tls};
 use arbor_stream::busy::{Claims, Pins};
 use arbor_stream::format::Compression;
@@ -532,15 +532,32 @@ impl Replication {
         self.store.role(volume).is_some()
     }
 
+    /// Forgets that `volume` (destroyed) was a replica.
+    pub fn forget(&self, volume: &str) -> Result<()> {
+        self.store.clear_role(volume)?;
+        info!(volume, "a destroyed replica is forgotten");
+        Ok(())
+    }
+
     /// Makes replica `volume` the writable master.
     pub async fn promote(&self, volume: &str) -> Result<Role> {
         let role = self.store.clear_role(volume)?;
         let pool = Arc::clone(&self.pool);
         let v = volume.to_owned();
-        // A receive left half done can never finish now.
-        tokio::task::spawn_blocking(move || pool.abort_receive(&v))
-            .await
-            .context("engine task failed")??;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            // A receive left half done can never finish now, and the hold
+            // that kept the base of the next one has no purpose.
+            pool.abort_receive(&v)?;
+            let id = pool.lookup(&v)?;
+            for s in arbor_replica::local::snapshots_of(&pool, id)? {
+                if pool.holds(s.id)?.iter().any(|t| t == UPSTREAM_HOLD) {
+                    pool.release(&s.name, UPSTREAM_HOLD)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .context("engine task failed")??;
         info!(volume, source = ?role.source, "promoted: the replica is now writable");
         Ok(role)
     }
