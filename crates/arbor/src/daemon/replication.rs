@@ -378,9 +378,13 @@ impl Replication {
                         s.error = Some(failure.clone());
                         s.failures = s.failures.saturating_add(1);
                         s.cycles_failed += 1;
+                        // Doubling from 1 s, but never longer than the
+                        // interval: a target back after an outage is
+                        // caught up within an interval, not a backoff.
                         let backoff =
                             Duration::from_secs(1u64 << s.failures.min(9).saturating_sub(1))
-                                .min(MAX_BACKOFF);
+                                .min(MAX_BACKOFF)
+                                .min(interval);
                         next = Instant::now() + backoff;
                         Err(failure)
                     }
