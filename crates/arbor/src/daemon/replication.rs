@@ -334,14 +334,10 @@ impl Replication {
                 },
             };
             let Some(pair) = self.pair(&key) else { return };
-            {
-                let mut s = lock(&status);
-                s.running_since = Some(Instant::now());
-                s.next_run = None;
-            }
+            lock(&status).next_run = None;
             let started = now_secs();
             let result = tokio::select! {
-                r = self.cycle(&pair, &progress) => r,
+                r = self.cycle(&pair, &progress, &status) => r,
                 _ = self.stop.cancelled() => Err(SessionError::Stopped),
             };
             let interval = Duration::from_secs(pair.interval_secs.max(1));
@@ -401,9 +397,15 @@ impl Replication {
     }
 
     async fn connect(&self, pair: &Pair) -> Result<Box<dyn Io>, SessionError> {
+        let timed_out = |what: &str| {
+            SessionError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{what} {} took over {:?}", pair.target, self.idle),
+            ))
+        };
         let tcp = tokio::time::timeout(self.idle, TcpStream::connect(&pair.target))
             .await
-            .map_err(|_| SessionError::Idle(self.idle))??;
+            .map_err(|_| timed_out("connecting to"))??;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             Some(tls) => {
@@ -412,7 +414,7 @@ impl Replication {
                     .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
                 let conn = tokio::time::timeout(self.idle, tls.connector().connect(name, tcp))
                     .await
-                    .map_err(|_| SessionError::Idle(self.idle))??;
+                    .map_err(|_| timed_out("the TLS handshake with"))??;
                 Ok(Box::new(conn))
             }
             None if tcp.peer_addr()?.ip().is_loopback() => Ok(Box::new(tcp)),
@@ -423,9 +425,15 @@ impl Replication {
         }
     }
 
-    async fn cycle(&self, pair: &Pair, progress: &Progress) -> Result<CycleReport, SessionError> {
+    async fn cycle(
+        &self,
+        pair: &Pair,
+        progress: &Progress,
+        status: &Mutex<Status>,
+    ) -> Result<CycleReport, SessionError> {
         // Connect first: an unreachable target costs no snapshot.
         let conn = self.connect(pair).await?;
+        lock(status).running_since = Some(Instant::now());
         let ctx = SourceContext {
             pool: Arc::clone(&self.pool),
             pins: Arc::clone(&self.pins),
