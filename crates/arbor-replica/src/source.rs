@@ -54,7 +54,8 @@ pub struct SourceContext {
 /// A cycle's progress, read by status while it runs.
 #[derive(Debug, Default)]
 pub struct Progress {
-    /// Bytes written to the connection this cycle.
+    /// Bytes written to the connection this cycle (data frames as they
+    /// go; every byte once the cycle ends).
     pub wire_bytes: AtomicU64,
     /// Stream bytes the current stream will carry at most (its estimate).
     pub stream_total: AtomicU64,
@@ -214,6 +215,8 @@ where
         }
     }
     writer.shutdown().await;
+    // Every byte written, control messages included, failed cycle or not.
+    progress.wire_bytes.store(writer.bytes, Ordering::Relaxed);
     result.map(|mut report| {
         report.wire_bytes = writer.bytes;
         report

@@ -481,7 +481,6 @@ impl Replication {
     ) -> Vec<(String, Result<ReplicaRunView, CycleFailure>)> {
         let senders: Vec<(String, mpsc::Sender<RunReply>)> = lock(&self.runners)
             .iter()
-            .filter(|(_, _)| true)
             .filter_map(|(key, r)| {
                 let pair = self.pair(key)?;
                 (pair.volume == volume && target.is_none_or(|t| pair.target == t))
