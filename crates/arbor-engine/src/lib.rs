@@ -35,7 +35,7 @@ mod walk;
 pub use arbor_format::Guid;
 pub use check::CheckReport;
 pub use error::{Error, Result};
-pub use names::{check_volume_name, split_snapshot_name};
+pub use names::{check_volume_name, is_name_char, split_snapshot_name};
 pub use pool::{
     guid_hex, CommitObserver, CreateOptions, GrowOptions, GrowReport, MapRun, OpenOptions, Pool,
     PoolStats, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId, VolumeInfo, VolumeStats,

@@ -19,16 +19,19 @@ fn check_component(full: &str, part: &str) -> Result<()> {
     if !first.is_ascii_alphanumeric() {
         return Err(invalid(full, "must start with a letter or digit"));
     }
-    if !part
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
-    {
+    if !part.chars().all(is_name_char) {
         return Err(invalid(
             full,
             "only letters, digits, '-', '_', '.' and ':' are allowed",
         ));
     }
     Ok(())
+}
+
+/// Whether `c` may appear in a name (or a hold tag): letters, digits and
+/// `- _ . :`.
+pub fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')
 }
 
 fn check_len(name: &str) -> Result<()> {

@@ -47,21 +47,42 @@ pub fn view(pool: &Pool, volume: &str) -> Result<Local, Error> {
     })
 }
 
+/// The snapshots of volume `id` that hold `tag` carries, oldest first.
+pub fn held_by(pool: &Pool, id: VolumeId, tag: &str) -> Result<Vec<VolumeInfo>, Error> {
+    let mut held = Vec::new();
+    for snap in snapshots_of(pool, id)? {
+        if pool.holds(snap.id)?.iter().any(|t| t == tag) {
+            held.push(snap);
+        }
+    }
+    Ok(held)
+}
+
+/// Takes hold `tag` off every snapshot of volume `id` but `except`.
+pub fn release_all(
+    pool: &Pool,
+    id: VolumeId,
+    tag: &str,
+    except: Option<VolumeId>,
+) -> Result<(), Error> {
+    for snap in held_by(pool, id, tag)? {
+        if Some(snap.id) != except {
+            pool.release(&snap.name, tag)?;
+        }
+    }
+    Ok(())
+}
+
 /// Puts hold `tag` on snapshot `keep` and takes it off every other
 /// snapshot of the same volume: the hold moves forward, never leaving a
 /// moment without one.
 pub fn move_hold(pool: &Pool, keep: &str, tag: &str) -> Result<(), Error> {
     pool.hold(keep, tag)?;
     let id = pool.lookup(keep)?;
-    let Some(volume) = pool.info(id)?.parent else {
-        return Ok(());
-    };
-    for snap in snapshots_of(pool, volume)? {
-        if snap.id != id && pool.holds(snap.id)?.iter().any(|t| t == tag) {
-            pool.release(&snap.name, tag)?;
-        }
+    match pool.info(id)?.parent {
+        Some(volume) => release_all(pool, volume, tag, Some(id)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Deletes the oldest snapshots of `volume` whose name starts with

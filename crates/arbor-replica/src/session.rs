@@ -62,6 +62,20 @@ impl SessionError {
     }
 }
 
+/// An engine task that panicked or was cancelled.
+pub(crate) fn engine_task_failed(e: tokio::task::JoinError) -> SessionError {
+    SessionError::Io(std::io::Error::other(format!("engine task: {e}")))
+}
+
+/// Runs `f` on a blocking thread (engine calls block on disk I/O).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SessionError> + Send + 'static,
+) -> Result<T, SessionError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(engine_task_failed)?
+}
+
 /// The reading half of a session.
 pub struct Reader<R> {
     inner: R,

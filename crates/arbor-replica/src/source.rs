@@ -26,9 +26,8 @@ use tracing::info;
 use crate::local;
 use crate::plan::{self, Step};
 use crate::proto::{Begin, Hello, Message, SnapshotEntry, WireGuid, MAX_SNAPSHOTS};
-use crate::session::{Reader, SessionError, Writer};
+use crate::session::{blocking, Reader, SessionError, Writer};
 use crate::state::Pair;
-use crate::target::blocking;
 
 /// The name prefix (after the `@`) of the snapshots a master takes for
 /// replication: the ones its retention prunes.
@@ -419,7 +418,7 @@ where
     let pool = Arc::clone(&ctx.pool);
     let pins = Arc::clone(&ctx.pins);
     tokio::task::spawn_blocking(move || {
-        let sender = match Sender::new(&pool, &req) {
+        let mut sender = match Sender::new(&pool, &req) {
             Ok(s) => s,
             Err(e) => {
                 let _ = ready_tx.send(Err(e));
@@ -427,8 +426,7 @@ where
             }
         };
         // Pruning and destroying leave these alone while the stream runs.
-        let (target, base) = sender.snapshots();
-        let _pinned = pins.pin(std::iter::once(target).chain(base).collect());
+        let _pinned = sender.pin(&pins);
         let estimate = match sender.estimate() {
             Ok(e) => e.stream_bytes,
             Err(e) => {
@@ -437,21 +435,9 @@ where
             }
         };
         let _ = ready_tx.send(Ok((sender.header().name.clone(), estimate)));
-        let mut sender = sender;
-        loop {
-            let mut out = Vec::with_capacity(1 << 20);
-            match sender.next(&mut out) {
-                Ok(true) => {
-                    if tx.blocking_send(Ok(out)).is_err() {
-                        return;
-                    }
-                }
-                Ok(false) => return,
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            }
+        // A closed channel is the session ending: nothing to report.
+        if let Err(e) = sender.pump(|piece| tx.blocking_send(Ok(piece)).is_ok()) {
+            let _ = tx.blocking_send(Err(e));
         }
     });
     let (name, estimate) = ready_rx

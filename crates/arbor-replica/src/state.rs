@@ -60,18 +60,16 @@ impl Pair {
     /// The hold tag that keeps this pair's last replicated snapshot.
     pub fn hold_tag(&self) -> String {
         let raw = format!("replica-to:{}:{}", self.target, self.remote_volume);
-        let tag: String = raw
-            .chars()
+        raw.chars()
             .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+                if arbor_engine::is_name_char(c) {
                     c
                 } else {
                     '_'
                 }
             })
             .take(180)
-            .collect();
-        tag
+            .collect()
     }
 
     /// The host part of the target address.

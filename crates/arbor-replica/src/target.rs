@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use crate::local;
 use crate::plan;
 use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
-use crate::session::{Reader, SessionError, Writer};
+use crate::session::{blocking, engine_task_failed, Reader, SessionError, Writer};
 use crate::state::{Role, Store};
 
 /// The hold a target keeps on the newest snapshot it received: the base
@@ -83,15 +83,6 @@ pub struct Served {
 
 fn refusal(code: RefusalCode, message: String) -> SessionError {
     SessionError::Refused(Refusal { code, message })
-}
-
-/// Runs `f` on a blocking thread (engine calls block on disk I/O).
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, SessionError> + Send + 'static,
-) -> Result<T, SessionError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| SessionError::Io(std::io::Error::other(format!("engine task: {e}"))))?
 }
 
 impl Target {
@@ -387,9 +378,7 @@ impl Target {
             let _ = tx.send(Piece::Broken).await;
         }
         drop(tx);
-        let applied = task
-            .await
-            .map_err(|e| SessionError::Io(std::io::Error::other(format!("engine task: {e}"))))?;
+        let applied = task.await.map_err(engine_task_failed)?;
         // A broken connection is the error to report, not the receiver's
         // view of it.
         fed?;

@@ -9,9 +9,11 @@
 //! the work follows the change, not the volume size.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use arbor_engine::{Pool, VolumeId, VolumeInfo};
 
+use crate::busy::{PinGuard, Pins};
 use crate::format::{
     Compression, Encoder, Encoding, Guid, Header, ResumeToken, DATA_HEADER_LEN, FRAME_CRC_LEN,
     FRAME_HEADER_LEN, HEADER_FIXED_LEN, MAX_DATA, MAX_NAME, RANGE_PAYLOAD_LEN, TRAILER_PAYLOAD_LEN,
@@ -313,11 +315,6 @@ impl<'p> Sender<'p> {
         self
     }
 
-    /// The snapshots the stream reads: the target, and the base.
-    pub fn snapshots(&self) -> (VolumeId, Option<VolumeId>) {
-        (self.target, self.base)
-    }
-
     /// The stream's header (identities, size, resume point).
     pub fn header(&self) -> &Header {
         &self.header
@@ -464,6 +461,27 @@ impl<'p> Sender<'p> {
             self.stats.records += 1;
         }
         Ok(false)
+    }
+
+    /// Pins the snapshots this stream reads (destroying or pruning them
+    /// waits for force) while the guard lives.
+    pub fn pin(&self, pins: &Arc<Pins>) -> PinGuard {
+        pins.pin(std::iter::once(self.target).chain(self.base).collect())
+    }
+
+    /// Hands the rest of the stream to `emit`, a piece (about a megabyte)
+    /// at a time, until it ends (true) or `emit` declines a piece because
+    /// its reader went away (false).
+    pub fn pump(&mut self, mut emit: impl FnMut(Vec<u8>) -> bool) -> Result<bool, StreamFailure> {
+        loop {
+            let mut out = Vec::with_capacity(1 << 20);
+            if !self.next(&mut out)? {
+                return Ok(true);
+            }
+            if !emit(out) {
+                return Ok(false);
+            }
+        }
     }
 
     /// Writes the whole stream to `w`, calling `progress` with the stream

@@ -191,8 +191,9 @@ async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
 }
 
 /// A replica changes only by replication: its snapshots and contents are
-/// its source's.
-pub(super) fn not_replica(c: &PoolControl, volume: &str) -> ApiResult<()> {
+/// its source's. `name`: the volume, or one of its snapshots.
+pub(super) fn not_replica(c: &PoolControl, name: &str) -> ApiResult<()> {
+    let volume = name.split_once('@').map_or(name, |(v, _)| v);
     if c.replication.is_replica(volume) {
         return Err(ApiError::new(
             ErrorCode::ReadOnly,
@@ -241,12 +242,7 @@ async fn snapshot(
     State(c): State<PoolControl>,
     Json(req): Json<SnapshotRequest>,
 ) -> ApiResult<Response> {
-    not_replica(
-        &c,
-        req.name
-            .split_once('@')
-            .map_or(req.name.as_str(), |(v, _)| v),
-    )?;
+    not_replica(&c, &req.name)?;
     blocking(c, move |c| c.snapshot(&req.name))
         .await
         .map(created)
@@ -331,7 +327,7 @@ async fn rename(
     Json(req): Json<RenameRequest>,
 ) -> ApiResult<Json<VolumeView>> {
     // Renaming a replica's snapshot would break its match with the source's.
-    not_replica(&c, name.split_once('@').map_or(name.as_str(), |(v, _)| v))?;
+    not_replica(&c, &name)?;
     blocking(c, move |c| c.rename(&name, &req.to))
         .await
         .map(Json)

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use arbor_engine::Pool;
+use arbor_replica::local;
 use arbor_replica::proto::RefusalCode;
 use arbor_replica::session::SessionError;
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
@@ -107,7 +108,6 @@ pub struct Replication {
     pub store: Arc<Store>,
     tls: Option<Tls>,
     identity: String,
-    idle: Duration,
     listen: Mutex<Option<SocketAddr>>,
     config: ReplicationConfig,
     pins: Arc<Pins>,
@@ -150,7 +150,6 @@ impl Replication {
             store: Arc::new(store),
             tls,
             identity,
-            idle: config.timeout,
             listen: Mutex::new(None),
             config: config.clone(),
             pins,
@@ -178,7 +177,7 @@ impl Replication {
             config: Arc::new(TargetConfig {
                 identity: self.identity.clone(),
                 allow: self.config.allow.clone(),
-                idle: self.idle,
+                idle: self.config.timeout,
                 checkpoint_bytes: CHECKPOINT_BYTES,
             }),
             store: Arc::clone(&self.store),
@@ -225,9 +224,9 @@ impl Replication {
         let target = self.target();
         let served = match &self.tls {
             Some(tls) => {
-                let conn = tokio::time::timeout(self.idle, tls.acceptor().accept(tcp))
+                let conn = tokio::time::timeout(self.config.timeout, tls.acceptor().accept(tcp))
                     .await
-                    .map_err(|_| SessionError::Idle(self.idle))??;
+                    .map_err(|_| SessionError::Idle(self.config.timeout))??;
                 let peer = peer_identity(conn.get_ref().1)
                     .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
                 target.serve(&peer, conn).await?
@@ -400,10 +399,10 @@ impl Replication {
         let timed_out = |what: &str| {
             SessionError::Io(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("{what} {} took over {:?}", pair.target, self.idle),
+                format!("{what} {} took over {:?}", pair.target, self.config.timeout),
             ))
         };
-        let tcp = tokio::time::timeout(self.idle, TcpStream::connect(&pair.target))
+        let tcp = tokio::time::timeout(self.config.timeout, TcpStream::connect(&pair.target))
             .await
             .map_err(|_| timed_out("connecting to"))??;
         let _ = tcp.set_nodelay(true);
@@ -412,7 +411,7 @@ impl Replication {
                 let expected = pair.identity.as_deref().unwrap_or(pair.host());
                 let name = server_name(expected)
                     .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
-                let conn = tokio::time::timeout(self.idle, tls.connector().connect(name, tcp))
+                let conn = tokio::time::timeout(self.config.timeout, tls.connector().connect(name, tcp))
                     .await
                     .map_err(|_| timed_out("the TLS handshake with"))??;
                 Ok(Box::new(conn))
@@ -439,7 +438,7 @@ impl Replication {
             pins: Arc::clone(&self.pins),
             identity: self.identity.clone(),
             upstream: self.store.role(&pair.volume).map(|r| r.path),
-            idle: self.idle,
+            idle: self.config.timeout,
             compression: Compression::Zstd { level: 1 },
         };
         source::cycle(&ctx, pair, conn, progress).await
@@ -560,11 +559,7 @@ impl Replication {
             // that kept the base of the next one has no purpose.
             pool.abort_receive(&v)?;
             let id = pool.lookup(&v)?;
-            for s in arbor_replica::local::snapshots_of(&pool, id)? {
-                if pool.holds(s.id)?.iter().any(|t| t == UPSTREAM_HOLD) {
-                    pool.release(&s.name, UPSTREAM_HOLD)?;
-                }
-            }
+            local::release_all(&pool, id, UPSTREAM_HOLD, None)?;
             Ok(())
         })
         .await
@@ -576,13 +571,10 @@ impl Replication {
     /// Makes `volume` a replica, waiting for a source (read-only from now).
     pub fn demote(&self, volume: &str) -> Result<()> {
         self.pool.lookup(volume)?;
-        if self
-            .store
-            .pairs()
-            .iter()
-            .any(|p| p.volume == volume && self.store.role(volume).is_none())
-        {
-            // Its pairs would keep sending a volume that now receives.
+        let master = self.store.role(volume).is_none();
+        if master && self.store.pairs().iter().any(|p| p.volume == volume) {
+            // Its pairs would keep sending a volume that now receives (a
+            // replica's pairs only pass on what it receives, and stay).
             anyhow::bail!(crate::exit::Fail::new(
                 crate::exit::Exit::Usage,
                 format!("{volume} is replicated from here: `arbor replica remove {volume}` first"),
@@ -606,26 +598,18 @@ impl Replication {
 /// The snapshot carrying `pair`'s hold, and when it was taken.
 fn held_snapshot(pool: &Pool, pair: &Pair) -> Option<(String, u64)> {
     let id = pool.lookup(&pair.volume).ok()?;
-    let tag = pair.hold_tag();
-    arbor_replica::local::snapshots_of(pool, id)
+    local::held_by(pool, id, &pair.hold_tag())
         .ok()?
-        .into_iter()
-        .rev()
-        .find(|s| pool.holds(s.id).is_ok_and(|h| h.contains(&tag)))
+        .pop()
         .map(|s| (s.name, s.created_unix_secs))
 }
 
 fn release_holds(pool: &Pool, pair: &Pair) {
-    let Ok(id) = pool.lookup(&pair.volume) else {
-        return;
-    };
-    let tag = pair.hold_tag();
-    for s in arbor_replica::local::snapshots_of(pool, id).unwrap_or_default() {
-        if pool.holds(s.id).is_ok_and(|h| h.contains(&tag)) {
-            if let Err(e) = pool.release(&s.name, &tag) {
-                warn!(snapshot = %s.name, error = %e, "cannot release a replication hold");
-            }
-        }
+    let released = pool
+        .lookup(&pair.volume)
+        .and_then(|id| local::release_all(pool, id, &pair.hold_tag(), None));
+    if let Err(e) = released {
+        warn!(pair = %pair.key(), error = %e, "cannot release a replication hold");
     }
 }
 

@@ -166,29 +166,20 @@ fn produce(
         }
     };
     // Destroying the snapshots this send reads needs force meanwhile.
-    let (target, base) = sender.snapshots();
-    let _pinned = pins.pin(std::iter::once(target).chain(base).collect());
+    let _pinned = sender.pin(pins);
     let _ = ready.send(Ok(()));
     let name = sender.header().name.clone();
-    loop {
-        let mut out = Vec::new();
-        match sender.next(&mut out) {
-            Ok(true) => {
-                if tx.blocking_send(Ok(Bytes::from(out))).is_err() {
-                    info!(snapshot = %name, "the receiving side of a send went away");
-                    return;
-                }
-            }
-            Ok(false) => break,
-            Err(e) => {
-                warn!(snapshot = %name, error = %e, "send failed part way");
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-                return;
-            }
+    match sender.pump(|piece| tx.blocking_send(Ok(Bytes::from(piece))).is_ok()) {
+        Ok(true) => {
+            let stats = sender.stats();
+            info!(snapshot = %name, bytes = stats.stream_bytes, data = stats.data_bytes, "sent");
+        }
+        Ok(false) => info!(snapshot = %name, "the receiving side of a send went away"),
+        Err(e) => {
+            warn!(snapshot = %name, error = %e, "send failed part way");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
     }
-    let stats = sender.stats();
-    info!(snapshot = %name, bytes = stats.stream_bytes, data = stats.data_bytes, "sent");
 }
 
 /// Claims `volume` for one receive, or says which is running.
