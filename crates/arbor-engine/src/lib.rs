@@ -39,7 +39,7 @@ pub use names::{check_volume_name, is_name_char, split_snapshot_name};
 pub use pool::{
     guid_hex, CommitObserver, CreateOptions, GrowOptions, GrowReport, MapRun, OpenOptions, Pool,
     PoolStats, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId, VolumeInfo, VolumeStats,
-    DEFAULT_CHUNK_SIZE, MAX_VOLUME_SIZE, SECTOR,
+    DEFAULT_CHUNK_SIZE, MAX_GROUP_SNAPSHOT, MAX_PROPERTY_KEY, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};
 pub use volumes::new_guid;

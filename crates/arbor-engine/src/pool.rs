@@ -38,10 +38,15 @@ use crate::store::{Geometry, PreservedPages, Store};
 use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
 
+/// Most snapshots one [`Pool::snapshot_group`] takes.
+pub const MAX_GROUP_SNAPSHOT: usize = 256;
+
 mod grow;
+mod props;
 mod receive;
 mod write;
 pub use grow::{GrowOptions, GrowReport};
+pub use props::MAX_PROPERTY_KEY;
 pub use receive::{hex as guid_hex, ReceiveStart, ReceiveStatus, ReceiveTarget};
 use write::{Fill, Unit};
 
@@ -640,6 +645,44 @@ impl Pool {
         })
     }
 
+    /// Takes snapshots of several volumes in one commit (a consistency
+    /// group, as `zfs snapshot -r` or `rbd group snap`): every name is
+    /// `volume@snap` of a distinct writable volume, and either all the
+    /// snapshots exist afterwards, at one transaction, or none does. At
+    /// most [`MAX_GROUP_SNAPSHOT`] names. Returns their ids, in order.
+    pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeId>> {
+        if names.is_empty() || names.len() > MAX_GROUP_SNAPSHOT {
+            return Err(Error::InvalidArgument(format!(
+                "a group snapshot takes 1 to {MAX_GROUP_SNAPSHOT} snapshots, not {}",
+                names.len()
+            )));
+        }
+        let mut volumes = std::collections::HashSet::new();
+        for name in names {
+            let (volume, _) = split_snapshot_name(name)?;
+            if !volumes.insert(volume) {
+                return Err(Error::InvalidArgument(format!(
+                    "{volume} is named twice in one group snapshot"
+                )));
+            }
+        }
+        self.manage(Privilege::Normal, |m| {
+            let mut ids = Vec::with_capacity(names.len());
+            for name in names {
+                let (volume, _) = split_snapshot_name(name)?;
+                m.ensure_name_free(name)?;
+                let source = m.volume_id(volume)?;
+                m.writable_volume(source)?;
+                ids.push(VolumeId(m.share_volume(
+                    source,
+                    name.clone(),
+                    VolumeKind::Snapshot,
+                )?));
+            }
+            Ok(ids)
+        })
+    }
+
     /// Creates a writable volume `new_name` from a snapshot, in O(1).
     pub fn clone_snapshot(&self, snapshot: &str, new_name: &str) -> Result<VolumeId> {
         check_volume_name(new_name)?;
@@ -758,7 +801,9 @@ impl Pool {
                     }
                     m.rename_volume(id, to.to_owned())
                 }
-                VolumeKind::Receiving | VolumeKind::Hold => Err(Error::NotFound(from.to_owned())),
+                VolumeKind::Receiving | VolumeKind::Hold | VolumeKind::Property => {
+                    Err(Error::NotFound(from.to_owned()))
+                }
             }
         })
     }
@@ -938,6 +983,11 @@ impl Pool {
             Self::check_io(&meta, id, offset, buf.len() as u64, false)?;
             Self::resolve(&meta, id, offset, buf.len() as u64)?
         };
+        self.read_pieces(pieces, buf)
+    }
+
+    /// Reads resolved pieces into `buf` (their lengths add up to its length).
+    fn read_pieces(&self, pieces: Vec<Piece>, buf: &mut [u8]) -> Result<()> {
         let mut at = 0usize;
         for piece in pieces {
             let out = &mut buf[at..at + piece.len as usize];

@@ -286,16 +286,13 @@ impl Volumes {
             .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
     }
 
-    /// The id of the volume or snapshot named `name` (receives in progress
-    /// are not found by name: see [`Self::receiving_id`]).
+    /// The id of the volume or snapshot named `name` (receives in progress,
+    /// holds and properties are not found by name: see
+    /// [`Self::receiving_id`]).
     pub fn volume_id(&self, name: &str) -> Result<u64> {
         self.table
             .id_of(name)
-            .filter(|&id| {
-                self.table
-                    .get(id)
-                    .is_some_and(|r| r.kind != VolumeKind::Receiving)
-            })
+            .filter(|&id| self.table.get(id).is_some_and(|r| r.kind.is_visible()))
             .ok_or_else(|| Error::NotFound(name.to_owned()))
     }
 
@@ -396,6 +393,65 @@ impl Volumes {
         }
     }
 
+    /// The properties of `owner` (0: the pool's own) as (key, record id),
+    /// sorted by key; staged values (`…%new`, see `Pool::set_property`)
+    /// are not listed.
+    pub fn properties(&self, owner: u64) -> Vec<(String, u64)> {
+        let prefix = property_prefix(owner);
+        let mut props: Vec<(String, u64)> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.kind == VolumeKind::Property && r.parent == owner)
+            .filter_map(|(id, r)| {
+                let key = r.name.strip_prefix(&prefix)?;
+                (!key.contains('%')).then(|| (key.to_owned(), id))
+            })
+            .collect();
+        props.sort();
+        props
+    }
+
+    /// The record holding property `key` of `owner` (`staged`: the value
+    /// being written, not yet in place).
+    pub fn property_id(&self, owner: u64, key: &str, staged: bool) -> Option<u64> {
+        let name = property_name(owner, key, staged);
+        self.table.id_of(&name).filter(|&id| {
+            self.table
+                .get(id)
+                .is_some_and(|r| r.kind == VolumeKind::Property)
+        })
+    }
+
+    /// Adds the empty record a value of property `key` of `owner` is
+    /// written to (`size` bytes, a multiple of 512), named as staged; any
+    /// earlier staged record of that key (a set cut short) goes first.
+    pub fn add_staged_property(&mut self, owner: u64, key: &str, size: u64) -> Result<u64> {
+        if owner != 0 {
+            self.visible_volume(owner)?;
+        }
+        if let Some(old) = self.property_id(owner, key, true) {
+            self.delete_volume(old)?;
+        }
+        let name = property_name(owner, key, true);
+        let id = self.add_volume(name, VolumeKind::Property, size, BlockRef::NONE, owner, 0);
+        self.update_volume(id, |r| r.guid = [0; 16])?;
+        Ok(id)
+    }
+
+    /// Puts staged property record `staged` in place of the value of `key`
+    /// (whose old record goes to reclaim), in the step's commit.
+    pub fn install_property(&mut self, owner: u64, key: &str, staged: u64) -> Result<()> {
+        if self.property_id(owner, key, true) != Some(staged) {
+            return Err(Error::Conflict(format!(
+                "property {key} was set again meanwhile"
+            )));
+        }
+        if let Some(old) = self.property_id(owner, key, false) {
+            self.delete_volume(old)?;
+        }
+        self.table.rename(staged, property_name(owner, key, false))
+    }
+
     /// Deletes volume or snapshot `id`. A held snapshot is refused unless
     /// `force`, which releases its holds too.
     pub fn delete_checked(&mut self, id: u64, force: bool) -> Result<()> {
@@ -412,6 +468,16 @@ impl Volumes {
             for tag in holds {
                 self.release_hold(id, &tag)?;
             }
+        }
+        // Its properties go with it, staged ones too.
+        let owned: Vec<u64> = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.kind == VolumeKind::Property && r.parent == id)
+            .map(|(prop, _)| prop)
+            .collect();
+        for prop in owned {
+            self.delete_volume(prop)?;
         }
         self.delete_volume(id)
     }
@@ -894,6 +960,17 @@ impl Volumes {
 
 /// The start of the names of the hold records of snapshot `id` (`%` is
 /// never part of a volume name, and the id, never reused, survives renames).
+fn property_prefix(owner: u64) -> String {
+    format!("{owner}%prop%")
+}
+
+/// The hidden record name of property `key` of `owner`: `%` is never part
+/// of a volume name or a key, so no user name can collide with it.
+fn property_name(owner: u64, key: &str, staged: bool) -> String {
+    let staged = if staged { "%new" } else { "" };
+    format!("{}{key}{staged}", property_prefix(owner))
+}
+
 fn hold_prefix(id: u64) -> String {
     format!("{id}%hold%")
 }

@@ -11,6 +11,7 @@ mod header;
 mod journal;
 mod layout;
 mod node;
+mod property;
 mod records;
 mod spacemap;
 mod superblock;
@@ -24,6 +25,7 @@ pub use layout::{
 pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, MAX_LEVEL, NODE_HEADER_SIZE,
 };
+pub use property::{decode_property, encode_property, MAX_PROPERTY_BYTES, PROPERTY_HEADER_LEN};
 pub use records::{
     BlockRef, Guid, MapValue, ReceiveState, VolumeKind, VolumeRecord, MAX_EXTENT_CHUNKS,
     MAX_NAME_LEN,
@@ -37,7 +39,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it).
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

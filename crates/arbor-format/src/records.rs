@@ -103,6 +103,12 @@ pub enum VolumeKind {
     /// says which (`{id}%hold%{tag}`); the snapshot cannot be destroyed
     /// without force while it has one. No tree, no size.
     Hold = 3,
+    /// A property (version 4): a small checksummed value that a layer above
+    /// the engine keeps in the pool (the monitor's policies). `parent` is
+    /// the volume it belongs to (0: the pool), the name says which
+    /// (`{owner}%prop%{key}`); its tree holds the value (docs/FORMAT.md §6).
+    /// Found by no name lookup, removed with its owner.
+    Property = 4,
 }
 
 impl VolumeKind {
@@ -249,6 +255,7 @@ impl VolumeRecord {
             1 => VolumeKind::Snapshot,
             2 if v3 => VolumeKind::Receiving,
             3 if v3 => VolumeKind::Hold,
+            4 if v3 => VolumeKind::Property,
             other => return Err(FormatError::Invalid(format!("volume kind {other}"))),
         };
         let name = std::str::from_utf8(&bytes[name_at..name_at + name_len])

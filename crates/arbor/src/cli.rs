@@ -295,8 +295,9 @@ pub enum PoolCommand {
     /// Grow the pool online onto more space: a pool file is enlarged to
     /// --size; a block device must be enlarged with its own tools first
     Grow(PoolGrowArgs),
-    /// Convert a format version 1 pool to version 2, which can grow (older
-    /// arbor releases cannot open it afterwards)
+    /// Convert a pool of an older format version to the newest (version 2
+    /// grows, 3 sends, receives and holds, 4 keeps policies); older arbor
+    /// releases cannot open it afterwards
     Upgrade {
         /// Pool file or device not held by a daemon [default: the daemon's pool]
         path: Option<PathBuf>,

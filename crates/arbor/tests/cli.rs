@@ -596,7 +596,7 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     let pool = p(&pool);
     let created = json(&[&create_32m(pool, "1")[..], &["--json"]].concat());
     assert_eq!(created["done"], "created");
-    fails_with(&create_32m(pool, "4"), 2, "--format-version");
+    fails_with(&create_32m(pool, "5"), 2, "--format-version");
 
     let mut daemon = Daemon::start(&["--pool", pool]);
     assert_eq!(daemon.json(&["pool", "status"])["format_version"], 1);
@@ -604,12 +604,12 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     daemon.fails(&["pool", "grow", "--size", "64M"], 2, "arbor pool upgrade");
     assert_eq!(
         daemon.json(&["pool", "upgrade"]),
-        serde_json::json!({"upgraded": true, "format_version": 3})
+        serde_json::json!({"upgraded": true, "format_version": 4})
     );
     assert!(daemon
         .ok(&["pool", "upgrade"])
-        .contains("already is format version 3"));
-    assert_eq!(daemon.json(&["pool", "status"])["format_version"], 3);
+        .contains("already is format version 4"));
+    assert_eq!(daemon.json(&["pool", "status"])["format_version"], 4);
 
     // Nothing to grow onto: the file is as big as the pool.
     daemon.fails(&["pool", "grow"], 2, "already fills");
@@ -650,7 +650,7 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     let old = dir.path().join("old.img");
     ok(&create_32m(p(&old), "1"));
     fails_with(&["pool", "grow", p(&old), "--size", "64M"], 2, "upgrade");
-    assert!(ok(&["pool", "upgrade", p(&old)]).contains("upgraded the pool to format version 3"));
+    assert!(ok(&["pool", "upgrade", p(&old)]).contains("upgraded the pool to format version 4"));
     assert_eq!(
         json(&["pool", "grow", p(&old), "--size", "64M", "--json"])["new_pool_bytes"],
         64 << 20
