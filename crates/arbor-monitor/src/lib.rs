@@ -13,7 +13,8 @@
 //! * [`policy::Policy`] — the versioned, size-bounded JSON encoding of a
 //!   policy, with validation.
 //!
-//! Nothing here performs I/O, reads a clock, or depends on the engine. Every
+//! Nothing here but [`engine`] performs I/O or depends on the engine, and
+//! nothing reads a clock. Every
 //! time-dependent function takes `now` as Unix seconds (UTC), so tests drive
 //! the logic with a fake clock. The daemon above this layer supplies the
 //! clock, the snapshot lists (creation times, holds, replication needs,
@@ -28,6 +29,7 @@
 
 mod civil;
 mod duration;
+pub mod engine;
 pub mod error;
 pub mod names;
 pub mod policy;

@@ -25,6 +25,9 @@ pub struct PoolView {
     /// Space use past the configured warning thresholds, one sentence each.
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Active alerts (docs/MONITOR.md), most severe first.
+    #[serde(default)]
+    pub alerts: Vec<AlertView>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -495,4 +498,168 @@ pub struct ReplicaRunView {
     pub replicated: Option<String>,
     pub rolled_back: Vec<String>,
     pub pruned: Vec<String>,
+}
+
+/// `PUT /v1/policies/{volume}`: the snapshot policy of a volume, and of the
+/// volumes it names in `with` (a consistency group: snapshotted together,
+/// in one commit).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRequest {
+    /// Other volumes snapshotted with it.
+    #[serde(default)]
+    pub with: Vec<String>,
+    /// `every 15m`, `hourly`, `hourly at :30`, `daily at 23:59`,
+    /// `weekly on mon at 02:00`, `monthly on 1 at 00:00` (UTC).
+    pub schedule: String,
+    /// `hourly=24,daily=7,weekly=4,monthly=6` or a grid
+    /// `1x1h(keep=all) | 24x1h | 14x1d` (docs/MONITOR.md).
+    pub retention: String,
+    /// Snapshot name prefix [default: auto].
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub warn_age_secs: Option<u64>,
+    #[serde(default)]
+    pub crit_age_secs: Option<u64>,
+    /// Prune beyond retention while the pool is fuller than this (50-99).
+    #[serde(default)]
+    pub space_prune_percent: Option<u8>,
+}
+
+/// A policy and how it is doing (`arbor policy show`, `GET /v1/policies`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PolicyView {
+    /// The policy's key in the pool.
+    pub id: String,
+    /// Its volumes, by name (destroyed ones are dropped).
+    pub volumes: Vec<String>,
+    pub schedule: String,
+    pub retention: String,
+    pub prefix: String,
+    /// Effective snapshot age thresholds.
+    pub warn_age_secs: u64,
+    pub crit_age_secs: u64,
+    pub space_prune_percent: Option<u8>,
+    /// Unix time of the newest snapshot the policy made, if any.
+    pub last_run: Option<u64>,
+    /// Unix time of the next scheduled snapshot.
+    pub next_run: Option<u64>,
+    /// Snapshots the policy made that exist now, over all its volumes.
+    pub snapshots: u64,
+    /// Unix time of the last prune, and what it destroyed.
+    pub last_prune: Option<u64>,
+    pub last_pruned: u64,
+    /// Prunes or snapshots that failed in a row.
+    pub failures: u32,
+    pub last_error: Option<String>,
+}
+
+/// `POST /v1/prune`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneRequest {
+    /// One volume's policy [default: every policy].
+    #[serde(default)]
+    pub volume: Option<String>,
+    /// List what would be destroyed, destroy nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One snapshot in a prune.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneDecisionView {
+    pub name: String,
+    pub created_unix_secs: u64,
+    /// Why: retention, space, or what keeps it (held by ..., kept by hourly, ...).
+    pub reason: String,
+    /// What destroying it alone frees now (its exclusive bytes).
+    pub frees_bytes: u64,
+}
+
+/// A snapshot a prune could not destroy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneFailureView {
+    pub name: String,
+    pub error: String,
+}
+
+/// A prune of one volume's snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneVolumeView {
+    pub volume: String,
+    pub policy: String,
+    /// Destroyed (or, in a dry run, to be), oldest first.
+    pub destroy: Vec<PruneDecisionView>,
+    pub keep: Vec<PruneDecisionView>,
+    pub failed: Vec<PruneFailureView>,
+}
+
+/// `POST /v1/prune`: what a prune destroyed, or would.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneView {
+    pub dry_run: bool,
+    pub volumes: Vec<PruneVolumeView>,
+    /// Sum of `frees_bytes` over what is destroyed.
+    pub frees_bytes: u64,
+}
+
+/// How bad an alert is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+/// What an alert is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertKind {
+    /// A policy volume's newest snapshot is older than its warn/crit age.
+    SnapshotAge,
+    DataUsage,
+    MetadataUsage,
+    /// A policy's prune (or scheduled snapshot) failed.
+    PruneFailed,
+    /// A replication pair's recovery point is too old.
+    ReplicationLag,
+    /// Space-aware pruning destroyed snapshots beyond retention.
+    SpacePruned,
+}
+
+/// An active alert (`GET /v1/alerts`, `arbor pool status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlertView {
+    pub kind: AlertKind,
+    pub severity: Severity,
+    /// The volume, pair or space it is about.
+    pub subject: String,
+    pub message: String,
+    /// Unix time it was raised (at this severity or above).
+    pub since_unix_secs: u64,
+}
+
+/// A volume or snapshot with its space, as the dashboard shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OverviewVolume {
+    #[serde(flatten)]
+    pub volume: VolumeView,
+    /// What destroying it alone frees.
+    pub exclusive_bytes: u64,
+    pub shared_bytes: u64,
+    /// The policy it is in, for a volume.
+    pub policy: Option<String>,
+}
+
+/// `GET /v1/overview`: everything the dashboard shows, in one answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OverviewView {
+    pub now_unix_secs: u64,
+    pub pool: PoolView,
+    pub volumes: Vec<OverviewVolume>,
+    pub policies: Vec<PolicyView>,
+    pub replication: ReplicasView,
+    pub alerts: Vec<AlertView>,
 }

@@ -19,7 +19,7 @@ use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
-    GrowView, HoldRequest, MetadataPage, MetadataQuery, PoolView, Range, ReclaimView,
+    GrowView, HoldRequest, MetadataPage, MetadataQuery, OverviewView, PoolView, Range, ReclaimView,
     RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
     UpgradeView, VolumeView,
 };
@@ -73,11 +73,41 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/replicas/{volume}/resync", post(replica_api::resync))
         .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
         .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
+        .route("/v1/overview", get(overview))
+        .route("/", get(dashboard))
+        .route("/ui", get(dashboard))
         .route("/metrics", get(metrics))
         .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::map_response(errors_as_json))
         .with_state(control)
+}
+
+/// The dashboard: one page, everything inline, nothing fetched from
+/// elsewhere; it polls `/v1/overview` and acts through the API.
+const DASHBOARD: &str = include_str!("../dashboard/index.html");
+
+async fn dashboard() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Nothing outside this page: no external script, style or fetch.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+                 frame-ancestors 'none'",
+            ),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        DASHBOARD,
+    )
+        .into_response()
+}
+
+/// `GET /v1/overview`: what the dashboard shows, in one answer.
+async fn overview(State(c): State<PoolControl>) -> ApiResult<Json<OverviewView>> {
+    blocking(c, |c| c.overview()).await.map(Json)
 }
 
 /// An error response: a status and an [`ErrorBody`].

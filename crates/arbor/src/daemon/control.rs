@@ -16,8 +16,8 @@ use tracing::info;
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
 use crate::model::{
-    BlockMetadata, CheckView, GrowRequest, GrowView, MetadataPage, MetadataQuery, PoolView, Range,
-    ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
+    BlockMetadata, CheckView, GrowRequest, GrowView, MetadataPage, MetadataQuery, OverviewView,
+    OverviewVolume, PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::nbd_export::OpenExports;
 use crate::pool_file;
@@ -138,6 +138,42 @@ impl PoolControl {
             reclaim_pending: s.reclaim_pending,
             txn: s.txn,
             warnings: self.space.warnings(&s),
+            alerts: Vec::new(),
+        })
+    }
+
+    /// Everything the dashboard shows: the pool, every volume and snapshot
+    /// with its space, policies, replication and alerts.
+    pub fn overview(&self) -> Result<OverviewView> {
+        let now = crate::daemon::monitor::unix_now();
+        let volumes = self
+            .list()?
+            .into_iter()
+            .map(|volume| {
+                // A volume destroyed since the listing has no space.
+                let s = self.pool.volume_stats(VolumeId(volume.id)).unwrap_or(
+                    arbor_engine::VolumeStats {
+                        logical_bytes: volume.size,
+                        mapped_bytes: 0,
+                        exclusive_bytes: 0,
+                        shared_bytes: 0,
+                    },
+                );
+                OverviewVolume {
+                    exclusive_bytes: s.exclusive_bytes,
+                    shared_bytes: s.shared_bytes,
+                    policy: None,
+                    volume,
+                }
+            })
+            .collect();
+        Ok(OverviewView {
+            now_unix_secs: now,
+            pool: self.pool_info()?,
+            volumes,
+            policies: Vec::new(),
+            replication: self.replication.view(),
+            alerts: Vec::new(),
         })
     }
 

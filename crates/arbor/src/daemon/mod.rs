@@ -10,6 +10,7 @@ mod api;
 mod background;
 pub mod control;
 mod listen;
+pub mod monitor;
 mod replica_api;
 pub mod replication;
 mod stream;

@@ -1,0 +1,269 @@
+//! The monitor over the engine: policies kept in the pool (as properties,
+//! docs/FORMAT.md §6), the snapshots a policy made, a scheduled run (one
+//! group snapshot of all its volumes, in one commit) and the prune plan
+//! from the pool's state. The daemon supplies the clock, says which
+//! snapshots are in use (open over NBD, being sent), and destroys.
+//!
+//! A policy's last run is not stored: it is the newest snapshot the policy
+//! made (by its name's timestamp), so it survives restarts and moves with
+//! the pool, and a destroyed snapshot is simply not counted.
+
+use std::collections::HashMap;
+
+use arbor_engine::{Error, Pool, VolumeId, VolumeInfo};
+
+use crate::names;
+use crate::policy::Policy;
+use crate::prune::{self, Candidate, PrunePlan};
+
+/// Pool property keys of policies start with this.
+pub const POLICY_KEY_PREFIX: &str = "policy.";
+/// Hold tags that replication puts on the snapshot a target still needs
+/// (`replica-to:...` on a source, `replica:upstream` on a replica).
+pub const REPLICATION_HOLD_PREFIX: &str = "replica";
+
+/// A policy as stored in the pool, under its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Its pool property key (`policy.N`).
+    pub key: String,
+    /// The policy.
+    pub policy: Policy,
+}
+
+/// What loading the pool's policies found.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The policies that decode.
+    pub policies: Vec<Stored>,
+    /// Keys whose value does not decode, with why (never silently dropped).
+    pub damaged: Vec<(String, String)>,
+}
+
+/// Every policy in the pool, sorted by key.
+pub fn load(pool: &Pool) -> Result<Loaded, Error> {
+    let mut loaded = Loaded::default();
+    for key in pool.property_keys(None)? {
+        if !key.starts_with(POLICY_KEY_PREFIX) {
+            continue;
+        }
+        let Some(bytes) = pool.property(None, &key)? else {
+            continue;
+        };
+        match Policy::decode(&bytes) {
+            Ok(policy) => loaded.policies.push(Stored { key, policy }),
+            Err(e) => loaded.damaged.push((key, e.to_string())),
+        }
+    }
+    Ok(loaded)
+}
+
+/// Stores `policy` under `key` (validated first; atomic and durable).
+pub fn store(pool: &Pool, key: &str, policy: &Policy) -> Result<(), Error> {
+    policy
+        .validate()
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    pool.set_property(None, key, &policy.encode())
+}
+
+/// Removes the policy under `key`; whether there was one.
+pub fn remove(pool: &Pool, key: &str) -> Result<bool, Error> {
+    pool.remove_property(None, key)
+}
+
+/// A key for a new policy whose first volume is `first`, unused in `taken`.
+pub fn new_key(first: VolumeId, taken: &[Stored]) -> String {
+    let base = format!("{POLICY_KEY_PREFIX}{}", first.0);
+    let used = |k: &str| taken.iter().any(|s| s.key == k);
+    if !used(&base) {
+        return base;
+    }
+    // At most one key per stored policy is taken, so one of the first
+    // `taken.len() + 1` suffixes is free.
+    (1..=taken.len() + 1)
+        .map(|n| format!("{base}.{n}"))
+        .find(|k| !used(k))
+        .unwrap_or(base)
+}
+
+/// One snapshot a policy made.
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot {
+    /// The snapshot.
+    pub info: VolumeInfo,
+    /// The time in its name.
+    pub stamp: u64,
+}
+
+/// The pool's volumes by id, and each volume's snapshots, from one
+/// listing.
+pub struct Listing {
+    by_id: HashMap<VolumeId, VolumeInfo>,
+    snapshots: HashMap<VolumeId, Vec<VolumeInfo>>,
+}
+
+impl Listing {
+    /// Lists the pool once.
+    pub fn of(pool: &Pool) -> Result<Self, Error> {
+        let all = pool.list()?;
+        let mut snapshots: HashMap<VolumeId, Vec<VolumeInfo>> = HashMap::new();
+        for info in &all {
+            if let (true, Some(parent)) = (info.snapshot, info.parent) {
+                snapshots.entry(parent).or_default().push(info.clone());
+            }
+        }
+        let by_id = all
+            .into_iter()
+            .filter(|v| !v.snapshot)
+            .map(|v| (v.id, v))
+            .collect();
+        Ok(Self { by_id, snapshots })
+    }
+
+    /// Writable volume `id`, if it exists.
+    pub fn volume(&self, id: u64) -> Option<&VolumeInfo> {
+        self.by_id.get(&VolumeId(id))
+    }
+
+    /// The snapshots of volume `id`.
+    pub fn snapshots_of(&self, id: u64) -> &[VolumeInfo] {
+        self.snapshots
+            .get(&VolumeId(id))
+            .map_or(&[][..], Vec::as_slice)
+    }
+
+    /// The snapshots `policy` made of volume `id`, oldest first.
+    pub fn policy_snapshots(&self, policy: &Policy, id: u64) -> Vec<PolicySnapshot> {
+        let mut found: Vec<PolicySnapshot> = self
+            .snapshots_of(id)
+            .iter()
+            .filter_map(|info| {
+                let (_, snap) = info.name.split_once('@')?;
+                let stamp = names::parse(&policy.prefix, snap)?;
+                Some(PolicySnapshot {
+                    info: info.clone(),
+                    stamp,
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| (a.stamp, &a.info.name).cmp(&(b.stamp, &b.info.name)));
+        found
+    }
+
+    /// The policy's volumes that exist, in its order.
+    pub fn members<'a>(&'a self, policy: &Policy) -> Vec<&'a VolumeInfo> {
+        policy
+            .volumes
+            .iter()
+            .filter_map(|&id| self.volume(id))
+            .collect()
+    }
+
+    /// The policy's last run: the newest time in the name of a snapshot it
+    /// made of any of its volumes, not after `now` (a snapshot stamped in
+    /// the future, after the clock was stepped back, does not count: the
+    /// schedule goes on from now).
+    pub fn last_run(&self, policy: &Policy, now: u64) -> Option<u64> {
+        policy
+            .volumes
+            .iter()
+            .flat_map(|&id| self.policy_snapshots(policy, id))
+            .map(|s| s.stamp)
+            .filter(|&t| t <= now)
+            .max()
+    }
+}
+
+/// Takes the policy's scheduled snapshot of all its volumes at `now`, in
+/// one commit (a consistency group), under one name that none of them
+/// has yet. Returns that name (the part after `@`).
+pub fn take(pool: &Pool, listing: &Listing, policy: &Policy, now: u64) -> Result<String, Error> {
+    let members = listing.members(policy);
+    if members.is_empty() {
+        return Err(Error::NotFound(
+            "none of the policy's volumes exists".to_owned(),
+        ));
+    }
+    let taken = |snap: &str| {
+        members.iter().any(|v| {
+            listing
+                .snapshots_of(v.id.0)
+                .iter()
+                .any(|s| s.name.split_once('@').is_some_and(|(_, n)| n == snap))
+        })
+    };
+    let snap = names::unique(&policy.prefix, now, taken).ok_or_else(|| {
+        Error::Conflict(format!(
+            "every name for a snapshot at {} is taken",
+            names::snapshot_name(&policy.prefix, now)
+        ))
+    })?;
+    let full: Vec<String> = members
+        .iter()
+        .map(|v| format!("{}@{snap}", v.name))
+        .collect();
+    pool.snapshot_group(&full)?;
+    Ok(snap)
+}
+
+/// The prune plan of one volume.
+#[derive(Debug, Clone)]
+pub struct VolumePlan {
+    /// The volume's name.
+    pub volume: String,
+    /// Full names (`volume@snap`) in the decisions.
+    pub plan: PrunePlan,
+}
+
+/// Plans the prune of every volume of `policy` at `now`: retention, then,
+/// if the policy opts in and the pool's data use is past its threshold,
+/// space-aware pruning. `in_use` names what keeps a snapshot from being
+/// destroyed besides its holds (an NBD client, a send), if anything.
+pub fn plan(
+    pool: &Pool,
+    listing: &Listing,
+    policy: &Policy,
+    now: u64,
+    in_use: &dyn Fn(VolumeId) -> Option<String>,
+) -> Result<Vec<VolumePlan>, Error> {
+    let stats = pool.pool_stats()?;
+    let mut used = stats.data_used_bytes;
+    let mut plans = Vec::new();
+    for volume in listing.members(policy) {
+        let mut candidates = Vec::new();
+        for snap in listing.snapshots_of(volume.id.0) {
+            let short = snap.name.split_once('@').map_or("", |(_, s)| s);
+            let stamp = names::parse(&policy.prefix, short);
+            let mut held = pool.holds(snap.id)?;
+            let needed = held.iter().any(|t| t.starts_with(REPLICATION_HOLD_PREFIX));
+            if needed {
+                held.retain(|t| !t.starts_with(REPLICATION_HOLD_PREFIX));
+            }
+            if let Some(user) = in_use(snap.id) {
+                held.push(user);
+            }
+            let exclusive_bytes = match stamp {
+                Some(_) => pool.volume_stats(snap.id)?.exclusive_bytes,
+                None => 0,
+            };
+            candidates.push(Candidate {
+                name: snap.name.clone(),
+                created: stamp.unwrap_or(snap.created_unix_secs),
+                policy_made: stamp.is_some(),
+                held,
+                needed,
+                exclusive_bytes,
+            });
+        }
+        let mut volume_plan = prune::plan(&candidates, &policy.retention, now);
+        if let Some(threshold) = policy.space_prune_percent {
+            volume_plan = prune::space_aware(&volume_plan, used, stats.data_bytes, threshold);
+        }
+        used = used.saturating_sub(volume_plan.frees());
+        plans.push(VolumePlan {
+            volume: volume.name.clone(),
+            plan: volume_plan,
+        });
+    }
+    Ok(plans)
+}
