@@ -14,7 +14,7 @@ use arbor_engine::{Error, Pool, VolumeId, VolumeInfo};
 
 use crate::names;
 use crate::policy::Policy;
-use crate::prune::{self, Candidate, PrunePlan};
+use crate::prune::{self, Candidate, Decision, PrunePlan};
 
 /// Pool property keys of policies start with this.
 pub const POLICY_KEY_PREFIX: &str = "policy.";
@@ -266,4 +266,98 @@ pub fn plan(
         });
     }
     Ok(plans)
+}
+
+/// What a prune did to one volume's snapshots (or, in a dry run, would).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeOutcome {
+    /// The volume's name.
+    pub volume: String,
+    /// Destroyed (in a dry run: to be), oldest first.
+    pub destroyed: Vec<Decision>,
+    /// Kept, with why.
+    pub kept: Vec<Decision>,
+    /// Planned but refused by the destroy, with its error.
+    pub failed: Vec<(Decision, String)>,
+}
+
+/// Carries out `plans` with `destroy` (a full snapshot name), or with
+/// `dry_run` only reports them: a dry run and a prune made from the same
+/// plans list the same snapshots.
+pub fn execute(
+    plans: &[VolumePlan],
+    dry_run: bool,
+    destroy: &mut dyn FnMut(&str) -> Result<(), String>,
+) -> Vec<VolumeOutcome> {
+    plans
+        .iter()
+        .map(|p| {
+            let mut outcome = VolumeOutcome {
+                volume: p.volume.clone(),
+                destroyed: Vec::new(),
+                kept: p.plan.keep.clone(),
+                failed: Vec::new(),
+            };
+            for d in &p.plan.destroy {
+                match if dry_run { Ok(()) } else { destroy(&d.name) } {
+                    Ok(()) => outcome.destroyed.push(d.clone()),
+                    Err(e) => outcome.failed.push((d.clone(), e)),
+                }
+            }
+            outcome
+        })
+        .collect()
+}
+
+/// What one policy's turn of a tick did.
+#[derive(Debug, Default)]
+pub struct Turn {
+    /// The scheduled snapshot taken (its name after `@`), or why it failed.
+    pub taken: Option<Result<String, Error>>,
+    /// The prune, if one was due.
+    pub pruned: Option<Vec<VolumeOutcome>>,
+}
+
+/// When a policy prunes: after its snapshot, at least every this many
+/// seconds, and whenever the pool is past its space threshold.
+pub const PRUNE_EVERY_SECS: u64 = 60;
+
+/// One policy's turn at `now`: its scheduled snapshot if due, then its
+/// prune if due (`last_prune`: when it last pruned). `in_use` and
+/// `destroy` as in [`plan`] and [`execute`].
+pub fn turn(
+    pool: &Pool,
+    policy: &Policy,
+    now: u64,
+    last_prune: Option<u64>,
+    in_use: &dyn Fn(VolumeId) -> Option<String>,
+    destroy: &mut dyn FnMut(&str) -> Result<(), String>,
+) -> Result<Turn, Error> {
+    let mut listing = Listing::of(pool)?;
+    let mut turn = Turn::default();
+    if policy.schedule.due(listing.last_run(policy, now), now) {
+        match take(pool, &listing, policy, now) {
+            Err(e) if e.stops_pool() => return Err(e),
+            Ok(snap) => {
+                listing = Listing::of(pool)?;
+                turn.taken = Some(Ok(snap));
+            }
+            Err(e) => turn.taken = Some(Err(e)),
+        }
+    }
+    let over_threshold = match policy.space_prune_percent {
+        Some(threshold) => {
+            let s = pool.pool_stats()?;
+            u128::from(s.data_used_bytes) * 100 > u128::from(s.data_bytes) * u128::from(threshold)
+        }
+        None => false,
+    };
+    let prune_due = matches!(turn.taken, Some(Ok(_)))
+        || last_prune.is_none_or(|t| now.saturating_sub(t) >= PRUNE_EVERY_SECS)
+        || over_threshold;
+    if prune_due {
+        let plans = plan(pool, &listing, policy, now, in_use)?;
+        turn.pruned = Some(execute(&plans, false, destroy));
+    }
+    Ok(turn)
 }

@@ -103,6 +103,18 @@ pub enum Command {
     /// held here
     #[command(subcommand)]
     Replica(ReplicaCommand),
+    /// Snapshot schedules and retention, kept in the pool (docs/MONITOR.md)
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Destroy the snapshots policies no longer keep, now; --dry-run lists
+    /// exactly what would go and what each frees
+    Prune {
+        /// Only this volume's policy [default: every policy]
+        volume: Option<String>,
+        /// Destroy nothing; list what a prune now would destroy
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Create, grow or upgrade a pool, show its state, reclaim space now
     #[command(subcommand)]
     Pool(PoolCommand),
@@ -120,6 +132,45 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Snapshot VOLUME (and the --with volumes, together) on a schedule and
+    /// keep what the retention says; replaces the policy VOLUME had
+    Set {
+        volume: String,
+        /// Another volume snapshotted with it, in the same commit (repeat)
+        #[arg(long, value_name = "VOLUME")]
+        with: Vec<String>,
+        /// When, in UTC: `every 15m`, `hourly`, `hourly at :30`, `daily at
+        /// 23:59`, `weekly on mon at 02:00`, `monthly on 1 at 00:00`
+        #[arg(long, value_name = "SCHEDULE")]
+        schedule: String,
+        /// What to keep: counts per class, `hourly=24,daily=7,weekly=4,monthly=6`
+        /// (also frequent=, yearly=), or a grid `1x1h(keep=all) | 24x1h | 14x1d`
+        #[arg(long, value_name = "RETENTION")]
+        keep: String,
+        /// Snapshot names are PREFIX-YYYY-MM-DDTHH:MM:SSZ
+        #[arg(long, default_value = "auto")]
+        prefix: String,
+        /// Warn when the newest scheduled snapshot is older [default: 2 periods]
+        #[arg(long, value_name = "DURATION")]
+        warn_age: Option<humantime::Duration>,
+        /// Critical alert when it is older [default: 4 periods]
+        #[arg(long, value_name = "DURATION")]
+        crit_age: Option<humantime::Duration>,
+        /// While the pool's data space is fuller than PERCENT (50-99), prune
+        /// the oldest scheduled snapshots beyond retention
+        #[arg(long, value_name = "PERCENT")]
+        space_prune: Option<u8>,
+    },
+    /// Policies with their last and next run and how their prunes went
+    #[command(alias = "list")]
+    Show { volume: Option<String> },
+    /// Remove the policy VOLUME is in (for all its volumes); the snapshots
+    /// it made stay
+    Clear { volume: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -275,10 +326,11 @@ pub enum VolumeCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Take a read-only snapshot of a volume, in O(1)
+    /// Take a read-only snapshot of a volume, in O(1); several names take
+    /// them together, in one commit (a consistency group)
     Create {
-        #[arg(value_name = "VOLUME@SNAP")]
-        name: String,
+        #[arg(value_name = "VOLUME@SNAP", required = true)]
+        names: Vec<String>,
     },
     /// List snapshots, of one volume or of all
     List { volume: Option<String> },

@@ -20,11 +20,12 @@ use tokio::runtime::Runtime;
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GrowRequest, GrowView, HoldRequest,
-    PoolView, Range, ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest,
-    ReplicaAddRequest, ReplicaRoleView, ReplicaRunView, ReplicasView, ResizeRequest,
-    RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression,
-    StreamFormat, UpgradeView, VolumeView,
+    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GroupSnapshotRequest, GrowRequest,
+    GrowView, HoldRequest, PolicyRequest, PolicyView, PoolView, PruneRequest, PruneView, Range,
+    ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ReplicaAddRequest,
+    ReplicaRoleView, ReplicaRunView, ReplicasView, ResizeRequest, RollbackRequest,
+    SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression, StreamFormat,
+    UpgradeView, VolumeView,
 };
 use crate::size::ByteSize;
 
@@ -178,6 +179,40 @@ impl DaemonClient {
             name: name.to_owned(),
         };
         self.post("/v1/snapshots", &request)
+    }
+
+    pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeView>> {
+        let request = GroupSnapshotRequest {
+            names: names.to_vec(),
+        };
+        self.post("/v1/snapshots/group", &request)
+    }
+
+    pub fn policies(&self) -> Result<Vec<PolicyView>> {
+        self.get("/v1/policies")
+    }
+
+    pub fn policy(&self, volume: &str) -> Result<PolicyView> {
+        self.get(&format!("/v1/policies/{}", encode(volume)))
+    }
+
+    pub fn policy_set(&self, volume: &str, request: &PolicyRequest) -> Result<PolicyView> {
+        let body = serde_json::to_vec(request).context("cannot encode the request")?;
+        let path = format!("/v1/policies/{}", encode(volume));
+        decode(&self.send(Method::PUT, &path, Some(body))?)
+    }
+
+    pub fn policy_clear(&self, volume: &str) -> Result<()> {
+        self.send(
+            Method::DELETE,
+            &format!("/v1/policies/{}", encode(volume)),
+            None,
+        )
+        .map(drop)
+    }
+
+    pub fn prune(&self, request: &PruneRequest) -> Result<PruneView> {
+        self.post("/v1/prune", request)
     }
 
     pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {

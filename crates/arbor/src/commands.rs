@@ -13,15 +13,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, CompressionArg, FormatArg, PoolCommand, PoolCreateArgs, PoolGrowArgs,
-    ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
+    Cli, Command, CompressionArg, FormatArg, PolicyCommand, PoolCommand, PoolCreateArgs,
+    PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, GrowRequest, ReplicaAddRequest, SendQuery, StreamCompression, StreamFormat,
+    CheckView, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
+    StreamCompression, StreamFormat,
 };
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
@@ -116,8 +117,18 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Volume(VolumeCommand::Stats { name }) => {
             p.show(&c.stats(&name)?, output::stats)?
         }
-        Command::Snapshot(SnapshotCommand::Create { name }) => {
-            p.show(&c.snapshot(&name)?, |v| output::volume_line("created", v))?;
+        Command::Snapshot(SnapshotCommand::Create { names }) => match &names[..] {
+            [name] => p.show(&c.snapshot(name)?, |v| output::volume_line("created", v))?,
+            _ => p.show(&c.snapshot_group(&names)?, |list| {
+                list.iter()
+                    .map(|v| output::volume_line("created", v))
+                    .collect::<String>()
+            })?,
+        },
+        Command::Policy(command) => policy(command, c, p)?,
+        Command::Prune { volume, dry_run } => {
+            let request = PruneRequest { volume, dry_run };
+            p.show(&c.prune(&request)?, output::prune)?;
         }
         Command::Snapshot(SnapshotCommand::List { volume }) => {
             p.show(&c.snapshots(volume.as_deref())?, |l| output::volumes(l))?;
@@ -464,6 +475,52 @@ fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitC
     }
     daemon::serve(config).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn policy(command: PolicyCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
+    match command {
+        PolicyCommand::Set {
+            volume,
+            with,
+            schedule,
+            keep,
+            prefix,
+            warn_age,
+            crit_age,
+            space_prune,
+        } => {
+            let request = PolicyRequest {
+                with,
+                schedule,
+                retention: keep,
+                prefix: Some(prefix),
+                warn_age_secs: warn_age.map(|d| d.as_secs()),
+                crit_age_secs: crit_age.map(|d| d.as_secs()),
+                space_prune_percent: space_prune,
+            };
+            p.show(&c.policy_set(&volume, &request)?, |v| {
+                output::policies(std::slice::from_ref(v), super::daemon::monitor::unix_now())
+            })?;
+        }
+        PolicyCommand::Show { volume } => {
+            let list = match &volume {
+                Some(v) => vec![c.policy(v)?],
+                None => c.policies()?,
+            };
+            p.show(&list, |l| {
+                output::policies(l, super::daemon::monitor::unix_now())
+            })?;
+        }
+        PolicyCommand::Clear { volume } => {
+            c.policy_clear(&volume)?;
+            p.done(
+                "cleared",
+                &volume,
+                format!("{volume} has no policy now; the snapshots it made stay\n"),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn replica(command: ReplicaCommand, c: &DaemonClient, p: &Printer) -> Result<()> {

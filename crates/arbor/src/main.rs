@@ -2,6 +2,7 @@
 //! the offline commands (`pool create`, and `check`, `pool grow`, `pool
 //! upgrade` given a PATH). See docs/CLI.md.
 
+mod alerts;
 mod cli;
 mod client;
 mod commands;

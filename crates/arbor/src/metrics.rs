@@ -71,6 +71,18 @@ struct PairLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AlertLabels {
+    kind: String,
+    subject: String,
+    severity: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SeverityLabels {
+    severity: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpaceLabels {
     space: &'static str,
 }
@@ -116,6 +128,8 @@ pub struct Metrics {
     replica_failed: Family<PairLabels, Gauge>,
     replica_cycles_ok: Family<PairLabels, Gauge>,
     replica_cycles_failed: Family<PairLabels, Gauge>,
+    alert: Family<AlertLabels, Gauge>,
+    alerts: Family<SeverityLabels, Gauge>,
 }
 
 impl Metrics {
@@ -141,6 +155,8 @@ impl Metrics {
             replica_failed: Family::default(),
             replica_cycles_ok: Family::default(),
             replica_cycles_failed: Family::default(),
+            alert: Family::default(),
+            alerts: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -226,6 +242,12 @@ impl Metrics {
             "Replication cycles that failed since the daemon started",
             m.replica_cycles_failed.clone(),
         );
+        r.register(
+            "alert",
+            "1 for each active alert (docs/MONITOR.md)",
+            m.alert.clone(),
+        );
+        r.register("alerts", "Active alerts by severity", m.alerts.clone());
         r.register(
             "pool_volumes",
             "Volumes and snapshots in the pool",
@@ -321,6 +343,37 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+
+    /// Sets the alert gauges to the active alerts.
+    pub fn set_alerts(&self, active: &[crate::model::AlertView]) {
+        use crate::model::Severity;
+        self.alert.clear();
+        let name = |s: Severity| match s {
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        };
+        for severity in [Severity::Warning, Severity::Critical] {
+            let count = active.iter().filter(|a| a.severity == severity).count();
+            self.alerts
+                .get_or_create(&SeverityLabels {
+                    severity: name(severity),
+                })
+                .set(gauge_value(count as u64));
+        }
+        for a in active {
+            let kind = serde_json::to_value(a.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            self.alert
+                .get_or_create(&AlertLabels {
+                    kind,
+                    subject: a.subject.clone(),
+                    severity: name(a.severity),
+                })
+                .set(1);
+        }
     }
 
     /// Refreshes the replication pairs' gauges from their status.

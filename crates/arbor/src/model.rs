@@ -174,6 +174,14 @@ pub struct SnapshotRequest {
     pub name: String,
 }
 
+/// `POST /v1/snapshots/group`: `VOLUME@SNAP` of distinct volumes, taken in
+/// one commit.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSnapshotRequest {
+    pub names: Vec<String>,
+}
+
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloneRequest {

@@ -125,6 +125,143 @@ pub fn pool(p: &PoolView) -> String {
         .iter()
         .map(|w| format!("WARNING: {w}\n"))
         .collect::<String>()
+        + &alerts(&p.alerts)
+}
+
+/// Active alerts, one line each (none: nothing).
+pub fn alerts(list: &[crate::model::AlertView]) -> String {
+    use crate::model::Severity;
+    list.iter()
+        .map(|a| {
+            let level = match a.severity {
+                Severity::Critical => "CRITICAL",
+                Severity::Warning => "ALERT",
+            };
+            format!(
+                "{level}: {} (since {})\n",
+                a.message,
+                timestamp(a.since_unix_secs)
+            )
+        })
+        .collect()
+}
+
+/// `arbor policy show`: each policy, its volumes, schedule, retention,
+/// last and next run, how its runs go.
+pub fn policies(list: &[crate::model::PolicyView], now: u64) -> String {
+    if list.is_empty() {
+        return "no policies: set one with arbor policy set VOLUME --schedule ... --keep ...\n"
+            .to_owned();
+    }
+    let mut out = String::new();
+    for p in list {
+        let when = |t: Option<u64>, none: &str| match t {
+            Some(t) if t <= now => format!("{} ({} ago)", timestamp(t), ago(now - t)),
+            Some(t) => format!("{} (in {})", timestamp(t), ago(t - now)),
+            None => none.to_owned(),
+        };
+        let mut rows = vec![
+            ("volumes", p.volumes.join(", ")),
+            ("schedule", format!("{} (UTC)", p.schedule)),
+            ("retention", p.retention.clone()),
+            ("names", format!("{}-YYYY-MM-DDTHH:MM:SSZ", p.prefix)),
+            ("last run", when(p.last_run, "never")),
+            ("next run", when(p.next_run, "never")),
+            ("snapshots", p.snapshots.to_string()),
+            (
+                "age alerts",
+                format!(
+                    "warn {}, critical {}",
+                    ago(p.warn_age_secs),
+                    ago(p.crit_age_secs)
+                ),
+            ),
+            (
+                "space prune",
+                p.space_prune_percent
+                    .map_or("off".to_owned(), |t| format!("past {t}% data use")),
+            ),
+            (
+                "last prune",
+                match p.last_prune {
+                    Some(t) => format!("{}: {} destroyed", when(Some(t), ""), p.last_pruned),
+                    None => "not yet".to_owned(),
+                },
+            ),
+        ];
+        if let Some(e) = &p.last_error {
+            rows.push(("error", format!("{e} ({} in a row)", p.failures)));
+        }
+        out += &format!("policy {}\n", p.id);
+        out += &fields(&rows)
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>();
+    }
+    out
+}
+
+/// `arbor prune [--dry-run]`: per volume, what goes (and frees) and why
+/// the rest stays.
+pub fn prune(v: &crate::model::PruneView) -> String {
+    let mut out = String::new();
+    if v.volumes.is_empty() {
+        return "no policies: nothing to prune\n".to_owned();
+    }
+    for vol in &v.volumes {
+        let verb = if v.dry_run {
+            "would destroy"
+        } else {
+            "destroyed"
+        };
+        out += &format!(
+            "{} (policy {}): {verb} {}, keeps {}\n",
+            vol.volume,
+            vol.policy,
+            vol.destroy.len(),
+            vol.keep.len()
+        );
+        let mut rows = Vec::new();
+        for d in &vol.destroy {
+            rows.push(vec![
+                if v.dry_run { "destroy" } else { "destroyed" }.to_owned(),
+                d.name.clone(),
+                timestamp(d.created_unix_secs),
+                size(d.frees_bytes),
+                d.reason.clone(),
+            ]);
+        }
+        for d in &vol.keep {
+            rows.push(vec![
+                "keep".to_owned(),
+                d.name.clone(),
+                timestamp(d.created_unix_secs),
+                size(d.frees_bytes),
+                d.reason.clone(),
+            ]);
+        }
+        for f in &vol.failed {
+            rows.push(vec![
+                "FAILED".to_owned(),
+                f.name.clone(),
+                String::new(),
+                String::new(),
+                f.error.clone(),
+            ]);
+        }
+        if !rows.is_empty() {
+            out += &table(&["action", "snapshot", "created", "frees", "why"], &rows)
+                .lines()
+                .map(|l| format!("  {l}\n"))
+                .collect::<String>();
+        }
+    }
+    out += &format!(
+        "{} {}\n",
+        if v.dry_run { "would free" } else { "freed" },
+        size(v.frees_bytes)
+    );
+    out
 }
 
 pub fn grow(g: &GrowView) -> String {

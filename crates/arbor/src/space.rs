@@ -23,6 +23,11 @@ impl SpaceWatch {
         Self { thresholds }
     }
 
+    /// The thresholds, in increasing order.
+    pub fn thresholds(&self) -> &[u8] {
+        &self.thresholds
+    }
+
     /// The highest threshold crossed by data or metadata use, if any.
     pub fn level(&self, stats: &PoolStats) -> Option<u8> {
         let used = percent(stats.data_used_bytes, stats.data_bytes)

@@ -14,14 +14,14 @@ use serde::Serialize;
 use tracing::error;
 
 use super::control::PoolControl;
-use super::{replica_api, stream};
+use super::{monitor_api, replica_api, stream};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody, GrowRequest,
-    GrowView, HoldRequest, MetadataPage, MetadataQuery, OverviewView, PoolView, Range, ReclaimView,
-    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
-    UpgradeView, VolumeView,
+    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody,
+    GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage, MetadataQuery,
+    OverviewView, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest,
+    SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -74,6 +74,16 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
         .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
         .route("/v1/overview", get(overview))
+        .route("/v1/policies", get(monitor_api::list))
+        .route(
+            "/v1/policies/{volume}",
+            get(monitor_api::show)
+                .put(monitor_api::set)
+                .delete(monitor_api::clear),
+        )
+        .route("/v1/prune", post(monitor_api::prune))
+        .route("/v1/alerts", get(monitor_api::alerts))
+        .route("/v1/snapshots/group", post(snapshot_group))
         .route("/", get(dashboard))
         .route("/ui", get(dashboard))
         .route("/metrics", get(metrics))
@@ -160,7 +170,7 @@ impl IntoResponse for ApiError {
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// Runs a blocking engine operation off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     control: PoolControl,
     operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
@@ -276,6 +286,19 @@ async fn snapshot(
     blocking(c, move |c| c.snapshot(&req.name))
         .await
         .map(created)
+}
+
+/// `POST /v1/snapshots/group`: snapshots of several volumes in one commit.
+async fn snapshot_group(
+    State(c): State<PoolControl>,
+    Json(req): Json<GroupSnapshotRequest>,
+) -> ApiResult<Response> {
+    for name in &req.names {
+        not_replica(&c, name)?;
+    }
+    blocking(c, move |c| c.snapshot_group(&req.names))
+        .await
+        .map(|views| (StatusCode::CREATED, Json(views)).into_response())
 }
 
 async fn clone_snapshot(

@@ -40,6 +40,7 @@ pub struct PoolControl {
     /// Snapshots a send is reading: destroying one needs force.
     pub sending: Arc<arbor_stream::busy::Pins>,
     pub replication: Arc<super::replication::Replication>,
+    pub monitor: Arc<super::monitor::Monitor>,
 }
 
 /// The page size a metadata query asks for.
@@ -138,7 +139,7 @@ impl PoolControl {
             reclaim_pending: s.reclaim_pending,
             txn: s.txn,
             warnings: self.space.warnings(&s),
-            alerts: Vec::new(),
+            alerts: self.monitor.alerts(),
         })
     }
 
@@ -146,6 +147,7 @@ impl PoolControl {
     /// with its space, policies, replication and alerts.
     pub fn overview(&self) -> Result<OverviewView> {
         let now = crate::daemon::monitor::unix_now();
+        let policies = self.monitor.policy_keys(self)?;
         let volumes = self
             .list()?
             .into_iter()
@@ -162,7 +164,7 @@ impl PoolControl {
                 OverviewVolume {
                     exclusive_bytes: s.exclusive_bytes,
                     shared_bytes: s.shared_bytes,
-                    policy: None,
+                    policy: policies.get(&volume.id).cloned(),
                     volume,
                 }
             })
@@ -171,9 +173,9 @@ impl PoolControl {
             now_unix_secs: now,
             pool: self.pool_info()?,
             volumes,
-            policies: Vec::new(),
+            policies: self.monitor.views(self, None, now)?,
             replication: self.replication.view(),
-            alerts: Vec::new(),
+            alerts: self.monitor.alerts(),
         })
     }
 
@@ -198,6 +200,14 @@ impl PoolControl {
     pub fn snapshot(&self, name: &str) -> Result<VolumeView> {
         let id = self.pool.snapshot(name)?;
         self.view(self.pool.info(id)?)
+    }
+
+    /// Snapshots of several volumes in one commit (a consistency group).
+    pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeView>> {
+        let ids = self.pool.snapshot_group(names)?;
+        ids.into_iter()
+            .map(|id| self.view(self.pool.info(id)?))
+            .collect()
     }
 
     pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {

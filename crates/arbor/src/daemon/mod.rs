@@ -11,6 +11,7 @@ mod background;
 pub mod control;
 mod listen;
 pub mod monitor;
+mod monitor_api;
 mod replica_api;
 pub mod replication;
 mod stream;
@@ -117,6 +118,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         receiving,
         sending,
         replication: replication.clone(),
+        monitor: std::sync::Arc::new(monitor::Monitor::default()),
     };
     let mut tasks = JoinSet::new();
     info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
@@ -151,6 +153,7 @@ async fn run(config: ServeConfig) -> Result<()> {
             stop.clone(),
         ));
     }
+    tasks.spawn(monitor::Monitor::run(control.clone(), stop.clone()));
     tasks.spawn(api.serve(api::router(control), stop.clone()));
     if let Some(listener) = replication_listener {
         info!(listen = ?listener.local_addr().ok(), "replication listener");

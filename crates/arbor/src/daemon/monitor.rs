@@ -1,9 +1,596 @@
-//! The volume monitor: policies' scheduled snapshots and prunes, and the
-//! alerts (docs/MONITOR.md).
+//! The volume monitor (docs/MONITOR.md): each tick, every policy kept in
+//! the pool takes its scheduled snapshot when due (one group snapshot of
+//! all its volumes, in one commit) and prunes by its retention; then the
+//! alerts are refreshed. Policies are read from the pool each tick, so the
+//! pool alone says what is scheduled; what the monitor keeps in memory is
+//! only how runs went (failures, last prune) and the active alerts.
+//!
+//! Every run, prune and policy change holds one lock, so a prune never
+//! races a snapshot or another prune. Everything here blocks on the pool:
+//! callers run it off the async workers.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::Result;
+use arbor_engine::{Error as EngineError, VolumeId};
+use arbor_monitor::engine::{self as store, Listing, Stored, VolumeOutcome};
+use arbor_monitor::{Decision, Policy, Reason, Retention, Schedule};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::control::PoolControl;
+use crate::alerts::{self, Book, Condition, CRITICAL_FAILURES};
+use crate::model::{
+    AlertKind, AlertView, PolicyRequest, PolicyView, PruneDecisionView, PruneFailureView,
+    PruneRequest, PruneView, PruneVolumeView, Severity,
+};
+
+/// How often the monitor looks at its policies: the finest schedule
+/// granularity, and the delay before a changed policy takes effect.
+const TICK: Duration = Duration::from_secs(1);
 
 /// Now, in Unix seconds.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain bookkeeping behind, still
+    // usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a policy's runs went (in memory: the schedule itself needs none).
+#[derive(Debug, Default, Clone)]
+struct RunState {
+    last_prune: Option<u64>,
+    last_pruned: u64,
+    /// Snapshots or prunes that failed in a row, and the last error.
+    failures: u32,
+    last_error: Option<String>,
+    /// What the last prune destroyed beyond retention, to free space.
+    space_pruned: Vec<String>,
+}
+
+/// The monitor's state; one per daemon.
+#[derive(Default)]
+pub struct Monitor {
+    runs: Mutex<HashMap<String, RunState>>,
+    alerts: Mutex<Book>,
+    /// One run, prune or policy change at a time.
+    exclusive: Mutex<()>,
+}
+
+fn invalid(message: String) -> anyhow::Error {
+    EngineError::InvalidArgument(message).into()
+}
+
+/// The policy of `volume` among `loaded`, if any.
+fn policy_of<'a>(loaded: &'a [Stored], volume: VolumeId) -> Option<&'a Stored> {
+    loaded.iter().find(|s| s.policy.volumes.contains(&volume.0))
+}
+
+fn decision_view(d: &Decision) -> PruneDecisionView {
+    PruneDecisionView {
+        name: d.name.clone(),
+        created_unix_secs: d.created,
+        reason: d.reason.to_string(),
+        frees_bytes: d.frees,
+    }
+}
+
+impl Monitor {
+    /// Runs the monitor until `stop`: a tick a second, off the async
+    /// workers. A tick that fails is logged and counted in its policy's
+    /// state; the daemon goes on.
+    pub async fn run(control: PoolControl, stop: CancellationToken) -> Result<()> {
+        let mut ticks = tokio::time::interval(TICK);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = ticks.tick() => {}
+            }
+            let c = control.clone();
+            let ticked = tokio::task::spawn_blocking(move || c.monitor.tick(&c, unix_now())).await;
+            match ticked {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if is_fatal(&e) => return Err(e.context("the monitor stopped")),
+                Ok(Err(e)) => warn!(error = format!("{e:#}"), "monitor tick failed"),
+                Err(e) => error!(error = %e, "monitor tick panicked"),
+            }
+        }
+    }
+
+    /// One tick at `now`: every due snapshot, every due prune, the alerts.
+    pub fn tick(&self, c: &PoolControl, now: u64) -> Result<()> {
+        let _one = lock(&self.exclusive);
+        let loaded = store::load(&c.pool)?;
+        for (key, why) in &loaded.damaged {
+            self.failed(key, format!("the stored policy is damaged: {why}"));
+        }
+        let listing = Listing::of(&c.pool)?;
+        for stored in &loaded.policies {
+            let Some(stored) = self.drop_destroyed(c, stored, &listing)? else {
+                continue;
+            };
+            if let Some(replica) = listing
+                .members(&stored.policy)
+                .into_iter()
+                .find(|v| c.replication.is_replica(&v.name))
+            {
+                self.failed(
+                    &stored.key,
+                    format!(
+                        "{} is a replica: its snapshots come from its source; clear its policy \
+                         or promote it",
+                        replica.name
+                    ),
+                );
+                continue;
+            }
+            let last_prune = lock(&self.runs).get(&stored.key).and_then(|r| r.last_prune);
+            let turn = match store::turn(
+                &c.pool,
+                &stored.policy,
+                now,
+                last_prune,
+                &|id| in_use(c, id),
+                &mut |name| destroy(c, name),
+            ) {
+                Ok(turn) => turn,
+                Err(e) if e.stops_pool() => return Err(e.into()),
+                Err(e) => {
+                    self.failed(&stored.key, format!("policy run failed: {e}"));
+                    continue;
+                }
+            };
+            if turn.taken.is_none() && turn.pruned.is_none() {
+                // Nothing ran: how the last run went still stands.
+                continue;
+            }
+            let snapshot_error = match turn.taken {
+                Some(Ok(snap)) => {
+                    info!(policy = %stored.key, snapshot = %snap, "scheduled snapshot");
+                    None
+                }
+                Some(Err(e)) => Some(format!("scheduled snapshot failed: {e}")),
+                None => None,
+            };
+            self.record(&stored.key, turn.pruned.as_deref(), snapshot_error, now);
+        }
+        let listing = Listing::of(&c.pool)?;
+        self.refresh_alerts(c, &loaded.policies, &listing, now)
+    }
+
+    /// The stored policy without its destroyed volumes (updated in the pool;
+    /// removed when none is left, which is `None`).
+    fn drop_destroyed(
+        &self,
+        c: &PoolControl,
+        stored: &Stored,
+        listing: &Listing,
+    ) -> Result<Option<Stored>> {
+        let alive: Vec<u64> = stored
+            .policy
+            .volumes
+            .iter()
+            .copied()
+            .filter(|&id| listing.volume(id).is_some())
+            .collect();
+        if alive.len() == stored.policy.volumes.len() {
+            return Ok(Some(stored.clone()));
+        }
+        if alive.is_empty() {
+            store::remove(&c.pool, &stored.key)?;
+            lock(&self.runs).remove(&stored.key);
+            info!(policy = %stored.key, "policy removed: all its volumes were destroyed");
+            return Ok(None);
+        }
+        let policy = Policy {
+            volumes: alive,
+            ..stored.policy.clone()
+        };
+        store::store(&c.pool, &stored.key, &policy)?;
+        info!(policy = %stored.key, "destroyed volumes left the policy");
+        Ok(Some(Stored {
+            key: stored.key.clone(),
+            policy,
+        }))
+    }
+
+    fn failed(&self, key: &str, message: String) {
+        let mut runs = lock(&self.runs);
+        let run = runs.entry(key.to_owned()).or_default();
+        if run.last_error.as_deref() != Some(&message) {
+            warn!(policy = %key, "{message}");
+        }
+        run.failures = run.failures.saturating_add(1);
+        run.last_error = Some(message);
+    }
+
+    /// Records how a policy's turn went: a prune's outcomes (if it
+    /// pruned) and a failed snapshot's error. A turn without errors ends a
+    /// run of failures.
+    fn record(
+        &self,
+        key: &str,
+        pruned: Option<&[VolumeOutcome]>,
+        snapshot_error: Option<String>,
+        now: u64,
+    ) {
+        let mut errors: Vec<String> = snapshot_error.into_iter().collect();
+        if let Some(outcomes) = pruned {
+            let mut space = Vec::new();
+            let mut destroyed = 0u64;
+            for o in outcomes {
+                for d in &o.destroyed {
+                    info!(policy = %key, snapshot = %d.name, reason = %d.reason, frees = d.frees, "pruned");
+                    destroyed += 1;
+                    if d.reason == Reason::SpaceAware {
+                        space.push(d.name.clone());
+                    }
+                }
+                for (d, e) in &o.failed {
+                    errors.push(format!("prune of {} failed: {e}", d.name));
+                }
+            }
+            if !space.is_empty() {
+                warn!(
+                    policy = %key,
+                    snapshots = space.len(),
+                    "the pool is past the policy's space threshold: pruned beyond retention, \
+                     oldest first"
+                );
+            }
+            let mut runs = lock(&self.runs);
+            let run = runs.entry(key.to_owned()).or_default();
+            run.last_prune = Some(now);
+            run.last_pruned = destroyed;
+            run.space_pruned = space;
+        }
+        if errors.is_empty() {
+            let mut runs = lock(&self.runs);
+            let run = runs.entry(key.to_owned()).or_default();
+            run.failures = 0;
+            run.last_error = None;
+        } else {
+            self.failed(key, errors.join("; "));
+        }
+    }
+
+    /// `arbor prune`: every policy's prune (of `volume`'s policy only, if
+    /// given) now, or with `dry_run` what it would destroy.
+    pub fn prune(&self, c: &PoolControl, req: &PruneRequest, now: u64) -> Result<PruneView> {
+        let _one = lock(&self.exclusive);
+        let loaded = store::load(&c.pool)?;
+        let listing = Listing::of(&c.pool)?;
+        let chosen: Vec<&Stored> = match &req.volume {
+            Some(volume) => {
+                let id = c.pool.lookup(volume)?;
+                let stored = policy_of(&loaded.policies, id).ok_or_else(|| {
+                    EngineError::NotFound(format!("a policy for {volume} (arbor policy set)"))
+                })?;
+                vec![stored]
+            }
+            None => loaded.policies.iter().collect(),
+        };
+        let mut volumes = Vec::new();
+        for stored in chosen {
+            let plans = store::plan(&c.pool, &listing, &stored.policy, now, &|id| in_use(c, id))?;
+            let outcomes = store::execute(&plans, req.dry_run, &mut |name| destroy(c, name));
+            if !req.dry_run {
+                self.record(&stored.key, Some(&outcomes), None, now);
+            }
+            volumes.extend(outcomes.iter().map(|o| {
+                PruneVolumeView {
+                    volume: o.volume.clone(),
+                    policy: stored.key.clone(),
+                    destroy: o.destroyed.iter().map(decision_view).collect(),
+                    keep: o.kept.iter().map(decision_view).collect(),
+                    failed: o
+                        .failed
+                        .iter()
+                        .map(|(d, e)| PruneFailureView {
+                            name: d.name.clone(),
+                            error: e.clone(),
+                        })
+                        .collect(),
+                }
+            }));
+        }
+        let frees_bytes = volumes
+            .iter()
+            .flat_map(|v| &v.destroy)
+            .map(|d| d.frees_bytes)
+            .fold(0u64, u64::saturating_add);
+        Ok(PruneView {
+            dry_run: req.dry_run,
+            volumes,
+            frees_bytes,
+        })
+    }
+
+    /// `arbor policy set VOLUME`: the policy of `volume` and the volumes in
+    /// `req.with`, replacing the one `volume` had.
+    pub fn set(&self, c: &PoolControl, volume: &str, req: &PolicyRequest) -> Result<PolicyView> {
+        let _one = lock(&self.exclusive);
+        let schedule: Schedule = req
+            .schedule
+            .parse()
+            .map_err(|e: arbor_monitor::PolicyError| invalid(e.to_string()))?;
+        let retention: Retention = req
+            .retention
+            .parse()
+            .map_err(|e: arbor_monitor::PolicyError| invalid(e.to_string()))?;
+        let loaded = store::load(&c.pool)?;
+        let mut ids = Vec::new();
+        for name in std::iter::once(volume).chain(req.with.iter().map(String::as_str)) {
+            let id = c.pool.lookup(name)?;
+            if c.pool.info(id)?.snapshot {
+                return Err(invalid(format!(
+                    "{name} is a snapshot: policies are set on volumes"
+                )));
+            }
+            if c.replication.is_replica(name) {
+                return Err(EngineError::ReadOnly(format!(
+                    "{name} (a replica: its snapshots come from its source)"
+                ))
+                .into());
+            }
+            if ids.contains(&id.0) {
+                return Err(invalid(format!("{name} is named twice")));
+            }
+            ids.push(id.0);
+        }
+        let own = policy_of(&loaded.policies, VolumeId(ids[0])).map(|s| s.key.clone());
+        for (&id, name) in ids
+            .iter()
+            .zip(std::iter::once(volume).chain(req.with.iter().map(String::as_str)))
+        {
+            if let Some(other) = policy_of(&loaded.policies, VolumeId(id)) {
+                if Some(&other.key) != own.as_ref() {
+                    return Err(EngineError::Conflict(format!(
+                        "{name} already has a policy ({}); clear it first (arbor policy clear {name})",
+                        other.key
+                    ))
+                    .into());
+                }
+            }
+        }
+        let mut policy = Policy::new(ids, schedule, retention);
+        if let Some(prefix) = &req.prefix {
+            policy.prefix = prefix.clone();
+        }
+        policy.warn_age_secs = req.warn_age_secs;
+        policy.crit_age_secs = req.crit_age_secs;
+        policy.space_prune_percent = req.space_prune_percent;
+        policy.validate().map_err(|e| invalid(e.to_string()))?;
+        let key =
+            own.unwrap_or_else(|| store::new_key(VolumeId(policy.volumes[0]), &loaded.policies));
+        store::store(&c.pool, &key, &policy)?;
+        info!(policy = %key, volume, schedule = %policy.schedule, retention = %policy.retention, "policy set");
+        let listing = Listing::of(&c.pool)?;
+        Ok(self.view(&Stored { key, policy }, &listing, unix_now()))
+    }
+
+    /// `arbor policy clear VOLUME`: removes the policy `volume` is in (for
+    /// all its volumes); its snapshots stay. Whether there was one.
+    pub fn clear(&self, c: &PoolControl, volume: &str) -> Result<bool> {
+        let _one = lock(&self.exclusive);
+        let id = c.pool.lookup(volume)?;
+        let loaded = store::load(&c.pool)?;
+        let Some(stored) = policy_of(&loaded.policies, id) else {
+            return Ok(false);
+        };
+        store::remove(&c.pool, &stored.key)?;
+        lock(&self.runs).remove(&stored.key);
+        info!(policy = %stored.key, volume, "policy cleared");
+        Ok(true)
+    }
+
+    /// Every policy, as `arbor policy show` shows it; of `volume` only, if
+    /// given.
+    pub fn views(
+        &self,
+        c: &PoolControl,
+        volume: Option<&str>,
+        now: u64,
+    ) -> Result<Vec<PolicyView>> {
+        let loaded = store::load(&c.pool)?;
+        let listing = Listing::of(&c.pool)?;
+        let chosen: Vec<&Stored> = match volume {
+            Some(volume) => {
+                let id = c.pool.lookup(volume)?;
+                policy_of(&loaded.policies, id).into_iter().collect()
+            }
+            None => loaded.policies.iter().collect(),
+        };
+        Ok(chosen
+            .into_iter()
+            .map(|s| self.view(s, &listing, now))
+            .collect())
+    }
+
+    /// The key of the policy volume `id` is in, for every volume that has
+    /// one.
+    pub fn policy_keys(&self, c: &PoolControl) -> Result<HashMap<u64, String>> {
+        let loaded = store::load(&c.pool)?;
+        Ok(loaded
+            .policies
+            .iter()
+            .flat_map(|s| s.policy.volumes.iter().map(|&id| (id, s.key.clone())))
+            .collect())
+    }
+
+    fn view(&self, stored: &Stored, listing: &Listing, now: u64) -> PolicyView {
+        let p = &stored.policy;
+        let last_run = listing.last_run(p, now);
+        let next = p.schedule.next_run(last_run, now);
+        let run = lock(&self.runs)
+            .get(&stored.key)
+            .cloned()
+            .unwrap_or_default();
+        let (warn_age, crit_age) = p.ages();
+        PolicyView {
+            id: stored.key.clone(),
+            volumes: listing
+                .members(p)
+                .into_iter()
+                .map(|v| v.name.clone())
+                .collect(),
+            schedule: p.schedule.to_string(),
+            retention: p.retention.to_string(),
+            prefix: p.prefix.clone(),
+            warn_age_secs: warn_age,
+            crit_age_secs: crit_age,
+            space_prune_percent: p.space_prune_percent,
+            last_run,
+            next_run: (next != u64::MAX).then_some(next),
+            snapshots: p
+                .volumes
+                .iter()
+                .map(|&id| listing.policy_snapshots(p, id).len() as u64)
+                .sum(),
+            last_prune: run.last_prune,
+            last_pruned: run.last_pruned,
+            failures: run.failures,
+            last_error: run.last_error,
+        }
+    }
+
+    /// The active alerts, critical first.
+    pub fn alerts(&self) -> Vec<AlertView> {
+        lock(&self.alerts).active()
+    }
+
+    fn refresh_alerts(
+        &self,
+        c: &PoolControl,
+        policies: &[Stored],
+        listing: &Listing,
+        now: u64,
+    ) -> Result<()> {
+        let s = c.pool.pool_stats()?;
+        let thresholds = c.space.thresholds();
+        let mut found: Vec<Condition> = [
+            alerts::space(
+                AlertKind::DataUsage,
+                "data",
+                s.data_used_bytes,
+                s.data_bytes,
+                thresholds,
+            ),
+            alerts::space(
+                AlertKind::MetadataUsage,
+                "metadata",
+                s.metadata_used_bytes,
+                s.metadata_bytes,
+                thresholds,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let runs = lock(&self.runs).clone();
+        for stored in policies {
+            let (warn_age, crit_age) = stored.policy.ages();
+            for volume in listing.members(&stored.policy) {
+                let newest = listing
+                    .policy_snapshots(&stored.policy, volume.id.0)
+                    .last()
+                    .map(|s| s.stamp);
+                if let Some(stamp) = newest {
+                    found.extend(alerts::snapshot_age(
+                        &volume.name,
+                        now.saturating_sub(stamp),
+                        warn_age,
+                        crit_age,
+                    ));
+                }
+            }
+            let Some(run) = runs.get(&stored.key) else {
+                continue;
+            };
+            if run.failures > 0 {
+                found.push(Condition::new(
+                    AlertKind::PruneFailed,
+                    if run.failures >= CRITICAL_FAILURES {
+                        Severity::Critical
+                    } else {
+                        Severity::Warning
+                    },
+                    &stored.key,
+                    format!(
+                        "{} ({} in a row)",
+                        run.last_error.as_deref().unwrap_or("failed"),
+                        run.failures
+                    ),
+                ));
+            }
+            if !run.space_pruned.is_empty() {
+                found.push(Condition::new(
+                    AlertKind::SpacePruned,
+                    Severity::Warning,
+                    &stored.key,
+                    format!(
+                        "the pool passed the policy's space threshold: {} snapshot{} pruned \
+                         beyond retention ({})",
+                        run.space_pruned.len(),
+                        if run.space_pruned.len() == 1 { "" } else { "s" },
+                        run.space_pruned.join(", ")
+                    ),
+                ));
+            }
+        }
+        for (key, why) in runs
+            .iter()
+            .filter(|(k, _)| !policies.iter().any(|s| &s.key == *k))
+        {
+            if why.failures > 0 {
+                found.push(Condition::new(
+                    AlertKind::PruneFailed,
+                    Severity::Critical,
+                    key,
+                    why.last_error.clone().unwrap_or_default(),
+                ));
+            }
+        }
+        for pair in c.replication.view().pairs {
+            found.extend(alerts::replication_lag(&pair));
+        }
+        let changes = lock(&self.alerts).update(found, now);
+        if !changes.is_empty() {
+            c.metrics.set_alerts(&self.alerts());
+        }
+        Ok(())
+    }
+}
+
+/// A prune's destroy: as `arbor destroy` without force (refused while NBD
+/// clients have it open or a send reads it).
+fn destroy(c: &PoolControl, name: &str) -> Result<(), String> {
+    c.destroy(name, false).map_err(|e| format!("{e:#}"))
+}
+
+/// What keeps snapshot `id` from being destroyed besides its holds: NBD
+/// clients or a send.
+fn in_use(c: &PoolControl, id: VolumeId) -> Option<String> {
+    if c.open.count(id) > 0 {
+        Some("open over NBD".to_owned())
+    } else if c.sending.count(id) > 0 {
+        Some("being sent".to_owned())
+    } else {
+        None
+    }
+}
+
+/// Whether `e` means the pool stopped (the daemon then stops too).
+fn is_fatal(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<EngineError>()
+        .is_some_and(EngineError::stops_pool)
 }
