@@ -70,7 +70,7 @@ fn invalid(message: String) -> anyhow::Error {
 }
 
 /// The policy of `volume` among `loaded`, if any.
-fn policy_of<'a>(loaded: &'a [Stored], volume: VolumeId) -> Option<&'a Stored> {
+fn policy_of(loaded: &[Stored], volume: VolumeId) -> Option<&Stored> {
     loaded.iter().find(|s| s.policy.volumes.contains(&volume.0))
 }
 

@@ -1,0 +1,339 @@
+//! The volume monitor through a real daemon and the CLI: policies kept in
+//! the pool across a restart, scheduled group snapshots, pruning by
+//! retention (user and held snapshots stay), `prune --dry-run`, alerts in
+//! `pool status`, the API and metrics, and every refusal with its exit
+//! status.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Polls `probe` until it returns `Some`; waiting past `secs` is a failure
+/// (the monitor never did what the policy says), never a pass.
+fn wait_for<T>(what: &str, secs: u64, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn snapshot_names(daemon: &Daemon, volume: &str) -> Vec<String> {
+    daemon
+        .json(&["snapshot", "list", volume])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn auto(names: &[String]) -> Vec<&String> {
+    names.iter().filter(|n| n.contains("@auto-")).collect()
+}
+
+#[test]
+fn policies_snapshot_and_prune_across_a_restart() {
+    let mut daemon = Daemon::start(&[]);
+    daemon.ok(&["volume", "create", "db", "--size", "16M"]);
+    daemon.ok(&["volume", "create", "wal", "--size", "16M"]);
+    daemon.ok(&["snapshot", "create", "db@mine"]);
+    let set = daemon.json(&[
+        "policy",
+        "set",
+        "db",
+        "--with",
+        "wal",
+        "--schedule",
+        "every 1s",
+        "--keep",
+        "frequent=3",
+    ]);
+    assert_eq!(set["volumes"], serde_json::json!(["db", "wal"]));
+    assert_eq!(set["schedule"], "every 1s");
+    // Snapshots come, both volumes under one name, and retention keeps 3.
+    wait_for("5 scheduled runs", 60, || {
+        let p = &daemon.json(&["policy", "show", "db"])[0];
+        (p["last_pruned"].as_u64()? > 0 && p["snapshots"].as_u64()? == 6).then_some(())
+    });
+    let db = snapshot_names(&daemon, "db");
+    let wal = snapshot_names(&daemon, "wal");
+    assert!(
+        db.contains(&"db@mine".to_owned()),
+        "a user's snapshot was pruned"
+    );
+    let stamps = |names: &[String]| -> Vec<String> {
+        auto(names)
+            .iter()
+            .map(|n| n.split_once('@').unwrap().1.to_owned())
+            .collect()
+    };
+    assert_eq!(
+        stamps(&db),
+        stamps(&wal),
+        "the group's snapshots share names"
+    );
+    for name in auto(&db) {
+        let stamp = name.strip_prefix("db@auto-").unwrap();
+        assert!(
+            stamp.len() >= 20 && stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T',
+            "{name} is not auto-YYYY-MM-DDTHH:MM:SSZ"
+        );
+    }
+    // A held policy snapshot outlives retention.
+    let held = auto(&db)[0].clone();
+    daemon.ok(&["hold", &held, "backup"]);
+    wait_for("the held snapshot to outlive 3 newer", 60, || {
+        let names = snapshot_names(&daemon, "db");
+        let newer = auto(&names).iter().filter(|n| **n > &held).count();
+        (newer >= 3).then_some(())
+    });
+    assert!(snapshot_names(&daemon, "db").contains(&held));
+    let dry = daemon.json(&["prune", "--dry-run", "db"]);
+    assert_eq!(dry["dry_run"], true);
+    let keep = dry["volumes"][0]["keep"].as_array().unwrap();
+    let reason = |name: &str| {
+        keep.iter()
+            .find(|d| d["name"] == name)
+            .map(|d| d["reason"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(reason(&held).as_deref(), Some("held (backup)"));
+    assert_eq!(reason("db@mine").as_deref(), Some("not made by the policy"));
+    let text = daemon.ok(&["prune", "--dry-run"]);
+    assert!(text.contains("would free"), "{text}");
+
+    // The policy is in the pool: it survives a restart, and after the
+    // downtime one catch-up snapshot is taken, not one per missed second.
+    let before = auto(&snapshot_names(&daemon, "db")).len();
+    daemon.stop_cleanly();
+    let out = ok(&["check", p(&daemon.path("pool"))]);
+    assert!(out.contains("pool is clean"), "{out}");
+    // Down for a while: several runs are missed.
+    std::thread::sleep(Duration::from_secs(4));
+    daemon.restart(&[]);
+    let shown = daemon.json(&["policy", "show"]);
+    assert_eq!(shown[0]["volumes"], serde_json::json!(["db", "wal"]));
+    wait_for("a run after the restart", 30, || {
+        let p = &daemon.json(&["policy", "show", "db"])[0];
+        p["last_prune"].as_u64().map(|_| ())
+    });
+    let after = auto(&snapshot_names(&daemon, "db")).len();
+    assert!(
+        after <= before + 2,
+        "a burst after downtime: {before} -> {after}"
+    );
+
+    // Clearing the policy stops it; its snapshots stay.
+    daemon.ok(&["policy", "clear", "wal"]);
+    assert_eq!(daemon.json(&["policy", "show"]), serde_json::json!([]));
+    let left = snapshot_names(&daemon, "db");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        snapshot_names(&daemon, "db"),
+        left,
+        "a cleared policy still ran"
+    );
+    daemon.stop_cleanly();
+}
+
+#[test]
+fn policy_commands_refuse_what_they_cannot_do() {
+    let daemon = Daemon::start(&[]);
+    daemon.ok(&["volume", "create", "a", "--size", "8M"]);
+    daemon.ok(&["volume", "create", "b", "--size", "8M"]);
+    daemon.ok(&["snapshot", "create", "a@s"]);
+    fn set<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [&["policy", "set"][..], args].concat()
+    }
+    daemon.fails(
+        &set(&["a", "--schedule", "sometimes", "--keep", "hourly=1"]),
+        2,
+        "schedule",
+    );
+    daemon.fails(
+        &set(&["a", "--schedule", "hourly", "--keep", "lots"]),
+        2,
+        "retention",
+    );
+    daemon.fails(
+        &set(&["nope", "--schedule", "hourly", "--keep", "hourly=1"]),
+        4,
+        "nope",
+    );
+    daemon.fails(
+        &set(&["a@s", "--schedule", "hourly", "--keep", "hourly=1"]),
+        2,
+        "snapshot",
+    );
+    daemon.fails(
+        &set(&[
+            "a",
+            "--with",
+            "a",
+            "--schedule",
+            "hourly",
+            "--keep",
+            "hourly=1",
+        ]),
+        2,
+        "twice",
+    );
+    daemon.fails(
+        &set(&[
+            "a",
+            "--schedule",
+            "hourly",
+            "--keep",
+            "hourly=1",
+            "--prefix",
+            "bad prefix",
+        ]),
+        2,
+        "prefix",
+    );
+    daemon.fails(
+        &set(&[
+            "a",
+            "--schedule",
+            "hourly",
+            "--keep",
+            "hourly=1",
+            "--space-prune",
+            "20",
+        ]),
+        2,
+        "space",
+    );
+    daemon.ok(&set(&[
+        "a",
+        "--schedule",
+        "daily at 23:59",
+        "--keep",
+        "daily=7",
+    ]));
+    // b may not join a group while in another policy; a's policy is replaced.
+    daemon.ok(&set(&["b", "--schedule", "hourly", "--keep", "hourly=2"]));
+    daemon.fails(
+        &set(&[
+            "a",
+            "--with",
+            "b",
+            "--schedule",
+            "hourly",
+            "--keep",
+            "hourly=1",
+        ]),
+        5,
+        "already has a policy",
+    );
+    let replaced = daemon.json(&set(&[
+        "a",
+        "--schedule",
+        "weekly on sun at 03:00",
+        "--keep",
+        "1x1h(keep=all) | 24x1h | 14x1d",
+    ]));
+    assert_eq!(replaced["schedule"], "weekly on sun at 03:00");
+    assert_eq!(replaced["retention"], "1x1h(keep=all) | 24x1h | 14x1d");
+    assert_eq!(
+        daemon.json(&["policy", "show"]).as_array().unwrap().len(),
+        2
+    );
+    daemon.fails(&["policy", "clear", "nope"], 4, "nope");
+    daemon.ok(&["policy", "clear", "b"]);
+    daemon.fails(&["policy", "clear", "b"], 4, "no policy");
+    daemon.fails(&["policy", "show", "b"], 4, "no policy");
+    daemon.fails(&["prune", "b"], 4, "policy");
+    // A group snapshot from the CLI: all or nothing.
+    daemon.ok(&["snapshot", "create", "a@g", "b@g"]);
+    daemon.fails(&["snapshot", "create", "a@h", "b@g"], 5, "b@g");
+    assert!(!snapshot_names(&daemon, "a").contains(&"a@h".to_owned()));
+    // A destroyed volume leaves its policy; the last one takes it along.
+    daemon.ok(&["destroy", "a@s"]);
+    daemon.ok(&["destroy", "a@g"]);
+    let destroyed: Vec<String> = snapshot_names(&daemon, "a");
+    for s in destroyed {
+        daemon.ok(&["destroy", &s]);
+    }
+    daemon.ok(&["destroy", "a"]);
+    wait_for("the policy of a destroyed volume to go", 30, || {
+        daemon
+            .json(&["policy", "show"])
+            .as_array()?
+            .is_empty()
+            .then_some(())
+    });
+}
+
+#[test]
+fn alerts_reach_status_the_api_and_metrics() {
+    let config = std::env::temp_dir().join(format!("arbor-alerts-{}.toml", std::process::id()));
+    std::fs::write(&config, "space_warning_percent = [1, 2]\n").unwrap();
+    let daemon = Daemon::start(&["--config", p(&config), "--initial-volume-size", "16M"]);
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![7u8; 12 << 20]).unwrap();
+    nbdcopy(
+        p(&image),
+        &format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket()),
+    );
+    // 12 MiB of a 256 MiB pool: past 2%, the highest threshold: critical.
+    let alert = wait_for("a data usage alert", 30, || {
+        let (_, body) = http(&daemon.api_socket(), "GET", "/v1/alerts", "");
+        let alerts: Value = serde_json::from_str(&body).ok()?;
+        alerts
+            .as_array()?
+            .iter()
+            .find(|a| a["kind"] == "data_usage")
+            .cloned()
+    });
+    assert_eq!(alert["severity"], "critical");
+    assert_eq!(alert["subject"], "data");
+    let status = daemon.ok(&["pool", "status"]);
+    assert!(status.contains("CRITICAL: data space is"), "{status}");
+    assert_eq!(
+        daemon.json(&["pool", "status"])["alerts"][0]["kind"],
+        "data_usage"
+    );
+    let metrics = http(&daemon.api_socket(), "GET", "/metrics", "").1;
+    assert!(
+        metrics
+            .contains("arbor_alert{kind=\"data_usage\",subject=\"data\",severity=\"critical\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("arbor_alerts{severity=\"critical\"} 1"),
+        "{metrics}"
+    );
+    // Snapshot age: a policy whose newest snapshot is older than its
+    // critical age (1 s) alerts.
+    daemon.ok(&[
+        "policy",
+        "set",
+        "disk0",
+        "--schedule",
+        "daily",
+        "--keep",
+        "daily=2",
+        "--warn-age",
+        "1s",
+        "--crit-age",
+        "2s",
+    ]);
+    let age = wait_for("a snapshot age alert", 30, || {
+        let (_, body) = http(&daemon.api_socket(), "GET", "/v1/alerts", "");
+        let alerts: Value = serde_json::from_str(&body).ok()?;
+        alerts
+            .as_array()?
+            .iter()
+            .find(|a| a["kind"] == "snapshot_age" && a["severity"] == "critical")
+            .cloned()
+    });
+    assert_eq!(age["subject"], "disk0");
+    let _ = std::fs::remove_file(config);
+}
