@@ -44,6 +44,9 @@ pub enum ErrorCode {
     Unsupported,
     /// A send stream is damaged, truncated or not one.
     BadStream,
+    /// A request a browser was made to send for another site (its `Origin`
+    /// or `Host` is not the API's own).
+    Forbidden,
     Internal,
     /// A code this client does not know (a newer daemon).
     #[serde(other)]
@@ -92,6 +95,7 @@ impl ErrorCode {
                 StatusCode::BAD_REQUEST
             }
             Self::NotFound | Self::UnknownEndpoint => StatusCode::NOT_FOUND,
+            Self::Forbidden => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::AlreadyExists
             | Self::ReadOnly
@@ -126,6 +130,7 @@ impl ErrorCode {
             | Self::UnprocessableEntity
             | Self::BadStream => Exit::Usage,
             Self::UnknownEndpoint
+            | Self::Forbidden
             | Self::MethodNotAllowed
             | Self::PayloadTooLarge
             | Self::UnsupportedMediaType
@@ -142,7 +147,7 @@ impl ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 23] = [
+    const ALL: [ErrorCode; 24] = [
         ErrorCode::InvalidName,
         ErrorCode::InvalidArgument,
         ErrorCode::BadRequest,
@@ -164,6 +169,7 @@ mod tests {
         ErrorCode::Conflict,
         ErrorCode::Unsupported,
         ErrorCode::BadStream,
+        ErrorCode::Forbidden,
         ErrorCode::Internal,
         ErrorCode::Unknown,
     ];

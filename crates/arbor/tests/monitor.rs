@@ -337,3 +337,91 @@ fn alerts_reach_status_the_api_and_metrics() {
     assert_eq!(age["subject"], "disk0");
     let _ = std::fs::remove_file(config);
 }
+
+/// One raw request with the given extra headers (the dashboard's browser
+/// sends `Host` and `Origin`); returns the status and body.
+fn raw(socket: &str, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\n{headers}Connection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The dashboard makes a browser talk to the loopback API, so a page of
+/// another site must not: a foreign `Host` (DNS rebinding) or a changing
+/// request from a foreign `Origin` (CSRF) is refused and changes nothing.
+#[test]
+fn the_api_refuses_other_sites_pages() {
+    let daemon = Daemon::start(&[]);
+    let socket = daemon.api_socket();
+    let create = r#"{"name": "x", "size": "1M"}"#;
+    let (status, body) = raw(
+        &socket,
+        "POST",
+        "/v1/volumes",
+        "Host: evil.example:10810\r\n",
+        create,
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("\"forbidden\""), "{body}");
+    let (status, _) = raw(
+        &socket,
+        "GET",
+        "/v1/volumes",
+        "Host: rebound.example\r\n",
+        "",
+    );
+    assert_eq!(status, 403);
+    let (status, body) = raw(
+        &socket,
+        "POST",
+        "/v1/volumes",
+        "Host: 127.0.0.1:10810\r\nOrigin: http://evil.example\r\n",
+        create,
+    );
+    assert_eq!(status, 403, "{body}");
+    let names = daemon.json(&["volume", "list"]);
+    assert!(
+        !names.as_array().unwrap().iter().any(|v| v["name"] == "x"),
+        "a refused request created x"
+    );
+    // The API's own page, and clients without an Origin, are served.
+    for (i, headers) in [
+        "Host: 127.0.0.1:10810\r\nOrigin: http://127.0.0.1:10810\r\n",
+        "Host: localhost:10810\r\nOrigin: http://localhost:10810\r\n",
+        "Host: [::1]:10810\r\n",
+        "Host: arbor\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("v{i}");
+        let body = format!(r#"{{"name": "{name}", "size": "1M"}}"#);
+        let (status, answer) = raw(&socket, "POST", "/v1/volumes", headers, &body);
+        assert_eq!(status, 201, "{headers:?}: {answer}");
+    }
+    // Reading from another origin is harmless (the browser hides the answer).
+    let (status, _) = raw(
+        &socket,
+        "GET",
+        "/v1/pool",
+        "Host: 127.0.0.1\r\nOrigin: http://evil.example\r\n",
+        "",
+    );
+    assert_eq!(status, 200);
+    let (status, page) = raw(&socket, "GET", "/", "Host: 127.0.0.1\r\n", "");
+    assert_eq!(status, 200);
+    assert!(page.contains("<html"), "the dashboard is served");
+}

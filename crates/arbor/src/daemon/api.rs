@@ -89,8 +89,68 @@ pub fn router(control: PoolControl) -> Router {
         .route("/metrics", get(metrics))
         .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn(same_site_only))
         .layer(middleware::map_response(errors_as_json))
         .with_state(control)
+}
+
+/// Whether `host` (a `Host` header: name or address, maybe a port) is one
+/// this API answers to: an IP address, `localhost`, or `arbor` (the CLI's
+/// name on the Unix socket). Anything else is a name that may have been
+/// rebound to loopback by a web page.
+fn own_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6]:port
+        return rest
+            .split_once(']')
+            .is_some_and(|(v6, _)| v6.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        host.rsplit_once(':')
+            .filter(|(_, port)| port.parse::<u16>().is_ok())
+            .map_or(host, |(name, _)| name)
+    };
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name == "arbor"
+}
+
+/// Refuses what a web page of another site could make a browser send to
+/// the loopback API: a `Host` that is some other name (DNS rebinding), or
+/// a changing request from another origin (cross-site request forgery;
+/// a JSON body alone does not stop a form or a `no-cors` fetch).
+async fn same_site_only(
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Result<Response, ApiError> {
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !host.is_empty() && !own_host(host) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("the API answers to its address, localhost or arbor, not {host:?}"),
+        ));
+    }
+    let reads = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if let (false, Some(origin)) = (reads, headers.get(header::ORIGIN)) {
+        let origin = origin.to_str().unwrap_or("");
+        let same = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| !host.is_empty() && o.eq_ignore_ascii_case(host));
+        if !same {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("a request from {origin:?} may not change anything here"),
+            ));
+        }
+    }
+    Ok(next.run(request).await)
 }
 
 /// The dashboard: one page, everything inline, nothing fetched from
