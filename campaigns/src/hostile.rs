@@ -26,6 +26,9 @@ use crate::{small_create_opts, small_open_opts, MIB};
 #[path = "../../fuzz/fuzz_targets/decode_blocks.rs"]
 mod decode_blocks;
 #[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/decode_policy.rs"]
+mod decode_policy;
+#[allow(unused_attributes)]
 #[path = "../../fuzz/fuzz_targets/decode_session.rs"]
 mod decode_session;
 #[allow(unused_attributes)]
@@ -53,7 +56,7 @@ pub struct Target {
     pub fuzz_dir: &'static str,
 }
 
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 7] = [
     Target {
         name: "decode_blocks",
         run: decode_blocks::run,
@@ -79,6 +82,13 @@ pub const TARGETS: [Target; 6] = [
         name: "decode_session",
         run: decode_session::run,
         seeds: session_seeds,
+        mutate,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "decode_policy",
+        run: decode_policy::run,
+        seeds: policy_seeds,
         mutate,
         fuzz_dir: "fuzz",
     },
@@ -346,6 +356,40 @@ fn session_seeds() -> Vec<Vec<u8>> {
             seeds.push(seed);
         }
     }
+    seeds
+}
+
+/// The monitor's parsers: byte 0 the parser, 8 bytes of time, the input.
+fn policy_seeds() -> Vec<Vec<u8>> {
+    let now = 1_795_493_869u64.to_le_bytes();
+    let seed = |which: u8, input: &[u8]| [&[which][..], &now, input].concat();
+    let mut policy = arbor_monitor::Policy::new(
+        vec![3, 7],
+        "daily at 23:59".parse().expect("a valid schedule"),
+        "hourly=24,daily=7".parse().expect("a valid retention"),
+    );
+    policy.space_prune_percent = Some(90);
+    let mut seeds = vec![seed(0, &policy.encode())];
+    for s in [
+        "every 15m",
+        "hourly at :30",
+        "daily at 23:59",
+        "weekly on mon at 02:00",
+        "monthly on 1 at 00:00",
+    ] {
+        seeds.push(seed(1, s.as_bytes()));
+    }
+    for r in [
+        "hourly=24,daily=7,weekly=4,monthly=6",
+        "frequent=3,yearly=2",
+        "1x1h(keep=all) | 24x1h | 14x1d",
+    ] {
+        seeds.push(seed(2, r.as_bytes()));
+    }
+    seeds.push(seed(
+        3,
+        &arbor_format::encode_property(&policy.encode()).expect("a policy fits"),
+    ));
     seeds
 }
 
