@@ -140,8 +140,9 @@ impl Model {
 }
 
 /// Defect 1, management operations: with metadata full, snapshot, clone,
-/// create, rename, resize, discard and delete either work or leave the pool
-/// as it was; delete, rollback and reclaim keep working.
+/// create, rename, resize, discard, a group snapshot, a property set and
+/// delete either work or leave the pool as it was; delete, rollback and
+/// reclaim keep working.
 #[test]
 fn metadata_full_during_every_operation_leaves_no_trace() {
     let (disk, pool) = tiny_meta_pool(96 * MIB, MIB);
@@ -149,6 +150,8 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
     let v = pool.create_volume("v", size).unwrap();
     pool.write(v, 0, &pattern(1, 0, (4 * MIB) as usize))
         .unwrap();
+    // A second volume, for group snapshots with v.
+    pool.create_volume("w", MIB).unwrap();
     // Snapshots followed by scattered writes until a write runs out of
     // metadata, then snapshots alone until one does too (they need less):
     // the operations below then find metadata really full.
@@ -188,8 +191,13 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
     let mut resource_failures = 0;
     for round in 0..40u64 {
         let before = Model::of(&pool);
+        let property = pool.property(None, "p").unwrap();
         let s = round % snaps;
-        let result = match round % 8 {
+        let result = match round % 10 {
+            8 => pool
+                .snapshot_group(&[format!("v@g{round}"), format!("w@g{round}")])
+                .map(|_| ()),
+            9 => pool.set_property(None, "p", &pattern(round, 0, 3000)),
             0 => pool.snapshot(&format!("v@x{round}")).map(|_| ()),
             1 => pool
                 .clone_snapshot(&format!("v@s{s}"), &format!("c{round}"))
@@ -215,6 +223,11 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
                     Model::of(&pool),
                     before,
                     "round {round}: a failed operation left a trace"
+                );
+                assert_eq!(
+                    pool.property(None, "p").unwrap(),
+                    property,
+                    "round {round}: a failed set changed the property"
                 );
             }
             Err(e) => panic!("round {round}: {e}"),
