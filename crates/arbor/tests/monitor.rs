@@ -425,3 +425,96 @@ fn the_api_refuses_other_sites_pages() {
     assert_eq!(status, 200);
     assert!(page.contains("<html"), "the dashboard is served");
 }
+
+/// A free TCP port on loopback (bound, then released for the daemon).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The monitor drives replication: a scheduled snapshot of a replicated
+/// volume goes to the target at once (the pair's own interval is an hour),
+/// and the snapshot the pair holds as its next base outlives retention.
+#[test]
+fn a_scheduled_snapshot_replicates_at_once() {
+    let port = free_port();
+    let config = std::env::temp_dir().join(format!("arbor-target-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "replication_listen = \"127.0.0.1:{port}\"\n\
+             replication_identity = \"target\"\n\
+             replication_allow = [{{ source = \"loopback\", volumes = [\"*\"] }}]\n"
+        ),
+    )
+    .unwrap();
+    let target = Daemon::start(&["--config", p(&config), "--initial-volume", "none"]);
+    let source_config =
+        std::env::temp_dir().join(format!("arbor-source-{}.toml", std::process::id()));
+    std::fs::write(&source_config, "replication_identity = \"source\"\n").unwrap();
+    let source = Daemon::start(&[
+        "--config",
+        p(&source_config),
+        "--initial-volume-size",
+        "16M",
+    ]);
+    source.ok(&[
+        "replica",
+        "add",
+        "disk0",
+        "--target",
+        &format!("127.0.0.1:{port}"),
+        "--interval",
+        "1h",
+    ]);
+    // The first cycle seeds the target.
+    wait_for("the target to be seeded", 60, || {
+        let pairs = source.json(&["replica", "status"]);
+        pairs["pairs"][0]["last_snapshot"]
+            .as_str()
+            .map(str::to_owned)
+    });
+    source.ok(&[
+        "policy",
+        "set",
+        "disk0",
+        "--schedule",
+        "every 2s",
+        "--keep",
+        "frequent=1",
+    ]);
+    let sent = wait_for("a scheduled snapshot on the target", 60, || {
+        snapshot_names(&target, "disk0")
+            .into_iter()
+            .find(|n| n.starts_with("disk0@auto-"))
+    });
+    // The pair holds what the target has: the source keeps it even though
+    // retention keeps one (the newest) only.
+    let held = wait_for("the pair's hold on a scheduled snapshot", 60, || {
+        source
+            .json(&["snapshot", "list", "disk0"])
+            .as_array()?
+            .iter()
+            .find(|v| {
+                v["name"].as_str().is_some_and(|n| n.contains("@auto-"))
+                    && v["holds"].as_array().is_some_and(|h| {
+                        h.iter()
+                            .any(|t| t.as_str().is_some_and(|t| t.starts_with("replica-to:")))
+                    })
+            })
+            .map(|v| v["name"].as_str().unwrap().to_owned())
+    });
+    let dry = source.json(&["prune", "--dry-run"]);
+    let kept = dry["volumes"][0]["keep"].as_array().unwrap();
+    assert!(
+        kept.iter()
+            .any(|d| d["name"] == held.as_str() && d["reason"] == "needed by replication"),
+        "{held} not kept for replication: {dry}"
+    );
+    assert!(!sent.is_empty());
+    let _ = std::fs::remove_file(config);
+    let _ = std::fs::remove_file(source_config);
+}

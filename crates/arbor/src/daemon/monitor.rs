@@ -156,6 +156,11 @@ impl Monitor {
             let snapshot_error = match turn.taken {
                 Some(Ok(snap)) => {
                     info!(policy = %stored.key, snapshot = %snap, "scheduled snapshot");
+                    // Replicated volumes send it now, not at their pairs'
+                    // next interval.
+                    for volume in listing.members(&stored.policy) {
+                        c.replication.pass_on(&volume.name);
+                    }
                     None
                 }
                 Some(Err(e)) => Some(format!("scheduled snapshot failed: {e}")),

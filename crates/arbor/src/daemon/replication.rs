@@ -251,8 +251,10 @@ impl Replication {
 
     /// Starts a cycle of every pair sending `volume` from here, without
     /// waiting for their interval: a replica passes what it received on
-    /// at once, so each hop of a chain adds its transfer, not its interval.
-    fn pass_on(&self, volume: &str) {
+    /// at once, so each hop of a chain adds its transfer, not its interval,
+    /// and a scheduled snapshot (the monitor) goes out as soon as it is
+    /// taken. Never blocks.
+    pub fn pass_on(&self, volume: &str) {
         let runners = lock(&self.runners);
         for (key, runner) in runners.iter() {
             if self.pair(key).is_some_and(|p| p.volume == volume) {
