@@ -55,16 +55,18 @@ def wait_until(predicate, what, timeout=30.0):
 
 
 class Daemon:
-    """`arbor serve` on a temporary data directory (Unix sockets only): it
-    creates the pool on first start."""
+    """`arbor serve` on a temporary data directory (Unix sockets only, unless
+    api_listen names a TCP address for the HTTP API): it creates the pool on
+    first start."""
 
-    def __init__(self, pool_size="2G", extra_args=()):
+    def __init__(self, pool_size="2G", extra_args=(), api_listen="none"):
         self.dir = tempfile.mkdtemp(prefix="arbor-e2e-")
         self.pool = os.path.join(self.dir, "pool")
         self.api = os.path.join(self.dir, "api.sock")
         self.nbd = os.path.join(self.dir, "nbd.sock")
         self.pool_size = pool_size
         self.extra_args = list(extra_args)
+        self.api_listen = api_listen
         self.proc = None
         self.cleanups = []
 
@@ -72,7 +74,7 @@ class Daemon:
         log = open(os.path.join(self.dir, "daemon.log"), "w")
         self.proc = subprocess.Popen(
             [ARBOR, "serve", "--data-dir", self.dir, "--pool-size", self.pool_size,
-             "--initial-volume", "none", "--nbd-listen", "none", "--api-listen", "none",
+             "--initial-volume", "none", "--nbd-listen", "none", "--api-listen", self.api_listen,
              *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,
         )
@@ -136,7 +138,7 @@ class Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_test(name, body, tools=(), needs_root=False, pool_size="6G", extra_args=()):
+def run_test(name, body, tools=(), needs_root=False, pool_size="6G", extra_args=(), api_listen="none"):
     """Runs `body(daemon)` against a started daemon on a fresh pool, then
     stops the daemon (it must exit cleanly) and requires `arbor check` to
     pass. Exits 1 with the reason on failure (a missing tool or missing root
@@ -145,7 +147,7 @@ def run_test(name, body, tools=(), needs_root=False, pool_size="6G", extra_args=
         if needs_root and os.geteuid() != 0:
             raise Failure(f"{name} must run as root (it mounts a filesystem); CI runs it as root")
         require_tools(*tools)
-        daemon = Daemon(pool_size=pool_size, extra_args=extra_args)
+        daemon = Daemon(pool_size=pool_size, extra_args=extra_args, api_listen=api_listen)
         try:
             daemon.start()
             body(daemon)

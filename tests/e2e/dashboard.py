@@ -1,0 +1,548 @@
+#!/usr/bin/python3
+"""The web dashboard (GET /, crates/arbor/src/dashboard/index.html) in a
+real browser (headless chromium over the DevTools pipe, cdp.py) against a
+real daemon with its HTTP API on loopback TCP:
+
+1. the pool: `db` (64 MiB, 28 MiB written by qemu-io) with snapshots db@s1
+   (held by `backup`) and db@s2 (2 MiB of its own), the clone `dbclone` of
+   db@s1 with its snapshot dbclone@c1, a snapshot policy on db, a
+   replication pair db -> a second daemon on loopback (cycled once), data
+   use past the 1 % warning threshold (space_warning_percent = [1, 2]), and
+   `bulk` with 1000 snapshots (taken through the API's Unix socket);
+2. what a person sees: the data and metadata use as the API reports it,
+   formatted; the tree (db's snapshots, the clone under db@s1, the clone's
+   snapshot); db's logical, mapped and exclusive sizes; the hold on db@s1;
+   db's policy with its last and next run; the replication row (target,
+   state, last snapshot sent); the alert (or warning) for data use; bulk
+   with "1000 snapshots" but only 50 rows (the DOM stays small) until
+   "show all"; the tree is not rebuilt when a poll brings nothing new;
+3. actions through the page, each checked through the API and then on the
+   page after a poll: a snapshot of db under the form's default name; an
+   open form survives polls; destroy db@s2 after a modal that shows what it
+   frees (2 MiB) and that nothing depends on it; a clone of the new
+   snapshot; destroying the held db@s1 shows the API's refusal in the modal
+   (and its dependents: the clone and the hold); a rollback of dbclone;
+   with all 1000 of bulk's snapshots shown (kept so across polls), destroy
+   one of the older ones;
+4. no console error or uncaught exception in the page throughout; then the
+   daemon is stopped and the page says it is disconnected.
+
+Screenshots go to $ARBOR_ARTIFACTS, else tests/e2e/artifacts/. Run from
+anywhere: /usr/bin/python3 tests/e2e/dashboard.py (ARBOR_BIN overrides the
+binary, CHROMIUM the browser). Every wait is bounded; daemons and the
+browser are stopped by PID and temporary directories removed, also on
+failure."""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+from harness import Failure, wait_until  # noqa: E402
+import cdp  # noqa: E402
+
+MIB = 1 << 20
+BULK_SNAPSHOTS = 1000
+ROWS_SHOWN = 50  # the page's snapshot rows per volume until "show all"
+ARTIFACTS = os.environ.get("ARBOR_ARTIFACTS") or os.path.join(HERE, "artifacts")
+
+
+def say(text):
+    print(text, flush=True)
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise Failure(what + (f"\n{detail}" if detail else ""))
+    say(f"    ok: {what}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def human(n):
+    """The page's binary units (its bytes() function)."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    v, u = float(n), 0
+    while abs(v) >= 1024 and u < len(units) - 1:
+        v /= 1024
+        u += 1
+    if u == 0:
+        return f"{int(v)} B"
+    if v.is_integer():
+        text = str(int(v))
+    elif v >= 100:
+        text = f"{v:.0f}"
+    elif v >= 10:
+        text = f"{v:.1f}"
+    else:
+        text = f"{v:.2f}"
+    return f"{text} {units[u]}"
+
+
+def percent(used, total):
+    p = 100 * used / total if total else 0
+    return f"{p:.1f}%" if 0 < p < 10 else f"{p:.0f}%"
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path, timeout=30):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class Api:
+    """The daemon's JSON API over its Unix socket (one kept-alive connection)."""
+
+    def __init__(self, path):
+        self.conn = UnixHTTP(path)
+
+    def request(self, method, path, body=None, ok=(200, 201, 204)):
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            self.conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            response = self.conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()  # reconnect once: the daemon may have closed an idle connection
+            self.conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            response = self.conn.getresponse()
+            data = response.read()
+        value = json.loads(data) if data else None
+        if response.status not in ok:
+            raise Failure(f"{method} {path} answered {response.status}: {data.decode(errors='replace')}")
+        return value
+
+    def overview(self):
+        return self.request("GET", "/v1/overview")
+
+    def names(self):
+        return {v["name"] for v in self.request("GET", "/v1/volumes")}
+
+    def volume(self, name):
+        return next((v for v in self.overview()["volumes"] if v["name"] == name), None)
+
+    def close(self):
+        self.conn.close()
+
+
+def js(value):
+    return json.dumps(value)
+
+
+class Dashboard:
+    """The page, with the checks' shorthands; a failed wait is a Failure."""
+
+    def __init__(self, page):
+        self.page = page
+
+    def wait(self, expression, what, timeout=15.0):
+        try:
+            return self.page.wait_for(expression, timeout=timeout, what=what)
+        except cdp.CDPError as e:
+            errors = "\n".join(self.page.errors)
+            raise Failure(str(e) + (f"\nthe page's errors:\n{errors}" if errors else "")) from None
+
+    def eval(self, expression):
+        try:
+            return self.page.evaluate(expression)
+        except cdp.CDPError as e:
+            raise Failure(str(e)) from None
+
+    def text(self, selector):
+        """The element's text (as written: CSS may show it in capitals),
+        white space collapsed, or None without the element."""
+        return self.eval(f"(() => {{ const el = document.querySelector({js(selector)});"
+                         f" return el ? el.textContent.replace(/\\s+/g, ' ').trim() : null; }})()")
+
+    def wait_text(self, selector, expected, what, timeout=15.0):
+        """Waits until the element's text equals expected (a string) or
+        matches it (a compiled regex)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.text(selector)
+            if got is not None and (expected.search(got) if isinstance(expected, re.Pattern) else got == expected):
+                say(f"    ok: {what}: {got!r}")
+                return got
+            if time.monotonic() >= deadline:
+                raise Failure(f"{what}: {selector} shows {got!r}, expected {expected if isinstance(expected, str) else expected.pattern!r}")
+            time.sleep(0.05)
+
+    def click(self, selector):
+        try:
+            self.page.click(selector)
+        except cdp.CDPError as e:
+            raise Failure(str(e)) from None
+
+    def count(self, selector):
+        return self.eval(f"document.querySelectorAll({js(selector)}).length")
+
+    def polls(self):
+        return self.eval("window.arborDashboard.counts.polls")
+
+    def wait_polls(self, n, what):
+        """Waits until the page has answered n more polls."""
+        start = self.polls()
+        self.wait(f"window.arborDashboard.counts.polls >= {start + n}", f"{n} more polls ({what})")
+
+    def modal_open(self, kind):
+        self.wait(f"!document.getElementById('modal-root').classList.contains('hidden') && "
+                  f"document.getElementById('modal').dataset.kind === {js(kind)}", f"the {kind} modal to open")
+
+    def modal_closed(self, what):
+        self.wait("document.getElementById('modal-root').classList.contains('hidden')", f"the modal to close after {what}")
+
+    def confirm(self):
+        self.click('[data-testid="modal-confirm"]')
+
+    def screenshot(self, name, **kw):
+        path = os.path.join(ARTIFACTS, name)
+        try:
+            self.page.screenshot(path, **kw)
+        except cdp.CDPError as e:
+            raise Failure(f"screenshot {name}: {e}") from None
+        say(f"    screenshot: {path}")
+        return path
+
+
+def setup_pool(daemon, api, target_port):
+    """db, its snapshots and clone, a hold, a policy, replication, bulk."""
+    qemu = ["qemu-io", "-f", "raw"]
+    daemon.cli("volume", "create", "db", "--size", "64M")
+    harness.run(*qemu, "-c", "write -P 7 0 24M", daemon.uri("db"))
+    daemon.cli("snapshot", "create", "db@s1")
+    harness.run(*qemu, "-c", "write -P 8 4M 2M", daemon.uri("db"))
+    daemon.cli("snapshot", "create", "db@s2")
+    # db overwrites what db@s2 has: those 2 MiB are db@s2's alone.
+    harness.run(*qemu, "-c", "write -P 9 4M 2M", daemon.uri("db"))
+    daemon.cli("clone", "db@s1", "dbclone")
+    daemon.cli("snapshot", "create", "dbclone@c1")
+    daemon.cli("hold", "db@s1", "backup")
+    daemon.cli("policy", "set", "db", "--schedule", "every 1h", "--keep", "hourly=24,daily=7")
+
+    daemon.cli("replica", "add", "db", "--target", f"127.0.0.1:{target_port}", "--interval", "60s")
+
+    def replicated():
+        pairs = api.request("GET", "/v1/replicas")["pairs"]
+        return pairs and pairs[0]["state"] == "idle" and pairs[0]["last_snapshot"]
+    try:
+        wait_until(replicated, "the replication pair's first cycle (idle, with a last snapshot)", timeout=30)
+    except Failure:
+        raise Failure(f"the first replication cycle did not finish: {api.request('GET', '/v1/replicas')['pairs']}") from None
+
+    api.request("POST", "/v1/volumes", {"name": "bulk", "size": "16M"})
+    started = time.monotonic()
+    for i in range(BULK_SNAPSHOTS):
+        api.request("POST", "/v1/snapshots", {"name": f"bulk@b{i:04d}"})
+    say(f"    {BULK_SNAPSHOTS} snapshots of bulk taken in {time.monotonic() - started:.1f} s")
+
+
+def body(daemon, target_port, work):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    api = Api(daemon.api)
+    daemon.cleanups.append(api.close)
+    say("== setup: a target daemon, volumes, snapshots, clone, hold, policy, replication, bulk")
+    target_config = os.path.join(work, "target.toml")
+    with open(target_config, "w") as f:
+        f.write(f'replication_listen = "127.0.0.1:{target_port}"\n'
+                'replication_identity = "target"\n'
+                'replication_allow = [{ source = "loopback", volumes = ["*"] }]\n')
+    target = harness.Daemon(pool_size="1G", extra_args=["--config", target_config])
+    daemon.cleanups.append(target.close)
+    target.start()
+    daemon.cleanups.append(target.stop)
+
+    setup_pool(daemon, api, target_port)
+    overview = api.overview()
+    pool = overview["pool"]
+    check(pool["warnings"] or overview["alerts"], "the pool is past its 1 % warning threshold",
+          json.dumps(pool))
+
+    say("== the page as a person sees it")
+    try:
+        browse(daemon, api, target_port)
+    except cdp.CDPError as e:
+        raise Failure(f"the browser: {e}") from None
+
+
+def browse(daemon, api, target_port):
+    with cdp.Browser() as browser:
+        page = browser.new_page()
+        d = Dashboard(page)
+        url = f"http://{daemon.api_listen}/"
+        try:
+            page.navigate(url)
+        except cdp.CDPError as e:
+            raise Failure(str(e)) from None
+        d.wait("document.querySelector('[data-volume=\"db\"]')", "db in the volume tree")
+        d.wait("document.getElementById('status').dataset.state === 'live'", "the status to say live")
+        check(d.eval("document.title") == "arbor", "the page is arbor's dashboard")
+        d.wait_text("#updated", re.compile(r"^updated \S"), "the last update time shows")
+
+        # Pool capacity, formatted from the API's numbers.
+        pool = api.overview()["pool"]
+        d.wait_text('[data-testid="pool-data-text"]',
+                    f"{human(pool['data_used_bytes'])} of {human(pool['data_bytes'])} used "
+                    f"({percent(pool['data_used_bytes'], pool['data_bytes'])})", "data use")
+        pool = api.overview()["pool"]
+        d.wait_text('[data-testid="pool-metadata-text"]',
+                    f"{human(pool['metadata_used_bytes'])} of {human(pool['metadata_bytes'])} used "
+                    f"({percent(pool['metadata_used_bytes'], pool['metadata_bytes'])})", "metadata use")
+        check(d.eval("!!document.querySelector('[data-testid=\"pool-data\"] .bar > span')"), "data use has a bar")
+
+        # The family tree.
+        for sel, what in [
+            ('[data-volume="db"] > .vol-body tr[data-snapshot="db@s1"]', "db@s1 under db"),
+            ('[data-volume="db"] > .vol-body tr[data-snapshot="db@s2"]', "db@s2 under db"),
+            ('tr[data-clones-of="db@s1"] [data-volume="dbclone"]', "the clone dbclone under db@s1"),
+            ('[data-volume="dbclone"] tr[data-snapshot="dbclone@c1"]', "dbclone@c1 under dbclone"),
+        ]:
+            check(d.count(sel) == 1, f"the tree shows {what}", f"{sel} matched {d.count(sel)}")
+        check(d.count('#tree > [data-volume="dbclone"]') == 0, "dbclone is not also at the top level")
+
+        # Sizes of db, and what db@s2 alone holds.
+        db = api.volume("db")
+        head = '[data-volume="db"] > .vol-head '
+        d.wait_text(head + '[data-testid="size-logical"]', "64 MiB", "db's logical size")
+        d.wait_text(head + '[data-testid="size-mapped"]', human(db["mapped_bytes"]), "db's mapped size")
+        d.wait_text(head + '[data-testid="size-exclusive"]', human(db["exclusive_bytes"]), "db's exclusive size")
+        d.wait_text(head + '[data-testid="size-shared"]', human(db["shared_bytes"]), "db's shared size")
+        s2 = api.volume("db@s2")
+        check(s2["exclusive_bytes"] == 2 * MIB, "the API says db@s2 holds 2 MiB of its own", json.dumps(s2))
+        d.wait_text('tr[data-snapshot="db@s2"] [data-testid="size-exclusive"]', "2 MiB", "db@s2's exclusive size")
+        d.wait_text('tr[data-snapshot="db@s1"] [data-testid="hold"]', "backup", "the hold on db@s1")
+
+        # The policy.
+        policy = next(p for p in api.overview()["policies"] if "db" in p["volumes"])
+        meta = '[data-volume="db"] > .vol-body '
+        d.wait_text(meta + '[data-testid="policy"]', f"Policy {policy['schedule']} · keep {policy['retention']}", "db's policy")
+        d.wait_text(meta + '[data-testid="policy-next-run"]', re.compile(r"^next run (in \d|now)"), "db's policy's next run")
+        d.wait_text(meta + '[data-testid="policy-last-run"]',
+                    re.compile(r"^last run (\d|now)" if policy["last_run"] else r"^last run never"), "db's policy's last run")
+
+        # Replication.
+        row = f'tr[data-pair="db"][data-target="127.0.0.1:{target_port}"]'
+        check(d.count(row) == 1, f"the replication row db -> 127.0.0.1:{target_port} shows")
+        d.wait_text(row + ' [data-testid="pair-state"]', "idle", "the pair's state")
+        pair = api.request("GET", "/v1/replicas")["pairs"][0]
+        d.wait_text(row + ' [data-testid="pair-last-snapshot"]', pair["last_snapshot"], "the last snapshot sent")
+        d.wait_text(row + ' [data-testid="pair-lag"]', re.compile(r"^\d+ (s|min)"), "the pair's lag")
+
+        # The alert (the monitor's, else the pool's warning) for data use.
+        overview = api.overview()
+        data_alert = next((a for a in overview["alerts"] if a["kind"] == "data_usage"), None)
+        if data_alert:
+            d.wait_text('[data-testid="alert"][data-kind="data_usage"] .msg', f"{data_alert['subject']} — {data_alert['message']}",
+                        f"the {data_alert['severity']} data use alert")
+            severity = d.eval("document.querySelector('[data-testid=\"alert\"][data-kind=\"data_usage\"]').dataset.severity")
+            check(severity == data_alert["severity"], f"the alert is coloured as {data_alert['severity']}")
+        else:
+            d.wait_text('[data-testid="warning"] .msg', f"pool space — {overview['pool']['warnings'][0]}", "the data use warning")
+        check(d.eval("document.querySelector('#alerts').getBoundingClientRect().top < "
+                     "document.querySelector('#pool-card').getBoundingClientRect().top"), "alerts come first")
+
+        # A thousand snapshots: counted, 50 rows in the DOM.
+        bulk = '[data-volume="bulk"]'
+        d.wait_text(bulk + ' [data-testid="snapcount"]', f"{BULK_SNAPSHOTS} snapshots", "bulk's snapshot count")
+        check(d.count(bulk + " tr[data-snapshot]") == ROWS_SHOWN, f"bulk shows its newest {ROWS_SHOWN} snapshot rows",
+              f"{d.count(bulk + ' tr[data-snapshot]')} rows")
+        check(d.count(bulk + ' tr[data-snapshot="bulk@b0999"]') == 1, "the newest bulk snapshot is among them")
+        d.wait_text(bulk + ' [data-action="show-all"]', f"Show all {BULK_SNAPSHOTS} snapshots", "the show all button")
+        elements = d.eval("document.getElementsByTagName('*').length")
+        check(elements < 3000, f"the page has {elements} elements with {BULK_SNAPSHOTS + 4} snapshots in the pool")
+        total = d.eval("document.body.innerHTML.length")
+        say(f"    DOM: {elements} elements, {total} characters of HTML")
+
+        # A poll that brings nothing new for the tree does not rebuild it.
+        before = d.eval("[window.arborDashboard.counts.renders.tree, JSON.stringify(window.arborDashboard.data.volumes), "
+                        "JSON.stringify(window.arborDashboard.data.policies)]")
+        d.wait_polls(2, "unchanged data")
+        after = d.eval("[window.arborDashboard.counts.renders.tree, JSON.stringify(window.arborDashboard.data.volumes), "
+                       "JSON.stringify(window.arborDashboard.data.policies)]")
+        if before[1:] == after[1:]:
+            check(before[0] == after[0], "the tree was not rebuilt by polls that changed nothing in it",
+                  f"renders {before[0]} -> {after[0]}")
+
+        d.screenshot("dashboard-overview.png")
+        d.screenshot("dashboard-db-tree.png", selector='[data-volume="db"]')
+
+        say("== actions through the page")
+        # A snapshot of db under the form's default name.
+        d.click('[data-action="snapshot"][data-name="db"]')
+        d.modal_open("snapshot")
+        default = d.eval("document.getElementById('f-snap').value")
+        check(re.fullmatch(r"manual-\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", default or "") is not None,
+              f"the snapshot form proposes a name: {default!r}")
+        # The form stays open, with what was typed, across polls.
+        page.fill("#f-snap", default)
+        d.wait_polls(2, "an open form")
+        check(d.eval("!document.getElementById('modal-root').classList.contains('hidden') && "
+                     f"document.getElementById('f-snap').value === {js(default)}"), "the open form survived two polls")
+        d.confirm()
+        d.modal_closed("the snapshot")
+        check(f"db@{default}" in api.names(), f"the API has db@{default}")
+        d.wait(f"document.querySelector('[data-volume=\"db\"] > .vol-body tr[data-snapshot=\"db@{default}\"]')",
+               f"db@{default} on the page")
+        say(f"    ok: db@{default} shows on the page")
+
+        # Destroy db@s2: the modal says what it frees, then it goes.
+        d.click('[data-action="destroy"][data-name="db@s2"]')
+        d.modal_open("destroy")
+        d.wait_text('[data-testid="destroy-frees-bytes"]', "2 MiB", "the destroy modal shows what it frees")
+        d.wait_text('[data-testid="destroy-dependents"]', "Nothing depends on it.", "and that nothing depends on db@s2")
+        d.screenshot("dashboard-destroy-modal.png", full_page=False)
+        d.confirm()
+        d.modal_closed("destroying db@s2")
+        check("db@s2" not in api.names(), "the API no longer has db@s2")
+        d.wait("!document.querySelector('tr[data-snapshot=\"db@s2\"]')", "db@s2 to leave the page")
+        say("    ok: db@s2 is gone from the page")
+
+        # A clone of the new snapshot, named in the form.
+        d.click(f'[data-action="clone"][data-name="db@{default}"]')
+        d.modal_open("clone")
+        page.fill("#f-clone", "dbcopy")
+        d.confirm()
+        d.modal_closed("the clone")
+        copy = api.volume("dbcopy")
+        check(copy and copy["parent"] == f"db@{default}", f"the API has dbcopy, a clone of db@{default}", json.dumps(copy))
+        d.wait(f"document.querySelector('tr[data-clones-of=\"db@{default}\"] [data-volume=\"dbcopy\"]')",
+               f"dbcopy under db@{default} on the page")
+        say(f"    ok: dbcopy shows under db@{default}")
+
+        # The held db@s1: the modal lists what depends on it; the API's refusal shows.
+        d.click('[data-action="destroy"][data-name="db@s1"]')
+        d.modal_open("destroy")
+        deps = d.text('[data-testid="destroy-dependents"]')
+        check("dbclone" in deps and "backup" in deps, "the destroy modal names db@s1's clone and hold", deps)
+        d.confirm()
+        error = d.wait("(() => { const e = document.getElementById('modal-error');"
+                       " return !e.classList.contains('hidden') && e.textContent; })()", "the API's refusal in the modal")
+        check("held" in error and "backup" in error, f"the modal shows the API's message: {error!r}")
+        check("db@s1" in api.names(), "db@s1 is still there")
+        d.screenshot("dashboard-destroy-refused.png", full_page=False)
+        d.click('[data-testid="modal-cancel"]')
+        d.modal_closed("cancel")
+
+        # Destroy the new snapshot: its clone dbcopy is named, then stands alone at the top.
+        d.click(f'[data-action="destroy"][data-name="db@{default}"]')
+        d.modal_open("destroy")
+        deps = d.text('[data-testid="destroy-dependents"]')
+        check("dbcopy" in deps, f"the destroy modal names db@{default}'s clone dbcopy", deps)
+        d.confirm()
+        d.modal_closed(f"destroying db@{default}")
+        copy = api.volume("dbcopy")
+        check(f"db@{default}" not in api.names() and copy and copy["parent"] is None,
+              "the API no longer has the snapshot, and dbcopy has no parent", json.dumps(copy))
+        d.wait("document.querySelector('#tree > [data-volume=\"dbcopy\"]')", "dbcopy at the top of the tree")
+        say("    ok: dbcopy, whose snapshot is gone, shows at the top of the tree")
+
+        # A rollback of dbclone to its snapshot, confirmed.
+        d.click('[data-action="rollback"][data-name="dbclone@c1"]')
+        d.modal_open("rollback")
+        d.confirm()
+        d.modal_closed("the rollback")
+        d.wait("[...document.querySelectorAll('[data-testid=\"toast\"]')].some(t => t.textContent === "
+               "'Rolled dbclone back to dbclone@c1')", "the rollback's confirmation")
+        say("    ok: dbclone rolled back to dbclone@c1")
+
+        # Destroy dbclone: its snapshot is named, and stays, among snapshots of destroyed volumes.
+        d.click('[data-action="destroy"][data-name="dbclone"]')
+        d.modal_open("destroy")
+        deps = d.text('[data-testid="destroy-dependents"]')
+        check("dbclone@c1" in deps, "the destroy modal names dbclone's snapshot", deps)
+        d.confirm()
+        d.modal_closed("destroying dbclone")
+        check("dbclone" not in api.names() and "dbclone@c1" in api.names(), "the API has dbclone@c1 but not dbclone")
+        d.wait("!document.querySelector('[data-volume=\"dbclone\"]') && "
+               "document.querySelector('[data-orphans-of=\"dbclone\"] tr[data-snapshot=\"dbclone@c1\"]')",
+               "dbclone@c1 among the snapshots of destroyed volumes")
+        say("    ok: dbclone@c1 shows among the snapshots of destroyed volumes")
+
+        # The filter keeps what matches and the volumes above it.
+        page.fill("#filter", "c1")
+        d.wait("document.querySelectorAll('#tree tr[data-snapshot]').length === 1 && "
+               "document.querySelector('tr[data-snapshot=\"dbclone@c1\"]') && !document.querySelector('[data-volume=\"bulk\"]')",
+               "the filter 'c1' to leave dbclone@c1 only")
+        page.fill("#filter", "")
+        d.wait("document.querySelector('[data-volume=\"bulk\"]')", "bulk back without the filter")
+        say("    ok: the filter shows matching names only")
+
+        # Prune now: db's retention keeps its one policy snapshot.
+        d.click('[data-action="prune"][data-name="db"]')
+        d.wait("[...document.querySelectorAll('[data-testid=\"toast\"]')].some(t => t.textContent.startsWith("
+               "'Nothing to prune for db'))", "the prune's dry run to find nothing to destroy")
+        say("    ok: prune now (a dry run first) finds nothing to destroy for db")
+
+        # All of bulk's snapshots, kept shown across polls; destroy an old one.
+        d.click(bulk + ' [data-action="show-all"]')
+        d.wait(f"document.querySelectorAll('{bulk} tr[data-snapshot]').length === {BULK_SNAPSHOTS}",
+               "all of bulk's snapshot rows")
+        d.wait_polls(2, "bulk shown whole")
+        check(d.count(bulk + " tr[data-snapshot]") == BULK_SNAPSHOTS, "bulk stays shown whole across polls")
+        elements = d.eval("document.getElementsByTagName('*').length")
+        say(f"    DOM with bulk shown whole: {elements} elements")
+        d.click('[data-action="destroy"][data-name="bulk@b0123"]')
+        d.modal_open("destroy")
+        d.confirm()
+        d.modal_closed("destroying bulk@b0123")
+        check("bulk@b0123" not in api.names(), "the API no longer has bulk@b0123")
+        d.wait(f"document.querySelectorAll('{bulk} tr[data-snapshot]').length === {BULK_SNAPSHOTS - 1} && "
+               "!document.querySelector('tr[data-snapshot=\"bulk@b0123\"]')", "bulk@b0123 to leave the page")
+        d.wait_text(bulk + ' [data-testid="snapcount"]', f"{BULK_SNAPSHOTS - 1} snapshots", "bulk's new count")
+        d.click(bulk + ' [data-action="show-less"]')
+        d.wait(f"document.querySelectorAll('{bulk} tr[data-snapshot]').length === {ROWS_SHOWN}", "bulk back to 50 rows")
+
+        d.eval("window.scrollTo(0, 0)")
+        d.screenshot("dashboard-after-actions.png")
+        # The one failed request the test asked for: the refused destroy of the held db@s1.
+        refused = re.compile(r"status of 409 .*/v1/volumes/db%40s1$")
+        unexpected = [e for e in page.errors if not refused.search(e)]
+        check(not unexpected, "no console error or uncaught exception in the page (but the refused destroy)",
+              "\n".join(unexpected))
+        check(not page.dialogs, "no native dialog opened", repr(page.dialogs))
+
+        say("== the daemon goes away")
+        daemon.stop()
+        d.wait("document.getElementById('status').dataset.state === 'down' && "
+               "!document.getElementById('conn-banner').classList.contains('hidden')",
+               "the page to say it is disconnected", timeout=20)
+        d.wait_text('[data-testid="conn-banner"]', re.compile(r"^Cannot reach the daemon"), "the disconnected banner")
+        d.screenshot("dashboard-disconnected.png", full_page=False)
+        unexpected = [e for e in page.errors if not refused.search(e) and "/v1/overview" not in e]
+        check(not unexpected, "no error in the page but the failed polls", "\n".join(unexpected))
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="arbor-dashboard-")
+    try:
+        api_port, target_port = free_port(), free_port()
+        config = os.path.join(work, "source.toml")
+        with open(config, "w") as f:
+            f.write("space_warning_percent = [1, 2]\nreplication_identity = \"source\"\n")
+        harness.run_test(
+            "dashboard", lambda daemon: body(daemon, target_port, work),
+            tools=("qemu-io", os.environ.get("CHROMIUM", "chromium")), pool_size="2G",
+            extra_args=["--config", config], api_listen=f"127.0.0.1:{api_port}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
