@@ -335,6 +335,39 @@ fn alerts_reach_status_the_api_and_metrics() {
             .cloned()
     });
     assert_eq!(age["subject"], "disk0");
+    // A failing policy: its volume became a replica (demoted), so its runs
+    // fail; the alert is raised, says why, and clears once runs work again.
+    let alert_of = |kind: &str| {
+        let (_, body) = http(&daemon.api_socket(), "GET", "/v1/alerts", "");
+        let alerts: Value = serde_json::from_str(&body).ok()?;
+        alerts
+            .as_array()?
+            .iter()
+            .find(|a| a["kind"] == kind)
+            .cloned()
+    };
+    daemon.ok(&["replica", "demote", "disk0"]);
+    let failed = wait_for("a failed-run alert", 30, || alert_of("prune_failed"));
+    assert!(
+        failed["message"].as_str().unwrap().contains("replica"),
+        "{failed}"
+    );
+    let shown = &daemon.json(&["policy", "show", "disk0"])[0];
+    assert!(shown["failures"].as_u64().unwrap() >= 1, "{shown}");
+    assert!(daemon.ok(&["pool", "status"]).contains("is a replica"));
+    daemon.ok(&["replica", "promote", "disk0"]);
+    daemon.ok(&[
+        "policy",
+        "set",
+        "disk0",
+        "--schedule",
+        "every 1s",
+        "--keep",
+        "frequent=2",
+    ]);
+    wait_for("the failed-run alert to clear", 30, || {
+        alert_of("prune_failed").is_none().then_some(())
+    });
     let _ = std::fs::remove_file(config);
 }
 

@@ -497,6 +497,7 @@ async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
 
 async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
     c.metrics.set_replication(&c.replication.view().pairs);
+    c.metrics.set_alerts(&c.monitor.alerts());
     let text = blocking(c, |c| {
         c.metrics.render(&c.pool, &|id| c.open.count(id), &c.space)
     })
