@@ -902,14 +902,12 @@ impl Pool {
         Self::check_range(rec, offset, len)
     }
 
-    /// Fails unless `[offset, offset + len)` is sector-aligned and inside
-    /// the volume.
+    /// Fails unless `[offset, offset + len)` is inside the volume. Any byte
+    /// offset and length will do: a write that covers part of a sector is
+    /// a read-modify-write of its chunk, under the same rules as any
+    /// partial-chunk write (copied whole to a new chunk when shared, else
+    /// written in place).
     fn check_range(rec: &arbor_format::VolumeRecord, offset: u64, len: u64) -> Result<()> {
-        if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
-            return Err(Error::InvalidArgument(format!(
-                "offset {offset} and length {len} must be multiples of {SECTOR}"
-            )));
-        }
         match offset.checked_add(len) {
             Some(end) if end <= rec.size_bytes => Ok(()),
             _ => Err(Error::InvalidArgument(format!(

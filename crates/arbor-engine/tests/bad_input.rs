@@ -154,8 +154,15 @@ fn bad_arguments_are_clear_errors() {
         pool.create_volume("x", u64::MAX - 511),
         Err(Error::InvalidArgument(_))
     ));
+    // Any byte offset and length inside the volume is I/O, not a bad
+    // argument (byte-granular NBD clients); past the end it is.
+    pool.write(v, 100, &[9; 512]).unwrap();
+    let mut around = [0u8; 1024];
+    pool.read(v, 0, &mut around).unwrap();
+    assert!(around[..100].iter().all(|&b| b == 0) && around[100..612].iter().all(|&b| b == 9));
+    assert!(around[612..].iter().all(|&b| b == 0));
     assert!(matches!(
-        pool.write(v, 100, &[0; 512]),
+        pool.write(v, MIB - 100, &[0; 101]),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(

@@ -134,11 +134,20 @@ impl Harness {
         format!("{prefix}{}", self.counter)
     }
 
-    /// Clamps a sector range to the volume; None when empty.
+    /// Clamps a sector range to the volume; None when empty. I/O is
+    /// byte-granular (NBD clients that negotiate no block size send any
+    /// offset and length): two thirds of the ranges are moved off sector
+    /// boundaries at either end, by amounts derived from the range.
     fn clamp(&self, name: &str, sector: u64, sectors: u64) -> Option<(u64, u64)> {
         let size = self.model[name].data.len() as u64;
-        let offset = (sector * 512) % size;
-        let len = (sectors * 512).min(size - offset);
+        let jitter = (sector.wrapping_mul(7919) ^ sectors.wrapping_mul(104_729)) % (3 * 512 * 512);
+        let (head, tail) = if jitter < 512 * 512 {
+            (0, 0)
+        } else {
+            (jitter % 512, jitter / 512 % 512)
+        };
+        let offset = (sector * 512 + head) % size;
+        let len = (sectors * 512).saturating_sub(tail).min(size - offset);
         (len > 0).then_some((offset, len))
     }
 

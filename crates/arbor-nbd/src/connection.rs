@@ -208,6 +208,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         read_only: session.read_only,
         structured: session.structured,
         block_status: !session.contexts.is_empty(),
+        byte_granular: session.byte_granular,
     };
     loop {
         let mut header = [0u8; REQUEST_HEADER_LEN];

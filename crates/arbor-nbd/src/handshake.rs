@@ -68,6 +68,11 @@ pub struct Session {
     /// The metadata contexts selected for this export (`base:allocation`
     /// and the export's own); block status is enabled when there is one.
     pub contexts: Arc<Vec<MetaContext>>,
+    /// The client never learned our block sizes (it opened the export with
+    /// `NBD_OPT_EXPORT_NAME`, or with `NBD_OPT_GO` without asking for
+    /// `NBD_INFO_BLOCK_SIZE`), so, as the spec asks of a server, requests
+    /// at any byte offset and length are served.
+    pub byte_granular: bool,
 }
 
 impl Session {
@@ -296,7 +301,10 @@ impl Handshake {
             return None;
         };
         let session = match self.open_session(request.name, exports) {
-            Ok(session) => session,
+            Ok(session) => Session {
+                byte_granular: !request.wants(info::BLOCK_SIZE),
+                ..session
+            },
             Err(error) => {
                 replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
                 return None;
@@ -466,6 +474,8 @@ impl Handshake {
                 Some((export, contexts)) if export == name => contexts.clone(),
                 _ => Vec::new(),
             }),
+            // Until the option that opens it says otherwise.
+            byte_granular: true,
         })
     }
 }

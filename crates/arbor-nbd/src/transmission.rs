@@ -86,6 +86,9 @@ pub struct Limits {
     pub structured: bool,
     /// A metadata context was selected, so block status is allowed.
     pub block_status: bool,
+    /// The client never learned the block sizes: any byte offset and
+    /// length is served (see `Session::byte_granular`).
+    pub byte_granular: bool,
 }
 
 /// A validated request: offsets and lengths are aligned and in bounds, flags
@@ -208,7 +211,11 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
 
 fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
     let block = u64::from(MIN_BLOCK_SIZE);
-    if !header.offset.is_multiple_of(block) || !u64::from(header.length).is_multiple_of(block) {
+    let aligned =
+        header.offset.is_multiple_of(block) && u64::from(header.length).is_multiple_of(block);
+    // A trim is advisory: an unaligned one is served on its aligned part
+    // (`typed_command`), as qemu sends the sub-sector rest of a discard.
+    if !aligned && !limits.byte_granular && header.kind != command::TRIM {
         return Err(reject(
             Errno::Inval,
             "offset or length not a multiple of 512",
@@ -265,11 +272,28 @@ fn typed_command(header: &RequestHeader) -> Command {
             length,
             fua,
         },
-        command::TRIM => Command::Trim {
-            offset,
-            length,
-            fua,
-        },
+        command::TRIM => {
+            // Only whole minimum blocks are trimmed; the rest of an
+            // unaligned trim is left as it is, which trim allows.
+            let block = u64::from(MIN_BLOCK_SIZE);
+            let start = offset.div_ceil(block) * block;
+            // `validate` checked that the end does not overflow.
+            let end = offset.saturating_add(u64::from(length)) / block * block;
+            match u32::try_from(end.saturating_sub(start)) {
+                // At most `length`: the range only shrank.
+                Ok(aligned) if aligned > 0 => Command::Trim {
+                    offset: start,
+                    length: aligned,
+                    fua,
+                },
+                // No whole block: nothing to trim.
+                _ => Command::Trim {
+                    offset,
+                    length: 0,
+                    fua,
+                },
+            }
+        }
         command::WRITE_ZEROES => Command::WriteZeroes {
             offset,
             length,
@@ -520,6 +544,7 @@ mod tests {
             read_only: false,
             structured: true,
             block_status: true,
+            byte_granular: false,
         }
     }
 
@@ -537,6 +562,21 @@ mod tests {
         validate(&header, limits)
             .err()
             .map(|rejection| rejection.errno)
+    }
+
+    #[test]
+    fn unaligned_trims_shrink_to_whole_blocks() {
+        let trim = |offset, length| validate(&header(command::TRIM, 0, offset, length), &limits());
+        let shrunk = |offset, length| Command::Trim {
+            offset,
+            length,
+            fua: false,
+        };
+        assert_eq!(trim(100, 2000), Ok(shrunk(512, 1536)));
+        assert_eq!(trim(0, 1000), Ok(shrunk(0, 512)));
+        assert_eq!(trim(512, 511), Ok(shrunk(512, 0)));
+        assert_eq!(trim(100, 200), Ok(shrunk(100, 0)));
+        assert_eq!(trim(1024, 4096), Ok(shrunk(1024, 4096)));
     }
 
     #[test]
@@ -576,6 +616,10 @@ mod tests {
             block_status: false,
             ..l
         };
+        let bytes = Limits {
+            byte_granular: true,
+            ..l
+        };
         let cases = [
             (header(99, 0, 0, 512), l, Some(Errno::Inval)),
             (header(READ, NO_HOLE, 0, 512), l, Some(Errno::Inval)),
@@ -592,6 +636,16 @@ mod tests {
             (header(FLUSH, 0, 512, 0), l, Some(Errno::Inval)),
             (header(READ, 0, 100, 512), l, Some(Errno::Inval)),
             (header(WRITE, 0, 0, 100), l, Some(Errno::Inval)),
+            (header(WRITE_ZEROES, 0, 0, 100), l, Some(Errno::Inval)),
+            // Clients that never learned the block sizes: any byte range.
+            (header(READ, 0, 100, 512), bytes, None),
+            (header(WRITE, 0, 1, 100), bytes, None),
+            (header(WRITE_ZEROES, 0, 7, 3), bytes, None),
+            (header(READ, 0, SIZE - 1, 2), bytes, Some(Errno::Inval)),
+            (header(WRITE, 0, SIZE - 1, 2), bytes, Some(Errno::NoSpc)),
+            // A trim is advisory: an unaligned one is served on its
+            // aligned part, whoever sends it.
+            (header(TRIM, 0, 100, 1000), l, None),
             (header(READ, 0, SIZE, 512), l, Some(Errno::Inval)),
             (header(TRIM, 0, SIZE - 512, 1024), l, Some(Errno::Inval)),
             (header(WRITE, 0, SIZE, 512), l, Some(Errno::NoSpc)),
@@ -758,7 +812,7 @@ mod tests {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
             let header = RequestHeader::decode(&bytes).unwrap();
-            let limits = Limits { size, read_only, structured, block_status: structured };
+            let limits = Limits { size, read_only, structured, block_status: structured, byte_granular: false };
             let _ = header.payload();
             if let Ok(command) = validate(&header, &limits) {
                 if !matches!(command, Command::Disconnect | Command::Flush) {

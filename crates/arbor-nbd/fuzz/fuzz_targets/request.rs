@@ -21,6 +21,7 @@ fuzz_target!(|input: &[u8]| {
         read_only: session_bits & 1 != 0,
         structured: session_bits & 2 != 0,
         block_status: session_bits & 6 == 6,
+        byte_granular: session_bits & 8 != 0,
     };
     let export = MemoryExport::new(SIZE);
     let buffers = BufferPool::new(SIZE as usize);
