@@ -28,7 +28,7 @@ use crate::buffers::{Buffer, BufferPool};
 use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
 use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step};
-use crate::proto::{Errno, REQUEST_HEADER_LEN};
+use crate::proto::{Errno, MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD, REQUEST_HEADER_LEN};
 use crate::transmission::{
     validate, BadRequestMagic, Command, Limits, Payload, Rejection, RequestHeader,
 };
@@ -102,6 +102,12 @@ impl Budget {
             byte_capacity: bytes,
             shared,
         }
+    }
+
+    /// The largest request that fits this connection's budget and the
+    /// server's.
+    pub fn largest_request(&self) -> u32 {
+        self.byte_capacity.min(self.shared.capacity)
     }
 
     /// Waits until one more request of `bytes` bytes fits. A request larger
@@ -209,6 +215,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
         structured: session.structured,
         block_status: !session.contexts.is_empty(),
         byte_granular: session.byte_granular,
+        max_payload: if session.byte_granular {
+            budget
+                .largest_request()
+                .min(MAX_UNNEGOTIATED_PAYLOAD)
+                .max(MAX_PAYLOAD)
+        } else {
+            MAX_PAYLOAD
+        },
     };
     loop {
         let mut header = [0u8; REQUEST_HEADER_LEN];
@@ -228,6 +242,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let request = Request {
             header,
             validated: validate(&header, &limits),
+            max_payload: limits.max_payload,
         };
         if request.validated == Ok(Command::Disconnect) {
             tracing::debug!("client sent NBD_CMD_DISC");
@@ -258,13 +273,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
 struct Request {
     header: RequestHeader,
     validated: Result<Command, Rejection>,
+    /// The session's largest payload (`Limits::max_payload`).
+    max_payload: u32,
 }
 
 impl Request {
     /// Bytes held for this request: its write payload, if it will be kept,
     /// plus the reply data it may produce.
     fn memory_bound(&self) -> u64 {
-        match (&self.validated, self.header.payload()) {
+        match (&self.validated, self.header.payload(self.max_payload)) {
             (Ok(command), Payload::Receive(len)) => u64::from(len) + command.reply_size_bound(),
             (Ok(command), _) => command.reply_size_bound(),
             (Err(_), _) => 0,
@@ -278,10 +295,10 @@ impl Request {
         input: &mut R,
         buffers: &Arc<BufferPool>,
     ) -> std::io::Result<Buffer> {
-        match (self.header.payload(), &self.validated) {
+        match (self.header.payload(self.max_payload), &self.validated) {
             (Payload::None, _) => Ok(buffers.take_empty(0)),
             (Payload::Receive(len), Ok(_)) => {
-                // `len <= MAX_PAYLOAD` and reserved in the budget. Read into
+                // `len <= max_payload` and reserved in the budget. Read into
                 // spare capacity: zeroing a buffer the socket then overwrites
                 // was a tenth of the server's time on 1 MiB writes.
                 let len = len as usize;
@@ -295,7 +312,7 @@ impl Request {
                 Ok(payload)
             }
             // Discard with a valid request cannot happen (`validate` refuses
-            // writes over MAX_PAYLOAD); dropping the bytes is the safe answer.
+            // writes over max_payload); dropping the bytes is the safe answer.
             (Payload::Receive(len) | Payload::Discard(len), _) => {
                 let discarded =
                     tokio::io::copy(&mut input.take(len.into()), &mut tokio::io::sink()).await?;

@@ -166,7 +166,8 @@ fn simple_read(
     offset: u64,
     length: u32,
 ) -> Reply {
-    // `length <= MAX_PAYLOAD` (validated), so this allocation is bounded.
+    // `length <= max_payload` (validated, within the memory budget), so
+    // this allocation is bounded.
     // Its old contents are never sent: a successful read fills all of it.
     let mut data = buffers.take_filled(length as usize);
     if let Err(error) = export.read(offset, &mut data) {

@@ -168,6 +168,11 @@ pub const PREFERRED_BLOCK_SIZE: u32 = 4096;
 /// Maximum payload advertised and accepted (32 MiB): the size every client
 /// must support, and the unit of the per-connection memory budget.
 pub const MAX_PAYLOAD: u32 = 32 * 1024 * 1024;
+/// Largest read or write served to a client that never learned
+/// [`MAX_PAYLOAD`] (it negotiated no block sizes), within the memory
+/// budget: such clients may send more than the 32 MiB every server
+/// supports (the reference tester's huge-integrity trace sends 47.5 MiB).
+pub const MAX_UNNEGOTIATED_PAYLOAD: u32 = 64 * 1024 * 1024;
 
 /// `text` cut to the protocol's string limit ([`MAX_STRING_LEN`] bytes) on
 /// a character boundary, for strings this server sends.
@@ -186,6 +191,7 @@ const _: () = {
     assert!(PREFERRED_BLOCK_SIZE.is_power_of_two() && PREFERRED_BLOCK_SIZE >= MIN_BLOCK_SIZE);
     assert!(PREFERRED_BLOCK_SIZE >= 512 && MAX_PAYLOAD >= PREFERRED_BLOCK_SIZE);
     assert!(MAX_PAYLOAD.is_multiple_of(MIN_BLOCK_SIZE));
+    assert!(MAX_UNNEGOTIATED_PAYLOAD >= MAX_PAYLOAD);
 };
 
 /// Error values this server puts in replies (the protocol also defines

@@ -58,11 +58,13 @@ impl RequestHeader {
     /// payload; one larger than [`MAX_PAYLOAD`] is read and thrown away in
     /// small pieces (so memory stays bounded) and the request then fails
     /// validation.
-    pub fn payload(&self) -> Payload {
+    /// The payload that follows: a write's data, kept when it is at most
+    /// the session's `max_payload` (see [`Limits::max_payload`]).
+    pub fn payload(&self, max_payload: u32) -> Payload {
         match self.length {
             _ if self.kind != command::WRITE => Payload::None,
             0 => Payload::None,
-            len if len <= MAX_PAYLOAD => Payload::Receive(len),
+            len if len <= max_payload => Payload::Receive(len),
             len => Payload::Discard(len),
         }
     }
@@ -89,6 +91,10 @@ pub struct Limits {
     /// The client never learned the block sizes: any byte offset and
     /// length is served (see `Session::byte_granular`).
     pub byte_granular: bool,
+    /// Largest read or write served: [`MAX_PAYLOAD`], or more (up to
+    /// `MAX_UNNEGOTIATED_PAYLOAD`, within the memory budget) for a client
+    /// that never learned it.
+    pub max_payload: u32,
 }
 
 /// A validated request: offsets and lengths are aligned and in bounds, flags
@@ -238,7 +244,7 @@ fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection>
 /// Commands carrying data either way are limited to [`MAX_PAYLOAD`]; the
 /// others may cover any length.
 fn check_payload_length(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
-    if header.length <= MAX_PAYLOAD {
+    if header.length <= limits.max_payload.max(MAX_PAYLOAD) {
         return Ok(());
     }
     match header.kind {
@@ -545,6 +551,7 @@ mod tests {
             structured: true,
             block_status: true,
             byte_granular: false,
+            max_payload: MAX_PAYLOAD,
         }
     }
 
@@ -591,16 +598,26 @@ mod tests {
     #[test]
     fn only_writes_carry_payloads_and_oversized_ones_are_discarded() {
         assert_eq!(
-            header(command::WRITE, 0, 0, 512).payload(),
+            header(command::WRITE, 0, 0, 512).payload(MAX_PAYLOAD),
             Payload::Receive(512)
         );
-        assert_eq!(header(command::WRITE, 0, 0, 0).payload(), Payload::None);
         assert_eq!(
-            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(),
+            header(command::WRITE, 0, 0, 0).payload(MAX_PAYLOAD),
+            Payload::None
+        );
+        assert_eq!(
+            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(MAX_PAYLOAD),
             Payload::Discard(MAX_PAYLOAD + 1)
         );
-        assert_eq!(header(command::READ, 0, 0, 512).payload(), Payload::None);
-        assert_eq!(header(99, 0, 0, 512).payload(), Payload::None);
+        assert_eq!(
+            header(command::READ, 0, 0, 512).payload(MAX_PAYLOAD),
+            Payload::None
+        );
+        assert_eq!(header(99, 0, 0, 512).payload(MAX_PAYLOAD), Payload::None);
+        assert_eq!(
+            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(2 * MAX_PAYLOAD),
+            Payload::Receive(MAX_PAYLOAD + 1)
+        );
     }
 
     #[test]
@@ -618,6 +635,7 @@ mod tests {
         };
         let bytes = Limits {
             byte_granular: true,
+            max_payload: 2 * MAX_PAYLOAD,
             ..l
         };
         let cases = [
@@ -643,6 +661,14 @@ mod tests {
             (header(WRITE_ZEROES, 0, 7, 3), bytes, None),
             (header(READ, 0, SIZE - 1, 2), bytes, Some(Errno::Inval)),
             (header(WRITE, 0, SIZE - 1, 2), bytes, Some(Errno::NoSpc)),
+            // Clients that never learned the maximum: larger requests.
+            (header(WRITE, 0, 1, 2 * MAX_PAYLOAD), bytes, None),
+            (header(READ, 0, 1, 2 * MAX_PAYLOAD), bytes, None),
+            (
+                header(WRITE, 0, 0, 2 * MAX_PAYLOAD + 1),
+                bytes,
+                Some(Errno::Inval),
+            ),
             // A trim is advisory: an unaligned one is served on its
             // aligned part, whoever sends it.
             (header(TRIM, 0, 100, 1000), l, None),
@@ -812,14 +838,29 @@ mod tests {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
             let header = RequestHeader::decode(&bytes).unwrap();
-            let limits = Limits { size, read_only, structured, block_status: structured, byte_granular: false };
-            let _ = header.payload();
+            let limits = Limits {
+                size,
+                read_only,
+                structured,
+                block_status: structured,
+                byte_granular: false,
+                max_payload: MAX_PAYLOAD,
+            };
+            let _ = header.payload(limits.max_payload);
             if let Ok(command) = validate(&header, &limits) {
                 if !matches!(command, Command::Disconnect | Command::Flush) {
                     let end = header.offset + u64::from(header.length);
                     prop_assert!(end <= size);
-                    prop_assert_eq!(header.offset % 512, 0);
-                    prop_assert_eq!(header.length % 512, 0);
+                    // What runs is whole sectors (an unaligned trim shrinks
+                    // to its whole sectors).
+                    let (offset, length) = match command {
+                        Command::Trim { offset, length, .. } => (offset, length),
+                        _ => (header.offset, header.length),
+                    };
+                    prop_assert_eq!(offset % 512, 0);
+                    prop_assert_eq!(length % 512, 0);
+                    prop_assert!(offset >= header.offset);
+                    prop_assert!(offset + u64::from(length) <= end);
                 }
             }
         }

@@ -292,3 +292,32 @@ fn unaligned_discards_from_qemu_succeed() {
     );
     assert!(image[5100..].iter().all(|&b| b == 0x55), "after the range");
 }
+
+/// A client that never learned the 32 MiB maximum may send larger requests
+/// (the NBD reference tester's huge-integrity trace sends 47.5 MiB): 48 MiB
+/// writes and reads at byte offsets are served, up to 64 MiB within the
+/// memory budget; beyond, `EINVAL`.
+#[test]
+fn large_requests_from_clients_that_never_learned_the_maximum() {
+    const SIZE: usize = 64 * MIB;
+    let served = Served::start();
+    // Bigger than the largest request, so only the payload limit refuses.
+    served.manage(&["volume", "create", "big", "--size", "80M"]);
+    let (mut client, _) = RawClient::open(&served.daemon.nbd_socket(), "big");
+    let len = 48 * MIB + 3;
+    let data = random_image(48, len);
+    let (error, _) = client.request(RawClient::CMD_WRITE, 1001, len as u32, &data);
+    assert_eq!(error, 0, "48 MiB write");
+    let (error, back) = client.request(RawClient::CMD_READ, 1001, len as u32, &[]);
+    assert_eq!(error, 0, "48 MiB read");
+    assert!(back == data, "the 48 MiB read differs from the write");
+    let (error, whole) = client.request(RawClient::CMD_READ, 0, SIZE as u32, &[]);
+    assert_eq!(error, 0, "64 MiB read");
+    assert!(whole[1001..1001 + len] == data[..] && whole[..1001].iter().all(|&b| b == 0));
+    let (error, _) = client.request(RawClient::CMD_READ, 0, SIZE as u32 + 512, &[]);
+    assert_eq!(error, 22, "past 64 MiB: EINVAL");
+    // The connection is still in step after the refusal.
+    let (error, tail) = client.request(RawClient::CMD_READ, 80 * MIB as u64 - 4, 4, &[]);
+    assert_eq!(error, 0);
+    assert_eq!(tail, vec![0; 4]);
+}

@@ -22,6 +22,11 @@ fuzz_target!(|input: &[u8]| {
         structured: session_bits & 2 != 0,
         block_status: session_bits & 6 == 6,
         byte_granular: session_bits & 8 != 0,
+        max_payload: if session_bits & 8 != 0 {
+            arbor_nbd::proto::MAX_UNNEGOTIATED_PAYLOAD
+        } else {
+            arbor_nbd::proto::MAX_PAYLOAD
+        },
     };
     let export = MemoryExport::new(SIZE);
     let buffers = BufferPool::new(SIZE as usize);
@@ -30,7 +35,7 @@ fuzz_target!(|input: &[u8]| {
         let Ok(header) = RequestHeader::decode(bytes) else {
             return;
         };
-        let payload_len = match header.payload() {
+        let payload_len = match header.payload(limits.max_payload) {
             Payload::None => 0,
             Payload::Receive(len) | Payload::Discard(len) => len as usize,
         };
