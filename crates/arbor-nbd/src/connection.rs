@@ -216,10 +216,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
         block_status: !session.contexts.is_empty(),
         byte_granular: session.byte_granular,
         max_payload: if session.byte_granular {
+            // The constants are ordered (checked at compile time in proto).
             budget
                 .largest_request()
-                .min(MAX_UNNEGOTIATED_PAYLOAD)
-                .max(MAX_PAYLOAD)
+                .clamp(MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD)
         } else {
             MAX_PAYLOAD
         },
