@@ -1,9 +1,9 @@
 //! The command line (see docs/CLI.md).
 //!
-//! `arbor serve` runs the daemon. Every other command but `pool create` and
-//! those given a pool PATH (`check`, `pool grow`, `pool upgrade`) is a
-//! client of a running daemon's API, found through the data directory
-//! (`--data-dir` or `ARBOR_DATA_DIR`).
+//! `arbor serve` runs the daemon. Every other command but `pool create`,
+//! `tls init` and those given a pool PATH (`check`, `pool grow`, `pool
+//! upgrade`) is a client of a running daemon's API, found through the data
+//! directory (`--data-dir` or `ARBOR_DATA_DIR`).
 
 use std::path::PathBuf;
 
@@ -127,6 +127,9 @@ pub enum Command {
         #[arg(long, requires = "path")]
         repair: bool,
     },
+    /// Make TLS certificates (offline): a CA, a server and clients
+    #[command(subcommand)]
+    Tls(crate::tls_init::TlsCommand),
     /// Print a shell completion script, e.g. `arbor completions bash > /etc/bash_completion.d/arbor`
     Completions {
         #[arg(value_enum)]

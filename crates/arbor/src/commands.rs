@@ -27,6 +27,7 @@ use crate::model::{
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
 use crate::size::ByteSize;
+use crate::tls_init::{self, TlsCommand};
 
 /// How results are printed: `--json` or human text.
 struct Printer {
@@ -77,6 +78,10 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
         Command::Pool(PoolCommand::Upgrade { path: Some(path) }) => {
             let upgraded = with_offline_pool(&path, |open| pool_file::upgrade(&open.pool))?;
             printer.show(&upgraded, output::upgrade)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tls(TlsCommand::Init(args)) => {
+            printer.show(&tls_init::init(&args)?, tls_init::human)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {
@@ -208,6 +213,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         | Command::Pool(PoolCommand::Grow(PoolGrowArgs { path: Some(_), .. }))
         | Command::Pool(PoolCommand::Upgrade { path: Some(_) })
         | Command::Check { path: Some(_), .. }
+        | Command::Tls(_)
         | Command::Completions { .. } => {
             anyhow::bail!("internal error: this command does not go through the daemon")
         }

@@ -1,6 +1,6 @@
 //! `arbor`: the daemon (`arbor serve`) and its command-line client, plus
-//! the offline commands (`pool create`, and `check`, `pool grow`, `pool
-//! upgrade` given a PATH). See docs/CLI.md.
+//! the offline commands (`pool create`, `tls init`, and `check`, `pool
+//! grow`, `pool upgrade` given a PATH). See docs/CLI.md.
 
 mod alerts;
 mod cli;
@@ -17,6 +17,7 @@ mod output;
 mod pool_file;
 mod size;
 mod space;
+mod tls_init;
 
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
