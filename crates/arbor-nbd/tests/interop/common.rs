@@ -4,13 +4,21 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use arbor_nbd::memory::{ExportTable, MemoryExport};
 use arbor_nbd::{serve, CancellationToken, Export, Listener, ServerConfig};
 
 pub const MIB: u64 = 1024 * 1024;
+
+/// How long a test waits for an event before it fails instead of hanging
+/// the suite. Not a performance bound: every event waited for takes a small
+/// fraction of this even on a loaded machine, and tests that prove the server
+/// does *not* rely on a timer configure that timer far longer than this.
+pub const HANG_GUARD: Duration = Duration::from_secs(120);
 
 pub struct TestServer {
     _dir: tempfile::TempDir,
@@ -78,6 +86,45 @@ impl TestServer {
     /// libnbd/qemu URI of `export` on the Unix socket.
     pub fn uri(&self, export: &str) -> String {
         format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    /// Starts stopping the server (as dropping it does) on another thread,
+    /// so the test can watch its clients meanwhile.
+    pub fn stop_in_background(self) -> Stopping {
+        let (done, finished) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            drop(self);
+            // The test may have given up waiting already.
+            let _ = done.send(());
+        });
+        Stopping { finished, thread }
+    }
+}
+
+/// A server being stopped by [`TestServer::stop_in_background`].
+pub struct Stopping {
+    finished: mpsc::Receiver<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Stopping {
+    /// Whether the server has stopped, at this instant.
+    pub fn finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits until the server has stopped and every connection has closed;
+    /// fails with `hung` if that has not happened within [`HANG_GUARD`].
+    pub fn finish(self, hung: &str) {
+        match self.finished.recv_timeout(HANG_GUARD) {
+            // Disconnected: the stopping thread panicked; join reports it.
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                self.thread.join().expect("stopping the server panicked")
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("server still stopping after {HANG_GUARD:?}: {hung}")
+            }
+        }
     }
 }
 

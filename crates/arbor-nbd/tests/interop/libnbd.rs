@@ -5,12 +5,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 use arbor_nbd::memory::MemoryExport;
 use arbor_nbd::{Export, ExportError, StatusRun};
 
-use crate::common::{assert_success, memory, python_with_libnbd, TestServer, MIB};
+use crate::common::{assert_success, memory, python_with_libnbd, TestServer, HANG_GUARD, MIB};
 
 fn check(name: &str, server: &TestServer) -> Command {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/libnbd_checks.py");
@@ -115,7 +114,8 @@ fn option_haggling() {
 }
 
 /// An export whose read at offset 0 waits until some write has completed
-/// (giving up after 10 s so a serializing server fails instead of hanging).
+/// (giving up after the hang guard, so a serializing server fails instead of
+/// hanging).
 struct GateExport {
     inner: MemoryExport,
     opened: Mutex<bool>,
@@ -144,7 +144,7 @@ impl Export for GateExport {
             let opened = self.opened.lock().unwrap();
             let (opened, _) = self
                 .changed
-                .wait_timeout_while(opened, Duration::from_secs(10), |opened| !*opened)
+                .wait_timeout_while(opened, HANG_GUARD, |opened| !*opened)
                 .unwrap();
             if !*opened {
                 return Err(ExportError::Io("gate never opened".into()));

@@ -3,11 +3,15 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use arbor_nbd::{Export, ServerConfig};
+use arbor_nbd::memory::MemoryExport;
+use arbor_nbd::{Export, ExportError, ServerConfig, StatusRun};
 
-use crate::common::{memory, run, tool, TestServer, MIB};
+use crate::common::{assert_success, memory, run, tool, TestServer, HANG_GUARD, MIB};
 
 const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
 const REPLY_MAGIC: u64 = 0x3e889045565a9;
@@ -24,6 +28,12 @@ const CMD_FLUSH: u16 = 3;
 const CMD_BLOCK_STATUS: u16 = 7;
 const EINVAL: u32 = 22;
 
+/// A server timer set far beyond [`HANG_GUARD`]: a test that shows the
+/// server acts on an event (a client leaving, shutdown) gives the timers
+/// that could also end a connection this value, so that only the event can
+/// make it pass within the hang guard.
+const NEVER: Duration = Duration::from_secs(3600);
+
 fn request_header(kind: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
     let mut header = 0x2560_9513u32.to_be_bytes().to_vec();
     header.extend_from_slice(&0u16.to_be_bytes());
@@ -39,9 +49,7 @@ struct Peer(UnixStream);
 impl Peer {
     fn connect(server: &TestServer) -> Self {
         let stream = UnixStream::connect(&server.socket).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
+        stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
         Self(stream)
     }
 
@@ -89,10 +97,25 @@ impl Peer {
     }
 
     /// NBD_OPT_GO without structured replies; returns the export size.
+    /// `NBD_OPT_GO` asking for no information: the client never learns the
+    /// block sizes, so the server serves it byte-granular requests.
     fn go(&mut self, name: &str) -> u64 {
+        self.go_asking(name, &[])
+    }
+
+    /// `NBD_OPT_GO` asking for `NBD_INFO_BLOCK_SIZE`: the client learns the
+    /// 512-byte minimum and the 32 MiB maximum and is held to them.
+    fn go_with_block_sizes(&mut self, name: &str) -> u64 {
+        self.go_asking(name, &[3])
+    }
+
+    fn go_asking(&mut self, name: &str, infos: &[u16]) -> u64 {
         let mut data = (name.len() as u32).to_be_bytes().to_vec();
         data.extend_from_slice(name.as_bytes());
-        data.extend_from_slice(&0u16.to_be_bytes());
+        data.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for info in infos {
+            data.extend_from_slice(&info.to_be_bytes());
+        }
         self.option(OPT_GO, &data);
         let mut size = None;
         loop {
@@ -123,31 +146,82 @@ impl Peer {
         (error, u64::from_be_bytes(self.read_exact()))
     }
 
-    /// True once the server has closed the connection.
+    /// Waits for the server to close the connection: true on end of file,
+    /// false if data arrives instead or nothing happens within the hang guard.
     fn closed_by_server(&mut self) -> bool {
         let mut byte = [0u8; 1];
         match self.0.read(&mut byte) {
             Ok(0) => true,
             Err(e) if e.kind() == ErrorKind::ConnectionReset => true,
             Ok(_) => false,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
             Err(e) => panic!("waiting for close: {e}"),
         }
     }
 
-    /// Whether the server has closed the connection, waiting up to 10 s,
-    /// without reading: reading would make a stalled client a live one.
-    /// Writes to a socket whose peer closed fail.
+    /// Waits for the server to close the connection, without reading:
+    /// reading would make a stalled client a live one. Writes to a socket
+    /// whose peer closed fail; until then the probes fill the socket buffer
+    /// (the server, holding its budget's worth of requests, reads no more)
+    /// and the next write blocks until the close wakes it. False if the
+    /// connection is still open after the hang guard.
     fn closed_without_reading(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
         let probe = request_header(CMD_FLUSH, 0, 0, 0);
+        self.0.set_write_timeout(Some(HANG_GUARD)).unwrap();
+        let deadline = Instant::now() + HANG_GUARD;
         while Instant::now() < deadline {
-            if self.0.write_all(&probe).is_err() {
-                return true;
+            match self.0.write_all(&probe) {
+                Ok(()) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return false
+                }
+                Err(e) if is_closed(&e) => return true,
+                Err(e) => panic!("probing for close: {e}"),
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
         false
     }
+
+    /// Whether the connection is open at this instant, without waiting and
+    /// without reading: a write succeeds, or would block, only while the
+    /// server holds the connection.
+    fn open_without_reading(&mut self) -> bool {
+        let probe = request_header(CMD_FLUSH, 0, 0, 0);
+        self.0.set_nonblocking(true).unwrap();
+        let written = self.0.write(&probe);
+        self.0.set_nonblocking(false).unwrap();
+        match written {
+            Ok(_) => true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => true,
+            Err(e) if is_closed(&e) => false,
+            Err(e) => panic!("probing for close: {e}"),
+        }
+    }
+
+    /// Whether the connection is open and silent at this instant, without
+    /// waiting: for a client the server owes nothing, reading finds neither
+    /// data nor end of file.
+    fn open_and_quiet(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        self.0.set_nonblocking(true).unwrap();
+        let read = self.0.read(&mut byte);
+        self.0.set_nonblocking(false).unwrap();
+        match read {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => true,
+            Ok(0) => false,
+            Err(e) if is_closed(&e) => false,
+            Ok(_) => panic!("unexpected data from the server"),
+            Err(e) => panic!("probing for close: {e}"),
+        }
+    }
+}
+
+/// A write or read error that says the server closed the connection.
+fn is_closed(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+    )
 }
 
 fn server() -> TestServer {
@@ -276,21 +350,43 @@ fn disconnect_completes_requests_in_flight_first() {
 
 #[test]
 fn oversized_write_payload_is_consumed_and_refused() {
+    // Over the 32 MiB a client learned, and over the 64 MiB served to one
+    // that never learned it.
     let server = server();
-    let mut peer = Peer::greet(&server, 0b11);
-    peer.go("vol");
-    let oversized = 32 * MIB as u32 + 512;
-    peer.request(CMD_WRITE, 1, 0, oversized);
-    peer.send(&vec![1u8; oversized as usize]);
-    assert_eq!(peer.simple_reply(), (EINVAL, 1));
-    peer.request(CMD_READ, 2, 0, 512);
-    assert_eq!(peer.simple_reply(), (0, 2));
-    assert_eq!(peer.read_exact::<512>(), [0u8; 512]);
+    for (negotiates, oversized) in [(true, 32 * MIB as u32 + 512), (false, 64 * MIB as u32 + 1)] {
+        let mut peer = Peer::greet(&server, 0b11);
+        if negotiates {
+            peer.go_with_block_sizes("vol");
+        } else {
+            peer.go("vol");
+        }
+        peer.request(CMD_WRITE, 1, 0, oversized);
+        peer.send(&vec![1u8; oversized as usize]);
+        assert_eq!(peer.simple_reply(), (EINVAL, 1), "{oversized} bytes");
+        peer.request(CMD_READ, 2, 0, 512);
+        assert_eq!(peer.simple_reply(), (0, 2));
+        assert_eq!(peer.read_exact::<512>(), [0u8; 512]);
+    }
+}
+
+/// A server whose timers are all [`NEVER`]: what it does within the hang
+/// guard, it does because of an event.
+fn server_without_timers() -> TestServer {
+    let config = ServerConfig {
+        handshake_timeout: NEVER,
+        reply_stall_timeout: NEVER,
+        shutdown_grace: NEVER,
+        ..ServerConfig::default()
+    };
+    TestServer::start_with(vec![("vol", memory(4 * MIB))], false, config)
 }
 
 #[test]
 fn client_vanishing_mid_request_leaves_the_server_healthy() {
-    let server = server();
+    // No timer (stall, grace) can end the abandoned connections within the
+    // hang guard: shutdown completes only if the server closed them when
+    // their clients vanished.
+    let server = server_without_timers();
     for _ in 0..8 {
         let mut peer = Peer::greet(&server, 0b11);
         peer.go("vol");
@@ -301,40 +397,54 @@ fn client_vanishing_mid_request_leaves_the_server_healthy() {
         drop(peer);
     }
     run(tool("nbdinfo", "libnbd-bin").args(["--size", &server.uri("vol")]));
-    let started = Instant::now();
-    drop(server);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "shutdown waited on abandoned connections"
-    );
+    server
+        .stop_in_background()
+        .finish("shutdown waited on abandoned connections");
 }
 
 #[test]
 fn shutdown_closes_idle_and_handshaking_connections() {
-    let server = server();
+    // Neither the handshake timeout nor the shutdown grace can close these
+    // connections within the hang guard: shutdown itself must.
+    let server = server_without_timers();
     let mut idle = Peer::greet(&server, 0b11);
     idle.go("vol");
     let mut haggling = Peer::greet(&server, 0b11);
-    let started = Instant::now();
-    let stopper = std::thread::spawn(move || drop(server));
-    assert!(idle.closed_by_server());
-    assert!(haggling.closed_by_server());
-    stopper.join().unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let stopping = server.stop_in_background();
+    assert!(idle.closed_by_server(), "shutdown left an idle client open");
+    assert!(
+        haggling.closed_by_server(),
+        "shutdown left a client open mid-handshake"
+    );
+    stopping.finish("shutdown waited on idle or handshaking connections");
 }
 
 #[test]
 fn silent_clients_time_out_in_the_handshake() {
-    let config = ServerConfig {
-        handshake_timeout: Duration::from_millis(200),
-        ..ServerConfig::default()
+    let timeout_after = |handshake_timeout| {
+        let config = ServerConfig {
+            handshake_timeout,
+            ..ServerConfig::default()
+        };
+        TestServer::start_with(vec![("vol", memory(MIB))], false, config)
     };
-    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
-    let mut silent = Peer::connect(&server);
+    let quick = timeout_after(Duration::from_millis(200));
+    // The control: the same silent client, connected first, on a server
+    // whose handshake timeout outlasts the test.
+    let patient = timeout_after(NEVER);
+    let mut control = Peer::connect(&patient);
+    let _: [u8; 18] = control.read_exact();
+    let mut silent = Peer::connect(&quick);
     let _: [u8; 18] = silent.read_exact();
-    let started = Instant::now();
-    assert!(silent.closed_by_server());
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        silent.closed_by_server(),
+        "a silent client was not dropped in the handshake"
+    );
+    // So the configured timeout, not something else, closed it.
+    assert!(
+        control.open_and_quiet(),
+        "a silent client was dropped before its handshake timeout"
+    );
 }
 
 fn resident_bytes() -> u64 {
@@ -348,25 +458,114 @@ fn resident_bytes() -> u64 {
     kib * 1024
 }
 
+/// A memory export that counts the reads it has run, so a test can wait for
+/// the server to have run the requests it admitted.
+struct CountingExport {
+    inner: MemoryExport,
+    reads: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl CountingExport {
+    fn new(size: u64) -> Self {
+        Self {
+            inner: MemoryExport::new(size),
+            reads: Mutex::new(0),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn reads(&self) -> u64 {
+        *self.reads.lock().unwrap()
+    }
+
+    /// Waits until at least `count` reads have run (failing after the hang
+    /// guard); returns how many have.
+    fn wait_for_reads(&self, count: u64) -> u64 {
+        let reads = self.reads.lock().unwrap();
+        let (reads, _) = self
+            .changed
+            .wait_timeout_while(reads, HANG_GUARD, |reads| *reads < count)
+            .unwrap();
+        assert!(
+            *reads >= count,
+            "the server ran {} reads of the {count} it admits",
+            *reads
+        );
+        *reads
+    }
+}
+
+impl Export for CountingExport {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.inner.read(offset, buf)?;
+        *self.reads.lock().unwrap() += 1;
+        self.changed.notify_all();
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
+        self.inner.write(offset, data)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.inner.trim(offset, len)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fast: bool,
+    ) -> Result<(), ExportError> {
+        self.inner.write_zeroes(offset, len, may_trim, fast)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
+        self.inner.block_status(offset, len)
+    }
+}
+
 #[test]
 fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
-    let config = ServerConfig {
-        shutdown_grace: Duration::from_millis(300),
+    // Only the shutdown grace period can end the connection within the
+    // hang guard: the stall timeout is out of reach.
+    let grace_of = |shutdown_grace| ServerConfig {
+        shutdown_grace,
+        reply_stall_timeout: NEVER,
         ..ServerConfig::default()
     };
-    let server = TestServer::start_with(vec![("vol", memory(64 * MIB))], false, config);
-    let before = resident_bytes();
-    let mut greedy = Peer::greet(&server, 0b11);
-    greedy.go("vol");
+    let config = grace_of(Duration::from_millis(300));
+    // 1 MiB reads a connection's budget admits before it waits.
+    let admitted = (config.max_requests_in_flight as u64)
+        .min(u64::from(config.max_bytes_in_flight) / MIB)
+        .min(u64::from(config.max_bytes_total) / MIB);
     // 2 GiB of reads requested in one write (57 KiB, which the socket
     // buffer holds even once the server stops reading), no reply read.
     let requests: Vec<u8> = (0..2048)
         .flat_map(|cookie| request_header(CMD_READ, cookie, (cookie % 64) * MIB, MIB as u32))
         .collect();
-    greedy.send(&requests);
-    std::thread::sleep(Duration::from_secs(1));
-    // Unbounded, the replies alone would take 2 GiB; the budget allows 64 MiB
-    // (the margin is for other tests running in this process meanwhile).
+    let never_reading = |server: &TestServer| {
+        let mut peer = Peer::greet(server, 0b11);
+        peer.go("vol");
+        peer.send(&requests);
+        peer
+    };
+    let export = Arc::new(CountingExport::new(64 * MIB));
+    let server = TestServer::start_with(vec![("vol", export.clone())], false, config);
+    let before = resident_bytes();
+    let mut greedy = never_reading(&server);
+    // Once the server has run every read it admits, all their replies are
+    // in its memory. Unbounded, the replies alone would take 2 GiB; the
+    // budget allows 64 MiB (the margin is for other tests running in this
+    // process meanwhile).
+    export.wait_for_reads(admitted);
     let growth = resident_bytes().saturating_sub(before);
     assert!(
         growth < 1024 * MIB,
@@ -375,68 +574,133 @@ fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
     );
     // Other clients are unaffected.
     run(tool("nbdinfo", "libnbd-bin").args(["--size", &server.uri("vol")]));
-    let started = Instant::now();
-    drop(server);
-    assert!(started.elapsed() < Duration::from_secs(5));
-    drop(greedy);
+
+    // The control, stopped first: the same client on a server whose grace
+    // period outlasts the test.
+    let control_export = Arc::new(CountingExport::new(64 * MIB));
+    let patient = TestServer::start_with(
+        vec![("vol", control_export.clone())],
+        false,
+        grace_of(NEVER),
+    );
+    let mut control = never_reading(&patient);
+    control_export.wait_for_reads(admitted);
+    let patient_stopping = patient.stop_in_background();
+
+    server
+        .stop_in_background()
+        .finish("shutdown waited on a client that never reads");
+    assert!(
+        greedy.closed_without_reading(),
+        "the client that never reads was not dropped at shutdown"
+    );
+    // So the configured grace period, not something else, ended it.
+    assert!(
+        !patient_stopping.finished() && control.open_without_reading(),
+        "a client that never reads was dropped before the shutdown grace period"
+    );
+    // Over the connection's whole life, counted exactly: beyond what the
+    // budget admits, the server ran only reads whose replies the socket
+    // took, nowhere near the 2048 requested.
+    let reads = export.reads();
+    assert!(
+        reads < 1024,
+        "the server ran {reads} reads for a client that never reads replies"
+    );
+    // Its client gone, the control's connection ends and its server stops.
+    drop(control);
+    patient_stopping.finish("shutdown waited on a client that has left");
 }
 
 #[test]
 fn clients_that_stop_reading_are_dropped_and_cannot_starve_others() {
     // The whole server may hold one maximal request's worth of data.
-    let config = ServerConfig {
-        max_bytes_total: 32 * MIB as u32,
-        reply_stall_timeout: Duration::from_millis(500),
-        ..ServerConfig::default()
+    let stalling_after = |reply_stall_timeout| {
+        let config = ServerConfig {
+            max_bytes_total: 32 * MIB as u32,
+            reply_stall_timeout,
+            ..ServerConfig::default()
+        };
+        TestServer::start_with(vec![("vol", memory(64 * MIB))], false, config)
     };
-    let server = TestServer::start_with(vec![("vol", memory(64 * MIB))], false, config);
-    let mut greedy: Vec<Peer> = (0..3).map(|_| Peer::greet(&server, 0b11)).collect();
     let requests: Vec<u8> = (0..512)
         .flat_map(|cookie| request_header(CMD_READ, cookie, (cookie % 64) * MIB, MIB as u32))
         .collect();
-    for peer in &mut greedy {
+    let greedy = |server: &TestServer| {
+        let mut peer = Peer::greet(server, 0b11);
         peer.go("vol");
         peer.send(&requests);
-    }
+        peer
+    };
+    // The control, started first: a client that stops reading, on a server
+    // whose stall timeout outlasts the test.
+    let patient = stalling_after(NEVER);
+    let mut control = greedy(&patient);
+    let server = stalling_after(Duration::from_millis(500));
+    let stalled: Vec<Peer> = (0..3).map(|_| greedy(&server)).collect();
     // The greedy clients hold the shared budget until the server gives up
-    // on them; then a well-behaved client copies the whole export.
-    let started = Instant::now();
+    // on them; then a well-behaved client copies the whole export. Were
+    // they never dropped, the copy would wait forever: the hang guard ends
+    // it (exit status 124) so the test fails instead of hanging.
     let target = tempfile::NamedTempFile::new().unwrap();
     let target = target.path().to_str().unwrap().to_owned();
     tool("nbdcopy", "libnbd-bin");
-    // Bounded, so a regression fails instead of hanging the suite.
-    run(std::process::Command::new("timeout").args(["30", "nbdcopy", &server.uri("vol"), &target]));
-    assert!(started.elapsed() < Duration::from_secs(20));
-    for mut peer in greedy {
+    let mut copy = Command::new("timeout");
+    copy.arg(HANG_GUARD.as_secs().to_string())
+        .args(["nbdcopy", &server.uri("vol"), &target]);
+    let output = copy.output().expect("run nbdcopy");
+    assert_ne!(
+        output.status.code(),
+        Some(124),
+        "clients that stopped reading starved nbdcopy"
+    );
+    assert_success(&copy, &output);
+    for mut peer in stalled {
         assert!(
             peer.closed_without_reading(),
             "a client that never reads is dropped"
         );
     }
+    // So the configured stall timeout, not something else, dropped them.
+    assert!(
+        control.open_without_reading(),
+        "a client that stopped reading was dropped before its stall timeout"
+    );
 }
 
 #[test]
 fn clients_over_the_connection_limit_wait_for_a_free_slot() {
+    // Only a client leaving frees a slot: no handshake timeout does.
     let config = ServerConfig {
         max_connections: 2,
+        handshake_timeout: NEVER,
         ..ServerConfig::default()
     };
     let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
     let first = Peer::greet(&server, 0b11);
-    let _second = Peer::greet(&server, 0b11);
+    let mut second = Peer::greet(&server, 0b11);
     let mut third = Peer::connect(&server);
-    third
-        .0
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
-    let mut byte = [0u8; 1];
-    let waiting = third.0.read(&mut byte).unwrap_err();
-    assert_eq!(waiting.kind(), ErrorKind::WouldBlock, "third client served");
+    // Says when the server greets the third client; fails after the hang
+    // guard (dropping the sender) if it never does.
+    let (greeted, greeting) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = greeted.send(third.read_exact::<18>());
+    });
+    // The server goes on serving the clients it holds: they are served
+    // while the third one waits.
+    assert_eq!(second.go("vol"), MIB);
+    second.request(CMD_READ, 1, 0, 512);
+    assert_eq!(second.simple_reply(), (0, 1));
+    let _: [u8; 512] = second.read_exact();
+    assert_eq!(
+        greeting.try_recv(),
+        Err(TryRecvError::Empty),
+        "third client served while two held the slots"
+    );
     drop(first);
-    third
-        .0
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let greeting: [u8; 18] = third.read_exact();
+    let greeting = greeting
+        .recv_timeout(HANG_GUARD)
+        .expect("third client served once a slot was free");
     assert_eq!(&greeting[..8], b"NBDMAGIC");
+    waiter.join().unwrap();
 }
