@@ -25,10 +25,8 @@ pub const MAX_NAME_TIME: u64 = 253_402_300_799;
 /// Length of the `YYYY-MM-DDTHH:MM:SSZ` part.
 const STAMP_LEN: usize = 20;
 
-/// Whether `c` may appear in a snapshot name.
-pub fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')
-}
+/// Whether `c` may appear in a snapshot name: the engine's name rule.
+pub use arbor_engine::is_name_char;
 
 /// Checks that `prefix` is a valid name prefix: 1..=[`MAX_PREFIX_LEN`]
 /// bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit.

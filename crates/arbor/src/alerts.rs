@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use crate::model::{AlertKind, AlertView, ReplicaPairView, Severity};
+use crate::space::SpaceWatch;
 
 /// Replication lag thresholds, in pair intervals, and their floors: a pair
 /// a few cycles behind warns, ten behind is critical.
@@ -38,14 +39,6 @@ impl Condition {
     }
 }
 
-/// Percent of `total` that `used` is, rounded down.
-fn percent(used: u64, total: u64) -> u64 {
-    if total == 0 {
-        return 0;
-    }
-    u64::try_from(u128::from(used) * 100 / u128::from(total)).unwrap_or(100)
-}
-
 /// Data or metadata use past the configured thresholds (increasing): a
 /// warning from the lowest, critical from the highest when there are two
 /// or more.
@@ -54,20 +47,21 @@ pub fn space(
     name: &str,
     used: u64,
     total: u64,
-    thresholds: &[u8],
+    watch: &SpaceWatch,
 ) -> Option<Condition> {
-    let p = percent(used, total);
-    let crossed = thresholds.iter().rev().find(|&&t| p >= u64::from(t))?;
-    let critical = thresholds.len() >= 2 && Some(crossed) == thresholds.last();
+    let c = watch.crossing(used, total)?;
     Some(Condition::new(
         kind,
-        if critical {
+        if c.last {
             Severity::Critical
         } else {
             Severity::Warning
         },
         name,
-        format!("{name} space is {p}% used (threshold {crossed}%)"),
+        format!(
+            "{name} space is {}% used (threshold {}%)",
+            c.percent, c.threshold
+        ),
     ))
 }
 
@@ -302,16 +296,15 @@ mod tests {
 
     #[test]
     fn thresholds() {
-        assert_eq!(
-            space(AlertKind::DataUsage, "data", 79, 100, &[80, 90]),
-            None
-        );
-        let w = space(AlertKind::DataUsage, "data", 85, 100, &[80, 90]).unwrap();
+        let watch = SpaceWatch::new(vec![80, 90]);
+        assert_eq!(space(AlertKind::DataUsage, "data", 79, 100, &watch), None);
+        let w = space(AlertKind::DataUsage, "data", 85, 100, &watch).unwrap();
         assert_eq!(w.severity, Severity::Warning);
-        let c = space(AlertKind::DataUsage, "data", 95, 100, &[80, 90]).unwrap();
+        let c = space(AlertKind::DataUsage, "data", 95, 100, &watch).unwrap();
         assert_eq!(c.severity, Severity::Critical);
         // One threshold: a warning only.
-        let one = space(AlertKind::DataUsage, "data", 99, 100, &[80]).unwrap();
+        let one = SpaceWatch::new(vec![80]);
+        let one = space(AlertKind::DataUsage, "data", 99, 100, &one).unwrap();
         assert_eq!(one.severity, Severity::Warning);
         assert_eq!(snapshot_age("v", 59, 60, 120), None);
         assert_eq!(

@@ -18,25 +18,50 @@ fn percent(used: u64, total: u64) -> u64 {
     u64::try_from(u128::from(used) * 100 / u128::from(total)).unwrap_or(100)
 }
 
+/// Where one space's use stands against the thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crossing {
+    /// Percent used, rounded down.
+    pub percent: u64,
+    /// The highest threshold crossed.
+    pub threshold: u8,
+    /// Whether it is the highest configured one, and there are several:
+    /// the last warning before a full pool.
+    pub last: bool,
+}
+
 impl SpaceWatch {
     pub fn new(thresholds: Vec<u8>) -> Self {
         Self { thresholds }
     }
 
-    /// The thresholds, in increasing order.
-    pub fn thresholds(&self) -> &[u8] {
-        &self.thresholds
+    /// The highest threshold `used` of `total` bytes crossed, if any: the
+    /// one rule behind warnings, the metric and alerts.
+    pub fn crossing(&self, used: u64, total: u64) -> Option<Crossing> {
+        let p = percent(used, total);
+        let threshold = self
+            .thresholds
+            .iter()
+            .rev()
+            .copied()
+            .find(|&t| p >= u64::from(t))?;
+        Some(Crossing {
+            percent: p,
+            threshold,
+            last: self.thresholds.len() >= 2 && self.thresholds.last() == Some(&threshold),
+        })
     }
 
     /// The highest threshold crossed by data or metadata use, if any.
     pub fn level(&self, stats: &PoolStats) -> Option<u8> {
-        let used = percent(stats.data_used_bytes, stats.data_bytes)
-            .max(percent(stats.metadata_used_bytes, stats.metadata_bytes));
-        self.thresholds
-            .iter()
-            .rev()
-            .copied()
-            .find(|&t| used >= u64::from(t))
+        [
+            (stats.data_used_bytes, stats.data_bytes),
+            (stats.metadata_used_bytes, stats.metadata_bytes),
+        ]
+        .into_iter()
+        .filter_map(|(used, total)| self.crossing(used, total))
+        .map(|c| c.threshold)
+        .max()
     }
 
     /// One sentence per space (data, metadata) past a threshold.
@@ -48,11 +73,11 @@ impl SpaceWatch {
         spaces
             .iter()
             .filter_map(|&(name, used, total)| {
-                let p = percent(used, total);
-                let crossed = self.thresholds.iter().rev().find(|&&t| p >= u64::from(t))?;
+                let c = self.crossing(used, total)?;
                 Some(format!(
-                    "{name} space is {p}% used (warning at {crossed}%): destroy unneeded \
-                     snapshots or volumes, or move volumes to another pool"
+                    "{name} space is {}% used (warning at {}%): destroy unneeded \
+                     snapshots or volumes, or move volumes to another pool",
+                    c.percent, c.threshold
                 ))
             })
             .collect()

@@ -147,7 +147,12 @@ impl PoolControl {
     /// with its space, policies, replication and alerts.
     pub fn overview(&self) -> Result<OverviewView> {
         let now = crate::daemon::monitor::unix_now();
-        let policies = self.monitor.policy_keys(self)?;
+        let policies = self.monitor.views(self, None, now)?;
+        // Each volume's policy, from the policies' own member lists.
+        let policy_of: HashMap<&str, &str> = policies
+            .iter()
+            .flat_map(|p| p.volumes.iter().map(|v| (v.as_str(), p.id.as_str())))
+            .collect();
         let volumes = self
             .list()?
             .into_iter()
@@ -164,7 +169,7 @@ impl PoolControl {
                 OverviewVolume {
                     exclusive_bytes: s.exclusive_bytes,
                     shared_bytes: s.shared_bytes,
-                    policy: policies.get(&volume.id).cloned(),
+                    policy: policy_of.get(volume.name.as_str()).map(|&id| id.to_owned()),
                     volume,
                 }
             })
@@ -173,7 +178,7 @@ impl PoolControl {
             now_unix_secs: now,
             pool: self.pool_info()?,
             volumes,
-            policies: self.monitor.views(self, None, now)?,
+            policies,
             replication: self.replication.view(),
             alerts: self.monitor.alerts(),
         })

@@ -421,17 +421,6 @@ impl Monitor {
             .collect())
     }
 
-    /// The key of the policy volume `id` is in, for every volume that has
-    /// one.
-    pub fn policy_keys(&self, c: &PoolControl) -> Result<HashMap<u64, String>> {
-        let loaded = store::load(&c.pool)?;
-        Ok(loaded
-            .policies
-            .iter()
-            .flat_map(|s| s.policy.volumes.iter().map(|&id| (id, s.key.clone())))
-            .collect())
-    }
-
     fn view(&self, stored: &Stored, listing: &Listing, now: u64) -> PolicyView {
         let p = &stored.policy;
         let last_run = listing.last_run(p, now);
@@ -481,21 +470,20 @@ impl Monitor {
         now: u64,
     ) -> Result<()> {
         let s = c.pool.pool_stats()?;
-        let thresholds = c.space.thresholds();
         let mut found: Vec<Condition> = [
             alerts::space(
                 AlertKind::DataUsage,
                 "data",
                 s.data_used_bytes,
                 s.data_bytes,
-                thresholds,
+                &c.space,
             ),
             alerts::space(
                 AlertKind::MetadataUsage,
                 "metadata",
                 s.metadata_used_bytes,
                 s.metadata_bytes,
-                thresholds,
+                &c.space,
             ),
         ]
         .into_iter()
