@@ -9,4 +9,3 @@ pub mod session;
 pub mod source;
 pub mod state;
 pub mod target;
-pub mod tls;

@@ -95,7 +95,7 @@ pub struct ReplicationConfig {
     /// The listener for replicas sent here.
     pub listen: Option<SocketAddr>,
     /// Mutual TLS for replication, both ways.
-    pub tls: Option<arbor_replica::tls::TlsFiles>,
+    pub tls: Option<arbor_tls::TlsFiles>,
     /// This host's identity without TLS.
     pub identity: String,
     pub timeout: Duration,
@@ -268,7 +268,7 @@ fn replication(file: &ConfigFile) -> Result<ReplicationConfig> {
     let given = paths.iter().filter(|p| !p.as_os_str().is_empty()).count();
     let tls = match given {
         0 => None,
-        3 => Some(arbor_replica::tls::TlsFiles {
+        3 => Some(arbor_tls::TlsFiles {
             ca: file.tls_ca.clone(),
             cert: file.tls_cert.clone(),
             key: file.tls_key.clone(),

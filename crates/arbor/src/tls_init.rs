@@ -753,8 +753,8 @@ mod tests {
         }
     }
 
-    fn load(dir: &Path, cert: &str, key: &str) -> arbor_replica::tls::Tls {
-        arbor_replica::tls::Tls::load(&arbor_replica::tls::TlsFiles {
+    fn load(dir: &Path, cert: &str, key: &str) -> arbor_tls::Tls {
+        arbor_tls::Tls::load(&arbor_tls::TlsFiles {
             ca: dir.join("ca.pem"),
             cert: dir.join(cert),
             key: dir.join(key),
@@ -765,11 +765,11 @@ mod tests {
     /// A mutual handshake of `client` with `server` reached as `name`:
     /// the identities each side sees of the other.
     async fn handshake(
-        server: &arbor_replica::tls::Tls,
-        client: &arbor_replica::tls::Tls,
+        server: &arbor_tls::Tls,
+        client: &arbor_tls::Tls,
         name: &str,
     ) -> std::io::Result<(String, String)> {
-        use arbor_replica::tls::{peer_identity, server_name};
+        use arbor_tls::{peer_identity, server_name};
         let (s_io, c_io) = tokio::io::duplex(64 * 1024);
         let name = server_name(name).unwrap();
         let (s, c) = tokio::join!(
@@ -783,7 +783,7 @@ mod tests {
         ))
     }
 
-    /// The replication listener's TLS (arbor_replica::tls, rustls) takes
+    /// The replication listener's TLS (arbor_tls, rustls) takes
     /// the files as they are: identities, names, usages, chains.
     #[tokio::test]
     async fn arbor_replica_tls_accepts_the_files() {

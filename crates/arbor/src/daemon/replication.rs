@@ -18,7 +18,7 @@ use arbor_replica::session::SessionError;
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
 use arbor_replica::state::{Pair, Role, Store};
 use arbor_replica::target::{Target, TargetConfig, UPSTREAM_HOLD};
-use arbor_replica::tls::{peer_identity, server_name, Tls};
+use arbor_tls::{peer_identity, server_name, Tls};
 use arbor_stream::busy::{Claims, Pins};
 use arbor_stream::format::Compression;
 use tokio::io::{AsyncRead, AsyncWrite};

@@ -1,9 +1,13 @@
-//! Mutual TLS for the replication listener and client.
+//! TLS for every arbor listener and client: replication, NBD and the API.
 //!
 //! Every host has a CA bundle, a certificate chain and a private key, all PEM.
-//! Both sides of a connection must present a certificate issued by the CA;
-//! a certificate's identity is its first DNS subjectAltName, else its first
-//! IP address subjectAltName, else its subject Common Name.
+//! The replication listener requires a client certificate issued by the CA
+//! ([`Tls::acceptor`]); the NBD and API listeners accept clients without one,
+//! but a certificate that is presented must verify against the CA
+//! ([`Tls::acceptor_client_optional`]), and its identity then decides what
+//! the client may do. A certificate's identity is its first DNS
+//! subjectAltName, else its first IP address subjectAltName, else its subject
+//! Common Name.
 //!
 //! The `ring` crypto provider is passed explicitly, so no process-wide
 //! provider needs to be installed.
@@ -160,6 +164,7 @@ pub enum TlsError {
 #[derive(Clone)]
 pub struct Tls {
     server: Arc<ServerConfig>,
+    server_client_optional: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     identity: String,
 }
@@ -212,6 +217,14 @@ impl Tls {
     /// that verifies against the CA. Anonymous clients are refused.
     pub fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(Arc::clone(&self.server))
+    }
+
+    /// Server side for listeners that serve anonymous clients too (NBD, the
+    /// API): a client may present no certificate, but one it presents must
+    /// verify against the CA, or the handshake fails. [`peer_identity`]
+    /// then tells the two apart.
+    pub fn acceptor_client_optional(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(&self.server_client_optional))
     }
 
     /// Client side: verifies the server's certificate against the CA (not
@@ -472,6 +485,11 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
         WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
             .build()
             .map_err(|e| config_err(&e))?;
+    let optional_client_verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| config_err(&e))?;
     let server_verifier =
         WebPkiServerVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
             .build()
@@ -508,12 +526,16 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
             })?;
     }
 
-    let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| config_err(&e))?
-        .with_client_cert_verifier(client_verifier)
-        .with_single_cert(chain.clone(), key.clone_key())
-        .map_err(|e| config_err(&e))?;
+    let server_config = |verifier| {
+        ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| config_err(&e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| config_err(&e))
+    };
+    let server = server_config(client_verifier)?;
+    let server_client_optional = server_config(optional_client_verifier)?;
     let client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| config_err(&e))?
@@ -524,6 +546,7 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
     tracing::debug!(identity = %identity, "loaded TLS identity");
     Ok(Tls {
         server: Arc::new(server),
+        server_client_optional: Arc::new(server_client_optional),
         client: Arc::new(client),
         identity,
     })
@@ -921,8 +944,11 @@ mod tests {
     );
 
     async fn handshake(server: &Tls, client: TlsConnector, name: &str) -> Handshake {
+        handshake_with(server.acceptor(), client, name).await
+    }
+
+    async fn handshake_with(acceptor: TlsAcceptor, client: TlsConnector, name: &str) -> Handshake {
         let (s_io, c_io) = tokio::io::duplex(64 * 1024);
-        let acceptor = server.acceptor();
         let name = server_name(name).unwrap();
         tokio::join!(acceptor.accept(s_io), client.connect(name, c_io))
     }
@@ -1053,5 +1079,59 @@ mod tests {
                 .unwrap();
         let err = peer_identity(&conn).unwrap_err();
         assert!(matches!(err, TlsError::NoPeerCertificate), "{err}");
+    }
+
+    #[tokio::test]
+    async fn client_optional_acceptor_serves_anonymous_and_verified_clients_only() {
+        let ca = new_ca("arbor test CA");
+        let other = new_ca("other CA");
+        let server = tls_for(&ca, &leaf(&ca, &["alpha"], None));
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let anonymous = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let (s, c) = handshake_with(
+            server.acceptor_client_optional(),
+            TlsConnector::from(Arc::new(anonymous)),
+            "alpha",
+        )
+        .await;
+        assert!(matches!(
+            peer_identity(s.unwrap().get_ref().1),
+            Err(TlsError::NoPeerCertificate)
+        ));
+        c.unwrap();
+
+        let client = tls_for(&ca, &leaf(&ca, &["beta"], None));
+        let (s, c) = handshake_with(
+            server.acceptor_client_optional(),
+            client.connector(),
+            "alpha",
+        )
+        .await;
+        assert_eq!(peer_identity(s.unwrap().get_ref().1).unwrap(), "beta");
+        c.unwrap();
+
+        let intruder_leaf = leaf(&other, &["mallory"], None);
+        let bundle = format!("{}{}", ca.pem(), other.pem());
+        let intruder = Tls::from_pem(
+            bundle.as_bytes(),
+            intruder_leaf.cert_pem.as_bytes(),
+            intruder_leaf.key_pem.as_bytes(),
+        )
+        .unwrap();
+        let (s, _c) = handshake_with(
+            server.acceptor_client_optional(),
+            intruder.connector(),
+            "alpha",
+        )
+        .await;
+        let Err(err) = s else {
+            panic!("a certificate from another CA must be refused")
+        };
+        assert!(err.to_string().contains("UnknownIssuer"), "{err}");
     }
 }
