@@ -517,7 +517,8 @@ fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
                     | u8::from(session.base_allocation()) << 2;
                 return Some([&[bits], rest].concat());
             }
-            Step::Close { .. } => return None,
+            // Recorded sessions are plaintext.
+            Step::Close { .. } | Step::StartTls { .. } => return None,
         }
     }
     None
@@ -525,14 +526,42 @@ fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
 
 /// Client sides of handshakes: built as libnbd (nbdinfo, nbdcopy) and qemu
 /// send them, and recorded from the real clients.
+/// Seeds of the `handshake` target: its first byte picks the TLS mode (0
+/// off, 1 on, 2 require; 0x10 the client presents the certificate "client",
+/// 0x20 anonymous clients may read), the rest is what the client sends.
 fn handshake_seeds() -> Vec<Vec<u8>> {
-    let session = |flags: u32, options: &[Vec<u8>]| {
-        let mut out = flags.to_be_bytes().to_vec();
+    let tls = |mode: u8, flags: u32, options: &[Vec<u8>]| {
+        let mut out = vec![mode];
+        out.extend_from_slice(&flags.to_be_bytes());
         for o in options {
             out.extend_from_slice(o);
         }
         out
     };
+    let session = |flags: u32, options: &[Vec<u8>]| tls(0x20, flags, options);
+    let starttls = [
+        tls(
+            0x12,
+            3,
+            &[
+                option(3, &[]),
+                option(5, &[]),
+                option(8, &[]),
+                option(5, &[]),
+                option(7, &name_and_infos("vol", &[3])),
+            ],
+        ),
+        tls(0x02, 3, &[option(1, b"vol")]),
+        tls(
+            0x21,
+            3,
+            &[
+                option(6, &name_and_infos("vol", &[])),
+                option(5, &[]),
+                option(7, &name_and_infos("", &[])),
+            ],
+        ),
+    ];
     vec![
         session(
             3,
@@ -561,7 +590,12 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
         ),
     ]
     .into_iter()
-    .chain(recorded_sessions())
+    .chain(
+        recorded_sessions()
+            .into_iter()
+            .map(|recorded| [&[0x20], &recorded[..]].concat()),
+    )
+    .chain(starttls)
     .collect()
 }
 

@@ -24,10 +24,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::access::{AccessList, Client};
 use crate::buffers::{Buffer, BufferPool};
 use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
-use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step};
+use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step, TlsMode};
 use crate::proto::{Errno, MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD, REQUEST_HEADER_LEN};
 use crate::transmission::{
     validate, BadRequestMagic, Command, Limits, Payload, Rejection, RequestHeader,
@@ -48,6 +49,81 @@ pub enum ConnectionError {
     ReplyStalled,
     #[error("export provider panicked during the handshake")]
     ProviderPanicked,
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
+    #[error("client certificate: {0}")]
+    Identity(arbor_tls::TlsError),
+    #[error("dropped during the handshake to make room for a new connection")]
+    Evicted,
+}
+
+/// What a listener asks of its clients: its TLS mode, the certificates
+/// TLS uses, and the grants that decide which exports each client may see,
+/// read and write.
+#[derive(Clone)]
+pub struct Security {
+    mode: TlsMode,
+    tls: Option<arbor_tls::Tls>,
+    access: Arc<AccessList>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("mode", &self.mode)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`Security`] that cannot work: TLS on without certificates.
+#[derive(Debug, thiserror::Error)]
+#[error("TLS mode {0:?} needs certificates")]
+pub struct NoCertificates(pub TlsMode);
+
+impl Security {
+    /// No TLS; every client may write every export.
+    pub fn open() -> Self {
+        Self {
+            mode: TlsMode::Off,
+            tls: None,
+            access: Arc::new(AccessList::unrestricted()),
+        }
+    }
+
+    /// `mode` other than `Off` needs `tls`.
+    pub fn new(
+        mode: TlsMode,
+        tls: Option<arbor_tls::Tls>,
+        access: AccessList,
+    ) -> Result<Self, NoCertificates> {
+        if mode != TlsMode::Off && tls.is_none() {
+            return Err(NoCertificates(mode));
+        }
+        Ok(Self {
+            mode,
+            tls,
+            access: Arc::new(access),
+        })
+    }
+
+    pub fn mode(&self) -> TlsMode {
+        self.mode
+    }
+}
+
+/// The stream and session of a connection that reached transmission:
+/// plaintext, or after STARTTLS.
+pub enum Negotiated<S> {
+    Plain(S, Session),
+    Tls(Box<tokio_rustls::server::TlsStream<S>>, Session),
+}
+
+/// How a round of option haggling on one stream ended.
+enum Haggled {
+    Transmit(Session),
+    Close,
+    StartTls,
 }
 
 /// Limits on work in flight, which bound the memory clients can make the
@@ -134,39 +210,90 @@ impl Budget {
     }
 }
 
-/// Runs the handshake; `None` if the client ended it without choosing an
-/// export.
+/// Runs the handshake under `security`, upgrading to TLS if the client
+/// asks; `None` if the client ended it without choosing an export.
 pub async fn negotiate<S>(
-    stream: &mut S,
+    mut stream: S,
     provider: &Arc<dyn ExportProvider>,
-) -> Result<Option<Session>, ConnectionError>
+    security: &Security,
+) -> Result<Option<Negotiated<S>>, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     stream.write_all(&greeting()).await?;
-    let mut handshake = Handshake::new();
+    let mut handshake = Handshake::for_client(
+        Client::anonymous(),
+        security.mode,
+        Arc::clone(&security.access),
+    );
+    match haggle(&mut stream, &mut handshake, provider).await? {
+        Haggled::Transmit(session) => return Ok(Some(Negotiated::Plain(stream, session))),
+        Haggled::Close => return Ok(None),
+        Haggled::StartTls => {}
+    }
+    // The handshake answers STARTTLS with an ACK only in a mode that
+    // `Security::new` gave certificates; refuse rather than trust that.
+    let Some(tls) = &security.tls else {
+        return Err(ConnectionError::Identity(arbor_tls::TlsError::Config(
+            "STARTTLS acknowledged without certificates".into(),
+        )));
+    };
+    let mut stream = tls
+        .acceptor_client_optional()
+        .accept(stream)
+        .await
+        .map_err(ConnectionError::Tls)?;
+    let identity = match arbor_tls::peer_identity(stream.get_ref().1) {
+        Ok(identity) => Some(identity),
+        Err(arbor_tls::TlsError::NoPeerCertificate) => None,
+        Err(error) => return Err(ConnectionError::Identity(error)),
+    };
+    tracing::debug!(
+        identity = identity.as_deref().unwrap_or("(none)"),
+        "TLS started"
+    );
+    handshake.tls_established(identity);
+    match haggle(&mut stream, &mut handshake, provider).await? {
+        Haggled::Transmit(session) => Ok(Some(Negotiated::Tls(Box::new(stream), session))),
+        // The handshake refuses a second STARTTLS, so this is a close.
+        Haggled::Close | Haggled::StartTls => Ok(None),
+    }
+}
+
+/// Feeds the client's options to `handshake` and sends its replies until
+/// it says to transmit, close or start TLS.
+async fn haggle<S>(
+    stream: &mut S,
+    handshake: &mut Handshake,
+    provider: &Arc<dyn ExportProvider>,
+) -> Result<Haggled, ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     loop {
         let mut input = vec![0u8; handshake.wanted()];
         stream.read_exact(&mut input).await?;
         // The provider may block (it opens volumes), so it runs off the runtime.
         let provider = Arc::clone(provider);
+        let mut owned = std::mem::take(handshake);
         let (returned, step) = tokio::task::spawn_blocking(move || {
-            let step = handshake.receive(&input, provider.as_ref());
-            (handshake, step)
+            let step = owned.receive(&input, provider.as_ref());
+            (owned, step)
         })
         .await
         .map_err(|_| ConnectionError::ProviderPanicked)?;
-        handshake = returned;
-        match step? {
-            Step::Continue { reply } => stream.write_all(&reply).await?,
-            Step::Transmit { reply, session } => {
-                stream.write_all(&reply).await?;
-                return Ok(Some(session));
-            }
-            Step::Close { reply } => {
-                stream.write_all(&reply).await?;
-                return Ok(None);
-            }
+        *handshake = returned;
+        let (reply, haggled) = match step? {
+            Step::Continue { reply } => (reply, None),
+            Step::StartTls { reply } => (reply, Some(Haggled::StartTls)),
+            Step::Transmit { reply, session } => (reply, Some(Haggled::Transmit(session))),
+            Step::Close { reply } => (reply, Some(Haggled::Close)),
+        };
+        stream.write_all(&reply).await?;
+        if let Some(haggled) = haggled {
+            // The ACK of STARTTLS must be out before the TLS handshake.
+            stream.flush().await?;
+            return Ok(haggled);
         }
     }
 }

@@ -7,9 +7,19 @@
 //! broke the protocol badly enough that the connection must be dropped;
 //! everything else (unknown options, malformed option payloads, unknown
 //! exports) is answered with an error reply so the client can carry on.
+//!
+//! TLS follows the spec's "TLS support" section: [`TlsMode::Off`] is its
+//! NOTLS mode, [`TlsMode::On`] SELECTIVETLS (TLS at the client's choice;
+//! exports only certificate holders are granted need it) and
+//! [`TlsMode::Require`] FORCEDTLS. `NBD_OPT_STARTTLS` yields
+//! [`Step::StartTls`]; the driver sends the reply, runs the TLS handshake
+//! and reports the result with [`Handshake::tls_established`], which
+//! forgets everything negotiated before. What a client may open is decided
+//! by the listener's [`AccessList`] for the client's identity.
 
 use std::sync::Arc;
 
+use crate::access::{Access, AccessList, Client};
 use crate::export::{Export, ExportError, ExportProvider};
 use crate::proto::{
     client_flags, handshake_flags, info, option, option_reply, transmission_flags, truncate_text,
@@ -39,9 +49,11 @@ pub enum HandshakeError {
     #[error("option {code} carries {len} bytes, over the {MAX_OPTION_LEN}-byte limit")]
     OptionTooLong { code: u32, len: u32 },
     #[error(
-        "NBD_OPT_EXPORT_NAME for {name:?} failed ({source}); that option cannot report errors"
+        "NBD_OPT_EXPORT_NAME for {name:?} failed ({reason}); that option cannot report errors"
     )]
-    ExportNameRefused { name: String, source: ExportError },
+    ExportNameRefused { name: String, reason: String },
+    #[error("NBD_OPT_EXPORT_NAME before TLS on a listener that requires TLS")]
+    TlsRequired,
     #[error("driver passed {got} bytes where {wanted} were wanted")]
     WrongInputLength { wanted: usize, got: usize },
 }
@@ -49,9 +61,22 @@ pub enum HandshakeError {
 /// What the driver does after [`Handshake::receive`]: send `reply` (possibly
 /// empty) and then continue, enter transmission, or close.
 pub enum Step {
-    Continue { reply: Vec<u8> },
-    Transmit { reply: Vec<u8>, session: Session },
-    Close { reply: Vec<u8> },
+    Continue {
+        reply: Vec<u8>,
+    },
+    /// Send `reply` (the ACK of `NBD_OPT_STARTTLS`), then run the TLS
+    /// handshake as the server and call [`Handshake::tls_established`];
+    /// if it fails, close the connection.
+    StartTls {
+        reply: Vec<u8>,
+    },
+    Transmit {
+        reply: Vec<u8>,
+        session: Session,
+    },
+    Close {
+        reply: Vec<u8>,
+    },
 }
 
 /// Everything negotiated for the transmission phase.
@@ -111,6 +136,50 @@ pub fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     flags
 }
 
+/// A listener's TLS mode (the spec's NOTLS, SELECTIVETLS, FORCEDTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` is refused by policy.
+    Off,
+    /// TLS when the client asks for it; exports granted only to
+    /// certificate holders answer plaintext clients `NBD_REP_ERR_TLS_REQD`.
+    On,
+    /// Every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` is refused
+    /// until TLS is active, and `NBD_OPT_EXPORT_NAME` before TLS ends the
+    /// connection.
+    Require,
+}
+
+/// Why an export could not be opened, as the client is told.
+enum Refusal {
+    /// Hidden, missing or failed: `NBD_REP_ERR_UNKNOWN` (a hidden export
+    /// looks exactly like a missing one).
+    Export(ExportError),
+    /// Granted only to clients with a certificate, and this one has not
+    /// started TLS: `NBD_REP_ERR_TLS_REQD`.
+    TlsRequired,
+    /// The client may list the export but not open it: `NBD_REP_ERR_POLICY`.
+    ListOnly,
+}
+
+impl Refusal {
+    fn reply_type(&self) -> u32 {
+        match self {
+            Self::Export(_) => option_reply::ERR_UNKNOWN,
+            Self::TlsRequired => option_reply::ERR_TLS_REQD,
+            Self::ListOnly => option_reply::ERR_POLICY,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Self::Export(error) => error.to_string(),
+            Self::TlsRequired => "this export requires TLS: send NBD_OPT_STARTTLS".to_owned(),
+            Self::ListOnly => "this client may list the export but not open it".to_owned(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     ClientFlags,
@@ -122,6 +191,9 @@ enum Expect {
 #[derive(Debug)]
 pub struct Handshake {
     expect: Expect,
+    client: Client,
+    tls: TlsMode,
+    access: Arc<AccessList>,
     no_zeroes: bool,
     structured: bool,
     /// The export for which the last `NBD_OPT_SET_META_CONTEXT` selected
@@ -137,13 +209,45 @@ impl Default for Handshake {
 }
 
 impl Handshake {
+    /// A handshake without TLS that lets the client open every export.
     pub fn new() -> Self {
+        Self::for_client(
+            Client::anonymous(),
+            TlsMode::Off,
+            Arc::new(AccessList::unrestricted()),
+        )
+    }
+
+    /// A handshake on a listener with TLS mode `tls` and grants `access`;
+    /// `client` is what is known of the client before any TLS.
+    pub fn for_client(client: Client, tls: TlsMode, access: Arc<AccessList>) -> Self {
         Self {
             expect: Expect::ClientFlags,
+            client,
+            tls,
+            access,
             no_zeroes: false,
             structured: false,
             contexts_for: None,
         }
+    }
+
+    /// The client, with its identity once TLS is established.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Records that the TLS handshake after [`Step::StartTls`] succeeded,
+    /// with the identity of the client's certificate if it presented one.
+    /// Everything negotiated before TLS is forgotten, as the spec requires:
+    /// a man in the middle could have chosen it.
+    pub fn tls_established(&mut self, identity: Option<String>) {
+        self.client = Client {
+            tls: true,
+            identity,
+        };
+        self.structured = false;
+        self.contexts_for = None;
     }
 
     /// Exactly how many bytes the next [`receive`](Self::receive) needs.
@@ -230,8 +334,32 @@ impl Handshake {
         exports: &dyn ExportProvider,
     ) -> Result<Step, HandshakeError> {
         let mut replies = Replies::new(code);
+        if self.tls == TlsMode::Require
+            && !self.client.tls
+            && code != option::STARTTLS
+            && code != option::ABORT
+        {
+            // FORCEDTLS: EXPORT_NAME cannot be answered with an error.
+            if code == option::EXPORT_NAME {
+                return Err(HandshakeError::TlsRequired);
+            }
+            replies.error(
+                option_reply::ERR_TLS_REQD,
+                "this server requires TLS: send NBD_OPT_STARTTLS first",
+            );
+            return Ok(Step::Continue {
+                reply: replies.into_bytes(),
+            });
+        }
         match code {
             option::EXPORT_NAME => return self.export_name(data, exports),
+            option::STARTTLS => {
+                if self.start_tls(data, &mut replies) {
+                    return Ok(Step::StartTls {
+                        reply: replies.into_bytes(),
+                    });
+                }
+            }
             option::ABORT => {
                 // The spec says to ignore any data sent with ABORT.
                 replies.ack();
@@ -239,7 +367,7 @@ impl Handshake {
                     reply: replies.into_bytes(),
                 });
             }
-            option::LIST => list(data, exports, &mut replies),
+            option::LIST => self.list(data, exports, &mut replies),
             option::INFO | option::GO => {
                 if let Some(session) = self.info_or_go(data, exports, &mut replies) {
                     if code == option::GO {
@@ -271,11 +399,13 @@ impl Handshake {
         let name = ByteReader::new(data).string(data.len());
         let opened = match name {
             Some(name) => self.open_session(name, exports),
-            None => Err(ExportError::Invalid("export name is not valid text".into())),
+            None => Err(Refusal::Export(ExportError::Invalid(
+                "export name is not valid text".into(),
+            ))),
         };
-        let session = opened.map_err(|source| HandshakeError::ExportNameRefused {
+        let session = opened.map_err(|refusal| HandshakeError::ExportNameRefused {
             name: String::from_utf8_lossy(data).into_owned(),
-            source,
+            reason: refusal.message(),
         })?;
         let mut reply = Vec::with_capacity(10 + EXPORT_NAME_PADDING);
         reply.extend_from_slice(&session.size.to_be_bytes());
@@ -305,8 +435,8 @@ impl Handshake {
                 byte_granular: !request.wants(info::BLOCK_SIZE),
                 ..session
             },
-            Err(error) => {
-                replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
+            Err(refusal) => {
+                replies.error(refusal.reply_type(), &refusal.message());
                 return None;
             }
         };
@@ -353,14 +483,10 @@ impl Handshake {
             replies.error(option_reply::ERR_INVALID, "malformed meta context request");
             return;
         };
-        if let Err(error) = exports.open(request.export) {
-            replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
-            return;
-        }
-        let export = match exports.open(request.export) {
-            Ok(export) => export,
-            Err(error) => {
-                replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
+        let export = match self.open_export(request.export, exports) {
+            Ok((export, _)) => export,
+            Err(refusal) => {
+                replies.error(refusal.reply_type(), &refusal.message());
                 return;
             }
         };
@@ -414,10 +540,10 @@ impl Handshake {
             replies.error(option_reply::ERR_INVALID, "malformed meta context request");
             return;
         };
-        let export = match exports.open(request.export) {
-            Ok(export) => export,
-            Err(error) => {
-                replies.error(option_reply::ERR_UNKNOWN, &error.to_string());
+        let export = match self.open_export(request.export, exports) {
+            Ok((export, _)) => export,
+            Err(refusal) => {
+                replies.error(refusal.reply_type(), &refusal.message());
                 return;
             }
         };
@@ -452,13 +578,73 @@ impl Handshake {
         replies.ack();
     }
 
-    fn open_session(
+    /// Answers `NBD_OPT_STARTTLS`; true if TLS is to start.
+    fn start_tls(&mut self, data: &[u8], replies: &mut Replies) -> bool {
+        if self.tls == TlsMode::Off {
+            replies.error(
+                option_reply::ERR_POLICY,
+                "TLS is not enabled on this listener",
+            );
+        } else if self.client.tls {
+            replies.error(option_reply::ERR_INVALID, "TLS is already active");
+        } else if !data.is_empty() {
+            replies.error(option_reply::ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+        } else {
+            replies.ack();
+            return true;
+        }
+        false
+    }
+
+    /// Opens `name` if this client is granted it: the one place where the
+    /// access list is applied to opening.
+    fn open_export(
         &self,
         name: &str,
         exports: &dyn ExportProvider,
-    ) -> Result<Session, ExportError> {
-        let export = exports.open(name)?;
-        let read_only = export.read_only();
+    ) -> Result<(Arc<dyn Export>, Access), Refusal> {
+        let access = match self.access.access(&self.client, name) {
+            Some(Access::List) => return Err(Refusal::ListOnly),
+            Some(access) => access,
+            None if self.tls == TlsMode::On
+                && !self.client.tls
+                && self.access.granted_with_certificate(name) =>
+            {
+                return Err(Refusal::TlsRequired)
+            }
+            None => return Err(Refusal::Export(ExportError::NotFound)),
+        };
+        let export = exports.open(name).map_err(Refusal::Export)?;
+        Ok((export, access))
+    }
+
+    /// Lists the exports this client may see.
+    fn list(&self, data: &[u8], exports: &dyn ExportProvider, replies: &mut Replies) {
+        if !data.is_empty() {
+            replies.error(option_reply::ERR_INVALID, "NBD_OPT_LIST takes no data");
+            return;
+        }
+        for listing in exports.list() {
+            if self.access.access(&self.client, &listing.name).is_none() {
+                continue;
+            }
+            if listing.name.len() > MAX_STRING_LEN {
+                tracing::warn!(name = %listing.name, "export name too long to list");
+                continue;
+            }
+            let mut server = Vec::new();
+            push_prefixed(&mut server, listing.name.as_bytes());
+            server.extend_from_slice(truncate_text(&listing.description).as_bytes());
+            replies.push(option_reply::SERVER, &server);
+        }
+        replies.ack();
+    }
+
+    fn open_session(&self, name: &str, exports: &dyn ExportProvider) -> Result<Session, Refusal> {
+        let (export, access) = self.open_export(name, exports)?;
+        // A client granted only reads gets a read-only session, whatever
+        // the export allows.
+        let read_only = export.read_only() || access < Access::Write;
         // Only whole minimum blocks are addressable, so the tail of an
         // unaligned export is not advertised.
         let size = export.size();
@@ -478,24 +664,6 @@ impl Handshake {
             byte_granular: true,
         })
     }
-}
-
-fn list(data: &[u8], exports: &dyn ExportProvider, replies: &mut Replies) {
-    if !data.is_empty() {
-        replies.error(option_reply::ERR_INVALID, "NBD_OPT_LIST takes no data");
-        return;
-    }
-    for listing in exports.list() {
-        if listing.name.len() > MAX_STRING_LEN {
-            tracing::warn!(name = %listing.name, "export name too long to list");
-            continue;
-        }
-        let mut server = Vec::new();
-        push_prefixed(&mut server, listing.name.as_bytes());
-        server.extend_from_slice(truncate_text(&listing.description).as_bytes());
-        replies.push(option_reply::SERVER, &server);
-    }
-    replies.ack();
 }
 
 /// Payload of `NBD_OPT_INFO` / `NBD_OPT_GO`.
@@ -635,7 +803,17 @@ mod tests {
 
     /// Feeds `input` the way a driver would; returns the replies sent.
     fn drive(input: &[u8], exports: &ExportTable) -> (Vec<u8>, Outcome) {
-        let mut handshake = Handshake::new();
+        drive_with(Handshake::new(), input, exports, None)
+    }
+
+    /// As [`drive`], from `handshake`; a STARTTLS that is acknowledged
+    /// succeeds at once, the client presenting a certificate of `identity`.
+    fn drive_with(
+        mut handshake: Handshake,
+        input: &[u8],
+        exports: &ExportTable,
+        identity: Option<&str>,
+    ) -> (Vec<u8>, Outcome) {
         let mut replies = Vec::new();
         let mut rest = input;
         loop {
@@ -647,6 +825,10 @@ mod tests {
             rest = tail;
             match handshake.receive(chunk, exports) {
                 Ok(Step::Continue { reply }) => replies.extend(reply),
+                Ok(Step::StartTls { reply }) => {
+                    replies.extend(reply);
+                    handshake.tls_established(identity.map(str::to_owned));
+                }
                 Ok(Step::Transmit { reply, session }) => {
                     replies.extend(reply);
                     return (replies, Outcome::Transmit(session));
@@ -925,7 +1107,289 @@ mod tests {
         assert_ne!(read_only & SEND_DF, 0);
     }
 
+    fn secured(mode: TlsMode, rules: Vec<crate::access::Rule>) -> Handshake {
+        Handshake::for_client(Client::anonymous(), mode, Arc::new(AccessList::new(rules)))
+    }
+
+    fn grant(
+        principal: crate::access::Principal,
+        exports: &[&str],
+        access: Access,
+    ) -> crate::access::Rule {
+        crate::access::Rule {
+            principal,
+            exports: exports
+                .iter()
+                .map(|e| crate::access::Pattern::new(*e))
+                .collect(),
+            access,
+        }
+    }
+
+    fn kinds(replies: &[(u32, u32, Vec<u8>)]) -> Vec<(u32, u32)> {
+        replies
+            .iter()
+            .map(|(code, kind, _)| (*code, *kind))
+            .collect()
+    }
+
+    #[test]
+    fn starttls_is_refused_by_policy_without_tls() {
+        let mut input = client_flags(3);
+        input.extend(option(option::STARTTLS, &[]));
+        let (replies, outcome) = drive(&input, &exports());
+        assert!(matches!(outcome, Outcome::NeedMore));
+        assert_eq!(
+            kinds(&parse_replies(&replies)),
+            [(option::STARTTLS, option_reply::ERR_POLICY)]
+        );
+    }
+
+    #[test]
+    fn forced_tls_refuses_every_option_but_starttls_and_abort_until_tls() {
+        let everyone = vec![grant(
+            crate::access::Principal::Anonymous,
+            &["*"],
+            Access::Write,
+        )];
+        let mut input = client_flags(3);
+        for code in [
+            option::LIST,
+            option::INFO,
+            option::GO,
+            option::STRUCTURED_REPLY,
+            option::LIST_META_CONTEXT,
+            option::SET_META_CONTEXT,
+            11,
+            99,
+        ] {
+            input.extend(option(code, &info_request("vol", &[])));
+        }
+        let (replies, outcome) = drive_with(
+            secured(TlsMode::Require, everyone.clone()),
+            &input,
+            &exports(),
+            None,
+        );
+        assert!(matches!(outcome, Outcome::NeedMore));
+        let replies = parse_replies(&replies);
+        assert_eq!(replies.len(), 8);
+        assert!(replies
+            .iter()
+            .all(|(_, kind, _)| *kind == option_reply::ERR_TLS_REQD));
+
+        // EXPORT_NAME cannot be refused with a reply: the session ends.
+        let mut input = client_flags(3);
+        input.extend(option(option::EXPORT_NAME, b"vol"));
+        let (replies, outcome) = drive_with(
+            secured(TlsMode::Require, everyone.clone()),
+            &input,
+            &exports(),
+            None,
+        );
+        assert!(replies.is_empty());
+        assert!(matches!(
+            outcome,
+            Outcome::Failed(HandshakeError::TlsRequired)
+        ));
+
+        // ABORT is still answered.
+        let mut input = client_flags(3);
+        input.extend(option(option::ABORT, &[]));
+        let (replies, outcome) = drive_with(
+            secured(TlsMode::Require, everyone.clone()),
+            &input,
+            &exports(),
+            None,
+        );
+        assert!(matches!(outcome, Outcome::Closed));
+        assert_eq!(
+            kinds(&parse_replies(&replies)),
+            [(option::ABORT, option_reply::ACK)]
+        );
+
+        // After STARTTLS everything works, a second STARTTLS is invalid,
+        // and TLS_REQD is never sent again.
+        let mut input = client_flags(3);
+        input.extend(option(option::STARTTLS, &[]));
+        input.extend(option(option::STARTTLS, &[]));
+        input.extend(option(option::LIST, &[]));
+        input.extend(option(option::GO, &info_request("vol", &[])));
+        let (replies, outcome) = drive_with(
+            secured(TlsMode::Require, everyone),
+            &input,
+            &exports(),
+            None,
+        );
+        let Outcome::Transmit(session) = outcome else {
+            panic!("no transmission after STARTTLS")
+        };
+        assert!(!session.read_only);
+        let replies = parse_replies(&replies);
+        assert_eq!(replies[0].1, option_reply::ACK);
+        assert_eq!(replies[1].1, option_reply::ERR_INVALID);
+        assert!(replies
+            .iter()
+            .all(|(_, kind, _)| *kind != option_reply::ERR_TLS_REQD));
+    }
+
+    #[test]
+    fn starttls_forgets_what_was_negotiated_before() {
+        let everyone = vec![grant(
+            crate::access::Principal::Anonymous,
+            &["*"],
+            Access::Write,
+        )];
+        let mut input = client_flags(3);
+        input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &[BASE_ALLOCATION]),
+        ));
+        input.extend(option(option::STARTTLS, b"x"));
+        input.extend(option(option::STARTTLS, &[]));
+        input.extend(option(option::GO, &info_request("vol", &[])));
+        let (replies, outcome) =
+            drive_with(secured(TlsMode::On, everyone), &input, &exports(), None);
+        let Outcome::Transmit(session) = outcome else {
+            panic!("no transmission")
+        };
+        let replies = parse_replies(&replies);
+        // STARTTLS with data is invalid; the one without is acknowledged.
+        assert!(
+            replies
+                .iter()
+                .any(|(code, kind, _)| *code == option::STARTTLS
+                    && *kind == option_reply::ERR_INVALID)
+        );
+        assert!(!session.structured);
+        assert!(!session.base_allocation());
+    }
+
+    #[test]
+    fn grants_decide_what_is_listed_opened_and_written() {
+        use crate::access::Principal;
+        let rules = vec![
+            grant(Principal::Identity("ci".into()), &["vol"], Access::Write),
+            grant(Principal::Identity("viewer".into()), &["vol"], Access::Read),
+            grant(
+                Principal::Identity("viewer".into()),
+                &["snap"],
+                Access::List,
+            ),
+            grant(Principal::Anonymous, &["snap"], Access::Read),
+        ];
+        let session_for = |identity: Option<&str>, name: &str| {
+            let mut input = client_flags(3);
+            input.extend(option(option::STARTTLS, &[]));
+            input.extend(option(option::LIST, &[]));
+            input.extend(option(option::GO, &info_request(name, &[])));
+            let (replies, outcome) = drive_with(
+                secured(TlsMode::Require, rules.clone()),
+                &input,
+                &exports(),
+                identity,
+            );
+            let listed: Vec<String> = parse_replies(&replies)
+                .into_iter()
+                .filter(|(_, kind, _)| *kind == option_reply::SERVER)
+                .map(|(_, _, data)| {
+                    String::from_utf8_lossy(&data[4..4 + data[3] as usize]).into_owned()
+                })
+                .collect();
+            let last = parse_replies(&replies).last().map(|r| r.1);
+            (listed, outcome, last)
+        };
+        let (listed, outcome, _) = session_for(Some("ci"), "vol");
+        assert_eq!(listed, ["vol"]);
+        assert!(matches!(outcome, Outcome::Transmit(ref s) if !s.read_only));
+        let (listed, outcome, _) = session_for(Some("viewer"), "vol");
+        assert_eq!(listed.len(), 2);
+        assert!(matches!(outcome, Outcome::Transmit(ref s) if s.read_only));
+        // Listed but not openable: refused by policy.
+        let (_, outcome, last) = session_for(Some("viewer"), "snap");
+        assert!(matches!(outcome, Outcome::NeedMore));
+        assert_eq!(last, Some(option_reply::ERR_POLICY));
+        // Hidden exports look like missing ones.
+        let (listed, outcome, last) = session_for(Some("ci"), "snap");
+        assert_eq!(listed, ["vol"]);
+        assert!(matches!(outcome, Outcome::NeedMore));
+        assert_eq!(last, Some(option_reply::ERR_UNKNOWN));
+        let (listed, _, last) = session_for(Some("stranger"), "vol");
+        assert!(listed.is_empty());
+        assert_eq!(last, Some(option_reply::ERR_UNKNOWN));
+        // Anonymous over TLS: only what anonymous clients are granted.
+        let (listed, outcome, _) = session_for(None, "snap");
+        assert_eq!(listed, ["snap"]);
+        assert!(matches!(outcome, Outcome::Transmit(ref s) if s.read_only));
+    }
+
+    #[test]
+    fn selective_tls_tells_plaintext_clients_which_exports_need_tls() {
+        use crate::access::Principal;
+        let rules = vec![
+            grant(Principal::Identity("ci".into()), &["vol"], Access::Write),
+            grant(Principal::Anonymous, &["snap"], Access::Read),
+        ];
+        let mut input = client_flags(3);
+        input.extend(option(option::LIST, &[]));
+        input.extend(option(option::INFO, &info_request("vol", &[])));
+        input.extend(option(option::INFO, &info_request("ghost", &[])));
+        input.extend(option(option::GO, &info_request("snap", &[])));
+        let (replies, outcome) = drive_with(
+            secured(TlsMode::On, rules.clone()),
+            &input,
+            &exports(),
+            None,
+        );
+        assert!(matches!(outcome, Outcome::Transmit(ref s) if s.read_only));
+        let replies = kinds(&parse_replies(&replies));
+        assert!(replies.contains(&(option::INFO, option_reply::ERR_TLS_REQD)));
+        assert!(replies.contains(&(option::INFO, option_reply::ERR_UNKNOWN)));
+        // Without TLS on the listener, TLS_REQD is never sent.
+        let mut input = client_flags(3);
+        input.extend(option(option::INFO, &info_request("vol", &[])));
+        let (replies, _) = drive_with(
+            secured(TlsMode::Off, rules.clone()),
+            &input,
+            &exports(),
+            None,
+        );
+        assert_eq!(
+            kinds(&parse_replies(&replies)),
+            [(option::INFO, option_reply::ERR_UNKNOWN)]
+        );
+        // EXPORT_NAME for an export the client may not open ends the session.
+        let mut input = client_flags(3);
+        input.extend(option(option::EXPORT_NAME, b"vol"));
+        let (_, outcome) = drive_with(secured(TlsMode::On, rules), &input, &exports(), None);
+        assert!(matches!(
+            outcome,
+            Outcome::Failed(HandshakeError::ExportNameRefused { .. })
+        ));
+    }
+
     proptest! {
+        #[test]
+        fn forced_tls_answers_nothing_but_tls_reqd_before_tls(
+            options in proptest::collection::vec(
+                (0u32..16, proptest::collection::vec(any::<u8>(), 0..64)), 1..8),
+        ) {
+            let everyone = vec![grant(crate::access::Principal::Anonymous, &["*"], Access::Write)];
+            let mut input = client_flags(3);
+            for (code, data) in options.iter().filter(|(code, _)| *code != option::STARTTLS) {
+                input.extend(option(*code, data));
+            }
+            let (replies, outcome) = drive_with(secured(TlsMode::Require, everyone), &input, &exports(), None);
+            prop_assert!(!matches!(outcome, Outcome::Transmit(_)));
+            for (code, kind, _) in parse_replies(&replies) {
+                prop_assert!(
+                    kind == option_reply::ERR_TLS_REQD || (code == option::ABORT && kind == option_reply::ACK),
+                    "option {} got reply {:#x}", code, kind
+                );
+            }
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..2048)) {
             drive(&input, &exports());

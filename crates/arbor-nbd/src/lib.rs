@@ -3,11 +3,13 @@
 //!
 //! Layers, bottom up:
 //! * [`proto`], [`handshake`], [`transmission`]: the protocol, sans I/O;
+//! * [`access`]: who a client is and which exports it may see, read, write;
 //! * [`export`]: the blocking [`Export`] / [`ExportProvider`] traits served;
 //! * [`dispatch`]: runs one validated command against an export;
 //! * [`buffers`]: recycled buffers for large payloads and read replies;
 //! * `connection`, [`server`]: the tokio server ([`serve`]).
 
+pub mod access;
 pub mod buffers;
 mod connection;
 pub mod dispatch;
@@ -18,6 +20,9 @@ pub mod proto;
 pub mod server;
 pub mod transmission;
 
+pub use access::{Access, AccessList, Client, Pattern, Principal, Rule};
+pub use connection::{NoCertificates, Security};
 pub use export::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
+pub use handshake::TlsMode;
 pub use server::{serve, Listener, ServerConfig, DEFAULT_TCP_ADDR};
 pub use tokio_util::sync::CancellationToken;

@@ -52,6 +52,7 @@ pub mod option {
     pub const EXPORT_NAME: u32 = 1;
     pub const ABORT: u32 = 2;
     pub const LIST: u32 = 3;
+    pub const STARTTLS: u32 = 5;
     pub const INFO: u32 = 6;
     pub const GO: u32 = 7;
     pub const STRUCTURED_REPLY: u32 = 8;
@@ -67,7 +68,9 @@ pub mod option_reply {
     pub const META_CONTEXT: u32 = 4;
     const ERROR: u32 = 1 << 31;
     pub const ERR_UNSUP: u32 = ERROR | 1;
+    pub const ERR_POLICY: u32 = ERROR | 2;
     pub const ERR_INVALID: u32 = ERROR | 3;
+    pub const ERR_TLS_REQD: u32 = ERROR | 5;
     pub const ERR_UNKNOWN: u32 = ERROR | 6;
 }
 

@@ -22,8 +22,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::connection::{negotiate, transmit, Budget, ConnectionError, SharedBudget};
+use crate::connection::{
+    negotiate, transmit, Budget, ConnectionError, Negotiated, Security, SharedBudget,
+};
 use crate::export::ExportProvider;
+use crate::handshake::Session;
 use crate::proto::MAX_PAYLOAD;
 
 /// The loopback address on the IANA NBD port; serving beyond the local
@@ -34,7 +37,10 @@ pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:10809";
 /// holds to 64 MiB, and all connections together to 256 MiB.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Connections served at once; further clients wait in the listen backlog.
+    /// Connections served at once; further clients wait in the listen
+    /// backlog. When every slot is taken and a client is waiting, the
+    /// connection that has been in its handshake longest is dropped to make
+    /// room, so clients that connect and stall cannot keep others out.
     pub max_connections: usize,
     /// Requests per connection read but not yet answered.
     pub max_requests_in_flight: usize,
@@ -69,53 +75,95 @@ impl Default for ServerConfig {
     }
 }
 
-/// A bound socket to accept NBD clients on.
-pub enum Listener {
+/// A bound socket to accept NBD clients on, with what it asks of them
+/// (TLS mode and grants; by default no TLS and every export writable).
+pub struct Listener {
+    socket: Socket,
+    security: Security,
+}
+
+enum Socket {
     Tcp(TcpListener),
     Unix(UnixListener),
 }
 
 impl Listener {
     pub async fn bind_tcp(addr: impl ToSocketAddrs) -> std::io::Result<Self> {
-        Ok(Self::Tcp(TcpListener::bind(addr).await?))
+        Ok(Self {
+            socket: Socket::Tcp(TcpListener::bind(addr).await?),
+            security: Security::open(),
+        })
     }
 
     /// Binds a Unix socket at `path`, which must not exist yet.
     pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
-        Ok(Self::Unix(UnixListener::bind(path)?))
+        Ok(Self {
+            socket: Socket::Unix(UnixListener::bind(path)?),
+            security: Security::open(),
+        })
+    }
+
+    /// Serves clients of this listener under `security`.
+    pub fn with_security(self, security: Security) -> Self {
+        Self { security, ..self }
     }
 
     /// The bound TCP address (useful after binding port 0).
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
-        match self {
-            Self::Tcp(listener) => listener.local_addr().ok(),
-            Self::Unix(_) => None,
+        match &self.socket {
+            Socket::Tcp(listener) => listener.local_addr().ok(),
+            Socket::Unix(_) => None,
         }
     }
 
-    /// Accepts one client and starts its connection thread, tracked by
-    /// `tracker`; the connection holds `slot` until it closes.
-    async fn accept_into(
-        &self,
-        server: &Arc<Server>,
-        tracker: &TaskTracker,
-        slot: OwnedSemaphorePermit,
-    ) -> std::io::Result<()> {
-        match self {
-            Self::Tcp(listener) => {
+    /// Accepts one client.
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match &self.socket {
+            Socket::Tcp(listener) => {
                 let (stream, peer) = listener.accept().await?;
                 // Replies are flushed whole; Nagle would only delay them.
                 stream.set_nodelay(true)?;
                 // Moved to the connection's own runtime, which registers it anew.
-                let stream = stream.into_std()?;
-                let attach = move || tokio::net::TcpStream::from_std(stream);
-                Arc::clone(server).start_connection(tracker, slot, peer.to_string(), attach)
+                Ok(Accepted::Tcp(stream.into_std()?, peer.to_string()))
             }
-            Self::Unix(listener) => {
+            Socket::Unix(listener) => {
                 let (stream, _) = listener.accept().await?;
-                let stream = stream.into_std()?;
+                Ok(Accepted::Unix(stream.into_std()?))
+            }
+        }
+    }
+}
+
+/// A client accepted but not yet given a connection slot.
+enum Accepted {
+    Tcp(std::net::TcpStream, String),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Accepted {
+    /// Starts the client's connection thread, tracked by `tracker`; the
+    /// connection holds `slot` until it closes.
+    fn start(
+        self,
+        server: &Arc<Server>,
+        tracker: &TaskTracker,
+        slot: OwnedSemaphorePermit,
+        security: Security,
+    ) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(stream, peer) => {
+                let attach = move || tokio::net::TcpStream::from_std(stream);
+                Arc::clone(server).start_connection(tracker, slot, peer, security, attach)
+            }
+            Self::Unix(stream) => {
                 let attach = move || tokio::net::UnixStream::from_std(stream);
-                Arc::clone(server).start_connection(tracker, slot, "unix".to_owned(), attach)
+                Arc::clone(server).start_connection(
+                    tracker,
+                    slot,
+                    "unix".to_owned(),
+                    security,
+                    attach,
+                )
             }
         }
     }
@@ -145,6 +193,7 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         abort: CancellationToken::new(),
         next_id: std::sync::atomic::AtomicU64::new(1),
+        handshaking: std::sync::Mutex::new(std::collections::VecDeque::new()),
     });
     let connections = TaskTracker::new();
     let accept_loops = TaskTracker::new();
@@ -175,6 +224,27 @@ struct Server {
     /// Hard stop after the grace period: drop connections at once.
     abort: CancellationToken,
     next_id: std::sync::atomic::AtomicU64,
+    /// Connections still in their handshake, oldest first, each with the
+    /// token that drops it.
+    handshaking: std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
+}
+
+/// Takes a connection off [`Server::handshaking`] when its handshake ends,
+/// however it ends.
+struct Handshaking<'a> {
+    server: &'a Server,
+    id: u64,
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        let mut queue = self
+            .server
+            .handshaking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        queue.retain(|(id, _)| *id != self.id);
+    }
 }
 
 impl Server {
@@ -186,6 +256,7 @@ impl Server {
         tracker: &TaskTracker,
         slot: OwnedSemaphorePermit,
         peer: String,
+        security: Security,
         attach: A,
     ) -> std::io::Result<()>
     where
@@ -212,7 +283,7 @@ impl Server {
                 };
                 runtime.block_on(async move {
                     match attach() {
-                        Ok(stream) => self.run_connection(stream, peer, slot).await,
+                        Ok(stream) => self.run_connection(stream, peer, security, slot).await,
                         Err(error) => tracing::warn!(%error, %peer, "cannot register a connection"),
                     }
                 });
@@ -226,8 +297,26 @@ impl Server {
 
     async fn accept_loop(self: Arc<Self>, listener: Listener, connections: TaskTracker) {
         loop {
-            // At the limit, stop accepting: further clients wait in the
-            // listen backlog instead of costing memory here.
+            let accepted = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let accepted = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Typically EMFILE: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // At the limit, this client waits here, and further ones in the
+            // listen backlog, costing no memory; the oldest handshake is
+            // dropped to make room (see `ServerConfig::max_connections`).
+            if self.connection_slots.available_permits() == 0 {
+                self.evict_oldest_handshake();
+            }
             let slot = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return,
@@ -237,17 +326,26 @@ impl Server {
                     Err(_) => return,
                 },
             };
-            tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => return,
-                accepted = listener.accept_into(&self, &connections, slot) => {
-                    if let Err(error) = accepted {
-                        // Typically EMFILE: back off instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
+            if let Err(error) = accepted.start(&self, &connections, slot, listener.security.clone())
+            {
+                tracing::warn!(%error, "cannot start a connection");
             }
+        }
+    }
+
+    /// Drops the connection that has been in its handshake longest, if any.
+    fn evict_oldest_handshake(&self) {
+        let oldest = self
+            .handshaking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front();
+        if let Some((id, drop_it)) = oldest {
+            tracing::debug!(
+                connection = id,
+                "all connection slots taken: dropping the oldest handshake"
+            );
+            drop_it.cancel();
         }
     }
 
@@ -255,6 +353,7 @@ impl Server {
         self: Arc<Self>,
         stream: S,
         peer: String,
+        security: Security,
         _slot: OwnedSemaphorePermit,
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -266,27 +365,51 @@ impl Server {
         let abort = self.abort.clone();
         tokio::select! {
             () = abort.cancelled() => {}
-            result = self.connection(stream).instrument(span.clone()) => match result {
+            result = self.connection(id, stream, &security).instrument(span.clone()) => match result {
                 Ok(()) => tracing::debug!(parent: &span, "connection closed"),
                 Err(error) => tracing::info!(parent: &span, %error, "connection dropped"),
             },
         }
     }
 
-    async fn connection<S>(&self, mut stream: S) -> Result<(), ConnectionError>
+    async fn connection<S>(
+        &self,
+        id: u64,
+        stream: S,
+        security: &Security,
+    ) -> Result<(), ConnectionError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let handshake = negotiate(&mut stream, &self.provider);
+        let evicted = CancellationToken::new();
+        let registered = {
+            let mut queue = self
+                .handshaking
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            queue.push_back((id, evicted.clone()));
+            Handshaking { server: self, id }
+        };
+        let handshake = negotiate(stream, &self.provider, security);
         let negotiated = tokio::select! {
             () = self.shutdown.cancelled() => return Ok(()),
+            () = evicted.cancelled() => return Err(ConnectionError::Evicted),
             negotiated = tokio::time::timeout(self.config.handshake_timeout, handshake) => {
                 negotiated.map_err(|_| ConnectionError::HandshakeTimeout)??
             }
         };
-        let Some(session) = negotiated else {
-            return Ok(());
-        };
+        drop(registered);
+        match negotiated {
+            None => Ok(()),
+            Some(Negotiated::Plain(stream, session)) => self.transmission(stream, session).await,
+            Some(Negotiated::Tls(stream, session)) => self.transmission(stream, session).await,
+        }
+    }
+
+    async fn transmission<S>(&self, stream: S, session: Session) -> Result<(), ConnectionError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         tracing::info!(
             export = %session.export_name,
             size = session.size,

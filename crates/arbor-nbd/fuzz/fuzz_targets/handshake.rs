@@ -1,24 +1,55 @@
 //! Arbitrary client bytes through the handshake state machine, fed exactly
-//! as the server's driver feeds it. Must never panic.
+//! as the server's driver feeds it. Must never panic. The first byte picks
+//! the listener's TLS mode and whether the client presents a certificate
+//! when STARTTLS is acknowledged (the TLS layer itself is rustls's), and
+//! exports are granted per identity, so the FORCEDTLS and SELECTIVETLS
+//! paths and the access checks are covered.
 #![no_main]
 
 use std::sync::Arc;
 
-use arbor_nbd::handshake::{Handshake, Step};
+use arbor_nbd::handshake::{Handshake, Step, TlsMode};
 use arbor_nbd::memory::{ExportTable, MemoryExport};
+use arbor_nbd::{Access, AccessList, Client, Pattern, Principal, Rule};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
     let exports = ExportTable::new();
     exports.insert("vol", Arc::new(MemoryExport::new(1 << 20)));
     exports.insert("", Arc::new(MemoryExport::new(4096).read_only()));
-    let mut handshake = Handshake::new();
+    let Some((&mode, input)) = input.split_first() else {
+        return;
+    };
+    let tls = match mode % 3 {
+        0 => TlsMode::Off,
+        1 => TlsMode::On,
+        _ => TlsMode::Require,
+    };
+    let identity = (mode & 0x10 != 0).then(|| "client".to_owned());
+    let access = AccessList::new(vec![
+        Rule {
+            principal: Principal::Identity("client".into()),
+            exports: vec![Pattern::new("vol")],
+            access: Access::Write,
+        },
+        Rule {
+            principal: Principal::Anonymous,
+            exports: vec![Pattern::new("*")],
+            access: if mode & 0x20 != 0 {
+                Access::Read
+            } else {
+                Access::List
+            },
+        },
+    ]);
+    let mut handshake = Handshake::for_client(Client::anonymous(), tls, Arc::new(access));
     let mut rest = input;
     while rest.len() >= handshake.wanted() {
         let (chunk, tail) = rest.split_at(handshake.wanted());
         rest = tail;
         match handshake.receive(chunk, &exports) {
             Ok(Step::Continue { .. }) => {}
+            Ok(Step::StartTls { .. }) => handshake.tls_established(identity.clone()),
             Ok(Step::Transmit { .. } | Step::Close { .. }) | Err(_) => return,
         }
     }

@@ -19,6 +19,7 @@ const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_GO: u32 = 7;
 const REP_ACK: u32 = 1;
+const REP_ERR_POLICY: u32 = (1 << 31) | 2;
 const REP_ERR_UNSUP: u32 = 0x8000_0001;
 const REP_ERR_INVALID: u32 = 0x8000_0003;
 const CMD_READ: u16 = 0;
@@ -264,8 +265,8 @@ fn unknown_and_malformed_options_get_error_replies_and_haggling_continues() {
     let mut peer = Peer::greet(&server, 0b11);
     peer.option(0x7777, b"whatever");
     assert_eq!(peer.option_reply().1, REP_ERR_UNSUP);
-    peer.option(5, &[]); // STARTTLS: not supported
-    assert_eq!(peer.option_reply().1, REP_ERR_UNSUP);
+    peer.option(5, &[]); // STARTTLS: this listener has no TLS
+    assert_eq!(peer.option_reply().1, REP_ERR_POLICY);
     // GO whose name length points past the end of the option.
     peer.option(OPT_GO, &[0, 0, 1, 0, b'v']);
     assert_eq!(peer.option_reply().1, REP_ERR_INVALID);
@@ -670,15 +671,18 @@ fn clients_that_stop_reading_are_dropped_and_cannot_starve_others() {
 
 #[test]
 fn clients_over_the_connection_limit_wait_for_a_free_slot() {
-    // Only a client leaving frees a slot: no handshake timeout does.
+    // Only a client leaving frees a slot: no handshake timeout does, and
+    // clients in transmission are never dropped to make room.
     let config = ServerConfig {
         max_connections: 2,
         handshake_timeout: NEVER,
         ..ServerConfig::default()
     };
     let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
-    let first = Peer::greet(&server, 0b11);
+    let mut first = Peer::greet(&server, 0b11);
+    assert_eq!(first.go("vol"), MIB);
     let mut second = Peer::greet(&server, 0b11);
+    assert_eq!(second.go("vol"), MIB);
     let mut third = Peer::connect(&server);
     // Says when the server greets the third client; fails after the hang
     // guard (dropping the sender) if it never does.
@@ -688,10 +692,11 @@ fn clients_over_the_connection_limit_wait_for_a_free_slot() {
     });
     // The server goes on serving the clients it holds: they are served
     // while the third one waits.
-    assert_eq!(second.go("vol"), MIB);
-    second.request(CMD_READ, 1, 0, 512);
-    assert_eq!(second.simple_reply(), (0, 1));
-    let _: [u8; 512] = second.read_exact();
+    for peer in [&mut first, &mut second] {
+        peer.request(CMD_READ, 1, 0, 512);
+        assert_eq!(peer.simple_reply(), (0, 1));
+        let _: [u8; 512] = peer.read_exact();
+    }
     assert_eq!(
         greeting.try_recv(),
         Err(TryRecvError::Empty),
@@ -703,4 +708,36 @@ fn clients_over_the_connection_limit_wait_for_a_free_slot() {
         .expect("third client served once a slot was free");
     assert_eq!(&greeting[..8], b"NBDMAGIC");
     waiter.join().unwrap();
+}
+
+#[test]
+fn clients_stalled_in_the_handshake_make_room_for_new_ones() {
+    // Slots full of clients that connect and say nothing (a flood) must
+    // not keep a new client out until their handshake times out: the
+    // oldest handshake is dropped instead. A client in transmission keeps
+    // its slot.
+    let config = ServerConfig {
+        max_connections: 3,
+        handshake_timeout: NEVER,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let mut serving = Peer::greet(&server, 0b11);
+    assert_eq!(serving.go("vol"), MIB);
+    let mut oldest = Peer::greet(&server, 0b11);
+    let mut newer = Peer::greet(&server, 0b11);
+    let mut polite = Peer::greet(&server, 0b11);
+    assert!(oldest.closed_by_server(), "the oldest handshake is dropped");
+    assert_eq!(polite.go("vol"), MIB);
+    polite.request(CMD_READ, 1, 0, 512);
+    assert_eq!(polite.simple_reply(), (0, 1));
+    let _: [u8; 512] = polite.read_exact();
+    // The next newcomer drops the next oldest handshake, never a session.
+    let _another = Peer::greet(&server, 0b11);
+    assert!(newer.closed_by_server());
+    for peer in [&mut serving, &mut polite] {
+        peer.request(CMD_READ, 2, 0, 512);
+        assert_eq!(peer.simple_reply(), (0, 2));
+        let _: [u8; 512] = peer.read_exact();
+    }
 }
