@@ -36,6 +36,8 @@ struct ConfigFile {
     nbd_max_connections: u32,
     nbd_memory_limit: ByteSize,
     nbd_stall_timeout: String,
+    nbd_tls: String,
+    nbd_access: Vec<NbdAccessEntry>,
     api_listen: String,
     reclaim_rate: u32,
     commit_interval: String,
@@ -61,6 +63,19 @@ struct AllowEntry {
     keep: u32,
 }
 
+/// One grant of NBD access on TCP.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct NbdAccessEntry {
+    /// A certificate identity, `*` (any certificate from the CA) or
+    /// `anonymous` (clients without a certificate).
+    identity: String,
+    #[serde(default = "any_volume")]
+    volumes: Vec<String>,
+    /// `list`, `read` or `write`.
+    access: String,
+}
+
 fn any_volume() -> Vec<String> {
     vec!["*".to_owned()]
 }
@@ -79,6 +94,11 @@ pub struct ServeConfig {
     /// Request bytes held at once across all NBD connections.
     pub nbd_memory_limit: u32,
     pub nbd_stall_timeout: Duration,
+    /// TLS mode and grants of the NBD TCP listener (the Unix socket is the
+    /// owner's alone, without TLS, with every volume).
+    pub nbd_tcp_security: NbdSecurity,
+    /// Certificates shared by the listeners that use TLS.
+    pub tls: Option<arbor_tls::TlsFiles>,
     pub api_listen: Option<SocketAddr>,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
@@ -87,6 +107,13 @@ pub struct ServeConfig {
     /// Increasing percentages of space use that raise a warning.
     pub space_warning_percent: Vec<u8>,
     pub replication: ReplicationConfig,
+}
+
+/// What the NBD TCP listener asks of clients.
+#[derive(Debug, Clone)]
+pub struct NbdSecurity {
+    pub mode: arbor_nbd::TlsMode,
+    pub access: arbor_nbd::AccessList,
 }
 
 /// How this host replicates (`arbor replica`).
@@ -237,7 +264,10 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
                 file.nbd_memory_limit
             ))
         })?;
-    let replication = replication(&file)?;
+    let tls = tls_files(&file)?;
+    let nbd_listen = listen_address("nbd_listen", &file.nbd_listen)?;
+    let nbd_tcp_security = nbd_security(&file, nbd_listen, tls.is_some())?;
+    let replication = replication(&file, tls.clone())?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
     }
@@ -250,7 +280,9 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         chunk_size,
         initial_volume: (!file.initial_volume.is_empty() && file.initial_volume != "none")
             .then(|| (file.initial_volume.clone(), file.initial_volume_size.0)),
-        nbd_listen: listen_address("nbd_listen", &file.nbd_listen)?,
+        nbd_listen,
+        nbd_tcp_security,
+        tls,
         api_listen,
         reclaim_rate: file.reclaim_rate,
         commit_interval,
@@ -262,21 +294,114 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     })
 }
 
-fn replication(file: &ConfigFile) -> Result<ReplicationConfig> {
-    let listen = listen_address("replication_listen", &file.replication_listen)?;
+/// The certificates every TLS listener shares: all three files, or none.
+fn tls_files(file: &ConfigFile) -> Result<Option<arbor_tls::TlsFiles>> {
     let paths = [&file.tls_ca, &file.tls_cert, &file.tls_key];
     let given = paths.iter().filter(|p| !p.as_os_str().is_empty()).count();
-    let tls = match given {
-        0 => None,
-        3 => Some(arbor_tls::TlsFiles {
+    match given {
+        0 => Ok(None),
+        3 => Ok(Some(arbor_tls::TlsFiles {
             ca: file.tls_ca.clone(),
             cert: file.tls_cert.clone(),
             key: file.tls_key.clone(),
-        }),
+        })),
         _ => bail!(usage(
             "tls_ca, tls_cert and tls_key go together: give all three, or none".into()
         )),
+    }
+}
+
+/// The NBD TCP listener's TLS mode and grants. `nbd_tls = "auto"`: require
+/// off loopback, offer on loopback when certificates are configured, else
+/// off. No `nbd_access`: every client may write every volume on loopback;
+/// off loopback, every client with a certificate from the CA.
+fn nbd_security(
+    file: &ConfigFile,
+    listen: Option<SocketAddr>,
+    certificates: bool,
+) -> Result<NbdSecurity> {
+    use arbor_nbd::{Access, AccessList, Pattern, Principal, Rule, TlsMode};
+    let loopback = listen.is_none_or(|addr| addr.ip().is_loopback());
+    let mode = match file.nbd_tls.to_ascii_lowercase().as_str() {
+        "off" => TlsMode::Off,
+        "on" => TlsMode::On,
+        "require" => TlsMode::Require,
+        "auto" | "" if !loopback => TlsMode::Require,
+        "auto" | "" if certificates => TlsMode::On,
+        "auto" | "" => TlsMode::Off,
+        other => bail!(usage(format!(
+            "nbd_tls = {other:?}: expected \"off\", \"on\", \"require\" or \"auto\""
+        ))),
     };
+    if let Some(addr) = listen {
+        if mode != TlsMode::Off && !certificates {
+            bail!(usage(format!(
+                "nbd_listen = {addr} with TLS ({}): give tls_ca, tls_cert and tls_key \
+                 (`arbor tls init DIR` makes a set), or set nbd_tls = \"off\" on loopback",
+                if loopback {
+                    "nbd_tls"
+                } else {
+                    "required off loopback"
+                }
+            )));
+        }
+        if !loopback && mode != TlsMode::Require {
+            bail!(usage(format!(
+                "nbd_listen = {addr}: off loopback NBD requires TLS; nbd_tls must be \"require\" or \"auto\""
+            )));
+        }
+    }
+    let mut rules = Vec::new();
+    for entry in &file.nbd_access {
+        let principal = match entry.identity.as_str() {
+            "" => bail!(usage(
+                "nbd_access: every entry needs an identity (a certificate identity, \"*\" or \"anonymous\")".into()
+            )),
+            "*" => Principal::AnyCertificate,
+            "anonymous" => Principal::Anonymous,
+            identity => Principal::Identity(identity.to_owned()),
+        };
+        let access = match entry.access.to_ascii_lowercase().as_str() {
+            "list" => Access::List,
+            "read" => Access::Read,
+            "write" => Access::Write,
+            other => bail!(usage(format!(
+                "nbd_access: access = {other:?} for {:?}: expected \"list\", \"read\" or \"write\"",
+                entry.identity
+            ))),
+        };
+        if entry.volumes.is_empty() {
+            bail!(usage(format!(
+                "nbd_access: the entry for {:?} names no volumes (\"*\": all)",
+                entry.identity
+            )));
+        }
+        rules.push(Rule {
+            principal,
+            exports: entry
+                .volumes
+                .iter()
+                .map(|v| Pattern::new(v.as_str()))
+                .collect(),
+            access,
+        });
+    }
+    let access = if !rules.is_empty() {
+        AccessList::new(rules)
+    } else if loopback {
+        AccessList::unrestricted()
+    } else {
+        AccessList::new(vec![Rule {
+            principal: Principal::AnyCertificate,
+            exports: vec![Pattern::new("*")],
+            access: Access::Write,
+        }])
+    };
+    Ok(NbdSecurity { mode, access })
+}
+
+fn replication(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<ReplicationConfig> {
+    let listen = listen_address("replication_listen", &file.replication_listen)?;
     if let Some(addr) = listen {
         if !addr.ip().is_loopback() && tls.is_none() {
             bail!(usage(format!(
@@ -388,6 +513,16 @@ mod tests {
             ("nbd_max_connections = 0", "at least 1"),
             ("replication_listen = \"10.0.0.1:7400\"", "needs TLS"),
             ("tls_ca = \"ca.pem\"", "go together"),
+            ("nbd_tls = \"maybe\"", "expected \"off\""),
+            ("nbd_tls = \"require\"", "give tls_ca"),
+            ("nbd_listen = \"10.0.0.1:10809\"", "required off loopback"),
+            (
+                "nbd_listen = \"10.0.0.1:10809\"\nnbd_tls = \"on\"\ntls_ca = \"a\"\ntls_cert = \"b\"\ntls_key = \"c\"",
+                "requires TLS",
+            ),
+            ("nbd_access = [{ identity = \"ci\", access = \"all\" }]", "expected \"list\""),
+            ("nbd_access = [{ identity = \"\", access = \"read\" }]", "needs an identity"),
+            ("nbd_access = [{ identity = \"ci\", volumes = [], access = \"read\" }]", "names no volumes"),
             ("replication_allow = [{ source = \"\" }]", "needs a source"),
             ("replication_allow = [{ sauce = \"a\" }]", "unknown field"),
             ("this is not toml", "not valid TOML"),
@@ -396,6 +531,46 @@ mod tests {
             let err = format!("{:#}", load_text(text, &none).unwrap_err());
             assert!(err.contains(expected), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn nbd_tls_defaults_follow_the_listener_and_the_certificates() {
+        use arbor_nbd::{Access, Client, TlsMode};
+        let none = ServeArgs::default();
+        let plain = load_text("", &none).unwrap();
+        assert_eq!(plain.nbd_tcp_security.mode, TlsMode::Off);
+        let anyone = Client::anonymous();
+        assert_eq!(
+            plain.nbd_tcp_security.access.access(&anyone, "vm"),
+            Some(Access::Write)
+        );
+        let files = "tls_ca = \"a\"\ntls_cert = \"b\"\ntls_key = \"c\"\n";
+        let offered = load_text(files, &none).unwrap();
+        assert_eq!(offered.nbd_tcp_security.mode, TlsMode::On);
+        let remote =
+            load_text(&format!("{files}nbd_listen = \"10.0.0.1:10809\"\n"), &none).unwrap();
+        assert_eq!(remote.nbd_tcp_security.mode, TlsMode::Require);
+        // Off loopback, only certificate holders by default.
+        let access = &remote.nbd_tcp_security.access;
+        assert_eq!(access.access(&anyone, "vm"), None);
+        let holder = Client {
+            tls: true,
+            identity: Some("ci".into()),
+        };
+        assert_eq!(access.access(&holder, "vm"), Some(Access::Write));
+        let granted = load_text(
+            &format!(
+                "{files}nbd_access = [{{ identity = \"ci\", volumes = [\"ci-*\"], access = \"write\" }}, \
+                 {{ identity = \"anonymous\", volumes = [\"golden\"], access = \"read\" }}]\n"
+            ),
+            &none,
+        )
+        .unwrap();
+        let access = &granted.nbd_tcp_security.access;
+        assert_eq!(access.access(&holder, "ci-7"), Some(Access::Write));
+        assert_eq!(access.access(&holder, "vm"), None);
+        assert_eq!(access.access(&anyone, "golden"), Some(Access::Read));
+        assert_eq!(access.access(&anyone, "ci-7"), None);
     }
 
     #[test]

@@ -12,24 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn tool(program: &str, args: &[&str]) -> Output {
-    Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} is missing ({e}): scripts/install-deps.sh"))
-}
-
-fn tool_ok(program: &str, args: &[&str]) -> String {
-    let out = tool(program, args);
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}{}",
-        stdout(&out),
-        stderr(&out)
-    );
-    stdout(&out)
-}
-
 fn openssl_text(cert: &Path) -> String {
     tool_ok("openssl", &["x509", "-noout", "-text", "-in", p(cert)])
 }

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use axum::Router;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::nbd_export::PoolExports;
 
@@ -82,22 +82,29 @@ pub struct NbdListeners {
 }
 
 impl NbdListeners {
-    pub async fn bind(socket: &Path, tcp: Option<SocketAddr>) -> Result<Self> {
+    /// Binds the Unix socket (the owner's alone: every volume, no TLS) and,
+    /// if `tcp` is given, the TCP listener under `tcp_security`.
+    pub async fn bind(
+        socket: &Path,
+        tcp: Option<SocketAddr>,
+        tcp_security: arbor_nbd::Security,
+    ) -> Result<Self> {
         let (listener, file) = bind_unix(socket, |p| arbor_nbd::Listener::bind_unix(p)).await?;
         let mut nbd = Self {
             listeners: vec![listener],
             socket_files: vec![file],
         };
         if let Some(addr) = tcp {
-            if !addr.ip().is_loopback() {
-                // Serving block devices to other hosts is a legitimate choice,
-                // but whoever can connect can read and write every volume.
-                warn!(%addr, "NBD has no authentication: any host that can reach this address can read and write every volume");
+            let mode = tcp_security.mode();
+            if mode == arbor_nbd::TlsMode::Off && !addr.ip().is_loopback() {
+                // The configuration refuses this; say so if it ever changes.
+                warn!(%addr, "NBD without TLS off loopback: any host that can reach this address can read and write");
             }
             let listener = arbor_nbd::Listener::bind_tcp(addr).await.with_context(|| {
                 format!("cannot listen for NBD on {addr} (another daemon? set nbd_listen, or --nbd-listen none)")
             })?;
-            nbd.listeners.push(listener);
+            info!(%addr, tls = ?mode, "NBD on TCP");
+            nbd.listeners.push(listener.with_security(tcp_security));
         }
         Ok(nbd)
     }

@@ -90,7 +90,12 @@ async fn run(config: ServeConfig) -> Result<()> {
         .await
         .context("opening the pool failed")??;
     // NBD first: once the API answers, NBD is bound too.
-    let nbd = NbdListeners::bind(&config.nbd_socket(), config.nbd_listen).await?;
+    let nbd = NbdListeners::bind(
+        &config.nbd_socket(),
+        config.nbd_listen,
+        nbd_security(&config)?,
+    )
+    .await?;
     let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
 
     let stop = CancellationToken::new();
@@ -172,6 +177,17 @@ async fn run(config: ServeConfig) -> Result<()> {
 
 /// What to type to use the pool, printed once the daemon listens. The
 /// socket paths are absolute so the lines work from any directory.
+/// The NBD TCP listener's TLS mode, certificates and grants.
+fn nbd_security(config: &ServeConfig) -> Result<arbor_nbd::Security> {
+    let security = &config.nbd_tcp_security;
+    let certificates = match (&config.tls, security.mode) {
+        (_, arbor_nbd::TlsMode::Off) | (None, _) => None,
+        (Some(files), _) => Some(arbor_tls::Tls::load(files).context("NBD TLS")?),
+    };
+    arbor_nbd::Security::new(security.mode, certificates, security.access.clone())
+        .context("NBD TLS")
+}
+
 fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<String> {
     let socket =
         std::path::absolute(config.nbd_socket()).context("cannot resolve the data directory")?;
@@ -197,7 +213,22 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
     };
     let unix_uri = format!("nbd+unix:///{name}?socket={socket}");
     text += &format!("  nbdinfo '{unix_uri}'\n");
-    if let Some(addr) = config.nbd_listen {
+    if let (Some(addr), Some(files)) = (config.nbd_listen, &config.tls) {
+        if config.nbd_tcp_security.mode != arbor_nbd::TlsMode::Off {
+            let dir = files
+                .ca
+                .parent()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            text += &format!(
+                "  nbdinfo 'nbds://localhost:{}/{name}?tls-certificates={dir}'   # TLS (docs/SECURITY.md)\n",
+                addr.port()
+            );
+        }
+    }
+    if let (Some(addr), arbor_nbd::TlsMode::Off | arbor_nbd::TlsMode::On) =
+        (config.nbd_listen, config.nbd_tcp_security.mode)
+    {
         text += &format!("  qemu-img info nbd://{addr}/{name}\n");
     } else {
         text += &format!("  qemu-img info '{unix_uri}'\n");

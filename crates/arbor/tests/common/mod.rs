@@ -110,6 +110,11 @@ impl Daemon {
         self.wait_until_ready();
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
     pub fn data_dir(&self) -> &str {
         p(self.dir.path())
     }
@@ -258,4 +263,40 @@ pub fn http(socket: &str, method: &str, path: &str, body: &str) -> (u16, String)
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Bounds every external tool a test runs, so a hang fails the test
+/// instead of stalling it; never reached when the server behaves.
+pub const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// Runs an external `program` (an NBD client, openssl, qemu) under the
+/// hang guard.
+pub fn tool(program: &str, args: &[&str]) -> Output {
+    Command::new("timeout")
+        .arg(HANG_GUARD.as_secs().to_string())
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e} (scripts/install-deps.sh installs it)"))
+}
+
+/// [`tool`], expecting success; returns stdout.
+pub fn tool_ok(program: &str, args: &[&str]) -> String {
+    let out = tool(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+/// A loopback TCP port free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
