@@ -367,6 +367,10 @@ impl Server {
             () = abort.cancelled() => {}
             result = self.connection(id, stream, &security).instrument(span.clone()) => match result {
                 Ok(()) => tracing::debug!(parent: &span, "connection closed"),
+                // A flood would log a line per eviction: keep those quiet.
+                Err(error @ ConnectionError::Evicted) => {
+                    tracing::debug!(parent: &span, %error, "connection dropped")
+                }
                 Err(error) => tracing::info!(parent: &span, %error, "connection dropped"),
             },
         }
