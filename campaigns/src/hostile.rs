@@ -740,5 +740,10 @@ mod tests {
             parts.iter().any(|p| p[0] & 6 == 6),
             "no session negotiated structured replies with base:allocation"
         );
+        // qemu (10.0) negotiates extended headers.
+        assert!(
+            parts.iter().any(|p| p[0] & 16 == 16),
+            "no session negotiated extended headers"
+        );
     }
 }
