@@ -224,7 +224,8 @@ async fn read_requests<R: AsyncRead + Unpin>(
             MAX_PAYLOAD
         },
     };
-    // Compact or extended, as negotiated.
+    // Compact or extended, as negotiated; either fits the buffer (an empty
+    // slice, impossible, would fail to decode and close the connection).
     let mut buffer = [0u8; EXTENDED_REQUEST_HEADER_LEN];
     let header_bytes = buffer
         .get_mut(..limits.framing.request_header_len())
