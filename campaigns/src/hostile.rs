@@ -499,8 +499,9 @@ fn recorded_sessions() -> Vec<Vec<u8>> {
 }
 
 /// A recorded session as the `request` target takes it: the session bits
-/// (read-only 1, structured 2, base:allocation 4) the handshake negotiated,
-/// then the bytes after the handshake. None if it never left the handshake.
+/// (read-only 1, structured 2, base:allocation 4, extended headers 16) the
+/// handshake negotiated, then the bytes after the handshake. None if it
+/// never left the handshake.
 fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
     let exports = ExportTable::new();
     exports.insert("vol", Arc::new(MemoryExport::new(MIB)));
@@ -514,7 +515,8 @@ fn transmission_part(stream: &[u8]) -> Option<Vec<u8>> {
             Step::Transmit { session, .. } => {
                 let bits = u8::from(session.read_only)
                     | u8::from(session.structured) << 1
-                    | u8::from(session.base_allocation()) << 2;
+                    | u8::from(session.base_allocation()) << 2
+                    | u8::from(session.extended) << 4;
                 return Some([&[bits], rest].concat());
             }
             // Recorded sessions are plaintext.
@@ -588,6 +590,25 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
                 option(7, &name_and_infos("", &[])),
             ],
         ),
+        // Extended headers, as qemu asks for them: first, then meta
+        // contexts and GO; and after structured replies, which it refuses.
+        session(
+            3,
+            &[
+                option(11, &[]),
+                option(10, &meta_context("vol", &["base:allocation"])),
+                option(7, &name_and_infos("vol", &[3])),
+            ],
+        ),
+        session(
+            3,
+            &[
+                option(8, &[]),
+                option(11, &[]),
+                option(8, &[]),
+                option(1, b"vol"),
+            ],
+        ),
     ]
     .into_iter()
     .chain(
@@ -600,12 +621,54 @@ fn handshake_seeds() -> Vec<Vec<u8>> {
 }
 
 fn request(flags: u16, kind: u16, offset: u64, len: u32) -> Vec<u8> {
-    let mut out = 0x2560_9513u32.to_be_bytes().to_vec();
+    request_header(0x2560_9513, flags, kind, offset, &len.to_be_bytes())
+}
+
+/// An extended request header (`NBD_OPT_EXTENDED_HEADERS`): 64-bit length.
+fn extended_request(flags: u16, kind: u16, offset: u64, len: u64) -> Vec<u8> {
+    request_header(0x21e4_1c71, flags, kind, offset, &len.to_be_bytes())
+}
+
+fn request_header(magic: u32, flags: u16, kind: u16, offset: u64, len: &[u8]) -> Vec<u8> {
+    let mut out = magic.to_be_bytes().to_vec();
     out.extend_from_slice(&flags.to_be_bytes());
     out.extend_from_slice(&kind.to_be_bytes());
     out.extend_from_slice(&7u64.to_be_bytes());
     out.extend_from_slice(&offset.to_be_bytes());
-    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(len);
+    out
+}
+
+/// A session with extended headers (and `base:allocation`) sending every
+/// command, with lengths over 4 GiB where the command allows them, then a
+/// block status request with a payload (which must be drained).
+fn extended_session() -> Vec<u8> {
+    const GIB: u64 = 1 << 30;
+    const PAYLOAD_LEN: u16 = 1 << 5;
+    let mut out = vec![2 | 4 | 16];
+    out.extend(extended_request(PAYLOAD_LEN | 1, 1, 5 * GIB, 4096));
+    out.extend_from_slice(&pattern(1, 0, 4096));
+    // A write without the payload flag, as qemu sends them.
+    out.extend(extended_request(0, 1, 0, 512));
+    out.extend_from_slice(&pattern(2, 0, 512));
+    for (flags, kind, offset, len) in [
+        (0, 0, 5 * GIB, 8192),
+        (4, 0, 5 * GIB, 8192),
+        (0, 3, 0, 0),
+        (1, 4, GIB, 6 * GIB),
+        (2, 6, 0, 512),
+        (16, 6, 0, 6 * GIB),
+        (0, 6, 2 * GIB, 5 * GIB),
+        (8, 7, 0, 8 * GIB),
+        (0, 7, 0, 8 * GIB),
+        (0, 5, 0, 8 * GIB),
+    ] {
+        out.extend(extended_request(flags, kind, offset, len));
+    }
+    out.extend(extended_request(PAYLOAD_LEN, 7, 0, 12));
+    out.extend_from_slice(&(8 * GIB).to_be_bytes());
+    out.extend_from_slice(&1u32.to_be_bytes());
+    out.extend(extended_request(0, 2, 0, 0));
     out
 }
 
@@ -635,6 +698,7 @@ fn request_seeds() -> Vec<Vec<u8>> {
             }
             out
         })
+        .chain(std::iter::once(extended_session()))
         .chain(
             recorded_sessions()
                 .iter()
@@ -709,6 +773,11 @@ mod tests {
         assert!(
             parts.iter().any(|p| p[0] & 6 == 6),
             "no session negotiated structured replies with base:allocation"
+        );
+        // qemu (10.0) negotiates extended headers.
+        assert!(
+            parts.iter().any(|p| p[0] & 16 == 16),
+            "no session negotiated extended headers"
         );
     }
 }

@@ -29,9 +29,9 @@ use crate::buffers::{Buffer, BufferPool};
 use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
 use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step, TlsMode};
-use crate::proto::{Errno, MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD, REQUEST_HEADER_LEN};
+use crate::proto::{Errno, EXTENDED_REQUEST_HEADER_LEN, MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD};
 use crate::transmission::{
-    validate, BadRequestMagic, Command, Limits, Payload, Rejection, RequestHeader,
+    validate, Command, FramingError, Limits, Payload, Rejection, RequestHeader,
 };
 
 /// Why a connection ended other than by the client's choice.
@@ -42,7 +42,7 @@ pub enum ConnectionError {
     #[error("handshake: {0}")]
     Handshake(#[from] HandshakeError),
     #[error("transmission: {0}")]
-    Framing(#[from] BadRequestMagic),
+    Framing(#[from] FramingError),
     #[error("handshake not completed in time")]
     HandshakeTimeout,
     #[error("the client stopped reading replies")]
@@ -339,7 +339,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     let limits = Limits {
         size: session.size,
         read_only: session.read_only,
-        structured: session.structured,
+        framing: session.framing(),
         block_status: !session.contexts.is_empty(),
         byte_granular: session.byte_granular,
         max_payload: if session.byte_granular {
@@ -351,12 +351,17 @@ async fn read_requests<R: AsyncRead + Unpin>(
             MAX_PAYLOAD
         },
     };
+    // Compact or extended, as negotiated; either fits the buffer (an empty
+    // slice, impossible, would fail to decode and close the connection).
+    let mut buffer = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    let header_bytes = buffer
+        .get_mut(..limits.framing.request_header_len())
+        .unwrap_or_default();
     loop {
-        let mut header = [0u8; REQUEST_HEADER_LEN];
         let read = tokio::select! {
             biased;
             () = stop.cancelled() => return Ok(()),
-            read = input.read_exact(&mut header) => read,
+            read = input.read_exact(header_bytes) => read,
         };
         match read {
             Ok(_) => {}
@@ -365,11 +370,11 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(error) => return Err(error.into()),
         }
-        let header = RequestHeader::decode(&header)?;
+        let header = RequestHeader::decode(limits.framing, header_bytes)?;
         let request = Request {
             header,
             validated: validate(&header, &limits),
-            max_payload: limits.max_payload,
+            payload: header.payload(&limits)?,
         };
         if request.validated == Ok(Command::Disconnect) {
             tracing::debug!("client sent NBD_CMD_DISC");
@@ -400,15 +405,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
 struct Request {
     header: RequestHeader,
     validated: Result<Command, Rejection>,
-    /// The session's largest payload (`Limits::max_payload`).
-    max_payload: u32,
+    /// What follows the header on the wire.
+    payload: Payload,
 }
 
 impl Request {
     /// Bytes held for this request: its write payload, if it will be kept,
     /// plus the reply data it may produce.
     fn memory_bound(&self) -> u64 {
-        match (&self.validated, self.header.payload(self.max_payload)) {
+        match (&self.validated, self.payload) {
             (Ok(command), Payload::Receive(len)) => u64::from(len) + command.reply_size_bound(),
             (Ok(command), _) => command.reply_size_bound(),
             (Err(_), _) => 0,
@@ -422,7 +427,7 @@ impl Request {
         input: &mut R,
         buffers: &Arc<BufferPool>,
     ) -> std::io::Result<Buffer> {
-        match (self.header.payload(self.max_payload), &self.validated) {
+        match (self.payload, &self.validated) {
             (Payload::None, _) => Ok(buffers.take_empty(0)),
             (Payload::Receive(len), Ok(_)) => {
                 // `len <= max_payload` and reserved in the budget. Read into
@@ -438,16 +443,10 @@ impl Request {
                 }
                 Ok(payload)
             }
-            // Discard with a valid request cannot happen (`validate` refuses
-            // writes over max_payload); dropping the bytes is the safe answer.
-            (Payload::Receive(len) | Payload::Discard(len), _) => {
-                let discarded =
-                    tokio::io::copy(&mut input.take(len.into()), &mut tokio::io::sink()).await?;
-                if discarded < u64::from(len) {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
-                }
-                Ok(buffers.take_empty(0))
-            }
+            // A rejected write's data, or a payload no command takes: read
+            // and dropped in small pieces, keeping the stream in sync.
+            (Payload::Receive(len), Err(_)) => drain(input, len.into(), buffers).await,
+            (Payload::Discard(len), _) => drain(input, len, buffers).await,
         }
     }
 
@@ -464,7 +463,8 @@ impl Request {
     ) {
         let context = ReplyContext {
             cookie: self.header.cookie,
-            structured: session.structured,
+            offset: self.header.offset,
+            framing: session.framing(),
         };
         let command = match self.validated {
             Ok(command) => command,
@@ -514,6 +514,20 @@ impl Request {
             tokio::task::spawn_blocking(run);
         }
     }
+}
+
+/// Reads `len` bytes of payload and drops them; an empty buffer stands for
+/// the payload.
+async fn drain<R: AsyncRead + Unpin>(
+    input: &mut R,
+    len: u64,
+    buffers: &Arc<BufferPool>,
+) -> std::io::Result<Buffer> {
+    let discarded = tokio::io::copy(&mut input.take(len), &mut tokio::io::sink()).await?;
+    if discarded < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(buffers.take_empty(0))
 }
 
 /// Where a connection runs its requests. A thread hand-off per request

@@ -12,13 +12,18 @@ use crate::export::{Export, ExportError};
 use crate::proto::{Errno, MetaContext, BASE_ALLOCATION};
 use crate::transmission::{
     block_status_chunk, error_chunk, extents_from_flags, extents_from_runs, none_chunk,
-    offset_data_header, offset_hole_chunk, plan_read, simple_reply, Command, ReadSegment,
+    offset_data_header, offset_hole_chunk, plan_read, simple_reply, ChunkHeader, Command, Framing,
+    ReadSegment,
 };
 
-/// Largest range one block status request asks the export about, bounding
-/// the export's work and the run list it returns; clients ask again for the
-/// rest.
-pub const MAX_STATUS_QUERY: u32 = 1 << 30;
+/// Largest range one block status request asks the export about when
+/// descriptors are 32-bit (structured replies), bounding the export's work
+/// and the run list it returns; clients ask again for the rest.
+pub const MAX_STATUS_QUERY: u64 = 1 << 30;
+/// The same under extended headers, whose 64-bit descriptors can describe
+/// a whole large export in one reply; the export still bounds its own work
+/// by answering a prefix (the arbor engine walks at most 1 GiB a call).
+pub const MAX_EXTENDED_STATUS_QUERY: u64 = 1 << 40;
 
 /// A complete reply: byte strings to send back to back, never interleaved
 /// with another reply.
@@ -35,26 +40,37 @@ impl Reply {
     }
 }
 
-/// How replies are framed on this connection.
+/// The request a reply answers, and how replies are framed on this
+/// connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyContext {
     pub cookie: u64,
-    pub structured: bool,
+    /// The request's offset, which extended reply headers echo.
+    pub offset: u64,
+    pub framing: Framing,
 }
 
 impl ReplyContext {
-    /// Success without data.
-    pub fn ok(self) -> Reply {
-        Reply::single(simple_reply(self.cookie, None).to_vec())
+    /// The header of this reply's chunks; `None` with simple replies.
+    fn chunks(self) -> Option<ChunkHeader> {
+        ChunkHeader::new(self.framing, self.cookie, self.offset)
     }
 
-    /// Failure: a structured error chunk (which can carry the message) when
+    /// Success without data: a simple reply, or, under extended headers
+    /// (which allow no simple reply), a final `NBD_REPLY_TYPE_NONE` chunk.
+    pub fn ok(self) -> Reply {
+        match self.chunks() {
+            Some(header @ ChunkHeader::Extended { .. }) => Reply::single(none_chunk(header)),
+            _ => Reply::single(simple_reply(self.cookie, None).to_vec()),
+        }
+    }
+
+    /// Failure: an error chunk (which can carry the message) when
     /// negotiated, else a simple reply with just the error value.
     pub fn error(self, errno: Errno, message: &str) -> Reply {
-        if self.structured {
-            Reply::single(error_chunk(self.cookie, errno, message))
-        } else {
-            Reply::single(simple_reply(self.cookie, Some(errno)).to_vec())
+        match self.chunks() {
+            Some(header) => Reply::single(error_chunk(header, errno, message)),
+            None => Reply::single(simple_reply(self.cookie, Some(errno)).to_vec()),
         }
     }
 
@@ -108,9 +124,7 @@ pub fn execute(
             offset,
             length,
             fua,
-        } => export
-            .trim(offset, length.into())
-            .and_then(|()| fua_flush(fua)),
+        } => export.trim(offset, length).and_then(|()| fua_flush(fua)),
         Command::WriteZeroes {
             offset,
             length,
@@ -118,9 +132,9 @@ pub fn execute(
             may_trim,
             fast_only,
         } => export
-            .write_zeroes(offset, length.into(), may_trim, fast_only)
+            .write_zeroes(offset, length, may_trim, fast_only)
             .and_then(|()| fua_flush(fua)),
-        Command::Cache { offset, length } => export.cache(offset, length.into()),
+        Command::Cache { offset, length } => export.cache(offset, length),
         // The connection handles disconnects itself; nothing to reply.
         Command::Disconnect => return Reply::default(),
     };
@@ -141,9 +155,9 @@ fn read(
     length: u32,
     dont_fragment: bool,
 ) -> Reply {
-    if !context.structured {
+    let Some(header) = context.chunks() else {
         return simple_read(export, buffers, context, offset, length);
-    }
+    };
     let segments = if dont_fragment || length < HOLE_DETECTION_MIN_LEN {
         // One content chunk: holes are sent as explicit zeroes.
         plan_read(offset, length, &[])
@@ -153,7 +167,7 @@ fn read(
             Err(error) => return context.export_error(&error),
         }
     };
-    match structured_read(export, buffers, context.cookie, &segments) {
+    match structured_read(export, buffers, header, &segments) {
         Ok(reply) => reply,
         Err(error) => context.export_error(&error),
     }
@@ -188,7 +202,7 @@ fn simple_read(
 fn structured_read(
     export: &dyn Export,
     buffers: &Arc<BufferPool>,
-    cookie: u64,
+    header: ChunkHeader,
     segments: &[ReadSegment],
 ) -> Result<Reply, ExportError> {
     let data_len: usize = segments
@@ -212,7 +226,7 @@ fn structured_read(
     }
     let data = data.into_bytes();
     let Some(last) = segments.len().checked_sub(1) else {
-        return Ok(Reply::single(none_chunk(cookie).to_vec()));
+        return Ok(Reply::single(none_chunk(header)));
     };
     let mut parts = Vec::with_capacity(2 * segments.len());
     let mut consumed = 0usize;
@@ -221,14 +235,14 @@ fn structured_read(
         match *segment {
             ReadSegment::Data { offset, length } => {
                 parts.push(Bytes::from(offset_data_header(
-                    cookie, offset, length, done,
+                    header, offset, length, done,
                 )));
                 let end = consumed + length as usize;
                 parts.push(data.slice(consumed..end));
                 consumed = end;
             }
             ReadSegment::Hole { offset, length } => {
-                parts.push(Bytes::from(offset_hole_chunk(cookie, offset, length, done)));
+                parts.push(Bytes::from(offset_hole_chunk(header, offset, length, done)));
             }
         }
     }
@@ -242,19 +256,25 @@ fn block_status(
     context: ReplyContext,
     contexts: &[MetaContext],
     offset: u64,
-    length: u32,
+    length: u64,
     req_one: bool,
 ) -> Reply {
-    let query = length.min(MAX_STATUS_QUERY);
+    let Some(header) = context.chunks() else {
+        return context.error(Errno::Inval, "block status needs structured replies");
+    };
+    let query = length.min(match header {
+        ChunkHeader::Structured { .. } => MAX_STATUS_QUERY,
+        ChunkHeader::Extended { .. } => MAX_EXTENDED_STATUS_QUERY,
+    });
     let mut parts = Vec::with_capacity(contexts.len());
     for (i, meta) in contexts.iter().enumerate() {
         let extents = if meta.name == BASE_ALLOCATION {
-            match export.block_status(offset, query.into()) {
+            match export.block_status(offset, query) {
                 Ok(runs) => extents_from_runs(&runs, query, req_one),
                 Err(error) => return context.export_error(&error),
             }
         } else {
-            match export.context_status(&meta.name, offset, query.into()) {
+            match export.context_status(&meta.name, offset, query) {
                 Ok(runs) => extents_from_flags(runs, query, req_one),
                 Err(error) => return context.export_error(&error),
             }
@@ -264,10 +284,7 @@ fn block_status(
         }
         let done = i + 1 == contexts.len();
         parts.push(Bytes::from(block_status_chunk(
-            context.cookie,
-            meta.id,
-            &extents,
-            done,
+            header, meta.id, &extents, done,
         )));
     }
     if parts.is_empty() {
@@ -283,26 +300,61 @@ mod tests {
     use crate::proto::BASE_ALLOCATION_ID;
     use crate::proto::{reply, ByteReader};
 
+    const GIB: u64 = 1 << 30;
+
     const STRUCTURED: ReplyContext = ReplyContext {
         cookie: 42,
-        structured: true,
+        offset: 0,
+        framing: Framing::Structured,
     };
     const SIMPLE: ReplyContext = ReplyContext {
         cookie: 42,
-        structured: false,
+        offset: 0,
+        framing: Framing::Simple,
     };
+
+    /// A reply under extended headers to a request at `offset`.
+    fn extended(offset: u64) -> ReplyContext {
+        ReplyContext {
+            cookie: 42,
+            offset,
+            framing: Framing::Extended,
+        }
+    }
 
     /// A structured reply split into (flags, type, payload) per chunk.
     fn chunks(reply: &Reply) -> Vec<(u16, u16, Vec<u8>)> {
+        parse_chunks(reply, None)
+    }
+
+    /// An extended reply split into (flags, type, payload) per chunk,
+    /// checking that every header echoes the request's `offset`.
+    fn extended_chunks(reply: &Reply, offset: u64) -> Vec<(u16, u16, Vec<u8>)> {
+        parse_chunks(reply, Some(offset))
+    }
+
+    /// Splits structured chunks (`extended_offset` None) or extended ones,
+    /// checking the magic and the cookie of each.
+    fn parse_chunks(reply: &Reply, extended_offset: Option<u64>) -> Vec<(u16, u16, Vec<u8>)> {
         let bytes: Vec<u8> = reply.parts.concat();
         let mut reader = ByteReader::new(&bytes);
         let mut chunks = Vec::new();
+        let magic = match extended_offset {
+            Some(_) => crate::proto::EXTENDED_REPLY_MAGIC,
+            None => crate::proto::STRUCTURED_REPLY_MAGIC,
+        };
         while !reader.is_empty() {
-            assert_eq!(reader.u32(), Some(crate::proto::STRUCTURED_REPLY_MAGIC));
+            assert_eq!(reader.u32(), Some(magic));
             let flags = reader.u16().unwrap();
             let kind = reader.u16().unwrap();
             assert_eq!(reader.u64(), Some(42));
-            let len = reader.u32().unwrap() as usize;
+            let len = match extended_offset {
+                Some(offset) => {
+                    assert_eq!(reader.u64(), Some(offset), "the request's offset");
+                    reader.u64().unwrap() as usize
+                }
+                None => reader.u32().unwrap() as usize,
+            };
             chunks.push((flags, kind, reader.bytes(len).unwrap().to_vec()));
         }
         chunks
@@ -471,5 +523,99 @@ mod tests {
         };
         assert_eq!(run(&export, SIMPLE, trim, &[]), SIMPLE.ok());
         assert_eq!(export.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn extended_replies_are_chunks_even_without_data() {
+        let export = MemoryExport::new(8 * GIB);
+        let write = Command::Write {
+            offset: 5 * GIB,
+            length: 4096,
+            fua: true,
+        };
+        let reply = run(&export, extended(5 * GIB), write, &[7; 4096]);
+        assert_eq!(
+            extended_chunks(&reply, 5 * GIB),
+            [(reply::FLAG_DONE, reply::TYPE_NONE, vec![])]
+        );
+        let reply = run(&export, extended(5 * GIB), read(5 * GIB, 4096, false), &[]);
+        let chunks = extended_chunks(&reply, 5 * GIB);
+        assert_eq!(chunks.len(), 1);
+        assert_eq!(
+            (chunks[0].0, chunks[0].1),
+            (reply::FLAG_DONE, reply::TYPE_OFFSET_DATA)
+        );
+        assert_eq!(chunks[0].2[..8], (5 * GIB).to_be_bytes());
+        assert_eq!(chunks[0].2[8..], [7; 4096]);
+
+        export.mark_gone();
+        let reply = run(&export, extended(GIB), Command::Flush, &[]);
+        let chunks = extended_chunks(&reply, GIB);
+        assert_eq!(
+            (chunks[0].0, chunks[0].1),
+            (reply::FLAG_DONE, reply::TYPE_ERROR)
+        );
+        assert_eq!(chunks[0].2[..4], Errno::Shutdown.code().to_be_bytes());
+    }
+
+    #[test]
+    fn trims_and_zeroes_over_4_gib_reach_the_export_whole() {
+        let export = MemoryExport::new(8 * GIB);
+        for offset in [0, 3 * GIB, 6 * GIB, 8 * GIB - 4096] {
+            export.write(offset, &[1; 4096]).unwrap();
+        }
+        let trim = Command::Trim {
+            offset: GIB,
+            length: 6 * GIB,
+            fua: false,
+        };
+        let reply = run(&export, extended(GIB), trim, &[]);
+        assert_eq!(extended_chunks(&reply, GIB)[0].1, reply::TYPE_NONE);
+        // Only the blocks outside [1 GiB, 7 GiB) are left.
+        assert_eq!(export.allocated_bytes(), 2 * 4096);
+        let zero = Command::WriteZeroes {
+            offset: 0,
+            length: 8 * GIB,
+            fua: false,
+            may_trim: true,
+            fast_only: true,
+        };
+        let reply = run(&export, extended(0), zero, &[]);
+        assert_eq!(extended_chunks(&reply, 0)[0].1, reply::TYPE_NONE);
+        assert_eq!(export.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn extended_block_status_describes_64_bit_extents() {
+        let export = MemoryExport::new(8 * GIB);
+        export.write(6 * GIB, &[1; 4096]).unwrap();
+        let status = |length| Command::BlockStatus {
+            offset: 0,
+            length,
+            req_one: false,
+        };
+        let reply = run(&export, extended(0), status(8 * GIB), &[]);
+        let wide = extended_chunks(&reply, 0);
+        assert_eq!(wide.len(), 1);
+        assert_eq!(
+            (wide[0].0, wide[0].1),
+            (reply::FLAG_DONE, reply::TYPE_BLOCK_STATUS_EXT)
+        );
+        let mut expected = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        expected.extend_from_slice(&3u32.to_be_bytes());
+        for (length, flags) in [(6 * GIB, 3u64), (4096, 0), (2 * GIB - 4096, 3)] {
+            expected.extend_from_slice(&length.to_be_bytes());
+            expected.extend_from_slice(&flags.to_be_bytes());
+        }
+        assert_eq!(wide[0].2, expected);
+
+        // Structured replies carry 32-bit descriptors: at most 1 GiB a reply.
+        let reply = run(&export, STRUCTURED, status(2 * GIB), &[]);
+        let chunks = chunks(&reply);
+        assert_eq!(chunks[0].1, reply::TYPE_BLOCK_STATUS);
+        let mut expected = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        expected.extend_from_slice(&(1u32 << 30).to_be_bytes());
+        expected.extend_from_slice(&3u32.to_be_bytes());
+        assert_eq!(chunks[0].2, expected);
     }
 }

@@ -28,6 +28,7 @@ use crate::proto::{
     MAX_STRING_LEN, MIN_BLOCK_SIZE, NBD_MAGIC, OPTION_HEADER_LEN, OPTION_REPLY_MAGIC,
     PREFERRED_BLOCK_SIZE,
 };
+use crate::transmission::Framing;
 
 /// The first bytes the server sends on a new connection.
 pub fn greeting() -> [u8; GREETING_LEN] {
@@ -56,6 +57,8 @@ pub enum HandshakeError {
     TlsRequired,
     #[error("driver passed {got} bytes where {wanted} were wanted")]
     WrongInputLength { wanted: usize, got: usize },
+    #[error("NBD_OPT_EXPORT_NAME after NBD_OPT_EXTENDED_HEADERS, which forbids it")]
+    ExportNameWithExtendedHeaders,
 }
 
 /// What the driver does after [`Handshake::receive`]: send `reply` (possibly
@@ -88,8 +91,12 @@ pub struct Session {
     pub size: u64,
     pub read_only: bool,
     pub transmission_flags: u16,
-    /// Structured replies were negotiated.
+    /// Replies may be chunks: structured replies or extended headers were
+    /// negotiated.
     pub structured: bool,
+    /// Extended headers were negotiated (`NBD_OPT_EXTENDED_HEADERS`):
+    /// 32-byte request and reply headers, 64-bit lengths, no simple replies.
+    pub extended: bool,
     /// The metadata contexts selected for this export (`base:allocation`
     /// and the export's own); block status is enabled when there is one.
     pub contexts: Arc<Vec<MetaContext>>,
@@ -101,6 +108,11 @@ pub struct Session {
 }
 
 impl Session {
+    /// How the transmission phase frames requests and replies.
+    pub fn framing(&self) -> Framing {
+        Framing::new(self.structured, self.extended)
+    }
+
     /// Whether `base:allocation` was selected.
     pub fn base_allocation(&self) -> bool {
         self.contexts.iter().any(|c| c.name == BASE_ALLOCATION)
@@ -115,13 +127,16 @@ impl std::fmt::Debug for Session {
             .field("read_only", &self.read_only)
             .field("transmission_flags", &self.transmission_flags)
             .field("structured", &self.structured)
+            .field("extended", &self.extended)
             .field("contexts", &self.contexts)
             .finish_non_exhaustive()
     }
 }
 
 /// Transmission flags for an export, advertised truthfully: write-type
-/// commands only for writable exports, `DF` only with structured replies.
+/// commands only for writable exports, `DF` only with structured replies or
+/// extended headers (`structured`). Never `NBD_FLAG_BLOCK_STATUS_PAYLOAD`:
+/// the payload form of block status is not implemented.
 pub fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     use transmission_flags::*;
     let mut flags = HAS_FLAGS | SEND_FLUSH | SEND_CACHE | CAN_MULTI_CONN;
@@ -196,6 +211,7 @@ pub struct Handshake {
     access: Arc<AccessList>,
     no_zeroes: bool,
     structured: bool,
+    extended: bool,
     /// The export for which the last `NBD_OPT_SET_META_CONTEXT` selected
     /// contexts, and those contexts; block status is enabled only if the
     /// client then opens this same export.
@@ -228,6 +244,7 @@ impl Handshake {
             access,
             no_zeroes: false,
             structured: false,
+            extended: false,
             contexts_for: None,
         }
     }
@@ -247,6 +264,7 @@ impl Handshake {
             identity,
         };
         self.structured = false;
+        self.extended = false;
         self.contexts_for = None;
     }
 
@@ -379,6 +397,7 @@ impl Handshake {
                 }
             }
             option::STRUCTURED_REPLY => self.structured_reply(data, &mut replies),
+            option::EXTENDED_HEADERS => self.extended_headers(data, &mut replies),
             option::LIST_META_CONTEXT => self.list_meta_context(data, exports, &mut replies),
             option::SET_META_CONTEXT => self.set_meta_context(data, exports, &mut replies),
             _ => replies.error(
@@ -396,6 +415,11 @@ impl Handshake {
         data: &[u8],
         exports: &dyn ExportProvider,
     ) -> Result<Step, HandshakeError> {
+        if self.extended {
+            // The client promised not to, and this option cannot be refused
+            // with a reply.
+            return Err(HandshakeError::ExportNameWithExtendedHeaders);
+        }
         let name = ByteReader::new(data).string(data.len());
         let opened = match name {
             Some(name) => self.open_session(name, exports),
@@ -462,14 +486,30 @@ impl Handshake {
     }
 
     fn structured_reply(&mut self, data: &[u8], replies: &mut Replies) {
-        if !data.is_empty() {
+        if !no_data(data, "NBD_OPT_STRUCTURED_REPLY", replies) {
+            return;
+        }
+        if self.extended {
+            // Extended headers take precedence; there is no way back.
             replies.error(
-                option_reply::ERR_INVALID,
-                "NBD_OPT_STRUCTURED_REPLY takes no data",
+                option_reply::ERR_EXT_HEADER_REQD,
+                "extended headers are already negotiated",
             );
             return;
         }
         self.structured = true;
+        replies.ack();
+    }
+
+    /// `NBD_OPT_EXTENDED_HEADERS`: accepted whether or not structured
+    /// replies came first, and again if repeated. Meta contexts selected
+    /// before stay selected: `base:allocation` needs no more than 32 bits
+    /// of status either way.
+    fn extended_headers(&mut self, data: &[u8], replies: &mut Replies) {
+        if !no_data(data, "NBD_OPT_EXTENDED_HEADERS", replies) {
+            return;
+        }
+        self.extended = true;
         replies.ack();
     }
 
@@ -529,10 +569,10 @@ impl Handshake {
     ) {
         // The selection is replaced even when this request fails.
         self.contexts_for = None;
-        if !self.structured {
+        if !self.structured && !self.extended {
             replies.error(
                 option_reply::ERR_INVALID,
-                "negotiate structured replies before meta contexts",
+                "negotiate structured replies or extended headers before meta contexts",
             );
             return;
         }
@@ -587,9 +627,7 @@ impl Handshake {
             );
         } else if self.client.tls {
             replies.error(option_reply::ERR_INVALID, "TLS is already active");
-        } else if !data.is_empty() {
-            replies.error(option_reply::ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
-        } else {
+        } else if no_data(data, "NBD_OPT_STARTTLS", replies) {
             replies.ack();
             return true;
         }
@@ -620,8 +658,7 @@ impl Handshake {
 
     /// Lists the exports this client may see.
     fn list(&self, data: &[u8], exports: &dyn ExportProvider, replies: &mut Replies) {
-        if !data.is_empty() {
-            replies.error(option_reply::ERR_INVALID, "NBD_OPT_LIST takes no data");
+        if !no_data(data, "NBD_OPT_LIST", replies) {
             return;
         }
         for listing in exports.list() {
@@ -654,8 +691,9 @@ impl Handshake {
             export,
             size,
             read_only,
-            transmission_flags: transmission_flags(read_only, self.structured),
-            structured: self.structured,
+            transmission_flags: transmission_flags(read_only, self.structured || self.extended),
+            structured: self.structured || self.extended,
+            extended: self.extended,
             contexts: Arc::new(match &self.contexts_for {
                 Some((export, contexts)) if export == name => contexts.clone(),
                 _ => Vec::new(),
@@ -664,6 +702,18 @@ impl Handshake {
             byte_granular: true,
         })
     }
+}
+
+/// Whether an option that takes no data came without any; if not, it is
+/// refused with `NBD_REP_ERR_INVALID`.
+fn no_data(data: &[u8], option: &str, replies: &mut Replies) -> bool {
+    if !data.is_empty() {
+        replies.error(
+            option_reply::ERR_INVALID,
+            &format!("{option} takes no data"),
+        );
+    }
+    data.is_empty()
 }
 
 /// Payload of `NBD_OPT_INFO` / `NBD_OPT_GO`.
@@ -985,6 +1035,109 @@ mod tests {
         assert!(!session.base_allocation());
     }
 
+    /// The reply types of a handshake's replies, and the session it opened.
+    fn reply_types_and_session(input: Vec<u8>) -> (Vec<u32>, Session) {
+        let (replies, session) = session_after(input);
+        (replies.iter().map(|r| r.1).collect(), session)
+    }
+
+    #[test]
+    fn extended_headers_imply_structured_replies_and_keep_meta_contexts() {
+        use option_reply::{ACK, ERR_EXT_HEADER_REQD, INFO, META_CONTEXT};
+        // Alone, before GO.
+        let mut input = client_flags(3);
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
+        input.extend(option(
+            option::GO,
+            &info_request("vol", &[info::BLOCK_SIZE]),
+        ));
+        let (types, session) = reply_types_and_session(input);
+        assert_eq!(types, [ACK, INFO, INFO, ACK]);
+        assert!(session.extended && session.structured && !session.base_allocation());
+        assert_eq!(session.framing(), Framing::Extended);
+        assert_ne!(session.transmission_flags & transmission_flags::SEND_DF, 0);
+        assert_eq!(
+            session.transmission_flags & (1 << 12),
+            0,
+            "NBD_FLAG_BLOCK_STATUS_PAYLOAD is not offered"
+        );
+
+        // After structured replies and meta contexts: extended headers take
+        // precedence and the contexts stay selected.
+        let mut input = client_flags(3);
+        input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &[BASE_ALLOCATION]),
+        ));
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
+        input.extend(option(option::GO, &info_request("vol", &[])));
+        let (types, session) = reply_types_and_session(input);
+        assert_eq!(types, [ACK, META_CONTEXT, ACK, ACK, INFO, INFO, ACK]);
+        assert_eq!(session.framing(), Framing::Extended);
+        assert!(session.base_allocation());
+
+        // Meta contexts need no structured replies once extended headers
+        // are negotiated; structured replies can no longer be asked for;
+        // asking again for extended headers is harmless.
+        let mut input = client_flags(3);
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
+        input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &[BASE_ALLOCATION]),
+        ));
+        input.extend(option(option::GO, &info_request("vol", &[])));
+        let (types, session) = reply_types_and_session(input);
+        assert_eq!(
+            types,
+            [
+                ACK,
+                ERR_EXT_HEADER_REQD,
+                ACK,
+                META_CONTEXT,
+                ACK,
+                INFO,
+                INFO,
+                ACK
+            ]
+        );
+        assert_eq!(session.framing(), Framing::Extended);
+        assert!(session.base_allocation());
+    }
+
+    #[test]
+    fn extended_headers_with_data_are_refused_and_not_negotiated() {
+        let mut input = client_flags(3);
+        input.extend(option(option::EXTENDED_HEADERS, b"x"));
+        input.extend(option(
+            option::SET_META_CONTEXT,
+            &meta_request("vol", &[BASE_ALLOCATION]),
+        ));
+        input.extend(option(option::GO, &info_request("vol", &[])));
+        let (types, session) = reply_types_and_session(input);
+        use option_reply::{ACK, ERR_INVALID, INFO};
+        assert_eq!(types, [ERR_INVALID, ERR_INVALID, INFO, INFO, ACK]);
+        assert_eq!(session.framing(), Framing::Simple);
+    }
+
+    #[test]
+    fn export_name_after_extended_headers_ends_the_handshake() {
+        let mut input = client_flags(3);
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
+        input.extend(option(option::EXPORT_NAME, b"vol"));
+        let (replies, outcome) = drive(&input, &exports());
+        assert_eq!(
+            parse_replies(&replies),
+            [(option::EXTENDED_HEADERS, option_reply::ACK, vec![])]
+        );
+        assert!(matches!(
+            outcome,
+            Outcome::Failed(HandshakeError::ExportNameWithExtendedHeaders)
+        ));
+    }
+
     #[test]
     fn meta_context_listing_and_wildcards() {
         let mut input = client_flags(3);
@@ -1242,6 +1395,7 @@ mod tests {
         )];
         let mut input = client_flags(3);
         input.extend(option(option::STRUCTURED_REPLY, &[]));
+        input.extend(option(option::EXTENDED_HEADERS, &[]));
         input.extend(option(
             option::SET_META_CONTEXT,
             &meta_request("vol", &[BASE_ALLOCATION]),
@@ -1262,7 +1416,7 @@ mod tests {
                 .any(|(code, kind, _)| *code == option::STARTTLS
                     && *kind == option_reply::ERR_INVALID)
         );
-        assert!(!session.structured);
+        assert!(!session.structured && !session.extended);
         assert!(!session.base_allocation());
     }
 

@@ -92,9 +92,11 @@ impl MemoryExport {
     /// Writes `data`, or zeroes if `None`, allocating blocks as needed.
     fn store(&self, offset: u64, len: u64, data: Option<&[u8]>) -> Result<(), ExportError> {
         let mut blocks = self.blocks.write().unwrap_or_else(PoisonError::into_inner);
-        let missing = pieces(offset, len)
-            .filter(|piece| !blocks.contains_key(&piece.block))
-            .count() as u64;
+        // Counted from the allocated blocks alone, so a request far larger
+        // than the capacity fails at once.
+        let (first, last) = (offset / MEMORY_BLOCK, (offset + len).div_ceil(MEMORY_BLOCK));
+        let present = blocks.range(first..last).count() as u64;
+        let missing = (last - first) - present;
         if blocks.len() as u64 + missing > self.capacity_blocks {
             return Err(ExportError::NoSpace);
         }
@@ -112,13 +114,24 @@ impl MemoryExport {
     }
 
     /// Deallocates whole blocks and zeroes the covered part of partial ones.
+    /// Visits only the allocated blocks in the range, so trimming or zeroing
+    /// gigabytes of a sparse export is quick.
     fn deallocate(&self, offset: u64, len: u64) {
         let mut blocks = self.blocks.write().unwrap_or_else(PoisonError::into_inner);
-        for piece in pieces(offset, len) {
-            if piece.len == MEMORY_BLOCK {
-                blocks.remove(&piece.block);
-            } else if let Some(block) = blocks.get_mut(&piece.block) {
-                block[piece.within_block()].fill(0);
+        let end = offset + len;
+        let allocated: Vec<u64> = blocks
+            .range(offset / MEMORY_BLOCK..end.div_ceil(MEMORY_BLOCK))
+            .map(|(&block, _)| block)
+            .collect();
+        for block in allocated {
+            let block_start = block * MEMORY_BLOCK;
+            let start = block_start.max(offset);
+            let stop = (block_start + MEMORY_BLOCK).min(end);
+            if stop - start == MEMORY_BLOCK {
+                blocks.remove(&block);
+            } else if let Some(data) = blocks.get_mut(&block) {
+                // Within the block: both ends are less than a block apart.
+                data[(start - block_start) as usize..(stop - block_start) as usize].fill(0);
             }
         }
     }

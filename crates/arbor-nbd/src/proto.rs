@@ -1,6 +1,6 @@
-//! Wire constants of the NBD protocol (fixed newstyle handshake, simple and
-//! structured replies), the limits this server enforces, and a bounds-checked
-//! reader for untrusted payloads.
+//! Wire constants of the NBD protocol (fixed newstyle handshake, simple,
+//! structured and extended replies), the limits this server enforces, and a
+//! bounds-checked reader for untrusted payloads.
 //!
 //! Names follow the NBD specification (`doc/proto.md` of the
 //! NetworkBlockDevice project) without the `NBD_` prefix. Only the values
@@ -14,10 +14,16 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// Magic of a transmission request (compact, 28-byte header).
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Magic of an extended transmission request (32-byte header, 64-bit
+/// length), used once `NBD_OPT_EXTENDED_HEADERS` is negotiated.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
 /// Magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Magic of an extended reply chunk (32-byte header echoing the request's
+/// offset, 64-bit length): every reply once extended headers are negotiated.
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 /// Handshake flags (server, 16 bits).
 pub mod handshake_flags {
@@ -58,6 +64,7 @@ pub mod option {
     pub const STRUCTURED_REPLY: u32 = 8;
     pub const LIST_META_CONTEXT: u32 = 9;
     pub const SET_META_CONTEXT: u32 = 10;
+    pub const EXTENDED_HEADERS: u32 = 11;
 }
 
 /// Option reply types. Errors have bit 31 set.
@@ -72,6 +79,9 @@ pub mod option_reply {
     pub const ERR_INVALID: u32 = ERROR | 3;
     pub const ERR_TLS_REQD: u32 = ERROR | 5;
     pub const ERR_UNKNOWN: u32 = ERROR | 6;
+    /// Extended headers are in force (the answer to `NBD_OPT_STRUCTURED_REPLY`
+    /// after `NBD_OPT_EXTENDED_HEADERS`).
+    pub const ERR_EXT_HEADER_REQD: u32 = ERROR | 10;
 }
 
 /// Information types of `NBD_OPT_INFO` / `NBD_OPT_GO`.
@@ -101,6 +111,9 @@ pub mod command_flags {
     pub const DF: u16 = 1 << 2;
     pub const REQ_ONE: u16 = 1 << 3;
     pub const FAST_ZERO: u16 = 1 << 4;
+    /// Extended headers only: the length field is the length of a payload
+    /// that follows the header (else it is the command's effect length).
+    pub const PAYLOAD_LEN: u16 = 1 << 5;
 }
 
 /// Structured reply chunk flags and types.
@@ -110,6 +123,9 @@ pub mod reply {
     pub const TYPE_OFFSET_DATA: u16 = 1;
     pub const TYPE_OFFSET_HOLE: u16 = 2;
     pub const TYPE_BLOCK_STATUS: u16 = 5;
+    /// Block status with 64-bit lengths and flags: the only status chunk
+    /// type once extended headers are negotiated.
+    pub const TYPE_BLOCK_STATUS_EXT: u16 = 6;
     pub const TYPE_ERROR: u16 = (1 << 15) | 1;
 }
 
@@ -146,10 +162,14 @@ pub const CLIENT_FLAGS_LEN: usize = 4;
 pub const OPTION_HEADER_LEN: usize = 16;
 /// Length of a compact request header.
 pub const REQUEST_HEADER_LEN: usize = 28;
+/// Length of an extended request header.
+pub const EXTENDED_REQUEST_HEADER_LEN: usize = 32;
 /// Length of a simple reply header.
 pub const SIMPLE_REPLY_LEN: usize = 16;
 /// Length of a structured reply chunk header.
 pub const CHUNK_HEADER_LEN: usize = 20;
+/// Length of an extended reply chunk header.
+pub const EXTENDED_CHUNK_HEADER_LEN: usize = 32;
 /// Zero padding after the `NBD_OPT_EXPORT_NAME` reply unless the client
 /// negotiated `NO_ZEROES`.
 pub const EXPORT_NAME_PADDING: usize = 124;

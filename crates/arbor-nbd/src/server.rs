@@ -418,6 +418,7 @@ impl Server {
             export = %session.export_name,
             size = session.size,
             structured = session.structured,
+            extended = session.extended,
             "transmission started"
         );
         let budget = Budget::new(

@@ -1,72 +1,189 @@
-//! Transmission phase, sans I/O: request header decoding, request validation
-//! into typed [`Command`]s, reply encoding, and the pure planning of
+//! Transmission phase, sans I/O: request header decoding (compact or
+//! extended), request validation into typed [`Command`]s, reply encoding
+//! (simple, structured or extended chunks), and the pure planning of
 //! structured read replies and block status extents.
 
 use crate::export::StatusRun;
 use crate::proto::{
     command, command_flags, reply, state, truncate_text, ByteReader, Errno, CHUNK_HEADER_LEN,
-    MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, REQUEST_HEADER_LEN, REQUEST_MAGIC,
-    SIMPLE_REPLY_LEN, STRUCTURED_REPLY_MAGIC,
+    EXTENDED_CHUNK_HEADER_LEN, EXTENDED_REPLY_MAGIC, EXTENDED_REQUEST_HEADER_LEN,
+    EXTENDED_REQUEST_MAGIC, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, REQUEST_HEADER_LEN,
+    REQUEST_MAGIC, SIMPLE_REPLY_LEN, STRUCTURED_REPLY_MAGIC,
 };
 
-/// A request header exactly as received.
+/// How requests and replies are framed on a connection, as the handshake
+/// negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Compact request headers; simple replies only.
+    Simple,
+    /// Compact request headers; structured reply chunks
+    /// (`NBD_OPT_STRUCTURED_REPLY`).
+    Structured,
+    /// Extended request and reply headers (`NBD_OPT_EXTENDED_HEADERS`):
+    /// 64-bit lengths, and every reply is made of extended chunks.
+    Extended,
+}
+
+impl Framing {
+    /// The framing for what was negotiated; extended headers take
+    /// precedence over structured replies.
+    pub fn new(structured: bool, extended: bool) -> Self {
+        match (structured, extended) {
+            (_, true) => Self::Extended,
+            (true, false) => Self::Structured,
+            (false, false) => Self::Simple,
+        }
+    }
+
+    /// Length of every request header.
+    pub fn request_header_len(self) -> usize {
+        match self {
+            Self::Simple | Self::Structured => REQUEST_HEADER_LEN,
+            Self::Extended => EXTENDED_REQUEST_HEADER_LEN,
+        }
+    }
+
+    /// Whether replies are chunks (structured or extended), which can
+    /// carry error messages, holes and block status.
+    pub fn chunks(self) -> bool {
+        self != Self::Simple
+    }
+
+    fn request_magic(self) -> u32 {
+        match self {
+            Self::Simple | Self::Structured => REQUEST_MAGIC,
+            Self::Extended => EXTENDED_REQUEST_MAGIC,
+        }
+    }
+}
+
+/// A request header exactly as received. `length` is 32 bits on the wire
+/// in compact headers, 64 in extended ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHeader {
     pub flags: u16,
     pub kind: u16,
     pub cookie: u64,
     pub offset: u64,
-    pub length: u32,
+    pub length: u64,
 }
 
-/// A request header that cannot be framed: the stream is out of sync and the
-/// connection must be dropped.
+/// A request that cannot be framed: the stream is out of sync, or the
+/// client announced a payload too large to take, and the connection must
+/// be dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("request has magic {0:#010x} instead of NBD_REQUEST_MAGIC")]
-pub struct BadRequestMagic(pub u32);
+pub enum FramingError {
+    #[error("request has magic {found:#010x} instead of {expected:#010x}")]
+    BadMagic { found: u32, expected: u32 },
+    #[error("driver passed a {got}-byte request header where {wanted} bytes were wanted")]
+    HeaderLength { wanted: usize, got: usize },
+    #[error("request announces a {length}-byte payload, over the {max}-byte maximum")]
+    PayloadTooLong { length: u64, max: u32 },
+}
 
 impl RequestHeader {
-    pub fn decode(bytes: &[u8; REQUEST_HEADER_LEN]) -> Result<Self, BadRequestMagic> {
-        let mut reader = ByteReader::new(bytes);
-        // The reader cannot run short of a fixed 28-byte array; zeroes stand
-        // in for the impossible, and fail the magic check.
-        let magic = reader.u32().unwrap_or(0);
-        if magic != REQUEST_MAGIC {
-            return Err(BadRequestMagic(magic));
+    /// Decodes a header of exactly `framing.request_header_len()` bytes.
+    pub fn decode(framing: Framing, bytes: &[u8]) -> Result<Self, FramingError> {
+        let wanted = framing.request_header_len();
+        if bytes.len() != wanted {
+            return Err(FramingError::HeaderLength {
+                wanted,
+                got: bytes.len(),
+            });
         }
+        let mut reader = ByteReader::new(bytes);
+        // The reader cannot run short of a header of the checked length;
+        // zeroes stand in for the impossible, and fail the magic check.
+        let expected = framing.request_magic();
+        let found = reader.u32().unwrap_or(0);
+        if found != expected {
+            return Err(FramingError::BadMagic { found, expected });
+        }
+        let (flags, kind, cookie, offset) = (
+            reader.u16().unwrap_or(0),
+            reader.u16().unwrap_or(0),
+            reader.u64().unwrap_or(0),
+            reader.u64().unwrap_or(0),
+        );
+        let length = match framing {
+            Framing::Extended => reader.u64(),
+            Framing::Simple | Framing::Structured => reader.u32().map(u64::from),
+        };
         Ok(Self {
-            flags: reader.u16().unwrap_or(0),
-            kind: reader.u16().unwrap_or(0),
-            cookie: reader.u64().unwrap_or(0),
-            offset: reader.u64().unwrap_or(0),
-            length: reader.u32().unwrap_or(0),
+            flags,
+            kind,
+            cookie,
+            offset,
+            length: length.unwrap_or(0),
         })
     }
 
-    pub fn encode(&self) -> [u8; REQUEST_HEADER_LEN] {
-        let mut out = [0u8; REQUEST_HEADER_LEN];
-        out[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        out[4..6].copy_from_slice(&self.flags.to_be_bytes());
-        out[6..8].copy_from_slice(&self.kind.to_be_bytes());
-        out[8..16].copy_from_slice(&self.cookie.to_be_bytes());
-        out[16..24].copy_from_slice(&self.offset.to_be_bytes());
-        out[24..28].copy_from_slice(&self.length.to_be_bytes());
-        out
+    /// The header as a client sends it; `None` if the length does not fit
+    /// a compact header.
+    pub fn encode(&self, framing: Framing) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(framing.request_header_len());
+        out.extend_from_slice(&framing.request_magic().to_be_bytes());
+        out.extend_from_slice(&self.flags.to_be_bytes());
+        out.extend_from_slice(&self.kind.to_be_bytes());
+        out.extend_from_slice(&self.cookie.to_be_bytes());
+        out.extend_from_slice(&self.offset.to_be_bytes());
+        match framing {
+            Framing::Extended => out.extend_from_slice(&self.length.to_be_bytes()),
+            Framing::Simple | Framing::Structured => {
+                out.extend_from_slice(&u32::try_from(self.length).ok()?.to_be_bytes())
+            }
+        }
+        Some(out)
     }
 
-    /// What follows the header on the wire. Only `NBD_CMD_WRITE` carries a
-    /// payload; one larger than [`MAX_PAYLOAD`] is read and thrown away in
-    /// small pieces (so memory stays bounded) and the request then fails
-    /// validation.
-    /// The payload that follows: a write's data, kept when it is at most
-    /// the session's `max_payload` (see [`Limits::max_payload`]).
-    pub fn payload(&self, max_payload: u32) -> Payload {
-        match self.length {
-            _ if self.kind != command::WRITE => Payload::None,
-            0 => Payload::None,
-            len if len <= max_payload => Payload::Receive(len),
-            len => Payload::Discard(len),
+    /// The payload that follows the header on the wire.
+    ///
+    /// Compact headers: only `NBD_CMD_WRITE` carries one, of `length`
+    /// bytes; one larger than the session's `max_payload` (see
+    /// [`Limits::max_payload`]) is read and thrown away in small pieces (so
+    /// memory stays bounded) and the request then fails validation.
+    ///
+    /// Extended headers: a payload follows when the request has
+    /// `NBD_CMD_FLAG_PAYLOAD_LEN`, and always for a write. The spec says a
+    /// client MUST set the flag on writes, but qemu's client (10.0) sends
+    /// its writes' data without it, as qemu's own server accepts; no
+    /// request is read differently for it, since a write without its data
+    /// has no meaning. A payload larger than `max_payload` is a
+    /// [`FramingError`] (the spec says to disconnect: the length is 64 bits
+    /// and no bound on it would be reasonable to drain); one on a command
+    /// other than a write is drained and the request refused.
+    pub fn payload(&self, limits: &Limits) -> Result<Payload, FramingError> {
+        let max = limits.max_payload;
+        let kept = |length: u64| match u32::try_from(length) {
+            Ok(length) if length <= max => Some(length),
+            _ => None,
+        };
+        if limits.framing == Framing::Extended {
+            let announced =
+                self.flags & command_flags::PAYLOAD_LEN != 0 || self.kind == command::WRITE;
+            if !announced || self.length == 0 {
+                return Ok(Payload::None);
+            }
+            let Some(length) = kept(self.length) else {
+                return Err(FramingError::PayloadTooLong {
+                    length: self.length,
+                    max,
+                });
+            };
+            return Ok(if self.kind == command::WRITE {
+                Payload::Receive(length)
+            } else {
+                Payload::Discard(self.length)
+            });
         }
+        if self.kind != command::WRITE || self.length == 0 {
+            return Ok(Payload::None);
+        }
+        Ok(match kept(self.length) {
+            Some(length) => Payload::Receive(length),
+            None => Payload::Discard(self.length),
+        })
     }
 }
 
@@ -74,10 +191,11 @@ impl RequestHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Payload {
     None,
-    /// Read this many bytes as the write's data.
+    /// Read this many bytes (at most the session's `max_payload`) as the
+    /// write's data.
     Receive(u32),
     /// Read and drop this many bytes; the request will be rejected.
-    Discard(u32),
+    Discard(u64),
 }
 
 /// What validation needs to know about the negotiated session.
@@ -85,7 +203,7 @@ pub enum Payload {
 pub struct Limits {
     pub size: u64,
     pub read_only: bool,
-    pub structured: bool,
+    pub framing: Framing,
     /// A metadata context was selected, so block status is allowed.
     pub block_status: bool,
     /// The client never learned the block sizes: any byte offset and
@@ -98,7 +216,9 @@ pub struct Limits {
 }
 
 /// A validated request: offsets and lengths are aligned and in bounds, flags
-/// are the ones documented for the command.
+/// are the ones documented for the command. Reads and writes are bounded by
+/// the session's maximum payload; the other commands may cover any length
+/// an extended header can carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Read {
@@ -115,24 +235,24 @@ pub enum Command {
     Flush,
     Trim {
         offset: u64,
-        length: u32,
+        length: u64,
         fua: bool,
     },
     WriteZeroes {
         offset: u64,
-        length: u32,
+        length: u64,
         fua: bool,
         may_trim: bool,
         fast_only: bool,
     },
     BlockStatus {
         offset: u64,
-        length: u32,
+        length: u64,
         req_one: bool,
     },
     Cache {
         offset: u64,
-        length: u32,
+        length: u64,
     },
     Disconnect,
 }
@@ -143,7 +263,8 @@ impl Command {
     pub fn reply_size_bound(&self) -> u64 {
         match *self {
             Command::Read { length, .. } => u64::from(length),
-            Command::BlockStatus { .. } => 8 * MAX_EXTENTS as u64,
+            // The larger, extended, descriptors: a bound for both framings.
+            Command::BlockStatus { .. } => (EXTENDED_DESCRIPTOR_LEN * MAX_EXTENTS) as u64,
             _ => 0,
         }
     }
@@ -164,7 +285,8 @@ const fn reject(errno: Errno, message: &'static str) -> Rejection {
 /// notes that clients set it on non-writes and requires servers to accept it.
 fn allowed_flags(kind: u16, limits: &Limits) -> u16 {
     let specific = match kind {
-        command::READ if limits.structured => command_flags::DF,
+        command::READ if limits.framing.chunks() => command_flags::DF,
+        command::WRITE if limits.framing == Framing::Extended => command_flags::PAYLOAD_LEN,
         command::WRITE_ZEROES => command_flags::NO_HOLE | command_flags::FAST_ZERO,
         command::BLOCK_STATUS => command_flags::REQ_ONE,
         _ => 0,
@@ -173,10 +295,11 @@ fn allowed_flags(kind: u16, limits: &Limits) -> u16 {
 }
 
 /// Checks a request against the spec and the session, in this order: known
-/// command, documented flags, writes to a read-only export (`EPERM`),
-/// command preconditions, payload limits (`EINVAL`, or `EOVERFLOW` for
-/// structured reads), alignment (`EINVAL`), bounds (`ENOSPC` for writes, else
-/// `EINVAL`).
+/// command, payload framing (extended headers: no command but a write may
+/// carry a payload), documented flags, writes to a
+/// read-only export (`EPERM`), command preconditions, payload limits
+/// (`EINVAL`, or `EOVERFLOW` for structured reads), alignment (`EINVAL`),
+/// bounds (`ENOSPC` for writes, else `EINVAL`).
 pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Rejection> {
     use command::*;
     let kind = header.kind;
@@ -189,6 +312,14 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
     if kind == DISC {
         // Nothing useful can be done with a malformed disconnect but to obey it.
         return Ok(Command::Disconnect);
+    }
+    if limits.framing == Framing::Extended
+        && kind != WRITE
+        && header.flags & command_flags::PAYLOAD_LEN != 0
+    {
+        // Block status has an optional payload form; this server does not
+        // offer it (no NBD_FLAG_BLOCK_STATUS_PAYLOAD).
+        return Err(reject(Errno::Inval, "this command takes no payload here"));
     }
     if header.flags & !allowed_flags(kind, limits) != 0 {
         return Err(reject(Errno::Inval, "flag not valid for this command"));
@@ -212,13 +343,12 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
     }
     check_payload_length(header, limits)?;
     check_range(header, limits)?;
-    Ok(typed_command(header))
+    typed_command(header)
 }
 
 fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
     let block = u64::from(MIN_BLOCK_SIZE);
-    let aligned =
-        header.offset.is_multiple_of(block) && u64::from(header.length).is_multiple_of(block);
+    let aligned = header.offset.is_multiple_of(block) && header.length.is_multiple_of(block);
     // A trim is advisory: an unaligned one is served on its aligned part
     // (`typed_command`), as qemu sends the sub-sector rest of a discard.
     if !aligned && !limits.byte_granular && header.kind != command::TRIM {
@@ -229,7 +359,7 @@ fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection>
     }
     let in_bounds = header
         .offset
-        .checked_add(u64::from(header.length))
+        .checked_add(header.length)
         .is_some_and(|end| end <= limits.size);
     if !in_bounds {
         let errno = match header.kind {
@@ -241,16 +371,16 @@ fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection>
     Ok(())
 }
 
-/// Commands carrying data either way are limited to [`MAX_PAYLOAD`]; the
-/// others may cover any length.
+/// Commands carrying data either way are limited to the session's maximum
+/// payload; the others may cover any length.
 fn check_payload_length(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
-    if header.length <= limits.max_payload.max(MAX_PAYLOAD) {
+    if header.length <= u64::from(limits.max_payload.max(MAX_PAYLOAD)) {
         return Ok(());
     }
     match header.kind {
         // With structured replies, rejecting a large read up front with
         // EOVERFLOW is explicitly allowed; a simple reply cannot carry it.
-        command::READ if limits.structured => Err(reject(
+        command::READ if limits.framing.chunks() => Err(reject(
             Errno::Overflow,
             "read larger than the maximum payload",
         )),
@@ -262,32 +392,37 @@ fn check_payload_length(header: &RequestHeader, limits: &Limits) -> Result<(), R
     }
 }
 
-/// The typed form of a header that passed validation.
-fn typed_command(header: &RequestHeader) -> Command {
+/// The typed form of a header that passed the other checks.
+fn typed_command(header: &RequestHeader) -> Result<Command, Rejection> {
     let flag = |bit: u16| header.flags & bit != 0;
     let (offset, length) = (header.offset, header.length);
     let fua = flag(command_flags::FUA);
-    match header.kind {
+    // Reads and writes passed `check_payload_length`, so this never fails.
+    let data_length = || {
+        u32::try_from(length)
+            .map_err(|_| reject(Errno::Inval, "request larger than the maximum payload"))
+    };
+    Ok(match header.kind {
         command::READ => Command::Read {
             offset,
-            length,
+            length: data_length()?,
             dont_fragment: flag(command_flags::DF),
         },
         command::WRITE => Command::Write {
             offset,
-            length,
+            length: data_length()?,
             fua,
         },
         command::TRIM => {
             // Only whole minimum blocks are trimmed; the rest of an
             // unaligned trim is left as it is, which trim allows.
             let block = u64::from(MIN_BLOCK_SIZE);
-            let start = offset.div_ceil(block) * block;
-            // `validate` checked that the end does not overflow.
-            let end = offset.saturating_add(u64::from(length)) / block * block;
-            match u32::try_from(end.saturating_sub(start)) {
+            let start = offset.div_ceil(block).checked_mul(block);
+            // `check_range` checked that the end does not overflow.
+            let end = offset.saturating_add(length) / block * block;
+            match start.map(|start| (start, end.saturating_sub(start))) {
                 // At most `length`: the range only shrank.
-                Ok(aligned) if aligned > 0 => Command::Trim {
+                Some((start, aligned)) if aligned > 0 => Command::Trim {
                     offset: start,
                     length: aligned,
                     fua,
@@ -316,7 +451,7 @@ fn typed_command(header: &RequestHeader) -> Command {
         command::FLUSH => Command::Flush,
         // `validate` rejected every other kind before calling this.
         _ => Command::Disconnect,
-    }
+    })
 }
 
 /// A simple reply header (followed by the data of a successful read).
@@ -328,36 +463,69 @@ pub fn simple_reply(cookie: u64, errno: Option<Errno>) -> [u8; SIMPLE_REPLY_LEN]
     out
 }
 
-/// A structured reply chunk header for a payload of `payload_len` bytes.
-pub fn chunk_header(
-    cookie: u64,
-    chunk_type: u16,
-    done: bool,
-    payload_len: u32,
-) -> [u8; CHUNK_HEADER_LEN] {
-    let mut out = [0u8; CHUNK_HEADER_LEN];
-    let flags = if done { reply::FLAG_DONE } else { 0 };
-    out[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
-    out[4..6].copy_from_slice(&flags.to_be_bytes());
-    out[6..8].copy_from_slice(&chunk_type.to_be_bytes());
-    out[8..16].copy_from_slice(&cookie.to_be_bytes());
-    out[16..20].copy_from_slice(&payload_len.to_be_bytes());
-    out
+/// How the chunks of one reply are headed: structured chunks (20-byte
+/// header), or extended ones (32 bytes, echoing the request's offset, which
+/// a session with extended headers uses for every reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkHeader {
+    Structured { cookie: u64 },
+    Extended { cookie: u64, offset: u64 },
+}
+
+impl ChunkHeader {
+    /// The chunk header of a reply to the request with `cookie` and
+    /// `offset` under `framing`; `None` for simple replies, which have no
+    /// chunks.
+    pub fn new(framing: Framing, cookie: u64, offset: u64) -> Option<Self> {
+        match framing {
+            Framing::Simple => None,
+            Framing::Structured => Some(Self::Structured { cookie }),
+            Framing::Extended => Some(Self::Extended { cookie, offset }),
+        }
+    }
+
+    fn extended(self) -> bool {
+        matches!(self, Self::Extended { .. })
+    }
+
+    /// A chunk header for a payload of `payload_len` bytes, in a buffer
+    /// with room for `reserve` more bytes.
+    fn encode(self, chunk_type: u16, done: bool, payload_len: u32, reserve: usize) -> Vec<u8> {
+        let flags = if done { reply::FLAG_DONE } else { 0 };
+        let (magic, cookie, header_len) = match self {
+            Self::Structured { cookie } => (STRUCTURED_REPLY_MAGIC, cookie, CHUNK_HEADER_LEN),
+            Self::Extended { cookie, .. } => {
+                (EXTENDED_REPLY_MAGIC, cookie, EXTENDED_CHUNK_HEADER_LEN)
+            }
+        };
+        let mut out = Vec::with_capacity(header_len + reserve);
+        out.extend_from_slice(&magic.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+        out.extend_from_slice(&chunk_type.to_be_bytes());
+        out.extend_from_slice(&cookie.to_be_bytes());
+        match self {
+            Self::Structured { .. } => out.extend_from_slice(&payload_len.to_be_bytes()),
+            Self::Extended { offset, .. } => {
+                out.extend_from_slice(&offset.to_be_bytes());
+                out.extend_from_slice(&u64::from(payload_len).to_be_bytes());
+            }
+        }
+        out
+    }
 }
 
 /// The final `NBD_REPLY_TYPE_NONE` chunk.
-pub fn none_chunk(cookie: u64) -> [u8; CHUNK_HEADER_LEN] {
-    chunk_header(cookie, reply::TYPE_NONE, true, 0)
+pub fn none_chunk(header: ChunkHeader) -> Vec<u8> {
+    header.encode(reply::TYPE_NONE, true, 0, 0)
 }
 
 /// A final `NBD_REPLY_TYPE_ERROR` chunk with a human-readable message.
-pub fn error_chunk(cookie: u64, errno: Errno, message: &str) -> Vec<u8> {
+pub fn error_chunk(header: ChunkHeader, errno: Errno, message: &str) -> Vec<u8> {
     let message = truncate_text(message).as_bytes();
     // Both fit: the message is at most MAX_STRING_LEN (4 KiB) long.
     let message_len = message.len() as u16;
     let payload_len = 6 + message.len() as u32;
-    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 6 + message.len());
-    out.extend_from_slice(&chunk_header(cookie, reply::TYPE_ERROR, true, payload_len));
+    let mut out = header.encode(reply::TYPE_ERROR, true, payload_len, 6 + message.len());
     out.extend_from_slice(&errno.code().to_be_bytes());
     out.extend_from_slice(&message_len.to_be_bytes());
     out.extend_from_slice(message);
@@ -366,23 +534,16 @@ pub fn error_chunk(cookie: u64, errno: Errno, message: &str) -> Vec<u8> {
 
 /// Header and offset of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk; `data_len`
 /// bytes of data follow. `data_len <= MAX_PAYLOAD`, so `8 + data_len` fits.
-pub fn offset_data_header(cookie: u64, offset: u64, data_len: u32, done: bool) -> Vec<u8> {
+pub fn offset_data_header(header: ChunkHeader, offset: u64, data_len: u32, done: bool) -> Vec<u8> {
     let payload_len = data_len.saturating_add(8);
-    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 8);
-    out.extend_from_slice(&chunk_header(
-        cookie,
-        reply::TYPE_OFFSET_DATA,
-        done,
-        payload_len,
-    ));
+    let mut out = header.encode(reply::TYPE_OFFSET_DATA, done, payload_len, 8);
     out.extend_from_slice(&offset.to_be_bytes());
     out
 }
 
 /// A complete `NBD_REPLY_TYPE_OFFSET_HOLE` chunk.
-pub fn offset_hole_chunk(cookie: u64, offset: u64, length: u32, done: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 12);
-    out.extend_from_slice(&chunk_header(cookie, reply::TYPE_OFFSET_HOLE, done, 12));
+pub fn offset_hole_chunk(header: ChunkHeader, offset: u64, length: u32, done: bool) -> Vec<u8> {
+    let mut out = header.encode(reply::TYPE_OFFSET_HOLE, done, 12, 12);
     out.extend_from_slice(&offset.to_be_bytes());
     out.extend_from_slice(&length.to_be_bytes());
     out
@@ -391,30 +552,56 @@ pub fn offset_hole_chunk(cookie: u64, offset: u64, length: u32, done: bool) -> V
 /// One block status descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
-    pub length: u32,
+    pub length: u64,
     pub flags: u32,
 }
 
-/// Most descriptors sent in one block status chunk (512 KiB of reply). The
-/// spec asks for at most 2^20; fewer keeps the per-request memory charge
-/// small, and clients ask again from where the reply ended.
+/// Most descriptors sent in one block status chunk (512 KiB of reply, or
+/// 1 MiB with extended headers). The spec asks for at most 2^20; fewer
+/// keeps the per-request memory charge small, and clients ask again from
+/// where the reply ended.
 pub const MAX_EXTENTS: usize = 65536;
+/// Bytes of one `NBD_REPLY_TYPE_BLOCK_STATUS` descriptor.
+const DESCRIPTOR_LEN: usize = 8;
+/// Bytes of one `NBD_REPLY_TYPE_BLOCK_STATUS_EXT` descriptor.
+const EXTENDED_DESCRIPTOR_LEN: usize = 16;
 
-/// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk. `extents` is non-empty and
-/// at most [`MAX_EXTENTS`] long, so the length fits.
-pub fn block_status_chunk(cookie: u64, context_id: u32, extents: &[Extent], done: bool) -> Vec<u8> {
-    let payload_len = u32::try_from(4 + 8 * extents.len()).unwrap_or(u32::MAX);
-    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + 4 + 8 * extents.len());
-    out.extend_from_slice(&chunk_header(
-        cookie,
-        reply::TYPE_BLOCK_STATUS,
-        done,
-        payload_len,
-    ));
+/// A block status chunk: `NBD_REPLY_TYPE_BLOCK_STATUS_EXT` (64-bit lengths
+/// and flags, and a descriptor count) under extended headers, else
+/// `NBD_REPLY_TYPE_BLOCK_STATUS`. `extents` is non-empty and at most
+/// [`MAX_EXTENTS`] long, so the lengths fit; under structured replies each
+/// extent is shorter than 4 GiB (see `dispatch::MAX_STATUS_QUERY`).
+pub fn block_status_chunk(
+    header: ChunkHeader,
+    context_id: u32,
+    extents: &[Extent],
+    done: bool,
+) -> Vec<u8> {
+    let extended = header.extended();
+    let (chunk_type, prefix_len, descriptor_len) = if extended {
+        (reply::TYPE_BLOCK_STATUS_EXT, 8, EXTENDED_DESCRIPTOR_LEN)
+    } else {
+        (reply::TYPE_BLOCK_STATUS, 4, DESCRIPTOR_LEN)
+    };
+    let body_len = prefix_len + descriptor_len * extents.len();
+    let payload_len = u32::try_from(body_len).unwrap_or(u32::MAX);
+    let mut out = header.encode(chunk_type, done, payload_len, body_len);
     out.extend_from_slice(&context_id.to_be_bytes());
+    if extended {
+        let count = u32::try_from(extents.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&count.to_be_bytes());
+    }
     for extent in extents {
-        out.extend_from_slice(&extent.length.to_be_bytes());
-        out.extend_from_slice(&extent.flags.to_be_bytes());
+        if extended {
+            out.extend_from_slice(&extent.length.to_be_bytes());
+            out.extend_from_slice(&u64::from(extent.flags).to_be_bytes());
+        } else {
+            // Shorter than 4 GiB: compact sessions query at most
+            // `MAX_STATUS_QUERY` bytes.
+            let length = u32::try_from(extent.length).unwrap_or(u32::MAX);
+            out.extend_from_slice(&length.to_be_bytes());
+            out.extend_from_slice(&extent.flags.to_be_bytes());
+        }
     }
     out
 }
@@ -434,7 +621,7 @@ fn status_flags(run: &StatusRun) -> u32 {
 /// request of `length` bytes: zero-length runs dropped, neighbours with equal
 /// flags merged, nothing past the request, at most one extent with
 /// `req_one`, at most [`MAX_EXTENTS`]. Empty if the runs cover nothing.
-pub fn extents_from_runs(runs: &[StatusRun], length: u32, req_one: bool) -> Vec<Extent> {
+pub fn extents_from_runs(runs: &[StatusRun], length: u64, req_one: bool) -> Vec<Extent> {
     extents_from_flags(
         runs.iter().map(|run| (run.length, status_flags(run))),
         length,
@@ -446,7 +633,7 @@ pub fn extents_from_runs(runs: &[StatusRun], length: u32, req_one: bool) -> Vec<
 /// metadata context.
 pub fn extents_from_flags(
     runs: impl IntoIterator<Item = (u64, u32)>,
-    length: u32,
+    length: u64,
     req_one: bool,
 ) -> Vec<Extent> {
     let limit = if req_one { 1 } else { MAX_EXTENTS };
@@ -456,8 +643,8 @@ pub fn extents_from_flags(
         if remaining == 0 {
             break;
         }
-        // Clamped to the request, which fits in u32.
-        let run_len = u32::try_from(run_length.min(u64::from(remaining))).unwrap_or(remaining);
+        // Clamped to the request: the extents never add up to more.
+        let run_len = run_length.min(remaining);
         if run_len == 0 {
             continue;
         }
@@ -543,19 +730,29 @@ mod tests {
     use command_flags::*;
 
     const SIZE: u64 = 1 << 40;
+    const GIB: u64 = 1 << 30;
+    /// The maximum payload, as a request length.
+    const MAX: u64 = MAX_PAYLOAD as u64;
 
     fn limits() -> Limits {
         Limits {
             size: SIZE,
             read_only: false,
-            structured: true,
+            framing: Framing::Structured,
             block_status: true,
             byte_granular: false,
             max_payload: MAX_PAYLOAD,
         }
     }
 
-    fn header(kind: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+    fn extended() -> Limits {
+        Limits {
+            framing: Framing::Extended,
+            ..limits()
+        }
+    }
+
+    fn header(kind: u16, flags: u16, offset: u64, length: u64) -> RequestHeader {
         RequestHeader {
             flags,
             kind,
@@ -589,35 +786,155 @@ mod tests {
     #[test]
     fn header_round_trips_and_bad_magic_is_rejected() {
         let original = header(command::WRITE, FUA, 4096, 512);
-        assert_eq!(RequestHeader::decode(&original.encode()), Ok(original));
-        let mut bytes = original.encode();
-        bytes[0] ^= 1;
-        assert!(RequestHeader::decode(&bytes).is_err());
+        let bytes = original.encode(Framing::Structured).unwrap();
+        assert_eq!(bytes.len(), REQUEST_HEADER_LEN);
+        assert_eq!(
+            RequestHeader::decode(Framing::Structured, &bytes),
+            Ok(original)
+        );
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert_eq!(
+            RequestHeader::decode(Framing::Simple, &bad),
+            Err(FramingError::BadMagic {
+                found: REQUEST_MAGIC ^ (1 << 24),
+                expected: REQUEST_MAGIC
+            })
+        );
+        // A compact request where extended ones were negotiated is out of
+        // sync, whatever its length.
+        let mut padded = bytes.clone();
+        padded.extend_from_slice(&[0; 4]);
+        assert!(matches!(
+            RequestHeader::decode(Framing::Extended, &padded),
+            Err(FramingError::BadMagic {
+                found: REQUEST_MAGIC,
+                ..
+            })
+        ));
+        assert_eq!(
+            RequestHeader::decode(Framing::Extended, &bytes),
+            Err(FramingError::HeaderLength {
+                wanted: 32,
+                got: 28
+            })
+        );
+        // Lengths of 4 GiB and more only fit an extended header.
+        assert_eq!(
+            header(command::TRIM, 0, 0, 1 << 32).encode(Framing::Structured),
+            None
+        );
+    }
+
+    #[test]
+    fn extended_headers_have_the_documented_layout() {
+        let mut bytes = vec![0x21, 0xe4, 0x1c, 0x71, 0, 1, 0, 4];
+        bytes.extend_from_slice(&7u64.to_be_bytes());
+        bytes.extend_from_slice(&(3 * GIB).to_be_bytes());
+        bytes.extend_from_slice(&(6 * GIB).to_be_bytes());
+        let decoded = RequestHeader::decode(Framing::Extended, &bytes);
+        assert_eq!(
+            decoded,
+            Ok(header_with_cookie(7, command::TRIM, FUA, 3 * GIB, 6 * GIB))
+        );
+        assert_eq!(
+            decoded.unwrap().encode(Framing::Extended),
+            Some(bytes.clone())
+        );
+        bytes[3] = 0x70;
+        assert_eq!(
+            RequestHeader::decode(Framing::Extended, &bytes),
+            Err(FramingError::BadMagic {
+                found: 0x21e4_1c70,
+                expected: EXTENDED_REQUEST_MAGIC
+            })
+        );
+    }
+
+    fn header_with_cookie(
+        cookie: u64,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u64,
+    ) -> RequestHeader {
+        RequestHeader {
+            cookie,
+            ..header(kind, flags, offset, length)
+        }
     }
 
     #[test]
     fn only_writes_carry_payloads_and_oversized_ones_are_discarded() {
+        let payload = |header: RequestHeader, max_payload| {
+            header.payload(&Limits {
+                max_payload,
+                ..limits()
+            })
+        };
+        use command::{READ, WRITE};
+        let cases = [
+            (header(WRITE, 0, 0, 512), MAX_PAYLOAD, Payload::Receive(512)),
+            (header(WRITE, 0, 0, 0), MAX_PAYLOAD, Payload::None),
+            (
+                header(WRITE, 0, 0, MAX + 1),
+                MAX_PAYLOAD,
+                Payload::Discard(MAX + 1),
+            ),
+            (header(READ, 0, 0, 512), MAX_PAYLOAD, Payload::None),
+            (header(99, 0, 0, 512), MAX_PAYLOAD, Payload::None),
+            (
+                header(WRITE, 0, 0, MAX + 1),
+                2 * MAX_PAYLOAD,
+                Payload::Receive(MAX_PAYLOAD + 1),
+            ),
+        ];
+        for (header, max_payload, expected) in cases {
+            assert_eq!(payload(header, max_payload), Ok(expected), "{header:?}");
+        }
+    }
+
+    #[test]
+    fn extended_payloads_follow_the_payload_len_flag() {
+        use command::*;
+        let payload = |header: RequestHeader| header.payload(&extended());
         assert_eq!(
-            header(command::WRITE, 0, 0, 512).payload(MAX_PAYLOAD),
-            Payload::Receive(512)
+            payload(header(WRITE, PAYLOAD_LEN, 0, 4096)),
+            Ok(Payload::Receive(4096))
         );
         assert_eq!(
-            header(command::WRITE, 0, 0, 0).payload(MAX_PAYLOAD),
-            Payload::None
+            payload(header(WRITE, PAYLOAD_LEN, 0, MAX)),
+            Ok(Payload::Receive(MAX_PAYLOAD))
         );
+        // A write's data follows even without the flag, as qemu sends it.
         assert_eq!(
-            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(MAX_PAYLOAD),
-            Payload::Discard(MAX_PAYLOAD + 1)
+            payload(header(WRITE, FUA, 0, 4096)),
+            Ok(Payload::Receive(4096))
         );
+        // Without the flag the length is an effect length: nothing follows.
+        assert_eq!(payload(header(TRIM, 0, 0, 6 * GIB)), Ok(Payload::None));
+        assert_eq!(payload(header(READ, 0, 0, 4096)), Ok(Payload::None));
+        // A payload on a command that takes none is drained.
         assert_eq!(
-            header(command::READ, 0, 0, 512).payload(MAX_PAYLOAD),
-            Payload::None
+            payload(header(BLOCK_STATUS, PAYLOAD_LEN, 0, 12)),
+            Ok(Payload::Discard(12))
         );
-        assert_eq!(header(99, 0, 0, 512).payload(MAX_PAYLOAD), Payload::None);
-        assert_eq!(
-            header(command::WRITE, 0, 0, MAX_PAYLOAD + 1).payload(2 * MAX_PAYLOAD),
-            Payload::Receive(MAX_PAYLOAD + 1)
-        );
+        // More than the maximum payload cannot be taken, nor sensibly
+        // drained: the length is 64 bits.
+        for (kind, flags, length) in [
+            (WRITE, PAYLOAD_LEN, MAX + 1),
+            (TRIM, PAYLOAD_LEN, u64::MAX),
+            (WRITE, PAYLOAD_LEN, 1 << 32),
+            (WRITE, 0, 6 * GIB),
+        ] {
+            assert_eq!(
+                payload(header(kind, flags, 0, length)),
+                Err(FramingError::PayloadTooLong {
+                    length,
+                    max: MAX_PAYLOAD
+                })
+            );
+        }
     }
 
     #[test]
@@ -629,7 +946,7 @@ mod tests {
             ..l
         };
         let simple = Limits {
-            structured: false,
+            framing: Framing::Simple,
             block_status: false,
             ..l
         };
@@ -662,13 +979,9 @@ mod tests {
             (header(READ, 0, SIZE - 1, 2), bytes, Some(Errno::Inval)),
             (header(WRITE, 0, SIZE - 1, 2), bytes, Some(Errno::NoSpc)),
             // Clients that never learned the maximum: larger requests.
-            (header(WRITE, 0, 1, 2 * MAX_PAYLOAD), bytes, None),
-            (header(READ, 0, 1, 2 * MAX_PAYLOAD), bytes, None),
-            (
-                header(WRITE, 0, 0, 2 * MAX_PAYLOAD + 1),
-                bytes,
-                Some(Errno::Inval),
-            ),
+            (header(WRITE, 0, 1, 2 * MAX), bytes, None),
+            (header(READ, 0, 1, 2 * MAX), bytes, None),
+            (header(WRITE, 0, 0, 2 * MAX + 1), bytes, Some(Errno::Inval)),
             // A trim is advisory: an unaligned one is served on its
             // aligned part, whoever sends it.
             (header(TRIM, 0, 100, 1000), l, None),
@@ -681,27 +994,22 @@ mod tests {
                 Some(Errno::NoSpc),
             ),
             (header(WRITE, 0, u64::MAX - 511, 512), l, Some(Errno::NoSpc)),
+            (header(READ, 0, 0, MAX + 512), l, Some(Errno::Overflow)),
+            (header(READ, 0, 0, MAX + 512), simple, Some(Errno::Inval)),
+            (header(WRITE, 0, 0, MAX + 512), l, Some(Errno::Inval)),
             (
-                header(READ, 0, 0, MAX_PAYLOAD + 512),
-                l,
-                Some(Errno::Overflow),
-            ),
-            (
-                header(READ, 0, 0, MAX_PAYLOAD + 512),
-                simple,
-                Some(Errno::Inval),
-            ),
-            (
-                header(WRITE, 0, 0, MAX_PAYLOAD + 512),
-                l,
-                Some(Errno::Inval),
-            ),
-            (
-                header(WRITE_ZEROES, FAST_ZERO | NO_HOLE, 0, u32::MAX - 511),
+                header(
+                    WRITE_ZEROES,
+                    FAST_ZERO | NO_HOLE,
+                    0,
+                    u64::from(u32::MAX - 511),
+                ),
                 l,
                 None,
             ),
-            (header(TRIM, 0, 0, u32::MAX - 511), l, None),
+            (header(TRIM, 0, 0, u64::from(u32::MAX - 511)), l, None),
+            // The payload flag exists only with extended headers.
+            (header(WRITE, PAYLOAD_LEN, 0, 512), l, Some(Errno::Inval)),
             (
                 header(BLOCK_STATUS, REQ_ONE, 0, 512),
                 simple,
@@ -738,12 +1046,186 @@ mod tests {
     }
 
     #[test]
+    fn extended_requests_cover_64_bit_ranges_and_frame_payloads_by_flag() {
+        use command::*;
+        let l = extended();
+        // Trim, write zeroes, cache and block status cover any length an
+        // extended header carries, whole: nothing is clamped.
+        assert_eq!(
+            validate(&header(TRIM, 0, GIB, 6 * GIB), &l),
+            Ok(Command::Trim {
+                offset: GIB,
+                length: 6 * GIB,
+                fua: false
+            })
+        );
+        assert_eq!(
+            validate(&header(WRITE_ZEROES, NO_HOLE, 0, 6 * GIB), &l),
+            Ok(Command::WriteZeroes {
+                offset: 0,
+                length: 6 * GIB,
+                fua: false,
+                may_trim: false,
+                fast_only: false
+            })
+        );
+        assert_eq!(
+            validate(&header(CACHE, 0, 0, SIZE), &l),
+            Ok(Command::Cache {
+                offset: 0,
+                length: SIZE
+            })
+        );
+        assert_eq!(
+            validate(&header(BLOCK_STATUS, REQ_ONE, 512, SIZE - 512), &l),
+            Ok(Command::BlockStatus {
+                offset: 512,
+                length: SIZE - 512,
+                req_one: true
+            })
+        );
+        // An unaligned trim of more than 4 GiB still shrinks to its sectors.
+        assert_eq!(
+            validate(&header(TRIM, 0, 100, 5 * GIB), &l),
+            Ok(Command::Trim {
+                offset: 512,
+                length: 5 * GIB - 512,
+                fua: false
+            })
+        );
+        let cases = [
+            (header(WRITE, PAYLOAD_LEN | FUA, 0, 512), None),
+            (header(WRITE, PAYLOAD_LEN, 0, MAX), None),
+            (header(WRITE, 0, 0, 512), None),
+            // Nothing but a write may carry a payload.
+            (header(BLOCK_STATUS, PAYLOAD_LEN, 0, 12), Some(Errno::Inval)),
+            (header(TRIM, PAYLOAD_LEN, 0, 512), Some(Errno::Inval)),
+            (header(READ, PAYLOAD_LEN, 0, 512), Some(Errno::Inval)),
+            // Reads and writes stay within the maximum payload.
+            (header(READ, 0, 0, MAX + 512), Some(Errno::Overflow)),
+            (header(READ, 0, 0, 6 * GIB), Some(Errno::Overflow)),
+            (header(READ, 0, 0, u64::MAX - 511), Some(Errno::Overflow)),
+            (header(WRITE, PAYLOAD_LEN, 0, MAX + 512), Some(Errno::Inval)),
+            (header(READ, DF, 0, 512), None),
+            // Bounds, with lengths that overflow when added to the offset.
+            (header(TRIM, 0, SIZE - GIB, 2 * GIB), Some(Errno::Inval)),
+            (header(TRIM, 0, 512, u64::MAX - 511), Some(Errno::Inval)),
+            (header(CACHE, 0, SIZE, 512), Some(Errno::Inval)),
+            (
+                header(WRITE_ZEROES, 0, SIZE - GIB, 2 * GIB),
+                Some(Errno::NoSpc),
+            ),
+            (
+                header(WRITE_ZEROES, 0, u64::MAX - 511, 1024),
+                Some(Errno::NoSpc),
+            ),
+            (
+                header(BLOCK_STATUS, 0, 1024, u64::MAX - 1023),
+                Some(Errno::Inval),
+            ),
+            (
+                header(WRITE_ZEROES, 0, 0, 6 * GIB + 100),
+                Some(Errno::Inval),
+            ),
+            (header(FLUSH, 0, 0, 1 << 32), Some(Errno::Inval)),
+            (header(FLUSH, FUA, 0, 0), None),
+        ];
+        for (header, expected) in cases {
+            assert_eq!(errno_of(header, &l), expected, "{header:?}");
+        }
+        let read_only = Limits {
+            read_only: true,
+            ..l
+        };
+        assert_eq!(
+            errno_of(header(TRIM, 0, 0, 6 * GIB), &read_only),
+            Some(Errno::Perm)
+        );
+    }
+
+    /// An extended reply chunk split into (flags, type, cookie, offset,
+    /// payload), checking the header's length field.
+    fn extended_chunk(bytes: &[u8]) -> (u16, u16, u64, u64, Vec<u8>) {
+        let mut reader = ByteReader::new(bytes);
+        assert_eq!(reader.u32(), Some(0x6e8a_278c), "NBD_EXTENDED_REPLY_MAGIC");
+        let (flags, kind) = (reader.u16().unwrap(), reader.u16().unwrap());
+        let (cookie, offset, length) = (
+            reader.u64().unwrap(),
+            reader.u64().unwrap(),
+            reader.u64().unwrap(),
+        );
+        let payload = reader.bytes(length as usize).unwrap().to_vec();
+        assert!(reader.is_empty(), "bytes after the payload");
+        (flags, kind, cookie, offset, payload)
+    }
+
+    #[test]
+    fn extended_reply_encodings_have_the_documented_layout() {
+        let header = ChunkHeader::Extended {
+            cookie: 7,
+            offset: 6 * GIB,
+        };
+        assert_eq!(
+            ChunkHeader::new(Framing::Extended, 7, 6 * GIB),
+            Some(header)
+        );
+        assert_eq!(ChunkHeader::new(Framing::Simple, 7, 6 * GIB), None);
+
+        let none = none_chunk(header);
+        assert_eq!(none.len(), 32);
+        assert_eq!(extended_chunk(&none), (1, 0, 7, 6 * GIB, vec![]));
+
+        let (flags, kind, cookie, offset, payload) =
+            extended_chunk(&error_chunk(header, Errno::NoSpc, "full"));
+        assert_eq!((flags, kind, cookie, offset), (1, 0x8001, 7, 6 * GIB));
+        assert_eq!(payload, [0, 0, 0, 28, 0, 4, b'f', b'u', b'l', b'l']);
+
+        // The reply header echoes the request's offset; the chunk's own
+        // offset says where its data lies.
+        let mut data = offset_data_header(header, 6 * GIB + 4096, 3, false);
+        data.extend_from_slice(b"abc");
+        let (flags, kind, _, offset, payload) = extended_chunk(&data);
+        assert_eq!((flags, kind, offset), (0, 1, 6 * GIB));
+        assert_eq!(payload[..8], (6 * GIB + 4096).to_be_bytes());
+        assert_eq!(payload[8..], *b"abc");
+
+        let hole = offset_hole_chunk(header, 6 * GIB, 8192, true);
+        let (flags, kind, _, _, payload) = extended_chunk(&hole);
+        assert_eq!((flags, kind), (1, 2));
+        assert_eq!(payload[..8], (6 * GIB).to_be_bytes());
+        assert_eq!(payload[8..], 8192u32.to_be_bytes());
+
+        let extents = [
+            Extent {
+                length: 5 * GIB,
+                flags: 3,
+            },
+            Extent {
+                length: 512,
+                flags: 0,
+            },
+        ];
+        let status = block_status_chunk(header, 9, &extents, true);
+        let (flags, kind, _, _, payload) = extended_chunk(&status);
+        assert_eq!((flags, kind), (1, 6), "NBD_REPLY_TYPE_BLOCK_STATUS_EXT");
+        assert_eq!(payload.len(), 8 + 2 * 16);
+        let mut expected = 9u32.to_be_bytes().to_vec();
+        expected.extend_from_slice(&2u32.to_be_bytes());
+        for (length, flags) in [(5 * GIB, 3u64), (512, 0)] {
+            expected.extend_from_slice(&length.to_be_bytes());
+            expected.extend_from_slice(&flags.to_be_bytes());
+        }
+        assert_eq!(payload, expected);
+    }
+
+    #[test]
     fn reply_encodings_have_the_documented_layout() {
         let simple = simple_reply(7, Some(Errno::NoSpc));
         assert_eq!(simple[..8], [0x67, 0x44, 0x66, 0x98, 0, 0, 0, 28]);
         assert_eq!(simple[8..], 7u64.to_be_bytes());
 
-        let error = error_chunk(7, Errno::Inval, "bad");
+        let structured = ChunkHeader::Structured { cookie: 7 };
+        let error = error_chunk(structured, Errno::Inval, "bad");
         assert_eq!(
             error[4..8],
             [0, 1, 0x80, 1],
@@ -752,13 +1234,13 @@ mod tests {
         assert_eq!(error[16..20], 9u32.to_be_bytes());
         assert_eq!(error[20..], [0, 0, 0, 22, 0, 3, b'b', b'a', b'd']);
 
-        let hole = offset_hole_chunk(7, 4096, 512, false);
+        let hole = offset_hole_chunk(structured, 4096, 512, false);
         assert_eq!(hole[4..8], [0, 0, 0, 2]);
         assert_eq!(hole[16..20], 12u32.to_be_bytes());
         assert_eq!(hole[20..28], 4096u64.to_be_bytes());
 
         let status = block_status_chunk(
-            7,
+            structured,
             1,
             &[Extent {
                 length: 512,
@@ -771,7 +1253,7 @@ mod tests {
         assert_eq!(status[20..], [0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3]);
 
         let long = "é".repeat(3000);
-        let error = error_chunk(7, Errno::Io, &long);
+        let error = error_chunk(structured, Errno::Io, &long);
         let message_len = u16::from_be_bytes([error[24], error[25]]) as usize;
         assert!(message_len <= crate::proto::MAX_STRING_LEN);
         assert!(std::str::from_utf8(&error[26..]).is_ok());
@@ -813,8 +1295,59 @@ mod tests {
         );
     }
 
+    /// What holds of any decoded header: framing its payload and
+    /// validating it never panic; a payload is taken only up to the
+    /// maximum; a valid command covers whole sectors within the export and
+    /// within the request.
+    fn check_any_header(
+        header: RequestHeader,
+        size: u64,
+        read_only: bool,
+        framing: Framing,
+    ) -> Result<(), TestCaseError> {
+        let limits = Limits {
+            size,
+            read_only,
+            framing,
+            block_status: framing.chunks(),
+            byte_granular: false,
+            max_payload: MAX_PAYLOAD,
+        };
+        match header.payload(&limits) {
+            Ok(Payload::Receive(len)) => prop_assert!(len <= MAX_PAYLOAD),
+            Ok(Payload::Discard(len)) => {
+                prop_assert!(framing != Framing::Extended || len <= MAX)
+            }
+            Ok(Payload::None) => {}
+            Err(_) => prop_assert!(framing == Framing::Extended && header.length > MAX),
+        }
+        if let Ok(command) = validate(&header, &limits) {
+            if !matches!(command, Command::Disconnect | Command::Flush) {
+                let end = header.offset.checked_add(header.length);
+                prop_assert!(end.is_some_and(|end| end <= size));
+                let end = header.offset + header.length;
+                // What runs is whole sectors (an unaligned trim shrinks
+                // to its whole sectors).
+                let (offset, length) = match command {
+                    Command::Trim { offset, length, .. } => (offset, length),
+                    Command::Read { length, .. } | Command::Write { length, .. } => {
+                        prop_assert!(length <= MAX_PAYLOAD);
+                        (header.offset, u64::from(length))
+                    }
+                    _ => (header.offset, header.length),
+                };
+                prop_assert_eq!(offset % 512, 0);
+                prop_assert_eq!(length % 512, 0);
+                prop_assert!(offset >= header.offset);
+                prop_assert!(offset + length <= end);
+            }
+        }
+        Ok(())
+    }
+
     fn status_run() -> impl Strategy<Value = StatusRun> {
-        (0u64..20_000, any::<bool>(), any::<bool>()).prop_map(|(length, hole, zero)| StatusRun {
+        let length = prop_oneof![0u64..20_000, 0u64..(1 << 34)];
+        (length, any::<bool>(), any::<bool>()).prop_map(|(length, hole, zero)| StatusRun {
             length,
             hole,
             zero,
@@ -823,9 +1356,19 @@ mod tests {
 
     proptest! {
         #[test]
-        fn headers_round_trip(flags: u16, kind: u16, cookie: u64, offset: u64, length: u32) {
+        fn headers_round_trip(flags: u16, kind: u16, cookie: u64, offset: u64, length: u64) {
             let original = RequestHeader { flags, kind, cookie, offset, length };
-            prop_assert_eq!(RequestHeader::decode(&original.encode()), Ok(original));
+            for framing in [Framing::Simple, Framing::Structured, Framing::Extended] {
+                match original.encode(framing) {
+                    Some(bytes) => {
+                        prop_assert_eq!(bytes.len(), framing.request_header_len());
+                        prop_assert_eq!(RequestHeader::decode(framing, &bytes), Ok(original));
+                    }
+                    None => prop_assert!(
+                        framing != Framing::Extended && length > u64::from(u32::MAX)
+                    ),
+                }
+            }
         }
 
         #[test]
@@ -837,32 +1380,26 @@ mod tests {
         ) {
             let mut bytes = bytes;
             bytes[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-            let header = RequestHeader::decode(&bytes).unwrap();
-            let limits = Limits {
-                size,
-                read_only,
-                structured,
-                block_status: structured,
-                byte_granular: false,
-                max_payload: MAX_PAYLOAD,
-            };
-            let _ = header.payload(limits.max_payload);
-            if let Ok(command) = validate(&header, &limits) {
-                if !matches!(command, Command::Disconnect | Command::Flush) {
-                    let end = header.offset + u64::from(header.length);
-                    prop_assert!(end <= size);
-                    // What runs is whole sectors (an unaligned trim shrinks
-                    // to its whole sectors).
-                    let (offset, length) = match command {
-                        Command::Trim { offset, length, .. } => (offset, length),
-                        _ => (header.offset, header.length),
-                    };
-                    prop_assert_eq!(offset % 512, 0);
-                    prop_assert_eq!(length % 512, 0);
-                    prop_assert!(offset >= header.offset);
-                    prop_assert!(offset + u64::from(length) <= end);
-                }
+            let header = RequestHeader::decode(Framing::Structured, &bytes).unwrap();
+            let framing = if structured { Framing::Structured } else { Framing::Simple };
+            check_any_header(header, size, read_only, framing)?;
+        }
+
+        #[test]
+        fn arbitrary_extended_headers_never_panic_and_valid_ones_are_in_bounds(
+            bytes in proptest::array::uniform32(any::<u8>()),
+            size in 0u64..(1 << 40),
+            read_only: bool,
+            small_length: bool,
+        ) {
+            let mut bytes = bytes;
+            bytes[..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+            if small_length {
+                // Lengths within the export, or about the maximum payload.
+                bytes[24..28].fill(0);
             }
+            let header = RequestHeader::decode(Framing::Extended, &bytes).unwrap();
+            check_any_header(header, size, read_only, Framing::Extended)?;
         }
 
         #[test]
@@ -890,13 +1427,13 @@ mod tests {
 
         #[test]
         fn extents_are_valid_descriptors(
-            length in 1u32..(1 << 20),
+            length in 1u64..(1 << 34),
             runs in proptest::collection::vec(status_run(), 0..16),
             req_one: bool,
         ) {
             let extents = extents_from_runs(&runs, length, req_one);
-            let total: u64 = extents.iter().map(|e| u64::from(e.length)).sum();
-            prop_assert!(total <= u64::from(length));
+            let total: u64 = extents.iter().map(|e| e.length).sum();
+            prop_assert!(total <= length);
             prop_assert!(extents.iter().all(|e| e.length > 0 && e.flags & !3 == 0));
             prop_assert!(extents.windows(2).all(|pair| pair[0].flags != pair[1].flags));
             if req_one {

@@ -265,6 +265,23 @@ fn byte_granular_requests_match_a_model() {
     assert!(served.read_image("bytes", SIZE) == model, "after a restart");
 }
 
+/// Runs qemu-io's `commands` on `uri`, asserting each succeeded (qemu-io
+/// exits 0 even when a command fails); returns its output.
+fn qemu_io(uri: &str, commands: &[&str]) -> String {
+    let mut command = Command::new("qemu-io");
+    command.args(["-f", "raw"]);
+    for each in commands {
+        command.args(["-c", each]);
+    }
+    let out = command.arg(uri).output().expect("qemu-io (qemu-utils)");
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        out.status.success() && !text.contains("error") && !text.contains("failed"),
+        "{text}"
+    );
+    text
+}
+
 /// qemu-io discards with byte offsets: the whole sectors inside go, the
 /// command succeeds (qemu's block layer sends the sub-sector rest of a
 /// discard too; a trim is advisory).
@@ -273,15 +290,7 @@ fn unaligned_discards_from_qemu_succeed() {
     let served = Served::start();
     served.manage(&["volume", "create", "q", "--size", "1M"]);
     served.write_image("q", &vec![0x55; MIB]);
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "discard 100 5000", &served.uri("q")])
-        .output()
-        .expect("qemu-io (qemu-utils)");
-    let text = format!("{}{}", stdout(&out), stderr(&out));
-    assert!(
-        out.status.success() && !text.contains("error") && !text.contains("failed"),
-        "{text}"
-    );
+    qemu_io(&served.uri("q"), &["discard 100 5000"]);
     // Which sectors inside go is qemu's choice (it aligns discards to the
     // granularity it learned); nothing outside the range may change.
     let image = served.read_image("q", MIB);
@@ -320,4 +329,46 @@ fn large_requests_from_clients_that_never_learned_the_maximum() {
     let (error, tail) = client.request(RawClient::CMD_READ, 80 * MIB as u64 - 4, 4, &[]);
     assert_eq!(error, 0);
     assert_eq!(tail, vec![0; 4]);
+}
+
+/// With extended headers (which qemu 10 negotiates), one request may cover
+/// more than 4 GiB: qemu-io's 6 GiB `write -z -u -n` (one request and one
+/// `Export::write_zeroes` call, as arbor-nbd's tests/interop/extended.rs
+/// shows on the wire) zeroes the engine volume's whole range, and only it.
+#[test]
+fn a_6_gib_zeroing_from_qemu_unmaps_exactly_its_range() {
+    let served = Served::start();
+    served.manage(&["volume", "create", "huge", "--size", "8G"]);
+    let uri = served.uri("huge");
+    let text = qemu_io(
+        &uri,
+        &[
+            "write -P 0x33 0 64k",
+            "write -P 0x44 5G 64k",
+            "write -P 0x55 7G 64k",
+            "write -z -u -n 1G 6G",
+            "read -P 0x33 0 64k",
+            "read -P 0 5G 64k",
+            "read -P 0x55 7G 64k",
+        ],
+    );
+    assert!(text.contains("wrote 6442450944/6442450944 bytes at offset 1073741824"));
+    // Nothing in the zeroed range is still mapped.
+    let map = nbd_ok("nbdinfo", &["--map", &uri]);
+    let data: Vec<(u64, u64)> = map
+        .lines()
+        .filter(|line| line.trim_end().ends_with("data"))
+        .map(|line| {
+            let mut fields = line.split_whitespace();
+            let mut number = || fields.next().unwrap().parse::<u64>().unwrap();
+            (number(), number())
+        })
+        .collect();
+    const GIB: u64 = 1 << 30;
+    assert!(!data.is_empty(), "{map}");
+    assert!(
+        data.iter()
+            .all(|&(offset, len)| offset + len <= GIB || offset >= 7 * GIB),
+        "{map}"
+    );
 }

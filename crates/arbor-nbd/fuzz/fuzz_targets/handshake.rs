@@ -1,15 +1,18 @@
 //! Arbitrary client bytes through the handshake state machine, fed exactly
-//! as the server's driver feeds it. Must never panic. The first byte picks
-//! the listener's TLS mode and whether the client presents a certificate
-//! when STARTTLS is acknowledged (the TLS layer itself is rustls's), and
-//! exports are granted per identity, so the FORCEDTLS and SELECTIVETLS
-//! paths and the access checks are covered.
+//! as the server's driver feeds it. Must never panic; a session it opens
+//! must be consistent (extended headers imply structured replies, and
+//! `NBD_FLAG_SEND_DF` is advertised exactly when replies are chunks). The
+//! first byte picks the listener's TLS mode and whether the client presents
+//! a certificate when STARTTLS is acknowledged (the TLS layer itself is
+//! rustls's), and exports are granted per identity, so the FORCEDTLS and
+//! SELECTIVETLS paths and the access checks are covered.
 #![no_main]
 
 use std::sync::Arc;
 
 use arbor_nbd::handshake::{Handshake, Step, TlsMode};
 use arbor_nbd::memory::{ExportTable, MemoryExport};
+use arbor_nbd::proto::transmission_flags::SEND_DF;
 use arbor_nbd::{Access, AccessList, Client, Pattern, Principal, Rule};
 use libfuzzer_sys::fuzz_target;
 
@@ -50,7 +53,14 @@ fuzz_target!(|input: &[u8]| {
         match handshake.receive(chunk, &exports) {
             Ok(Step::Continue { .. }) => {}
             Ok(Step::StartTls { .. }) => handshake.tls_established(identity.clone()),
-            Ok(Step::Transmit { .. } | Step::Close { .. }) | Err(_) => return,
+            Ok(Step::Transmit { session, .. }) => {
+                assert!(!session.extended || session.structured);
+                let chunks = session.framing().chunks();
+                assert_eq!(session.transmission_flags & SEND_DF != 0, chunks);
+                assert!(session.contexts.is_empty() || chunks);
+                return;
+            }
+            Ok(Step::Close { .. }) | Err(_) => return,
         }
     }
 });

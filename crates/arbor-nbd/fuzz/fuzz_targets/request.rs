@@ -1,26 +1,40 @@
-//! Arbitrary transmission-phase bytes: request headers decoded, framed and
-//! validated against a session, and valid commands run against an in-memory
-//! export. Must never panic.
+//! Arbitrary transmission-phase bytes: request headers (compact or
+//! extended) decoded, framed and validated against a session, and valid
+//! commands run against an in-memory export. Must never panic.
+//!
+//! Byte 0 chooses the session: read-only 1, structured replies 2,
+//! `base:allocation` selected 4, byte-granular (block sizes never learned)
+//! 8, extended headers 16 (then the export is 8 GiB, sparse, so 64-bit
+//! lengths reach it). The rest is what the client sends after the handshake.
 #![no_main]
 
 use arbor_nbd::buffers::BufferPool;
 use arbor_nbd::dispatch::{execute, ReplyContext};
 use arbor_nbd::memory::MemoryExport;
-use arbor_nbd::proto::REQUEST_HEADER_LEN;
-use arbor_nbd::transmission::{validate, Limits, Payload, RequestHeader};
+use arbor_nbd::transmission::{validate, Framing, Limits, Payload, RequestHeader};
 use libfuzzer_sys::fuzz_target;
 
 const SIZE: u64 = 1 << 20;
+/// The export of sessions with extended headers.
+const EXTENDED_SIZE: u64 = 8 << 30;
+/// Most memory the export may allocate, whatever the requests.
+const CAPACITY: u64 = 16 << 20;
 
 fuzz_target!(|input: &[u8]| {
     let Some((&session_bits, mut rest)) = input.split_first() else {
         return;
     };
+    let framing = Framing::new(session_bits & 2 != 0, session_bits & 16 != 0);
+    let size = if framing == Framing::Extended {
+        EXTENDED_SIZE
+    } else {
+        SIZE
+    };
     let limits = Limits {
-        size: SIZE,
+        size,
         read_only: session_bits & 1 != 0,
-        structured: session_bits & 2 != 0,
-        block_status: session_bits & 6 == 6,
+        framing,
+        block_status: session_bits & 4 != 0 && framing.chunks(),
         byte_granular: session_bits & 8 != 0,
         max_payload: if session_bits & 8 != 0 {
             arbor_nbd::proto::MAX_UNNEGOTIATED_PAYLOAD
@@ -28,31 +42,40 @@ fuzz_target!(|input: &[u8]| {
             arbor_nbd::proto::MAX_PAYLOAD
         },
     };
-    let export = MemoryExport::new(SIZE);
+    let export = MemoryExport::new(size).with_capacity(CAPACITY);
     let buffers = BufferPool::new(SIZE as usize);
-    while let Some((bytes, tail)) = rest.split_first_chunk::<REQUEST_HEADER_LEN>() {
+    let base = [arbor_nbd::proto::MetaContext {
+        id: arbor_nbd::proto::BASE_ALLOCATION_ID,
+        name: arbor_nbd::proto::BASE_ALLOCATION.into(),
+    }];
+    let header_len = framing.request_header_len();
+    while rest.len() >= header_len {
+        let (bytes, tail) = rest.split_at(header_len);
         rest = tail;
-        let Ok(header) = RequestHeader::decode(bytes) else {
+        let Ok(header) = RequestHeader::decode(framing, bytes) else {
             return;
         };
-        let payload_len = match header.payload(limits.max_payload) {
-            Payload::None => 0,
-            Payload::Receive(len) | Payload::Discard(len) => len as usize,
+        // A payload too long to take ends the connection.
+        let payload_len = match header.payload(&limits) {
+            Ok(Payload::None) => 0,
+            Ok(Payload::Receive(len)) => u64::from(len),
+            Ok(Payload::Discard(len)) => len,
+            Err(_) => return,
         };
-        if payload_len > rest.len() {
+        let Some(payload_len) = usize::try_from(payload_len)
+            .ok()
+            .filter(|&len| len <= rest.len())
+        else {
             return;
-        }
+        };
         let (payload, tail) = rest.split_at(payload_len);
         rest = tail;
         if let Ok(command) = validate(&header, &limits) {
             let context = ReplyContext {
                 cookie: header.cookie,
-                structured: limits.structured,
+                offset: header.offset,
+                framing,
             };
-            let base = [arbor_nbd::proto::MetaContext {
-                id: arbor_nbd::proto::BASE_ALLOCATION_ID,
-                name: arbor_nbd::proto::BASE_ALLOCATION.into(),
-            }];
             execute(&export, context, &base, command, payload, &buffers);
         }
     }

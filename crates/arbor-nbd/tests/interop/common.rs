@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use arbor_nbd::memory::{ExportTable, MemoryExport};
-use arbor_nbd::{serve, CancellationToken, Export, Listener, ServerConfig};
+use arbor_nbd::{serve, CancellationToken, Export, ExportError, Listener, ServerConfig, StatusRun};
 
 pub const MIB: u64 = 1024 * 1024;
 
@@ -187,4 +187,140 @@ pub fn assert_success(command: &Command, output: &Output) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Runs qemu-io on `uri` with `commands`, asserting that every one
+/// succeeded (qemu-io exits 0 even when a command fails); returns its
+/// output.
+pub fn qemu_io(uri: &str, commands: &[&str]) -> String {
+    let mut command = tool("qemu-io", "qemu-utils");
+    command.args(["-f", "raw"]);
+    for each in commands {
+        command.args(["-c", each]);
+    }
+    command.arg(uri);
+    let output = run(&mut command);
+    assert!(
+        !output.contains("failed") && !output.contains("error"),
+        "{command:?}:\n{output}"
+    );
+    output
+}
+
+/// A call the server made to a [`RecordingExport`]: the ranges it asked
+/// about or changed without data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Trim {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// A memory export that counts the reads it has run, so a test can wait for
+/// the server to have run the requests it admitted, and records every
+/// trim, write zeroes and block status call, so a test sees how large the
+/// requests that reached it were.
+pub struct RecordingExport {
+    pub inner: MemoryExport,
+    recorded: Mutex<Recorded>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Recorded {
+    reads: u64,
+    calls: Vec<Call>,
+}
+
+impl RecordingExport {
+    pub fn new(inner: MemoryExport) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            recorded: Mutex::new(Recorded::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// Reads run so far.
+    pub fn reads(&self) -> u64 {
+        self.recorded.lock().unwrap().reads
+    }
+
+    /// Waits until at least `count` reads have run (failing after the hang
+    /// guard); returns how many have.
+    pub fn wait_for_reads(&self, count: u64) -> u64 {
+        let recorded = self.recorded.lock().unwrap();
+        let (recorded, _) = self
+            .changed
+            .wait_timeout_while(recorded, HANG_GUARD, |recorded| recorded.reads < count)
+            .unwrap();
+        assert!(
+            recorded.reads >= count,
+            "the server ran {} reads of the {count} it admits",
+            recorded.reads
+        );
+        recorded.reads
+    }
+
+    /// The calls recorded since the last time, in order.
+    pub fn take_calls(&self) -> Vec<Call> {
+        std::mem::take(&mut self.recorded.lock().unwrap().calls)
+    }
+
+    fn record(&self, call: Call) {
+        self.recorded.lock().unwrap().calls.push(call);
+    }
+}
+
+impl Export for RecordingExport {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.inner.read(offset, buf)?;
+        self.recorded.lock().unwrap().reads += 1;
+        self.changed.notify_all();
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
+        self.inner.write(offset, data)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.record(Call::Trim { offset, len });
+        self.inner.trim(offset, len)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fast: bool,
+    ) -> Result<(), ExportError> {
+        self.record(Call::WriteZeroes {
+            offset,
+            len,
+            may_trim,
+        });
+        self.inner.write_zeroes(offset, len, may_trim, fast)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
+        self.record(Call::BlockStatus { offset, len });
+        self.inner.block_status(offset, len)
+    }
 }

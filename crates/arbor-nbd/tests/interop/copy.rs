@@ -5,7 +5,7 @@ use std::path::Path;
 use arbor_nbd::Export;
 use rand::{RngCore, SeedableRng};
 
-use crate::common::{memory, run, tool, TestServer, MIB};
+use crate::common::{memory, qemu_io, run, tool, TestServer, MIB};
 
 const IMAGE_SIZE: u64 = 64 * MIB;
 
@@ -92,21 +92,6 @@ fn qemu_img_convert_and_compare() {
         read_back(&copy) == image,
         "qemu-img convert out differs from the source"
     );
-}
-
-fn qemu_io(uri: &str, commands: &[&str]) -> String {
-    let mut command = tool("qemu-io", "qemu-utils");
-    command.args(["-f", "raw"]);
-    for each in commands {
-        command.args(["-c", each]);
-    }
-    command.arg(uri);
-    let output = run(&mut command);
-    assert!(
-        !output.contains("failed") && !output.contains("error"),
-        "{command:?}:\n{output}"
-    );
-    output
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 mod common;
 mod copy;
+mod extended;
 mod libnbd;
 mod nbdinfo;
 mod raw;

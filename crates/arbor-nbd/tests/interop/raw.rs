@@ -5,16 +5,18 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::sync::mpsc::{self, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex};
+
 use std::time::{Duration, Instant};
 
 use arbor_nbd::memory::MemoryExport;
-use arbor_nbd::{Export, ExportError, ServerConfig, StatusRun};
+use arbor_nbd::{Export, ServerConfig};
 
-use crate::common::{assert_success, memory, run, tool, TestServer, HANG_GUARD, MIB};
+use crate::common::{
+    assert_success, memory, run, tool, RecordingExport, TestServer, HANG_GUARD, MIB,
+};
 
 const IHAVEOPT: &[u8; 8] = b"IHAVEOPT";
-const REPLY_MAGIC: u64 = 0x3e889045565a9;
+pub(crate) const REPLY_MAGIC: u64 = 0x3e889045565a9;
 const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_GO: u32 = 7;
@@ -45,31 +47,31 @@ fn request_header(kind: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
     header
 }
 
-struct Peer(UnixStream);
+pub(crate) struct Peer(pub(crate) UnixStream);
 
 impl Peer {
-    fn connect(server: &TestServer) -> Self {
+    pub(crate) fn connect(server: &TestServer) -> Self {
         let stream = UnixStream::connect(&server.socket).expect("connect");
         stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
         Self(stream)
     }
 
-    fn read_exact<const N: usize>(&mut self) -> [u8; N] {
+    pub(crate) fn read_exact<const N: usize>(&mut self) -> [u8; N] {
         let mut buf = [0u8; N];
         self.0.read_exact(&mut buf).expect("read from server");
         buf
     }
 
-    fn u32(&mut self) -> u32 {
+    pub(crate) fn u32(&mut self) -> u32 {
         u32::from_be_bytes(self.read_exact())
     }
 
-    fn send(&mut self, bytes: &[u8]) {
+    pub(crate) fn send(&mut self, bytes: &[u8]) {
         self.0.write_all(bytes).expect("write to server");
     }
 
     /// Reads the greeting and answers with the given client flags.
-    fn greet(server: &TestServer, client_flags: u32) -> Self {
+    pub(crate) fn greet(server: &TestServer, client_flags: u32) -> Self {
         let mut peer = Self::connect(server);
         let greeting: [u8; 18] = peer.read_exact();
         assert_eq!(&greeting[..8], b"NBDMAGIC");
@@ -79,7 +81,7 @@ impl Peer {
         peer
     }
 
-    fn option(&mut self, code: u32, data: &[u8]) {
+    pub(crate) fn option(&mut self, code: u32, data: &[u8]) {
         let mut message = IHAVEOPT.to_vec();
         message.extend_from_slice(&code.to_be_bytes());
         message.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -88,7 +90,7 @@ impl Peer {
     }
 
     /// Reads one option reply: (option, reply type, data).
-    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
+    pub(crate) fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
         let magic = u64::from_be_bytes(self.read_exact());
         assert_eq!(magic, REPLY_MAGIC);
         let (code, kind, len) = (self.u32(), self.u32(), self.u32());
@@ -111,6 +113,12 @@ impl Peer {
     }
 
     fn go_asking(&mut self, name: &str, infos: &[u16]) -> u64 {
+        self.go_info(name, infos).0
+    }
+
+    /// `NBD_OPT_GO` asking for `infos`; returns the export size and the
+    /// transmission flags.
+    pub(crate) fn go_info(&mut self, name: &str, infos: &[u16]) -> (u64, u16) {
         let mut data = (name.len() as u32).to_be_bytes().to_vec();
         data.extend_from_slice(name.as_bytes());
         data.extend_from_slice(&(infos.len() as u16).to_be_bytes());
@@ -125,7 +133,10 @@ impl Peer {
             match kind {
                 REP_ACK => return size.expect("NBD_INFO_EXPORT before ACK"),
                 3 if data[..2] == [0, 0] => {
-                    size = Some(u64::from_be_bytes(data[2..10].try_into().unwrap()))
+                    size = Some((
+                        u64::from_be_bytes(data[2..10].try_into().unwrap()),
+                        u16::from_be_bytes([data[10], data[11]]),
+                    ))
                 }
                 3 => {}
                 other => panic!(
@@ -149,7 +160,7 @@ impl Peer {
 
     /// Waits for the server to close the connection: true on end of file,
     /// false if data arrives instead or nothing happens within the hang guard.
-    fn closed_by_server(&mut self) -> bool {
+    pub(crate) fn closed_by_server(&mut self) -> bool {
         let mut byte = [0u8; 1];
         match self.0.read(&mut byte) {
             Ok(0) => true,
@@ -459,80 +470,6 @@ fn resident_bytes() -> u64 {
     kib * 1024
 }
 
-/// A memory export that counts the reads it has run, so a test can wait for
-/// the server to have run the requests it admitted.
-struct CountingExport {
-    inner: MemoryExport,
-    reads: Mutex<u64>,
-    changed: Condvar,
-}
-
-impl CountingExport {
-    fn new(size: u64) -> Self {
-        Self {
-            inner: MemoryExport::new(size),
-            reads: Mutex::new(0),
-            changed: Condvar::new(),
-        }
-    }
-
-    fn reads(&self) -> u64 {
-        *self.reads.lock().unwrap()
-    }
-
-    /// Waits until at least `count` reads have run (failing after the hang
-    /// guard); returns how many have.
-    fn wait_for_reads(&self, count: u64) -> u64 {
-        let reads = self.reads.lock().unwrap();
-        let (reads, _) = self
-            .changed
-            .wait_timeout_while(reads, HANG_GUARD, |reads| *reads < count)
-            .unwrap();
-        assert!(
-            *reads >= count,
-            "the server ran {} reads of the {count} it admits",
-            *reads
-        );
-        *reads
-    }
-}
-
-impl Export for CountingExport {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.inner.read(offset, buf)?;
-        *self.reads.lock().unwrap() += 1;
-        self.changed.notify_all();
-        Ok(())
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
-        self.inner.write(offset, data)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.inner.flush()
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
-        self.inner.trim(offset, len)
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        may_trim: bool,
-        fast: bool,
-    ) -> Result<(), ExportError> {
-        self.inner.write_zeroes(offset, len, may_trim, fast)
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
-        self.inner.block_status(offset, len)
-    }
-}
-
 #[test]
 fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
     // Only the shutdown grace period can end the connection within the
@@ -558,7 +495,7 @@ fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
         peer.send(&requests);
         peer
     };
-    let export = Arc::new(CountingExport::new(64 * MIB));
+    let export = RecordingExport::new(MemoryExport::new(64 * MIB));
     let server = TestServer::start_with(vec![("vol", export.clone())], false, config);
     let before = resident_bytes();
     let mut greedy = never_reading(&server);
@@ -578,7 +515,7 @@ fn a_client_that_never_reads_replies_is_throttled_and_dropped_at_shutdown() {
 
     // The control, stopped first: the same client on a server whose grace
     // period outlasts the test.
-    let control_export = Arc::new(CountingExport::new(64 * MIB));
+    let control_export = RecordingExport::new(MemoryExport::new(64 * MIB));
     let patient = TestServer::start_with(
         vec![("vol", control_export.clone())],
         false,
