@@ -18,6 +18,7 @@ mod pool_file;
 mod size;
 mod space;
 mod tls_init;
+mod tokens;
 
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
