@@ -7,6 +7,7 @@
 //! the pool with a final commit.
 
 mod api;
+mod auth;
 mod background;
 pub mod control;
 mod listen;
@@ -15,6 +16,7 @@ mod monitor_api;
 mod replica_api;
 pub mod replication;
 mod stream;
+mod token_api;
 
 use std::future::Future;
 use std::path::Path;
@@ -91,7 +93,8 @@ async fn run(config: ServeConfig) -> Result<()> {
         .context("opening the pool failed")??;
     // NBD first: once the API answers, NBD is bound too.
     let nbd = NbdListeners::bind(&config.nbd_socket(), config.nbd_listen).await?;
-    let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
+    let api = ApiListeners::bind(&config.api_socket(), &config.api).await?;
+    let auth = auth::Auth::open(&config.data_dir, &config.api)?;
 
     let stop = CancellationToken::new();
     let sending = std::sync::Arc::new(arbor_stream::busy::Pins::default());
@@ -154,7 +157,8 @@ async fn run(config: ServeConfig) -> Result<()> {
         ));
     }
     tasks.spawn(monitor::Monitor::run(control.clone(), stop.clone()));
-    tasks.spawn(api.serve(api::router(control), stop.clone()));
+    let names = api.tls_names();
+    tasks.spawn(api.serve(api::router(control, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {
         info!(listen = ?listener.local_addr().ok(), "replication listener");
         tasks.spawn(replication.clone().serve(listener));
