@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod config;
 mod daemon;
+mod endpoint;
 mod error_code;
 mod exit;
 mod metrics;
