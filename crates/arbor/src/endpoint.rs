@@ -87,6 +87,14 @@ pub fn parse_url(text: &str) -> Result<(bool, String, u16)> {
         return Err(bad("no path or query: the commands add their own"));
     }
     let host = authority.host();
+    // What follows the host: nothing, or `:PORT`.
+    let port = match authority.as_str().get(host.len()..) {
+        None | Some("") => DEFAULT_PORT,
+        Some(rest) => rest
+            .strip_prefix(':')
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| bad("the port must be a number from 0 to 65535"))?,
+    };
     let host = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
@@ -94,7 +102,6 @@ pub fn parse_url(text: &str) -> Result<(bool, String, u16)> {
     if host.is_empty() {
         return Err(bad("no host"));
     }
-    let port = authority.port_u16().unwrap_or(DEFAULT_PORT);
     Ok((https, host.to_owned(), port))
 }
 

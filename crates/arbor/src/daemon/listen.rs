@@ -58,8 +58,8 @@ struct TcpApi {
 }
 
 impl ApiListeners {
+    /// Binds TCP first: once the Unix socket exists, both accept.
     pub async fn bind(socket: &Path, config: &ApiConfig) -> Result<Self> {
-        let unix = bind_unix(socket, |p| UnixListener::bind(p)).await?;
         let tcp = match config.listen {
             Some(addr) => {
                 // The config check already refused this; plain HTTP would
@@ -84,6 +84,7 @@ impl ApiListeners {
             }
             None => None,
         };
+        let unix = bind_unix(socket, |p| UnixListener::bind(p)).await?;
         Ok(Self { unix, tcp })
     }
 
