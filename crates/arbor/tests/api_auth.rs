@@ -14,14 +14,6 @@ use common::*;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Two CAs made by `arbor tls init`: ours (a server certificate for
 /// localhost and 127.0.0.1, clients `ops`, `monitor`, `stranger`) and
 /// another (client `intruder`).

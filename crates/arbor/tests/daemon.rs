@@ -360,12 +360,7 @@ fn growth_reaches_status_metrics_and_space_warnings() {
 
 #[test]
 fn api_on_loopback_tcp() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let address = format!("127.0.0.1:{port}");
+    let address = format!("127.0.0.1:{}", free_port());
     let daemon = Daemon::start(&["--api-listen", &address]);
     let get = |auth: &str| {
         let mut stream = std::net::TcpStream::connect(&address).unwrap();

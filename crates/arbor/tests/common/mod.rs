@@ -259,3 +259,12 @@ pub fn http(socket: &str, method: &str, path: &str, body: &str) -> (u16, String)
         .unwrap_or_default();
     (status, body)
 }
+
+/// A free TCP port on loopback (bound, then released for the daemon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
