@@ -175,29 +175,40 @@ async fn connection(
         };
         return serve_http(tcp, peer, router, stop).await;
     };
-    let deadline = Instant::now() + API_HANDSHAKE_TIMEOUT;
-    let mut first = [0u8; 1];
-    match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
-        Ok(Ok(1)) => {}
-        Ok(Ok(_)) | Ok(Err(_)) => return,
-        Err(_) => {
-            debug!(%remote, "API: no TLS handshake in time");
-            return;
+    // Until the handshake is done, a shutdown need not wait for it.
+    let handshake = async {
+        let deadline = Instant::now() + API_HANDSHAKE_TIMEOUT;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
+            Ok(Ok(1)) => {}
+            Ok(Ok(_)) | Ok(Err(_)) => return None,
+            Err(_) => {
+                debug!(%remote, "API: no TLS handshake in time");
+                return None;
+            }
         }
-    }
-    if first[0] != TLS_HANDSHAKE_RECORD {
-        return refuse_plain_http(tcp, remote, deadline).await;
-    }
-    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            warn!(%remote, error = %e, "API: TLS handshake failed");
-            return;
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            refuse_plain_http(tcp, remote, deadline).await;
+            return None;
         }
-        Err(_) => {
-            warn!(%remote, "API: TLS handshake not finished in time");
-            return;
+        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                warn!(%remote, error = %e, "API: TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                warn!(%remote, "API: TLS handshake not finished in time");
+                None
+            }
         }
+    };
+    let tls = tokio::select! {
+        _ = stop.cancelled() => return,
+        tls = handshake => match tls {
+            Some(tls) => tls,
+            None => return,
+        },
     };
     let certificate = match arbor_tls::peer_identity(tls.get_ref().1) {
         Ok(identity) => Some(identity),

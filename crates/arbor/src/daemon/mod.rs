@@ -210,6 +210,16 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
         "  mkdir -p /tmp/{name} && nbdfuse /tmp/{name} '{unix_uri}' &   # /tmp/{name}/nbd is the disk\n"
     );
     text += &format!("  arbor --data-dir {dir} volume list --tree");
+    if let Some(addr) = config.api.listen {
+        let scheme = if config.api.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        text += &format!(
+            "\n  dashboard: {scheme}://{addr}/ (token: arbor --data-dir {dir} token create NAME --scope read)"
+        );
+    }
     Ok(text)
 }
 
