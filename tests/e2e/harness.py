@@ -37,6 +37,12 @@ def require_tools(*tools):
             raise Failure(f"{tool} is missing: install the Debian package {PACKAGES.get(tool, tool)} (CI installs it)")
 
 
+# Variables that would point the CLI at another daemon than the test's.
+for _variable in ("ARBOR_DATA_DIR", "ARBOR_API", "ARBOR_TOKEN", "ARBOR_TOKEN_FILE",
+                  "ARBOR_TLS_CA", "ARBOR_TLS_CERT", "ARBOR_TLS_KEY"):
+    os.environ.pop(_variable, None)
+
+
 def run(*argv, check=True, **kwargs):
     """Runs a command; on failure raises with its output."""
     proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)

@@ -481,10 +481,9 @@ fn the_cli_over_https() {
     ));
     assert!(out.status.success(), "{}", stderr(&out));
     let token = std::fs::read_to_string(&admin_file).unwrap();
-    let out = std::process::Command::new(ARBOR)
+    let out = command()
         .args(["--api", &api, "--tls-ca", p(&ca), "destroy", "tmp"])
         .env("ARBOR_TOKEN", token.trim())
-        .env_remove("ARBOR_DATA_DIR")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
