@@ -9,7 +9,10 @@ real daemon with its HTTP API on loopback TCP:
    replication pair db -> a second daemon on loopback (cycled once), data
    use past the 1 % warning threshold (space_warning_percent = [1, 2]), and
    `bulk` with 1000 snapshots (taken through the API's Unix socket);
-2. what a person sees: the data and metadata use as the API reports it,
+2. what a person sees: first a form asking for an API token (the API on
+   TCP wants one; nothing of the pool shows), where a wrong token is
+   refused with the API's reason and the harness's admin token is kept in
+   sessionStorage; then the data and metadata use as the API reports it,
    formatted; the tree (db's snapshots, the clone under db@s1, the clone's
    snapshot); db's logical, mapped and exclusive sizes; the hold on db@s1;
    db's policy with its last and next run; the replication row (target,
@@ -291,7 +294,23 @@ def browse(daemon, api, target_port):
             page.navigate(url)
         except cdp.CDPError as e:
             raise Failure(str(e)) from None
+
+        # The API over TCP wants a token: the page (served without one) asks.
+        d.wait("document.getElementById('status').dataset.state === 'locked' && "
+               "!document.getElementById('auth-card').classList.contains('hidden')", "the page to ask for a token")
+        check(d.count("[data-volume]") == 0, "nothing of the pool shows without a token")
+        d.screenshot("dashboard-token.png", full_page=False)
+        page.fill("#auth-token", "arbor_" + "0" * 16 + "_" + "0" * 64)
+        d.click('[data-testid="auth-submit"]')
+        d.wait_text('[data-testid="auth-error"]', re.compile(r"^The token was refused: unknown or revoked token"),
+                    "a wrong token is refused, with the API's reason")
+        check(d.count("[data-volume]") == 0, "still nothing of the pool")
+        page.fill("#auth-token", daemon.token)
+        d.click('[data-testid="auth-submit"]')
         d.wait("document.querySelector('[data-volume=\"db\"]')", "db in the volume tree")
+        check(d.eval("document.getElementById('auth-card').classList.contains('hidden')"), "the token form is gone")
+        check(d.eval("sessionStorage.getItem('arbor.token')") == daemon.token, "the token is kept in sessionStorage")
+        check(d.eval("document.getElementById('auth-token').value") == "", "the form's field is emptied")
         d.wait("document.getElementById('status').dataset.state === 'live'", "the status to say live")
         check(d.eval("document.title") == "arbor", "the page is arbor's dashboard")
         d.wait_text("#updated", re.compile(r"^updated \S"), "the last update time shows")
@@ -512,9 +531,10 @@ def browse(daemon, api, target_port):
         d.eval("window.scrollTo(0, 0)")
         d.screenshot("dashboard-after-actions.png")
         # The one failed request the test asked for: the refused destroy of the held db@s1.
-        refused = re.compile(r"status of 409 .*/v1/volumes/db%40s1$")
+        refused = re.compile(r"status of 409 .*/v1/volumes/db%40s1$|status of 401 .*/v1/overview$")
         unexpected = [e for e in page.errors if not refused.search(e)]
-        check(not unexpected, "no console error or uncaught exception in the page (but the refused destroy)",
+        check(not unexpected, "no console error or uncaught exception in the page (but the refused destroy "
+              "and the polls before the token)",
               "\n".join(unexpected))
         check(not page.dialogs, "no native dialog opened", repr(page.dialogs))
 

@@ -37,6 +37,12 @@ def require_tools(*tools):
             raise Failure(f"{tool} is missing: install the Debian package {PACKAGES.get(tool, tool)} (CI installs it)")
 
 
+# Variables that would point the CLI at another daemon than the test's.
+for _variable in ("ARBOR_DATA_DIR", "ARBOR_API", "ARBOR_TOKEN", "ARBOR_TOKEN_FILE",
+                  "ARBOR_TLS_CA", "ARBOR_TLS_CERT", "ARBOR_TLS_KEY"):
+    os.environ.pop(_variable, None)
+
+
 def run(*argv, check=True, **kwargs):
     """Runs a command; on failure raises with its output."""
     proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kwargs)
@@ -57,7 +63,8 @@ def wait_until(predicate, what, timeout=30.0):
 class Daemon:
     """`arbor serve` on a temporary data directory (Unix sockets only, unless
     api_listen names a TCP address for the HTTP API): it creates the pool on
-    first start."""
+    first start. With a TCP API, `token` is an admin API token made through
+    the Unix socket on first start (TCP requests must authenticate)."""
 
     def __init__(self, pool_size="2G", extra_args=(), api_listen="none"):
         self.dir = tempfile.mkdtemp(prefix="arbor-e2e-")
@@ -67,6 +74,7 @@ class Daemon:
         self.pool_size = pool_size
         self.extra_args = list(extra_args)
         self.api_listen = api_listen
+        self.token = None
         self.proc = None
         self.cleanups = []
 
@@ -81,6 +89,8 @@ class Daemon:
         wait_until(lambda: self.listening() or self.proc.poll() is not None, "arbor serve to listen")
         if self.proc.poll() is not None:
             raise Failure(f"arbor serve exited {self.proc.returncode}:\n{self.log()}")
+        if self.api_listen != "none" and self.token is None:
+            self.token = self.cli("token", "create", "e2e-admin", "--scope", "admin").stdout.strip()
 
     def log(self):
         with open(os.path.join(self.dir, "daemon.log")) as f:

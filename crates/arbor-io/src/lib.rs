@@ -15,11 +15,14 @@
 //!   recorded run (the dm-log-writes / CrashMonkey method).
 //!
 //! [`model`] holds what tests and campaigns expect of a volume after a crash.
+//! [`small_file`] reads and atomically replaces the daemon's small state
+//! files (replication pairs, API tokens).
 
 mod file;
 pub mod model;
 mod record;
 mod sim;
+pub mod small_file;
 
 pub use file::FileDevice;
 pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};

@@ -1,16 +1,15 @@
 //! Replication state that survives restarts: the pairs this host sends
 //! (`arbor replica add`) and the volumes it holds as replicas (whose
 //! source, through which hosts). One JSON file in the data directory
-//! (docs/REPLICATION.md, "State file"), replaced atomically on every
-//! change: written to a temporary file, synced, renamed over, the
-//! directory synced.
+//! (docs/REPLICATION.md, "State file"), mode 0600, replaced atomically on
+//! every change (`arbor_io::small_file`: written to a temporary file,
+//! synced, renamed over, the directory synced).
 //!
 //! Which snapshot each pair last replicated is not here: it is the
 //! snapshot that carries the pair's hold in the pool, so the pool and this
 //! file can never disagree about it.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -131,20 +130,22 @@ impl Store {
             path: path.to_owned(),
             source,
         };
-        let file = match std::fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File {
+        let bytes = arbor_io::small_file::read_bounded(path, MAX_STATE_BYTES).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::FileTooLarge {
+                StateError::Damaged {
+                    path: path.to_owned(),
+                    reason: format!("larger than {MAX_STATE_BYTES} bytes"),
+                }
+            } else {
+                io(e)
+            }
+        })?;
+        let file = match bytes {
+            None => File {
                 version: STATE_VERSION,
                 ..File::default()
             },
-            Err(e) => return Err(io(e)),
-            Ok(meta) if meta.len() > MAX_STATE_BYTES => {
-                return Err(StateError::Damaged {
-                    path: path.to_owned(),
-                    reason: format!("larger than {MAX_STATE_BYTES} bytes"),
-                })
-            }
-            Ok(_) => {
-                let text = std::fs::read(path).map_err(io)?;
+            Some(text) => {
                 let file: File =
                     serde_json::from_slice(&text).map_err(|e| StateError::Damaged {
                         path: path.to_owned(),
@@ -192,18 +193,7 @@ impl Store {
         };
         let text =
             serde_json::to_vec_pretty(file).map_err(|e| StateError::Invalid(e.to_string()))?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut out = std::fs::File::create(&tmp).map_err(io)?;
-        out.write_all(&text).map_err(io)?;
-        out.sync_all().map_err(io)?;
-        drop(out);
-        std::fs::rename(&tmp, &self.path).map_err(io)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io)?;
-        }
-        Ok(())
+        arbor_io::small_file::replace_atomically(&self.path, &text, 0o600).map_err(io)
     }
 
     /// The configured pairs.

@@ -5,7 +5,9 @@
 //! ([`Tls::acceptor`]); the NBD and API listeners accept clients without one,
 //! but a certificate that is presented must verify against the CA
 //! ([`Tls::acceptor_client_optional`]), and its identity then decides what
-//! the client may do. A certificate's identity is its first DNS
+//! the client may do. A client of such a listener (the CLI over the API)
+//! builds its side from a CA bundle and an optional certificate
+//! ([`client_connector`]). A certificate's identity is its first DNS
 //! subjectAltName, else its first IP address subjectAltName, else its subject
 //! Common Name.
 //!
@@ -167,6 +169,7 @@ pub struct Tls {
     server_client_optional: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     identity: String,
+    dns_names: Vec<String>,
 }
 
 impl fmt::Debug for Tls {
@@ -238,6 +241,55 @@ impl Tls {
     pub fn identity(&self) -> &str {
         &self.identity
     }
+
+    /// Every DNS name (subjectAltName) of this host's certificate, in
+    /// lower case: the names clients may reach it by and verify.
+    pub fn dns_names(&self) -> &[String] {
+        &self.dns_names
+    }
+}
+
+/// What a client of a server needs: the CA bundle that signs the server's
+/// certificate, and optionally the client's own certificate chain and key
+/// (for servers that accept or require client certificates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// CA bundle (PEM) the server's certificate must verify against.
+    pub ca: PathBuf,
+    /// This client's certificate chain and private key (PEM), if any.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// A client-side TLS connector: verifies the server's certificate against
+/// `files.ca` (not the system roots) for the name given to `connect`, and
+/// presents `files.identity` when given. Errors are those of
+/// [`Tls::load`], naming the file: missing, unreadable, too large, not
+/// PEM, no certificate, no key, or a key that is not the certificate's.
+pub fn client_connector(files: &ClientFiles) -> Result<TlsConnector, TlsError> {
+    let provider = provider();
+    let ca = read_limited(WHAT_CA, &files.ca)?;
+    let roots = root_store(&ca, &files.ca)?;
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_webpki_verifier(verifier);
+    let config = match &files.identity {
+        None => builder.with_no_client_auth(),
+        Some((cert_path, key_path)) => {
+            let cert = read_limited(WHAT_CERT, cert_path)?;
+            let key = read_limited(WHAT_KEY, key_path)?;
+            let chain = parse_certs(WHAT_CERT, cert_path, &cert)?;
+            let key = parse_key(key_path, &key)?;
+            check_key_matches(&provider, &chain, &key, cert_path, key_path)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| TlsError::Config(e.to_string()))?
+        }
+    };
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 /// The identity of a DER certificate: its first subjectAltName DNS name,
@@ -423,19 +475,75 @@ fn is_purpose_error(e: &rustls::Error) -> bool {
     )
 }
 
-fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls, TlsError> {
-    let provider = provider();
-
-    let ca_certs = parse_certs(WHAT_CA, origin.ca, ca)?;
+/// The CA bundle's certificates as trust roots (at least one).
+fn root_store(ca: &[u8], path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let ca_certs = parse_certs(WHAT_CA, path, ca)?;
     let mut roots = RootCertStore::empty();
     for (i, der) in ca_certs.into_iter().enumerate() {
         roots.add(der).map_err(|e| TlsError::BadCertificate {
             what: WHAT_CA,
-            path: origin.ca.to_path_buf(),
+            path: path.to_path_buf(),
             reason: format!("certificate #{}: {}", i + 1, describe_cert_error(&e)),
         })?;
     }
-    let roots = Arc::new(roots);
+    Ok(Arc::new(roots))
+}
+
+/// The key must be usable and belong to the chain's first certificate.
+fn check_key_matches(
+    provider: &CryptoProvider,
+    chain: &[CertificateDer<'static>],
+    key: &PrivateKeyDer<'static>,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<(), TlsError> {
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| TlsError::BadKey {
+            path: key_path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    match CertifiedKey::new(chain.to_vec(), signing_key).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(()),
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
+            Err(TlsError::KeyMismatch {
+                key: key_path.to_path_buf(),
+                cert: cert_path.to_path_buf(),
+            })
+        }
+        Err(e) => Err(TlsError::BadCertificate {
+            what: WHAT_CERT,
+            path: cert_path.to_path_buf(),
+            reason: describe_cert_error(&e),
+        }),
+    }
+}
+
+/// Every non-empty DNS subjectAltName of a DER certificate, in lower case.
+fn dns_names_of(cert_der: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert_der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(s) if !s.is_empty() => {
+                Some(s.to_ascii_lowercase())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls, TlsError> {
+    let provider = provider();
+
+    let roots = root_store(ca, origin.ca)?;
 
     let chain = parse_certs(WHAT_CERT, origin.cert, cert)?;
     let key = parse_key(origin.key, key)?;
@@ -454,31 +562,9 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
         path: origin.cert.to_path_buf(),
         reason: e.to_string(),
     })?;
+    let dns_names = dns_names_of(leaf.as_ref());
 
-    // The key must be usable and belong to the certificate.
-    let signing_key = provider
-        .key_provider
-        .load_private_key(key.clone_key())
-        .map_err(|e| TlsError::BadKey {
-            path: origin.key.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    match CertifiedKey::new(chain.clone(), signing_key).keys_match() {
-        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
-        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
-            return Err(TlsError::KeyMismatch {
-                key: origin.key.to_path_buf(),
-                cert: origin.cert.to_path_buf(),
-            })
-        }
-        Err(e) => {
-            return Err(TlsError::BadCertificate {
-                what: WHAT_CERT,
-                path: origin.cert.to_path_buf(),
-                reason: describe_cert_error(&e),
-            })
-        }
-    }
+    check_key_matches(&provider, &chain, &key, origin.cert, origin.key)?;
 
     let config_err = |e: &dyn fmt::Display| TlsError::Config(e.to_string());
     let client_verifier =
@@ -549,6 +635,7 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
         server_client_optional: Arc::new(server_client_optional),
         client: Arc::new(client),
         identity,
+        dns_names,
     })
 }
 
@@ -1133,5 +1220,101 @@ mod tests {
             panic!("a certificate from another CA must be refused")
         };
         assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn client_connector_from_files_with_and_without_a_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = new_ca("arbor test CA");
+        let server = tls_for(&ca, &leaf(&ca, &["alpha", "Alpha.Example"], None));
+        assert_eq!(server.dns_names(), ["alpha", "alpha.example"]);
+        let beta = leaf(&ca, &["beta"], None);
+        let files = write_set(dir.path(), &ca, &beta);
+
+        let anonymous = client_connector(&ClientFiles {
+            ca: files.ca.clone(),
+            identity: None,
+        })
+        .unwrap();
+        let (s, c) = handshake_with(server.acceptor_client_optional(), anonymous, "alpha").await;
+        c.unwrap();
+        assert!(matches!(
+            peer_identity(s.unwrap().get_ref().1),
+            Err(TlsError::NoPeerCertificate)
+        ));
+
+        let with_cert = ClientFiles {
+            ca: files.ca.clone(),
+            identity: Some((files.cert.clone(), files.key.clone())),
+        };
+        let connector = client_connector(&with_cert).unwrap();
+        let (s, c) = handshake_with(server.acceptor_client_optional(), connector, "alpha").await;
+        c.unwrap();
+        assert_eq!(peer_identity(s.unwrap().get_ref().1).unwrap(), "beta");
+
+        // The server's name is checked, against the CA given.
+        let connector = client_connector(&with_cert).unwrap();
+        let (_s, c) = handshake_with(server.acceptor_client_optional(), connector, "gamma").await;
+        let Err(err) = c else {
+            panic!("a server name not in its certificate must be refused")
+        };
+        assert!(err.to_string().contains("not valid for name"), "{err}");
+        let other = new_ca("other CA");
+        let stranger = tls_for(&other, &leaf(&other, &["alpha"], None));
+        let connector = client_connector(&with_cert).unwrap();
+        let (_s, c) = handshake_with(stranger.acceptor_client_optional(), connector, "alpha").await;
+        let Err(err) = c else {
+            panic!("a server from another CA must be refused")
+        };
+        assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    }
+
+    #[test]
+    fn client_connector_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = new_ca("arbor test CA");
+        let beta = leaf(&ca, &["beta"], None);
+        let files = write_set(dir.path(), &ca, &beta);
+        let missing = client_connector(&ClientFiles {
+            ca: dir.path().join("nope.pem"),
+            identity: None,
+        })
+        .err()
+        .expect("a missing CA file is an error");
+        assert!(
+            matches!(
+                missing,
+                TlsError::Missing {
+                    what: "CA bundle",
+                    ..
+                }
+            ),
+            "{missing}"
+        );
+        assert!(missing.to_string().contains("nope.pem"), "{missing}");
+
+        let gamma = leaf(&ca, &["gamma"], None);
+        std::fs::write(&files.key, &gamma.key_pem).unwrap();
+        let mismatch = client_connector(&ClientFiles {
+            ca: files.ca.clone(),
+            identity: Some((files.cert.clone(), files.key.clone())),
+        })
+        .err()
+        .expect("a key of another certificate is an error");
+        assert!(
+            matches!(mismatch, TlsError::KeyMismatch { .. }),
+            "{mismatch}"
+        );
+
+        let not_a_key = client_connector(&ClientFiles {
+            ca: files.ca.clone(),
+            identity: Some((files.cert.clone(), files.cert.clone())),
+        })
+        .err()
+        .expect("a certificate as the key is an error");
+        assert!(
+            matches!(not_a_key, TlsError::NoPrivateKey { .. }),
+            "{not_a_key}"
+        );
     }
 }

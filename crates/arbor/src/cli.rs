@@ -3,7 +3,7 @@
 //! `arbor serve` runs the daemon. Every other command but `pool create`,
 //! `tls init` and those given a pool PATH (`check`, `pool grow`, `pool
 //! upgrade`) is a client of a running daemon's API, found through the data
-//! directory (`--data-dir` or `ARBOR_DATA_DIR`).
+//! directory (`--data-dir` or `ARBOR_DATA_DIR`), or over TCP (`--api`).
 
 use std::path::PathBuf;
 
@@ -32,6 +32,42 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Talk to a daemon's API over TCP instead of DATA_DIR/api.sock:
+    /// https://HOST[:PORT] (port 10810 by default), or http:// on loopback
+    #[arg(long, global = true, env = "ARBOR_API", value_name = "URL")]
+    pub api: Option<String>,
+
+    /// A file holding the API token to send with --api (ARBOR_TOKEN may
+    /// hold the token itself)
+    #[arg(long, global = true, env = "ARBOR_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// With --api https://: the CA bundle (PEM) that signed the daemon's
+    /// certificate
+    #[arg(long, global = true, env = "ARBOR_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// With --api https://: this client's certificate (PEM), for a daemon
+    /// that lists its identity in api_clients
+    #[arg(
+        long,
+        global = true,
+        env = "ARBOR_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert
+    #[arg(
+        long,
+        global = true,
+        env = "ARBOR_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -42,6 +78,17 @@ impl Cli {
         self.data_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+    }
+
+    /// Where client commands find the daemon: `--api` and its credentials.
+    pub fn remote(&self) -> crate::client::Remote {
+        crate::client::Remote {
+            api: self.api.clone().filter(|a| !a.is_empty()),
+            token_file: self.token_file.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+        }
     }
 }
 
@@ -130,11 +177,37 @@ pub enum Command {
     /// Make TLS certificates (offline): a CA, a server and clients
     #[command(subcommand)]
     Tls(crate::tls_init::TlsCommand),
+    /// Bearer tokens for the API over TCP (managed on the daemon's Unix
+    /// socket, or with an admin credential)
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Print a shell completion script, e.g. `arbor completions bash > /etc/bash_completion.d/arbor`
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token and print it: the one time it is shown (the daemon
+    /// keeps only its hash)
+    Create {
+        /// 1 to 64 letters, digits, '.', '_' or '-'
+        name: String,
+        /// read: GET requests only (listing, status, metrics, the
+        /// dashboard, sends); admin: everything
+        #[arg(long, value_enum)]
+        scope: crate::model::Scope,
+        /// Stop working after this long, e.g. 90d or 12h [default: never]
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<humantime::Duration>,
+    },
+    /// Tokens: name, scope, when made, expiry, last use (never a secret)
+    #[command(alias = "ls")]
+    List,
+    /// Revoke a token: it stops working at once
+    Revoke { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -426,7 +499,8 @@ pub struct ServeArgs {
     /// NBD on TCP: an address, or `none` [default: 127.0.0.1:10809]
     #[arg(long, value_name = "ADDR")]
     pub nbd_listen: Option<String>,
-    /// The HTTP API on TCP: a loopback address, or `none` [default: 127.0.0.1:10810]
+    /// The HTTP API on TCP: an address (beyond loopback only with TLS), or
+    /// `none` [default: 127.0.0.1:10810]
     #[arg(long, value_name = "ADDR")]
     pub api_listen: Option<String>,
     /// Replication listener on TCP: an address, or `none` [default: none]

@@ -1,24 +1,24 @@
 //! The client side of the control API: each call is one HTTP/1.1 request
-//! to the daemon's Unix socket in the data directory.
+//! to the daemon's Unix socket in the data directory, or over TCP to
+//! `--api` (`endpoint`).
 
 use std::io::{ErrorKind, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Bytes;
 use hyper::body::Frame;
-use hyper::header::{CONTENT_TYPE, HOST};
-use hyper::{Method, Request, StatusCode};
+use hyper::header::CONTENT_TYPE;
+use hyper::{HeaderMap, Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
+use crate::endpoint::{Endpoint, Io};
 use crate::error_code::ErrorCode;
-use crate::exit::{Exit, Fail};
+use crate::exit::Fail;
 use crate::model::{
     CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GroupSnapshotRequest, GrowRequest,
     GrowView, HoldRequest, PolicyRequest, PolicyView, PoolView, PruneRequest, PruneView, Range,
@@ -27,26 +27,26 @@ use crate::model::{
     SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression, StreamFormat,
     UpgradeView, VolumeView,
 };
+use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
 
+pub use crate::endpoint::Remote;
+
 pub struct DaemonClient {
-    data_dir: PathBuf,
-    socket: PathBuf,
+    endpoint: Endpoint,
     runtime: Runtime,
 }
 
 impl DaemonClient {
-    /// A client of the daemon serving `data_dir`.
-    pub fn new(data_dir: &Path) -> Result<Self> {
+    /// A client of the daemon `remote` names, or of the one serving
+    /// `data_dir`.
+    pub fn new(data_dir: &Path, remote: &Remote) -> Result<Self> {
+        let endpoint = Endpoint::new(data_dir, remote)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
+            .enable_all()
             .build()
             .context("cannot start the I/O runtime")?;
-        Ok(Self {
-            data_dir: data_dir.to_owned(),
-            socket: data_dir.join("api.sock"),
-            runtime,
-        })
+        Ok(Self { endpoint, runtime })
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -61,69 +61,53 @@ impl DaemonClient {
     /// Sends one request; a non-2xx answer becomes a [`Fail`] with the exit
     /// status its error code calls for and the daemon's message.
     fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Bytes> {
-        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
-        let stream = stream.map_err(|e| self.connect_error(e))?;
-        let (status, bytes) = self
+        let stream = self.runtime.block_on(self.endpoint.connect())?;
+        let request = self
+            .endpoint
+            .request(method, path)
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let (status, headers, bytes) = self
             .runtime
-            .block_on(exchange(stream, method, path, body))
+            .block_on(send_over(stream, request))
             .context("the arbor daemon broke off the request")?;
         if status.is_success() {
             return Ok(bytes);
         }
-        Err(error_of(status, &bytes))
+        Err(self.error_of(status, &headers, &bytes))
     }
 
-    fn connect_error(&self, err: std::io::Error) -> anyhow::Error {
-        let dir = self.data_dir.display();
-        match err.kind() {
-            ErrorKind::NotFound | ErrorKind::ConnectionRefused => Fail::new(
-                Exit::DaemonNotRunning,
-                format!(
-                    "no arbor daemon is running for data directory {dir} (nothing listens on {}); \
-                     start one with `arbor serve --data-dir {dir}`, or point --data-dir or \
-                     ARBOR_DATA_DIR at the running one",
-                    self.socket.display()
-                ),
-            )
-            .into(),
-            _ => anyhow::Error::new(err).context(format!(
-                "cannot connect to the arbor daemon at {}",
-                self.socket.display()
-            )),
-        }
+    /// The failure an error response describes, with what to do about
+    /// refused credentials.
+    fn error_of(&self, status: StatusCode, headers: &HeaderMap, bytes: &[u8]) -> anyhow::Error {
+        let error = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
+            code: ErrorCode::of_status(status),
+            message: format!(
+                "the daemon answered {status}: {}",
+                String::from_utf8_lossy(bytes)
+            ),
+        });
+        let message = self.endpoint.explain(error.code, headers, error.message);
+        Fail::new(error.code.exit(), message).into()
     }
-}
-
-async fn exchange(
-    stream: UnixStream,
-    method: Method,
-    path: &str,
-    body: Option<Vec<u8>>,
-) -> Result<(StatusCode, Bytes)> {
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(HOST, "arbor")
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-    send_over(stream, request).await
 }
 
 /// One request on a fresh connection.
-async fn send_over<S>(stream: S, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes)>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+async fn send_over(
+    stream: Box<dyn Io>,
+    request: Request<Full<Bytes>>,
+) -> Result<(StatusCode, HeaderMap, Bytes)> {
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     // Drives the connection until the response has been read.
     let driver = tokio::spawn(connection);
     let response = sender.send_request(request).await?;
     let status = response.status();
+    let headers = response.headers().clone();
     let bytes = response.into_body().collect().await?.to_bytes();
     drop(sender);
     driver.await??;
-    Ok((status, bytes))
+    Ok((status, headers, bytes))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
@@ -346,23 +330,22 @@ impl DaemonClient {
         progress: &mut dyn FnMut(u64),
     ) -> Result<u64> {
         let path = format!("/v1/send?{}", send_query(query));
-        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
-        let stream = stream.map_err(|e| self.connect_error(e))?;
+        let stream = self.runtime.block_on(self.endpoint.connect())?;
         self.runtime.block_on(async {
-            let request = Request::builder()
-                .method(Method::GET)
-                .uri(&path)
-                .header(HOST, "arbor")
+            let request = self
+                .endpoint
+                .request(Method::GET, &path)
                 .body(Full::new(Bytes::new()))?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             let driver = tokio::spawn(connection);
             let response = sender.send_request(request).await?;
             let status = response.status();
+            let headers = response.headers().clone();
             let mut body = response.into_body();
             if !status.is_success() {
                 let bytes = body.collect().await?.to_bytes();
-                return Err(error_of(status, &bytes));
+                return Err(self.error_of(status, &headers, &bytes));
             }
             let mut written = 0u64;
             while let Some(frame) = body.frame().await {
@@ -401,8 +384,7 @@ impl DaemonClient {
             "/v1/receive/{}?force={force}&format={format}",
             encode(volume)
         );
-        let stream = self.runtime.block_on(UnixStream::connect(&self.socket));
-        let stream = stream.map_err(|e| self.connect_error(e))?;
+        let stream = self.runtime.block_on(self.endpoint.connect())?;
         // A thread reads the input (a file or a pipe, blocking); the body
         // takes its pieces through a small channel: bounded memory.
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -438,10 +420,9 @@ impl DaemonClient {
                     Some((item.map(Frame::data), (rx, sent)))
                 }
             });
-            let request = Request::builder()
-                .method(Method::POST)
-                .uri(&path)
-                .header(HOST, "arbor")
+            let request = self
+                .endpoint
+                .request(Method::POST, &path)
                 .header(CONTENT_TYPE, "application/vnd.arbor.stream")
                 .body(StreamBody::new(frames))?;
             let (mut sender, connection) =
@@ -455,11 +436,12 @@ impl DaemonClient {
                 }
             };
             let status = response.status();
+            let headers = response.headers().clone();
             let bytes = response.into_body().collect().await?.to_bytes();
             drop(sender);
             driver.abort();
             if !status.is_success() {
-                return Err(error_of(status, &bytes));
+                return Err(self.error_of(status, &headers, &bytes));
             }
             decode::<ReceivedView>(&bytes)
         });
@@ -468,6 +450,19 @@ impl DaemonClient {
         }
         let _ = reader.join();
         result
+    }
+
+    pub fn tokens(&self) -> Result<Vec<TokenView>> {
+        self.get("/v1/tokens")
+    }
+
+    pub fn token_create(&self, request: &TokenRequest) -> Result<CreatedTokenView> {
+        self.post("/v1/tokens", request)
+    }
+
+    pub fn token_revoke(&self, name: &str) -> Result<()> {
+        let path = format!("/v1/tokens/{}", encode(name));
+        self.send(Method::DELETE, &path, None).map(drop)
     }
 
     /// The receive in progress into `volume`, with its resume token.
@@ -511,18 +506,6 @@ fn send_query(q: &SendQuery) -> String {
         parts.push("format=rbd-diff".to_owned());
     }
     parts.join("&")
-}
-
-/// The failure an error response describes.
-fn error_of(status: StatusCode, bytes: &[u8]) -> anyhow::Error {
-    let error = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
-        code: ErrorCode::Internal,
-        message: format!(
-            "the daemon answered {status}: {}",
-            String::from_utf8_lossy(bytes)
-        ),
-    });
-    Fail::new(error.code.exit(), error.message).into()
 }
 
 #[cfg(test)]

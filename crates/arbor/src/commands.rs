@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::cli::{
     Cli, Command, CompressionArg, FormatArg, PolicyCommand, PoolCommand, PoolCreateArgs,
-    PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, VolumeCommand,
+    PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, TokenCommand,
+    VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
@@ -22,7 +23,7 @@ use crate::daemon;
 use crate::exit::{Exit, Fail};
 use crate::model::{
     CheckView, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
-    StreamCompression, StreamFormat,
+    StreamCompression, StreamFormat, TokenRequest,
 };
 use crate::output::{self, emit};
 use crate::pool_file::{self, OpenPool};
@@ -54,6 +55,7 @@ impl Printer {
 pub fn execute(cli: Cli) -> Result<ExitCode> {
     let printer = Printer { json: cli.json };
     let data_dir = cli.data_dir();
+    let remote = cli.remote();
     match cli.command {
         Command::Serve(args) => serve(cli.data_dir, &args),
         Command::Pool(PoolCommand::Create(args)) => create_pool(&args, &printer),
@@ -91,7 +93,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         command => {
-            let client = DaemonClient::new(&data_dir)?;
+            let client = DaemonClient::new(&data_dir, &remote)?;
             client_command(command, &client, &printer)
         }
     }
@@ -185,6 +187,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             })?;
         }
         Command::Replica(command) => replica(command, c, p)?,
+        Command::Token(command) => token(command, c, p)?,
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
@@ -603,6 +606,55 @@ fn replica(command: ReplicaCommand, c: &DaemonClient, p: &Printer) -> Result<()>
                 "demoted",
                 &volume,
                 format!("{volume} is now a read-only replica, waiting for its source\n"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `arbor token`: the secret of a new token goes alone to stdout (so
+/// `arbor token create ci --scope read > ci.token` makes a token file),
+/// what it is to stderr; with `--json`, both as one object on stdout.
+fn token(command: TokenCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
+    match command {
+        TokenCommand::Create {
+            name,
+            scope,
+            expires,
+        } => {
+            let request = TokenRequest {
+                name,
+                scope,
+                expires_in_secs: expires.map(|d| d.as_secs().max(1)),
+            };
+            let created = c.token_create(&request)?;
+            if !p.json {
+                let t = &created.token;
+                let expiry = match t.expires_unix_secs {
+                    Some(at) => format!(
+                        "expires {}",
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + Duration::from_secs(at),
+                        )
+                    ),
+                    None => "never expires".to_owned(),
+                };
+                eprintln!(
+                    "created token {} (scope {}, {expiry}); it is shown once, below: store it \
+                     now (e.g. in a file of mode 0600 for --token-file)",
+                    t.name,
+                    t.scope.name()
+                );
+            }
+            p.show(&created, |c| format!("{}\n", c.secret))?;
+        }
+        TokenCommand::List => p.show(&c.tokens()?, |l| output::tokens(l))?,
+        TokenCommand::Revoke { name } => {
+            c.token_revoke(&name)?;
+            p.done(
+                "revoked",
+                &name,
+                format!("revoked token {name}: it stops working at once\n"),
             )?;
         }
     }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::ServeArgs;
 use crate::exit::{Exit, Fail};
+use crate::model::Scope;
 use crate::size::ByteSize;
 
 /// The documented defaults; `--print-config` starts from this text.
@@ -39,6 +40,8 @@ struct ConfigFile {
     nbd_tls: String,
     nbd_access: Vec<NbdAccessEntry>,
     api_listen: String,
+    api_clients: Vec<ApiClientEntry>,
+    api_max_connections: u32,
     reclaim_rate: u32,
     commit_interval: String,
     cache_size: ByteSize,
@@ -76,6 +79,14 @@ struct NbdAccessEntry {
     access: String,
 }
 
+/// A client certificate identity the API accepts, and its scope.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ApiClientEntry {
+    identity: String,
+    scope: Scope,
+}
+
 fn any_volume() -> Vec<String> {
     vec!["*".to_owned()]
 }
@@ -99,7 +110,7 @@ pub struct ServeConfig {
     pub nbd_tcp_security: NbdSecurity,
     /// Certificates shared by the listeners that use TLS.
     pub tls: Option<arbor_tls::TlsFiles>,
-    pub api_listen: Option<SocketAddr>,
+    pub api: ApiConfig,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
     pub commit_interval: Duration,
@@ -114,6 +125,19 @@ pub struct ServeConfig {
 pub struct NbdSecurity {
     pub mode: arbor_nbd::TlsMode,
     pub access: arbor_nbd::AccessList,
+}
+
+/// The API on TCP (docs/SECURITY.md): where, with which TLS, and who may
+/// use it by certificate.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    pub listen: Option<SocketAddr>,
+    /// HTTPS only when given.
+    pub tls: Option<arbor_tls::TlsFiles>,
+    /// Certificate identities and what they may do.
+    pub clients: Vec<(String, Scope)>,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
 }
 
 /// How this host replicates (`arbor replica`).
@@ -236,14 +260,6 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         .map_err(|_| usage(format!("chunk_size {} is too large", file.chunk_size)))?;
     let commit_interval = positive_duration("commit_interval", &file.commit_interval)?;
     let nbd_stall_timeout = positive_duration("nbd_stall_timeout", &file.nbd_stall_timeout)?;
-    let api_listen = listen_address("api_listen", &file.api_listen)?;
-    if let Some(addr) = api_listen {
-        if !addr.ip().is_loopback() {
-            bail!(usage(format!(
-                "api_listen = {addr}: the API has no authentication, so it listens only on loopback (or on DATA_DIR/api.sock)"
-            )));
-        }
-    }
     let warnings = &file.space_warning_percent;
     if warnings.iter().any(|&p| p == 0 || p > 100) || !warnings.is_sorted() {
         bail!(usage(format!(
@@ -267,6 +283,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let tls = tls_files(&file)?;
     let nbd_listen = listen_address("nbd_listen", &file.nbd_listen)?;
     let nbd_tcp_security = nbd_security(&file, nbd_listen, tls.is_some())?;
+    let api = api(&file, tls.clone())?;
     let replication = replication(&file, tls.clone())?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
@@ -283,7 +300,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         nbd_listen,
         nbd_tcp_security,
         tls,
-        api_listen,
+        api,
         reclaim_rate: file.reclaim_rate,
         commit_interval,
         cache_bytes: usize::try_from(file.cache_size.0)
@@ -400,6 +417,56 @@ fn nbd_security(
     Ok(NbdSecurity { mode, access })
 }
 
+/// The API on TCP: anywhere but loopback only with TLS; client
+/// certificates only with TLS.
+fn api(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<ApiConfig> {
+    let listen = listen_address("api_listen", &file.api_listen)?;
+    if let Some(addr) = listen {
+        if !addr.ip().is_loopback() && tls.is_none() {
+            bail!(usage(format!(
+                "api_listen = {addr}: beyond loopback the API needs TLS (tls_ca, tls_cert, \
+                 tls_key), so that tokens and data never cross the network in clear"
+            )));
+        }
+    }
+    let mut clients: Vec<(String, Scope)> = Vec::new();
+    for entry in &file.api_clients {
+        if entry.identity.is_empty() {
+            bail!(usage(
+                "api_clients: every entry needs an identity (a certificate's first DNS name, \
+                 IP address or common name)"
+                    .into()
+            ));
+        }
+        if clients
+            .iter()
+            .any(|(identity, _)| *identity == entry.identity)
+        {
+            bail!(usage(format!(
+                "api_clients: {:?} is listed twice",
+                entry.identity
+            )));
+        }
+        clients.push((entry.identity.clone(), entry.scope));
+    }
+    if !clients.is_empty() && tls.is_none() {
+        bail!(usage(
+            "api_clients names client certificates, which need TLS: set tls_ca, tls_cert and \
+             tls_key"
+                .into()
+        ));
+    }
+    if file.api_max_connections == 0 {
+        bail!(usage("api_max_connections must be at least 1".into()));
+    }
+    Ok(ApiConfig {
+        listen,
+        tls,
+        clients,
+        max_connections: file.api_max_connections as usize,
+    })
+}
+
 fn replication(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<ReplicationConfig> {
     let listen = listen_address("replication_listen", &file.replication_listen)?;
     if let Some(addr) = listen {
@@ -473,7 +540,8 @@ mod tests {
         assert_eq!(config.chunk_size, arbor_engine::DEFAULT_CHUNK_SIZE);
         assert_eq!(config.initial_volume, Some(("disk0".into(), 10 << 30)));
         assert_eq!(config.nbd_listen, Some("127.0.0.1:10809".parse().unwrap()));
-        assert_eq!(config.api_listen, Some("127.0.0.1:10810".parse().unwrap()));
+        assert_eq!(config.api.listen, Some("127.0.0.1:10810".parse().unwrap()));
+        assert!(config.api.tls.is_none() && config.api.clients.is_empty());
         assert_eq!(config.commit_interval, Duration::from_secs(5));
         assert_eq!(config.space_warning_percent, [80, 90]);
         assert_eq!(config.nbd_socket(), PathBuf::from("arbor-data/nbd.sock"));
@@ -494,7 +562,7 @@ mod tests {
         assert_eq!(config.nbd_listen, None);
         assert_eq!(config.initial_volume, None);
         assert_eq!(config.pool, PathBuf::from("/dev/sdz"));
-        assert_eq!(config.api_listen, Some("127.0.0.1:10810".parse().unwrap()));
+        assert_eq!(config.api.listen, Some("127.0.0.1:10810".parse().unwrap()));
     }
 
     #[test]
@@ -504,7 +572,24 @@ mod tests {
             ("pool_sise = \"5G\"", "unknown key \"pool_sise\""),
             ("pool_size = \"5Q\"", "unknown unit"),
             ("nbd_listen = \"localhost\"", "nbd_listen"),
-            ("api_listen = \"0.0.0.0:1\"", "only on loopback"),
+            (
+                "api_listen = \"0.0.0.0:1\"",
+                "beyond loopback the API needs TLS",
+            ),
+            (
+                "api_listen = \"[::]:1\"",
+                "beyond loopback the API needs TLS",
+            ),
+            (
+                "api_clients = [{ identity = \"ops\", scope = \"admin\" }]",
+                "need TLS",
+            ),
+            (
+                "api_clients = [{ identity = \"ops\", scope = \"root\" }]",
+                "unknown variant",
+            ),
+            ("api_clients = [{ identity = \"ops\" }]", "missing field"),
+            ("api_max_connections = 0", "at least 1"),
             ("commit_interval = \"0s\"", "greater than zero"),
             ("commit_interval = \"soon\"", "commit_interval"),
             ("space_warning_percent = [90, 80]", "increasing"),
@@ -571,6 +656,46 @@ mod tests {
         assert_eq!(access.access(&holder, "vm"), None);
         assert_eq!(access.access(&anyone, "golden"), Some(Access::Read));
         assert_eq!(access.access(&anyone, "ci-7"), None);
+    }
+
+    #[test]
+    fn the_api_beyond_loopback_needs_tls_and_takes_client_identities() {
+        let tls = "tls_ca = \"ca.pem\"\ntls_cert = \"host.pem\"\ntls_key = \"host-key.pem\"\n";
+        let config = load_text(
+            &format!(
+                "{tls}api_listen = \"0.0.0.0:10810\"\napi_max_connections = 8\n\
+                 api_clients = [{{ identity = \"ops.example\", scope = \"admin\" }}, \
+                 {{ identity = \"monitor\", scope = \"read\" }}]\n"
+            ),
+            &ServeArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(config.api.listen, Some("0.0.0.0:10810".parse().unwrap()));
+        assert_eq!(config.api.tls.unwrap().cert, PathBuf::from("host.pem"));
+        assert_eq!(
+            config.api.clients,
+            [
+                ("ops.example".to_owned(), Scope::Admin),
+                ("monitor".to_owned(), Scope::Read)
+            ]
+        );
+        assert_eq!(config.api.max_connections, 8);
+        let twice = format!(
+            "{tls}api_clients = [{{ identity = \"a\", scope = \"admin\" }}, \
+             {{ identity = \"a\", scope = \"read\" }}]\n"
+        );
+        let err = format!(
+            "{:#}",
+            load_text(&twice, &ServeArgs::default()).unwrap_err()
+        );
+        assert!(err.contains("listed twice"), "{err}");
+        // The flag is checked the same way.
+        let args = ServeArgs {
+            api_listen: Some("10.1.2.3:10810".into()),
+            ..ServeArgs::default()
+        };
+        let err = format!("{:#}", load(None, &args).unwrap_err());
+        assert!(err.contains("needs TLS"), "{err}");
     }
 
     #[test]

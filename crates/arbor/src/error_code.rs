@@ -44,8 +44,13 @@ pub enum ErrorCode {
     Unsupported,
     /// A send stream is damaged, truncated or not one.
     BadStream,
-    /// A request a browser was made to send for another site (its `Origin`
-    /// or `Host` is not the API's own).
+    /// No credentials, or bad ones, on the TCP API (a missing, unknown,
+    /// revoked or expired token).
+    Unauthorized,
+    /// Credentials that may not do this (a read scope changing something,
+    /// a certificate not listed in `api_clients`), or a request a browser
+    /// was made to send for another site (its `Origin` or `Host` is not the
+    /// API's own).
     Forbidden,
     Internal,
     /// A code this client does not know (a newer daemon).
@@ -79,6 +84,8 @@ impl ErrorCode {
     pub fn of_status(status: StatusCode) -> Self {
         match status {
             StatusCode::BAD_REQUEST => Self::BadRequest,
+            StatusCode::UNAUTHORIZED => Self::Unauthorized,
+            StatusCode::FORBIDDEN => Self::Forbidden,
             StatusCode::NOT_FOUND => Self::UnknownEndpoint,
             StatusCode::METHOD_NOT_ALLOWED => Self::MethodNotAllowed,
             StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge,
@@ -95,6 +102,7 @@ impl ErrorCode {
                 StatusCode::BAD_REQUEST
             }
             Self::NotFound | Self::UnknownEndpoint => StatusCode::NOT_FOUND,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::AlreadyExists
@@ -129,8 +137,8 @@ impl ErrorCode {
             | Self::BadRequest
             | Self::UnprocessableEntity
             | Self::BadStream => Exit::Usage,
+            Self::Unauthorized | Self::Forbidden => Exit::NotAllowed,
             Self::UnknownEndpoint
-            | Self::Forbidden
             | Self::MethodNotAllowed
             | Self::PayloadTooLarge
             | Self::UnsupportedMediaType
@@ -147,7 +155,7 @@ impl ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 24] = [
+    const ALL: [ErrorCode; 25] = [
         ErrorCode::InvalidName,
         ErrorCode::InvalidArgument,
         ErrorCode::BadRequest,
@@ -169,6 +177,7 @@ mod tests {
         ErrorCode::Conflict,
         ErrorCode::Unsupported,
         ErrorCode::BadStream,
+        ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
         ErrorCode::Internal,
         ErrorCode::Unknown,

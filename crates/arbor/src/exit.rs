@@ -27,6 +27,9 @@ pub enum Exit {
     Damaged = 8,
     /// Another arbor process holds the pool.
     PoolInUse = 9,
+    /// The API refused the credentials: none, bad ones, or ones without
+    /// the right (a read-only token changing something).
+    NotAllowed = 10,
 }
 
 impl Exit {

@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod config;
 mod daemon;
+mod endpoint;
 mod error_code;
 mod exit;
 mod metrics;
@@ -18,6 +19,7 @@ mod pool_file;
 mod size;
 mod space;
 mod tls_init;
+mod tokens;
 
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;

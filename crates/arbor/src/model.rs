@@ -671,3 +671,54 @@ pub struct OverviewView {
     pub replication: ReplicasView,
     pub alerts: Vec<AlertView>,
 }
+
+/// What an API credential (a token, a client certificate) may do: `read`
+/// may only read (GET and HEAD), `admin` everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Read,
+    Admin,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+/// `POST /v1/tokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub name: String,
+    pub scope: Scope,
+    /// Seconds from now until the token stops working; none: never.
+    #[serde(default)]
+    pub expires_in_secs: Option<u64>,
+}
+
+/// One API token, as listed: never its secret (which is not kept).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenView {
+    pub name: String,
+    /// The public part of the token (`arbor_ID_...`), for telling tokens
+    /// apart in logs; not a secret.
+    pub id: String,
+    pub scope: Scope,
+    pub created_unix_secs: u64,
+    pub expires_unix_secs: Option<u64>,
+    pub expired: bool,
+    /// The last request it authenticated (saved at most hourly).
+    pub last_used_unix_secs: Option<u64>,
+}
+
+/// The answer to `POST /v1/tokens`: the one time the secret is shown.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreatedTokenView {
+    pub token: TokenView,
+    pub secret: String,
+}

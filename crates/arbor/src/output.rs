@@ -593,6 +593,36 @@ pub fn replica_runs(runs: &Vec<crate::model::ReplicaRunView>) -> String {
     out
 }
 
+/// `arbor token list`: never a secret (the daemon keeps none).
+pub fn tokens(list: &[crate::model::TokenView]) -> String {
+    if list.is_empty() {
+        return "no API tokens (arbor token create NAME --scope read|admin)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|t| {
+            let expires = match (t.expires_unix_secs, t.expired) {
+                (None, _) => "never".to_owned(),
+                (Some(at), true) => format!("expired {}", timestamp(at)),
+                (Some(at), false) => timestamp(at),
+            };
+            vec![
+                t.name.clone(),
+                t.scope.name().to_owned(),
+                timestamp(t.created_unix_secs),
+                expires,
+                t.last_used_unix_secs
+                    .map_or_else(|| "never".to_owned(), timestamp),
+                t.id.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &["NAME", "SCOPE", "CREATED", "EXPIRES", "LAST USED", "ID"],
+        &rows,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -459,15 +459,6 @@ fn the_api_refuses_other_sites_pages() {
     assert!(page.contains("<html"), "the dashboard is served");
 }
 
-/// A free TCP port on loopback (bound, then released for the daemon).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The monitor drives replication: a scheduled snapshot of a replicated
 /// volume goes to the target at once (the pair's own interval is an hour),
 /// and the snapshot the pair holds as its next base outlives retention.

@@ -13,8 +13,11 @@ use axum::{middleware, Json, Router};
 use serde::Serialize;
 use tracing::error;
 
+use std::sync::Arc;
+
+use super::auth::{self, Auth};
 use super::control::PoolControl;
-use super::{monitor_api, replica_api, stream};
+use super::{monitor_api, replica_api, stream, token_api};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
@@ -27,7 +30,12 @@ use crate::model::{
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
 const BODY_LIMIT: usize = 64 * 1024;
 
-pub fn router(control: PoolControl) -> Router {
+/// The API's routes for `control`, guarded by `auth` (who may do what)
+/// and by the `Host`/`Origin` check, which accepts IP addresses,
+/// `localhost`, `arbor` and `names` (the DNS names of the listener's TLS
+/// certificate).
+pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Router {
+    let names: Arc<[String]> = names.into();
     Router::new()
         .route("/v1/pool", get(pool_info))
         .route("/v1/pool/grow", post(grow))
@@ -84,21 +92,34 @@ pub fn router(control: PoolControl) -> Router {
         .route("/v1/prune", post(monitor_api::prune))
         .route("/v1/alerts", get(monitor_api::alerts))
         .route("/v1/snapshots/group", post(snapshot_group))
+        .route(
+            "/v1/tokens",
+            get(token_api::list)
+                .post(token_api::create)
+                .with_state(Arc::clone(&auth)),
+        )
+        .route(
+            "/v1/tokens/{name}",
+            axum::routing::delete(token_api::revoke).with_state(Arc::clone(&auth)),
+        )
         .route("/", get(dashboard))
         .route("/ui", get(dashboard))
         .route("/metrics", get(metrics))
         .fallback(unknown_endpoint)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn(same_site_only))
+        .layer(middleware::from_fn_with_state(auth, auth::authenticate))
+        .layer(middleware::from_fn_with_state(names, same_site_only))
         .layer(middleware::map_response(errors_as_json))
         .with_state(control)
 }
 
 /// Whether `host` (a `Host` header: name or address, maybe a port) is one
-/// this API answers to: an IP address, `localhost`, or `arbor` (the CLI's
-/// name on the Unix socket). Anything else is a name that may have been
-/// rebound to loopback by a web page.
-fn own_host(host: &str) -> bool {
+/// this API answers to: an IP address, `localhost`, `arbor` (the CLI's
+/// name on the Unix socket), or one of `names` (its TLS certificate's: a
+/// page that rebinds another name cannot pass the certificate check).
+/// Anything else is a name that may have been rebound to loopback by a web
+/// page.
+fn own_host(host: &str, names: &[String]) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         // [v6]:port
         return rest
@@ -112,6 +133,7 @@ fn own_host(host: &str) -> bool {
     name.parse::<std::net::IpAddr>().is_ok()
         || name.eq_ignore_ascii_case("localhost")
         || name == "arbor"
+        || names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
 /// Refuses what a web page of another site could make a browser send to
@@ -119,6 +141,7 @@ fn own_host(host: &str) -> bool {
 /// a changing request from another origin (cross-site request forgery;
 /// a JSON body alone does not stop a form or a `no-cors` fetch).
 async fn same_site_only(
+    State(names): State<Arc<[String]>>,
     request: axum::extract::Request,
     next: middleware::Next,
 ) -> Result<Response, ApiError> {
@@ -127,10 +150,15 @@ async fn same_site_only(
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
-    if !host.is_empty() && !own_host(host) {
+    if !host.is_empty() && !own_host(host, &names) {
+        let mut known = String::from("its address, localhost, arbor");
+        for name in names.iter() {
+            known.push_str(", ");
+            known.push_str(name);
+        }
         return Err(ApiError::new(
             ErrorCode::Forbidden,
-            format!("the API answers to its address, localhost or arbor, not {host:?}"),
+            format!("the API answers to {known}, not {host:?}"),
         ));
     }
     let reads = matches!(

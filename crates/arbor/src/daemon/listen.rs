@@ -1,9 +1,9 @@
 //! The daemon's sockets: the control API and NBD, each on a Unix socket in
-//! the data directory and optionally on TCP (loopback only for the API).
+//! the data directory and optionally on TCP.
 //!
-//! Neither protocol authenticates clients, so Unix sockets are made
-//! owner-only, and the API (which can delete volumes) never listens beyond
-//! this machine.
+//! Unix sockets are made owner-only. The API on TCP authenticates every
+//! request (`auth.rs`) and serves HTTPS when TLS is configured; without
+//! TLS it listens only on loopback. NBD does not authenticate clients.
 
 use std::fmt;
 use std::fs::Permissions;
@@ -11,64 +11,279 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use axum::Router;
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use arbor_tls::{Tls, TlsError};
+use axum::{Extension, Router};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tower::ServiceExt;
+use tracing::{debug, info, warn};
 
+use super::auth::Peer;
+use crate::config::ApiConfig;
 use crate::nbd_export::PoolExports;
 
+/// A TLS client must finish its handshake within this time, so a stalled
+/// one cannot keep a connection slot.
+pub const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's headers must arrive within this time, counted from when the
+/// connection is ready for them (so also between the requests of a
+/// kept-alive connection: an idle connection is closed after it).
+pub const API_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// The control API's sockets: the data directory's Unix socket, and
-/// optionally a loopback TCP address.
+/// optionally TCP (HTTPS with TLS, else plain HTTP on loopback only).
 pub struct ApiListeners {
     unix: (UnixListener, SocketFile),
-    tcp: Option<TcpListener>,
+    tcp: Option<TcpApi>,
+}
+
+/// The API's TCP listener, its TLS and its connection limit.
+struct TcpApi {
+    listener: TcpListener,
+    tls: Option<Tls>,
+    max_connections: usize,
 }
 
 impl ApiListeners {
-    pub async fn bind(socket: &Path, tcp: Option<SocketAddr>) -> Result<Self> {
-        let unix = bind_unix(socket, |p| UnixListener::bind(p)).await?;
-        let tcp = match tcp {
+    /// Binds TCP first: once the Unix socket exists, both accept.
+    pub async fn bind(socket: &Path, config: &ApiConfig) -> Result<Self> {
+        let tcp = match config.listen {
             Some(addr) => {
-                // The config check already refused this; the API can destroy
-                // volumes, so make sure twice.
-                if !addr.ip().is_loopback() {
-                    bail!("refusing to serve the API on {addr}: it has no authentication");
+                // The config check already refused this; plain HTTP would
+                // carry tokens and data, so make sure twice.
+                if !addr.ip().is_loopback() && config.tls.is_none() {
+                    bail!("refusing to serve the API on {addr} without TLS (tls_ca, tls_cert, tls_key)");
                 }
+                let tls = match &config.tls {
+                    Some(files) => Some(
+                        Tls::load(files).context("the API's TLS (tls_ca, tls_cert, tls_key)")?,
+                    ),
+                    None => None,
+                };
                 let listener = TcpListener::bind(addr).await.with_context(|| {
                     format!("cannot listen for the API on {addr} (another daemon? set api_listen, or --api-listen none)")
                 })?;
-                Some(listener)
+                Some(TcpApi {
+                    listener,
+                    tls,
+                    max_connections: config.max_connections,
+                })
             }
             None => None,
         };
+        let unix = bind_unix(socket, |p| UnixListener::bind(p)).await?;
         Ok(Self { unix, tcp })
+    }
+
+    /// The DNS names of the TCP listener's certificate (none without TLS).
+    pub fn tls_names(&self) -> Vec<String> {
+        self.tcp
+            .as_ref()
+            .and_then(|t| t.tls.as_ref())
+            .map(|tls| tls.dns_names().to_vec())
+            .unwrap_or_default()
     }
 
     /// Serves `router` until `stop`, then waits for in-flight requests.
     pub async fn serve(self, router: Router, stop: CancellationToken) -> Result<()> {
         let (unix, _socket_file) = self.unix;
-        let on_unix = axum::serve(unix, router.clone())
-            .with_graceful_shutdown(stop.clone().cancelled_owned());
+        // The owner's socket: trusted without credentials.
+        let local = router.clone().layer(Extension(Peer::Local));
+        let on_unix =
+            axum::serve(unix, local).with_graceful_shutdown(stop.clone().cancelled_owned());
         match self.tcp {
             Some(tcp) => {
-                let on_tcp =
-                    axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned());
-                let (a, b) = tokio::join!(on_unix, on_tcp);
-                a.and(b).context("API server failed")
+                let (a, b) = tokio::join!(on_unix, tcp.serve(router, stop));
+                a.context("API server failed").and(b)
             }
             None => on_unix.await.context("API server failed"),
         }
     }
 }
 
+impl TcpApi {
+    /// Accepts up to `max_connections` at once, each served on a task of
+    /// its own: the TLS handshake (bounded in time), then HTTP/1.1 with
+    /// the connection's [`Peer`] in every request.
+    async fn serve(self, router: Router, stop: CancellationToken) -> Result<()> {
+        let slots = Arc::new(Semaphore::new(self.max_connections));
+        let acceptor = self.tls.as_ref().map(Tls::acceptor_client_optional);
+        let mut connections = JoinSet::new();
+        loop {
+            let permit = tokio::select! {
+                _ = stop.cancelled() => break,
+                permit = Arc::clone(&slots).acquire_owned() => {
+                    permit.context("the API's connection limit was closed")?
+                }
+            };
+            let (tcp, remote) = tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors, or a connection reset
+                        // before it was accepted: try again shortly.
+                        warn!(error = %e, "API: cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            while connections.try_join_next().is_some() {}
+            connections.spawn(connection(
+                tcp,
+                remote,
+                acceptor.clone(),
+                router.clone(),
+                stop.clone(),
+                permit,
+            ));
+        }
+        while connections.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// One TCP connection; `_slot` is its place under the connection limit.
+async fn connection(
+    tcp: TcpStream,
+    remote: SocketAddr,
+    acceptor: Option<TlsAcceptor>,
+    router: Router,
+    stop: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    // Requests and answers are small and interactive.
+    let _ = tcp.set_nodelay(true);
+    let Some(acceptor) = acceptor else {
+        let peer = Peer::Tcp {
+            remote,
+            certificate: None,
+        };
+        return serve_http(tcp, peer, router, stop).await;
+    };
+    // Until the handshake is done, a shutdown need not wait for it.
+    let handshake = async {
+        let deadline = Instant::now() + API_HANDSHAKE_TIMEOUT;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
+            Ok(Ok(1)) => {}
+            Ok(Ok(_)) | Ok(Err(_)) => return None,
+            Err(_) => {
+                debug!(%remote, "API: no TLS handshake in time");
+                return None;
+            }
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            refuse_plain_http(tcp, remote, deadline).await;
+            return None;
+        }
+        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                warn!(%remote, error = %e, "API: TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                warn!(%remote, "API: TLS handshake not finished in time");
+                None
+            }
+        }
+    };
+    let tls = tokio::select! {
+        _ = stop.cancelled() => return,
+        tls = handshake => match tls {
+            Some(tls) => tls,
+            None => return,
+        },
+    };
+    let certificate = match arbor_tls::peer_identity(tls.get_ref().1) {
+        Ok(identity) => Some(identity),
+        Err(TlsError::NoPeerCertificate) => None,
+        Err(e) => {
+            // Verified by the CA, but nameless: it cannot be listed in
+            // api_clients, so the client needs a token.
+            warn!(%remote, error = %e, "API: a client certificate without a usable identity");
+            None
+        }
+    };
+    let peer = Peer::Tcp {
+        remote,
+        certificate,
+    };
+    serve_http(tls, peer, router, stop).await
+}
+
+/// A client that speaks plain HTTP to the HTTPS listener gets a 400 that
+/// says so (what it sent is read first, so the close does not reset the
+/// connection before the answer is read), then the connection is closed.
+async fn refuse_plain_http(mut tcp: TcpStream, remote: SocketAddr, deadline: Instant) {
+    debug!(%remote, "API: plain HTTP on the HTTPS listener");
+    let body =
+        r#"{"code":"bad_request","message":"this is the arbor API over HTTPS: use https://"}"#;
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout_at(deadline, async {
+        let mut request = [0u8; 8192];
+        let _ = tcp.read(&mut request).await;
+        tcp.write_all(answer.as_bytes()).await?;
+        tcp.shutdown().await
+    })
+    .await;
+}
+
+/// HTTP/1.1 over `io` until the client closes, a header timeout, or
+/// `stop` (then requests in flight finish first).
+async fn serve_http<I>(io: I, peer: Peer, router: Router, stop: CancellationToken)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(peer.clone());
+        router.clone().oneshot(request)
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(API_HEADER_TIMEOUT);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        _ = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = served {
+        debug!(error = %e, "API connection ended");
+    }
+}
+
 impl fmt::Display for ApiListeners {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "unix:{}", self.unix.1 .0.display())?;
-        if let Some(addr) = self.tcp.as_ref().and_then(|l| l.local_addr().ok()) {
-            write!(f, ", http://{addr}")?;
+        if let Some(tcp) = &self.tcp {
+            if let Ok(addr) = tcp.listener.local_addr() {
+                let scheme = if tcp.tls.is_some() { "https" } else { "http" };
+                write!(f, ", {scheme}://{addr}")?;
+            }
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! the pool with a final commit.
 
 mod api;
+mod auth;
 mod background;
 pub mod control;
 mod listen;
@@ -15,6 +16,7 @@ mod monitor_api;
 mod replica_api;
 pub mod replication;
 mod stream;
+mod token_api;
 
 use std::future::Future;
 use std::path::Path;
@@ -96,7 +98,8 @@ async fn run(config: ServeConfig) -> Result<()> {
         nbd_security(&config)?,
     )
     .await?;
-    let api = ApiListeners::bind(&config.api_socket(), config.api_listen).await?;
+    let api = ApiListeners::bind(&config.api_socket(), &config.api).await?;
+    let auth = auth::Auth::open(&config.data_dir, &config.api)?;
 
     let stop = CancellationToken::new();
     let sending = std::sync::Arc::new(arbor_stream::busy::Pins::default());
@@ -159,7 +162,8 @@ async fn run(config: ServeConfig) -> Result<()> {
         ));
     }
     tasks.spawn(monitor::Monitor::run(control.clone(), stop.clone()));
-    tasks.spawn(api.serve(api::router(control), stop.clone()));
+    let names = api.tls_names();
+    tasks.spawn(api.serve(api::router(control, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {
         info!(listen = ?listener.local_addr().ok(), "replication listener");
         tasks.spawn(replication.clone().serve(listener));
@@ -237,6 +241,16 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
         "  mkdir -p /tmp/{name} && nbdfuse /tmp/{name} '{unix_uri}' &   # /tmp/{name}/nbd is the disk\n"
     );
     text += &format!("  arbor --data-dir {dir} volume list --tree");
+    if let Some(addr) = config.api.listen {
+        let scheme = if config.api.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        text += &format!(
+            "\n  dashboard: {scheme}://{addr}/ (token: arbor --data-dir {dir} token create NAME --scope read)"
+        );
+    }
     Ok(text)
 }
 

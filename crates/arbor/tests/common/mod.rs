@@ -11,13 +11,30 @@ use std::time::{Duration, Instant};
 
 pub const ARBOR: &str = env!("CARGO_BIN_EXE_arbor");
 
+/// The variables that point the CLI at a daemon (docs/CLI.md): a test
+/// names its own, whatever the environment it runs in has.
+pub const CLIENT_VARIABLES: [&str; 7] = [
+    "ARBOR_DATA_DIR",
+    "ARBOR_API",
+    "ARBOR_TOKEN",
+    "ARBOR_TOKEN_FILE",
+    "ARBOR_TLS_CA",
+    "ARBOR_TLS_CERT",
+    "ARBOR_TLS_KEY",
+];
+
+/// `arbor` with none of [`CLIENT_VARIABLES`] set.
+pub fn command() -> Command {
+    let mut command = Command::new(ARBOR);
+    command.env("RUST_LOG", "warn");
+    for variable in CLIENT_VARIABLES {
+        command.env_remove(variable);
+    }
+    command
+}
+
 pub fn arbor(args: &[&str]) -> Output {
-    Command::new(ARBOR)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("ARBOR_DATA_DIR")
-        .output()
-        .expect("run arbor")
+    command().args(args).output().expect("run arbor")
 }
 
 pub fn stdout(out: &Output) -> String {
