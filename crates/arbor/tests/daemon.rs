@@ -537,3 +537,54 @@ fn allocated_and_changed_pages_cover_the_snapshot() {
     );
     assert_eq!(status, 400, "{body}");
 }
+
+#[test]
+fn a_refused_receive_says_why_even_when_the_stream_is_long() {
+    // The daemon refuses this diff from its header (the base snapshot is
+    // missing). It used to answer and close without reading the rest, so a
+    // client still sending got a broken pipe instead of the reason (seen in
+    // CI as "the daemon broke off the receive"); 16 MiB of data behind the
+    // header makes that race certain.
+    let source = Daemon::start(&[]);
+    source.ok(&["volume", "create", "vol", "--size", "64M"]);
+    source.ok(&["snapshot", "create", "vol@s1"]);
+    let data = source.path("data");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let bytes: Vec<u8> = (0..16 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(&data, bytes).unwrap();
+    let uri = format!("nbd+unix:///vol?socket={}", source.nbd_socket());
+    nbdcopy(p(&data), &uri);
+    source.ok(&["snapshot", "create", "vol@s2"]);
+    let diff = source.path("diff");
+    source.ok(&[
+        "send",
+        "vol@s2",
+        "--from",
+        "vol@s1",
+        "--format",
+        "rbd-diff",
+        "-o",
+        p(&diff),
+    ]);
+    assert!(std::fs::metadata(&diff).unwrap().len() > 16 << 20);
+
+    let target = Daemon::start(&[]);
+    target.ok(&["volume", "create", "vol", "--size", "64M"]);
+    for _ in 0..3 {
+        // Under the hang guard: without the fix the CLI hung here.
+        let out = tool(
+            ARBOR,
+            &target.args(&["receive", "vol", "--format", "rbd-diff", "-i", p(&diff)]),
+        );
+        let err = stderr(&out);
+        assert!(!out.status.success());
+        assert!(err.contains("does not exist"), "{err}");
+    }
+}

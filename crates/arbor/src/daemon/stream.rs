@@ -252,14 +252,29 @@ pub async fn receive(
         Ok(view_of(received))
     });
     let mut frames = body.into_data_stream();
+    let mut refused = false;
     while let Some(frame) = frames.next().await {
         let item = frame.ok();
         let broke = item.is_none();
-        if tx.send(item).await.is_err() || broke {
+        if tx.send(item).await.is_err() {
+            refused = true;
+            break;
+        }
+        if broke {
             break;
         }
     }
     drop(tx);
+    if refused {
+        // The receive failed before the stream ended (a refused stream, a
+        // missing base): read the rest and drop it, so that the client
+        // finishes sending and reads this answer. Answering with the body
+        // unread left the CLI blocked sending, or with a broken pipe
+        // instead of the reason (regression test
+        // `a_refused_receive_says_why_even_when_the_stream_is_long`). The
+        // bytes are discarded as they come: no memory is held.
+        while let Some(Ok(_)) = frames.next().await {}
+    }
     task.await
         .context("engine task failed")
         .map_err(ApiError::from)?
