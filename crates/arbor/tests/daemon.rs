@@ -548,17 +548,7 @@ fn a_refused_receive_says_why_even_when_the_stream_is_long() {
     let source = Daemon::start(&[]);
     source.ok(&["volume", "create", "vol", "--size", "64M"]);
     source.ok(&["snapshot", "create", "vol@s1"]);
-    let data = source.path("data");
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let bytes: Vec<u8> = (0..16 << 20)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    std::fs::write(&data, bytes).unwrap();
+    let data = random_file(source.dir.path(), "data", 16 << 20, 3);
     let uri = format!("nbd+unix:///vol?socket={}", source.nbd_socket());
     nbdcopy(p(&data), &uri);
     source.ok(&["snapshot", "create", "vol@s2"]);

@@ -8,9 +8,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{free_port, p, stderr, stdout, tool as run, tool_ok as run_ok, Daemon, HANG_GUARD};
+use common::{
+    free_port, p, random_file, stderr, stdout, tool as run, tool_ok as run_ok, Daemon, HANG_GUARD,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -159,21 +161,6 @@ impl TlsDaemon {
         names.sort();
         names
     }
-}
-
-fn random_file(dir: &Path, name: &str, len: u64, seed: u8) -> PathBuf {
-    let path = dir.join(name);
-    let mut state = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    std::fs::write(&path, data).unwrap();
-    path
 }
 
 #[test]

@@ -317,3 +317,20 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Writes `len` pseudo-random bytes (xorshift from `seed`: the same bytes
+/// every run) to `dir/name`.
+pub fn random_file(dir: &Path, name: &str, len: u64, seed: u8) -> PathBuf {
+    let path = dir.join(name);
+    let mut state = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(&path, data).unwrap();
+    path
+}
