@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_format::{
-    BlockRef, Node, NodeBody, SmKind, Superblock, TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE,
-    SUPERBLOCK_SLOTS,
+    split_store_key, BlockRef, DataLayout, Node, NodeBody, SmKind, Superblock, TreeKind,
+    VolumeRecord, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
 };
 
 use crate::error::{Error, Result};
@@ -463,11 +463,35 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
                 rec.name, rec.mapped_chunks
             ));
         }
+        // A copy-on-write volume's tree is its snapshot store, keyed by
+        // (chunk, first epoch): its chunks are the keys' upper halves.
+        let end = match rec.layout {
+            DataLayout::Cow(_) if end > 0 => split_store_key(end - 1).0 + 1,
+            _ => end,
+        };
         if end > rec.size_bytes.div_ceil(meta.store.geo.chunk_size) {
             w.report.problem(format!(
                 "volume {}: chunks mapped beyond its size",
                 rec.name
             ));
+        }
+        let cow_volume = rec.layout != DataLayout::Row || rec.backing.is_some();
+        if cow_volume && meta.store.geo.version() < 5 {
+            w.report.problem(format!(
+                "volume {}: copy-on-write in a version {} pool",
+                rec.name,
+                meta.store.geo.version()
+            ));
+        }
+        if let Some(backing) = rec.backing {
+            let origin = records.iter().find(|(id, _)| *id == backing.origin);
+            match origin.map(|(_, r)| r.layout) {
+                Some(DataLayout::Cow(cow)) if backing.epoch <= cow.epoch => {}
+                _ => w.report.problem(format!(
+                    "volume {} reads through epoch {} of volume {}, which has no such epoch",
+                    rec.name, backing.epoch, backing.origin
+                )),
+            }
         }
     }
     if let Some(memory) = meta.memory.as_ref().filter(|m| m.len() != records.len()) {

@@ -49,6 +49,10 @@ pub enum Error {
     /// upgrade.
     #[error("{0}")]
     Unsupported(String),
+    /// The external device of a copy-on-write volume is not attached,
+    /// vanished, shrank or failed: the request fails, the pool goes on.
+    #[error("copy-on-write volume {0}")]
+    Origin(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

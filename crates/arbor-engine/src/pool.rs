@@ -42,10 +42,12 @@ use crate::volumes::WriteEnd;
 pub const MAX_GROUP_SNAPSHOT: usize = 256;
 
 mod grow;
+mod origin;
 mod props;
 mod receive;
 mod write;
 pub use grow::{GrowOptions, GrowReport};
+pub use origin::OriginInfo;
 pub use props::MAX_PROPERTY_KEY;
 pub use receive::{hex as guid_hex, ReceiveStart, ReceiveStatus, ReceiveTarget};
 use write::{Fill, Unit};
@@ -128,6 +130,23 @@ pub struct VolumeInfo {
     /// Identity, kept by send and receive (None in a pool whose volume
     /// table predates identities).
     pub guid: Option<arbor_format::Guid>,
+    /// How it keeps its data.
+    pub layout: VolumeLayout,
+}
+
+/// How a volume keeps its data (docs/ARCHITECTURE.md, "Copy-on-write
+/// volumes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeLayout {
+    /// Redirect-on-write in the pool (the default).
+    Row,
+    /// Redirect-on-write, reading through epoch `epoch` of copy-on-write
+    /// volume `origin` where it maps nothing: a snapshot of that volume, a
+    /// clone of one, or a snapshot of such a clone.
+    ReadsThrough { origin: VolumeId, epoch: u64 },
+    /// Copy-on-write: data in place on an external device, snapshots'
+    /// copies in the pool (`store_bytes`); `epoch` is its newest snapshot's.
+    CowExternal { store_bytes: u64, epoch: u64 },
 }
 
 /// Space accounting of one volume.
@@ -139,6 +158,18 @@ pub struct VolumeStats {
     pub exclusive_bytes: u64,
     /// Mapped bytes also referenced by another volume or snapshot.
     pub shared_bytes: u64,
+}
+
+impl VolumeStats {
+    /// Stats of a volume whose space is unknown (destroyed meanwhile).
+    pub fn unknown(logical_bytes: u64) -> Self {
+        Self {
+            logical_bytes,
+            mapped_bytes: 0,
+            exclusive_bytes: 0,
+            shared_bytes: 0,
+        }
+    }
 }
 
 /// Space accounting of the pool.
@@ -179,6 +210,10 @@ pub struct Pool {
     /// work, which the commit lock is not).
     grow_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
+    /// Per (copy-on-write volume, chunk), hashed: its writes hold them
+    /// exclusive, reads through its epochs shared (`pool/origin.rs`).
+    origin_stripes: Vec<RwLock<()>>,
+    origins: origin::Origins,
     failure: Mutex<Option<String>>,
     commit_observer: OnceLock<CommitObserver>,
     /// Units that did not fit an empty transaction's journal and ran in
@@ -201,11 +236,48 @@ type CheckPause = Box<dyn FnOnce(&Pool) + Send>;
 /// home pages, and their flushes), for metrics.
 pub type CommitObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
-/// One contiguous piece of a read: `len` bytes from `source` (a device byte
-/// offset) or zeros.
+/// One contiguous piece of a read: `len` bytes from `source`.
 struct Piece {
     len: u64,
-    source: Option<u64>,
+    source: Source,
+}
+
+/// Reads a copy-on-write volume's device at a byte offset.
+type ReadOrigin<'a> = dyn Fn(&mut [u8], u64) -> Result<()> + 'a;
+
+/// Where a piece of a read comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Zeros,
+    /// The pool's device, at this byte offset.
+    Pool(u64),
+    /// A copy-on-write volume's device, at this byte offset (a read
+    /// through one of its epochs).
+    Origin(u64),
+}
+
+impl Source {
+    /// `self` continues into `next` after `len` bytes.
+    fn continues(self, len: u64, next: Source) -> bool {
+        match (self, next) {
+            (Source::Zeros, Source::Zeros) => true,
+            (Source::Pool(a), Source::Pool(b)) | (Source::Origin(a), Source::Origin(b)) => {
+                a + len == b
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Pushes `piece` onto `pieces`, merged with the last one if it continues it.
+fn push_piece(pieces: &mut Vec<Piece>, piece: Piece) {
+    if let Some(last) = pieces.last_mut() {
+        if last.source.continues(last.len, piece.source) {
+            last.len += piece.len;
+            return;
+        }
+    }
+    pieces.push(piece);
 }
 
 fn lock_mutex<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -373,6 +445,10 @@ impl Pool {
         let resume = recover(&store)?;
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
         let pool = Self::from_parts(store, Volumes::resume(meta)?);
+        // Copies whose last reader was destroyed before a restart.
+        for (id, _) in pool.read_meta()?.cow_volumes() {
+            pool.origins.sweep_from(id, 0);
+        }
         // An upgrade to version 3 that a power cut interrupted: finish it.
         // Failing to (no metadata space) leaves a pool that works but
         // cannot receive until it is done.
@@ -393,6 +469,8 @@ impl Pool {
             commit_lock: Mutex::new(()),
             grow_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            origin_stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
+            origins: origin::Origins::default(),
             check_lock: Mutex::new(()),
             check_pages: Mutex::new(None),
             #[cfg(test)]
@@ -468,6 +546,18 @@ impl Pool {
         let mut h = DefaultHasher::new();
         (id, chunk).hash(&mut h);
         (h.finish() as usize) % STRIPES
+    }
+
+    /// The stripes of chunks `chunks` of volume `id`, in index order (so two
+    /// lockers of several never wait for each other's).
+    fn stripe_indices(&self, id: u64, chunks: std::ops::Range<u64>) -> Vec<usize> {
+        if chunks.end - chunks.start >= STRIPES as u64 {
+            return (0..STRIPES).collect();
+        }
+        let mut v: Vec<usize> = chunks.map(|c| self.stripe_index(id, c)).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Runs a metadata mutation. Errors that mean the in-memory state can no
@@ -565,9 +655,16 @@ impl Pool {
         Ok(())
     }
 
-    /// Makes every completed write durable (commits the transaction). Costs
+    /// Makes every completed write durable (commits the transaction, and
+    /// flushes the devices of copy-on-write volumes written since). Costs
     /// nothing when nothing was written since the last flush.
     pub fn flush(&self) -> Result<()> {
+        self.commit_open()?;
+        self.flush_origins()
+    }
+
+    /// Commits the open transaction.
+    fn commit_open(&self) -> Result<()> {
         let _commit = lock_mutex(&self.commit_lock);
         let job = {
             let _gate = self.commit_gate();
@@ -602,14 +699,14 @@ impl Pool {
             return Ok(true);
         }
         if helps {
-            self.flush()?;
+            self.commit_open()?;
         }
         Ok(helps)
     }
 
     fn commit_if_needed(&self) -> Result<()> {
         if self.read_meta()?.meta().needs_commit() {
-            self.flush()?;
+            self.commit_open()?;
         }
         Ok(())
     }
@@ -710,10 +807,24 @@ impl Pool {
     /// [`Pool::delete`]; with `force`, a held snapshot is deleted too (its
     /// holds are released).
     pub fn delete_forced(&self, name: &str, force: bool) -> Result<()> {
+        let (layout, backing) = {
+            let meta = self.read_meta()?;
+            let rec = meta.volume(meta.volume_id(name)?)?;
+            (rec.layout, rec.backing)
+        };
+        if let arbor_format::DataLayout::Cow(_) = layout {
+            // Its data is its device's: destroying it is detaching it.
+            return self.detach_origin(name);
+        }
         self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(name)?;
             m.delete_checked(id, force)
-        })
+        })?;
+        if let Some(backing) = backing {
+            // Copies only this record's epoch read can go now.
+            self.origins.sweep_from(backing.origin, 0);
+        }
+        Ok(())
     }
 
     /// Holds snapshot `name` with `tag`: it cannot be destroyed without
@@ -747,12 +858,38 @@ impl Pool {
     /// Makes `volume` read exactly as its snapshot `snapshot` (any of its
     /// snapshots, not only the newest); all snapshots are kept.
     pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let cow = {
+            let meta = self.read_meta()?;
+            let id = meta.volume_id(volume)?;
+            match meta.volume(id)?.layout {
+                arbor_format::DataLayout::Cow(_) => {
+                    let snap = meta.volume(meta.volume_id(snapshot)?)?;
+                    match snap.backing {
+                        Some(b) if snap.kind == VolumeKind::Snapshot && b.origin == id => {
+                            Some((id, b.epoch))
+                        }
+                        _ => {
+                            return Err(Error::InvalidArgument(format!(
+                                "{snapshot} is not a snapshot of {volume}"
+                            )))
+                        }
+                    }
+                }
+                arbor_format::DataLayout::Row => None,
+            }
+        };
+        if let Some((id, epoch)) = cow {
+            return self.cow_rollback(id, epoch);
+        }
         self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(volume)?;
             m.writable_volume(id)?;
             let snap = m.volume_id(snapshot)?;
             let rec = m.volume(snap)?;
-            if rec.kind != VolumeKind::Snapshot || rec.parent != id {
+            if rec.kind != VolumeKind::Snapshot
+                || rec.parent != id
+                || rec.backing != m.volume(id)?.backing
+            {
                 return Err(Error::InvalidArgument(format!(
                     "{snapshot} is not a snapshot of {volume}"
                 )));
@@ -823,7 +960,13 @@ impl Pool {
         let (id, old_size) = {
             let meta = self.read_meta()?;
             let id = meta.volume_id(name)?;
-            (id, meta.writable_volume(id)?.size_bytes)
+            let rec = meta.writable_volume(id)?;
+            if rec.layout != arbor_format::DataLayout::Row || rec.backing.is_some() {
+                return Err(Error::Unsupported(format!(
+                    "{name} is a copy-on-write volume or reads through one: it cannot be resized"
+                )));
+            }
+            (id, rec.size_bytes)
         };
         if new_size > old_size {
             let tail_end = (old_size.div_ceil(cs) * cs).min(new_size);
@@ -925,20 +1068,7 @@ impl Pool {
         let end = offset + len;
         let mut pos = offset;
         let mut pieces: Vec<Piece> = Vec::new();
-        let mut push = |piece: Piece| {
-            if let Some(last) = pieces.last_mut() {
-                let contiguous = match (last.source, piece.source) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => a + last.len == b,
-                    _ => false,
-                };
-                if contiguous {
-                    last.len += piece.len;
-                    return;
-                }
-            }
-            pieces.push(piece);
-        };
+        let mut push = |piece: Piece| push_piece(&mut pieces, piece);
         meta.meta()
             .map_extents(root, offset / cs, end.div_ceil(cs), &mut |e| {
                 let lo = (e.start * cs).max(pos);
@@ -946,7 +1076,7 @@ impl Pool {
                 if lo > pos {
                     push(Piece {
                         len: lo - pos,
-                        source: None,
+                        source: Source::Zeros,
                     });
                 }
                 // An extent's chunks are contiguous on the device within a
@@ -957,7 +1087,7 @@ impl Pool {
                     let piece = (run * cs - lo % cs).min(hi - lo);
                     push(Piece {
                         len: piece,
-                        source: Some(device + lo % cs),
+                        source: Source::Pool(device + lo % cs),
                     });
                     lo += piece;
                 }
@@ -967,7 +1097,7 @@ impl Pool {
         if pos < end {
             push(Piece {
                 len: end - pos,
-                source: None,
+                source: Source::Zeros,
             });
         }
         Ok(pieces)
@@ -975,23 +1105,48 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        let (layout, backing) = {
+            let meta = self.read_meta()?;
+            Self::check_io(&meta, id, offset, len, false)?;
+            let rec = meta.volume(id.0)?;
+            (rec.layout, rec.backing)
+        };
+        if let arbor_format::DataLayout::Cow(_) = layout {
+            return self.cow_read(id.0, offset, buf);
+        }
+        if let Some(backing) = backing {
+            return self.read_through(id, backing, offset, buf);
+        }
         let _gate = self.io_gate();
         let pieces = {
             let meta = self.read_meta()?;
-            Self::check_io(&meta, id, offset, buf.len() as u64, false)?;
-            Self::resolve(&meta, id, offset, buf.len() as u64)?
+            Self::check_io(&meta, id, offset, len, false)?;
+            Self::resolve(&meta, id, offset, len)?
         };
-        self.read_pieces(pieces, buf)
+        self.read_pieces(pieces, buf, None)
     }
 
-    /// Reads resolved pieces into `buf` (their lengths add up to its length).
-    fn read_pieces(&self, pieces: Vec<Piece>, buf: &mut [u8]) -> Result<()> {
+    /// Reads resolved pieces into `buf` (their lengths add up to its
+    /// length); `origin` reads the pieces of a copy-on-write volume's device.
+    fn read_pieces(
+        &self,
+        pieces: Vec<Piece>,
+        buf: &mut [u8],
+        origin: Option<&ReadOrigin<'_>>,
+    ) -> Result<()> {
         let mut at = 0usize;
         for piece in pieces {
             let out = &mut buf[at..at + piece.len as usize];
-            match piece.source {
-                Some(source) => self.store.dev.read_at(out, source)?,
-                None => out.fill(0),
+            match (piece.source, origin) {
+                (Source::Pool(source), _) => self.store.dev.read_at(out, source)?,
+                (Source::Origin(source), Some(read)) => read(out, source)?,
+                (Source::Origin(_), None) => {
+                    return Err(Error::inconsistent(
+                        "a read through an epoch without its volume",
+                    ))
+                }
+                (Source::Zeros, _) => out.fill(0),
             }
             at += piece.len as usize;
         }
@@ -1002,14 +1157,27 @@ impl Pool {
     pub fn allocation_map(&self, id: VolumeId, offset: u64, len: u64) -> Result<Vec<MapRun>> {
         let meta = self.read_meta()?;
         Self::check_io(&meta, id, offset, len, false)?;
+        let rec = meta.volume(id.0)?;
+        let pieces = match (rec.layout, rec.backing) {
+            // A copy-on-write volume's device holds all of it.
+            (arbor_format::DataLayout::Cow(_), _) => vec![Piece {
+                len,
+                source: Source::Origin(offset),
+            }],
+            (_, Some(backing)) => {
+                let pieces = Self::resolve(&meta, id, offset, len)?;
+                Self::resolve_view(&meta, backing, offset, pieces)?
+            }
+            _ => Self::resolve(&meta, id, offset, len)?,
+        };
         let mut at = offset;
-        Ok(Self::resolve(&meta, id, offset, len)?
+        Ok(pieces
             .into_iter()
             .map(|p| {
                 let run = MapRun {
                     offset: at,
                     len: p.len,
-                    mapped: p.source.is_some(),
+                    mapped: p.source != Source::Zeros,
                 };
                 at += p.len;
                 run
@@ -1019,8 +1187,24 @@ impl Pool {
 
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
-        Self::check_io(&*self.read_meta()?, id, offset, data.len() as u64, true)?;
+        let layout = self.check_write(id, offset, data.len() as u64)?.0;
+        if let arbor_format::DataLayout::Cow(_) = layout {
+            return self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
+        }
         self.apply_all(Unit::data(id, offset, data))
+    }
+
+    /// Checks a write request; returns the volume's layout and backing.
+    fn check_write(
+        &self,
+        id: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<(arbor_format::DataLayout, Option<arbor_format::Backing>)> {
+        let meta = self.read_meta()?;
+        Self::check_io(&meta, id, offset, len, true)?;
+        let rec = meta.volume(id.0)?;
+        Ok((rec.layout, rec.backing))
     }
 
     /// Discards a range: whole chunks are unmapped (their space freed once no
@@ -1040,8 +1224,15 @@ impl Pool {
         len: u64,
         keep_allocation: bool,
     ) -> Result<()> {
-        Self::check_io(&*self.read_meta()?, id, offset, len, true)?;
-        self.apply_all(Unit::zeros(id, offset, len, !keep_allocation))
+        let (layout, backing) = self.check_write(id, offset, len)?;
+        if let arbor_format::DataLayout::Cow(_) = layout {
+            // The device keeps every chunk: zeros are written.
+            return self.cow_write(id.0, offset, len, Fill::Zeros);
+        }
+        // A volume reading through an epoch reads that epoch where it maps
+        // nothing, so it cannot unmap: zeros are written.
+        let unmap = !keep_allocation && backing.is_none();
+        self.apply_all(Unit::zeros(id, offset, len, unmap))
     }
 
     // ---- reclaim and statistics ------------------------------------------------
@@ -1067,13 +1258,18 @@ impl Pool {
                     m.reclaim_step(STEP.min(max_nodes - total))
                 })?
             };
+            // Then the copies of copy-on-write volumes no epoch reads.
+            let done = match done {
+                0 => self.sweep_stores()?,
+                n => n,
+            };
             if done == 0 {
                 break;
             }
             total += done;
         }
         if total > 0 {
-            self.flush()?;
+            self.commit_open()?;
         }
         Ok(total)
     }
@@ -1099,7 +1295,7 @@ impl Pool {
                 .filter(|(_, r)| r.kind == VolumeKind::Volume)
                 .count() as u64,
             snapshots,
-            reclaim_pending: meta.reclaim_pending(),
+            reclaim_pending: meta.reclaim_pending() || self.origins.sweeping(),
             txn: meta.meta().txn() - 1,
             split_units: self.split_units.load(Ordering::Relaxed),
         })
@@ -1109,7 +1305,36 @@ impl Pool {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;
         let cs = self.chunk_size();
+        if let arbor_format::DataLayout::Cow(_) = rec.layout {
+            // Its data is its device's; its store's copies belong to its
+            // snapshots (each reports what only it reads).
+            return Ok(VolumeStats {
+                logical_bytes: rec.size_bytes,
+                mapped_bytes: rec.size_bytes,
+                exclusive_bytes: 0,
+                shared_bytes: 0,
+            });
+        }
         let exclusive = meta.meta().exclusive_chunks(rec.root)?;
+        // The copies only this record's epoch reads, if no other record
+        // reads through that epoch: destroying it frees them.
+        let copies = match rec.backing {
+            Some(b) if meta.table().readers_of_epoch(b.origin, b.epoch) == 1 => {
+                meta.copies_only_for(b.origin, b.epoch)?
+            }
+            _ => 0,
+        };
+        if copies > 0 {
+            return Ok(VolumeStats {
+                logical_bytes: rec.size_bytes,
+                mapped_bytes: rec.mapped_chunks.saturating_mul(cs).saturating_add(copies),
+                exclusive_bytes: exclusive.saturating_mul(cs).saturating_add(copies),
+                shared_bytes: rec
+                    .mapped_chunks
+                    .saturating_sub(exclusive)
+                    .saturating_mul(cs),
+            });
+        }
         Ok(VolumeStats {
             logical_bytes: rec.size_bytes,
             // The record's counter is only checked by `check`: a damaged one
@@ -1130,7 +1355,11 @@ impl Pool {
     pub fn same_tree(&self, a: VolumeId, b: VolumeId) -> Result<bool> {
         let meta = self.read_meta()?;
         let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
-        Ok(va.root == vb.root && va.size_bytes == vb.size_bytes)
+        Ok(va.root == vb.root
+            && va.size_bytes == vb.size_bytes
+            && va.backing == vb.backing
+            && va.layout == arbor_format::DataLayout::Row
+            && vb.layout == arbor_format::DataLayout::Row)
     }
 
     /// Byte ranges where volumes `a` and `b` differ, found by walking only the
@@ -1147,6 +1376,8 @@ impl Pool {
     pub fn diff_in(&self, a: VolumeId, b: VolumeId, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
         let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
+        tree_only(va)?;
+        tree_only(vb)?;
         let (ra, rb) = (va.root, vb.root);
         let cs = self.chunk_size();
         let (first, end) = (from / cs, to.div_ceil(cs));
@@ -1180,7 +1411,9 @@ impl Pool {
     /// Discarded ranges are not reported; [`Pool::diff`] reports those.
     pub fn changed_since(&self, id: VolumeId, since: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
-        let root = meta.visible_volume(id.0)?.root;
+        let rec = meta.visible_volume(id.0)?;
+        tree_only(rec)?;
+        let root = rec.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
         meta.meta()
             .changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
@@ -1281,6 +1514,20 @@ impl ByteRanges {
     }
 }
 
+/// Fails for a volume whose content is not all in its own tree (a
+/// copy-on-write volume, or one reading through its epochs): tree walks
+/// (diff, changed blocks) do not see the whole of it yet.
+fn tree_only(rec: &arbor_format::VolumeRecord) -> Result<()> {
+    if rec.layout != arbor_format::DataLayout::Row || rec.backing.is_some() {
+        return Err(Error::Unsupported(format!(
+            "{} is a copy-on-write volume or reads through one: \
+             diffs and changed blocks of these are not supported yet",
+            rec.name
+        )));
+    }
+    Ok(())
+}
+
 fn check_size(size: u64) -> Result<()> {
     if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
         return Err(Error::InvalidArgument(format!(
@@ -1300,8 +1547,23 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         created_txn: rec.created_txn,
         created_unix_secs: rec.created_unix_secs,
         // A damaged counter (reported by `check`) must not overflow here.
-        mapped_bytes: rec.mapped_chunks.saturating_mul(chunk),
+        mapped_bytes: match rec.layout {
+            // All of it is on its device.
+            arbor_format::DataLayout::Cow(_) => rec.size_bytes,
+            arbor_format::DataLayout::Row => rec.mapped_chunks.saturating_mul(chunk),
+        },
         guid: (rec.guid != [0; 16]).then_some(rec.guid),
+        layout: match (rec.layout, rec.backing) {
+            (arbor_format::DataLayout::Cow(cow), _) => VolumeLayout::CowExternal {
+                store_bytes: rec.mapped_chunks.saturating_mul(chunk),
+                epoch: cow.epoch,
+            },
+            (_, Some(b)) => VolumeLayout::ReadsThrough {
+                origin: VolumeId(b.origin),
+                epoch: b.epoch,
+            },
+            _ => VolumeLayout::Row,
+        },
     }
 }
 

@@ -36,6 +36,10 @@ pub(crate) struct VolumeTable {
     /// Per volume, the last transaction in which its tree was shared (see
     /// `Meta::try_in_place`). In memory only.
     shared_txn: HashMap<u64, u64>,
+    /// Live epochs: how many records read through each (copy-on-write
+    /// volume, epoch) (`VolumeRecord::backing`). Derived from `vols`, kept
+    /// with every change to it.
+    epochs: BTreeMap<(u64, u64), u32>,
     log: UndoLog<Undo>,
 }
 
@@ -50,9 +54,40 @@ impl VolumeTable {
                     rec.name
                 )));
             }
-            table.vols.insert(id, rec);
+            table.put(id, rec);
         }
         Ok(table)
+    }
+
+    /// Sets record `id` (the one place `vols` gains a record: the epoch
+    /// index follows).
+    fn put(&mut self, id: u64, rec: VolumeRecord) {
+        if let Some(b) = rec.backing {
+            *self.epochs.entry((b.origin, b.epoch)).or_default() += 1;
+        }
+        if let Some(old) = self.vols.insert(id, rec) {
+            self.unindex(&old);
+        }
+    }
+
+    /// Removes record `id` (the one place `vols` loses one).
+    fn take(&mut self, id: u64) -> Option<VolumeRecord> {
+        let rec = self.vols.remove(&id)?;
+        self.unindex(&rec);
+        Some(rec)
+    }
+
+    fn unindex(&mut self, rec: &VolumeRecord) {
+        if let Some(b) = rec.backing {
+            if let std::collections::btree_map::Entry::Occupied(mut e) =
+                self.epochs.entry((b.origin, b.epoch))
+            {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
     }
 
     // ---- reading ---------------------------------------------------------------
@@ -77,6 +112,40 @@ impl VolumeTable {
         !self.dirty.is_empty() || !self.removed.is_empty()
     }
 
+    /// The newest epoch of copy-on-write volume `origin` that some record
+    /// still reads through.
+    pub fn newest_live_epoch(&self, origin: u64) -> Option<u64> {
+        self.epochs
+            .range((origin, 0)..=(origin, u64::MAX))
+            .next_back()
+            .map(|(&(_, epoch), _)| epoch)
+    }
+
+    /// Whether any record reads through an epoch in `first ..= last` of
+    /// copy-on-write volume `origin`.
+    pub fn live_between(&self, origin: u64, first: u64, last: u64) -> bool {
+        first <= last
+            && self
+                .epochs
+                .range((origin, first)..=(origin, last))
+                .next()
+                .is_some()
+    }
+
+    /// How many records read through epoch `epoch` of copy-on-write volume
+    /// `origin`.
+    pub fn readers_of_epoch(&self, origin: u64, epoch: u64) -> u32 {
+        self.epochs.get(&(origin, epoch)).copied().unwrap_or(0)
+    }
+
+    /// How many live epochs copy-on-write volume `origin` has, and how many
+    /// records read through them.
+    pub fn readers_of(&self, origin: u64) -> (usize, u64) {
+        self.epochs
+            .range((origin, 0)..=(origin, u64::MAX))
+            .fold((0, 0), |(e, r), (_, &n)| (e + 1, r + u64::from(n)))
+    }
+
     // ---- changing --------------------------------------------------------------
 
     fn note(&mut self, undo: impl FnOnce(&Self) -> Undo) {
@@ -98,7 +167,7 @@ impl VolumeTable {
         self.note(|t| Undo::Name(rec.name.clone(), t.names.get(&rec.name).copied()));
         self.names.insert(rec.name.clone(), id);
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
-        self.vols.insert(id, rec);
+        self.put(id, rec);
         self.mark_dirty(id);
     }
 
@@ -110,15 +179,15 @@ impl VolumeTable {
         }
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
         self.mark_dirty(id);
-        let rec = self
-            .vols
-            .get_mut(&id)
+        let mut rec = self
+            .take(id)
             .ok_or_else(|| Error::inconsistent("volume record vanished"))?;
         #[cfg(debug_assertions)]
         let name = rec.name.clone();
-        let out = f(rec);
+        let out = f(&mut rec);
         #[cfg(debug_assertions)]
         debug_assert_eq!(rec.name, name, "volume renamed outside rename()");
+        self.put(id, rec);
         Ok(out)
     }
 
@@ -147,8 +216,7 @@ impl VolumeTable {
         let name = rec.name.clone();
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
         let rec = self
-            .vols
-            .remove(&id)
+            .take(id)
             .ok_or_else(|| Error::inconsistent("volume record vanished"))?;
         self.note(|t| Undo::Name(name.clone(), t.names.get(&name).copied()));
         self.names.remove(&name);
@@ -200,11 +268,9 @@ impl VolumeTable {
     pub fn rollback(&mut self, sp: TableSavepoint) {
         let mut log = std::mem::take(&mut self.log);
         log.rollback(sp.0, |undo| match undo {
-            Undo::Record(id, Some(rec)) => {
-                self.vols.insert(id, rec);
-            }
+            Undo::Record(id, Some(rec)) => self.put(id, rec),
             Undo::Record(id, None) => {
-                self.vols.remove(&id);
+                self.take(id);
             }
             Undo::Name(name, Some(id)) => {
                 self.names.insert(name, id);
@@ -250,6 +316,8 @@ mod tests {
             name: name.into(),
             guid: [1; 16],
             receive: Default::default(),
+            layout: Default::default(),
+            backing: None,
         }
     }
 
@@ -268,8 +336,8 @@ mod tests {
                 let mut s: Vec<_> = t.shared_txn.iter().collect();
                 s.sort();
                 s
-            }
-        )
+            },
+        ) + &format!(" {:?}", t.epochs)
     }
 
     #[test]

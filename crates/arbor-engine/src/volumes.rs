@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
+mod cow;
+pub(crate) use cow::CopyPlan;
+
 /// The volume layer over the open transaction (see the module comment).
 pub(crate) struct Volumes {
     meta: Meta,
@@ -333,6 +336,16 @@ impl Volumes {
                     .into(),
             ));
         }
+        if let Some(base) = base {
+            let rec = self.volume(base)?;
+            if rec.backing.is_some() || rec.layout != arbor_format::DataLayout::Row {
+                return Err(Error::Unsupported(format!(
+                    "{} reads through a copy-on-write volume: incremental streams onto it \
+                     are not supported yet",
+                    rec.name
+                )));
+            }
+        }
         let name = receiving_name(volume);
         self.ensure_name_free(&name)?;
         let id = match base {
@@ -455,6 +468,9 @@ impl Volumes {
     /// Deletes volume or snapshot `id`. A held snapshot is refused unless
     /// `force`, which releases its holds too.
     pub fn delete_checked(&mut self, id: u64, force: bool) -> Result<()> {
+        if let arbor_format::DataLayout::Cow(_) = self.volume(id)?.layout {
+            self.check_no_readers(id)?;
+        }
         let holds = self.holds(id);
         if !holds.is_empty() {
             if !force {
@@ -620,6 +636,8 @@ impl Volumes {
                 [0; 16]
             },
             receive: Default::default(),
+            layout: Default::default(),
+            backing: None,
         };
         self.table.insert(id, rec);
         id
@@ -629,6 +647,14 @@ impl Volumes {
     /// on the source's root).
     pub fn share_volume(&mut self, source: u64, name: String, kind: VolumeKind) -> Result<u64> {
         let src = self.volume(source)?.clone();
+        if let arbor_format::DataLayout::Cow(_) = src.layout {
+            if kind != VolumeKind::Snapshot {
+                return Err(Error::inconsistent(
+                    "a copy-on-write volume is shared only by its snapshots",
+                ));
+            }
+            return self.snapshot_cow(source, name);
+        }
         if !src.root.is_none() {
             self.meta.tree_share(src.root)?;
         }
@@ -640,6 +666,9 @@ impl Volumes {
             source,
             src.mapped_chunks,
         );
+        if src.backing.is_some() {
+            self.update_volume(id, |rec| rec.backing = src.backing)?;
+        }
         self.note_shared(source);
         self.note_shared(id);
         Ok(id)

@@ -79,7 +79,7 @@ fn older_pools_need_an_upgrade_for_properties() {
         Err(Error::Unsupported(_))
     ));
     assert!(pool.upgrade().unwrap());
-    assert_eq!(pool.format_version(), 4);
+    assert_eq!(pool.format_version(), arbor_format::FORMAT_VERSION);
     pool.set_property(None, "p", b"x").unwrap();
     drop(pool);
     assert_eq!(reopen(&disk).property(None, "p").unwrap().unwrap(), b"x");

@@ -136,6 +136,132 @@ pub struct ReceiveState {
     pub offset: u64,
 }
 
+/// Identifies the device under an external origin (version 5): for a
+/// regular file its filesystem's device number and its inode number, for
+/// a block device its device number (`rdev`) and 0. Attaching checks it, so a
+/// different file or disk under the same path is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct DeviceIdentity {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Where a copy-on-write volume's own data lives (version 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Home {
+    /// An external file or block device, left in place (`arbor origin attach`).
+    External(DeviceIdentity),
+}
+
+/// A copy-on-write volume (version 5): its data stays in its home and is
+/// written in place; before a chunk is overwritten for the first time
+/// since the newest snapshot, its old content is copied once into the
+/// volume's snapshot store (the record's tree), shared by every snapshot
+/// that still sees it (docs/FORMAT.md §6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CowState {
+    pub home: Home,
+    /// The newest epoch given to a snapshot (0: none yet). Epochs count
+    /// from 1 and are never reused; at most [`MAX_EPOCH`].
+    pub epoch: u64,
+    /// A rollback to this epoch is in progress (0: none): it is finished
+    /// before the volume serves I/O again.
+    pub rollback: u64,
+}
+
+/// Most snapshots one copy-on-write volume can ever take (store keys hold
+/// the epoch in 32 bits).
+pub const MAX_EPOCH: u64 = u32::MAX as u64 - 1;
+/// Most chunks of a copy-on-write volume (store keys hold the chunk in 32 bits).
+pub const MAX_COW_CHUNKS: u64 = 1 << 32;
+
+/// How a volume keeps its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataLayout {
+    /// Redirect-on-write in the pool: the record's tree maps the volume
+    /// (every volume before version 5).
+    #[default]
+    Row,
+    /// Copy-on-write: see [`CowState`].
+    Cow(CowState),
+}
+
+/// A volume whose unmapped chunks read as a copy-on-write volume read at
+/// one of its snapshots' epochs (version 5): the snapshots of a
+/// copy-on-write volume, their clones and the clones' snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backing {
+    /// The copy-on-write volume.
+    pub origin: u64,
+    /// The epoch read through.
+    pub epoch: u64,
+}
+
+/// Record flags (version 5; offset 56 of a record).
+const FLAG_COW: u32 = 1;
+const FLAG_EXTERNAL: u32 = 2;
+const FLAG_BACKED: u32 = 4;
+const KNOWN_FLAGS: u32 = FLAG_COW | FLAG_EXTERNAL | FLAG_BACKED;
+
+/// The key of a snapshot-store entry: chunk `chunk`, epochs from `first`.
+pub fn store_key(chunk: u64, first: u64) -> u64 {
+    debug_assert!(chunk < MAX_COW_CHUNKS && first <= MAX_EPOCH);
+    (chunk << 32) | first
+}
+
+/// The chunk and first epoch of a snapshot-store key.
+pub fn split_store_key(key: u64) -> (u64, u64) {
+    (key >> 32, key & u64::from(u32::MAX))
+}
+
+/// A snapshot-store entry (the value of a leaf of a copy-on-write volume's
+/// tree, keyed by [`store_key`]): the content chunk `chunk` had in epochs
+/// `first ..= last`, copied to data chunk `pchunk` in transaction `gen`.
+/// Laid out as a [`MapValue`] of one chunk whose reserved word holds
+/// `last`, so the reference counting, checking and reclaim of mapping trees
+/// apply unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreValue {
+    pub pchunk: u64,
+    pub last: u64,
+    pub gen: u64,
+}
+
+impl StoreValue {
+    pub const ENCODED_LEN: usize = MapValue::ENCODED_LEN;
+
+    pub fn encode(&self, out: &mut [u8]) {
+        MapValue {
+            pchunk: self.pchunk,
+            len: 1,
+            gen: self.gen,
+        }
+        .encode(out);
+        // Epochs fit 32 bits (MAX_EPOCH).
+        out[12..16].copy_from_slice(&(self.last.min(MAX_EPOCH) as u32).to_le_bytes());
+    }
+
+    /// Decodes the entry stored under `key`.
+    pub fn decode(key: u64, bytes: &[u8]) -> Result<Self, FormatError> {
+        let map = MapValue::decode(bytes)?;
+        let last = u64::from(u32::from_le_bytes([
+            bytes[12], bytes[13], bytes[14], bytes[15],
+        ]));
+        let (_, first) = split_store_key(key);
+        if map.len != 1 || first == 0 || last < first {
+            return Err(FormatError::Invalid(format!(
+                "snapshot-store entry of {} chunks for epochs {first} to {last}",
+                map.len
+            )));
+        }
+        Ok(Self {
+            pchunk: map.pchunk,
+            last,
+            gen: map.gen,
+        })
+    }
+}
+
 /// A volume-table value: everything the pool knows about one volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeRecord {
@@ -156,6 +282,10 @@ pub struct VolumeRecord {
     pub guid: Guid,
     /// For [`VolumeKind::Receiving`] only (zeros otherwise).
     pub receive: ReceiveState,
+    /// How the volume keeps its data (version 5; [`DataLayout::Row`] before).
+    pub layout: DataLayout,
+    /// What its unmapped chunks read through (version 5; None before).
+    pub backing: Option<Backing>,
 }
 
 impl VolumeRecord {
@@ -174,8 +304,33 @@ impl VolumeRecord {
         out[80..96].copy_from_slice(&self.receive.target);
         out[96..112].copy_from_slice(&self.receive.base);
         put_u64(out, 112, self.receive.offset);
-        // 120..128 reserved.
+        // 120..128 reserved. Receives are never copy-on-write or backed
+        // (`decode` refuses it), so those fields share 80..120.
+        let mut flags = 0;
+        if let DataLayout::Cow(cow) = self.layout {
+            flags |= FLAG_COW;
+            put_u64(out, 80, cow.epoch);
+            put_u64(out, 88, cow.rollback);
+            match cow.home {
+                Home::External(identity) => {
+                    flags |= FLAG_EXTERNAL;
+                    put_u64(out, 96, identity.dev);
+                    put_u64(out, 104, identity.ino);
+                }
+            }
+        }
+        if let Some(backing) = self.backing {
+            flags |= FLAG_BACKED;
+            put_u64(out, 80, backing.origin);
+            put_u64(out, 88, backing.epoch);
+        }
+        out[56..60].copy_from_slice(&flags.to_le_bytes());
         self.encode_name(out, Self::NAME_AT);
+    }
+
+    /// The record's flags word (version 5).
+    pub fn flags(bytes: &[u8]) -> u32 {
+        u32::from_le_bytes([bytes[56], bytes[57], bytes[58], bytes[59]])
     }
 
     /// Encodes as a version 1 table value ([`Self::ENCODED_LEN_V1`] bytes):
@@ -210,6 +365,68 @@ impl VolumeRecord {
         check_len(bytes, Self::ENCODED_LEN, "volume record")?;
         let mut rec = Self::decode_common(bytes, Self::NAME_AT, true)?;
         rec.guid.copy_from_slice(&bytes[64..80]);
+        let flags = Self::flags(bytes);
+        if flags & !KNOWN_FLAGS != 0
+            || (flags & FLAG_EXTERNAL != 0 && flags & FLAG_COW == 0)
+            || (flags & FLAG_COW != 0 && flags & FLAG_BACKED != 0)
+        {
+            return Err(FormatError::Invalid(format!(
+                "volume record {}: flags {flags:#x}",
+                rec.name
+            )));
+        }
+        if flags != 0 {
+            if flags & FLAG_COW != 0 && rec.kind != VolumeKind::Volume
+                || flags & FLAG_BACKED != 0 && !rec.kind.is_visible()
+            {
+                return Err(FormatError::Invalid(format!(
+                    "volume record {}: flags {flags:#x} on a record of kind {:?}",
+                    rec.name, rec.kind
+                )));
+            }
+            if flags & FLAG_COW != 0 {
+                if flags & FLAG_EXTERNAL == 0 {
+                    return Err(FormatError::Invalid(format!(
+                        "volume record {}: a copy-on-write volume with no home",
+                        rec.name
+                    )));
+                }
+                let cow = CowState {
+                    home: Home::External(DeviceIdentity {
+                        dev: get_u64(bytes, 96),
+                        ino: get_u64(bytes, 104),
+                    }),
+                    epoch: get_u64(bytes, 80),
+                    rollback: get_u64(bytes, 88),
+                };
+                if cow.epoch > MAX_EPOCH || cow.rollback > cow.epoch {
+                    return Err(FormatError::Invalid(format!(
+                        "volume record {}: epoch {} (rollback to {})",
+                        rec.name, cow.epoch, cow.rollback
+                    )));
+                }
+                rec.layout = DataLayout::Cow(cow);
+            } else {
+                let backing = Backing {
+                    origin: get_u64(bytes, 80),
+                    epoch: get_u64(bytes, 88),
+                };
+                if backing.origin == 0 || backing.epoch == 0 || backing.epoch > MAX_EPOCH {
+                    return Err(FormatError::Invalid(format!(
+                        "volume record {}: backed by volume {} at epoch {}",
+                        rec.name, backing.origin, backing.epoch
+                    )));
+                }
+                rec.backing = Some(backing);
+            }
+            if get_u64(bytes, 112) != 0 || bytes[120..128].iter().any(|&b| b != 0) {
+                return Err(FormatError::Invalid(format!(
+                    "volume record {}: reserved bytes set",
+                    rec.name
+                )));
+            }
+            return Ok(rec);
+        }
         rec.receive.target.copy_from_slice(&bytes[80..96]);
         rec.receive.base.copy_from_slice(&bytes[96..112]);
         rec.receive.offset = get_u64(bytes, 112);
@@ -272,6 +489,8 @@ impl VolumeRecord {
             name,
             guid: [0; 16],
             receive: ReceiveState::default(),
+            layout: DataLayout::Row,
+            backing: None,
         })
     }
 }
@@ -306,6 +525,8 @@ mod tests {
             name: "vm1@monday".into(),
             guid: [7; 16],
             receive: ReceiveState::default(),
+            layout: Default::default(),
+            backing: None,
         };
         let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
         rec.encode(&mut buf);
@@ -355,6 +576,8 @@ mod tests {
                 base: [0; 16],
                 offset: 512,
             },
+            layout: Default::default(),
+            backing: None,
         };
         let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
         rec.encode(&mut buf);

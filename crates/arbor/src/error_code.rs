@@ -35,6 +35,9 @@ pub enum ErrorCode {
     TransactionFull,
     Corrupt,
     Io,
+    /// The external device of a copy-on-write volume is not attached,
+    /// vanished, shrank or failed (the pool goes on).
+    OriginUnavailable,
     /// The pool stopped after a failed commit.
     PoolFailed,
     /// The operation conflicts with the pool's state (a receive of another
@@ -76,6 +79,7 @@ impl ErrorCode {
             E::Failed(_) => Self::PoolFailed,
             E::Conflict(_) => Self::Conflict,
             E::Unsupported(_) => Self::Unsupported,
+            E::Origin(_) => Self::OriginUnavailable,
         }
     }
 
@@ -119,6 +123,7 @@ impl ErrorCode {
             Self::Corrupt | Self::Io | Self::PoolFailed | Self::Internal | Self::Unknown => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            Self::OriginUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -144,6 +149,7 @@ impl ErrorCode {
             | Self::UnsupportedMediaType
             | Self::TransactionFull
             | Self::Io
+            | Self::OriginUnavailable
             | Self::PoolFailed
             | Self::Internal
             | Self::Unknown => Exit::Failure,
@@ -155,7 +161,7 @@ impl ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 25] = [
+    const ALL: [ErrorCode; 26] = [
         ErrorCode::InvalidName,
         ErrorCode::InvalidArgument,
         ErrorCode::BadRequest,
@@ -173,6 +179,7 @@ mod tests {
         ErrorCode::TransactionFull,
         ErrorCode::Corrupt,
         ErrorCode::Io,
+        ErrorCode::OriginUnavailable,
         ErrorCode::PoolFailed,
         ErrorCode::Conflict,
         ErrorCode::Unsupported,

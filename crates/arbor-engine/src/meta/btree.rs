@@ -153,6 +153,46 @@ impl Meta {
         }
     }
 
+    /// The entry with the greatest key ≤ `key` anywhere in the tree (unlike
+    /// [`Self::tree_get_le`], which looks only in the leaf whose range holds
+    /// `key`): snapshot stores key an entry by its first epoch, and the
+    /// entry covering an epoch may sit in an earlier leaf. Reads at most two
+    /// paths: a subtree that holds nothing ≤ `key` is the one whose range
+    /// holds it, and the one before it is non-empty and wholly below.
+    pub fn tree_get_below(&self, root: BlockRef, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        if root.is_none() {
+            return Ok(None);
+        }
+        let node = self.node(root)?;
+        let tree = node.tree;
+        self.get_below_in(&node, tree, key)
+    }
+
+    fn get_below_in(
+        &self,
+        node: &Node,
+        tree: TreeKind,
+        key: u64,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        match &node.body {
+            NodeBody::Leaf(_) => {
+                let i = node.keys.partition_point(|&k| k <= key);
+                Ok((i > 0).then(|| (node.keys[i - 1], node.value(i - 1).to_vec())))
+            }
+            NodeBody::Internal(children) => {
+                let at = child_index(&node.keys, key);
+                for i in (0..=at).rev() {
+                    let child = self.node(children[i])?;
+                    check_child_level(node, &child, tree)?;
+                    if let Some(found) = self.get_below_in(&child, tree, key)? {
+                        return Ok(Some(found));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
     /// Calls `f(key, value)` for each leaf entry with key in `[from, to)`, in
     /// order, until `f` returns false.
     pub fn tree_for_each(

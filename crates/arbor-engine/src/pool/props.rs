@@ -119,7 +119,7 @@ impl Pool {
         };
         // The size was bounded just above.
         let mut stored = vec![0u8; size as usize];
-        self.read_pieces(pieces, &mut stored)?;
+        self.read_pieces(pieces, &mut stored, None)?;
         let value =
             decode_property(&stored).map_err(|e| Error::corrupt(format!("property {key}"), e))?;
         Ok(Some(value.to_vec()))

@@ -222,6 +222,13 @@ impl Pool {
         const COMMITS_BEFORE_SPLIT: u32 = 2;
         let mut commits = 0;
         let mut made_room = false;
+        // A volume reading through a copy-on-write volume's epoch fills the
+        // partial chunks it redirects from what the epoch reads: no write
+        // of the copy-on-write volume may change those chunks meanwhile.
+        let backing = self.read_meta()?.volume(unit.id.0)?.backing;
+        let _view = backing.map(|b| {
+            self.lock_origin_stripes(b.origin, unit.chunk_range(self.chunk_size()), false)
+        });
         loop {
             self.commit_if_needed()?;
             match self.attempt(&unit) {
@@ -238,7 +245,7 @@ impl Pool {
                     made_room = true;
                 }
                 Err(Error::TransactionFull) if commits < COMMITS_BEFORE_SPLIT => {
-                    self.flush()?;
+                    self.commit_open()?;
                     commits += 1;
                 }
                 Err(Error::TransactionFull) => return self.apply_alone(&unit),
@@ -367,12 +374,14 @@ impl Pool {
             // All in place (the common overwrite): nothing to map.
             Ok(())
         } else {
-            self.write_new_chunks(unit, &wanted, &plans).and_then(|()| {
-                let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, privilege, |m| {
-                    m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
+            let backing = self.read_meta()?.volume(unit.id.0)?.backing;
+            self.write_new_chunks(unit, &wanted, &plans, backing)
+                .and_then(|()| {
+                    let mut meta = self.write_meta()?;
+                    self.mutate(&mut meta, privilege, |m| {
+                        m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
+                    })
                 })
-            })
         };
         if let Err(e) = mapped {
             // Nothing maps the new chunks: free them, unless the pool stopped
@@ -390,15 +399,7 @@ impl Pool {
     /// Locks the stripes of chunks `chunks` of volume `id`, in index order
     /// (so two units never wait for each other's stripes).
     fn lock_stripes(&self, id: u64, chunks: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
-        let indices: Vec<usize> = if chunks.end - chunks.start >= STRIPES as u64 {
-            (0..STRIPES).collect()
-        } else {
-            let mut v: Vec<usize> = chunks.map(|c| self.stripe_index(id, c)).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        indices
+        self.stripe_indices(id, chunks)
             .into_iter()
             .map(|i| lock_mutex(&self.stripes[i]))
             .collect()
@@ -410,6 +411,7 @@ impl Pool {
         unit: &Unit<'_>,
         wanted: &[ChunkWanted],
         plans: &[ChunkPlan],
+        backing: Option<arbor_format::Backing>,
     ) -> Result<()> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
@@ -430,8 +432,12 @@ impl Pool {
                 self.write_run(unit, &run)?;
             }
             let mut buf = vec![0u8; cs as usize];
-            if let Some(old) = old {
-                self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?;
+            match (old, backing) {
+                (Some(old), _) => self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?,
+                // Unmapped in a volume that reads through an epoch: what
+                // the epoch reads (its origin stripe is held, see `apply`).
+                (None, Some(backing)) => self.read_view_chunk(backing, w.chunk, &mut buf)?,
+                (None, None) => {}
             }
             let at = (span.start - w.chunk * cs) as usize;
             let len = (span.end - span.start) as usize;

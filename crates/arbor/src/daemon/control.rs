@@ -158,14 +158,10 @@ impl PoolControl {
             .into_iter()
             .map(|volume| {
                 // A volume destroyed since the listing has no space.
-                let s = self.pool.volume_stats(VolumeId(volume.id)).unwrap_or(
-                    arbor_engine::VolumeStats {
-                        logical_bytes: volume.size,
-                        mapped_bytes: 0,
-                        exclusive_bytes: 0,
-                        shared_bytes: 0,
-                    },
-                );
+                let s = self
+                    .pool
+                    .volume_stats(VolumeId(volume.id))
+                    .unwrap_or(arbor_engine::VolumeStats::unknown(volume.size));
                 OverviewVolume {
                     exclusive_bytes: s.exclusive_bytes,
                     shared_bytes: s.shared_bytes,

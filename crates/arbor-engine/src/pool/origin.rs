@@ -1,0 +1,790 @@
+//! Copy-on-write volumes whose data stays on an external device: a raw
+//! disk or image file snapshotted in place (`arbor origin attach`).
+//!
+//! The volume's own reads and writes go straight to its device. Its
+//! snapshots are records that read through an *epoch*; before a chunk is
+//! overwritten for the first time while an epoch still sees its old
+//! content, that content is copied once into the pool and mapped in the
+//! volume's snapshot store for every such epoch at once (`snapstore`).
+//!
+//! Order of a write to the device, per unit of chunks (the chunks' origin
+//! stripes held throughout, so no other write of those chunks, and no read
+//! of them through an epoch, runs meanwhile):
+//! 1. under the I/O gate: plan the copies the chunks need (one metadata
+//!    step, allocating their data chunks), read the old content from the
+//!    device and write it to them, and map them (a second step);
+//! 2. commit: the copies are durable and mapped;
+//! 3. under the I/O gate again, which no snapshot can pass while it is
+//!    held: plan once more; if nothing needs a copy now (a snapshot taken
+//!    meanwhile would), write the device.
+//!
+//! So the device is written only when every epoch that sees its old
+//! content has a durable copy, and a power cut at any point leaves every
+//! snapshot as it was taken. When the pool cannot take a copy (data or
+//! metadata full), the write fails with no space and the device is not
+//! touched: a snapshot is never invalidated.
+//!
+//! Errors of the device (it vanished, shrank, or failed) are
+//! [`Error::Origin`]: they fail the request and never stop the pool.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::AtomicBool;
+use std::sync::RwLockWriteGuard;
+
+use arbor_format::{Backing, DataLayout, DeviceIdentity, Home};
+
+use super::write::Fill;
+use super::*;
+use crate::volumes::CopyPlan;
+
+/// Store entries a rollback or a sweep handles per step.
+const BATCH: usize = 256;
+/// Bytes of one unit of a write to a copy-on-write volume (the NBD maximum
+/// payload, as for other writes).
+const UNIT_BYTES: u64 = 32 << 20;
+
+/// An attached external device.
+pub(crate) struct OriginDevice {
+    dev: Arc<dyn BlockDevice>,
+    /// Readers and writers of the volume hold it shared; a rollback holds it
+    /// exclusive.
+    busy: RwLock<()>,
+    /// Written since its last flush.
+    written: AtomicBool,
+}
+
+/// The external devices attached to the pool's copy-on-write volumes, and
+/// where a sweep of each volume's store goes on.
+#[derive(Default)]
+pub(crate) struct Origins {
+    devices: RwLock<HashMap<u64, Arc<OriginDevice>>>,
+    /// Volumes whose stores may hold copies no epoch reads, and the key to
+    /// sweep them from.
+    sweeps: Mutex<HashMap<u64, u64>>,
+}
+
+impl Origins {
+    fn get(&self, id: u64) -> Option<Arc<OriginDevice>> {
+        self.devices
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn insert(&self, id: u64, dev: Arc<OriginDevice>) {
+        self.devices
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, dev);
+    }
+
+    fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
+        self.devices
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+    }
+
+    fn all(&self) -> Vec<Arc<OriginDevice>> {
+        self.devices
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn sweep_from(&self, id: u64, from: u64) {
+        lock_mutex(&self.sweeps)
+            .entry(id)
+            .and_modify(|at| *at = (*at).min(from))
+            .or_insert(from);
+    }
+
+    pub(super) fn sweeping(&self) -> bool {
+        !lock_mutex(&self.sweeps).is_empty()
+    }
+
+    fn next_sweep(&self) -> Option<(u64, u64)> {
+        lock_mutex(&self.sweeps)
+            .iter()
+            .next()
+            .map(|(&id, &at)| (id, at))
+    }
+
+    fn sweep_done(&self, id: u64, next: Option<u64>) {
+        let mut sweeps = lock_mutex(&self.sweeps);
+        match next {
+            Some(at) => {
+                sweeps.insert(id, at);
+            }
+            None => {
+                sweeps.remove(&id);
+            }
+        }
+    }
+}
+
+/// What a listing says of an external copy-on-write volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginInfo {
+    pub id: VolumeId,
+    pub name: String,
+    pub size: u64,
+    pub identity: DeviceIdentity,
+    /// Its device is attached (after a restart, until `attach_origin`).
+    pub attached: bool,
+    /// A rollback to this epoch waits for the device (0: none).
+    pub rollback_epoch: u64,
+}
+
+/// The device error of copy-on-write volume `name`, with what the device
+/// looks like now when that explains it.
+fn device_error(name: &str, dev: &dyn BlockDevice, size: u64, e: std::io::Error) -> Error {
+    match dev.refresh_size() {
+        Ok(now) if now < size => Error::Origin(format!(
+            "{name}: its device shrank from {size} to {now} bytes ({e})"
+        )),
+        Err(why) => Error::Origin(format!("{name}: its device is unusable: {why} ({e})")),
+        Ok(_) => Error::Origin(format!("{name}: device I/O failed: {e}")),
+    }
+}
+
+/// A copy-on-write volume and its device, as one request uses them.
+struct Target<'a> {
+    id: u64,
+    name: &'a str,
+    size: u64,
+    d: &'a OriginDevice,
+}
+
+impl Target<'_> {
+    fn err(&self, e: std::io::Error) -> Error {
+        device_error(self.name, self.d.dev.as_ref(), self.size, e)
+    }
+
+    fn read(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        self.d.dev.read_at(buf, at).map_err(|e| self.err(e))
+    }
+
+    /// Writes `fill` over `[from, to)` of the device.
+    fn write(&self, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
+        self.d.written.store(true, Ordering::Release);
+        match fill {
+            Fill::Data(data) => self.d.dev.write_at(data, from).map_err(|e| self.err(e)),
+            Fill::Zeros => {
+                const ZERO_RUN: u64 = 1 << 20;
+                let zeros = vec![0u8; (to - from).min(ZERO_RUN) as usize];
+                let mut at = from;
+                while at < to {
+                    let n = (to - at).min(ZERO_RUN);
+                    self.d
+                        .dev
+                        .write_at(&zeros[..n as usize], at)
+                        .map_err(|e| self.err(e))?;
+                    at += n;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.d.dev.flush().map_err(|e| self.err(e))?;
+        self.d.written.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Makes the external device `dev` copy-on-write volume `name`, its data
+    /// left in place (`identity` says which file or disk it is; the pool
+    /// records it). If `name` is already such a volume whose device is not
+    /// attached (after a restart), attaches it again: `identity` and the
+    /// size must be the recorded ones. Finishes a rollback a power cut
+    /// interrupted.
+    pub fn attach_origin(
+        &self,
+        name: &str,
+        dev: Arc<dyn BlockDevice>,
+        identity: DeviceIdentity,
+    ) -> Result<VolumeId> {
+        check_volume_name(name)?;
+        let size = dev.size();
+        let existing = {
+            let meta = self.read_meta()?;
+            match meta.volume_id(name) {
+                Ok(id) => Some((id, meta.volume(id)?.clone())),
+                Err(_) => None,
+            }
+        };
+        let id = match existing {
+            Some((id, rec)) => {
+                let DataLayout::Cow(cow) = rec.layout else {
+                    return Err(Error::AlreadyExists(name.to_owned()));
+                };
+                let Home::External(recorded) = cow.home;
+                if recorded != identity {
+                    return Err(Error::Conflict(format!(
+                        "{name} was attached from another device (device {:#x}, inode {}); \
+                         this one is device {:#x}, inode {}",
+                        recorded.dev, recorded.ino, identity.dev, identity.ino
+                    )));
+                }
+                if size != rec.size_bytes {
+                    return Err(Error::Conflict(format!(
+                        "{name}'s device was {} bytes and is {size} now",
+                        rec.size_bytes
+                    )));
+                }
+                if self.origins.get(id).is_some() {
+                    // Attached already: only an interrupted rollback to finish.
+                    self.finish_rollback(id)?;
+                    return Ok(VolumeId(id));
+                }
+                id
+            }
+            None => {
+                if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
+                    return Err(Error::InvalidArgument(format!(
+                        "a device of {size} bytes: an origin must be a non-zero multiple of \
+                         {SECTOR} bytes up to {MAX_VOLUME_SIZE}"
+                    )));
+                }
+                self.manage(Privilege::Normal, |m| {
+                    m.add_cow_volume(name.to_owned(), size, Home::External(identity))
+                })?
+            }
+        };
+        self.origins.insert(
+            id,
+            Arc::new(OriginDevice {
+                dev,
+                busy: RwLock::new(()),
+                written: AtomicBool::new(false),
+            }),
+        );
+        self.finish_rollback(id)?;
+        Ok(VolumeId(id))
+    }
+
+    /// The pool's external copy-on-write volumes.
+    pub fn origins(&self) -> Result<Vec<OriginInfo>> {
+        let meta = self.read_meta()?;
+        let mut all = Vec::new();
+        for (id, cow) in meta.cow_volumes() {
+            let rec = meta.volume(id)?;
+            let Home::External(identity) = cow.home;
+            all.push(OriginInfo {
+                id: VolumeId(id),
+                name: rec.name.clone(),
+                size: rec.size_bytes,
+                identity,
+                attached: self.origins.get(id).is_some(),
+                rollback_epoch: cow.rollback,
+            });
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// Detaches external copy-on-write volume `name`: its device is left a
+    /// plain raw disk with the volume's current content (flushed), and the
+    /// volume is gone from the pool. Refused while snapshots or clones
+    /// read through it.
+    pub fn detach_origin(&self, name: &str) -> Result<()> {
+        let id = self.lookup(name)?.0;
+        let device = self.origins.get(id);
+        if let Some(d) = &device {
+            let _busy = write_lock(&d.busy);
+            let size = d.dev.size();
+            Target { id, name, size, d }.flush()?;
+        }
+        self.manage(Privilege::Reserve, |m| {
+            m.cow_state(id)?;
+            if m.volume_id(name)? != id {
+                return Err(Error::Conflict(format!("{name} changed meanwhile")));
+            }
+            m.delete_checked(id, false)
+        })?;
+        self.origins.remove(id);
+        Ok(())
+    }
+
+    fn origin_device(&self, id: u64, name: &str) -> Result<Arc<OriginDevice>> {
+        self.origins.get(id).ok_or_else(|| {
+            Error::Origin(format!(
+                "{name}: its device is not attached (arbor origin attach {name} PATH)"
+            ))
+        })
+    }
+
+    /// Runs `f` over copy-on-write volume `id` and its device, sharing the
+    /// device with other requests (a rollback waits for them, and they for
+    /// it). Refused while a rollback is unfinished.
+    fn with_target<T>(&self, id: u64, f: impl FnOnce(&Target<'_>) -> Result<T>) -> Result<T> {
+        let name = self.read_meta()?.cow_state(id)?.1.name.clone();
+        let d = self.origin_device(id, &name)?;
+        let _busy = read_lock(&d.busy);
+        let size = {
+            let meta = self.read_meta()?;
+            let (cow, rec) = meta.cow_state(id)?;
+            if cow.rollback != 0 {
+                return Err(Error::Origin(format!(
+                    "{}: a rollback was interrupted; run it again (arbor rollback)",
+                    rec.name
+                )));
+            }
+            rec.size_bytes
+        };
+        f(&Target {
+            id,
+            name: &name,
+            size,
+            d: &d,
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of copy-on-write volume `id`
+    /// (checked by the caller): straight from its device.
+    pub(super) fn cow_read(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.with_target(id, |t| t.read(buf, offset))
+    }
+
+    /// Writes `fill` over `[offset, offset + len)` of copy-on-write volume
+    /// `id` (checked by the caller), copying first what its epochs need.
+    pub(super) fn cow_write(&self, id: u64, offset: u64, len: u64, fill: Fill<'_>) -> Result<()> {
+        self.with_target(id, |t| self.cow_write_units(t, offset, len, fill))
+    }
+
+    fn cow_write_units(
+        &self,
+        target: &Target<'_>,
+        offset: u64,
+        len: u64,
+        fill: Fill<'_>,
+    ) -> Result<()> {
+        let cs = self.chunk_size();
+        let step = (UNIT_BYTES / cs).max(1) * cs;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let to = ((at / cs) * cs + step).min(end);
+            let part = match fill {
+                Fill::Data(data) => {
+                    Fill::Data(&data[(at - offset) as usize..(to - offset) as usize])
+                }
+                Fill::Zeros => Fill::Zeros,
+            };
+            self.cow_write_unit(target, at, to, part)?;
+            at = to;
+        }
+        Ok(())
+    }
+
+    /// One unit of [`Self::cow_write`]: the steps of the module
+    /// documentation.
+    fn cow_write_unit(&self, t: &Target<'_>, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
+        let cs = self.chunk_size();
+        let chunks = from / cs..to.div_ceil(cs);
+        let _stripes = self.lock_origin_stripes(t.id, chunks.clone(), true);
+        self.preserve(t, chunks.clone())?;
+        loop {
+            {
+                let _gate = self.io_gate();
+                let clear = {
+                    let meta = self.read_meta()?;
+                    let mut clear = true;
+                    for chunk in chunks.clone() {
+                        if meta.copy_needed(t.id, chunk)?.is_some() {
+                            clear = false;
+                            break;
+                        }
+                    }
+                    clear
+                };
+                if clear {
+                    return t.write(from, to, fill);
+                }
+            }
+            // A snapshot came between the copies and the gate.
+            self.preserve(t, chunks.clone())?;
+        }
+    }
+
+    /// Copies every chunk of `chunks` that needs it and commits, so the
+    /// copies are durable (caller holds the chunks' origin stripes). Makes
+    /// room and tries again once when the pool is full; splits a range
+    /// whose copies do not fit one transaction.
+    fn preserve(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<()> {
+        let mut made_room = false;
+        let mut committed = false;
+        loop {
+            self.commit_if_needed()?;
+            match self.copy_chunks(t, chunks.clone()) {
+                Ok(false) => return Ok(()),
+                Ok(true) => return self.commit_open(),
+                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
+                    if made_room || !self.make_room()? {
+                        return Err(e);
+                    }
+                    made_room = true;
+                }
+                Err(Error::TransactionFull) if !committed => {
+                    self.commit_open()?;
+                    committed = true;
+                }
+                Err(Error::TransactionFull) if chunks.end - chunks.start > 1 => {
+                    let mid = (chunks.start + chunks.end) / 2;
+                    self.preserve(t, chunks.start..mid)?;
+                    return self.preserve(t, mid..chunks.end);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Step 1 of the module documentation, once: returns whether anything
+    /// was copied.
+    fn copy_chunks(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<bool> {
+        let _gate = self.io_gate();
+        let plans = {
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, Privilege::Normal, |m| {
+                m.plan_copies(t.id, chunks)
+            })?
+        };
+        if plans.is_empty() {
+            return Ok(false);
+        }
+        let mapped = self.write_copies(t, &plans).and_then(|()| {
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, Privilege::Normal, |m| m.map_copies(t.id, &plans))
+        });
+        if let Err(e) = mapped {
+            if self.check_failed().is_ok() {
+                let mut meta = self.write_meta()?;
+                self.mutate(&mut meta, Privilege::Reserve, |m| m.release_copies(&plans))?;
+            }
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Copies the device's chunks of `plans` to their pool chunks (the
+    /// part of the last chunk past the volume's end as zeros).
+    fn write_copies(&self, t: &Target<'_>, plans: &[CopyPlan]) -> Result<()> {
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size;
+        let mut buf = vec![0u8; cs as usize];
+        for plan in plans {
+            let start = plan.chunk * cs;
+            let len = cs.min(t.size.saturating_sub(start)) as usize;
+            buf[len..].fill(0);
+            t.read(&mut buf[..len], start)?;
+            self.store
+                .dev
+                .write_at(&buf, geo.chunk_offset(plan.pchunk))?;
+        }
+        Ok(())
+    }
+
+    /// Locks the origin stripes of chunks `chunks` of copy-on-write volume
+    /// `id`, in index order: exclusive for its writes, shared for reads
+    /// through its epochs.
+    pub(super) fn lock_origin_stripes(
+        &self,
+        id: u64,
+        chunks: Range<u64>,
+        write: bool,
+    ) -> OriginStripes<'_> {
+        let indices = self.stripe_indices(id, chunks);
+        if write {
+            OriginStripes::Write(
+                indices
+                    .into_iter()
+                    .map(|i| write_lock(&self.origin_stripes[i]))
+                    .collect(),
+            )
+        } else {
+            OriginStripes::Read(
+                indices
+                    .into_iter()
+                    .map(|i| read_lock(&self.origin_stripes[i]))
+                    .collect(),
+            )
+        }
+    }
+
+    /// Flushes the devices written since their last flush.
+    pub(super) fn flush_origins(&self) -> Result<()> {
+        for d in self.origins.all() {
+            if d.written.swap(false, Ordering::AcqRel) {
+                if let Err(e) = d.dev.flush() {
+                    d.written.store(true, Ordering::Release);
+                    return Err(Error::Origin(format!(
+                        "the device of a copy-on-write volume failed to flush: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rolls copy-on-write volume `id` back to epoch `epoch`: every chunk
+    /// the epoch reads from the store is written back to the device (the
+    /// volume's later snapshots get their copies first, as for any write),
+    /// and the snapshots are kept. The rollback is recorded first, so a
+    /// power cut part way finishes it when the device is attached again.
+    pub(super) fn cow_rollback(&self, id: u64, epoch: u64) -> Result<()> {
+        self.manage(Privilege::Normal, |m| {
+            let (cow, rec) = m.cow_state(id)?;
+            match cow.rollback {
+                0 => m.set_cow_rollback(id, epoch),
+                // An interrupted rollback to the same snapshot: go on.
+                same if same == epoch => Ok(()),
+                _ => Err(Error::Conflict(format!(
+                    "a rollback of {} to another snapshot was interrupted; run that one again first",
+                    rec.name
+                ))),
+            }
+        })?;
+        self.finish_rollback(id)
+    }
+
+    /// Finishes the rollback recorded in copy-on-write volume `id`, if any
+    /// and its device is attached.
+    fn finish_rollback(&self, id: u64) -> Result<()> {
+        let (name, size, epoch) = {
+            let meta = self.read_meta()?;
+            let (cow, rec) = meta.cow_state(id)?;
+            (rec.name.clone(), rec.size_bytes, cow.rollback)
+        };
+        if epoch == 0 {
+            return Ok(());
+        }
+        let Some(d) = self.origins.get(id) else {
+            return Ok(());
+        };
+        let cs = self.chunk_size();
+        {
+            let _busy = write_lock(&d.busy);
+            let target = Target {
+                id,
+                name: &name,
+                size,
+                d: &d,
+            };
+            let mut from = 0;
+            let mut buf = vec![0u8; cs as usize];
+            loop {
+                let (copies, next) = {
+                    let _gate = self.io_gate();
+                    self.read_meta()?.copies_of_epoch(id, epoch, from, BATCH)?
+                };
+                for copy in copies {
+                    // The copy stays while the rollback runs: the sweep
+                    // keeps what the rollback's epoch reads, whoever reads it.
+                    {
+                        let _gate = self.io_gate();
+                        self.store
+                            .dev
+                            .read_at(&mut buf, self.store.geo.chunk_offset(copy.pchunk))?;
+                    }
+                    // Written back as any write: later epochs get their
+                    // copies of what it replaces first.
+                    let start = copy.chunk * cs;
+                    let end = (start + cs).min(size);
+                    let data = &buf[..(end - start) as usize];
+                    self.cow_write_unit(&target, start, end, Fill::Data(data))?;
+                }
+                match next {
+                    Some(at) => from = at,
+                    None => break,
+                }
+            }
+            target.flush()?;
+        }
+        self.manage(Privilege::Reserve, |m| m.set_cow_rollback(id, 0))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of volume `id`, which reads
+    /// through epoch `backing` where its own tree maps nothing.
+    pub(super) fn read_through(
+        &self,
+        id: VolumeId,
+        backing: Backing,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let cs = self.chunk_size();
+        let len = buf.len() as u64;
+        let _stripes = self.lock_origin_stripes(
+            backing.origin,
+            offset / cs..(offset + len).div_ceil(cs),
+            false,
+        );
+        let _gate = self.io_gate();
+        let pieces = {
+            let meta = self.read_meta()?;
+            Self::check_io(&meta, id, offset, len, false)?;
+            if meta.volume(id.0)?.backing != Some(backing) {
+                return Err(Error::Conflict(
+                    "the volume changed meanwhile; try again".into(),
+                ));
+            }
+            let pieces = Self::resolve(&meta, id, offset, len)?;
+            Self::resolve_view(&meta, backing, offset, pieces)?
+        };
+        self.read_view_pieces(backing, pieces, buf)
+    }
+
+    /// Reads pieces resolved through epoch `backing` into `buf`; the device
+    /// must be attached only if a piece is on it.
+    fn read_view_pieces(&self, backing: Backing, pieces: Vec<Piece>, buf: &mut [u8]) -> Result<()> {
+        if !pieces.iter().any(|p| matches!(p.source, Source::Origin(_))) {
+            return self.read_pieces(pieces, buf, None);
+        }
+        let (name, size) = {
+            let meta = self.read_meta()?;
+            let (_, rec) = meta.cow_state(backing.origin)?;
+            (rec.name.clone(), rec.size_bytes)
+        };
+        let d = self.origin_device(backing.origin, &name)?;
+        let target = Target {
+            id: backing.origin,
+            name: &name,
+            size,
+            d: &d,
+        };
+        self.read_pieces(pieces, buf, Some(&|out, at| target.read(out, at)))
+    }
+
+    /// Replaces the zero pieces of `pieces` (a read at `offset` of a volume
+    /// that reads through `backing`) by what the epoch reads there: the
+    /// store's copy, else the device (zeros past its end).
+    pub(super) fn resolve_view(
+        meta: &Volumes,
+        backing: Backing,
+        offset: u64,
+        pieces: Vec<Piece>,
+    ) -> Result<Vec<Piece>> {
+        let geo = meta.meta().geo();
+        let cs = geo.chunk_size;
+        let (_, origin) = meta.cow_state(backing.origin)?;
+        let (root, size) = (origin.root, origin.size_bytes);
+        let mut out = Vec::with_capacity(pieces.len());
+        let mut pos = offset;
+        for piece in pieces {
+            let end = pos + piece.len;
+            if piece.source != Source::Zeros {
+                push_piece(&mut out, piece);
+                pos = end;
+                continue;
+            }
+            while pos < end {
+                let chunk = pos / cs;
+                let chunk_end = ((chunk + 1) * cs).min(end);
+                if pos >= size {
+                    push_piece(
+                        &mut out,
+                        Piece {
+                            len: end - pos,
+                            source: Source::Zeros,
+                        },
+                    );
+                    pos = end;
+                    break;
+                }
+                match meta.meta().store_lookup(root, chunk, backing.epoch)? {
+                    Some(copy) => push_piece(
+                        &mut out,
+                        Piece {
+                            len: chunk_end - pos,
+                            source: Source::Pool(geo.chunk_offset(copy.pchunk) + pos % cs),
+                        },
+                    ),
+                    None => {
+                        let device_end = chunk_end.min(size);
+                        push_piece(
+                            &mut out,
+                            Piece {
+                                len: device_end - pos,
+                                source: Source::Origin(pos),
+                            },
+                        );
+                        if chunk_end > device_end {
+                            push_piece(
+                                &mut out,
+                                Piece {
+                                    len: chunk_end - device_end,
+                                    source: Source::Zeros,
+                                },
+                            );
+                        }
+                    }
+                }
+                pos = chunk_end;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads chunk `chunk` as epoch `backing` sees it into `buf` (one
+    /// chunk; caller holds the chunk's origin stripe and the I/O gate).
+    pub(super) fn read_view_chunk(
+        &self,
+        backing: Backing,
+        chunk: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let cs = self.chunk_size();
+        let pieces = {
+            let meta = self.read_meta()?;
+            let zeros = vec![Piece {
+                len: cs,
+                source: Source::Zeros,
+            }];
+            Self::resolve_view(&meta, backing, chunk * cs, zeros)?
+        };
+        self.read_view_pieces(backing, pieces, buf)
+    }
+
+    /// Removes copies no epoch reads any more, up to a bounded number per
+    /// call; returns how many store entries it looked at (0: nothing to do).
+    pub(super) fn sweep_stores(&self) -> Result<usize> {
+        let Some((id, from)) = self.origins.next_sweep() else {
+            return Ok(0);
+        };
+        self.commit_if_needed()?;
+        let next = {
+            let mut meta = self.write_meta()?;
+            if !matches!(meta.volume(id).map(|r| r.layout), Ok(DataLayout::Cow(_))) {
+                self.origins.sweep_done(id, None);
+                return Ok(1);
+            }
+            self.mutate(&mut meta, Privilege::Reserve, |m| {
+                m.sweep_copies(id, from, BATCH)
+            })?
+        };
+        self.origins.sweep_done(id, next);
+        Ok(BATCH)
+    }
+}
+
+/// Origin stripe guards (see [`Pool::lock_origin_stripes`]).
+pub(super) enum OriginStripes<'a> {
+    Read(#[allow(dead_code)] Vec<RwLockReadGuard<'a, ()>>),
+    Write(#[allow(dead_code)] Vec<RwLockWriteGuard<'a, ()>>),
+}
+
+fn read_lock(l: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
+    // Guards no data: a poisoned lock is still a valid barrier.
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,313 @@
+//! Copy-on-write volumes in the volume layer: their snapshots (epochs),
+//! the copies their writes plan and map, and the sweep of copies no epoch
+//! reads any more (docs/FORMAT.md §6.1, docs/ARCHITECTURE.md
+//! "Copy-on-write volumes").
+
+use arbor_format::{
+    Backing, BlockRef, CowState, DataLayout, Home, VolumeKind, VolumeRecord, MAX_COW_CHUNKS,
+    MAX_EPOCH,
+};
+
+use super::Volumes;
+use crate::error::{Error, Result};
+use crate::snapstore::StoreEntry;
+
+/// A copy planned for one chunk of a copy-on-write volume: its content
+/// now goes to data chunk `pchunk`, for epochs `first ..= last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CopyPlan {
+    pub chunk: u64,
+    pub first: u64,
+    pub last: u64,
+    pub pchunk: u64,
+}
+
+/// The first format version with copy-on-write volumes.
+pub(crate) const COW_VERSION: u16 = 5;
+
+impl Volumes {
+    fn check_cow_supported(&self) -> Result<()> {
+        if self.meta.geo().version() < COW_VERSION || !self.has_identities() {
+            return Err(Error::Unsupported(
+                "this pool's format (version 4 or older) has no copy-on-write volumes; \
+                 upgrade it first (arbor pool upgrade)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The copy-on-write state of volume `id`.
+    pub fn cow_state(&self, id: u64) -> Result<(CowState, &VolumeRecord)> {
+        let rec = self.volume(id)?;
+        match rec.layout {
+            DataLayout::Cow(cow) => Ok((cow, rec)),
+            DataLayout::Row => Err(Error::inconsistent(format!(
+                "{} is not a copy-on-write volume",
+                rec.name
+            ))),
+        }
+    }
+
+    /// Adds copy-on-write volume `name` of `size` bytes whose data is in
+    /// `home`, with an empty snapshot store.
+    pub fn add_cow_volume(&mut self, name: String, size: u64, home: Home) -> Result<u64> {
+        self.check_cow_supported()?;
+        let cs = self.meta.geo().chunk_size;
+        if size.div_ceil(cs) > MAX_COW_CHUNKS {
+            return Err(Error::InvalidArgument(format!(
+                "a copy-on-write volume holds at most {MAX_COW_CHUNKS} chunks ({} bytes with this pool's chunks)",
+                MAX_COW_CHUNKS * cs
+            )));
+        }
+        if let Some((_, other)) = self
+            .table
+            .iter()
+            .find(|(_, r)| matches!(r.layout, DataLayout::Cow(c) if c.home == home))
+        {
+            return Err(Error::AlreadyExists(format!(
+                "{} (the same device is attached as {})",
+                name, other.name
+            )));
+        }
+        self.ensure_name_free(&name)?;
+        let id = self.add_volume(name, VolumeKind::Volume, size, BlockRef::NONE, 0, 0);
+        self.update_volume(id, |rec| {
+            rec.layout = DataLayout::Cow(CowState {
+                home,
+                epoch: 0,
+                rollback: 0,
+            })
+        })?;
+        Ok(id)
+    }
+
+    /// Snapshot `name` of copy-on-write volume `source`: a record reading
+    /// through the volume's next epoch, O(1) (no tree is shared: the
+    /// volume's later writes copy what the snapshot sees).
+    pub(super) fn snapshot_cow(&mut self, source: u64, name: String) -> Result<u64> {
+        let (cow, rec) = self.cow_state(source)?;
+        if cow.rollback != 0 {
+            return Err(Error::Conflict(format!(
+                "{} is being rolled back; try again when it is done",
+                rec.name
+            )));
+        }
+        if cow.epoch >= MAX_EPOCH {
+            return Err(Error::Unsupported(format!(
+                "{} has taken {MAX_EPOCH} snapshots, the most one copy-on-write volume can",
+                rec.name
+            )));
+        }
+        let size = rec.size_bytes;
+        let epoch = cow.epoch + 1;
+        self.update_volume(source, |rec| {
+            rec.layout = DataLayout::Cow(CowState { epoch, ..cow })
+        })?;
+        let id = self.add_volume(name, VolumeKind::Snapshot, size, BlockRef::NONE, source, 0);
+        self.update_volume(id, |rec| {
+            rec.backing = Some(Backing {
+                origin: source,
+                epoch,
+            })
+        })?;
+        Ok(id)
+    }
+
+    /// Whether chunk `chunk` of copy-on-write volume `id` must be copied
+    /// before it is overwritten: the epochs a new copy would serve (from
+    /// after the newest copy of the chunk to the newest epoch read), or
+    /// None when every epoch read has its copy already (or none is read).
+    pub fn copy_needed(&self, id: u64, chunk: u64) -> Result<Option<(u64, u64)>> {
+        let Some(newest) = self.table.newest_live_epoch(id) else {
+            return Ok(None);
+        };
+        let root = self.volume(id)?.root;
+        let covered = self
+            .meta
+            .store_newest(root, chunk)?
+            .map_or(0, |copy| copy.last);
+        Ok((newest > covered).then_some((covered + 1, newest)))
+    }
+
+    /// The planning step of a copy-on-write write: allocates a data chunk
+    /// for each chunk of `chunks` that needs a copy.
+    pub fn plan_copies(&mut self, id: u64, chunks: std::ops::Range<u64>) -> Result<Vec<CopyPlan>> {
+        self.cow_state(id)?;
+        let mut plans = Vec::new();
+        for chunk in chunks {
+            if let Some((first, last)) = self.copy_needed(id, chunk)? {
+                plans.push(CopyPlan {
+                    chunk,
+                    first,
+                    last,
+                    pchunk: self.meta.alloc_data()?,
+                });
+            }
+        }
+        Ok(plans)
+    }
+
+    /// The mapping step: puts the copies (written already) in the store.
+    pub fn map_copies(&mut self, id: u64, plans: &[CopyPlan]) -> Result<()> {
+        let mut root = self.volume(id)?.root;
+        let gen = self.meta.txn();
+        for plan in plans {
+            // The writer holds the chunks' origin stripes and the I/O gate
+            // since the plan, so nothing copied or snapshotted meanwhile: a
+            // paired check.
+            let needed = self.copy_needed(id, plan.chunk)?;
+            if needed != Some((plan.first, plan.last)) {
+                return Err(Error::inconsistent(format!(
+                    "chunk {} of volume {id} needs a copy for {needed:?}, planned for {}..={}",
+                    plan.chunk, plan.first, plan.last
+                )));
+            }
+            root = self.meta.store_insert(
+                root,
+                StoreEntry {
+                    chunk: plan.chunk,
+                    first: plan.first,
+                    last: plan.last,
+                    pchunk: plan.pchunk,
+                    gen,
+                },
+            )?;
+            self.update_volume(id, |rec| {
+                rec.root = root;
+                rec.mapped_chunks += 1;
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Drops the chunks of copies that were planned and not mapped.
+    pub fn release_copies(&mut self, plans: &[CopyPlan]) -> Result<()> {
+        for plan in plans {
+            self.meta.dec_data(plan.pchunk)?;
+        }
+        Ok(())
+    }
+
+    /// Removes up to `max` copies of copy-on-write volume `id` that no
+    /// epoch reads any more, from key `from` on; returns where to go on
+    /// (None: the end of the store was reached).
+    pub fn sweep_copies(&mut self, id: u64, from: u64, max: usize) -> Result<Option<u64>> {
+        let (cow, rec) = self.cow_state(id)?;
+        let root = rec.root;
+        let mut dead = Vec::new();
+        let mut next = None;
+        let table = &self.table;
+        self.meta.store_for_each(root, from, &mut |copy| {
+            if dead.len() == max {
+                next = Some(copy.key());
+                return Ok(false);
+            }
+            // A rollback in progress reads its epoch's copies too.
+            let rolled_back = (copy.first..=copy.last).contains(&cow.rollback);
+            if !rolled_back && !table.live_between(id, copy.first, copy.last) {
+                dead.push(copy.key());
+            }
+            Ok(true)
+        })?;
+        let mut root = root;
+        for key in &dead {
+            let (shadowed, copy) = self.meta.store_remove(root, *key)?;
+            let copy = copy.ok_or_else(|| Error::inconsistent("a swept copy vanished"))?;
+            self.meta.dec_data(copy.pchunk)?;
+            root = shadowed;
+        }
+        if !dead.is_empty() {
+            let n = dead.len() as u64;
+            self.update_volume(id, |rec| {
+                rec.root = root;
+                rec.mapped_chunks = rec.mapped_chunks.saturating_sub(n);
+            })?;
+        }
+        Ok(next)
+    }
+
+    /// Records that copy-on-write volume `id` is being rolled back to
+    /// `epoch` (0: done).
+    pub fn set_cow_rollback(&mut self, id: u64, epoch: u64) -> Result<()> {
+        let (cow, _) = self.cow_state(id)?;
+        self.update_volume(id, |rec| {
+            rec.layout = DataLayout::Cow(CowState {
+                rollback: epoch,
+                ..cow
+            })
+        })
+    }
+
+    /// Fails when copy-on-write volume `id` still has readers (snapshots,
+    /// their clones and the clones' snapshots).
+    pub fn check_no_readers(&self, id: u64) -> Result<()> {
+        let (epochs, readers) = self.table.readers_of(id);
+        if readers > 0 {
+            return Err(Error::Conflict(format!(
+                "{} has {readers} snapshot{} and clone{} reading through {epochs} of its epochs; \
+                 destroy them first",
+                self.volume(id)?.name,
+                if readers == 1 { "" } else { "s" },
+                if readers == 1 { "" } else { "s" },
+            )));
+        }
+        Ok(())
+    }
+
+    /// The copy-on-write volumes.
+    pub fn cow_volumes(&self) -> Vec<(u64, CowState)> {
+        self.table
+            .iter()
+            .filter_map(|(id, r)| match r.layout {
+                DataLayout::Cow(cow) => Some((id, cow)),
+                DataLayout::Row => None,
+            })
+            .collect()
+    }
+
+    /// Copies epoch `epoch` of copy-on-write volume `id` reads and the
+    /// volume does not (the chunks a rollback to it writes back), from key
+    /// `from` on, at most `max`; and where to go on (None: done).
+    pub fn copies_of_epoch(
+        &self,
+        id: u64,
+        epoch: u64,
+        from: u64,
+        max: usize,
+    ) -> Result<(Vec<StoreEntry>, Option<u64>)> {
+        let root = self.volume(id)?.root;
+        let mut found = Vec::new();
+        let mut next = None;
+        self.meta.store_for_each(root, from, &mut |copy| {
+            if found.len() == max {
+                next = Some(copy.key());
+                return Ok(false);
+            }
+            if copy.first <= epoch && epoch <= copy.last {
+                found.push(copy);
+            }
+            Ok(true)
+        })?;
+        Ok((found, next))
+    }
+
+    /// Bytes of copies that only epoch `epoch` of volume `origin` reads:
+    /// what destroying the last record reading it would free.
+    pub fn copies_only_for(&self, origin: u64, epoch: u64) -> Result<u64> {
+        let root = self.volume(origin)?.root;
+        let mut n = 0u64;
+        let table = &self.table;
+        self.meta.store_for_each(root, 0, &mut |copy| {
+            if copy.first <= epoch
+                && epoch <= copy.last
+                && !table.live_between(origin, copy.first, epoch - 1)
+                && !table.live_between(origin, epoch + 1, copy.last)
+            {
+                n += 1;
+            }
+            Ok(true)
+        })?;
+        Ok(n * self.meta.geo().chunk_size)
+    }
+}

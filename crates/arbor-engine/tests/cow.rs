@@ -1,0 +1,239 @@
+//! Copy-on-write volumes on an external device (`Pool::attach_origin`):
+//! the device stays a plain raw disk, snapshots read their point in time
+//! from the store's copies, one copy per chunk whatever the number of
+//! snapshots, and failures leave the device untouched.
+
+mod common;
+
+use std::sync::Arc;
+
+use arbor_engine::{DeviceIdentity, Error, Pool, VolumeId, VolumeLayout};
+use arbor_io::{BlockDevice, SimDisk};
+use common::*;
+
+const CS: u64 = 4096;
+const ORIGIN: u64 = 256 * 1024;
+
+fn identity(n: u64) -> DeviceIdentity {
+    DeviceIdentity { dev: 7, ino: n }
+}
+
+fn fill(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add((i / 512) as u8) | 1)
+        .collect()
+}
+
+/// A pool and an origin device filled with `fill(1, ..)`, attached as `disk`.
+fn attached() -> (SimDisk, Pool, SimDisk, VolumeId) {
+    let (disk, pool) = sim_pool(32 * MIB, CS as u32);
+    let origin = SimDisk::from_image(fill(1, ORIGIN as usize));
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    let id = pool.attach_origin("disk", dev, identity(1)).unwrap();
+    (disk, pool, origin, id)
+}
+
+fn read(pool: &Pool, id: VolumeId, len: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; len as usize];
+    pool.read(id, 0, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn snapshots_keep_their_point_in_time_and_the_device_stays_raw() {
+    let (_disk, pool, origin, disk) = attached();
+    let before = read(&pool, disk, ORIGIN);
+    assert_eq!(before, fill(1, ORIGIN as usize));
+    let s1 = pool.snapshot("disk@s1").unwrap();
+    pool.write(disk, 4096 + 512, &[9u8; 8192]).unwrap();
+    let mut now = before.clone();
+    now[4608..4608 + 8192].fill(9);
+    assert_eq!(read(&pool, disk, ORIGIN), now);
+    assert_eq!(read(&pool, s1, ORIGIN), before);
+    // The device itself holds the volume's current content.
+    assert_eq!(origin.handle().visible_image(), now);
+    // Three chunks were copied once.
+    match pool.info(disk).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, epoch } => {
+            assert_eq!((store_bytes, epoch), (3 * CS, 1));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A second write of the same chunks copies nothing more.
+    pool.write(disk, 4096, &[8u8; 4096]).unwrap();
+    now[4096..8192].fill(8);
+    assert_eq!(read(&pool, s1, ORIGIN), before);
+    assert_eq!(read(&pool, disk, ORIGIN), now);
+    assert_eq!(pool.volume_stats(s1).unwrap().exclusive_bytes, 3 * CS);
+    assert_clean(&pool);
+}
+
+#[test]
+fn one_copy_per_chunk_whatever_the_number_of_snapshots() {
+    let (_disk, pool, _origin, disk) = attached();
+    for i in 0..100 {
+        pool.snapshot(&format!("disk@s{i}")).unwrap();
+    }
+    let used = pool.pool_stats().unwrap().data_used_bytes;
+    pool.write(disk, 0, &[5u8; 4096]).unwrap();
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used + CS);
+    for i in 0..100 {
+        let s = pool.lookup(&format!("disk@s{i}")).unwrap();
+        assert_eq!(read(&pool, s, ORIGIN), fill(1, ORIGIN as usize));
+    }
+    assert_clean(&pool);
+}
+
+#[test]
+fn clones_of_snapshots_are_writable_and_independent() {
+    let (_disk, pool, _origin, disk) = attached();
+    pool.snapshot("disk@s1").unwrap();
+    let clone = pool.clone_snapshot("disk@s1", "c1").unwrap();
+    let base = fill(1, ORIGIN as usize);
+    // A partial write of an unmapped chunk of the clone keeps what the
+    // epoch reads around it.
+    pool.write(clone, 512, &[3u8; 1024]).unwrap();
+    pool.write(disk, 0, &[4u8; 8192]).unwrap();
+    let mut want = base.clone();
+    want[512..1536].fill(3);
+    assert_eq!(read(&pool, clone, ORIGIN), want);
+    // A snapshot of the clone reads through the same epoch.
+    let cs1 = pool.snapshot("c1@x").unwrap();
+    pool.write(clone, 8192, &[6u8; 4096]).unwrap();
+    assert_eq!(read(&pool, cs1, ORIGIN), want);
+    want[8192..12288].fill(6);
+    assert_eq!(read(&pool, clone, ORIGIN), want);
+    // The snapshot of the origin can go: the clone keeps its epoch alive.
+    pool.delete("disk@s1").unwrap();
+    while pool.reclaim(1024).unwrap() > 0 {}
+    assert_eq!(read(&pool, clone, ORIGIN), want);
+    pool.write(disk, 16384, &[7u8; 4096]).unwrap();
+    assert_eq!(read(&pool, clone, ORIGIN), want);
+    // Discards and zeroing of a clone write zeros (it cannot unmap).
+    pool.discard(clone, 0, 4096).unwrap();
+    want[0..4096].fill(0);
+    assert_eq!(read(&pool, clone, ORIGIN), want);
+    assert_clean(&pool);
+    // Destroying every reader frees every copy.
+    pool.delete("c1@x").unwrap();
+    pool.delete("c1").unwrap();
+    while pool.reclaim(1024).unwrap() > 0 {}
+    match pool.info(disk).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, .. } => assert_eq!(store_bytes, 0),
+        other => panic!("{other:?}"),
+    }
+    assert_clean(&pool);
+}
+
+#[test]
+fn rollback_writes_back_what_differs_and_keeps_the_snapshots() {
+    let (_disk, pool, origin, disk) = attached();
+    pool.snapshot("disk@a").unwrap();
+    pool.write(disk, 0, &[2u8; 16384]).unwrap();
+    let after_a = read(&pool, disk, ORIGIN);
+    let b = pool.snapshot("disk@b").unwrap();
+    pool.write(disk, 8192, &[3u8; 16384]).unwrap();
+    pool.rollback("disk", "disk@a").unwrap();
+    assert_eq!(read(&pool, disk, ORIGIN), fill(1, ORIGIN as usize));
+    assert_eq!(origin.handle().visible_image(), fill(1, ORIGIN as usize));
+    assert_eq!(read(&pool, b, ORIGIN), after_a);
+    pool.rollback("disk", "disk@b").unwrap();
+    assert_eq!(read(&pool, disk, ORIGIN), after_a);
+    assert_clean(&pool);
+}
+
+#[test]
+fn detach_is_refused_while_snapshots_read_through_and_leaves_a_raw_disk() {
+    let (_disk, pool, origin, disk) = attached();
+    pool.snapshot("disk@a").unwrap();
+    pool.write(disk, 0, &[2u8; 4096]).unwrap();
+    assert!(matches!(
+        pool.detach_origin("disk"),
+        Err(Error::Conflict(_))
+    ));
+    assert!(matches!(pool.delete("disk"), Err(Error::Conflict(_))));
+    pool.delete("disk@a").unwrap();
+    pool.detach_origin("disk").unwrap();
+    assert!(pool.lookup("disk").is_err());
+    let mut want = fill(1, ORIGIN as usize);
+    want[..4096].fill(2);
+    assert_eq!(origin.handle().durable_image(), want, "flushed on detach");
+    while pool.reclaim(1024).unwrap() > 0 {}
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, 0);
+    assert_clean(&pool);
+}
+
+#[test]
+fn a_full_pool_fails_the_write_and_leaves_the_device_untouched() {
+    let (_disk, pool, origin, disk) = attached();
+    pool.snapshot("disk@a").unwrap();
+    let filler = pool.create_volume("filler", 64 * MIB).unwrap();
+    let mut at = 0;
+    while pool.write(filler, at, &[1u8; 65536]).is_ok() {
+        at += 65536;
+    }
+    while pool.write(filler, at, &[1u8; 4096]).is_ok() {
+        at += 4096;
+    }
+    let device = origin.handle().visible_image();
+    assert!(matches!(
+        pool.write(disk, 0, &[9u8; 4096]),
+        Err(Error::NoSpace)
+    ));
+    assert_eq!(
+        origin.handle().visible_image(),
+        device,
+        "the device was written"
+    );
+    let snap = pool.lookup("disk@a").unwrap();
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    // Room again: the write goes through.
+    pool.delete("filler").unwrap();
+    while pool.reclaim(1024).unwrap() > 0 {}
+    pool.write(disk, 0, &[9u8; 4096]).unwrap();
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    assert_clean(&pool);
+}
+
+#[test]
+fn a_restart_needs_the_same_device_again() {
+    let (disk, pool, origin, id) = attached();
+    pool.snapshot("disk@a").unwrap();
+    pool.write(id, 0, &[2u8; 4096]).unwrap();
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    let info = pool.origins().unwrap();
+    assert_eq!(info.len(), 1);
+    assert!(!info[0].attached);
+    let mut buf = [0u8; 512];
+    assert!(matches!(pool.read(id, 0, &mut buf), Err(Error::Origin(_))));
+    let snap = pool.lookup("disk@a").unwrap();
+    // Reads of the snapshot need the device for chunks never copied.
+    assert!(matches!(
+        pool.read(snap, 8192, &mut buf),
+        Err(Error::Origin(_))
+    ));
+    // Another device, or the same one resized, is refused.
+    let other: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN));
+    assert!(matches!(
+        pool.attach_origin("disk", other, identity(2)),
+        Err(Error::Conflict(_))
+    ));
+    let bigger: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(2 * ORIGIN));
+    assert!(matches!(
+        pool.attach_origin("disk", bigger, identity(1)),
+        Err(Error::Conflict(_))
+    ));
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    pool.attach_origin("disk", dev, identity(1)).unwrap();
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    assert_eq!(read(&pool, id, 4096)[..], [2u8; 4096][..]);
+    // The same device cannot be a second volume.
+    let again: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    assert!(matches!(
+        pool.attach_origin("twin", again, identity(1)),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert_clean(&pool);
+}
