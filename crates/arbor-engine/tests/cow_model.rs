@@ -1,0 +1,261 @@
+//! Property test: random sequences of writes to a copy-on-write volume on
+//! an external device, snapshots of it, clones of the snapshots, writes
+//! and snapshots of the clones, rollbacks, destroys, reclaim, flushes and
+//! restarts, against a model of every volume's bytes. After every step
+//! each volume reads as the model says and the device itself, read
+//! without arbor, holds the origin's model; at the end `check` is clean,
+//! and once every snapshot and clone is destroyed and reclaimed, no copy
+//! is left behind.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arbor_engine::{DeviceIdentity, Pool, VolumeId, VolumeLayout};
+use arbor_io::{BlockDevice, SimDisk};
+use common::*;
+use proptest::prelude::*;
+
+const CS: u64 = 4096;
+/// Not a whole number of chunks: the last chunk is partial.
+const ORIGIN: u64 = 24 * CS + 1536;
+const SECTORS: u64 = ORIGIN / 512;
+const ID: DeviceIdentity = DeviceIdentity { dev: 1, ino: 2 };
+
+#[derive(Debug, Clone)]
+enum Op {
+    WriteOrigin { sector: u64, sectors: u64, tag: u8 },
+    ZeroOrigin { sector: u64, sectors: u64 },
+    Snapshot,
+    Clone { snap: usize },
+    WriteClone { clone: usize, sector: u64, sectors: u64, tag: u8 },
+    DiscardClone { clone: usize, sector: u64, sectors: u64 },
+    SnapshotClone { clone: usize },
+    RollbackClone { clone: usize, snap: usize },
+    Rollback { snap: usize },
+    Delete { reader: usize },
+    Reclaim,
+    Flush,
+    Reopen,
+}
+
+fn range() -> impl Strategy<Value = (u64, u64)> {
+    (0..SECTORS).prop_flat_map(|s| (Just(s), 1..=(SECTORS - s).min(40)))
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let idx = 0usize..32;
+    prop_oneof![
+        12 => (range(), any::<u8>()).prop_map(|((sector, sectors), tag)| Op::WriteOrigin { sector, sectors, tag }),
+        2 => range().prop_map(|(sector, sectors)| Op::ZeroOrigin { sector, sectors }),
+        5 => Just(Op::Snapshot),
+        3 => idx.clone().prop_map(|snap| Op::Clone { snap }),
+        6 => (idx.clone(), range(), any::<u8>()).prop_map(|(clone, (sector, sectors), tag)| Op::WriteClone { clone, sector, sectors, tag }),
+        1 => (idx.clone(), range()).prop_map(|(clone, (sector, sectors))| Op::DiscardClone { clone, sector, sectors }),
+        2 => idx.clone().prop_map(|clone| Op::SnapshotClone { clone }),
+        1 => (idx.clone(), idx.clone()).prop_map(|(clone, snap)| Op::RollbackClone { clone, snap }),
+        2 => idx.clone().prop_map(|snap| Op::Rollback { snap }),
+        3 => idx.prop_map(|reader| Op::Delete { reader }),
+        1 => Just(Op::Reclaim),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn bytes(tag: u8, sector: u64, sectors: u64) -> Vec<u8> {
+    (0..sectors * 512)
+        .map(|i| tag.wrapping_add(((sector * 512 + i) / 512) as u8) | 1)
+        .collect()
+}
+
+struct World {
+    disk: SimDisk,
+    device: SimDisk,
+    pool: Option<Pool>,
+    origin: Vec<u8>,
+    /// Every snapshot and clone by name: its model.
+    readers: BTreeMap<String, Vec<u8>>,
+    next: u32,
+}
+
+impl World {
+    fn new() -> Self {
+        let (disk, pool) = sim_pool(16 * MIB, CS as u32);
+        let origin: Vec<u8> = (0..ORIGIN).map(|i| (i / 512) as u8 ^ 0x5a).collect();
+        let device = SimDisk::from_image(origin.clone());
+        let dev: Arc<dyn BlockDevice> = Arc::new(device.clone());
+        pool.attach_origin("disk", dev, ID).unwrap();
+        Self {
+            disk,
+            device,
+            pool: Some(pool),
+            origin,
+            readers: BTreeMap::new(),
+            next: 0,
+        }
+    }
+
+    fn pool(&self) -> &Pool {
+        self.pool.as_ref().unwrap()
+    }
+
+    fn id(&self, name: &str) -> VolumeId {
+        self.pool().lookup(name).unwrap()
+    }
+
+    fn pick(&self, i: usize, f: impl Fn(&str) -> bool) -> Option<String> {
+        let names: Vec<&String> = self.readers.keys().filter(|n| f(n)).collect();
+        (!names.is_empty()).then(|| names[i % names.len()].clone())
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}{}", self.next)
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let is_clone = |n: &str| !n.contains('@');
+        match *op {
+            Op::WriteOrigin { sector, sectors, tag } => {
+                let data = bytes(tag, sector, sectors);
+                self.pool().write(self.id("disk"), sector * 512, &data).unwrap();
+                let at = (sector * 512) as usize;
+                self.origin[at..at + data.len()].copy_from_slice(&data);
+            }
+            Op::ZeroOrigin { sector, sectors } => {
+                self.pool()
+                    .write_zeroes(self.id("disk"), sector * 512, sectors * 512, false)
+                    .unwrap();
+                let at = (sector * 512) as usize;
+                self.origin[at..at + (sectors * 512) as usize].fill(0);
+            }
+            Op::Snapshot => {
+                let name = self.fresh("disk@s");
+                self.pool().snapshot(&name).unwrap();
+                self.readers.insert(name, self.origin.clone());
+            }
+            Op::Clone { snap } => {
+                let Some(snap) = self.pick(snap, |n| n.starts_with("disk@")) else {
+                    return;
+                };
+                let name = self.fresh("c");
+                self.pool().clone_snapshot(&snap, &name).unwrap();
+                let model = self.readers[&snap].clone();
+                self.readers.insert(name, model);
+            }
+            Op::WriteClone { clone, sector, sectors, tag } => {
+                let Some(name) = self.pick(clone, is_clone) else {
+                    return;
+                };
+                let data = bytes(tag, sector, sectors);
+                self.pool().write(self.id(&name), sector * 512, &data).unwrap();
+                let at = (sector * 512) as usize;
+                self.readers.get_mut(&name).unwrap()[at..at + data.len()].copy_from_slice(&data);
+            }
+            Op::DiscardClone { clone, sector, sectors } => {
+                let Some(name) = self.pick(clone, is_clone) else {
+                    return;
+                };
+                self.pool()
+                    .discard(self.id(&name), sector * 512, sectors * 512)
+                    .unwrap();
+                let at = (sector * 512) as usize;
+                self.readers.get_mut(&name).unwrap()[at..at + (sectors * 512) as usize].fill(0);
+            }
+            Op::SnapshotClone { clone } => {
+                let Some(name) = self.pick(clone, is_clone) else {
+                    return;
+                };
+                let snap = format!("{name}@{}", self.fresh("x"));
+                self.pool().snapshot(&snap).unwrap();
+                let model = self.readers[&name].clone();
+                self.readers.insert(snap, model);
+            }
+            Op::RollbackClone { clone, snap } => {
+                let Some(name) = self.pick(clone, is_clone) else {
+                    return;
+                };
+                let prefix = format!("{name}@");
+                let Some(snap) = self.pick(snap, |n| n.starts_with(&prefix)) else {
+                    return;
+                };
+                self.pool().rollback(&name, &snap).unwrap();
+                let model = self.readers[&snap].clone();
+                self.readers.insert(name, model);
+            }
+            Op::Rollback { snap } => {
+                let Some(snap) = self.pick(snap, |n| n.starts_with("disk@")) else {
+                    return;
+                };
+                self.pool().rollback("disk", &snap).unwrap();
+                self.origin = self.readers[&snap].clone();
+            }
+            Op::Delete { reader } => {
+                let Some(name) = self.pick(reader, |_| true) else {
+                    return;
+                };
+                self.pool().delete(&name).unwrap();
+                self.readers.remove(&name);
+            }
+            Op::Reclaim => {
+                self.pool().reclaim(64).unwrap();
+            }
+            Op::Flush => self.pool().flush().unwrap(),
+            Op::Reopen => {
+                drop(self.pool.take());
+                let pool = reopen(&self.disk);
+                let dev: Arc<dyn BlockDevice> = Arc::new(self.device.clone());
+                pool.attach_origin("disk", dev, ID).unwrap();
+                self.pool = Some(pool);
+            }
+        }
+    }
+
+    fn verify(&self, step: usize) {
+        let read = |name: &str| {
+            let mut buf = vec![0u8; ORIGIN as usize];
+            self.pool().read(self.id(name), 0, &mut buf).unwrap();
+            buf
+        };
+        assert!(read("disk") == self.origin, "step {step}: the origin differs");
+        assert!(
+            self.device.handle().visible_image() == self.origin,
+            "step {step}: the device differs"
+        );
+        for (name, model) in &self.readers {
+            assert!(read(name) == *model, "step {step}: {name} differs");
+        }
+    }
+}
+
+fn run(ops: &[Op]) {
+    let mut w = World::new();
+    for (step, op) in ops.iter().enumerate() {
+        w.apply(op);
+        w.verify(step);
+    }
+    assert_clean(w.pool());
+    // Destroying every reader leaves no copy behind.
+    let names: Vec<String> = w.readers.keys().rev().cloned().collect();
+    for name in names {
+        w.pool().delete(&name).unwrap();
+    }
+    while w.pool().reclaim(4096).unwrap() > 0 {}
+    let disk = w.id("disk");
+    match w.pool().info(disk).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, .. } => assert_eq!(store_bytes, 0),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(w.pool().pool_stats().unwrap().data_used_bytes, 0);
+    assert_clean(w.pool());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cow_volumes_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
+        run(&ops);
+    }
+}
