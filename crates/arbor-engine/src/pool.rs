@@ -733,6 +733,10 @@ impl Pool {
     /// Takes a read-only snapshot `volume@snap` of a volume, in O(1).
     pub fn snapshot(&self, name: &str) -> Result<VolumeId> {
         let (volume, _) = split_snapshot_name(name)?;
+        // A snapshot of a copy-on-write volume reads its device where
+        // nothing was copied: what was written to it before must be
+        // durable before the snapshot is.
+        self.flush_origins()?;
         self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(name)?;
             let source = m.volume_id(volume)?;
@@ -763,6 +767,8 @@ impl Pool {
                 )));
             }
         }
+        // As in `snapshot`: devices of copy-on-write volumes first.
+        self.flush_origins()?;
         self.manage(Privilege::Normal, |m| {
             let mut ids = Vec::with_capacity(names.len());
             for name in names {

@@ -25,16 +25,43 @@ const ID: DeviceIdentity = DeviceIdentity { dev: 1, ino: 2 };
 
 #[derive(Debug, Clone)]
 enum Op {
-    WriteOrigin { sector: u64, sectors: u64, tag: u8 },
-    ZeroOrigin { sector: u64, sectors: u64 },
+    WriteOrigin {
+        sector: u64,
+        sectors: u64,
+        tag: u8,
+    },
+    ZeroOrigin {
+        sector: u64,
+        sectors: u64,
+    },
     Snapshot,
-    Clone { snap: usize },
-    WriteClone { clone: usize, sector: u64, sectors: u64, tag: u8 },
-    DiscardClone { clone: usize, sector: u64, sectors: u64 },
-    SnapshotClone { clone: usize },
-    RollbackClone { clone: usize, snap: usize },
-    Rollback { snap: usize },
-    Delete { reader: usize },
+    Clone {
+        snap: usize,
+    },
+    WriteClone {
+        clone: usize,
+        sector: u64,
+        sectors: u64,
+        tag: u8,
+    },
+    DiscardClone {
+        clone: usize,
+        sector: u64,
+        sectors: u64,
+    },
+    SnapshotClone {
+        clone: usize,
+    },
+    RollbackClone {
+        clone: usize,
+        snap: usize,
+    },
+    Rollback {
+        snap: usize,
+    },
+    Delete {
+        reader: usize,
+    },
     Reclaim,
     Flush,
     Reopen,
@@ -117,9 +144,15 @@ impl World {
     fn apply(&mut self, op: &Op) {
         let is_clone = |n: &str| !n.contains('@');
         match *op {
-            Op::WriteOrigin { sector, sectors, tag } => {
+            Op::WriteOrigin {
+                sector,
+                sectors,
+                tag,
+            } => {
                 let data = bytes(tag, sector, sectors);
-                self.pool().write(self.id("disk"), sector * 512, &data).unwrap();
+                self.pool()
+                    .write(self.id("disk"), sector * 512, &data)
+                    .unwrap();
                 let at = (sector * 512) as usize;
                 self.origin[at..at + data.len()].copy_from_slice(&data);
             }
@@ -144,16 +177,27 @@ impl World {
                 let model = self.readers[&snap].clone();
                 self.readers.insert(name, model);
             }
-            Op::WriteClone { clone, sector, sectors, tag } => {
+            Op::WriteClone {
+                clone,
+                sector,
+                sectors,
+                tag,
+            } => {
                 let Some(name) = self.pick(clone, is_clone) else {
                     return;
                 };
                 let data = bytes(tag, sector, sectors);
-                self.pool().write(self.id(&name), sector * 512, &data).unwrap();
+                self.pool()
+                    .write(self.id(&name), sector * 512, &data)
+                    .unwrap();
                 let at = (sector * 512) as usize;
                 self.readers.get_mut(&name).unwrap()[at..at + data.len()].copy_from_slice(&data);
             }
-            Op::DiscardClone { clone, sector, sectors } => {
+            Op::DiscardClone {
+                clone,
+                sector,
+                sectors,
+            } => {
                 let Some(name) = self.pick(clone, is_clone) else {
                     return;
                 };
@@ -218,7 +262,10 @@ impl World {
             self.pool().read(self.id(name), 0, &mut buf).unwrap();
             buf
         };
-        assert!(read("disk") == self.origin, "step {step}: the origin differs");
+        assert!(
+            read("disk") == self.origin,
+            "step {step}: the origin differs"
+        );
         assert!(
             self.device.handle().visible_image() == self.origin,
             "step {step}: the device differs"

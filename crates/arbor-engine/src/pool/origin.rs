@@ -241,7 +241,7 @@ impl Pool {
                 }
                 if self.origins.get(id).is_some() {
                     // Attached already: only an interrupted rollback to finish.
-                    self.finish_rollback(id)?;
+                    self.resume_rollback(id)?;
                     return Ok(VolumeId(id));
                 }
                 id
@@ -266,8 +266,21 @@ impl Pool {
                 written: AtomicBool::new(false),
             }),
         );
-        self.finish_rollback(id)?;
+        self.resume_rollback(id)?;
         Ok(VolumeId(id))
+    }
+
+    /// Finishes an interrupted rollback of volume `id` on attach; one that
+    /// cannot finish yet (the pool is full) stays recorded, the volume
+    /// refusing I/O until it is run again (`arbor rollback`).
+    fn resume_rollback(&self, id: u64) -> Result<()> {
+        match self.finish_rollback(id) {
+            Err(e) if !e.stops_pool() => {
+                warn!(error = %e, "an interrupted rollback could not finish yet; run it again");
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// The pool's external copy-on-write volumes.
