@@ -7,6 +7,7 @@ pub mod cut;
 pub mod exhaustion;
 pub mod hostile;
 pub mod isolation;
+pub mod origin;
 pub mod powercut;
 
 use std::sync::Arc;
@@ -113,6 +114,14 @@ pub fn exit_code<T: Tally>(total: &T) -> std::process::ExitCode {
     } else {
         std::process::ExitCode::FAILURE
     }
+}
+
+/// The progress line of a campaign: `counts` says what its runs did.
+pub fn progress(runs: u64, elapsed: Duration, counts: &str, failures: usize) {
+    eprintln!(
+        "{:>6.0}s: {runs} runs, {counts}, {failures} failures",
+        elapsed.as_secs_f64()
+    );
 }
 
 /// The progress line of the campaigns that cut power.

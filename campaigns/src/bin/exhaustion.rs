@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use arbor_campaigns::exhaustion::run;
-use arbor_campaigns::{exit_code, repeat, RunArgs, Tally};
+use arbor_campaigns::{exit_code, progress, repeat, RunArgs, Tally};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -26,13 +26,11 @@ fn main() -> ExitCode {
         &args.run,
         |seed| run(seed, args.steps),
         |t, runs, elapsed| {
-            eprintln!(
-                "{:>6.0}s: {runs} runs, {} operations, {} ran out of space, {} failures",
-                elapsed.as_secs_f64(),
-                t.operations,
-                t.resource_failures,
-                t.failures().len()
-            )
+            let counts = format!(
+                "{} operations, {} ran out of space",
+                t.operations, t.resource_failures
+            );
+            progress(runs, elapsed, &counts, t.failures().len())
         },
     );
     println!(
