@@ -2,7 +2,9 @@
 //! (`Pool::attach_origin`) and the pool it keeps its snapshots' copies in,
 //! each losing power on a schedule of its own, in a pool so small that
 //! copies run out of data space (even seeds) or metadata (odd seeds: a
-//! ballast of scattered extents fills the metadata first).
+//! ballast of scattered extents fills the metadata first). One seed in
+//! four instead gives the volume its home in the pool (`--layout cow`):
+//! one device, the same rules.
 //!
 //! A random workload: writes and zeroing of the volume, flushes,
 //! snapshots, clones of the snapshots and writes to them, rollbacks,
@@ -68,20 +70,26 @@ impl Tally for Outcome {
 /// One power cycle's devices.
 struct Devices {
     pool_disk: SimDisk,
-    device: SimDisk,
+    /// The volume's own device (None: its home is in the pool).
+    device: Option<SimDisk>,
 }
 
 impl Devices {
-    fn handles(&self) -> (SimDiskHandle, SimDiskHandle) {
-        (self.pool_disk.handle(), self.device.handle())
+    fn handles(&self) -> (SimDiskHandle, Option<SimDiskHandle>) {
+        (
+            self.pool_disk.handle(),
+            self.device.as_ref().map(SimDisk::handle),
+        )
     }
 
     fn open(&self) -> Result<Pool, String> {
         let dev: Arc<dyn BlockDevice> = Arc::new(self.pool_disk.clone());
         let pool = Pool::open(dev, &small_open_opts()).map_err(|e| format!("open: {e}"))?;
-        let device: Arc<dyn BlockDevice> = Arc::new(self.device.clone());
-        pool.attach_origin("disk", device, ID)
-            .map_err(|e| format!("attach: {e}"))?;
+        if let Some(device) = &self.device {
+            let device: Arc<dyn BlockDevice> = Arc::new(device.clone());
+            pool.attach_origin("disk", device, ID)
+                .map_err(|e| format!("attach: {e}"))?;
+        }
         Ok(pool)
     }
 }
@@ -104,9 +112,21 @@ struct Model {
 }
 
 /// What a resource failure must leave as it was (an error: the power went).
-fn snapshot_state(pool: &Pool, model: &Model, device: &SimDisk) -> Result<Vec<Vec<u8>>, Error> {
-    let mut all = vec![device.handle().visible_image()];
-    for name in model.snapshots.keys().chain(model.clones.keys()) {
+fn snapshot_state(
+    pool: &Pool,
+    model: &Model,
+    device: Option<&SimDisk>,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let mut all = match device {
+        Some(device) => vec![device.handle().visible_image()],
+        None => Vec::new(),
+    };
+    let disk = "disk".to_owned();
+    let volume = std::iter::once(&disk);
+    for name in volume
+        .chain(model.snapshots.keys())
+        .chain(model.clones.keys())
+    {
         let mut buf = vec![0u8; ORIGIN];
         pool.read(pool.lookup(name)?, 0, &mut buf)?;
         all.push(buf);
@@ -142,7 +162,7 @@ impl Model {
     fn step(
         &mut self,
         pool: &Pool,
-        device: &SimDisk,
+        device: Option<&SimDisk>,
         rng: &mut StdRng,
         out: &mut Outcome,
     ) -> Result<Result<(), Error>, String> {
@@ -288,7 +308,9 @@ impl Model {
                             if let Err(e) = self.destroy(pool, &other) {
                                 break Err(e);
                             }
-                            while pool.reclaim(1000).map_err(|e| e.to_string())? > 0 {}
+                            if let Err(e) = reclaim_all(pool) {
+                                break Err(e);
+                            }
                         }
                         other => break other,
                     }
@@ -346,12 +368,9 @@ impl Model {
                 };
             }
         }
-        loop {
-            match pool.reclaim(1000) {
-                Ok(0) | Err(_) => return Ok(()),
-                Ok(_) => {}
-            }
-        }
+        // An error is the power going: the run stops at the next step.
+        let _ = reclaim_all(pool);
+        Ok(())
     }
 
     /// Checks the recovered pool against the model.
@@ -414,7 +433,7 @@ impl Model {
                 for clone in clones {
                     self.destroy(pool, &clone).map_err(|e| e.to_string())?;
                 }
-                while pool.reclaim(1000).map_err(|e| e.to_string())? > 0 {}
+                reclaim_all(pool).map_err(|e| e.to_string())?;
                 pool.rollback("disk", &snap)
                     .map_err(|e| format!("rollback run again: {e}"))?;
                 if read_id(pool, disk, "disk")? != data {
@@ -434,6 +453,11 @@ impl Model {
         }
         Ok(())
     }
+}
+
+fn reclaim_all(pool: &Pool) -> Result<(), Error> {
+    while pool.reclaim(1000)? > 0 {}
+    Ok(())
 }
 
 fn pick<'a>(rng: &mut StdRng, names: impl Iterator<Item = &'a String>) -> Option<String> {
@@ -495,13 +519,21 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
     let pool_bytes = if metadata_tight { 96 * MIB } else { 6 * MIB };
     let pool_disk = SimDisk::new(pool_bytes);
     let initial = pattern(seed ^ 0xabc, 0, ORIGIN);
-    let device = SimDisk::from_image(initial.clone());
+    let device = (seed % 4 < 2).then(|| SimDisk::from_image(initial.clone()));
     {
         let dev: Arc<dyn BlockDevice> = Arc::new(pool_disk.clone());
         let pool = Pool::create(dev, &opts, &small_open_opts()).map_err(|e| e.to_string())?;
-        let origin: Arc<dyn BlockDevice> = Arc::new(device.clone());
-        pool.attach_origin("disk", origin, ID)
-            .map_err(|e| e.to_string())?;
+        let e = |e: Error| e.to_string();
+        match &device {
+            Some(device) => {
+                let origin: Arc<dyn BlockDevice> = Arc::new(device.clone());
+                pool.attach_origin("disk", origin, ID).map_err(e)?;
+            }
+            None => {
+                let id = pool.create_cow_volume("disk", ORIGIN as u64).map_err(e)?;
+                pool.write(id, 0, &initial).map_err(e)?;
+            }
+        }
         if metadata_tight {
             ballast(&pool)?;
         }
@@ -523,9 +555,11 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         let pool = devices.open()?;
         let (pool_power, device_power) = devices.handles();
         pool_power.cut_power_after(rng.gen_range(1..1500));
-        device_power.cut_power_after(rng.gen_range(1..1500));
+        if let Some(power) = &device_power {
+            power.cut_power_after(rng.gen_range(1..1500));
+        }
         let failure = loop {
-            match model.step(&pool, &devices.device, &mut rng, out)? {
+            match model.step(&pool, devices.device.as_ref(), &mut rng, out)? {
                 Ok(()) => {}
                 Err(e) => break e,
             }
@@ -534,7 +568,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 return Err("power never failed".into());
             }
         };
-        if pool_power.is_powered() && device_power.is_powered() {
+        if pool_power.is_powered() && device_power.as_ref().is_none_or(|d| d.is_powered()) {
             return Err(format!(
                 "an operation failed with both devices powered: {failure}"
             ));
@@ -543,7 +577,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         out.cuts += 1;
         devices = Devices {
             pool_disk: SimDisk::from_image(pool_power.crash_image(&mut rng)),
-            device: SimDisk::from_image(device_power.crash_image(&mut rng)),
+            device: device_power.map(|d| SimDisk::from_image(d.crash_image(&mut rng))),
         };
         let pool = devices.open()?;
         model

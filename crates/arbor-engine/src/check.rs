@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arbor_format::{
-    split_store_key, BlockRef, DataLayout, Node, NodeBody, SmKind, Superblock, TreeKind,
-    VolumeRecord, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+    split_store_key, BlockRef, CowState, DataLayout, Home, Node, NodeBody, SmKind, Superblock,
+    TreeKind, VolumeRecord, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
 };
 
 use crate::error::{Error, Result};
@@ -482,6 +482,28 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
                 rec.name,
                 meta.store.geo.version()
             ));
+        }
+        // A home in the pool: one reference to each of its chunks, which
+        // lie in one region.
+        if let DataLayout::Cow(CowState {
+            home: Home::Pool { first },
+            ..
+        }) = rec.layout
+        {
+            let geo = &meta.store.geo;
+            let chunks = rec.size_bytes.div_ceil(geo.chunk_size);
+            match first.checked_add(chunks) {
+                Some(end) if end <= meta.data_entries && geo.chunk_run(first).1 >= chunks => {
+                    for c in first..end {
+                        // In range: checked just above.
+                        w.data_refs[c as usize] = w.data_refs[c as usize].saturating_add(1);
+                    }
+                }
+                _ => w.report.problem(format!(
+                    "volume {}: its home of {chunks} chunks from chunk {first} is not one run of the data region",
+                    rec.name
+                )),
+            }
         }
         if let Some(backing) = rec.backing {
             let origin = records.iter().find(|(id, _)| *id == backing.origin);

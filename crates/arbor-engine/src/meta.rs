@@ -638,6 +638,36 @@ impl Meta {
         self.data_sm.alloc(&self.store, 0)?.ok_or(Error::NoSpace)
     }
 
+    /// Finds `len` free data chunks contiguous on the device (in one region)
+    /// and sets them aside until [`Self::alloc_data_run`] or
+    /// [`Self::unreserve_data`]: their old content can be replaced first.
+    pub fn reserve_data_run(&mut self, len: u64) -> Result<std::ops::Range<u64>> {
+        let store = Arc::clone(&self.store);
+        let entries = self.data_sm.entries();
+        let limit = |start: u64| {
+            if start >= entries {
+                return start;
+            }
+            start + store.geo.chunk_run(start).1
+        };
+        let start = self
+            .data_sm
+            .find_free_run(&store, len, &limit)?
+            .ok_or(Error::NoSpace)?;
+        self.data_sm.reserve(start..start + len);
+        Ok(start..start + len)
+    }
+
+    pub fn unreserve_data(&mut self, run: &std::ops::Range<u64>) {
+        self.data_sm.unreserve(run)
+    }
+
+    /// Allocates the data chunks of `run`, set aside by
+    /// [`Self::reserve_data_run`].
+    pub fn alloc_data_run(&mut self, run: std::ops::Range<u64>) -> Result<()> {
+        self.data_sm.alloc_run(&self.store, run)
+    }
+
     /// Adds a reference to everything a node points at (used when a shared
     /// node is copied: both copies now reference the children).
     fn inc_children(&mut self, node: &Node) -> Result<()> {

@@ -147,6 +147,9 @@ pub enum VolumeLayout {
     /// Copy-on-write: data in place on an external device, snapshots'
     /// copies in the pool (`store_bytes`); `epoch` is its newest snapshot's.
     CowExternal { store_bytes: u64, epoch: u64 },
+    /// Copy-on-write with its data in a contiguous, preallocated run of
+    /// the pool (`--layout cow`); otherwise as `CowExternal`.
+    CowInPool { store_bytes: u64, epoch: u64 },
 }
 
 /// Space accounting of one volume.
@@ -449,6 +452,7 @@ impl Pool {
         for (id, _) in pool.read_meta()?.cow_volumes() {
             pool.origins.sweep_from(id, 0);
         }
+        pool.open_homes()?;
         // An upgrade to version 3 that a power cut interrupted: finish it.
         // Failing to (no metadata space) leaves a pool that works but
         // cannot receive until it is done.
@@ -818,14 +822,20 @@ impl Pool {
             let rec = meta.volume(meta.volume_id(name)?)?;
             (rec.layout, rec.backing)
         };
-        if let arbor_format::DataLayout::Cow(_) = layout {
+        if let arbor_format::DataLayout::Cow(arbor_format::CowState {
+            home: arbor_format::Home::External(_),
+            ..
+        }) = layout
+        {
             // Its data is its device's: destroying it is detaching it.
             return self.detach_origin(name);
         }
-        self.manage(Privilege::Reserve, |m| {
+        let id = self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(name)?;
-            m.delete_checked(id, force)
+            m.delete_checked(id, force).map(|()| id)
         })?;
+        // A copy-on-write volume's home in the pool is served no more.
+        self.origins.forget(id);
         if let Some(backing) = backing {
             // Copies only this record's epoch read can go now.
             self.origins.sweep_from(backing.origin, 0);
@@ -1311,13 +1321,18 @@ impl Pool {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;
         let cs = self.chunk_size();
-        if let arbor_format::DataLayout::Cow(_) = rec.layout {
-            // Its data is its device's; its store's copies belong to its
-            // snapshots (each reports what only it reads).
+        if let arbor_format::DataLayout::Cow(cow) = rec.layout {
+            // Its data is its home's (freed with it when in the pool); its
+            // store's copies belong to its snapshots (each reports what
+            // only it reads).
+            let home = match cow.home {
+                arbor_format::Home::Pool { .. } => rec.size_bytes.div_ceil(cs) * cs,
+                arbor_format::Home::External(_) => 0,
+            };
             return Ok(VolumeStats {
                 logical_bytes: rec.size_bytes,
                 mapped_bytes: rec.size_bytes,
-                exclusive_bytes: 0,
+                exclusive_bytes: home,
                 shared_bytes: 0,
             });
         }
@@ -1560,10 +1575,19 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         },
         guid: (rec.guid != [0; 16]).then_some(rec.guid),
         layout: match (rec.layout, rec.backing) {
-            (arbor_format::DataLayout::Cow(cow), _) => VolumeLayout::CowExternal {
-                store_bytes: rec.mapped_chunks.saturating_mul(chunk),
-                epoch: cow.epoch,
-            },
+            (arbor_format::DataLayout::Cow(cow), _) => {
+                let store_bytes = rec.mapped_chunks.saturating_mul(chunk);
+                match cow.home {
+                    arbor_format::Home::External(_) => VolumeLayout::CowExternal {
+                        store_bytes,
+                        epoch: cow.epoch,
+                    },
+                    arbor_format::Home::Pool { .. } => VolumeLayout::CowInPool {
+                        store_bytes,
+                        epoch: cow.epoch,
+                    },
+                }
+            }
             (_, Some(b)) => VolumeLayout::ReadsThrough {
                 origin: VolumeId(b.origin),
                 epoch: b.epoch,

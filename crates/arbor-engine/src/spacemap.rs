@@ -70,6 +70,10 @@ pub(crate) struct SpaceMap {
     /// while one was open: not allocatable until the last pin goes.
     pins: u32,
     pinned_free: HashSet<u64>,
+    /// Runs of free entries set aside (in memory only) for an allocation
+    /// that prepares them first (a copy-on-write volume's home, zeroed
+    /// before it is allocated): not handed out meanwhile.
+    reserved: Vec<std::ops::Range<u64>>,
     /// Entries with a non-zero count.
     used: u64,
     /// Next-fit allocation cursor.
@@ -108,6 +112,7 @@ impl SpaceMap {
             fresh_frozen: HashSet::new(),
             pins: 0,
             pinned_free: HashSet::new(),
+            reserved: Vec::new(),
             used,
             cursor: if cursor < entries { cursor } else { 0 },
             full: vec![false; pages as usize],
@@ -430,12 +435,87 @@ impl SpaceMap {
         end: u64,
     ) -> Option<u64> {
         let base = u64::from(page) * PER_PAGE;
-        (first..end).find(|&e| {
-            counts[(e - base) as usize] == 0
-                && !self.pending_free.contains(&e)
-                && !self.frozen_free.contains(&e)
-                && !self.pinned_free.contains(&e)
-        })
+        (first..end).find(|&e| counts[(e - base) as usize] == 0 && self.may_take(e))
+    }
+
+    /// Whether a free entry (count 0) may be handed out: not freed by a
+    /// transaction that is not durable yet, and not set aside.
+    fn may_take(&self, e: u64) -> bool {
+        !self.pending_free.contains(&e)
+            && !self.frozen_free.contains(&e)
+            && !self.pinned_free.contains(&e)
+            && !self.reserved.iter().any(|r| r.contains(&e))
+    }
+
+    /// The first run of `len` entries that may all be allocated and that
+    /// ends at or before `limit(start)` (the end of the region holding
+    /// `start`: a run must be contiguous on the device). Scans the whole map.
+    pub fn find_free_run(
+        &self,
+        store: &Store,
+        len: u64,
+        limit: &dyn Fn(u64) -> u64,
+    ) -> Result<Option<u64>> {
+        if len == 0 || len > self.allocatable() {
+            return Ok(None);
+        }
+        let mut start = 0u64;
+        let mut end_limit = limit(0);
+        for page in 0..self.full.len() as u32 {
+            let base = u64::from(page) * PER_PAGE;
+            let clean;
+            let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
+                Some(p) => &p.counts,
+                None => {
+                    clean = self.clean_page(store, page)?;
+                    &clean.counts
+                }
+            };
+            for e in base..(base + PER_PAGE).min(self.entries) {
+                let free = counts[(e - base) as usize] == 0 && self.may_take(e);
+                if !free || e >= end_limit {
+                    start = e + u64::from(!free);
+                    end_limit = limit(start);
+                    if !free {
+                        continue;
+                    }
+                }
+                if e + 1 - start == len {
+                    return Ok(Some(start));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sets aside `run` (free entries found by [`Self::find_free_run`]).
+    pub fn reserve(&mut self, run: std::ops::Range<u64>) {
+        self.reserved.push(run);
+    }
+
+    /// Ends a [`Self::reserve`].
+    pub fn unreserve(&mut self, run: &std::ops::Range<u64>) {
+        self.reserved.retain(|r| r != run);
+    }
+
+    /// Allocates every entry of `run` (each free; set aside by the caller,
+    /// whose reservation this ends), in one step.
+    pub fn alloc_run(&mut self, store: &Store, run: std::ops::Range<u64>) -> Result<()> {
+        self.unreserve(&run);
+        for entry in run {
+            if self.get(store, entry)? != 0 || !self.may_take(entry) {
+                return Err(Error::inconsistent(format!(
+                    "{:?} entry {entry} of a reserved run is taken",
+                    self.kind
+                )));
+            }
+            self.set(store, entry, 1)?;
+            self.used += 1;
+            if self.fresh.insert(entry) {
+                self.log.push(Undo::FreshAdded(entry));
+            }
+        }
+        Ok(())
     }
 
     /// The last commit's pages whose home copies the next commit writes

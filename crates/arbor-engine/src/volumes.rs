@@ -735,6 +735,7 @@ impl Volumes {
 
     pub fn delete_volume(&mut self, id: u64) -> Result<()> {
         let rec = self.table.remove(id)?;
+        self.free_home(&rec)?;
         self.queue_drop(rec.root)
     }
 

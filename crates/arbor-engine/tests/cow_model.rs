@@ -1,5 +1,5 @@
-//! Property test: random sequences of writes to a copy-on-write volume on
-//! an external device, snapshots of it, clones of the snapshots, writes
+//! Property test: random sequences of writes to a copy-on-write volume (on
+//! an external device, or with its home in the pool), snapshots of it, clones of the snapshots, writes
 //! and snapshots of the clones, rollbacks, destroys, reclaim, flushes and
 //! restarts, against a model of every volume's bytes. After every step
 //! each volume reads as the model says and the device itself, read
@@ -98,7 +98,8 @@ fn bytes(tag: u8, sector: u64, sectors: u64) -> Vec<u8> {
 
 struct World {
     disk: SimDisk,
-    device: SimDisk,
+    /// The external device (None: the volume's home is in the pool).
+    device: Option<SimDisk>,
     pool: Option<Pool>,
     origin: Vec<u8>,
     /// Every snapshot and clone by name: its model.
@@ -107,12 +108,27 @@ struct World {
 }
 
 impl World {
-    fn new() -> Self {
+    fn new(external: bool) -> Self {
         let (disk, pool) = sim_pool(16 * MIB, CS as u32);
         let origin: Vec<u8> = (0..ORIGIN).map(|i| (i / 512) as u8 ^ 0x5a).collect();
-        let device = SimDisk::from_image(origin.clone());
-        let dev: Arc<dyn BlockDevice> = Arc::new(device.clone());
-        pool.attach_origin("disk", dev, ID).unwrap();
+        let device = if external {
+            let device = SimDisk::from_image(origin.clone());
+            let dev: Arc<dyn BlockDevice> = Arc::new(device.clone());
+            pool.attach_origin("disk", dev, ID).unwrap();
+            Some(device)
+        } else {
+            // Old data in freed chunks first: the home must not show it.
+            let junk = pool.create_volume("junk", 2 * MIB).unwrap();
+            pool.write(junk, 0, &vec![0xee; 2 * MIB as usize]).unwrap();
+            pool.delete("junk").unwrap();
+            while pool.reclaim(4096).unwrap() > 0 {}
+            let id = pool.create_cow_volume("disk", ORIGIN).unwrap();
+            let mut zeros = vec![1u8; ORIGIN as usize];
+            pool.read(id, 0, &mut zeros).unwrap();
+            assert!(zeros.iter().all(|&b| b == 0), "a new home shows old data");
+            pool.write(id, 0, &origin).unwrap();
+            None
+        };
         Self {
             disk,
             device,
@@ -249,8 +265,10 @@ impl World {
             Op::Reopen => {
                 drop(self.pool.take());
                 let pool = reopen(&self.disk);
-                let dev: Arc<dyn BlockDevice> = Arc::new(self.device.clone());
-                pool.attach_origin("disk", dev, ID).unwrap();
+                if let Some(device) = &self.device {
+                    let dev: Arc<dyn BlockDevice> = Arc::new(device.clone());
+                    pool.attach_origin("disk", dev, ID).unwrap();
+                }
                 self.pool = Some(pool);
             }
         }
@@ -266,18 +284,20 @@ impl World {
             read("disk") == self.origin,
             "step {step}: the origin differs"
         );
-        assert!(
-            self.device.handle().visible_image() == self.origin,
-            "step {step}: the device differs"
-        );
+        if let Some(device) = &self.device {
+            assert!(
+                device.handle().visible_image() == self.origin,
+                "step {step}: the device differs"
+            );
+        }
         for (name, model) in &self.readers {
             assert!(read(name) == *model, "step {step}: {name} differs");
         }
     }
 }
 
-fn run(ops: &[Op]) {
-    let mut w = World::new();
+fn run(ops: &[Op], external: bool) {
+    let mut w = World::new(external);
     for (step, op) in ops.iter().enumerate() {
         w.apply(op);
         w.verify(step);
@@ -290,10 +310,22 @@ fn run(ops: &[Op]) {
     }
     while w.pool().reclaim(4096).unwrap() > 0 {}
     let disk = w.id("disk");
-    match w.pool().info(disk).unwrap().layout {
-        VolumeLayout::CowExternal { store_bytes, .. } => assert_eq!(store_bytes, 0),
+    let home = match w.pool().info(disk).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, .. } => {
+            assert_eq!(store_bytes, 0);
+            0
+        }
+        VolumeLayout::CowInPool { store_bytes, .. } => {
+            assert_eq!(store_bytes, 0);
+            ORIGIN.div_ceil(CS) * CS
+        }
         other => panic!("{other:?}"),
-    }
+    };
+    assert_eq!(w.pool().pool_stats().unwrap().data_used_bytes, home);
+    assert_clean(w.pool());
+    // Destroying the volume frees its home.
+    w.pool().delete("disk").unwrap();
+    while w.pool().reclaim(4096).unwrap() > 0 {}
     assert_eq!(w.pool().pool_stats().unwrap().data_used_bytes, 0);
     assert_clean(w.pool());
 }
@@ -302,7 +334,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn cow_volumes_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
-        run(&ops);
+    fn cow_volumes_match_the_model(ops in prop::collection::vec(op(), 1..80), external in any::<bool>()) {
+        run(&ops, external);
     }
 }

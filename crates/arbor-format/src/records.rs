@@ -151,6 +151,9 @@ pub struct DeviceIdentity {
 pub enum Home {
     /// An external file or block device, left in place (`arbor origin attach`).
     External(DeviceIdentity),
+    /// A run of data chunks of the pool, from `first`, contiguous on the
+    /// device, allocated when the volume is created (`--layout cow`).
+    Pool { first: u64 },
 }
 
 /// A copy-on-write volume (version 5): its data stays in its home and is
@@ -317,6 +320,7 @@ impl VolumeRecord {
                     put_u64(out, 96, identity.dev);
                     put_u64(out, 104, identity.ino);
                 }
+                Home::Pool { first } => put_u64(out, 96, first),
             }
         }
         if let Some(backing) = self.backing {
@@ -385,17 +389,23 @@ impl VolumeRecord {
                 )));
             }
             if flags & FLAG_COW != 0 {
-                if flags & FLAG_EXTERNAL == 0 {
-                    return Err(FormatError::Invalid(format!(
-                        "volume record {}: a copy-on-write volume with no home",
-                        rec.name
-                    )));
-                }
-                let cow = CowState {
-                    home: Home::External(DeviceIdentity {
+                let home = if flags & FLAG_EXTERNAL != 0 {
+                    Home::External(DeviceIdentity {
                         dev: get_u64(bytes, 96),
                         ino: get_u64(bytes, 104),
-                    }),
+                    })
+                } else if get_u64(bytes, 104) == 0 {
+                    Home::Pool {
+                        first: get_u64(bytes, 96),
+                    }
+                } else {
+                    return Err(FormatError::Invalid(format!(
+                        "volume record {}: reserved bytes of its home set",
+                        rec.name
+                    )));
+                };
+                let cow = CowState {
+                    home,
                     epoch: get_u64(bytes, 80),
                     rollback: get_u64(bytes, 88),
                 };
@@ -557,6 +567,112 @@ mod tests {
         // Receives exist only in version 3 tables.
         receiving.encode_v1(&mut v1);
         assert!(VolumeRecord::decode_v1(&v1).is_err());
+    }
+
+    #[test]
+    fn copy_on_write_and_backed_records_round_trip() {
+        let base = VolumeRecord {
+            root: BlockRef { block: 9, txn: 3 },
+            size_bytes: 1 << 30,
+            parent: 0,
+            created_txn: 2,
+            created_unix_secs: 1_700_000_000,
+            mapped_chunks: 12,
+            kind: VolumeKind::Volume,
+            name: "disk".into(),
+            guid: [7; 16],
+            receive: ReceiveState::default(),
+            layout: DataLayout::Row,
+            backing: None,
+        };
+        let homes = [
+            Home::External(DeviceIdentity {
+                dev: 0x803,
+                ino: 77,
+            }),
+            Home::Pool { first: 4096 },
+        ];
+        let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
+        for home in homes {
+            let rec = VolumeRecord {
+                layout: DataLayout::Cow(CowState {
+                    home,
+                    epoch: 5,
+                    rollback: 3,
+                }),
+                ..base.clone()
+            };
+            rec.encode(&mut buf);
+            assert_eq!(VolumeRecord::decode(&buf).unwrap(), rec);
+        }
+        let snap = VolumeRecord {
+            kind: VolumeKind::Snapshot,
+            name: "disk@a".into(),
+            parent: 4,
+            backing: Some(Backing {
+                origin: 4,
+                epoch: 5,
+            }),
+            ..base.clone()
+        };
+        snap.encode(&mut buf);
+        assert_eq!(VolumeRecord::decode(&buf).unwrap(), snap);
+        // Unknown flags, a snapshot that is copy-on-write, a rollback past
+        // the newest epoch, a backing of epoch 0: all refused.
+        let mut bad = buf;
+        bad[56] |= 0x80;
+        assert!(VolumeRecord::decode(&bad).is_err());
+        let cow_snapshot = VolumeRecord {
+            layout: DataLayout::Cow(CowState {
+                home: Home::Pool { first: 1 },
+                epoch: 1,
+                rollback: 0,
+            }),
+            backing: None,
+            ..snap.clone()
+        };
+        cow_snapshot.encode(&mut buf);
+        assert!(VolumeRecord::decode(&buf).is_err());
+        let ahead = VolumeRecord {
+            layout: DataLayout::Cow(CowState {
+                home: Home::Pool { first: 1 },
+                epoch: 1,
+                rollback: 2,
+            }),
+            ..base.clone()
+        };
+        ahead.encode(&mut buf);
+        assert!(VolumeRecord::decode(&buf).is_err());
+        let zero = VolumeRecord {
+            backing: Some(Backing {
+                origin: 4,
+                epoch: 0,
+            }),
+            ..snap
+        };
+        zero.encode(&mut buf);
+        assert!(VolumeRecord::decode(&buf).is_err());
+    }
+
+    #[test]
+    fn store_keys_and_values_round_trip() {
+        let key = store_key(7, 3);
+        assert_eq!(split_store_key(key), (7, 3));
+        assert_eq!(
+            split_store_key(store_key(MAX_COW_CHUNKS - 1, MAX_EPOCH)).1,
+            MAX_EPOCH
+        );
+        let v = StoreValue {
+            pchunk: 99,
+            last: 9,
+            gen: 4,
+        };
+        let mut buf = [0u8; StoreValue::ENCODED_LEN];
+        v.encode(&mut buf);
+        assert_eq!(StoreValue::decode(key, &buf).unwrap(), v);
+        // A range that ends before it starts, or starts at epoch 0.
+        assert!(StoreValue::decode(store_key(7, 10), &buf).is_err());
+        assert!(StoreValue::decode(store_key(7, 0), &buf).is_err());
     }
 
     #[test]

@@ -1,5 +1,9 @@
-//! Copy-on-write volumes whose data stays on an external device: a raw
-//! disk or image file snapshotted in place (`arbor origin attach`).
+//! Copy-on-write volumes: their data stays in one place, their *home*,
+//! and is written there in place. The home is an external device (a raw
+//! disk or image file snapshotted in place: `arbor origin attach`) or a
+//! contiguous run of the pool's data chunks allocated when the volume is
+//! created (`--layout cow`), seen through a [`Window`] of the pool's
+//! device: the same mechanism serves both.
 //!
 //! The volume's own reads and writes go straight to its device. Its
 //! snapshots are records that read through an *epoch*; before a chunk is
@@ -32,7 +36,7 @@ use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::RwLockWriteGuard;
 
-use arbor_format::{Backing, DataLayout, DeviceIdentity, Home};
+use arbor_format::{Backing, CowState, DataLayout, DeviceIdentity, Home};
 
 use super::write::Fill;
 use super::*;
@@ -80,6 +84,11 @@ impl Origins {
             .insert(id, dev);
     }
 
+    /// Stops serving volume `id` (destroyed).
+    pub(super) fn forget(&self, id: u64) {
+        self.remove(id);
+    }
+
     fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
         self.devices
             .write()
@@ -124,6 +133,44 @@ impl Origins {
                 sweeps.remove(&id);
             }
         }
+    }
+}
+
+/// A copy-on-write volume's home in the pool, as a device: `size` bytes of
+/// the pool's device from byte `base`.
+struct Window {
+    dev: Arc<dyn BlockDevice>,
+    base: u64,
+    size: u64,
+}
+
+impl BlockDevice for Window {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        arbor_io::check_range(offset, buf.len(), self.size)?;
+        self.dev.read_at(buf, self.base + offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        arbor_io::check_range(offset, buf.len(), self.size)?;
+        self.dev.write_at(buf, self.base + offset)
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.dev.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl OriginDevice {
+    fn new(dev: Arc<dyn BlockDevice>) -> Arc<Self> {
+        Arc::new(Self {
+            dev,
+            busy: RwLock::new(()),
+            written: AtomicBool::new(false),
+        })
     }
 }
 
@@ -222,10 +269,13 @@ impl Pool {
         };
         let id = match existing {
             Some((id, rec)) => {
-                let DataLayout::Cow(cow) = rec.layout else {
+                let DataLayout::Cow(CowState {
+                    home: Home::External(recorded),
+                    ..
+                }) = rec.layout
+                else {
                     return Err(Error::AlreadyExists(name.to_owned()));
                 };
-                let Home::External(recorded) = cow.home;
                 if recorded != identity {
                     return Err(Error::Conflict(format!(
                         "{name} was attached from another device (device {:#x}, inode {}); \
@@ -258,14 +308,7 @@ impl Pool {
                 })?
             }
         };
-        self.origins.insert(
-            id,
-            Arc::new(OriginDevice {
-                dev,
-                busy: RwLock::new(()),
-                written: AtomicBool::new(false),
-            }),
-        );
+        self.origins.insert(id, OriginDevice::new(dev));
         self.resume_rollback(id)?;
         Ok(VolumeId(id))
     }
@@ -283,13 +326,91 @@ impl Pool {
         }
     }
 
+    /// Creates copy-on-write volume `name` of `size` bytes whose home is a
+    /// run of the pool's data chunks, contiguous on the device, preallocated
+    /// and zeroed now (so it reads as zeros, and never shows what freed
+    /// chunks held). The run is found and set aside, zeroed with no lock
+    /// held, then allocated with the volume in one management operation.
+    pub fn create_cow_volume(&self, name: &str, size: u64) -> Result<VolumeId> {
+        check_volume_name(name)?;
+        check_size(size)?;
+        let cs = self.chunk_size();
+        let chunks = size.div_ceil(cs);
+        let run = {
+            let mut meta = self.write_meta()?;
+            meta.ensure_name_free(name)?;
+            meta.check_cow_home(chunks)?;
+            meta.reserve_home(chunks)?
+        };
+        let created = self.zero_home(&run).and_then(|()| {
+            self.manage(Privilege::Normal, |m| {
+                m.add_pool_cow_volume(name.to_owned(), size, run.clone())
+            })
+        });
+        if let Ok(mut meta) = self.write_meta() {
+            meta.unreserve_home(&run);
+        }
+        let id = created?;
+        self.open_home(id, run.start, size);
+        Ok(VolumeId(id))
+    }
+
+    /// Writes zeros over the data chunks of `run` (free, set aside).
+    fn zero_home(&self, run: &Range<u64>) -> Result<()> {
+        const ZERO_RUN: u64 = 1 << 20;
+        let geo = &self.store.geo;
+        let (start, end) = (
+            geo.chunk_offset(run.start),
+            geo.chunk_offset(run.start) + (run.end - run.start) * geo.chunk_size,
+        );
+        let zeros = vec![0u8; (end - start).min(ZERO_RUN) as usize];
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(ZERO_RUN);
+            self.store.dev.write_at(&zeros[..n as usize], at)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Serves the home of copy-on-write volume `id` (`size` bytes from data
+    /// chunk `first`) through a window of the pool's device.
+    pub(super) fn open_home(&self, id: u64, first: u64, size: u64) {
+        let window = Window {
+            dev: Arc::clone(&self.store.dev),
+            base: self.store.geo.chunk_offset(first),
+            size,
+        };
+        self.origins.insert(id, OriginDevice::new(Arc::new(window)));
+    }
+
+    /// Opens the homes in the pool of every copy-on-write volume (at open).
+    pub(super) fn open_homes(&self) -> Result<()> {
+        let homes: Vec<(u64, u64, u64)> = {
+            let meta = self.read_meta()?;
+            let mut homes = Vec::new();
+            for (id, cow) in meta.cow_volumes() {
+                if let Home::Pool { first } = cow.home {
+                    homes.push((id, first, meta.volume(id)?.size_bytes));
+                }
+            }
+            homes
+        };
+        for (id, first, size) in homes {
+            self.open_home(id, first, size);
+        }
+        Ok(())
+    }
+
     /// The pool's external copy-on-write volumes.
     pub fn origins(&self) -> Result<Vec<OriginInfo>> {
         let meta = self.read_meta()?;
         let mut all = Vec::new();
         for (id, cow) in meta.cow_volumes() {
             let rec = meta.volume(id)?;
-            let Home::External(identity) = cow.home;
+            let Home::External(identity) = cow.home else {
+                continue;
+            };
             all.push(OriginInfo {
                 id: VolumeId(id),
                 name: rec.name.clone(),

@@ -49,17 +49,65 @@ impl Volumes {
         }
     }
 
+    /// Fails unless a copy-on-write volume of `chunks` chunks can be made.
+    pub fn check_cow_home(&self, chunks: u64) -> Result<()> {
+        self.check_cow_supported()?;
+        if chunks > MAX_COW_CHUNKS {
+            let cs = self.meta.geo().chunk_size;
+            return Err(Error::InvalidArgument(format!(
+                "a copy-on-write volume holds at most {MAX_COW_CHUNKS} chunks ({} bytes with this pool's chunks)",
+                MAX_COW_CHUNKS.saturating_mul(cs)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Finds and sets aside a home of `chunks` data chunks for a
+    /// copy-on-write volume (see `Meta::reserve_data_run`).
+    pub fn reserve_home(&mut self, chunks: u64) -> Result<std::ops::Range<u64>> {
+        self.meta.reserve_data_run(chunks)
+    }
+
+    pub fn unreserve_home(&mut self, run: &std::ops::Range<u64>) {
+        self.meta.unreserve_data(run)
+    }
+
+    /// Adds copy-on-write volume `name` of `size` bytes whose home is the
+    /// data chunks of `run` (set aside, and zeroed, by the caller), which
+    /// it allocates.
+    pub fn add_pool_cow_volume(
+        &mut self,
+        name: String,
+        size: u64,
+        run: std::ops::Range<u64>,
+    ) -> Result<u64> {
+        let cs = self.meta.geo().chunk_size;
+        if run.end - run.start != size.div_ceil(cs) {
+            return Err(Error::inconsistent("a home of the wrong length"));
+        }
+        let first = run.start;
+        self.meta.alloc_data_run(run)?;
+        self.add_cow_volume(name, size, Home::Pool { first })
+    }
+
+    /// Frees the home of copy-on-write volume record `rec` (removed), if it
+    /// is in the pool.
+    pub(super) fn free_home(&mut self, rec: &VolumeRecord) -> Result<()> {
+        if let DataLayout::Cow(CowState {
+            home: Home::Pool { first },
+            ..
+        }) = rec.layout
+        {
+            let chunks = rec.size_bytes.div_ceil(self.meta.geo().chunk_size);
+            self.meta.dec_data_range(first, chunks)?;
+        }
+        Ok(())
+    }
+
     /// Adds copy-on-write volume `name` of `size` bytes whose data is in
     /// `home`, with an empty snapshot store.
     pub fn add_cow_volume(&mut self, name: String, size: u64, home: Home) -> Result<u64> {
-        self.check_cow_supported()?;
-        let cs = self.meta.geo().chunk_size;
-        if size.div_ceil(cs) > MAX_COW_CHUNKS {
-            return Err(Error::InvalidArgument(format!(
-                "a copy-on-write volume holds at most {MAX_COW_CHUNKS} chunks ({} bytes with this pool's chunks)",
-                MAX_COW_CHUNKS * cs
-            )));
-        }
+        self.check_cow_home(size.div_ceil(self.meta.geo().chunk_size))?;
         if let Some((_, other)) = self
             .table
             .iter()
