@@ -237,3 +237,65 @@ fn a_restart_needs_the_same_device_again() {
     ));
     assert_clean(&pool);
 }
+
+#[test]
+fn a_cow_volume_in_the_pool_is_contiguous_zeroed_and_freed_with_it() {
+    let (disk, pool) = sim_pool(32 * MIB, CS as u32);
+    // Freed chunks with old data: a new home must not show it.
+    let junk = pool.create_volume("junk", 4 * MIB).unwrap();
+    pool.write(junk, 0, &vec![0xee; 4 * MIB as usize]).unwrap();
+    pool.delete("junk").unwrap();
+    while pool.reclaim(4096).unwrap() > 0 {}
+    let before = pool.pool_stats().unwrap().data_used_bytes;
+    let id = pool.create_cow_volume("db", MIB + 512).unwrap();
+    assert!(matches!(
+        pool.info(id).unwrap().layout,
+        VolumeLayout::CowInPool { .. }
+    ));
+    assert_eq!(read(&pool, id, MIB + 512), vec![0u8; (MIB + 512) as usize]);
+    let home = (MIB + 512).div_ceil(CS) * CS;
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, before + home);
+    // Data goes in place: one contiguous run of the pool's device.
+    let data = fill(4, (MIB + 512) as usize);
+    pool.write(id, 0, &data).unwrap();
+    pool.flush().unwrap();
+    let image = disk.handle().durable_image();
+    assert!(
+        image.windows(data.len()).any(|w| w == &data[..]),
+        "the volume's data is not one run of the device"
+    );
+    // Snapshots, then a restart: the home is found again.
+    let s = pool.snapshot("db@a").unwrap();
+    pool.write(id, 4096, &[1u8; 4096]).unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    assert_eq!(read(&pool, s, MIB + 512), data);
+    assert_eq!(read(&pool, id, 4096 * 2)[4096..], [1u8; 4096][..]);
+    assert!(pool.origins().unwrap().is_empty(), "not an external device");
+    assert_clean(&pool);
+    assert!(matches!(pool.delete("db"), Err(Error::Conflict(_))));
+    pool.delete("db@a").unwrap();
+    pool.delete("db").unwrap();
+    while pool.reclaim(4096).unwrap() > 0 {}
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, 0);
+    assert_clean(&pool);
+}
+
+#[test]
+fn a_cow_volume_larger_than_one_commit_says_so() {
+    let disk = SimDisk::new(160 * MIB);
+    let dev: Arc<dyn BlockDevice> = Arc::new(disk);
+    let opts = arbor_engine::CreateOptions {
+        journal_pages: Some(16),
+        ..small_opts(CS as u32)
+    };
+    let pool = Pool::create(dev, &opts, &open_opts()).unwrap();
+    match pool.create_cow_volume("big", 100 * MIB) {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("journal"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Nothing stays set aside: the space is usable.
+    let v = pool.create_volume("v", 100 * MIB).unwrap();
+    pool.write(v, 0, &vec![1u8; 64 * MIB as usize]).unwrap();
+    assert_clean(&pool);
+}

@@ -350,7 +350,15 @@ impl Pool {
         if let Ok(mut meta) = self.write_meta() {
             meta.unreserve_home(&run);
         }
-        let id = created?;
+        let id = created.map_err(|e| match e {
+            // Its home's space-map entries are allocated in one commit.
+            Error::TransactionFull => Error::InvalidArgument(format!(
+                "a copy-on-write volume of {size} bytes needs more space-map pages than one \
+                 commit of this pool can journal ({} pages); make it smaller",
+                self.store.geo.journal_pages
+            )),
+            other => other,
+        })?;
         self.open_home(id, run.start, size);
         Ok(VolumeId(id))
     }
