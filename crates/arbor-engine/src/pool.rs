@@ -14,7 +14,12 @@
 //! * `stripes` serialise writes to the same (volume, chunk), so two partial
 //!   writes to one chunk never race on its copy-on-write.
 //!
-//! Lock order: commit_lock → gate → stripe → meta.
+//! * `origin_stripes` serialise a copy-on-write volume's writes of a chunk
+//!   with each other and with reads of that chunk through its epochs
+//!   (`pool/origin.rs`).
+//!
+//! Lock order: (a copy-on-write home's `busy` →) origin stripe →
+//! commit_lock → gate → stripe → meta.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

@@ -421,7 +421,11 @@ impl VolumeRecord {
                     origin: get_u64(bytes, 80),
                     epoch: get_u64(bytes, 88),
                 };
-                if backing.origin == 0 || backing.epoch == 0 || backing.epoch > MAX_EPOCH {
+                if backing.origin == 0
+                    || backing.epoch == 0
+                    || backing.epoch > MAX_EPOCH
+                    || bytes[96..112].iter().any(|&b| b != 0)
+                {
                     return Err(FormatError::Invalid(format!(
                         "volume record {}: backed by volume {} at epoch {}",
                         rec.name, backing.origin, backing.epoch
