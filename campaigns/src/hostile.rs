@@ -247,6 +247,14 @@ fn small_pool_image(chunk: u32) -> Vec<u8> {
         pool.clone_snapshot("vm1@a", "c1")?;
         pool.write(pool.lookup("c1")?, 0, &pattern(99, 0, 4096))?;
         pool.delete("doomed")?;
+        // A copy-on-write volume with its home in the pool, a snapshot of
+        // it (an epoch), copies in its store, a clone reading through it.
+        let db = pool.create_cow_volume("db", 256 * 1024)?;
+        pool.write(db, 0, &pattern(7, 0, 65536))?;
+        pool.snapshot("db@a")?;
+        pool.write(db, 4096, &pattern(8, 4096, 8192))?;
+        pool.clone_snapshot("db@a", "dbc")?;
+        pool.write(pool.lookup("dbc")?, 0, &pattern(9, 0, 512))?;
         pool.close()
     };
     // Building a fresh pool in memory cannot fail; if it ever does, the

@@ -3,8 +3,8 @@
 #![no_main]
 
 use arbor_format::{
-    seal, seal_version, BlockRef, BlockType, CommitRecord, Layout, Node, SmKind, SmPage,
-    Superblock, BLOCK_SIZE,
+    seal, seal_version, BlockRef, BlockType, CommitRecord, Layout, MapValue, Node, SmKind, SmPage,
+    StoreValue, Superblock, VolumeRecord, BLOCK_SIZE,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -16,6 +16,12 @@ fuzz_target!(|data: &[u8]| {
     let mut block = [0u8; BLOCK_SIZE];
     let n = data.len().min(BLOCK_SIZE);
     block[..n].copy_from_slice(&data[..n]);
+    // Leaf values: volume records (copy-on-write and epoch fields
+    // included), mapping extents, snapshot-store entries under any key.
+    let _ = VolumeRecord::decode(&block[..VolumeRecord::ENCODED_LEN]);
+    let _ = MapValue::decode(&block[..MapValue::ENCODED_LEN]);
+    let key = u64::from_le_bytes(block[..8].try_into().unwrap_or_default());
+    let _ = StoreValue::decode(key, &block[8..8 + StoreValue::ENCODED_LEN]);
     for block_type in [
         BlockType::Superblock,
         BlockType::Commit,

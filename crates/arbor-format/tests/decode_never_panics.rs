@@ -3,8 +3,8 @@
 //! validation itself.
 
 use arbor_format::{
-    seal, BlockRef, BlockType, CommitRecord, MapValue, Node, SmKind, SmPage, Superblock,
-    VolumeRecord, BLOCK_SIZE,
+    seal, BlockRef, BlockType, CommitRecord, MapValue, Node, SmKind, SmPage, StoreValue,
+    Superblock, VolumeRecord, BLOCK_SIZE,
 };
 use proptest::prelude::*;
 
@@ -32,6 +32,8 @@ proptest! {
         let block = block_from(&bytes);
         let _ = MapValue::decode(&block[..MapValue::ENCODED_LEN]);
         let _ = VolumeRecord::decode(&block[..VolumeRecord::ENCODED_LEN]);
+        let key = u64::from_le_bytes(block[..8].try_into().unwrap());
+        let _ = StoreValue::decode(key, &block[8..8 + StoreValue::ENCODED_LEN]);
     }
 
     #[test]
