@@ -299,3 +299,43 @@ fn a_cow_volume_larger_than_one_commit_says_so() {
     pool.write(v, 0, &vec![1u8; 64 * MIB as usize]).unwrap();
     assert_clean(&pool);
 }
+
+/// A real file under an attached volume that shrinks, or is replaced by
+/// nothing, gives a clear error on reads and writes (never a panic), and
+/// the pool goes on.
+#[test]
+fn a_device_that_shrinks_under_the_volume_gives_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.raw");
+    std::fs::write(&path, fill(1, ORIGIN as usize)).unwrap();
+    let dev: Arc<dyn BlockDevice> = Arc::new(arbor_io::FileDevice::open(&path).unwrap());
+    let (_disk, pool) = sim_pool(32 * MIB, CS as u32);
+    let id = pool.attach_origin("disk", dev, identity(1)).unwrap();
+    let snap = pool.snapshot("disk@a").unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(ORIGIN / 2)
+        .unwrap();
+    let mut buf = vec![0u8; 8192];
+    match pool.read(id, ORIGIN - 8192, &mut buf) {
+        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    match pool.read(snap, ORIGIN - 8192, &mut buf) {
+        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // A write past the new end must copy the old chunk first, which it
+    // cannot read: it fails, and the snapshot is not invalidated.
+    assert!(matches!(
+        pool.write(id, ORIGIN - 4096, &[1u8; 4096]),
+        Err(Error::Origin(_))
+    ));
+    // The rest of the pool works.
+    let v = pool.create_volume("v", MIB).unwrap();
+    pool.write(v, 0, &[2u8; 4096]).unwrap();
+    pool.flush().unwrap();
+    assert_clean(&pool);
+}
