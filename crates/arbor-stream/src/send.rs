@@ -243,6 +243,17 @@ impl<'p> Sender<'p> {
                     target.name
                 )));
             }
+            // An incremental stream walks where two trees differ; what reads
+            // through a copy-on-write volume's epoch is not all in its tree.
+            for s in [&target, b] {
+                if s.layout != arbor_engine::VolumeLayout::Row {
+                    return Err(StreamFailure::Refused(format!(
+                        "{} reads through a copy-on-write volume: incremental streams of it are \
+                         not supported yet; send it whole",
+                        s.name
+                    )));
+                }
+            }
         }
         let header = Header {
             chunk_size: u32::try_from(pool.chunk_size()).unwrap_or(u32::MAX),
