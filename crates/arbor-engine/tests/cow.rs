@@ -208,6 +208,12 @@ fn a_restart_needs_the_same_device_again() {
     assert!(!info[0].attached);
     let mut buf = [0u8; 512];
     assert!(matches!(pool.read(id, 0, &mut buf), Err(Error::Origin(_))));
+    // A rollback with nothing to write to is refused, not recorded.
+    assert!(matches!(
+        pool.rollback("disk", "disk@a"),
+        Err(Error::Origin(_))
+    ));
+    assert_eq!(pool.origins().unwrap()[0].rollback_epoch, 0);
     let snap = pool.lookup("disk@a").unwrap();
     // Reads of the snapshot need the device for chunks never copied.
     assert!(matches!(

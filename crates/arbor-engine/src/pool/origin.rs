@@ -681,6 +681,9 @@ impl Pool {
     /// and the snapshots are kept. The rollback is recorded first, so a
     /// power cut part way finishes it when the device is attached again.
     pub(super) fn cow_rollback(&self, id: u64, epoch: u64) -> Result<()> {
+        // Refused, not recorded, while the home is not there to write.
+        let name = self.read_meta()?.cow_state(id)?.1.name.clone();
+        self.origin_device(id, &name)?;
         self.manage(Privilege::Normal, |m| {
             let (cow, rec) = m.cow_state(id)?;
             match cow.rollback {
