@@ -102,6 +102,10 @@ pub enum Command {
     /// Take and list read-only snapshots
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Snapshot a raw disk or image file in place: attach it as a volume
+    /// whose data stays where it is
+    #[command(subcommand)]
+    Origin(OriginCommand),
     /// Create a writable volume from a snapshot, in O(1)
     Clone {
         #[arg(value_name = "VOLUME@SNAP")]
@@ -410,6 +414,33 @@ pub enum SnapshotCommand {
     },
     /// List snapshots, of one volume or of all
     List { volume: Option<String> },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OriginCommand {
+    /// Make a raw disk image file or block device the volume NAME, its
+    /// data left in place: reads and writes go to it, snapshots and clones
+    /// of it are ordinary arbor ones (copies of what they need are kept in
+    /// the pool). Also attaches an origin's device again after a start
+    /// that could not open it
+    Attach {
+        name: String,
+        /// The file or block device (opened read-write and locked; the
+        /// daemon opens it from here again at each start)
+        path: PathBuf,
+    },
+    /// Remove origin NAME from the pool, leaving its file or device a
+    /// plain raw disk with the volume's current content; refused while
+    /// snapshots or clones of it exist
+    Detach {
+        name: String,
+        /// Detach it even while NBD clients have it open (their I/O then fails)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Origins: path, size, attached or not, bytes copied for snapshots
+    #[command(alias = "ls")]
+    List,
 }
 
 #[derive(Debug, Subcommand)]
