@@ -7,6 +7,7 @@
 //! is deleted (even if another takes its name) its requests fail cleanly.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo, VolumeLayout};
@@ -137,6 +138,7 @@ impl ExportProvider for PoolExports {
             // A volume's layout never changes: an origin stays one, and a
             // volume reading through one reads through it until destroyed.
             in_pool: info.layout == VolumeLayout::Row,
+            origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
         }))
@@ -159,8 +161,29 @@ struct VolumeExport {
     /// a volume that reads through one, cannot unmap: their trims are
     /// no-ops and their zeroing writes zeros (see `trim`).
     in_pool: bool,
+    /// An origin's device error was logged for this connection: NBD
+    /// carries only EIO to most clients, so the reason goes to the log,
+    /// once per connection (a guest retries, and would flood it).
+    origin_logged: AtomicBool,
     io: VolumeIo,
     _open: OpenHandle,
+}
+
+impl VolumeExport {
+    /// What the client gets for a failed request, logging why when an
+    /// origin's device is the cause.
+    fn fail(&self, e: Error) -> ExportError {
+        if let Error::Origin(why) = &e {
+            if !self.origin_logged.swap(true, Ordering::Relaxed) {
+                warn!(
+                    volume = %self.volume,
+                    "NBD I/O fails with EIO (logged once per connection): copy-on-write \
+                     volume {why}"
+                );
+            }
+        }
+        export_error(e)
+    }
 }
 
 /// What an NBD client can make of an engine error.
@@ -209,20 +232,25 @@ impl Export for VolumeExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         let len = buf.len() as u64;
         self.io.record(IoOp::Read, len, || {
-            self.pool.read(self.id, offset, buf).map_err(export_error)
+            self.pool
+                .read(self.id, offset, buf)
+                .map_err(|e| self.fail(e))
         })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
         self.io.record(IoOp::Write, data.len() as u64, || {
-            self.pool.write(self.id, offset, data).map_err(export_error)
+            self.pool
+                .write(self.id, offset, data)
+                .map_err(|e| self.fail(e))
         })
     }
 
     fn flush(&self) -> Result<(), ExportError> {
         // A pool-wide commit: covers writes from every connection.
-        self.io
-            .record(IoOp::Flush, 0, || self.pool.flush().map_err(export_error))
+        self.io.record(IoOp::Flush, 0, || {
+            self.pool.flush().map_err(|e| self.fail(e))
+        })
     }
 
     /// Trim is advisory. An origin's device keeps every chunk, and a
@@ -237,7 +265,7 @@ impl Export for VolumeExport {
             }
             self.pool
                 .discard(self.id, offset, len)
-                .map_err(export_error)
+                .map_err(|e| self.fail(e))
         })
     }
 
@@ -257,7 +285,7 @@ impl Export for VolumeExport {
         self.io.record(IoOp::WriteZeroes, len, || {
             self.pool
                 .write_zeroes(self.id, offset, len, !may_trim)
-                .map_err(export_error)
+                .map_err(|e| self.fail(e))
         })
     }
 
