@@ -8,14 +8,18 @@ checked with `e2fsck -fn` and compared file by file with what the
 filesystem held when the snapshot was taken. Then the origin is unmounted,
 the clones and snapshots destroyed, the origin detached, and the image file
 itself, mounted with a plain loop device, must hold the latest files and
-pass `e2fsck -fn`. Needs root (mount); fails loudly without it."""
+pass `e2fsck -fn`. Last, a block device (a loop device) as an origin:
+attached again at a start while it is the same disk, refused once its
+device number belongs to another. Needs root (mount); fails loudly
+without it."""
 
 import hashlib
+import json
 import os
 import random
 
 from filesystem import Attached, write_tree
-from harness import Failure, run, run_test
+from harness import ARBOR, Failure, run, run_test
 
 IMAGE_SIZE = 256 << 20
 
@@ -136,7 +140,55 @@ def body(daemon):
     plain.close()
     run("e2fsck", "-fn", image)
 
+    block_device(daemon)
+
+
+def block_device(daemon):
+    """A block device (a loop device) as an origin: attached again at a
+    start while it is the same disk; when its device number has passed to
+    another disk (the loop device now backed by another file), refused."""
+    images = []
+    for n, byte in ((0, 0x11), (1, 0x44)):
+        images.append(os.path.join(daemon.dir, f"blk{n}.img"))
+        with open(images[-1], "wb") as f:
+            f.write(bytes([byte]) * (8 << 20))
+    loop = run("losetup", "-f", "--show", images[0]).stdout.strip()
+    daemon.cleanups.append(lambda: run("losetup", "-d", loop, check=False))
+    daemon.cli("origin", "attach", "blk", loop)
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if [(o["name"], o["attached"], o["device"]["ino"]) for o in listed] != [("blk", True, 0)]:
+        raise Failure(f"a block device origin: {listed}")
+    daemon.cli("snapshot", "create", "blk@s")
+    run("qemu-io", "-f", "raw", "-c", "write -P 0x22 0 1M", daemon.uri("blk"))
+    read_back(daemon, "blk@s", 0x11)
+    daemon.stop()
+    daemon.start()
+    read_back(daemon, "blk", 0x22)
+    read_back(daemon, "blk@s", 0x11)
+
+    # Another disk behind the same device number.
+    daemon.stop()
+    run("losetup", "-d", loop)
+    run("losetup", loop, images[1])
+    daemon.start()
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if listed[0]["attached"]:
+        raise Failure(f"{loop} now backed by another file was attached as blk: {listed}")
+    if "is another disk" not in daemon.log():
+        raise Failure(f"the daemon's log does not say why blk stays unattached:\n{daemon.log()}")
+    refused = run(ARBOR, "--data-dir", daemon.dir, "origin", "attach", "blk", loop, check=False)
+    if refused.returncode != 5 or "is another disk" not in refused.stderr:
+        raise Failure(f"attaching another disk as blk: exit {refused.returncode}: {refused.stderr}")
+    daemon.cli("destroy", "blk@s")
+    daemon.cli("origin", "detach", "blk")
+
+
+def read_back(daemon, export, byte):
+    """The first MiB of `export` holds `byte` (qemu-io checks the pattern)."""
+    flags = ["-r"] if "@" in export else []
+    run("qemu-io", "-f", "raw", *flags, "-c", f"read -P {byte:#x} 0 1M", daemon.uri(export))
+
 
 if __name__ == "__main__":
     run_test("origin ext4 end-to-end", body,
-             tools=("nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"), needs_root=True)
+             tools=("nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "qemu-io"), needs_root=True)

@@ -37,12 +37,104 @@ pub const RECORD_KEY: &str = "origin";
 struct Recorded {
     /// Absolute path it was last attached from.
     path: String,
+    #[serde(flatten)]
+    marks: Marks,
+}
+
+/// What tells a device apart from another with the same identity: the
+/// engine's identity (`st_dev` and `st_ino`, or `st_rdev`) can pass from
+/// one to another. Each is compared only when both the recorded and the
+/// opened device have it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Marks {
     /// A regular file's creation time (statx birth time), where the
-    /// filesystem keeps one. A file deleted and another created under its
-    /// name may get its inode number back, so the identity alone would
-    /// take the new file for the old one; this tells them apart.
+    /// filesystem keeps one: a file deleted and another created under its
+    /// name may get its inode number back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     born_unix_nanos: Option<u64>,
+    /// A block device's own name for its disk, where sysfs has one (see
+    /// [`disk_id`]): after a reboot the kernel may give its device number
+    /// to another disk (sdb and sdc trading places).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disk_id: Option<String>,
+}
+
+impl Marks {
+    fn of(metadata: &Metadata, identity: DeviceIdentity) -> Self {
+        if metadata.file_type().is_block_device() {
+            Self {
+                born_unix_nanos: None,
+                disk_id: disk_id(identity.dev),
+            }
+        } else {
+            let born = metadata
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+            Self {
+                born_unix_nanos: born.and_then(|b| u64::try_from(b.as_nanos()).ok()),
+                disk_id: None,
+            }
+        }
+    }
+
+    /// Why `now` is not the device these marks were recorded from, if it
+    /// is not.
+    fn differ(&self, now: &Marks) -> Option<&'static str> {
+        fn known_and_differ<T: PartialEq>(then: &Option<T>, now: &Option<T>) -> bool {
+            matches!((then, now), (Some(then), Some(now)) if then != now)
+        }
+        if known_and_differ(&self.born_unix_nanos, &now.born_unix_nanos) {
+            return Some(
+                "it has that file's inode number but another creation time (the old file \
+                 was deleted and its number reused)",
+            );
+        }
+        if known_and_differ(&self.disk_id, &now.disk_id) {
+            return Some(
+                "it has that device's number but is another disk (device numbers can move \
+                 between disks at a reboot)",
+            );
+        }
+        None
+    }
+}
+
+/// The major and minor numbers of `rdev` (glibc's `gnu_dev_major` and
+/// `gnu_dev_minor`).
+fn major_minor(rdev: u64) -> (u64, u64) {
+    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
+    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
+    (major, minor)
+}
+
+/// A block device's own name for its disk, from sysfs: a device-mapper
+/// UUID (LVM, dm-crypt), a WWID or serial number, or a loop device's
+/// backing file; a partition's is its disk's and its number. `None` where
+/// sysfs says nothing of the kind.
+fn disk_id(rdev: u64) -> Option<String> {
+    const OWN: [&str; 6] = [
+        "dm/uuid",
+        "wwid",
+        "device/wwid",
+        "serial",
+        "device/serial",
+        "loop/backing_file",
+    ];
+    let (major, minor) = major_minor(rdev);
+    let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .ok()
+            .map(|text| text.trim().to_owned())
+            .filter(|text| !text.is_empty())
+    };
+    if let Some(id) = OWN.iter().find_map(|file| read(file)) {
+        return Some(id);
+    }
+    let number = read("partition")?;
+    let disk = OWN.iter().find_map(|file| read(&format!("../{file}")))?;
+    Some(format!("{disk} partition {number}"))
 }
 
 /// A device this daemon opened for an origin.
@@ -84,7 +176,7 @@ impl Origins {
 struct Opened {
     file: File,
     identity: DeviceIdentity,
-    born_unix_nanos: Option<u64>,
+    marks: Marks,
 }
 
 /// Which file or device `metadata` (of an open file) is, as the engine
@@ -122,12 +214,6 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
         )
         .into())
     }
-}
-
-/// The file's creation time, where its filesystem keeps one.
-fn born_unix_nanos(metadata: &Metadata) -> Option<u64> {
-    let born = metadata.created().ok()?.duration_since(UNIX_EPOCH).ok()?;
-    u64::try_from(born.as_nanos()).ok()
 }
 
 /// Opens `path` read-write for an origin: checks what it is and refuses
@@ -180,7 +266,7 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
     Ok(Opened {
         file,
         identity,
-        born_unix_nanos: born_unix_nanos(&metadata),
+        marks: Marks::of(&metadata, identity),
     })
 }
 
@@ -264,7 +350,7 @@ impl PoolControl {
         );
         let record = Recorded {
             path: path.to_owned(),
-            born_unix_nanos: opened.born_unix_nanos,
+            marks: opened.marks,
         };
         if self.recorded(id).ok().flatten().as_ref() != Some(&record) {
             let value = serde_json::to_vec(&record).context("cannot encode the origin's path")?;
@@ -282,21 +368,17 @@ impl PoolControl {
         self.origin(name)
     }
 
-    /// Refuses a file that has the identity origin `o` was attached with
-    /// (a reused inode number) but not the creation time recorded for it.
+    /// Refuses a file or device that has the identity origin `o` was
+    /// attached with but not the marks recorded for it.
     fn refuse_another_file(&self, o: &OriginInfo, path: &str, opened: &Opened) -> Result<()> {
         let recorded = self.recorded(o.id)?;
-        let then = recorded.as_ref().and_then(|r| r.born_unix_nanos);
-        match (then, opened.born_unix_nanos) {
-            (Some(then), Some(now)) if then != now && o.identity == opened.identity => {
-                Err(Error::Conflict(format!(
-                    "{path} is not the file {} was attached from: it has that file's inode \
-                     number but was created later (the old file was deleted and its number \
-                     reused); the old file's content is gone",
-                    o.name
-                ))
-                .into())
-            }
+        let why = recorded.and_then(|r| r.marks.differ(&opened.marks).map(str::to_owned));
+        match why {
+            Some(why) if o.identity == opened.identity => Err(Error::Conflict(format!(
+                "{path} is not the device {} was attached from: {why}",
+                o.name
+            ))
+            .into()),
             _ => Ok(()),
         }
     }
@@ -476,5 +558,41 @@ fn explain_attach(e: Error, name: &str, path: &str) -> anyhow::Error {
         ))
         .into(),
         other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_split_as_glibc_does() {
+        assert_eq!(major_minor(0x810), (8, 16));
+        assert_eq!(major_minor(0x10301), (259, 1));
+        // A minor past 255 and a major past 4095 use the high bits.
+        assert_eq!(major_minor(0x0010_072c), (7, 300));
+        assert_eq!(major_minor((0x1000u64 << 32) | 0x0100), (4097, 0));
+    }
+
+    #[test]
+    fn marks_refuse_only_what_both_sides_know_to_differ() {
+        let file = |born| Marks {
+            born_unix_nanos: born,
+            disk_id: None,
+        };
+        let disk = |id: &str| Marks {
+            born_unix_nanos: None,
+            disk_id: Some(id.to_owned()),
+        };
+        assert!(file(Some(1)).differ(&file(Some(2))).is_some());
+        assert!(file(Some(1)).differ(&file(Some(1))).is_none());
+        // A filesystem without birth times, or a record from before them.
+        assert!(file(None).differ(&file(Some(2))).is_none());
+        assert!(file(Some(1)).differ(&file(None)).is_none());
+        assert!(disk("wwn-1").differ(&disk("wwn-2")).is_some());
+        assert!(disk("wwn-1").differ(&disk("wwn-1")).is_none());
+        // Recorded before marks existed: an old record reads as no marks.
+        let old: Recorded = serde_json::from_str(r#"{"path":"/x"}"#).unwrap();
+        assert_eq!(old.marks, Marks::default());
     }
 }
