@@ -455,8 +455,8 @@ pub enum PoolCommand {
     /// --size; a block device must be enlarged with its own tools first
     Grow(PoolGrowArgs),
     /// Convert a pool of an older format version to the newest (version 2
-    /// grows, 3 sends, receives and holds, 4 keeps policies); older arbor
-    /// releases cannot open it afterwards
+    /// grows, 3 sends, receives and holds, 4 keeps policies, 5 attaches
+    /// origins); older arbor releases cannot open it afterwards
     Upgrade {
         /// Pool file or device not held by a daemon [default: the daemon's pool]
         path: Option<PathBuf>,

@@ -338,8 +338,8 @@ pub fn receive_status(s: &ReceiveStatusView) -> String {
 pub fn upgrade(u: &UpgradeView) -> String {
     if u.upgraded {
         format!(
-            "upgraded the pool to format version {}: it can grow, send and receive now, \
-             and older arbor releases cannot open it\n",
+            "upgraded the pool to format version {}: it can grow, send, receive and attach \
+             origins now, and older arbor releases cannot open it\n",
             u.format_version
         )
     } else {
