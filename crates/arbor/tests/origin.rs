@@ -201,8 +201,9 @@ fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
     daemon.fails(
         &["origin", "attach", "disk", p(&image)],
         5,
-        "is not the device disk was attached from",
+        "cannot be disk's device",
     );
+    daemon.fails(&["rollback", "disk@s1"], 1, "cannot be rolled back now");
     let (_, _, log) = daemon.stop("TERM");
     assert!(log.contains("cannot attach origin disk"), "{log}");
     assert!(log.contains("its device is not attached"), "{log}");
@@ -212,6 +213,10 @@ fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
     daemon.restart(&serve);
     assert_eq!(origin_list(&daemon)[0]["attached"], true);
     qemu_io_ok(&daemon, "disk", "read -P 0xa5 0 4M");
+    // A rollback writes the snapshot's content back to the file.
+    daemon.ok(&["rollback", "disk@s1"]);
+    let mut current = at_s1.clone();
+    assert_same(&std::fs::read(&image).unwrap(), &current, "the file rolled back");
 
     // Detach waits for the snapshots and clones to go; the file then
     // holds the volume's content.

@@ -340,6 +340,22 @@ impl PoolControl {
     }
 
     pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
+        // The engine records an origin's rollback and carries it out when
+        // the device is there; without it, it would answer success with
+        // nothing rolled back yet. Say so instead.
+        if let Some(o) = self
+            .pool
+            .origins()?
+            .into_iter()
+            .find(|o| o.name == volume && !o.attached)
+        {
+            return Err(arbor_engine::Error::Origin(format!(
+                "{}: its device is not attached, so it cannot be rolled back now; attach it \
+                 first (arbor origin attach {} PATH)",
+                o.name, o.name
+            ))
+            .into());
+        }
         self.pool.rollback(volume, snapshot)?;
         self.view_by_name(volume)
     }

@@ -553,8 +553,9 @@ impl PoolControl {
 fn explain_attach(e: Error, name: &str, path: &str) -> anyhow::Error {
     match e {
         Error::Conflict(why) => Error::Conflict(format!(
-            "{why}: {path} is not the device {name} was attached from; attach that one \
-             (arbor origin attach {name} PATH), or destroy {name}'s snapshots and detach it"
+            "{why}; {path} cannot be {name}'s device: attach the one it was attached from, \
+             as it was (arbor origin attach {name} PATH), or destroy {name}'s snapshots and \
+             detach it"
         ))
         .into(),
         other => other.into(),
