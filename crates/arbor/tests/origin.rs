@@ -216,7 +216,11 @@ fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
     // A rollback writes the snapshot's content back to the file.
     daemon.ok(&["rollback", "disk@s1"]);
     let mut current = at_s1.clone();
-    assert_same(&std::fs::read(&image).unwrap(), &current, "the file rolled back");
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "the file rolled back",
+    );
 
     // Detach waits for the snapshots and clones to go; the file then
     // holds the volume's content.
