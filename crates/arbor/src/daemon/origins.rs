@@ -7,9 +7,11 @@
 //! from a path, locks it with `flock` as it locks the pool (so two daemons
 //! never write one disk), records the path in the pool as a property of
 //! the volume, and at its next start opens every origin again from there.
-//! A device that cannot be opened then (missing, replaced, resized) leaves
-//! its volume unattached: its I/O fails with `origin_unavailable`, and the
-//! rest of the pool is served.
+//! A device that cannot be opened then (missing), or is not the one
+//! attached (another identity or size, or the same identity but other
+//! [`Marks`]: a reused inode number, a device number now another disk's),
+//! leaves its volume unattached: its I/O fails with `origin_unavailable`,
+//! and the rest of the pool is served.
 
 use std::collections::HashMap;
 use std::fs::{File, Metadata, TryLockError};
