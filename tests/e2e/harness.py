@@ -22,6 +22,7 @@ PACKAGES = {
     "qemu-img": "qemu-utils",
     "qemu-io": "qemu-utils",
     "mkfs.ext4": "e2fsprogs",
+    "e2fsck": "e2fsprogs",
     "losetup": "util-linux",
     "fusermount3": "fuse3",
 }

@@ -102,6 +102,10 @@ pub enum Command {
     /// Take and list read-only snapshots
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Snapshot a raw disk or image file in place: attach it as a volume
+    /// whose data stays where it is
+    #[command(subcommand)]
+    Origin(OriginCommand),
     /// Create a writable volume from a snapshot, in O(1)
     Clone {
         #[arg(value_name = "VOLUME@SNAP")]
@@ -381,12 +385,18 @@ pub struct ReceiveArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
-    /// Create an empty thin volume
+    /// Create an empty volume
     Create {
         name: String,
         /// Size, e.g. 20G or 1.5T (a multiple of 512 bytes)
         #[arg(long)]
         size: ByteSize,
+        /// row: thin, space taken as written, snapshots share it
+        /// (redirect-on-write); cow: the whole size allocated now in one
+        /// contiguous run and written in place, snapshots take copies of
+        /// what it overwrites (copy-on-write)
+        #[arg(long, value_enum, default_value_t = crate::model::CreateLayout::Row)]
+        layout: crate::model::CreateLayout,
     },
     /// List volumes, snapshots and clones with their space use
     List {
@@ -413,6 +423,33 @@ pub enum SnapshotCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum OriginCommand {
+    /// Make a raw disk image file or block device the volume NAME, its
+    /// data left in place: reads and writes go to it, snapshots and clones
+    /// of it are ordinary arbor ones (copies of what they need are kept in
+    /// the pool). Also attaches an origin's device again after a start
+    /// that could not open it
+    Attach {
+        name: String,
+        /// The file or block device (opened read-write and locked; the
+        /// daemon opens it from here again at each start)
+        path: PathBuf,
+    },
+    /// Remove origin NAME from the pool, leaving its file or device a
+    /// plain raw disk with the volume's current content; refused while
+    /// snapshots or clones of it exist
+    Detach {
+        name: String,
+        /// Detach it even while NBD clients have it open (their I/O then fails)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Origins: path, size, attached or not, bytes copied for snapshots
+    #[command(alias = "ls")]
+    List,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum PoolCommand {
     /// Format a file or block device as an empty pool (offline)
     Create(PoolCreateArgs),
@@ -424,8 +461,8 @@ pub enum PoolCommand {
     /// --size; a block device must be enlarged with its own tools first
     Grow(PoolGrowArgs),
     /// Convert a pool of an older format version to the newest (version 2
-    /// grows, 3 sends, receives and holds, 4 keeps policies); older arbor
-    /// releases cannot open it afterwards
+    /// grows, 3 sends, receives and holds, 4 keeps policies, 5 attaches
+    /// origins); older arbor releases cannot open it afterwards
     Upgrade {
         /// Pool file or device not held by a daemon [default: the daemon's pool]
         path: Option<PathBuf>,

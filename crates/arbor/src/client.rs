@@ -20,12 +20,12 @@ use crate::endpoint::{Endpoint, Io};
 use crate::error_code::ErrorCode;
 use crate::exit::Fail;
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, ErrorBody, GroupSnapshotRequest, GrowRequest,
-    GrowView, HoldRequest, PolicyRequest, PolicyView, PoolView, PruneRequest, PruneView, Range,
-    ReceiveStatusView, ReceivedView, ReclaimView, RenameRequest, ReplicaAddRequest,
-    ReplicaRoleView, ReplicaRunView, ReplicasView, ResizeRequest, RollbackRequest,
-    SendEstimateView, SendQuery, SnapshotRequest, StatsView, StreamCompression, StreamFormat,
-    UpgradeView, VolumeView,
+    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, ErrorBody,
+    GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, OriginView, PolicyRequest,
+    PolicyView, PoolView, PruneRequest, PruneView, Range, ReceiveStatusView, ReceivedView,
+    ReclaimView, RenameRequest, ReplicaAddRequest, ReplicaRoleView, ReplicaRunView, ReplicasView,
+    ResizeRequest, RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView,
+    StreamCompression, StreamFormat, UpgradeView, VolumeView,
 };
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
@@ -47,6 +47,12 @@ impl DaemonClient {
             .build()
             .context("cannot start the I/O runtime")?;
         Ok(Self { endpoint, runtime })
+    }
+
+    /// Whether the daemon is reached over TCP (`--api`), maybe on another
+    /// host: paths on this host mean nothing to it.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Tcp(_))
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -150,10 +156,16 @@ impl DaemonClient {
         self.get("/v1/volumes")
     }
 
-    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeView> {
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        layout: crate::model::CreateLayout,
+    ) -> Result<VolumeView> {
         let request = CreateVolumeRequest {
             name: name.to_owned(),
             size: ByteSize(size),
+            layout,
         };
         self.post("/v1/volumes", &request)
     }
@@ -211,6 +223,25 @@ impl DaemonClient {
     /// clients have it open.
     pub fn destroy(&self, name: &str, force: bool) -> Result<()> {
         let path = format!("{}?force={force}", volume_path(name));
+        self.send(Method::DELETE, &path, None).map(drop)
+    }
+
+    pub fn origins(&self) -> Result<Vec<OriginView>> {
+        self.get("/v1/origins")
+    }
+
+    /// Attaches the file or device at `path` (absolute: the daemon's
+    /// working directory is not ours) as origin `name`.
+    pub fn attach_origin(&self, name: &str, path: &str) -> Result<OriginView> {
+        let request = AttachOriginRequest {
+            name: name.to_owned(),
+            path: path.to_owned(),
+        };
+        self.post("/v1/origins", &request)
+    }
+
+    pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
+        let path = format!("/v1/origins/{}?force={force}", encode(name));
         self.send(Method::DELETE, &path, None).map(drop)
     }
 

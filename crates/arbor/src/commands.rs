@@ -13,9 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, CompressionArg, FormatArg, PolicyCommand, PoolCommand, PoolCreateArgs,
-    PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs, SnapshotCommand, TokenCommand,
-    VolumeCommand,
+    Cli, Command, CompressionArg, FormatArg, OriginCommand, PolicyCommand, PoolCommand,
+    PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs,
+    SnapshotCommand, TokenCommand, VolumeCommand,
 };
 use crate::client::DaemonClient;
 use crate::config;
@@ -101,8 +101,8 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
 
 fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<ExitCode> {
     match command {
-        Command::Volume(VolumeCommand::Create { name, size }) => {
-            p.show(&c.create_volume(&name, size.0)?, |v| {
+        Command::Volume(VolumeCommand::Create { name, size, layout }) => {
+            p.show(&c.create_volume(&name, size.0, layout)?, |v| {
                 output::volume_line("created", v)
             })?;
         }
@@ -132,6 +132,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
                     .collect::<String>()
             })?,
         },
+        Command::Origin(command) => origin(command, c, p)?,
         Command::Policy(command) => policy(command, c, p)?,
         Command::Prune { volume, dry_run } => {
             let request = PruneRequest { volume, dry_run };
@@ -484,6 +485,64 @@ fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitC
     }
     daemon::serve(config).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `arbor origin`: raw disks and image files snapshotted in place.
+fn origin(command: OriginCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
+    match command {
+        OriginCommand::Attach { name, path } => {
+            let path = origin_path(&path, c.is_remote())?;
+            p.show(&c.attach_origin(&name, &path)?, |o| {
+                format!(
+                    "attached {path} as {name} ({}): its data stays in place; \
+                     snapshot it with arbor snapshot create {name}@SNAP\n",
+                    ByteSize(o.size)
+                )
+            })?;
+        }
+        OriginCommand::Detach { name, force } => {
+            c.detach_origin(&name, force)?;
+            p.done(
+                "detached",
+                &name,
+                format!(
+                    "detached {name}: its file or device holds the volume's current content, \
+                     and the pool frees the copies kept for its snapshots\n"
+                ),
+            )?;
+        }
+        OriginCommand::List => p.show(&c.origins()?, |l| output::origins(l))?,
+    }
+    Ok(())
+}
+
+/// The path to send for `origin attach`: absolute, since the daemon's
+/// working directory is not ours (symbolic links are kept: a stable name
+/// such as /dev/disk/by-id/... is what the daemon should open again at its
+/// next start). A daemon reached with --api may be on another host, where
+/// a relative path means nothing.
+fn origin_path(path: &Path, remote: bool) -> Result<String> {
+    if remote && !path.is_absolute() {
+        return Err(Fail::new(
+            Exit::Usage,
+            format!(
+                "{}: give an absolute path on the daemon's host (with --api the daemon \
+                 may be on another one)",
+                path.display()
+            ),
+        )
+        .into());
+    }
+    let absolute = std::path::absolute(path)
+        .with_context(|| format!("cannot make {} absolute", path.display()))?;
+    match absolute.to_str() {
+        Some(text) => Ok(text.to_owned()),
+        None => Err(Fail::new(
+            Exit::Usage,
+            format!("{}: only UTF-8 paths can be sent", absolute.display()),
+        )
+        .into()),
+    }
 }
 
 fn policy(command: PolicyCommand, c: &DaemonClient, p: &Printer) -> Result<()> {

@@ -60,6 +60,56 @@ pub struct VolumeView {
     /// without force while any is left.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<String>,
+    /// How it keeps its data (a daemon that predates layouts sends none:
+    /// every volume was `row` then).
+    #[serde(default)]
+    pub layout: LayoutView,
+}
+
+/// How a volume keeps its data: in the pool, or in place on an external
+/// device (`arbor origin attach`), or in the pool over such a device's
+/// point in time.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LayoutView {
+    /// Redirect-on-write in the pool: every volume but those below.
+    #[default]
+    Row,
+    /// An origin: its data stays on its device, written in place; before
+    /// a chunk is first overwritten since a snapshot, its old content is
+    /// copied into the pool (`store_bytes` of such copies). `epoch`: its
+    /// newest snapshot's point in time.
+    Cow {
+        store_bytes: u64,
+        epoch: u64,
+        /// Its device is open (always, for a home in the pool); when not,
+        /// its I/O (and its snapshots' reads of what was never copied)
+        /// fails with `origin_unavailable`.
+        attached: bool,
+        /// Where its data is: `device` (an origin, `arbor origin attach`)
+        /// or `pool` (`volume create --layout cow`).
+        #[serde(default)]
+        home: HomeView,
+    },
+    /// A snapshot of an origin, a clone of one, or a snapshot of such a
+    /// clone: its own writes go to the pool; what it never wrote reads
+    /// `origin` as it was at `epoch` (copies in the pool, else its device).
+    ReadsThrough {
+        /// `None` only if the origin is gone, which the engine refuses.
+        origin: Option<String>,
+        epoch: u64,
+    },
+}
+
+/// Where a copy-on-write volume's data is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HomeView {
+    /// An external file or block device (an origin).
+    #[default]
+    Device,
+    /// A contiguous run of the pool, allocated at creation.
+    Pool,
 }
 
 /// `POST /v1/snapshots/{name}/holds` and `DELETE .../holds/{tag}`.
@@ -77,6 +127,54 @@ pub struct StatsView {
     /// What deleting the volume would free.
     pub exclusive_bytes: u64,
     pub shared_bytes: u64,
+    /// An origin's copies in the pool, kept for its snapshots (absent for
+    /// other volumes; its data itself is on its device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
+}
+
+/// `GET /v1/origins`: one origin (a volume attached with `arbor origin
+/// attach`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OriginView {
+    pub name: String,
+    /// Where its device is opened from, as recorded in the pool; `None`
+    /// when no path was recorded (attach it again to record one).
+    pub path: Option<String>,
+    pub size: u64,
+    /// Its device is open. After a start that could not open it (missing,
+    /// replaced by another file, resized) it is not, and its I/O fails
+    /// with `origin_unavailable` until it is attached again.
+    pub attached: bool,
+    /// Bytes of old content copied into the pool for its snapshots.
+    pub store_bytes: u64,
+    /// Its snapshots.
+    pub snapshots: u64,
+    /// Every volume and snapshot that reads through it (its snapshots,
+    /// their clones, the clones' snapshots): what must be destroyed before
+    /// it can be detached.
+    pub readers: Vec<String>,
+    /// Which file or device it is: `st_dev` and `st_ino` of a regular
+    /// file, `st_rdev` and 0 of a block device.
+    pub device: DeviceView,
+    /// A rollback was interrupted and resumes when it is attached (or run
+    /// `arbor rollback` again).
+    pub rollback_pending: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceView {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// `POST /v1/origins`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachOriginRequest {
+    pub name: String,
+    /// Absolute: the daemon's working directory is not the client's.
+    pub path: String,
 }
 
 /// A byte range where two volumes differ.
@@ -166,6 +264,27 @@ pub struct ErrorBody {
 pub struct CreateVolumeRequest {
     pub name: String,
     pub size: ByteSize,
+    /// `row` (the default: thin, redirect-on-write) or `cow`: the data in
+    /// one contiguous, preallocated run of the pool, written in place;
+    /// snapshots take copies (docs/CLI.md, "Layouts").
+    #[serde(default, skip_serializing_if = "is_row")]
+    pub layout: CreateLayout,
+}
+
+/// The layout a new volume gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum CreateLayout {
+    /// Thin, redirect-on-write: space is taken as it is written.
+    #[default]
+    Row,
+    /// Copy-on-write: the whole size is allocated at once, in one
+    /// contiguous run, and written in place; snapshots take copies.
+    Cow,
+}
+
+fn is_row(layout: &CreateLayout) -> bool {
+    *layout == CreateLayout::Row
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -7,9 +7,10 @@
 //! is deleted (even if another takes its name) its requests fail cleanly.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo};
+use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo, VolumeLayout};
 use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
 use tracing::warn;
 
@@ -134,6 +135,10 @@ impl ExportProvider for PoolExports {
             description: describe(&info),
             size: info.size,
             read_only,
+            // A volume's layout never changes: an origin stays one, and a
+            // volume reading through one reads through it until destroyed.
+            in_pool: info.layout == VolumeLayout::Row,
+            origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
         }))
@@ -152,8 +157,33 @@ struct VolumeExport {
     /// The size when the connection opened (NBD cannot announce a change).
     size: u64,
     read_only: bool,
+    /// Redirect-on-write in the pool (`VolumeLayout::Row`). An origin, and
+    /// a volume that reads through one, cannot unmap: their trims are
+    /// no-ops and their zeroing writes zeros (see `trim`).
+    in_pool: bool,
+    /// An origin's device error was logged for this connection: NBD
+    /// carries only EIO to most clients, so the reason goes to the log,
+    /// once per connection (a guest retries, and would flood it).
+    origin_logged: AtomicBool,
     io: VolumeIo,
     _open: OpenHandle,
+}
+
+impl VolumeExport {
+    /// What the client gets for a failed request, logging why when an
+    /// origin's device is the cause.
+    fn fail(&self, e: Error) -> ExportError {
+        if let Error::Origin(why) = &e {
+            if !self.origin_logged.swap(true, Ordering::Relaxed) {
+                warn!(
+                    volume = %self.volume,
+                    "NBD I/O fails with EIO (logged once per connection): copy-on-write \
+                     volume {why}"
+                );
+            }
+        }
+        export_error(e)
+    }
 }
 
 /// What an NBD client can make of an engine error.
@@ -202,27 +232,42 @@ impl Export for VolumeExport {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         let len = buf.len() as u64;
         self.io.record(IoOp::Read, len, || {
-            self.pool.read(self.id, offset, buf).map_err(export_error)
+            self.pool
+                .read(self.id, offset, buf)
+                .map_err(|e| self.fail(e))
         })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
         self.io.record(IoOp::Write, data.len() as u64, || {
-            self.pool.write(self.id, offset, data).map_err(export_error)
+            self.pool
+                .write(self.id, offset, data)
+                .map_err(|e| self.fail(e))
         })
     }
 
     fn flush(&self) -> Result<(), ExportError> {
-        // A pool-wide commit: covers writes from every connection.
-        self.io
-            .record(IoOp::Flush, 0, || self.pool.flush().map_err(export_error))
+        // A pool-wide commit (covers writes from every connection), and the
+        // volume's own device if it is an origin: another origin's failing
+        // device does not fail this flush.
+        self.io.record(IoOp::Flush, 0, || {
+            self.pool.flush_volume(self.id).map_err(|e| self.fail(e))
+        })
     }
 
+    /// Trim is advisory. An origin's device keeps every chunk, and a
+    /// volume reading through an origin reads the origin's point in time
+    /// where it maps nothing, so neither can unmap: the engine would write
+    /// zeros instead, and a guest's `fstrim` would then fill the pool (or
+    /// the device) with them. So theirs succeed doing nothing.
     fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
         self.io.record(IoOp::Trim, len, || {
+            if !self.in_pool {
+                return Ok(());
+            }
             self.pool
                 .discard(self.id, offset, len)
-                .map_err(export_error)
+                .map_err(|e| self.fail(e))
         })
     }
 
@@ -234,14 +279,15 @@ impl Export for VolumeExport {
         fast_only: bool,
     ) -> Result<(), ExportError> {
         // Unmapping is fast; keeping the allocation means writing zeros,
-        // which is exactly what `fast_only` asks us not to do.
-        if fast_only && !may_trim {
+        // which is exactly what `fast_only` asks us not to do. Outside the
+        // pool's own layout zeroing always writes zeros.
+        if fast_only && (!may_trim || !self.in_pool) {
             return Err(ExportError::NotSupported);
         }
         self.io.record(IoOp::WriteZeroes, len, || {
             self.pool
                 .write_zeroes(self.id, offset, len, !may_trim)
-                .map_err(export_error)
+                .map_err(|e| self.fail(e))
         })
     }
 
@@ -253,10 +299,18 @@ impl Export for VolumeExport {
     }
 
     fn meta_contexts(&self, query: &str) -> Vec<String> {
+        // Changed blocks come from comparing mapping trees, which an
+        // origin and what reads through one do not have whole (the engine
+        // refuses their diffs).
+        if !self.in_pool {
+            return Vec::new();
+        }
         if let Some(snapshot) = query.strip_prefix(CHANGED_PREFIX).filter(|s| !s.is_empty()) {
             // An exact name: any snapshot sharing history can be compared.
             return match self.pool.lookup(snapshot).and_then(|id| self.pool.info(id)) {
-                Ok(info) if info.snapshot => vec![query.to_owned()],
+                Ok(info) if info.snapshot && info.layout == VolumeLayout::Row => {
+                    vec![query.to_owned()]
+                }
                 _ => Vec::new(),
             };
         }
@@ -469,6 +523,51 @@ mod tests {
                 .mapped_bytes,
             0
         );
+    }
+
+    /// An origin and the volumes reading through it cannot unmap: a trim
+    /// leaves their data (and the pool's space) as it was, a fast zero is
+    /// refused, an ordinary zeroing writes zeros, and no changed-block
+    /// context is offered.
+    #[test]
+    fn trims_of_origins_and_what_reads_through_them_change_nothing() {
+        let exports = exports();
+        let image: Vec<u8> = (0..4 * MIB).map(|i| (i / 4096) as u8 | 1).collect();
+        let device = SimDisk::from_image(image.clone());
+        let identity = arbor_engine::DeviceIdentity { dev: 1, ino: 2 };
+        exports
+            .pool
+            .attach_origin("disk", Arc::new(device.clone()), identity)
+            .unwrap();
+        exports.pool.snapshot("disk@s").unwrap();
+        exports.pool.clone_snapshot("disk@s", "c").unwrap();
+        let chunk = exports.pool.chunk_size() as usize;
+        for name in ["disk", "c"] {
+            let export = open(&exports, name);
+            let used = exports.pool.pool_stats().unwrap().data_used_bytes;
+            export.trim(0, 2 * MIB).unwrap();
+            let mut buf = vec![0u8; 2 * MIB as usize];
+            export.read(0, &mut buf).unwrap();
+            assert_eq!(buf, image[..2 * MIB as usize], "{name} after a trim");
+            assert_eq!(exports.pool.pool_stats().unwrap().data_used_bytes, used);
+            assert_eq!(
+                export.write_zeroes(0, chunk as u64, true, true),
+                Err(ExportError::NotSupported)
+            );
+            export.write_zeroes(0, chunk as u64, true, false).unwrap();
+            export.read(0, &mut buf[..chunk]).unwrap();
+            assert!(buf[..chunk].iter().all(|&b| b == 0), "{name} zeroed");
+            assert!(export.meta_contexts("").is_empty());
+            assert!(export.meta_contexts("x-arbor:changed:disk@s").is_empty());
+        }
+        assert_eq!(
+            &device.handle().visible_image()[..chunk],
+            &vec![0u8; chunk][..]
+        );
+        let snap = open(&exports, "disk@s");
+        let mut buf = vec![0u8; chunk];
+        snap.read(0, &mut buf).unwrap();
+        assert_eq!(buf, image[..chunk], "the snapshot keeps its point in time");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::model::{
-    CheckView, GrowView, PoolView, Range, ReceiveStatusView, ReceivedView, SendEstimateView,
-    StatsView, UpgradeView, VolumeKind, VolumeView,
+    CheckView, GrowView, LayoutView, OriginView, PoolView, Range, ReceiveStatusView, ReceivedView,
+    SendEstimateView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::size::ByteSize;
 
@@ -338,8 +338,8 @@ pub fn receive_status(s: &ReceiveStatusView) -> String {
 pub fn upgrade(u: &UpgradeView) -> String {
     if u.upgraded {
         format!(
-            "upgraded the pool to format version {}: it can grow, send and receive now, \
-             and older arbor releases cannot open it\n",
+            "upgraded the pool to format version {}: it can grow, send, receive and attach \
+             origins now, and older arbor releases cannot open it\n",
             u.format_version
         )
     } else {
@@ -364,12 +364,30 @@ fn kind(v: &VolumeView) -> &'static str {
     }
 }
 
-const VOLUME_HEADERS: [&str; 7] = ["NAME", "TYPE", "SIZE", "MAPPED", "PARENT", "NBD", "CREATED"];
+/// `row` (in the pool), `cow` (an origin: data in place on its device),
+/// `row (reads ORIGIN)` (in the pool over an origin's point in time).
+fn layout(v: &VolumeView) -> String {
+    match &v.layout {
+        LayoutView::Row => "row".to_owned(),
+        LayoutView::Cow { attached: true, .. } => "cow".to_owned(),
+        LayoutView::Cow {
+            attached: false, ..
+        } => "cow (not attached)".to_owned(),
+        LayoutView::ReadsThrough { origin, .. } => {
+            format!("row (reads {})", origin.as_deref().unwrap_or("?"))
+        }
+    }
+}
+
+const VOLUME_HEADERS: [&str; 8] = [
+    "NAME", "TYPE", "LAYOUT", "SIZE", "MAPPED", "PARENT", "NBD", "CREATED",
+];
 
 fn volume_row(name: String, v: &VolumeView) -> Vec<String> {
     vec![
         name,
         kind(v).to_owned(),
+        layout(v),
         size(v.size),
         size(v.mapped_bytes),
         v.parent.clone().unwrap_or_else(|| "-".to_owned()),
@@ -435,13 +453,59 @@ pub fn volume_line(action: &str, v: &VolumeView) -> String {
 }
 
 pub fn stats(s: &StatsView) -> String {
-    fields(&[
+    let mut rows = vec![
         ("name", s.name.clone()),
         ("logical", size(s.logical_bytes)),
         ("mapped", size(s.mapped_bytes)),
         ("exclusive", size(s.exclusive_bytes)),
         ("shared", size(s.shared_bytes)),
-    ])
+    ];
+    if let Some(store) = s.store_bytes {
+        rows.push((
+            "snapshot copies",
+            format!(
+                "{} (old content kept in the pool for its snapshots)",
+                size(store)
+            ),
+        ));
+    }
+    fields(&rows)
+}
+
+/// `arbor origin list`.
+pub fn origins(list: &[OriginView]) -> String {
+    if list.is_empty() {
+        return "no origins (arbor origin attach NAME PATH snapshots a disk in place)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|o| {
+            vec![
+                o.name.clone(),
+                o.path
+                    .clone()
+                    .unwrap_or_else(|| "(not recorded)".to_owned()),
+                size(o.size),
+                match (o.attached, o.rollback_pending) {
+                    (true, false) => "yes",
+                    (true, true) => "yes (rollback unfinished)",
+                    (false, _) => "NO",
+                }
+                .to_owned(),
+                size(o.store_bytes),
+                o.snapshots.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &["NAME", "PATH", "SIZE", "ATTACHED", "COPIES", "SNAPSHOTS"],
+        &rows,
+    );
+    if list.iter().any(|o| !o.attached) {
+        out += "an origin not attached fails its I/O: arbor origin attach NAME PATH attaches \
+                its device again (the same file or device, of the same size)\n";
+    }
+    out
 }
 
 pub fn diff(ranges: &[Range]) -> String {
@@ -652,6 +716,7 @@ mod tests {
             nbd_connections: 0,
             guid: None,
             holds: Vec::new(),
+            layout: LayoutView::Row,
         }
     }
 

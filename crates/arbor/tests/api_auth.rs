@@ -558,6 +558,28 @@ fn plain_loopback_needs_a_token_too() {
     assert!(out.contains("disk0"), "{out}");
     // The Unix socket needs nothing.
     daemon.ok(&["volume", "list"]);
+    // Attaching a device is for the Unix socket alone, whatever the token:
+    // an admin token over TCP is refused before the request is read.
+    let (admin_file, _) = make_token(&daemon, "local-admin", "admin");
+    let image = daemon.path("image.raw");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let out = command()
+        .args([
+            "--api",
+            &url,
+            "--token-file",
+            p(&admin_file),
+            "origin",
+            "attach",
+            "img",
+            p(&image),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", stderr(&out));
+    assert!(stderr(&out).contains("Unix socket"), "{}", stderr(&out));
+    assert!(!names(&daemon).contains(&"img".to_owned()));
+    daemon.ok(&["origin", "attach", "img", p(&image)]);
     // Beyond loopback only with TLS.
     fails_with(
         &["serve", "--api-listen", "0.0.0.0:1"],

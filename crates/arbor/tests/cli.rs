@@ -596,7 +596,9 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     let pool = p(&pool);
     let created = json(&[&create_32m(pool, "1")[..], &["--json"]].concat());
     assert_eq!(created["done"], "created");
-    fails_with(&create_32m(pool, "5"), 2, "--format-version");
+    let newest = arbor_format::FORMAT_VERSION;
+    let unknown = (newest + 1).to_string();
+    fails_with(&create_32m(pool, &unknown), 2, "--format-version");
 
     let mut daemon = Daemon::start(&["--pool", pool]);
     assert_eq!(daemon.json(&["pool", "status"])["format_version"], 1);
@@ -604,12 +606,12 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     daemon.fails(&["pool", "grow", "--size", "64M"], 2, "arbor pool upgrade");
     assert_eq!(
         daemon.json(&["pool", "upgrade"]),
-        serde_json::json!({"upgraded": true, "format_version": 4})
+        serde_json::json!({"upgraded": true, "format_version": newest})
     );
     assert!(daemon
         .ok(&["pool", "upgrade"])
-        .contains("already is format version 4"));
-    assert_eq!(daemon.json(&["pool", "status"])["format_version"], 4);
+        .contains(&format!("already is format version {newest}")));
+    assert_eq!(daemon.json(&["pool", "status"])["format_version"], newest);
 
     // Nothing to grow onto: the file is as big as the pool.
     daemon.fails(&["pool", "grow"], 2, "already fills");
@@ -650,7 +652,8 @@ fn pool_grow_refusals_upgrade_and_offline_growth() {
     let old = dir.path().join("old.img");
     ok(&create_32m(p(&old), "1"));
     fails_with(&["pool", "grow", p(&old), "--size", "64M"], 2, "upgrade");
-    assert!(ok(&["pool", "upgrade", p(&old)]).contains("upgraded the pool to format version 4"));
+    assert!(ok(&["pool", "upgrade", p(&old)])
+        .contains(&format!("upgraded the pool to format version {newest}")));
     assert_eq!(
         json(&["pool", "grow", p(&old), "--size", "64M", "--json"])["new_pool_bytes"],
         64 << 20

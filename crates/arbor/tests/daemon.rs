@@ -310,7 +310,7 @@ fn growth_reaches_status_metrics_and_space_warnings() {
         serde_json::from_str(&body).unwrap()
     };
     let before = pool("before");
-    assert_eq!(before["format_version"], 4);
+    assert_eq!(before["format_version"], arbor_format::FORMAT_VERSION);
     assert_eq!(
         before["warnings"].as_array().map(Vec::len),
         Some(1),
@@ -354,7 +354,7 @@ fn growth_reaches_status_metrics_and_space_warnings() {
     let upgraded: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         upgraded,
-        serde_json::json!({"upgraded": false, "format_version": 4})
+        serde_json::json!({"upgraded": false, "format_version": arbor_format::FORMAT_VERSION})
     );
 }
 

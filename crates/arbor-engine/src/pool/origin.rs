@@ -660,19 +660,43 @@ impl Pool {
         }
     }
 
-    /// Flushes the devices written since their last flush.
+    /// Flushes every home written since its last flush; one that fails
+    /// does not keep the others from being flushed (the first error is
+    /// returned, and the failed ones stay due).
     pub(super) fn flush_origins(&self) -> Result<()> {
+        let mut first = Ok(());
         for d in self.origins.all() {
-            if d.written.swap(false, Ordering::AcqRel) {
-                if let Err(e) = d.dev.flush() {
-                    d.written.store(true, Ordering::Release);
-                    return Err(Error::Origin(format!(
-                        "the device of a copy-on-write volume failed to flush: {e}"
-                    )));
+            if let Err(e) = Self::flush_home(&d) {
+                if first.is_ok() {
+                    first = Err(e);
                 }
             }
         }
+        first
+    }
+
+    fn flush_home(d: &OriginDevice) -> Result<()> {
+        if d.written.swap(false, Ordering::AcqRel) {
+            if let Err(e) = d.dev.flush() {
+                d.written.store(true, Ordering::Release);
+                return Err(Error::Origin(format!(
+                    "the device of a copy-on-write volume failed to flush: {e}"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// Makes every completed write to volume `id` durable: commits the
+    /// pool, and flushes the volume's home if it is copy-on-write (and no
+    /// other volume's: a failing device fails only its own volume's
+    /// flushes).
+    pub fn flush_volume(&self, id: VolumeId) -> Result<()> {
+        self.commit_open()?;
+        match self.origins.get(id.0) {
+            Some(d) => Self::flush_home(&d),
+            None => Ok(()),
+        }
     }
 
     /// Rolls copy-on-write volume `id` back to epoch `epoch`: every chunk

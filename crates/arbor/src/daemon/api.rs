@@ -21,10 +21,11 @@ use super::{monitor_api, replica_api, stream, token_api};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery, ErrorBody,
-    GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage, MetadataQuery,
-    OverviewView, PoolView, Range, ReclaimView, RenameRequest, ResizeRequest, RollbackRequest,
-    SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView, VolumeView,
+    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery,
+    ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
+    MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView, RenameRequest,
+    ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView,
+    VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -55,6 +56,8 @@ pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Rout
             axum::routing::delete(release),
         )
         .route("/v1/clones", post(clone_snapshot))
+        .route("/v1/origins", get(origins).post(attach_origin))
+        .route("/v1/origins/{name}", axum::routing::delete(detach_origin))
         .route("/v1/diff", get(diff))
         .route("/v1/flush", post(flush))
         .route("/v1/check", post(check))
@@ -361,9 +364,11 @@ async fn create_volume(
     State(c): State<PoolControl>,
     Json(req): Json<CreateVolumeRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| c.create_volume(&req.name, req.size.0))
-        .await
-        .map(created)
+    blocking(c, move |c| {
+        c.create_volume(&req.name, req.size.0, req.layout)
+    })
+    .await
+    .map(created)
 }
 
 async fn snapshot(
@@ -396,6 +401,33 @@ async fn clone_snapshot(
     blocking(c, move |c| c.clone_snapshot(&req.snapshot, &req.name))
         .await
         .map(created)
+}
+
+/// `GET /v1/origins`: the volumes attached with `arbor origin attach`.
+async fn origins(State(c): State<PoolControl>) -> ApiResult<Json<Vec<OriginView>>> {
+    blocking(c, |c| c.origins()).await.map(Json)
+}
+
+/// `POST /v1/origins`: a file or block device becomes a volume, its data
+/// left in place (or an origin's device is attached again).
+async fn attach_origin(
+    State(c): State<PoolControl>,
+    Json(req): Json<AttachOriginRequest>,
+) -> ApiResult<Response> {
+    blocking(c, move |c| c.attach_origin(&req.name, &req.path))
+        .await
+        .map(created)
+}
+
+/// `DELETE /v1/origins/{name}`: the device keeps the volume's current
+/// content; the volume leaves the pool.
+async fn detach_origin(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Query(query): Query<DestroyQuery>,
+) -> ApiResult<StatusCode> {
+    blocking(c, move |c| c.detach_origin(&name, query.force)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn snapshots(

@@ -71,6 +71,13 @@ pub fn required_scope(method: &Method, path: &str) -> Option<Scope> {
     Some(if reads { Scope::Read } else { Scope::Admin })
 }
 
+/// Requests the Unix socket alone may make, whatever the credentials:
+/// attaching a device (an admin token would otherwise reach every disk the
+/// daemon's user can open).
+pub fn local_only(method: &Method, path: &str) -> bool {
+    *method == Method::POST && path == "/v1/origins"
+}
+
 /// Whether credentials of `scope` cover a request that needs `needed`.
 pub fn covers(scope: Scope, needed: Scope) -> bool {
     scope == Scope::Admin || needed == Scope::Read
@@ -84,6 +91,17 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     let peer = request.extensions().get::<Peer>().cloned();
+    if !matches!(peer, Some(Peer::Local)) && local_only(request.method(), request.uri().path()) {
+        warn!(method = %request.method(), path = request.uri().path(), "API request refused: only on the Unix socket");
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            "attaching a device is done only through the daemon's Unix socket \
+             (DATA_DIR/api.sock, its owner): a network credential must not be able to \
+             serve any disk the daemon can open"
+                .to_owned(),
+        )
+        .into_response();
+    }
     let needed = required_scope(request.method(), request.uri().path());
     let caller = match (&peer, needed) {
         (Some(Peer::Local), _) => Caller {

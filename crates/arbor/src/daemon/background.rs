@@ -50,16 +50,27 @@ fn is_fatal(err: &Error) -> bool {
 }
 
 /// Commits every `interval`, bounding how much acknowledged-but-unflushed
-/// writing a crash can lose. A failed commit stops the daemon.
+/// writing a crash can lose. A failed commit stops the daemon; an origin's
+/// device that fails to flush (`Error::Origin`, after the commit) does
+/// not: its volume's I/O reports it, the rest of the pool goes on, and the
+/// flush is tried again each interval (logged once until it succeeds).
 pub async fn commit_periodically(
     pool: Arc<Pool>,
     interval: Duration,
     stop: CancellationToken,
 ) -> Result<()> {
+    let mut origin_failing = false;
     while pause_unless_stopped(interval, &stop).await {
-        run_blocking(&pool, |p| p.flush())
-            .await?
-            .context("periodic commit failed")?;
+        match run_blocking(&pool, |p| p.flush()).await? {
+            Ok(()) => origin_failing = false,
+            Err(Error::Origin(why)) => {
+                if !origin_failing {
+                    warn!(error = %why, "an origin's device did not flush; retrying each interval");
+                }
+                origin_failing = true;
+            }
+            Err(e) => return Err(e).context("periodic commit failed"),
+        }
     }
     Ok(())
 }

@@ -5,19 +5,20 @@
 //! Engine errors pass through unwrapped, so the API can map them to
 //! statuses by downcasting.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
-use arbor_engine::{Pool, VolumeId, VolumeInfo};
+use arbor_engine::{Pool, VolumeId, VolumeInfo, VolumeLayout};
 use tracing::info;
 
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
 use crate::model::{
-    BlockMetadata, CheckView, GrowRequest, GrowView, MetadataPage, MetadataQuery, OverviewView,
-    OverviewVolume, PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
+    BlockMetadata, CheckView, CreateLayout, GrowRequest, GrowView, HomeView, LayoutView,
+    MetadataPage, MetadataQuery, OverviewView, OverviewVolume, PoolView, Range, ReclaimView,
+    StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::nbd_export::OpenExports;
 use crate::pool_file;
@@ -41,6 +42,8 @@ pub struct PoolControl {
     pub sending: Arc<arbor_stream::busy::Pins>,
     pub replication: Arc<super::replication::Replication>,
     pub monitor: Arc<super::monitor::Monitor>,
+    /// The devices of origins (`arbor origin attach`) this daemon opened.
+    pub origins: Arc<super::origins::Origins>,
 }
 
 /// The page size a metadata query asks for.
@@ -64,13 +67,46 @@ fn page(mut found: Vec<BlockMetadata>, max: usize, size: u64) -> MetadataPage {
     }
 }
 
+/// What the API says of `layout`; `origin`: the name of the origin a
+/// volume reads through; `attached`: an origin's device is open.
+fn layout_view(layout: VolumeLayout, origin: Option<String>, attached: bool) -> LayoutView {
+    match layout {
+        VolumeLayout::Row => LayoutView::Row,
+        VolumeLayout::CowExternal { store_bytes, epoch } => LayoutView::Cow {
+            store_bytes,
+            epoch,
+            attached,
+            home: HomeView::Device,
+        },
+        VolumeLayout::CowInPool { store_bytes, epoch } => LayoutView::Cow {
+            store_bytes,
+            epoch,
+            attached: true,
+            home: HomeView::Pool,
+        },
+        VolumeLayout::ReadsThrough { epoch, .. } => LayoutView::ReadsThrough { origin, epoch },
+    }
+}
+
 impl PoolControl {
     fn view(&self, info: VolumeInfo) -> Result<VolumeView> {
         let parent = match info.parent {
             Some(id) => self.name_of(id)?,
             None => None,
         };
-        Ok(self.to_view(info, parent))
+        let (origin, attached) = match info.layout {
+            VolumeLayout::ReadsThrough { origin, .. } => (self.name_of(origin)?, false),
+            VolumeLayout::CowExternal { .. } => (
+                None,
+                self.pool
+                    .origins()?
+                    .iter()
+                    .any(|o| o.id == info.id && o.attached),
+            ),
+            VolumeLayout::Row | VolumeLayout::CowInPool { .. } => (None, false),
+        };
+        let layout = layout_view(info.layout, origin, attached);
+        Ok(self.to_view(info, parent, layout))
     }
 
     fn view_by_name(&self, name: &str) -> Result<VolumeView> {
@@ -87,8 +123,9 @@ impl PoolControl {
         }
     }
 
-    fn to_view(&self, info: VolumeInfo, parent: Option<String>) -> VolumeView {
+    fn to_view(&self, info: VolumeInfo, parent: Option<String>, layout: LayoutView) -> VolumeView {
         VolumeView {
+            layout,
             nbd_connections: self.open.count(info.id) as u64,
             name: info.name,
             id: info.id.0,
@@ -184,17 +221,38 @@ impl PoolControl {
         let all = self.pool.list()?;
         // One listing is a consistent snapshot of names: resolve parents from it.
         let names: HashMap<VolumeId, String> = all.iter().map(|v| (v.id, v.name.clone())).collect();
+        let attached: HashSet<VolumeId> = match all
+            .iter()
+            .any(|v| matches!(v.layout, VolumeLayout::CowExternal { .. }))
+        {
+            true => self
+                .pool
+                .origins()?
+                .into_iter()
+                .filter(|o| o.attached)
+                .map(|o| o.id)
+                .collect(),
+            false => HashSet::new(),
+        };
         Ok(all
             .into_iter()
             .map(|info| {
                 let parent = info.parent.and_then(|id| names.get(&id).cloned());
-                self.to_view(info, parent)
+                let origin = match info.layout {
+                    VolumeLayout::ReadsThrough { origin, .. } => names.get(&origin).cloned(),
+                    _ => None,
+                };
+                let layout = layout_view(info.layout, origin, attached.contains(&info.id));
+                self.to_view(info, parent, layout)
             })
             .collect())
     }
 
-    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeView> {
-        let id = self.pool.create_volume(name, size)?;
+    pub fn create_volume(&self, name: &str, size: u64, layout: CreateLayout) -> Result<VolumeView> {
+        let id = match layout {
+            CreateLayout::Row => self.pool.create_volume(name, size)?,
+            CreateLayout::Cow => self.pool.create_cow_volume(name, size)?,
+        };
         self.view(self.pool.info(id)?)
     }
 
@@ -236,6 +294,19 @@ impl PoolControl {
     /// if it had connected after: its requests fail the same way.
     pub fn destroy(&self, name: &str, force: bool) -> Result<()> {
         let id = self.pool.lookup(name)?;
+        if let VolumeLayout::CowExternal { .. } = self.pool.info(id)?.layout {
+            // Its data is its device's: destroying it is detaching it.
+            return self.detach_origin(name, force);
+        }
+        self.refuse_busy(name, id, force)?;
+        self.pool.delete_forced(name, force)?;
+        self.metrics.forget_volume(name);
+        Ok(())
+    }
+
+    /// Refuses, unless `force`, to take volume `name` (`id`) away from NBD
+    /// clients that have it open or a send that reads it.
+    pub(super) fn refuse_busy(&self, name: &str, id: VolumeId, force: bool) -> Result<()> {
         let connections = self.open.count(id);
         if connections > 0 && !force {
             let plural = if connections == 1 { "" } else { "s" };
@@ -261,8 +332,6 @@ impl PoolControl {
             )
             .into());
         }
-        self.pool.delete_forced(name, force)?;
-        self.metrics.forget_volume(name);
         Ok(())
     }
 
@@ -281,6 +350,22 @@ impl PoolControl {
     }
 
     pub fn rollback(&self, volume: &str, snapshot: &str) -> Result<VolumeView> {
+        // The engine records an origin's rollback and carries it out when
+        // the device is there; without it, it would answer success with
+        // nothing rolled back yet. Say so instead.
+        if let Some(o) = self
+            .pool
+            .origins()?
+            .into_iter()
+            .find(|o| o.name == volume && !o.attached)
+        {
+            return Err(arbor_engine::Error::Origin(format!(
+                "{}: its device is not attached, so it cannot be rolled back now; attach it \
+                 first (arbor origin attach {} PATH)",
+                o.name, o.name
+            ))
+            .into());
+        }
         self.pool.rollback(volume, snapshot)?;
         self.view_by_name(volume)
     }
@@ -296,8 +381,14 @@ impl PoolControl {
     }
 
     pub fn stats(&self, name: &str) -> Result<StatsView> {
-        let s = self.pool.volume_stats(self.pool.lookup(name)?)?;
+        let id = self.pool.lookup(name)?;
+        let s = self.pool.volume_stats(id)?;
+        let store_bytes = match self.pool.info(id)?.layout {
+            VolumeLayout::CowExternal { store_bytes, .. } => Some(store_bytes),
+            _ => None,
+        };
         Ok(StatsView {
+            store_bytes,
             name: name.to_owned(),
             logical_bytes: s.logical_bytes,
             mapped_bytes: s.mapped_bytes,

@@ -13,6 +13,7 @@ pub mod control;
 mod listen;
 pub mod monitor;
 mod monitor_api;
+mod origins;
 mod replica_api;
 pub mod replication;
 mod stream;
@@ -127,7 +128,14 @@ async fn run(config: ServeConfig) -> Result<()> {
         sending,
         replication: replication.clone(),
         monitor: std::sync::Arc::new(monitor::Monitor::default()),
+        origins: std::sync::Arc::default(),
     };
+    // Before anything is served: origins' devices from their recorded
+    // paths (one that cannot be opened is logged and stays unattached).
+    let reattach = control.clone();
+    tokio::task::spawn_blocking(move || reattach.attach_recorded_origins())
+        .await
+        .context("attaching origins failed")??;
     let mut tasks = JoinSet::new();
     info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
     println!("{}", connection_hints(&config, &control)?);

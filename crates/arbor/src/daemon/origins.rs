@@ -1,0 +1,601 @@
+//! Origins: raw disks and image files snapshotted in place (`arbor origin
+//! attach`), and what only the daemon knows of them.
+//!
+//! The engine keeps an origin's data on its device and records which
+//! device it is (its identity: `st_dev` and `st_ino` of a file, `st_rdev`
+//! of a block device), but it opens nothing: the daemon opens the device
+//! from a path, locks it with `flock` as it locks the pool (so two daemons
+//! never write one disk), records the path in the pool as a property of
+//! the volume, and at its next start opens every origin again from there.
+//! A device that cannot be opened then (missing), or is not the one
+//! attached (another identity or size, or the same identity but other
+//! [`Marks`]: a reused inode number, a device number now another disk's),
+//! leaves its volume unattached: its I/O fails with `origin_unavailable`,
+//! and the rest of the pool is served.
+
+use std::collections::HashMap;
+use std::fs::{File, Metadata, TryLockError};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::UNIX_EPOCH;
+
+use anyhow::{Context, Result};
+use arbor_engine::{DeviceIdentity, Error, OriginInfo, VolumeId, VolumeLayout};
+use arbor_io::FileDevice;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::control::PoolControl;
+use crate::exit::{Exit, Fail};
+use crate::model::{DeviceView, OriginView};
+
+/// The pool property of an origin volume that says where its device is.
+pub const RECORD_KEY: &str = "origin";
+
+/// What the pool records of an origin's device (JSON, in [`RECORD_KEY`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Recorded {
+    /// Absolute path it was last attached from.
+    path: String,
+    #[serde(flatten)]
+    marks: Marks,
+}
+
+/// What tells a device apart from another with the same identity: the
+/// engine's identity (`st_dev` and `st_ino`, or `st_rdev`) can pass from
+/// one to another. Each is compared only when both the recorded and the
+/// opened device have it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Marks {
+    /// A regular file's creation time (statx birth time), where the
+    /// filesystem keeps one: a file deleted and another created under its
+    /// name may get its inode number back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    born_unix_nanos: Option<u64>,
+    /// A block device's own name for its disk, where sysfs has one (see
+    /// [`disk_id`]): after a reboot the kernel may give its device number
+    /// to another disk (sdb and sdc trading places).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disk_id: Option<String>,
+}
+
+impl Marks {
+    fn of(metadata: &Metadata, identity: DeviceIdentity) -> Self {
+        if metadata.file_type().is_block_device() {
+            Self {
+                born_unix_nanos: None,
+                disk_id: disk_id(identity.dev),
+            }
+        } else {
+            let born = metadata
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+            Self {
+                born_unix_nanos: born.and_then(|b| u64::try_from(b.as_nanos()).ok()),
+                disk_id: None,
+            }
+        }
+    }
+
+    /// Why `now` is not the device these marks were recorded from, if it
+    /// is not.
+    fn differ(&self, now: &Marks) -> Option<&'static str> {
+        fn known_and_differ<T: PartialEq>(then: &Option<T>, now: &Option<T>) -> bool {
+            matches!((then, now), (Some(then), Some(now)) if then != now)
+        }
+        if known_and_differ(&self.born_unix_nanos, &now.born_unix_nanos) {
+            return Some(
+                "it has that file's inode number but another creation time (the old file \
+                 was deleted and its number reused)",
+            );
+        }
+        if known_and_differ(&self.disk_id, &now.disk_id) {
+            return Some(
+                "it has that device's number but is another disk (device numbers can move \
+                 between disks at a reboot)",
+            );
+        }
+        None
+    }
+}
+
+/// The major and minor numbers of `rdev` (glibc's `gnu_dev_major` and
+/// `gnu_dev_minor`).
+fn major_minor(rdev: u64) -> (u64, u64) {
+    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
+    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
+    (major, minor)
+}
+
+/// A block device's own name for its disk, from sysfs: a device-mapper
+/// UUID (LVM, dm-crypt), a WWID or serial number, or a loop device's
+/// backing file; a partition's is its disk's and its number. `None` where
+/// sysfs says nothing of the kind.
+fn disk_id(rdev: u64) -> Option<String> {
+    const OWN: [&str; 6] = [
+        "dm/uuid",
+        "wwid",
+        "device/wwid",
+        "serial",
+        "device/serial",
+        "loop/backing_file",
+    ];
+    let (major, minor) = major_minor(rdev);
+    let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .ok()
+            .map(|text| text.trim().to_owned())
+            .filter(|text| !text.is_empty())
+    };
+    if let Some(id) = OWN.iter().find_map(|file| read(file)) {
+        return Some(id);
+    }
+    let number = read("partition")?;
+    let disk = OWN.iter().find_map(|file| read(&format!("../{file}")))?;
+    Some(format!("{disk} partition {number}"))
+}
+
+/// A device this daemon opened for an origin.
+struct Handle {
+    path: String,
+    /// The open file holding the `flock`; the engine holds the device
+    /// (another descriptor of the same file), and drops it on detach.
+    _lock: File,
+}
+
+/// The origins' devices this daemon holds, by volume.
+#[derive(Default)]
+pub struct Origins {
+    handles: Mutex<HashMap<VolumeId, Handle>>,
+    /// Attaches and detaches run one at a time, so the checks each makes
+    /// (attached already? this device elsewhere?) still hold when it acts.
+    changing: Mutex<()>,
+}
+
+impl Origins {
+    fn handles(&self) -> MutexGuard<'_, HashMap<VolumeId, Handle>> {
+        // Plain inserts and removals: a panic elsewhere leaves it whole.
+        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changing(&self) -> MutexGuard<'_, ()> {
+        self.changing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the devices of volumes the engine no longer has attached
+    /// (destroyed by a path that did not come through here).
+    fn forget_gone(&self, attached: &[OriginInfo]) {
+        self.handles()
+            .retain(|id, _| attached.iter().any(|o| o.id == *id && o.attached));
+    }
+}
+
+/// A file or device opened for an origin, not yet locked nor attached.
+struct Opened {
+    file: File,
+    identity: DeviceIdentity,
+    marks: Marks,
+}
+
+/// Which file or device `metadata` (of an open file) is, as the engine
+/// records it; refuses anything but a regular file or a block device.
+fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
+    let kind = metadata.file_type();
+    if kind.is_file() {
+        Ok(DeviceIdentity {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        })
+    } else if kind.is_block_device() {
+        Ok(DeviceIdentity {
+            dev: metadata.rdev(),
+            ino: 0,
+        })
+    } else {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "neither a file nor a device"
+        };
+        Err(Fail::new(
+            Exit::Usage,
+            format!(
+                "{} is {what}: an origin is a raw disk image file or a block device",
+                path.display()
+            ),
+        )
+        .into())
+    }
+}
+
+/// Opens `path` read-write for an origin: checks what it is and refuses
+/// `pool` (the daemon's own pool).
+fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
+    if !path.is_absolute() {
+        return Err(Fail::new(
+            Exit::Usage,
+            format!(
+                "{} is not an absolute path: the daemon does not share your working \
+                 directory (the CLI makes paths absolute)",
+                path.display()
+            ),
+        )
+        .into());
+    }
+    // What it is before opening it: opening a directory read-write fails
+    // with a less helpful error, and a FIFO or character device is no disk.
+    let before = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Fail::new(
+            Exit::NotFound,
+            format!("no such file or device: {}", path.display()),
+        )
+        .into(),
+        _ => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
+    })?;
+    identity_of(path, &before)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open {} for reading and writing", path.display()))?;
+    // The identity of what was opened, not of whatever the path names now.
+    let metadata = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let identity = identity_of(path, &metadata)?;
+    if let Ok(pool_metadata) = std::fs::metadata(pool) {
+        if identity_of(pool, &pool_metadata).ok() == Some(identity) {
+            return Err(Fail::new(
+                Exit::Usage,
+                format!(
+                    "{} is this daemon's pool: an origin must be another file or device",
+                    path.display()
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(Opened {
+        file,
+        identity,
+        marks: Marks::of(&metadata, identity),
+    })
+}
+
+impl Opened {
+    /// Takes the exclusive `flock` and opens the device the engine reads
+    /// and writes: through the locked descriptor, so it is the very file
+    /// checked and locked even if the path was replaced meanwhile.
+    fn lock(&self, path: &str) -> Result<FileDevice> {
+        match self.file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(Fail::new(
+                    Exit::Busy,
+                    format!(
+                        "{path} is in use by another process (another arbor daemon's pool or \
+                         origin?): one daemon at a time may write it"
+                    ),
+                )
+                .into())
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {path}"))
+            }
+        }
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        FileDevice::open(&fd_path)
+            .with_context(|| format!("cannot open {path} for reading and writing"))
+    }
+}
+
+impl PoolControl {
+    /// `POST /v1/origins`: makes the file or block device at `path` the
+    /// origin `name`, its data left in place; or attaches the device of
+    /// origin `name` again (after a start that could not open it): then it
+    /// must be the same file or device, of the same size.
+    pub fn attach_origin(&self, name: &str, path: &str) -> Result<OriginView> {
+        let _one = self.origins.changing();
+        let known = self.pool.origins()?;
+        self.origins.forget_gone(&known);
+        let existing = known.iter().find(|o| o.name == name);
+        if let Some(o) = existing.filter(|o| o.attached) {
+            let from = self
+                .origins
+                .handles()
+                .get(&o.id)
+                .map(|h| format!(" from {}", h.path))
+                .unwrap_or_default();
+            return Err(Error::Conflict(format!(
+                "{name} is attached already{from}; to use another device, destroy its \
+                 snapshots and detach it first"
+            ))
+            .into());
+        }
+        let opened = open_device(Path::new(path), &self.path)?;
+        // Before the lock, which this daemon's own handle would refuse as
+        // "in use".
+        if let Some(other) = known
+            .iter()
+            .find(|o| o.identity == opened.identity && o.name != name)
+        {
+            return Err(Error::Conflict(format!(
+                "{path} is the device of origin {} already",
+                other.name
+            ))
+            .into());
+        }
+        if let Some(o) = existing {
+            self.refuse_another_file(o, path, &opened)?;
+        }
+        let device = opened.lock(path)?;
+        let id = self
+            .pool
+            .attach_origin(name, Arc::new(device), opened.identity)
+            .map_err(|e| explain_attach(e, name, path))?;
+        self.origins.handles().insert(
+            id,
+            Handle {
+                path: path.to_owned(),
+                _lock: opened.file,
+            },
+        );
+        let record = Recorded {
+            path: path.to_owned(),
+            marks: opened.marks,
+        };
+        if self.recorded(id).ok().flatten().as_ref() != Some(&record) {
+            let value = serde_json::to_vec(&record).context("cannot encode the origin's path")?;
+            self.pool
+                .set_property(Some(id), RECORD_KEY, &value)
+                .with_context(|| {
+                    format!(
+                        "{name} is attached, but its path could not be recorded, so the next \
+                         start will not attach it (then run arbor origin attach {name} {path} \
+                         again)"
+                    )
+                })?;
+        }
+        info!(volume = %name, path = %path, "attached an origin");
+        self.origin(name)
+    }
+
+    /// Refuses a file or device that has the identity origin `o` was
+    /// attached with but not the marks recorded for it.
+    fn refuse_another_file(&self, o: &OriginInfo, path: &str, opened: &Opened) -> Result<()> {
+        let recorded = self.recorded(o.id)?;
+        let why = recorded.and_then(|r| r.marks.differ(&opened.marks).map(str::to_owned));
+        match why {
+            Some(why) if o.identity == opened.identity => Err(Error::Conflict(format!(
+                "{path} is not the device {} was attached from: {why}",
+                o.name
+            ))
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// `DELETE /v1/origins/{name}` (and `destroy` of an origin): flushes
+    /// its device, which keeps the volume's current content as a plain raw
+    /// disk, removes the volume and closes the device. Refused while
+    /// snapshots or clones read through it, and (unless `force`) while NBD
+    /// clients have it open.
+    pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
+        let _one = self.origins.changing();
+        let id = self.pool.lookup(name)?;
+        let known = self.pool.origins()?;
+        if !known.iter().any(|o| o.id == id) {
+            return Err(Fail::new(
+                Exit::Usage,
+                format!(
+                    "{name} is not an origin (a volume made by arbor origin attach); \
+                     destroy it with arbor destroy {name}"
+                ),
+            )
+            .into());
+        }
+        let readers = self.readers_of(id)?;
+        if !readers.is_empty() {
+            return Err(Error::Conflict(format!(
+                "{name} has snapshots or clones that read through it ({}): destroy them \
+                 first (arbor destroy NAME), then detach it",
+                readers.join(", ")
+            ))
+            .into());
+        }
+        self.refuse_busy(name, id, force)?;
+        self.pool.detach_origin(name)?;
+        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        self.metrics.forget_volume(name);
+        info!(volume = %name, path = ?path, "detached an origin");
+        Ok(())
+    }
+
+    /// `GET /v1/origins`.
+    pub fn origins(&self) -> Result<Vec<OriginView>> {
+        let known = self.pool.origins()?;
+        self.origins.forget_gone(&known);
+        let all = self.pool.list()?;
+        known
+            .into_iter()
+            .map(|o| self.origin_view(o, &all))
+            .collect()
+    }
+
+    /// One origin, by name.
+    pub fn origin(&self, name: &str) -> Result<OriginView> {
+        let id = self.pool.lookup(name)?;
+        let all = self.pool.list()?;
+        match self.pool.origins()?.into_iter().find(|o| o.id == id) {
+            Some(o) => self.origin_view(o, &all),
+            None => Err(Error::NotFound(name.to_owned()).into()),
+        }
+    }
+
+    fn origin_view(&self, o: OriginInfo, all: &[arbor_engine::VolumeInfo]) -> Result<OriginView> {
+        let readers: Vec<&arbor_engine::VolumeInfo> = all
+            .iter()
+            .filter(
+                |v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == o.id),
+            )
+            .collect();
+        let store_bytes = all
+            .iter()
+            .find(|v| v.id == o.id)
+            .map_or(0, |v| match v.layout {
+                VolumeLayout::CowExternal { store_bytes, .. } => store_bytes,
+                _ => 0,
+            });
+        // The path it is open from, else the one recorded for the next start.
+        let path = match self.origins.handles().get(&o.id) {
+            Some(h) => Some(h.path.clone()),
+            None => self.recorded(o.id)?.map(|r| r.path),
+        };
+        Ok(OriginView {
+            path,
+            size: o.size,
+            attached: o.attached,
+            store_bytes,
+            snapshots: readers
+                .iter()
+                .filter(|v| v.snapshot && v.parent == Some(o.id))
+                .count() as u64,
+            readers: readers.iter().map(|v| v.name.clone()).collect(),
+            device: DeviceView {
+                dev: o.identity.dev,
+                ino: o.identity.ino,
+            },
+            rollback_pending: o.rollback_epoch != 0,
+            name: o.name,
+        })
+    }
+
+    /// The names of the volumes and snapshots that read through origin `id`.
+    fn readers_of(&self, id: VolumeId) -> Result<Vec<String>> {
+        Ok(self
+            .pool
+            .list()?
+            .into_iter()
+            .filter(
+                |v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == id),
+            )
+            .map(|v| v.name)
+            .collect())
+    }
+
+    /// What the pool records of origin `id`'s device.
+    fn recorded(&self, id: VolumeId) -> Result<Option<Recorded>> {
+        let Some(value) = self.pool.property(Some(id), RECORD_KEY)? else {
+            return Ok(None);
+        };
+        let record = serde_json::from_slice(&value)
+            .with_context(|| format!("the recorded device of volume {} is unreadable", id.0))?;
+        Ok(Some(record))
+    }
+
+    /// At the daemon's start: attaches every origin's device again from
+    /// its recorded path. One that cannot be (no path recorded, the file
+    /// missing, replaced or resized) is logged and stays unattached; the
+    /// daemon serves everything else. Fails only if the pool does.
+    pub fn attach_recorded_origins(&self) -> Result<()> {
+        for o in self.pool.origins()? {
+            if o.attached {
+                continue;
+            }
+            let record = match self.recorded(o.id) {
+                Ok(Some(record)) => record,
+                Ok(None) => {
+                    warn!(
+                        volume = %o.name,
+                        "origin {} has no recorded path (its attach was cut short): its I/O \
+                         fails until arbor origin attach {} PATH",
+                        o.name,
+                        o.name
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    warn!(volume = %o.name, error = format!("{e:#}"), "cannot read an origin's path");
+                    continue;
+                }
+            };
+            match self.attach_origin(&o.name, &record.path) {
+                Ok(_) => {}
+                Err(e) if e.downcast_ref::<Error>().is_some_and(Error::stops_pool) => {
+                    return Err(e)
+                }
+                Err(e) => warn!(
+                    volume = %o.name,
+                    path = %record.path,
+                    error = format!("{e:#}"),
+                    "cannot attach origin {} from {}: it stays unattached and its I/O \
+                     fails; fix the device, then arbor origin attach {} {}",
+                    o.name,
+                    record.path,
+                    o.name,
+                    record.path
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The engine's refusal of an attach, with what to do about it.
+fn explain_attach(e: Error, name: &str, path: &str) -> anyhow::Error {
+    match e {
+        Error::Conflict(why) => Error::Conflict(format!(
+            "{why}; {path} cannot be {name}'s device: attach the one it was attached from, \
+             as it was (arbor origin attach {name} PATH), or destroy {name}'s snapshots and \
+             detach it"
+        ))
+        .into(),
+        other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_split_as_glibc_does() {
+        assert_eq!(major_minor(0x810), (8, 16));
+        assert_eq!(major_minor(0x10301), (259, 1));
+        // A minor past 255 and a major past 4095 use the high bits.
+        assert_eq!(major_minor(0x0010_072c), (7, 300));
+        assert_eq!(major_minor((0x1000u64 << 32) | 0x0100), (4097, 0));
+    }
+
+    #[test]
+    fn marks_refuse_only_what_both_sides_know_to_differ() {
+        let file = |born| Marks {
+            born_unix_nanos: born,
+            disk_id: None,
+        };
+        let disk = |id: &str| Marks {
+            born_unix_nanos: None,
+            disk_id: Some(id.to_owned()),
+        };
+        assert!(file(Some(1)).differ(&file(Some(2))).is_some());
+        assert!(file(Some(1)).differ(&file(Some(1))).is_none());
+        // A filesystem without birth times, or a record from before them.
+        assert!(file(None).differ(&file(Some(2))).is_none());
+        assert!(file(Some(1)).differ(&file(None)).is_none());
+        assert!(disk("wwn-1").differ(&disk("wwn-2")).is_some());
+        assert!(disk("wwn-1").differ(&disk("wwn-1")).is_none());
+        // Recorded before marks existed: an old record reads as no marks.
+        let old: Recorded = serde_json::from_str(r#"{"path":"/x"}"#).unwrap();
+        assert_eq!(old.marks, Marks::default());
+    }
+}

@@ -1,0 +1,405 @@
+//! Origins through a real daemon (`arbor origin`): a raw image file
+//! snapshotted in place, written through NBD, its snapshots and clones
+//! reading their point in time, attached again at each start from the
+//! recorded path, left unattached (with a clear error) when the file was
+//! replaced, detached as a plain raw file; and the refusals of attach and
+//! detach.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const MIB: usize = 1 << 20;
+/// The image: 16 MiB, bigger than the 4 MiB the test writes, so reads
+/// past what was copied need the device.
+const IMAGE: usize = 16 * MIB;
+
+fn uri(daemon: &Daemon, export: &str) -> String {
+    format!("nbd+unix:///{export}?socket={}", daemon.nbd_socket())
+}
+
+/// `qemu-io -f raw -c COMMAND` on an export (`-r` for a snapshot).
+fn qemu_io(daemon: &Daemon, export: &str, command: &str) -> std::process::Output {
+    let uri = uri(daemon, export);
+    let mut args = vec!["-f", "raw"];
+    if export.contains('@') {
+        args.push("-r");
+    }
+    args.extend(["-c", command, &uri]);
+    tool("qemu-io", &args)
+}
+
+fn qemu_io_ok(daemon: &Daemon, export: &str, command: &str) {
+    let out = qemu_io(daemon, export, command);
+    // qemu-io reports a failed command on stdout and still exits 0.
+    assert!(
+        out.status.success() && !stdout(&out).contains("failed"),
+        "qemu-io {export} {command:?}: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// A whole export, copied out with nbdcopy.
+fn export_bytes(daemon: &Daemon, export: &str, scratch: &Path) -> Vec<u8> {
+    let out = scratch.join(format!("{}.raw", export.replace('@', "_at_")));
+    let _ = std::fs::remove_file(&out);
+    nbdcopy(&uri(daemon, export), p(&out));
+    std::fs::read(&out).unwrap()
+}
+
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first difference at byte {at}");
+    }
+}
+
+fn origin_list(daemon: &Daemon) -> Vec<Value> {
+    daemon.json(&["origin", "list"]).as_array().unwrap().clone()
+}
+
+fn volume<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in {list}"))
+}
+
+/// `arbor origin attach NAME PATH` run from `dir`, so a relative PATH
+/// must be made absolute by the CLI.
+fn attach_from(daemon: &Daemon, dir: &Path, name: &str, path: &str) -> std::process::Output {
+    command()
+        .current_dir(dir)
+        .args(daemon.args(&["origin", "attach", name, path]))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
+    let serve = ["--initial-volume", "none"];
+    let mut daemon = Daemon::start(&serve);
+    let work = tempfile::tempdir().unwrap();
+    let image = random_file(work.path(), "disk.img", IMAGE as u64, 7);
+    let original = std::fs::read(&image).unwrap();
+
+    let out = attach_from(&daemon, work.path(), "disk", "disk.img");
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let origins = origin_list(&daemon);
+    assert_eq!(origins.len(), 1);
+    assert_eq!(origins[0]["name"], "disk");
+    assert_eq!(origins[0]["path"], p(&image), "made absolute by the CLI");
+    assert_eq!(origins[0]["attached"], true);
+    assert_eq!(origins[0]["size"], IMAGE as u64);
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(volume(&list, "disk")["layout"]["kind"], "cow");
+
+    // Writes go to the file itself.
+    qemu_io_ok(&daemon, "disk", "write -P 0x5a 1M 2M");
+    let mut at_s1 = original.clone();
+    at_s1[MIB..3 * MIB].fill(0x5a);
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &at_s1,
+        "file after a write",
+    );
+
+    daemon.ok(&["snapshot", "create", "disk@s1"]);
+    qemu_io_ok(&daemon, "disk", "write -P 0xa5 0 4M");
+    let mut current = at_s1.clone();
+    current[..4 * MIB].fill(0xa5);
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "file after the snapshot",
+    );
+    assert_same(
+        &export_bytes(&daemon, "disk@s1", work.path()),
+        &at_s1,
+        "the snapshot",
+    );
+    // What the write replaced was copied once into the pool.
+    let stats = daemon.json(&["volume", "stats", "disk"]);
+    assert_eq!(stats["store_bytes"], 4 * MIB as u64);
+
+    // A clone of the snapshot is writable, apart from the file.
+    daemon.ok(&["clone", "disk@s1", "c1"]);
+    qemu_io_ok(&daemon, "c1", "write -P 0x33 8M 1M");
+    let mut clone = at_s1.clone();
+    clone[8 * MIB..9 * MIB].fill(0x33);
+    // A trim is advisory: on a volume that reads through an origin it
+    // changes nothing (zeros written instead would fill the pool).
+    qemu_io_ok(&daemon, "c1", "discard 0 16M");
+    assert_same(
+        &export_bytes(&daemon, "c1", work.path()),
+        &clone,
+        "the clone",
+    );
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "file after the clone's write",
+    );
+    let list = daemon.json(&["volume", "list"]);
+    let layout = &volume(&list, "c1")["layout"];
+    assert_eq!(layout["kind"], "reads_through");
+    assert_eq!(layout["origin"], "disk");
+    let table = daemon.ok(&["volume", "list"]);
+    assert!(table.contains("LAYOUT"), "{table}");
+    assert!(table.contains("row (reads disk)"), "{table}");
+
+    // A restart opens the file again from the recorded path.
+    daemon.stop_cleanly();
+    daemon.restart(&serve);
+    assert_eq!(origin_list(&daemon)[0]["attached"], true);
+    assert_same(
+        &export_bytes(&daemon, "disk", work.path()),
+        &current,
+        "after a restart",
+    );
+    assert_same(
+        &export_bytes(&daemon, "disk@s1", work.path()),
+        &at_s1,
+        "its snapshot",
+    );
+
+    // Another file under the same path (the original moved away): not
+    // attached, and its I/O fails, while the pool serves the rest.
+    daemon.stop_cleanly();
+    let moved = work.path().join("disk.img.moved");
+    std::fs::rename(&image, &moved).unwrap();
+    random_file(work.path(), "disk.img", IMAGE as u64, 8);
+    daemon.restart(&serve);
+    let origins = origin_list(&daemon);
+    assert_eq!(origins[0]["attached"], false);
+    assert_eq!(origins[0]["path"], p(&image), "the path stays recorded");
+    let table = daemon.ok(&["origin", "list"]);
+    assert!(table.contains("NO"), "{table}");
+    assert!(daemon
+        .ok(&["volume", "list"])
+        .contains("cow (not attached)"));
+    let read = qemu_io(&daemon, "disk", "read 0 512");
+    assert!(
+        stdout(&read).contains("Input/output error"),
+        "{}{}",
+        stdout(&read),
+        stderr(&read)
+    );
+    // The snapshot's copies are in the pool; the rest of it is on the file.
+    qemu_io_ok(&daemon, "disk@s1", "read -P 0x5a 1M 2M");
+    let read = qemu_io(&daemon, "disk@s1", "read 8M 512");
+    assert!(stdout(&read).contains("Input/output error"));
+    daemon.ok(&["volume", "create", "other", "--size", "1M"]);
+    qemu_io_ok(&daemon, "other", "write -P 1 0 1M");
+    daemon.fails(
+        &["origin", "attach", "disk", p(&image)],
+        5,
+        "cannot be disk's device",
+    );
+    daemon.fails(&["rollback", "disk@s1"], 1, "cannot be rolled back now");
+    let (_, _, log) = daemon.stop("TERM");
+    assert!(log.contains("cannot attach origin disk"), "{log}");
+    assert!(log.contains("its device is not attached"), "{log}");
+
+    // The right file back: attached again at the next start.
+    std::fs::rename(&moved, &image).unwrap();
+    daemon.restart(&serve);
+    assert_eq!(origin_list(&daemon)[0]["attached"], true);
+    qemu_io_ok(&daemon, "disk", "read -P 0xa5 0 4M");
+    // A rollback writes the snapshot's content back to the file.
+    daemon.ok(&["rollback", "disk@s1"]);
+    let mut current = at_s1.clone();
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "the file rolled back",
+    );
+
+    // Detach waits for the snapshots and clones to go; the file then
+    // holds the volume's content.
+    daemon.fails(&["origin", "detach", "disk"], 5, "destroy them first");
+    daemon.fails(&["destroy", "disk"], 5, "c1, disk@s1");
+    daemon.ok(&["destroy", "c1"]);
+    daemon.ok(&["destroy", "disk@s1"]);
+    qemu_io_ok(&daemon, "disk", "write -P 0x77 15M 1M");
+    current[15 * MIB..].fill(0x77);
+    daemon.ok(&["origin", "detach", "disk"]);
+    assert!(origin_list(&daemon).is_empty());
+    daemon.fails(&["volume", "stats", "disk"], 4, "no such volume");
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "the detached file",
+    );
+    daemon.ok(&["pool", "reclaim"]);
+    let pool = daemon.json(&["check"]);
+    assert_eq!(pool["clean"], true, "{pool}");
+    // The file is free again: another daemon could take it, and this one
+    // can attach it anew.
+    daemon.ok(&["origin", "attach", "again", p(&image)]);
+    daemon.ok(&["destroy", "again"]);
+    daemon.stop_cleanly();
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "after the daemon",
+    );
+}
+
+/// A process with an NBD connection to an export open until dropped
+/// (killed and reaped then, also when the test fails).
+struct OpenConnection(Child);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn hold_open(daemon: &Daemon, export: &str) -> OpenConnection {
+    let script = format!(
+        "import nbd, sys\nh = nbd.NBD()\nh.connect_uri({:?})\nsys.stdin.read()\n",
+        uri(daemon, export)
+    );
+    let child = Command::new("/usr/bin/python3")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("python3-libnbd (scripts/install-deps.sh installs it)");
+    let connection = OpenConnection(child);
+    // Waits for the daemon to count it (a bound on a hang, not a timing).
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let list = daemon.json(&["volume", "list"]);
+        if volume(&list, export)["nbd_connections"] == 1 {
+            return connection;
+        }
+        assert!(Instant::now() < deadline, "the NBD connection never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn attach_and_detach_refuse_what_they_cannot_do() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    let work = tempfile::tempdir().unwrap();
+    let image = random_file(work.path(), "disk.img", MIB as u64, 1);
+    let content = std::fs::read(&image).unwrap();
+    let pool = daemon.path("pool");
+
+    daemon.fails(
+        &["origin", "attach", "p", p(&pool)],
+        2,
+        "is this daemon's pool",
+    );
+    daemon.fails(
+        &["origin", "attach", "d", p(work.path())],
+        2,
+        "is a directory",
+    );
+    daemon.fails(
+        &["origin", "attach", "m", p(&work.path().join("missing.img"))],
+        4,
+        "no such file or device",
+    );
+    daemon.fails(
+        &["origin", "attach", "c", "/dev/null"],
+        2,
+        "is a character device",
+    );
+    let odd = random_file(work.path(), "odd.img", 1000, 2);
+    daemon.fails(&["origin", "attach", "o", p(&odd)], 2, "multiple of 512");
+    let empty = random_file(work.path(), "empty.img", 0, 3);
+    daemon.fails(&["origin", "attach", "e", p(&empty)], 2, "multiple of 512");
+    daemon.fails(
+        &["origin", "attach", "bad@name", p(&image)],
+        2,
+        "invalid name",
+    );
+
+    // The API wants an absolute path: the daemon's directory is not ours.
+    let (status, body) = http(
+        &daemon.api_socket(),
+        "POST",
+        "/v1/origins",
+        r#"{"name":"r","path":"disk.img"}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not an absolute path"), "{body}");
+
+    // Another process holding the file's lock (as another daemon would).
+    let locked = std::fs::File::open(&image).unwrap();
+    locked.lock().unwrap();
+    daemon.fails(
+        &["origin", "attach", "disk", p(&image)],
+        6,
+        "in use by another process",
+    );
+    drop(locked);
+
+    daemon.ok(&["origin", "attach", "disk", p(&image)]);
+    daemon.fails(
+        &["origin", "attach", "disk", p(&image)],
+        5,
+        "attached already",
+    );
+    daemon.fails(
+        &["origin", "attach", "twin", p(&image)],
+        5,
+        "is the device of origin disk",
+    );
+    daemon.ok(&["volume", "create", "plain", "--size", "1M"]);
+    let other = random_file(work.path(), "other.img", MIB as u64, 4);
+    daemon.fails(
+        &["origin", "attach", "plain", p(&other)],
+        5,
+        "already exists",
+    );
+    daemon.fails(&["origin", "detach", "plain"], 2, "is not an origin");
+    daemon.fails(&["origin", "detach", "ghost"], 4, "no such volume");
+    daemon.fails(&["volume", "resize", "disk", "2M"], 5, "cannot be resized");
+
+    // NBD clients keep it, as any volume, unless forced.
+    let client = hold_open(&daemon, "disk");
+    daemon.fails(&["origin", "detach", "disk"], 6, "NBD connection");
+    daemon.fails(&["destroy", "disk"], 6, "NBD connection");
+    daemon.ok(&["origin", "detach", "disk", "--force"]);
+    drop(client);
+    assert!(origin_list(&daemon).is_empty());
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &content,
+        "the file, never written",
+    );
+}
+
+/// `volume create --layout cow`: the data in one preallocated run of the
+/// pool, written in place, its snapshots taking copies; shown as `cow` with
+/// its home in the pool.
+#[test]
+fn a_volume_created_copy_on_write_keeps_its_snapshots() {
+    let daemon = Daemon::start(&[]);
+    daemon.ok(&["volume", "create", "db", "--size", "8M", "--layout", "cow"]);
+    let list = daemon.json(&["volume", "list"]);
+    let db = volume(&list, "db");
+    assert_eq!(db["layout"]["kind"], "cow", "{db}");
+    assert_eq!(db["layout"]["home"], "pool", "{db}");
+    assert!(daemon.ok(&["volume", "list"]).contains("cow"));
+    qemu_io_ok(&daemon, "db", "write -P 0x61 0 4M");
+    daemon.ok(&["snapshot", "create", "db@a"]);
+    qemu_io_ok(&daemon, "db", "write -P 0x62 1M 64k");
+    qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
+    qemu_io_ok(&daemon, "db", "read -P 0x62 1M 64k");
+    daemon.fails(&["destroy", "db"], 5, "destroy them first");
+    daemon.fails(&["volume", "resize", "db", "16M"], 5, "cannot be resized");
+    daemon.ok(&["destroy", "db@a"]);
+    daemon.ok(&["destroy", "db"]);
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""End to end with a disk snapshotted in place (`arbor origin attach`): an
+ext4 image file made and filled before arbor ever sees it is attached as a
+volume, mounted through NBD (nbdfuse, losetup, mount), written, and
+snapshotted while mounted after a `sync`. Each snapshot is cloned, the
+clone mounted (ext4 recovers its journal there, on the writable clone),
+checked with `e2fsck -fn` and compared file by file with what the
+filesystem held when the snapshot was taken. Then the origin is unmounted,
+the clones and snapshots destroyed, the origin detached, and the image file
+itself, mounted with a plain loop device, must hold the latest files and
+pass `e2fsck -fn`. Last, a block device (a loop device) as an origin:
+attached again at a start while it is the same disk, refused once its
+device number belongs to another. Needs root (mount); fails loudly
+without it."""
+
+import hashlib
+import json
+import os
+import random
+
+from filesystem import Attached, write_tree
+from harness import ARBOR, Failure, run, run_test
+
+IMAGE_SIZE = 256 << 20
+
+
+class ImageFile(Attached):
+    """The image file itself on a loop device, mounted: no arbor between."""
+
+    def __init__(self, daemon, image):
+        super().__init__(daemon, "image-file", read_only=False)
+        self.image = image
+
+    def attach(self):
+        self.loop = run("losetup", "-f", "--show", self.image).stdout.strip()
+        self.daemon.cleanups.append(self.detach_loop)
+        return self.loop
+
+
+def tree_sums(root):
+    """{path: sha256} of every file under root (lost+found aside)."""
+    sums = {}
+    for directory, subdirectories, files in os.walk(root):
+        if directory == root and "lost+found" in subdirectories:
+            subdirectories.remove("lost+found")
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                sums[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return sums
+
+
+def same_tree(root, want, what):
+    """The tree under root is exactly `want`: no file missing, none more,
+    every content right."""
+    got = tree_sums(root)
+    if got != want:
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        wrong = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+        raise Failure(f"{what}: {len(missing)} files missing {missing[:3]}, {len(extra)} unexpected "
+                      f"{extra[:3]}, {len(wrong)} with the wrong contents {wrong[:3]}")
+
+
+def change_files(root, state, rng):
+    """Overwrites some files and deletes others; returns the new state."""
+    changed = dict(state)
+    for rel in sorted(state)[::5]:
+        data = rng.randbytes(rng.choice([100, 8192, 300_000]))
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(data)
+        changed[rel] = hashlib.sha256(data).hexdigest()
+    for rel in sorted(state)[2::9]:
+        os.remove(os.path.join(root, rel))
+        del changed[rel]
+    return changed
+
+
+def body(daemon):
+    rng = random.Random(20261124)
+    image = os.path.join(daemon.dir, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+    # Inode tables and journal written now, not by a background thread
+    # while the snapshots are taken.
+    run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", image)
+
+    # Files on it before arbor sees it.
+    plain = ImageFile(daemon, image)
+    plain.attach()
+    state = write_tree(plain.mount(), rng)
+    plain.close()
+
+    daemon.cli("origin", "attach", "disk", image)
+    origin = Attached(daemon, "disk", read_only=False)
+    origin.attach()
+    root = origin.mount()
+    same_tree(root, state, "the origin as attached")
+
+    # Snapshots of the mounted filesystem, each after a sync.
+    expected = {}
+    for n in (1, 2):
+        state = dict(state)
+        state.update({os.path.join(f"gen{n}", k): v for k, v in write_tree(os.path.join(root, f"gen{n}"), rng).items()})
+        if n == 2:
+            state = change_files(root, state, rng)
+        run("sync")
+        daemon.cli("snapshot", "create", f"disk@s{n}")
+        expected[f"disk@s{n}"] = state
+    state = change_files(root, state, rng)
+    state.update({os.path.join("gen3", k): v for k, v in write_tree(os.path.join(root, "gen3"), rng).items()})
+    run("sync")
+    same_tree(root, state, "the origin after the snapshots")
+
+    # Each snapshot, through a clone: journal recovery, then fsck.
+    for snapshot, want in expected.items():
+        clone = "clone-" + snapshot.split("@")[1]
+        daemon.cli("clone", snapshot, clone)
+        attached = Attached(daemon, clone, read_only=False)
+        device = attached.attach()
+        same_tree(attached.mount(), want, f"{clone} (of {snapshot})")
+        attached.unmount()
+        run("e2fsck", "-fn", device)
+        attached.close()
+    same_tree(root, state, "the origin after the clones")
+    origin.close()
+
+    for snapshot in expected:
+        daemon.cli("destroy", "clone-" + snapshot.split("@")[1])
+        daemon.cli("destroy", snapshot)
+    daemon.cli("origin", "detach", "disk")
+    listed = daemon.cli("origin", "list", "--json").stdout
+    if listed.strip() != "[]":
+        raise Failure(f"origins after the detach: {listed}")
+
+    # The file alone holds the latest files, and a clean filesystem.
+    plain = ImageFile(daemon, image)
+    plain.attach()
+    same_tree(plain.mount(), state, "the image file after the detach")
+    plain.close()
+    run("e2fsck", "-fn", image)
+
+    block_device(daemon)
+
+
+def block_device(daemon):
+    """A block device (a loop device) as an origin: attached again at a
+    start while it is the same disk; when its device number has passed to
+    another disk (the loop device now backed by another file), refused."""
+    images = []
+    for n, byte in ((0, 0x11), (1, 0x44)):
+        images.append(os.path.join(daemon.dir, f"blk{n}.img"))
+        with open(images[-1], "wb") as f:
+            f.write(bytes([byte]) * (8 << 20))
+    loop = run("losetup", "-f", "--show", images[0]).stdout.strip()
+    daemon.cleanups.append(lambda: run("losetup", "-d", loop, check=False))
+    daemon.cli("origin", "attach", "blk", loop)
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if [(o["name"], o["attached"], o["device"]["ino"]) for o in listed] != [("blk", True, 0)]:
+        raise Failure(f"a block device origin: {listed}")
+    daemon.cli("snapshot", "create", "blk@s")
+    run("qemu-io", "-f", "raw", "-c", "write -P 0x22 0 1M", daemon.uri("blk"))
+    read_back(daemon, "blk@s", 0x11)
+    daemon.stop()
+    daemon.start()
+    read_back(daemon, "blk", 0x22)
+    read_back(daemon, "blk@s", 0x11)
+
+    # Another disk behind the same device number.
+    daemon.stop()
+    run("losetup", "-d", loop)
+    run("losetup", loop, images[1])
+    daemon.start()
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if listed[0]["attached"]:
+        raise Failure(f"{loop} now backed by another file was attached as blk: {listed}")
+    if "is another disk" not in daemon.log():
+        raise Failure(f"the daemon's log does not say why blk stays unattached:\n{daemon.log()}")
+    refused = run(ARBOR, "--data-dir", daemon.dir, "origin", "attach", "blk", loop, check=False)
+    if refused.returncode != 5 or "is another disk" not in refused.stderr:
+        raise Failure(f"attaching another disk as blk: exit {refused.returncode}: {refused.stderr}")
+    daemon.cli("destroy", "blk@s")
+    daemon.cli("origin", "detach", "blk")
+
+
+def read_back(daemon, export, byte):
+    """The first MiB of `export` holds `byte` (qemu-io checks the pattern)."""
+    flags = ["-r"] if "@" in export else []
+    run("qemu-io", "-f", "raw", *flags, "-c", f"read -P {byte:#x} 0 1M", daemon.uri(export))
+
+
+if __name__ == "__main__":
+    run_test("origin ext4 end-to-end", body,
+             tools=("nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "qemu-io"), needs_root=True)
