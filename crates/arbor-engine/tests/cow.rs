@@ -231,14 +231,26 @@ fn a_restart_needs_the_same_device_again() {
         pool.attach_origin("disk", bigger, identity(1)),
         Err(Error::Conflict(_))
     ));
+    // The same disk under a new number (a block device after a reboot):
+    // recorded again by whoever knows it is the same disk, then attached.
+    pool.reidentify_origin("disk", identity(3)).unwrap();
     let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
-    pool.attach_origin("disk", dev, identity(1)).unwrap();
+    assert!(matches!(
+        pool.attach_origin("disk", dev, identity(1)),
+        Err(Error::Conflict(_))
+    ));
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    pool.attach_origin("disk", dev, identity(3)).unwrap();
+    assert!(matches!(
+        pool.reidentify_origin("disk", identity(4)),
+        Err(Error::Conflict(_))
+    ));
     assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
     assert_eq!(read(&pool, id, 4096)[..], [2u8; 4096][..]);
     // The same device cannot be a second volume.
     let again: Arc<dyn BlockDevice> = Arc::new(origin.clone());
     assert!(matches!(
-        pool.attach_origin("twin", again, identity(1)),
+        pool.attach_origin("twin", again, identity(3)),
         Err(Error::AlreadyExists(_))
     ));
     assert_clean(&pool);

@@ -410,6 +410,22 @@ impl Pool {
         Ok(())
     }
 
+    /// Records `identity` as the device of external copy-on-write volume
+    /// `name`, whose device is not attached: the same disk under a new
+    /// device number (a block device after a reboot). The caller must know
+    /// it is the same disk (the daemon compares the disk's own identifiers):
+    /// attaching another disk in its place would show other data to every
+    /// snapshot.
+    pub fn reidentify_origin(&self, name: &str, identity: DeviceIdentity) -> Result<()> {
+        let id = self.lookup(name)?.0;
+        if self.origins.get(id).is_some() {
+            return Err(Error::Conflict(format!(
+                "{name} is attached: its device is known"
+            )));
+        }
+        self.manage(Privilege::Normal, |m| m.set_external_identity(id, identity))
+    }
+
     /// The pool's external copy-on-write volumes.
     pub fn origins(&self) -> Result<Vec<OriginInfo>> {
         let meta = self.read_meta()?;

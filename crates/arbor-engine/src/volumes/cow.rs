@@ -4,8 +4,8 @@
 //! "Copy-on-write volumes").
 
 use arbor_format::{
-    Backing, BlockRef, CowState, DataLayout, Home, VolumeKind, VolumeRecord, MAX_COW_CHUNKS,
-    MAX_EPOCH,
+    Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Home, VolumeKind, VolumeRecord,
+    MAX_COW_CHUNKS, MAX_EPOCH,
 };
 
 use super::Volumes;
@@ -273,6 +273,31 @@ impl Volumes {
             })?;
         }
         Ok(next)
+    }
+
+    /// Records `identity` as the device of external copy-on-write volume
+    /// `id` (a disk whose device number changed; the caller knows it is the
+    /// same disk). No other volume may have that identity.
+    pub fn set_external_identity(&mut self, id: u64, identity: DeviceIdentity) -> Result<()> {
+        let (cow, rec) = self.cow_state(id)?;
+        if !matches!(cow.home, Home::External(_)) {
+            return Err(Error::InvalidArgument(format!(
+                "{} has its data in the pool, not on a device",
+                rec.name
+            )));
+        }
+        let home = Home::External(identity);
+        if let Some((_, other)) = self.table.iter().find(|(other, r)| {
+            *other != id && matches!(r.layout, DataLayout::Cow(c) if c.home == home)
+        }) {
+            return Err(Error::AlreadyExists(format!(
+                "the device of {} (that identity)",
+                other.name
+            )));
+        }
+        self.update_volume(id, |rec| {
+            rec.layout = DataLayout::Cow(CowState { home, ..cow })
+        })
     }
 
     /// Records that copy-on-write volume `id` is being rolled back to

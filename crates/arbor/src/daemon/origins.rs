@@ -80,6 +80,17 @@ impl Marks {
         }
     }
 
+    /// Whether `now` is known to be the disk these marks were recorded
+    /// from: at least one mark known on both sides, and none differing.
+    fn same_disk(&self, now: &Marks) -> bool {
+        let both = |a: bool, b: bool| a && b;
+        let known = both(
+            self.born_unix_nanos.is_some(),
+            now.born_unix_nanos.is_some(),
+        ) || both(self.disk_id.is_some(), now.disk_id.is_some());
+        known && self.differ(now).is_none()
+    }
+
     /// Why `now` is not the device these marks were recorded from, if it
     /// is not.
     fn differ(&self, now: &Marks) -> Option<&'static str> {
@@ -339,6 +350,16 @@ impl PoolControl {
             self.refuse_another_file(o, path, &opened)?;
         }
         let device = opened.lock(path)?;
+        if let Some(o) = existing.filter(|o| o.identity != opened.identity) {
+            // The same disk under another device number (numbers move at a
+            // reboot), known by the marks recorded for it: record its new
+            // identity, so that it is attached again.
+            let recorded = self.recorded(o.id)?;
+            if recorded.is_some_and(|r| r.marks.same_disk(&opened.marks)) {
+                info!(volume = %name, path = %path, "the origin's disk has a new device number; recording it");
+                self.pool.reidentify_origin(name, opened.identity)?;
+            }
+        }
         let id = self
             .pool
             .attach_origin(name, Arc::new(device), opened.identity)
@@ -597,5 +618,12 @@ mod tests {
         // Recorded before marks existed: an old record reads as no marks.
         let old: Recorded = serde_json::from_str(r#"{"path":"/x"}"#).unwrap();
         assert_eq!(old.marks, Marks::default());
+        // A new device number is taken for the same disk only on a mark
+        // both sides know and agree on.
+        assert!(disk("wwn-1").same_disk(&disk("wwn-1")));
+        assert!(file(Some(1)).same_disk(&file(Some(1))));
+        assert!(!disk("wwn-1").same_disk(&disk("wwn-2")));
+        assert!(!file(None).same_disk(&file(Some(1))));
+        assert!(!Marks::default().same_disk(&Marks::default()));
     }
 }
