@@ -90,7 +90,9 @@ def section4(add, goals, e4, meta):
             "later writes to the same chunk, and every read, go straight to the volume's run. A ROW write to a "
             "shared chunk allocates a new chunk (a partial write reads the old chunk to fill it) and updates the "
             "mapping, committed later with the next commit; every ROW read looks the chunk up in the tree. "
-            "Everything sits in the page cache here, so a COW first write costs its flushes, not disk seeks.\n")
+            "Everything sits in the page cache here, so a COW first write costs its flushes, not disk seeks. "
+            "At 0 % neither volume writes: a difference there is the two read paths' (a cow read skips the "
+            "lookup) or run-to-run noise, and a crossover of 0 % means ROW was not slower even then.\n")
     sr = [r for r in e4 if r.get("kind") == "seqread"]
     if sr:
         cold = all(r["cold"] for r in sr)
