@@ -5,6 +5,9 @@ The daemon: `arbor serve --data-dir DIR --pool-size ... --chunk-size ...
 DIR/nbd.sock, API on DIR/api.sock); clients: `arbor --data-dir DIR
 snapshot create V@S` and so on (docs/CLI.md).
 
+Copy-on-write volumes: `volume_create(..., layout="cow")` and origins
+(`origin_attach`, `origin_detach`: a raw file served in place).
+
 Bulk management (creating 1,000 snapshots) uses the HTTP control API over
 the Unix socket, in-process; the *CLI round trip* figures use the client
 commands (a new process each time, as a user or script would).
@@ -118,8 +121,21 @@ class Arbor:
         finally:
             conn.close()
 
-    def volume_create(self, name, size):
-        return self._api("POST", "/v1/volumes", {"name": name, "size": int(size)})
+    def volume_create(self, name, size, layout=None):
+        """layout: None (the daemon's default, `row`: thin, redirect-on-write) or
+        "cow" (the whole size in one run of the pool, written in place)."""
+        body = {"name": name, "size": int(size)}
+        if layout:
+            body["layout"] = layout
+        return self._api("POST", "/v1/volumes", body)
+
+    def origin_attach(self, name, path):
+        """An existing raw file (absolute path) becomes copy-on-write volume `name`."""
+        return self._api("POST", "/v1/origins", {"name": name, "path": os.path.abspath(path)})
+
+    def origin_detach(self, name):
+        """Flushes the origin's file and removes the volume (its snapshots destroyed first)."""
+        return self._api("DELETE", "/v1/origins/" + name)
 
     def snapshot(self, name):
         return self._api("POST", "/v1/snapshots", {"name": name})
@@ -136,6 +152,12 @@ class Arbor:
     def status(self):
         """Pool object: data_used_bytes, metadata_used_bytes, reclaim_pending, ..."""
         return self._api("GET", "/v1/pool")
+
+    def wait_reclaimed(self, timeout=120):
+        """Waits (up to `timeout` s) until background reclaim has nothing pending."""
+        deadline = time.time() + timeout
+        while self.status()["reclaim_pending"] and time.time() < deadline:
+            time.sleep(0.05)
 
     # --- CLI client commands (one process each: the user-visible round trip)
 

@@ -43,15 +43,19 @@ PROFILES = {
     # harness validation only (seconds, figures meaningless)
     "smoke": dict(size1=64 * MIB, runtime=1, size2=64 * MIB, arbor_marks=[0, 1, 10], qcow_marks=[0, 1, 3],
                   writes_between=4, exp2_repeats=1, cli_n=3, lat_runtime=2, size5=128 * MIB, io5=4 * MIB, size6=64 * MIB,
-                  snaps6=5, reclaim_bytes=16 * MIB, all_jobs=False),
+                  snaps6=5, reclaim_bytes=16 * MIB, all_jobs=False,
+                  size4=64 * MIB, runtime4=1, chunks4=["4K", "64K"], ratios4=[0, 50, 100], marks4=[0, 1, 3],
+                  repeats4=2),
     "quick": dict(size1=512 * MIB, runtime=3, size2=256 * MIB, arbor_marks=[0, 1, 10, 100, 1000],
                   qcow_marks=[0, 1, 10, 100], writes_between=16, exp2_repeats=3, cli_n=20, lat_runtime=8,
                   size5=1 * GIB, io5=32 * MIB, size6=512 * MIB, snaps6=100, reclaim_bytes=128 * MIB,
-                  all_jobs=False),
+                  all_jobs=False, size4=256 * MIB, runtime4=3, chunks4=["4K", "16K", "64K"],
+                  ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=2),
     "full": dict(size1=2 * GIB, runtime=10, size2=1 * GIB, arbor_marks=[0, 1, 10, 100, 1000],
                  qcow_marks=[0, 1, 10, 100, 1000], writes_between=16, exp2_repeats=3, cli_n=100, lat_runtime=30,
                  size5=4 * GIB, io5=128 * MIB, size6=2 * GIB, snaps6=1000, reclaim_bytes=1 * GIB,
-                 all_jobs=True),
+                 all_jobs=True, size4=1 * GIB, runtime4=10, chunks4=["4K", "16K", "64K"],
+                 ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=3),
 }
 
 FIRST_WRITES = "4K first writes QD32"
@@ -227,14 +231,22 @@ def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, en
         raise RuntimeError(f"fio failed: {' '.join(argv)}\n{proc.stderr[-2000:]}{proc.stdout[-2000:]}")
     out = proc.stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
-    side = job["write"] if is_write else job["read"]
+    r = fio_side(job["write"] if is_write else job["read"])
+    r["client_cpu_pct"] = job["usr_cpu"] + job["sys_cpu"]
+    if rw in ("randrw", "rw", "readwrite"):  # mixed: both sides, the main one above is the reads
+        r["read"], r["write"] = fio_side(job["read"]), fio_side(job["write"])
+    return r
+
+
+def fio_side(side):
+    """One direction (read or write) of a fio json job."""
     lat = side.get("lat_ns", {})
     pct = lat.get("percentile", {})
     return {
         "iops": side["iops"], "mib_s": side["bw_bytes"] / MIB, "ios": side["total_ios"],
         "lat_p50_us": pct.get("50.000000", 0) / 1e3, "lat_p99_us": pct.get("99.000000", 0) / 1e3,
         "lat_p999_us": pct.get("99.900000", 0) / 1e3, "lat_max_us": lat.get("max", 0) / 1e3,
-        "lat_mean_us": lat.get("mean", 0) / 1e3, "client_cpu_pct": job["usr_cpu"] + job["sys_cpu"],
+        "lat_mean_us": lat.get("mean", 0) / 1e3,
     }
 
 
@@ -326,7 +338,8 @@ class Bench:
         return ab.start()
 
     def timed_fio(self, target, job, size, server_pid=None, profile_as=None, **kw):
-        rw, bs, qd = JOBS[job]
+        """job: a JOBS name, or a (fio rw, block size, queue depth) tuple."""
+        rw, bs, qd = JOBS[job] if isinstance(job, str) else job
         if job == FIRST_WRITES:
             kw = dict(kw, runtime=None, io_size=size // (FIRST_WRITES_SPACING // 4096),
                       extra=[f"--blockalign={FIRST_WRITES_SPACING}"])
@@ -591,10 +604,7 @@ class Bench:
         fio(("nbd", ab.uri("doomed2")), "write", "1m", 8, nbytes)
         ab.flush()
         for name in ("doomed", "doomed2"):
-            # let any earlier reclaim finish
-            deadline = time.time() + 120
-            while ab.status()["reclaim_pending"] and time.time() < deadline:
-                time.sleep(0.1)
+            ab.wait_reclaimed()  # let any earlier reclaim finish
             used0 = ab.status()["data_used_bytes"]
             t0 = time.time()
             lat = ab.cli_destroy(name)
@@ -610,21 +620,26 @@ class Bench:
                         rate_mib_s=freed / MIB / max(t1 - t0, 1e-9), **self.busy.window(t0, t1))
             log(f"exp3 destroy {name}: CLI {lat * 1e3:.1f} ms, reclaim of {freed / MIB:.0f} MiB in {t1 - t0:.2f} s")
 
-    def exp3_foreground_latency(self):
-        p = self.p
-        size = p["size2"]
-        # Reference: what one device flush costs on this filesystem now (a 4 KiB
-        # pwrite + fdatasync on a file beside the pools); every arbor management
-        # operation commits, and a commit flushes the device twice.
-        fd = os.open(self.path("flush-probe"), os.O_RDWR | os.O_CREAT, 0o600)
+    def fdatasync_probe(self, n):
+        """Seconds of each of `n` fdatasync calls after a 4 KiB pwrite, on a file beside the pools."""
+        path = self.path("flush-probe")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         lat = []
-        for i in range(max(20, p["cli_n"])):
+        for i in range(n):
             os.pwrite(fd, os.urandom(4096), (i % 64) * 4096)
             t = time.perf_counter()
             os.fdatasync(fd)
             lat.append(time.perf_counter() - t)
         os.close(fd)
-        self.record(exp=3, kind="fdatasync_probe", seconds=lat)
+        os.unlink(path)
+        return lat
+
+    def exp3_foreground_latency(self):
+        p = self.p
+        size = p["size2"]
+        # Reference: what one device flush costs on this filesystem now; every
+        # arbor management operation commits, and a commit flushes the device twice.
+        self.record(exp=3, kind="fdatasync_probe", seconds=self.fdatasync_probe(max(20, p["cli_n"])))
         ab = self.arbor("exp3", size * 16 + GIB)
         ab.volume_create("lat", size)
         fio(("nbd", ab.uri("lat")), "write", "1m", 8, size)
@@ -655,6 +670,173 @@ class Bench:
                 f"max {r['lat_max_us']:.0f} µs ({len(snap_lat)} snapshots)")
         ab.stop()
         shutil.rmtree(ab.workdir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- exp 4
+    def exp4_cow_row(self):
+        """Copy-on-write (volumes created with layout cow, and an origin: a raw
+        file attached in place) against redirect-on-write (thin) volumes."""
+        self.record(exp=4, kind="fdatasync_probe", seconds=self.fdatasync_probe(50))
+        self.exp4_write_ratio()
+        self.exp4_reads_after_updates()
+        self.exp4_origin()
+
+    def exp4_write_ratio(self):
+        """Paper 002 figs 6-8: mean response time of random 4 KiB I/O at QD1
+        against the write ratio, one row and one cow volume per chunk size,
+        each with exactly one snapshot, taken right before each point."""
+        p = self.p
+        size, rt = p["size4"], p["runtime4"]
+        for chunk in p["chunks4"]:
+            # room for both volumes and one snapshot's old chunks each
+            ab = self.arbor(f"exp4-{chunk}", size * 4 + GIB, chunk_size=chunk)
+            for layout in ("row", "cow"):
+                ab.volume_create(layout, size, layout=layout)
+                fio(("nbd", ab.uri(layout)), "write", "1m", 8, size)
+            prev = None
+            for i, ratio in enumerate(p["ratios4"]):
+                for layout in (("row", "cow") if i % 2 == 0 else ("cow", "row")):
+                    if prev is not None:
+                        ab.destroy(f"{layout}@w{prev}")
+                        ab.wait_reclaimed()
+                    ab.snapshot(f"{layout}@w{ratio}")
+                    r = self.timed_fio(("nbd", ab.uri(layout)), ("randrw", "4k", 1), size, server_pid=ab.pid,
+                                       runtime=rt, randommap=False, end_fsync=True, seed=4,
+                                       extra=[f"--rwmixwrite={ratio}"])
+                    rd, wr = r["read"], r["write"]
+                    n = rd["ios"] + wr["ios"]
+                    mean = (rd["ios"] * rd["lat_mean_us"] + wr["ios"] * wr["lat_mean_us"]) / max(n, 1)
+                    self.record(exp=4, kind="write_ratio", chunk=chunk, layout=layout, write_pct=ratio,
+                                volume=size, mean_us=mean, **r)
+                    log(f"exp4 chunk {chunk:3} {layout} {ratio:3}% writes: mean {mean:7.1f} µs "
+                        f"(read p99 {rd['lat_p99_us']:.0f} µs, write p99 {wr['lat_p99_us']:.0f} µs, {n} I/Os)"
+                        f"{'  (busy)' if r['busy'] else ''}")
+                prev = ratio
+            ab.stop()
+            shutil.rmtree(ab.workdir, ignore_errors=True)
+
+    def drop_caches(self):
+        """Writes back dirty pages and empties the host page cache (root only)."""
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3")
+            return True
+        except OSError as e:
+            log(f"cannot drop the page cache ({e}): reads are warm")
+            return False
+
+    def exp4_reads_after_updates(self):
+        """Sequential reads with a cold page cache of a row and a cow volume, before
+        and after random 4 KiB writes (after a snapshot) over half the volume:
+        the row volume's chunks end up scattered in the pool, the cow volume's stay
+        in place (paper 002: COW keeps the origin contiguous)."""
+        p = self.p
+        size = p["size4"]
+        ab = self.arbor("exp4-seq", size * 4 + GIB)
+        layouts = ("row", "cow")
+        for layout in layouts:
+            ab.volume_create(layout, size, layout=layout)
+            fio(("nbd", ab.uri(layout)), "write", "1m", 8, size)
+
+        def reads(state):
+            for rep in range(p["repeats4"]):
+                for layout in (layouts if rep % 2 == 0 else layouts[::-1]):
+                    cold = self.drop_caches()
+                    r = self.timed_fio(("nbd", ab.uri(layout)), "1M seqread QD8", size, server_pid=ab.pid)
+                    self.record(exp=4, kind="seqread", state=state, layout=layout, chunk="16K", volume=size,
+                                cold=cold, run=rep, **r)
+                    log(f"exp4 seqread {state:15} {layout}: {r['mib_s']:7.1f} MiB/s{' (cold)' if cold else ''}"
+                        f"{'  (busy)' if r['busy'] else ''}")
+        reads("before updates")
+        for layout in layouts:
+            ab.snapshot(f"{layout}@s")
+            r = self.timed_fio(("nbd", ab.uri(layout)), "4K randwrite QD32", size, server_pid=ab.pid,
+                               io_size=size // 2, seed=7)
+            self.record(exp=4, kind="updates", layout=layout, chunk="16K", volume=size, io_size=size // 2, **r)
+            log(f"exp4 updates {layout}: {r['iops']:.0f} IOPS over {human(size // 2)} ({r['wall_s']:.1f} s)")
+        reads("after updates")
+        ab.stop()
+        shutil.rmtree(ab.workdir, ignore_errors=True)
+
+    def exp4_origin(self):
+        """A raw file attached as an origin: its reads against `nbdkit file` on the
+        same file, then its write rate against the number of snapshots held."""
+        p = self.p
+        size = p["size4"]
+        raw = self.path("origin.raw")
+        fill_file(raw, size)
+        # every measured job after a snapshot may copy the whole volume, which that snapshot keeps
+        measured = len(p["marks4"]) * (p["repeats4"] + 1)
+        ab = self.arbor("exp4-origin", size * (measured + 4) + GIB)
+        ab.origin_attach("o", raw)
+        self.exp4_origin_reads(ab, raw)
+        held = self.exp4_origin_snapshots(ab)
+        t0 = time.time()
+        for i in range(1, held + 1):
+            ab.destroy(f"o@s{i}")
+        t1 = time.time()
+        ab.wait_reclaimed(300)
+        t2 = time.time()
+        ab.origin_detach("o")
+        self.record(exp=4, kind="origin_destroy", snapshots=held, destroy_s=t1 - t0, reclaim_s=t2 - t1,
+                    **self.busy.window(t0, t2))
+        log(f"exp4 origin: {held} snapshots destroyed in {t1 - t0:.1f} s, reclaimed {t2 - t1:.1f} s later; detached")
+        ab.stop()
+        shutil.rmtree(ab.workdir, ignore_errors=True)
+        os.unlink(raw)
+
+    def exp4_origin_reads(self, ab, raw):
+        p = self.p
+        size, rt = p["size4"], p["runtime4"]
+        with open(raw, "rb") as f:  # warm page cache for both: the same file
+            while f.read(8 * MIB):
+                pass
+        srv = nbdkit(self.path("peer.sock"), "file", raw)
+        systems = {"arbor origin": (("nbd", ab.uri("o")), ab.pid), "nbdkit file": (("nbd", srv.uri()), srv.pid)}
+        names = list(systems)
+        try:
+            for rep in range(p["repeats4"]):
+                for j, job in enumerate(("4K randread QD1", "4K randread QD32", "1M seqread QD8")):
+                    for system in (names if (rep + j) % 2 == 0 else names[::-1]):
+                        tgt, pid = systems[system]
+                        r = self.timed_fio(tgt, job, size, server_pid=pid, runtime=rt)
+                        self.record(exp=4, kind="origin_read", system=system, job=job, run=rep, **r)
+                        log(f"exp4 origin read {job:17} {system:13} {r['iops']:9.0f} IOPS {r['mib_s']:8.1f} MiB/s"
+                            f"{'  (busy)' if r['busy'] else ''}")
+        finally:
+            srv.stop()
+
+    def exp4_origin_snapshots(self, ab):
+        """Paper 001 figs 7-8 on an origin: 4 KiB random writes (each run right
+        after its own new snapshot) and 1 MiB sequential writes at each count of
+        snapshots held. Returns the number of snapshots taken."""
+        import nbd
+        p = self.p
+        size, rt = p["size4"], p["runtime4"]
+        rng = random.Random(4)
+        h = nbd.NBD()
+        h.connect_uri(ab.uri("o"))
+        held = 0
+        jobs = ["4K randwrite QD32"] * p["repeats4"] + ["1M seqwrite QD8"]
+        for mark in p["marks4"]:
+            t0 = time.time()
+            while held < mark - 1:
+                self.random_writes_nbd(h, size, p["writes_between"], rng)
+                held += 1
+                ab.snapshot(f"o@s{held}")
+            self.random_writes_nbd(h, size, p["writes_between"], rng)
+            h.flush()
+            log(f"exp4 origin: {held} snapshots held ({time.time() - t0:.1f} s to take them)")
+            for job in jobs:
+                if mark:
+                    held += 1
+                    ab.snapshot(f"o@s{held}")  # the measured writes are first writes after a snapshot
+                r = self.timed_fio(("nbd", ab.uri("o")), job, size, server_pid=ab.pid, runtime=rt)
+                self.record(exp=4, kind="origin_snapshots", snapshots=held, mark=mark, job=job, **r)
+                log(f"exp4 origin {held:5} snaps {job:18} {r['iops']:9.0f} IOPS {r['mib_s']:8.1f} MiB/s"
+                    f"{'  (busy)' if r['busy'] else ''}")
+        h.shutdown()
+        return held
 
     # ---------------------------------------------------------------- exp 5
     def exp5_chunk_size(self):
@@ -757,8 +939,8 @@ class Bench:
         meta = self.meta()
         t_start = time.time()
         steps = [("exp1", self.exp1_data_path), ("exp2", self.exp2_many_snapshots),
-                 ("exp3", self.exp3_foreground_latency), ("exp5", self.exp5_chunk_size),
-                 ("exp6", self.exp6_footprint)]
+                 ("exp3", self.exp3_foreground_latency), ("exp4", self.exp4_cow_row),
+                 ("exp5", self.exp5_chunk_size), ("exp6", self.exp6_footprint)]
         if self.args.engine:
             steps.append(("engine", self.engine_bench))
         only = set(self.args.only.split(",")) if self.args.only else None
@@ -823,7 +1005,7 @@ def main():
     ap.add_argument("--arbor", default=os.path.join(ROOT, "target/release/arbor"))
     ap.add_argument("--workdir", default="/var/tmp", help="filesystem every system's files live on")
     ap.add_argument("--out", help="results directory (default bench/results/PROFILE-TIME)")
-    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp5,exp6,engine")
+    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp4,exp5,exp6,engine")
     ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                     help="also run engine-bench (default: full profile only)")
     ap.add_argument("--perf", action=argparse.BooleanOptionalAction, default=True,

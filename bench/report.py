@@ -36,6 +36,176 @@ def fmt_rate(r, job):
     return f"{r['mib_s']:.0f} MiB/s" if job.startswith(("1M", "64K")) else f"{r['iops']:.0f}"
 
 
+# Paper 002 figs 6-8: the write ratio above which ROW answers faster than COW,
+# by snap_block (chunk) size.
+PAPER_CROSSOVER = {"1 KB": "20 %", "2 KB": "40 %", "4 KB": "60 %"}
+
+
+def crossover(rows):
+    """First write ratio at which the row volume's mean response time is below the cow volume's."""
+    for pct_w in sorted({r["write_pct"] for r in rows}):
+        by = {r["layout"]: r for r in rows if r["write_pct"] == pct_w}
+        if "row" in by and "cow" in by and by["row"]["mean_us"] < by["cow"]["mean_us"]:
+            return f"{pct_w} %"
+    return "none in 0-100 %"
+
+
+def section4(add, goals, e4, meta):
+    fdatasync_note(add, e4, "A pool commit flushes the device twice.")
+    wr = [r for r in e4 if r.get("kind") == "write_ratio"]
+    if wr:
+        add("### Response time against write ratio (paper 002 figs 6-8)\n")
+        add(f"Per chunk size, one daemon (`--chunk-size`) with a `row` volume (thin, redirect-on-write) and a "
+            f"`cow` volume (one contiguous run, written in place, copy-on-write), {wr[0]['volume'] // MIB} MiB "
+            f"each, filled with 1 MiB sequential writes. At each write ratio, for each volume: the previous point's "
+            f"snapshot destroyed (reclaim waited for), one new snapshot, then fio `randrw` 4 KiB QD1 "
+            f"`--rwmixwrite=R` for {meta['params']['runtime4']} s (`--norandommap`, fixed seed, same offsets for "
+            "both volumes), end_fsync. Mean = mean response time over all I/Os (read and write means weighted "
+            "by their counts); p99 per side. The point's volume order alternates (row first at 0 %).\n")
+        for chunk in dict.fromkeys(r["chunk"] for r in wr):
+            rows = [r for r in wr if r["chunk"] == chunk]
+            add(f"**Chunk {chunk}**\n")
+            add("| writes | ROW mean | COW mean | COW / ROW | ROW read p99 | ROW write p99 | COW read p99 | "
+                "COW write p99 | ROW I/Os | COW I/Os |")
+            add("|---|---|---|---|---|---|---|---|---|---|")
+            for pct_w in sorted({r["write_pct"] for r in rows}):
+                by = {r["layout"]: r for r in rows if r["write_pct"] == pct_w}
+                ro, co = by["row"], by["cow"]
+
+                def p99(r, side):
+                    return f"{r[side]['lat_p99_us']:.0f} µs" if r[side]["ios"] else "—"
+                add(f"| {pct_w} % | {ro['mean_us']:.1f} µs{busy_mark(ro)} | {co['mean_us']:.1f} µs{busy_mark(co)} | "
+                    f"{co['mean_us'] / ro['mean_us']:.2f} | {p99(ro, 'read')} | {p99(ro, 'write')} | "
+                    f"{p99(co, 'read')} | {p99(co, 'write')} | {ro['read']['ios'] + ro['write']['ios']} | "
+                    f"{co['read']['ios'] + co['write']['ios']} |")
+            add("")
+        add("Crossover (first write ratio at which ROW's mean is below COW's):\n")
+        add("| chunk | measured | paper 002 (snap_block: crossover) |")
+        add("|---|---|---|")
+        paper = ", ".join(f"{k}: {v}" for k, v in PAPER_CROSSOVER.items())
+        for chunk in dict.fromkeys(r["chunk"] for r in wr):
+            add(f"| {chunk} | {crossover([r for r in wr if r['chunk'] == chunk])} | {paper} |")
+        add("\nWhat each side pays: a COW write to a chunk not yet copied since the snapshot reads the chunk, "
+            "writes the copy into the pool and commits it (device flushes, above) before writing in place; "
+            "later writes to the same chunk, and every read, go straight to the volume's run. A ROW write to a "
+            "shared chunk allocates a new chunk (a partial write reads the old chunk to fill it) and updates the "
+            "mapping, committed later with the next commit; every ROW read looks the chunk up in the tree. "
+            "Everything sits in the page cache here, so a COW first write costs its flushes, not disk seeks. "
+            "At 0 % neither volume writes: a difference there is the two read paths' (a cow read skips the "
+            "lookup) or run-to-run noise, and a crossover of 0 % means ROW was not slower even then.\n")
+    sr = [r for r in e4 if r.get("kind") == "seqread"]
+    if sr:
+        cold = all(r["cold"] for r in sr)
+        up = [r for r in e4 if r.get("kind") == "updates"]
+        add("### Sequential reads after random updates (COW keeps the volume contiguous)\n")
+        add(f"A row and a cow volume ({sr[0]['volume'] // MIB} MiB, 16 KiB chunks) in one pool, filled sequentially; "
+            "1 MiB sequential read QD8 of each, then one snapshot of each and random 4 KiB writes over each "
+            f"volume ({up[0]['io_size'] // MIB if up else '?'} MiB, QD32, no block twice), which relocate the row "
+            "volume's written chunks in write order, then the same reads. "
+            + ("Page cache dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`) before every read: cold reads "
+               "from the disk (the daemon's own metadata cache stays warm). " if cold else
+               "**The page cache could not be dropped: warm reads.** ")
+            + "Runs alternate the volume order.\n")
+        add("| state | ROW MiB/s (runs) | COW MiB/s (runs) | COW / ROW |")
+        add("|---|---|---|---|")
+        for state in dict.fromkeys(r["state"] for r in sr):
+            cells, means = [], {}
+            for layout in ("row", "cow"):
+                runs = [r for r in sr if r["state"] == state and r["layout"] == layout]
+                means[layout] = statistics.mean(r["mib_s"] for r in runs)
+                busy = busy_mark({"busy": any(r.get("busy") for r in runs)})
+                cells.append(f"{means[layout]:.0f}{busy} (" + ", ".join(f"{r['mib_s']:.0f}" for r in runs) + ")")
+            add(f"| {state} | {cells[0]} | {cells[1]} | {means['cow'] / means['row']:.2f} |")
+        if up:
+            add("\nThe random updates themselves: " + ", ".join(
+                f"{r['layout']} {r['iops']:.0f} IOPS ({r['wall_s']:.1f} s with its end flush){busy_mark(r)}"
+                for r in up) + ".\n")
+        else:
+            add("")
+    osn = [r for r in e4 if r.get("kind") == "origin_snapshots"]
+    if osn:
+        add("### Origin: write cost against the number of snapshots (paper 001 figs 7-8)\n")
+        add(f"A raw file ({meta['params']['size4'] // MIB} MiB of random data) attached as an origin "
+            f"(`origin attach`); {meta['params']['writes_between']} random 4 KiB writes through NBD between "
+            "snapshots; at each count, 4 KiB random writes QD32 "
+            f"({meta['params']['repeats4']} runs, each right after its own new snapshot, so its writes are first "
+            f"writes that copy) and one 1 MiB sequential write QD8 run (after one more snapshot), "
+            f"{meta['params']['runtime4']} s each. At 0 no snapshot exists: writes go in place, no copies.\n")
+        add("| snapshots held (first 4K run) | 4K randwrite QD32 IOPS, median (runs) | 1M seqwrite MiB/s | "
+            "4K ratio to 1 snapshot | 4K ratio to 0 |")
+        add("|---|---|---|---|---|")
+        points = snapshot_points(osn)
+        for pt in points:
+            add(f"| {pt['held']} | {pt['iops']:.0f}{busy_mark(pt)} ({pt['runs']}) | {pt['mib_s']:.0f} | "
+                f"{fmt_ratio(pt['to1'])} | {fmt_ratio(pt['to0'])} |")
+        if points[-1]["to1"] is not None and points[-1]["mark"] > 1:
+            add(f"\n4 KiB random writes with {points[-1]['held']} snapshots against 1: "
+                f"**{fmt_ratio(points[-1]['to1'])}x** (dm-multisnap: flat).")
+        od = [r for r in e4 if r.get("kind") == "origin_destroy"]
+        if od:
+            add(f"\nAt the end, {od[0]['snapshots']} snapshots destroyed through the API one by one in "
+                f"{od[0]['destroy_s']:.1f} s; reclaim done {od[0]['reclaim_s']:.1f} s later; the origin detached.")
+        add("")
+    orr = [r for r in e4 if r.get("kind") == "origin_read"]
+    if orr:
+        add("### Origin reads against `nbdkit file` on the same raw file\n")
+        add(f"The origin of the experiment above, measured before any snapshot of it was taken, and `nbdkit file` "
+            f"on its file (both servers running), warm page cache (the file read once before), "
+            f"{meta['params']['runtime4']} s per job, the system that goes first alternating per job. IOPS for 4K "
+            "jobs, MiB/s for 1M. *server CPU*: µs per I/O.\n")
+        add("| job | arbor origin (runs) | nbdkit file (runs) | arbor / nbdkit | server CPU arbor / nbdkit |")
+        add("|---|---|---|---|---|")
+        for job in dict.fromkeys(r["job"] for r in orr):
+            key = "mib_s" if job.startswith("1M") else "iops"
+            cells, means, cpu = [], {}, {}
+            for system in ("arbor origin", "nbdkit file"):
+                runs = [r for r in orr if r["job"] == job and r["system"] == system]
+                means[system] = statistics.mean(r[key] for r in runs)
+                cpu[system] = statistics.mean(r.get("server_cpu_us_per_io", 0) for r in runs)
+                busy = busy_mark({"busy": any(r.get("busy") for r in runs)})
+                cells.append(f"{means[system]:.0f}{busy} (" + ", ".join(f"{r[key]:.0f}" for r in runs) + ")")
+            ratio = means["arbor origin"] / means["nbdkit file"]
+            add(f"| {job} | {cells[0]} | {cells[1]} | {ratio:.2f} | "
+                f"{cpu['arbor origin']:.1f} / {cpu['nbdkit file']:.1f} |")
+            goals.append((f"origin {job} vs nbdkit file on the same file", "≥ 0.95x", ratio, ratio >= 0.95,
+                          any(r.get("busy") for r in orr if r["job"] == job)))
+        add("")
+
+
+def fdatasync_note(add, recs, tail):
+    """The fdatasync reference of an experiment (exp 3, exp 4), if it has one."""
+    fp = [r for r in recs if r.get("kind") == "fdatasync_probe"]
+    if fp:
+        s = fp[0]["seconds"]
+        add(f"Reference: one 4 KiB pwrite + fdatasync on this filesystem: median {ms(statistics.median(s))}, "
+            f"p99 {ms(pct(s, .99))}. {tail}\n")
+
+
+def fmt_ratio(x):
+    return f"{x:.2f}" if x is not None else ""
+
+
+def snapshot_points(rows):
+    """A many-snapshots series (exp 2, exp 4), per snapshot count: the median 4 KiB
+    write rate and its runs, the 1 MiB write rate, the 4 KiB ratios to 1 and to 0 snapshots."""
+    marks = sorted({r["mark"] for r in rows})
+
+    def at(m, job, key):
+        runs = [r for r in rows if r["mark"] == m and r["job"].startswith(job)]
+        return statistics.median(r[key] for r in runs), runs
+    base0 = at(0, "4K", "iops")[0] if 0 in marks else None
+    base1 = at(1, "4K", "iops")[0] if 1 in marks else None
+    points = []
+    for m in marks:
+        v4, runs4 = at(m, "4K", "iops")
+        v1, runs1 = at(m, "1M", "mib_s")
+        points.append(dict(mark=m, held=min(r["snapshots"] for r in runs4), iops=v4, mib_s=v1,
+                           runs=", ".join(f"{r['iops']:.0f}" for r in runs4),
+                           busy=any(r.get("busy") for r in runs4 + runs1), busy4=any(r.get("busy") for r in runs4),
+                           to1=v4 / base1 if base1 else None, to0=v4 / base0 if base0 else None))
+    return points
+
+
 def write(out):
     with open(os.path.join(out, "results.json")) as f:
         data = json.load(f)
@@ -139,32 +309,17 @@ def write(out):
             "4K ratio to 1 snapshot | 4K ratio to 0 snapshots |")
         add("|---|---|---|---|---|---|")
         for system in ("arbor", "qcow2 internal"):
-            rows = [r for r in e2 if r["system"] == system]
-            marks = sorted({r["mark"] for r in rows})
-
-            def at(m, job, key):
-                runs = [r for r in rows if r["mark"] == m and r["job"].startswith(job)]
-                return statistics.median(r[key] for r in runs), runs
-            base0 = at(0, "4K", "iops")[0] if 0 in marks else None
-            base1 = at(1, "4K", "iops")[0] if 1 in marks else None
-            for m in marks:
-                v4, runs4 = at(m, "4K", "iops")
-                v1, runs1 = at(m, "1M", "mib_s")
-                held = min(r["snapshots"] for r in runs4)
-                busy = busy_mark({"busy": any(r.get("busy") for r in runs4 + runs1)})
-                each = ", ".join(f"{r['iops']:.0f}" for r in runs4)
-                add(f"| {system} | {held} | {v4:.0f}{busy} ({each}) | "
-                    f"{v1:.0f} | {v4 / base1:.2f} | {v4 / base0:.2f} |")
-            if system == "arbor" and base0:
-                top = max(marks)
-                v4, runs4 = at(top, "4K", "iops")
-                held = min(r["snapshots"] for r in runs4)
-                busy = any(r.get("busy") for r in runs4)
-                goals.append((f"4K randwrite QD32 with {held} snapshots vs 0 snapshots", "≥ 0.95x",
-                              v4 / base0, v4 / base0 >= 0.95, busy))
-                if base1:
+            points = snapshot_points([r for r in e2 if r["system"] == system])
+            for pt in points:
+                add(f"| {system} | {pt['held']} | {pt['iops']:.0f}{busy_mark(pt)} ({pt['runs']}) | "
+                    f"{pt['mib_s']:.0f} | {fmt_ratio(pt['to1'])} | {fmt_ratio(pt['to0'])} |")
+            top = points[-1]
+            if system == "arbor" and top["to0"] is not None:
+                goals.append((f"4K randwrite QD32 with {top['held']} snapshots vs 0 snapshots", "≥ 0.95x",
+                              top["to0"], top["to0"] >= 0.95, top["busy4"]))
+                if top["to1"] is not None:
                     goals.append(("same, vs 1 snapshot (both measure first writes that copy)", "≥ 0.95x",
-                                  v4 / base1, v4 / base1 >= 0.95, busy))
+                                  top["to1"], top["to1"] >= 0.95, top["busy4"]))
         add("")
         plot_exp2(out, e2)
 
@@ -200,11 +355,7 @@ def write(out):
             add(f"Reference for the CLI figures: starting `/bin/true` from the harness takes "
                 f"{ms(statistics.median(sp[0]['true']))} (median) on this machine, `arbor --version` "
                 f"{ms(statistics.median(sp[0]['arbor_version']))}.\n")
-        fp = [r for r in e3 if r.get("kind") == "fdatasync_probe"]
-        if fp:
-            s = fp[0]["seconds"]
-            add(f"Reference: one 4 KiB pwrite + fdatasync on this filesystem: median {ms(statistics.median(s))}, "
-                f"p99 {ms(pct(s, .99))}. A snapshot commits, and a commit flushes the device twice.\n")
+        fdatasync_note(add, e3, "A snapshot commits, and a commit flushes the device twice.")
         qs = [r for r in e3 if r.get("kind") == "qcow2_snapshot_c"]
         if qs:
             add("For comparison, `qemu-img snapshot -c` (offline, whole process) on the qcow2 image of experiment 2: "
@@ -240,10 +391,13 @@ def write(out):
         if eb:
             add("Engine-level snapshot and clone latency: see engine.md in this directory (engine-bench).\n")
 
+    e4 = [r for r in recs if r.get("exp") == 4]
     add("## 4. COW vs ROW (paper 002 figs 6-8)\n")
-    add("**Not measured.** arbor is redirect-on-write only: the external-origin (copy-on-write) volume kind "
-        "does not exist yet (docs/ARCHITECTURE.md, \"What comes next\"). The harness keeps the slot: once a COW "
-        "mode exists, the experiment is the 0-100% write-ratio sweep of figs 6-8 on both modes.\n")
+    if not e4:
+        add("Not measured in this run.\n")
+    else:
+        section4(add, goals, e4, meta)
+        plot_exp4(out, e4)
 
     e5 = [r for r in recs if r.get("exp") == 5]
     if e5:
@@ -366,6 +520,50 @@ def plot_exp3(out, fl):
     fig.tight_layout()
     fig.savefig(os.path.join(out, "exp3-foreground-latency.png"), dpi=90)
     plt.close(fig)
+
+
+def plot_exp4(out, e4):
+    plt = _plt()
+    wr = [r for r in e4 if r.get("kind") == "write_ratio"]
+    if wr:
+        chunks = list(dict.fromkeys(r["chunk"] for r in wr))
+        fig, axes = plt.subplots(1, len(chunks), figsize=(4 * len(chunks), 4), squeeze=False)
+        for ax, chunk in zip(axes[0], chunks):
+            for layout in ("cow", "row"):
+                rows = sorted((r for r in wr if r["chunk"] == chunk and r["layout"] == layout),
+                              key=lambda r: r["write_pct"])
+                ax.plot([r["write_pct"] for r in rows], [r["mean_us"] for r in rows], marker="o",
+                        label=layout.upper())
+            ax.set_yscale("log")
+            ax.set_xlabel("write ratio %")
+            ax.set_ylabel("mean response time, µs")
+            ax.set_title(f"chunk {chunk}")
+            ax.legend()
+        fig.suptitle("Random 4 KiB I/O, QD1, one snapshot (cf. paper 002 figs 6-8)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "exp4-cow-row.png"), dpi=90)
+        plt.close(fig)
+    osn = [r for r in e4 if r.get("kind") == "origin_snapshots"]
+    if osn:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        # log scale for 4K: without a snapshot writes go in place, with one each first write copies
+        for ax, job, key, unit, scale in ((axes[0], "4K", "iops", "IOPS (4K randwrite QD32)", "log"),
+                                          (axes[1], "1M", "mib_s", "MiB/s (1M seqwrite QD8)", "linear")):
+            rows = sorted((r for r in osn if r["job"].startswith(job)), key=lambda r: r["snapshots"])
+            ax.plot([r["snapshots"] for r in rows], [r[key] for r in rows], marker="o", label="origin (each run)")
+            ax.set_xscale("symlog")
+            marks = sorted({r["mark"] for r in rows})
+            ax.set_xticks(marks, [str(m) for m in marks])
+            ax.set_xlabel("snapshots held")
+            ax.set_ylabel(unit)
+            ax.set_yscale(scale)
+            if scale == "linear":
+                ax.set_ylim(bottom=0)
+            ax.legend()
+        fig.suptitle("Origin write rate vs number of snapshots (cf. paper 001 figs 7-8)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "exp4-origin-snapshots.png"), dpi=90)
+        plt.close(fig)
 
 
 def plot_exp5(out, e5):

@@ -3,7 +3,7 @@
 # root), builds arbor in release mode, runs every experiment against every
 # peer, and writes bench/results/<profile>-<time>/{results.json,report.md,*.png}.
 #
-#   bench/run.sh            # quick profile, under 10 minutes on 2 cores
+#   bench/run.sh            # quick profile, about 15 minutes on 2 cores
 #   bench/run.sh full       # full profile (about an hour), includes engine-bench
 #   bench/run.sh quick --only exp1,exp3   # extra arguments go to bench.py
 set -eu
