@@ -216,6 +216,7 @@ pub async fn negotiate<S>(
     mut stream: S,
     provider: &Arc<dyn ExportProvider>,
     security: &Security,
+    transmitting: &(dyn Fn() + Send + Sync),
 ) -> Result<Option<Negotiated<S>>, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -226,7 +227,7 @@ where
         security.mode,
         Arc::clone(&security.access),
     );
-    match haggle(&mut stream, &mut handshake, provider).await? {
+    match haggle(&mut stream, &mut handshake, provider, transmitting).await? {
         Haggled::Transmit(session) => return Ok(Some(Negotiated::Plain(stream, session))),
         Haggled::Close => return Ok(None),
         Haggled::StartTls => {}
@@ -253,7 +254,7 @@ where
         "TLS started"
     );
     handshake.tls_established(identity);
-    match haggle(&mut stream, &mut handshake, provider).await? {
+    match haggle(&mut stream, &mut handshake, provider, transmitting).await? {
         Haggled::Transmit(session) => Ok(Some(Negotiated::Tls(Box::new(stream), session))),
         // The handshake refuses a second STARTTLS, so this is a close.
         Haggled::Close | Haggled::StartTls => Ok(None),
@@ -261,11 +262,15 @@ where
 }
 
 /// Feeds the client's options to `handshake` and sends its replies until
-/// it says to transmit, close or start TLS.
+/// it says to transmit, close or start TLS. `transmitting` is called
+/// before the reply that ends the handshake goes out: once the client has
+/// it, the connection must count as a session (the server never drops a
+/// session to make room, only a connection still in its handshake).
 async fn haggle<S>(
     stream: &mut S,
     handshake: &mut Handshake,
     provider: &Arc<dyn ExportProvider>,
+    transmitting: &(dyn Fn() + Send + Sync),
 ) -> Result<Haggled, ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -286,7 +291,10 @@ where
         let (reply, haggled) = match step? {
             Step::Continue { reply } => (reply, None),
             Step::StartTls { reply } => (reply, Some(Haggled::StartTls)),
-            Step::Transmit { reply, session } => (reply, Some(Haggled::Transmit(session))),
+            Step::Transmit { reply, session } => {
+                transmitting();
+                (reply, Some(Haggled::Transmit(session)))
+            }
             Step::Close { reply } => (reply, Some(Haggled::Close)),
         };
         stream.write_all(&reply).await?;

@@ -236,14 +236,21 @@ struct Handshaking<'a> {
     id: u64,
 }
 
-impl Drop for Handshaking<'_> {
-    fn drop(&mut self) {
+impl Handshaking<'_> {
+    /// Takes the connection off the queue (again: no harm).
+    fn leave(&self) {
         let mut queue = self
             .server
             .handshaking
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         queue.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -394,7 +401,10 @@ impl Server {
             queue.push_back((id, evicted.clone()));
             Handshaking { server: self, id }
         };
-        let handshake = negotiate(stream, &self.provider, security);
+        // Off the queue before the client learns its handshake is over,
+        // so a newcomer never evicts a session (`evict_oldest_handshake`).
+        let transmitting = || registered.leave();
+        let handshake = negotiate(stream, &self.provider, security, &transmitting);
         let negotiated = tokio::select! {
             () = self.shutdown.cancelled() => return Ok(()),
             () = evicted.cancelled() => return Err(ConnectionError::Evicted),

@@ -678,3 +678,29 @@ fn clients_stalled_in_the_handshake_make_room_for_new_ones() {
         let _: [u8; 512] = peer.read_exact();
     }
 }
+
+/// Regression (a CI run under load): a client whose handshake had just
+/// ended could be dropped by the next newcomer, because the server took
+/// it off the list of handshakes only after sending the reply that ends
+/// it. With one slot, each new client must wait while the session lives,
+/// never drop it.
+#[test]
+fn a_session_is_never_dropped_for_a_newcomer_just_after_its_handshake() {
+    let config = ServerConfig {
+        max_connections: 2,
+        handshake_timeout: NEVER,
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    for round in 0..300u64 {
+        let mut session = Peer::greet(&server, 0b11);
+        assert_eq!(session.go("vol"), MIB);
+        // A newcomer at once, and another: the second makes room by
+        // dropping the first (a handshake), never the session.
+        let _first = Peer::greet(&server, 0b11);
+        let _second = Peer::greet(&server, 0b11);
+        session.request(CMD_READ, round, 0, 512);
+        assert_eq!(session.simple_reply(), (0, round), "round {round}");
+        let _: [u8; 512] = session.read_exact();
+    }
+}
