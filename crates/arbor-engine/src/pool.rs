@@ -840,7 +840,7 @@ impl Pool {
             m.delete_checked(id, force).map(|()| id)
         })?;
         // A copy-on-write volume's home in the pool is served no more.
-        self.origins.forget(id);
+        self.origins.remove(id);
         if let Some(backing) = backing {
             // Copies only this record's epoch read can go now.
             self.origins.sweep_from(backing.origin, 0);
@@ -1127,25 +1127,36 @@ impl Pool {
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let len = buf.len() as u64;
-        let (layout, backing) = {
+        // One look at the record: a volume in the pool (the common case)
+        // is resolved right there; the others go their own way.
+        enum Route {
+            Pool(Vec<Piece>),
+            Home,
+            Through(arbor_format::Backing),
+        }
+        let gate = self.io_gate();
+        let route = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             let rec = meta.volume(id.0)?;
-            (rec.layout, rec.backing)
+            match (rec.layout, rec.backing) {
+                (arbor_format::DataLayout::Cow(_), _) => Route::Home,
+                (_, Some(backing)) => Route::Through(backing),
+                _ => Route::Pool(Self::resolve(&meta, id, offset, len)?),
+            }
         };
-        if let arbor_format::DataLayout::Cow(_) = layout {
-            return self.cow_read(id.0, offset, buf);
+        // The other routes take their locks before the gate (lock order).
+        match route {
+            Route::Pool(pieces) => self.read_pieces(pieces, buf, None),
+            Route::Home => {
+                drop(gate);
+                self.cow_read(id.0, offset, buf)
+            }
+            Route::Through(backing) => {
+                drop(gate);
+                self.read_through(id, backing, offset, buf)
+            }
         }
-        if let Some(backing) = backing {
-            return self.read_through(id, backing, offset, buf);
-        }
-        let _gate = self.io_gate();
-        let pieces = {
-            let meta = self.read_meta()?;
-            Self::check_io(&meta, id, offset, len, false)?;
-            Self::resolve(&meta, id, offset, len)?
-        };
-        self.read_pieces(pieces, buf, None)
     }
 
     /// Reads resolved pieces into `buf` (their lengths add up to its

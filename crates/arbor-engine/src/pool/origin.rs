@@ -84,12 +84,8 @@ impl Origins {
             .insert(id, dev);
     }
 
-    /// Stops serving volume `id` (destroyed).
-    pub(super) fn forget(&self, id: u64) {
-        self.remove(id);
-    }
-
-    fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
+    /// Stops serving volume `id` (detached or destroyed).
+    pub(super) fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
         self.devices
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -361,11 +361,14 @@ impl Pool {
             end: unit.end(),
             past_end: unit.past_end,
         };
-        let plans = {
+        // What the volume reads through (fills of partial new chunks), read
+        // with the plan, under the same lock.
+        let (plans, backing) = {
             let mut meta = self.write_meta()?;
-            self.mutate(&mut meta, privilege, |m| {
+            let plans = self.mutate(&mut meta, privilege, |m| {
                 m.plan_chunks(unit.id.0, &wanted, end)
-            })?
+            })?;
+            (plans, meta.volume(unit.id.0)?.backing)
         };
         let redirects = plans
             .iter()
@@ -374,7 +377,6 @@ impl Pool {
             // All in place (the common overwrite): nothing to map.
             Ok(())
         } else {
-            let backing = self.read_meta()?.volume(unit.id.0)?.backing;
             self.write_new_chunks(unit, &wanted, &plans, backing)
                 .and_then(|()| {
                     let mut meta = self.write_meta()?;
