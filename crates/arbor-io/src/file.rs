@@ -1,10 +1,39 @@
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use rustix::fs::{AtFlags, OFlags, StatxFlags};
 
 use crate::{check_range, BlockDevice};
+
+/// How a [`FileDevice`] reaches its file or block device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheMode {
+    /// `pread`/`pwrite` through the host's page cache. Writes complete
+    /// once copied into the cache; `flush` (`fdatasync`) writes back every
+    /// dirty page of the device, whoever dirtied it.
+    Buffered,
+    /// `O_DIRECT`: every read and write goes to the device, bypassing the
+    /// page cache, so dirty data never piles up in the host's memory and
+    /// `flush` costs the device's own cache flush. I/O that the device's
+    /// direct-I/O alignment does not allow goes through an aligned bounce
+    /// buffer (read-modify-write of the edge sectors for writes).
+    Direct,
+}
+
+impl CacheMode {
+    /// The name used by the CLI, the API and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::Buffered => "buffered",
+            CacheMode::Direct => "direct",
+        }
+    }
+}
 
 /// A pool stored in a regular file or on a block device.
 #[derive(Debug)]
@@ -12,46 +41,300 @@ pub struct FileDevice {
     file: File,
     /// Only grows (see [`BlockDevice::refresh_size`]).
     size: AtomicU64,
+    /// Set when the file was opened with `O_DIRECT`.
+    direct: Option<Direct>,
+}
+
+/// Alignment rules and edge locks of a device opened with `O_DIRECT`.
+#[derive(Debug)]
+struct Direct {
+    /// Alignment of memory buffers (a power of two).
+    mem_align: usize,
+    /// Alignment of offsets and lengths (a power of two, at least 512).
+    offset_align: u64,
+    /// Serialises read-modify-writes of the same edge sector: two
+    /// unaligned writes to different bytes of one sector must both land.
+    edges: Vec<Mutex<()>>,
+}
+
+/// Number of stripes of [`Direct::edges`].
+const EDGE_STRIPES: usize = 64;
+
+/// Largest bounce buffer a thread keeps between calls.
+const MAX_KEPT_BOUNCE: usize = 4 << 20;
+
+/// Alignment assumed when the kernel does not report one (before Linux
+/// 6.1): a page, which satisfies every logical block size in use.
+const FALLBACK_ALIGN: u32 = 4096;
+
+thread_local! {
+    /// This thread's bounce buffer for direct I/O (over-allocated by the
+    /// alignment so that an aligned window of it can be used).
+    static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl FileDevice {
-    /// Opens an existing file or block device read-write.
+    /// Opens an existing file or block device read-write, through the page
+    /// cache.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let mut file = OpenOptions::new().read(true).write(true).open(path)?;
+        Self::open_with(path, CacheMode::Buffered)
+    }
+
+    /// Opens an existing file or block device read-write in `mode`.
+    pub fn open_with(path: &Path, mode: CacheMode) -> io::Result<Self> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if mode == CacheMode::Direct {
+            options.custom_flags(direct_flag());
+        }
+        let file = options.open(path).map_err(|e| direct_open_error(e, mode))?;
+        Self::from_file(file, mode)
+    }
+
+    /// Creates (or truncates) a regular file of `size` bytes, through the
+    /// page cache. The file is sparse: space is allocated only as the pool
+    /// writes.
+    pub fn create_file(path: &Path, size: u64) -> io::Result<Self> {
+        Self::create_file_with(path, size, CacheMode::Buffered)
+    }
+
+    /// Creates (or truncates) a sparse regular file of `size` bytes and
+    /// opens it in `mode`.
+    pub fn create_file_with(path: &Path, size: u64, mode: CacheMode) -> io::Result<Self> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(true);
+        if mode == CacheMode::Direct {
+            options.custom_flags(direct_flag());
+        }
+        let file = options.open(path).map_err(|e| direct_open_error(e, mode))?;
+        file.set_len(size)?;
+        Self::from_file(file, mode)
+    }
+
+    fn from_file(mut file: File, mode: CacheMode) -> io::Result<Self> {
         // seek(End) also gives the size of a block device, where metadata().len() is 0.
         let size = file.seek(SeekFrom::End(0))?;
+        let direct = match mode {
+            CacheMode::Buffered => None,
+            CacheMode::Direct => Some(Direct::of(&file, size)?),
+        };
         Ok(Self {
             file,
             size: AtomicU64::new(size),
+            direct,
         })
     }
 
-    /// Creates (or truncates) a regular file of `size` bytes. The file is
-    /// sparse: space is allocated only as the pool writes.
-    pub fn create_file(path: &Path, size: u64) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
-        file.set_len(size)?;
-        Ok(Self {
-            file,
-            size: AtomicU64::new(size),
-        })
+    /// How this device was opened.
+    pub fn cache_mode(&self) -> CacheMode {
+        match self.direct {
+            Some(_) => CacheMode::Direct,
+            None => CacheMode::Buffered,
+        }
+    }
+
+    /// Whether `path` is a block device (not a regular file).
+    pub fn is_block_device(path: &Path) -> io::Result<bool> {
+        use std::os::unix::fs::FileTypeExt;
+        Ok(std::fs::metadata(path)?.file_type().is_block_device())
     }
 }
 
+fn direct_flag() -> i32 {
+    // The flag's bits fit an i32 on every Linux architecture (0o40000 on
+    // x86, 0o200000 on arm64).
+    OFlags::DIRECT.bits() as i32
+}
+
+fn direct_open_error(error: io::Error, mode: CacheMode) -> io::Error {
+    if mode == CacheMode::Direct
+        && error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error())
+    {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this filesystem or device does not support direct I/O (O_DIRECT); use the buffered cache mode",
+        )
+    } else {
+        error
+    }
+}
+
+impl Direct {
+    /// The direct-I/O alignment of `file`, which must be `size` bytes.
+    fn of(file: &File, size: u64) -> io::Result<Self> {
+        let (mem, offset) = match rustix::fs::statx(
+            file,
+            "",
+            AtFlags::EMPTY_PATH,
+            StatxFlags::DIOALIGN,
+        ) {
+            Ok(stat)
+                if StatxFlags::from_bits_retain(stat.stx_mask).contains(StatxFlags::DIOALIGN) =>
+            {
+                if stat.stx_dio_offset_align == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "this filesystem or device does not support direct I/O (O_DIRECT); use the buffered cache mode",
+                    ));
+                }
+                (stat.stx_dio_mem_align, stat.stx_dio_offset_align)
+            }
+            // An older kernel: assume a page.
+            _ => (FALLBACK_ALIGN, FALLBACK_ALIGN),
+        };
+        let offset = offset.max(crate::SECTOR_SIZE as u32);
+        if !mem.is_power_of_two() || !offset.is_power_of_two() || offset > 1 << 20 || mem > 1 << 20
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("unusable direct-I/O alignment (memory {mem}, offset {offset}); use the buffered cache mode"),
+            ));
+        }
+        let direct = Self {
+            mem_align: mem.max(1) as usize,
+            offset_align: u64::from(offset),
+            edges: (0..EDGE_STRIPES).map(|_| Mutex::new(())).collect(),
+        };
+        direct.check_size(size)?;
+        Ok(direct)
+    }
+
+    /// Direct I/O cannot reach a partial last block: its size must be a
+    /// multiple of the offset alignment.
+    fn check_size(&self, size: u64) -> io::Result<()> {
+        if !size.is_multiple_of(self.offset_align) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "its size ({size} bytes) is not a multiple of its direct-I/O block ({} bytes); use the buffered cache mode",
+                    self.offset_align
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn offset_aligned(&self, offset: u64, len: usize) -> bool {
+        offset.is_multiple_of(self.offset_align) && (len as u64).is_multiple_of(self.offset_align)
+    }
+
+    fn mem_aligned(&self, buf: &[u8]) -> bool {
+        buf.as_ptr().align_offset(self.mem_align) == 0
+    }
+
+    /// The smallest aligned range covering `[offset, offset + len)`.
+    fn cover(&self, offset: u64, len: usize) -> (u64, u64) {
+        let start = offset - offset % self.offset_align;
+        let end = offset + len as u64;
+        let end = end.div_ceil(self.offset_align) * self.offset_align;
+        (start, end)
+    }
+
+    /// Locks the stripes of the sectors at `first` and `last` (in index
+    /// order, each once).
+    fn lock_edges(
+        &self,
+        first: u64,
+        last: u64,
+    ) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
+        let stripe = |at: u64| ((at / self.offset_align) % EDGE_STRIPES as u64) as usize;
+        let (a, b) = (stripe(first), stripe(last));
+        let lock = |i: usize| self.edges[i].lock().unwrap_or_else(PoisonError::into_inner);
+        match a.cmp(&b) {
+            std::cmp::Ordering::Equal => (lock(a), None),
+            std::cmp::Ordering::Less => {
+                let first = lock(a);
+                (first, Some(lock(b)))
+            }
+            std::cmp::Ordering::Greater => {
+                let second = lock(b);
+                (lock(a), Some(second))
+            }
+        }
+    }
+
+    /// Runs `f` on an aligned scratch buffer of `len` bytes (this thread's,
+    /// reused between calls).
+    fn with_bounce<T>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+        BOUNCE.with(|cell| {
+            // A nested call (none today) would get a buffer of its own.
+            let mut own = Vec::new();
+            let mut borrowed = cell.try_borrow_mut();
+            let vec = match borrowed.as_deref_mut() {
+                Ok(vec) => vec,
+                Err(_) => &mut own,
+            };
+            let need = len + self.mem_align;
+            if vec.len() < need {
+                vec.resize(need, 0);
+            }
+            let start = vec.as_ptr().align_offset(self.mem_align);
+            let out = f(&mut vec[start..start + len]);
+            if vec.len() > MAX_KEPT_BOUNCE {
+                *vec = Vec::new();
+            }
+            out
+        })
+    }
+}
 impl BlockDevice for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len(), self.size())?;
-        self.file.read_exact_at(buf, offset)
+        let Some(direct) = &self.direct else {
+            return self.file.read_exact_at(buf, offset);
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if direct.offset_aligned(offset, buf.len()) && direct.mem_aligned(buf) {
+            return self.file.read_exact_at(buf, offset);
+        }
+        let (start, end) = direct.cover(offset, buf.len());
+        let skip = (offset - start) as usize;
+        direct.with_bounce((end - start) as usize, |bounce| {
+            self.file.read_exact_at(bounce, start)?;
+            buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+            Ok(())
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len(), self.size())?;
-        self.file.write_all_at(buf, offset)
+        let Some(direct) = &self.direct else {
+            return self.file.write_all_at(buf, offset);
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if direct.offset_aligned(offset, buf.len()) {
+            if direct.mem_aligned(buf) {
+                return self.file.write_all_at(buf, offset);
+            }
+            return direct.with_bounce(buf.len(), |bounce| {
+                bounce.copy_from_slice(buf);
+                self.file.write_all_at(bounce, offset)
+            });
+        }
+        // Read-modify-write of the partial edge sectors, under their locks
+        // so that a concurrent write to other bytes of the same sector is
+        // not undone. (A concurrent aligned write overlapping this one is
+        // unordered with it, as overlapping writes always are.)
+        let (start, end) = direct.cover(offset, buf.len());
+        let block = direct.offset_align as usize;
+        let last = end - direct.offset_align;
+        let _edges = direct.lock_edges(start, last);
+        let skip = (offset - start) as usize;
+        direct.with_bounce((end - start) as usize, |bounce| {
+            let len = bounce.len();
+            if skip != 0 {
+                self.file.read_exact_at(&mut bounce[..block], start)?;
+            }
+            if (skip + buf.len()) % block != 0 && (last > start || skip == 0) {
+                self.file.read_exact_at(&mut bounce[len - block..], last)?;
+            }
+            bounce[skip..skip + buf.len()].copy_from_slice(buf);
+            self.file.write_all_at(bounce, start)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -73,6 +356,9 @@ impl BlockDevice for FileDevice {
                 format!("the device shrank from {known} to {now} bytes"),
             ));
         }
+        if let Some(direct) = &self.direct {
+            direct.check_size(now)?;
+        }
         self.size.fetch_max(now, Ordering::AcqRel);
         Ok(now)
     }
@@ -83,6 +369,9 @@ impl BlockDevice for FileDevice {
                 io::ErrorKind::Unsupported,
                 "not a regular file: enlarge the block device with its own tools (lvextend, ...), then grow the pool to it",
             ));
+        }
+        if let Some(direct) = &self.direct {
+            direct.check_size(size)?;
         }
         if size > self.refresh_size()? {
             self.file.set_len(size)?;
@@ -109,6 +398,122 @@ mod tests {
         assert_eq!(buf, [7u8; 512]);
         assert!(reopened.read_at(&mut buf, 8000).is_err());
         assert!(reopened.write_at(&buf, u64::MAX - 10).is_err());
+    }
+
+    /// Opens a direct-I/O device of `size` bytes in a new directory.
+    fn direct_device(size: u64) -> (tempfile::TempDir, std::path::PathBuf, FileDevice) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        let dev = FileDevice::create_file_with(&path, size, CacheMode::Direct).unwrap();
+        (dir, path, dev)
+    }
+
+    #[test]
+    fn direct_mode_really_opens_with_o_direct() {
+        let (_dir, path, dev) = direct_device(1 << 16);
+        assert_eq!(dev.cache_mode(), CacheMode::Direct);
+        let flags = rustix::fs::fcntl_getfl(&dev.file).unwrap();
+        assert!(flags.contains(OFlags::DIRECT));
+        let reopened = FileDevice::open_with(&path, CacheMode::Direct).unwrap();
+        assert!(rustix::fs::fcntl_getfl(&reopened.file)
+            .unwrap()
+            .contains(OFlags::DIRECT));
+        let buffered = FileDevice::open(&path).unwrap();
+        assert_eq!(buffered.cache_mode(), CacheMode::Buffered);
+        assert!(!rustix::fs::fcntl_getfl(&buffered.file)
+            .unwrap()
+            .contains(OFlags::DIRECT));
+    }
+
+    /// Random reads and writes of any offset, length and memory alignment
+    /// give what a byte array gives, and what a buffered reader of the same
+    /// file sees.
+    #[test]
+    fn direct_io_of_any_alignment_matches_a_byte_array() {
+        use rand::{Rng, SeedableRng};
+        const SIZE: usize = 1 << 16;
+        let (_dir, path, dev) = direct_device(SIZE as u64);
+        let mut model = vec![0u8; SIZE];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        // Spare room in front so that a slice can start at any address.
+        let mut scratch = vec![0u8; SIZE + 64];
+        for round in 0..2000 {
+            let len = match rng.gen_range(0..4) {
+                0 => rng.gen_range(1..16),
+                1 => rng.gen_range(1..600),
+                2 => 4096 * rng.gen_range(1..4),
+                _ => rng.gen_range(1..3 * 4096),
+            };
+            let offset = match rng.gen_range(0..3) {
+                0 => rng.gen_range(0..=SIZE - len) as u64,
+                _ => (rng.gen_range(0..=(SIZE - len) / 512) * 512) as u64,
+            };
+            let shift = rng.gen_range(0..64);
+            let window = &mut scratch[shift..shift + len];
+            let at = offset as usize;
+            if rng.gen_bool(0.5) {
+                rng.fill(&mut window[..]);
+                dev.write_at(window, offset).unwrap();
+                model[at..at + len].copy_from_slice(window);
+            } else {
+                dev.read_at(window, offset).unwrap();
+                assert_eq!(
+                    &window[..],
+                    &model[at..at + len],
+                    "round {round}: {len} bytes at {offset}"
+                );
+            }
+        }
+        dev.flush().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), model);
+    }
+
+    /// Unaligned writes to different bytes of the same sectors, from many
+    /// threads at once, all land (the edge read-modify-writes are serialised).
+    #[test]
+    fn concurrent_unaligned_writes_to_one_sector_all_land() {
+        let (_dir, path, dev) = direct_device(1 << 16);
+        let dev = std::sync::Arc::new(dev);
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let dev = std::sync::Arc::clone(&dev);
+                std::thread::spawn(move || {
+                    for round in 0..200u64 {
+                        // Thread t owns bytes t, t+8, t+16, ... of the first
+                        // two kilobytes (sectors 0..4), and of 4096.. too.
+                        let byte = u64::from(t) + 8 * (round % 256);
+                        let base = if round % 2 == 0 { 0 } else { 4096 };
+                        dev.write_at(&[t + 1], base + byte).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let data = std::fs::read(&path).unwrap();
+        for base in [0usize, 4096] {
+            for byte in 0..2048 {
+                let t = byte % 8;
+                let written = (0..200u64).any(|round| {
+                    round % 2 == u64::from(base != 0) && t as u64 + 8 * (round % 256) == byte as u64
+                });
+                let want = if written { t as u8 + 1 } else { 0 };
+                assert_eq!(data[base + byte], want, "byte {byte} of {base}");
+            }
+        }
+    }
+
+    #[test]
+    fn direct_mode_refuses_a_size_it_cannot_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        std::fs::write(&path, vec![0u8; 4096 + 100]).unwrap();
+        let error = FileDevice::open_with(&path, CacheMode::Direct).unwrap_err();
+        assert!(error.to_string().contains("not a multiple"), "{error}");
+        let dev = FileDevice::create_file_with(&path, 8192, CacheMode::Direct).unwrap();
+        assert!(dev.extend(8192 + 100).is_err());
+        assert_eq!(dev.size(), 8192);
     }
 
     #[test]

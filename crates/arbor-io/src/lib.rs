@@ -24,7 +24,7 @@ mod record;
 mod sim;
 pub mod small_file;
 
-pub use file::FileDevice;
+pub use file::{CacheMode, FileDevice};
 pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};
 pub use sim::{SimDisk, SimDiskHandle};
 
