@@ -329,7 +329,7 @@ impl BlockDevice for FileDevice {
             if skip != 0 {
                 self.file.read_exact_at(&mut bounce[..block], start)?;
             }
-            if (skip + buf.len()) % block != 0 && (last > start || skip == 0) {
+            if !(skip + buf.len()).is_multiple_of(block) && (last > start || skip == 0) {
                 self.file.read_exact_at(&mut bounce[len - block..], last)?;
             }
             bounce[skip..skip + buf.len()].copy_from_slice(buf);
