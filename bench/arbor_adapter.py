@@ -52,12 +52,14 @@ def wait_for_socket(path, proc, timeout=30.0):
 class Arbor:
     """One arbor daemon serving one pool in `workdir`."""
 
-    def __init__(self, binary, workdir, pool_size, chunk_size="16K", cache_size=None, log=None):
+    def __init__(self, binary, workdir, pool_size, chunk_size="16K", cache_size=None, log=None, io=None):
         self.binary = binary
         self.workdir = workdir
         self.pool_size = pool_size
         self.chunk_size = chunk_size
         self.cache_size = cache_size
+        # None: the daemon's default (auto); "direct" or "buffered".
+        self.io = io
         self.proc = None
         self.log = log
         os.makedirs(workdir, exist_ok=True)
@@ -72,6 +74,8 @@ class Arbor:
                 "--nbd-listen", "none", "--api-listen", "none"]
         if self.cache_size:
             argv += ["--cache-size", self.cache_size]
+        if self.io:
+            argv += ["--io", self.io]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.log or subprocess.DEVNULL)
         wait_for_socket(self.api_sock, self.proc)
         wait_for_socket(self.nbd_sock, self.proc)

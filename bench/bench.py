@@ -101,6 +101,11 @@ SYSTEM_STATES = {
     "arbor": ["fresh", "full", "after snapshot"],
 }
 
+# Experiment 7: no host page cache (direct I/O, or nbdkit's no-cache mode),
+# with arbor's buffered mode beside it for reference.
+EXP7_SYSTEMS = ["file (fio psync, O_DIRECT)", "nbdkit file cache=none", "qemu-nbd raw cache=none io_uring",
+                "arbor direct", "arbor buffered"]
+
 COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "clippy-driver", "rustdoc",
              "cc", "gcc", "clang", "rust-lld", "ld.bfd", "ld.gold", "mold"}
 
@@ -286,9 +291,40 @@ def nbdkit(sock, plugin, *args):
     return Peer(["nbdkit", "--foreground", "--exit-with-parent", "-U", sock, plugin, *args], sock, "")
 
 
-def qemu_nbd(sock, path, fmt):
-    return Peer(["qemu-nbd", "--persistent", "--shared=8", "--cache=writeback", "--aio=threads", "-f", fmt,
+def qemu_nbd(sock, path, fmt, cache="writeback", aio="threads"):
+    return Peer(["qemu-nbd", "--persistent", "--shared=8", f"--cache={cache}", f"--aio={aio}", "-f", fmt,
                  "-x", "bench", "--socket", sock, path], sock, "bench")
+
+
+class Snapper:
+    """While the `with` block runs, takes a snapshot `PREFIX1`, `PREFIX2`, ...
+    of an arbor daemon every second through its API (when `active`), and
+    keeps each call's seconds in `latencies`."""
+
+    def __init__(self, ab, prefix, active=True):
+        self.ab, self.prefix, self.active = ab, prefix, active
+        self.latencies = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self):
+        i = 0
+        while not self.stop.wait(1.0):
+            i += 1
+            t = time.perf_counter()
+            self.ab.snapshot(f"{self.prefix}{i}")
+            self.latencies.append(time.perf_counter() - t)
+
+    def __enter__(self):
+        if self.active:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        return False
 
 
 def fill_file(path, size):
@@ -644,26 +680,10 @@ class Bench:
         ab.volume_create("lat", size)
         fio(("nbd", ab.uri("lat")), "write", "1m", 8, size)
         for mode in ("no snapshots", "snapshot every 1 s"):
-            stop = threading.Event()
-            snap_lat = []
-
-            def snapper():
-                i = 0
-                while not stop.wait(1.0):
-                    i += 1
-                    t = time.perf_counter()
-                    ab.snapshot(f"lat@t{i}")
-                    snap_lat.append(time.perf_counter() - t)
-            th = threading.Thread(target=snapper)
-            if mode != "no snapshots":
-                th.start()
-            try:
+            with Snapper(ab, "lat@t", mode != "no snapshots") as snapper:
                 r = self.timed_fio(("nbd", ab.uri("lat")), "4K randwrite QD1", size, server_pid=ab.pid,
                                    runtime=p["lat_runtime"], randommap=False)
-            finally:
-                stop.set()
-                if th.is_alive():
-                    th.join()
+            snap_lat = snapper.latencies
             self.record(exp=3, kind="foreground_latency", mode=mode, snapshots_taken=len(snap_lat),
                         snapshot_api_s=snap_lat, **r)
             log(f"exp3 fg latency, {mode}: p50 {r['lat_p50_us']:.0f} µs p99 {r['lat_p99_us']:.0f} µs "
@@ -903,6 +923,64 @@ class Bench:
             shutil.rmtree(ab.workdir, ignore_errors=True)
 
     # ---------------------------------------------------------------- engine-bench
+    # ---------------------------------------------------------------- exp 7
+    def exp7_cache_modes(self):
+        """Direct I/O (no host page cache) side by side: the data path of arbor
+        --io direct against peers in the same cache mode, and snapshots under a
+        write load with arbor's two modes."""
+        p = self.p
+        size, rt = p["size1"], p["runtime"]
+        self.record(exp=7, kind="fdatasync_probe", seconds=self.fdatasync_probe(50))
+        full_raw = self.path("direct.raw")
+        fill_file(full_raw, size)
+        sock = self.path("peer.sock")
+        arbors = {mode: self.arbor(f"exp7-{mode}", size * 16 + GIB, io=mode) for mode in ("direct", "buffered")}
+        for ab in arbors.values():
+            ab.volume_create("full", size)
+            fio(("nbd", ab.uri("full")), "write", "1m", 8, size, end_fsync=True)
+
+        def target(system):
+            if system == "file (fio psync, O_DIRECT)":
+                return ("file", full_raw), None, lambda: None, ["--direct=1"]
+            if system == "nbdkit file cache=none":
+                srv = nbdkit(sock, "file", full_raw, "cache=none")
+                return ("nbd", srv.uri()), srv.pid, srv.stop, []
+            if system == "qemu-nbd raw cache=none io_uring":
+                srv = qemu_nbd(sock, full_raw, "raw", cache="none", aio="io_uring")
+                return ("nbd", srv.uri()), srv.pid, srv.stop, []
+            ab = arbors["direct" if system == "arbor direct" else "buffered"]
+            return ("nbd", ab.uri("full")), ab.pid, lambda: None, []
+
+        for job in [j for j in JOBS if j != FIRST_WRITES]:
+            for system in EXP7_SYSTEMS:
+                self.drop_caches()
+                tgt, pid, cleanup, extra = target(system)
+                try:
+                    r = self.timed_fio(tgt, job, size, server_pid=pid, runtime=rt, extra=extra)
+                finally:
+                    cleanup()
+                self.record(exp=7, kind="data_path", job=job, system=system, **r)
+                log(f"exp7 {job:20} {system:34} {r['iops']:9.0f} IOPS {r['mib_s']:8.1f} MiB/s"
+                    f"{'  (busy)' if r['busy'] else ''}")
+        os.unlink(full_raw)
+        # Snapshots while one client writes at full speed, each mode.
+        for mode, ab in arbors.items():
+            for job in ("4K randwrite QD1", "4K randwrite QD32"):
+                for snaps in ("no snapshots", "snapshot every 1 s"):
+                    with Snapper(ab, f"full@{job.split()[-1]}-", snaps != "no snapshots") as snapper:
+                        r = self.timed_fio(("nbd", ab.uri("full")), job, size, server_pid=ab.pid,
+                                           runtime=p["lat_runtime"], randommap=False)
+                    snap_lat = snapper.latencies
+                    self.record(exp=7, kind="snapshots_under_load", mode=mode, job=job, snaps=snaps,
+                                snapshot_api_s=snap_lat, **r)
+                    med = f"{statistics.median(snap_lat) * 1e3:.1f} ms" if snap_lat else "-"
+                    log(f"exp7 {mode:8} {job} {snaps:18}: write p50 {r['lat_p50_us']:.0f} µs p99 "
+                        f"{r['lat_p99_us']:.0f} µs, {r['iops']:.0f} IOPS; snapshot API median {med} "
+                        f"({len(snap_lat)})")
+        for ab in arbors.values():
+            ab.stop()
+            shutil.rmtree(ab.workdir, ignore_errors=True)
+
     def engine_bench(self):
         argv = ["cargo", "run", "--release", "--locked", "-q", "-p", "arbor-bench", "--bin", "engine-bench", "--",
                 "--dir", self.path("engine")]
@@ -940,7 +1018,8 @@ class Bench:
         t_start = time.time()
         steps = [("exp1", self.exp1_data_path), ("exp2", self.exp2_many_snapshots),
                  ("exp3", self.exp3_foreground_latency), ("exp4", self.exp4_cow_row),
-                 ("exp5", self.exp5_chunk_size), ("exp6", self.exp6_footprint)]
+                 ("exp5", self.exp5_chunk_size), ("exp6", self.exp6_footprint),
+                 ("exp7", self.exp7_cache_modes)]
         if self.args.engine:
             steps.append(("engine", self.engine_bench))
         only = set(self.args.only.split(",")) if self.args.only else None
@@ -1005,7 +1084,7 @@ def main():
     ap.add_argument("--arbor", default=os.path.join(ROOT, "target/release/arbor"))
     ap.add_argument("--workdir", default="/var/tmp", help="filesystem every system's files live on")
     ap.add_argument("--out", help="results directory (default bench/results/PROFILE-TIME)")
-    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp4,exp5,exp6,engine")
+    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp4,exp5,exp6,exp7,engine")
     ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                     help="also run engine-bench (default: full profile only)")
     ap.add_argument("--perf", action=argparse.BooleanOptionalAction, default=True,

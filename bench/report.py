@@ -172,6 +172,52 @@ def section4(add, goals, e4, meta):
         add("")
 
 
+def section7(add, goals, recs, e7, meta):
+    """Experiment 7: direct I/O (no host page cache) and snapshots under load."""
+    add("## 7. Direct I/O: the data path without the host page cache, and snapshots under load\n")
+    add(f"Image/volume {meta['params']['size1'] // MIB} MiB, fully written, {meta['params']['runtime']} s per job, "
+        "the page cache dropped before each job. Every system bypasses or evicts the host page cache: fio psync "
+        "with O_DIRECT on the raw file (one thread), `nbdkit file cache=none` (evicts pages after I/O; nbdkit has "
+        "no O_DIRECT mode), `qemu-nbd --cache=none --aio=io_uring`, `arbor serve --io direct`. `arbor --io "
+        "buffered` (today's default on files) beside them for reference. IOPS for 4K jobs, MiB/s for 64K and 1M.\n")
+    systems = [s for s in dict.fromkeys(r["system"] for r in e7)]
+    jobs = list(dict.fromkeys(r["job"] for r in e7))
+    add("| job | " + " | ".join(systems) + " | arbor direct / qemu-nbd cache=none |")
+    add("|---|" + "---|" * (len(systems) + 1))
+    for job in jobs:
+        row = {r["system"]: r for r in e7 if r["job"] == job}
+        cells = [fmt_rate(row[s], job) + busy_mark(row[s]) if s in row else "-" for s in systems]
+        ad, qn = row.get("arbor direct"), row.get("qemu-nbd raw cache=none io_uring")
+        ratio = fmt_ratio(ad["iops"] / qn["iops"]) if ad and qn and qn["iops"] else "-"
+        add(f"| {job} | " + " | ".join(cells) + f" | {ratio} |")
+    add("")
+    sl = [r for r in recs if r.get("exp") == 7 and r.get("kind") == "snapshots_under_load"]
+    if sl:
+        add(f"Snapshots under load: one client writes 4 KiB blocks at random over the full volume for "
+            f"{meta['params']['lat_runtime']} s at full speed, without snapshots and with a snapshot every second "
+            "(HTTP API over the Unix socket, from an already running process).\n")
+        add("| I/O mode | load | write p50 / p99, no snapshots | write p50 / p99, snapshot every 1 s | p99 ratio | "
+            "snapshot API median | p99 | max | snapshots |")
+        add("|---|---|---|---|---|---|---|---|---|")
+        for mode in dict.fromkeys(r["mode"] for r in sl):
+            for job in dict.fromkeys(r["job"] for r in sl if r["mode"] == mode):
+                none = next((r for r in sl if r["mode"] == mode and r["job"] == job and r["snaps"] == "no snapshots"), None)
+                snap = next((r for r in sl if r["mode"] == mode and r["job"] == job and r["snaps"] != "no snapshots"), None)
+                if not none or not snap:
+                    continue
+                lat = sorted(snap["snapshot_api_s"])
+                add(f"| {mode} | {job.split(' ', 1)[1]} | {none['lat_p50_us']:.0f} / {none['lat_p99_us']:.0f} µs | "
+                    f"{snap['lat_p50_us']:.0f} / {snap['lat_p99_us']:.0f} µs{busy_mark(snap)} | "
+                    f"{fmt_ratio(snap['lat_p99_us'] / max(none['lat_p99_us'], 1e-9))} | "
+                    + (f"{ms(pct(lat, .5))} | {ms(pct(lat, .99))} | {ms(lat[-1])} | " if lat else "- | - | - | ")
+                    + f"{len(lat)} |")
+                if lat:
+                    goals.append((f"snapshot API under a {job.split(' ', 1)[1]} load, {mode} I/O, median", "< 1 ms",
+                                  ms(pct(lat, .5)), pct(lat, .5) < 1e-3, snap["busy"]))
+        add("")
+    fdatasync_note(add, [r for r in recs if r.get("exp") == 7], "")
+
+
 def fdatasync_note(add, recs, tail):
     """The fdatasync reference of an experiment (exp 3, exp 4), if it has one."""
     fp = [r for r in recs if r.get("kind") == "fdatasync_probe"]
@@ -434,6 +480,10 @@ def write(out):
             add("\nPeak RSS of the arbor daemons of experiments 1 and 2: "
                 + ", ".join(f"exp {r['exp']}: {r['bytes'] / MIB:.1f} MiB" for r in other) + ".")
         add("")
+
+    e7 = [r for r in recs if r.get("exp") == 7 and r.get("kind") == "data_path"]
+    if e7:
+        section7(add, goals, recs, e7, meta)
 
     if goals:
         add("## Goals\n")

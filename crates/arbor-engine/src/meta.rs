@@ -156,15 +156,37 @@ impl CommitJob {
     /// With `preserve` (a check is walking an earlier commit), each home
     /// page's old image is kept there before it is overwritten.
     pub fn write(&self, store: &Store, preserve: Option<&PreservedPages>) -> Result<()> {
+        // Step 1: the home pages and the nodes, in batches of contiguous
+        // runs the device may write at once (they are independent: the
+        // flush below orders them before the record). A check walking an
+        // earlier commit keeps each page's old image before it is
+        // overwritten, and reads it from there from then on.
+        let mut blocks = Vec::with_capacity(self.home_pages.len() + self.nodes.len());
         for page in &self.home_pages {
-            let _kept = preserve
-                .map(|p| p.keep_home(store, page.kind, page.index))
-                .transpose()?;
-            store.write_block(store.geo.sm_home(page.kind, page.index)?, &page.encode())?;
-            store.cache_sm_page(Arc::clone(page));
+            if let Some(preserve) = preserve {
+                drop(preserve.keep_home(store, page.kind, page.index)?);
+            }
+            blocks.push((store.geo.sm_home(page.kind, page.index)?, Block::Page(page)));
         }
-        for (block, node) in &self.nodes {
-            store.write_block(*block, &node.node.encode(*block, self.txn))?;
+        blocks.extend(
+            self.nodes
+                .iter()
+                .map(|(block, node)| (*block, Block::Node(node))),
+        );
+        blocks.sort_unstable_by_key(|(block, _)| *block);
+        for batch in blocks.chunks(COMMIT_BATCH_BLOCKS) {
+            let runs = contiguous_runs(batch, |block, item| match item {
+                Block::Page(page) => page.encode(),
+                Block::Node(node) => node.node.encode(block, self.txn),
+            });
+            let writes: Vec<(u64, &[u8])> = runs
+                .iter()
+                .map(|(first, data)| (first * arbor_format::BLOCK_SIZE_U64, &data[..]))
+                .collect();
+            store.dev.write_batch(&writes)?;
+        }
+        for page in &self.home_pages {
+            store.cache_sm_page(Arc::clone(page));
         }
         store.dev.flush()?;
         store
@@ -173,6 +195,36 @@ impl CommitJob {
         store.dev.flush()?;
         Ok(())
     }
+}
+
+/// Blocks of a commit encoded and written at once (4 MiB).
+const COMMIT_BATCH_BLOCKS: usize = 1024;
+
+/// A block a commit writes.
+enum Block<'a> {
+    Page(&'a Arc<SmPage>),
+    Node(&'a Arc<CachedNode>),
+}
+
+/// `blocks` (sorted by block number, each once) encoded into runs of
+/// consecutive blocks: (first block, the run's bytes).
+fn contiguous_runs<T>(
+    blocks: &[(u64, T)],
+    encode: impl Fn(u64, &T) -> [u8; arbor_format::BLOCK_SIZE],
+) -> Vec<(u64, Vec<u8>)> {
+    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    for (block, item) in blocks {
+        let image = encode(*block, item);
+        match runs.last_mut() {
+            Some((first, data))
+                if *first + (data.len() / arbor_format::BLOCK_SIZE) as u64 == *block =>
+            {
+                data.extend_from_slice(&image[..]);
+            }
+            _ => runs.push((*block, image.to_vec())),
+        }
+    }
+    runs
 }
 
 /// What a pool needs from its last commit to resume.

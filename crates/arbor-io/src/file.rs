@@ -60,6 +60,13 @@ struct Direct {
 /// Number of stripes of [`Direct::edges`].
 const EDGE_STRIPES: usize = 64;
 
+/// Most writes of one batch in flight at once with direct I/O (each waits
+/// for the device; the device serves many at a time).
+const BATCH_THREADS: usize = 16;
+
+/// Writes of a batch per thread, at least: fewer are not worth a thread.
+const WRITES_PER_THREAD: usize = 4;
+
 /// Largest bounce buffer a thread keeps between calls.
 const MAX_KEPT_BOUNCE: usize = 4 << 20;
 
@@ -337,6 +344,43 @@ impl BlockDevice for FileDevice {
         })
     }
 
+    /// With direct I/O each write waits for the device, so a batch is
+    /// written by several threads at once; through the page cache a write
+    /// is a copy, and the batch is written in turn.
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        let threads = writes.len().div_ceil(WRITES_PER_THREAD).min(BATCH_THREADS);
+        if self.direct.is_none() || threads <= 1 {
+            return writes
+                .iter()
+                .try_for_each(|&(offset, buf)| self.write_at(buf, offset));
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(offset, buf)) = writes.get(index) else {
+                        return;
+                    };
+                    if let Err(e) = self.write_at(buf, offset) {
+                        // Stop every thread at its next write.
+                        next.store(writes.len(), Ordering::Relaxed);
+                        failed
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+        match failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
@@ -501,6 +545,39 @@ mod tests {
                 let want = if written { t as u8 + 1 } else { 0 };
                 assert_eq!(data[base + byte], want, "byte {byte} of {base}");
             }
+        }
+    }
+
+    #[test]
+    fn a_batch_lands_whole_in_both_modes() {
+        for mode in [CacheMode::Buffered, CacheMode::Direct] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("dev");
+            let dev = FileDevice::create_file_with(&path, 1 << 20, mode).unwrap();
+            let blocks: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i + 1; 4096]).collect();
+            // Every other block, and one unaligned write among them.
+            let mut writes: Vec<(u64, &[u8])> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i as u64 * 8192, &b[..]))
+                .collect();
+            writes.push((8192 * 100 + 3, &blocks[0][..10]));
+            dev.write_batch(&writes).unwrap();
+            let data = std::fs::read(&path).unwrap();
+            for (i, block) in blocks.iter().enumerate() {
+                assert_eq!(
+                    &data[i * 8192..i * 8192 + 4096],
+                    &block[..],
+                    "{mode:?} block {i}"
+                );
+                assert!(data[i * 8192 + 4096..(i + 1) * 8192]
+                    .iter()
+                    .all(|&b| b == 0));
+            }
+            assert_eq!(&data[8192 * 100 + 3..8192 * 100 + 13], &[1u8; 10]);
+            // A write beyond the end fails the batch.
+            let beyond = [(1u64 << 20, &blocks[0][..])];
+            assert!(dev.write_batch(&beyond).is_err());
         }
     }
 

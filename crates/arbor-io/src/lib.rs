@@ -45,6 +45,16 @@ pub trait BlockDevice: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes each buffer at its offset, as `write_at` would, in any order
+    /// and possibly several at once: a batch of independent writes (a
+    /// commit's metadata blocks) that a device waiting for each write in
+    /// turn would serialise. On error, any subset of the batch may have
+    /// been written.
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        writes
+            .iter()
+            .try_for_each(|&(offset, buf)| self.write_at(buf, offset))
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Size of the device in bytes.

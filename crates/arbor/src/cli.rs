@@ -558,6 +558,11 @@ pub struct ServeArgs {
     /// Memory for cached metadata [default: 64M]
     #[arg(long, value_name = "SIZE")]
     pub cache_size: Option<ByteSize>,
+    /// How the pool's device is reached: `direct` (O_DIRECT, no host page
+    /// cache), `buffered`, or `auto` (direct on a block device, buffered on
+    /// a file) [default: auto]
+    #[arg(long, value_name = "MODE", value_parser = ["auto", "direct", "buffered"])]
+    pub io: Option<String>,
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::model::{
     StreamCompression, StreamFormat, TokenRequest,
 };
 use crate::output::{self, emit};
-use crate::pool_file::{self, OpenPool};
+use crate::pool_file::{self, IoMode, OpenPool};
 use crate::size::ByteSize;
 use crate::tls_init::{self, TlsCommand};
 
@@ -412,10 +412,14 @@ fn grow_request(size: Option<ByteSize>, metadata_size: Option<ByteSize>) -> Grow
     }
 }
 
+/// How offline commands reach a pool.
+const OFFLINE_IO: IoMode = IoMode::Fixed(arbor_io::CacheMode::Buffered);
+
 /// Runs `work` on the pool at `path`, opened and locked by this process
 /// (refused while a daemon holds it), then commits and closes the pool.
 fn with_offline_pool<T>(path: &Path, work: impl FnOnce(&OpenPool) -> Result<T>) -> Result<T> {
-    let open = OpenPool::open(path, &OpenOptions::default())?;
+    // Offline commands are one walk and one commit: the page cache serves them well.
+    let open = OpenPool::open(path, &OpenOptions::default(), OFFLINE_IO)?;
     let result = work(&open)?;
     open.close()?;
     Ok(result)
@@ -456,6 +460,7 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
         args.size.map(|s| s.0),
         &options,
         &OpenOptions::default(),
+        OFFLINE_IO,
         args.force,
     )?;
     let stats = pool.pool.pool_stats()?;

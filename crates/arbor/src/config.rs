@@ -45,6 +45,7 @@ struct ConfigFile {
     reclaim_rate: u32,
     commit_interval: String,
     cache_size: ByteSize,
+    io: String,
     space_warning_percent: Vec<u8>,
     replication_listen: String,
     tls_ca: PathBuf,
@@ -115,6 +116,8 @@ pub struct ServeConfig {
     pub reclaim_rate: u32,
     pub commit_interval: Duration,
     pub cache_bytes: usize,
+    /// How the pool's device is reached (direct or buffered I/O).
+    pub io: crate::pool_file::IoMode,
     /// Increasing percentages of space use that raise a warning.
     pub space_warning_percent: Vec<u8>,
     pub replication: ReplicationConfig,
@@ -232,6 +235,7 @@ fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &ServeArg
         file.commit_interval = interval.to_string();
     }
     set(&mut file.cache_size, &args.cache_size);
+    set(&mut file.io, &args.io);
 }
 
 /// `none` or an IP:PORT.
@@ -305,6 +309,12 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         commit_interval,
         cache_bytes: usize::try_from(file.cache_size.0)
             .map_err(|_| usage("cache_size is too large".into()))?,
+        io: crate::pool_file::IoMode::parse(&file.io).ok_or_else(|| {
+            usage(format!(
+                "io = {:?}: expected \"auto\", \"direct\" or \"buffered\"",
+                file.io
+            ))
+        })?,
         space_warning_percent: file.space_warning_percent.clone(),
         replication,
         data_dir: file.data_dir,

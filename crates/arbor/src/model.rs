@@ -11,6 +11,10 @@ pub struct PoolView {
     pub path: String,
     /// On-disk format version (1 cannot grow until upgraded).
     pub format_version: u16,
+    /// How the daemon reaches the pool's device: `direct` or `buffered`
+    /// (empty from an offline command's view).
+    #[serde(default)]
+    pub io: String,
     pub pool_bytes: u64,
     pub chunk_size: u64,
     pub data_bytes: u64,

@@ -73,6 +73,11 @@ pub struct PoolExports {
     metrics: Arc<Metrics>,
     /// Which volumes are replicas of another host's: read-only here.
     replicas: Arc<arbor_replica::state::Store>,
+    /// Small requests may run on the connection's task: they are served
+    /// from the page cache. Not with direct I/O, where each one waits for
+    /// the device and would hold a runtime worker (and the connection's
+    /// other requests) for that long.
+    small_io_inline: bool,
 }
 
 impl PoolExports {
@@ -81,12 +86,14 @@ impl PoolExports {
         open: Arc<OpenExports>,
         metrics: Arc<Metrics>,
         replicas: Arc<arbor_replica::state::Store>,
+        cache_mode: arbor_io::CacheMode,
     ) -> Self {
         Self {
             pool,
             open,
             metrics,
             replicas,
+            small_io_inline: cache_mode == arbor_io::CacheMode::Buffered,
         }
     }
 }
@@ -138,6 +145,7 @@ impl ExportProvider for PoolExports {
             // A volume's layout never changes: an origin stays one, and a
             // volume reading through one reads through it until destroyed.
             in_pool: info.layout == VolumeLayout::Row,
+            small_io_inline: self.small_io_inline,
             origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
@@ -161,6 +169,8 @@ struct VolumeExport {
     /// a volume that reads through one, cannot unmap: their trims are
     /// no-ops and their zeroing writes zeros (see `trim`).
     in_pool: bool,
+    /// See [`PoolExports::small_io_inline`].
+    small_io_inline: bool,
     /// An origin's device error was logged for this connection: NBD
     /// carries only EIO to most clients, so the reason goes to the log,
     /// once per connection (a guest retries, and would flood it).
@@ -292,10 +302,10 @@ impl Export for VolumeExport {
     }
 
     // The engine never makes a read or write wait for another request (a
-    // write that needs a commit runs it itself), and small ones are served
-    // from the page cache and the metadata cache.
+    // write that needs a commit runs it itself), and with buffered I/O small
+    // ones are served from the page cache and the metadata cache.
     fn small_io_inline(&self) -> bool {
-        true
+        self.small_io_inline
     }
 
     fn meta_contexts(&self, query: &str) -> Vec<String> {
@@ -398,7 +408,13 @@ mod tests {
         // A state file that is never written (no replica roles).
         let state = std::env::temp_dir().join("arbor-nbd-export-test-no-state.json");
         let replicas = Arc::new(arbor_replica::state::Store::open(&state).unwrap());
-        PoolExports::new(Arc::new(pool), Arc::default(), Metrics::new(), replicas)
+        PoolExports::new(
+            Arc::new(pool),
+            Arc::default(),
+            Metrics::new(),
+            replicas,
+            arbor_io::CacheMode::Buffered,
+        )
     }
 
     fn open(exports: &PoolExports, name: &str) -> Arc<dyn Export> {

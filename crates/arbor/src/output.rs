@@ -93,6 +93,14 @@ pub fn pool(p: &PoolView) -> String {
     fields(&[
         ("pool", p.path.clone()),
         ("format", format!("version {}", p.format_version)),
+        (
+            "i/o",
+            if p.io.is_empty() {
+                "-".to_owned()
+            } else {
+                p.io.clone()
+            },
+        ),
         ("size", size(p.pool_bytes)),
         ("chunk size", size(p.chunk_size)),
         (

@@ -12,11 +12,64 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arbor_engine::{CreateOptions, GrowOptions, OpenOptions, Pool};
 use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
-use arbor_io::FileDevice;
+use arbor_io::{CacheMode, FileDevice};
 
 use crate::exit::{Exit, Fail};
 use crate::model::{GrowView, UpgradeView};
 use crate::size::ByteSize;
+
+/// How a process reaches its pool's file or device (`io` in the daemon's
+/// configuration). docs/PERFORMANCE.md § 10 has the measurements behind
+/// `auto`'s choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// Direct I/O on a block device, buffered on a regular file.
+    #[default]
+    Auto,
+    Fixed(CacheMode),
+}
+
+impl IoMode {
+    /// `auto`, `direct` or `buffered`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "auto" => Some(Self::Auto),
+            "direct" => Some(Self::Fixed(CacheMode::Direct)),
+            "buffered" => Some(Self::Fixed(CacheMode::Buffered)),
+            _ => None,
+        }
+    }
+
+    /// The cache mode `auto` picks for `path` (a pool being created is a
+    /// regular file): direct I/O on block devices, where the page cache
+    /// only doubles the memory a guest already caches in and makes every
+    /// commit wait for writeback of unrelated data; buffered on files.
+    fn choose(self, path: &Path) -> CacheMode {
+        match self {
+            Self::Fixed(mode) => mode,
+            Self::Auto => match FileDevice::is_block_device(path) {
+                Ok(true) => CacheMode::Direct,
+                _ => CacheMode::Buffered,
+            },
+        }
+    }
+
+    /// Opens `path` in the mode this asks for. `auto` falls back to
+    /// buffered I/O where direct I/O is not possible (a filesystem without
+    /// `O_DIRECT`); an explicit `direct` fails instead.
+    fn open(self, path: &Path) -> Result<FileDevice> {
+        let mode = self.choose(path);
+        let opened = FileDevice::open_with(path, mode);
+        let device = match opened {
+            Err(e) if self == Self::Auto && mode == CacheMode::Direct => {
+                tracing::warn!(pool = %path.display(), error = %e, "direct I/O is not possible here: using buffered I/O");
+                FileDevice::open(path)
+            }
+            other => other,
+        };
+        device.with_context(|| format!("cannot open {} ({} I/O)", path.display(), mode.name()))
+    }
+}
 
 /// An exclusive advisory lock on a pool, released when dropped.
 #[derive(Debug)]
@@ -51,18 +104,20 @@ impl PoolLock {
 pub struct OpenPool {
     pub path: PathBuf,
     pub pool: Arc<Pool>,
+    /// How the pool's device is reached.
+    pub cache_mode: CacheMode,
     // Declared after `pool` so it is released only once the pool is closed.
     _lock: PoolLock,
 }
 
 impl OpenPool {
-    pub fn open(path: &Path, options: &OpenOptions) -> Result<Self> {
+    pub fn open(path: &Path, options: &OpenOptions, io: IoMode) -> Result<Self> {
         let lock = PoolLock::acquire(path)?;
-        let device =
-            FileDevice::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let device = io.open(path)?;
+        let cache_mode = device.cache_mode();
         let pool = Pool::open(Arc::new(device), options)
             .with_context(|| format!("cannot open pool {}", path.display()))?;
-        Ok(Self::new(path, pool, lock))
+        Ok(Self::new(path, pool, cache_mode, lock))
     }
 
     /// Formats `path` as a new pool. `size` is required for a regular file
@@ -72,13 +127,14 @@ impl OpenPool {
         size: Option<u64>,
         create: &CreateOptions,
         open: &OpenOptions,
+        io: IoMode,
         force: bool,
     ) -> Result<Self> {
         let existed = path.exists();
         if !existed {
             File::create_new(path).with_context(|| format!("cannot create {}", path.display()))?;
         }
-        let created = Self::format(path, size, create, open, existed && !force);
+        let created = Self::format(path, size, create, open, io, existed && !force);
         if created.is_err() && !existed {
             // Leave nothing behind: a half-formatted file would later be
             // refused as "already contains a pool".
@@ -92,22 +148,26 @@ impl OpenPool {
         size: Option<u64>,
         create: &CreateOptions,
         open: &OpenOptions,
+        io: IoMode,
         must_be_blank: bool,
     ) -> Result<Self> {
         let lock = PoolLock::acquire(path)?;
         if must_be_blank {
             refuse_to_overwrite(path)?;
         }
-        let device = open_for_format(path, size)?;
+        size_for_format(path, size)?;
+        let device = io.open(path)?;
+        let cache_mode = device.cache_mode();
         let pool = Pool::create(Arc::new(device), create, open)
             .with_context(|| format!("cannot create a pool on {}", path.display()))?;
-        Ok(Self::new(path, pool, lock))
+        Ok(Self::new(path, pool, cache_mode, lock))
     }
 
-    fn new(path: &Path, pool: Pool, lock: PoolLock) -> Self {
+    fn new(path: &Path, pool: Pool, cache_mode: CacheMode, lock: PoolLock) -> Self {
         Self {
             path: path.to_owned(),
             pool: Arc::new(pool),
+            cache_mode,
             _lock: lock,
         }
     }
@@ -119,6 +179,7 @@ impl OpenPool {
             path,
             pool,
             _lock: lock,
+            ..
         } = self;
         let closed = match Arc::try_unwrap(pool) {
             Ok(pool) => pool.close(),
@@ -211,22 +272,23 @@ fn device_size(path: &Path) -> Result<u64> {
 
 /// Sizes the target for a new pool: a regular file is (re)sized to `size`,
 /// a block device is used whole.
-fn open_for_format(path: &Path, size: Option<u64>) -> Result<FileDevice> {
+fn size_for_format(path: &Path, size: Option<u64>) -> Result<()> {
     let metadata = path
         .metadata()
         .with_context(|| format!("cannot stat {}", path.display()))?;
-    let device = if metadata.is_file() {
+    if metadata.is_file() {
         let Some(size) = size else {
             bail!("--size is required to create a pool in a regular file");
         };
+        // Whole blocks (the pool uses nothing smaller), so that direct I/O
+        // can reach the last one.
+        let size = size - size % BLOCK_SIZE as u64;
         FileDevice::create_file(path, size)
-    } else {
-        if size.is_some() {
-            bail!("--size cannot be used with a device: the pool takes the whole device");
-        }
-        FileDevice::open(path)
-    };
-    device.with_context(|| format!("cannot prepare {}", path.display()))
+            .with_context(|| format!("cannot prepare {}", path.display()))?;
+    } else if size.is_some() {
+        bail!("--size cannot be used with a device: the pool takes the whole device");
+    }
+    Ok(())
 }
 
 /// Fails if `path` holds anything: an arbor pool, or any other data.

@@ -34,8 +34,12 @@ struct Served {
 
 impl Served {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Self {
         Self {
-            daemon: Daemon::start(&["--initial-volume", "none"]),
+            daemon: Daemon::start(&[&["--initial-volume", "none"], extra].concat()),
         }
     }
 
@@ -205,9 +209,23 @@ impl RawClient {
 /// unaligned trim is served on its whole sectors.
 #[test]
 fn byte_granular_requests_match_a_model() {
+    byte_granular_requests_match_a_model_with("buffered");
+}
+
+/// The same through direct I/O (`--io direct`): unaligned requests become
+/// read-modify-writes of whole sectors in the I/O layer, and requests run
+/// on the blocking pool, not inline.
+#[test]
+fn byte_granular_requests_match_a_model_with_direct_io() {
+    byte_granular_requests_match_a_model_with("direct");
+}
+
+fn byte_granular_requests_match_a_model_with(io: &str) {
     use rand::{Rng, SeedableRng};
     const SIZE: usize = 4 * MIB;
-    let mut served = Served::start();
+    let mut served = Served::start_with(&["--io", io]);
+    let status = served.daemon.json(&["pool", "status"]);
+    assert_eq!(status["io"], io, "{status}");
     served.manage(&["volume", "create", "bytes", "--size", "4M"]);
     let socket = served.daemon.nbd_socket();
     let (mut client, size) = RawClient::open(&socket, "bytes");
@@ -261,7 +279,9 @@ fn byte_granular_requests_match_a_model() {
     assert_eq!(error, 0);
     drop(client);
     served.daemon.stop_cleanly();
-    served.daemon.restart(&["--initial-volume", "none"]);
+    served
+        .daemon
+        .restart(&["--initial-volume", "none", "--io", io]);
     assert!(served.read_image("bytes", SIZE) == model, "after a restart");
 }
 

@@ -44,6 +44,8 @@ pub struct PoolControl {
     pub monitor: Arc<super::monitor::Monitor>,
     /// The devices of origins (`arbor origin attach`) this daemon opened.
     pub origins: Arc<super::origins::Origins>,
+    /// How the pool's device is reached.
+    pub cache_mode: arbor_io::CacheMode,
 }
 
 /// The page size a metadata query asks for.
@@ -165,6 +167,7 @@ impl PoolControl {
         Ok(PoolView {
             path: self.path.display().to_string(),
             format_version: self.pool.format_version(),
+            io: self.cache_mode.name().to_owned(),
             pool_bytes: s.pool_bytes,
             chunk_size: s.chunk_size,
             data_bytes: s.data_bytes,

@@ -53,7 +53,7 @@ fn open_or_create(config: &ServeConfig) -> Result<OpenPool> {
         ..OpenOptions::default()
     };
     if config.pool.exists() {
-        return OpenPool::open(&config.pool, &options);
+        return OpenPool::open(&config.pool, &options, config.io);
     }
     let create = CreateOptions {
         chunk_size: config.chunk_size,
@@ -65,6 +65,7 @@ fn open_or_create(config: &ServeConfig) -> Result<OpenPool> {
         Some(config.pool_size),
         &create,
         &options,
+        config.io,
         false,
     )?;
     info!(pool = %config.pool.display(), size = config.pool_size, "created a new pool");
@@ -121,6 +122,7 @@ async fn run(config: ServeConfig) -> Result<()> {
     let control = PoolControl {
         pool: open.pool.clone(),
         path: open.path.clone(),
+        cache_mode: open.cache_mode,
         open: std::sync::Arc::new(OpenExports::default()),
         metrics: metrics.clone(),
         space: SpaceWatch::new(config.space_warning_percent.clone()),
@@ -137,13 +139,14 @@ async fn run(config: ServeConfig) -> Result<()> {
         .await
         .context("attaching origins failed")??;
     let mut tasks = JoinSet::new();
-    info!(pool = %open.path.display(), api = %api, nbd = %nbd, "serving");
+    info!(pool = %open.path.display(), io = open.cache_mode.name(), api = %api, nbd = %nbd, "serving");
     println!("{}", connection_hints(&config, &control)?);
     let exports = PoolExports::new(
         open.pool.clone(),
         control.open.clone(),
         metrics.clone(),
         replication.store.clone(),
+        open.cache_mode,
     );
     let limits = arbor_nbd::ServerConfig {
         max_connections: config.nbd_max_connections,
