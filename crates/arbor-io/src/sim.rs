@@ -128,6 +128,16 @@ impl BlockDevice for SimDisk {
         Ok(())
     }
 
+    /// Last to first: a batch's order is the device's to choose, so the
+    /// engine must not depend on it (and a power cut in the middle of a
+    /// batch leaves its last writes done and its first ones not).
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        writes
+            .iter()
+            .rev()
+            .try_for_each(|&(offset, buf)| self.write_at(buf, offset))
+    }
+
     /// Enlarging is a metadata change of the medium: it is durable at once
     /// (as a file's size after its `fdatasync`), and the new bytes are zeros.
     fn extend(&self, size: u64) -> io::Result<()> {
