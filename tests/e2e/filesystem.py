@@ -139,4 +139,9 @@ def body(daemon):
 
 
 if __name__ == "__main__":
-    run_test("filesystem end-to-end", body, tools=("nbdfuse", "losetup", "mkfs.ext4", "fusermount3"), needs_root=True)
+    TOOLS = ("nbdfuse", "losetup", "mkfs.ext4", "fusermount3")
+    run_test("filesystem end-to-end", body, tools=TOOLS, needs_root=True)
+    # The same through direct I/O (O_DIRECT on the pool file): the kernel's
+    # ext4 writes every size and alignment it likes.
+    run_test("filesystem end-to-end, direct I/O", body, tools=TOOLS, needs_root=True,
+             extra_args=("--io", "direct"))

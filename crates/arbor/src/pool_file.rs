@@ -57,12 +57,12 @@ impl IoMode {
     /// Opens `path` in the mode this asks for. `auto` falls back to
     /// buffered I/O where direct I/O is not possible (a filesystem without
     /// `O_DIRECT`); an explicit `direct` fails instead.
-    fn open(self, path: &Path) -> Result<FileDevice> {
+    pub fn open(self, path: &Path) -> Result<FileDevice> {
         let mode = self.choose(path);
         let opened = FileDevice::open_with(path, mode);
         let device = match opened {
             Err(e) if self == Self::Auto && mode == CacheMode::Direct => {
-                tracing::warn!(pool = %path.display(), error = %e, "direct I/O is not possible here: using buffered I/O");
+                tracing::warn!(path = %path.display(), error = %e, "direct I/O is not possible here: using buffered I/O");
                 FileDevice::open(path)
             }
             other => other,

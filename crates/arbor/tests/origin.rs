@@ -82,9 +82,46 @@ fn attach_from(daemon: &Daemon, dir: &Path, name: &str, path: &str) -> std::proc
         .unwrap()
 }
 
+/// Whether some descriptor of process `pid` open on `path` has `O_DIRECT`
+/// set (`None`: no descriptor is open on it).
+fn opened_direct(pid: u32, path: &Path) -> Option<bool> {
+    const O_DIRECT: u32 = 0o40000;
+    let mut found = None;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if std::fs::read_link(entry.path()).ok().as_deref() != Some(path) {
+            continue;
+        }
+        let fd = entry.file_name().into_string().unwrap();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        found = Some(found.unwrap_or(false) || flags & O_DIRECT != 0);
+    }
+    found
+}
+
 #[test]
 fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
-    let serve = ["--initial-volume", "none"];
+    snapshotted_in_place_and_attached_again("buffered");
+}
+
+/// The same with `--io direct`: the pool and the origin's file are both
+/// opened with `O_DIRECT` (x86-64's value of the flag, checked in
+/// /proc/PID/fdinfo).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_file_is_snapshotted_in_place_with_direct_io() {
+    snapshotted_in_place_and_attached_again("direct");
+}
+
+fn snapshotted_in_place_and_attached_again(io: &str) {
+    let serve = ["--initial-volume", "none", "--io", io];
     let mut daemon = Daemon::start(&serve);
     let work = tempfile::tempdir().unwrap();
     let image = random_file(work.path(), "disk.img", IMAGE as u64, 7);
@@ -92,6 +129,20 @@ fn a_file_is_snapshotted_in_place_and_attached_again_at_each_start() {
 
     let out = attach_from(&daemon, work.path(), "disk", "disk.img");
     assert!(out.status.success(), "attach: {}", stderr(&out));
+    if cfg!(target_arch = "x86_64") {
+        let direct = io == "direct";
+        let pool = daemon.path("pool");
+        assert_eq!(opened_direct(daemon.pid(), &pool), Some(direct), "the pool");
+        assert!(
+            opened_direct(daemon.pid(), &image).is_some(),
+            "the origin is open"
+        );
+        assert_eq!(
+            opened_direct(daemon.pid(), &image),
+            Some(direct),
+            "the origin"
+        );
+    }
     let origins = origin_list(&daemon);
     assert_eq!(origins.len(), 1);
     assert_eq!(origins[0]["name"], "disk");

@@ -46,6 +46,8 @@ pub struct PoolControl {
     pub origins: Arc<super::origins::Origins>,
     /// How the pool's device is reached.
     pub cache_mode: arbor_io::CacheMode,
+    /// The `io` setting, which origins' devices follow too.
+    pub io: crate::pool_file::IoMode,
 }
 
 /// The page size a metadata query asks for.

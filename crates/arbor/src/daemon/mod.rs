@@ -123,6 +123,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         pool: open.pool.clone(),
         path: open.path.clone(),
         cache_mode: open.cache_mode,
+        io: config.io,
         open: std::sync::Arc::new(OpenExports::default()),
         metrics: metrics.clone(),
         space: SpaceWatch::new(config.space_warning_percent.clone()),

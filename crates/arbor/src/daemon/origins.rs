@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use super::control::PoolControl;
 use crate::exit::{Exit, Fail};
 use crate::model::{DeviceView, OriginView};
+use crate::pool_file::IoMode;
 
 /// The pool property of an origin volume that says where its device is.
 pub const RECORD_KEY: &str = "origin";
@@ -287,7 +288,9 @@ impl Opened {
     /// Takes the exclusive `flock` and opens the device the engine reads
     /// and writes: through the locked descriptor, so it is the very file
     /// checked and locked even if the path was replaced meanwhile.
-    fn lock(&self, path: &str) -> Result<FileDevice> {
+    /// The device is reached as the daemon's `io` setting says for its kind
+    /// (with `auto`: direct I/O on a block device, buffered on a file).
+    fn lock(&self, path: &str, io: IoMode) -> Result<FileDevice> {
         match self.file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -305,7 +308,7 @@ impl Opened {
             }
         }
         let fd_path = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
-        FileDevice::open(&fd_path)
+        io.open(&fd_path)
             .with_context(|| format!("cannot open {path} for reading and writing"))
     }
 }
@@ -349,7 +352,7 @@ impl PoolControl {
         if let Some(o) = existing {
             self.refuse_another_file(o, path, &opened)?;
         }
-        let device = opened.lock(path)?;
+        let device = opened.lock(path, self.io)?;
         if let Some(o) = existing.filter(|o| o.identity != opened.identity) {
             // The same disk under another device number (numbers move at a
             // reboot), known by the marks recorded for it: record its new
