@@ -17,6 +17,7 @@
 //! the connection closes.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -344,6 +345,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
 ) -> Result<(), ConnectionError> {
     let mut input = BufReader::with_capacity(64 * 1024, read_half);
     let mut dispatch = Dispatch::new(session.export.small_io_inline());
+    dispatch.when_idle = session.export.inline_only_when_idle();
     let limits = Limits {
         size: session.size,
         read_only: session.read_only,
@@ -398,12 +400,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
             () = stop.cancelled() => return Ok(()),
             payload = request.receive_payload(&mut input, &budget.shared.buffers) => payload?,
         };
+        // Bytes of another request already received: the client is not
+        // waiting for this one alone.
+        let more_waiting = !input.buffer().is_empty();
         request.dispatch(
             session,
             payload,
             reservation,
             &replies,
-            &mut dispatch,
+            (&mut dispatch, more_waiting),
             &budget.shared.buffers,
         );
     }
@@ -466,7 +471,7 @@ impl Request {
         payload: Buffer,
         reservation: Reservation,
         replies: &mpsc::UnboundedSender<Outgoing>,
-        dispatch: &mut Dispatch,
+        (dispatch, more_waiting): (&mut Dispatch, bool),
         buffers: &Arc<BufferPool>,
     ) {
         let context = ReplyContext {
@@ -514,12 +519,16 @@ impl Request {
                 _reservation: reservation,
             });
         };
-        if dispatch.inline(&command, Instant::now()) {
+        if dispatch.inline(&command, Instant::now(), more_waiting) {
             let started = Instant::now();
             run();
             dispatch.ran_inline(started, Instant::now());
         } else {
-            tokio::task::spawn_blocking(run);
+            let on_pool = dispatch.on_pool();
+            tokio::task::spawn_blocking(move || {
+                run();
+                drop(on_pool);
+            });
         }
     }
 }
@@ -552,8 +561,24 @@ async fn drain<R: AsyncRead + Unpin>(
 struct Dispatch {
     /// The export allows it ([`Export::small_io_inline`]).
     enabled: bool,
+    /// Only while the connection is idle ([`Export::inline_only_when_idle`]).
+    when_idle: bool,
     /// Inline execution is paused until then, after a slow inline request.
     paused_until: Option<Instant>,
+    /// Requests of this connection running on the blocking pool.
+    on_pool: Arc<AtomicUsize>,
+    /// With `when_idle`: the client queued requests behind each other
+    /// lately, so none runs inline until then.
+    queued_until: Option<Instant>,
+}
+
+/// A request on the blocking pool, counted until dropped.
+struct OnPool(Arc<AtomicUsize>);
+
+impl Drop for OnPool {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Dispatch {
@@ -567,11 +592,36 @@ impl Dispatch {
     fn new(enabled: bool) -> Self {
         Self {
             enabled,
+            when_idle: false,
             paused_until: None,
+            on_pool: Arc::default(),
+            queued_until: None,
         }
     }
 
-    fn inline(&self, command: &Command, now: Instant) -> bool {
+    /// Counts a request sent to the blocking pool until the guard drops.
+    fn on_pool(&self) -> OnPool {
+        self.on_pool.fetch_add(1, Ordering::AcqRel);
+        OnPool(Arc::clone(&self.on_pool))
+    }
+
+    /// How long a client seen queueing requests keeps them off the
+    /// connection's thread (with `when_idle`): a deep queue drains now and
+    /// then, and its next request must not stall the reader meanwhile.
+    const QUEUED: Duration = Duration::from_millis(50);
+
+    /// Whether `command` runs inline; `more_waiting`: another request has
+    /// been received already.
+    fn inline(&mut self, command: &Command, now: Instant, more_waiting: bool) -> bool {
+        if self.when_idle {
+            if more_waiting || self.on_pool.load(Ordering::Acquire) > 0 {
+                self.queued_until = Some(now + Self::QUEUED);
+                return false;
+            }
+            if self.queued_until.is_some_and(|until| now < until) {
+                return false;
+            }
+        }
         let small = match *command {
             // FUA makes a write wait for the disk: never inline.
             Command::Read { length, .. }
@@ -658,21 +708,62 @@ mod tests {
     #[test]
     fn only_small_reads_and_plain_writes_run_inline() {
         let now = Instant::now();
-        let dispatch = Dispatch::new(true);
-        assert!(!Dispatch::new(false).inline(&read(4096), now));
-        assert!(dispatch.inline(&read(4096), now));
-        assert!(dispatch.inline(&read(Dispatch::INLINE_MAX_LEN), now));
-        assert!(dispatch.inline(&write(Dispatch::INLINE_MAX_LEN, false), now));
-        assert!(!dispatch.inline(&read(Dispatch::INLINE_MAX_LEN + 512), now));
-        assert!(!dispatch.inline(&write(Dispatch::INLINE_MAX_LEN + 512, false), now));
-        assert!(!dispatch.inline(&write(4096, true), now));
-        assert!(!dispatch.inline(&Command::Flush, now));
+        let mut dispatch = Dispatch::new(true);
+        assert!(!Dispatch::new(false).inline(&read(4096), now, false));
+        assert!(dispatch.inline(&read(4096), now, false));
+        assert!(dispatch.inline(&read(Dispatch::INLINE_MAX_LEN), now, false));
+        assert!(dispatch.inline(&write(Dispatch::INLINE_MAX_LEN, false), now, false));
+        assert!(!dispatch.inline(&read(Dispatch::INLINE_MAX_LEN + 512), now, false));
+        assert!(!dispatch.inline(&write(Dispatch::INLINE_MAX_LEN + 512, false), now, false));
+        assert!(!dispatch.inline(&write(4096, true), now, false));
+        assert!(!dispatch.inline(&Command::Flush, now, false));
         let trim = Command::Trim {
             offset: 0,
             length: 4096,
             fua: false,
         };
-        assert!(!dispatch.inline(&trim, now));
+        assert!(!dispatch.inline(&trim, now, false));
+    }
+
+    #[test]
+    fn when_idle_only_a_lone_request_runs_inline() {
+        let now = Instant::now();
+        let mut dispatch = Dispatch::new(true);
+        dispatch.when_idle = true;
+        assert!(dispatch.inline(&read(4096), now, false));
+        assert!(dispatch.inline(&read(4096), now, false), "a client at QD1");
+        assert!(
+            !dispatch.inline(&read(4096), now, true),
+            "another request waits"
+        );
+        let first = dispatch.on_pool();
+        let second = dispatch.on_pool();
+        let later = now + Dispatch::QUEUED;
+        assert!(
+            !dispatch.inline(&read(4096), later, false),
+            "two on the pool"
+        );
+        drop(first);
+        assert!(
+            !dispatch.inline(&read(4096), later, false),
+            "one on the pool"
+        );
+        drop(second);
+        // Idle, but the client queued requests a moment ago.
+        assert!(!dispatch.inline(&read(4096), later, false));
+        let quiet = later + Dispatch::QUEUED;
+        assert!(
+            dispatch.inline(&read(4096), quiet, false),
+            "idle for a while"
+        );
+        assert!(
+            !dispatch.inline(&write(4096, true), quiet, false),
+            "FUA never"
+        );
+        // Without the flag, the queue does not matter.
+        let mut busy = Dispatch::new(true);
+        let _held = busy.on_pool();
+        assert!(busy.inline(&read(4096), now, true));
     }
 
     #[test]
@@ -680,12 +771,12 @@ mod tests {
         let start = Instant::now();
         let mut dispatch = Dispatch::new(true);
         dispatch.ran_inline(start, start + Dispatch::SLOW);
-        assert!(dispatch.inline(&read(4096), start + Dispatch::SLOW));
+        assert!(dispatch.inline(&read(4096), start + Dispatch::SLOW, false));
 
         let finished = start + Dispatch::SLOW * 2;
         dispatch.ran_inline(start, finished);
-        assert!(!dispatch.inline(&read(4096), finished));
-        assert!(!dispatch.inline(&read(4096), finished + Dispatch::PAUSE / 2));
-        assert!(dispatch.inline(&read(4096), finished + Dispatch::PAUSE));
+        assert!(!dispatch.inline(&read(4096), finished, false));
+        assert!(!dispatch.inline(&read(4096), finished + Dispatch::PAUSE / 2, false));
+        assert!(dispatch.inline(&read(4096), finished + Dispatch::PAUSE, false));
     }
 }

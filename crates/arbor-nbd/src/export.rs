@@ -173,6 +173,16 @@ pub trait Export: Send + Sync + 'static {
     fn small_io_inline(&self) -> bool {
         false
     }
+
+    /// With [`Export::small_io_inline`]: whether small requests run inline
+    /// only while the connection is idle, with none of its requests on the
+    /// blocking pool and no further request already received. For exports
+    /// whose small requests wait for a device (direct I/O): a lone request
+    /// (a client at queue depth 1) saves the hand-offs, while a deep queue
+    /// still reaches the device all at once.
+    fn inline_only_when_idle(&self) -> bool {
+        false
+    }
 }
 
 /// The set of exports a server offers, looked up by name on every handshake

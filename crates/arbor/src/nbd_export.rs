@@ -73,11 +73,11 @@ pub struct PoolExports {
     metrics: Arc<Metrics>,
     /// Which volumes are replicas of another host's: read-only here.
     replicas: Arc<arbor_replica::state::Store>,
-    /// Small requests may run on the connection's task: they are served
-    /// from the page cache. Not with direct I/O, where each one waits for
-    /// the device and would hold a runtime worker (and the connection's
-    /// other requests) for that long.
-    small_io_inline: bool,
+    /// Small requests run on the connection's thread only while it is idle
+    /// (no other request on the pool or received), not whenever they are
+    /// small: with direct I/O each one waits for the device, and inline
+    /// they would serialise a deep queue.
+    inline_only_when_idle: bool,
 }
 
 impl PoolExports {
@@ -93,7 +93,7 @@ impl PoolExports {
             open,
             metrics,
             replicas,
-            small_io_inline: cache_mode == arbor_io::CacheMode::Buffered,
+            inline_only_when_idle: cache_mode == arbor_io::CacheMode::Direct,
         }
     }
 }
@@ -145,7 +145,7 @@ impl ExportProvider for PoolExports {
             // A volume's layout never changes: an origin stays one, and a
             // volume reading through one reads through it until destroyed.
             in_pool: info.layout == VolumeLayout::Row,
-            small_io_inline: self.small_io_inline,
+            inline_only_when_idle: self.inline_only_when_idle,
             origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
@@ -169,8 +169,8 @@ struct VolumeExport {
     /// a volume that reads through one, cannot unmap: their trims are
     /// no-ops and their zeroing writes zeros (see `trim`).
     in_pool: bool,
-    /// See [`PoolExports::small_io_inline`].
-    small_io_inline: bool,
+    /// See [`PoolExports::inline_only_when_idle`].
+    inline_only_when_idle: bool,
     /// An origin's device error was logged for this connection: NBD
     /// carries only EIO to most clients, so the reason goes to the log,
     /// once per connection (a guest retries, and would flood it).
@@ -305,7 +305,11 @@ impl Export for VolumeExport {
     // write that needs a commit runs it itself), and with buffered I/O small
     // ones are served from the page cache and the metadata cache.
     fn small_io_inline(&self) -> bool {
-        self.small_io_inline
+        true
+    }
+
+    fn inline_only_when_idle(&self) -> bool {
+        self.inline_only_when_idle
     }
 
     fn meta_contexts(&self, query: &str) -> Vec<String> {
