@@ -356,24 +356,33 @@ impl BlockDevice for FileDevice {
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(|| loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(offset, buf)) = writes.get(index) else {
-                        return;
-                    };
-                    if let Err(e) = self.write_at(buf, offset) {
-                        // Stop every thread at its next write.
-                        next.store(writes.len(), Ordering::Relaxed);
-                        failed
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get_or_insert(e);
-                        return;
-                    }
-                });
+        let work = || loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(offset, buf)) = writes.get(index) else {
+                return;
+            };
+            if let Err(e) = self.write_at(buf, offset) {
+                // Stop every thread at its next write.
+                next.store(writes.len(), Ordering::Relaxed);
+                failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert(e);
+                return;
             }
+        };
+        std::thread::scope(|scope| {
+            // Helpers take what they can; this thread works too, so a batch
+            // is written even when no thread can be started.
+            for _ in 1..threads {
+                if std::thread::Builder::new()
+                    .spawn_scoped(scope, work)
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            work();
         });
         match failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
             Some(e) => Err(e),
