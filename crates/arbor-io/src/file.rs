@@ -89,12 +89,9 @@ impl FileDevice {
 
     /// Opens an existing file or block device read-write in `mode`.
     pub fn open_with(path: &Path, mode: CacheMode) -> io::Result<Self> {
-        let mut options = OpenOptions::new();
-        options.read(true).write(true);
-        if mode == CacheMode::Direct {
-            options.custom_flags(direct_flag());
-        }
-        let file = options.open(path).map_err(|e| direct_open_error(e, mode))?;
+        let file = Self::options(mode)
+            .open(path)
+            .map_err(|e| direct_open_error(e, mode))?;
         Self::from_file(file, mode)
     }
 
@@ -108,14 +105,25 @@ impl FileDevice {
     /// Creates (or truncates) a sparse regular file of `size` bytes and
     /// opens it in `mode`.
     pub fn create_file_with(path: &Path, size: u64, mode: CacheMode) -> io::Result<Self> {
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(true);
-        if mode == CacheMode::Direct {
-            options.custom_flags(direct_flag());
-        }
-        let file = options.open(path).map_err(|e| direct_open_error(e, mode))?;
+        let file = Self::options(mode)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| direct_open_error(e, mode))?;
         file.set_len(size)?;
         Self::from_file(file, mode)
+    }
+
+    /// Read-write, with `O_DIRECT` in direct mode.
+    fn options(mode: CacheMode) -> OpenOptions {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if mode == CacheMode::Direct {
+            // The flag's bits fit an i32 on every Linux architecture
+            // (0o40000 on x86, 0o200000 on arm64).
+            options.custom_flags(OFlags::DIRECT.bits() as i32);
+        }
+        options
     }
 
     fn from_file(mut file: File, mode: CacheMode) -> io::Result<Self> {
@@ -147,48 +155,41 @@ impl FileDevice {
     }
 }
 
-fn direct_flag() -> i32 {
-    // The flag's bits fit an i32 on every Linux architecture (0o40000 on
-    // x86, 0o200000 on arm64).
-    OFlags::DIRECT.bits() as i32
-}
-
+/// `EINVAL` from an `O_DIRECT` open means the filesystem refuses it.
 fn direct_open_error(error: io::Error, mode: CacheMode) -> io::Error {
     if mode == CacheMode::Direct
         && error.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error())
     {
-        io::Error::new(
-            io::ErrorKind::Unsupported,
-            "this filesystem or device does not support direct I/O (O_DIRECT); use the buffered cache mode",
-        )
+        no_direct_io()
     } else {
         error
     }
 }
 
+fn no_direct_io() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "this filesystem or device does not support direct I/O (O_DIRECT); use the buffered cache mode",
+    )
+}
+
 impl Direct {
     /// The direct-I/O alignment of `file`, which must be `size` bytes.
     fn of(file: &File, size: u64) -> io::Result<Self> {
-        let (mem, offset) = match rustix::fs::statx(
-            file,
-            "",
-            AtFlags::EMPTY_PATH,
-            StatxFlags::DIOALIGN,
-        ) {
-            Ok(stat)
-                if StatxFlags::from_bits_retain(stat.stx_mask).contains(StatxFlags::DIOALIGN) =>
-            {
-                if stat.stx_dio_offset_align == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "this filesystem or device does not support direct I/O (O_DIRECT); use the buffered cache mode",
-                    ));
+        let (mem, offset) =
+            match rustix::fs::statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+                Ok(stat)
+                    if StatxFlags::from_bits_retain(stat.stx_mask)
+                        .contains(StatxFlags::DIOALIGN) =>
+                {
+                    if stat.stx_dio_offset_align == 0 {
+                        return Err(no_direct_io());
+                    }
+                    (stat.stx_dio_mem_align, stat.stx_dio_offset_align)
                 }
-                (stat.stx_dio_mem_align, stat.stx_dio_offset_align)
-            }
-            // An older kernel: assume a page.
-            _ => (FALLBACK_ALIGN, FALLBACK_ALIGN),
-        };
+                // An older kernel: assume a page.
+                _ => (FALLBACK_ALIGN, FALLBACK_ALIGN),
+            };
         let offset = offset.max(crate::SECTOR_SIZE as u32);
         if !mem.is_power_of_two() || !offset.is_power_of_two() || offset > 1 << 20 || mem > 1 << 20
         {
@@ -198,7 +199,7 @@ impl Direct {
             ));
         }
         let direct = Self {
-            mem_align: mem.max(1) as usize,
+            mem_align: mem as usize,
             offset_align: u64::from(offset),
             edges: (0..EDGE_STRIPES).map(|_| Mutex::new(())).collect(),
         };
@@ -247,17 +248,8 @@ impl Direct {
         let stripe = |at: u64| ((at / self.offset_align) % EDGE_STRIPES as u64) as usize;
         let (a, b) = (stripe(first), stripe(last));
         let lock = |i: usize| self.edges[i].lock().unwrap_or_else(PoisonError::into_inner);
-        match a.cmp(&b) {
-            std::cmp::Ordering::Equal => (lock(a), None),
-            std::cmp::Ordering::Less => {
-                let first = lock(a);
-                (first, Some(lock(b)))
-            }
-            std::cmp::Ordering::Greater => {
-                let second = lock(b);
-                (lock(a), Some(second))
-            }
-        }
+        let low = lock(a.min(b));
+        (low, (a != b).then(|| lock(a.max(b))))
     }
 
     /// Runs `f` on an aligned scratch buffer of `len` bytes (this thread's,
@@ -284,6 +276,7 @@ impl Direct {
         })
     }
 }
+
 impl BlockDevice for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len(), self.size())?;

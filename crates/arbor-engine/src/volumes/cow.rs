@@ -104,15 +104,22 @@ impl Volumes {
         Ok(())
     }
 
+    /// The copy-on-write volume, other than `except`, whose home is `home`:
+    /// a device or run of the pool is the home of one volume at most.
+    fn volume_with_home(&self, home: Home, except: Option<u64>) -> Option<&VolumeRecord> {
+        self.table
+            .iter()
+            .find(|(id, r)| {
+                Some(*id) != except && matches!(r.layout, DataLayout::Cow(c) if c.home == home)
+            })
+            .map(|(_, r)| r)
+    }
+
     /// Adds copy-on-write volume `name` of `size` bytes whose data is in
     /// `home`, with an empty snapshot store.
     pub fn add_cow_volume(&mut self, name: String, size: u64, home: Home) -> Result<u64> {
         self.check_cow_home(size.div_ceil(self.meta.geo().chunk_size))?;
-        if let Some((_, other)) = self
-            .table
-            .iter()
-            .find(|(_, r)| matches!(r.layout, DataLayout::Cow(c) if c.home == home))
-        {
+        if let Some(other) = self.volume_with_home(home, None) {
             return Err(Error::AlreadyExists(format!(
                 "{} (the same device is attached as {})",
                 name, other.name
@@ -287,9 +294,7 @@ impl Volumes {
             )));
         }
         let home = Home::External(identity);
-        if let Some((_, other)) = self.table.iter().find(|(other, r)| {
-            *other != id && matches!(r.layout, DataLayout::Cow(c) if c.home == home)
-        }) {
+        if let Some(other) = self.volume_with_home(home, Some(id)) {
             return Err(Error::AlreadyExists(format!(
                 "the device of {} (that identity)",
                 other.name

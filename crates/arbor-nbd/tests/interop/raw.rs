@@ -264,9 +264,7 @@ fn malformed_handshakes_are_dropped_without_affecting_a_concurrent_client() {
 
     // The good client, mid-handshake all along, is unaffected.
     assert_eq!(good.go("vol"), 4 * MIB);
-    good.request(CMD_READ, 1, 0, 512);
-    assert_eq!(good.simple_reply(), (0, 1));
-    let _: [u8; 512] = good.read_exact();
+    reads_512(&mut good, 1);
     run(tool("nbdinfo", "libnbd-bin").args(["--size", &server.uri("vol")]));
 }
 
@@ -606,16 +604,29 @@ fn clients_that_stop_reading_are_dropped_and_cannot_starve_others() {
     );
 }
 
+/// A server of one 1 MiB memory export with `max_connections` slots and
+/// no handshake timeout (only a client leaving, or an eviction, frees one).
+fn slots_server(max_connections: usize) -> TestServer {
+    let config = ServerConfig {
+        max_connections,
+        handshake_timeout: NEVER,
+        ..ServerConfig::default()
+    };
+    TestServer::start_with(vec![("vol", memory(MIB))], false, config)
+}
+
+/// `peer` reads 512 bytes at 0 with `cookie` and gets them.
+fn reads_512(peer: &mut Peer, cookie: u64) {
+    peer.request(CMD_READ, cookie, 0, 512);
+    assert_eq!(peer.simple_reply(), (0, cookie), "request {cookie}");
+    let _: [u8; 512] = peer.read_exact();
+}
+
 #[test]
 fn clients_over_the_connection_limit_wait_for_a_free_slot() {
     // Only a client leaving frees a slot: no handshake timeout does, and
     // clients in transmission are never dropped to make room.
-    let config = ServerConfig {
-        max_connections: 2,
-        handshake_timeout: NEVER,
-        ..ServerConfig::default()
-    };
-    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let server = slots_server(2);
     let mut first = Peer::greet(&server, 0b11);
     assert_eq!(first.go("vol"), MIB);
     let mut second = Peer::greet(&server, 0b11);
@@ -630,9 +641,7 @@ fn clients_over_the_connection_limit_wait_for_a_free_slot() {
     // The server goes on serving the clients it holds: they are served
     // while the third one waits.
     for peer in [&mut first, &mut second] {
-        peer.request(CMD_READ, 1, 0, 512);
-        assert_eq!(peer.simple_reply(), (0, 1));
-        let _: [u8; 512] = peer.read_exact();
+        reads_512(peer, 1);
     }
     assert_eq!(
         greeting.try_recv(),
@@ -653,12 +662,7 @@ fn clients_stalled_in_the_handshake_make_room_for_new_ones() {
     // not keep a new client out until their handshake times out: the
     // oldest handshake is dropped instead. A client in transmission keeps
     // its slot.
-    let config = ServerConfig {
-        max_connections: 3,
-        handshake_timeout: NEVER,
-        ..ServerConfig::default()
-    };
-    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let server = slots_server(3);
     let mut serving = Peer::greet(&server, 0b11);
     assert_eq!(serving.go("vol"), MIB);
     let mut oldest = Peer::greet(&server, 0b11);
@@ -666,16 +670,12 @@ fn clients_stalled_in_the_handshake_make_room_for_new_ones() {
     let mut polite = Peer::greet(&server, 0b11);
     assert!(oldest.closed_by_server(), "the oldest handshake is dropped");
     assert_eq!(polite.go("vol"), MIB);
-    polite.request(CMD_READ, 1, 0, 512);
-    assert_eq!(polite.simple_reply(), (0, 1));
-    let _: [u8; 512] = polite.read_exact();
+    reads_512(&mut polite, 1);
     // The next newcomer drops the next oldest handshake, never a session.
     let _another = Peer::greet(&server, 0b11);
     assert!(newer.closed_by_server());
     for peer in [&mut serving, &mut polite] {
-        peer.request(CMD_READ, 2, 0, 512);
-        assert_eq!(peer.simple_reply(), (0, 2));
-        let _: [u8; 512] = peer.read_exact();
+        reads_512(peer, 2);
     }
 }
 
@@ -686,12 +686,7 @@ fn clients_stalled_in_the_handshake_make_room_for_new_ones() {
 /// never drop it.
 #[test]
 fn a_session_is_never_dropped_for_a_newcomer_just_after_its_handshake() {
-    let config = ServerConfig {
-        max_connections: 2,
-        handshake_timeout: NEVER,
-        ..ServerConfig::default()
-    };
-    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let server = slots_server(2);
     for round in 0..300u64 {
         let mut session = Peer::greet(&server, 0b11);
         assert_eq!(session.go("vol"), MIB);
@@ -699,8 +694,6 @@ fn a_session_is_never_dropped_for_a_newcomer_just_after_its_handshake() {
         // dropping the first (a handshake), never the session.
         let _first = Peer::greet(&server, 0b11);
         let _second = Peer::greet(&server, 0b11);
-        session.request(CMD_READ, round, 0, 512);
-        assert_eq!(session.simple_reply(), (0, round), "round {round}");
-        let _: [u8; 512] = session.read_exact();
+        reads_512(&mut session, round);
     }
 }

@@ -84,11 +84,8 @@ impl Marks {
     /// Whether `now` is known to be the disk these marks were recorded
     /// from: at least one mark known on both sides, and none differing.
     fn same_disk(&self, now: &Marks) -> bool {
-        let both = |a: bool, b: bool| a && b;
-        let known = both(
-            self.born_unix_nanos.is_some(),
-            now.born_unix_nanos.is_some(),
-        ) || both(self.disk_id.is_some(), now.disk_id.is_some());
+        let known = (self.born_unix_nanos.is_some() && now.born_unix_nanos.is_some())
+            || (self.disk_id.is_some() && now.disk_id.is_some());
         known && self.differ(now).is_none()
     }
 
