@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use std::time::{Duration, Instant};
 
 use arbor_format::{
-    BlockRef, CommitRecord, Layout, Region, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE,
+    BlockRef, CommitRecord, DataLayout, Layout, Region, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE,
     BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
 };
 use arbor_io::BlockDevice;
@@ -56,6 +56,25 @@ pub use origin::OriginInfo;
 pub use props::MAX_PROPERTY_KEY;
 pub use receive::{hex as guid_hex, ReceiveStart, ReceiveStatus, ReceiveTarget};
 use write::{Fill, Unit};
+
+/// When a snapshot or clone is durable ([`Pool::snapshot_with`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the call returns: the call commits the pool (its metadata
+    /// writes and two device flushes), so it waits for every change made
+    /// since the last commit.
+    #[default]
+    Committed,
+    /// At the pool's next commit: a client's flush, any management
+    /// operation that commits, a full transaction, or the daemon's commit
+    /// interval. The call changes memory only and waits for no device. A
+    /// power cut before that commit loses the new volume whole, never part
+    /// of it: after a crash it is either absent or exactly what it was when
+    /// the call returned (docs/ARCHITECTURE.md). A snapshot of a
+    /// copy-on-write volume, which needs its device flushed first, is
+    /// taken [`Durability::Committed`] whatever is asked.
+    Deferred,
+}
 
 /// The smallest unit of I/O: offsets and lengths must be multiples of it.
 pub const SECTOR: u64 = 512;
@@ -630,6 +649,33 @@ impl Pool {
         }
     }
 
+    /// A management operation made durable by the next commit
+    /// ([`Durability::Deferred`]): one atomic step of the open transaction,
+    /// under the gate (so no write is half done in it) and `meta`, without
+    /// `commit_lock`, so it waits neither for a commit in flight nor for
+    /// the device. `Ok(None)` when it must run as a committed operation
+    /// instead: `f` said so (before changing anything), or the open
+    /// transaction has no room left for it.
+    fn manage_deferred<T>(
+        &self,
+        privilege: Privilege,
+        f: impl FnOnce(&mut Volumes) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let _gate = self.commit_gate();
+        let mut meta = self.write_meta()?;
+        let step = |m: &mut Volumes| {
+            let value = f(m)?;
+            if value.is_some() {
+                m.store_table()?;
+            }
+            Ok(value)
+        };
+        match self.mutate(&mut meta, privilege, step) {
+            Err(Error::TransactionFull) => Ok(None),
+            other => other,
+        }
+    }
+
     /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
     /// `None` when the transaction has no changes.
     fn freeze(&self, meta: &mut Volumes) -> Result<Option<CommitJob>> {
@@ -739,20 +785,17 @@ impl Pool {
         })
     }
 
-    /// Takes a read-only snapshot `volume@snap` of a volume, in O(1).
+    /// Takes a read-only snapshot `volume@snap` of a volume, in O(1),
+    /// durable when it returns.
     pub fn snapshot(&self, name: &str) -> Result<VolumeId> {
-        let (volume, _) = split_snapshot_name(name)?;
-        // A snapshot of a copy-on-write volume reads its device where
-        // nothing was copied: what was written to it before must be
-        // durable before the snapshot is.
-        self.flush_origins()?;
-        self.manage(Privilege::Normal, |m| {
-            m.ensure_name_free(name)?;
-            let source = m.volume_id(volume)?;
-            m.writable_volume(source)?;
-            m.share_volume(source, name.to_owned(), VolumeKind::Snapshot)
-                .map(VolumeId)
-        })
+        self.snapshot_with(name, Durability::Committed)
+    }
+
+    /// [`Pool::snapshot`], durable as `durability` says.
+    pub fn snapshot_with(&self, name: &str, durability: Durability) -> Result<VolumeId> {
+        self.snapshot_group_with(&[name.to_owned()], durability)?
+            .pop()
+            .ok_or_else(|| Error::inconsistent("a one-snapshot group took no snapshot"))
     }
 
     /// Takes snapshots of several volumes in one commit (a consistency
@@ -760,7 +803,17 @@ impl Pool {
     /// `volume@snap` of a distinct writable volume, and either all the
     /// snapshots exist afterwards, at one transaction, or none does. At
     /// most [`MAX_GROUP_SNAPSHOT`] names. Returns their ids, in order.
+    /// Durable when it returns.
     pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeId>> {
+        self.snapshot_group_with(names, Durability::Committed)
+    }
+
+    /// [`Pool::snapshot_group`], durable as `durability` says.
+    pub fn snapshot_group_with(
+        &self,
+        names: &[String],
+        durability: Durability,
+    ) -> Result<Vec<VolumeId>> {
         if names.is_empty() || names.len() > MAX_GROUP_SNAPSHOT {
             return Err(Error::InvalidArgument(format!(
                 "a group snapshot takes 1 to {MAX_GROUP_SNAPSHOT} snapshots, not {}",
@@ -776,9 +829,7 @@ impl Pool {
                 )));
             }
         }
-        // As in `snapshot`: devices of copy-on-write volumes first.
-        self.flush_origins()?;
-        self.manage(Privilege::Normal, |m| {
+        let take = |m: &mut Volumes| {
             let mut ids = Vec::with_capacity(names.len());
             for name in names {
                 let (volume, _) = split_snapshot_name(name)?;
@@ -792,13 +843,46 @@ impl Pool {
                 )?));
             }
             Ok(ids)
-        })
+        };
+        if durability == Durability::Deferred {
+            let deferred = self.manage_deferred(Privilege::Normal, |m| {
+                let cow = names.iter().any(|name| {
+                    split_snapshot_name(name)
+                        .and_then(|(volume, _)| m.volume_id(volume))
+                        .and_then(|id| m.volume(id))
+                        .is_ok_and(|rec| matches!(rec.layout, DataLayout::Cow(_)))
+                });
+                if cow {
+                    return Ok(None);
+                }
+                take(m).map(Some)
+            })?;
+            if let Some(ids) = deferred {
+                return Ok(ids);
+            }
+        }
+        // A snapshot of a copy-on-write volume reads its device where
+        // nothing was copied: what was written to it before must be
+        // durable before the snapshot is.
+        self.flush_origins()?;
+        self.manage(Privilege::Normal, take)
     }
 
-    /// Creates a writable volume `new_name` from a snapshot, in O(1).
+    /// Creates a writable volume `new_name` from a snapshot, in O(1),
+    /// durable when it returns.
     pub fn clone_snapshot(&self, snapshot: &str, new_name: &str) -> Result<VolumeId> {
+        self.clone_snapshot_with(snapshot, new_name, Durability::Committed)
+    }
+
+    /// [`Pool::clone_snapshot`], durable as `durability` says.
+    pub fn clone_snapshot_with(
+        &self,
+        snapshot: &str,
+        new_name: &str,
+        durability: Durability,
+    ) -> Result<VolumeId> {
         check_volume_name(new_name)?;
-        self.manage(Privilege::Normal, |m| {
+        let make = |m: &mut Volumes| {
             m.ensure_name_free(new_name)?;
             let source = m.volume_id(snapshot)?;
             if m.volume(source)?.kind != VolumeKind::Snapshot {
@@ -808,7 +892,13 @@ impl Pool {
             }
             m.share_volume(source, new_name.to_owned(), VolumeKind::Volume)
                 .map(VolumeId)
-        })
+        };
+        if durability == Durability::Deferred {
+            if let Some(id) = self.manage_deferred(Privilege::Normal, |m| make(m).map(Some))? {
+                return Ok(id);
+            }
+        }
+        self.manage(Privilege::Normal, make)
     }
 
     /// Deletes a volume or snapshot at once; its space is reclaimed in the

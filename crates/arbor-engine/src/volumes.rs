@@ -892,16 +892,19 @@ impl Volumes {
             return Ok(InPlaceCheck::No { mapped: None });
         };
         let phys = extent.phys(chunk);
-        let written_since_shared = extent.gen > self.last_shared_txn(id);
+        let last_shared = self.last_shared_txn(id);
+        let written_since_shared = extent.gen > last_shared;
         // An extent written in this transaction sits in a leaf shadowed in this
-        // transaction: the path is already exclusive. Otherwise re-map the
+        // transaction: the path is exclusive, unless the tree was shared
+        // since, in this same transaction (a snapshot whose durability is
+        // the next commit's: `Pool::snapshot_with`). Otherwise re-map the
         // chunk as it is, generation included, which shadows the path: the
         // count below means something only on an exclusive path. The
         // generation moves only with an in-place write (below): the rule
         // "mapped after the last share" must never be claimed by a chunk a
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
-        if extent.gen != self.meta.txn() {
+        if extent.gen != self.meta.txn() || last_shared == self.meta.txn() {
             let (shadowed, previous) = self.meta.map_set_as(root, chunk, phys, extent.gen)?;
             debug_assert_eq!(previous, Some(phys));
             self.update_volume(id, |vol| vol.root = shadowed)?;

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use arbor_engine::{Error, Pool, VolumeId};
+use arbor_engine::{Durability, Error, Pool, VolumeId};
 use arbor_io::SimDisk;
 use common::*;
 use proptest::prelude::*;
@@ -39,11 +39,15 @@ enum Op {
         sectors: u64,
         keep: bool,
     },
+    /// `deferred`: durable at the next commit (`Durability::Deferred`), so
+    /// later writes in the same transaction must not reach it.
     Snapshot {
         vol: usize,
+        deferred: bool,
     },
     Clone {
         snap: usize,
+        deferred: bool,
     },
     Delete {
         any: usize,
@@ -79,8 +83,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64).prop_map(|(vol, sector, sectors)| Op::Discard { vol, sector, sectors }),
         1 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<bool>())
             .prop_map(|(vol, sector, sectors, keep)| Op::Zero { vol, sector, sectors, keep }),
-        3 => idx.clone().prop_map(|vol| Op::Snapshot { vol }),
-        2 => idx.clone().prop_map(|snap| Op::Clone { snap }),
+        3 => (idx.clone(), any::<bool>()).prop_map(|(vol, deferred)| Op::Snapshot { vol, deferred }),
+        2 => (idx.clone(), any::<bool>()).prop_map(|(snap, deferred)| Op::Clone { snap, deferred }),
         2 => idx.clone().prop_map(|any| Op::Delete { any }),
         1 => (idx.clone(), idx.clone()).prop_map(|(vol, snap)| Op::Rollback { vol, snap }),
         1 => (idx.clone(), 1u64..MAX_VOL_SECTORS).prop_map(|(vol, sectors)| Op::Resize { vol, sectors }),
@@ -90,6 +94,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
     ]
+}
+
+fn durability(deferred: bool) -> Durability {
+    if deferred {
+        Durability::Deferred
+    } else {
+        Durability::Committed
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -227,12 +239,14 @@ impl Harness {
                     "write_zeroes with keep_allocation left holes: {map:?}"
                 );
             }
-            Op::Snapshot { vol } => {
+            Op::Snapshot { vol, deferred } => {
                 let Some(name) = self.pick(Some(false), vol) else {
                     return;
                 };
                 let snap = format!("{name}@{}", self.fresh("s"));
-                self.pool().snapshot(&snap).unwrap();
+                self.pool()
+                    .snapshot_with(&snap, durability(deferred))
+                    .unwrap();
                 let data = self.model[&name].data.clone();
                 self.model.insert(
                     snap,
@@ -243,12 +257,14 @@ impl Harness {
                     },
                 );
             }
-            Op::Clone { snap } => {
+            Op::Clone { snap, deferred } => {
                 let Some(snap) = self.pick(Some(true), snap) else {
                     return;
                 };
                 let name = self.fresh("c");
-                self.pool().clone_snapshot(&snap, &name).unwrap();
+                self.pool()
+                    .clone_snapshot_with(&snap, &name, durability(deferred))
+                    .unwrap();
                 let data = self.model[&snap].data.clone();
                 self.model.insert(
                     name,

@@ -1,0 +1,237 @@
+//! Snapshots and clones made durable by the next commit
+//! ([`Durability::Deferred`]): the call touches no device and waits for no
+//! commit in flight; the new volume reads exactly the source at the call
+//! and nothing written after; a power cut before the next commit loses it
+//! whole (never part of it), and after that commit it is as durable as any
+//! other.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use arbor_engine::{Durability, Pool, VolumeId};
+use arbor_io::{BlockDevice, SimDisk};
+use common::*;
+
+const VOL: u64 = 1 << 20;
+
+fn read_all(pool: &Pool, id: VolumeId) -> Vec<u8> {
+    let mut buf = vec![0u8; VOL as usize];
+    pool.read(id, 0, &mut buf).unwrap();
+    buf
+}
+
+/// Asserts two images are equal, naming the first 512-byte sector that differs.
+#[track_caller]
+fn assert_same(got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len());
+    if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("they differ first at sector {}", at / 512);
+    }
+}
+
+fn pool_from_image(image: Vec<u8>) -> Pool {
+    let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::from_image(image));
+    let pool = Pool::open(dev, &open_opts()).expect("a crash image opens");
+    assert_clean(&pool);
+    pool
+}
+
+#[test]
+fn a_deferred_snapshot_touches_no_device_and_reads_its_point_in_time() {
+    let (disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("v", VOL).unwrap();
+    let before = pattern(1, 0, VOL as usize);
+    pool.write(v, 0, &before).unwrap();
+    let ops = disk.handle().op_counts();
+    let snap = pool.snapshot_with("v@s", Durability::Deferred).unwrap();
+    let clone = pool
+        .clone_snapshot_with("v@s", "c", Durability::Deferred)
+        .unwrap();
+    let group = pool
+        .snapshot_group_with(&["c@g".into()], Durability::Deferred)
+        .unwrap();
+    assert_eq!(disk.handle().op_counts(), ops, "a deferred snapshot wrote or flushed");
+    assert!(pool.info(snap).unwrap().snapshot);
+    // Later writes to the source and the clone change neither snapshot.
+    pool.write(v, 4096, &pattern(2, 4096, 8192)).unwrap();
+    pool.write(clone, 0, &pattern(3, 0, 4096)).unwrap();
+    assert_same(&read_all(&pool, snap), &before);
+    assert_same(&read_all(&pool, group[0]), &before);
+    let mut clone_now = before.clone();
+    clone_now[..4096].copy_from_slice(&pattern(3, 0, 4096));
+    assert_same(&read_all(&pool, clone), &clone_now);
+    assert_clean(&pool);
+    // A committed snapshot still commits.
+    pool.snapshot_with("v@t", Durability::Committed).unwrap();
+    assert_ne!(disk.handle().op_counts().1, ops.1, "a committed snapshot flushed nothing");
+}
+
+#[test]
+fn a_power_cut_before_the_next_commit_loses_the_snapshot_whole() {
+    let (disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("v", VOL).unwrap();
+    let durable = pattern(1, 0, VOL as usize);
+    pool.write(v, 0, &durable).unwrap();
+    pool.flush().unwrap();
+    pool.write(v, 0, &pattern(2, 0, 8192)).unwrap();
+    let mut at_snapshot = durable.clone();
+    at_snapshot[..8192].copy_from_slice(&pattern(2, 0, 8192));
+    pool.snapshot_with("v@s", Durability::Deferred).unwrap();
+    pool.clone_snapshot_with("v@s", "c", Durability::Deferred)
+        .unwrap();
+    pool.write(v, 65536, &pattern(3, 65536, 4096)).unwrap();
+
+    // Power lost now: nothing since the last flush is durable, so neither
+    // new volume exists, and the volume is as flushed.
+    let crashed = pool_from_image(disk.handle().durable_image());
+    assert!(crashed.lookup("v@s").is_err());
+    assert!(crashed.lookup("c").is_err());
+    assert_same(&read_all(&crashed, crashed.lookup("v").unwrap()), &durable);
+
+    // Any subset of the unflushed writes: both or neither, and exact.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(18);
+    for _ in 0..20 {
+        let crashed = pool_from_image(disk.handle().crash_image(&mut rng));
+        match (crashed.lookup("v@s"), crashed.lookup("c")) {
+            (Ok(s), Ok(c)) => {
+                assert_same(&read_all(&crashed, s), &at_snapshot);
+                assert_same(&read_all(&crashed, c), &at_snapshot);
+            }
+            (Err(_), Err(_)) => {}
+            _ => panic!("a crash kept the clone without its snapshot, or the reverse"),
+        }
+    }
+
+    // The next commit makes them durable, exactly as they were taken.
+    pool.flush().unwrap();
+    let crashed = pool_from_image(disk.handle().durable_image());
+    assert_same(&read_all(&crashed, crashed.lookup("v@s").unwrap()), &at_snapshot);
+    assert_same(&read_all(&crashed, crashed.lookup("c").unwrap()), &at_snapshot);
+}
+
+#[test]
+fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
+    let disk = SimDisk::new(64 * MIB);
+    let gated = Arc::new(FlushGate::new(disk));
+    let dev: Arc<dyn BlockDevice> = gated.clone();
+    let pool = Arc::new(Pool::create(dev, &small_opts(4096), &open_opts()).unwrap());
+    let v = pool.create_volume("v", VOL).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 65536)).unwrap();
+
+    // A flush stalls in the device, holding its commit in phase B.
+    gated.close();
+    let flusher = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.flush())
+    };
+    gated.wait_for_blocked_flush();
+
+    // The snapshot is taken, and writes go on, while that commit waits.
+    let (done, taken) = mpsc::channel();
+    let snapper = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let result = pool.snapshot_with("v@s", Durability::Deferred);
+            let _ = done.send(());
+            result
+        })
+    };
+    // Only a guard against a hang: without it a regression would deadlock.
+    taken
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the deferred snapshot waited for the commit in flight");
+    let snap = snapper.join().unwrap().unwrap();
+    assert!(gated.blocked.load(Ordering::SeqCst), "the commit was not in flight");
+    pool.write(v, 0, &pattern(2, 0, 4096)).unwrap();
+    gated.open();
+    flusher.join().unwrap().unwrap();
+    let mut expected = vec![0u8; VOL as usize];
+    expected[..65536].copy_from_slice(&pattern(1, 0, 65536));
+    assert_same(&read_all(&pool, snap), &expected);
+    pool.flush().unwrap();
+    assert_clean(&pool);
+    let reopened = pool_from_image(gated.disk.handle().durable_image());
+    assert_same(&read_all(&reopened, reopened.lookup("v@s").unwrap()), &expected);
+}
+
+#[test]
+fn a_deferred_snapshot_of_a_copy_on_write_volume_is_committed() {
+    let (disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool
+        .create_cow_volume("v", VOL)
+        .unwrap();
+    pool.write(v, 0, &pattern(1, 0, 8192)).unwrap();
+    let ops = disk.handle().op_counts();
+    pool.snapshot_with("v@s", Durability::Deferred).unwrap();
+    assert!(disk.handle().op_counts().1 > ops.1, "it did not flush");
+    let crashed = pool_from_image(disk.handle().durable_image());
+    let s = crashed.lookup("v@s").unwrap();
+    let mut buf = vec![0u8; 8192];
+    crashed.read(s, 0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(1, 0, 8192));
+}
+
+/// A device whose flushes wait while the gate is closed.
+struct FlushGate {
+    disk: SimDisk,
+    closed: Mutex<bool>,
+    changed: Condvar,
+    blocked: AtomicBool,
+}
+
+impl FlushGate {
+    fn new(disk: SimDisk) -> Self {
+        Self {
+            disk,
+            closed: Mutex::new(false),
+            changed: Condvar::new(),
+            blocked: AtomicBool::new(false),
+        }
+    }
+
+    fn close(&self) {
+        *self.closed.lock().unwrap() = true;
+    }
+
+    fn open(&self) {
+        *self.closed.lock().unwrap() = false;
+        self.changed.notify_all();
+    }
+
+    fn wait_for_blocked_flush(&self) {
+        let mut closed = self.closed.lock().unwrap();
+        while !self.blocked.load(Ordering::SeqCst) {
+            closed = self.changed.wait(closed).unwrap();
+        }
+        drop(closed);
+    }
+}
+
+impl BlockDevice for FlushGate {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.disk.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        let mut closed = self.closed.lock().unwrap();
+        if *closed {
+            self.blocked.store(true, Ordering::SeqCst);
+            self.changed.notify_all();
+            while *closed {
+                closed = self.changed.wait(closed).unwrap();
+            }
+            self.blocked.store(false, Ordering::SeqCst);
+        }
+        drop(closed);
+        self.disk.flush()
+    }
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+}
