@@ -16,6 +16,10 @@
 //!   unless the operation in flight deletes it; no other volume exists except
 //!   the one the operation in flight creates; a rename in flight shows all
 //!   its names old or all new (a volume's snapshots follow it atomically);
+//! * a snapshot or clone taken with deferred durability
+//!   (`Durability::Deferred`) may be missing until an operation that commits
+//!   (a flush, any other management operation) completes after it; if it is
+//!   there, it reads exactly as it did when it was taken;
 //! * every sector of every volume reads as its value at the last completed
 //!   flush (or management operation, which commits) or as a value written
 //!   there since ([`Possible`]): acknowledged data is intact, and no volume
@@ -26,7 +30,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arbor_engine::{Pool, VolumeId};
+use arbor_engine::{Durability, Pool, VolumeId};
 use arbor_io::model::{pattern, Possible};
 use arbor_io::{BlockDevice, IoEvent, OverlayDevice, Recording, RecordingDevice, SimDisk};
 use rand::rngs::StdRng;
@@ -107,6 +111,9 @@ struct VolModel {
     snapshot_of: Option<String>,
     /// A delete of this volume is in flight: it may already be gone.
     maybe_gone: bool,
+    /// Taken with deferred durability, and nothing has committed since: a
+    /// power cut may lose it (whole).
+    tentative: bool,
 }
 
 /// Data of a write; its debug form is its length only.
@@ -138,10 +145,12 @@ enum Op {
     Snapshot {
         vol: String,
         name: String,
+        deferred: bool,
     },
     Clone {
         snap: String,
         name: String,
+        deferred: bool,
     },
     Delete {
         name: String,
@@ -330,11 +339,13 @@ impl Campaign {
             64..=71 => Op::Snapshot {
                 name: format!("{vol}@{}", self.fresh_name("s")),
                 vol,
+                deferred: self.rng.gen_bool(0.5),
             },
             72..=77 => match self.pick(&snapshots) {
                 Some(snap) => Op::Clone {
                     snap,
                     name: self.fresh_name("c"),
+                    deferred: self.rng.gen_bool(0.5),
                 },
                 None => Op::Flush,
             },
@@ -458,11 +469,11 @@ impl Campaign {
             Op::Create { name } => {
                 self.pending_new = Some((name.clone(), Possible::new(vec![0; VOL_BYTES])));
             }
-            Op::Snapshot { vol, name } => {
+            Op::Snapshot { vol, name, .. } => {
                 let contents = self.vols[vol].possible.current();
                 self.pending_new = Some((name.clone(), Possible::new(contents)));
             }
-            Op::Clone { snap, name } => {
+            Op::Clone { snap, name, .. } => {
                 let contents = self.vols[snap].possible.durable.clone();
                 self.pending_new = Some((name.clone(), Possible::new(contents)));
             }
@@ -489,8 +500,18 @@ impl Campaign {
             }
             Op::Flush => self.pool.flush(),
             Op::Create { name } => self.pool.create_volume(name, VOL_BYTES as u64).map(|_| ()),
-            Op::Snapshot { name, .. } => self.pool.snapshot(name).map(|_| ()),
-            Op::Clone { snap, name } => self.pool.clone_snapshot(snap, name).map(|_| ()),
+            Op::Snapshot { name, deferred, .. } => self
+                .pool
+                .snapshot_with(name, durability(*deferred))
+                .map(|_| ()),
+            Op::Clone {
+                snap,
+                name,
+                deferred,
+            } => self
+                .pool
+                .clone_snapshot_with(snap, name, durability(*deferred))
+                .map(|_| ()),
             Op::Delete { name } => self.pool.delete(name),
             Op::Rollback { vol, snap } => self.pool.rollback(vol, snap),
             Op::Resize { vol, shrink_to } => {
@@ -512,6 +533,10 @@ impl Campaign {
             Op::Reclaim { .. } => false,
             Op::Flush => true,
             Op::Create { .. } | Op::Snapshot { .. } | Op::Clone { .. } => {
+                let deferred = matches!(
+                    op,
+                    Op::Snapshot { deferred: true, .. } | Op::Clone { deferred: true, .. }
+                );
                 if let Some((name, possible)) = self.pending_new.take() {
                     let snapshot_of = match op {
                         Op::Snapshot { vol, .. } => Some(vol.clone()),
@@ -523,10 +548,11 @@ impl Campaign {
                             possible,
                             snapshot_of,
                             maybe_gone: false,
+                            tentative: deferred,
                         },
                     );
                 }
-                true
+                !deferred
             }
             Op::Delete { name } => {
                 self.vols.remove(name);
@@ -555,6 +581,7 @@ impl Campaign {
         if committed {
             for v in self.vols.values_mut() {
                 v.possible.make_durable();
+                v.tentative = false;
             }
         }
     }
@@ -618,7 +645,7 @@ impl Campaign {
                     .possible
                     .check(&read_all(id)?)
                     .map_err(|e| format!("{name}: {e}"))?,
-                Err(_) if v.maybe_gone => {}
+                Err(_) if v.maybe_gone || v.tentative => {}
                 Err(e) => return Err(format!("{name} lost: {e}")),
             }
         }
@@ -646,9 +673,17 @@ impl Campaign {
             .iter()
             .map(|(old, new)| (pool.lookup(old).is_ok(), pool.lookup(new).is_ok()))
             .collect();
-        if sides.iter().all(|&side| side == (true, false)) {
+        // A tentative volume lost with the rename's commit has neither name.
+        let decided: Vec<(bool, bool)> = self
+            .pending_rename
+            .iter()
+            .zip(&sides)
+            .filter(|((old, _), &side)| !(side == (false, false) && self.vols[old].tentative))
+            .map(|(_, &side)| side)
+            .collect();
+        if decided.iter().all(|&side| side == (true, false)) {
             Ok(Some(false))
-        } else if sides.iter().all(|&side| side == (false, true)) {
+        } else if decided.iter().all(|&side| side == (false, true)) {
             Ok(Some(true))
         } else {
             Err(format!(
@@ -697,4 +732,12 @@ fn exercise_recovered(pool: Pool, dev: Arc<OverlayDevice>) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+fn durability(deferred: bool) -> Durability {
+    if deferred {
+        Durability::Deferred
+    } else {
+        Durability::Committed
+    }
 }
