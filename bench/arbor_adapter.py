@@ -147,8 +147,9 @@ class Arbor:
     def clone(self, snapshot, name):
         return self._api("POST", "/v1/clones", {"snapshot": snapshot, "name": name})
 
-    def destroy(self, name):
-        return self._api("DELETE", "/v1/volumes/" + name.replace("@", "%40"))
+    def destroy(self, name, force=False):
+        """force: even while NBD clients have it open (their requests then fail)."""
+        return self._api("DELETE", "/v1/volumes/" + name.replace("@", "%40") + ("?force=true" if force else ""))
 
     def flush(self):
         return self._api("POST", "/v1/flush")

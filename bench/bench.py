@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -45,17 +46,19 @@ PROFILES = {
                   writes_between=4, exp2_repeats=1, cli_n=3, lat_runtime=2, size5=128 * MIB, io5=4 * MIB, size6=64 * MIB,
                   snaps6=5, reclaim_bytes=16 * MIB, all_jobs=False,
                   size4=64 * MIB, runtime4=1, chunks4=["4K", "64K"], ratios4=[0, 50, 100], marks4=[0, 1, 3],
-                  repeats4=2),
+                  repeats4=2, clients8=[1, 4]),
     "quick": dict(size1=512 * MIB, runtime=3, size2=256 * MIB, arbor_marks=[0, 1, 10, 100, 1000],
                   qcow_marks=[0, 1, 10, 100], writes_between=16, exp2_repeats=3, cli_n=20, lat_runtime=8,
                   size5=1 * GIB, io5=32 * MIB, size6=512 * MIB, snaps6=100, reclaim_bytes=128 * MIB,
                   all_jobs=False, size4=256 * MIB, runtime4=3, chunks4=["4K", "16K", "64K"],
-                  ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=2),
+                  ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=2,
+                  clients8=[1, 4, 16]),
     "full": dict(size1=2 * GIB, runtime=10, size2=1 * GIB, arbor_marks=[0, 1, 10, 100, 1000],
                  qcow_marks=[0, 1, 10, 100, 1000], writes_between=16, exp2_repeats=3, cli_n=100, lat_runtime=30,
                  size5=4 * GIB, io5=128 * MIB, size6=2 * GIB, snaps6=1000, reclaim_bytes=1 * GIB,
                  all_jobs=True, size4=1 * GIB, runtime4=10, chunks4=["4K", "16K", "64K"],
-                 ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=3),
+                 ratios4=[0, 20, 40, 60, 80, 100], marks4=[0, 1, 10, 100, 1000], repeats4=3,
+                 clients8=[1, 4, 16]),
 }
 
 FIRST_WRITES = "4K first writes QD32"
@@ -106,6 +109,18 @@ SYSTEM_STATES = {
 EXP7_SYSTEMS = ["file (fio psync, O_DIRECT)", "nbdkit file cache=none", "qemu-nbd raw cache=none io_uring",
                 "arbor direct", "arbor buffered"]
 
+# Experiment 8: many clients, each its own NBD connection. Queue depth per
+# client: QD1 jobs are bound by each request's round trip, QD8 and the 1 MiB
+# reads by throughput (16 clients keep 128, or 32 MiB, in flight).
+EXP8_JOBS = {
+    "4K randread QD1/client": ("randread", "4k", 1),
+    "4K randwrite QD1/client": ("randwrite", "4k", 1),
+    "4K randread QD8/client": ("randread", "4k", 8),
+    "4K randwrite QD8/client": ("randwrite", "4k", 8),
+    "1M seqread QD2/client": ("read", "1m", 2),
+}
+EXP8_SYSTEMS = ["nbdkit memory", "nbdkit file", "arbor", "arbor, one clone each"]
+
 COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "clippy-driver", "rustdoc",
              "cc", "gcc", "clang", "rust-lld", "ld.bfd", "ld.gold", "mold"}
 
@@ -131,42 +146,78 @@ def proc_cpu_seconds(pid):
         return None
 
 
-def proc_thread_switches(pid):
-    """{thread id: context switches} of a process's live threads."""
+def proc_threads(pid):
+    """{thread id: (context switches, utime + stime seconds)} of a process's live threads."""
     out = {}
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                out[tid] = sum(int(ln.split()[1]) for ln in f if "ctxt_switches" in ln)
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        pass
+        return out
+    for tid in tids:
+        try:  # a thread may end between the listing and the reads
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches = sum(int(ln.split()[1]) for ln in f if "ctxt_switches" in ln)
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (switches, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return out
 
 
-class SwitchSampler(threading.Thread):
-    """Context switches of a server's threads during a job, sampled every
-    0.2 s (threads that exit, like nbdkit's per-connection ones, take their
-    counts with them, so the last sample of each thread is kept)."""
+def machine_cpu_seconds():
+    """CPU seconds every core has spent busy since boot (/proc/stat: user,
+    nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+class ThreadSampler(threading.Thread):
+    """A server's threads during a job, sampled every 0.2 s: context switches
+    (threads that exit, like nbdkit's per-connection ones, take their counts
+    with them, so the last sample of each thread is kept), CPU seconds, and
+    per interval the cores kept busy by the server, by its busiest thread and
+    by the whole machine."""
 
     def __init__(self, pid):
         super().__init__(daemon=True)
-        self.pid, self.first, self.last = pid, proc_thread_switches(pid), {}
+        self.pid, self.first, self.last = pid, proc_threads(pid), {}
         self.done = threading.Event()
         self.threads = 0
+        self.prev = (time.perf_counter(), proc_cpu_seconds(pid), machine_cpu_seconds(), self.first)
+        self.intervals = []  # (server, busiest thread, machine): cores
 
     def run(self):
         while True:
-            now = proc_thread_switches(self.pid)
-            self.last.update(now)
-            self.threads = max(self.threads, len(now))
+            self.sample()
             if self.done.wait(0.2):
-                self.last.update(proc_thread_switches(self.pid))
+                self.sample()
                 return
 
+    def sample(self):
+        now = proc_threads(self.pid)
+        t, cpu, machine = time.perf_counter(), proc_cpu_seconds(self.pid), machine_cpu_seconds()
+        t0, cpu0, machine0, before = self.prev
+        if t - t0 >= 0.1:  # CPU time moves in 10 ms ticks: a shorter interval says little
+            busiest = max((c - before.get(tid, (0, 0.0))[1] for tid, (_, c) in now.items()), default=0.0)
+            self.intervals.append(((cpu - cpu0) / (t - t0), busiest / (t - t0), (machine - machine0) / (t - t0)))
+            self.prev = (t, cpu, machine, now)
+        self.last.update(now)
+        self.threads = max(self.threads, len(now))
+
     def stop(self):
+        """Context switches of all threads and CPU seconds of the busiest one since the
+        start; and the cores busy in a typical interval (the median of each: fio's
+        start-up and its final flush are a few intervals at most)."""
         self.done.set()
         self.join()
-        return sum(v - self.first.get(t, 0) for t, v in self.last.items())
+        zero = (0, 0.0)
+        steady = [statistics.median(x) for x in zip(*self.intervals)] if self.intervals else [None] * 3
+        return {"switches": sum(sw - self.first.get(t, zero)[0] for t, (sw, _) in self.last.items()),
+                "busiest_thread_s": max((c - self.first.get(t, zero)[1] for t, (_, c) in self.last.items()),
+                                        default=0.0),
+                "server_cores": steady[0], "busiest_thread_cores": steady[1], "machine_cores": steady[2]}
 
 
 class BusyMonitor(threading.Thread):
@@ -209,19 +260,25 @@ class BusyMonitor(threading.Thread):
 
 def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, end_fsync=None, seed=1,
         extra=()):
-    """Runs one fio job. target: ("file", path) or ("nbd", uri)."""
+    """Runs fio once. target: ("file", path) or ("nbd", uri): one job; ("nbd", [uri, ...]):
+    a job per URI, all at once, each its own NBD connection at queue depth `qd`,
+    reported as one (rates summed, latency percentiles over every job's I/Os)."""
     kind, where = target
     is_write = "write" in rw
     if randommap is None:
         randommap = is_write and rw.startswith("rand")
     if end_fsync is None:
         end_fsync = is_write
-    argv = ["fio", "--name=j", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--output-format=json",
+    # Options before the first --name apply to every job; the jobs come last.
+    argv = ["fio", f"--rw={rw}", f"--bs={bs}", f"--size={size}", "--output-format=json",
             f"--randseed={seed}", "--lat_percentiles=1", "--percentile_list=50:99:99.9", "--invalidate=0"]
     if kind == "file":
-        argv += ["--ioengine=psync", f"--filename={where}"]
+        argv += ["--ioengine=psync"]
+        jobs = [["--name=j", f"--filename={where}"]]
     else:
-        argv += ["--ioengine=nbd", f"--uri={where}", f"--iodepth={qd}"]
+        # fio seeds each job's offsets from --randseed and the job's number: clients do not repeat each other
+        argv += ["--ioengine=nbd", f"--iodepth={qd}", "--group_reporting"]
+        jobs = [[f"--name=j{i}", f"--uri={uri}"] for i, uri in enumerate([where] if isinstance(where, str) else where)]
     if runtime:
         argv += [f"--runtime={runtime}", "--time_based"]
     if io_size:
@@ -230,7 +287,7 @@ def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, en
         argv += ["--norandommap"]
     if end_fsync:
         argv += ["--end_fsync=1"]
-    argv += list(extra)
+    argv += list(extra) + [a for j in jobs for a in j]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"fio failed: {' '.join(argv)}\n{proc.stderr[-2000:]}{proc.stdout[-2000:]}")
@@ -238,6 +295,8 @@ def fio(target, rw, bs, qd, size, runtime=None, io_size=None, randommap=None, en
     job = json.loads(out[out.index("{"):])["jobs"][0]
     r = fio_side(job["write"] if is_write else job["read"])
     r["client_cpu_pct"] = job["usr_cpu"] + job["sys_cpu"]
+    # while they ran (the group's usr_cpu and sys_cpu are per job, averaged)
+    r["client_cores"] = r["client_cpu_pct"] / 100 * len(jobs)
     if rw in ("randrw", "rw", "readwrite"):  # mixed: both sides, the main one above is the reads
         r["read"], r["write"] = fio_side(job["read"]), fio_side(job["write"])
     return r
@@ -380,20 +439,28 @@ class Bench:
             kw = dict(kw, runtime=None, io_size=size // (FIRST_WRITES_SPACING // 4096),
                       extra=[f"--blockalign={FIRST_WRITES_SPACING}"])
         cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
-        sampler = SwitchSampler(server_pid) if server_pid else None
+        sampler = ThreadSampler(server_pid) if server_pid else None
         if sampler:
             sampler.start()
+        client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         try:
             r = fio(target, rw, bs, qd, size, **kw)
         finally:
-            switches = sampler.stop() if sampler else None
+            threads = sampler.stop() if sampler else None
         t1 = time.time()
+        client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         r["wall_s"] = t1 - t0  # includes fio start-up and the end-of-job flush, which fio's rate leaves out
+        # fio's CPU over the same time (its job processes are reaped by it, so counted)
+        r["client_cpu_s"] = (client1.ru_utime - client0.ru_utime) + (client1.ru_stime - client0.ru_stime)
         if cpu0 is not None:
-            r["server_cpu_us_per_io"] = (proc_cpu_seconds(server_pid) - cpu0) * 1e6 / max(r["ios"], 1)
-            r["server_switches_per_io"] = switches / max(r["ios"], 1)
+            r["server_cpu_s"] = proc_cpu_seconds(server_pid) - cpu0
+            r["server_cpu_us_per_io"] = r["server_cpu_s"] * 1e6 / max(r["ios"], 1)
+            r["server_switches_per_io"] = threads["switches"] / max(r["ios"], 1)
+            r["server_busiest_thread_s"] = threads["busiest_thread_s"]
             r["server_threads"] = sampler.threads
+            r["server_cores"], r["busiest_thread_cores"] = threads["server_cores"], threads["busiest_thread_cores"]
+            r["machine_cores"] = threads["machine_cores"]
         if profile_as and server_pid and self.args.perf:
             # A second, unreported run of the same job under `perf record`
             # (sampling perturbs the figures, so it never runs during a measured one).
@@ -922,7 +989,6 @@ class Bench:
             ab.stop()
             shutil.rmtree(ab.workdir, ignore_errors=True)
 
-    # ---------------------------------------------------------------- engine-bench
     # ---------------------------------------------------------------- exp 7
     def exp7_cache_modes(self):
         """Direct I/O (no host page cache) side by side: the data path of arbor
@@ -981,6 +1047,69 @@ class Bench:
             ab.stop()
             shutil.rmtree(ab.workdir, ignore_errors=True)
 
+    # ---------------------------------------------------------------- exp 8
+    def exp8_many_clients(self):
+        """Several clients at once, each its own NBD connection: the aggregate
+        rate against one client, and against nbdkit serving the same clients;
+        arbor with every client on one volume, and with each client on its own
+        clone of one snapshot (VMs or CI jobs started from one image)."""
+        p = self.p
+        size, rt, counts = p["size1"], p["runtime"], p["clients8"]
+        log(f"exp8: preparing {human(size)} exports")
+        raw = self.path("clients.raw")
+        fill_file(raw, size)
+        mem = nbdkit(self.path("memory.sock"), "memory", str(size))
+        fio(("nbd", mem.uri()), "write", "1m", 8, size)
+        nfile = nbdkit(self.path("file.sock"), "file", raw)
+        # room for both volumes and every clone rewriting each of its chunks once
+        ab = self.arbor("exp8", size * (max(counts) + 2) + GIB)
+        # the shared volume is never snapshotted: its writes go in place, as nbdkit's do
+        for vol in ("shared", "image"):
+            ab.volume_create(vol, size)
+            fio(("nbd", ab.uri(vol)), "write", "1m", 8, size, end_fsync=True)
+        ab.snapshot("image@base")
+        os.sync()  # no writeback of the fills during the first runs
+        clones = []
+
+        def fresh_clones(n):
+            """n new clones of image@base, so that every run starts from the same
+            state: reads all share the image's chunks, writes are first writes."""
+            for name in clones:
+                ab.destroy(name, force=True)  # fio has exited, but the daemon may not have seen every close yet
+            ab.wait_reclaimed()  # no reclaim during the next run
+            clones[:] = [f"c{i}" for i in range(n)]
+            for name in clones:
+                ab.clone("image@base", name)
+            return [ab.uri(name) for name in clones]
+
+        def target(system, n):
+            """(one URI per client, server pid)"""
+            if system == "nbdkit memory":
+                return [mem.uri()] * n, mem.pid
+            if system == "nbdkit file":
+                return [nfile.uri()] * n, nfile.pid
+            if system == "arbor":
+                return [ab.uri("shared")] * n, ab.pid
+            return fresh_clones(n), ab.pid
+
+        for job, (rw, bs, qd) in EXP8_JOBS.items():
+            for n in counts:
+                for system in EXP8_SYSTEMS:
+                    uris, pid = target(system, n)
+                    os.sync()  # what the previous run left dirty is not written back during this one
+                    # several clients write the same export at random: no map can keep them apart
+                    r = self.timed_fio(("nbd", uris), (rw, bs, qd), size, server_pid=pid, runtime=rt,
+                                       randommap=False)
+                    self.record(exp=8, kind="clients", job=job, system=system, clients=n, **r)
+                    log(f"exp8 {job:24} {n:3} clients {system:22} {r['iops']:9.0f} IOPS {r['mib_s']:8.1f} MiB/s, "
+                        f"cores busy: server {r['server_cores']:.2f}, clients {r['client_cores']:.2f}, "
+                        f"machine {r['machine_cores']:.2f}{'  (busy)' if r['busy'] else ''}")
+        for server in (mem, nfile, ab):
+            server.stop()
+        shutil.rmtree(ab.workdir, ignore_errors=True)
+        os.unlink(raw)
+
+    # ---------------------------------------------------------------- engine-bench
     def engine_bench(self):
         argv = ["cargo", "run", "--release", "--locked", "-q", "-p", "arbor-bench", "--bin", "engine-bench", "--",
                 "--dir", self.path("engine")]
@@ -1019,7 +1148,7 @@ class Bench:
         steps = [("exp1", self.exp1_data_path), ("exp2", self.exp2_many_snapshots),
                  ("exp3", self.exp3_foreground_latency), ("exp4", self.exp4_cow_row),
                  ("exp5", self.exp5_chunk_size), ("exp6", self.exp6_footprint),
-                 ("exp7", self.exp7_cache_modes)]
+                 ("exp7", self.exp7_cache_modes), ("exp8", self.exp8_many_clients)]
         if self.args.engine:
             steps.append(("engine", self.engine_bench))
         only = set(self.args.only.split(",")) if self.args.only else None
@@ -1084,7 +1213,7 @@ def main():
     ap.add_argument("--arbor", default=os.path.join(ROOT, "target/release/arbor"))
     ap.add_argument("--workdir", default="/var/tmp", help="filesystem every system's files live on")
     ap.add_argument("--out", help="results directory (default bench/results/PROFILE-TIME)")
-    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp4,exp5,exp6,exp7,engine")
+    ap.add_argument("--only", help="comma-separated steps: exp1,exp2,exp3,exp4,exp5,exp6,exp7,exp8,engine")
     ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                     help="also run engine-bench (default: full profile only)")
     ap.add_argument("--perf", action=argparse.BooleanOptionalAction, default=True,

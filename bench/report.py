@@ -218,6 +218,160 @@ def section7(add, goals, recs, e7, meta):
     fdatasync_note(add, [r for r in recs if r.get("exp") == 7], "")
 
 
+EXP8_SYSTEMS = ("nbdkit memory", "nbdkit file", "arbor", "arbor, one clone each")
+
+
+def cores8(r):
+    """Cores kept busy during a many-clients run: server, clients (fio), the
+    rest of the machine, and the server's busiest thread."""
+    srv, cli = r["server_cores"], r["client_cores"]
+    return srv, cli, max(0.0, r["machine_cores"] - srv - cli), r["busiest_thread_cores"]
+
+
+def limit8(r, cpus):
+    """What held one many-clients run back, as far as CPU tells."""
+    srv, cli, other, thread = cores8(r)
+    if srv >= 0.85 * cpus:
+        return "server CPU-bound"
+    if srv + cli + other >= 0.85 * cpus:
+        return "cores full" if srv + cli >= 0.85 * cpus or other < 0.25 else "cores full, other work among them"
+    if thread >= 0.85:
+        return "a server thread full"
+    if cli / r["clients"] >= 0.85:
+        return "clients CPU-bound"
+    return "not CPU-bound"
+
+
+def span(values):
+    v = sorted(values)
+    return f"{v[0]:.2f}" if v[0] == v[-1] else f"{v[0]:.2f}-{v[-1]:.2f}"
+
+
+def section8(add, goals, e8, meta, out):
+    """Experiment 8: many clients, each its own NBD connection."""
+    cpus, counts = meta["cpus"], sorted({r["clients"] for r in e8})
+    top = counts[-1]
+    jobs = list(dict.fromkeys(r["job"] for r in e8))
+    systems = [s for s in EXP8_SYSTEMS if any(r["system"] == s for r in e8)]
+
+    def get(job, system, n):
+        return next((r for r in e8 if r["job"] == job and r["system"] == system and r["clients"] == n), None)
+
+    def rate(r, job):
+        return r["mib_s"] if job.startswith("1M") else r["iops"]
+
+    add("## 8. Many clients\n")
+    add(f"{', '.join(map(str, counts))} clients at once, each its own NBD connection (one fio nbd job each, "
+        "`--group_reporting`): rates are the sum over all clients, latency percentiles are over all their I/Os. "
+        f"Queue depth is per client, so N clients keep N times as many requests in flight. Export "
+        f"{meta['params']['size1'] // MIB} MiB, fully written, {meta['params']['runtime']} s per run, warm page "
+        "cache (buffered, as in experiment 1). Every client picks random offsets over the whole export "
+        "(`--norandommap`: clients of one export may write the same block; each client has its own seed); "
+        "the sequential readers each start at offset 0. Write runs end with one flush per client. Systems: "
+        "`nbdkit memory` (the protocol's ceiling, no storage), `nbdkit file` on a fully written raw file, "
+        "arbor with every client on one fully written volume (no snapshots: writes go in place), and arbor "
+        "with each client on its own clone of one snapshot of another fully written volume (VMs or CI jobs "
+        "started from one image): new clones before every run, so reads share the image's chunks and writes "
+        "are mostly first writes, each copying a 16 KiB chunk. Cells: IOPS (MiB/s for 1M), and in parentheses "
+        f"the system's scaling against one client. The machine has {cpus} CPUs, shared by the clients and "
+        "the server.\n")
+    for job in jobs:
+        add(f"### {job}\n")
+        add("| clients | " + " | ".join(systems) + " | arbor / nbdkit file | arbor / nbdkit memory | "
+            "clones / nbdkit file |")
+        add("|---|" + "---|" * (len(systems) + 3))
+        for n in counts:
+            cells = []
+            for s in systems:
+                r, one = get(job, s, n), get(job, s, counts[0])
+                if not r:
+                    cells.append("-")
+                    continue
+                scale = f" ({fmt_ratio(rate(r, job) / rate(one, job))}x)" if n != counts[0] and one else ""
+                cells.append(fmt_rate(r, job) + busy_mark(r) + scale)
+            ratios = []
+            for a, b in (("arbor", "nbdkit file"), ("arbor", "nbdkit memory"),
+                         ("arbor, one clone each", "nbdkit file")):
+                ra, rb = get(job, a, n), get(job, b, n)
+                ratios.append(fmt_ratio(rate(ra, job) / rate(rb, job)) if ra and rb and rate(rb, job) else "-")
+            add(f"| {n} | " + " | ".join(cells + ratios) + " |")
+        add("\nLatency p50 / p99 (µs); CPU per I/O, server / clients (µs):\n")
+        add("| clients | " + " | ".join(systems) + " |")
+        add("|---|" + "---|" * len(systems))
+        for n in counts:
+            cells = []
+            for s in systems:
+                r = get(job, s, n)
+                cells.append(f"{r['lat_p50_us']:.0f} / {r['lat_p99_us']:.0f}; {r['server_cpu_us_per_io']:.1f} / "
+                             f"{r['client_cpu_s'] * 1e6 / max(r['ios'], 1):.1f}" if r else "-")
+            add(f"| {n} | " + " | ".join(cells) + " |")
+        add("")
+        if not job.endswith("QD1/client"):  # experiment 1's targets are for throughput, not round trips
+            a, f = get(job, "arbor", top), get(job, "nbdkit file", top)
+            need = 0.85 if job.startswith("1M") else 0.9
+            if a and f:
+                x = rate(a, job) / rate(f, job)
+                goals.append((f"{job}, {top} clients on one volume vs nbdkit file (experiment 1's target)",
+                              f"≥ {need}x", x, x >= need, a.get("busy") or f.get("busy")))
+
+    add("### Where the CPU went, and what limits the scaling\n")
+    add("Cores kept busy while the clients ran: server + clients + elsewhere (the rest of the machine: other "
+        "work, kernel threads such as writeback), the server's busiest thread in parentheses, then the limit. "
+        "Server, its busiest thread and the machine are sampled every 0.2 s (/proc) and the median interval "
+        "is shown, so that fio's start-up and the final flushes (a few tenths of a second, a good part of a "
+        "short run) do not water them down; clients: fio's own CPU figures over its I/O time. Limits: "
+        f"*server CPU-bound* (the server alone used ≥ 85 % of the {cpus} cores), *cores full* (all of them "
+        "together did; *other work among them* when server and clients alone did not and a quarter of a core "
+        "or more went elsewhere: a figure of a busy machine), *a server thread full* (one thread ≥ 0.85 of a "
+        "core), *clients CPU-bound* (each fio client ≥ 0.85 of a core), *not CPU-bound* (requests waited: on "
+        "round trips between client and server, on locks, or on the device).\n")
+    add("| job | clients | " + " | ".join(systems) + " |")
+    add("|---|---|" + "---|" * len(systems))
+    for job in jobs:
+        for n in counts:
+            cells = []
+            for s in systems:
+                r = get(job, s, n)
+                if not r:
+                    cells.append("-")
+                    continue
+                srv, cli, other, thread = cores8(r)
+                cells.append(f"{srv:.2f} + {cli:.2f} + {other:.2f} ({thread:.2f}): {limit8(r, cpus)}{busy_mark(r)}")
+            add(f"| {job} | {n} | " + " | ".join(cells) + " |")
+    add("")
+    for s in systems:
+        runs = [r for r in e8 if r["system"] == s and r["clients"] == top]
+        by = {}
+        for r in runs:
+            by.setdefault(limit8(r, cpus), []).append(r)
+        parts = []
+        for lim, rs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+            parts.append(f"{lim} in {len(rs)} of {len(runs)} jobs (server {span(cores8(r)[0] for r in rs)} cores, "
+                         f"clients {span(cores8(r)[1] for r in rs)})")
+        scaling = ", ".join(
+            f"{job.split('/')[0]} {fmt_ratio(rate(get(job, s, top), job) / rate(get(job, s, counts[0]), job))}x"
+            for job in jobs if get(job, s, top) and get(job, s, counts[0]))
+        add(f"* **{s}**, {top} clients: {'; '.join(parts)}. Against {counts[0]} client: {scaling}.")
+    at_top = [r for r in e8 if r["clients"] == top]
+    full = [r for r in at_top if limit8(r, cpus) in ("cores full", "server CPU-bound")]
+    note = f"At {top} clients, {len(full)} of {len(at_top)} runs had the machine's {cpus} cores full, other work " \
+        "not among them"
+    if full and len(full) * 2 >= len(at_top):
+        small = [r for r in full if not r["job"].startswith("1M")]
+        cost = (f" (4 KiB runs, median: server {statistics.median(r['server_cpu_us_per_io'] for r in small):.1f} "
+                f"µs, clients {statistics.median(r['client_cpu_s'] * 1e6 / max(r['ios'], 1) for r in small):.1f} "
+                "µs per I/O)" if small else "")
+        note += ("; there clients and server compete for the same cores, so the aggregate rate is bounded by what "
+                 f"the cores can do divided by the CPU one I/O costs on both sides{cost}: more connections raise it "
+                 "only as far as they make each I/O cheaper (fuller batches per wake-up), and otherwise lengthen "
+                 "the queue (latency). On this machine that, not the number of connections, is the limit; a "
+                 "server's own ceiling would need the clients on other cores or machines.")
+    else:
+        note += ". The limits of the others are in the table above."
+    add(f"\n{note}\n")
+    plot_exp8(out, e8, jobs, systems, counts)
+
+
 def fdatasync_note(add, recs, tail):
     """The fdatasync reference of an experiment (exp 3, exp 4), if it has one."""
     fp = [r for r in recs if r.get("kind") == "fdatasync_probe"]
@@ -485,6 +639,10 @@ def write(out):
     if e7:
         section7(add, goals, recs, e7, meta)
 
+    e8 = [r for r in recs if r.get("exp") == 8 and r.get("kind") == "clients"]
+    if e8:
+        section8(add, goals, e8, meta, out)
+
     if goals:
         add("## Goals\n")
         add("| goal | target | measured | met | busy machine |")
@@ -634,6 +792,27 @@ def plot_exp5(out, e5):
     ax1.set_title("Chunk size trade-off under random 4 KiB writes (cf. paper 002 fig 17)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "exp5-chunk-size.png"), dpi=90)
+    plt.close(fig)
+
+
+def plot_exp8(out, e8, jobs, systems, counts):
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(jobs), figsize=(3.6 * len(jobs), 3.8), squeeze=False)
+    for ax, job in zip(axes[0], jobs):
+        key, unit = ("mib_s", "MiB/s") if job.startswith("1M") else ("iops", "IOPS")
+        for s in systems:
+            rows = sorted((r for r in e8 if r["job"] == job and r["system"] == s), key=lambda r: r["clients"])
+            ax.plot([r["clients"] for r in rows], [r[key] for r in rows], marker="o", label=s)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.set_xlabel("clients")
+        ax.set_ylabel(f"aggregate {unit}")
+        ax.set_ylim(bottom=0)
+        ax.set_title(job, fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Many clients, each its own NBD connection")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "exp8-clients.png"), dpi=90)
     plt.close(fig)
 
 
