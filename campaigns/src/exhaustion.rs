@@ -309,9 +309,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 let v = target.clone();
                 next_name += 1;
                 let name = format!("{v}@s{next_name}");
-                let r = pool
-                    .snapshot_with(&name, alternate(next_name))
-                    .map(|_| ());
+                let r = pool.snapshot_with(&name, alternate(next_name)).map(|_| ());
                 if r.is_ok() {
                     let data = model[&v].data.clone();
                     model.insert(

@@ -28,8 +28,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLoc
 use std::time::{Duration, Instant};
 
 use arbor_format::{
-    BlockRef, CommitRecord, DataLayout, Layout, Region, SmKind, SmPage, Superblock, VolumeKind, BLOCK_SIZE,
-    BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE, SUPERBLOCK_SLOTS,
+    BlockRef, CommitRecord, DataLayout, Layout, Region, SmKind, SmPage, Superblock, VolumeKind,
+    BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE,
+    SUPERBLOCK_SLOTS,
 };
 use arbor_io::BlockDevice;
 use rand::RngCore;

@@ -54,7 +54,11 @@ fn a_deferred_snapshot_touches_no_device_and_reads_its_point_in_time() {
     let group = pool
         .snapshot_group_with(&["c@g".into()], Durability::Deferred)
         .unwrap();
-    assert_eq!(disk.handle().op_counts(), ops, "a deferred snapshot wrote or flushed");
+    assert_eq!(
+        disk.handle().op_counts(),
+        ops,
+        "a deferred snapshot wrote or flushed"
+    );
     assert!(pool.info(snap).unwrap().snapshot);
     // Later writes to the source and the clone change neither snapshot.
     pool.write(v, 4096, &pattern(2, 4096, 8192)).unwrap();
@@ -67,7 +71,11 @@ fn a_deferred_snapshot_touches_no_device_and_reads_its_point_in_time() {
     assert_clean(&pool);
     // A committed snapshot still commits.
     pool.snapshot_with("v@t", Durability::Committed).unwrap();
-    assert_ne!(disk.handle().op_counts().1, ops.1, "a committed snapshot flushed nothing");
+    assert_ne!(
+        disk.handle().op_counts().1,
+        ops.1,
+        "a committed snapshot flushed nothing"
+    );
 }
 
 #[test]
@@ -109,8 +117,14 @@ fn a_power_cut_before_the_next_commit_loses_the_snapshot_whole() {
     // The next commit makes them durable, exactly as they were taken.
     pool.flush().unwrap();
     let crashed = pool_from_image(disk.handle().durable_image());
-    assert_same(&read_all(&crashed, crashed.lookup("v@s").unwrap()), &at_snapshot);
-    assert_same(&read_all(&crashed, crashed.lookup("c").unwrap()), &at_snapshot);
+    assert_same(
+        &read_all(&crashed, crashed.lookup("v@s").unwrap()),
+        &at_snapshot,
+    );
+    assert_same(
+        &read_all(&crashed, crashed.lookup("c").unwrap()),
+        &at_snapshot,
+    );
 }
 
 #[test]
@@ -145,7 +159,10 @@ fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
         .recv_timeout(Duration::from_secs(120))
         .expect("the deferred snapshot waited for the commit in flight");
     let snap = snapper.join().unwrap().unwrap();
-    assert!(gated.blocked.load(Ordering::SeqCst), "the commit was not in flight");
+    assert!(
+        gated.blocked.load(Ordering::SeqCst),
+        "the commit was not in flight"
+    );
     pool.write(v, 0, &pattern(2, 0, 4096)).unwrap();
     gated.open();
     flusher.join().unwrap().unwrap();
@@ -155,15 +172,16 @@ fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
     pool.flush().unwrap();
     assert_clean(&pool);
     let reopened = pool_from_image(gated.disk.handle().durable_image());
-    assert_same(&read_all(&reopened, reopened.lookup("v@s").unwrap()), &expected);
+    assert_same(
+        &read_all(&reopened, reopened.lookup("v@s").unwrap()),
+        &expected,
+    );
 }
 
 #[test]
 fn a_deferred_snapshot_of_a_copy_on_write_volume_is_committed() {
     let (disk, pool) = sim_pool(64 * MIB, 4096);
-    let v = pool
-        .create_cow_volume("v", VOL)
-        .unwrap();
+    let v = pool.create_cow_volume("v", VOL).unwrap();
     pool.write(v, 0, &pattern(1, 0, 8192)).unwrap();
     let ops = disk.handle().op_counts();
     pool.snapshot_with("v@s", Durability::Deferred).unwrap();

@@ -202,6 +202,11 @@ impl<'p> Sender<'p> {
     /// ranges to send (for an incremental stream, where the two trees
     /// differ). Nothing is read or written yet.
     pub fn new(pool: &'p Pool, req: &SendRequest) -> Result<Self, StreamFailure> {
+        // A snapshot taken with deferred durability exists durably only from
+        // the pool's next commit: a stream of it must not outlive it (a
+        // receiver holding a snapshot its source lost to a power cut), so
+        // commit first. Costs nothing when nothing changed since the last.
+        pool.flush()?;
         let (target, base, resume_offset) = match &req.resume {
             Some(token) => {
                 let target = by_guid(pool, token.target, "target")?;

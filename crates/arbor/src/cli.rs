@@ -112,6 +112,11 @@ pub enum Command {
         snapshot: String,
         #[arg(value_name = "NEW_VOLUME")]
         name: String,
+        /// Return before the clone is durable: the pool's next commit makes
+        /// it so (a client's flush, any other command that commits, the
+        /// commit interval); a power cut before then loses it whole
+        #[arg(long)]
+        deferred: bool,
     },
     /// Destroy a volume or snapshot; its space is reclaimed in the background
     Destroy {
@@ -417,6 +422,13 @@ pub enum SnapshotCommand {
     Create {
         #[arg(value_name = "VOLUME@SNAP", required = true)]
         names: Vec<String>,
+        /// Return before the snapshot is durable, without waiting for the
+        /// device: the pool's next commit makes it so (a client's flush,
+        /// any other command that commits, the commit interval); a power
+        /// cut before then loses it whole, never part of it. A snapshot of
+        /// a copy-on-write volume is always committed
+        #[arg(long)]
+        deferred: bool,
     },
     /// List snapshots, of one volume or of all
     List { volume: Option<String> },

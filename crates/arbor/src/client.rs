@@ -20,7 +20,7 @@ use crate::endpoint::{Endpoint, Io};
 use crate::error_code::ErrorCode;
 use crate::exit::Fail;
 use crate::model::{
-    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, ErrorBody,
+    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, Durability, ErrorBody,
     GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, OriginView, PolicyRequest,
     PolicyView, PoolView, PruneRequest, PruneView, Range, ReceiveStatusView, ReceivedView,
     ReclaimView, RenameRequest, ReplicaAddRequest, ReplicaRoleView, ReplicaRunView, ReplicasView,
@@ -170,16 +170,22 @@ impl DaemonClient {
         self.post("/v1/volumes", &request)
     }
 
-    pub fn snapshot(&self, name: &str) -> Result<VolumeView> {
+    pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {
         let request = SnapshotRequest {
             name: name.to_owned(),
+            durability,
         };
         self.post("/v1/snapshots", &request)
     }
 
-    pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeView>> {
+    pub fn snapshot_group(
+        &self,
+        names: &[String],
+        durability: Durability,
+    ) -> Result<Vec<VolumeView>> {
         let request = GroupSnapshotRequest {
             names: names.to_vec(),
+            durability,
         };
         self.post("/v1/snapshots/group", &request)
     }
@@ -211,10 +217,16 @@ impl DaemonClient {
         self.post("/v1/prune", request)
     }
 
-    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {
+    pub fn clone_snapshot(
+        &self,
+        snapshot: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<VolumeView> {
         let request = CloneRequest {
             snapshot: snapshot.to_owned(),
             name: name.to_owned(),
+            durability,
         };
         self.post("/v1/clones", &request)
     }

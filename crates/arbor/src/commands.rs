@@ -22,7 +22,7 @@ use crate::config;
 use crate::daemon;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    CheckView, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
+    CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
     StreamCompression, StreamFormat, TokenRequest,
 };
 use crate::output::{self, emit};
@@ -124,9 +124,11 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Volume(VolumeCommand::Stats { name }) => {
             p.show(&c.stats(&name)?, output::stats)?
         }
-        Command::Snapshot(SnapshotCommand::Create { names }) => match &names[..] {
-            [name] => p.show(&c.snapshot(name)?, |v| output::volume_line("created", v))?,
-            _ => p.show(&c.snapshot_group(&names)?, |list| {
+        Command::Snapshot(SnapshotCommand::Create { names, deferred }) => match &names[..] {
+            [name] => p.show(&c.snapshot(name, durability(deferred))?, |v| {
+                output::volume_line("created", v)
+            })?,
+            _ => p.show(&c.snapshot_group(&names, durability(deferred))?, |list| {
                 list.iter()
                     .map(|v| output::volume_line("created", v))
                     .collect::<String>()
@@ -141,10 +143,15 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Snapshot(SnapshotCommand::List { volume }) => {
             p.show(&c.snapshots(volume.as_deref())?, |l| output::volumes(l))?;
         }
-        Command::Clone { snapshot, name } => {
-            p.show(&c.clone_snapshot(&snapshot, &name)?, |v| {
-                output::volume_line(&format!("cloned {snapshot} to"), v)
-            })?;
+        Command::Clone {
+            snapshot,
+            name,
+            deferred,
+        } => {
+            p.show(
+                &c.clone_snapshot(&snapshot, &name, durability(deferred))?,
+                |v| output::volume_line(&format!("cloned {snapshot} to"), v),
+            )?;
         }
         Command::Destroy { name, force } => {
             c.destroy(&name, force)?;
@@ -723,4 +730,13 @@ fn token(command: TokenCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `--deferred` asks of a snapshot or clone.
+fn durability(deferred: bool) -> Durability {
+    if deferred {
+        Durability::Deferred
+    } else {
+        Durability::Committed
+    }
 }

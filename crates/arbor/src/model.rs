@@ -295,6 +295,35 @@ fn is_row(layout: &CreateLayout) -> bool {
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     pub name: String,
+    #[serde(default, skip_serializing_if = "is_committed")]
+    pub durability: Durability,
+}
+
+/// When a new snapshot or clone is durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// Before the call returns: the call commits the pool.
+    #[default]
+    Committed,
+    /// At the pool's next commit (a client's flush, any management
+    /// operation that commits, the commit interval): the call waits for no
+    /// device, and a power cut before that commit loses the new volume
+    /// whole, never part of it.
+    Deferred,
+}
+
+impl From<Durability> for arbor_engine::Durability {
+    fn from(d: Durability) -> Self {
+        match d {
+            Durability::Committed => Self::Committed,
+            Durability::Deferred => Self::Deferred,
+        }
+    }
+}
+
+fn is_committed(d: &Durability) -> bool {
+    *d == Durability::Committed
 }
 
 /// `POST /v1/snapshots/group`: `VOLUME@SNAP` of distinct volumes, taken in
@@ -303,6 +332,8 @@ pub struct SnapshotRequest {
 #[serde(deny_unknown_fields)]
 pub struct GroupSnapshotRequest {
     pub names: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_committed")]
+    pub durability: Durability,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -310,6 +341,8 @@ pub struct GroupSnapshotRequest {
 pub struct CloneRequest {
     pub snapshot: String,
     pub name: String,
+    #[serde(default, skip_serializing_if = "is_committed")]
+    pub durability: Durability,
 }
 
 #[derive(Debug, Deserialize, Serialize)]

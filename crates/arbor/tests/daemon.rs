@@ -578,3 +578,49 @@ fn a_refused_receive_says_why_even_when_the_stream_is_long() {
         assert!(err.contains("does not exist"), "{err}");
     }
 }
+
+/// `--deferred` snapshots and clones (API `"durability": "deferred"`) are
+/// durable at the pool's next commit. With the commit interval out of
+/// reach, a SIGKILL before anything commits loses them whole; any command
+/// that commits after them makes them durable too.
+#[test]
+fn deferred_snapshots_are_durable_at_the_next_commit() {
+    let args = ["--commit-interval", "1h", "--initial-volume", "none"];
+    let mut daemon = Daemon::start(&args);
+    daemon.ok(&["volume", "create", "v", "--size", "4M"]);
+    let snap = daemon.json(&["snapshot", "create", "v@a", "--deferred"]);
+    assert_eq!(snap["name"], "v@a");
+    daemon.ok(&["clone", "v@a", "c", "--deferred"]);
+    let (status, body) = http(
+        &daemon.api_socket(),
+        "POST",
+        "/v1/snapshots/group",
+        r#"{"names": ["c@g"], "durability": "deferred"}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = http(
+        &daemon.api_socket(),
+        "POST",
+        "/v1/snapshots",
+        r#"{"name": "v@x", "durability": "eventually"}"#,
+    );
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert!(daemon.json(&["volume", "list"]).as_array().unwrap().len() == 4);
+    daemon.stop("KILL");
+
+    daemon.restart(&args);
+    for name in ["v@a", "c", "c@g"] {
+        daemon.fails(&["volume", "stats", name], 4, "no such volume");
+    }
+    daemon.ok(&["snapshot", "create", "v@b", "--deferred"]);
+    daemon.ok(&["clone", "v@b", "d", "--deferred"]);
+    // A committed snapshot commits everything before it.
+    daemon.ok(&["snapshot", "create", "v@c"]);
+    daemon.stop("KILL");
+
+    daemon.restart(&args);
+    for name in ["v@b", "d", "v@c"] {
+        daemon.ok(&["volume", "stats", name]);
+    }
+    daemon.stop_cleanly();
+}

@@ -376,7 +376,7 @@ async fn snapshot(
     Json(req): Json<SnapshotRequest>,
 ) -> ApiResult<Response> {
     not_replica(&c, &req.name)?;
-    blocking(c, move |c| c.snapshot(&req.name))
+    blocking(c, move |c| c.snapshot(&req.name, req.durability))
         .await
         .map(created)
 }
@@ -389,7 +389,7 @@ async fn snapshot_group(
     for name in &req.names {
         not_replica(&c, name)?;
     }
-    blocking(c, move |c| c.snapshot_group(&req.names))
+    blocking(c, move |c| c.snapshot_group(&req.names, req.durability))
         .await
         .map(|views| (StatusCode::CREATED, Json(views)).into_response())
 }
@@ -398,9 +398,11 @@ async fn clone_snapshot(
     State(c): State<PoolControl>,
     Json(req): Json<CloneRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| c.clone_snapshot(&req.snapshot, &req.name))
-        .await
-        .map(created)
+    blocking(c, move |c| {
+        c.clone_snapshot(&req.snapshot, &req.name, req.durability)
+    })
+    .await
+    .map(created)
 }
 
 /// `GET /v1/origins`: the volumes attached with `arbor origin attach`.

@@ -16,9 +16,9 @@ use tracing::info;
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
 use crate::model::{
-    BlockMetadata, CheckView, CreateLayout, GrowRequest, GrowView, HomeView, LayoutView,
-    MetadataPage, MetadataQuery, OverviewView, OverviewVolume, PoolView, Range, ReclaimView,
-    StatsView, UpgradeView, VolumeKind, VolumeView,
+    BlockMetadata, CheckView, CreateLayout, Durability, GrowRequest, GrowView, HomeView,
+    LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume, PoolView, Range,
+    ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::nbd_export::OpenExports;
 use crate::pool_file;
@@ -261,21 +261,32 @@ impl PoolControl {
         self.view(self.pool.info(id)?)
     }
 
-    pub fn snapshot(&self, name: &str) -> Result<VolumeView> {
-        let id = self.pool.snapshot(name)?;
+    pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {
+        let id = self.pool.snapshot_with(name, durability.into())?;
         self.view(self.pool.info(id)?)
     }
 
     /// Snapshots of several volumes in one commit (a consistency group).
-    pub fn snapshot_group(&self, names: &[String]) -> Result<Vec<VolumeView>> {
-        let ids = self.pool.snapshot_group(names)?;
+    pub fn snapshot_group(
+        &self,
+        names: &[String],
+        durability: Durability,
+    ) -> Result<Vec<VolumeView>> {
+        let ids = self.pool.snapshot_group_with(names, durability.into())?;
         ids.into_iter()
             .map(|id| self.view(self.pool.info(id)?))
             .collect()
     }
 
-    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<VolumeView> {
-        let id = self.pool.clone_snapshot(snapshot, name)?;
+    pub fn clone_snapshot(
+        &self,
+        snapshot: &str,
+        name: &str,
+        durability: Durability,
+    ) -> Result<VolumeView> {
+        let id = self
+            .pool
+            .clone_snapshot_with(snapshot, name, durability.into())?;
         self.view(self.pool.info(id)?)
     }
 
