@@ -141,8 +141,12 @@ class Arbor:
         """Flushes the origin's file and removes the volume (its snapshots destroyed first)."""
         return self._api("DELETE", "/v1/origins/" + name)
 
-    def snapshot(self, name):
-        return self._api("POST", "/v1/snapshots", {"name": name})
+    def snapshot(self, name, durability=None):
+        """durability: None (the default, committed) or "deferred"."""
+        body = {"name": name}
+        if durability:
+            body["durability"] = durability
+        return self._api("POST", "/v1/snapshots", body)
 
     def clone(self, snapshot, name):
         return self._api("POST", "/v1/clones", {"snapshot": snapshot, "name": name})

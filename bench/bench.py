@@ -121,6 +121,12 @@ EXP8_JOBS = {
 }
 EXP8_SYSTEMS = ["nbdkit memory", "nbdkit file", "arbor", "arbor, one clone each"]
 
+# Snapshots taken while a client writes (experiments 3 and 7): none, one a
+# second committed before the API call returns (the default), and one a
+# second made durable by the next commit (`"durability": "deferred"`).
+SNAPSHOT_LOADS = [("no snapshots", None), ("snapshot every 1 s", None),
+                  ("deferred snapshot every 1 s", "deferred")]
+
 COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "clippy-driver", "rustdoc",
              "cc", "gcc", "clang", "rust-lld", "ld.bfd", "ld.gold", "mold"}
 
@@ -358,10 +364,11 @@ def qemu_nbd(sock, path, fmt, cache="writeback", aio="threads"):
 class Snapper:
     """While the `with` block runs, takes a snapshot `PREFIX1`, `PREFIX2`, ...
     of an arbor daemon every second through its API (when `active`), and
-    keeps each call's seconds in `latencies`."""
+    keeps each call's seconds in `latencies`. `durability`: None (committed
+    before the call returns) or "deferred" (at the pool's next commit)."""
 
-    def __init__(self, ab, prefix, active=True):
-        self.ab, self.prefix, self.active = ab, prefix, active
+    def __init__(self, ab, prefix, active=True, durability=None):
+        self.ab, self.prefix, self.active, self.durability = ab, prefix, active, durability
         self.latencies = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run)
@@ -371,7 +378,7 @@ class Snapper:
         while not self.stop.wait(1.0):
             i += 1
             t = time.perf_counter()
-            self.ab.snapshot(f"{self.prefix}{i}")
+            self.ab.snapshot(f"{self.prefix}{i}", self.durability)
             self.latencies.append(time.perf_counter() - t)
 
     def __enter__(self):
@@ -746,8 +753,8 @@ class Bench:
         ab = self.arbor("exp3", size * 16 + GIB)
         ab.volume_create("lat", size)
         fio(("nbd", ab.uri("lat")), "write", "1m", 8, size)
-        for mode in ("no snapshots", "snapshot every 1 s"):
-            with Snapper(ab, "lat@t", mode != "no snapshots") as snapper:
+        for mode, durability in SNAPSHOT_LOADS:
+            with Snapper(ab, f"lat@{len(self.records)}-", mode != "no snapshots", durability) as snapper:
                 r = self.timed_fio(("nbd", ab.uri("lat")), "4K randwrite QD1", size, server_pid=ab.pid,
                                    runtime=p["lat_runtime"], randommap=False)
             snap_lat = snapper.latencies
@@ -1032,8 +1039,9 @@ class Bench:
         # Snapshots while one client writes at full speed, each mode.
         for mode, ab in arbors.items():
             for job in ("4K randwrite QD1", "4K randwrite QD32"):
-                for snaps in ("no snapshots", "snapshot every 1 s"):
-                    with Snapper(ab, f"full@{job.split()[-1]}-", snaps != "no snapshots") as snapper:
+                for snaps, durability in SNAPSHOT_LOADS:
+                    with Snapper(ab, f"full@{len(self.records)}-", snaps != "no snapshots",
+                                 durability) as snapper:
                         r = self.timed_fio(("nbd", ab.uri("full")), job, size, server_pid=ab.pid,
                                            runtime=p["lat_runtime"], randommap=False)
                     snap_lat = snapper.latencies

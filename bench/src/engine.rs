@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId, DEFAULT_CHUNK_SIZE};
+use arbor_engine::{CreateOptions, Durability, OpenOptions, Pool, VolumeId, DEFAULT_CHUNK_SIZE};
 use arbor_io::{BlockDevice, FileDevice};
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -293,8 +293,11 @@ impl Bench {
             ""
         };
         println!("\n### {} GiB mapped{how}\n", mapped / GIB);
-        println!("| existing snapshots | snapshot median | snapshot p99 | clone median | device writes per snapshot |");
-        println!("|---|---|---|---|---|");
+        println!(
+            "| existing snapshots | snapshot median | snapshot p99 | clone median | device writes per snapshot \
+             | deferred snapshot median | p99 | deferred clone median |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
         for &mark in marks {
             while taken < mark {
                 pool.snapshot(&format!("v@bg{taken}"))?;
@@ -303,6 +306,7 @@ impl Bench {
                 taken += 1;
             }
             let (mut snap_t, mut clone_t, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut deferred_t, mut deferred_clone_t) = (Vec::new(), Vec::new());
             for i in 0..21 {
                 pool.write(v, rng.gen_range(0..mapped / 4096) * 4096, &[7u8; 4096])?;
                 pool.flush()?;
@@ -317,14 +321,31 @@ impl Bench {
                 pool.delete(&format!("c{mark}-{i}"))?;
                 pool.delete(&format!("v@m{mark}-{i}"))?;
                 pool.reclaim(usize::MAX)?;
+                // The same on the idle pool, durable at the next commit.
+                let t = Instant::now();
+                pool.snapshot_with(&format!("v@d{mark}-{i}"), Durability::Deferred)?;
+                deferred_t.push(t.elapsed());
+                let t = Instant::now();
+                pool.clone_snapshot_with(
+                    &format!("v@d{mark}-{i}"),
+                    &format!("d{mark}-{i}"),
+                    Durability::Deferred,
+                )?;
+                deferred_clone_t.push(t.elapsed());
+                pool.delete(&format!("d{mark}-{i}"))?;
+                pool.delete(&format!("v@d{mark}-{i}"))?;
+                pool.reclaim(usize::MAX)?;
             }
             writes.sort();
             println!(
-                "| {mark} | {} | {} | {} | {} |",
+                "| {mark} | {} | {} | {} | {} | {} | {} | {} |",
                 us(median(snap_t.clone())),
                 us(p99(snap_t)),
                 us(median(clone_t)),
-                writes[writes.len() / 2]
+                writes[writes.len() / 2],
+                us(median(deferred_t.clone())),
+                us(p99(deferred_t)),
+                us(median(deferred_clone_t)),
             );
         }
         let stats = pool.pool_stats()?;
