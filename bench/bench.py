@@ -381,6 +381,13 @@ class Snapper:
             self.ab.snapshot(f"{self.prefix}{i}", self.durability)
             self.latencies.append(time.perf_counter() - t)
 
+    def destroy_taken(self):
+        """Destroys the snapshots taken and waits for their reclaim, so the
+        next row starts from the same state (none held, nothing to reclaim)."""
+        for i in range(1, len(self.latencies) + 1):
+            self.ab.destroy(f"{self.prefix}{i}")
+        self.ab.wait_reclaimed()
+
     def __enter__(self):
         if self.active:
             self.thread.start()
@@ -757,6 +764,7 @@ class Bench:
             with Snapper(ab, f"lat@{len(self.records)}-", mode != "no snapshots", durability) as snapper:
                 r = self.timed_fio(("nbd", ab.uri("lat")), "4K randwrite QD1", size, server_pid=ab.pid,
                                    runtime=p["lat_runtime"], randommap=False)
+            snapper.destroy_taken()
             snap_lat = snapper.latencies
             self.record(exp=3, kind="foreground_latency", mode=mode, snapshots_taken=len(snap_lat),
                         snapshot_api_s=snap_lat, **r)
@@ -1044,6 +1052,7 @@ class Bench:
                                  durability) as snapper:
                         r = self.timed_fio(("nbd", ab.uri("full")), job, size, server_pid=ab.pid,
                                            runtime=p["lat_runtime"], randommap=False)
+                    snapper.destroy_taken()
                     snap_lat = snapper.latencies
                     self.record(exp=7, kind="snapshots_under_load", mode=mode, job=job, snaps=snaps,
                                 snapshot_api_s=snap_lat, **r)

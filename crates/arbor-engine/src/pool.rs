@@ -11,6 +11,9 @@
 //!   while a reader that looked it up before the freeze is still reading it.
 //! * `commit_lock` runs one commit at a time; its writes and flushes
 //!   (phase B) hold no other lock, so I/O goes on while the device syncs.
+//!   Management operations hold it to commit before they return, except
+//!   snapshots and clones with [`Durability::Deferred`], which take only
+//!   the gate and `meta` (`manage_deferred`), as a write does.
 //! * `stripes` serialise writes to the same (volume, chunk), so two partial
 //!   writes to one chunk never race on its copy-on-write.
 //!
