@@ -153,6 +153,10 @@ pub struct VolumeInfo {
     /// The volume a snapshot was taken of, or the snapshot a clone came from.
     pub parent: Option<VolumeId>,
     pub created_txn: u64,
+    /// Whether its creation is durable: false only for a snapshot or clone
+    /// taken with [`Durability::Deferred`] before the next commit (until
+    /// then a power cut loses it).
+    pub durable: bool,
     pub created_unix_secs: u64,
     pub mapped_bytes: u64,
     /// Identity, kept by send and receive (None in a pool whose volume
@@ -1131,18 +1135,20 @@ impl Pool {
     pub fn info(&self, id: VolumeId) -> Result<VolumeInfo> {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;
-        Ok(volume_info(id.0, rec, self.chunk_size()))
+        let durable_txn = meta.meta().last_record().txn.get();
+        Ok(volume_info(id.0, rec, self.chunk_size(), durable_txn))
     }
 
     /// Every volume and snapshot, sorted by name.
     pub fn list(&self) -> Result<Vec<VolumeInfo>> {
         let meta = self.read_meta()?;
         let chunk = self.chunk_size();
+        let durable_txn = meta.meta().last_record().txn.get();
         let mut all: Vec<VolumeInfo> = meta
             .table()
             .iter()
             .filter(|(_, r)| r.kind.is_visible())
-            .map(|(id, r)| volume_info(id, r, chunk))
+            .map(|(id, r)| volume_info(id, r, chunk, durable_txn))
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
@@ -1668,7 +1674,15 @@ fn check_size(size: u64) -> Result<()> {
     Ok(())
 }
 
-fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeInfo {
+/// What [`Pool::info`] says of volume `id`, whose record is `rec`, in a pool
+/// of `chunk`-byte chunks whose last durable commit is transaction
+/// `durable_txn`.
+fn volume_info(
+    id: u64,
+    rec: &arbor_format::VolumeRecord,
+    chunk: u64,
+    durable_txn: u64,
+) -> VolumeInfo {
     VolumeInfo {
         id: VolumeId(id),
         name: rec.name.clone(),
@@ -1676,6 +1690,7 @@ fn volume_info(id: u64, rec: &arbor_format::VolumeRecord, chunk: u64) -> VolumeI
         size: rec.size_bytes,
         parent: (rec.parent != 0).then_some(VolumeId(rec.parent)),
         created_txn: rec.created_txn,
+        durable: rec.created_txn <= durable_txn,
         created_unix_secs: rec.created_unix_secs,
         // A damaged counter (reported by `check`) must not overflow here.
         mapped_bytes: match rec.layout {

@@ -60,6 +60,9 @@ fn a_deferred_snapshot_touches_no_device_and_reads_its_point_in_time() {
         "a deferred snapshot wrote or flushed"
     );
     assert!(pool.info(snap).unwrap().snapshot);
+    assert!(!pool.info(snap).unwrap().durable);
+    assert!(!pool.info(clone).unwrap().durable);
+    assert!(pool.info(v).unwrap().durable);
     // Later writes to the source and the clone change neither snapshot.
     pool.write(v, 4096, &pattern(2, 4096, 8192)).unwrap();
     pool.write(clone, 0, &pattern(3, 0, 4096)).unwrap();
@@ -69,13 +72,16 @@ fn a_deferred_snapshot_touches_no_device_and_reads_its_point_in_time() {
     clone_now[..4096].copy_from_slice(&pattern(3, 0, 4096));
     assert_same(&read_all(&pool, clone), &clone_now);
     assert_clean(&pool);
-    // A committed snapshot still commits.
-    pool.snapshot_with("v@t", Durability::Committed).unwrap();
+    // A committed snapshot still commits, and makes the others durable.
+    let committed = pool.snapshot_with("v@t", Durability::Committed).unwrap();
     assert_ne!(
         disk.handle().op_counts().1,
         ops.1,
         "a committed snapshot flushed nothing"
     );
+    for id in [snap, clone, group[0], committed] {
+        assert!(pool.info(id).unwrap().durable);
+    }
 }
 
 #[test]

@@ -53,6 +53,10 @@ pub struct VolumeView {
     pub parent: Option<String>,
     pub created_unix_secs: u64,
     pub created_txn: u64,
+    /// False only for a snapshot or clone taken with deferred durability
+    /// that the pool has not committed yet (`POST /v1/flush` commits it).
+    #[serde(default = "durable_by_default")]
+    pub durable: bool,
     /// Open NBD connections to it.
     #[serde(default)]
     pub nbd_connections: u64,
@@ -297,6 +301,11 @@ pub struct SnapshotRequest {
     pub name: String,
     #[serde(default, skip_serializing_if = "is_committed")]
     pub durability: Durability,
+}
+
+/// A daemon that predates deferred durability made everything durable.
+fn durable_by_default() -> bool {
+    true
 }
 
 /// When a new snapshot or clone is durable.

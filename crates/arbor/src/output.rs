@@ -457,7 +457,12 @@ fn tree_rows(
 }
 
 pub fn volume_line(action: &str, v: &VolumeView) -> String {
-    format!("{action} {} ({})\n", v.name, size(v.size))
+    let pending = if v.durable {
+        ""
+    } else {
+        ", durable at the pool's next commit"
+    };
+    format!("{action} {} ({}{pending})\n", v.name, size(v.size))
 }
 
 pub fn stats(s: &StatsView) -> String {
@@ -721,6 +726,7 @@ mod tests {
             parent: parent.map(Into::into),
             created_unix_secs: 0,
             created_txn: 0,
+            durable: true,
             nbd_connections: 0,
             guid: None,
             holds: Vec::new(),

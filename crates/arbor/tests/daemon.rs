@@ -590,7 +590,9 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     daemon.ok(&["volume", "create", "v", "--size", "4M"]);
     let snap = daemon.json(&["snapshot", "create", "v@a", "--deferred"]);
     assert_eq!(snap["name"], "v@a");
-    daemon.ok(&["clone", "v@a", "c", "--deferred"]);
+    assert_eq!(snap["durable"], false);
+    let said = daemon.ok(&["clone", "v@a", "c", "--deferred"]);
+    assert!(said.contains("durable at the pool's next commit"), "{said}");
     let (status, body) = http(
         &daemon.api_socket(),
         "POST",
@@ -622,5 +624,15 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     for name in ["v@b", "d", "v@c"] {
         daemon.ok(&["volume", "stats", name]);
     }
+    // POST /v1/flush commits a deferred snapshot at once.
+    let pending = daemon.json(&["snapshot", "create", "v@e", "--deferred"]);
+    assert_eq!(pending["durable"], false);
+    assert_eq!(http(&daemon.api_socket(), "POST", "/v1/flush", "").0, 204);
+    let list = daemon.json(&["volume", "list"]);
+    let listed = list.as_array().unwrap();
+    assert!(listed.iter().all(|v| v["durable"] == true), "{list}");
+    daemon.stop("KILL");
+    daemon.restart(&args);
+    daemon.ok(&["volume", "stats", "v@e"]);
     daemon.stop_cleanly();
 }

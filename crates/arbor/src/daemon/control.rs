@@ -143,6 +143,7 @@ impl PoolControl {
             parent,
             created_unix_secs: info.created_unix_secs,
             created_txn: info.created_txn,
+            durable: info.durable,
             holds: if info.snapshot {
                 self.pool.holds(info.id).unwrap_or_default()
             } else {
