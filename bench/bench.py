@@ -381,13 +381,6 @@ class Snapper:
             self.ab.snapshot(f"{self.prefix}{i}", self.durability)
             self.latencies.append(time.perf_counter() - t)
 
-    def destroy_taken(self):
-        """Destroys the snapshots taken and waits for their reclaim, so the
-        next row starts from the same state (none held, nothing to reclaim)."""
-        for i in range(1, len(self.latencies) + 1):
-            self.ab.destroy(f"{self.prefix}{i}")
-        self.ab.wait_reclaimed()
-
     def __enter__(self):
         if self.active:
             self.thread.start()
@@ -757,21 +750,30 @@ class Bench:
         # Reference: what one device flush costs on this filesystem now; every
         # arbor management operation commits, and a commit flushes the device twice.
         self.record(exp=3, kind="fdatasync_probe", seconds=self.fdatasync_probe(max(20, p["cli_n"])))
-        ab = self.arbor("exp3", size * 16 + GIB)
-        ab.volume_create("lat", size)
-        fio(("nbd", ab.uri("lat")), "write", "1m", 8, size)
         for mode, durability in SNAPSHOT_LOADS:
-            with Snapper(ab, f"lat@{len(self.records)}-", mode != "no snapshots", durability) as snapper:
-                r = self.timed_fio(("nbd", ab.uri("lat")), "4K randwrite QD1", size, server_pid=ab.pid,
-                                   runtime=p["lat_runtime"], randommap=False)
-            snapper.destroy_taken()
-            snap_lat = snapper.latencies
+            r, snap_lat = self.snapshot_load_row("exp3", None, size, "4K randwrite QD1", mode, durability)
             self.record(exp=3, kind="foreground_latency", mode=mode, snapshots_taken=len(snap_lat),
                         snapshot_api_s=snap_lat, **r)
             log(f"exp3 fg latency, {mode}: p50 {r['lat_p50_us']:.0f} µs p99 {r['lat_p99_us']:.0f} µs "
                 f"max {r['lat_max_us']:.0f} µs ({len(snap_lat)} snapshots)")
+
+    def snapshot_load_row(self, name, io, size, job, mode, durability):
+        """One row of a snapshots-under-load table: `job` for `lat_runtime`
+        on a fully written volume of a fresh daemon (`io`: its I/O mode,
+        None for the default), with snapshots as `mode` and `durability`
+        say. Each row gets a new pool: one that ran an earlier row has its
+        data scattered by that row's redirects, which slows the next row by
+        10-30 % (measured), whatever it does. Returns fio's figures and the
+        snapshot API latencies."""
+        ab = self.arbor(name, size * 16 + GIB, io=io)
+        ab.volume_create("v", size)
+        fio(("nbd", ab.uri("v")), "write", "1m", 8, size, end_fsync=True)
+        with Snapper(ab, "v@s", mode != "no snapshots", durability) as snapper:
+            r = self.timed_fio(("nbd", ab.uri("v")), job, size, server_pid=ab.pid,
+                               runtime=self.p["lat_runtime"], randommap=False)
         ab.stop()
         shutil.rmtree(ab.workdir, ignore_errors=True)
+        return r, snapper.latencies
 
     # ---------------------------------------------------------------- exp 4
     def exp4_cow_row(self):
@@ -1044,25 +1046,20 @@ class Bench:
                 log(f"exp7 {job:20} {system:34} {r['iops']:9.0f} IOPS {r['mib_s']:8.1f} MiB/s"
                     f"{'  (busy)' if r['busy'] else ''}")
         os.unlink(full_raw)
+        for ab in arbors.values():
+            ab.stop()
+            shutil.rmtree(ab.workdir, ignore_errors=True)
         # Snapshots while one client writes at full speed, each mode.
-        for mode, ab in arbors.items():
+        for mode in arbors:
             for job in ("4K randwrite QD1", "4K randwrite QD32"):
                 for snaps, durability in SNAPSHOT_LOADS:
-                    with Snapper(ab, f"full@{len(self.records)}-", snaps != "no snapshots",
-                                 durability) as snapper:
-                        r = self.timed_fio(("nbd", ab.uri("full")), job, size, server_pid=ab.pid,
-                                           runtime=p["lat_runtime"], randommap=False)
-                    snapper.destroy_taken()
-                    snap_lat = snapper.latencies
+                    r, snap_lat = self.snapshot_load_row("exp7-load", mode, size, job, snaps, durability)
                     self.record(exp=7, kind="snapshots_under_load", mode=mode, job=job, snaps=snaps,
                                 snapshot_api_s=snap_lat, **r)
                     med = f"{statistics.median(snap_lat) * 1e3:.1f} ms" if snap_lat else "-"
                     log(f"exp7 {mode:8} {job} {snaps:18}: write p50 {r['lat_p50_us']:.0f} µs p99 "
                         f"{r['lat_p99_us']:.0f} µs, {r['iops']:.0f} IOPS; snapshot API median {med} "
                         f"({len(snap_lat)})")
-        for ab in arbors.values():
-            ab.stop()
-            shutil.rmtree(ab.workdir, ignore_errors=True)
 
     # ---------------------------------------------------------------- exp 8
     def exp8_many_clients(self):
