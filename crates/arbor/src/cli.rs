@@ -469,6 +469,9 @@ pub enum PoolCommand {
     Status,
     /// Reclaim all space of destroyed volumes now, instead of in the background
     Reclaim,
+    /// Commit the pool now: every completed write, and every snapshot and
+    /// clone taken with --deferred, is durable when it returns
+    Flush,
     /// Grow the pool online onto more space: a pool file is enlarged to
     /// --size; a block device must be enlarged with its own tools first
     Grow(PoolGrowArgs),

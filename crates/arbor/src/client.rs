@@ -296,6 +296,11 @@ impl DaemonClient {
         decode(&self.send(Method::POST, "/v1/check", None)?)
     }
 
+    /// Commits the pool (`POST /v1/flush`).
+    pub fn flush(&self) -> Result<()> {
+        self.send(Method::POST, "/v1/flush", None).map(drop)
+    }
+
     pub fn reclaim(&self) -> Result<ReclaimView> {
         decode(&self.send(Method::POST, "/v1/reclaim", None)?)
     }

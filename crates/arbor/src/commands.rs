@@ -199,6 +199,14 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
+        Command::Pool(PoolCommand::Flush) => {
+            c.flush()?;
+            p.done(
+                "flushed",
+                "pool",
+                "flushed: every completed write and deferred snapshot is durable\n".to_owned(),
+            )?;
+        }
         Command::Pool(PoolCommand::Reclaim) => {
             let done = with_spinner("reclaiming destroyed volumes' space", || c.reclaim())?;
             p.show(&done, |d| {

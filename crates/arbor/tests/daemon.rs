@@ -624,15 +624,18 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     for name in ["v@b", "d", "v@c"] {
         daemon.ok(&["volume", "stats", name]);
     }
-    // POST /v1/flush commits a deferred snapshot at once.
+    // `pool flush` (POST /v1/flush) commits a deferred snapshot at once.
     let pending = daemon.json(&["snapshot", "create", "v@e", "--deferred"]);
     assert_eq!(pending["durable"], false);
-    assert_eq!(http(&daemon.api_socket(), "POST", "/v1/flush", "").0, 204);
+    assert!(daemon.ok(&["pool", "flush"]).contains("flushed"));
     let list = daemon.json(&["volume", "list"]);
     let listed = list.as_array().unwrap();
     assert!(listed.iter().all(|v| v["durable"] == true), "{list}");
+    daemon.json(&["snapshot", "create", "v@f", "--deferred"]);
+    assert_eq!(http(&daemon.api_socket(), "POST", "/v1/flush", "").0, 204);
     daemon.stop("KILL");
     daemon.restart(&args);
     daemon.ok(&["volume", "stats", "v@e"]);
+    daemon.ok(&["volume", "stats", "v@f"]);
     daemon.stop_cleanly();
 }
