@@ -308,6 +308,18 @@ impl Meta {
         self.commit_in_flight
     }
 
+    /// The transaction of the newest commit known durable: the last
+    /// record's, or the one before it while that record's commit is in
+    /// flight (transactions are numbered one after another).
+    pub fn durable_txn(&self) -> u64 {
+        let newest = self.last_record.txn.get();
+        if self.commit_in_flight {
+            newest.saturating_sub(1)
+        } else {
+            newest
+        }
+    }
+
     // ---- what the layers above may read and count --------------------------
 
     /// The device, geometry and caches.

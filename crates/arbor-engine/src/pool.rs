@@ -1135,7 +1135,7 @@ impl Pool {
     pub fn info(&self, id: VolumeId) -> Result<VolumeInfo> {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;
-        let durable_txn = meta.meta().last_record().txn.get();
+        let durable_txn = meta.meta().durable_txn();
         Ok(volume_info(id.0, rec, self.chunk_size(), durable_txn))
     }
 
@@ -1143,7 +1143,7 @@ impl Pool {
     pub fn list(&self) -> Result<Vec<VolumeInfo>> {
         let meta = self.read_meta()?;
         let chunk = self.chunk_size();
-        let durable_txn = meta.meta().last_record().txn.get();
+        let durable_txn = meta.meta().durable_txn();
         let mut all: Vec<VolumeInfo> = meta
             .table()
             .iter()

@@ -141,14 +141,20 @@ fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
     let pool = Arc::new(Pool::create(dev, &small_opts(4096), &open_opts()).unwrap());
     let v = pool.create_volume("v", VOL).unwrap();
     pool.write(v, 0, &pattern(1, 0, 65536)).unwrap();
+    let early = pool.snapshot_with("v@early", Durability::Deferred).unwrap();
 
-    // A flush stalls in the device, holding its commit in phase B.
+    // A flush stalls in the device, holding its commit (and `early`, which
+    // it records) in phase B.
     gated.close();
     let flusher = {
         let pool = pool.clone();
         std::thread::spawn(move || pool.flush())
     };
     gated.wait_for_blocked_flush();
+    assert!(
+        !pool.info(early).unwrap().durable,
+        "durable before its commit is"
+    );
 
     // The snapshot is taken, and writes go on, while that commit waits.
     let (done, taken) = mpsc::channel();
@@ -172,6 +178,8 @@ fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
     pool.write(v, 0, &pattern(2, 0, 4096)).unwrap();
     gated.open();
     flusher.join().unwrap().unwrap();
+    assert!(pool.info(early).unwrap().durable);
+    assert!(!pool.info(snap).unwrap().durable);
     let mut expected = vec![0u8; VOL as usize];
     expected[..65536].copy_from_slice(&pattern(1, 0, 65536));
     assert_same(&read_all(&pool, snap), &expected);
