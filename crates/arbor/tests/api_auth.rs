@@ -189,17 +189,22 @@ fn https(
     })
 }
 
-/// The same over plain TCP.
+/// The same over plain TCP. The request goes out a byte per write, as a
+/// slow client may send it: the HTTPS listener's refusal must read its head
+/// whole before answering, or its close resets the connection under the
+/// writes still to come (a broken pipe here).
 fn plain(port: u16, token: Option<&str>, method: &str, path: &str) -> Answer {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_nodelay(true).unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(
-        stream,
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
+    );
+    for byte in request.as_bytes() {
+        stream.write_all(std::slice::from_ref(byte)).unwrap();
+    }
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).unwrap();
     parse_answer(&raw)

@@ -228,8 +228,11 @@ async fn connection(
 }
 
 /// A client that speaks plain HTTP to the HTTPS listener gets a 400 that
-/// says so (what it sent is read first, so the close does not reset the
-/// connection before the answer is read), then the connection is closed.
+/// says so, then the connection is closed. The request's head is read
+/// whole first (up to [`PLAIN_HEAD_LIMIT`]), however many segments it came
+/// in, and what the client sends after the answer is drained until it
+/// closes: a close with unread data resets the connection, which can cost
+/// the client the answer, or fail its own writes of the rest.
 async fn refuse_plain_http(mut tcp: TcpStream, remote: SocketAddr, deadline: Instant) {
     debug!(%remote, "API: plain HTTP on the HTTPS listener");
     let body =
@@ -240,13 +243,32 @@ async fn refuse_plain_http(mut tcp: TcpStream, remote: SocketAddr, deadline: Ins
         body.len()
     );
     let _ = tokio::time::timeout_at(deadline, async {
-        let mut request = [0u8; 8192];
-        let _ = tcp.read(&mut request).await;
+        let mut head = Vec::new();
+        let mut piece = [0u8; 1024];
+        while head.len() < PLAIN_HEAD_LIMIT && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tcp.read(&mut piece).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&piece[..n]),
+            }
+        }
         tcp.write_all(answer.as_bytes()).await?;
-        tcp.shutdown().await
+        tcp.shutdown().await?;
+        let mut drained = 0;
+        while drained < PLAIN_DRAIN_LIMIT {
+            match tcp.read(&mut piece).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+        Ok::<(), std::io::Error>(())
     })
     .await;
 }
+
+/// Most of a plain HTTP request's head read before the answer.
+const PLAIN_HEAD_LIMIT: usize = 8192;
+/// Most bytes drained after the answer, waiting for the client to close.
+const PLAIN_DRAIN_LIMIT: usize = 64 * 1024;
 
 /// HTTP/1.1 over `io` until the client closes, a header timeout, or
 /// `stop` (then requests in flight finish first).
