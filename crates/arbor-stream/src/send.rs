@@ -200,13 +200,9 @@ fn guid_of(info: &VolumeInfo) -> Result<Guid, StreamFailure> {
 impl<'p> Sender<'p> {
     /// Plans the stream: finds the snapshots, their identities and the
     /// ranges to send (for an incremental stream, where the two trees
-    /// differ). Nothing is read or written yet.
+    /// differ). No data is read yet; the pool is committed first if the
+    /// target or base is not durable yet.
     pub fn new(pool: &'p Pool, req: &SendRequest) -> Result<Self, StreamFailure> {
-        // A snapshot taken with deferred durability exists durably only from
-        // the pool's next commit: a stream of it must not outlive it (a
-        // receiver holding a snapshot its source lost to a power cut), so
-        // commit first. Costs nothing when nothing changed since the last.
-        pool.flush()?;
         let (target, base, resume_offset) = match &req.resume {
             Some(token) => {
                 let target = by_guid(pool, token.target, "target")?;
@@ -259,6 +255,12 @@ impl<'p> Sender<'p> {
                     )));
                 }
             }
+        }
+        // A snapshot taken with deferred durability exists durably only from
+        // the pool's next commit: a stream of it must not outlive it (a
+        // receiver holding a snapshot its source lost to a power cut).
+        if !target.durable || base.as_ref().is_some_and(|b| !b.durable) {
+            pool.flush()?;
         }
         let header = Header {
             chunk_size: u32::try_from(pool.chunk_size()).unwrap_or(u32::MAX),

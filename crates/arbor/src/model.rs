@@ -309,7 +309,7 @@ fn durable_by_default() -> bool {
 }
 
 /// When a new snapshot or clone is durable.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Durability {
     /// Before the call returns: the call commits the pool.

@@ -245,10 +245,17 @@ async fn refuse_plain_http(mut tcp: TcpStream, remote: SocketAddr, deadline: Ins
     let _ = tokio::time::timeout_at(deadline, async {
         let mut head = Vec::new();
         let mut piece = [0u8; 1024];
-        while head.len() < PLAIN_HEAD_LIMIT && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut ended = false;
+        while !ended && head.len() < PLAIN_HEAD_LIMIT {
             match tcp.read(&mut piece).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&piece[..n]),
+                Ok(n) => {
+                    // Only the new bytes, and the three before them, can
+                    // complete the blank line that ends the head.
+                    let from = head.len().saturating_sub(3);
+                    head.extend_from_slice(&piece[..n]);
+                    ended = head[from..].windows(4).any(|w| w == b"\r\n\r\n");
+                }
             }
         }
         tcp.write_all(answer.as_bytes()).await?;
