@@ -332,8 +332,45 @@ where
     let stop = stop.child_token();
     let reader = read_requests(read_half, &session, &budget, replies, &stop);
     let writer = write_replies(write_half, outgoing, stall_timeout, &stop);
-    let (read_result, write_result) = tokio::join!(reader, writer);
+    let (read_result, write_result) = reader_then_writer(reader, writer).await;
     read_result.and(write_result)
+}
+
+/// Runs both halves to completion, polling the reader before the writer
+/// every time (`tokio::join!` alternates which goes first). A request the
+/// reader runs inline queues its reply and wakes this task; polled in this
+/// same turn, the writer sends it at once, where after the reader it would
+/// wait for the runtime's next turn, a poll of the I/O driver on the way.
+async fn reader_then_writer<R, W>(reader: R, writer: W) -> (R::Output, W::Output)
+where
+    R: std::future::Future,
+    W: std::future::Future,
+{
+    let mut reader = std::pin::pin!(reader);
+    let mut writer = std::pin::pin!(writer);
+    let mut read = None;
+    let mut written = None;
+    std::future::poll_fn(|cx| {
+        if read.is_none() {
+            if let std::task::Poll::Ready(output) = reader.as_mut().poll(cx) {
+                read = Some(output);
+            }
+        }
+        if written.is_none() {
+            if let std::task::Poll::Ready(output) = writer.as_mut().poll(cx) {
+                written = Some(output);
+            }
+        }
+        match (read.take(), written.take()) {
+            (Some(read), Some(written)) => std::task::Poll::Ready((read, written)),
+            (r, w) => {
+                read = r;
+                written = w;
+                std::task::Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 async fn read_requests<R: AsyncRead + Unpin>(

@@ -36,14 +36,17 @@ use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::RwLockWriteGuard;
 
-use arbor_format::{Backing, CowState, DataLayout, DeviceIdentity, Home};
+use arbor_format::{leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity, Home, TreeKind};
 
 use super::write::Fill;
 use super::*;
 use crate::volumes::CopyPlan;
 
-/// Store entries a rollback or a sweep handles per step.
+/// Store entries a rollback handles per step.
 const BATCH: usize = 256;
+/// Store entries a sweep looks at per step (a few leaves), removing those
+/// no epoch reads: bounds how long one step holds the metadata lock.
+const SWEEP_ENTRIES: usize = 512;
 /// Bytes of one unit of a write to a copy-on-write volume (the NBD maximum
 /// payload, as for other writes).
 const UNIT_BYTES: u64 = 32 << 20;
@@ -933,25 +936,27 @@ impl Pool {
         self.read_view_pieces(backing, pieces, buf)
     }
 
-    /// Removes copies no epoch reads any more, up to a bounded number per
-    /// call; returns how many store entries it looked at (0: nothing to do).
+    /// Removes copies no epoch reads any more, looking at a bounded number
+    /// of store entries per call; returns its cost in metadata nodes (the
+    /// leaves those entries fill, at least 1), the unit reclaim is paced in,
+    /// or 0 when there is nothing to do.
     pub(super) fn sweep_stores(&self) -> Result<usize> {
         let Some((id, from)) = self.origins.next_sweep() else {
             return Ok(0);
         };
         self.commit_if_needed()?;
-        let next = {
+        let (next, seen) = {
             let mut meta = self.write_meta()?;
             if !matches!(meta.volume(id).map(|r| r.layout), Ok(DataLayout::Cow(_))) {
                 self.origins.sweep_done(id, None);
                 return Ok(1);
             }
             self.mutate(&mut meta, Privilege::Reserve, |m| {
-                m.sweep_copies(id, from, BATCH)
+                m.sweep_copies(id, from, SWEEP_ENTRIES)
             })?
         };
         self.origins.sweep_done(id, next);
-        Ok(BATCH)
+        Ok(seen.div_ceil(leaf_capacity(TreeKind::Mapping)).max(1))
     }
 }
 

@@ -244,20 +244,23 @@ impl Volumes {
         Ok(())
     }
 
-    /// Removes up to `max` copies of copy-on-write volume `id` that no
-    /// epoch reads any more, from key `from` on; returns where to go on
-    /// (None: the end of the store was reached).
-    pub fn sweep_copies(&mut self, id: u64, from: u64, max: usize) -> Result<Option<u64>> {
+    /// Looks at up to `max` store entries of copy-on-write volume `id` from
+    /// key `from` on, and removes those no epoch reads any more; returns
+    /// where to go on (None: the end of the store was reached) and how many
+    /// entries it looked at.
+    pub fn sweep_copies(&mut self, id: u64, from: u64, max: usize) -> Result<(Option<u64>, usize)> {
         let (cow, rec) = self.cow_state(id)?;
         let root = rec.root;
         let mut dead = Vec::new();
+        let mut seen = 0;
         let mut next = None;
         let table = &self.table;
         self.meta.store_for_each(root, from, &mut |copy| {
-            if dead.len() == max {
+            if seen == max {
                 next = Some(copy.key());
                 return Ok(false);
             }
+            seen += 1;
             // A rollback in progress reads its epoch's copies too.
             let rolled_back = (copy.first..=copy.last).contains(&cow.rollback);
             if !rolled_back && !table.live_between(id, copy.first, copy.last) {
@@ -279,7 +282,7 @@ impl Volumes {
                 rec.mapped_chunks = rec.mapped_chunks.saturating_sub(n);
             })?;
         }
-        Ok(next)
+        Ok((next, seen))
     }
 
     /// Records `identity` as the device of external copy-on-write volume
