@@ -25,6 +25,7 @@
 //! commit_lock → gate → stripe → meta.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -236,6 +237,10 @@ pub struct MapRun {
     pub mapped: bool,
 }
 
+/// Bytes of the copies only one epoch reads, by epoch, of one copy-on-write
+/// volume ([`Volumes::copies_by_sole_epoch`]).
+type SoleCopies = Arc<HashMap<u64, u64>>;
+
 pub struct Pool {
     store: Arc<Store>,
     meta: RwLock<Volumes>,
@@ -249,6 +254,11 @@ pub struct Pool {
     /// exclusive, reads through its epochs shared (`pool/origin.rs`).
     origin_stripes: Vec<RwLock<()>>,
     origins: origin::Origins,
+    /// For statistics: bytes of the copies only one epoch reads, by
+    /// copy-on-write volume and epoch, each as of one state of its store
+    /// and epochs ([`VolumeTable::store_version`]), so the statistics of
+    /// all of a volume's snapshots walk its store once, not once each.
+    sole_copies: Mutex<HashMap<u64, (u64, SoleCopies)>>,
     failure: Mutex<Option<String>>,
     commit_observer: OnceLock<CommitObserver>,
     /// Units that did not fit an empty transaction's journal and ran in
@@ -507,6 +517,7 @@ impl Pool {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             origin_stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
             origins: origin::Origins::default(),
+            sole_copies: Mutex::default(),
             check_lock: Mutex::new(()),
             check_pages: Mutex::new(None),
             #[cfg(test)]
@@ -1456,9 +1467,11 @@ impl Pool {
         // The copies only this record's epoch reads, if no other record
         // reads through that epoch: destroying it frees them.
         let copies = match rec.backing {
-            Some(b) if meta.table().readers_of_epoch(b.origin, b.epoch) == 1 => {
-                meta.copies_only_for(b.origin, b.epoch)?
-            }
+            Some(b) if meta.table().readers_of_epoch(b.origin, b.epoch) == 1 => self
+                .sole_copies(&meta, b.origin)?
+                .get(&b.epoch)
+                .copied()
+                .unwrap_or(0),
             _ => 0,
         };
         if copies > 0 {
@@ -1483,6 +1496,28 @@ impl Pool {
                 .saturating_sub(exclusive)
                 .saturating_mul(cs),
         })
+    }
+
+    /// [`Volumes::copies_by_sole_epoch`] of `origin`, walked once per state
+    /// of its store and epochs.
+    fn sole_copies(&self, meta: &Volumes, origin: u64) -> Result<SoleCopies> {
+        let table = meta.table();
+        let version = table.store_version(origin);
+        if let Some((seen, bytes)) = lock_mutex(&self.sole_copies).get(&origin) {
+            if Some(*seen) == version {
+                return Ok(Arc::clone(bytes));
+            }
+        }
+        // Walked without the cache's lock (the caller's read guard keeps the
+        // state): two callers may walk at once, and both get the same.
+        let bytes = Arc::new(meta.copies_by_sole_epoch(origin)?);
+        if let Some(version) = version {
+            let mut cache = lock_mutex(&self.sole_copies);
+            // Only volumes that still exist: the cache stays bounded.
+            cache.retain(|&id, _| table.store_version(id).is_some());
+            cache.insert(origin, (version, Arc::clone(&bytes)));
+        }
+        Ok(bytes)
     }
 
     /// Whether `a` and `b` share their whole tree and size, as a volume and

@@ -40,8 +40,16 @@ pub(crate) struct VolumeTable {
     /// volume, epoch) (`VolumeRecord::backing`). Derived from `vols`, kept
     /// with every change to it.
     epochs: BTreeMap<(u64, u64), u32>,
+    /// Per copy-on-write volume (and any other record), a value that
+    /// changes whenever its record or the set of records reading through it
+    /// changes (so whenever its store or its live epochs do): what is
+    /// derived from them can be kept until it changes. In memory only.
+    versions: HashMap<u64, u64>,
     log: UndoLog<Undo>,
 }
+
+/// Source of [`VolumeTable::store_version`] values, unique in the process.
+static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl VolumeTable {
     /// The table as loaded from a commit: nothing dirty.
@@ -62,7 +70,9 @@ impl VolumeTable {
     /// Sets record `id` (the one place `vols` gains a record: the epoch
     /// index follows).
     fn put(&mut self, id: u64, rec: VolumeRecord) {
+        self.touch(id);
         if let Some(b) = rec.backing {
+            self.touch(b.origin);
             *self.epochs.entry((b.origin, b.epoch)).or_default() += 1;
         }
         if let Some(old) = self.vols.insert(id, rec) {
@@ -74,11 +84,19 @@ impl VolumeTable {
     fn take(&mut self, id: u64) -> Option<VolumeRecord> {
         let rec = self.vols.remove(&id)?;
         self.unindex(&rec);
+        self.versions.remove(&id);
         Some(rec)
+    }
+
+    /// Gives record `id` a new [`Self::store_version`].
+    fn touch(&mut self, id: u64) {
+        let version = VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.versions.insert(id, version);
     }
 
     fn unindex(&mut self, rec: &VolumeRecord) {
         if let Some(b) = rec.backing {
+            self.touch(b.origin);
             if let std::collections::btree_map::Entry::Occupied(mut e) =
                 self.epochs.entry((b.origin, b.epoch))
             {
@@ -130,6 +148,28 @@ impl VolumeTable {
                 .range((origin, first)..=(origin, last))
                 .next()
                 .is_some()
+    }
+
+    /// A value that changes whenever record `origin`, or the set of records
+    /// reading through its epochs, changes; so it names one state of a
+    /// copy-on-write volume's store and live epochs. Unique in the process:
+    /// a value once seen never stands for another state. None: no such
+    /// record.
+    pub fn store_version(&self, origin: u64) -> Option<u64> {
+        self.versions.get(&origin).copied()
+    }
+
+    /// The one epoch in `first ..= last` of copy-on-write volume `origin`
+    /// that records read through, if exactly one is.
+    pub fn sole_live_epoch(&self, origin: u64, first: u64, last: u64) -> Option<u64> {
+        if first > last {
+            return None;
+        }
+        let mut live = self.epochs.range((origin, first)..=(origin, last));
+        match (live.next(), live.next()) {
+            (Some((&(_, epoch), _)), None) => Some(epoch),
+            _ => None,
+        }
     }
 
     /// How many records read through epoch `epoch` of copy-on-write volume

@@ -387,3 +387,32 @@ fn one_reclaim_call_sweeps_a_store_by_its_nodes_not_its_copies() {
     assert!(!pool.pool_stats().unwrap().reclaim_pending);
     assert_clean(&pool);
 }
+
+/// A snapshot's exclusive bytes are the copies only its epoch reads, and
+/// they follow every change: a copy two snapshots share counts for neither
+/// until one of them is destroyed, and a new copy counts at once.
+#[test]
+fn snapshot_statistics_follow_destroys_and_new_copies() {
+    let (_disk, pool, _origin, disk) = attached();
+    let exclusive = |id| pool.volume_stats(id).unwrap().exclusive_bytes;
+    let s1 = pool.snapshot("disk@s1").unwrap();
+    pool.write(disk, 0, &[3u8; 4096]).unwrap();
+    let s2 = pool.snapshot("disk@s2").unwrap();
+    pool.write(disk, 0, &[4u8; 4096]).unwrap();
+    pool.write(disk, 2 * CS, &[4u8; 4096]).unwrap();
+    // Chunk 0: a copy for s1, another for s2. Chunk 2: one both read.
+    assert_eq!((exclusive(s1), exclusive(s2)), (CS, CS));
+    pool.write(disk, 4 * CS, &[5u8; 4096]).unwrap();
+    assert_eq!((exclusive(s1), exclusive(s2)), (CS, CS));
+    let s3 = pool.snapshot("disk@s3").unwrap();
+    pool.write(disk, 0, &[6u8; 4096]).unwrap();
+    assert_eq!((exclusive(s1), exclusive(s2), exclusive(s3)), (CS, CS, CS));
+    pool.write(disk, 6 * CS, &[6u8; 4096]).unwrap();
+    assert_eq!((exclusive(s1), exclusive(s2), exclusive(s3)), (CS, CS, CS));
+    pool.delete("disk@s2").unwrap();
+    // Chunks 2 and 4 are s1's alone now; chunk 6 is still read by both.
+    assert_eq!((exclusive(s1), exclusive(s3)), (3 * CS, CS));
+    pool.delete("disk@s1").unwrap();
+    assert_eq!(exclusive(s3), 2 * CS);
+    assert_clean(&pool);
+}

@@ -303,12 +303,18 @@ fn run(ops: &[Op], external: bool) {
         w.verify(step);
     }
     assert_clean(w.pool());
-    // Destroying every reader leaves no copy behind.
+    // Destroying every reader leaves no copy behind, and each one frees
+    // exactly what its statistics said only it held.
+    while w.pool().reclaim(4096).unwrap() > 0 {}
     let names: Vec<String> = w.readers.keys().rev().cloned().collect();
     for name in names {
+        let exclusive = w.pool().volume_stats(w.id(&name)).unwrap().exclusive_bytes;
+        let used = w.pool().pool_stats().unwrap().data_used_bytes;
         w.pool().delete(&name).unwrap();
+        while w.pool().reclaim(4096).unwrap() > 0 {}
+        let freed = used - w.pool().pool_stats().unwrap().data_used_bytes;
+        assert_eq!(freed, exclusive, "destroying {name}");
     }
-    while w.pool().reclaim(4096).unwrap() > 0 {}
     let disk = w.id("disk");
     let home = match w.pool().info(disk).unwrap().layout {
         VolumeLayout::CowExternal { store_bytes, .. } => {

@@ -8,6 +8,8 @@ use arbor_format::{
     MAX_COW_CHUNKS, MAX_EPOCH,
 };
 
+use std::collections::HashMap;
+
 use super::Volumes;
 use crate::error::{Error, Result};
 use crate::snapstore::StoreEntry;
@@ -373,22 +375,21 @@ impl Volumes {
         Ok((found, next))
     }
 
-    /// Bytes of copies that only epoch `epoch` of volume `origin` reads:
-    /// what destroying the last record reading it would free.
-    pub fn copies_only_for(&self, origin: u64, epoch: u64) -> Result<u64> {
+    /// Bytes of copies that only one live epoch of copy-on-write volume
+    /// `origin` reads, by epoch: what destroying the last record reading
+    /// that epoch would free. One walk of the store, whatever the number
+    /// of epochs.
+    pub fn copies_by_sole_epoch(&self, origin: u64) -> Result<HashMap<u64, u64>> {
         let root = self.volume(origin)?.root;
-        let mut n = 0u64;
+        let cs = self.meta.geo().chunk_size;
+        let mut bytes = HashMap::new();
         let table = &self.table;
         self.meta.store_for_each(root, 0, &mut |copy| {
-            if copy.first <= epoch
-                && epoch <= copy.last
-                && !table.live_between(origin, copy.first, epoch - 1)
-                && !table.live_between(origin, epoch + 1, copy.last)
-            {
-                n += 1;
+            if let Some(epoch) = table.sole_live_epoch(origin, copy.first, copy.last) {
+                *bytes.entry(epoch).or_insert(0u64) += cs;
             }
             Ok(true)
         })?;
-        Ok(n * self.meta.geo().chunk_size)
+        Ok(bytes)
     }
 }
