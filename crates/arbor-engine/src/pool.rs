@@ -28,7 +28,9 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::{Duration, Instant};
 
 use arbor_format::{
@@ -237,6 +239,17 @@ pub struct MapRun {
     pub mapped: bool,
 }
 
+/// The leader of a group commit ([`Pool::commit_through`]): steps down and
+/// wakes the followers when dropped.
+struct GroupLeader<'a>(&'a Pool);
+
+impl Drop for GroupLeader<'_> {
+    fn drop(&mut self) {
+        *lock_mutex(&self.0.group_leader) = false;
+        self.0.group_committed.notify_all();
+    }
+}
+
 /// Bytes of the copies only one epoch reads, by epoch, of one copy-on-write
 /// volume ([`Volumes::copies_by_sole_epoch`]).
 type SoleCopies = Arc<HashMap<u64, u64>>;
@@ -246,6 +259,11 @@ pub struct Pool {
     meta: RwLock<Volumes>,
     gate: RwLock<()>,
     commit_lock: Mutex<()>,
+    /// Group commits ([`Pool::commit_through`]): whether a caller is
+    /// committing for the others, who wait on `group_committed` instead of
+    /// queueing for `commit_lock`.
+    group_leader: Mutex<bool>,
+    group_committed: Condvar,
     /// One growth or upgrade at a time (held across a growth's device
     /// work, which the commit lock is not).
     grow_lock: Mutex<()>,
@@ -513,6 +531,8 @@ impl Pool {
             meta: RwLock::new(volumes),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
+            group_leader: Mutex::new(false),
+            group_committed: Condvar::new(),
             grow_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             origin_stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
@@ -739,7 +759,45 @@ impl Pool {
 
     /// Commits the open transaction.
     fn commit_open(&self) -> Result<()> {
+        self.commit_locked(u64::MAX)
+    }
+
+    /// Makes the changes of transaction `txn` durable, as a group commit:
+    /// one caller at a time (the leader) commits the open transaction for
+    /// every caller whose changes it holds, while the others wait for it
+    /// to finish, not for the commit lock; each then returns if that
+    /// commit, or any other since, covered its transaction, or leads the
+    /// next one. (Queued on the commit lock instead, callers whose changes
+    /// were durable already waited for each commit begun meanwhile.)
+    fn commit_through(&self, txn: u64) -> Result<()> {
+        let mut leader = lock_mutex(&self.group_leader);
+        loop {
+            if self.read_meta()?.meta().durable_txn() >= txn {
+                return Ok(());
+            }
+            if !*leader {
+                break;
+            }
+            leader = self
+                .group_committed
+                .wait(leader)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        *leader = true;
+        drop(leader);
+        // Steps down however the commit ends, so no follower waits forever.
+        let _leading = GroupLeader(self);
+        self.commit_locked(txn)
+    }
+
+    /// Commits the open transaction, unless a commit since `txn` was open
+    /// made its changes durable already.
+    fn commit_locked(&self, txn: u64) -> Result<()> {
         let _commit = lock_mutex(&self.commit_lock);
+        // Stable under the commit lock: no other commit can begin.
+        if self.read_meta()?.meta().durable_txn() >= txn {
+            return Ok(());
+        }
         let job = {
             let _gate = self.commit_gate();
             let mut meta = self.write_meta()?;

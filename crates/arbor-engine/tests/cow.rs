@@ -416,3 +416,62 @@ fn snapshot_statistics_follow_destroys_and_new_copies() {
     assert_eq!(exclusive(s3), 2 * CS);
     assert_clean(&pool);
 }
+
+/// Concurrent first writes share commits: while one commit is in flight,
+/// the copies of first writes to other chunks go into the next
+/// transaction, and one commit makes them all durable (a group commit:
+/// each writer waits for the commit that covers its copy, not for one of
+/// its own).
+#[test]
+fn concurrent_first_writes_share_one_commit() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const WRITERS: u64 = 8;
+    let gated = Arc::new(FlushGate::new(SimDisk::new(32 * MIB)));
+    let dev: Arc<dyn BlockDevice> = gated.clone();
+    let pool = Arc::new(Pool::create(dev, &small_opts(CS as u32), &open_opts()).unwrap());
+    let origin = SimDisk::from_image(fill(1, ORIGIN as usize));
+    let disk = pool
+        .attach_origin("disk", Arc::new(origin.clone()), identity(1))
+        .unwrap();
+    let snap = pool.snapshot("disk@s").unwrap();
+    let commits = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&commits);
+    assert!(pool.observe_commits(Box::new(move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    })));
+    let write = |chunk: u64| {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.write(disk, chunk * CS, &[chunk as u8 + 10; 4096]))
+    };
+    let store = |pool: &Pool| match pool.info(disk).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, .. } => store_bytes,
+        other => panic!("{other:?}"),
+    };
+    // The first writer's commit stalls in the device.
+    gated.close();
+    let first = write(0);
+    gated.wait_for_blocked_flush();
+    let writers: Vec<_> = (1..=WRITERS).map(write).collect();
+    // Every writer's copy is mapped in the open transaction, behind it.
+    while store(&pool) < (WRITERS + 1) * CS {
+        std::thread::yield_now();
+    }
+    gated.open();
+    first.join().unwrap().unwrap();
+    for writer in writers {
+        writer.join().unwrap().unwrap();
+    }
+    assert_eq!(
+        commits.load(Ordering::SeqCst),
+        2,
+        "one commit for the group"
+    );
+    let mut want = fill(1, ORIGIN as usize);
+    for chunk in 0..=WRITERS {
+        let at = (chunk * CS) as usize;
+        want[at..at + 4096].fill(chunk as u8 + 10);
+    }
+    assert_eq!(origin.handle().visible_image(), want);
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    assert_clean(&pool);
+}

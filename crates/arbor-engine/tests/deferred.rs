@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arbor_engine::{Durability, Pool, VolumeId};
@@ -205,65 +205,4 @@ fn a_deferred_snapshot_of_a_copy_on_write_volume_is_committed() {
     let mut buf = vec![0u8; 8192];
     crashed.read(s, 0, &mut buf).unwrap();
     assert_eq!(buf, pattern(1, 0, 8192));
-}
-
-/// A device whose flushes wait while the gate is closed.
-struct FlushGate {
-    disk: SimDisk,
-    closed: Mutex<bool>,
-    changed: Condvar,
-    blocked: AtomicBool,
-}
-
-impl FlushGate {
-    fn new(disk: SimDisk) -> Self {
-        Self {
-            disk,
-            closed: Mutex::new(false),
-            changed: Condvar::new(),
-            blocked: AtomicBool::new(false),
-        }
-    }
-
-    fn close(&self) {
-        *self.closed.lock().unwrap() = true;
-    }
-
-    fn open(&self) {
-        *self.closed.lock().unwrap() = false;
-        self.changed.notify_all();
-    }
-
-    fn wait_for_blocked_flush(&self) {
-        let mut closed = self.closed.lock().unwrap();
-        while !self.blocked.load(Ordering::SeqCst) {
-            closed = self.changed.wait(closed).unwrap();
-        }
-        drop(closed);
-    }
-}
-
-impl BlockDevice for FlushGate {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.disk.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.disk.write_at(buf, offset)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        let mut closed = self.closed.lock().unwrap();
-        if *closed {
-            self.blocked.store(true, Ordering::SeqCst);
-            self.changed.notify_all();
-            while *closed {
-                closed = self.changed.wait(closed).unwrap();
-            }
-            self.blocked.store(false, Ordering::SeqCst);
-        }
-        drop(closed);
-        self.disk.flush()
-    }
-    fn size(&self) -> u64 {
-        self.disk.size()
-    }
 }

@@ -382,7 +382,6 @@ async fn read_requests<R: AsyncRead + Unpin>(
 ) -> Result<(), ConnectionError> {
     let mut input = BufReader::with_capacity(64 * 1024, read_half);
     let mut dispatch = Dispatch::new(session.export.small_io_inline());
-    dispatch.when_idle = session.export.inline_only_when_idle();
     let limits = Limits {
         size: session.size,
         read_only: session.read_only,
@@ -556,6 +555,9 @@ impl Request {
                 _reservation: reservation,
             });
         };
+        dispatch.when_idle = session
+            .export
+            .inline_only_when_idle(matches!(command, Command::Write { .. }));
         if dispatch.inline(&command, Instant::now(), more_waiting) {
             let started = Instant::now();
             run();
@@ -598,7 +600,8 @@ async fn drain<R: AsyncRead + Unpin>(
 struct Dispatch {
     /// The export allows it ([`Export::small_io_inline`]).
     enabled: bool,
-    /// Only while the connection is idle ([`Export::inline_only_when_idle`]).
+    /// Only while the connection is idle ([`Export::inline_only_when_idle`],
+    /// for the request at hand).
     when_idle: bool,
     /// Inline execution is paused until then, after a slow inline request.
     paused_until: Option<Instant>,

@@ -174,13 +174,15 @@ pub trait Export: Send + Sync + 'static {
         false
     }
 
-    /// With [`Export::small_io_inline`]: whether small requests run inline
-    /// only while the connection is idle, with none of its requests on the
-    /// blocking pool and no further request already received. For exports
-    /// whose small requests wait for a device (direct I/O): a lone request
-    /// (a client at queue depth 1) saves the hand-offs, while a deep queue
-    /// still reaches the device all at once.
-    fn inline_only_when_idle(&self) -> bool {
+    /// With [`Export::small_io_inline`]: whether small requests (writes
+    /// when `write`, else reads) run inline only while the connection is
+    /// idle, with none of its requests on the blocking pool and no further
+    /// request already received. Asked for each request, as the answer may
+    /// change while a client is connected. For requests that wait for a
+    /// device (direct I/O, a write that commits first): a lone request (a
+    /// client at queue depth 1) saves the hand-offs, while a deep queue
+    /// still reaches the device all at once, and its requests overlap.
+    fn inline_only_when_idle(&self, _write: bool) -> bool {
         false
     }
 }

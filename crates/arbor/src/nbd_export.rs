@@ -146,6 +146,10 @@ impl ExportProvider for PoolExports {
             // volume reading through one reads through it until destroyed.
             in_pool: info.layout == VolumeLayout::Row,
             inline_only_when_idle: self.inline_only_when_idle,
+            copies_on_write: matches!(
+                info.layout,
+                VolumeLayout::CowExternal { .. } | VolumeLayout::CowInPool { .. }
+            ),
             origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             _open: self.open.open(id),
@@ -171,6 +175,9 @@ struct VolumeExport {
     in_pool: bool,
     /// See [`PoolExports::inline_only_when_idle`].
     inline_only_when_idle: bool,
+    /// A copy-on-write volume: while it has snapshots, a write may first
+    /// copy what they read and commit (`Pool::writes_may_copy`).
+    copies_on_write: bool,
     /// An origin's device error was logged for this connection: NBD
     /// carries only EIO to most clients, so the reason goes to the log,
     /// once per connection (a guest retries, and would flood it).
@@ -308,8 +315,11 @@ impl Export for VolumeExport {
         true
     }
 
-    fn inline_only_when_idle(&self) -> bool {
+    fn inline_only_when_idle(&self, write: bool) -> bool {
+        // A write that copies waits for a commit: a deep queue of them must
+        // overlap, so that concurrent first writes share their commits.
         self.inline_only_when_idle
+            || (write && self.copies_on_write && self.pool.writes_may_copy(self.id))
     }
 
     fn meta_contexts(&self, query: &str) -> Vec<String> {

@@ -504,6 +504,15 @@ impl Pool {
         })
     }
 
+    /// Whether a write to volume `id` may first copy what its snapshots
+    /// still read, and wait for the commit that makes the copy durable: a
+    /// copy-on-write volume with a live epoch. (False when the pool has
+    /// failed: its writes fail at once.)
+    pub fn writes_may_copy(&self, id: VolumeId) -> bool {
+        self.read_meta()
+            .is_ok_and(|meta| meta.table().newest_live_epoch(id.0).is_some())
+    }
+
     /// Reads `buf.len()` bytes at `offset` of copy-on-write volume `id`
     /// (checked by the caller): straight from its device.
     pub(super) fn cow_read(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -581,8 +590,8 @@ impl Pool {
         loop {
             self.commit_if_needed()?;
             match self.copy_chunks(t, chunks.clone()) {
-                Ok(false) => return Ok(()),
-                Ok(true) => return self.commit_open(),
+                Ok(None) => return Ok(()),
+                Ok(Some(txn)) => return self.commit_through(txn),
                 Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
                     if made_room || !self.make_room()? {
                         return Err(e);
@@ -603,9 +612,9 @@ impl Pool {
         }
     }
 
-    /// Step 1 of the module documentation, once: returns whether anything
-    /// was copied.
-    fn copy_chunks(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<bool> {
+    /// Step 1 of the module documentation, once: returns the transaction
+    /// the copies were mapped in, None when nothing needed a copy.
+    fn copy_chunks(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<Option<u64>> {
         let _gate = self.io_gate();
         let plans = {
             let mut meta = self.write_meta()?;
@@ -614,11 +623,13 @@ impl Pool {
             })?
         };
         if plans.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         let mapped = self.write_copies(t, &plans).and_then(|()| {
             let mut meta = self.write_meta()?;
-            self.mutate(&mut meta, Privilege::Normal, |m| m.map_copies(t.id, &plans))
+            self.mutate(&mut meta, Privilege::Normal, |m| {
+                m.map_copies(t.id, &plans).map(|()| m.meta().txn())
+            })
         });
         if let Err(e) = mapped {
             if self.check_failed().is_ok() {
@@ -627,7 +638,7 @@ impl Pool {
             }
             return Err(e);
         }
-        Ok(true)
+        mapped.map(Some)
     }
 
     /// Copies the device's chunks of `plans` to their pool chunks (the

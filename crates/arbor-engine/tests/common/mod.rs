@@ -1,7 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use arbor_engine::{CreateOptions, OpenOptions, Pool};
 use arbor_io::{BlockDevice, SimDisk};
@@ -48,3 +49,64 @@ pub fn assert_clean(pool: &Pool) {
 
 #[allow(unused_imports)]
 pub use arbor_io::model::{pattern, Possible};
+
+/// A device whose flushes wait while the gate is closed.
+pub struct FlushGate {
+    pub disk: SimDisk,
+    closed: Mutex<bool>,
+    changed: Condvar,
+    pub blocked: AtomicBool,
+}
+
+impl FlushGate {
+    pub fn new(disk: SimDisk) -> Self {
+        Self {
+            disk,
+            closed: Mutex::new(false),
+            changed: Condvar::new(),
+            blocked: AtomicBool::new(false),
+        }
+    }
+
+    pub fn close(&self) {
+        *self.closed.lock().unwrap() = true;
+    }
+
+    pub fn open(&self) {
+        *self.closed.lock().unwrap() = false;
+        self.changed.notify_all();
+    }
+
+    pub fn wait_for_blocked_flush(&self) {
+        let mut closed = self.closed.lock().unwrap();
+        while !self.blocked.load(Ordering::SeqCst) {
+            closed = self.changed.wait(closed).unwrap();
+        }
+        drop(closed);
+    }
+}
+
+impl BlockDevice for FlushGate {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.disk.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        let mut closed = self.closed.lock().unwrap();
+        if *closed {
+            self.blocked.store(true, Ordering::SeqCst);
+            self.changed.notify_all();
+            while *closed {
+                closed = self.changed.wait(closed).unwrap();
+            }
+            self.blocked.store(false, Ordering::SeqCst);
+        }
+        drop(closed);
+        self.disk.flush()
+    }
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+}
