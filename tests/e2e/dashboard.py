@@ -7,7 +7,9 @@ real daemon with its HTTP API on loopback TCP:
    (held by `backup`) and db@s2 (2 MiB of its own), the clone `dbclone` of
    db@s1 with its snapshot dbclone@c1, a snapshot policy on db, a
    replication pair db -> a second daemon on loopback (cycled once), data
-   use past the 1 % warning threshold (space_warning_percent = [1, 2]), and
+   use past the 1 % warning threshold (space_warning_percent = [1, 2]),
+   `home`, a copy-on-write volume (`--layout cow`) with home@h1 (alone
+   reading 1 MiB of copies) and home@h2 (cloned as `homeclone`), and
    `bulk` with 1000 snapshots (taken through the API's Unix socket);
 2. what a person sees: first a form asking for an API token (the API on
    TCP wants one; nothing of the pool shows), where a wrong token is
@@ -15,6 +17,8 @@ real daemon with its HTTP API on loopback TCP:
    sessionStorage; then the data and metadata use as the API reports it,
    formatted; the tree (db's snapshots, the clone under db@s1, the clone's
    snapshot); db's logical, mapped and exclusive sizes; the hold on db@s1;
+   the layouts of home ("cow") and homeclone ("reads home"), and home@h1's
+   exclusive 1 MiB;
    db's policy with its last and next run; the replication row (target,
    state, last snapshot sent); the alert (or warning) for data use; bulk
    with "1000 snapshots" but only 50 rows (the DOM stays small) until
@@ -239,6 +243,14 @@ def setup_pool(daemon, api, target_port):
     daemon.cli("snapshot", "create", "dbclone@c1")
     daemon.cli("hold", "db@s1", "backup")
     daemon.cli("policy", "set", "db", "--schedule", "every 1h", "--keep", "hourly=24,daily=7")
+    # A copy-on-write volume: home@h1 alone reads the 1 MiB copied after
+    # it; home@h2 and its clone share an epoch.
+    daemon.cli("volume", "create", "home", "--size", "16M", "--layout", "cow")
+    harness.run(*qemu, "-c", "write -P 3 0 4M", daemon.uri("home"))
+    daemon.cli("snapshot", "create", "home@h1")
+    harness.run(*qemu, "-c", "write -P 4 0 1M", daemon.uri("home"))
+    daemon.cli("snapshot", "create", "home@h2")
+    daemon.cli("clone", "home@h2", "homeclone")
 
     daemon.cli("replica", "add", "db", "--target", f"127.0.0.1:{target_port}", "--interval", "60s")
 
@@ -347,6 +359,16 @@ def browse(daemon, api, target_port):
         check(s2["exclusive_bytes"] == 2 * MIB, "the API says db@s2 holds 2 MiB of its own", json.dumps(s2))
         d.wait_text('tr[data-snapshot="db@s2"] [data-testid="size-exclusive"]', "2 MiB", "db@s2's exclusive size")
         d.wait_text('tr[data-snapshot="db@s1"] [data-testid="hold"]', "backup", "the hold on db@s1")
+
+        # Layouts: a copy-on-write volume, what its snapshot alone holds of
+        # the store, and a clone that reads through it.
+        d.wait_text('[data-volume="home"] > .vol-head [data-testid="layout"]', "cow", "home's layout")
+        h1 = api.volume("home@h1")
+        check(h1["exclusive_bytes"] == MIB, "the API says home@h1 alone reads 1 MiB of copies", json.dumps(h1))
+        d.wait_text('tr[data-snapshot="home@h1"] [data-testid="size-exclusive"]', "1 MiB", "home@h1's exclusive size")
+        d.wait_text('tr[data-clones-of="home@h2"] [data-volume="homeclone"] > .vol-head [data-testid="layout"]',
+                    "reads home", "homeclone's layout")
+        check(d.count('[data-volume="db"] > .vol-head [data-testid="layout"]') == 0, "db has the default layout, untagged")
 
         # The policy.
         policy = next(p for p in api.overview()["policies"] if "db" in p["volumes"])
