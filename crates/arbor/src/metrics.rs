@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use arbor_engine::{Pool, VolumeId};
+use arbor_engine::{Pool, VolumeId, VolumeLayout};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -62,6 +62,11 @@ struct IoLabels {
 struct VolumeLabels {
     volume: String,
     kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabels {
+    volume: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,6 +128,9 @@ pub struct Metrics {
     volume_size: Family<VolumeLabels, Gauge>,
     volume_mapped: Family<VolumeLabels, Gauge>,
     volume_connections: Family<VolumeLabels, Gauge>,
+    cow_store: Family<NameLabels, Gauge>,
+    origin_attached: Family<NameLabels, Gauge>,
+    origin_rollback: Family<NameLabels, Gauge>,
     replica_recovery_point: Family<PairLabels, Gauge>,
     replica_sent: Family<PairLabels, Gauge>,
     replica_failed: Family<PairLabels, Gauge>,
@@ -150,6 +158,9 @@ impl Metrics {
             volume_size: Family::default(),
             volume_mapped: Family::default(),
             volume_connections: Family::default(),
+            cow_store: Family::default(),
+            origin_attached: Family::default(),
+            origin_rollback: Family::default(),
             replica_recovery_point: Family::default(),
             replica_sent: Family::default(),
             replica_failed: Family::default(),
@@ -269,6 +280,22 @@ impl Metrics {
             "volume_nbd_connections",
             "Open NBD connections to each volume and snapshot",
             m.volume_connections.clone(),
+        );
+        r.register_with_unit(
+            "cow_store",
+            "Bytes a copy-on-write volume's snapshot store holds: old data copied for its snapshots",
+            Unit::Bytes,
+            m.cow_store.clone(),
+        );
+        r.register(
+            "origin_attached",
+            "1 while an origin's device is attached; 0: its I/O fails until it is attached again",
+            m.origin_attached.clone(),
+        );
+        r.register(
+            "origin_rollback_pending",
+            "1 while an origin's interrupted rollback waits to be finished",
+            m.origin_rollback.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }
@@ -418,6 +445,29 @@ impl Metrics {
         self.volume_size.clear();
         self.volume_mapped.clear();
         self.volume_connections.clear();
+        self.cow_store.clear();
+        for v in &volumes {
+            if let VolumeLayout::CowExternal { store_bytes, .. }
+            | VolumeLayout::CowInPool { store_bytes, .. } = v.layout
+            {
+                self.cow_store
+                    .get_or_create(&NameLabels {
+                        volume: v.name.clone(),
+                    })
+                    .set(gauge_value(store_bytes));
+            }
+        }
+        self.origin_attached.clear();
+        self.origin_rollback.clear();
+        for o in pool.origins()? {
+            let labels = NameLabels { volume: o.name };
+            self.origin_attached
+                .get_or_create(&labels)
+                .set(i64::from(o.attached));
+            self.origin_rollback
+                .get_or_create(&labels)
+                .set(i64::from(o.rollback_epoch != 0));
+        }
         for v in volumes {
             let labels = VolumeLabels {
                 kind: if v.snapshot { "snapshot" } else { "volume" },

@@ -179,6 +179,14 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
     // What the write replaced was copied once into the pool.
     let stats = daemon.json(&["volume", "stats", "disk"]);
     assert_eq!(stats["store_bytes"], 4 * MIB as u64);
+    let metrics = http(&daemon.api_socket(), "GET", "/metrics", "").1;
+    for line in [
+        format!("arbor_cow_store_bytes{{volume=\"disk\"}} {}", 4 * MIB),
+        "arbor_origin_attached{volume=\"disk\"} 1".to_owned(),
+        "arbor_origin_rollback_pending{volume=\"disk\"} 0".to_owned(),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 
     // A clone of the snapshot is writable, apart from the file.
     daemon.ok(&["clone", "disk@s1", "c1"]);
@@ -231,6 +239,13 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
     let origins = origin_list(&daemon);
     assert_eq!(origins[0]["attached"], false);
     assert_eq!(origins[0]["path"], p(&image), "the path stays recorded");
+    let metrics = http(&daemon.api_socket(), "GET", "/metrics", "").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "arbor_origin_attached{volume=\"disk\"} 0"),
+        "{metrics}"
+    );
     let table = daemon.ok(&["origin", "list"]);
     assert!(table.contains("NO"), "{table}");
     assert!(daemon
