@@ -1592,6 +1592,14 @@ impl Pool {
             && vb.layout == arbor_format::DataLayout::Row)
     }
 
+    /// Whether [`Pool::diff`] can compare `a` and `b` (`Error::Unsupported`
+    /// says why not), without walking anything.
+    pub fn check_diff(&self, a: VolumeId, b: VolumeId) -> Result<()> {
+        let meta = self.read_meta()?;
+        let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
+        DiffPlan::of((a.0, va), (b.0, vb)).map(|_| ())
+    }
+
     /// Byte ranges where volumes `a` and `b` differ, found by walking only the
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {
@@ -1606,16 +1614,25 @@ impl Pool {
     pub fn diff_in(&self, a: VolumeId, b: VolumeId, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
         let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
-        tree_only(va)?;
-        tree_only(vb)?;
-        let (ra, rb) = (va.root, vb.root);
+        let plan = DiffPlan::of((a.0, va), (b.0, vb))?;
         let cs = self.chunk_size();
         let (first, end) = (from / cs, to.div_ceil(cs));
         let mut chunks: Vec<(u64, u64)> = Vec::new();
-        meta.meta().diff_trees(ra, rb, first, end, &mut |lo, hi| {
-            chunks.push((lo, hi));
-            Ok(())
-        })?;
+        meta.meta()
+            .diff_trees(plan.roots.0, plan.roots.1, first, end, &mut |lo, hi| {
+                chunks.push((lo, hi));
+                Ok(())
+            })?;
+        if let Some((origin, lo, hi)) = plan.epochs {
+            let trees = chunks.len();
+            meta.epoch_changes(origin, lo, hi, first..end, &mut |chunk| {
+                chunks.push((chunk, chunk + 1));
+                Ok(())
+            })?;
+            if chunks.len() > trees {
+                chunks.sort_unstable();
+            }
+        }
         // Bytes past a volume's size in its last chunk are not part of it
         // (they read as zeros once it grows), though the chunk may still be
         // shared: when the sizes differ, that chunk differs too.
@@ -1642,7 +1659,16 @@ impl Pool {
     pub fn changed_since(&self, id: VolumeId, since: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;
-        tree_only(rec)?;
+        // What reads through an epoch changes only in its tree: the
+        // epoch's content is fixed when it is taken.
+        if rec.layout != arbor_format::DataLayout::Row {
+            return Err(Error::Unsupported(format!(
+                "{} is a copy-on-write volume: its writes go in place, where nothing \
+                 records when; find what changed between two of its snapshots instead \
+                 (arbor diff)",
+                rec.name
+            )));
+        }
         let root = rec.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
         meta.meta()
@@ -1744,18 +1770,55 @@ impl ByteRanges {
     }
 }
 
-/// Fails for a volume whose content is not all in its own tree (a
-/// copy-on-write volume, or one reading through its epochs): tree walks
-/// (diff, changed blocks) do not see the whole of it yet.
-fn tree_only(rec: &arbor_format::VolumeRecord) -> Result<()> {
-    if rec.layout != arbor_format::DataLayout::Row || rec.backing.is_some() {
-        return Err(Error::Unsupported(format!(
-            "{} is a copy-on-write volume or reads through one: \
-             diffs and changed blocks of these are not supported yet",
-            rec.name
-        )));
+/// Where [`Pool::diff_in`] looks for what differs between two volumes:
+/// where their trees differ (`roots`), and, when both read through one
+/// copy-on-write volume (or one of them is that volume), where the epochs
+/// they read differ (`epochs`: the volume, the older epoch and the newer
+/// one, above every epoch for the volume as it is now).
+struct DiffPlan {
+    roots: (BlockRef, BlockRef),
+    epochs: Option<(u64, u64, u64)>,
+}
+
+impl DiffPlan {
+    fn of(
+        (ida, va): (u64, &arbor_format::VolumeRecord),
+        (idb, vb): (u64, &arbor_format::VolumeRecord),
+    ) -> Result<Self> {
+        use arbor_format::DataLayout::{Cow, Row};
+        let both = |epochs| {
+            Ok(Self {
+                roots: (va.root, vb.root),
+                epochs,
+            })
+        };
+        match (va.layout, va.backing, vb.layout, vb.backing) {
+            (Row, None, Row, None) => both(None),
+            (Row, Some(x), Row, Some(y)) if x.origin == y.origin => {
+                both(Some((x.origin, x.epoch.min(y.epoch), x.epoch.max(y.epoch))))
+            }
+            // The volume itself against what reads through it: the
+            // volume's root is its store's, not a map of its data.
+            (Cow(_), None, Row, Some(y)) if y.origin == ida => Ok(Self {
+                roots: (BlockRef::NONE, vb.root),
+                epochs: Some((ida, y.epoch, u64::MAX)),
+            }),
+            (Row, Some(x), Cow(_), None) if x.origin == idb => Ok(Self {
+                roots: (va.root, BlockRef::NONE),
+                epochs: Some((idb, x.epoch, u64::MAX)),
+            }),
+            (Cow(_), None, Cow(_), None) if ida == idb => Ok(Self {
+                roots: (BlockRef::NONE, BlockRef::NONE),
+                epochs: None,
+            }),
+            _ => Err(Error::Unsupported(format!(
+                "{} and {}: diffs and changed blocks are found between volumes whose data is \
+                 in the pool, and between a copy-on-write volume and what reads through it \
+                 (its snapshots, their clones and the clones' snapshots); not between these",
+                va.name, vb.name
+            ))),
+        }
     }
-    Ok(())
 }
 
 fn check_size(size: u64) -> Result<()> {

@@ -475,3 +475,57 @@ fn concurrent_first_writes_share_one_commit() {
     assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
     assert_clean(&pool);
 }
+
+/// Diffs between snapshots of a copy-on-write volume come from its store:
+/// a chunk differs between two epochs when the older one reads a copy the
+/// newer one does not; the volume itself differs from an epoch where that
+/// epoch reads a copy. A clone adds what its tree maps. Volumes of other
+/// layouts cannot be compared with these.
+#[test]
+fn diffs_between_epochs_come_from_the_store() {
+    let (_disk, pool, _origin, disk) = attached();
+    let chunks = |a: VolumeId, b: VolumeId| -> Vec<u64> {
+        let mut out = Vec::new();
+        for (offset, len) in pool.diff(a, b).unwrap() {
+            out.extend(offset / CS..(offset + len) / CS);
+        }
+        out
+    };
+    let write = |chunk: u64| pool.write(disk, chunk * CS, &[chunk as u8; 4096]).unwrap();
+    let s1 = pool.snapshot("disk@s1").unwrap();
+    write(1);
+    write(3);
+    let s2 = pool.snapshot("disk@s2").unwrap();
+    write(3);
+    write(5);
+    let s3 = pool.snapshot("disk@s3").unwrap();
+    assert_eq!(chunks(s1, s2), [1, 3]);
+    assert_eq!(chunks(s2, s1), [1, 3]);
+    assert_eq!(chunks(s2, s3), [3, 5]);
+    assert_eq!(chunks(s1, s3), [1, 3, 5]);
+    assert_eq!(chunks(s3, disk), [0u64; 0]);
+    write(7);
+    assert_eq!(chunks(s3, disk), [7]);
+    assert_eq!(chunks(disk, s1), [1, 3, 5, 7]);
+    assert_eq!(chunks(disk, disk), [0u64; 0]);
+    // A window sees only its chunks.
+    assert_eq!(
+        pool.diff_in(s1, disk, 2 * CS, 6 * CS).unwrap(),
+        [(3 * CS, CS), (5 * CS, CS)]
+    );
+    let clone = pool.clone_snapshot("disk@s2", "c").unwrap();
+    pool.write(clone, 9 * CS, &[9u8; 4096]).unwrap();
+    assert_eq!(chunks(s2, clone), [9]);
+    assert_eq!(chunks(s1, clone), [1, 3, 9]);
+    assert_eq!(chunks(disk, clone), [3, 5, 7, 9]);
+    // What reads through an epoch changes only in its tree.
+    assert_eq!(pool.changed_since(clone, 0).unwrap(), [(9 * CS, CS)]);
+    let err = pool.changed_since(disk, 0).unwrap_err();
+    assert!(err.to_string().contains("copy-on-write"), "{err}");
+    // Another layout: refused, with both names.
+    let plain = pool.create_volume("plain", ORIGIN).unwrap();
+    let err = pool.diff(plain, s1).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("plain and disk@s1"), "{err}");
+    assert!(pool.check_diff(s1, clone).is_ok());
+}

@@ -296,12 +296,40 @@ impl World {
     }
 }
 
+impl World {
+    /// Every pair of the volume and what reads through it: the diff covers
+    /// every chunk where their models differ (an incremental stream sends
+    /// what the diff finds, so a chunk missed would arrive stale).
+    fn verify_diffs(&self) {
+        let mut all: Vec<(&str, &Vec<u8>)> = vec![("disk", &self.origin)];
+        all.extend(self.readers.iter().map(|(n, m)| (n.as_str(), m)));
+        for (i, &(a, ma)) in all.iter().enumerate() {
+            for &(b, mb) in &all[i + 1..] {
+                let ranges = self.pool().diff(self.id(a), self.id(b)).unwrap();
+                for (chunk, (ca, cb)) in ma
+                    .chunks(CS as usize)
+                    .zip(mb.chunks(CS as usize))
+                    .enumerate()
+                {
+                    let at = chunk as u64 * CS;
+                    let covered = ranges.iter().any(|&(o, l)| o <= at && at < o + l);
+                    assert!(covered || ca == cb, "diff({a}, {b}) misses chunk {chunk}");
+                }
+            }
+        }
+    }
+}
+
 fn run(ops: &[Op], external: bool) {
     let mut w = World::new(external);
     for (step, op) in ops.iter().enumerate() {
         w.apply(op);
         w.verify(step);
+        if step % 16 == 15 {
+            w.verify_diffs();
+        }
     }
+    w.verify_diffs();
     assert_clean(w.pool());
     // Destroying every reader leaves no copy behind, and each one frees
     // exactly what its statistics said only it held.

@@ -244,16 +244,10 @@ impl<'p> Sender<'p> {
                     target.name
                 )));
             }
-            // An incremental stream walks where two trees differ; what reads
-            // through a copy-on-write volume's epoch is not all in its tree.
-            for s in [&target, b] {
-                if s.layout != arbor_engine::VolumeLayout::Row {
-                    return Err(StreamFailure::Refused(format!(
-                        "{} reads through a copy-on-write volume: incremental streams of it are \
-                         not supported yet; send it whole",
-                        s.name
-                    )));
-                }
+            // An incremental stream sends what the engine's diff finds,
+            // which not every pair of layouts has.
+            if let Err(arbor_engine::Error::Unsupported(why)) = pool.check_diff(b.id, target.id) {
+                return Err(StreamFailure::Refused(format!("{why}; send it whole")));
             }
         }
         // A snapshot taken with deferred durability exists durably only from

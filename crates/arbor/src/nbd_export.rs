@@ -323,18 +323,13 @@ impl Export for VolumeExport {
     }
 
     fn meta_contexts(&self, query: &str) -> Vec<String> {
-        // Changed blocks come from comparing mapping trees, which an
-        // origin and what reads through one do not have whole (the engine
-        // refuses their diffs).
-        if !self.in_pool {
-            return Vec::new();
-        }
+        // Changed blocks are the engine's diff, which compares some pairs
+        // of layouts only (`Pool::check_diff`).
+        let comparable = |id| self.pool.check_diff(id, self.id).is_ok();
         if let Some(snapshot) = query.strip_prefix(CHANGED_PREFIX).filter(|s| !s.is_empty()) {
             // An exact name: any snapshot sharing history can be compared.
             return match self.pool.lookup(snapshot).and_then(|id| self.pool.info(id)) {
-                Ok(info) if info.snapshot && info.layout == VolumeLayout::Row => {
-                    vec![query.to_owned()]
-                }
+                Ok(info) if info.snapshot && comparable(info.id) => vec![query.to_owned()],
                 _ => Vec::new(),
             };
         }
@@ -346,7 +341,7 @@ impl Export for VolumeExport {
         match self.pool.list() {
             Ok(all) => all
                 .into_iter()
-                .filter(|v| v.snapshot && v.name.starts_with(&prefix))
+                .filter(|v| v.snapshot && v.name.starts_with(&prefix) && comparable(v.id))
                 .map(|v| format!("{CHANGED_PREFIX}{}", v.name))
                 .collect(),
             Err(_) => Vec::new(),

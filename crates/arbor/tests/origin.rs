@@ -188,6 +188,28 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
     }
 
+    // What changed since the snapshot: the 4 MiB written after it, from
+    // `arbor diff` and from the NBD changed-blocks context alike.
+    assert_eq!(
+        daemon.json(&["diff", "disk@s1", "disk"]),
+        serde_json::json!([{"offset": 0, "len": 4 * MIB}])
+    );
+    let map = tool_ok(
+        "nbdinfo",
+        &["--map=x-arbor:changed:disk@s1", &uri(&daemon, "disk")],
+    );
+    let mut changed: Vec<(u64, u64)> = Vec::new();
+    for line in map.lines() {
+        let mut f = line.split_whitespace().map(|w| w.parse::<u64>().unwrap());
+        let (offset, len, flags) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        match changed.last_mut() {
+            Some(last) if flags & 1 == 1 && last.0 + last.1 == offset => last.1 += len,
+            _ if flags & 1 == 1 => changed.push((offset, len)),
+            _ => {}
+        }
+    }
+    assert_eq!(changed, [(0, 4 * MIB as u64)], "{map}");
+
     // A clone of the snapshot is writable, apart from the file.
     daemon.ok(&["clone", "disk@s1", "c1"]);
     qemu_io_ok(&daemon, "c1", "write -P 0x33 8M 1M");

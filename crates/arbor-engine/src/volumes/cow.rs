@@ -4,8 +4,8 @@
 //! "Copy-on-write volumes").
 
 use arbor_format::{
-    Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Home, VolumeKind, VolumeRecord,
-    MAX_COW_CHUNKS, MAX_EPOCH,
+    store_key, Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Home, VolumeKind,
+    VolumeRecord, MAX_COW_CHUNKS, MAX_EPOCH,
 };
 
 use std::collections::HashMap;
@@ -391,5 +391,42 @@ impl Volumes {
             Ok(true)
         })?;
         Ok(bytes)
+    }
+
+    /// The chunks in `chunks` whose content differs between epoch `lo` of
+    /// copy-on-write volume `origin` and epoch `hi` (> `lo`; `MAX_EPOCH`
+    /// and above: the volume as it is now), in order, each once: those
+    /// with a copy that `lo` reads and `hi` does not. (A chunk `lo` reads
+    /// from the device was not overwritten since, so `hi` reads the same;
+    /// a copy serving both holds what both read.) One walk of the store's
+    /// keys for those chunks.
+    pub fn epoch_changes(
+        &self,
+        origin: u64,
+        lo: u64,
+        hi: u64,
+        chunks: std::ops::Range<u64>,
+        emit: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<()> {
+        let (_, rec) = self.cow_state(origin)?;
+        if chunks.start >= chunks.end || chunks.start >= MAX_COW_CHUNKS {
+            return Ok(());
+        }
+        let mut last_emitted = None;
+        self.meta
+            .store_for_each(rec.root, store_key(chunks.start, 0), &mut |copy| {
+                if copy.chunk >= chunks.end {
+                    return Ok(false);
+                }
+                if copy.first <= lo
+                    && lo <= copy.last
+                    && copy.last < hi
+                    && last_emitted != Some(copy.chunk)
+                {
+                    last_emitted = Some(copy.chunk);
+                    emit(copy.chunk)?;
+                }
+                Ok(true)
+            })
     }
 }
