@@ -1149,9 +1149,14 @@ impl Pool {
             let meta = self.read_meta()?;
             let id = meta.volume_id(name)?;
             let rec = meta.writable_volume(id)?;
-            if rec.layout != arbor_format::DataLayout::Row || rec.backing.is_some() {
+            if let arbor_format::DataLayout::Cow(cow) = rec.layout {
+                let (home, old_size) = (cow.home, rec.size_bytes);
+                drop(meta);
+                return self.resize_cow(id, name, home, old_size, new_size);
+            }
+            if rec.backing.is_some() {
                 return Err(Error::Unsupported(format!(
-                    "{name} is a copy-on-write volume or reads through one: it cannot be resized"
+                    "{name} reads through a copy-on-write volume: it cannot be resized"
                 )));
             }
             (id, rec.size_bytes)

@@ -220,15 +220,15 @@ fn a_restart_needs_the_same_device_again() {
         pool.read(snap, 8192, &mut buf),
         Err(Error::Origin(_))
     ));
-    // Another device, or the same one resized, is refused.
+    // Another device, or the same one shrunk, is refused.
     let other: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN));
     assert!(matches!(
         pool.attach_origin("disk", other, identity(2)),
         Err(Error::Conflict(_))
     ));
-    let bigger: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(2 * ORIGIN));
+    let smaller: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN - 4096));
     assert!(matches!(
-        pool.attach_origin("disk", bigger, identity(1)),
+        pool.attach_origin("disk", smaller, identity(1)),
         Err(Error::Conflict(_))
     ));
     // The same disk under a new number (a block device after a reboot):
@@ -528,4 +528,128 @@ fn diffs_between_epochs_come_from_the_store() {
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
     assert!(err.to_string().contains("plain and disk@s1"), "{err}");
     assert!(pool.check_diff(s1, clone).is_ok());
+}
+
+/// An origin grows: its device is enlarged (a file by arbor, a block device
+/// beforehand with its own tools), then the new size recorded; its
+/// snapshots keep their size and content. A power cut between the two
+/// leaves a larger device, which attaches with the recorded size, and the
+/// resize runs again. It never shrinks, and an in-pool home cannot grow.
+#[test]
+fn an_origin_grows_and_its_snapshots_keep_their_size() {
+    let (disk, pool, origin, id) = attached();
+    let snap = pool.snapshot("disk@a").unwrap();
+    pool.write(id, 0, &[2u8; 4096]).unwrap();
+    pool.resize("disk", 2 * ORIGIN).unwrap();
+    assert_eq!(origin.size(), 2 * ORIGIN);
+    assert_eq!(pool.info(id).unwrap().size, 2 * ORIGIN);
+    assert_eq!(pool.info(snap).unwrap().size, ORIGIN);
+    // The new part reads as the device has it (zeros, for a file), and
+    // takes writes. While a snapshot from before the growth lives, a first
+    // write there still copies its chunk once (no epoch's size is kept to
+    // tell that none of them can see it): space, never content.
+    let mut tail = vec![1u8; 8192];
+    pool.read(id, ORIGIN, &mut tail).unwrap();
+    assert!(tail.iter().all(|&b| b == 0));
+    pool.write(id, ORIGIN + 4096, &[3u8; 4096]).unwrap();
+    match pool.info(id).unwrap().layout {
+        VolumeLayout::CowExternal { store_bytes, .. } => assert_eq!(store_bytes, 2 * CS),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    let mut want = fill(1, ORIGIN as usize);
+    want[..4096].fill(2);
+    want.resize(2 * ORIGIN as usize, 0);
+    want[ORIGIN as usize + 4096..ORIGIN as usize + 8192].fill(3);
+    assert_eq!(read(&pool, id, 2 * ORIGIN), want);
+    assert_eq!(origin.handle().visible_image(), want);
+    // Never smaller; the same size is nothing to do.
+    assert!(matches!(
+        pool.resize("disk", ORIGIN),
+        Err(Error::Unsupported(_))
+    ));
+    pool.resize("disk", 2 * ORIGIN).unwrap();
+    // A device grown and a size not recorded (a power cut between them):
+    // attached with the recorded size, and the resize runs again.
+    pool.flush().unwrap();
+    origin.extend(3 * ORIGIN).unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    pool.attach_origin("disk", dev, identity(1)).unwrap();
+    assert_eq!(pool.info(id).unwrap().size, 2 * ORIGIN);
+    assert_eq!(read(&pool, id, 2 * ORIGIN), want);
+    pool.resize("disk", 3 * ORIGIN).unwrap();
+    assert_eq!(pool.info(id).unwrap().size, 3 * ORIGIN);
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    // A clone of the snapshot, and an in-pool home, stay their size.
+    pool.clone_snapshot("disk@a", "c").unwrap();
+    assert!(matches!(
+        pool.resize("c", 2 * ORIGIN),
+        Err(Error::Unsupported(_))
+    ));
+    pool.create_cow_volume("home", 64 * 1024).unwrap();
+    let err = pool.resize("home", 128 * 1024).unwrap_err();
+    assert!(err.to_string().contains("one run of the pool"), "{err}");
+    assert_clean(&pool);
+}
+
+/// A power cut at any point of an origin's growth: the pool opens, the
+/// device (enlarged at once, like a file's size) attaches, and the volume
+/// has its old size or its new one, with its content and its snapshot's
+/// intact; the growth then runs again to the end.
+#[test]
+fn a_power_cut_during_an_origins_growth_leaves_the_old_or_the_new_size() {
+    use rand::{rngs::StdRng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(16);
+    let mut seen = (false, false);
+    for cut in 0.. {
+        let (disk, pool, origin, id) = attached();
+        let snap = pool.snapshot("disk@a").unwrap();
+        pool.write(id, 0, &[2u8; 8192]).unwrap();
+        pool.flush().unwrap();
+        let mut want = fill(1, ORIGIN as usize);
+        want[..8192].fill(2);
+        disk.handle().cut_power_after(cut);
+        let result = pool.resize("disk", 2 * ORIGIN);
+        let finished = result.is_ok() && disk.handle().is_powered();
+        disk.handle().cut_power();
+        drop(pool);
+        for round in 0..3 {
+            let image = if round == 0 {
+                disk.handle().durable_image()
+            } else {
+                disk.handle().crash_image(&mut rng)
+            };
+            let pool = Pool::open(Arc::new(SimDisk::from_image(image)), &open_opts())
+                .unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+            let device = SimDisk::from_image(origin.handle().durable_image());
+            let dev: Arc<dyn BlockDevice> = Arc::new(device.clone());
+            pool.attach_origin("disk", dev, identity(1))
+                .unwrap_or_else(|e| panic!("cut {cut}: attach: {e}"));
+            let size = pool.info(id).unwrap().size;
+            match size {
+                s if s == ORIGIN => seen.0 = true,
+                s if s == 2 * ORIGIN => seen.1 = true,
+                other => panic!("cut {cut}: size {other}"),
+            }
+            assert!(
+                !finished || size == 2 * ORIGIN,
+                "cut {cut}: returned, then lost"
+            );
+            assert_eq!(read(&pool, id, ORIGIN), want, "cut {cut}");
+            assert_eq!(
+                read(&pool, snap, ORIGIN),
+                fill(1, ORIGIN as usize),
+                "cut {cut}"
+            );
+            pool.resize("disk", 2 * ORIGIN).unwrap();
+            assert_eq!(pool.info(id).unwrap().size, 2 * ORIGIN);
+            assert_clean(&pool);
+        }
+        if finished {
+            break;
+        }
+    }
+    assert!(seen.0 && seen.1, "cuts saw both sizes: {seen:?}");
 }

@@ -318,6 +318,19 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
     daemon.ok(&["destroy", "disk@s1"]);
     qemu_io_ok(&daemon, "disk", "write -P 0x77 15M 1M");
     current[15 * MIB..].fill(0x77);
+    // An origin grows, and its file with it; it never shrinks.
+    daemon.ok(&["snapshot", "create", "disk@small"]);
+    daemon.ok(&["volume", "resize", "disk", "24M"]);
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 24 * MIB as u64);
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(volume(&list, "disk")["size"], 24 * MIB as u64);
+    assert_eq!(volume(&list, "disk@small")["size"], IMAGE as u64);
+    daemon.fails(&["volume", "resize", "disk", "8M"], 5, "cannot shrink");
+    qemu_io_ok(&daemon, "disk", "write -P 0x78 20M 1M");
+    current.resize(24 * MIB, 0);
+    current[20 * MIB..21 * MIB].fill(0x78);
+    qemu_io_ok(&daemon, "disk@small", "read -P 0x77 15M 1M");
+    daemon.ok(&["destroy", "disk@small"]);
     daemon.ok(&["origin", "detach", "disk"]);
     assert!(origin_list(&daemon).is_empty());
     daemon.fails(&["volume", "stats", "disk"], 4, "no such volume");
@@ -453,7 +466,7 @@ fn attach_and_detach_refuse_what_they_cannot_do() {
     );
     daemon.fails(&["origin", "detach", "plain"], 2, "is not an origin");
     daemon.fails(&["origin", "detach", "ghost"], 4, "no such volume");
-    daemon.fails(&["volume", "resize", "disk", "2M"], 5, "cannot be resized");
+    daemon.fails(&["volume", "resize", "disk", "512K"], 5, "cannot shrink");
 
     // NBD clients keep it, as any volume, unless forced.
     let client = hold_open(&daemon, "disk");
@@ -487,7 +500,11 @@ fn a_volume_created_copy_on_write_keeps_its_snapshots() {
     qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
     qemu_io_ok(&daemon, "db", "read -P 0x62 1M 64k");
     daemon.fails(&["destroy", "db"], 5, "destroy them first");
-    daemon.fails(&["volume", "resize", "db", "16M"], 5, "cannot be resized");
+    daemon.fails(
+        &["volume", "resize", "db", "16M"],
+        5,
+        "cannot grow in place",
+    );
     daemon.ok(&["destroy", "db@a"]);
     daemon.ok(&["destroy", "db"]);
 }

@@ -282,7 +282,11 @@ impl Pool {
                         recorded.dev, recorded.ino, identity.dev, identity.ino
                     )));
                 }
-                if size != rec.size_bytes {
+                // Larger is the same disk grown (by a resize a power cut
+                // interrupted, or from outside): the volume keeps its
+                // recorded size. Smaller would cut what it and its
+                // snapshots read.
+                if size < rec.size_bytes {
                     return Err(Error::Conflict(format!(
                         "{name}'s device was {} bytes and is {size} now",
                         rec.size_bytes
@@ -502,6 +506,67 @@ impl Pool {
             size,
             d: &d,
         })
+    }
+
+    /// Resizes copy-on-write volume `id` (`name`, of `old_size` bytes):
+    /// only an origin, and only larger. Its device is enlarged first (a
+    /// regular file; a block device must have been enlarged with its own
+    /// tools) and flushed, then the new size is recorded, so a power cut
+    /// between the two leaves a device larger than the record, which an
+    /// attach accepts (the volume keeps its recorded size until the resize
+    /// is run again). Its snapshots keep their size.
+    pub(super) fn resize_cow(
+        &self,
+        id: u64,
+        name: &str,
+        home: Home,
+        old_size: u64,
+        new_size: u64,
+    ) -> Result<()> {
+        if matches!(home, Home::Pool { .. }) {
+            return Err(Error::Unsupported(format!(
+                "{name} keeps its data in one run of the pool, which cannot grow in place: \
+                 send a snapshot of it to a new volume instead"
+            )));
+        }
+        if new_size < old_size {
+            return Err(Error::Unsupported(format!(
+                "{name} is an origin: it cannot shrink (its snapshots may read its device past \
+                 the new end); detach it and shrink the file or device with its own tools"
+            )));
+        }
+        if new_size == old_size {
+            return Ok(());
+        }
+        let d = self.origin_device(id, name)?;
+        // No I/O of the volume runs while its device changes size.
+        let _busy = write_lock(&d.busy);
+        match d.dev.extend(new_size) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                let size = d.dev.refresh_size().map_err(|e| self.origin_err(name, e))?;
+                if size < new_size {
+                    return Err(Error::InvalidArgument(format!(
+                        "{name}'s device has {size} bytes: enlarge it to {new_size} with its \
+                         own tools first ({e})"
+                    )));
+                }
+            }
+            Err(e) => return Err(self.origin_err(name, e)),
+        }
+        d.dev.flush().map_err(|e| self.origin_err(name, e))?;
+        self.manage(Privilege::Normal, |m| {
+            if m.volume(id)?.size_bytes != old_size {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} was resized meanwhile"
+                )));
+            }
+            m.set_volume_size(id, new_size)
+        })
+    }
+
+    fn origin_err(&self, name: &str, e: std::io::Error) -> Error {
+        Error::Origin(format!("{name}: its device could not be enlarged: {e}"))
     }
 
     /// Whether a write to volume `id` may first copy what its snapshots

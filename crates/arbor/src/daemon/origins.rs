@@ -8,7 +8,7 @@
 //! never write one disk), records the path in the pool as a property of
 //! the volume, and at its next start opens every origin again from there.
 //! A device that cannot be opened then (missing), or is not the one
-//! attached (another identity or size, or the same identity but other
+//! attached (another identity, a smaller size, or the same identity but other
 //! [`Marks`]: a reused inode number, a device number now another disk's),
 //! leaves its volume unattached: its I/O fails with `origin_unavailable`,
 //! and the rest of the pool is served.
@@ -314,7 +314,8 @@ impl PoolControl {
     /// `POST /v1/origins`: makes the file or block device at `path` the
     /// origin `name`, its data left in place; or attaches the device of
     /// origin `name` again (after a start that could not open it): then it
-    /// must be the same file or device, of the same size.
+    /// must be the same file or device, of the same size or larger (the
+    /// volume keeps its recorded size until `volume resize`).
     pub fn attach_origin(&self, name: &str, path: &str) -> Result<OriginView> {
         let _one = self.origins.changing();
         let known = self.pool.origins()?;
@@ -526,7 +527,7 @@ impl PoolControl {
 
     /// At the daemon's start: attaches every origin's device again from
     /// its recorded path. One that cannot be (no path recorded, the file
-    /// missing, replaced or resized) is logged and stays unattached; the
+    /// missing, replaced or shrunk) is logged and stays unattached; the
     /// daemon serves everything else. Fails only if the pool does.
     pub fn attach_recorded_origins(&self) -> Result<()> {
         for o in self.pool.origins()? {
