@@ -12,7 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arbor_engine::{DeviceIdentity, Pool, VolumeId, VolumeLayout};
+use arbor_engine::{DeviceIdentity, Error, Pool, VolumeId, VolumeLayout};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 use proptest::prelude::*;
@@ -65,6 +65,10 @@ enum Op {
     Reclaim,
     Flush,
     Reopen,
+    /// An origin grows by this many chunks (an in-pool home cannot).
+    Grow {
+        chunks: u64,
+    },
 }
 
 fn range() -> impl Strategy<Value = (u64, u64)> {
@@ -87,6 +91,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reclaim),
         1 => Just(Op::Flush),
         1 => Just(Op::Reopen),
+        1 => (1u64..4).prop_map(|chunks| Op::Grow { chunks }),
     ]
 }
 
@@ -249,7 +254,12 @@ impl World {
                     return;
                 };
                 self.pool().rollback("disk", &snap).unwrap();
+                // A snapshot from before a growth: the part it cannot see
+                // is written back as it was when first overwritten (the
+                // zeros of a file enlarged).
+                let size = self.origin.len();
                 self.origin = self.readers[&snap].clone();
+                self.origin.resize(size, 0);
             }
             Op::Delete { reader } => {
                 let Some(name) = self.pick(reader, |_| true) else {
@@ -262,6 +272,16 @@ impl World {
                 self.pool().reclaim(64).unwrap();
             }
             Op::Flush => self.pool().flush().unwrap(),
+            Op::Grow { chunks } => {
+                let size = self.origin.len() as u64 + chunks * CS;
+                let grown = self.pool().resize("disk", size);
+                if self.device.is_none() {
+                    assert!(matches!(grown, Err(Error::Unsupported(_))), "{grown:?}");
+                    return;
+                }
+                grown.unwrap();
+                self.origin.resize(size as usize, 0);
+            }
             Op::Reopen => {
                 drop(self.pool.take());
                 let pool = reopen(&self.disk);
@@ -276,7 +296,8 @@ impl World {
 
     fn verify(&self, step: usize) {
         let read = |name: &str| {
-            let mut buf = vec![0u8; ORIGIN as usize];
+            let size = self.pool().info(self.id(name)).unwrap().size;
+            let mut buf = vec![0u8; size as usize];
             self.pool().read(self.id(name), 0, &mut buf).unwrap();
             buf
         };
