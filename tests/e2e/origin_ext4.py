@@ -10,8 +10,8 @@ the clones and snapshots destroyed, the origin detached, and the image file
 itself, mounted with a plain loop device, must hold the latest files and
 pass `e2fsck -fn`. Last, a block device (a loop device) as an origin:
 attached again at a start while it is the same disk, refused once its
-device number belongs to another. Needs root (mount); fails loudly
-without it."""
+device number belongs to another, re-identified when the same disk comes
+back under another number. Needs root (mount); fails loudly without it."""
 
 import hashlib
 import json
@@ -146,7 +146,8 @@ def body(daemon):
 def block_device(daemon):
     """A block device (a loop device) as an origin: attached again at a
     start while it is the same disk; when its device number has passed to
-    another disk (the loop device now backed by another file), refused."""
+    another disk (the loop device now backed by another file), refused;
+    the same disk under a new device number, attached and recorded."""
     images = []
     for n, byte in ((0, 0x11), (1, 0x44)):
         images.append(os.path.join(daemon.dir, f"blk{n}.img"))
@@ -179,6 +180,29 @@ def block_device(daemon):
     refused = run(ARBOR, "--data-dir", daemon.dir, "origin", "attach", "blk", loop, check=False)
     if refused.returncode != 5 or "is another disk" not in refused.stderr:
         raise Failure(f"attaching another disk as blk: exit {refused.returncode}: {refused.stderr}")
+
+    # The right disk under another device number (as after a reboot): known
+    # by its marks (the loop device's backing file), its new number is
+    # recorded and it is attached, with its data and its snapshot's; the
+    # next start opens it from the new path.
+    moved = run("losetup", "-f", "--show", images[0]).stdout.strip()
+    daemon.cleanups.append(lambda: run("losetup", "-d", moved, check=False))
+    if moved == loop:
+        raise Failure(f"losetup gave {images[0]} the same device {loop} again")
+    daemon.cli("origin", "attach", "blk", moved)
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if not listed[0]["attached"] or listed[0]["path"] != moved:
+        raise Failure(f"blk on its new device number {moved} was not attached: {listed}")
+    if "has a new device number" not in daemon.log():
+        raise Failure(f"the daemon's log does not say blk's number changed:\n{daemon.log()}")
+    read_back(daemon, "blk", 0x22)
+    read_back(daemon, "blk@s", 0x11)
+    daemon.stop()
+    daemon.start()
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    if not listed[0]["attached"]:
+        raise Failure(f"blk was not attached from {moved} at the next start: {listed}")
+    read_back(daemon, "blk", 0x22)
     daemon.cli("destroy", "blk@s")
     daemon.cli("origin", "detach", "blk")
 
