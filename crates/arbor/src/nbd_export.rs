@@ -552,8 +552,9 @@ mod tests {
 
     /// An origin and the volumes reading through it cannot unmap: a trim
     /// leaves their data (and the pool's space) as it was, a fast zero is
-    /// refused, an ordinary zeroing writes zeros, and no changed-block
-    /// context is offered.
+    /// refused, an ordinary zeroing writes zeros. Their changed-block
+    /// contexts compare them with the origin's snapshots (the diff finds
+    /// those in the store), and an ordinary volume's do not offer them.
     #[test]
     fn trims_of_origins_and_what_reads_through_them_change_nothing() {
         let exports = exports();
@@ -582,9 +583,27 @@ mod tests {
             export.write_zeroes(0, chunk as u64, true, false).unwrap();
             export.read(0, &mut buf[..chunk]).unwrap();
             assert!(buf[..chunk].iter().all(|&b| b == 0), "{name} zeroed");
-            assert!(export.meta_contexts("").is_empty());
-            assert!(export.meta_contexts("x-arbor:changed:disk@s").is_empty());
+            let changed = "x-arbor:changed:disk@s".to_owned();
+            assert_eq!(
+                export.meta_contexts(&changed),
+                std::slice::from_ref(&changed)
+            );
+            let listed = if name == "disk" {
+                vec![changed.clone()]
+            } else {
+                vec![]
+            };
+            assert_eq!(export.meta_contexts(""), listed, "{name}");
+            // The zeroed chunk is all that changed since the snapshot.
+            assert_eq!(
+                export.context_status(&changed, 0, 4 * MIB).unwrap(),
+                [(chunk as u64, CHANGED), (4 * MIB - chunk as u64, 0)],
+                "{name}"
+            );
         }
+        exports.pool.create_volume("plain", 4 * MIB).unwrap();
+        let plain = open(&exports, "plain");
+        assert!(plain.meta_contexts("x-arbor:changed:disk@s").is_empty());
         assert_eq!(
             &device.handle().visible_image()[..chunk],
             &vec![0u8; chunk][..]
