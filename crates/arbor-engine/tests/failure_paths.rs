@@ -608,3 +608,67 @@ fn diff_reports_the_last_chunk_of_a_shrunk_clone() {
         "{ranges:?}"
     );
 }
+
+/// An origin's growth on a pool whose metadata is full: the device is
+/// enlarged, the size is not recorded, the error says why, the pool
+/// checks clean, and the volume keeps its size and content; with room
+/// made, the growth runs again to the end.
+#[test]
+fn an_origins_growth_without_metadata_records_nothing() {
+    const ORIGIN: u64 = 4 * MIB;
+    let (_disk, pool) = tiny_meta_pool(96 * MIB, MIB);
+    let device = SimDisk::from_image(pattern(9, 0, ORIGIN as usize));
+    let identity = arbor_engine::DeviceIdentity { dev: 5, ino: 6 };
+    let disk = pool
+        .attach_origin("disk", Arc::new(device.clone()), identity)
+        .unwrap();
+    let size = 16 * MIB;
+    let filler = pool.create_volume("f", size).unwrap();
+    pool.write(filler, 0, &pattern(1, 0, (4 * MIB) as usize))
+        .unwrap();
+    // Snapshots followed by scattered writes until a write runs out of
+    // metadata, then snapshots alone until one does too.
+    let (mut snaps, mut i, mut writes) = (0u64, 0u64, true);
+    loop {
+        match pool.snapshot(&format!("f@s{snaps}")) {
+            Ok(_) => snaps += 1,
+            Err(e) if is_resource(&e) => break,
+            Err(e) => panic!("{e}"),
+        }
+        for _ in 0..if writes { 16 } else { 0 } {
+            i += 1;
+            let at = ((i * 131) % (size / CHUNK)) * CHUNK;
+            match pool.write(filler, at, &pattern(i, 0, CHUNK as usize)) {
+                Ok(()) => {}
+                Err(e) if is_resource(&e) => {
+                    writes = false;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    pool.flush().unwrap();
+    let err = pool.resize("disk", 2 * ORIGIN).unwrap_err();
+    assert!(is_resource(&err), "{err}");
+    assert_eq!(pool.info(disk).unwrap().size, ORIGIN);
+    assert_eq!(device.size(), 2 * ORIGIN, "the device was enlarged first");
+    assert_eq!(
+        read_all(&pool, disk, ORIGIN),
+        pattern(9, 0, ORIGIN as usize)
+    );
+    assert_clean(&pool);
+    // Room made: the same growth goes through.
+    pool.delete("f").unwrap();
+    for s in 0..snaps {
+        pool.delete(&format!("f@s{s}")).unwrap();
+    }
+    while pool.reclaim(4096).unwrap() > 0 {}
+    pool.resize("disk", 2 * ORIGIN).unwrap();
+    assert_eq!(pool.info(disk).unwrap().size, 2 * ORIGIN);
+    assert_eq!(
+        read_all(&pool, disk, ORIGIN),
+        pattern(9, 0, ORIGIN as usize)
+    );
+    assert_clean(&pool);
+}
