@@ -1605,6 +1605,30 @@ impl Pool {
         DiffPlan::of((a.0, va), (b.0, vb)).map(|_| ())
     }
 
+    /// Whether `volume` reads exactly as its snapshot `snapshot` (false does
+    /// not prove they differ): [`Pool::same_tree`], or, for a copy-on-write
+    /// volume and its snapshot, that the volume was not written since (no
+    /// copy covers the snapshot's epoch: one walk of its store at most).
+    /// What a replication or a policy asks before taking a new snapshot.
+    pub fn unchanged_since(&self, volume: VolumeId, snapshot: VolumeId) -> Result<bool> {
+        let meta = self.read_meta()?;
+        let (v, s) = (
+            meta.visible_volume(volume.0)?,
+            meta.visible_volume(snapshot.0)?,
+        );
+        match (v.layout, s.backing) {
+            (arbor_format::DataLayout::Cow(_), Some(b))
+                if b.origin == volume.0 && s.root.is_none() && s.size_bytes == v.size_bytes =>
+            {
+                Ok(!meta.written_since_epoch(volume.0, b.epoch)?)
+            }
+            _ => {
+                drop(meta);
+                self.same_tree(volume, snapshot)
+            }
+        }
+    }
+
     /// Byte ranges where volumes `a` and `b` differ, found by walking only the
     /// parts of their trees that are not shared. Ranges are chunk-aligned.
     pub fn diff(&self, a: VolumeId, b: VolumeId) -> Result<Vec<(u64, u64)>> {

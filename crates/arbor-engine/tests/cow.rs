@@ -653,3 +653,29 @@ fn a_power_cut_during_an_origins_growth_leaves_the_old_or_the_new_size() {
     }
     assert!(seen.0 && seen.1, "cuts saw both sizes: {seen:?}");
 }
+
+/// Whether an origin was written since a snapshot: no copy covers the
+/// snapshot's epoch until a write after it, whatever chunk it hits.
+#[test]
+fn an_origin_is_unchanged_since_a_snapshot_until_written() {
+    let (_disk, pool, _origin, disk) = attached();
+    let s1 = pool.snapshot("disk@s1").unwrap();
+    assert!(pool.unchanged_since(disk, s1).unwrap());
+    pool.write(disk, 5 * CS, &[1u8; 512]).unwrap();
+    assert!(!pool.unchanged_since(disk, s1).unwrap());
+    let s2 = pool.snapshot("disk@s2").unwrap();
+    assert!(pool.unchanged_since(disk, s2).unwrap());
+    assert!(!pool.unchanged_since(disk, s1).unwrap());
+    // A chunk copied already for an older epoch: still a copy for s2.
+    pool.write(disk, 5 * CS, &[2u8; 512]).unwrap();
+    assert!(!pool.unchanged_since(disk, s2).unwrap());
+    // A clone of s2 reads through s2's epoch, which the write changed.
+    let c = pool.clone_snapshot("disk@s2", "c").unwrap();
+    assert!(!pool.unchanged_since(disk, c).unwrap());
+    // Ordinary volumes: as same_tree.
+    let v = pool.create_volume("v", MIB).unwrap();
+    let vs = pool.snapshot("v@s").unwrap();
+    assert!(pool.unchanged_since(v, vs).unwrap());
+    pool.write(v, 0, &[1u8; 512]).unwrap();
+    assert!(!pool.unchanged_since(v, vs).unwrap());
+}

@@ -30,7 +30,7 @@ pub fn view(pool: &Pool, volume: &str) -> Result<Local, Error> {
     };
     let snaps = snapshots_of(pool, id)?;
     let written = match snaps.last() {
-        Some(newest) => !pool.same_tree(id, newest.id)?,
+        Some(newest) => !pool.unchanged_since(id, newest.id)?,
         None => true,
     };
     Ok(Local::Volume {

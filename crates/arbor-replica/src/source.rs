@@ -144,7 +144,7 @@ fn prepare(
     if master {
         let snaps = local::snapshots_of(pool, id)?;
         let changed = match snaps.last() {
-            Some(newest) => !pool.same_tree(id, newest.id)?,
+            Some(newest) => !pool.unchanged_since(id, newest.id)?,
             None => true,
         };
         if changed {

@@ -393,6 +393,20 @@ impl Volumes {
         Ok(bytes)
     }
 
+    /// Whether copy-on-write volume `origin` was written since epoch `epoch`
+    /// was taken: some copy covers it (every first write since copies its
+    /// chunk for every live epoch before it). Walks the store until the
+    /// first such copy.
+    pub fn written_since_epoch(&self, origin: u64, epoch: u64) -> Result<bool> {
+        let (_, rec) = self.cow_state(origin)?;
+        let mut written = false;
+        self.meta.store_for_each(rec.root, 0, &mut |copy| {
+            written = copy.first <= epoch && epoch <= copy.last;
+            Ok(!written)
+        })?;
+        Ok(written)
+    }
+
     /// The chunks in `chunks` whose content differs between epoch `lo` of
     /// copy-on-write volume `origin` and epoch `hi` (> `lo`; `MAX_EPOCH`
     /// and above: the volume as it is now), in order, each once: those
