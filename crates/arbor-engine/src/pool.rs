@@ -1590,11 +1590,7 @@ impl Pool {
     pub fn same_tree(&self, a: VolumeId, b: VolumeId) -> Result<bool> {
         let meta = self.read_meta()?;
         let (va, vb) = (meta.visible_volume(a.0)?, meta.visible_volume(b.0)?);
-        Ok(va.root == vb.root
-            && va.size_bytes == vb.size_bytes
-            && va.backing == vb.backing
-            && va.layout == arbor_format::DataLayout::Row
-            && vb.layout == arbor_format::DataLayout::Row)
+        Ok(share_tree(va, vb))
     }
 
     /// Whether [`Pool::diff`] can compare `a` and `b` (`Error::Unsupported`
@@ -1622,10 +1618,7 @@ impl Pool {
             {
                 Ok(!meta.written_since_epoch(volume.0, b.epoch)?)
             }
-            _ => {
-                drop(meta);
-                self.same_tree(volume, snapshot)
-            }
+            _ => Ok(share_tree(v, s)),
         }
     }
 
@@ -1797,6 +1790,15 @@ impl ByteRanges {
         }
         Ok(())
     }
+}
+
+/// [`Pool::same_tree`] of two records.
+fn share_tree(a: &arbor_format::VolumeRecord, b: &arbor_format::VolumeRecord) -> bool {
+    a.root == b.root
+        && a.size_bytes == b.size_bytes
+        && a.backing == b.backing
+        && a.layout == arbor_format::DataLayout::Row
+        && b.layout == arbor_format::DataLayout::Row
 }
 
 /// Where [`Pool::diff_in`] looks for what differs between two volumes:

@@ -40,10 +40,11 @@ pub(crate) struct VolumeTable {
     /// volume, epoch) (`VolumeRecord::backing`). Derived from `vols`, kept
     /// with every change to it.
     epochs: BTreeMap<(u64, u64), u32>,
-    /// Per copy-on-write volume (and any other record), a value that
-    /// changes whenever its record or the set of records reading through it
-    /// changes (so whenever its store or its live epochs do): what is
-    /// derived from them can be kept until it changes. In memory only.
+    /// Per copy-on-write volume, a value that changes whenever its record
+    /// or the set of records reading through it changes (so whenever its
+    /// store or its live epochs do): what is derived from them can be kept
+    /// until it changes. In memory only; other records have none (a write
+    /// to an ordinary volume updates its record and pays nothing here).
     versions: HashMap<u64, u64>,
     log: UndoLog<Undo>,
 }
@@ -70,7 +71,9 @@ impl VolumeTable {
     /// Sets record `id` (the one place `vols` gains a record: the epoch
     /// index follows).
     fn put(&mut self, id: u64, rec: VolumeRecord) {
-        self.touch(id);
+        if matches!(rec.layout, arbor_format::DataLayout::Cow(_)) {
+            self.touch(id);
+        }
         if let Some(b) = rec.backing {
             self.touch(b.origin);
             *self.epochs.entry((b.origin, b.epoch)).or_default() += 1;
@@ -154,7 +157,7 @@ impl VolumeTable {
     /// reading through its epochs, changes; so it names one state of a
     /// copy-on-write volume's store and live epochs. Unique in the process:
     /// a value once seen never stands for another state. None: no such
-    /// record.
+    /// copy-on-write volume.
     pub fn store_version(&self, origin: u64) -> Option<u64> {
         self.versions.get(&origin).copied()
     }

@@ -186,6 +186,11 @@ pub struct OriginInfo {
     pub rollback_epoch: u64,
 }
 
+/// The error of an origin `name` whose device could not be enlarged.
+fn not_enlarged(name: &str, e: std::io::Error) -> Error {
+    Error::Origin(format!("{name}: its device could not be enlarged: {e}"))
+}
+
 /// The device error of copy-on-write volume `name`, with what the device
 /// looks like now when that explains it.
 fn device_error(name: &str, dev: &dyn BlockDevice, size: u64, e: std::io::Error) -> Error {
@@ -544,7 +549,7 @@ impl Pool {
         match d.dev.extend(new_size) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                let size = d.dev.refresh_size().map_err(|e| self.origin_err(name, e))?;
+                let size = d.dev.refresh_size().map_err(|e| not_enlarged(name, e))?;
                 if size < new_size {
                     return Err(Error::InvalidArgument(format!(
                         "{name}'s device has {size} bytes: enlarge it to {new_size} with its \
@@ -552,9 +557,9 @@ impl Pool {
                     )));
                 }
             }
-            Err(e) => return Err(self.origin_err(name, e)),
+            Err(e) => return Err(not_enlarged(name, e)),
         }
-        d.dev.flush().map_err(|e| self.origin_err(name, e))?;
+        d.dev.flush().map_err(|e| not_enlarged(name, e))?;
         self.manage(Privilege::Normal, |m| {
             if m.volume(id)?.size_bytes != old_size {
                 return Err(Error::InvalidArgument(format!(
@@ -563,10 +568,6 @@ impl Pool {
             }
             m.set_volume_size(id, new_size)
         })
-    }
-
-    fn origin_err(&self, name: &str, e: std::io::Error) -> Error {
-        Error::Origin(format!("{name}: its device could not be enlarged: {e}"))
     }
 
     /// Whether a write to volume `id` may first copy what its snapshots
