@@ -199,6 +199,21 @@ impl CommitJob {
 
 /// Blocks of a commit encoded and written at once (4 MiB).
 const COMMIT_BATCH_BLOCKS: usize = 1024;
+/// The first format version whose mapping leaves are packed (FORMAT.md §6.2).
+pub(crate) const PACKED_LEAVES_VERSION: u16 = 6;
+
+/// Most entries this pool's packed leaves get: the format's limit when one
+/// leaf's extents (two data space-map pages each, when a shared leaf is
+/// shadowed or a dropped one freed) fit its journal with room for the rest
+/// of the step, and never fewer than a fixed leaf holds (pools made with a
+/// small journal keep version 5's leaf size).
+pub(crate) fn packed_leaf_entries(journal_pages: u64) -> usize {
+    let fits = usize::try_from(journal_pages.saturating_sub(64) / 2).unwrap_or(usize::MAX);
+    fits.clamp(
+        arbor_format::leaf_capacity(TreeKind::Mapping),
+        arbor_format::PACKED_LEAF_MAX,
+    )
+}
 
 /// A block a commit writes.
 enum Block<'a> {
@@ -623,6 +638,23 @@ impl Meta {
     /// True when the transaction should be committed before more work is
     /// added: its journal and dirty-node set must stay bounded. One further
     /// operation touches at most ~260 pages (two per extent of one leaf).
+    /// The most a node may hold here: its block's limit, and for a packed
+    /// leaf this pool's entry limit ([`packed_leaf_entries`]).
+    pub(crate) fn node_limit(&self, node: &Node) -> arbor_format::Usage {
+        let mut limit = node.limit();
+        if node.packed {
+            limit.entries = limit
+                .entries
+                .min(packed_leaf_entries(self.store.geo.journal_pages));
+        }
+        limit
+    }
+
+    /// Whether `node` may be written as it is (else it must split).
+    pub(crate) fn node_fits(&self, node: &Node) -> bool {
+        node.usage().within(self.node_limit(node), 1, 1)
+    }
+
     pub fn needs_commit(&self) -> bool {
         let pages = self.meta_sm.dirty_pages() + self.data_sm.dirty_pages();
         pages as u64 > self.store.geo.journal_pages / 2 || self.dirty.len() > self.dirty_node_limit
@@ -658,6 +690,16 @@ impl Meta {
     }
 
     fn alloc_node(&mut self, node: Node) -> Result<BlockRef> {
+        // Version 6 pools write mapping leaves packed: new ones, and older
+        // ones as they are shadowed (those whose entries would not fit
+        // packed stay as they are).
+        let node =
+            if !node.packed && node.packable() && self.store.geo.version() >= PACKED_LEAVES_VERSION
+            {
+                node.into_packed().unwrap_or_else(|fixed| fixed)
+            } else {
+                node
+            };
         let reserve = match self.privilege {
             Privilege::Normal => self.meta_reserve,
             Privilege::Reserve => 0,

@@ -1456,14 +1456,28 @@ impl Pool {
         /// Nodes per step: bounds how long one step holds the metadata lock.
         const STEP: usize = 16;
         let mut total = 0;
+        // A step that did not fit the journal room left runs again after a
+        // commit, one node alone: a node's drop fits an empty transaction
+        // (two space-map pages per extent of a leaf, `packed_leaf_entries`).
+        let mut alone = false;
         while total < max_nodes {
             self.commit_if_needed()?;
-            let done = {
+            let step = if alone { 1 } else { STEP };
+            let result = {
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, Privilege::Reserve, |m| {
-                    m.reclaim_step(STEP.min(max_nodes - total))
-                })?
+                    m.reclaim_step(step.min(max_nodes - total))
+                })
             };
+            let done = match result {
+                Err(Error::TransactionFull) if !alone => {
+                    self.commit_open()?;
+                    alone = true;
+                    continue;
+                }
+                other => other?,
+            };
+            alone = false;
             // Then the copies of copy-on-write volumes no epoch reads.
             let done = match done {
                 0 => self.sweep_stores()?,

@@ -178,13 +178,65 @@ impl Geometry {
 pub(crate) struct Store {
     pub dev: Arc<dyn BlockDevice>,
     pub geo: Geometry,
-    nodes: Mutex<LruCache<u64, Arc<CachedNode>>>,
+    nodes: Mutex<NodeCache>,
     pages: Mutex<LruCache<(SmKind, u32), Arc<SmPage>>>,
 }
 
 pub(crate) struct CachedNode {
     pub txn: u64,
     pub node: Node,
+}
+
+/// Clean decoded nodes, least recently used evicted first, bounded by the
+/// memory they take decoded (a packed leaf decodes to up to 448 entries of
+/// 32 bytes, more than its 4 KiB block), so the cache holds to the budget
+/// the user gave in bytes.
+struct NodeCache {
+    lru: LruCache<u64, Arc<CachedNode>>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl NodeCache {
+    fn new(budget: usize) -> Self {
+        Self {
+            lru: LruCache::unbounded(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Memory a decoded node takes, roughly: its entries and a header.
+    fn weight(node: &CachedNode) -> usize {
+        let body = match &node.node.body {
+            arbor_format::NodeBody::Leaf(values) => values.len(),
+            arbor_format::NodeBody::Internal(children) => children.len() * BlockRef::ENCODED_LEN,
+        };
+        128 + node.node.keys.len() * 8 + body
+    }
+
+    fn get(&mut self, block: &u64) -> Option<&Arc<CachedNode>> {
+        self.lru.get(block)
+    }
+
+    fn put(&mut self, block: u64, node: Arc<CachedNode>) {
+        self.bytes += Self::weight(&node);
+        if let Some(old) = self.lru.put(block, node) {
+            self.bytes -= Self::weight(&old);
+        }
+        while self.bytes > self.budget && self.lru.len() > 1 {
+            match self.lru.pop_lru() {
+                Some((_, old)) => self.bytes -= Self::weight(&old),
+                None => break,
+            }
+        }
+    }
+
+    fn pop(&mut self, block: &u64) {
+        if let Some(old) = self.lru.pop(block) {
+            self.bytes -= Self::weight(&old);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -200,7 +252,7 @@ impl Store {
         Self {
             dev,
             geo,
-            nodes: Mutex::new(LruCache::new(nodes)),
+            nodes: Mutex::new(NodeCache::new(nodes.get() * BLOCK_SIZE)),
             pages: Mutex::new(LruCache::new(pages)),
         }
     }
@@ -242,8 +294,18 @@ impl Store {
             )));
         }
         let raw = self.read_block(r.block)?;
-        Node::decode(&raw[..], r)
-            .map_err(|e| Error::corrupt(format!("metadata block {}", r.block), e))
+        let node = Node::decode(&raw[..], r)
+            .map_err(|e| Error::corrupt(format!("metadata block {}", r.block), e))?;
+        if node.packed && self.geo.version() < crate::meta::PACKED_LEAVES_VERSION {
+            return Err(Error::corrupt(
+                format!("metadata block {}", r.block),
+                arbor_format::FormatError::Invalid(format!(
+                    "a packed leaf in a version {} pool",
+                    self.geo.version()
+                )),
+            ));
+        }
+        Ok(node)
     }
 
     /// Publishes a node written by a commit.

@@ -101,10 +101,10 @@ fn walk(meta: &Meta, r: BlockRef, kind: TreeKind, level: u8, lo: u64, hi: u64, s
     assert_eq!(node.level, level, "node {r:?} at the wrong level");
     assert!(!node.is_empty(), "empty node {r:?}");
     assert!(
-        node.len() <= node.capacity(),
-        "node {r:?} holds {} entries, capacity {}",
-        node.len(),
-        node.capacity()
+        node.fits(),
+        "node {r:?} holds {:?}, limit {:?}",
+        node.usage(),
+        node.limit()
     );
     assert!(
         node.keys.windows(2).all(|w| w[0] < w[1]),

@@ -239,6 +239,7 @@ mod tests {
             level: 0,
             keys: keys.to_vec(),
             body: NodeBody::Leaf(vec![0; keys.len() * TreeKind::Queue.value_len()]),
+            packed: false,
         }
     }
 
@@ -248,6 +249,7 @@ mod tests {
             level,
             keys: keys.to_vec(),
             body: NodeBody::Internal(children.iter().map(|&b| r(b)).collect()),
+            packed: false,
         }
     }
 

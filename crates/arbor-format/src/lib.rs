@@ -11,6 +11,7 @@ mod header;
 mod journal;
 mod layout;
 mod node;
+mod packed;
 mod property;
 mod records;
 mod spacemap;
@@ -23,8 +24,9 @@ pub use layout::{
     MAX_GROWTHS,
 };
 pub use node::{
-    internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, MAX_LEVEL, NODE_HEADER_SIZE,
+    internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, Usage, MAX_LEVEL, NODE_HEADER_SIZE,
 };
+pub use packed::{MAX_PACKED_ENTRY, MIN_PACKED_ENTRY, PACKED_LEAF_MAX};
 pub use property::{decode_property, encode_property, MAX_PROPERTY_BYTES, PROPERTY_HEADER_LEN};
 pub use records::{
     split_store_key, store_key, Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Guid,
@@ -40,7 +42,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it).
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

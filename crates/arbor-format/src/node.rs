@@ -1,8 +1,11 @@
 //! B-tree nodes. All trees share one node format: u64 keys, and either child
 //! pointers (internal nodes, level > 0) or fixed-size values whose size is
-//! set by the tree kind (leaves, level 0).
+//! set by the tree kind (leaves, level 0). Mapping leaves of version 6
+//! pools are *packed*: the same entries in memory, variable-length records
+//! on disk ([`crate::packed`]).
 
 use crate::header::{self, BlockType, HEADER_SIZE};
+use crate::packed::{self, PACKED_LEAF_MAX};
 use crate::records::{BlockRef, MapValue, VolumeRecord};
 use crate::{get_u64, put_u64, FormatError, BLOCK_SIZE};
 
@@ -39,14 +42,34 @@ impl TreeKind {
         }
     }
 
-    fn from_u8(raw: u8) -> Result<Self, FormatError> {
+    /// The tree and whether the leaf is packed, from a node's kind byte.
+    fn from_u8(raw: u8) -> Result<(Self, bool), FormatError> {
         match raw {
-            1 => Ok(TreeKind::Mapping),
-            2 => Ok(TreeKind::Volumes),
-            3 => Ok(TreeKind::Queue),
-            4 => Ok(TreeKind::VolumeTable),
+            1 => Ok((TreeKind::Mapping, false)),
+            2 => Ok((TreeKind::Volumes, false)),
+            3 => Ok((TreeKind::Queue, false)),
+            4 => Ok((TreeKind::VolumeTable, false)),
+            PACKED_MAPPING_KIND => Ok((TreeKind::Mapping, true)),
             other => Err(FormatError::Invalid(format!("tree kind {other}"))),
         }
+    }
+}
+
+/// The kind byte of a packed mapping leaf (version 6).
+const PACKED_MAPPING_KIND: u8 = 5;
+
+/// How full a node is, or may be: its entries' encoded bytes and their
+/// number. A node fits its block when both are within [`Node::limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: usize,
+    pub entries: usize,
+}
+
+impl Usage {
+    /// Whether `self` is within `num / den` of `limit` in both measures.
+    pub fn within(self, limit: Usage, num: usize, den: usize) -> bool {
+        self.bytes * den <= limit.bytes * num && self.entries * den <= limit.entries * num
     }
 }
 
@@ -75,6 +98,9 @@ pub struct Node {
     pub level: u8,
     pub keys: Vec<u64>,
     pub body: NodeBody,
+    /// A mapping leaf written packed (version 6 pools); false for every
+    /// other node.
+    pub packed: bool,
 }
 
 impl Node {
@@ -84,6 +110,88 @@ impl Node {
             level: 0,
             keys: Vec::new(),
             body: NodeBody::Leaf(Vec::new()),
+            packed: false,
+        }
+    }
+
+    /// Whether this node is a leaf that may be written packed (a mapping
+    /// leaf: the encoding serves the 24-byte mapping values only).
+    pub fn packable(&self) -> bool {
+        self.tree == TreeKind::Mapping && matches!(self.body, NodeBody::Leaf(_))
+    }
+
+    /// The node written packed, if it is [`Self::packable`] and fits packed.
+    pub fn into_packed(mut self) -> Result<Self, Self> {
+        if !self.packable() {
+            return Err(self);
+        }
+        let was = self.packed;
+        self.packed = true;
+        if self.fits() {
+            Ok(self)
+        } else {
+            self.packed = was;
+            Err(self)
+        }
+    }
+
+    /// Its entries' size as encoded.
+    pub fn usage(&self) -> Usage {
+        let bytes = match &self.body {
+            NodeBody::Leaf(values) if self.packed => packed::entries_len(None, &self.keys, values),
+            NodeBody::Leaf(_) => self.len() * (8 + self.tree.value_len()),
+            NodeBody::Internal(_) => self.len() * INTERNAL_ENTRY_LEN,
+        };
+        Usage {
+            bytes,
+            entries: self.len(),
+        }
+    }
+
+    /// The most its block holds.
+    pub fn limit(&self) -> Usage {
+        if self.packed {
+            return Usage {
+                bytes: BLOCK_SIZE - NODE_HEADER_SIZE,
+                entries: PACKED_LEAF_MAX,
+            };
+        }
+        let entry = match self.body {
+            NodeBody::Internal(_) => INTERNAL_ENTRY_LEN,
+            NodeBody::Leaf(_) => 8 + self.tree.value_len(),
+        };
+        Usage {
+            bytes: self.capacity() * entry,
+            entries: self.capacity(),
+        }
+    }
+
+    /// Whether the node can be encoded (the B-tree splits a node that
+    /// does not fit before it is written).
+    pub fn fits(&self) -> bool {
+        self.usage().within(self.limit(), 1, 1)
+    }
+
+    /// The usage of `self` followed by `right` as one node of `self`'s
+    /// encoding (keys of `right` above those of `self`).
+    pub fn merged_usage(&self, right: &Node) -> Usage {
+        let entries = self.len() + right.len();
+        let bytes = match (&self.body, &right.body) {
+            (NodeBody::Leaf(a), NodeBody::Leaf(b)) if self.packed => {
+                packed::entries_len(None, &self.keys, a)
+                    + packed::entries_len(self.keys.last().copied(), &right.keys, b)
+            }
+            // Fixed entries: the same size each.
+            _ => entries * (self.limit().bytes / self.capacity().max(1)),
+        };
+        Usage { bytes, entries }
+    }
+
+    /// Where to split the node in two: the first entry of the upper part.
+    pub fn split_point(&self) -> usize {
+        match &self.body {
+            NodeBody::Leaf(values) if self.packed => packed::split_point(&self.keys, values),
+            _ => self.len() / 2,
         }
     }
 
@@ -95,9 +203,11 @@ impl Node {
         self.keys.is_empty()
     }
 
+    /// Most entries the node holds (a packed leaf may hold fewer, by bytes).
     pub fn capacity(&self) -> usize {
         match self.body {
             NodeBody::Internal(_) => internal_capacity(),
+            NodeBody::Leaf(_) if self.packed => PACKED_LEAF_MAX,
             NodeBody::Leaf(_) => leaf_capacity(self.tree),
         }
     }
@@ -112,12 +222,17 @@ impl Node {
     }
 
     /// Encodes the node as block `block`, written in transaction `txn`.
-    /// The caller guarantees `len() <= capacity()` (the B-tree splits first).
+    /// The caller guarantees [`Self::fits`] (the B-tree splits first).
     pub fn encode(&self, block: u64, txn: u64) -> [u8; BLOCK_SIZE] {
+        debug_assert!(self.fits());
         let mut out = [0u8; BLOCK_SIZE];
         put_u64(&mut out, HEADER_SIZE, block);
         put_u64(&mut out, HEADER_SIZE + 8, txn);
-        out[HEADER_SIZE + 16] = self.tree as u8;
+        out[HEADER_SIZE + 16] = if self.packed {
+            PACKED_MAPPING_KIND
+        } else {
+            self.tree as u8
+        };
         out[HEADER_SIZE + 17] = self.level;
         out[HEADER_SIZE + 18..HEADER_SIZE + 20].copy_from_slice(&(self.len() as u16).to_le_bytes());
         let mut at = NODE_HEADER_SIZE;
@@ -128,6 +243,11 @@ impl Node {
                     child.encode(&mut out[at + 8..at + INTERNAL_ENTRY_LEN]);
                     at += INTERNAL_ENTRY_LEN;
                 }
+            }
+            NodeBody::Leaf(values) if self.packed => {
+                let len = packed::encode_entries(&self.keys, values, &mut out[at..]);
+                out[HEADER_SIZE + 20..HEADER_SIZE + 24]
+                    .copy_from_slice(&(len as u32).to_le_bytes());
             }
             NodeBody::Leaf(values) => {
                 let vlen = self.tree.value_len();
@@ -159,7 +279,7 @@ impl Node {
                 found: txn,
             });
         }
-        let tree = TreeKind::from_u8(bytes[HEADER_SIZE + 16])?;
+        let (tree, packed) = TreeKind::from_u8(bytes[HEADER_SIZE + 16])?;
         let level = bytes[HEADER_SIZE + 17];
         if level > MAX_LEVEL {
             return Err(FormatError::Invalid(format!("node level {level}")));
@@ -168,6 +288,32 @@ impl Node {
             bytes[HEADER_SIZE + 18],
             bytes[HEADER_SIZE + 19],
         ]));
+        if packed {
+            if level != 0 {
+                return Err(FormatError::Invalid(format!(
+                    "packed node at level {level} (only leaves are packed)"
+                )));
+            }
+            let body_len = u32::from_le_bytes([
+                bytes[HEADER_SIZE + 20],
+                bytes[HEADER_SIZE + 21],
+                bytes[HEADER_SIZE + 22],
+                bytes[HEADER_SIZE + 23],
+            ]);
+            let body_len = usize::try_from(body_len)
+                .ok()
+                .filter(|&n| n <= BLOCK_SIZE - NODE_HEADER_SIZE)
+                .ok_or_else(|| FormatError::Invalid(format!("packed leaf of {body_len} bytes")))?;
+            let (body, rest) = bytes[NODE_HEADER_SIZE..].split_at(body_len);
+            let (keys, values) = packed::decode_entries(body, rest, count)?;
+            return Ok(Self {
+                tree,
+                level,
+                keys,
+                body: NodeBody::Leaf(values),
+                packed,
+            });
+        }
         let (entry_len, capacity) = if level > 0 {
             (INTERNAL_ENTRY_LEN, internal_capacity())
         } else {
@@ -211,6 +357,7 @@ impl Node {
             level,
             keys,
             body,
+            packed,
         })
     }
 }
@@ -218,6 +365,7 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packed::MAX_PACKED_ENTRY;
 
     fn leaf_with(n: usize) -> Node {
         let mut node = Node::new_leaf(TreeKind::Mapping);
@@ -256,6 +404,7 @@ mod tests {
                 BlockRef { block: 2, txn: 1 },
                 BlockRef { block: 3, txn: 2 },
             ]),
+            packed: false,
         };
         let bytes = node.encode(8, 3);
         assert_eq!(
@@ -275,6 +424,165 @@ mod tests {
             Node::decode(&bytes, BlockRef { block: 40, txn: 7 }),
             Err(FormatError::Stale { .. })
         ));
+    }
+
+    fn mapping(key_values: &[(u64, MapValue, u32)]) -> Node {
+        let mut node = Node::new_leaf(TreeKind::Mapping);
+        let mut values = Vec::new();
+        for (key, v, word) in key_values {
+            node.keys.push(*key);
+            let mut raw = [0u8; MapValue::ENCODED_LEN];
+            v.encode(&mut raw);
+            raw[12..16].copy_from_slice(&word.to_le_bytes());
+            values.extend_from_slice(&raw);
+        }
+        node.body = NodeBody::Leaf(values);
+        node.packed = true;
+        node
+    }
+
+    fn map(pchunk: u64, len: u32, gen: u64) -> MapValue {
+        MapValue { pchunk, len, gen }
+    }
+
+    #[test]
+    fn packed_leaf_round_trips_and_is_smaller() {
+        let node = mapping(&[
+            (0, map(7, 1, 1), 0),
+            (1, map(3, 256, 9), 0),
+            (900, map(u64::MAX, 3, u64::MAX), u32::MAX),
+            (u64::MAX - 1, map(0, 1, 0), 5),
+            (u64::MAX, map(1 << 40, 1, 1 << 20), 0),
+        ]);
+        assert!(node.fits());
+        let r = BlockRef { block: 40, txn: 6 };
+        let bytes = node.encode(r.block, r.txn);
+        assert_eq!(bytes[HEADER_SIZE + 16], PACKED_MAPPING_KIND);
+        assert_eq!(Node::decode(&bytes, r).unwrap(), node);
+        // One byte of head, pchunk and gen each for a dense run.
+        let dense = mapping(&[(10, map(5, 1, 3), 0), (11, map(6, 1, 3), 0)]);
+        assert_eq!(dense.usage().bytes, 1 + 1 + 1 + 3);
+        assert!(node.clone().into_packed().is_ok());
+    }
+
+    #[test]
+    fn a_full_packed_leaf_round_trips() {
+        let entries: Vec<_> = (0..PACKED_LEAF_MAX as u64)
+            .map(|i| (i * 3, map(100_000 + (i * 7919) % 65_536, 1, 4_000 + i), 0))
+            .collect();
+        let node = mapping(&entries);
+        assert!(node.fits(), "{:?}", node.usage());
+        let r = BlockRef { block: 9, txn: 9 };
+        assert_eq!(Node::decode(&node.encode(9, 9), r).unwrap(), node);
+        let mut over = entries.clone();
+        over.push((PACKED_LEAF_MAX as u64 * 3, map(1, 1, 1), 0));
+        assert!(!mapping(&over).fits(), "one entry too many");
+    }
+
+    #[test]
+    fn only_mapping_leaves_are_packed() {
+        let mut queue = Node::new_leaf(TreeKind::Queue);
+        queue.keys.push(1);
+        queue.body = NodeBody::Leaf(vec![0; 16]);
+        assert!(queue.into_packed().is_err());
+        // A fixed leaf whose packed entries would not fit stays fixed.
+        let wide: Vec<_> = (0..leaf_capacity(TreeKind::Mapping) as u64)
+            .map(|i| (i << 50, map(u64::MAX - i, 200, u64::MAX), u32::MAX))
+            .collect();
+        let mut fixed = mapping(&wide);
+        fixed.packed = false;
+        assert!(fixed.fits());
+        assert!(fixed.into_packed().is_err());
+    }
+
+    /// Flips the kind byte, count or length fields and re-seals: every
+    /// damaged form is an error, never a panic or a different node.
+    #[test]
+    fn damaged_packed_leaves_are_refused() {
+        let node = mapping(&[(4, map(7, 2, 1), 0), (9, map(300, 1, 2), 3)]);
+        let good = node.encode(40, 6);
+        let r = BlockRef { block: 40, txn: 6 };
+        let reseal = |f: &dyn Fn(&mut [u8; BLOCK_SIZE])| {
+            let mut b = good;
+            f(&mut b);
+            header::seal(&mut b, BlockType::Node);
+            Node::decode(&b, r)
+        };
+        // Packed internal node.
+        assert!(reseal(&|b| b[HEADER_SIZE + 17] = 1).is_err());
+        // More entries than the bytes hold, fewer, a length past the block.
+        assert!(reseal(&|b| b[HEADER_SIZE + 18] = 3).is_err());
+        assert!(reseal(&|b| b[HEADER_SIZE + 18] = 1).is_err());
+        assert!(reseal(&|b| b[HEADER_SIZE + 21] = 0x10).is_err());
+        // A byte after the last entry.
+        assert!(reseal(&|b| b[BLOCK_SIZE - 1] = 1).is_err());
+        // A length of 1 written out (not the shortest form).
+        let ones = mapping(&[(4, map(7, 2, 1), 0)]);
+        let mut b = ones.encode(40, 6);
+        let len_at = NODE_HEADER_SIZE + 1;
+        assert_eq!(b[len_at], 2);
+        b[len_at] = 1;
+        header::seal(&mut b, BlockType::Node);
+        assert!(Node::decode(&b, r).is_err());
+        // A number with a needless continuation byte.
+        let mut b = [0u8; BLOCK_SIZE];
+        b.copy_from_slice(&ones.encode(40, 6));
+        let at = NODE_HEADER_SIZE;
+        let body: Vec<u8> = b[at..at + 4].to_vec();
+        let mut longer = vec![body[0] | 0x80, 0];
+        longer.extend_from_slice(&body[1..]);
+        b[at..at + 5].copy_from_slice(&longer);
+        b[HEADER_SIZE + 20] = 5;
+        header::seal(&mut b, BlockType::Node);
+        assert!(Node::decode(&b, r).is_err());
+        // Keys past 2^64.
+        let top = mapping(&[(u64::MAX, map(1, 1, 1), 0)]);
+        let mut b = top.encode(40, 6);
+        b[HEADER_SIZE + 18] = 2;
+        let n = usize::from(b[HEADER_SIZE + 20]);
+        b[NODE_HEADER_SIZE + n..NODE_HEADER_SIZE + n + 3].copy_from_slice(&[0, 1, 1]);
+        b[HEADER_SIZE + 20] = (n + 3) as u8;
+        header::seal(&mut b, BlockType::Node);
+        assert!(Node::decode(&b, r).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any mapping leaf that fits round-trips, its usage is the bytes
+        /// written, removing entries never makes it larger, and both sides of
+        /// its split point fit.
+        #[test]
+        fn packed_leaves_round_trip(
+            raw in proptest::collection::btree_map(
+                proptest::prelude::any::<u64>(),
+                (proptest::prelude::any::<u64>(), 1u32..=256, proptest::prelude::any::<u64>(),
+                 proptest::prop_oneof![proptest::strategy::Just(0u32), proptest::prelude::any::<u32>()]),
+                1..500,
+            ),
+            remove in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let entries: Vec<_> = raw.iter().map(|(k, (p, l, g, w))| (*k, map(*p, *l, *g), *w)).collect();
+            let node = mapping(&entries);
+            let r = BlockRef { block: 3, txn: 4 };
+            if node.fits() {
+                let bytes = node.encode(3, 4);
+                let used = u32::from_le_bytes(bytes[HEADER_SIZE + 20..HEADER_SIZE + 24].try_into().unwrap());
+                proptest::prop_assert_eq!(used as usize, node.usage().bytes);
+                proptest::prop_assert_eq!(Node::decode(&bytes, r).unwrap(), node.clone());
+            }
+            let mut less = entries.clone();
+            less.remove(remove.index(less.len()));
+            proptest::prop_assert!(mapping(&less).usage().bytes < node.usage().bytes);
+            if node.len() >= 2 {
+                let at = node.split_point();
+                proptest::prop_assert!(at >= 1 && at < node.len());
+                let lower = mapping(&entries[..at]);
+                let upper = mapping(&entries[at..]);
+                let half = node.usage().bytes / 2 + MAX_PACKED_ENTRY + 10;
+                proptest::prop_assert!(lower.usage().bytes <= half);
+                proptest::prop_assert!(upper.usage().bytes <= half);
+                proptest::prop_assert_eq!(lower.merged_usage(&upper), node.usage());
+            }
+        }
     }
 
     #[test]

@@ -54,6 +54,15 @@ proptest! {
             block[33] %= 17;
             seal(&mut block, BlockType::Node);
             let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
+            // And as a packed leaf (kind 5) with a plausible count and length.
+            block[32] = 5;
+            block[33] = 0;
+            block[34] %= 8;
+            block[35] = 0;
+            let len = u32::from(block[36] % 64);
+            block[36..40].copy_from_slice(&len.to_le_bytes());
+            seal(&mut block, BlockType::Node);
+            let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
         }
     }
 }

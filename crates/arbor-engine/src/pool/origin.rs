@@ -1022,15 +1022,26 @@ impl Pool {
             return Ok(0);
         };
         self.commit_if_needed()?;
-        let (next, seen) = {
+        let mut committed = false;
+        let (next, seen) = loop {
             let mut meta = self.write_meta()?;
             if !matches!(meta.volume(id).map(|r| r.layout), Ok(DataLayout::Cow(_))) {
                 self.origins.sweep_done(id, None);
                 return Ok(1);
             }
-            self.mutate(&mut meta, Privilege::Reserve, |m| {
+            match self.mutate(&mut meta, Privilege::Reserve, |m| {
                 m.sweep_copies(id, from, SWEEP_ENTRIES)
-            })?
+            }) {
+                // Its copies' space-map pages did not fit the journal room
+                // left: once more in an empty transaction, which holds them
+                // (one page per entry at most).
+                Err(Error::TransactionFull) if !committed => {
+                    drop(meta);
+                    self.commit_open()?;
+                    committed = true;
+                }
+                other => break other?,
+            }
         };
         self.origins.sweep_done(id, next);
         Ok(seen.div_ceil(leaf_capacity(TreeKind::Mapping)).max(1))

@@ -1,0 +1,273 @@
+//! Packed mapping leaves (format version 6, tree-kind byte 5): the entries
+//! of a mapping-tree leaf as variable-length records instead of 32 fixed
+//! bytes each, so one 4 KiB leaf holds up to [`PACKED_LEAF_MAX`] extents
+//! (docs/FORMAT.md §6.2).
+//!
+//! In memory a packed leaf is the same [`crate::Node`] as a fixed one:
+//! `u64` keys and 24-byte values (`pchunk` u64, `len` u32, a u32 word, `gen`
+//! u64, the [`crate::MapValue`] layout). Only the bytes on disk differ. Every
+//! entry is
+//!
+//! * `head`: LEB128 of `gap << 2 | word_flag << 1 | len_flag`, where `gap`
+//!   is the key minus the previous entry's key minus one (the first entry's
+//!   gap is its key), `len_flag` says `len` is not 1 and `word_flag` that
+//!   the word is not 0;
+//! * `len` as LEB128, if `len_flag`;
+//! * the word as LEB128, if `word_flag`;
+//! * `pchunk` as LEB128;
+//! * `gen` as LEB128.
+//!
+//! An entry's size depends only on its own value and its key's distance
+//! from the previous key. So taking entries out of a leaf never makes it
+//! larger (a removed entry takes at least 3 bytes with it; the next gap grows
+//! by at most one byte), and half of an overfull leaf always fits.
+//!
+//! Decoding accepts exactly one encoding of each leaf: shortest LEB128s,
+//! flags only for values that need them, and zeros after the last entry.
+
+use crate::{FormatError, BLOCK_SIZE};
+
+/// Most entries one packed leaf holds. Dropping a leaf changes the data
+/// space-map pages of its extents, at most two each: 448 extents stay
+/// within 896 pages, so that one step fits the default journal (1024
+/// pages) whatever the pool's size.
+pub const PACKED_LEAF_MAX: usize = 448;
+
+/// Value bytes of a mapping entry in memory (the [`crate::MapValue`] layout).
+const VALUE_LEN: usize = 24;
+const LEN_FLAG: u128 = 1;
+const WORD_FLAG: u128 = 2;
+const FLAG_BITS: u32 = 2;
+/// The fewest bytes an entry takes: head, pchunk and gen, one byte each.
+pub const MIN_PACKED_ENTRY: usize = 3;
+/// The most bytes an entry takes: a head of 66 bits, two u32s and two u64s.
+pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10;
+
+/// The fields of one in-memory value.
+struct Fields {
+    pchunk: u64,
+    len: u32,
+    word: u32,
+    gen: u64,
+}
+
+fn fields(value: &[u8]) -> Fields {
+    debug_assert_eq!(value.len(), VALUE_LEN);
+    let u32_at =
+        |at: usize| u32::from_le_bytes([value[at], value[at + 1], value[at + 2], value[at + 3]]);
+    let u64_at = |at: usize| {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&value[at..at + 8]);
+        u64::from_le_bytes(raw)
+    };
+    Fields {
+        pchunk: u64_at(0),
+        len: u32_at(8),
+        word: u32_at(12),
+        gen: u64_at(16),
+    }
+}
+
+fn varint_len(v: u128) -> usize {
+    let bits = (128 - v.leading_zeros()) as usize;
+    bits.div_ceil(7).max(1)
+}
+
+fn put_varint(out: &mut [u8], at: &mut usize, mut v: u128) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out[*at] = byte;
+            *at += 1;
+            return;
+        }
+        out[*at] = byte | 0x80;
+        *at += 1;
+    }
+}
+
+/// Reads a shortest LEB128 of at most `max_bits` bits from `body[*at..]`.
+fn get_varint(body: &[u8], at: &mut usize, max_bits: u32) -> Result<u128, FormatError> {
+    let mut v: u128 = 0;
+    let mut shift = 0u32;
+    loop {
+        let Some(&byte) = body.get(*at) else {
+            return Err(FormatError::Invalid(
+                "packed leaf: an entry runs past the leaf's length".into(),
+            ));
+        };
+        *at += 1;
+        let part = u128::from(byte & 0x7f);
+        if shift >= max_bits || (shift > 0 && part >> (max_bits - shift) != 0) {
+            return Err(FormatError::Invalid(format!(
+                "packed leaf: a number wider than {max_bits} bits"
+            )));
+        }
+        v |= part << shift;
+        shift += 7;
+        if byte & 0x80 == 0 {
+            if byte == 0 && shift > 7 {
+                return Err(FormatError::Invalid(
+                    "packed leaf: a number not in its shortest form".into(),
+                ));
+            }
+            return Ok(v);
+        }
+    }
+}
+
+/// The head of the entry `key` with `f`, after the entry keyed `prev`.
+fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
+    // Keys are strictly increasing in a valid node; a node that breaks it
+    // encodes a gap no reader accepts (the key overflows).
+    let gap = match prev {
+        None => key,
+        Some(p) => key.wrapping_sub(p).wrapping_sub(1),
+    };
+    let mut head = u128::from(gap) << FLAG_BITS;
+    if f.len != 1 {
+        head |= LEN_FLAG;
+    }
+    if f.word != 0 {
+        head |= WORD_FLAG;
+    }
+    head
+}
+
+/// Encoded bytes of the entry `key` → `value` after the entry keyed `prev`.
+pub fn entry_len(prev: Option<u64>, key: u64, value: &[u8]) -> usize {
+    let f = fields(value);
+    let mut n = varint_len(head(prev, key, &f));
+    if f.len != 1 {
+        n += varint_len(u128::from(f.len));
+    }
+    if f.word != 0 {
+        n += varint_len(u128::from(f.word));
+    }
+    n + varint_len(u128::from(f.pchunk)) + varint_len(u128::from(f.gen))
+}
+
+/// Encoded bytes of entries `keys` / `values` (24 bytes each), the first
+/// coming after the entry keyed `prev`.
+pub fn entries_len(prev: Option<u64>, keys: &[u64], values: &[u8]) -> usize {
+    let mut prev = prev;
+    let mut n = 0;
+    for (key, value) in keys.iter().zip(values.chunks_exact(VALUE_LEN)) {
+        n += entry_len(prev, *key, value);
+        prev = Some(*key);
+    }
+    n
+}
+
+/// Writes the entries into `out` (which must hold [`entries_len`] bytes);
+/// returns the bytes written.
+pub fn encode_entries(keys: &[u64], values: &[u8], out: &mut [u8]) -> usize {
+    let mut at = 0;
+    let mut prev = None;
+    for (key, value) in keys.iter().zip(values.chunks_exact(VALUE_LEN)) {
+        let f = fields(value);
+        put_varint(out, &mut at, head(prev, *key, &f));
+        if f.len != 1 {
+            put_varint(out, &mut at, u128::from(f.len));
+        }
+        if f.word != 0 {
+            put_varint(out, &mut at, u128::from(f.word));
+        }
+        put_varint(out, &mut at, u128::from(f.pchunk));
+        put_varint(out, &mut at, u128::from(f.gen));
+        prev = Some(*key);
+    }
+    at
+}
+
+/// Decodes `count` entries that take exactly `body` (the leaf's length
+/// field) into keys and 24-byte values. `rest` is the block after the body:
+/// it must be zeros.
+pub fn decode_entries(
+    body: &[u8],
+    rest: &[u8],
+    count: usize,
+) -> Result<(Vec<u64>, Vec<u8>), FormatError> {
+    if count > PACKED_LEAF_MAX {
+        return Err(FormatError::Invalid(format!(
+            "packed leaf of {count} entries (at most {PACKED_LEAF_MAX})"
+        )));
+    }
+    let mut keys = Vec::with_capacity(count);
+    let mut values = Vec::with_capacity(count * VALUE_LEN);
+    let mut at = 0;
+    let mut prev: Option<u64> = None;
+    for _ in 0..count {
+        let head = get_varint(body, &mut at, 64 + FLAG_BITS)?;
+        // Fits: at most 66 bits, shifted down by 2.
+        let gap = (head >> FLAG_BITS) as u64;
+        let key = match prev {
+            None => Some(gap),
+            Some(p) => p.checked_add(1).and_then(|k| k.checked_add(gap)),
+        }
+        .ok_or_else(|| FormatError::Invalid("packed leaf: a key past 2^64".into()))?;
+        let len = if head & LEN_FLAG != 0 {
+            let len = get_varint(body, &mut at, 32)? as u32;
+            if len == 1 {
+                return Err(FormatError::Invalid(
+                    "packed leaf: a length of 1 written out".into(),
+                ));
+            }
+            len
+        } else {
+            1
+        };
+        let word = if head & WORD_FLAG != 0 {
+            let word = get_varint(body, &mut at, 32)? as u32;
+            if word == 0 {
+                return Err(FormatError::Invalid(
+                    "packed leaf: a zero word written out".into(),
+                ));
+            }
+            word
+        } else {
+            0
+        };
+        let pchunk = get_varint(body, &mut at, 64)? as u64;
+        let gen = get_varint(body, &mut at, 64)? as u64;
+        keys.push(key);
+        values.extend_from_slice(&pchunk.to_le_bytes());
+        values.extend_from_slice(&len.to_le_bytes());
+        values.extend_from_slice(&word.to_le_bytes());
+        values.extend_from_slice(&gen.to_le_bytes());
+        prev = Some(key);
+    }
+    if at != body.len() {
+        return Err(FormatError::Invalid(format!(
+            "packed leaf: {count} entries take {at} bytes, its length says {}",
+            body.len()
+        )));
+    }
+    if rest.iter().any(|&b| b != 0) {
+        return Err(FormatError::Invalid(
+            "packed leaf: bytes after its last entry".into(),
+        ));
+    }
+    Ok((keys, values))
+}
+
+/// Where to split an overfull packed leaf: the first entry of the upper
+/// half by bytes (each half then fits: it holds at most half the bytes plus
+/// one entry, and its first key written whole).
+pub fn split_point(keys: &[u64], values: &[u8]) -> usize {
+    let total = entries_len(None, keys, values);
+    let mut prev = None;
+    let mut sum = 0;
+    for (i, (key, value)) in keys.iter().zip(values.chunks_exact(VALUE_LEN)).enumerate() {
+        sum += entry_len(prev, *key, value);
+        prev = Some(*key);
+        if sum * 2 >= total {
+            // At least one entry on each side.
+            return (i + 1).clamp(1, keys.len().saturating_sub(1).max(1));
+        }
+    }
+    keys.len() / 2
+}
+
+const _: () = assert!(MIN_PACKED_ENTRY * PACKED_LEAF_MAX <= BLOCK_SIZE);
