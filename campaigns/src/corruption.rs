@@ -50,6 +50,8 @@ pub enum Target {
     DataSpaceMap,
     VolumeTableNode,
     MappingNode,
+    /// A packed mapping leaf (format version 6, node kind 5).
+    PackedLeaf,
     QueueNode,
 }
 
@@ -64,7 +66,7 @@ pub enum Damage {
     Stale,
 }
 
-pub const TARGETS: [Target; 10] = [
+pub const TARGETS: [Target; 11] = [
     Target::SuperblockCopy0,
     Target::SuperblockCopy1,
     Target::NewestCommitRecord,
@@ -74,6 +76,7 @@ pub const TARGETS: [Target; 10] = [
     Target::DataSpaceMap,
     Target::VolumeTableNode,
     Target::MappingNode,
+    Target::PackedLeaf,
     Target::QueueNode,
 ];
 pub const DAMAGES: [Damage; 4] = [
@@ -188,6 +191,15 @@ fn build(seed: u64) -> Result<Built, String> {
         write_some(&pool, &origin, 10)?;
         origin = clone;
     }
+    // A mapping tree with internal nodes: a packed leaf holds up to 448
+    // extents, and this volume has 1,024 (every other chunk).
+    let wide = pool
+        .create_volume("wide", 8 * VOL_BYTES)
+        .map_err(e("create volume"))?;
+    for chunk in (0..8 * VOL_BYTES / 4096).step_by(2) {
+        pool.write(wide, chunk * 4096, &pattern(chunk, chunk * 4096, 4096))
+            .map_err(e("write"))?;
+    }
     pool.snapshot("vm2@old").map_err(e("snapshot"))?;
     write_some(&pool, "vm2", 60)?;
     pool.delete("vm2@old").map_err(e("delete"))?;
@@ -196,9 +208,10 @@ fn build(seed: u64) -> Result<Built, String> {
     write_some(&pool, "vm2", 40)?;
     pool.flush().map_err(e("flush"))?;
     let read = |pool: &Pool, name: &str| -> Result<Vec<u8>, String> {
-        let mut buf = vec![0u8; VOL_BYTES as usize];
-        pool.read(pool.lookup(name).map_err(e("lookup"))?, 0, &mut buf)
-            .map_err(e("read"))?;
+        let id = pool.lookup(name).map_err(e("lookup"))?;
+        let size = pool.info(id).map_err(e("info"))?.size;
+        let mut buf = vec![0u8; size as usize];
+        pool.read(id, 0, &mut buf).map_err(e("read"))?;
         Ok(buf)
     };
     let doomed = ("doomed".to_owned(), read(&pool, "doomed")?);
@@ -262,6 +275,7 @@ fn classify(image: &[u8], live: &[u64]) -> Result<BTreeMap<Target, Vec<u64>>, St
         // Byte 32 of a node is its tree kind.
         let target = match image[block as usize * BS + 32] {
             1 => Target::MappingNode,
+            5 => Target::PackedLeaf,
             // Version 1 and version 3 volume tables.
             2 | 4 => Target::VolumeTableNode,
             3 => Target::QueueNode,
@@ -419,7 +433,10 @@ fn trial(
     let dev = Arc::new(OverlayDevice::new(base));
     match repair(dev.clone(), &small_open_opts()) {
         Err(e) => {
-            let unrepairable = matches!(target, Target::MappingNode | Target::VolumeTableNode);
+            let unrepairable = matches!(
+                target,
+                Target::MappingNode | Target::PackedLeaf | Target::VolumeTableNode
+            );
             // A swap may involve a tree node even when the target is not one.
             let touches_tree = blocks.iter().any(|b| built.live.contains(b));
             if !(unrepairable || touches_tree) {
