@@ -69,6 +69,10 @@ pub(crate) struct Meta {
     txn: u64,
     /// Nodes allocated in this transaction, by block number.
     dirty: HashMap<u64, Node>,
+    /// Encoded bytes of dirty packed leaves, kept by inserts and single
+    /// removals so that they need not measure a whole leaf each time
+    /// (`meta::btree`); any other change to a node forgets its entry.
+    leaf_bytes: HashMap<u64, usize>,
     /// Nodes of the transaction being committed (phase B), not yet on disk.
     inflight_nodes: HashMap<u64, Arc<CachedNode>>,
     meta_sm: SpaceMap,
@@ -289,6 +293,7 @@ impl Meta {
             store,
             txn: rec.txn.get() + 1,
             dirty: HashMap::new(),
+            leaf_bytes: HashMap::new(),
             inflight_nodes: HashMap::new(),
             meta_sm,
             data_sm,
@@ -562,6 +567,7 @@ impl Meta {
     }
 
     fn rollback(&mut self, sp: Savepoint) {
+        self.leaf_bytes.clear();
         let mut log = std::mem::take(&mut self.node_log);
         log.rollback(sp.nodes, |undo| {
             let block = match undo {
@@ -623,6 +629,7 @@ impl Meta {
     /// Removes a dirty node from the dirty set so the caller can mutate it
     /// while also using `self`; it must be returned with [`Self::put_dirty`].
     fn take_dirty(&mut self, r: BlockRef) -> Result<Node> {
+        self.leaf_bytes.remove(&r.block);
         let node = self
             .dirty
             .remove(&r.block)
@@ -713,6 +720,7 @@ impl Meta {
                 Error::inconsistent(format!("metadata entry {entry} has no block"))
             })?;
         self.store.forget_node(block);
+        self.leaf_bytes.remove(&block);
         self.log_node(block, || NodeUndo::Added(block));
         self.dirty.insert(block, node);
         Ok(BlockRef {
@@ -830,6 +838,24 @@ impl Meta {
     /// opens the next transaction. Must run with writers quiesced.
     pub fn begin_commit(&mut self, volumes: VolumeRoots) -> Result<CommitJob> {
         debug_assert!(self.node_log.idle(), "a commit inside an operation");
+        // Every node must fit its block before any is written (the B-tree
+        // splits first; a packed leaf's size is known from its changes).
+        for (block, node) in &self.dirty {
+            let fits = match self.leaf_bytes.get(block) {
+                Some(&bytes) => {
+                    debug_assert_eq!(bytes, node.usage().bytes, "block {block}");
+                    bytes <= node.limit().bytes && node.len() <= node.limit().entries
+                }
+                None => node.fits(),
+            };
+            if !fits {
+                return Err(Error::inconsistent(format!(
+                    "node {block} does not fit its block: {:?}",
+                    node.usage()
+                )));
+            }
+        }
+        self.leaf_bytes.clear();
         let geo = &self.store.geo;
         let mut home_pages = self.meta_sm.home_pages_due();
         home_pages.extend(self.data_sm.home_pages_due());

@@ -26,7 +26,9 @@ pub use layout::{
 pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, Usage, MAX_LEVEL, NODE_HEADER_SIZE,
 };
-pub use packed::{MAX_PACKED_ENTRY, MIN_PACKED_ENTRY, PACKED_LEAF_MAX};
+pub use packed::{
+    entry_len as packed_entry_len, MAX_PACKED_ENTRY, MIN_PACKED_ENTRY, PACKED_LEAF_MAX,
+};
 pub use property::{decode_property, encode_property, MAX_PROPERTY_BYTES, PROPERTY_HEADER_LEN};
 pub use records::{
     split_store_key, store_key, Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Guid,

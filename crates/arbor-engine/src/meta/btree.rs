@@ -74,6 +74,17 @@ fn split_off_upper(meta: &Meta, node: &mut Node) -> Result<Node> {
     Ok(upper)
 }
 
+/// Bytes packed-leaf entry `i` of `node` takes after the entry keyed `prev`.
+fn entry_bytes(node: &Node, i: usize, prev: Option<u64>) -> usize {
+    let vlen = node.tree.value_len();
+    match &node.body {
+        NodeBody::Leaf(values) => {
+            arbor_format::packed_entry_len(prev, node.keys[i], &values[i * vlen..(i + 1) * vlen])
+        }
+        NodeBody::Internal(_) => 0,
+    }
+}
+
 /// Moves the entries of `node` from `at` on into a new node value.
 fn split_off_upper_at(node: &mut Node, at: usize) -> Node {
     let keys = node.keys.split_off(at);
@@ -293,11 +304,25 @@ impl Meta {
     /// parent moves entries to a sibling or splits it.
     fn insert_rec(&mut self, r: BlockRef, key: u64, value: &[u8]) -> Result<(BlockRef, bool)> {
         let r = self.shadow(r)?;
+        let known = self.leaf_bytes.remove(&r.block);
         let mut node = self.take_dirty(r)?;
-        let result = self.insert_into(&mut node, key, value);
-        let overfull = !self.node_fits(&node);
+        let result = self.insert_into(&mut node, key, value, known);
+        let (overfull, bytes) = match result {
+            Ok(Some(bytes)) => {
+                let limit = self.node_limit(&node);
+                (
+                    node.len() > limit.entries || bytes > limit.bytes,
+                    Some(bytes),
+                )
+            }
+            _ => (!self.node_fits(&node), None),
+        };
         self.put_dirty(r, node);
-        result.map(|()| (r, overfull))
+        result?;
+        if let (false, Some(bytes)) = (overfull, bytes) {
+            self.leaf_bytes.insert(r.block, bytes);
+        }
+        Ok((r, overfull))
     }
 
     /// Splits the overfull dirty node `r`; returns the separator key and
@@ -375,10 +400,33 @@ impl Meta {
         Ok((room(&all) && room(&upper)).then_some((all, upper)))
     }
 
-    fn insert_into(&mut self, node: &mut Node, key: u64, value: &[u8]) -> Result<()> {
+    /// Inserts into `node` (dirty); for a packed leaf returns its encoded
+    /// bytes afterwards, worked out from `known` (its bytes before, when
+    /// known) and the entries the insert changes.
+    fn insert_into(
+        &mut self,
+        node: &mut Node,
+        key: u64,
+        value: &[u8],
+        known: Option<usize>,
+    ) -> Result<Option<usize>> {
         if node.level == 0 {
             let vlen = node.tree.value_len();
             let pos = node.keys.binary_search(&key);
+            let bytes = node.packed.then(|| {
+                let before = known.unwrap_or_else(|| node.usage().bytes);
+                let i = pos.unwrap_or_else(|i| i);
+                let prev = i.checked_sub(1).map(|j| node.keys[j]);
+                let added = arbor_format::packed_entry_len(prev, key, value);
+                match pos {
+                    Ok(i) => before - entry_bytes(node, i, prev) + added,
+                    Err(i) if i < node.len() => {
+                        before + added + entry_bytes(node, i, Some(key))
+                            - entry_bytes(node, i, prev)
+                    }
+                    Err(_) => before + added,
+                }
+            });
             let values = leaf_values_mut(node)?;
             match pos {
                 Ok(i) => values[i * vlen..(i + 1) * vlen].copy_from_slice(value),
@@ -387,7 +435,8 @@ impl Meta {
                     node.keys.insert(i, key);
                 }
             }
-            return Ok(());
+            debug_assert!(bytes.is_none_or(|b| b == node.usage().bytes));
+            return Ok(bytes);
         }
         let i = child_index(&node.keys, key);
         if key < node.keys[0] {
@@ -401,7 +450,7 @@ impl Meta {
             children_mut(node)?.insert(i + 1, right);
             node.keys.insert(i + 1, separator);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Removes `key` if present; returns the new root and the removed value.
@@ -560,11 +609,35 @@ impl Meta {
     /// and was freed.
     fn remove_rec(&mut self, r: BlockRef, key: u64) -> Result<(Option<BlockRef>, Vec<u8>)> {
         let r = self.shadow(r)?;
+        let known = self.leaf_bytes.remove(&r.block);
         let mut node = self.take_dirty(r)?;
+        // A packed leaf's bytes after the removal, if they were known.
+        let bytes = match (
+            node.level,
+            node.packed,
+            known,
+            node.keys.binary_search(&key),
+        ) {
+            (0, true, Some(before), Ok(i)) => {
+                let prev = i.checked_sub(1).map(|j| node.keys[j]);
+                let next = if i + 1 < node.len() {
+                    entry_bytes(&node, i + 1, prev) - entry_bytes(&node, i + 1, Some(key))
+                } else {
+                    0
+                };
+                // Removing never makes a leaf larger (FORMAT.md §6.2).
+                Some(before + next - entry_bytes(&node, i, prev))
+            }
+            _ => None,
+        };
         let removed = self.remove_from(&mut node, key);
         let empty = node.is_empty();
+        debug_assert!(removed.is_err() || bytes.is_none_or(|b| b == node.usage().bytes));
         self.put_dirty(r, node);
         let value = removed?;
+        if let Some(bytes) = bytes {
+            self.leaf_bytes.insert(r.block, bytes);
+        }
         if empty {
             self.dec_node_shallow(r)?;
             return Ok((None, value));
@@ -610,8 +683,9 @@ impl Meta {
         let kids = children(parent)?;
         let underfull = {
             let child = self.node(kids[i])?;
-            let (usage, limit) = (child.usage(), self.node_limit(&child));
-            usage.entries < limit.entries / 4 && usage.bytes < limit.bytes / 4
+            let limit = self.node_limit(&child);
+            // Entries first: only a leaf with few entries is measured.
+            child.len() < limit.entries / 4 && child.usage().bytes < limit.bytes / 4
         };
         if !underfull || kids.len() < 2 {
             return Ok(());
