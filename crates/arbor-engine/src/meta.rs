@@ -792,11 +792,10 @@ impl Meta {
                 }
             }
             NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
-                for i in 0..node.len() {
-                    let v = decode_map_value(node, i)?;
-                    self.data_sm
-                        .inc_range(&self.store, v.pchunk, u64::from(v.len))?;
-                }
+                let mut ranges = (0..node.len())
+                    .map(|i| decode_map_value(node, i).map(|v| (v.pchunk, u64::from(v.len))))
+                    .collect::<Result<Vec<_>>>()?;
+                self.data_sm.inc_ranges(&self.store, &mut ranges)?;
             }
             NodeBody::Leaf(_) => {}
         }
