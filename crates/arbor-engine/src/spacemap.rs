@@ -416,7 +416,6 @@ impl SpaceMap {
                 }
             }
         }
-        drop(current);
         for u in undo {
             self.log.push(u);
         }
