@@ -843,7 +843,11 @@ impl Meta {
             let fits = match self.leaf_bytes.get(block) {
                 Some(&bytes) => {
                     debug_assert_eq!(bytes, node.usage().bytes, "block {block}");
-                    bytes <= node.limit().bytes && node.len() <= node.limit().entries
+                    let usage = arbor_format::Usage {
+                        bytes,
+                        entries: node.len(),
+                    };
+                    usage.within(node.limit(), 1, 1)
                 }
                 None => node.fits(),
             };

@@ -207,28 +207,8 @@ pub fn decode_entries(
             Some(p) => p.checked_add(1).and_then(|k| k.checked_add(gap)),
         }
         .ok_or_else(|| FormatError::Invalid("packed leaf: a key past 2^64".into()))?;
-        let len = if head & LEN_FLAG != 0 {
-            let len = get_varint(body, &mut at, 32)? as u32;
-            if len == 1 {
-                return Err(FormatError::Invalid(
-                    "packed leaf: a length of 1 written out".into(),
-                ));
-            }
-            len
-        } else {
-            1
-        };
-        let word = if head & WORD_FLAG != 0 {
-            let word = get_varint(body, &mut at, 32)? as u32;
-            if word == 0 {
-                return Err(FormatError::Invalid(
-                    "packed leaf: a zero word written out".into(),
-                ));
-            }
-            word
-        } else {
-            0
-        };
+        let len = flagged_u32(body, &mut at, head & LEN_FLAG != 0, 1, "a length of 1")?;
+        let word = flagged_u32(body, &mut at, head & WORD_FLAG != 0, 0, "a zero word")?;
         let pchunk = get_varint(body, &mut at, 64)? as u64;
         let gen = get_varint(body, &mut at, 64)? as u64;
         keys.push(key);
@@ -250,6 +230,28 @@ pub fn decode_entries(
         ));
     }
     Ok((keys, values))
+}
+
+/// A u32 field written only when `present` (else `default`); one written
+/// out with the default value is refused, so each leaf has one encoding.
+fn flagged_u32(
+    body: &[u8],
+    at: &mut usize,
+    present: bool,
+    default: u32,
+    what: &str,
+) -> Result<u32, FormatError> {
+    if !present {
+        return Ok(default);
+    }
+    // At most 32 bits (`get_varint` checks).
+    let value = get_varint(body, at, 32)? as u32;
+    if value == default {
+        return Err(FormatError::Invalid(format!(
+            "packed leaf: {what} written out"
+        )));
+    }
+    Ok(value)
 }
 
 /// Where to split an overfull packed leaf: the first entry of the upper

@@ -14,7 +14,7 @@
 //! * no node is empty (empty nodes are removed, an internal root with one
 //!   child is replaced by the child).
 
-use arbor_format::{BlockRef, Node, NodeBody, TreeKind, MAX_LEVEL};
+use arbor_format::{BlockRef, Node, NodeBody, TreeKind, Usage, MAX_LEVEL};
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
@@ -309,11 +309,11 @@ impl Meta {
         let result = self.insert_into(&mut node, key, value, known);
         let (overfull, bytes) = match result {
             Ok(Some(bytes)) => {
-                let limit = self.node_limit(&node);
-                (
-                    node.len() > limit.entries || bytes > limit.bytes,
-                    Some(bytes),
-                )
+                let usage = Usage {
+                    bytes,
+                    entries: node.len(),
+                };
+                (!usage.within(self.node_limit(&node), 1, 1), Some(bytes))
             }
             _ => (!self.node_fits(&node), None),
         };
@@ -697,9 +697,7 @@ impl Meta {
         };
         {
             let (l, r) = (self.node(kids[left])?, self.node(kids[right])?);
-            let limit = self.node_limit(&l);
-            let merged = l.merged_usage(&r);
-            if merged.entries > limit.entries * 3 / 4 || merged.bytes > limit.bytes * 3 / 4 {
+            if !l.merged_usage(&r).within(self.node_limit(&l), 3, 4) {
                 return Ok(());
             }
         }
