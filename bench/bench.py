@@ -123,9 +123,12 @@ EXP8_SYSTEMS = ["nbdkit memory", "nbdkit file", "arbor", "arbor, one clone each"
 
 # Snapshots taken while a client writes (experiments 3 and 7): none, one a
 # second committed before the API call returns (the default), and one a
-# second made durable by the next commit (`"durability": "deferred"`).
+# second made durable by the next commit (`"durability": "deferred"`), and
+# one a second, deferred, of another volume of the pool (which the written
+# volume's I/O should not feel).
+OTHER_VOLUME = "deferred snapshot of another volume every 1 s"
 SNAPSHOT_LOADS = [("no snapshots", None), ("snapshot every 1 s", None),
-                  ("deferred snapshot every 1 s", "deferred")]
+                  ("deferred snapshot every 1 s", "deferred"), (OTHER_VOLUME, "deferred")]
 
 COMPILERS = {"rustc", "cargo", "cc1", "cc1plus", "ld", "ld.lld", "collect2", "clippy-driver", "rustdoc",
              "cc", "gcc", "clang", "rust-lld", "ld.bfd", "ld.gold", "mold"}
@@ -768,7 +771,11 @@ class Bench:
         ab = self.arbor(name, size * 16 + GIB, io=io)
         ab.volume_create("v", size)
         fio(("nbd", ab.uri("v")), "write", "1m", 8, size, end_fsync=True)
-        with Snapper(ab, "v@s", mode != "no snapshots", durability) as snapper:
+        if mode == OTHER_VOLUME:
+            ab.volume_create("w", 64 * MIB)
+            fio(("nbd", ab.uri("w")), "write", "1m", 8, 64 * MIB, end_fsync=True)
+        prefix = "w@s" if mode == OTHER_VOLUME else "v@s"
+        with Snapper(ab, prefix, mode != "no snapshots", durability) as snapper:
             r = self.timed_fio(("nbd", ab.uri("v")), job, size, server_pid=ab.pid,
                                runtime=self.p["lat_runtime"], randommap=False)
         ab.stop()

@@ -13,7 +13,13 @@
 //!   (phase B) hold no other lock, so I/O goes on while the device syncs.
 //!   Management operations hold it to commit before they return, except
 //!   snapshots and clones with [`Durability::Deferred`], which take only
-//!   the gate and `meta` (`manage_deferred`), as a write does.
+//!   their sources' volume gates and `meta` (`manage_deferred`).
+//! * `volume_gates` (RwLocks, one per volume id modulo their number)
+//!   separate a volume's writes from a snapshot of it that does not commit:
+//!   every write holds its volume's gate shared (inside the pool gate,
+//!   shared), a deferred snapshot holds its sources' exclusive. So it waits
+//!   for the writes of the volumes it snapshots, never for other volumes'
+//!   I/O, and no I/O waits for it but the writes of those volumes.
 //! * `stripes` serialise writes to the same (volume, chunk), so two partial
 //!   writes to one chunk never race on its copy-on-write.
 //!
@@ -22,7 +28,7 @@
 //!   (`pool/origin.rs`).
 //!
 //! Lock order: (a copy-on-write home's `busy` →) origin stripe →
-//! commit_lock → gate → stripe → meta.
+//! commit_lock → gate → volume gate → stripe → meta.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -94,6 +100,9 @@ const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 const MIN_JOURNAL_PAGES: u32 = 16;
 const MAX_JOURNAL_PAGES: u32 = 1 << 16;
 const STRIPES: usize = 256;
+/// Volume gates (see the module documentation): volumes whose ids are
+/// equal modulo this share one, which costs only a needless wait.
+const VOLUME_GATES: usize = 64;
 
 /// How to lay out a new pool.
 #[derive(Debug, Clone)]
@@ -258,6 +267,7 @@ pub struct Pool {
     store: Arc<Store>,
     meta: RwLock<Volumes>,
     gate: RwLock<()>,
+    volume_gates: Vec<RwLock<()>>,
     commit_lock: Mutex<()>,
     /// Group commits ([`Pool::commit_through`]): whether a caller is
     /// committing for the others, who wait on `group_committed` instead of
@@ -530,6 +540,7 @@ impl Pool {
             store,
             meta: RwLock::new(volumes),
             gate: RwLock::new(()),
+            volume_gates: (0..VOLUME_GATES).map(|_| RwLock::new(())).collect(),
             commit_lock: Mutex::new(()),
             group_leader: Mutex::new(false),
             group_committed: Condvar::new(),
@@ -607,6 +618,33 @@ impl Pool {
 
     fn commit_gate(&self) -> RwLockWriteGuard<'_, ()> {
         self.gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Volume `id`'s gate, shared: held by each of its writes, inside the
+    /// pool gate.
+    fn volume_gate(&self, id: u64) -> RwLockReadGuard<'_, ()> {
+        // `VOLUME_GATES` fits a usize and the remainder is below it.
+        let gate = &self.volume_gates[(id % VOLUME_GATES as u64) as usize];
+        gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The gates of volumes `ids`, exclusive, taken in index order (so two
+    /// lockers of several never wait for each other's).
+    fn volume_gates_exclusive(&self, ids: &[u64]) -> Vec<RwLockWriteGuard<'_, ()>> {
+        let mut indices: Vec<usize> = ids
+            .iter()
+            .map(|id| (id % VOLUME_GATES as u64) as usize)
+            .collect();
+        indices.sort_unstable();
+        indices.dedup();
+        indices
+            .into_iter()
+            .map(|i| {
+                self.volume_gates[i]
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+            })
+            .collect()
     }
 
     fn stripe_index(&self, id: u64, chunk: u64) -> usize {
@@ -690,17 +728,22 @@ impl Pool {
 
     /// A management operation made durable by the next commit
     /// ([`Durability::Deferred`]): one atomic step of the open transaction,
-    /// under the gate (so no write is half done in it) and `meta`, without
-    /// `commit_lock`, so it waits neither for a commit in flight nor for
-    /// the device. `Ok(None)` when it must run as a committed operation
-    /// instead: `f` said so (before changing anything), or the open
-    /// transaction has no room left for it.
+    /// under the gates of the writable volumes it reads, `sources` (so no
+    /// write of theirs is half done in it), and `meta`, without
+    /// `commit_lock` or the pool gate exclusive: it waits neither for a
+    /// commit in flight, nor for the device, nor for other volumes' I/O.
+    /// `f` must check that each volume it reads is one of `sources` (their
+    /// names were resolved before the gates were taken). `Ok(None)` when it
+    /// must run as a committed operation instead: `f` said so (before
+    /// changing anything), or the open transaction has no room left for it.
     fn manage_deferred<T>(
         &self,
         privilege: Privilege,
+        sources: &[u64],
         f: impl FnOnce(&mut Volumes) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
-        let _gate = self.commit_gate();
+        let _gate = self.io_gate();
+        let _sources = self.volume_gates_exclusive(sources);
         let mut meta = self.write_meta()?;
         let step = |m: &mut Volumes| {
             let value = f(m)?;
@@ -922,20 +965,33 @@ impl Pool {
             Ok(ids)
         };
         if durability == Durability::Deferred {
-            let deferred = self.manage_deferred(Privilege::Normal, |m| {
-                let cow = names.iter().any(|name| {
-                    split_snapshot_name(name)
-                        .and_then(|(volume, _)| m.volume_id(volume))
-                        .and_then(|id| m.volume(id))
-                        .is_ok_and(|rec| matches!(rec.layout, DataLayout::Cow(_)))
-                });
-                if cow {
-                    return Ok(None);
+            // The sources, resolved before their gates are taken; a name
+            // that does not resolve gets its error from the committed path.
+            let sources = {
+                let meta = self.read_meta()?;
+                names
+                    .iter()
+                    .map(|name| split_snapshot_name(name).and_then(|(v, _)| meta.volume_id(v)))
+                    .collect::<Result<Vec<u64>>>()
+                    .ok()
+            };
+            if let Some(sources) = sources {
+                let deferred = self.manage_deferred(Privilege::Normal, &sources, |m| {
+                    for (name, &gated) in names.iter().zip(&sources) {
+                        let (volume, _) = split_snapshot_name(name)?;
+                        // Renamed or replaced since: not gated.
+                        if m.volume_id(volume).ok() != Some(gated) {
+                            return Ok(None);
+                        }
+                        if matches!(m.volume(gated)?.layout, DataLayout::Cow(_)) {
+                            return Ok(None);
+                        }
+                    }
+                    take(m).map(Some)
+                })?;
+                if let Some(ids) = deferred {
+                    return Ok(ids);
                 }
-                take(m).map(Some)
-            })?;
-            if let Some(ids) = deferred {
-                return Ok(ids);
             }
         }
         // A snapshot of a copy-on-write volume reads its device where
@@ -971,7 +1027,8 @@ impl Pool {
                 .map(VolumeId)
         };
         if durability == Durability::Deferred {
-            if let Some(id) = self.manage_deferred(Privilege::Normal, |m| make(m).map(Some))? {
+            // A snapshot has no writes to wait for: no gate.
+            if let Some(id) = self.manage_deferred(Privilege::Normal, &[], |m| make(m).map(Some))? {
                 return Ok(id);
             }
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use arbor_engine::{Pool, VolumeId};
+use arbor_engine::{Durability, Pool, VolumeId};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -21,6 +21,14 @@ fn read_all(pool: &Pool, id: VolumeId, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     pool.read(id, 0, &mut buf).unwrap();
     buf
+}
+
+fn durability(i: usize) -> Durability {
+    if i.is_multiple_of(2) {
+        Durability::Deferred
+    } else {
+        Durability::Committed
+    }
 }
 
 /// A thread that owns one volume family: writes, snapshots, clones of its
@@ -43,12 +51,16 @@ fn family_worker(pool: Arc<Pool>, t: usize, iterations: usize) {
             }
             70..=79 => {
                 let snap = format!("{name}@{i}");
-                pool.snapshot(&snap).unwrap();
+                // Half deferred: those take only this volume's gate, while
+                // the other families write.
+                pool.snapshot_with(&snap, durability(i)).unwrap();
                 snaps.push((snap, model.clone()));
             }
             80..=85 if !snaps.is_empty() => {
                 let (snap, data) = &snaps[rng.gen_range(0..snaps.len())];
-                let clone = pool.clone_snapshot(snap, &format!("{name}-c{i}")).unwrap();
+                let clone = pool
+                    .clone_snapshot_with(snap, &format!("{name}-c{i}"), durability(i / 2))
+                    .unwrap();
                 let mut data = data.clone();
                 let patch = pattern(rng.gen(), 0, 4096);
                 pool.write(clone, 0, &patch).unwrap();
@@ -130,7 +142,8 @@ fn many_threads_many_volumes_with_background_work() {
                 }
                 // Snapshots of the shared volume race with the interleaved writers.
                 if n.is_multiple_of(5) {
-                    pool.snapshot(&format!("shared@bg{n}")).unwrap();
+                    pool.snapshot_with(&format!("shared@bg{n}"), durability(n as usize / 5))
+                        .unwrap();
                 }
                 if n % 5 == 2 && n > 10 {
                     let _ = pool.delete(&format!("shared@bg{}", n - 12));

@@ -347,6 +347,7 @@ impl Pool {
     /// One try of a unit: steps 1 to 4 of the module documentation.
     fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
         let _gate = self.io_gate();
+        let _volume = self.volume_gate(unit.id.0);
         let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
         self.attempt_locked(unit)
     }
