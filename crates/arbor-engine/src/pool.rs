@@ -16,10 +16,13 @@
 //!   their sources' volume gates and `meta` (`manage_deferred`).
 //! * `volume_gates` (RwLocks, one per volume id modulo their number)
 //!   separate a volume's writes from a snapshot of it that does not commit:
-//!   every write holds its volume's gate shared (inside the pool gate,
-//!   shared), a deferred snapshot holds its sources' exclusive. So it waits
-//!   for the writes of the volumes it snapshots, never for other volumes'
-//!   I/O, and no I/O waits for it but the writes of those volumes.
+//!   a write unit holds its volume's gate shared (inside the pool gate,
+//!   shared) from before its plan to the end of its writes in place, or
+//!   only through its plan if it writes nothing in place; a deferred
+//!   snapshot holds its sources' exclusive. So it waits for the plans and
+//!   in-place writes of the volumes it snapshots, never for their
+//!   redirected writes or for other volumes' I/O, and no I/O waits for it
+//!   but the writes of those volumes.
 //! * `stripes` serialise writes to the same (volume, chunk), so two partial
 //!   writes to one chunk never race on its copy-on-write.
 //!

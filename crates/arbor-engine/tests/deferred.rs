@@ -369,3 +369,54 @@ fn a_deferred_snapshot_waits_for_its_volumes_write_in_flight() {
     pool.flush().unwrap();
     assert_clean(&pool);
 }
+
+#[test]
+fn a_deferred_snapshot_does_not_wait_for_its_volumes_redirected_write() {
+    let (gated, pool) = gated_pool();
+    let v = pool.create_volume("v", VOL).unwrap();
+    pool.write(v, 0, &pattern(1, 0, 8192)).unwrap();
+    pool.snapshot("v@old").unwrap();
+
+    // Both chunks are shared with `v@old`: the write redirects them, and
+    // its first new chunk stalls in the device.
+    gated.arm();
+    let writer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.write(v, 0, &pattern(2, 0, 8192)))
+    };
+    gated.wait_for_blocked_write();
+    let (done, taken) = mpsc::channel();
+    let snapper = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let result = pool.snapshot_with("v@s", Durability::Deferred);
+            let _ = done.send(());
+            result
+        })
+    };
+    // Only a guard against a hang: without it a regression would deadlock.
+    taken
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the snapshot waited for a write that writes no chunk it maps");
+    let snap = snapper.join().unwrap().unwrap();
+    gated.release();
+    writer.join().unwrap().unwrap();
+
+    // Taken before the write mapped anything: none of it.
+    let mut before = vec![0u8; VOL as usize];
+    before[..8192].copy_from_slice(&pattern(1, 0, 8192));
+    assert_same(&read_all(&pool, snap), &before);
+    let mut after = vec![0u8; VOL as usize];
+    after[..8192].copy_from_slice(&pattern(2, 0, 8192));
+    assert_same(&read_all(&pool, v), &after);
+    // The next writes go in place only where the volume alone maps them.
+    pool.write(v, 0, &pattern(3, 0, 8192)).unwrap();
+    assert_same(&read_all(&pool, snap), &before);
+    pool.flush().unwrap();
+    assert_clean(&pool);
+    let reopened = pool_from_image(gated.disk.handle().durable_image());
+    assert_same(
+        &read_all(&reopened, reopened.lookup("v@s").unwrap()),
+        &before,
+    );
+}

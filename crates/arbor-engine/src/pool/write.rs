@@ -30,6 +30,7 @@
 //! through the engine API) go unit by unit; each unit is atomic.
 
 use std::ops::Range;
+use std::sync::RwLockReadGuard;
 
 use super::*;
 use crate::volumes::{ChunkPlan, ChunkWanted};
@@ -270,7 +271,7 @@ impl Pool {
         let _commit = lock_mutex(&self.commit_lock);
         let _gate = self.commit_gate();
         self.commit_held()?;
-        match self.attempt_locked(unit) {
+        match self.attempt_locked(unit, &mut None) {
             Err(Error::TransactionFull) => {}
             other => return other,
         }
@@ -306,7 +307,7 @@ impl Pool {
     fn apply_pieces(&self, unit: &Unit<'_>) -> Result<()> {
         let mut committed_for_space = false;
         loop {
-            match self.attempt_locked(unit) {
+            match self.attempt_locked(unit, &mut None) {
                 Ok(()) => return Ok(()),
                 // Earlier pieces filled the transaction: commit them.
                 Err(Error::TransactionFull) if self.read_meta()?.has_changes() => {
@@ -347,14 +348,26 @@ impl Pool {
     /// One try of a unit: steps 1 to 4 of the module documentation.
     fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
         let _gate = self.io_gate();
-        let _volume = self.volume_gate(unit.id.0);
+        let mut volume = Some(self.volume_gate(unit.id.0));
         let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
-        self.attempt_locked(unit)
+        self.attempt_locked(unit, &mut volume)
     }
 
     /// [`Self::attempt`] for a caller that holds the gate, and the stripes
-    /// of the unit's chunks or the gate exclusive.
-    fn attempt_locked(&self, unit: &Unit<'_>) -> Result<()> {
+    /// of the unit's chunks or the gate exclusive. `volume`: the volume's
+    /// gate, if the caller holds it; released after the plan unless a chunk
+    /// is written in place. A snapshot that comes after the plan is safe
+    /// for a unit that only redirects: it shares the tree as it is, without
+    /// the unit's mappings (the mapping step then shadows the shared path
+    /// as for any write after a snapshot, and its paired check still
+    /// holds: a snapshot changes no mapping), and nothing the unit writes
+    /// to the device is a chunk the snapshot maps. Written in place, a chunk
+    /// the snapshot shared would change under it.
+    fn attempt_locked(
+        &self,
+        unit: &Unit<'_>,
+        volume: &mut Option<RwLockReadGuard<'_, ()>>,
+    ) -> Result<()> {
         let cs = self.chunk_size();
         let (wanted, unmap) = unit.chunks(cs);
         let privilege = unit.privilege();
@@ -371,6 +384,10 @@ impl Pool {
             })?;
             (plans, meta.volume(unit.id.0)?.backing)
         };
+        if !plans.iter().any(|p| matches!(p, ChunkPlan::InPlace(_))) {
+            // Snapshots of the volume need not wait for the device writes.
+            *volume = None;
+        }
         let redirects = plans
             .iter()
             .any(|p| matches!(p, ChunkPlan::Redirect { .. }));
