@@ -76,11 +76,21 @@ fn fill_scattered(pool: &Pool) -> (VolumeId, u64, Vec<u8>) {
 }
 
 /// Defect 1: metadata running out in the middle of writes to many committed
-/// leaves. Each failed write leaves the pool as it was, flushes succeed, the
-/// pool checks clean, and every acknowledged write is there after reopen.
-fn metadata_full_mid_transaction(new_chunks: bool) {
+/// leaves. Each write shadows a committed leaf; with `hold`, a snapshot keeps
+/// every leaf's committed copy, so the commit a full pool tries before it
+/// reports full frees nothing, and writes really run out once the shadows
+/// have taken the free blocks. Each failed write leaves the pool as it was,
+/// flushes succeed, the pool checks clean, and every acknowledged write is
+/// there after reopen; the snapshot keeps its contents, and once it is
+/// deleted and reclaimed writes fit again. Without `hold` no write may fail:
+/// the commit frees the shadowed copies.
+fn metadata_full_mid_transaction(new_chunks: bool, hold: bool) {
     let (disk, pool) = tiny_meta_pool(400 * MIB, MIB);
     let (v, size, mut model) = fill_scattered(&pool);
+    let held = model.clone();
+    if hold {
+        pool.snapshot("v@hold").unwrap();
+    }
     let mut failures = 0;
     let mut successes = 0;
     // Chunks in every committed leaf (a leaf holds up to 448 extents, here
@@ -110,8 +120,13 @@ fn metadata_full_mid_transaction(new_chunks: bool) {
             chunk += 120;
         }
     }
-    assert!(successes > 0);
     eprintln!("{successes} writes succeeded, {failures} ran out of space");
+    assert!(successes > 0, "no write fitted");
+    if hold {
+        assert!(failures > 0, "metadata never ran out");
+    } else {
+        assert_eq!(failures, 0, "writes failed that a commit made room for");
+    }
     pool.flush().expect("flush after running out of metadata");
     assert_clean(&pool);
     assert_volume(&pool, v, &model, "after running out");
@@ -120,6 +135,23 @@ fn metadata_full_mid_transaction(new_chunks: bool) {
     assert_clean(&pool);
     let v = pool.lookup("v").unwrap();
     assert_volume(&pool, v, &model, "acknowledged writes lost");
+    if hold {
+        let snap = pool.lookup("v@hold").unwrap();
+        assert_volume(&pool, snap, &held, "the snapshot changed");
+        pool.delete("v@hold").expect("delete on a full pool");
+        while pool.reclaim(1000).expect("reclaim on a full pool") > 0 {}
+        pool.flush().unwrap();
+        // Every leaf can be shadowed again.
+        let mut chunk = 3;
+        while chunk * CHUNK < size {
+            let data = pattern(5000 + chunk, 0, CHUNK as usize);
+            pool.write(v, chunk * CHUNK, &data)
+                .expect("a write after the snapshot's space came back");
+            model[(chunk * CHUNK) as usize..((chunk + 1) * CHUNK) as usize].copy_from_slice(&data);
+            chunk += 120;
+        }
+        assert_volume(&pool, v, &model, "after the space came back");
+    }
     // The pool still works.
     pool.create_volume("after", MIB).unwrap();
     pool.write(v, 0, &pattern(7, 0, 4096)).unwrap();
@@ -129,12 +161,17 @@ fn metadata_full_mid_transaction(new_chunks: bool) {
 
 #[test]
 fn metadata_full_overwriting_committed_leaves() {
-    metadata_full_mid_transaction(false);
+    metadata_full_mid_transaction(false, true);
 }
 
 #[test]
 fn metadata_full_writing_new_chunks_into_committed_leaves() {
-    metadata_full_mid_transaction(true);
+    metadata_full_mid_transaction(true, true);
+}
+
+#[test]
+fn shadowed_leaves_a_commit_frees_make_room_for_writes() {
+    metadata_full_mid_transaction(false, false);
 }
 
 /// What a test knows of a pool: every volume's name, size and contents.
