@@ -776,6 +776,12 @@ impl Meta {
         self.data_sm.unreserve(run)
     }
 
+    /// Sets aside the data chunks of `run` (free, and found by the caller
+    /// inside a run it set aside and just released).
+    pub fn reserve_data(&mut self, run: std::ops::Range<u64>) {
+        self.data_sm.reserve(run)
+    }
+
     /// Allocates the data chunks of `run`, set aside by
     /// [`Self::reserve_data_run`].
     pub fn alloc_data_run(&mut self, run: std::ops::Range<u64>) -> Result<()> {

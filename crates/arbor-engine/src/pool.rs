@@ -280,6 +280,10 @@ pub struct Pool {
     /// One growth or upgrade at a time (held across a growth's device
     /// work, which the commit lock is not).
     grow_lock: Mutex<()>,
+    /// Held while a home is built in steps (`build_home`); loose homes are
+    /// freed only while nobody holds it, so a home being built is never
+    /// mistaken for one a failure left.
+    homes_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     /// Per (copy-on-write volume, chunk), hashed: its writes hold them
     /// exclusive, reads through its epochs shared (`pool/origin.rs`).
@@ -359,6 +363,15 @@ fn push_piece(pieces: &mut Vec<Piece>, piece: Piece) {
 fn lock_mutex<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Stripe and failure mutexes guard no data whose invariants a panic could break.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock_mutex`] without waiting: `None` while another thread holds it.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
@@ -548,6 +561,7 @@ impl Pool {
             group_leader: Mutex::new(false),
             group_committed: Condvar::new(),
             grow_lock: Mutex::new(()),
+            homes_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             origin_stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
             origins: origin::Origins::default(),
@@ -1281,7 +1295,7 @@ impl Pool {
         let mut all: Vec<VolumeInfo> = meta
             .table()
             .iter()
-            .filter(|(_, r)| r.kind.is_visible())
+            .filter(|(_, r)| crate::volumes::is_visible(r))
             .map(|(id, r)| volume_info(id, r, chunk, durable_txn))
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -1538,9 +1552,13 @@ impl Pool {
                 other => other?,
             };
             alone = false;
-            // Then the copies of copy-on-write volumes no epoch reads.
+            // Then the copies of copy-on-write volumes no epoch reads, then
+            // loose homes (a step each).
             let done = match done {
-                0 => self.sweep_stores()?,
+                0 => match self.sweep_stores()? {
+                    0 => usize::from(self.reclaim_loose_home()? > 0),
+                    n => n,
+                },
                 n => n,
             };
             if done == 0 {
@@ -1572,7 +1590,7 @@ impl Pool {
             volumes: meta
                 .table()
                 .iter()
-                .filter(|(_, r)| r.kind == VolumeKind::Volume)
+                .filter(|(_, r)| r.kind == VolumeKind::Volume && crate::volumes::is_visible(r))
                 .count() as u64,
             snapshots,
             reclaim_pending: meta.reclaim_pending() || self.origins.sweeping(),

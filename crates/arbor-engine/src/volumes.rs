@@ -13,7 +13,7 @@ use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
 mod cow;
-pub(crate) use cow::CopyPlan;
+pub(crate) use cow::{is_visible, CopyPlan};
 
 /// The volume layer over the open transaction (see the module comment).
 pub(crate) struct Volumes {
@@ -295,7 +295,7 @@ impl Volumes {
     pub fn volume_id(&self, name: &str) -> Result<u64> {
         self.table
             .id_of(name)
-            .filter(|&id| self.table.get(id).is_some_and(|r| r.kind.is_visible()))
+            .filter(|&id| self.table.get(id).is_some_and(cow::is_visible))
             .ok_or_else(|| Error::NotFound(name.to_owned()))
     }
 
@@ -315,7 +315,7 @@ impl Volumes {
         }
         self.table
             .iter()
-            .find(|(_, r)| r.kind.is_visible() && r.guid == *guid)
+            .find(|(_, r)| cow::is_visible(r) && r.guid == *guid)
             .map(|(id, _)| id)
     }
 
@@ -569,7 +569,7 @@ impl Volumes {
     /// caller but the receive itself) or a hold.
     pub fn visible_volume(&self, id: u64) -> Result<&VolumeRecord> {
         let rec = self.volume(id)?;
-        if !rec.kind.is_visible() {
+        if !cow::is_visible(rec) {
             return Err(Error::NotFound(format!("volume id {id}")));
         }
         Ok(rec)
@@ -987,7 +987,7 @@ impl Volumes {
     }
 
     pub fn reclaim_pending(&self) -> bool {
-        !self.meta.queue_root().is_none()
+        !self.meta.queue_root().is_none() || self.table.iter().any(|(_, r)| cow::is_loose_home(r))
     }
 }
 

@@ -344,6 +344,10 @@ impl Pool {
         check_size(size)?;
         let cs = self.chunk_size();
         let chunks = size.div_ceil(cs);
+        let step = self.home_build_step();
+        // A home bigger than one step is built a step at a time, one at a
+        // time, while no loose home is freed (`reclaim_loose_home`).
+        let _building = (chunks > step).then(|| lock_mutex(&self.homes_lock));
         let run = {
             let mut meta = self.write_meta()?;
             meta.ensure_name_free(name)?;
@@ -351,24 +355,94 @@ impl Pool {
             meta.reserve_home(chunks)?
         };
         let created = self.zero_home(&run).and_then(|()| {
-            self.manage(Privilege::Normal, |m| {
-                m.add_pool_cow_volume(name.to_owned(), size, run.clone())
-            })
+            if chunks <= step {
+                self.manage(Privilege::Normal, |m| {
+                    m.add_pool_cow_volume(name.to_owned(), size, run.clone())
+                })
+            } else {
+                self.build_home(name, size, run.clone(), step)
+            }
         });
         if let Ok(mut meta) = self.write_meta() {
             meta.unreserve_home(&run);
         }
-        let id = created.map_err(|e| match e {
-            // Its home's space-map entries are allocated in one commit.
-            Error::TransactionFull => Error::InvalidArgument(format!(
-                "a copy-on-write volume of {size} bytes needs more space-map pages than one \
-                 commit of this pool can journal ({} pages); make it smaller",
-                self.store.geo.journal_pages
-            )),
-            other => other,
-        })?;
+        let id = created?;
         self.open_home(id, run.start, size);
         Ok(VolumeId(id))
+    }
+
+    /// Chunks of a home one commit allocates: half the journal's
+    /// space-map pages' worth.
+    fn home_build_step(&self) -> u64 {
+        (self.store.geo.journal_pages / 2).max(1) * SM_ENTRIES_PER_PAGE as u64
+    }
+
+    /// Builds copy-on-write volume `name` of `size` bytes whose home is
+    /// `run` (set aside and zeroed; the caller ends the reservation and
+    /// holds `homes_lock`) in commits of `step` chunks: a loose home that
+    /// grows, then takes the name in the last commit. The volume exists
+    /// whole or not at all: what a failure or a power cut leaves is a loose
+    /// home, which reclaim frees. Returns its id.
+    fn build_home(&self, name: &str, size: u64, run: Range<u64>, step: u64) -> Result<u64> {
+        let mut id = None;
+        let mut rest = run;
+        let result = (|| {
+            while !rest.is_empty() {
+                let at = rest.start + step.min(rest.end - rest.start);
+                let (part, tail) = if at < rest.end {
+                    self.write_meta()?.split_reserved_home(&rest, at)
+                } else {
+                    (rest.clone(), at..at)
+                };
+                rest = tail;
+                let made = self.manage(Privilege::Normal, |m| match id {
+                    None => m.begin_home(part.clone()).map(Some),
+                    Some(id) => m.extend_home(id, part.clone()).map(|()| None),
+                });
+                if let Ok(mut meta) = self.write_meta() {
+                    meta.unreserve_home(&part);
+                }
+                if let Some(made) = made? {
+                    id = Some(made);
+                }
+            }
+            let id = id.ok_or_else(|| Error::inconsistent("an empty home was built"))?;
+            self.manage(Privilege::Normal, |m| {
+                m.finish_home(id, name.to_owned(), size)
+            })?;
+            Ok(id)
+        })();
+        if let Ok(mut meta) = self.write_meta() {
+            meta.unreserve_home(&rest);
+        }
+        result
+    }
+
+    /// One step of freeing a loose home (see [`Volumes::shrink_loose_home`]),
+    /// unless a home is being built. Returns the chunks freed (0: none to
+    /// free now).
+    pub(super) fn reclaim_loose_home(&self) -> Result<u64> {
+        let Some(_homes) = try_lock(&self.homes_lock) else {
+            return Ok(0);
+        };
+        let Some(&id) = self.read_meta()?.loose_homes().first() else {
+            return Ok(0);
+        };
+        self.commit_if_needed()?;
+        let mut committed = false;
+        loop {
+            let mut meta = self.write_meta()?;
+            match self.mutate(&mut meta, Privilege::Reserve, |m| m.shrink_loose_home(id)) {
+                // Its space-map pages did not fit the room left: once more
+                // in an empty transaction, which holds them.
+                Err(Error::TransactionFull) if !committed => {
+                    drop(meta);
+                    self.commit_open()?;
+                    committed = true;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Writes zeros over the data chunks of `run` (free, set aside).

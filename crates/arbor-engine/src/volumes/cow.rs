@@ -27,6 +27,32 @@ pub(crate) struct CopyPlan {
 /// The first format version with copy-on-write volumes.
 pub(crate) const COW_VERSION: u16 = 5;
 
+/// The name ending of a *loose home*: a hidden copy-on-write record
+/// (`{id}%home`, its own id; `%` is never part of a volume name) holding
+/// part of an in-pool home that no volume owns: one being built a commit at
+/// a time, or left to free (a big home destroyed, or a build that failed or
+/// that a power cut interrupted). Reclaim frees it from its end, a step at
+/// a time (docs/FORMAT.md §6.1, "Homes larger than one commit").
+const LOOSE_HOME: &str = "%home";
+
+/// Whether `rec` is a loose home (see [`LOOSE_HOME`]).
+pub(crate) fn is_loose_home(rec: &VolumeRecord) -> bool {
+    rec.name.ends_with(LOOSE_HOME)
+        && matches!(
+            rec.layout,
+            DataLayout::Cow(CowState {
+                home: Home::Pool { .. },
+                ..
+            })
+        )
+}
+
+/// Whether people see `rec`: a volume or snapshot, not a receive, hold,
+/// property or loose home.
+pub(crate) fn is_visible(rec: &VolumeRecord) -> bool {
+    rec.kind.is_visible() && !is_loose_home(rec)
+}
+
 impl Volumes {
     fn check_cow_supported(&self) -> Result<()> {
         if self.meta.geo().version() < COW_VERSION || !self.has_identities() {
@@ -74,6 +100,21 @@ impl Volumes {
         self.meta.unreserve_data(run)
     }
 
+    /// Splits the set-aside run `run` at `at`: both parts stay set aside,
+    /// each ended by its own [`Self::unreserve_home`] (or its allocation).
+    pub fn split_reserved_home(
+        &mut self,
+        run: &std::ops::Range<u64>,
+        at: u64,
+    ) -> (std::ops::Range<u64>, std::ops::Range<u64>) {
+        debug_assert!(run.contains(&at));
+        self.meta.unreserve_data(run);
+        let (head, tail) = (run.start..at, at..run.end);
+        self.meta.reserve_data(head.clone());
+        self.meta.reserve_data(tail.clone());
+        (head, tail)
+    }
+
     /// Adds copy-on-write volume `name` of `size` bytes whose home is the
     /// data chunks of `run` (set aside, and zeroed, by the caller), which
     /// it allocates.
@@ -93,7 +134,9 @@ impl Volumes {
     }
 
     /// Frees the home of copy-on-write volume record `rec` (removed), if it
-    /// is in the pool.
+    /// is in the pool: at once if one step of [`Self::shrink_loose_home`]
+    /// would, else by handing it to a loose home, which reclaim frees a
+    /// step at a time (its references move, no count changes).
     pub(super) fn free_home(&mut self, rec: &VolumeRecord) -> Result<()> {
         if let DataLayout::Cow(CowState {
             home: Home::Pool { first },
@@ -101,9 +144,119 @@ impl Volumes {
         }) = rec.layout
         {
             let chunks = rec.size_bytes.div_ceil(self.meta.geo().chunk_size);
-            self.meta.dec_data_range(first, chunks)?;
+            if chunks <= self.home_free_step() {
+                self.meta.dec_data_range(first, chunks)?;
+            } else {
+                self.add_loose_home(first, chunks)?;
+            }
         }
         Ok(())
+    }
+
+    /// Chunks one step frees from a loose home: four space-map pages'
+    /// worth (they span five at most), which an empty transaction of any
+    /// pool journals.
+    pub fn home_free_step(&self) -> u64 {
+        4 * arbor_format::SM_ENTRIES_PER_PAGE as u64
+    }
+
+    /// A loose home holding the `chunks` data chunks from `first`, whose
+    /// references the caller gives it (allocated in the same step, or
+    /// taken from a removed record). Returns its id.
+    fn add_loose_home(&mut self, first: u64, chunks: u64) -> Result<u64> {
+        let cs = self.meta.geo().chunk_size;
+        let size = chunks
+            .checked_mul(cs)
+            .ok_or_else(|| Error::inconsistent("a home past 2^64 bytes"))?;
+        let name = format!("{}{LOOSE_HOME}", self.next_id);
+        self.add_cow_volume(name, size, Home::Pool { first })
+    }
+
+    /// The first step of a home built a commit at a time: a loose home
+    /// holding the data chunks of `run` (set aside and zeroed by the
+    /// caller), which it allocates. Returns its id.
+    pub fn begin_home(&mut self, run: std::ops::Range<u64>) -> Result<u64> {
+        self.check_cow_supported()?;
+        let (first, chunks) = (run.start, run.end - run.start);
+        self.meta.alloc_data_run(run)?;
+        self.add_loose_home(first, chunks)
+    }
+
+    /// A further step of a home being built: loose home `id` grows by the
+    /// data chunks of `run`, which must follow its end (set aside and
+    /// zeroed by the caller), and which it allocates.
+    pub fn extend_home(&mut self, id: u64, run: std::ops::Range<u64>) -> Result<()> {
+        let (first, chunks) = self.loose_home(id)?;
+        if first.checked_add(chunks) != Some(run.start) {
+            return Err(Error::inconsistent(format!(
+                "a home of {chunks} chunks from {first} extended from chunk {}",
+                run.start
+            )));
+        }
+        let total = chunks + (run.end - run.start);
+        self.check_cow_home(total)?;
+        let size = total
+            .checked_mul(self.meta.geo().chunk_size)
+            .ok_or_else(|| Error::inconsistent("a home past 2^64 bytes"))?;
+        self.meta.alloc_data_run(run)?;
+        self.update_volume(id, |rec| rec.size_bytes = size)
+    }
+
+    /// The last step of a home built a commit at a time: loose home `id`
+    /// becomes copy-on-write volume `name` of `size` bytes (its whole home).
+    pub fn finish_home(&mut self, id: u64, name: String, size: u64) -> Result<()> {
+        let (_, chunks) = self.loose_home(id)?;
+        if size.div_ceil(self.meta.geo().chunk_size) != chunks {
+            return Err(Error::inconsistent(format!(
+                "a home of {chunks} chunks finished as {size} bytes"
+            )));
+        }
+        self.ensure_name_free(&name)?;
+        self.rename_volume(id, name)?;
+        self.update_volume(id, |rec| rec.size_bytes = size)
+    }
+
+    /// Loose home `id`: its first chunk and its length in chunks.
+    fn loose_home(&self, id: u64) -> Result<(u64, u64)> {
+        let rec = self.volume(id)?;
+        match rec.layout {
+            DataLayout::Cow(CowState {
+                home: Home::Pool { first },
+                ..
+            }) if is_loose_home(rec) => {
+                Ok((first, rec.size_bytes.div_ceil(self.meta.geo().chunk_size)))
+            }
+            _ => Err(Error::inconsistent(format!(
+                "{} is not a loose home",
+                rec.name
+            ))),
+        }
+    }
+
+    /// The loose homes, by id.
+    pub fn loose_homes(&self) -> Vec<u64> {
+        self.table
+            .iter()
+            .filter(|(_, r)| is_loose_home(r))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// One step of freeing loose home `id`: its last
+    /// [`Self::home_free_step`] chunks at most, and its record with its
+    /// last chunk. Returns the chunks freed.
+    pub fn shrink_loose_home(&mut self, id: u64) -> Result<u64> {
+        let (first, chunks) = self.loose_home(id)?;
+        let n = chunks.min(self.home_free_step());
+        let left = chunks - n;
+        self.meta.dec_data_range(first + left, n)?;
+        if left == 0 {
+            self.table.remove(id)?;
+        } else {
+            let size = left * self.meta.geo().chunk_size;
+            self.update_volume(id, |rec| rec.size_bytes = size)?;
+        }
+        Ok(n)
     }
 
     /// The copy-on-write volume, other than `except`, whose home is `home`:
@@ -342,6 +495,7 @@ impl Volumes {
     pub fn cow_volumes(&self) -> Vec<(u64, CowState)> {
         self.table
             .iter()
+            .filter(|(_, r)| !is_loose_home(r))
             .filter_map(|(id, r)| match r.layout {
                 DataLayout::Cow(cow) => Some((id, cow)),
                 DataLayout::Row => None,
