@@ -213,3 +213,74 @@ fn a_power_cut_while_a_home_is_freed_loses_nothing_and_leaks_nothing() {
         assert_clean(&pool2);
     }
 }
+
+/// A device that runs `hook` once, at the first write of 1 MiB or more
+/// (the zeroing of a home, which holds no lock of the pool's).
+struct Hooked {
+    disk: SimDisk,
+    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl BlockDevice for Hooked {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if buf.len() >= MIB as usize {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.disk.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.disk.flush()
+    }
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+}
+
+/// A build that fails at its last step (its name was taken meanwhile)
+/// frees what it allocated before it returns: no trace, nothing pending.
+#[test]
+fn a_build_that_fails_leaves_no_trace() {
+    let disk = SimDisk::new(64 * MIB);
+    let hooked = Arc::new(Hooked {
+        disk: disk.clone(),
+        hook: std::sync::Mutex::new(None),
+    });
+    let dev: Arc<dyn BlockDevice> = hooked.clone();
+    let opts = CreateOptions {
+        chunk_size: CS as u32,
+        metadata_bytes: Some(4 * MIB),
+        journal_pages: Some(16),
+        ..Default::default()
+    };
+    let pool = Arc::new(Pool::create(dev, &opts, &open_opts()).unwrap());
+    let base = data_used(&pool);
+    let weak = Arc::downgrade(&pool);
+    *hooked.hook.lock().unwrap() = Some(Box::new(move || {
+        let pool = weak.upgrade().unwrap();
+        pool.create_volume("big", MIB).unwrap();
+    }));
+    match pool.create_cow_volume("big", 40 * MIB) {
+        Err(arbor_engine::Error::AlreadyExists(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        hooked.hook.lock().unwrap().is_none(),
+        "the hook did not run"
+    );
+    assert_eq!(names(&pool), ["big"]);
+    assert_eq!(data_used(&pool), base);
+    assert!(!pool.pool_stats().unwrap().reclaim_pending);
+    assert_clean(&pool);
+    pool.create_cow_volume("other", 40 * MIB).unwrap();
+    assert_clean(&pool);
+    drop(pool);
+    let pool = reopen(&disk);
+    assert_eq!(names(&pool), ["big", "other"]);
+    assert_clean(&pool);
+}

@@ -360,7 +360,16 @@ impl Pool {
                     m.add_pool_cow_volume(name.to_owned(), size, run.clone())
                 })
             } else {
-                self.build_home(name, size, run.clone(), step)
+                let mut loose = None;
+                let built = self.build_home(name, size, run.clone(), step, &mut loose);
+                if let (Err(e), Some(id)) = (&built, loose) {
+                    // Leave no trace: free what the build allocated (reclaim
+                    // does, later, if this fails too).
+                    if let Err(again) = self.free_loose_home(id) {
+                        warn!(error = %again, build = %e, "a failed build's home awaits reclaim");
+                    }
+                }
+                built
             }
         });
         if let Ok(mut meta) = self.write_meta() {
@@ -382,9 +391,17 @@ impl Pool {
     /// holds `homes_lock`) in commits of `step` chunks: a loose home that
     /// grows, then takes the name in the last commit. The volume exists
     /// whole or not at all: what a failure or a power cut leaves is a loose
-    /// home, which reclaim frees. Returns its id.
-    fn build_home(&self, name: &str, size: u64, run: Range<u64>, step: u64) -> Result<u64> {
-        let mut id = None;
+    /// home (`loose`, until the last commit), which reclaim frees. Returns
+    /// its id.
+    fn build_home(
+        &self,
+        name: &str,
+        size: u64,
+        run: Range<u64>,
+        step: u64,
+        loose: &mut Option<u64>,
+    ) -> Result<u64> {
+        let id = loose;
         let mut rest = run;
         let result = (|| {
             while !rest.is_empty() {
@@ -395,7 +412,7 @@ impl Pool {
                     (rest.clone(), at..at)
                 };
                 rest = tail;
-                let made = self.manage(Privilege::Normal, |m| match id {
+                let made = self.manage(Privilege::Normal, |m| match *id {
                     None => m.begin_home(part.clone()).map(Some),
                     Some(id) => m.extend_home(id, part.clone()).map(|()| None),
                 });
@@ -403,14 +420,15 @@ impl Pool {
                     meta.unreserve_home(&part);
                 }
                 if let Some(made) = made? {
-                    id = Some(made);
+                    *id = Some(made);
                 }
             }
-            let id = id.ok_or_else(|| Error::inconsistent("an empty home was built"))?;
+            let built = id.ok_or_else(|| Error::inconsistent("an empty home was built"))?;
             self.manage(Privilege::Normal, |m| {
-                m.finish_home(id, name.to_owned(), size)
+                m.finish_home(built, name.to_owned(), size)
             })?;
-            Ok(id)
+            *id = None;
+            Ok(built)
         })();
         if let Ok(mut meta) = self.write_meta() {
             meta.unreserve_home(&rest);
@@ -428,6 +446,21 @@ impl Pool {
         let Some(&id) = self.read_meta()?.loose_homes().first() else {
             return Ok(0);
         };
+        self.shrink_loose_home(id)
+    }
+
+    /// Frees loose home `id` whole, a step at a time (caller holds
+    /// `homes_lock`).
+    fn free_loose_home(&self, id: u64) -> Result<()> {
+        while self.read_meta()?.volume(id).is_ok() {
+            self.shrink_loose_home(id)?;
+        }
+        self.commit_open()
+    }
+
+    /// One step of [`Volumes::shrink_loose_home`] (caller holds
+    /// `homes_lock`). Returns the chunks freed.
+    fn shrink_loose_home(&self, id: u64) -> Result<u64> {
         self.commit_if_needed()?;
         let mut committed = false;
         loop {
