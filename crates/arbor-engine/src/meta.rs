@@ -782,6 +782,21 @@ impl Meta {
         self.data_sm.reserve(run)
     }
 
+    /// Sets aside the data chunks of `run` if they are all free, in one
+    /// region of the device with the chunk before them (`NoSpace`
+    /// otherwise).
+    pub fn reserve_data_after(&mut self, run: std::ops::Range<u64>) -> Result<()> {
+        let Some(before) = run.start.checked_sub(1) else {
+            return Err(Error::NoSpace);
+        };
+        let in_region = self.store.geo.chunk_run(before).1 > run.end - before - 1;
+        if !in_region || !self.data_sm.run_is_free(&self.store, run.clone())? {
+            return Err(Error::NoSpace);
+        }
+        self.data_sm.reserve(run);
+        Ok(())
+    }
+
     /// Allocates the data chunks of `run`, set aside by
     /// [`Self::reserve_data_run`].
     pub fn alloc_data_run(&mut self, run: std::ops::Range<u64>) -> Result<()> {

@@ -548,6 +548,34 @@ impl SpaceMap {
         Ok(None)
     }
 
+    /// Whether every entry of `run` (inside the map) is free and may be
+    /// allocated now.
+    pub fn run_is_free(&self, store: &Store, run: std::ops::Range<u64>) -> Result<bool> {
+        if run.end > self.entries {
+            return Ok(false);
+        }
+        let mut e = run.start;
+        while e < run.end {
+            // `e` is below `entries`, whose pages fit a u32.
+            let page = (e / PER_PAGE) as u32;
+            let base = u64::from(page) * PER_PAGE;
+            let clean;
+            let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
+                Some(p) => &p.counts,
+                None => {
+                    clean = self.clean_page(store, page)?;
+                    &clean.counts
+                }
+            };
+            let end = (base + PER_PAGE).min(run.end);
+            if (e..end).any(|x| counts[(x - base) as usize] != 0 || !self.may_take(x)) {
+                return Ok(false);
+            }
+            e = end;
+        }
+        Ok(true)
+    }
+
     /// Sets aside `run` (free entries found by [`Self::find_free_run`]).
     pub fn reserve(&mut self, run: std::ops::Range<u64>) {
         self.reserved.push(run);

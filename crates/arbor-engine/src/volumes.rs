@@ -13,7 +13,7 @@ use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
 mod cow;
-pub(crate) use cow::{is_visible, CopyPlan};
+pub(crate) use cow::{is_visible, CopyPlan, HomeGrowth};
 
 /// The volume layer over the open transaction (see the module comment).
 pub(crate) struct Volumes {

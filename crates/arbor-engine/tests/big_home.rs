@@ -284,3 +284,202 @@ fn a_build_that_fails_leaves_no_trace() {
     assert_eq!(names(&pool), ["big", "other"]);
     assert_clean(&pool);
 }
+
+/// A home in the pool grows in place into the free chunks after it: in
+/// one commit when they fit one, else built in steps and joined in the
+/// last. The volume keeps its data, reads zeros in the new part, and its
+/// snapshot keeps its size and content. (Its copies are allocated after
+/// the growths: where they land, the home could not grow any more.)
+#[test]
+fn a_home_grows_in_place_into_the_free_chunks_after_it() {
+    let disk = SimDisk::new(128 * MIB);
+    let pool = small_journal_pool(&disk);
+    let base = data_used(&pool);
+    let a = pool.create_cow_volume("a", MIB).unwrap();
+    pool.write(a, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    pool.snapshot("a@s").unwrap();
+
+    // 512 chunks more: one commit.
+    pool.resize("a", 3 * MIB).unwrap();
+    assert_eq!(pool.info(a).unwrap().size, 3 * MIB);
+    assert_eq!(read_at(&pool, a, MIB, 4096), vec![0; 4096]);
+    assert_clean(&pool);
+
+    // 14,592 chunks more: two steps into a loose home, then joined.
+    let txn = pool.pool_stats().unwrap().txn;
+    pool.resize("a", 60 * MIB).unwrap();
+    assert!(
+        pool.pool_stats().unwrap().txn >= txn + 3,
+        "not grown in steps"
+    );
+    assert_eq!(names(&pool), ["a", "a@s"]);
+    assert!(!pool.pool_stats().unwrap().reclaim_pending);
+    assert_eq!(data_used(&pool), base + 60 * MIB);
+
+    // Writes, each the first to its chunk while the snapshot lives.
+    pool.write(a, 0, &pattern(3, 0, 4096)).unwrap();
+    pool.write(a, 2 * MIB, &pattern(2, 2 * MIB, 4096)).unwrap();
+    pool.write(a, 60 * MIB - 4096, &pattern(4, 0, 4096))
+        .unwrap();
+    let snap = pool.lookup("a@s").unwrap();
+    assert_eq!(pool.info(snap).unwrap().size, MIB);
+    assert_eq!(
+        read_at(&pool, snap, 0, MIB as usize),
+        pattern(1, 0, MIB as usize)
+    );
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    assert_clean(&pool);
+    let a = pool.lookup("a").unwrap();
+    assert_eq!(pool.info(a).unwrap().size, 60 * MIB);
+    assert_eq!(read_at(&pool, a, 0, 4096), pattern(3, 0, 4096));
+    assert_eq!(read_at(&pool, a, 4096, 4096), pattern(1, 4096, 4096));
+    assert_eq!(read_at(&pool, a, 2 * MIB, 4096), pattern(2, 2 * MIB, 4096));
+    assert_eq!(read_at(&pool, a, 30 * MIB, 4096), vec![0; 4096]);
+    assert_eq!(
+        read_at(&pool, a, 60 * MIB - 4096, 4096),
+        pattern(4, 0, 4096)
+    );
+    // The home and the snapshot's copies (of the first chunk, and of the
+    // grown part's chunks written while the snapshot lives).
+    let copies = data_used(&pool) - base - 60 * MIB;
+    assert!(copies > 0 && copies <= 3 * CS, "{copies} bytes of copies");
+    // The copies took the chunks after the home: it grows no more.
+    assert!(matches!(
+        pool.resize("a", 61 * MIB),
+        Err(arbor_engine::Error::Conflict(_))
+    ));
+    // Destroyed, all of it comes back.
+    pool.delete("a@s").unwrap();
+    pool.delete("a").unwrap();
+    reclaim_all(&pool);
+    assert_eq!(data_used(&pool), base);
+    assert_clean(&pool);
+}
+
+/// A home grows only into free chunks: with the next chunk taken by
+/// another volume, the growth is refused with what to do instead, and
+/// nothing changes.
+#[test]
+fn a_home_does_not_grow_over_chunks_in_use() {
+    let disk = SimDisk::new(64 * MIB);
+    let pool = small_journal_pool(&disk);
+    let a = pool.create_cow_volume("a", MIB).unwrap();
+    let r = pool.create_volume("r", MIB).unwrap();
+    pool.write(r, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    let used = data_used(&pool);
+    match pool.resize("a", 2 * MIB) {
+        Err(arbor_engine::Error::Conflict(why)) => {
+            assert!(why.contains("not all free"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pool.info(a).unwrap().size, MIB);
+    assert_eq!(data_used(&pool), used);
+    assert!(matches!(
+        pool.resize("a", MIB / 2),
+        Err(arbor_engine::Error::Unsupported(_))
+    ));
+    assert_clean(&pool);
+    // The same size, and sizes inside its last chunk, need no chunk.
+    pool.resize("a", MIB).unwrap();
+    assert_clean(&pool);
+}
+
+/// A power cut at every write or flush of a growth in steps: the volume
+/// opens at its old size or its new one with its data, clean, and reclaim
+/// frees whatever the growth left.
+#[test]
+fn a_power_cut_during_a_growth_in_steps_leaves_the_old_or_the_new_size() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let (old, new) = (MIB, 40 * MIB);
+    let (mut olds, mut news) = (0, 0);
+    for cut in 0.. {
+        let disk = SimDisk::new(64 * MIB);
+        let pool = small_journal_pool(&disk);
+        let a = pool.create_cow_volume("a", old).unwrap();
+        pool.write(a, 0, &pattern(7, 0, 8192)).unwrap();
+        pool.flush().unwrap();
+        let base = data_used(&pool);
+        let handle = disk.handle();
+        handle.cut_power_after(cut);
+        let grown = pool.resize("a", new).is_ok() && handle.is_powered();
+        handle.cut_power();
+        for round in 0..2 {
+            let image = if round == 0 {
+                handle.durable_image()
+            } else {
+                handle.crash_image(&mut rng)
+            };
+            let (_disk2, pool2) = open(image);
+            assert_clean(&pool2);
+            let a2 = pool2.lookup("a").unwrap();
+            let size = pool2.info(a2).unwrap().size;
+            if size == new {
+                news += 1;
+                assert_eq!(read_at(&pool2, a2, new - 4096, 4096), vec![0; 4096]);
+            } else {
+                assert_eq!(size, old, "cut {cut}");
+                assert!(!grown, "cut {cut}: a growth that returned was lost");
+                olds += 1;
+            }
+            assert_eq!(read_at(&pool2, a2, 0, 8192), pattern(7, 0, 8192));
+            assert_eq!(names(&pool2), ["a"]);
+            reclaim_all(&pool2);
+            assert_eq!(data_used(&pool2), base + (size - old), "cut {cut}");
+            assert_clean(&pool2);
+            // It grows (again) from there.
+            pool2.resize("a", new + MIB).unwrap();
+            assert_clean(&pool2);
+        }
+        if grown {
+            assert!(cut > 10, "a growth in steps takes several commits");
+            break;
+        }
+    }
+    assert!(olds > 0 && news > 0, "old {olds}, new {news}");
+}
+
+/// I/O goes on while the home grows (its window is replaced under the old
+/// one's `busy`): no request fails, and every write is there after.
+#[test]
+fn io_goes_on_while_a_home_grows() {
+    let disk = SimDisk::new(128 * MIB);
+    let pool = Arc::new(small_journal_pool(&disk));
+    let a = pool.create_cow_volume("a", MIB).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut model = vec![0u8; MIB as usize];
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = (i * 7 % 256) * 4096;
+                let data = pattern(i, at, 4096);
+                pool.write(a, at, &data).unwrap();
+                model[at as usize..at as usize + 4096].copy_from_slice(&data);
+                let mut back = vec![0u8; 4096];
+                pool.read(a, at, &mut back).unwrap();
+                assert_eq!(back, data);
+                i += 1;
+            }
+            model
+        })
+    };
+    for mib in [2, 3, 50, 51] {
+        pool.resize("a", mib * MIB).unwrap();
+        pool.write(a, mib * MIB - 4096, &pattern(mib, 0, 4096))
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let model = worker.join().unwrap();
+    assert_eq!(read_at(&pool, a, 0, MIB as usize), model);
+    for mib in [2, 3, 50, 51] {
+        assert_eq!(
+            read_at(&pool, a, mib * MIB - 4096, 4096),
+            pattern(mib, 0, 4096)
+        );
+    }
+    assert_clean(&pool);
+}

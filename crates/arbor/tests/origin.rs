@@ -500,11 +500,19 @@ fn a_volume_created_copy_on_write_keeps_its_snapshots() {
     qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
     qemu_io_ok(&daemon, "db", "read -P 0x62 1M 64k");
     daemon.fails(&["destroy", "db"], 5, "destroy them first");
-    daemon.fails(
-        &["volume", "resize", "db", "16M"],
-        5,
-        "cannot grow in place",
-    );
+    // The copies took the chunks after its home: it cannot grow in place.
+    daemon.fails(&["volume", "resize", "db", "16M"], 5, "grows only in place");
     daemon.ok(&["destroy", "db@a"]);
     daemon.ok(&["destroy", "db"]);
+    daemon.ok(&["pool", "reclaim"]);
+    // With free chunks after it, it grows, keeping its data.
+    daemon.ok(&["volume", "create", "db2", "--size", "8M", "--layout", "cow"]);
+    qemu_io_ok(&daemon, "db2", "write -P 0x63 0 1M");
+    daemon.ok(&["volume", "resize", "db2", "24M"]);
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(volume(&list, "db2")["size"], 24 << 20, "{list}");
+    qemu_io_ok(&daemon, "db2", "read -P 0x63 0 1M");
+    qemu_io_ok(&daemon, "db2", "read -P 0 8M 16M");
+    qemu_io_ok(&daemon, "db2", "write -P 0x64 20M 64k");
+    qemu_io_ok(&daemon, "db2", "read -P 0x64 20M 64k");
 }

@@ -40,7 +40,7 @@ use arbor_format::{leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity,
 
 use super::write::Fill;
 use super::*;
-use crate::volumes::CopyPlan;
+use crate::volumes::{CopyPlan, HomeGrowth};
 
 /// Store entries a rollback handles per step.
 const BATCH: usize = 256;
@@ -360,16 +360,11 @@ impl Pool {
                     m.add_pool_cow_volume(name.to_owned(), size, run.clone())
                 })
             } else {
-                let mut loose = None;
-                let built = self.build_home(name, size, run.clone(), step, &mut loose);
-                if let (Err(e), Some(id)) = (&built, loose) {
-                    // Leave no trace: free what the build allocated (reclaim
-                    // does, later, if this fails too).
-                    if let Err(again) = self.free_loose_home(id) {
-                        warn!(error = %again, build = %e, "a failed build's home awaits reclaim");
-                    }
-                }
-                built
+                // The loose home becomes the volume.
+                self.build_in_steps(
+                    run.clone(),
+                    Some(&mut |m: &mut Volumes, loose| m.finish_home(loose, name.to_owned(), size)),
+                )
             }
         });
         if let Ok(mut meta) = self.write_meta() {
@@ -386,24 +381,25 @@ impl Pool {
         (self.store.geo.journal_pages / 2).max(1) * SM_ENTRIES_PER_PAGE as u64
     }
 
-    /// Builds copy-on-write volume `name` of `size` bytes whose home is
-    /// `run` (set aside and zeroed; the caller ends the reservation and
-    /// holds `homes_lock`) in commits of `step` chunks: a loose home that
-    /// grows, then takes the name in the last commit. The volume exists
-    /// whole or not at all: what a failure or a power cut leaves is a loose
-    /// home (`loose`, until the last commit), which reclaim frees. Returns
-    /// its id.
-    fn build_home(
+    /// Allocates the data chunks of `run` (set aside and zeroed; the caller
+    /// ends the reservation and holds `homes_lock`) in commits of
+    /// [`Self::home_build_step`] chunks, into a loose home, then runs
+    /// `finish` with it in one last commit (which must make it part of a
+    /// volume; `None`: the caller does, and frees it if that fails). So the
+    /// chunks join the volume whole, or not at all: a build that fails
+    /// frees the loose home before it returns, and what a power cut (or a
+    /// failure to free it) leaves, reclaim frees. Returns the loose home's
+    /// id.
+    #[allow(clippy::type_complexity)]
+    fn build_in_steps(
         &self,
-        name: &str,
-        size: u64,
         run: Range<u64>,
-        step: u64,
-        loose: &mut Option<u64>,
+        mut finish: Option<&mut dyn FnMut(&mut Volumes, u64) -> Result<()>>,
     ) -> Result<u64> {
-        let id = loose;
+        let step = self.home_build_step();
+        let mut loose = None;
         let mut rest = run;
-        let result = (|| {
+        let mut built = (|| {
             while !rest.is_empty() {
                 let at = rest.start + step.min(rest.end - rest.start);
                 let (part, tail) = if at < rest.end {
@@ -412,7 +408,7 @@ impl Pool {
                     (rest.clone(), at..at)
                 };
                 rest = tail;
-                let made = self.manage(Privilege::Normal, |m| match *id {
+                let made = self.manage(Privilege::Normal, |m| match loose {
                     None => m.begin_home(part.clone()).map(Some),
                     Some(id) => m.extend_home(id, part.clone()).map(|()| None),
                 });
@@ -420,20 +416,83 @@ impl Pool {
                     meta.unreserve_home(&part);
                 }
                 if let Some(made) = made? {
-                    *id = Some(made);
+                    loose = Some(made);
                 }
             }
-            let built = id.ok_or_else(|| Error::inconsistent("an empty home was built"))?;
-            self.manage(Privilege::Normal, |m| {
-                m.finish_home(built, name.to_owned(), size)
-            })?;
-            *id = None;
-            Ok(built)
+            let id = loose.ok_or_else(|| Error::inconsistent("an empty home was built"))?;
+            if let Some(finish) = finish.as_mut() {
+                self.manage(Privilege::Normal, |m| finish(m, id))?;
+            }
+            Ok(id)
         })();
         if let Ok(mut meta) = self.write_meta() {
             meta.unreserve_home(&rest);
         }
-        result
+        if let (Err(e), Some(id)) = (&built, loose) {
+            // Leave no trace (reclaim frees it later if this fails too).
+            if let Err(again) = self.free_loose_home(id) {
+                warn!(error = %again, build = %e, "a failed build's home awaits reclaim");
+                built = Err(again);
+            }
+        }
+        built
+    }
+
+    /// Grows in-pool copy-on-write volume `id` (`name`, `old_size` bytes)
+    /// to `new_size` bytes: its home takes the data chunks right after it,
+    /// which must be free and in the same region of the device (else
+    /// `NoSpace`, with what to do instead), zeroed first, allocated with
+    /// the new size in one commit, or, more than one commit allocates,
+    /// into a loose home that the last commit joins to the volume. No I/O
+    /// of the volume runs while its home's window changes size. Its
+    /// snapshots keep their size.
+    fn grow_pool_home(&self, id: u64, name: &str, old_size: u64, new_size: u64) -> Result<()> {
+        let cs = self.chunk_size();
+        let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
+        let step = self.home_build_step();
+        let _building = lock_mutex(&self.homes_lock);
+        let run = self
+            .write_meta()?
+            .reserve_home_growth(id, new_chunks)
+            .map_err(|e| match e {
+                Error::NoSpace => Error::Conflict(format!(
+                    "{name}: the {} chunks after its home are not all free (or past its region \
+                     of the device), and a home in the pool grows only in place: send a \
+                     snapshot of it to a new, larger copy-on-write volume instead",
+                    new_chunks - old_chunks
+                )),
+                other => other,
+            })?;
+        let grown = self.zero_home(&run).and_then(|()| {
+            let loose = if new_chunks - old_chunks > step {
+                Some(self.build_in_steps(run.clone(), None)?)
+            } else {
+                None
+            };
+            let first = self.read_meta()?.pool_home(id)?.0;
+            let d = self.origin_device(id, name)?;
+            // I/O that found this device waits, then finds it replaced.
+            let _busy = write_lock(&d.busy);
+            let grown = self.manage(Privilege::Normal, |m| {
+                let added = match loose {
+                    Some(l) => HomeGrowth::Loose(l),
+                    None => HomeGrowth::Run(run.clone()),
+                };
+                m.grow_home(id, old_size, new_size, added)
+            });
+            if grown.is_ok() {
+                self.open_home(id, first, new_size);
+            } else if let Some(l) = loose {
+                if let Err(e) = self.free_loose_home(l) {
+                    warn!(error = %e, "a failed growth's home awaits reclaim");
+                }
+            }
+            grown
+        });
+        if let Ok(mut meta) = self.write_meta() {
+            meta.unreserve_home(&run);
+        }
+        grown
     }
 
     /// One step of freeing a loose home (see [`Volumes::shrink_loose_home`]),
@@ -599,29 +658,41 @@ impl Pool {
     /// it). Refused while a rollback is unfinished.
     fn with_target<T>(&self, id: u64, f: impl FnOnce(&Target<'_>) -> Result<T>) -> Result<T> {
         let name = self.read_meta()?.cow_state(id)?.1.name.clone();
-        let d = self.origin_device(id, &name)?;
-        let _busy = read_lock(&d.busy);
-        let size = {
-            let meta = self.read_meta()?;
-            let (cow, rec) = meta.cow_state(id)?;
-            if cow.rollback != 0 {
-                return Err(Error::Origin(format!(
-                    "{}: a rollback was interrupted; run it again (arbor rollback)",
-                    rec.name
-                )));
+        loop {
+            let d = self.origin_device(id, &name)?;
+            let _busy = read_lock(&d.busy);
+            // A growth of a home in the pool replaces its device (a window
+            // of the new size) while it holds the old one's `busy`.
+            if !self
+                .origins
+                .get(id)
+                .is_some_and(|now| Arc::ptr_eq(&now, &d))
+            {
+                continue;
             }
-            rec.size_bytes
-        };
-        f(&Target {
-            id,
-            name: &name,
-            size,
-            d: &d,
-        })
+            let size = {
+                let meta = self.read_meta()?;
+                let (cow, rec) = meta.cow_state(id)?;
+                if cow.rollback != 0 {
+                    return Err(Error::Origin(format!(
+                        "{}: a rollback was interrupted; run it again (arbor rollback)",
+                        rec.name
+                    )));
+                }
+                rec.size_bytes
+            };
+            return f(&Target {
+                id,
+                name: &name,
+                size,
+                d: &d,
+            });
+        }
     }
 
     /// Resizes copy-on-write volume `id` (`name`, of `old_size` bytes):
-    /// only an origin, and only larger. Its device is enlarged first (a
+    /// only larger. A home in the pool grows in place
+    /// ([`Self::grow_pool_home`]). An origin's device is enlarged first (a
     /// regular file; a block device must have been enlarged with its own
     /// tools) and flushed, then the new size is recorded, so a power cut
     /// between the two leaves a device larger than the record, which an
@@ -635,20 +706,23 @@ impl Pool {
         old_size: u64,
         new_size: u64,
     ) -> Result<()> {
-        if matches!(home, Home::Pool { .. }) {
-            return Err(Error::Unsupported(format!(
-                "{name} keeps its data in one run of the pool, which cannot grow in place: \
-                 send a snapshot of it to a new volume instead"
-            )));
-        }
         if new_size < old_size {
-            return Err(Error::Unsupported(format!(
-                "{name} is an origin: it cannot shrink (its snapshots may read its device past \
-                 the new end); detach it and shrink the file or device with its own tools"
-            )));
+            return Err(Error::Unsupported(match home {
+                Home::Pool { .. } => format!(
+                    "{name} is a copy-on-write volume: it cannot shrink (its snapshots may read \
+                     its home past the new end)"
+                ),
+                Home::External(_) => format!(
+                    "{name} is an origin: it cannot shrink (its snapshots may read its device \
+                     past the new end); detach it and shrink the file or device with its own tools"
+                ),
+            }));
         }
         if new_size == old_size {
             return Ok(());
+        }
+        if matches!(home, Home::Pool { .. }) {
+            return self.grow_pool_home(id, name, old_size, new_size);
         }
         let d = self.origin_device(id, name)?;
         // No I/O of the volume runs while its device changes size.

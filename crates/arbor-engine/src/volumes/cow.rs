@@ -35,6 +35,14 @@ pub(crate) const COW_VERSION: u16 = 5;
 /// a time (docs/FORMAT.md §6.1, "Homes larger than one commit").
 const LOOSE_HOME: &str = "%home";
 
+/// What a home grows by ([`Volumes::grow_home`]).
+pub enum HomeGrowth {
+    /// Data chunks set aside, allocated by the growth.
+    Run(std::ops::Range<u64>),
+    /// A loose home built for the growth, whose references it takes.
+    Loose(u64),
+}
+
 /// Whether `rec` is a loose home (see [`LOOSE_HOME`]).
 pub(crate) fn is_loose_home(rec: &VolumeRecord) -> bool {
     rec.name.ends_with(LOOSE_HOME)
@@ -214,6 +222,69 @@ impl Volumes {
         self.ensure_name_free(&name)?;
         self.rename_volume(id, name)?;
         self.update_volume(id, |rec| rec.size_bytes = size)
+    }
+
+    /// Sets aside the data chunks right after the home of in-pool
+    /// copy-on-write volume `id`, up to `chunks` in all (`NoSpace` if any
+    /// is taken or past the home's region). Returns them.
+    pub fn reserve_home_growth(&mut self, id: u64, chunks: u64) -> Result<std::ops::Range<u64>> {
+        self.check_cow_home(chunks)?;
+        let (first, now) = self.pool_home(id)?;
+        let run = first + now..first + chunks;
+        self.meta.reserve_data_after(run.clone())?;
+        Ok(run)
+    }
+
+    /// Grows in-pool copy-on-write volume `id` from `old_size` to
+    /// `new_size` bytes, its home by the data chunks of `run` (set aside
+    /// and zeroed by the caller, right after the home), which it allocates,
+    /// or by those of loose home `loose`, whose references it takes.
+    pub fn grow_home(
+        &mut self,
+        id: u64,
+        old_size: u64,
+        new_size: u64,
+        added: HomeGrowth,
+    ) -> Result<()> {
+        let cs = self.meta.geo().chunk_size;
+        let (first, now) = self.pool_home(id)?;
+        if self.volume(id)?.size_bytes != old_size {
+            return Err(Error::InvalidArgument(format!(
+                "{} was resized meanwhile",
+                self.volume(id)?.name
+            )));
+        }
+        let (start, chunks) = match added {
+            HomeGrowth::Run(ref run) => (run.start, run.end - run.start),
+            HomeGrowth::Loose(loose) => self.loose_home(loose)?,
+        };
+        if start != first + now || (now + chunks) != new_size.div_ceil(cs) {
+            return Err(Error::inconsistent(format!(
+                "a home of {now} chunks from {first} grown by {chunks} from {start} to {new_size} bytes"
+            )));
+        }
+        match added {
+            HomeGrowth::Run(run) => self.meta.alloc_data_run(run)?,
+            HomeGrowth::Loose(loose) => {
+                self.table.remove(loose)?;
+            }
+        }
+        self.set_volume_size(id, new_size)
+    }
+
+    /// In-pool copy-on-write volume `id`'s home: its first chunk and its
+    /// length in chunks.
+    pub fn pool_home(&self, id: u64) -> Result<(u64, u64)> {
+        let (cow, rec) = self.cow_state(id)?;
+        match cow.home {
+            Home::Pool { first } if !is_loose_home(rec) => {
+                Ok((first, rec.size_bytes.div_ceil(self.meta.geo().chunk_size)))
+            }
+            _ => Err(Error::inconsistent(format!(
+                "{} has no home in the pool",
+                rec.name
+            ))),
+        }
     }
 
     /// Loose home `id`: its first chunk and its length in chunks.
