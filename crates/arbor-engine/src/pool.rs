@@ -30,8 +30,9 @@
 //!   with each other and with reads of that chunk through its epochs
 //!   (`pool/origin.rs`).
 //!
-//! Lock order: (a copy-on-write home's `busy` →) origin stripe →
-//! commit_lock → gate → volume gate → stripe → meta.
+//! Lock order: (`homes_lock` →) (a copy-on-write home's `busy` →) origin
+//! stripe → commit_lock → gate → volume gate → stripe → meta. Reclaim
+//! only tries `homes_lock`, so it may run under any of them.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
