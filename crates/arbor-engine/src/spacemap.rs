@@ -586,12 +586,17 @@ impl SpaceMap {
         self.reserved.retain(|r| r != run);
     }
 
-    /// Allocates every entry of `run` (each free; set aside by the caller,
-    /// whose reservation this ends), in one step.
+    /// Allocates every entry of `run` (each free; set aside by the caller),
+    /// in one step. The reservation stays until the caller ends it, after
+    /// the step: a step that fails and is undone (and run again after a
+    /// commit) must find the run still set aside, not taken meanwhile by a
+    /// write.
     pub fn alloc_run(&mut self, store: &Store, run: std::ops::Range<u64>) -> Result<()> {
-        self.unreserve(&run);
         for entry in run {
-            if self.get(store, entry)? != 0 || !self.may_take(entry) {
+            let held = self.pending_free.contains(&entry)
+                || self.frozen_free.contains(&entry)
+                || self.pinned_free.contains(&entry);
+            if self.get(store, entry)? != 0 || held {
                 return Err(Error::inconsistent(format!(
                     "{:?} entry {entry} of a reserved run is taken",
                     self.kind
