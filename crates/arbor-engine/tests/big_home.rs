@@ -254,15 +254,13 @@ impl BlockDevice for Hooked {
     }
 }
 
-/// A build that fails at its last step (its name was taken meanwhile)
-/// frees what it allocated before it returns: no trace, nothing pending.
-#[test]
-fn a_build_that_fails_leaves_no_trace() {
-    let disk = SimDisk::new(64 * MIB);
+/// A small-journal pool (as [`small_journal_pool`]) on a [`Hooked`] device.
+fn hooked_pool(size: u64, at_flush: bool) -> (SimDisk, Arc<Hooked>, Arc<Pool>) {
+    let disk = SimDisk::new(size);
     let hooked = Arc::new(Hooked {
         disk: disk.clone(),
         hook: std::sync::Mutex::new(None),
-        at_flush: false,
+        at_flush,
     });
     let dev: Arc<dyn BlockDevice> = hooked.clone();
     let opts = CreateOptions {
@@ -272,6 +270,14 @@ fn a_build_that_fails_leaves_no_trace() {
         ..Default::default()
     };
     let pool = Arc::new(Pool::create(dev, &opts, &open_opts()).unwrap());
+    (disk, hooked, pool)
+}
+
+/// A build that fails at its last step (its name was taken meanwhile)
+/// frees what it allocated before it returns: no trace, nothing pending.
+#[test]
+fn a_build_that_fails_leaves_no_trace() {
+    let (disk, hooked, pool) = hooked_pool(64 * MIB, false);
     let base = data_used(&pool);
     let weak = Arc::downgrade(&pool);
     *hooked.hook.lock().unwrap() = Some(Box::new(move || {
@@ -505,20 +511,7 @@ fn io_goes_on_while_a_home_grows() {
 /// chunk here.)
 #[test]
 fn a_home_allocated_again_after_a_commit_keeps_its_run() {
-    let disk = SimDisk::new(128 * MIB);
-    let hooked = Arc::new(Hooked {
-        disk: disk.clone(),
-        hook: std::sync::Mutex::new(None),
-        at_flush: true,
-    });
-    let dev: Arc<dyn BlockDevice> = hooked.clone();
-    let opts = CreateOptions {
-        chunk_size: CS as u32,
-        metadata_bytes: Some(4 * MIB),
-        journal_pages: Some(16),
-        ..Default::default()
-    };
-    let pool = Arc::new(Pool::create(dev, &opts, &open_opts()).unwrap());
+    let (_disk, hooked, pool) = hooked_pool(128 * MIB, true);
     // 12 space-map pages' worth of chunks, shared with a snapshot.
     let x = pool.create_volume("x", 48 * MIB).unwrap();
     for m in 0..48 {
