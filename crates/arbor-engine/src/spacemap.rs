@@ -271,10 +271,7 @@ impl SpaceMap {
     pub fn get(&self, store: &Store, entry: u64) -> Result<u32> {
         self.check_entry(entry)?;
         let (page, slot) = split(entry);
-        if let Some(p) = self.dirty.get(&page) {
-            return Ok(p.counts[slot]);
-        }
-        Ok(self.clean_page(store, page)?.counts[slot])
+        self.with_counts(store, page, |counts| counts[slot])
     }
 
     /// The newest copy of a page outside this transaction.
@@ -477,34 +474,42 @@ impl SpaceMap {
         first: u64,
         end: u64,
     ) -> Result<Option<u64>> {
-        let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
-            Some(p) => &p.counts,
-            None => {
-                let clean = self.clean_page(store, page)?;
-                return Ok(self.scan(&clean.counts, page, first, end));
-            }
-        };
-        Ok(self.scan(counts, page, first, end))
+        self.with_counts(store, page, |counts| {
+            (first..end).find(|&e| self.is_free(counts, e))
+        })
     }
 
-    fn scan(
+    /// Runs `f` on the counts of `page` as this transaction sees them.
+    fn with_counts<T>(
         &self,
-        counts: &[u32; SM_ENTRIES_PER_PAGE],
+        store: &Store,
         page: u32,
-        first: u64,
-        end: u64,
-    ) -> Option<u64> {
-        let base = u64::from(page) * PER_PAGE;
-        (first..end).find(|&e| counts[(e - base) as usize] == 0 && self.may_take(e))
+        f: impl FnOnce(&[u32; SM_ENTRIES_PER_PAGE]) -> T,
+    ) -> Result<T> {
+        match self.dirty.get(&page) {
+            Some(p) => Ok(f(&p.counts)),
+            None => Ok(f(&self.clean_page(store, page)?.counts)),
+        }
     }
 
-    /// Whether a free entry (count 0) may be handed out: not freed by a
-    /// transaction that is not durable yet, and not set aside.
+    /// Whether entry `e`, of the page whose `counts` are given, may be
+    /// allocated now: count 0, and [`Self::may_take`].
+    fn is_free(&self, counts: &[u32; SM_ENTRIES_PER_PAGE], e: u64) -> bool {
+        counts[(e % PER_PAGE) as usize] == 0 && self.may_take(e)
+    }
+
+    /// Whether a free entry (count 0) may be handed out: not held back
+    /// ([`Self::held`]), and not set aside.
     fn may_take(&self, e: u64) -> bool {
-        !self.pending_free.contains(&e)
-            && !self.frozen_free.contains(&e)
-            && !self.pinned_free.contains(&e)
-            && !self.reserved.iter().any(|r| r.contains(&e))
+        !self.held(e) && !self.reserved.iter().any(|r| r.contains(&e))
+    }
+
+    /// Whether a free entry is held back: freed by a transaction that is not
+    /// durable yet, or pinned for a reader of the last commit.
+    fn held(&self, e: u64) -> bool {
+        self.pending_free.contains(&e)
+            || self.frozen_free.contains(&e)
+            || self.pinned_free.contains(&e)
     }
 
     /// The first run of `len` entries that may all be allocated and that
@@ -523,26 +528,24 @@ impl SpaceMap {
         let mut end_limit = limit(0);
         for page in 0..self.full.len() as u32 {
             let base = u64::from(page) * PER_PAGE;
-            let clean;
-            let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
-                Some(p) => &p.counts,
-                None => {
-                    clean = self.clean_page(store, page)?;
-                    &clean.counts
-                }
-            };
-            for e in base..(base + PER_PAGE).min(self.entries) {
-                let free = counts[(e - base) as usize] == 0 && self.may_take(e);
-                if !free || e >= end_limit {
-                    start = e + u64::from(!free);
-                    end_limit = limit(start);
-                    if !free {
-                        continue;
+            let found = self.with_counts(store, page, |counts| {
+                for e in base..(base + PER_PAGE).min(self.entries) {
+                    let free = self.is_free(counts, e);
+                    if !free || e >= end_limit {
+                        start = e + u64::from(!free);
+                        end_limit = limit(start);
+                        if !free {
+                            continue;
+                        }
+                    }
+                    if e + 1 - start == len {
+                        return Some(start);
                     }
                 }
-                if e + 1 - start == len {
-                    return Ok(Some(start));
-                }
+                None
+            })?;
+            if found.is_some() {
+                return Ok(found);
             }
         }
         Ok(None)
@@ -557,18 +560,11 @@ impl SpaceMap {
         let mut e = run.start;
         while e < run.end {
             // `e` is below `entries`, whose pages fit a u32.
-            let page = (e / PER_PAGE) as u32;
-            let base = u64::from(page) * PER_PAGE;
-            let clean;
-            let counts: &[u32; SM_ENTRIES_PER_PAGE] = match self.dirty.get(&page) {
-                Some(p) => &p.counts,
-                None => {
-                    clean = self.clean_page(store, page)?;
-                    &clean.counts
-                }
-            };
-            let end = (base + PER_PAGE).min(run.end);
-            if (e..end).any(|x| counts[(x - base) as usize] != 0 || !self.may_take(x)) {
+            let (page, _) = split(e);
+            let end = ((u64::from(page) + 1) * PER_PAGE).min(run.end);
+            if !self.with_counts(store, page, |counts| {
+                (e..end).all(|x| self.is_free(counts, x))
+            })? {
                 return Ok(false);
             }
             e = end;
@@ -593,10 +589,7 @@ impl SpaceMap {
     /// write.
     pub fn alloc_run(&mut self, store: &Store, run: std::ops::Range<u64>) -> Result<()> {
         for entry in run {
-            let held = self.pending_free.contains(&entry)
-                || self.frozen_free.contains(&entry)
-                || self.pinned_free.contains(&entry);
-            if self.get(store, entry)? != 0 || held {
+            if self.get(store, entry)? != 0 || self.held(entry) {
                 return Err(Error::inconsistent(format!(
                     "{:?} entry {entry} of a reserved run is taken",
                     self.kind

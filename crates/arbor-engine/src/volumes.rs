@@ -987,7 +987,7 @@ impl Volumes {
     }
 
     pub fn reclaim_pending(&self) -> bool {
-        !self.meta.queue_root().is_none() || self.table.iter().any(|(_, r)| cow::is_loose_home(r))
+        !self.meta.queue_root().is_none() || self.any_loose_home().is_some()
     }
 }
 

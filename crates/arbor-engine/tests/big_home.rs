@@ -114,6 +114,43 @@ fn a_home_bigger_than_one_commit_is_built_in_steps_and_freed_by_reclaim() {
     assert_clean(&pool);
 }
 
+/// Runs `op` on a fresh small-journal pool (made ready by `setup`, then
+/// flushed) with a power cut after its first `cut` device writes and
+/// flushes, for `cut` = 0, 1, ... until `op` returns before the cut (at
+/// least 11 of them: `op` takes several commits). `check(cut, pool,
+/// returned, base)` sees the durable image and one crash image of each
+/// cut, opened and checked clean; `returned`: `op` had returned with
+/// power on; `base`: the pool's data bytes used before `op`.
+fn cut_at_every_point(
+    seed: u64,
+    setup: impl Fn(&Pool),
+    op: impl Fn(&Pool) -> bool,
+    mut check: impl FnMut(u64, &Pool, bool, u64),
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for cut in 0.. {
+        let disk = SimDisk::new(64 * MIB);
+        let pool = small_journal_pool(&disk);
+        setup(&pool);
+        pool.flush().unwrap();
+        let base = data_used(&pool);
+        let handle = disk.handle();
+        handle.cut_power_after(cut);
+        let returned = op(&pool) && handle.is_powered();
+        handle.cut_power();
+        for image in [handle.durable_image(), handle.crash_image(&mut rng)] {
+            let (_disk2, pool2) = open(image);
+            assert_clean(&pool2);
+            check(cut, &pool2, returned, base);
+            assert_clean(&pool2);
+        }
+        if returned {
+            assert!(cut > 10, "it takes several commits");
+            break;
+        }
+    }
+}
+
 /// A power cut at every write or flush of the build (and torn or partial
 /// unflushed writes): the pool opens clean with the volume whole (every
 /// chunk zero, its full size) or absent, and reclaim then frees whatever
@@ -121,34 +158,22 @@ fn a_home_bigger_than_one_commit_is_built_in_steps_and_freed_by_reclaim() {
 /// plus the home.
 #[test]
 fn a_power_cut_during_a_build_leaves_the_volume_whole_or_absent() {
-    let mut rng = StdRng::seed_from_u64(41);
     let size = 40 * MIB; // two steps: 8,160 chunks and 2,080
     let (mut absent, mut whole) = (0, 0);
-    for cut in 0.. {
-        let disk = SimDisk::new(64 * MIB);
-        let pool = small_journal_pool(&disk);
-        let v = pool.create_volume("v", MIB).unwrap();
-        pool.write(v, 0, &pattern(5, 0, 8192)).unwrap();
-        pool.flush().unwrap();
-        let base = data_used(&pool);
-        let handle = disk.handle();
-        handle.cut_power_after(cut);
-        let built = pool.create_cow_volume("big", size).is_ok() && handle.is_powered();
-        handle.cut_power();
-        for round in 0..2 {
-            let image = if round == 0 {
-                handle.durable_image()
-            } else {
-                handle.crash_image(&mut rng)
-            };
-            let (_disk2, pool2) = open(image);
-            assert_clean(&pool2);
+    cut_at_every_point(
+        41,
+        |pool| {
+            let v = pool.create_volume("v", MIB).unwrap();
+            pool.write(v, 0, &pattern(5, 0, 8192)).unwrap();
+        },
+        |pool| pool.create_cow_volume("big", size).is_ok(),
+        |cut, pool2, built, base| {
             let present = match pool2.lookup("big") {
                 Ok(id) => {
                     whole += 1;
                     assert_eq!(pool2.info(id).unwrap().size, size, "cut {cut}");
                     for at in [0, size / 2, size - 4096] {
-                        assert_eq!(read_at(&pool2, id, at, 4096), vec![0; 4096], "cut {cut}");
+                        assert_eq!(read_at(pool2, id, at, 4096), vec![0; 4096], "cut {cut}");
                     }
                     true
                 }
@@ -158,26 +183,22 @@ fn a_power_cut_during_a_build_leaves_the_volume_whole_or_absent() {
                     false
                 }
             };
-            assert_eq!(names(&pool2).len(), 1 + usize::from(present));
-            reclaim_all(&pool2);
+            assert_eq!(names(pool2).len(), 1 + usize::from(present));
+            reclaim_all(pool2);
             let home = if present { size } else { 0 };
-            assert_eq!(data_used(&pool2), base + home, "cut {cut}");
-            assert_clean(&pool2);
-            assert_eq!(read_at(&pool2, v, 0, 8192), pattern(5, 0, 8192));
+            assert_eq!(data_used(pool2), base + home, "cut {cut}");
+            assert_clean(pool2);
+            let v = pool2.lookup("v").unwrap();
+            assert_eq!(read_at(pool2, v, 0, 8192), pattern(5, 0, 8192));
             // Then the space is whole again: room for the same home.
             if present {
                 pool2.delete("big").unwrap();
-                reclaim_all(&pool2);
-                assert_eq!(data_used(&pool2), base, "cut {cut}");
+                reclaim_all(pool2);
+                assert_eq!(data_used(pool2), base, "cut {cut}");
             }
             pool2.create_cow_volume("next", size).unwrap();
-            assert_clean(&pool2);
-        }
-        if built {
-            assert!(cut > 10, "a build takes several commits");
-            break;
-        }
-    }
+        },
+    );
     assert!(absent > 0 && whole > 0, "absent {absent}, whole {whole}");
 }
 
@@ -411,52 +432,35 @@ fn a_home_does_not_grow_over_chunks_in_use() {
 /// frees whatever the growth left.
 #[test]
 fn a_power_cut_during_a_growth_in_steps_leaves_the_old_or_the_new_size() {
-    let mut rng = StdRng::seed_from_u64(43);
     let (old, new) = (MIB, 40 * MIB);
     let (mut olds, mut news) = (0, 0);
-    for cut in 0.. {
-        let disk = SimDisk::new(64 * MIB);
-        let pool = small_journal_pool(&disk);
-        let a = pool.create_cow_volume("a", old).unwrap();
-        pool.write(a, 0, &pattern(7, 0, 8192)).unwrap();
-        pool.flush().unwrap();
-        let base = data_used(&pool);
-        let handle = disk.handle();
-        handle.cut_power_after(cut);
-        let grown = pool.resize("a", new).is_ok() && handle.is_powered();
-        handle.cut_power();
-        for round in 0..2 {
-            let image = if round == 0 {
-                handle.durable_image()
-            } else {
-                handle.crash_image(&mut rng)
-            };
-            let (_disk2, pool2) = open(image);
-            assert_clean(&pool2);
+    cut_at_every_point(
+        43,
+        |pool| {
+            let a = pool.create_cow_volume("a", old).unwrap();
+            pool.write(a, 0, &pattern(7, 0, 8192)).unwrap();
+        },
+        |pool| pool.resize("a", new).is_ok(),
+        |cut, pool2, grown, base| {
             let a2 = pool2.lookup("a").unwrap();
             let size = pool2.info(a2).unwrap().size;
             if size == new {
                 news += 1;
-                assert_eq!(read_at(&pool2, a2, new - 4096, 4096), vec![0; 4096]);
+                assert_eq!(read_at(pool2, a2, new - 4096, 4096), vec![0; 4096]);
             } else {
                 assert_eq!(size, old, "cut {cut}");
                 assert!(!grown, "cut {cut}: a growth that returned was lost");
                 olds += 1;
             }
-            assert_eq!(read_at(&pool2, a2, 0, 8192), pattern(7, 0, 8192));
-            assert_eq!(names(&pool2), ["a"]);
-            reclaim_all(&pool2);
-            assert_eq!(data_used(&pool2), base + (size - old), "cut {cut}");
-            assert_clean(&pool2);
+            assert_eq!(read_at(pool2, a2, 0, 8192), pattern(7, 0, 8192));
+            assert_eq!(names(pool2), ["a"]);
+            reclaim_all(pool2);
+            assert_eq!(data_used(pool2), base + (size - old), "cut {cut}");
+            assert_clean(pool2);
             // It grows (again) from there.
             pool2.resize("a", new + MIB).unwrap();
-            assert_clean(&pool2);
-        }
-        if grown {
-            assert!(cut > 10, "a growth in steps takes several commits");
-            break;
-        }
-    }
+        },
+    );
     assert!(olds > 0 && news > 0, "old {olds}, new {news}");
 }
 

@@ -33,6 +33,21 @@ fn assert_same(got: &[u8], want: &[u8]) {
     }
 }
 
+/// Runs `f` on a thread of its own and returns what it returns; fails
+/// with `hang` if it has not returned after 120 s. The limit is only a
+/// guard against a hang: without it a regression would deadlock the test.
+#[track_caller]
+fn finishes<T: Send + 'static>(hang: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let result = f();
+        let _ = done.send(());
+        result
+    });
+    finished.recv_timeout(Duration::from_secs(120)).expect(hang);
+    worker.join().unwrap()
+}
+
 fn pool_from_image(image: Vec<u8>) -> Pool {
     let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::from_image(image));
     let pool = Pool::open(dev, &open_opts()).expect("a crash image opens");
@@ -157,20 +172,14 @@ fn a_deferred_snapshot_does_not_wait_for_a_commit_in_flight() {
     );
 
     // The snapshot is taken, and writes go on, while that commit waits.
-    let (done, taken) = mpsc::channel();
-    let snapper = {
+    let snap = {
         let pool = pool.clone();
-        std::thread::spawn(move || {
-            let result = pool.snapshot_with("v@s", Durability::Deferred);
-            let _ = done.send(());
-            result
-        })
-    };
-    // Only a guard against a hang: without it a regression would deadlock.
-    taken
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the deferred snapshot waited for the commit in flight");
-    let snap = snapper.join().unwrap().unwrap();
+        finishes(
+            "the deferred snapshot waited for the commit in flight",
+            move || pool.snapshot_with("v@s", Durability::Deferred),
+        )
+    }
+    .unwrap();
     assert!(
         gated.blocked.load(Ordering::SeqCst),
         "the commit was not in flight"
@@ -291,27 +300,18 @@ fn a_deferred_snapshot_does_not_wait_for_another_volumes_write() {
     gated.wait_for_blocked_write();
 
     // `a` is snapshotted, cloned, written and read meanwhile.
-    let (done, finished) = mpsc::channel();
-    let worker = {
+    let (snap, clone, buf) = {
         let pool = pool.clone();
-        std::thread::spawn(move || {
-            let result = (|| {
-                let snap = pool.snapshot_with("a@s", Durability::Deferred)?;
-                let clone = pool.clone_snapshot_with("a@s", "c", Durability::Deferred)?;
-                pool.write(a, 0, &pattern(4, 0, 4096))?;
-                let mut buf = vec![0u8; 8192];
-                pool.read(a, 0, &mut buf)?;
-                Ok::<_, arbor_engine::Error>((snap, clone, buf))
-            })();
-            let _ = done.send(());
-            result
+        finishes("the snapshot of `a` waited for a write to `b`", move || {
+            let snap = pool.snapshot_with("a@s", Durability::Deferred)?;
+            let clone = pool.clone_snapshot_with("a@s", "c", Durability::Deferred)?;
+            pool.write(a, 0, &pattern(4, 0, 4096))?;
+            let mut buf = vec![0u8; 8192];
+            pool.read(a, 0, &mut buf)?;
+            Ok::<_, arbor_engine::Error>((snap, clone, buf))
         })
-    };
-    // Only a guard against a hang: without it a regression would deadlock.
-    finished
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the snapshot of `a` waited for a write to `b`");
-    let (snap, clone, buf) = worker.join().unwrap().unwrap();
+    }
+    .unwrap();
     assert_eq!(buf[..4096], pattern(4, 0, 4096)[..]);
     assert_eq!(buf[4096..], pattern(1, 4096, 4096)[..]);
     gated.release();
@@ -385,20 +385,14 @@ fn a_deferred_snapshot_does_not_wait_for_its_volumes_redirected_write() {
         std::thread::spawn(move || pool.write(v, 0, &pattern(2, 0, 8192)))
     };
     gated.wait_for_blocked_write();
-    let (done, taken) = mpsc::channel();
-    let snapper = {
+    let snap = {
         let pool = pool.clone();
-        std::thread::spawn(move || {
-            let result = pool.snapshot_with("v@s", Durability::Deferred);
-            let _ = done.send(());
-            result
-        })
-    };
-    // Only a guard against a hang: without it a regression would deadlock.
-    taken
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the snapshot waited for a write that writes no chunk it maps");
-    let snap = snapper.join().unwrap().unwrap();
+        finishes(
+            "the snapshot waited for a write that writes no chunk it maps",
+            move || pool.snapshot_with("v@s", Durability::Deferred),
+        )
+    }
+    .unwrap();
     gated.release();
     writer.join().unwrap().unwrap();
 

@@ -502,7 +502,7 @@ impl Pool {
         let Some(_homes) = try_lock(&self.homes_lock) else {
             return Ok(0);
         };
-        let Some(&id) = self.read_meta()?.loose_homes().first() else {
+        let Some(id) = self.read_meta()?.any_loose_home() else {
             return Ok(0);
         };
         self.shrink_loose_home(id)

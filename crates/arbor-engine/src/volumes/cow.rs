@@ -275,42 +275,43 @@ impl Volumes {
     /// In-pool copy-on-write volume `id`'s home: its first chunk and its
     /// length in chunks.
     pub fn pool_home(&self, id: u64) -> Result<(u64, u64)> {
-        let (cow, rec) = self.cow_state(id)?;
-        match cow.home {
-            Home::Pool { first } if !is_loose_home(rec) => {
-                Ok((first, rec.size_bytes.div_ceil(self.meta.geo().chunk_size)))
-            }
-            _ => Err(Error::inconsistent(format!(
-                "{} has no home in the pool",
-                rec.name
-            ))),
-        }
+        self.home_run(id, false)
     }
 
     /// Loose home `id`: its first chunk and its length in chunks.
     fn loose_home(&self, id: u64) -> Result<(u64, u64)> {
+        self.home_run(id, true)
+    }
+
+    /// The home in the pool of record `id`, which must be a loose home if
+    /// `loose`, else a volume: its first chunk and its length in chunks.
+    fn home_run(&self, id: u64, loose: bool) -> Result<(u64, u64)> {
         let rec = self.volume(id)?;
         match rec.layout {
             DataLayout::Cow(CowState {
                 home: Home::Pool { first },
                 ..
-            }) if is_loose_home(rec) => {
+            }) if is_loose_home(rec) == loose => {
                 Ok((first, rec.size_bytes.div_ceil(self.meta.geo().chunk_size)))
             }
             _ => Err(Error::inconsistent(format!(
-                "{} is not a loose home",
-                rec.name
+                "{} is not {}",
+                rec.name,
+                if loose {
+                    "a loose home"
+                } else {
+                    "a copy-on-write volume with its home in the pool"
+                }
             ))),
         }
     }
 
-    /// The loose homes, by id.
-    pub fn loose_homes(&self) -> Vec<u64> {
+    /// A loose home, if there is any.
+    pub fn any_loose_home(&self) -> Option<u64> {
         self.table
             .iter()
-            .filter(|(_, r)| is_loose_home(r))
+            .find(|(_, r)| is_loose_home(r))
             .map(|(id, _)| id)
-            .collect()
     }
 
     /// One step of freeing loose home `id`: its last
