@@ -30,6 +30,7 @@ use crate::buffers::{Buffer, BufferPool};
 use crate::dispatch::{execute, Reply, ReplyContext};
 use crate::export::ExportProvider;
 use crate::handshake::{greeting, Handshake, HandshakeError, Session, Step, TlsMode};
+use crate::poll::{PollWindow, Polling};
 use crate::proto::{Errno, EXTENDED_REQUEST_HEADER_LEN, MAX_PAYLOAD, MAX_UNNEGOTIATED_PAYLOAD};
 use crate::transmission::{
     validate, Command, FramingError, Limits, Payload, Rejection, RequestHeader,
@@ -320,7 +321,7 @@ pub async fn transmit<S>(
     stream: S,
     session: Session,
     budget: Budget,
-    stall_timeout: Duration,
+    (stall_timeout, polling): (Duration, Polling),
     stop: CancellationToken,
 ) -> Result<(), ConnectionError>
 where
@@ -330,7 +331,7 @@ where
     let (replies, outgoing) = mpsc::unbounded_channel();
     // Cancelled by the writer when the socket breaks, so the reader stops too.
     let stop = stop.child_token();
-    let reader = read_requests(read_half, &session, &budget, replies, &stop);
+    let reader = read_requests(read_half, &session, (&budget, polling), replies, &stop);
     let writer = write_replies(write_half, outgoing, stall_timeout, &stop);
     let (read_result, write_result) = reader_then_writer(reader, writer).await;
     read_result.and(write_result)
@@ -373,15 +374,67 @@ where
     .await
 }
 
+/// A connection's polling for its next request (see [`crate::poll`]).
+struct ConnectionPoll {
+    window: PollWindow,
+    polling: Polling,
+}
+
+/// Polls `future` once, in the calling task's context.
+async fn poll_once<F: std::future::Future>(
+    mut future: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await
+}
+
+/// Reads the next request header into `header`. When it has not arrived
+/// yet, and the connection's window is open, the connection has no request
+/// on the blocking pool and a turn is free, it looks for it again and again
+/// for the window's length before sleeping: each look yields to the
+/// runtime, which sends replies due and polls the sockets without waiting
+/// (see [`crate::poll`] for why). Every wait teaches the window.
+async fn next_header<R: AsyncRead + Unpin>(
+    input: &mut BufReader<R>,
+    header: &mut [u8],
+    poll: &mut ConnectionPoll,
+    busy: bool,
+) -> std::io::Result<usize> {
+    let mut read = std::pin::pin!(input.read_exact(header));
+    // Under a deep queue the next header is mostly here already.
+    if let std::task::Poll::Ready(read) = poll_once(read.as_mut()).await {
+        return read;
+    }
+    let waiting = Instant::now();
+    let window = poll.window.window();
+    if !window.is_zero() && !busy {
+        if let Some(_turn) = poll.polling.try_poll() {
+            while waiting.elapsed() < window {
+                tokio::task::yield_now().await;
+                if let std::task::Poll::Ready(read) = poll_once(read.as_mut()).await {
+                    poll.window.waited(waiting.elapsed());
+                    return read;
+                }
+            }
+        }
+    }
+    let read = read.await;
+    poll.window.waited(waiting.elapsed());
+    read
+}
+
 async fn read_requests<R: AsyncRead + Unpin>(
     read_half: R,
     session: &Session,
-    budget: &Budget,
+    (budget, polling): (&Budget, Polling),
     replies: mpsc::UnboundedSender<Outgoing>,
     stop: &CancellationToken,
 ) -> Result<(), ConnectionError> {
     let mut input = BufReader::with_capacity(64 * 1024, read_half);
     let mut dispatch = Dispatch::new(session.export.small_io_inline());
+    let mut poll = ConnectionPoll {
+        window: polling.window(),
+        polling,
+    };
     let limits = Limits {
         size: session.size,
         read_only: session.read_only,
@@ -407,7 +460,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let read = tokio::select! {
             biased;
             () = stop.cancelled() => return Ok(()),
-            read = input.read_exact(header_bytes) => read,
+            read = next_header(&mut input, header_bytes, &mut poll, dispatch.busy()) => read,
         };
         match read {
             Ok(_) => {}
@@ -637,6 +690,11 @@ impl Dispatch {
             on_pool: Arc::default(),
             queued_until: None,
         }
+    }
+
+    /// Requests of this connection are running on the blocking pool.
+    fn busy(&self) -> bool {
+        self.on_pool.load(Ordering::Acquire) > 0
     }
 
     /// Counts a request sent to the blocking pool until the guard drops.

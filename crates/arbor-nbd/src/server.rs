@@ -27,6 +27,7 @@ use crate::connection::{
 };
 use crate::export::ExportProvider;
 use crate::handshake::Session;
+use crate::poll::{PollLimits, Polling};
 use crate::proto::MAX_PAYLOAD;
 
 /// The loopback address on the IANA NBD port; serving beyond the local
@@ -59,6 +60,9 @@ pub struct ServerConfig {
     /// After shutdown is requested, how long connections may take to finish
     /// the requests they have in flight before they are dropped.
     pub shutdown_grace: Duration,
+    /// How connections poll for their next request before sleeping
+    /// ([`crate::poll`]).
+    pub poll: PollLimits,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +75,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(30),
             reply_stall_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
+            poll: PollLimits::default(),
         }
     }
 }
@@ -189,6 +194,7 @@ pub async fn serve(
         provider,
         connection_slots: Arc::new(Semaphore::new(config.max_connections.max(1))),
         shared_budget: SharedBudget::new(config.max_bytes_total.max(MAX_PAYLOAD)),
+        polling: Polling::new(config.poll),
         config,
         shutdown: shutdown.clone(),
         abort: CancellationToken::new(),
@@ -219,6 +225,7 @@ struct Server {
     config: ServerConfig,
     connection_slots: Arc<Semaphore>,
     shared_budget: SharedBudget,
+    polling: Polling,
     /// Graceful stop: no new requests, finish those in flight.
     shutdown: CancellationToken,
     /// Hard stop after the grace period: drop connections at once.
@@ -440,7 +447,7 @@ impl Server {
             stream,
             session,
             budget,
-            self.config.reply_stall_timeout,
+            (self.config.reply_stall_timeout, self.polling.clone()),
             self.shutdown.clone(),
         )
         .await

@@ -20,6 +20,9 @@ pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
 /// The smallest NBD memory limit: one maximal request must fit.
 const MIN_NBD_MEMORY: u32 = 32 << 20;
 
+/// The longest `nbd_poll`: polling keeps a CPU busy.
+const MAX_NBD_POLL: Duration = Duration::from_millis(1);
+
 /// Most bytes of config file read: it is a handful of keys.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -37,6 +40,7 @@ struct ConfigFile {
     nbd_max_connections: u32,
     nbd_memory_limit: ByteSize,
     nbd_stall_timeout: String,
+    nbd_poll: String,
     nbd_tls: String,
     nbd_access: Vec<NbdAccessEntry>,
     api_listen: String,
@@ -106,6 +110,9 @@ pub struct ServeConfig {
     /// Request bytes held at once across all NBD connections.
     pub nbd_memory_limit: u32,
     pub nbd_stall_timeout: Duration,
+    /// Longest a connection polls for its next request before sleeping;
+    /// zero: never.
+    pub nbd_poll: Duration,
     /// TLS mode and grants of the NBD TCP listener (the Unix socket is the
     /// owner's alone, without TLS, with every volume).
     pub nbd_tcp_security: NbdSecurity,
@@ -264,6 +271,18 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         .map_err(|_| usage(format!("chunk_size {} is too large", file.chunk_size)))?;
     let commit_interval = positive_duration("commit_interval", &file.commit_interval)?;
     let nbd_stall_timeout = positive_duration("nbd_stall_timeout", &file.nbd_stall_timeout)?;
+    let nbd_poll = humantime::parse_duration(&file.nbd_poll).map_err(|e| {
+        usage(format!(
+            "nbd_poll = {:?}: {e} (use e.g. 64us, or 0s for none)",
+            file.nbd_poll
+        ))
+    })?;
+    if nbd_poll > MAX_NBD_POLL {
+        bail!(usage(format!(
+            "nbd_poll = {:?}: at most 1ms (a connection polls its CPU busy for that long)",
+            file.nbd_poll
+        )));
+    }
     let warnings = &file.space_warning_percent;
     if warnings.iter().any(|&p| p == 0 || p > 100) || !warnings.is_sorted() {
         bail!(usage(format!(
@@ -296,6 +315,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         pool,
         nbd_memory_limit,
         nbd_stall_timeout,
+        nbd_poll,
         nbd_max_connections: file.nbd_max_connections as usize,
         pool_size: file.pool_size.0,
         chunk_size,
@@ -554,6 +574,7 @@ mod tests {
         assert!(config.api.tls.is_none() && config.api.clients.is_empty());
         assert_eq!(config.commit_interval, Duration::from_secs(5));
         assert_eq!(config.space_warning_percent, [80, 90]);
+        assert_eq!(config.nbd_poll, Duration::from_micros(64));
         assert_eq!(config.nbd_socket(), PathBuf::from("arbor-data/nbd.sock"));
     }
 
@@ -570,6 +591,8 @@ mod tests {
         .unwrap();
         assert_eq!(config.pool_size, 1 << 30);
         assert_eq!(config.nbd_listen, None);
+        let off = load_text("nbd_poll = \"0s\"", &args).unwrap();
+        assert_eq!(off.nbd_poll, Duration::ZERO);
         assert_eq!(config.initial_volume, None);
         assert_eq!(config.pool, PathBuf::from("/dev/sdz"));
         assert_eq!(config.api.listen, Some("127.0.0.1:10810".parse().unwrap()));
@@ -606,6 +629,8 @@ mod tests {
             ("reclaim_rate = -1", "reclaim_rate"),
             ("nbd_memory_limit = \"1M\"", "nbd_memory_limit"),
             ("nbd_max_connections = 0", "at least 1"),
+            ("nbd_poll = \"2ms\"", "at most 1ms"),
+            ("nbd_poll = \"quick\"", "nbd_poll"),
             ("replication_listen = \"10.0.0.1:7400\"", "needs TLS"),
             ("tls_ca = \"ca.pem\"", "go together"),
             ("nbd_tls = \"maybe\"", "expected \"off\""),

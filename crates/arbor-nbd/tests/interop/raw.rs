@@ -697,3 +697,48 @@ fn a_session_is_never_dropped_for_a_newcomer_just_after_its_handshake() {
         reads_512(&mut session, round);
     }
 }
+
+/// A connection polling for its next request keeps what it has read of a
+/// request that arrives in pieces: every request below comes a few bytes at
+/// a time, with pauses shorter than the polling window (which its first
+/// requests open), and each must be served whole, its data where it was
+/// written. Polling that restarted its read would lose the pieces and
+/// desynchronise the stream.
+#[test]
+fn requests_arriving_in_pieces_while_the_connection_polls_are_served_whole() {
+    let config = ServerConfig {
+        poll: arbor_nbd::PollLimits {
+            max: Duration::from_millis(1),
+            pollers: 4,
+        },
+        ..ServerConfig::default()
+    };
+    let server = TestServer::start_with(vec![("vol", memory(MIB))], false, config);
+    let mut peer = Peer::greet(&server, 0b11);
+    peer.go("vol");
+    let pause = || std::thread::sleep(Duration::from_micros(200));
+    let in_pieces = |peer: &mut Peer, bytes: &[u8]| {
+        for piece in bytes.chunks(5) {
+            peer.send(piece);
+            pause();
+        }
+    };
+    for round in 0..32u64 {
+        let offset = round * 4096;
+        let data: Vec<u8> = (0..4096u32).map(|i| (i as u64 * 7 + round) as u8).collect();
+        in_pieces(
+            &mut peer,
+            &request_header(CMD_WRITE, 2 * round, offset, 4096),
+        );
+        in_pieces(&mut peer, &data[..20]);
+        peer.send(&data[20..]);
+        assert_eq!(peer.simple_reply(), (0, 2 * round), "write {round}");
+        pause();
+        in_pieces(
+            &mut peer,
+            &request_header(CMD_READ, 2 * round + 1, offset, 4096),
+        );
+        assert_eq!(peer.simple_reply(), (0, 2 * round + 1), "read {round}");
+        assert_eq!(peer.read_exact::<4096>().to_vec(), data, "read {round}");
+    }
+}

@@ -153,6 +153,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         max_connections: config.nbd_max_connections,
         max_bytes_total: config.nbd_memory_limit,
         reply_stall_timeout: config.nbd_stall_timeout,
+        poll: arbor_nbd::PollLimits::per_cpu(config.nbd_poll),
         ..arbor_nbd::ServerConfig::default()
     };
     tasks.spawn(nbd.serve(exports, limits, stop.clone()));
