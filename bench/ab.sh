@@ -2,12 +2,17 @@
 # A/B of two arbor builds on the data path, alternating runs so drift in the
 # machine's state hits both alike: for each build, a 512 MiB volume filled
 # with 1 MiB writes, then fio's nbd engine over the Unix socket, 5 s per job:
-# one connection, then four at once (fio --numjobs=4, QD8 each), for changes
+# one connection (queue depth 1, then deeper), then four at once (fio --numjobs=4, QD8 each), for changes
 # to how connections share the daemon's threads.
 # Prints one line per build, job and round. Figures quoted in
 # docs/PERFORMANCE.md ("What changed") come from this script.
 #
 #   bench/ab.sh OLD_BINARY NEW_BINARY [ROUNDS]
+#
+# OLD_SERVE_ARGS and NEW_SERVE_ARGS add arguments to each build's `serve`,
+# for an A/B of a setting with one binary, e.g. polling off against on:
+#   printf 'nbd_poll = "0s"\n' > /tmp/nopoll.toml
+#   OLD_SERVE_ARGS="--config /tmp/nopoll.toml" bench/ab.sh B B
 #
 # Build the old one from another worktree, e.g.
 #   git worktree add /tmp/old HEAD~1 && cargo build --release -p arbor --manifest-path /tmp/old/Cargo.toml
@@ -16,8 +21,8 @@ old=${1:?old arbor binary}
 new=${2:?new arbor binary}
 rounds=${3:-2}
 # rw, block size, queue depth, connections
-jobs=("randread 4k 32 1" "randwrite 4k 32 1" "read 1m 8 1" "write 1m 8 1"
-  "randread 4k 8 4" "randwrite 4k 8 4")
+jobs=("randread 4k 1 1" "randwrite 4k 1 1" "randread 4k 32 1" "randwrite 4k 32 1"
+  "read 1m 8 1" "write 1m 8 1" "randread 4k 8 4" "randwrite 4k 8 4")
 work=$(mktemp -d /var/tmp/arbor-ab-XXXXXX)
 pid=
 cleanup() {
@@ -26,10 +31,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run_one() { # label binary
+run_one() { # label binary serve-arguments
   local label=$1 bin=$2 dir="$work/$1"
+  local -a extra
+  read -r -a extra <<<"$3"
   rm -rf "$dir"
-  "$bin" serve --data-dir "$dir" --pool-size 2G --initial-volume none \
+  "$bin" serve "${extra[@]}" --data-dir "$dir" --pool-size 2G --initial-volume none \
     --nbd-listen none --api-listen none >/dev/null 2>"$work/$label.log" &
   pid=$!
   for _ in $(seq 200); do [ -S "$dir/api.sock" ] && [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
@@ -56,6 +63,6 @@ print(f"{sys.argv[1]:4} {sys.argv[2]:10} {sys.argv[3]:3} QD{sys.argv[4]:3} x{sys
 
 for round in $(seq "$rounds"); do
   echo "round $round"
-  run_one old "$old"
-  run_one new "$new"
+  run_one old "$old" "${OLD_SERVE_ARGS:-}"
+  run_one new "$new" "${NEW_SERVE_ARGS:-}"
 done

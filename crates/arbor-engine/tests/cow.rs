@@ -299,6 +299,38 @@ fn a_cow_volume_in_the_pool_is_contiguous_zeroed_and_freed_with_it() {
     assert_clean(&pool);
 }
 
+/// The same on a pool in a real file, where a home of a MiB or more is
+/// zeroed without writing (`fallocate`, see `FileDevice::write_zeroes`): it
+/// reads as zeros over chunks that held another volume's data, in the
+/// page cache and after a reopen, and a growth into such chunks does too.
+#[test]
+fn a_home_zeroed_in_a_real_file_never_shows_freed_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let open = || -> Arc<dyn BlockDevice> { Arc::new(arbor_io::FileDevice::open(&path).unwrap()) };
+    let size = 64 * MIB;
+    drop(arbor_io::FileDevice::create_file(&path, size).unwrap());
+    let pool = Pool::create(open(), &small_opts(CS as u32), &open_opts()).unwrap();
+    let junk = pool.create_volume("junk", 24 * MIB).unwrap();
+    pool.write(junk, 0, &vec![0xee; 24 * MIB as usize]).unwrap();
+    pool.flush().unwrap();
+    pool.delete("junk").unwrap();
+    while pool.reclaim(4096).unwrap() > 0 {}
+    pool.flush().unwrap();
+    let id = pool.create_cow_volume("db", 4 * MIB).unwrap();
+    assert_eq!(read(&pool, id, 4 * MIB), vec![0u8; 4 * MIB as usize]);
+    pool.resize("db", 12 * MIB).unwrap();
+    assert_eq!(read(&pool, id, 12 * MIB), vec![0u8; 12 * MIB as usize]);
+    pool.write(id, MIB, &[7u8; 4096]).unwrap();
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = Pool::open(open(), &open_opts()).unwrap();
+    let mut expected = vec![0u8; 12 * MIB as usize];
+    expected[MIB as usize..MIB as usize + 4096].fill(7);
+    assert!(read(&pool, id, 12 * MIB) == expected, "after a reopen");
+    assert_clean(&pool);
+}
+
 /// A home larger than one commit can allocate is built over several
 /// (tests/big_home.rs has the details): what it does not use of the pool
 /// stays usable, and a home that does not fit is refused with nothing set

@@ -55,6 +55,14 @@ pub trait BlockDevice: Send + Sync {
             .iter()
             .try_for_each(|&(offset, buf)| self.write_at(buf, offset))
     }
+    /// Makes `len` bytes at `offset` read as zeros, as writing zeros there
+    /// would, with the same visibility and durability (any subset may be
+    /// lost to a power cut before the next `flush`). The default writes
+    /// them; a device may zero without moving the bytes
+    /// ([`FileDevice`] on large ranges).
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        write_zeroes_by_writing(self, offset, len)
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Size of the device in bytes.
@@ -77,6 +85,35 @@ pub trait BlockDevice: Send + Sync {
     }
 }
 
+/// [`BlockDevice::write_zeroes`] by writing zeros, a MiB at a time.
+pub fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
+    dev: &D,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    const PIECE: u64 = 1 << 20;
+    let end = offset
+        .checked_add(len)
+        .filter(|&end| end <= dev.size())
+        .ok_or_else(|| beyond_the_end(offset, len, dev.size()))?;
+    // At most a MiB: the conversion cannot truncate.
+    let zeros = vec![0u8; len.min(PIECE) as usize];
+    let mut at = offset;
+    while at < end {
+        let n = (end - at).min(PIECE) as usize;
+        dev.write_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+fn beyond_the_end(offset: u64, len: impl std::fmt::Display, size: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("I/O of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"),
+    )
+}
+
 /// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.
 pub fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
     let end = u64::try_from(len)
@@ -84,11 +121,6 @@ pub fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
         .and_then(|len| offset.checked_add(len));
     match end {
         Some(end) if end <= size => Ok(()),
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "I/O of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"
-            ),
-        )),
+        _ => Err(beyond_the_end(offset, len, size)),
     }
 }

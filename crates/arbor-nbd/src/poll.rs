@@ -50,11 +50,13 @@ impl PollLimits {
 }
 
 impl Default for PollLimits {
-    /// QEMU's iothreads poll up to 32 µs; a round trip to an NBD client
-    /// over a Unix socket, with the client's own wakeup, takes longer
-    /// (30-50 µs measured), so the window may grow to 64 µs.
+    /// QEMU's iothreads poll up to 32 µs; an NBD client's turnaround
+    /// after a reply, its own wakeup included, takes longer on a VM (30-50
+    /// µs typical, with a long tail), so the window may grow to 128 µs,
+    /// which did better than 64 in the benchmark's QD1 reads
+    /// (PERFORMANCE.md, "Polling before sleeping").
     fn default() -> Self {
-        Self::per_cpu(Duration::from_micros(64))
+        Self::per_cpu(Duration::from_micros(128))
     }
 }
 

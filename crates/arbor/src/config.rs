@@ -273,7 +273,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let nbd_stall_timeout = positive_duration("nbd_stall_timeout", &file.nbd_stall_timeout)?;
     let nbd_poll = humantime::parse_duration(&file.nbd_poll).map_err(|e| {
         usage(format!(
-            "nbd_poll = {:?}: {e} (use e.g. 64us, or 0s for none)",
+            "nbd_poll = {:?}: {e} (use e.g. 128us, or 0s for none)",
             file.nbd_poll
         ))
     })?;
@@ -574,7 +574,7 @@ mod tests {
         assert!(config.api.tls.is_none() && config.api.clients.is_empty());
         assert_eq!(config.commit_interval, Duration::from_secs(5));
         assert_eq!(config.space_warning_percent, [80, 90]);
-        assert_eq!(config.nbd_poll, Duration::from_micros(64));
+        assert_eq!(config.nbd_poll, Duration::from_micros(128));
         assert_eq!(config.nbd_socket(), PathBuf::from("arbor-data/nbd.sock"));
     }
 

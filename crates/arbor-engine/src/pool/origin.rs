@@ -154,6 +154,13 @@ impl BlockDevice for Window {
         self.dev.write_at(buf, self.base + offset)
     }
 
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return arbor_io::write_zeroes_by_writing(self, offset, len);
+        }
+        self.dev.write_zeroes(self.base + offset, len)
+    }
+
     fn flush(&self) -> std::io::Result<()> {
         self.dev.flush()
     }
@@ -225,20 +232,11 @@ impl Target<'_> {
         self.d.written.store(true, Ordering::Release);
         match fill {
             Fill::Data(data) => self.d.dev.write_at(data, from).map_err(|e| self.err(e)),
-            Fill::Zeros => {
-                const ZERO_RUN: u64 = 1 << 20;
-                let zeros = vec![0u8; (to - from).min(ZERO_RUN) as usize];
-                let mut at = from;
-                while at < to {
-                    let n = (to - at).min(ZERO_RUN);
-                    self.d
-                        .dev
-                        .write_at(&zeros[..n as usize], at)
-                        .map_err(|e| self.err(e))?;
-                    at += n;
-                }
-                Ok(())
-            }
+            Fill::Zeros => self
+                .d
+                .dev
+                .write_zeroes(from, to - from)
+                .map_err(|e| self.err(e)),
         }
     }
 
@@ -539,19 +537,11 @@ impl Pool {
 
     /// Writes zeros over the data chunks of `run` (free, set aside).
     fn zero_home(&self, run: &Range<u64>) -> Result<()> {
-        const ZERO_RUN: u64 = 1 << 20;
         let geo = &self.store.geo;
-        let (start, end) = (
-            geo.chunk_offset(run.start),
-            geo.chunk_offset(run.start) + (run.end - run.start) * geo.chunk_size,
-        );
-        let zeros = vec![0u8; (end - start).min(ZERO_RUN) as usize];
-        let mut at = start;
-        while at < end {
-            let n = (end - at).min(ZERO_RUN);
-            self.store.dev.write_at(&zeros[..n as usize], at)?;
-            at += n;
-        }
+        let len = (run.end - run.start) * geo.chunk_size;
+        self.store
+            .dev
+            .write_zeroes(geo.chunk_offset(run.start), len)?;
         Ok(())
     }
 

@@ -38,8 +38,6 @@ use crate::volumes::{ChunkPlan, ChunkWanted};
 /// Bytes of one write request served whole by one unit: the NBD maximum
 /// payload (arbor-nbd `MAX_PAYLOAD`).
 const UNIT_BYTES: u64 = 32 << 20;
-/// Largest device write of zeros (the zero buffer's size).
-const ZERO_RUN: u64 = 1 << 20;
 /// Longest run of consecutive *new* chunks merged into one device write (at
 /// least one chunk is always written whole). New chunks are usually parts
 /// of the pool file not in the page cache yet, and longer writes there make
@@ -510,16 +508,8 @@ impl Pool {
                 self.store.dev.write_at(&d[from..to], run.device)?;
             }
             Fill::Zeros => {
-                let total = run.logical.end - run.logical.start;
-                let zeros = vec![0u8; total.min(ZERO_RUN) as usize];
-                let mut done = 0;
-                while done < total {
-                    let n = (total - done).min(ZERO_RUN);
-                    self.store
-                        .dev
-                        .write_at(&zeros[..n as usize], run.device + done)?;
-                    done += n;
-                }
+                let len = run.logical.end - run.logical.start;
+                self.store.dev.write_zeroes(run.device, len)?;
             }
         }
         Ok(())
