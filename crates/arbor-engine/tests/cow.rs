@@ -331,6 +331,43 @@ fn a_home_zeroed_in_a_real_file_never_shows_freed_data() {
     assert_clean(&pool);
 }
 
+/// Zeroing a range of a copy-on-write volume's home in a real file (large
+/// enough to be zeroed without writing) zeroes exactly that range of that
+/// volume: the rest of it, a neighbouring home and a snapshot keep their
+/// data, in the page cache and after a reopen.
+#[test]
+fn zeroing_part_of_a_home_in_a_real_file_touches_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool");
+    let open = || -> Arc<dyn BlockDevice> { Arc::new(arbor_io::FileDevice::open(&path).unwrap()) };
+    drop(arbor_io::FileDevice::create_file(&path, 64 * MIB).unwrap());
+    let pool = Pool::create(open(), &small_opts(CS as u32), &open_opts()).unwrap();
+    let len = 8 * MIB as usize;
+    let a = pool.create_cow_volume("a", 8 * MIB).unwrap();
+    let b = pool.create_cow_volume("b", 8 * MIB).unwrap();
+    let (data_a, data_b) = (fill(5, len), fill(6, len));
+    pool.write(a, 0, &data_a).unwrap();
+    pool.write(b, 0, &data_b).unwrap();
+    let snap = pool.snapshot("b@s").unwrap();
+    pool.write_zeroes(b, 2 * MIB, 4 * MIB, true).unwrap();
+    pool.write_zeroes(a, 3 * MIB, 2 * MIB, true).unwrap();
+    let mut want_a = data_a.clone();
+    want_a[3 * MIB as usize..5 * MIB as usize].fill(0);
+    let mut want_b = data_b.clone();
+    want_b[2 * MIB as usize..6 * MIB as usize].fill(0);
+    let check = |pool: &Pool, when: &str| {
+        assert!(read(pool, a, 8 * MIB) == want_a, "a {when}");
+        assert!(read(pool, b, 8 * MIB) == want_b, "b {when}");
+        assert!(read(pool, snap, 8 * MIB) == data_b, "b@s {when}");
+    };
+    check(&pool, "at once");
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = Pool::open(open(), &open_opts()).unwrap();
+    check(&pool, "after a reopen");
+    assert_clean(&pool);
+}
+
 /// A home larger than one commit can allocate is built over several
 /// (tests/big_home.rs has the details): what it does not use of the pool
 /// stays usable, and a home that does not fit is refused with nothing set
