@@ -299,18 +299,41 @@ fn a_cow_volume_in_the_pool_is_contiguous_zeroed_and_freed_with_it() {
     assert_clean(&pool);
 }
 
+/// A pool in a file of a temporary directory, buffered.
+struct FilePool {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl FilePool {
+    fn new(size: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool");
+        drop(arbor_io::FileDevice::create_file(&path, size).unwrap());
+        Self { _dir: dir, path }
+    }
+
+    fn device(&self) -> Arc<dyn BlockDevice> {
+        Arc::new(arbor_io::FileDevice::open(&self.path).unwrap())
+    }
+
+    fn create(&self) -> Pool {
+        Pool::create(self.device(), &small_opts(CS as u32), &open_opts()).unwrap()
+    }
+
+    fn open(&self) -> Pool {
+        Pool::open(self.device(), &open_opts()).unwrap()
+    }
+}
+
 /// The same on a pool in a real file, where a home of a MiB or more is
 /// zeroed without writing (`fallocate`, see `FileDevice::write_zeroes`): it
 /// reads as zeros over chunks that held another volume's data, in the
 /// page cache and after a reopen, and a growth into such chunks does too.
 #[test]
 fn a_home_zeroed_in_a_real_file_never_shows_freed_data() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pool");
-    let open = || -> Arc<dyn BlockDevice> { Arc::new(arbor_io::FileDevice::open(&path).unwrap()) };
-    let size = 64 * MIB;
-    drop(arbor_io::FileDevice::create_file(&path, size).unwrap());
-    let pool = Pool::create(open(), &small_opts(CS as u32), &open_opts()).unwrap();
+    let file = FilePool::new(64 * MIB);
+    let pool = file.create();
     let junk = pool.create_volume("junk", 24 * MIB).unwrap();
     pool.write(junk, 0, &vec![0xee; 24 * MIB as usize]).unwrap();
     pool.flush().unwrap();
@@ -324,7 +347,7 @@ fn a_home_zeroed_in_a_real_file_never_shows_freed_data() {
     pool.write(id, MIB, &[7u8; 4096]).unwrap();
     pool.flush().unwrap();
     drop(pool);
-    let pool = Pool::open(open(), &open_opts()).unwrap();
+    let pool = file.open();
     let mut expected = vec![0u8; 12 * MIB as usize];
     expected[MIB as usize..MIB as usize + 4096].fill(7);
     assert!(read(&pool, id, 12 * MIB) == expected, "after a reopen");
@@ -337,11 +360,8 @@ fn a_home_zeroed_in_a_real_file_never_shows_freed_data() {
 /// data, in the page cache and after a reopen.
 #[test]
 fn zeroing_part_of_a_home_in_a_real_file_touches_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pool");
-    let open = || -> Arc<dyn BlockDevice> { Arc::new(arbor_io::FileDevice::open(&path).unwrap()) };
-    drop(arbor_io::FileDevice::create_file(&path, 64 * MIB).unwrap());
-    let pool = Pool::create(open(), &small_opts(CS as u32), &open_opts()).unwrap();
+    let file = FilePool::new(64 * MIB);
+    let pool = file.create();
     let len = 8 * MIB as usize;
     let a = pool.create_cow_volume("a", 8 * MIB).unwrap();
     let b = pool.create_cow_volume("b", 8 * MIB).unwrap();
@@ -363,7 +383,7 @@ fn zeroing_part_of_a_home_in_a_real_file_touches_nothing_else() {
     check(&pool, "at once");
     pool.flush().unwrap();
     drop(pool);
-    let pool = Pool::open(open(), &open_opts()).unwrap();
+    let pool = file.open();
     check(&pool, "after a reopen");
     assert_clean(&pool);
 }

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rustix::fs::{AtFlags, OFlags, StatxFlags};
 
-use crate::{check_range, BlockDevice};
+use crate::{check_range, check_span, BlockDevice};
 
 /// How a [`FileDevice`] reaches its file or block device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -397,14 +397,9 @@ impl BlockDevice for FileDevice {
     /// (where splitting a file's extents would cost more than the write),
     /// and filesystems or devices that cannot, get zeros written.
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        let in_range = offset
-            .checked_add(len)
-            .is_some_and(|end| end <= self.size());
-        if in_range
-            && len >= ZERO_RANGE_MIN
-            && offset.is_multiple_of(4096)
-            && len.is_multiple_of(4096)
-        {
+        // Before `fallocate`, which would zero past the end silently.
+        check_span(offset, len, self.size())?;
+        if len >= ZERO_RANGE_MIN && offset.is_multiple_of(4096) && len.is_multiple_of(4096) {
             let mode =
                 rustix::fs::FallocateFlags::ZERO_RANGE | rustix::fs::FallocateFlags::KEEP_SIZE;
             match rustix::fs::fallocate(&self.file, mode, offset, len) {

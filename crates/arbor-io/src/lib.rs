@@ -92,10 +92,7 @@ pub fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
     len: u64,
 ) -> io::Result<()> {
     const PIECE: u64 = 1 << 20;
-    let end = offset
-        .checked_add(len)
-        .filter(|&end| end <= dev.size())
-        .ok_or_else(|| beyond_the_end(offset, len, dev.size()))?;
+    let end = check_span(offset, len, dev.size())?;
     // At most a MiB: the conversion cannot truncate.
     let zeros = vec![0u8; len.min(PIECE) as usize];
     let mut at = offset;
@@ -107,20 +104,24 @@ pub fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
     Ok(())
 }
 
-fn beyond_the_end(offset: u64, len: impl std::fmt::Display, size: u64) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("I/O of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"),
-    )
+/// Checks that `[offset, offset + len)` lies inside a device of `size`
+/// bytes, and returns its end.
+pub fn check_span(offset: u64, len: u64, size: u64) -> io::Result<u64> {
+    offset
+        .checked_add(len)
+        .filter(|&end| end <= size)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "I/O of {len} bytes at offset {offset} is beyond the device end ({size} bytes)"
+                ),
+            )
+        })
 }
 
-/// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.
+/// [`check_span`] for a buffer's length.
 pub fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
-    let end = u64::try_from(len)
-        .ok()
-        .and_then(|len| offset.checked_add(len));
-    match end {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(beyond_the_end(offset, len, size)),
-    }
+    // A length past u64 (no such target) is past every end.
+    check_span(offset, u64::try_from(len).unwrap_or(u64::MAX), size).map(drop)
 }

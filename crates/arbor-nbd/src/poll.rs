@@ -32,12 +32,6 @@ pub struct PollLimits {
 }
 
 impl PollLimits {
-    /// Off: every wait sleeps at once.
-    pub const OFF: Self = Self {
-        max: Duration::ZERO,
-        pollers: 0,
-    };
-
     /// A window of up to `max`, with one poller per CPU but one: a polling
     /// connection keeps its CPU busy, and the clients need the rest.
     pub fn per_cpu(max: Duration) -> Self {

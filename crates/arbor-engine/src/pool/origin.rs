@@ -155,9 +155,7 @@ impl BlockDevice for Window {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.size) {
-            return arbor_io::write_zeroes_by_writing(self, offset, len);
-        }
+        arbor_io::check_span(offset, len, self.size)?;
         self.dev.write_zeroes(self.base + offset, len)
     }
 
