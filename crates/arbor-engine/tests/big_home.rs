@@ -41,6 +41,11 @@ fn data_used(pool: &Pool) -> u64 {
     pool.pool_stats().unwrap().data_used_bytes
 }
 
+fn data_free(pool: &Pool) -> u64 {
+    let stats = pool.pool_stats().unwrap();
+    stats.data_bytes - stats.data_used_bytes
+}
+
 fn reclaim_all(pool: &Pool) {
     while pool.reclaim(1000).expect("reclaim") > 0 {}
     assert!(!pool.pool_stats().unwrap().reclaim_pending);
@@ -238,11 +243,13 @@ fn a_power_cut_while_a_home_is_freed_loses_nothing_and_leaks_nothing() {
 /// A device that runs `hook` once: at the first write of 1 MiB or more
 /// (the zeroing of a home, which holds no lock of the pool's), or with
 /// `at_flush`, at the first flush (a commit's phase B, which holds only
-/// the commit lock).
+/// the commit lock). Its writes of 1 MiB or more (a home's zeroing or
+/// copy) fail while `fail_big` is set.
 struct Hooked {
     disk: SimDisk,
     hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
     at_flush: bool,
+    fail_big: std::sync::atomic::AtomicBool,
 }
 
 impl Hooked {
@@ -261,6 +268,9 @@ impl BlockDevice for Hooked {
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         if !self.at_flush && buf.len() >= MIB as usize {
             self.run_hook();
+            if self.fail_big.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected write failure"));
+            }
         }
         self.disk.write_at(buf, offset)
     }
@@ -282,6 +292,7 @@ fn hooked_pool(size: u64, at_flush: bool) -> (SimDisk, Arc<Hooked>, Arc<Pool>) {
         disk: disk.clone(),
         hook: std::sync::Mutex::new(None),
         at_flush,
+        fail_big: false.into(),
     });
     let dev: Arc<dyn BlockDevice> = hooked.clone();
     let opts = CreateOptions {
@@ -385,11 +396,28 @@ fn a_home_grows_in_place_into_the_free_chunks_after_it() {
     // grown part's chunks written while the snapshot lives).
     let copies = data_used(&pool) - base - 60 * MIB;
     assert!(copies > 0 && copies <= 3 * CS, "{copies} bytes of copies");
-    // The copies took the chunks after the home: it grows no more.
-    assert!(matches!(
-        pool.resize("a", 61 * MIB),
-        Err(arbor_engine::Error::Conflict(_))
-    ));
+    // The copies took the chunks after the home: it moves to grow (built
+    // in steps into a loose home), with its data and its snapshot's.
+    let copies_before = data_used(&pool) - base - 60 * MIB;
+    pool.resize("a", 61 * MIB).unwrap();
+    reclaim_all(&pool);
+    assert_eq!(data_used(&pool), base + 61 * MIB + copies_before);
+    assert_eq!(read_at(&pool, a, 0, 4096), pattern(3, 0, 4096));
+    assert_eq!(read_at(&pool, a, 4096, 4096), pattern(1, 4096, 4096));
+    assert_eq!(read_at(&pool, a, 2 * MIB, 4096), pattern(2, 2 * MIB, 4096));
+    assert_eq!(
+        read_at(&pool, a, 60 * MIB - 4096, 4096),
+        pattern(4, 0, 4096)
+    );
+    assert_eq!(
+        read_at(&pool, a, 60 * MIB, MIB as usize),
+        vec![0; MIB as usize]
+    );
+    assert_eq!(
+        read_at(&pool, snap, 0, MIB as usize),
+        pattern(1, 0, MIB as usize)
+    );
+    assert_clean(&pool);
     // Destroyed, all of it comes back.
     pool.delete("a@s").unwrap();
     pool.delete("a").unwrap();
@@ -398,32 +426,118 @@ fn a_home_grows_in_place_into_the_free_chunks_after_it() {
     assert_clean(&pool);
 }
 
-/// A home grows only into free chunks: with the next chunk taken by
-/// another volume, the growth is refused with what to do instead, and
-/// nothing changes.
+/// With the chunk after its home taken by another volume, a home moves to
+/// grow: its data, and what its snapshot reads from it, are copied to a
+/// free run of the new size, the rest of which reads as zeros; the old
+/// home is freed by reclaim. Before and after a reopen.
 #[test]
-fn a_home_does_not_grow_over_chunks_in_use() {
+fn a_home_moves_to_grow_when_the_chunks_after_it_are_taken() {
     let disk = SimDisk::new(64 * MIB);
     let pool = small_journal_pool(&disk);
+    let base = data_used(&pool);
+    // Freed chunks holding data, where the home moves to.
+    let junk = pool.create_volume("junk", 8 * MIB).unwrap();
+    pool.write(junk, 0, &pattern(8, 0, 8 * MIB as usize))
+        .unwrap();
+    pool.delete("junk").unwrap();
+    reclaim_all(&pool);
     let a = pool.create_cow_volume("a", MIB).unwrap();
-    let r = pool.create_volume("r", MIB).unwrap();
-    pool.write(r, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    pool.write(a, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    // Its home right after a's (the first free run).
+    let r = pool.create_cow_volume("r", MIB).unwrap();
+    pool.write(r, 0, &pattern(9, 0, MIB as usize)).unwrap();
+    pool.snapshot("a@s").unwrap();
+    // The snapshot's copy of chunk 0; the rest it reads from the home.
+    pool.write(a, 0, &pattern(2, 0, 4096)).unwrap();
+    reclaim_all(&pool);
     let used = data_used(&pool);
-    match pool.resize("a", 2 * MIB) {
-        Err(arbor_engine::Error::Conflict(why)) => {
-            assert!(why.contains("not all free"), "{why}")
-        }
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(pool.info(a).unwrap().size, MIB);
-    assert_eq!(data_used(&pool), used);
+    pool.resize("a", 2 * MIB).unwrap();
+    assert_eq!(pool.info(a).unwrap().size, 2 * MIB);
+    // The old home waits for reclaim, which frees all of it.
+    assert!(pool.pool_stats().unwrap().reclaim_pending);
+    assert_eq!(data_used(&pool), used + 2 * MIB);
+    reclaim_all(&pool);
+    assert_eq!(data_used(&pool), used + MIB);
+    let snap = pool.lookup("a@s").unwrap();
+    let check = |pool: &Pool| {
+        let a = pool.lookup("a").unwrap();
+        let mut want = pattern(1, 0, MIB as usize);
+        want[..4096].copy_from_slice(&pattern(2, 0, 4096));
+        want.resize(2 * MIB as usize, 0);
+        want[(MIB + 4096) as usize..(MIB + 8192) as usize].copy_from_slice(&pattern(
+            3,
+            MIB + 4096,
+            4096,
+        ));
+        want[8192..12288].copy_from_slice(&pattern(4, 8192, 4096));
+        assert_eq!(read_at(pool, a, 0, 2 * MIB as usize), want);
+        assert_eq!(
+            read_at(pool, pool.lookup("a@s").unwrap(), 0, MIB as usize),
+            pattern(1, 0, MIB as usize)
+        );
+        assert_eq!(
+            read_at(pool, pool.lookup("r").unwrap(), 0, MIB as usize),
+            pattern(9, 0, MIB as usize)
+        );
+        assert_clean(pool);
+    };
+    // Writes to the new part, and to a chunk the snapshot still reads
+    // from the home (copied first, from the new home).
+    pool.write(a, MIB + 4096, &pattern(3, MIB + 4096, 4096))
+        .unwrap();
+    pool.write(a, 8192, &pattern(4, 8192, 4096)).unwrap();
+    assert_eq!(pool.info(snap).unwrap().size, MIB);
+    check(&pool);
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    check(&pool);
+    // A home does not shrink, and sizes inside its last chunk need none.
     assert!(matches!(
         pool.resize("a", MIB / 2),
         Err(arbor_engine::Error::Unsupported(_))
     ));
+    pool.resize("a", 2 * MIB).unwrap();
+    pool.delete("a@s").unwrap();
+    pool.delete("a").unwrap();
+    pool.delete("r").unwrap();
+    reclaim_all(&pool);
+    assert_eq!(data_used(&pool), base);
     assert_clean(&pool);
-    // The same size, and sizes inside its last chunk, need no chunk.
-    pool.resize("a", MIB).unwrap();
+}
+
+/// With no free run of the new size anywhere, a growth that would move
+/// the home fails with no space and changes nothing.
+#[test]
+fn a_home_with_no_room_to_move_to_stays_as_it_was() {
+    let disk = SimDisk::new(64 * MIB);
+    let pool = small_journal_pool(&disk);
+    let a = pool.create_cow_volume("a", 8 * MIB).unwrap();
+    pool.write(a, 0, &pattern(1, 0, MIB as usize)).unwrap();
+    let r = pool.create_volume("r", 64 * MIB).unwrap();
+    // Every other chunk of the rest of the pool taken.
+    let free = data_free(&pool);
+    for i in 0..free / CS {
+        pool.write(r, i * CS, &pattern(i, 0, CS as usize)).unwrap();
+    }
+    for i in (0..free / CS).step_by(2) {
+        pool.discard(r, i * CS, CS).unwrap();
+    }
+    reclaim_all(&pool);
+    pool.flush().unwrap();
+    let used = data_used(&pool);
+    assert!(data_free(&pool) > 8 * MIB);
+    match pool.resize("a", 9 * MIB) {
+        Err(arbor_engine::Error::NoSpace) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(pool.info(a).unwrap().size, 8 * MIB);
+    assert_eq!(data_used(&pool), used);
+    assert!(!pool.pool_stats().unwrap().reclaim_pending);
+    assert_eq!(
+        read_at(&pool, a, 0, MIB as usize),
+        pattern(1, 0, MIB as usize)
+    );
     assert_clean(&pool);
 }
 
@@ -432,13 +546,38 @@ fn a_home_does_not_grow_over_chunks_in_use() {
 /// frees whatever the growth left.
 #[test]
 fn a_power_cut_during_a_growth_in_steps_leaves_the_old_or_the_new_size() {
+    cut_a_growth(43, false);
+}
+
+/// The same for a move in steps (the new home built into a loose home,
+/// the data copied, the move committed): the volume opens with its old
+/// home or its new one, and reclaim frees the old home or the loose one.
+#[test]
+fn a_power_cut_during_a_move_leaves_the_old_or_the_new_home() {
+    cut_a_growth(44, true);
+}
+
+/// Cuts the power at every write or flush of a growth of a 1 MiB
+/// copy-on-write volume with a snapshot to 40 MiB (in steps), in place or,
+/// with `moves`, moving (another home right after its own). The volume
+/// opens at the old size or the new, with its data, the new part zeros;
+/// its snapshot reads what it did; reclaim frees whatever the growth left;
+/// and it grows again from there.
+fn cut_a_growth(seed: u64, moves: bool) {
     let (old, new) = (MIB, 40 * MIB);
     let (mut olds, mut news) = (0, 0);
+    let mut snap = pattern(7, 0, 8192);
+    snap.resize(old as usize, 0);
     cut_at_every_point(
-        43,
+        seed,
         |pool| {
             let a = pool.create_cow_volume("a", old).unwrap();
             pool.write(a, 0, &pattern(7, 0, 8192)).unwrap();
+            pool.snapshot("a@s").unwrap();
+            if moves {
+                let b = pool.create_cow_volume("b", MIB).unwrap();
+                pool.write(b, 0, &pattern(6, 0, 4096)).unwrap();
+            }
         },
         |pool| pool.resize("a", new).is_ok(),
         |cut, pool2, grown, base| {
@@ -453,21 +592,76 @@ fn a_power_cut_during_a_growth_in_steps_leaves_the_old_or_the_new_size() {
                 olds += 1;
             }
             assert_eq!(read_at(pool2, a2, 0, 8192), pattern(7, 0, 8192));
-            assert_eq!(names(pool2), ["a"]);
+            let s = pool2.lookup("a@s").unwrap();
+            assert_eq!(read_at(pool2, s, 0, old as usize), snap, "cut {cut}");
+            if moves {
+                let b = pool2.lookup("b").unwrap();
+                assert_eq!(read_at(pool2, b, 0, 4096), pattern(6, 0, 4096));
+                assert_eq!(names(pool2), ["a", "a@s", "b"]);
+            } else {
+                assert_eq!(names(pool2), ["a", "a@s"]);
+            }
             reclaim_all(pool2);
             assert_eq!(data_used(pool2), base + (size - old), "cut {cut}");
             assert_clean(pool2);
-            // It grows (again) from there.
             pool2.resize("a", new + MIB).unwrap();
+            assert_eq!(read_at(pool2, s, 0, old as usize), snap, "cut {cut}");
         },
     );
     assert!(olds > 0 && news > 0, "old {olds}, new {news}");
 }
 
-/// I/O goes on while the home grows (its window is replaced under the old
-/// one's `busy`): no request fails, and every write is there after.
+/// A move whose copy fails (the device fails a write) returns the error
+/// and leaves no trace, in one commit's size and in steps: the volume
+/// keeps its home, size and data, nothing waits for reclaim, and the
+/// pool goes on (the move succeeds once the device does).
 #[test]
-fn io_goes_on_while_a_home_grows() {
+fn a_move_whose_copy_fails_leaves_no_trace() {
+    for new in [2 * MIB, 40 * MIB] {
+        let (_disk, dev, pool) = hooked_pool(64 * MIB, false);
+        let a = pool.create_cow_volume("a", MIB).unwrap();
+        pool.write(a, 0, &pattern(1, 0, MIB as usize)).unwrap();
+        pool.create_cow_volume("b", MIB).unwrap();
+        pool.snapshot("a@s").unwrap();
+        pool.flush().unwrap();
+        let used = data_used(&pool);
+        dev.fail_big
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        match pool.resize("a", new) {
+            Err(arbor_engine::Error::Io(e)) => assert!(e.to_string().contains("injected")),
+            other => panic!("{new}: {other:?}"),
+        }
+        dev.fail_big
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(pool.info(a).unwrap().size, MIB);
+        assert_eq!(data_used(&pool), used, "{new}");
+        assert!(!pool.pool_stats().unwrap().reclaim_pending, "{new}");
+        assert_eq!(
+            read_at(&pool, a, 0, MIB as usize),
+            pattern(1, 0, MIB as usize)
+        );
+        assert_clean(&pool);
+        pool.resize("a", new).unwrap();
+        let s = pool.lookup("a@s").unwrap();
+        assert_eq!(
+            read_at(&pool, s, 0, MIB as usize),
+            pattern(1, 0, MIB as usize)
+        );
+        assert_eq!(
+            read_at(&pool, a, 0, MIB as usize),
+            pattern(1, 0, MIB as usize)
+        );
+        reclaim_all(&pool);
+        assert_eq!(data_used(&pool), used + new - MIB, "{new}");
+        assert_clean(&pool);
+    }
+}
+
+/// I/O goes on while the home grows, in place or moving (its window is
+/// replaced under the old one's `busy`): no request fails, and every
+/// write is there after.
+#[test]
+fn io_goes_on_while_a_home_grows_or_moves() {
     let disk = SimDisk::new(128 * MIB);
     let pool = Arc::new(small_journal_pool(&disk));
     let a = pool.create_cow_volume("a", MIB).unwrap();
@@ -490,11 +684,23 @@ fn io_goes_on_while_a_home_grows() {
             model
         })
     };
+    let used = data_used(&pool);
     for mib in [2, 3, 50, 51] {
         pool.resize("a", mib * MIB).unwrap();
+        // A move leaves the old home to reclaim.
+        let moved = mib == 3 || mib == 51;
+        assert_eq!(pool.pool_stats().unwrap().reclaim_pending, moved, "{mib}");
+        reclaim_all(&pool);
         pool.write(a, mib * MIB - 4096, &pattern(mib, 0, 4096))
             .unwrap();
+        if mib == 2 || mib == 50 {
+            // A home right after a's (bigger than the hole a left, the
+            // first free run else): its next growth moves it.
+            pool.create_cow_volume(&format!("b{mib}"), 4 * MIB).unwrap();
+        }
     }
+    // Two moves and two growths in place, each old home freed.
+    assert_eq!(data_used(&pool), used + 50 * MIB + 8 * MIB);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let model = worker.join().unwrap();
     assert_eq!(read_at(&pool, a, 0, MIB as usize), model);

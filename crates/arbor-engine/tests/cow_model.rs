@@ -22,6 +22,9 @@ const CS: u64 = 4096;
 const ORIGIN: u64 = 24 * CS + 1536;
 const SECTORS: u64 = ORIGIN / 512;
 const ID: DeviceIdentity = DeviceIdentity { dev: 1, ino: 2 };
+/// A copy-on-write volume of one chunk created right after an in-pool
+/// home, so that its growths move it.
+const WALL: &str = "wall";
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -65,7 +68,8 @@ enum Op {
     Reclaim,
     Flush,
     Reopen,
-    /// An origin grows by this many chunks (an in-pool home cannot).
+    /// The volume grows by this many chunks (a home in the pool in place,
+    /// or moving when the chunks after it are taken).
     Grow {
         chunks: u64,
     },
@@ -132,6 +136,9 @@ impl World {
             pool.read(id, 0, &mut zeros).unwrap();
             assert!(zeros.iter().all(|&b| b == 0), "a new home shows old data");
             pool.write(id, 0, &origin).unwrap();
+            // A home right after it (the first free run): its first
+            // growth moves it.
+            pool.create_cow_volume(WALL, CS).unwrap();
             None
         };
         Self {
@@ -275,9 +282,9 @@ impl World {
             Op::Grow { chunks } => {
                 let size = self.origin.len() as u64 + chunks * CS;
                 let grown = self.pool().resize("disk", size);
-                // A home in the pool grows in place, if the chunks after
-                // it are free; nothing changes otherwise.
-                if self.device.is_none() && matches!(grown, Err(Error::Conflict(_))) {
+                // A home in the pool grows in place, or moves to a free
+                // run of the new size; with none, nothing changes.
+                if self.device.is_none() && matches!(grown, Err(Error::NoSpace)) {
                     return;
                 }
                 grown.unwrap();
@@ -364,6 +371,9 @@ fn run(ops: &[Op], external: bool) {
         while w.pool().reclaim(4096).unwrap() > 0 {}
         let freed = used - w.pool().pool_stats().unwrap().data_used_bytes;
         assert_eq!(freed, exclusive, "destroying {name}");
+    }
+    if !external {
+        w.pool().delete(WALL).unwrap();
     }
     let disk = w.id("disk");
     let home = match w.pool().info(disk).unwrap().layout {

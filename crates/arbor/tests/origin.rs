@@ -500,8 +500,18 @@ fn a_volume_created_copy_on_write_keeps_its_snapshots() {
     qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
     qemu_io_ok(&daemon, "db", "read -P 0x62 1M 64k");
     daemon.fails(&["destroy", "db"], 5, "destroy them first");
-    // The copies took the chunks after its home: it cannot grow in place.
-    daemon.fails(&["volume", "resize", "db", "16M"], 5, "grows only in place");
+    // The copies took the chunks after its home: it moves to grow, with
+    // its data and its snapshot's, the new part zeros.
+    daemon.ok(&["volume", "resize", "db", "16M"]);
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(volume(&list, "db")["size"], 16 << 20, "{list}");
+    qemu_io_ok(&daemon, "db", "read -P 0x61 0 1M");
+    qemu_io_ok(&daemon, "db", "read -P 0x62 1M 64k");
+    qemu_io_ok(&daemon, "db", "read -P 0x61 1088k 2976k");
+    qemu_io_ok(&daemon, "db", "read -P 0 4M 12M");
+    qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
+    qemu_io_ok(&daemon, "db", "write -P 0x65 2M 64k");
+    qemu_io_ok(&daemon, "db@a", "read -P 0x61 0 4M");
     daemon.ok(&["destroy", "db@a"]);
     daemon.ok(&["destroy", "db"]);
     daemon.ok(&["pool", "reclaim"]);

@@ -435,30 +435,24 @@ impl Pool {
     }
 
     /// Grows in-pool copy-on-write volume `id` (`name`, `old_size` bytes)
-    /// to `new_size` bytes: its home takes the data chunks right after it,
-    /// which must be free and in the same region of the device (else
-    /// `NoSpace`, with what to do instead), zeroed first, allocated with
-    /// the new size in one commit, or, more than one commit allocates,
-    /// into a loose home that the last commit joins to the volume. No I/O
-    /// of the volume runs while its home's window changes size. Its
-    /// snapshots keep their size.
+    /// to `new_size` bytes. In place when the data chunks right after its
+    /// home are free and in the same region of the device: they are
+    /// zeroed, then allocated with the new size in one commit, or, more
+    /// than one commit allocates, into a loose home that the last commit
+    /// joins to the volume. Otherwise the home moves
+    /// ([`Self::move_pool_home`]). No I/O of the volume runs while its
+    /// home's window changes. Its snapshots keep their size.
     fn grow_pool_home(&self, id: u64, name: &str, old_size: u64, new_size: u64) -> Result<()> {
         let cs = self.chunk_size();
         let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
         let step = self.home_build_step();
         let _building = lock_mutex(&self.homes_lock);
-        let run = self
-            .write_meta()?
-            .reserve_home_growth(id, new_chunks)
-            .map_err(|e| match e {
-                Error::NoSpace => Error::Conflict(format!(
-                    "{name}: the {} chunks after its home are not all free (or past its region \
-                     of the device), and a home in the pool grows only in place: send a \
-                     snapshot of it to a new, larger copy-on-write volume instead",
-                    new_chunks - old_chunks
-                )),
-                other => other,
-            })?;
+        let in_place = self.write_meta()?.reserve_home_growth(id, new_chunks);
+        let run = match in_place {
+            Ok(run) => run,
+            Err(Error::NoSpace) => return self.move_pool_home(id, name, old_size, new_size),
+            Err(e) => return Err(e),
+        };
         let grown = self.zero_home(&run).and_then(|()| {
             let loose = if new_chunks - old_chunks > step {
                 Some(self.build_in_steps(run.clone(), None)?)
@@ -489,6 +483,91 @@ impl Pool {
             meta.unreserve_home(&run);
         }
         grown
+    }
+
+    /// Grows in-pool copy-on-write volume `id` (`name`, `old_size` bytes)
+    /// to `new_size` bytes by moving its home to a free run of the new
+    /// length elsewhere in the pool (`NoSpace` when there is none; the
+    /// caller holds `homes_lock`):
+    /// 1. the run is set aside, and, when more than one commit allocates
+    ///    it, built into a loose home (nothing reads a loose home, so its
+    ///    old content does not matter yet);
+    /// 2. with the volume's I/O held off (its snapshots' reads of the home
+    ///    too), the home's chunks are copied to the run's start and the
+    ///    rest of the run is zeroed;
+    /// 3. one commit gives the volume the run and hands the old home to a
+    ///    loose home, which reclaim frees. A commit flushes the device
+    ///    before its record, so the copy is durable when the volume names
+    ///    it; before that commit, nothing on disk does (a power cut leaves
+    ///    the old home, and at most a loose home for reclaim to free).
+    ///
+    /// The volume's I/O waits for the copy: about as long as reading and
+    /// writing the home once.
+    fn move_pool_home(&self, id: u64, name: &str, old_size: u64, new_size: u64) -> Result<()> {
+        let cs = self.chunk_size();
+        let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
+        let run = {
+            let mut meta = self.write_meta()?;
+            meta.check_cow_home(new_chunks)?;
+            meta.reserve_home(new_chunks)?
+        };
+        let moved = (|| {
+            let loose = if new_chunks > self.home_build_step() {
+                Some(self.build_in_steps(run.clone(), None)?)
+            } else {
+                None
+            };
+            let moved = (|| {
+                let d = self.origin_device(id, name)?;
+                // I/O that found this device waits, then finds it replaced.
+                let _busy = write_lock(&d.busy);
+                let (from, chunks) = self.read_meta()?.pool_home(id)?;
+                if chunks != old_chunks {
+                    return Err(Error::InvalidArgument(format!(
+                        "{name} was resized meanwhile"
+                    )));
+                }
+                self.copy_home(from, run.start, old_chunks)?;
+                self.zero_home(&(run.start + old_chunks..run.end))?;
+                self.manage(Privilege::Normal, |m| {
+                    let to = match loose {
+                        Some(l) => HomeGrowth::Loose(l),
+                        None => HomeGrowth::Run(run.clone()),
+                    };
+                    m.move_home(id, old_size, new_size, to)
+                })?;
+                self.open_home(id, run.start, new_size);
+                Ok(())
+            })();
+            if let (Err(e), Some(l)) = (&moved, loose) {
+                if let Err(again) = self.free_loose_home(l) {
+                    warn!(error = %again, growth = %e, "a failed move's home awaits reclaim");
+                }
+            }
+            moved
+        })();
+        if let Ok(mut meta) = self.write_meta() {
+            meta.unreserve_home(&run);
+        }
+        moved
+    }
+
+    /// Copies the home of `chunks` data chunks from `from` to those from
+    /// `to` (each contiguous on the device), a piece at a time.
+    fn copy_home(&self, from: u64, to: u64, chunks: u64) -> Result<()> {
+        const PIECE: u64 = 4 << 20;
+        let geo = &self.store.geo;
+        let (src, dst) = (geo.chunk_offset(from), geo.chunk_offset(to));
+        let len = chunks * geo.chunk_size;
+        let mut buf = vec![0u8; PIECE.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = PIECE.min(len - done) as usize;
+            self.store.dev.read_at(&mut buf[..n], src + done)?;
+            self.store.dev.write_at(&buf[..n], dst + done)?;
+            done += n as u64;
+        }
+        Ok(())
     }
 
     /// One step of freeing a loose home (see [`Volumes::shrink_loose_home`]),

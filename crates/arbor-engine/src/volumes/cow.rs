@@ -35,7 +35,8 @@ pub(crate) const COW_VERSION: u16 = 5;
 /// a time (docs/FORMAT.md §6.1, "Homes larger than one commit").
 const LOOSE_HOME: &str = "%home";
 
-/// What a home grows by ([`Volumes::grow_home`]).
+/// What a home grows by ([`Volumes::grow_home`]), or the whole new home it
+/// moves to ([`Volumes::move_home`]).
 pub enum HomeGrowth {
     /// Data chunks set aside, allocated by the growth.
     Run(std::ops::Range<u64>),
@@ -247,29 +248,79 @@ impl Volumes {
         added: HomeGrowth,
     ) -> Result<()> {
         let cs = self.meta.geo().chunk_size;
-        let (first, now) = self.pool_home(id)?;
-        if self.volume(id)?.size_bytes != old_size {
-            return Err(Error::InvalidArgument(format!(
-                "{} was resized meanwhile",
-                self.volume(id)?.name
-            )));
-        }
-        let (start, chunks) = match added {
-            HomeGrowth::Run(ref run) => (run.start, run.end - run.start),
-            HomeGrowth::Loose(loose) => self.loose_home(loose)?,
-        };
+        let (first, now) = self.home_of_size(id, old_size)?;
+        let (start, chunks) = self.home_growth_run(&added)?;
         if start != first + now || (now + chunks) != new_size.div_ceil(cs) {
             return Err(Error::inconsistent(format!(
                 "a home of {now} chunks from {first} grown by {chunks} from {start} to {new_size} bytes"
             )));
         }
-        match added {
-            HomeGrowth::Run(run) => self.meta.alloc_data_run(run)?,
-            HomeGrowth::Loose(loose) => {
-                self.table.remove(loose)?;
-            }
-        }
+        self.take_home_growth(added)?;
         self.set_volume_size(id, new_size)
+    }
+
+    /// Moves the home of in-pool copy-on-write volume `id` (`old_size`
+    /// bytes) to `to`, its whole new home of `new_size` bytes, which holds
+    /// the volume's content already (written by the caller): the data
+    /// chunks of a run set aside, which it allocates, or those of a loose
+    /// home, whose references it takes. The old home passes to a loose home
+    /// (its references move, no count changes), which reclaim frees.
+    pub fn move_home(
+        &mut self,
+        id: u64,
+        old_size: u64,
+        new_size: u64,
+        to: HomeGrowth,
+    ) -> Result<()> {
+        let cs = self.meta.geo().chunk_size;
+        let (first, now) = self.home_of_size(id, old_size)?;
+        let (start, chunks) = self.home_growth_run(&to)?;
+        if chunks != new_size.div_ceil(cs) || chunks < now || new_size < old_size {
+            return Err(Error::inconsistent(format!(
+                "a home of {now} chunks moved to {chunks} chunks from {start} for {new_size} bytes"
+            )));
+        }
+        self.take_home_growth(to)?;
+        self.update_volume(id, |rec| {
+            if let DataLayout::Cow(cow) = &mut rec.layout {
+                cow.home = Home::Pool { first: start };
+            }
+            rec.size_bytes = new_size;
+        })?;
+        // After the volume leaves it: a run is the home of one record.
+        self.add_loose_home(first, now)?;
+        Ok(())
+    }
+
+    /// In-pool copy-on-write volume `id`'s home, as [`Self::pool_home`],
+    /// while the volume is still `old_size` bytes.
+    fn home_of_size(&self, id: u64, old_size: u64) -> Result<(u64, u64)> {
+        let home = self.pool_home(id)?;
+        let rec = self.volume(id)?;
+        if rec.size_bytes != old_size {
+            return Err(Error::InvalidArgument(format!(
+                "{} was resized meanwhile",
+                rec.name
+            )));
+        }
+        Ok(home)
+    }
+
+    /// The first chunk and length of the chunks `added` holds.
+    fn home_growth_run(&self, added: &HomeGrowth) -> Result<(u64, u64)> {
+        match *added {
+            HomeGrowth::Run(ref run) => Ok((run.start, run.end - run.start)),
+            HomeGrowth::Loose(loose) => self.loose_home(loose),
+        }
+    }
+
+    /// Takes the chunks `added` holds for a home: allocates a run set
+    /// aside, or takes a loose home's references (its record removed).
+    fn take_home_growth(&mut self, added: HomeGrowth) -> Result<()> {
+        match added {
+            HomeGrowth::Run(run) => self.meta.alloc_data_run(run),
+            HomeGrowth::Loose(loose) => self.table.remove(loose).map(drop),
+        }
     }
 
     /// In-pool copy-on-write volume `id`'s home: its first chunk and its
