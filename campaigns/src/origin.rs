@@ -8,10 +8,13 @@
 //!
 //! A random workload: writes and zeroing of the volume, flushes,
 //! snapshots, clones of the snapshots and writes to them, rollbacks,
-//! destroys, reclaim. What must hold:
-//! * a write that finds the pool full fails with `NoSpace` or
-//!   `MetadataFull` and leaves the device exactly as it was, and every
-//!   snapshot and clone as it was: no snapshot is ever invalidated;
+//! destroys, reclaim, growths of the volume (an external device enlarged;
+//! a home in the pool grown in place or moved). What must hold:
+//! * a write or growth that finds the pool full fails with `NoSpace` or
+//!   `MetadataFull` and leaves the device exactly as it was (a growth may
+//!   have enlarged an external device, whose new part the volume does not
+//!   show), and every snapshot and clone as it was: no snapshot is ever
+//!   invalidated;
 //! * only those failures happen while both devices have power;
 //! * after the cut, with any subset of each device's unflushed writes kept
 //!   (one possibly torn), the pool opens and checks clean, the device is
@@ -20,7 +23,9 @@
 //!   one written since, and every sector of the volume its durable value or
 //!   one written since (a flush, a snapshot and a finished rollback make it
 //!   durable); a rollback cut part way is finished on attach, or, when the
-//!   pool has no room for it yet, refused I/O until it is run again;
+//!   pool has no room for it yet, refused I/O until it is run again; a
+//!   growth cut part way leaves the old size or the new, its new part
+//!   zeros;
 //! * the recovered pool goes on: the run continues on it, with new cuts.
 
 use std::collections::BTreeMap;
@@ -36,6 +41,8 @@ use crate::{no_panic, small_open_opts, Tally, MIB};
 
 const SECTOR: usize = 512;
 const ORIGIN: usize = 256 * 1024;
+/// The volume grows up to this size.
+const MAX_SIZE: usize = 4 * ORIGIN;
 const ID: DeviceIdentity = DeviceIdentity { dev: 3, ino: 4 };
 
 #[derive(Debug, Default)]
@@ -49,6 +56,10 @@ pub struct Outcome {
     pub ran_out_metadata: u64,
     /// Rollbacks cut part way and finished on attach or run again.
     pub rollbacks_resumed: u64,
+    /// Growths of the volume that returned, and those a power cut
+    /// interrupted (found at the old size or the new after it).
+    pub growths: u64,
+    pub growths_cut: u64,
     pub failures: Vec<String>,
 }
 
@@ -60,6 +71,8 @@ impl Tally for Outcome {
         self.ran_out_data += o.ran_out_data;
         self.ran_out_metadata += o.ran_out_metadata;
         self.rollbacks_resumed += o.rollbacks_resumed;
+        self.growths += o.growths;
+        self.growths_cut += o.growths_cut;
         self.failures.extend(o.failures);
     }
     fn failures(&self) -> &[String] {
@@ -108,17 +121,25 @@ struct Model {
     clone_in_doubt: Option<(String, Possible)>,
     /// A rollback that was cut: the volume may be this snapshot's contents.
     rollback_in_doubt: Option<(String, Vec<u8>)>,
+    /// A growth that was cut: the volume may have this size.
+    grow_in_doubt: Option<usize>,
     next: u64,
 }
 
-/// What a resource failure must leave as it was (an error: the power went).
+/// What a resource failure must leave as it was (an error: the power
+/// went): the device's first `size` bytes (the volume's), and what the
+/// volume, its snapshots and clones read.
 fn snapshot_state(
     pool: &Pool,
     model: &Model,
     device: Option<&SimDisk>,
 ) -> Result<Vec<Vec<u8>>, Error> {
     let mut all = match device {
-        Some(device) => vec![device.handle().visible_image()],
+        Some(device) => {
+            let mut image = device.handle().visible_image();
+            image.truncate(model.origin.durable.len());
+            vec![image]
+        }
         None => Vec::new(),
     };
     let disk = "disk".to_owned();
@@ -127,11 +148,20 @@ fn snapshot_state(
         .chain(model.snapshots.keys())
         .chain(model.clones.keys())
     {
-        let mut buf = vec![0u8; ORIGIN];
-        pool.read(pool.lookup(name)?, 0, &mut buf)?;
-        all.push(buf);
+        all.push(read_whole(pool, pool.lookup(name)?)?);
     }
     Ok(all)
+}
+
+/// All of volume `id`.
+fn read_whole(pool: &Pool, id: VolumeId) -> Result<Vec<u8>, Error> {
+    let size = usize::try_from(pool.info(id)?.size)
+        .ok()
+        .filter(|&size| size <= MAX_SIZE)
+        .ok_or_else(|| Error::InvalidArgument("a volume past the campaign's sizes".into()))?;
+    let mut buf = vec![0u8; size];
+    pool.read(id, 0, &mut buf)?;
+    Ok(buf)
 }
 
 fn read(pool: &Pool, name: &str) -> Result<Vec<u8>, String> {
@@ -140,10 +170,7 @@ fn read(pool: &Pool, name: &str) -> Result<Vec<u8>, String> {
 }
 
 fn read_id(pool: &Pool, id: VolumeId, name: &str) -> Result<Vec<u8>, String> {
-    let mut buf = vec![0u8; ORIGIN];
-    pool.read(id, 0, &mut buf)
-        .map_err(|e| format!("read {name}: {e}"))?;
-    Ok(buf)
+    read_whole(pool, id).map_err(|e| format!("read {name}: {e}"))
 }
 
 fn is_full(e: &Error) -> bool {
@@ -174,7 +201,8 @@ impl Model {
         let r = match rng.gen_range(0..100) {
             0..=49 => {
                 let sectors = rng.gen_range(1..=64usize);
-                let offset = rng.gen_range(0..ORIGIN / SECTOR - sectors) * SECTOR;
+                let size = self.origin.durable.len();
+                let offset = rng.gen_range(0..size / SECTOR - sectors) * SECTOR;
                 let zero = rng.gen_range(0..8) == 0;
                 let data = if zero {
                     vec![0; sectors * SECTOR]
@@ -217,9 +245,10 @@ impl Model {
                     return Ok(Ok(()));
                 };
                 let sectors = rng.gen_range(1..=32usize);
-                let offset = rng.gen_range(0..ORIGIN / SECTOR - sectors) * SECTOR;
-                let data = pattern(rng.gen(), offset as u64, sectors * SECTOR);
                 let clone = self.clones.get_mut(&name).ok_or("model")?;
+                let size = clone.durable.len();
+                let offset = rng.gen_range(0..size / SECTOR - sectors) * SECTOR;
+                let data = pattern(rng.gen(), offset as u64, sectors * SECTOR);
                 clone.since.push((offset, data.clone()));
                 let r = pool
                     .lookup(&name)
@@ -287,7 +316,11 @@ impl Model {
                 let Some(snap) = pick(rng, self.snapshots.keys()) else {
                     return Ok(Ok(()));
                 };
-                let data = self.snapshots[&snap].clone();
+                // A snapshot from before a growth: the part it cannot see
+                // is written back as it was when first overwritten since
+                // (zeros: the volume grew with zeros).
+                let mut data = self.snapshots[&snap].clone();
+                data.resize(self.origin.durable.len(), 0);
                 self.rollback_in_doubt = Some((snap.clone(), data.clone()));
                 let r = loop {
                     match pool.rollback("disk", &snap) {
@@ -322,6 +355,7 @@ impl Model {
                 }
                 r
             }
+            94..=95 => return self.grow(pool, disk, device, rng, out),
             _ => pool.reclaim(rng.gen_range(1..64)).map(|_| ()),
         };
         if let Err(e) = &r {
@@ -330,6 +364,59 @@ impl Model {
             }
         }
         Ok(r)
+    }
+
+    /// Grows the volume by a few chunks' worth (up to [`MAX_SIZE`]): an
+    /// external device is enlarged, a home in the pool grows in place or
+    /// moves. Its new part reads as zeros; a growth that finds the pool
+    /// full changes nothing the volume or its readers show.
+    fn grow(
+        &mut self,
+        pool: &Pool,
+        disk: VolumeId,
+        device: Option<&SimDisk>,
+        rng: &mut StdRng,
+        out: &mut Outcome,
+    ) -> Result<Result<(), Error>, String> {
+        let size = self.origin.durable.len();
+        let new = (size + rng.gen_range(1..=8usize) * 8192).min(MAX_SIZE);
+        if new == size {
+            return Ok(Ok(()));
+        }
+        let before = match snapshot_state(pool, self, device) {
+            Ok(state) => state,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.grow_in_doubt = Some(new);
+        match pool.resize("disk", new as u64) {
+            Ok(()) => {
+                self.grow_in_doubt = None;
+                self.origin.durable.resize(new, 0);
+                out.growths += 1;
+                if !pool.info(disk).is_ok_and(|i| i.size == new as u64) {
+                    return Err(format!("grown to {new} bytes, the volume says otherwise"));
+                }
+                Ok(Ok(()))
+            }
+            Err(e) if is_full(&e) => {
+                self.grow_in_doubt = None;
+                let after = match snapshot_state(pool, self, device) {
+                    Ok(state) => state,
+                    Err(e) => return Ok(Err(e)),
+                };
+                if after != before {
+                    return Err(format!(
+                        "a growth that failed with {e} changed the volume or a snapshot"
+                    ));
+                }
+                match e {
+                    Error::NoSpace => out.ran_out_data += 1,
+                    _ => out.ran_out_metadata += 1,
+                }
+                self.make_room(pool).map(|()| Ok(()))
+            }
+            Err(e) => Ok(Err(e)),
+        }
     }
 
     fn destroy(&mut self, pool: &Pool, name: &str) -> Result<(), Error> {
@@ -410,13 +497,26 @@ impl Model {
             }
         }
         let disk = pool.lookup("disk").map_err(|e| e.to_string())?;
-        let mut now = vec![0u8; ORIGIN];
-        match (pool.read(disk, 0, &mut now), self.rollback_in_doubt.take()) {
-            (Ok(()), Some((_, data))) if now == data => {
+        let size = pool.info(disk).map_err(|e| e.to_string())?.size as usize;
+        let in_doubt = self.grow_in_doubt.take();
+        out.growths_cut += u64::from(in_doubt.is_some());
+        match in_doubt {
+            Some(new) if size == new => self.origin.durable.resize(new, 0),
+            _ if size == self.origin.durable.len() => {}
+            _ => {
+                return Err(format!(
+                    "the volume has {size} bytes, {} before the cut",
+                    self.origin.durable.len()
+                ))
+            }
+        }
+        let now = read_whole(pool, disk);
+        match (now, self.rollback_in_doubt.take()) {
+            (Ok(now), Some((_, data))) if now == data => {
                 out.rollbacks_resumed += 1;
                 self.origin = Possible::new(data);
             }
-            (Ok(()), _) => self.origin.check(&now).map_err(|e| format!("disk: {e}"))?,
+            (Ok(now), _) => self.origin.check(&now).map_err(|e| format!("disk: {e}"))?,
             (Err(Error::Origin(_)), Some((snap, data))) => {
                 // A rollback the full pool kept from finishing on attach:
                 // with room, run again, it completes.
@@ -553,6 +653,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         destroy_in_doubt: None,
         clone_in_doubt: None,
         rollback_in_doubt: None,
+        grow_in_doubt: None,
         next: 0,
     };
     let mut done = 0;

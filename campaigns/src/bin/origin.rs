@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "origin: {runs} runs (seeds {}..{}), {} operations, {} power cuts recovered and checked, {} writes found no data space and {} no metadata (device checked untouched), {} interrupted rollbacks finished, {} failures, {:.0} s",
+        "origin: {runs} runs (seeds {}..{}), {} operations, {} power cuts recovered and checked, {} writes found no data space and {} no metadata (device checked untouched), {} interrupted rollbacks finished, {} growths ({} more cut part way), {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
@@ -39,6 +39,8 @@ fn main() -> ExitCode {
         total.ran_out_data,
         total.ran_out_metadata,
         total.rollbacks_resumed,
+        total.growths,
+        total.growths_cut,
         total.failures.len(),
         elapsed.as_secs_f64()
     );

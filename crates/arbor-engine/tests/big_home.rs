@@ -426,6 +426,33 @@ fn a_home_grows_in_place_into_the_free_chunks_after_it() {
     assert_clean(&pool);
 }
 
+/// A growth inside a home's last chunk needs no chunk, even when the home
+/// ends at the end of the pool's data chunks (found by the two-device
+/// campaign: the growth zeroed the empty run after the home, whose offset
+/// is past the device, and failed with an I/O error).
+#[test]
+fn a_growth_inside_the_last_chunk_of_a_home_at_the_pools_end_needs_no_chunk() {
+    let disk = SimDisk::new(16 * MIB);
+    let pool = small_journal_pool(&disk);
+    let all = data_free(&pool);
+    let a = pool.create_cow_volume("a", all - 512).unwrap();
+    assert_eq!(data_free(&pool), 0);
+    pool.write(a, all - 1024, &pattern(1, 0, 512)).unwrap();
+    pool.resize("a", all).unwrap();
+    assert_eq!(pool.info(a).unwrap().size, all);
+    assert_eq!(
+        read_at(&pool, a, all - 1024, 1024)[..512],
+        pattern(1, 0, 512)
+    );
+    assert_eq!(read_at(&pool, a, all - 512, 512), vec![0; 512]);
+    // Past it, there is no room to move to.
+    match pool.resize("a", all + 512) {
+        Err(arbor_engine::Error::NoSpace) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_clean(&pool);
+}
+
 /// With the chunk after its home taken by another volume, a home moves to
 /// grow: its data, and what its snapshot reads from it, are copied to a
 /// free run of the new size, the rest of which reads as zeros; the old

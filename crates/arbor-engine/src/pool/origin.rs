@@ -614,6 +614,11 @@ impl Pool {
 
     /// Writes zeros over the data chunks of `run` (free, set aside).
     fn zero_home(&self, run: &Range<u64>) -> Result<()> {
+        if run.is_empty() {
+            // No chunk: its start may be past the last one, which has no
+            // offset on the device.
+            return Ok(());
+        }
         let geo = &self.store.geo;
         let len = (run.end - run.start) * geo.chunk_size;
         self.store
