@@ -17,4 +17,6 @@ fn copy_on_write_volumes_survive_cuts_of_either_device_and_full_pools() {
     assert!(total.ran_out_data > 0, "{total:?}");
     assert!(total.ran_out_metadata > 0, "{total:?}");
     assert!(total.cuts >= 12, "{total:?}");
+    // And the volume grows (both kinds of home are among the seeds).
+    assert!(total.growths > 0, "{total:?}");
 }
