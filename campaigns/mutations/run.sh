@@ -17,6 +17,8 @@
 #                      the copies it needs are committed
 # 6-snapshot-no-flush@origin  a snapshot of a copy-on-write volume does not
 #                      flush its external device first
+# 7-move-no-copy@origin       a home in the pool that moves to grow is not
+#                      copied to its new run
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 budget=${1:-300}
