@@ -33,6 +33,18 @@ fn attached() -> (SimDisk, Pool, SimDisk, VolumeId) {
     (disk, pool, origin, id)
 }
 
+/// Fills the pool's data space with volume `filler`.
+fn fill_pool(pool: &Pool) {
+    let filler = pool.create_volume("filler", 64 * MIB).unwrap();
+    let mut at = 0;
+    while pool.write(filler, at, &[1u8; 65536]).is_ok() {
+        at += 65536;
+    }
+    while pool.write(filler, at, &[1u8; 4096]).is_ok() {
+        at += 4096;
+    }
+}
+
 fn read(pool: &Pool, id: VolumeId, len: u64) -> Vec<u8> {
     let mut buf = vec![0u8; len as usize];
     pool.read(id, 0, &mut buf).unwrap();
@@ -167,14 +179,7 @@ fn detach_is_refused_while_snapshots_read_through_and_leaves_a_raw_disk() {
 fn a_full_pool_fails_the_write_and_leaves_the_device_untouched() {
     let (_disk, pool, origin, disk) = attached();
     pool.snapshot("disk@a").unwrap();
-    let filler = pool.create_volume("filler", 64 * MIB).unwrap();
-    let mut at = 0;
-    while pool.write(filler, at, &[1u8; 65536]).is_ok() {
-        at += 65536;
-    }
-    while pool.write(filler, at, &[1u8; 4096]).is_ok() {
-        at += 4096;
-    }
+    fill_pool(&pool);
     let device = origin.handle().visible_image();
     assert!(matches!(
         pool.write(disk, 0, &[9u8; 4096]),
@@ -773,4 +778,190 @@ fn an_origin_is_unchanged_since_a_snapshot_until_written() {
     assert!(pool.unchanged_since(v, vs).unwrap());
     pool.write(v, 0, &[1u8; 512]).unwrap();
     assert!(!pool.unchanged_since(v, vs).unwrap());
+}
+
+/// An origin copied into the pool (`origin detach --copy-to-pool`): the
+/// device is flushed and left as it was, a plain raw disk no later write
+/// touches; the volume stays, its home now in the pool, with its
+/// snapshots and clones reading exactly what they did, after a reopen
+/// without the device too; destroyed, all of it comes back.
+#[test]
+fn an_origin_copied_to_the_pool_keeps_its_snapshots_and_clones_and_frees_its_device() {
+    let (disk, pool, origin, id) = attached();
+    // Freed chunks holding data, where the new home may land.
+    let junk = pool.create_volume("junk", MIB).unwrap();
+    pool.write(junk, 0, &[0xee; MIB as usize]).unwrap();
+    pool.delete("junk").unwrap();
+    while pool.reclaim(1024).unwrap() > 0 {}
+    let base = pool.pool_stats().unwrap().data_used_bytes;
+    pool.snapshot("disk@s1").unwrap();
+    pool.write(id, 4096, &[2u8; 8192]).unwrap();
+    let c = pool.clone_snapshot("disk@s1", "c").unwrap();
+    pool.write(c, 0, &[3u8; 4096]).unwrap();
+    pool.snapshot("disk@s2").unwrap();
+    pool.write(id, 64 * 1024, &[4u8; 4096]).unwrap();
+    let v1 = fill(1, ORIGIN as usize);
+    let mut vc = v1.clone();
+    vc[..4096].fill(3);
+    let mut v2 = v1.clone();
+    v2[4096..12288].fill(2);
+    let mut now = v2.clone();
+    now[64 * 1024..68 * 1024].fill(4);
+    let copies = pool.pool_stats().unwrap().data_used_bytes - base;
+    // Unflushed writes on the device: the copy flushes it.
+    assert_ne!(origin.handle().durable_image(), now);
+
+    pool.copy_origin_to_pool("disk").unwrap();
+    assert_eq!(origin.handle().durable_image(), now, "flushed");
+    assert!(matches!(
+        pool.info(id).unwrap().layout,
+        VolumeLayout::CowInPool { .. }
+    ));
+    assert!(pool.origins().unwrap().is_empty());
+    assert_eq!(
+        pool.pool_stats().unwrap().data_used_bytes,
+        base + copies + ORIGIN
+    );
+    let check = |pool: &Pool, now: &[u8], v2: &[u8]| {
+        assert_eq!(read(pool, pool.lookup("disk").unwrap(), ORIGIN), now);
+        assert_eq!(read(pool, pool.lookup("disk@s1").unwrap(), ORIGIN), v1);
+        assert_eq!(read(pool, pool.lookup("disk@s2").unwrap(), ORIGIN), v2);
+        assert_eq!(read(pool, pool.lookup("c").unwrap(), ORIGIN), vc);
+        assert_clean(pool);
+    };
+    check(&pool, &now, &v2);
+    // Writes go to the pool's copy (taking copies for the snapshots), never
+    // to the device.
+    pool.write(id, 0, &[5u8; 4096]).unwrap();
+    pool.write(id, 8192, &[6u8; 4096]).unwrap();
+    now[..4096].fill(5);
+    now[8192..12288].fill(6);
+    pool.flush().unwrap();
+    check(&pool, &now, &v2);
+    assert_eq!(origin.handle().visible_image(), {
+        let mut was = v2.clone();
+        was[64 * 1024..68 * 1024].fill(4);
+        was
+    });
+    // It is not an origin any more: no device to attach, none needed.
+    drop(pool);
+    let pool = reopen(&disk);
+    check(&pool, &now, &v2);
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    assert!(pool.attach_origin("disk", dev, identity(1)).is_err());
+    // Rollback works on the new home.
+    pool.rollback("disk", "disk@s2").unwrap();
+    now = v2.clone();
+    check(&pool, &now, &v2);
+    for name in ["c", "disk@s1", "disk@s2", "disk"] {
+        pool.delete(name).unwrap();
+    }
+    while pool.reclaim(1024).unwrap() > 0 {}
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, 0);
+    assert_clean(&pool);
+}
+
+/// With no free run of the volume's size in the pool, the copy fails with
+/// no space and changes nothing: the device stays attached and written
+/// through, the snapshot as it was.
+#[test]
+fn an_origin_with_no_room_in_the_pool_stays_attached() {
+    let (_disk, pool, origin, id) = attached();
+    pool.snapshot("disk@a").unwrap();
+    fill_pool(&pool);
+    let used = pool.pool_stats().unwrap().data_used_bytes;
+    assert!(matches!(
+        pool.copy_origin_to_pool("disk"),
+        Err(Error::NoSpace)
+    ));
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used);
+    assert!(!pool.pool_stats().unwrap().reclaim_pending);
+    assert!(matches!(
+        pool.info(id).unwrap().layout,
+        VolumeLayout::CowExternal { .. }
+    ));
+    assert_eq!(pool.origins().unwrap().len(), 1);
+    pool.delete("filler").unwrap();
+    while pool.reclaim(1024).unwrap() > 0 {}
+    pool.write(id, 0, &[9u8; 4096]).unwrap();
+    assert_eq!(&origin.handle().visible_image()[..4096], &[9u8; 4096]);
+    let snap = pool.lookup("disk@a").unwrap();
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    assert_clean(&pool);
+}
+
+/// A power cut at every write or flush of the pool during the copy: the
+/// volume opens as the origin (its device attached again, as before) or
+/// with its home in the pool (no device needed), reading its content
+/// either way, its snapshot its point in time; reclaim frees whatever the
+/// copy left; and the copy runs again from there.
+#[test]
+fn a_power_cut_while_an_origin_is_copied_to_the_pool_leaves_it_attached_or_copied() {
+    use rand::{rngs::StdRng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(17);
+    let (mut attached_seen, mut copied_seen) = (0, 0);
+    for cut in 0.. {
+        let (disk, pool, origin, id) = attached();
+        let snap = pool.snapshot("disk@a").unwrap();
+        pool.write(id, 0, &[2u8; 8192]).unwrap();
+        pool.flush().unwrap();
+        let base = pool.pool_stats().unwrap().data_used_bytes;
+        let mut want = fill(1, ORIGIN as usize);
+        want[..8192].fill(2);
+        disk.handle().cut_power_after(cut);
+        let finished = pool.copy_origin_to_pool("disk").is_ok() && disk.handle().is_powered();
+        disk.handle().cut_power();
+        drop(pool);
+        for round in 0..3 {
+            let image = if round == 0 {
+                disk.handle().durable_image()
+            } else {
+                disk.handle().crash_image(&mut rng)
+            };
+            let pool = Pool::open(Arc::new(SimDisk::from_image(image)), &open_opts())
+                .unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+            assert_clean(&pool);
+            let home = match pool.info(id).unwrap().layout {
+                VolumeLayout::CowExternal { .. } => {
+                    assert!(!finished, "cut {cut}: a copy that returned was lost");
+                    attached_seen += 1;
+                    let dev: Arc<dyn BlockDevice> =
+                        Arc::new(SimDisk::from_image(origin.handle().durable_image()));
+                    pool.attach_origin("disk", dev, identity(1))
+                        .unwrap_or_else(|e| panic!("cut {cut}: attach: {e}"));
+                    0
+                }
+                VolumeLayout::CowInPool { .. } => {
+                    copied_seen += 1;
+                    ORIGIN
+                }
+                other => panic!("cut {cut}: {other:?}"),
+            };
+            assert_eq!(read(&pool, id, ORIGIN), want, "cut {cut}");
+            assert_eq!(
+                read(&pool, snap, ORIGIN),
+                fill(1, ORIGIN as usize),
+                "cut {cut}"
+            );
+            while pool.reclaim(1024).unwrap() > 0 {}
+            assert_eq!(
+                pool.pool_stats().unwrap().data_used_bytes,
+                base + home,
+                "cut {cut}"
+            );
+            assert_clean(&pool);
+            if home == 0 {
+                pool.copy_origin_to_pool("disk").unwrap();
+                assert_eq!(read(&pool, id, ORIGIN), want, "cut {cut}");
+                assert_clean(&pool);
+            }
+        }
+        if finished {
+            break;
+        }
+    }
+    assert!(
+        attached_seen > 0 && copied_seen > 0,
+        "attached {attached_seen}, copied {copied_seen}"
+    );
 }

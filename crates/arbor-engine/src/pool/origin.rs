@@ -487,85 +487,163 @@ impl Pool {
 
     /// Grows in-pool copy-on-write volume `id` (`name`, `old_size` bytes)
     /// to `new_size` bytes by moving its home to a free run of the new
-    /// length elsewhere in the pool (`NoSpace` when there is none; the
-    /// caller holds `homes_lock`):
+    /// length elsewhere in the pool ([`Self::rehome`]; the old home passes
+    /// to a loose home, which reclaim frees).
+    fn move_pool_home(&self, id: u64, name: &str, old_size: u64, new_size: u64) -> Result<()> {
+        self.rehome(
+            id,
+            name,
+            new_size,
+            |_| Ok(()),
+            |m, to| m.move_home(id, old_size, new_size, to),
+        )
+    }
+
+    /// Copies external copy-on-write volume `name`'s data into a new home
+    /// in the pool and detaches its device, in one commit: the volume
+    /// stays, as a copy-on-write volume with its home in the pool, with its
+    /// snapshots and clones as they were (their copies, their epochs); the
+    /// device is flushed first, and left a plain raw disk with the same
+    /// content. Needs a free run of the volume's size in the pool
+    /// (`NoSpace` otherwise). Refused while a rollback is unfinished.
+    pub fn copy_origin_to_pool(&self, name: &str) -> Result<()> {
+        let id = self.lookup(name)?.0;
+        let size = {
+            let meta = self.read_meta()?;
+            let (cow, rec) = meta.cow_state(id)?;
+            if !matches!(cow.home, Home::External(_)) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} is not an origin: its home is in the pool already"
+                )));
+            }
+            if cow.rollback != 0 {
+                return Err(Error::Origin(format!(
+                    "{name}: a rollback was interrupted; run it again (arbor rollback) first"
+                )));
+            }
+            rec.size_bytes
+        };
+        let _building = lock_mutex(&self.homes_lock);
+        self.rehome(
+            id,
+            name,
+            size,
+            |t| t.flush(),
+            |m, to| m.import_home(id, size, to),
+        )
+    }
+
+    /// Gives copy-on-write volume `id` (`name`) a new home in the pool,
+    /// `new_size` bytes (at least its size) holding its content (caller
+    /// holds `homes_lock`; `NoSpace` when no free run of that length is
+    /// left):
     /// 1. the run is set aside, and, when more than one commit allocates
     ///    it, built into a loose home (nothing reads a loose home, so its
     ///    old content does not matter yet);
     /// 2. with the volume's I/O held off (its snapshots' reads of the home
-    ///    too), the home's chunks are copied to the run's start and the
-    ///    rest of the run is zeroed;
-    /// 3. one commit gives the volume the run and hands the old home to a
-    ///    loose home, which reclaim frees. A commit flushes the device
-    ///    before its record, so the copy is durable when the volume names
-    ///    it; before that commit, nothing on disk does (a power cut leaves
-    ///    the old home, and at most a loose home for reclaim to free).
+    ///    too): `prepare` runs on its device, the volume's content is
+    ///    copied to the run's start and the rest of the run zeroed;
+    /// 3. one commit runs `switch` (which gives the volume the run) and
+    ///    the volume's I/O goes to the new home. A commit flushes the
+    ///    pool's device before its record, so the copy is durable when the
+    ///    volume names it; before that commit nothing on disk does (a power
+    ///    cut leaves the old home, and at most a loose home for reclaim).
     ///
-    /// The volume's I/O waits for the copy: about as long as reading and
-    /// writing the home once.
-    fn move_pool_home(&self, id: u64, name: &str, old_size: u64, new_size: u64) -> Result<()> {
-        let cs = self.chunk_size();
-        let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
+    /// A failure frees what it allocated. The volume's I/O waits for the
+    /// copy: about as long as reading and writing the volume once.
+    fn rehome(
+        &self,
+        id: u64,
+        name: &str,
+        new_size: u64,
+        prepare: impl FnOnce(&Target<'_>) -> Result<()>,
+        switch: impl Fn(&mut Volumes, HomeGrowth) -> Result<()>,
+    ) -> Result<()> {
+        let chunks = new_size.div_ceil(self.chunk_size());
         let run = {
             let mut meta = self.write_meta()?;
-            meta.check_cow_home(new_chunks)?;
-            meta.reserve_home(new_chunks)?
+            meta.check_cow_home(chunks)?;
+            meta.reserve_home(chunks)?
         };
-        let moved = (|| {
-            let loose = if new_chunks > self.home_build_step() {
+        let done = (|| {
+            let loose = if chunks > self.home_build_step() {
                 Some(self.build_in_steps(run.clone(), None)?)
             } else {
                 None
             };
-            let moved = (|| {
+            let done = (|| {
                 let d = self.origin_device(id, name)?;
                 // I/O that found this device waits, then finds it replaced.
                 let _busy = write_lock(&d.busy);
-                let (from, chunks) = self.read_meta()?.pool_home(id)?;
-                if chunks != old_chunks {
+                let size = self.read_meta()?.volume(id)?.size_bytes;
+                if size > new_size {
                     return Err(Error::InvalidArgument(format!(
                         "{name} was resized meanwhile"
                     )));
                 }
-                self.copy_home(from, run.start, old_chunks)?;
-                self.zero_home(&(run.start + old_chunks..run.end))?;
+                let t = Target {
+                    id,
+                    name,
+                    size,
+                    d: &d,
+                };
+                prepare(&t)?;
+                self.fill_run(&run, size, |buf, at| t.read(buf, at))?;
                 self.manage(Privilege::Normal, |m| {
                     let to = match loose {
                         Some(l) => HomeGrowth::Loose(l),
                         None => HomeGrowth::Run(run.clone()),
                     };
-                    m.move_home(id, old_size, new_size, to)
+                    switch(m, to)
                 })?;
                 self.open_home(id, run.start, new_size);
                 Ok(())
             })();
-            if let (Err(e), Some(l)) = (&moved, loose) {
+            if let (Err(e), Some(l)) = (&done, loose) {
                 if let Err(again) = self.free_loose_home(l) {
-                    warn!(error = %again, growth = %e, "a failed move's home awaits reclaim");
+                    warn!(error = %again, failure = %e, "a failed new home awaits reclaim");
                 }
             }
-            moved
+            done
         })();
         if let Ok(mut meta) = self.write_meta() {
             meta.unreserve_home(&run);
         }
-        moved
+        done
     }
 
-    /// Copies the home of `chunks` data chunks from `from` to those from
-    /// `to` (each contiguous on the device), a piece at a time.
-    fn copy_home(&self, from: u64, to: u64, chunks: u64) -> Result<()> {
+    /// Writes the `len` bytes `read` gives (a volume's reads, at their
+    /// offsets) to the start of the data chunks of `run` (set aside,
+    /// contiguous on the device, at least `len` bytes), a piece at a time,
+    /// and zeros the rest of the run.
+    fn fill_run(
+        &self,
+        run: &Range<u64>,
+        len: u64,
+        read: impl Fn(&mut [u8], u64) -> Result<()>,
+    ) -> Result<()> {
         const PIECE: u64 = 4 << 20;
         let geo = &self.store.geo;
-        let (src, dst) = (geo.chunk_offset(from), geo.chunk_offset(to));
-        let len = chunks * geo.chunk_size;
+        let total = (run.end - run.start) * geo.chunk_size;
+        if len > total {
+            return Err(Error::inconsistent(format!(
+                "{len} bytes for a run of {total}"
+            )));
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let base = geo.chunk_offset(run.start);
         let mut buf = vec![0u8; PIECE.min(len) as usize];
         let mut done = 0;
         while done < len {
             let n = PIECE.min(len - done) as usize;
-            self.store.dev.read_at(&mut buf[..n], src + done)?;
-            self.store.dev.write_at(&buf[..n], dst + done)?;
+            read(&mut buf[..n], done)?;
+            self.store.dev.write_at(&buf[..n], base + done)?;
             done += n as u64;
+        }
+        if total > len {
+            self.store.dev.write_zeroes(base + len, total - len)?;
         }
         Ok(())
     }

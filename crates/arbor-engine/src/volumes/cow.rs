@@ -292,6 +292,34 @@ impl Volumes {
         Ok(())
     }
 
+    /// Gives external copy-on-write volume `id` (`size` bytes) a home in
+    /// the pool: `to`, which holds its content already (written by the
+    /// caller): the data chunks of a run set aside, which it allocates, or
+    /// those of a loose home, whose references it takes. Its store, epochs
+    /// and readers stay as they are; the device is no longer its home.
+    pub fn import_home(&mut self, id: u64, size: u64, to: HomeGrowth) -> Result<()> {
+        let cs = self.meta.geo().chunk_size;
+        let (cow, rec) = self.cow_state(id)?;
+        if !matches!(cow.home, Home::External(_)) || cow.rollback != 0 || rec.size_bytes != size {
+            return Err(Error::Conflict(format!(
+                "{} changed meanwhile (resized, rolled back, or not an origin)",
+                rec.name
+            )));
+        }
+        let (start, chunks) = self.home_growth_run(&to)?;
+        if chunks != size.div_ceil(cs) {
+            return Err(Error::inconsistent(format!(
+                "a home of {chunks} chunks from {start} for {size} bytes"
+            )));
+        }
+        self.take_home_growth(to)?;
+        self.update_volume(id, |rec| {
+            if let DataLayout::Cow(cow) = &mut rec.layout {
+                cow.home = Home::Pool { first: start };
+            }
+        })
+    }
+
     /// In-pool copy-on-write volume `id`'s home, as [`Self::pool_home`],
     /// while the volume is still `old_size` bytes.
     fn home_of_size(&self, id: u64, old_size: u64) -> Result<(u64, u64)> {
