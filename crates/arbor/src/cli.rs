@@ -453,8 +453,14 @@ pub enum OriginCommand {
     Detach {
         name: String,
         /// Detach it even while NBD clients have it open (their I/O then fails)
-        #[arg(long)]
+        #[arg(long, conflicts_with = "copy_to_pool")]
         force: bool,
+        /// Copy its data into the pool first (its whole size, in one free
+        /// run), so that it stays a pool volume (layout cow) with its
+        /// snapshots and clones, served on; the file or device is detached
+        /// all the same
+        #[arg(long)]
+        copy_to_pool: bool,
     },
     /// Origins: path, size, attached or not, bytes copied for snapshots
     #[command(alias = "ls")]

@@ -252,8 +252,13 @@ impl DaemonClient {
         self.post("/v1/origins", &request)
     }
 
-    pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
-        let path = format!("/v1/origins/{}?force={force}", encode(name));
+    /// Detaches origin `name`; with `copy_to_pool`, its data is copied
+    /// into the pool first and the volume stays there.
+    pub fn detach_origin(&self, name: &str, force: bool, copy_to_pool: bool) -> Result<()> {
+        let path = format!(
+            "/v1/origins/{}?force={force}&copy_to_pool={copy_to_pool}",
+            encode(name)
+        );
         self.send(Method::DELETE, &path, None).map(drop)
     }
 

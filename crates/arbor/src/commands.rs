@@ -520,16 +520,25 @@ fn origin(command: OriginCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 )
             })?;
         }
-        OriginCommand::Detach { name, force } => {
-            c.detach_origin(&name, force)?;
-            p.done(
-                "detached",
-                &name,
+        OriginCommand::Detach {
+            name,
+            force,
+            copy_to_pool,
+        } => {
+            c.detach_origin(&name, force, copy_to_pool)?;
+            let said = if copy_to_pool {
+                format!(
+                    "detached {name}'s file or device, which holds the volume's current \
+                     content; {name} stays in the pool with its data copied (layout cow), \
+                     and its snapshots and clones with it\n"
+                )
+            } else {
                 format!(
                     "detached {name}: its file or device holds the volume's current content, \
                      and the pool frees the copies kept for its snapshots\n"
-                ),
-            )?;
+                )
+            };
+            p.done("detached", &name, said)?;
         }
         OriginCommand::List => p.show(&c.origins()?, |l| output::origins(l))?,
     }

@@ -398,6 +398,19 @@ pub struct DestroyQuery {
     pub force: bool,
 }
 
+/// The query of `DELETE /v1/origins/{name}`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetachQuery {
+    /// Detach while NBD clients have it open (their I/O then fails).
+    #[serde(default)]
+    pub force: bool,
+    /// Copy the volume's data into the pool first: the volume stays, with
+    /// its snapshots and clones, its home in the pool.
+    #[serde(default)]
+    pub copy_to_pool: bool,
+}
+
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotsQuery {

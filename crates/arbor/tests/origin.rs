@@ -354,6 +354,83 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
     );
 }
 
+/// `origin detach --copy-to-pool`: the origin's data is copied into the
+/// pool, its file detached (flushed, closed, free for anything else) and
+/// left with the volume's content; the volume stays a pool volume (layout
+/// cow) with its snapshot and clone, served on to an open connection,
+/// written in the pool and never again in the file, across a restart.
+#[test]
+fn an_origin_copied_to_the_pool_keeps_its_snapshots_and_frees_its_file() {
+    let serve = ["--initial-volume", "none"];
+    let mut daemon = Daemon::start(&serve);
+    let work = tempfile::tempdir().unwrap();
+    let image = random_file(work.path(), "disk.img", IMAGE as u64, 9);
+    let mut at_s1 = std::fs::read(&image).unwrap();
+    daemon.ok(&["origin", "attach", "disk", p(&image)]);
+    qemu_io_ok(&daemon, "disk", "write -P 0x5a 1M 2M");
+    at_s1[MIB..3 * MIB].fill(0x5a);
+    daemon.ok(&["snapshot", "create", "disk@s1"]);
+    qemu_io_ok(&daemon, "disk", "write -P 0xa5 0 4M");
+    let mut current = at_s1.clone();
+    current[..4 * MIB].fill(0xa5);
+    daemon.ok(&["clone", "disk@s1", "c1"]);
+    qemu_io_ok(&daemon, "c1", "write -P 0x33 8M 1M");
+    let mut clone = at_s1.clone();
+    clone[8 * MIB..9 * MIB].fill(0x33);
+
+    // Plain detach names the way to keep them; --force cannot go with it.
+    daemon.fails(&["origin", "detach", "disk"], 5, "--copy-to-pool");
+    daemon.fails(
+        &["origin", "detach", "disk", "--copy-to-pool", "--force"],
+        2,
+        "cannot be used with",
+    );
+    let open = hold_open(&daemon, "disk");
+    daemon.ok(&["origin", "detach", "disk", "--copy-to-pool"]);
+    assert!(origin_list(&daemon).is_empty());
+    let list = daemon.json(&["volume", "list"]);
+    assert_eq!(volume(&list, "disk")["layout"]["kind"], "cow", "{list}");
+    assert_eq!(volume(&list, "disk")["layout"]["home"], "pool", "{list}");
+    assert_eq!(volume(&list, "disk")["nbd_connections"], 1, "{list}");
+    drop(open);
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &current,
+        "the detached file",
+    );
+
+    // Written in the pool only; the snapshot and clone read as before.
+    qemu_io_ok(&daemon, "disk", "write -P 0x44 12M 1M");
+    current[12 * MIB..13 * MIB].fill(0x44);
+    let file = std::fs::read(&image).unwrap();
+    assert_eq!(file[12 * MIB], at_s1[12 * MIB], "the file was written");
+    let check = |daemon: &Daemon| {
+        assert_same(&export_bytes(daemon, "disk", work.path()), &current, "disk");
+        assert_same(
+            &export_bytes(daemon, "disk@s1", work.path()),
+            &at_s1,
+            "disk@s1",
+        );
+        assert_same(&export_bytes(daemon, "c1", work.path()), &clone, "c1");
+    };
+    check(&daemon);
+    // The file is free: it can be attached anew.
+    daemon.ok(&["origin", "attach", "again", p(&image)]);
+    daemon.ok(&["origin", "detach", "again"]);
+    assert_same(&std::fs::read(&image).unwrap(), &file, "the file after");
+
+    // A restart does not look for the file (moved away), and serves it all.
+    daemon.stop_cleanly();
+    std::fs::rename(&image, work.path().join("elsewhere.img")).unwrap();
+    daemon.restart(&serve);
+    check(&daemon);
+    let pool = daemon.json(&["check"]);
+    assert_eq!(pool["clean"], true, "{pool}");
+    let (_, _, log) = daemon.stop("TERM");
+    assert!(!log.contains("cannot attach origin"), "{log}");
+    assert!(!log.contains("no recorded path"), "{log}");
+}
+
 /// A process with an NBD connection to an export open until dropped
 /// (killed and reaped then, also when the test fails).
 struct OpenConnection(Child);

@@ -21,8 +21,8 @@ use super::{monitor_api, replica_api, stream, token_api};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DiffQuery,
-    ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
+    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DetachQuery,
+    DiffQuery, ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
     MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView, RenameRequest,
     ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView,
     VolumeView,
@@ -422,13 +422,21 @@ async fn attach_origin(
 }
 
 /// `DELETE /v1/origins/{name}`: the device keeps the volume's current
-/// content; the volume leaves the pool.
+/// content; the volume leaves the pool, or, with `copy_to_pool`, stays
+/// there with its data copied.
 async fn detach_origin(
     State(c): State<PoolControl>,
     Path(name): Path<String>,
-    Query(query): Query<DestroyQuery>,
+    Query(query): Query<DetachQuery>,
 ) -> ApiResult<StatusCode> {
-    blocking(c, move |c| c.detach_origin(&name, query.force)).await?;
+    blocking(c, move |c| {
+        if query.copy_to_pool {
+            c.copy_origin_to_pool(&name)
+        } else {
+            c.detach_origin(&name, query.force)
+        }
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

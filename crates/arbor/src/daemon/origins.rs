@@ -31,6 +31,7 @@ use super::control::PoolControl;
 use crate::exit::{Exit, Fail};
 use crate::model::{DeviceView, OriginView};
 use crate::pool_file::IoMode;
+use crate::size::ByteSize;
 
 /// The pool property of an origin volume that says where its device is.
 pub const RECORD_KEY: &str = "origin";
@@ -414,24 +415,16 @@ impl PoolControl {
     /// clients have it open.
     pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
         let _one = self.origins.changing();
-        let id = self.pool.lookup(name)?;
-        let known = self.pool.origins()?;
-        if !known.iter().any(|o| o.id == id) {
-            return Err(Fail::new(
-                Exit::Usage,
-                format!(
-                    "{name} is not an origin (a volume made by arbor origin attach); \
-                     destroy it with arbor destroy {name}"
-                ),
-            )
-            .into());
-        }
+        let id = self.origin_id(name)?;
         let readers = self.readers_of(id)?;
         if !readers.is_empty() {
             return Err(Error::Conflict(format!(
                 "{name} has snapshots or clones that read through it ({}): destroy them \
-                 first (arbor destroy NAME), then detach it",
-                readers.join(", ")
+                 first (arbor destroy NAME), then detach it; or keep them with arbor origin \
+                 detach {name} --copy-to-pool, which copies {name}'s data ({}) into the \
+                 pool, where it stays with them",
+                readers.join(", "),
+                ByteSize(self.pool.info(id)?.size)
             ))
             .into());
         }
@@ -441,6 +434,49 @@ impl PoolControl {
         self.metrics.forget_volume(name);
         info!(volume = %name, path = ?path, "detached an origin");
         Ok(())
+    }
+
+    /// `DELETE /v1/origins/{name}?copy_to_pool=true`: copies the origin's
+    /// data into the pool and detaches its device (flushed, left a plain
+    /// raw disk with the volume's current content, closed). The volume
+    /// stays in the pool (its home there now), served on, with its
+    /// snapshots and clones; its recorded path is dropped.
+    pub fn copy_origin_to_pool(&self, name: &str) -> Result<()> {
+        let _one = self.origins.changing();
+        let id = self.origin_id(name)?;
+        let size = self.pool.info(id)?.size;
+        self.pool.copy_origin_to_pool(name).map_err(|e| match e {
+            Error::NoSpace => anyhow::Error::new(e).context(format!(
+                "the pool has no free run of {} (in one region) for {name}'s data: grow the \
+                 pool or free space, then run it again",
+                ByteSize(size)
+            )),
+            other => other.into(),
+        })?;
+        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        // Only origins are attached from a recorded path: one left behind
+        // (the property's removal failed) is never read again.
+        if let Err(e) = self.pool.remove_property(Some(id), RECORD_KEY) {
+            warn!(volume = %name, error = %e, "cannot drop a copied origin's recorded path");
+        }
+        info!(volume = %name, path = ?path, "copied an origin into the pool and detached its device");
+        Ok(())
+    }
+
+    /// The id of origin `name`; a usage error for any other volume.
+    fn origin_id(&self, name: &str) -> Result<VolumeId> {
+        let id = self.pool.lookup(name)?;
+        if !self.pool.origins()?.iter().any(|o| o.id == id) {
+            return Err(Fail::new(
+                Exit::Usage,
+                format!(
+                    "{name} is not an origin (a volume made by arbor origin attach); \
+                     destroy it with arbor destroy {name}"
+                ),
+            )
+            .into());
+        }
+        Ok(id)
     }
 
     /// `GET /v1/origins`.
