@@ -6,9 +6,11 @@ snapshotted while mounted after a `sync`. Each snapshot is cloned, the
 clone mounted (ext4 recovers its journal there, on the writable clone),
 checked with `e2fsck -fn` and compared file by file with what the
 filesystem held when the snapshot was taken. Then the origin is unmounted,
-the clones and snapshots destroyed, the origin detached, and the image file
-itself, mounted with a plain loop device, must hold the latest files and
-pass `e2fsck -fn`. Last, a block device (a loop device) as an origin:
+the clones and one snapshot destroyed, a plain detach refused for the
+other, and the origin detached with its data copied into the pool: the
+image file itself, mounted with a plain loop device, must hold the latest
+files and pass `e2fsck -fn`, and the volume left in the pool, and a clone
+of the snapshot left there, their own files, never writing the file. Last, a block device (a loop device) as an origin:
 attached again at a start while it is the same disk, refused once its
 device number belongs to another, re-identified when the same disk comes
 back under another number. Needs root (mount); fails loudly without it."""
@@ -127,8 +129,13 @@ def body(daemon):
 
     for snapshot in expected:
         daemon.cli("destroy", "clone-" + snapshot.split("@")[1])
-        daemon.cli("destroy", snapshot)
-    daemon.cli("origin", "detach", "disk")
+    daemon.cli("destroy", "disk@s1")
+    # disk@s2 stays: a plain detach is refused; one that copies the data
+    # into the pool keeps the volume and its snapshot there.
+    refused = run(ARBOR, "--data-dir", daemon.dir, "origin", "detach", "disk", check=False)
+    if refused.returncode != 5 or "--copy-to-pool" not in refused.stderr:
+        raise Failure(f"detach with a snapshot: exit {refused.returncode}, {refused.stderr}")
+    daemon.cli("origin", "detach", "disk", "--copy-to-pool")
     listed = daemon.cli("origin", "list", "--json").stdout
     if listed.strip() != "[]":
         raise Failure(f"origins after the detach: {listed}")
@@ -139,6 +146,31 @@ def body(daemon):
     same_tree(plain.mount(), state, "the image file after the detach")
     plain.close()
     run("e2fsck", "-fn", image)
+
+    # In the pool: the volume holds the latest files, its snapshot (through
+    # a clone, journal recovered) its own, and neither touches the file.
+    with open(image, "rb") as f:
+        file_sum = hashlib.sha256(f.read()).hexdigest()
+    kept = Attached(daemon, "disk", read_only=False)
+    kept.attach()
+    kept_root = kept.mount()
+    same_tree(kept_root, state, "the volume copied into the pool")
+    state = change_files(kept_root, state, rng)
+    run("sync")
+    same_tree(kept_root, state, "the volume in the pool, written")
+    kept.close()
+    daemon.cli("clone", "disk@s2", "clone-s2")
+    attached = Attached(daemon, "clone-s2", read_only=False)
+    device = attached.attach()
+    same_tree(attached.mount(), expected["disk@s2"], "clone-s2 after the copy into the pool")
+    attached.unmount()
+    run("e2fsck", "-fn", device)
+    attached.close()
+    with open(image, "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != file_sum:
+            raise Failure("the detached file changed")
+    for name in ("clone-s2", "disk@s2", "disk"):
+        daemon.cli("destroy", name)
 
     block_device(daemon)
 
