@@ -965,3 +965,140 @@ fn a_power_cut_while_an_origin_is_copied_to_the_pool_leaves_it_attached_or_copie
         "attached {attached_seen}, copied {copied_seen}"
     );
 }
+
+/// A device that runs a hook once: before the first read of exactly
+/// `read_len` bytes (`on_read`), or at the first flush (`on_flush`).
+#[derive(Default)]
+struct Hooks {
+    on_read: std::sync::Mutex<Option<(usize, Hook)>>,
+    on_flush: std::sync::Mutex<Option<Hook>>,
+}
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+struct HookedDisk {
+    disk: SimDisk,
+    hooks: Arc<Hooks>,
+}
+
+impl BlockDevice for HookedDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let hook = {
+            let mut armed = self.hooks.on_read.lock().unwrap();
+            match armed.take() {
+                Some((len, hook)) if len == buf.len() => Some(hook),
+                other => {
+                    *armed = other;
+                    None
+                }
+            }
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.disk.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.disk.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        let hook = self.hooks.on_flush.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.disk.flush()
+    }
+    fn size(&self) -> u64 {
+        self.disk.size()
+    }
+}
+
+/// A snapshot's read that found the origin's device just before a copy
+/// into the pool replaced it finishes before the copy returns, so before
+/// the daemon closes the device and anything else may write it. The read
+/// begins while the copy's commit flushes the pool and is paused in its
+/// read of the device; the copy goes on meanwhile. (Without the wait, the
+/// copy returned, the device was written by "another program", and the
+/// snapshot read that.)
+#[test]
+fn a_snapshot_read_of_the_device_finishes_before_the_copy_to_the_pool_returns() {
+    use std::sync::mpsc::channel;
+    use std::sync::Mutex;
+    let guard = std::time::Duration::from_secs(60);
+    const READ: usize = 64 * 1024;
+    let pool_hooks = Arc::new(Hooks::default());
+    let pool_dev: Arc<dyn BlockDevice> = Arc::new(HookedDisk {
+        disk: SimDisk::new(32 * MIB),
+        hooks: pool_hooks.clone(),
+    });
+    let pool = Arc::new(Pool::create(pool_dev, &small_opts(CS as u32), &open_opts()).unwrap());
+    let origin = SimDisk::from_image(fill(1, ORIGIN as usize));
+    let origin_hooks = Arc::new(Hooks::default());
+    let dev: Arc<dyn BlockDevice> = Arc::new(HookedDisk {
+        disk: origin.clone(),
+        hooks: origin_hooks.clone(),
+    });
+    pool.attach_origin("disk", dev, identity(1)).unwrap();
+    pool.snapshot("disk@s").unwrap();
+
+    // The copy's commit, paused at its first flush until the reader is in
+    // its read of the device.
+    let (in_flush, flushing) = channel();
+    let (reader_in, reading) = channel::<()>();
+    let reading = Mutex::new(reading);
+    *pool_hooks.on_flush.lock().unwrap() = Some(Box::new(move || {
+        in_flush.send(()).unwrap();
+        reading
+            .lock()
+            .unwrap()
+            .recv_timeout(guard)
+            .expect("the reader never read");
+    }));
+    let copier = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.copy_origin_to_pool("disk"))
+    };
+    flushing
+        .recv_timeout(guard)
+        .expect("the copy never committed");
+    let (go_tx, go) = channel::<()>();
+    let go = Mutex::new(go);
+    *origin_hooks.on_read.lock().unwrap() = Some((
+        READ,
+        Box::new(move || {
+            reader_in.send(()).unwrap();
+            go.lock()
+                .unwrap()
+                .recv_timeout(guard)
+                .expect("never let go");
+        }),
+    ));
+    let reader = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; READ];
+            pool.read(pool.lookup("disk@s").unwrap(), 0, &mut buf)
+                .unwrap();
+            buf
+        })
+    };
+    // The reader is in its read of the device, the copy goes on: once it
+    // has returned, the device is another program's to write.
+    for _ in 0..500 {
+        if copier.is_finished() {
+            origin.write_at(&[0xee; READ], 0).unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    go_tx.send(()).unwrap();
+    let got = reader.join().unwrap();
+    assert!(
+        got[..] == fill(1, ORIGIN as usize)[..READ],
+        "the snapshot read what was written to the device after the copy returned"
+    );
+    copier.join().unwrap().unwrap();
+    let snap = pool.lookup("disk@s").unwrap();
+    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    assert_clean(&pool);
+}

@@ -57,6 +57,11 @@ pub(crate) struct OriginDevice {
     /// Readers and writers of the volume hold it shared; a rollback holds it
     /// exclusive.
     busy: RwLock<()>,
+    /// Reads of the device through an epoch (a snapshot's or clone's, which
+    /// hold the pool's I/O gate, so they cannot wait for `busy`) hold it
+    /// shared; a new home, once it replaces this device, waits for them
+    /// with it exclusive, before the old home can be freed.
+    epoch_readers: RwLock<()>,
     /// Written since its last flush.
     written: AtomicBool,
 }
@@ -173,6 +178,7 @@ impl OriginDevice {
         Arc::new(Self {
             dev,
             busy: RwLock::new(()),
+            epoch_readers: RwLock::new(()),
             written: AtomicBool::new(false),
         })
     }
@@ -574,7 +580,7 @@ impl Pool {
             let done = (|| {
                 let d = self.origin_device(id, name)?;
                 // I/O that found this device waits, then finds it replaced.
-                let _busy = write_lock(&d.busy);
+                let busy = write_lock(&d.busy);
                 let size = self.read_meta()?.volume(id)?.size_bytes;
                 if size > new_size {
                     return Err(Error::InvalidArgument(format!(
@@ -597,6 +603,11 @@ impl Pool {
                     switch(m, to)
                 })?;
                 self.open_home(id, run.start, new_size);
+                drop(busy);
+                // Reads through an epoch that found the old device finish
+                // before the old home can go (reclaim frees it only once
+                // `homes_lock` is released).
+                drop(write_lock(&d.epoch_readers));
                 Ok(())
             })();
             if let (Err(e), Some(l)) = (&done, loose) {
@@ -1244,14 +1255,29 @@ impl Pool {
             let (_, rec) = meta.cow_state(backing.origin)?;
             (rec.name.clone(), rec.size_bytes)
         };
-        let d = self.origin_device(backing.origin, &name)?;
-        let target = Target {
-            id: backing.origin,
-            name: &name,
-            size,
-            d: &d,
-        };
-        self.read_pieces(pieces, buf, Some(&|out, at| target.read(out, at)))
+        let mut d = self.origin_device(backing.origin, &name)?;
+        loop {
+            let reading = read_lock(&d.epoch_readers);
+            if self
+                .origins
+                .get(backing.origin)
+                .is_some_and(|now| Arc::ptr_eq(&now, &d))
+            {
+                let target = Target {
+                    id: backing.origin,
+                    name: &name,
+                    size,
+                    d: &d,
+                };
+                let read = self.read_pieces(pieces, buf, Some(&|out, at| target.read(out, at)));
+                drop(reading);
+                return read;
+            }
+            // A new home replaced this device: read the new one (the
+            // pieces' offsets are the volume's, wherever its home is).
+            drop(reading);
+            d = self.origin_device(backing.origin, &name)?;
+        }
     }
 
     /// Replaces the zero pieces of `pieces` (a read at `offset` of a volume
