@@ -260,12 +260,30 @@ impl IntoResponse for ApiError {
 
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 
-/// Runs a blocking engine operation off the async workers.
+/// Runs a blocking engine operation without holding up the async
+/// workers' other tasks: on the daemon's multi-threaded runtime, on this
+/// thread, which hands its other tasks to another worker meanwhile
+/// (`block_in_place`: no hand-off to a blocking thread and back, two
+/// wake-ups a call saves under load, PERFORMANCE.md §11); else on the
+/// blocking pool. A panic fails the request either way.
 pub(super) async fn blocking<T: Send + 'static>(
     control: PoolControl,
     operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
-    tokio::task::spawn_blocking(move || operation(&control).map_err(|e| explain(&control, e)))
+    let run = move || operation(&control).map_err(|e| explain(&control, e));
+    if tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::MultiThread
+    {
+        return tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+        })
+        .unwrap_or_else(|_| {
+            Err(ApiError::from(anyhow::anyhow!(
+                "engine task failed: it panicked"
+            )))
+        });
+    }
+    tokio::task::spawn_blocking(run)
         .await
         .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
 }
