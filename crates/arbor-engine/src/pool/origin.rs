@@ -60,7 +60,8 @@ pub(crate) struct OriginDevice {
     /// Reads of the device through an epoch (a snapshot's or clone's, which
     /// hold the pool's I/O gate, so they cannot wait for `busy`) hold it
     /// shared; a new home, once it replaces this device, waits for them
-    /// with it exclusive, before the old home can be freed.
+    /// with it exclusive before it returns (an origin's device is then its
+    /// caller's to close, and another program's to write).
     epoch_readers: RwLock<()>,
     /// Written since its last flush.
     written: AtomicBool,
@@ -605,8 +606,10 @@ impl Pool {
                 self.open_home(id, run.start, new_size);
                 drop(busy);
                 // Reads through an epoch that found the old device finish
-                // before the old home can go (reclaim frees it only once
-                // `homes_lock` is released).
+                // before this returns: an origin's device is then closed and
+                // free for others to write. (An old home in the pool is safe
+                // anyway: its chunks are freed, and reused, only by later
+                // commits, which such reads' I/O gate holds off.)
                 drop(write_lock(&d.epoch_readers));
                 Ok(())
             })();
