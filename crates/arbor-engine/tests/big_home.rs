@@ -684,6 +684,51 @@ fn a_move_whose_copy_fails_leaves_no_trace() {
     }
 }
 
+/// A write that lands while a moving home is copied (here, in the middle
+/// of the copy: after its piece was read, before it was written) reaches
+/// the new home: the chunks written meanwhile are copied again. Its
+/// snapshot keeps what it saw, before and after a reopen.
+#[test]
+fn a_write_during_the_copy_of_a_moving_home_reaches_the_new_home() {
+    let (disk, hooked, pool) = hooked_pool(64 * MIB, false);
+    let a = pool.create_cow_volume("a", 2 * MIB).unwrap();
+    pool.write(a, 0, &pattern(1, 0, 2 * MIB as usize)).unwrap();
+    pool.snapshot("a@s").unwrap();
+    // Its home right after a's: a moves to grow.
+    pool.create_cow_volume("b", MIB).unwrap();
+    let weak = Arc::downgrade(&pool);
+    // At the copy's first write (the home's 2 MiB, read already).
+    *hooked.hook.lock().unwrap() = Some(Box::new(move || {
+        let pool = weak.upgrade().unwrap();
+        pool.write(a, 4096, &pattern(2, 4096, 8192)).unwrap();
+    }));
+    pool.resize("a", 3 * MIB).unwrap();
+    assert!(
+        hooked.hook.lock().unwrap().is_none(),
+        "the hook did not run"
+    );
+    let mut want = pattern(1, 0, 2 * MIB as usize);
+    want[4096..12288].copy_from_slice(&pattern(2, 4096, 8192));
+    want.resize(3 * MIB as usize, 0);
+    let check = |pool: &Pool| {
+        let a = pool.lookup("a").unwrap();
+        assert!(
+            read_at(pool, a, 0, 3 * MIB as usize) == want,
+            "the volume lost the write made during the copy"
+        );
+        let s = pool.lookup("a@s").unwrap();
+        assert!(read_at(pool, s, 0, 2 * MIB as usize) == pattern(1, 0, 2 * MIB as usize));
+        assert_clean(pool);
+    };
+    check(&pool);
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    check(&pool);
+    reclaim_all(&pool);
+    assert_clean(&pool);
+}
+
 /// I/O goes on while the home grows, in place or moving (its window is
 /// replaced under the old one's `busy`): no request fails, and every
 /// write is there after.

@@ -50,6 +50,12 @@ const SWEEP_ENTRIES: usize = 512;
 /// Bytes of one unit of a write to a copy-on-write volume (the NBD maximum
 /// payload, as for other writes).
 const UNIT_BYTES: u64 = 32 << 20;
+/// A new home is copied while the volume's I/O goes on, then the chunks
+/// written meanwhile again, at most this many times more...
+const CATCH_UP_PASSES: usize = 8;
+/// ...or until at most this many chunks are left, which are copied with
+/// the volume's I/O held off.
+const CATCH_UP_LEFT: u64 = 256;
 
 /// An attached external device.
 pub(crate) struct OriginDevice {
@@ -65,6 +71,54 @@ pub(crate) struct OriginDevice {
     epoch_readers: RwLock<()>,
     /// Written since its last flush.
     written: AtomicBool,
+    /// While a new home is copied from it: the chunks written since.
+    tracked: Mutex<Option<Written>>,
+}
+
+/// The chunks of a device written while a new home is copied from it
+/// ([`Pool::rehome`]), one bit each.
+struct Written {
+    chunk_size: u64,
+    bits: Vec<u64>,
+}
+
+impl Written {
+    fn new(chunk_size: u64, chunks: u64) -> Self {
+        // A volume's chunks fit memory as bits: at most 2^32 (MAX_COW_CHUNKS).
+        let words = usize::try_from(chunks.div_ceil(64)).unwrap_or(usize::MAX);
+        Self {
+            chunk_size,
+            bits: vec![0; words],
+        }
+    }
+
+    /// Marks the chunks of bytes `[from, to)`.
+    fn mark(&mut self, from: u64, to: u64) {
+        for chunk in from / self.chunk_size..to.div_ceil(self.chunk_size) {
+            // Past the tracked chunks (a growth of the device meanwhile,
+            // which the copy refuses anyway): nothing to mark.
+            if let Some(word) = self.bits.get_mut((chunk / 64) as usize) {
+                *word |= 1 << (chunk % 64);
+            }
+        }
+    }
+
+    /// The marked chunks, as runs, clearing them.
+    fn take(&mut self) -> Vec<Range<u64>> {
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        for (i, word) in self.bits.iter_mut().enumerate() {
+            let mut bits = std::mem::take(word);
+            while bits != 0 {
+                let chunk = i as u64 * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                match runs.last_mut() {
+                    Some(run) if run.end == chunk => run.end += 1,
+                    _ => runs.push(chunk..chunk + 1),
+                }
+            }
+        }
+        runs
+    }
 }
 
 /// The external devices attached to the pool's copy-on-write volumes, and
@@ -181,7 +235,34 @@ impl OriginDevice {
             busy: RwLock::new(()),
             epoch_readers: RwLock::new(()),
             written: AtomicBool::new(false),
+            tracked: Mutex::new(None),
         })
+    }
+
+    /// Tracks the chunks written from now on (see [`Written`]) until the
+    /// guard returned goes.
+    fn track(&self, chunk_size: u64, chunks: u64) -> Tracking<'_> {
+        *lock_mutex(&self.tracked) = Some(Written::new(chunk_size, chunks));
+        Tracking(self)
+    }
+}
+
+/// Tracking of a device's writes, ended when dropped.
+struct Tracking<'a>(&'a OriginDevice);
+
+impl Tracking<'_> {
+    /// The chunks written since the last call (or since tracking began).
+    fn take(&self) -> Vec<Range<u64>> {
+        lock_mutex(&self.0.tracked)
+            .as_mut()
+            .map(Written::take)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Tracking<'_> {
+    fn drop(&mut self) {
+        *lock_mutex(&self.0.tracked) = None;
     }
 }
 
@@ -235,6 +316,10 @@ impl Target<'_> {
     /// Writes `fill` over `[from, to)` of the device.
     fn write(&self, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
         self.d.written.store(true, Ordering::Release);
+        // Marked first: a write that fails part way is copied again too.
+        if let Some(written) = lock_mutex(&self.d.tracked).as_mut() {
+            written.mark(from, to);
+        }
         match fill {
             Fill::Data(data) => self.d.dev.write_at(data, from).map_err(|e| self.err(e)),
             Fill::Zeros => self
@@ -547,17 +632,21 @@ impl Pool {
     /// 1. the run is set aside, and, when more than one commit allocates
     ///    it, built into a loose home (nothing reads a loose home, so its
     ///    old content does not matter yet);
-    /// 2. with the volume's I/O held off (its snapshots' reads of the home
-    ///    too): `prepare` runs on its device, the volume's content is
-    ///    copied to the run's start and the rest of the run zeroed;
-    /// 3. one commit runs `switch` (which gives the volume the run) and
+    /// 2. while the volume's I/O goes on, its content is copied to the
+    ///    run's start and the rest of the run zeroed, then the chunks
+    ///    written meanwhile are copied again, a few passes while many are;
+    /// 3. with the volume's I/O held off (its snapshots' reads of the home
+    ///    too): the chunks written since are copied, then `prepare` runs on
+    ///    its device;
+    /// 4. one commit runs `switch` (which gives the volume the run) and
     ///    the volume's I/O goes to the new home. A commit flushes the
     ///    pool's device before its record, so the copy is durable when the
     ///    volume names it; before that commit nothing on disk does (a power
     ///    cut leaves the old home, and at most a loose home for reclaim).
     ///
-    /// A failure frees what it allocated. The volume's I/O waits for the
-    /// copy: about as long as reading and writing the volume once.
+    /// A failure frees what it allocated. The volume's I/O waits only for
+    /// step 3 (at most [`CATCH_UP_LEFT`] chunks, unless it writes faster
+    /// than the copy goes).
     fn rehome(
         &self,
         id: u64,
@@ -566,7 +655,8 @@ impl Pool {
         prepare: impl FnOnce(&Target<'_>) -> Result<()>,
         switch: impl Fn(&mut Volumes, HomeGrowth) -> Result<()>,
     ) -> Result<()> {
-        let chunks = new_size.div_ceil(self.chunk_size());
+        let cs = self.chunk_size();
+        let chunks = new_size.div_ceil(cs);
         let run = {
             let mut meta = self.write_meta()?;
             meta.check_cow_home(chunks)?;
@@ -580,8 +670,6 @@ impl Pool {
             };
             let done = (|| {
                 let d = self.origin_device(id, name)?;
-                // I/O that found this device waits, then finds it replaced.
-                let busy = write_lock(&d.busy);
                 let size = self.read_meta()?.volume(id)?.size_bytes;
                 if size > new_size {
                     return Err(Error::InvalidArgument(format!(
@@ -594,8 +682,32 @@ impl Pool {
                     size,
                     d: &d,
                 };
-                prepare(&t)?;
+                let tracking = d.track(cs, size.div_ceil(cs));
                 self.fill_run(&run, size, |buf, at| t.read(buf, at))?;
+                let mut left = tracking.take();
+                for _ in 0..CATCH_UP_PASSES {
+                    if left.iter().map(|r| r.end - r.start).sum::<u64>() <= CATCH_UP_LEFT {
+                        break;
+                    }
+                    self.copy_chunks_to(&t, &left, run.start)?;
+                    left = tracking.take();
+                }
+                // I/O that found this device waits, then finds it replaced.
+                let busy = write_lock(&d.busy);
+                if self
+                    .origins
+                    .get(id)
+                    .is_none_or(|now| !Arc::ptr_eq(&now, &d))
+                    || self.read_meta()?.volume(id)?.size_bytes != size
+                {
+                    return Err(Error::Conflict(format!(
+                        "{name} was resized or detached meanwhile"
+                    )));
+                }
+                left.extend(tracking.take());
+                drop(tracking);
+                self.copy_chunks_to(&t, &left, run.start)?;
+                prepare(&t)?;
                 self.manage(Privilege::Normal, |m| {
                     let to = match loose {
                         Some(l) => HomeGrowth::Loose(l),
@@ -624,6 +736,29 @@ impl Pool {
             meta.unreserve_home(&run);
         }
         done
+    }
+
+    /// Copies the chunks of `runs` (of the volume `t`, inside its size)
+    /// from its device to the same chunks of the home from data chunk
+    /// `first`.
+    fn copy_chunks_to(&self, t: &Target<'_>, runs: &[Range<u64>], first: u64) -> Result<()> {
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size;
+        let base = geo.chunk_offset(first);
+        let mut buf = Vec::new();
+        for run in runs {
+            let from = run.start * cs;
+            let to = (run.end * cs).min(t.size);
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(4 << 20);
+                buf.resize(n as usize, 0);
+                t.read(&mut buf, at)?;
+                self.store.dev.write_at(&buf, base + at)?;
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     /// Writes the `len` bytes `read` gives (a volume's reads, at their
