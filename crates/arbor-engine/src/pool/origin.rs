@@ -635,9 +635,10 @@ impl Pool {
     /// 2. while the volume's I/O goes on, its content is copied to the
     ///    run's start and the rest of the run zeroed, then the chunks
     ///    written meanwhile are copied again, a few passes while many are;
-    /// 3. with the volume's I/O held off (its snapshots' reads of the home
-    ///    too): the chunks written since are copied, then `prepare` runs on
-    ///    its device;
+    /// 3. the pool's device is flushed (the copy written back), then, with
+    ///    the volume's I/O held off (its snapshots' reads of the home too):
+    ///    the chunks written since are copied, then `prepare` runs on its
+    ///    device;
     /// 4. one commit runs `switch` (which gives the volume the run) and
     ///    the volume's I/O goes to the new home. A commit flushes the
     ///    pool's device before its record, so the copy is durable when the
@@ -692,6 +693,9 @@ impl Pool {
                     self.copy_chunks_to(&t, &left, run.start)?;
                     left = tracking.take();
                 }
+                // The copy's write-back now, not in the commit below, which
+                // the volume's I/O waits for.
+                self.store.dev.flush()?;
                 // I/O that found this device waits, then finds it replaced.
                 let busy = write_lock(&d.busy);
                 if self
