@@ -431,6 +431,56 @@ fn an_origin_copied_to_the_pool_keeps_its_snapshots_and_frees_its_file() {
     assert!(!log.contains("no recorded path"), "{log}");
 }
 
+/// `--copy-to-pool` with no free run of the origin's size in the pool:
+/// exit status 7 from the CLI and 507 from the API, with what to do, and
+/// nothing changes (the origin stays attached, written through).
+#[test]
+fn an_origin_copied_to_a_pool_without_room_stays_attached() {
+    let daemon = Daemon::start(&["--initial-volume", "none", "--pool-size", "48M"]);
+    let work = tempfile::tempdir().unwrap();
+    let image = random_file(work.path(), "disk.img", 16 * MIB as u64, 3);
+    let content = std::fs::read(&image).unwrap();
+    daemon.ok(&["origin", "attach", "disk", p(&image)]);
+    daemon.ok(&["snapshot", "create", "disk@s"]);
+    // All but 8 MiB of the data space written: no room for 16 MiB.
+    let status = daemon.json(&["pool", "status"]);
+    let free = status["data_bytes"].as_u64().unwrap() - status["data_used_bytes"].as_u64().unwrap();
+    let fill = (free / MIB as u64)
+        .checked_sub(8)
+        .expect("a pool of more than 8 MiB free");
+    daemon.ok(&["volume", "create", "filler", "--size", &format!("{fill}M")]);
+    qemu_io_ok(&daemon, "filler", &format!("write -P 1 0 {fill}M"));
+    daemon.fails(
+        &["origin", "detach", "disk", "--copy-to-pool"],
+        7,
+        "no free run",
+    );
+    let (status, body) = http(
+        &daemon.api_socket(),
+        "DELETE",
+        "/v1/origins/disk?copy_to_pool=true",
+        "",
+    );
+    assert_eq!(status, 507, "{body}");
+    assert!(body.contains("no_space"), "{body}");
+    let origins = origin_list(&daemon);
+    assert_eq!(origins.len(), 1);
+    assert_eq!(origins[0]["attached"], true);
+    qemu_io_ok(&daemon, "disk", "write -P 0x42 0 64k");
+    let mut now = content.clone();
+    now[..64 * 1024].fill(0x42);
+    assert_same(
+        &std::fs::read(&image).unwrap(),
+        &now,
+        "the file, written through",
+    );
+    assert_same(
+        &export_bytes(&daemon, "disk@s", work.path()),
+        &content,
+        "the snapshot",
+    );
+}
+
 /// A process with an NBD connection to an export open until dropped
 /// (killed and reaped then, also when the test fails).
 struct OpenConnection(Child);
