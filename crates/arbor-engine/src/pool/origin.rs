@@ -84,7 +84,9 @@ struct Written {
 
 impl Written {
     fn new(chunk_size: u64, chunks: u64) -> Self {
-        // A volume's chunks fit memory as bits: at most 2^32 (MAX_COW_CHUNKS).
+        // At most 2^32 chunks (MAX_COW_CHUNKS), so at most 512 MiB of bits,
+        // for the largest volume (8 MiB for 1 TiB at 16 KiB chunks), held
+        // only while its home is copied.
         let words = usize::try_from(chunks.div_ceil(64)).unwrap_or(usize::MAX);
         Self {
             chunk_size,
