@@ -79,6 +79,7 @@ pub(crate) struct OriginDevice {
 /// ([`Pool::rehome`]), one bit each.
 struct Written {
     chunk_size: u64,
+    chunks: u64,
     bits: Vec<u64>,
 }
 
@@ -90,15 +91,17 @@ impl Written {
         let words = usize::try_from(chunks.div_ceil(64)).unwrap_or(usize::MAX);
         Self {
             chunk_size,
+            chunks,
             bits: vec![0; words],
         }
     }
 
     /// Marks the chunks of bytes `[from, to)`.
     fn mark(&mut self, from: u64, to: u64) {
-        for chunk in from / self.chunk_size..to.div_ceil(self.chunk_size) {
-            // Past the tracked chunks (a growth of the device meanwhile,
-            // which the copy refuses anyway): nothing to mark.
+        // Past the tracked chunks (a growth of the device meanwhile, which
+        // the copy refuses anyway): nothing to mark.
+        let end = to.div_ceil(self.chunk_size).min(self.chunks);
+        for chunk in from / self.chunk_size..end {
             if let Some(word) = self.bits.get_mut((chunk / 64) as usize) {
                 *word |= 1 << (chunk % 64);
             }
@@ -1562,4 +1565,28 @@ fn read_lock(l: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
 
 fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
     l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Written;
+
+    #[test]
+    fn written_chunks_come_back_as_runs_once() {
+        let mut w = Written::new(4096, 200);
+        // Inside one chunk, across chunks, across a word, the last chunk,
+        // and past the end (nothing).
+        w.mark(100, 200);
+        w.mark(4096 * 3 + 1, 4096 * 5);
+        w.mark(4096 * 63, 4096 * 66);
+        w.mark(4096 * 199, 4096 * 200);
+        w.mark(4096 * 200, 4096 * 300);
+        assert_eq!(w.take(), [0..1, 3..5, 63..66, 199..200]);
+        assert_eq!(w.take(), []);
+        // Adjacent marks join one run; an empty range marks nothing.
+        w.mark(4096 * 10, 4096 * 11);
+        w.mark(4096 * 11, 4096 * 12);
+        w.mark(4096 * 20, 4096 * 20);
+        assert_eq!(w.take(), [10..12]);
+    }
 }
