@@ -1587,6 +1587,6 @@ mod tests {
         w.mark(4096 * 10, 4096 * 11);
         w.mark(4096 * 11, 4096 * 12);
         w.mark(4096 * 20, 4096 * 20);
-        assert_eq!(w.take(), [10..12]);
+        assert_eq!(w.take(), [std::ops::Range { start: 10, end: 12 }]);
     }
 }
