@@ -633,7 +633,8 @@ fn diffs_between_epochs_come_from_the_store() {
 /// beforehand with its own tools), then the new size recorded; its
 /// snapshots keep their size and content. A power cut between the two
 /// leaves a larger device, which attaches with the recorded size, and the
-/// resize runs again. It never shrinks, and an in-pool home cannot grow.
+/// resize runs again. It never shrinks (an in-pool home's growth is in
+/// `big_home.rs`).
 #[test]
 fn an_origin_grows_and_its_snapshots_keep_their_size() {
     let (disk, pool, origin, id) = attached();
