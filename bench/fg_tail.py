@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""Where the foreground write tail comes from: 4 KiB random writes at QD1
+for 8 s on a full 256 MiB volume of a fresh daemon, with no snapshots, a
+committed or a deferred snapshot every second (experiment 3's rows), every
+write's latency logged by fio with its time. Prints fio's percentiles, the
+snapshot API latencies, and the writes at or above the run's p99 counted
+by time since the last snapshot call and by 100 ms slot of the run, with
+the slots of the daemon's commits (snapshots that commit, and the commit
+interval) to compare.
+
+KICK_MS=N starts the writeback of the pool file's dirty pages every N ms
+from outside the daemon (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, as
+RocksDB's bytes_per_sync or PostgreSQL's *_flush_after do), to see what
+eager writeback does to the commits and to the writes (PERFORMANCE.md §
+11, "Where the buffered tail comes from").
+
+    /usr/bin/python3 bench/fg_tail.py BINARY none|committed|deferred [direct|buffered] [CHUNK]
+"""
+import ctypes
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from arbor_adapter import Arbor  # noqa: E402
+
+MIB, GIB = 1 << 20, 1 << 30
+SIZE = 256 * MIB
+SECONDS = 8
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def main():
+    binary, mode = sys.argv[1], sys.argv[2]
+    io = sys.argv[3] if len(sys.argv) > 3 else None
+    chunk = sys.argv[4] if len(sys.argv) > 4 else "16K"
+    kick_ms = int(os.environ.get("KICK_MS", "0"))
+    work = os.environ.get("WORKDIR", "/var/tmp/arbor-fg-tail")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    ab = Arbor(binary, os.path.join(work, "d"), SIZE * 16 + GIB, io=io, chunk_size=chunk).start()
+    stop = threading.Event()
+    snaps = []
+
+    def snapper():
+        i = 0
+        while not stop.wait(1.0):
+            i += 1
+            t = time.time()
+            ab.snapshot(f"v@s{i}", "deferred" if mode == "deferred" else None)
+            snaps.append((t, time.time()))
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+
+    def kicker():
+        fd = os.open(os.path.join(work, "d", "pool"), os.O_RDONLY)
+        try:
+            while not stop.wait(kick_ms / 1000):
+                if libc.sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) != 0:
+                    raise OSError(ctypes.get_errno(), "sync_file_range")
+        finally:
+            os.close(fd)
+
+    threads = []
+    try:
+        if os.environ.get("PREALLOC"):
+            # the pool file's holes allocated as unwritten extents (what a
+            # long-lived pool's reused chunks are not: those are written)
+            subprocess.run(["fallocate", "-l", str(SIZE * 16 + GIB), os.path.join(work, "d", "pool")], check=True)
+        ab.volume_create("v", SIZE)
+        subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={ab.uri('v')}", "--rw=write", "--bs=1m",
+                        "--iodepth=8", f"--size={SIZE}", "--end_fsync=1"], capture_output=True, check=True)
+        started = time.time()  # the fill's flush committed: the commit interval counts from about here
+        fio = subprocess.Popen(
+            ["fio", "--name=j", "--ioengine=nbd", f"--uri={ab.uri('v')}", "--rw=randwrite", "--bs=4k",
+             "--iodepth=1", f"--size={SIZE}", f"--runtime={SECONDS}", "--time_based", "--norandommap",
+             "--randseed=1", "--end_fsync=1", "--lat_percentiles=1", "--percentile_list=50:99:99.9",
+             "--output-format=json", f"--write_lat_log={work}/lat", "--log_avg_msec=0", "--per_job_logs=0",
+             "--log_unix_epoch=1"],
+            stdout=subprocess.PIPE, text=True)
+        if mode != "none":
+            threads.append(threading.Thread(target=snapper))
+        if kick_ms:
+            threads.append(threading.Thread(target=kicker))
+        for t in threads:
+            t.start()
+        out = fio.communicate()[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        ab.stop()
+    job = json.loads(out[out.index("{"):])["jobs"][0]["write"]
+    pc = job["lat_ns"]["percentile"]
+    print(f"{mode} io={io or 'default'} chunk={chunk} kick={kick_ms}ms: {job['iops']:.0f} IOPS, "
+          f"p50 {pc['50.000000'] / 1e3:.1f} p99 {pc['99.000000'] / 1e3:.1f} p99.9 {pc['99.900000'] / 1e3:.1f} µs")
+    if snaps:
+        print("  snapshot API ms:", [round((b - a) * 1e3, 2) for a, b in snaps])
+    # Lines: time (Unix ms), latency (ns), direction, size, offset.
+    rows = []
+    for line in open(glob.glob(f"{work}/lat*_lat.log")[0]):
+        f = line.split(",")
+        rows.append((int(f[0]) / 1000, int(f[1])))
+    shutil.rmtree(work, ignore_errors=True)
+    lats = sorted(lat for _, lat in rows)
+    p99 = lats[int(len(lats) * 0.99)]
+    slow = [(t, lat) for t, lat in rows if lat >= p99]
+    first = rows[0][0]
+    print(f"  {len(slow)} writes at or above p99 ({p99 / 1e3:.0f} µs) of {len(rows)}")
+    if snaps:
+        since = {}
+        for t, _ in slow:
+            before = [a for a, _ in snaps if a <= t]
+            key = f"{min(int((t - before[-1]) * 10), 9) / 10:.1f} s" if before else "before the first"
+            since[key] = since.get(key, 0) + 1
+        print("  by time since the last snapshot call:", dict(sorted(since.items())))
+    slots = {}
+    for t, _ in slow:
+        slot = int((t - first) * 10)
+        slots[slot] = slots.get(slot, 0) + 1
+    top = sorted(slots.items(), key=lambda x: -x[1])[:8]
+    print("  busiest 100 ms slots of the run (slot: writes):", dict(top))
+    marks = [int((a - first) * 10) for a, _ in snaps] if mode == "committed" else []
+    interval = [int((started + 5 * k - first) * 10) for k in range(1, 3)]
+    print(f"  slots of snapshot calls {marks if marks else '(deferred: no commit)'}; "
+          f"commit interval near slots {interval}")
+
+
+if __name__ == "__main__":
+    main()
