@@ -18,7 +18,6 @@ eager writeback does to the commits and to the writes (PERFORMANCE.md §
 """
 import ctypes
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -27,10 +26,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench as B  # noqa: E402
 from arbor_adapter import Arbor  # noqa: E402
 
-MIB, GIB = 1 << 20, 1 << 30
-SIZE = 256 * MIB
+SIZE = 256 * B.MIB
 SECONDS = 8
 SYNC_FILE_RANGE_WRITE = 2
 
@@ -43,7 +42,9 @@ def main():
     work = os.environ.get("WORKDIR", "/var/tmp/arbor-fg-tail")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    ab = Arbor(binary, os.path.join(work, "d"), SIZE * 16 + GIB, io=io, chunk_size=chunk).start()
+    pool_size = SIZE * 16 + B.GIB
+    ab = Arbor(binary, os.path.join(work, "d"), pool_size, io=io, chunk_size=chunk).start()
+    pool = os.path.join(ab.workdir, "pool")
     stop = threading.Event()
     snaps = []
 
@@ -59,7 +60,7 @@ def main():
     libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
 
     def kicker():
-        fd = os.open(os.path.join(work, "d", "pool"), os.O_RDONLY)
+        fd = os.open(pool, os.O_RDONLY)
         try:
             while not stop.wait(kick_ms / 1000):
                 if libc.sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) != 0:
@@ -72,34 +73,26 @@ def main():
         if os.environ.get("PREALLOC"):
             # the pool file's holes allocated as unwritten extents (what a
             # long-lived pool's reused chunks are not: those are written)
-            subprocess.run(["fallocate", "-l", str(SIZE * 16 + GIB), os.path.join(work, "d", "pool")], check=True)
+            subprocess.run(["fallocate", "-l", str(pool_size), pool], check=True)
         ab.volume_create("v", SIZE)
-        subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={ab.uri('v')}", "--rw=write", "--bs=1m",
-                        "--iodepth=8", f"--size={SIZE}", "--end_fsync=1"], capture_output=True, check=True)
+        B.fio(("nbd", ab.uri("v")), "write", "1m", 8, SIZE, end_fsync=True)
         started = time.time()  # the fill's flush committed: the commit interval counts from about here
-        fio = subprocess.Popen(
-            ["fio", "--name=j", "--ioengine=nbd", f"--uri={ab.uri('v')}", "--rw=randwrite", "--bs=4k",
-             "--iodepth=1", f"--size={SIZE}", f"--runtime={SECONDS}", "--time_based", "--norandommap",
-             "--randseed=1", "--end_fsync=1", "--lat_percentiles=1", "--percentile_list=50:99:99.9",
-             "--output-format=json", f"--write_lat_log={work}/lat", "--log_avg_msec=0", "--per_job_logs=0",
-             "--log_unix_epoch=1"],
-            stdout=subprocess.PIPE, text=True)
         if mode != "none":
             threads.append(threading.Thread(target=snapper))
         if kick_ms:
             threads.append(threading.Thread(target=kicker))
         for t in threads:
             t.start()
-        out = fio.communicate()[0]
+        job = B.fio(("nbd", ab.uri("v")), "randwrite", "4k", 1, SIZE, runtime=SECONDS, randommap=False,
+                    extra=[f"--write_lat_log={work}/lat", "--log_avg_msec=0", "--per_job_logs=0",
+                           "--log_unix_epoch=1"])
     finally:
         stop.set()
         for t in threads:
             t.join()
         ab.stop()
-    job = json.loads(out[out.index("{"):])["jobs"][0]["write"]
-    pc = job["lat_ns"]["percentile"]
     print(f"{mode} io={io or 'default'} chunk={chunk} kick={kick_ms}ms: {job['iops']:.0f} IOPS, "
-          f"p50 {pc['50.000000'] / 1e3:.1f} p99 {pc['99.000000'] / 1e3:.1f} p99.9 {pc['99.900000'] / 1e3:.1f} µs")
+          f"p50 {job['lat_p50_us']:.1f} p99 {job['lat_p99_us']:.1f} p99.9 {job['lat_p999_us']:.1f} µs")
     if snaps:
         print("  snapshot API ms:", [round((b - a) * 1e3, 2) for a, b in snaps])
     # Lines: time (Unix ms), latency (ns), direction, size, offset.
@@ -126,10 +119,10 @@ def main():
         slots[slot] = slots.get(slot, 0) + 1
     top = sorted(slots.items(), key=lambda x: -x[1])[:8]
     print("  busiest 100 ms slots of the run (slot: writes):", dict(top))
-    marks = [int((a - first) * 10) for a, _ in snaps] if mode == "committed" else []
     interval = [int((started + 5 * k - first) * 10) for k in range(1, 3)]
-    print(f"  slots of snapshot calls {marks if marks else '(deferred: no commit)'}; "
-          f"commit interval near slots {interval}")
+    if mode == "committed":
+        print(f"  slots of the snapshots' commits {[int((a - first) * 10) for a, _ in snaps]}")
+    print(f"  commit interval's commits near slots {interval}")
 
 
 if __name__ == "__main__":
