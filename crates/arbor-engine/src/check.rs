@@ -203,12 +203,22 @@ impl Walker<'_> {
                             ));
                             continue;
                         }
+                        if let Some(p) = v.partial {
+                            let geo = &self.meta.store.geo;
+                            if let Some(what) = crate::mapping::partial_rule(geo, v.pchunk, &p) {
+                                self.damage(format!("leaf {}: extent at {key}: {what}", r.block));
+                                continue;
+                            }
+                        }
                         previous_end = key.saturating_add(len);
                         mapped += len;
-                        for c in v.pchunk..v.pchunk + len {
-                            // In range: checked against data_chunks just above.
-                            self.data_refs[c as usize] =
-                                self.data_refs[c as usize].saturating_add(1);
+                        for (start, run) in v.chunk_runs() {
+                            // In range: the run checked against data_chunks
+                            // just above, a partial's base by its rule.
+                            for c in start..start + run {
+                                self.data_refs[c as usize] =
+                                    self.data_refs[c as usize].saturating_add(1);
+                            }
                         }
                     }
                     Err(e) => self.damage(format!("leaf {}: {e}", r.block)),

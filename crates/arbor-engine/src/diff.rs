@@ -18,7 +18,11 @@ use crate::walk::{verify, walk, Descend, Place, Visitor};
 enum Piece {
     /// The subtree at `node`, where its parent puts it.
     Subtree { node: BlockRef, at: Place },
-    /// Chunks `[lo, hi)` map to physical chunks from `phys` on, or are unmapped.
+    /// Chunks `[lo, hi)` map to physical chunks from `phys` on, or are
+    /// unmapped. Equal `phys` means equal contents, partial extents
+    /// included: a partial's chunk is mapped by one partial (one mask, one
+    /// base) while it is shared, and a mask grows only while its chunk is
+    /// not shared.
     Run { lo: u64, hi: u64, phys: Option<u64> },
 }
 
@@ -282,19 +286,20 @@ impl Meta {
                 if let NodeBody::Leaf(_) = node.body {
                     for i in 0..node.len() {
                         let v = crate::meta::decode_map_value(node, i)?;
-                        let end = v
-                            .pchunk
-                            .checked_add(u64::from(v.len))
-                            .filter(|&end| end <= self.meta.geo().data_chunks())
-                            .ok_or_else(|| {
-                                Error::inconsistent(format!(
-                                    "leaf {}: extent at {} points past the data region",
-                                    r.block, node.keys[i]
-                                ))
-                            })?;
-                        for c in v.pchunk..end {
-                            if self.meta.data_count(c)? == 1 {
-                                self.total += 1;
+                        for (start, len) in v.chunk_runs() {
+                            let end = start
+                                .checked_add(len)
+                                .filter(|&end| end <= self.meta.geo().data_chunks())
+                                .ok_or_else(|| {
+                                    Error::inconsistent(format!(
+                                        "leaf {}: extent at {} points past the data region",
+                                        r.block, node.keys[i]
+                                    ))
+                                })?;
+                            for c in start..end {
+                                if self.meta.data_count(c)? == 1 {
+                                    self.total += 1;
+                                }
                             }
                         }
                     }

@@ -7,12 +7,107 @@
 //! * an extent lies wholly inside the key range of the leaf holding it (so a
 //!   lookup only needs the leaf whose range holds the chunk);
 //! * each mapped chunk holds one data-space-map reference per extent that
-//!   names it.
+//!   names it: as its run, or as a partial extent's base;
+//! * a partial extent (format version 7) is one chunk long, its mask names
+//!   blocks of the chunk and not all of them ([`partial_rule`]).
 
-use arbor_format::{BlockRef, MapValue, TreeKind, MAX_EXTENT_CHUNKS};
+use arbor_format::{BlockRef, MapValue, Partial, TreeKind, MAX_EXTENT_CHUNKS, MAX_PARTIAL_BLOCKS};
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::store::Geometry;
+
+/// The first format version whose mapping entries may be partial extents
+/// (FORMAT.md §6.3).
+pub(crate) const PARTIAL_EXTENTS_VERSION: u16 = 7;
+
+/// Bytes of one block of a partial extent's mask.
+pub(crate) const PARTIAL_BLOCK: u64 = 4096;
+
+/// Blocks of a chunk that a partial extent's mask covers, if this pool
+/// may hold partial extents: version 7 or later, chunks of 2 to 32 blocks.
+pub(crate) fn partial_blocks(geo: &Geometry) -> Option<u32> {
+    let blocks = geo.chunk_size / PARTIAL_BLOCK;
+    (geo.version() >= PARTIAL_EXTENTS_VERSION
+        && geo.chunk_size.is_multiple_of(PARTIAL_BLOCK)
+        && (2..=u64::from(MAX_PARTIAL_BLOCKS)).contains(&blocks))
+    .then_some(blocks as u32)
+}
+
+/// What is wrong with partial extent `p` of chunk `pchunk` in a pool of
+/// geometry `geo`, if anything: the one place that says what a valid
+/// partial is (decoding and `check` both ask it).
+pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<String> {
+    let Some(blocks) = partial_blocks(geo) else {
+        return Some(format!(
+            "a partial extent in a version {} pool of {}-byte chunks",
+            geo.version(),
+            geo.chunk_size
+        ));
+    };
+    let all = if blocks == 32 {
+        u32::MAX
+    } else {
+        (1u32 << blocks) - 1
+    };
+    if p.mask & !all != 0 || p.mask == all {
+        return Some(format!(
+            "partial extent mask {:#x} for chunks of {blocks} blocks",
+            p.mask
+        ));
+    }
+    if p.base >= geo.data_chunks() || p.base == pchunk {
+        return Some(format!("partial extent base {} (chunk {pchunk})", p.base));
+    }
+    None
+}
+
+/// What one logical chunk maps to: a data chunk, and for a partial extent
+/// the base that the blocks outside its mask read from. It holds one
+/// reference on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mapped {
+    pub phys: u64,
+    pub partial: Option<Partial>,
+}
+
+impl Mapped {
+    /// A chunk mapped whole.
+    pub fn whole(phys: u64) -> Self {
+        Self {
+            phys,
+            partial: None,
+        }
+    }
+}
+
+impl Mapped {
+    /// Where the bytes of the chunk live, as runs `(offsets within the
+    /// chunk, data chunk)` in order, covering `[0, chunk_size)`: the whole
+    /// chunk from `phys`, or a partial extent's runs of blocks from `phys`
+    /// (its mask) and from its base (the rest). The one place that splits a
+    /// partial chunk.
+    pub fn runs(&self, chunk_size: u64) -> Vec<(std::ops::Range<u64>, u64)> {
+        let Some(p) = self.partial else {
+            return vec![(0..chunk_size, self.phys)];
+        };
+        let blocks = chunk_size / PARTIAL_BLOCK;
+        let mut runs: Vec<(std::ops::Range<u64>, u64)> = Vec::new();
+        for block in 0..blocks {
+            let from = if (p.mask >> block) & 1 == 1 {
+                self.phys
+            } else {
+                p.base
+            };
+            let range = block * PARTIAL_BLOCK..(block + 1) * PARTIAL_BLOCK;
+            match runs.last_mut() {
+                Some((last, chunk)) if *chunk == from => last.end = range.end,
+                _ => runs.push((range, from)),
+            }
+        }
+        runs
+    }
+}
 
 /// One run of mapped chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +116,8 @@ pub(crate) struct Extent {
     pub len: u32,
     pub pchunk: u64,
     pub gen: u64,
+    /// A partial extent's mask and base (then `len` is 1).
+    pub partial: Option<Partial>,
 }
 
 impl Extent {
@@ -37,13 +134,45 @@ impl Extent {
         self.pchunk + (chunk - self.start)
     }
 
-    fn from_entry(key: u64, value: &[u8], data_chunks: u64) -> Result<Self> {
+    /// What logical `chunk` (which the extent covers) maps to.
+    pub fn at(&self, chunk: u64) -> Mapped {
+        Mapped {
+            phys: self.phys(chunk),
+            partial: self.partial,
+        }
+    }
+
+    /// Drops the references of chunks `[from, to)` of the extent (which it
+    /// covers): their data chunks, and a partial extent's base.
+    fn release(&self, meta: &mut Meta, from: u64, to: u64) -> Result<()> {
+        match self.partial {
+            // One chunk, which `[from, to)` covers.
+            Some(partial) => meta.dec_mapped(Mapped {
+                phys: self.pchunk,
+                partial: Some(partial),
+            }),
+            None => meta.dec_data_range(self.phys(from), to - from),
+        }
+    }
+
+    /// An extent that is not partial.
+    pub fn whole(start: u64, len: u32, pchunk: u64, gen: u64) -> Self {
+        Self {
+            start,
+            len,
+            pchunk,
+            gen,
+            partial: None,
+        }
+    }
+
+    pub(crate) fn from_entry(key: u64, value: &[u8], geo: &Geometry) -> Result<Self> {
         let v = MapValue::decode(value)
             .map_err(|e| Error::corrupt(format!("mapping entry {key}"), e))?;
         let fits = v
             .pchunk
             .checked_add(u64::from(v.len))
-            .is_some_and(|end| end <= data_chunks)
+            .is_some_and(|end| end <= geo.data_chunks())
             && key.checked_add(u64::from(v.len)).is_some();
         if !fits {
             return Err(Error::inconsistent(format!(
@@ -51,20 +180,23 @@ impl Extent {
                 v.pchunk, v.len
             )));
         }
+        if let Some(what) = v.partial.and_then(|p| partial_rule(geo, v.pchunk, &p)) {
+            return Err(Error::inconsistent(format!("mapping entry {key}: {what}")));
+        }
         Ok(Self {
             start: key,
             len: v.len,
             pchunk: v.pchunk,
             gen: v.gen,
+            partial: v.partial,
         })
     }
 
     fn encode(&self) -> [u8; MapValue::ENCODED_LEN] {
         let mut out = [0u8; MapValue::ENCODED_LEN];
         MapValue {
-            pchunk: self.pchunk,
-            len: self.len,
-            gen: self.gen,
+            partial: self.partial,
+            ..MapValue::whole(self.pchunk, self.len, self.gen)
         }
         .encode(&mut out);
         out
@@ -77,7 +209,7 @@ impl Meta {
         let Some(found) = self.tree_get_le(root, chunk)? else {
             return Ok(None);
         };
-        let extent = Extent::from_entry(found.key, &found.value, self.geo().data_chunks())?;
+        let extent = Extent::from_entry(found.key, &found.value, self.geo())?;
         Ok(extent.covers(chunk).then_some((extent, found.leaf_upper)))
     }
 
@@ -97,10 +229,19 @@ impl Meta {
                 return Ok(());
             }
         }
-        let data_chunks = self.geo().data_chunks();
+        let geo = self.geo();
         self.tree_for_each(root, TreeKind::Mapping, from, to, &mut |key, value| {
-            f(Extent::from_entry(key, value, data_chunks)?)
+            f(Extent::from_entry(key, value, geo)?)
         })
+    }
+
+    /// Drops the references `m` holds.
+    pub fn dec_mapped(&mut self, m: Mapped) -> Result<()> {
+        self.dec_data(m.phys)?;
+        if let Some(p) = m.partial {
+            self.dec_data(p.base)?;
+        }
+        Ok(())
     }
 
     fn put_extent(&mut self, root: BlockRef, e: Extent) -> Result<BlockRef> {
@@ -117,54 +258,55 @@ impl Meta {
         from: u64,
         to: u64,
     ) -> Result<BlockRef> {
+        // A partial extent is one chunk: a cut that overlaps it removes it.
+        debug_assert!(e.partial.is_none() || (from <= e.start && e.end() <= to));
         root = self.tree_remove(root, e.start)?.0;
         if e.start < from {
             let len = (from - e.start) as u32;
             root = self.put_extent(root, Extent { len, ..e })?;
         }
         if to < e.end() {
-            let right = Extent {
-                start: to,
-                len: (e.end() - to) as u32,
-                pchunk: e.phys(to),
-                gen: e.gen,
-            };
+            let right = Extent::whole(to, (e.end() - to) as u32, e.phys(to), e.gen);
             root = self.put_extent(root, right)?;
         }
         Ok(root)
     }
 
     /// Maps logical `chunk` to physical `pchunk` as written in this
-    /// transaction. The caller transfers one reference to `pchunk`; the
-    /// previous physical chunk (if any) is returned and its reference passes
-    /// to the caller. Shadows the path, so afterwards the leaf is exclusive.
+    /// transaction. The caller transfers one reference to `pchunk`; what
+    /// the chunk mapped before (if anything) is returned and its references
+    /// pass to the caller. Shadows the path, so afterwards the leaf is
+    /// exclusive.
     pub fn map_set(
         &mut self,
         root: BlockRef,
         chunk: u64,
         pchunk: u64,
-    ) -> Result<(BlockRef, Option<u64>)> {
-        self.map_set_as(root, chunk, pchunk, self.txn())
+    ) -> Result<(BlockRef, Option<Mapped>)> {
+        self.map_set_as(root, chunk, Mapped::whole(pchunk), self.txn())
     }
 
-    /// [`Meta::map_set`] with the extent's generation given: the mapping's
-    /// previous generation shadows the path without claiming a write.
+    /// [`Meta::map_set`] of any mapping, with the extent's generation
+    /// given: the mapping's previous generation shadows the path without
+    /// claiming a write.
     pub fn map_set_as(
         &mut self,
         root: BlockRef,
         chunk: u64,
-        pchunk: u64,
+        to: Mapped,
         gen: u64,
-    ) -> Result<(BlockRef, Option<u64>)> {
+    ) -> Result<(BlockRef, Option<Mapped>)> {
         let mut root = root;
         let mut previous = None;
+        let pchunk = to.phys;
         if let Some((e, _)) = self.map_lookup(root, chunk)? {
-            previous = Some(e.phys(chunk));
+            previous = Some(e.at(chunk));
             root = self.cut_extent(root, e, chunk, chunk + 1)?;
         }
-        if let Some(left) = chunk.checked_sub(1) {
+        if let (Some(left), None) = (chunk.checked_sub(1), to.partial) {
             if let Some((e, leaf_upper)) = self.map_lookup(root, left)? {
-                let extendable = e.end() == chunk
+                let extendable = e.partial.is_none()
+                    && e.end() == chunk
                     && e.pchunk + u64::from(e.len) == pchunk
                     && e.gen == gen
                     && e.len < MAX_EXTENT_CHUNKS
@@ -179,10 +321,8 @@ impl Meta {
             }
         }
         let single = Extent {
-            start: chunk,
-            len: 1,
-            pchunk,
-            gen,
+            partial: to.partial,
+            ..Extent::whole(chunk, 1, pchunk, gen)
         };
         Ok((self.put_extent(root, single)?, previous))
     }
@@ -207,7 +347,7 @@ impl Meta {
             let cut_from = e.start.max(from);
             let cut_to = e.end().min(to);
             root = self.cut_extent(root, e, cut_from, cut_to)?;
-            self.dec_data_range(e.phys(cut_from), cut_to - cut_from)?;
+            e.release(self, cut_from, cut_to)?;
             unmapped += cut_to - cut_from;
         }
         Ok((root, unmapped))
@@ -245,10 +385,9 @@ impl Meta {
             }
         }
         let removal = self.tree_remove_range(root, from, to)?;
-        let data_chunks = self.geo().data_chunks();
         for (key, value) in &removal.removed {
-            let e = Extent::from_entry(*key, value, data_chunks)?;
-            self.dec_data_range(e.pchunk, u64::from(e.len))?;
+            let e = Extent::from_entry(*key, value, self.geo())?;
+            e.release(self, e.start, e.end())?;
             unmapped += u64::from(e.len);
         }
         for &subtree in &removal.detached {
@@ -270,7 +409,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::testing::{check_refs, check_tree, drop_tree, fresh_meta};
+    use crate::testing::{check_refs, check_tree, drop_tree, fresh_meta, fresh_meta_with};
 
     /// Logical chunk → physical chunk.
     type Model = BTreeMap<u64, u64>;
@@ -286,12 +425,7 @@ mod tests {
     }
 
     fn ext(start: u64, len: u32, pchunk: u64, gen: u64) -> Extent {
-        Extent {
-            start,
-            len,
-            pchunk,
-            gen,
-        }
+        Extent::whole(start, len, pchunk, gen)
     }
 
     /// Maps `chunk` to `pchunk` (whose reference the caller holds and
@@ -307,11 +441,11 @@ mod tests {
         let (root, previous) = meta.map_set(root, chunk, pchunk).unwrap();
         assert_eq!(
             previous,
-            model.insert(chunk, pchunk),
+            model.insert(chunk, pchunk).map(Mapped::whole),
             "replaced chunk of {chunk}"
         );
         if let Some(p) = previous {
-            meta.dec_data(p).unwrap();
+            meta.dec_mapped(p).unwrap();
         }
         root
     }
@@ -372,6 +506,62 @@ mod tests {
     /// one, the same generation given explicitly extends it, and no extent
     /// grows past MAX_EXTENT_CHUNKS.
     #[test]
+    fn a_partial_extent_never_merges_and_holds_its_base() {
+        let mut meta = fresh_meta_with(16384);
+        let mut root = BlockRef::NONE;
+        let base = meta.alloc_data().unwrap();
+        root = meta.map_set(root, 5, base).unwrap().0;
+        // Chunks 4 to 6 written in order in one transaction, 5 as a partial
+        // over `base`: the whole neighbours are consecutive with it on the
+        // device, and still three extents.
+        let p4 = meta.alloc_data().unwrap();
+        let p5 = meta.alloc_data().unwrap();
+        let p6 = meta.alloc_data().unwrap();
+        assert_eq!((p5, p6), (p4 + 1, p4 + 2));
+        root = meta.map_set(root, 4, p4).unwrap().0;
+        let partial = Mapped {
+            phys: p5,
+            partial: Some(Partial { mask: 0b1000, base }),
+        };
+        let txn = meta.txn();
+        let (r, previous) = meta.map_set_as(root, 5, partial, txn).unwrap();
+        root = r;
+        // The base's reference passes to the partial.
+        assert_eq!(previous, Some(Mapped::whole(base)));
+        root = meta.map_set(root, 6, p6).unwrap().0;
+        let got = extents(&meta, root, 0, 10);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[1].at(5), partial);
+        assert_eq!(partial.runs(16384), [(0..12288, base), (12288..16384, p5)]);
+        check_refs(&meta, &[root], 0);
+        // Replaced: both references come back to the caller.
+        let q = meta.alloc_data().unwrap();
+        let (r, previous) = meta.map_set(root, 5, q).unwrap();
+        root = r;
+        assert_eq!(previous, Some(partial));
+        meta.dec_mapped(partial).unwrap();
+        check_refs(&meta, &[root], 0);
+        // A partial unmapped by a range drops both.
+        let base2 = q;
+        let p = meta.alloc_data().unwrap();
+        let partial = Mapped {
+            phys: p,
+            partial: Some(Partial {
+                mask: 0b0001,
+                base: base2,
+            }),
+        };
+        root = meta.map_set_as(root, 5, partial, txn).unwrap().0;
+        check_refs(&meta, &[root], 0);
+        let (r, unmapped) = meta.map_unset_range(root, 5, 6).unwrap();
+        root = r;
+        assert_eq!(unmapped, 1);
+        check_refs(&meta, &[root], 0);
+        drop_tree(&mut meta, root);
+        assert_eq!(meta.used(arbor_format::SmKind::Data), 0);
+    }
+
+    #[test]
     fn consecutive_writes_merge_into_one_extent() {
         let mut meta = fresh_meta();
         let mut model = Model::new();
@@ -391,10 +581,16 @@ mod tests {
         assert_eq!(model[&110], p0 + 11);
         // Another generation, then that generation again.
         let p = meta.alloc_data().unwrap();
-        root = meta.map_set_as(root, 111, p, g + 7).unwrap().0;
+        root = meta
+            .map_set_as(root, 111, Mapped::whole(p), g + 7)
+            .unwrap()
+            .0;
         model.insert(111, p);
         let p = meta.alloc_data().unwrap();
-        root = meta.map_set_as(root, 112, p, g + 7).unwrap().0;
+        root = meta
+            .map_set_as(root, 112, Mapped::whole(p), g + 7)
+            .unwrap()
+            .0;
         model.insert(112, p);
         assert_eq!(
             check_map(&meta, root, &model, true),
@@ -444,7 +640,7 @@ mod tests {
         let q = meta.alloc_data().unwrap();
         let (r, previous) = meta.map_set(root, 15, q).unwrap();
         root = r;
-        assert_eq!(previous, Some(p0 + 5));
+        assert_eq!(previous, Some(Mapped::whole(p0 + 5)));
         assert_eq!(meta.dec_data(p0 + 5).unwrap(), 0);
         model.insert(15, q);
         assert_eq!(

@@ -813,9 +813,10 @@ impl Meta {
                 }
             }
             NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
-                let mut ranges = (0..node.len())
-                    .map(|i| decode_map_value(node, i).map(|v| (v.pchunk, u64::from(v.len))))
-                    .collect::<Result<Vec<_>>>()?;
+                let mut ranges = Vec::with_capacity(node.len());
+                for i in 0..node.len() {
+                    ranges.extend(decode_map_value(node, i)?.chunk_runs());
+                }
                 self.data_sm.inc_ranges(&self.store, &mut ranges)?;
             }
             NodeBody::Leaf(_) => {}

@@ -65,6 +65,8 @@ pub const MAX_GROUP_SNAPSHOT: usize = 256;
 
 mod grow;
 mod origin;
+#[cfg(test)]
+mod partial_tests;
 mod props;
 mod receive;
 mod write;
@@ -1349,6 +1351,21 @@ impl Pool {
                         source: Source::Zeros,
                     });
                 }
+                if e.partial.is_some() {
+                    // One chunk, read from two by its mask.
+                    let base = e.start * cs;
+                    for (run, from) in e.at(e.start).runs(cs) {
+                        let (a, b) = ((base + run.start).max(lo), (base + run.end).min(hi));
+                        if a < b {
+                            push(Piece {
+                                len: b - a,
+                                source: Source::Pool(geo.chunk_offset(from) + (a - base)),
+                            });
+                        }
+                    }
+                    pos = pos.max(hi);
+                    return Ok(pos < end);
+                }
                 // An extent's chunks are contiguous on the device within a
                 // region only: a piece ends where the region does.
                 let mut lo = lo;
@@ -1371,6 +1388,19 @@ impl Pool {
             });
         }
         Ok(pieces)
+    }
+
+    /// Reads the whole chunk `m` maps to into `buf` (one chunk long).
+    pub(crate) fn read_mapped(&self, m: crate::mapping::Mapped, buf: &mut [u8]) -> Result<()> {
+        let cs = self.chunk_size();
+        debug_assert_eq!(buf.len() as u64, cs);
+        for (run, from) in m.runs(cs) {
+            self.store.dev.read_at(
+                &mut buf[run.start as usize..run.end as usize],
+                self.store.geo.chunk_offset(from) + run.start,
+            )?;
+        }
+        Ok(())
     }
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.

@@ -23,9 +23,14 @@ pub(crate) const METADATA_BYTES: u64 = 4 << 20;
 /// space-map count zero. The pool is created through [`Pool::create`], closed,
 /// and its last commit resumed here so the test owns the `Meta` outright.
 pub(crate) fn fresh_meta() -> Meta {
+    fresh_meta_with(4096)
+}
+
+/// [`fresh_meta`] with chunks of `chunk_size` bytes.
+pub(crate) fn fresh_meta_with(chunk_size: u32) -> Meta {
     let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(DEVICE_BYTES));
     let create = CreateOptions {
-        chunk_size: 4096,
+        chunk_size,
         metadata_bytes: Some(METADATA_BYTES),
         journal_pages: Some(16),
         ..CreateOptions::default()
@@ -179,8 +184,10 @@ pub(crate) fn check_refs(meta: &Meta, roots: &[BlockRef], other_data: usize) -> 
             NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
                 for i in 0..node.len() {
                     let v = decode_map_value(&node, i).expect("decode an extent");
-                    for p in v.pchunk..v.pchunk + u64::from(v.len) {
-                        *data_refs.entry(p).or_default() += 1;
+                    for (start, len) in v.chunk_runs() {
+                        for p in start..start + len {
+                            *data_refs.entry(p).or_default() += 1;
+                        }
                     }
                 }
             }
@@ -235,8 +242,10 @@ pub(crate) fn drop_tree(meta: &mut Meta, r: BlockRef) {
         NodeBody::Leaf(_) if node.tree == TreeKind::Mapping => {
             for i in 0..node.len() {
                 let v = decode_map_value(&node, i).expect("decode an extent");
-                meta.dec_data_range(v.pchunk, u64::from(v.len))
-                    .expect("drop data references");
+                for (start, len) in v.chunk_runs() {
+                    meta.dec_data_range(start, len)
+                        .expect("drop data references");
+                }
             }
         }
         NodeBody::Leaf(_) => {}

@@ -9,6 +9,7 @@
 use arbor_format::{BlockRef, Guid, Layout, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
+use crate::mapping::Mapped;
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
@@ -50,9 +51,9 @@ pub(crate) enum ChunkPlan {
     /// it once every redirected chunk of the write is mapped.
     InPlace(u64),
     /// Write a complete new chunk (`new`, already allocated), then map it.
-    /// `old` is the chunk mapped when planning, whose data fills the parts of
-    /// the chunk a partial write does not cover.
-    Redirect { old: Option<u64>, new: u64 },
+    /// `old` is what the chunk mapped when planning, whose data fills the
+    /// parts of the chunk a partial write does not cover.
+    Redirect { old: Option<Mapped>, new: u64 },
     /// Nothing to write: a chunk a discard zeroes only where mapped, and it
     /// is not.
     Skip,
@@ -90,8 +91,8 @@ pub(crate) struct WriteEnd {
 pub(crate) enum InPlaceCheck {
     /// Overwrite this physical chunk.
     Yes(u64),
-    /// Not in place; `mapped` is the chunk's current physical chunk, if any.
-    No { mapped: Option<u64> },
+    /// Not in place; `mapped` is what the chunk maps to now, if anything.
+    No { mapped: Option<Mapped> },
 }
 
 impl Volumes {
@@ -829,7 +830,7 @@ impl Volumes {
                 let current = self
                     .meta
                     .map_lookup(root, w.chunk)?
-                    .map(|(e, _)| e.phys(w.chunk));
+                    .map(|(e, _)| e.at(w.chunk));
                 if current != old {
                     return Err(Error::inconsistent(format!(
                         "chunk {} of volume {id} maps to {current:?}, planned against {old:?}",
@@ -845,9 +846,7 @@ impl Volumes {
                 let (shadowed, previous) = self.meta.map_set(root, w.chunk, new)?;
                 root = shadowed;
                 match previous {
-                    Some(previous) => {
-                        self.meta.dec_data(previous)?;
-                    }
+                    Some(previous) => self.meta.dec_mapped(previous)?,
                     None => added += 1,
                 }
             }
@@ -862,6 +861,38 @@ impl Volumes {
             self.unmap_chunks(id, unmap.start, unmap.end)?;
         }
         Ok(())
+    }
+
+    /// Maps chunk `chunk` of volume `id` (mapped whole now) as a partial
+    /// extent over what it maps, with a new chunk holding the blocks of
+    /// `mask`; returns that chunk. What a sub-chunk write will do, for the
+    /// tests of the layers below it (reads, copies, check, reclaim).
+    #[cfg(test)]
+    pub(crate) fn map_partial(&mut self, id: u64, chunk: u64, mask: u32) -> Result<u64> {
+        let root = self.writable_volume(id)?.root;
+        let Some((e, _)) = self.meta.map_lookup(root, chunk)? else {
+            return Err(Error::InvalidArgument(format!(
+                "chunk {chunk} is not mapped"
+            )));
+        };
+        let base = e.at(chunk);
+        if base.partial.is_some() {
+            return Err(Error::InvalidArgument(format!("chunk {chunk} is partial")));
+        }
+        let pchunk = self.meta.alloc_data()?;
+        let partial = Mapped {
+            phys: pchunk,
+            partial: Some(arbor_format::Partial {
+                mask,
+                base: base.phys,
+            }),
+        };
+        let txn = self.meta.txn();
+        let (root, previous) = self.meta.map_set_as(root, chunk, partial, txn)?;
+        // The base's reference passes from the old mapping to the partial.
+        debug_assert_eq!(previous, Some(base));
+        self.update_volume(id, |vol| vol.root = root)?;
+        Ok(pchunk)
     }
 
     /// Drops the new chunks of `plans` (a write that did not map them).
@@ -891,6 +922,13 @@ impl Volumes {
         let Some((extent, _)) = self.meta.map_lookup(root, chunk)? else {
             return Ok(InPlaceCheck::No { mapped: None });
         };
+        if extent.partial.is_some() {
+            // Blocks outside the mask read from the base: a write makes a
+            // whole new chunk of both.
+            return Ok(InPlaceCheck::No {
+                mapped: Some(extent.at(chunk)),
+            });
+        }
         let phys = extent.phys(chunk);
         let last_shared = self.last_shared_txn(id);
         let written_since_shared = extent.gen > last_shared;
@@ -905,8 +943,10 @@ impl Volumes {
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
         if extent.gen != self.meta.txn() || last_shared == self.meta.txn() {
-            let (shadowed, previous) = self.meta.map_set_as(root, chunk, phys, extent.gen)?;
-            debug_assert_eq!(previous, Some(phys));
+            let (shadowed, previous) =
+                self.meta
+                    .map_set_as(root, chunk, Mapped::whole(phys), extent.gen)?;
+            debug_assert_eq!(previous, Some(Mapped::whole(phys)));
             self.update_volume(id, |vol| vol.root = shadowed)?;
         }
         // In place only if this volume alone references the chunk now AND no
@@ -939,7 +979,9 @@ impl Volumes {
             }
             return Ok(InPlaceCheck::Yes(phys));
         }
-        Ok(InPlaceCheck::No { mapped: Some(phys) })
+        Ok(InPlaceCheck::No {
+            mapped: Some(Mapped::whole(phys)),
+        })
     }
 
     /// Processes up to `max_items` reclaim-queue entries; returns how many.
@@ -979,7 +1021,9 @@ impl Volumes {
             arbor_format::NodeBody::Leaf(_) => {
                 for i in 0..node.len() {
                     let v = crate::meta::decode_map_value(&node, i)?;
-                    self.meta.dec_data_range(v.pchunk, u64::from(v.len))?;
+                    for (start, len) in v.chunk_runs() {
+                        self.meta.dec_data_range(start, len)?;
+                    }
                 }
             }
         }

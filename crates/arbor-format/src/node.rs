@@ -33,9 +33,19 @@ pub enum TreeKind {
 }
 
 impl TreeKind {
+    /// Bytes of a leaf value in memory.
     pub fn value_len(self) -> usize {
         match self {
             TreeKind::Mapping => MapValue::ENCODED_LEN,
+            _ => self.fixed_value_len(),
+        }
+    }
+
+    /// Bytes of a leaf value in a fixed (not packed) leaf on disk: a
+    /// mapping value there has no base ([`MapValue::FIXED_LEN`]).
+    pub fn fixed_value_len(self) -> usize {
+        match self {
+            TreeKind::Mapping => MapValue::FIXED_LEN,
             TreeKind::Volumes => VolumeRecord::ENCODED_LEN_V1,
             TreeKind::Queue => BlockRef::ENCODED_LEN,
             TreeKind::VolumeTable => VolumeRecord::ENCODED_LEN,
@@ -80,7 +90,7 @@ pub const fn internal_capacity() -> usize {
 
 /// Most entries a leaf of `tree` holds.
 pub fn leaf_capacity(tree: TreeKind) -> usize {
-    (BLOCK_SIZE - NODE_HEADER_SIZE) / (8 + tree.value_len())
+    (BLOCK_SIZE - NODE_HEADER_SIZE) / (8 + tree.fixed_value_len())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,11 +145,25 @@ impl Node {
         }
     }
 
+    /// Whether a mapping leaf holds a partial extent (in memory: a value
+    /// whose base word is set).
+    fn has_partial(&self) -> bool {
+        match &self.body {
+            NodeBody::Leaf(values) if self.tree == TreeKind::Mapping => values
+                .chunks_exact(MapValue::ENCODED_LEN)
+                .any(|v| v[MapValue::FIXED_LEN..].iter().any(|&b| b != 0)),
+            _ => false,
+        }
+    }
+
     /// Its entries' size as encoded.
     pub fn usage(&self) -> Usage {
         let bytes = match &self.body {
             NodeBody::Leaf(values) if self.packed => packed::entries_len(None, &self.keys, values),
-            NodeBody::Leaf(_) => self.len() * (8 + self.tree.value_len()),
+            // A fixed leaf holds no partial extent: one that has any must
+            // be split until its halves are written packed.
+            NodeBody::Leaf(_) if self.has_partial() => BLOCK_SIZE + 1,
+            NodeBody::Leaf(_) => self.len() * (8 + self.tree.fixed_value_len()),
             NodeBody::Internal(_) => self.len() * INTERNAL_ENTRY_LEN,
         };
         Usage {
@@ -158,7 +182,7 @@ impl Node {
         }
         let entry = match self.body {
             NodeBody::Internal(_) => INTERNAL_ENTRY_LEN,
-            NodeBody::Leaf(_) => 8 + self.tree.value_len(),
+            NodeBody::Leaf(_) => 8 + self.tree.fixed_value_len(),
         };
         Usage {
             bytes: self.capacity() * entry,
@@ -250,11 +274,13 @@ impl Node {
                     .copy_from_slice(&(len as u32).to_le_bytes());
             }
             NodeBody::Leaf(values) => {
+                // `fits` holds: no value has bytes past the fixed length.
                 let vlen = self.tree.value_len();
+                let fixed = self.tree.fixed_value_len();
                 for (key, value) in self.keys.iter().zip(values.chunks_exact(vlen)) {
                     put_u64(&mut out, at, *key);
-                    out[at + 8..at + 8 + vlen].copy_from_slice(value);
-                    at += 8 + vlen;
+                    out[at + 8..at + 8 + fixed].copy_from_slice(&value[..fixed]);
+                    at += 8 + fixed;
                 }
             }
         }
@@ -317,7 +343,7 @@ impl Node {
         let (entry_len, capacity) = if level > 0 {
             (INTERNAL_ENTRY_LEN, internal_capacity())
         } else {
-            (8 + tree.value_len(), leaf_capacity(tree))
+            (8 + tree.fixed_value_len(), leaf_capacity(tree))
         };
         if count > capacity {
             return Err(FormatError::Invalid(format!(
@@ -346,9 +372,12 @@ impl Node {
                     .collect(),
             )
         } else {
-            let mut values = Vec::with_capacity(count * tree.value_len());
+            let vlen = tree.value_len();
+            let mut values = Vec::with_capacity(count * vlen);
             for entry in entries.chunks_exact(entry_len) {
                 values.extend_from_slice(&entry[8..]);
+                // In memory a mapping value has its base word (none here).
+                values.resize(values.len() + vlen - (entry_len - 8), 0);
             }
             NodeBody::Leaf(values)
         };
@@ -373,12 +402,7 @@ mod tests {
         for i in 0..n {
             node.keys.push(i as u64 * 10);
             let mut v = [0u8; MapValue::ENCODED_LEN];
-            MapValue {
-                pchunk: i as u64,
-                len: 1,
-                gen: 2,
-            }
-            .encode(&mut v);
+            MapValue::whole(i as u64, 1, 2).encode(&mut v);
             values.extend_from_slice(&v);
         }
         node.body = NodeBody::Leaf(values);
@@ -442,7 +466,7 @@ mod tests {
     }
 
     fn map(pchunk: u64, len: u32, gen: u64) -> MapValue {
-        MapValue { pchunk, len, gen }
+        MapValue::whole(pchunk, len, gen)
     }
 
     #[test]
@@ -477,6 +501,76 @@ mod tests {
         let mut over = entries.clone();
         over.push((PACKED_LEAF_MAX as u64 * 3, map(1, 1, 1), 0));
         assert!(!mapping(&over).fits(), "one entry too many");
+    }
+
+    fn partial(pchunk: u64, mask: u32, base: u64, gen: u64) -> MapValue {
+        MapValue {
+            partial: Some(crate::Partial { mask, base }),
+            ..MapValue::whole(pchunk, 1, gen)
+        }
+    }
+
+    #[test]
+    fn partial_extents_round_trip_packed_and_never_fixed() {
+        let node = mapping(&[
+            (0, map(7, 3, 1), 0),
+            (5, partial(8, 0b0010, 0, 2), 0b0010),
+            (
+                6,
+                partial(u64::MAX, u32::MAX, u64::MAX - 1, u64::MAX),
+                u32::MAX,
+            ),
+            (7, map(9, 1, 2), 0),
+        ]);
+        assert!(node.fits());
+        let r = BlockRef { block: 40, txn: 6 };
+        let decoded = Node::decode(&node.encode(r.block, r.txn), r).unwrap();
+        assert_eq!(decoded, node);
+        assert_eq!(
+            MapValue::decode(decoded.value(1)).unwrap(),
+            partial(8, 0b0010, 0, 2)
+        );
+        // head, len 0, mask, pchunk, gen, base: one byte each.
+        let one = mapping(&[(5, partial(8, 0b0010, 0, 2), 0b0010)]);
+        assert_eq!(one.usage().bytes, 6);
+        // A fixed leaf has no room for a base: it must split until packed.
+        let mut fixed = one.clone();
+        fixed.packed = false;
+        assert!(!fixed.fits());
+        let mut whole = mapping(&[(5, map(8, 1, 2), 0)]);
+        whole.packed = false;
+        assert!(whole.fits());
+        let r = BlockRef { block: 41, txn: 6 };
+        assert_eq!(
+            Node::decode(&whole.encode(r.block, r.txn), r).unwrap(),
+            whole
+        );
+    }
+
+    #[test]
+    fn a_partial_without_a_mask_or_with_a_base_past_the_last_chunk_is_refused() {
+        let r = BlockRef { block: 40, txn: 6 };
+        let leaf = |entry: &[u8]| {
+            let mut b = [0u8; BLOCK_SIZE];
+            put_u64(&mut b, HEADER_SIZE, r.block);
+            put_u64(&mut b, HEADER_SIZE + 8, r.txn);
+            b[HEADER_SIZE + 16] = PACKED_MAPPING_KIND;
+            b[HEADER_SIZE + 18] = 1;
+            b[HEADER_SIZE + 20] = entry.len() as u8;
+            b[NODE_HEADER_SIZE..NODE_HEADER_SIZE + entry.len()].copy_from_slice(entry);
+            header::seal(&mut b, BlockType::Node);
+            Node::decode(&b, r)
+        };
+        // Key 0, len flag: len 0, pchunk 8, gen 2, base 1 (no word).
+        assert!(leaf(&[0b01, 0, 8, 2, 1]).is_err());
+        // With a mask of 2 it is a partial.
+        let ok = leaf(&[0b11, 0, 2, 8, 2, 1]).unwrap();
+        assert_eq!(MapValue::decode(ok.value(0)).unwrap(), partial(8, 2, 1, 2));
+        // A base of u64::MAX (ten bytes of LEB128).
+        let mut far = vec![0b11, 0, 2, 8, 2];
+        far.extend_from_slice(&[0xff; 9]);
+        far.push(0x01);
+        assert!(leaf(&far).is_err());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! (docs/FORMAT.md §6.2).
 //!
 //! In memory a packed leaf is the same [`crate::Node`] as a fixed one:
-//! `u64` keys and 24-byte values (`pchunk` u64, `len` u32, a u32 word, `gen`
-//! u64, the [`crate::MapValue`] layout). Only the bytes on disk differ. Every
-//! entry is
+//! `u64` keys and 32-byte values (`pchunk` u64, `len` u32, a u32 word, `gen`
+//! u64, `base + 1` u64, the [`crate::MapValue`] layout). Only the bytes on
+//! disk differ. Every entry is
 //!
 //! * `head`: LEB128 of `gap << 2 | word_flag << 1 | len_flag`, where `gap`
 //!   is the key minus the previous entry's key minus one (the first entry's
@@ -15,7 +15,11 @@
 //! * `len` as LEB128, if `len_flag`;
 //! * the word as LEB128, if `word_flag`;
 //! * `pchunk` as LEB128;
-//! * `gen` as LEB128.
+//! * `gen` as LEB128;
+//! * for a *partial* extent (format version 7, [`crate::Partial`]), `base`
+//!   as LEB128. A partial is written with `len_flag` and a `len` of 0 (no
+//!   other extent has length 0), and with `word_flag`: its word is its mask,
+//!   never 0. In memory its `len` is 1.
 //!
 //! An entry's size depends only on its own value and its key's distance
 //! from the previous key. So taking entries out of a leaf never makes it
@@ -34,14 +38,15 @@ use crate::{FormatError, BLOCK_SIZE};
 pub const PACKED_LEAF_MAX: usize = 448;
 
 /// Value bytes of a mapping entry in memory (the [`crate::MapValue`] layout).
-const VALUE_LEN: usize = 24;
+const VALUE_LEN: usize = crate::MapValue::ENCODED_LEN;
 const LEN_FLAG: u128 = 1;
 const WORD_FLAG: u128 = 2;
 const FLAG_BITS: u32 = 2;
 /// The fewest bytes an entry takes: head, pchunk and gen, one byte each.
 pub const MIN_PACKED_ENTRY: usize = 3;
-/// The most bytes an entry takes: a head of 66 bits, two u32s and two u64s.
-pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10;
+/// The most bytes an entry takes: a head of 66 bits, two u32s and three
+/// u64s (a partial's base the third).
+pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10 + 10;
 
 /// The fields of one in-memory value.
 struct Fields {
@@ -49,6 +54,19 @@ struct Fields {
     len: u32,
     word: u32,
     gen: u64,
+    /// A partial extent's base chunk.
+    base: Option<u64>,
+}
+
+impl Fields {
+    /// The length written out: 0 marks a partial extent.
+    fn written_len(&self) -> u32 {
+        if self.base.is_some() {
+            0
+        } else {
+            self.len
+        }
+    }
 }
 
 fn fields(value: &[u8]) -> Fields {
@@ -65,6 +83,7 @@ fn fields(value: &[u8]) -> Fields {
         len: u32_at(8),
         word: u32_at(12),
         gen: u64_at(16),
+        base: u64_at(24).checked_sub(1),
     }
 }
 
@@ -126,7 +145,7 @@ fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
         Some(p) => key.wrapping_sub(p).wrapping_sub(1),
     };
     let mut head = u128::from(gap) << FLAG_BITS;
-    if f.len != 1 {
+    if f.written_len() != 1 {
         head |= LEN_FLAG;
     }
     if f.word != 0 {
@@ -139,16 +158,19 @@ fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
 pub fn entry_len(prev: Option<u64>, key: u64, value: &[u8]) -> usize {
     let f = fields(value);
     let mut n = varint_len(head(prev, key, &f));
-    if f.len != 1 {
-        n += varint_len(u128::from(f.len));
+    if f.written_len() != 1 {
+        n += varint_len(u128::from(f.written_len()));
     }
     if f.word != 0 {
         n += varint_len(u128::from(f.word));
     }
+    if let Some(base) = f.base {
+        n += varint_len(u128::from(base));
+    }
     n + varint_len(u128::from(f.pchunk)) + varint_len(u128::from(f.gen))
 }
 
-/// Encoded bytes of entries `keys` / `values` (24 bytes each), the first
+/// Encoded bytes of entries `keys` / `values` (in memory), the first
 /// coming after the entry keyed `prev`.
 pub fn entries_len(prev: Option<u64>, keys: &[u64], values: &[u8]) -> usize {
     let mut prev = prev;
@@ -168,21 +190,24 @@ pub fn encode_entries(keys: &[u64], values: &[u8], out: &mut [u8]) -> usize {
     for (key, value) in keys.iter().zip(values.chunks_exact(VALUE_LEN)) {
         let f = fields(value);
         put_varint(out, &mut at, head(prev, *key, &f));
-        if f.len != 1 {
-            put_varint(out, &mut at, u128::from(f.len));
+        if f.written_len() != 1 {
+            put_varint(out, &mut at, u128::from(f.written_len()));
         }
         if f.word != 0 {
             put_varint(out, &mut at, u128::from(f.word));
         }
         put_varint(out, &mut at, u128::from(f.pchunk));
         put_varint(out, &mut at, u128::from(f.gen));
+        if let Some(base) = f.base {
+            put_varint(out, &mut at, u128::from(base));
+        }
         prev = Some(*key);
     }
     at
 }
 
 /// Decodes `count` entries that take exactly `body` (the leaf's length
-/// field) into keys and 24-byte values. `rest` is the block after the body:
+/// field) into keys and in-memory values. `rest` is the block after the body:
 /// it must be zeros.
 pub fn decode_entries(
     body: &[u8],
@@ -211,11 +236,28 @@ pub fn decode_entries(
         let word = flagged_u32(body, &mut at, head & WORD_FLAG != 0, 0, "a zero word")?;
         let pchunk = get_varint(body, &mut at, 64)? as u64;
         let gen = get_varint(body, &mut at, 64)? as u64;
+        // A length of 0 marks a partial extent: one chunk, its mask in the
+        // word (never 0), its base after `gen`.
+        let (len, base_plus_one) = if len == 0 {
+            if word == 0 {
+                return Err(FormatError::Invalid(
+                    "packed leaf: a partial extent without a mask".into(),
+                ));
+            }
+            let base = get_varint(body, &mut at, 64)? as u64;
+            let plus_one = base.checked_add(1).ok_or_else(|| {
+                FormatError::Invalid("packed leaf: a partial extent's base past 2^64 - 2".into())
+            })?;
+            (1, plus_one)
+        } else {
+            (len, 0)
+        };
         keys.push(key);
         values.extend_from_slice(&pchunk.to_le_bytes());
         values.extend_from_slice(&len.to_le_bytes());
         values.extend_from_slice(&word.to_le_bytes());
         values.extend_from_slice(&gen.to_le_bytes());
+        values.extend_from_slice(&base_plus_one.to_le_bytes());
         prev = Some(key);
     }
     if at != body.len() {

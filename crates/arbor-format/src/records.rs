@@ -50,23 +50,70 @@ fn check_len(bytes: &[u8], want: usize, what: &str) -> Result<(), FormatError> {
 /// at most two pages), which bounds the size of one transaction's journal.
 pub const MAX_EXTENT_CHUNKS: u32 = 256;
 
+/// Most 4 KiB blocks a chunk holds for a partial extent's mask: one bit
+/// each in a u32, so partial extents serve chunks of at most 128 KiB.
+pub const MAX_PARTIAL_BLOCKS: u32 = 32;
+
+/// What a *partial* extent adds (format version 7): its chunk holds only
+/// the 4 KiB blocks of `mask` (bit `i` is block `i` of the chunk); the rest
+/// of the chunk reads from `base`, the chunk the volume mapped before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partial {
+    pub mask: u32,
+    pub base: u64,
+}
+
 /// A mapping-tree value: the logical chunks `[key, key + len)` live in the
 /// physical chunks `[pchunk, pchunk + len)`, written in transaction `gen`.
+/// A partial extent (`partial` set) is one chunk long.
+///
+/// In memory (a leaf's values, [`Self::ENCODED_LEN`] bytes each): `pchunk`
+/// u64, `len` u32, a u32 word (a partial's mask; 0 in a volume's map, the
+/// last epoch in a snapshot store's), `gen` u64, and `base + 1` u64 (0 for
+/// an extent that is not partial). Fixed leaves on disk hold the first
+/// [`Self::FIXED_LEN`] bytes; packed leaves encode the fields
+/// ([`crate::packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapValue {
     pub pchunk: u64,
     pub len: u32,
     pub gen: u64,
+    pub partial: Option<Partial>,
 }
 
 impl MapValue {
-    pub const ENCODED_LEN: usize = 24;
+    pub const ENCODED_LEN: usize = 32;
+    /// Bytes of a value in a fixed (not packed) leaf on disk: no base, so
+    /// a fixed leaf never holds a partial extent.
+    pub const FIXED_LEN: usize = 24;
+
+    /// An extent that is not partial.
+    pub fn whole(pchunk: u64, len: u32, gen: u64) -> Self {
+        Self {
+            pchunk,
+            len,
+            gen,
+            partial: None,
+        }
+    }
+
+    /// The runs of data chunks the entry holds one reference on each, as
+    /// (first chunk, chunks): its own run, then a partial extent's base.
+    pub fn chunk_runs(&self) -> impl Iterator<Item = (u64, u64)> {
+        std::iter::once((self.pchunk, u64::from(self.len))).chain(self.partial.map(|p| (p.base, 1)))
+    }
 
     pub fn encode(&self, out: &mut [u8]) {
         put_u64(out, 0, self.pchunk);
         out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        out[12..16].fill(0);
+        let (word, base) = match self.partial {
+            // `base` is a data chunk, below u64::MAX (decode refuses it).
+            Some(p) => (p.mask, p.base.wrapping_add(1)),
+            None => (0, 0),
+        };
+        out[12..16].copy_from_slice(&word.to_le_bytes());
         put_u64(out, 16, self.gen);
+        put_u64(out, 24, base);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
@@ -77,10 +124,26 @@ impl MapValue {
                 "mapping extent of {len} chunks"
             )));
         }
+        let word = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+        let partial = match get_u64(bytes, 24) {
+            0 => None,
+            base_plus_one => {
+                if len != 1 || word == 0 {
+                    return Err(FormatError::Invalid(format!(
+                        "partial extent of {len} chunks with mask {word:#x}"
+                    )));
+                }
+                Some(Partial {
+                    mask: word,
+                    base: base_plus_one - 1,
+                })
+            }
+        };
         Ok(Self {
             pchunk: get_u64(bytes, 0),
             len,
             gen: get_u64(bytes, 16),
+            partial,
         })
     }
 }
@@ -234,12 +297,7 @@ impl StoreValue {
     pub const ENCODED_LEN: usize = MapValue::ENCODED_LEN;
 
     pub fn encode(&self, out: &mut [u8]) {
-        MapValue {
-            pchunk: self.pchunk,
-            len: 1,
-            gen: self.gen,
-        }
-        .encode(out);
+        MapValue::whole(self.pchunk, 1, self.gen).encode(out);
         // Epochs fit 32 bits (MAX_EPOCH).
         out[12..16].copy_from_slice(&(self.last.min(MAX_EPOCH) as u32).to_le_bytes());
     }
@@ -251,7 +309,7 @@ impl StoreValue {
             bytes[12], bytes[13], bytes[14], bytes[15],
         ]));
         let (_, first) = split_store_key(key);
-        if map.len != 1 || first == 0 || last < first {
+        if map.len != 1 || map.partial.is_some() || first == 0 || last < first {
             return Err(FormatError::Invalid(format!(
                 "snapshot-store entry of {} chunks for epochs {first} to {last}",
                 map.len
@@ -717,26 +775,44 @@ mod tests {
     #[test]
     fn map_value_rejects_bad_lengths() {
         let mut buf = [0u8; MapValue::ENCODED_LEN];
-        MapValue {
-            pchunk: 1,
-            len: 0,
-            gen: 1,
-        }
-        .encode(&mut buf);
+        MapValue::whole(1, 0, 1).encode(&mut buf);
         assert!(MapValue::decode(&buf).is_err());
-        MapValue {
-            pchunk: 1,
-            len: MAX_EXTENT_CHUNKS + 1,
-            gen: 1,
-        }
-        .encode(&mut buf);
+        MapValue::whole(1, MAX_EXTENT_CHUNKS + 1, 1).encode(&mut buf);
         assert!(MapValue::decode(&buf).is_err());
-        let ok = MapValue {
-            pchunk: 7,
-            len: 3,
-            gen: 5,
-        };
+        let ok = MapValue::whole(7, 3, 5);
         ok.encode(&mut buf);
         assert_eq!(MapValue::decode(&buf).unwrap(), ok);
+    }
+
+    #[test]
+    fn partial_extents_round_trip_and_are_one_chunk_with_a_mask() {
+        let mut buf = [0u8; MapValue::ENCODED_LEN];
+        let partial = MapValue {
+            partial: Some(Partial {
+                mask: 0b0100,
+                base: 0,
+            }),
+            ..MapValue::whole(9, 1, 4)
+        };
+        partial.encode(&mut buf);
+        assert_eq!(MapValue::decode(&buf).unwrap(), partial);
+        let far = MapValue {
+            partial: Some(Partial {
+                mask: u32::MAX,
+                base: u64::MAX - 1,
+            }),
+            ..partial
+        };
+        far.encode(&mut buf);
+        assert_eq!(MapValue::decode(&buf).unwrap(), far);
+        // Longer than one chunk, or no block of its own.
+        MapValue { len: 2, ..partial }.encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
+        MapValue {
+            partial: Some(Partial { mask: 0, base: 3 }),
+            ..partial
+        }
+        .encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
     }
 }

@@ -451,7 +451,7 @@ impl Pool {
             }
             let mut buf = vec![0u8; cs as usize];
             match (old, backing) {
-                (Some(old), _) => self.store.dev.read_at(&mut buf, geo.chunk_offset(old))?,
+                (Some(old), _) => self.read_mapped(old, &mut buf)?,
                 // Unmapped in a volume that reads through an epoch: what
                 // the epoch reads (its origin stripe is held, see `apply`).
                 (None, Some(backing)) => self.read_view_chunk(backing, w.chunk, &mut buf)?,
