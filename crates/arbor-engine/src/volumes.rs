@@ -6,7 +6,7 @@
 //! ([`Volumes::atomic`]). Everything here runs under the pool's metadata
 //! lock.
 
-use arbor_format::{BlockRef, Guid, Layout, TreeKind, VolumeKind, VolumeRecord};
+use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
 use crate::mapping::Mapped;
@@ -54,6 +54,21 @@ pub(crate) enum ChunkPlan {
     /// `old` is what the chunk mapped when planning, whose data fills the
     /// parts of the chunk a partial write does not cover.
     Redirect { old: Option<Mapped>, new: u64 },
+    /// Write only the blocks of `mask` (all the write covers of the chunk,
+    /// whole) into `new` (already allocated), then map a partial extent:
+    /// those blocks from `new`, the rest from `base`, the chunk mapped
+    /// whole when planning (FORMAT.md §6.3). No copy.
+    Partial { base: u64, new: u64, mask: u32 },
+    /// The chunk is a partial extent whose chunk this volume alone
+    /// references (as for [`ChunkPlan::InPlace`]), and the write covers
+    /// only blocks outside its mask, whole: write them into `pchunk` (no
+    /// reader sees them yet), then map the partial with `add` in its mask
+    /// (a chunk mapped whole once the mask is full).
+    Extend {
+        pchunk: u64,
+        partial: Partial,
+        add: u32,
+    },
     /// Nothing to write: a chunk a discard zeroes only where mapped, and it
     /// is not.
     Skip,
@@ -65,6 +80,17 @@ pub(crate) enum ChunkPlan {
 pub(crate) struct ChunkWanted {
     pub chunk: u64,
     pub only_if_mapped: bool,
+    /// The 4 KiB blocks of the chunk the write touches, if the pool may
+    /// hold partial extents and the write does not cover the whole chunk.
+    pub blocks: Option<Blocks>,
+}
+
+/// The blocks of one chunk that a write touches (bit `i`: block `i`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub touched: u32,
+    /// Every touched block is covered whole.
+    pub whole: bool,
 }
 
 /// A volume's tree kept as it was by [`Volumes::hold_tree`].
@@ -91,6 +117,12 @@ pub(crate) struct WriteEnd {
 pub(crate) enum InPlaceCheck {
     /// Overwrite this physical chunk.
     Yes(u64),
+    /// See [`ChunkPlan::Extend`].
+    Extend {
+        pchunk: u64,
+        partial: Partial,
+        add: u32,
+    },
     /// Not in place; `mapped` is what the chunk maps to now, if anything.
     No { mapped: Option<Mapped> },
 }
@@ -796,9 +828,29 @@ impl Volumes {
         let durable_at_start = self.matches_durable();
         let mut plans = Vec::with_capacity(wanted.len());
         for w in wanted {
-            let plan = match self.try_in_place(id, w.chunk, end, durable_at_start)? {
+            let plan = match self.try_in_place(id, w, end, durable_at_start)? {
                 InPlaceCheck::Yes(phys) => ChunkPlan::InPlace(phys),
+                InPlaceCheck::Extend {
+                    pchunk,
+                    partial,
+                    add,
+                } => ChunkPlan::Extend {
+                    pchunk,
+                    partial,
+                    add,
+                },
                 InPlaceCheck::No { mapped: None } if w.only_if_mapped => ChunkPlan::Skip,
+                InPlaceCheck::No {
+                    mapped:
+                        Some(Mapped {
+                            phys,
+                            partial: None,
+                        }),
+                } if w.blocks.is_some_and(|b| b.whole) => ChunkPlan::Partial {
+                    base: phys,
+                    new: self.meta.alloc_data()?,
+                    mask: w.blocks.map_or(0, |b| b.touched),
+                },
                 InPlaceCheck::No { mapped } => ChunkPlan::Redirect {
                     old: mapped,
                     new: self.meta.alloc_data()?,
@@ -826,7 +878,18 @@ impl Volumes {
         // The writer holds the stripes of these chunks and the I/O gate, so
         // nothing changed their mappings since the plan: a paired check.
         for (w, plan) in wanted.iter().zip(plans) {
-            if let ChunkPlan::Redirect { old, .. } = *plan {
+            let old = match *plan {
+                ChunkPlan::Redirect { old, .. } => old,
+                ChunkPlan::Partial { base, .. } => Some(Mapped::whole(base)),
+                ChunkPlan::Extend {
+                    pchunk, partial, ..
+                } => Some(Mapped {
+                    phys: pchunk,
+                    partial: Some(partial),
+                }),
+                ChunkPlan::InPlace(_) | ChunkPlan::Skip => continue,
+            };
+            {
                 let current = self
                     .meta
                     .map_lookup(root, w.chunk)?
@@ -841,14 +904,46 @@ impl Volumes {
         }
         let mut root = root;
         let mut added = 0u64;
+        let txn = self.meta.txn();
         for (w, plan) in wanted.iter().zip(plans) {
-            if let ChunkPlan::Redirect { new, .. } = *plan {
-                let (shadowed, previous) = self.meta.map_set(root, w.chunk, new)?;
-                root = shadowed;
-                match previous {
-                    Some(previous) => self.meta.dec_mapped(previous)?,
-                    None => added += 1,
+            match *plan {
+                ChunkPlan::Redirect { new, .. } => {
+                    let (shadowed, previous) = self.meta.map_set(root, w.chunk, new)?;
+                    root = shadowed;
+                    match previous {
+                        Some(previous) => self.meta.dec_mapped(previous)?,
+                        None => added += 1,
+                    }
                 }
+                ChunkPlan::Partial { base, new, mask } => {
+                    let to = Mapped {
+                        phys: new,
+                        partial: Some(Partial { mask, base }),
+                    };
+                    // The reference the chunk held on `base` passes to the
+                    // partial (checked above: it was mapped whole).
+                    root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
+                }
+                ChunkPlan::Extend {
+                    pchunk,
+                    partial,
+                    add,
+                } => {
+                    let mask = partial.mask | add;
+                    let full = crate::mapping::partial_blocks(self.meta.geo())
+                        .is_some_and(|blocks| mask.count_ones() == blocks);
+                    let to = Mapped {
+                        phys: pchunk,
+                        partial: (!full).then_some(Partial { mask, ..partial }),
+                    };
+                    // The references of the partial pass to its new form;
+                    // whole, it no longer holds its base.
+                    root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
+                    if full {
+                        self.meta.dec_data(partial.base)?;
+                    }
+                }
+                ChunkPlan::InPlace(_) | ChunkPlan::Skip => {}
             }
         }
         if root != self.volume(id)?.root || added > 0 {
@@ -898,7 +993,7 @@ impl Volumes {
     /// Drops the new chunks of `plans` (a write that did not map them).
     pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
         for plan in plans {
-            if let ChunkPlan::Redirect { new, .. } = *plan {
+            if let ChunkPlan::Redirect { new, .. } | ChunkPlan::Partial { new, .. } = *plan {
                 self.meta.dec_data(new)?;
             }
         }
@@ -913,23 +1008,37 @@ impl Volumes {
     fn try_in_place(
         &mut self,
         id: u64,
-        chunk: u64,
+        w: &ChunkWanted,
         end: WriteEnd,
         durable_at_start: bool,
     ) -> Result<InPlaceCheck> {
+        let chunk = w.chunk;
         self.check_write_end(id, end)?;
         let root = self.writable_volume(id)?.root;
         let Some((extent, _)) = self.meta.map_lookup(root, chunk)? else {
             return Ok(InPlaceCheck::No { mapped: None });
         };
-        if extent.partial.is_some() {
-            // Blocks outside the mask read from the base: a write makes a
-            // whole new chunk of both.
-            return Ok(InPlaceCheck::No {
-                mapped: Some(extent.at(chunk)),
-            });
-        }
-        let phys = extent.phys(chunk);
+        let mapped = extent.at(chunk);
+        // What the write does if the chunk turns out to be this volume's
+        // alone. A partial extent's blocks outside its mask read from its
+        // base: a write may overwrite its masked blocks in place, or add
+        // blocks it covers whole; one that does both, or covers part of an
+        // unmasked block, makes a whole new chunk of both.
+        let alone = match (mapped.partial, w.blocks) {
+            (None, _) => InPlaceCheck::Yes(mapped.phys),
+            (Some(p), Some(b)) if b.touched & !p.mask == 0 => InPlaceCheck::Yes(mapped.phys),
+            (Some(p), Some(b)) if b.whole && b.touched & p.mask == 0 => InPlaceCheck::Extend {
+                pchunk: mapped.phys,
+                partial: p,
+                add: b.touched,
+            },
+            (Some(_), _) => {
+                return Ok(InPlaceCheck::No {
+                    mapped: Some(mapped),
+                })
+            }
+        };
+        let phys = mapped.phys;
         let last_shared = self.last_shared_txn(id);
         let written_since_shared = extent.gen > last_shared;
         // An extent written in this transaction sits in a leaf shadowed in this
@@ -943,10 +1052,8 @@ impl Volumes {
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
         if extent.gen != self.meta.txn() || last_shared == self.meta.txn() {
-            let (shadowed, previous) =
-                self.meta
-                    .map_set_as(root, chunk, Mapped::whole(phys), extent.gen)?;
-            debug_assert_eq!(previous, Some(Mapped::whole(phys)));
+            let (shadowed, previous) = self.meta.map_set_as(root, chunk, mapped, extent.gen)?;
+            debug_assert_eq!(previous, Some(mapped));
             self.update_volume(id, |vol| vol.root = shadowed)?;
         }
         // In place only if this volume alone references the chunk now AND no
@@ -974,13 +1081,14 @@ impl Volumes {
             if extent.gen != self.meta.txn() {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;
-                let (root, _) = self.meta.map_set(root, chunk, phys)?;
+                let txn = self.meta.txn();
+                let (root, _) = self.meta.map_set_as(root, chunk, mapped, txn)?;
                 self.update_volume(id, |vol| vol.root = root)?;
             }
-            return Ok(InPlaceCheck::Yes(phys));
+            return Ok(alone);
         }
         Ok(InPlaceCheck::No {
-            mapped: Some(Mapped::whole(phys)),
+            mapped: Some(mapped),
         })
     }
 

@@ -14,7 +14,13 @@ use common::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 
+/// Chunk sizes the model runs at: 4 KiB (nothing is copied), and 16 and
+/// 64 KiB, where a write of whole 4 KiB blocks into a shared chunk maps a
+/// partial extent (FORMAT.md §6.3) and later writes extend, overwrite or
+/// copy it.
 const CHUNK: u64 = 4096;
+const CHUNK_16K: u64 = 16384;
+const CHUNK_64K: u64 = 65536;
 const MAX_VOL_SECTORS: u64 = 1024; // 512 KiB
 
 #[derive(Debug, Clone)]
@@ -80,6 +86,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (8u64..MAX_VOL_SECTORS).prop_map(|sectors| Op::Create { sectors }),
         12 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<u64>())
             .prop_map(|(vol, sector, sectors, tag)| Op::Write { vol, sector, sectors, tag }),
+        // Whole 4 KiB blocks: the writes that make and extend partial
+        // extents at larger chunks.
+        6 => (idx.clone(), 0u64..MAX_VOL_SECTORS / 8, 1u64..4, any::<u64>())
+            .prop_map(|(vol, block, blocks, tag)| Op::Write { vol, sector: block * 8, sectors: blocks * 8, tag }),
         2 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64).prop_map(|(vol, sector, sectors)| Op::Discard { vol, sector, sectors }),
         1 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<bool>())
             .prop_map(|(vol, sector, sectors, keep)| Op::Zero { vol, sector, sectors, keep }),
@@ -113,6 +123,7 @@ struct ModelVolume {
 }
 
 struct Harness {
+    chunk: u64,
     disk: SimDisk,
     pool: Option<Pool>,
     model: BTreeMap<String, ModelVolume>,
@@ -367,8 +378,8 @@ impl Harness {
         let ranges = self.pool().diff(self.id(a), self.id(b)).unwrap();
         let (da, db) = (&self.model[a].data, &self.model[b].data);
         let len = da.len().max(db.len());
-        for chunk_start in (0..len).step_by(CHUNK as usize) {
-            let end = (chunk_start + CHUNK as usize).min(len);
+        for chunk_start in (0..len).step_by(self.chunk as usize) {
+            let end = (chunk_start + self.chunk as usize).min(len);
             let byte = |d: &Vec<u8>, i: usize| d.get(i).copied().unwrap_or(0);
             let differs = (chunk_start..end).any(|i| byte(da, i) != byte(db, i));
             let reported = ranges
@@ -406,8 +417,13 @@ impl Harness {
 }
 
 fn run(ops: &[Op]) {
-    let (disk, pool) = sim_pool(48 * MIB, CHUNK as u32);
+    run_at(ops, CHUNK)
+}
+
+fn run_at(ops: &[Op], chunk: u64) {
+    let (disk, pool) = sim_pool(48 * MIB, chunk as u32);
     let mut h = Harness {
+        chunk,
         disk,
         pool: Some(pool),
         model: BTreeMap::new(),
@@ -429,6 +445,14 @@ proptest! {
     fn engine_matches_model(ops in prop::collection::vec(op(), 1..80)) {
         run(&ops);
     }
+
+    #[test]
+    fn engine_matches_model_with_partial_extents(
+        ops in prop::collection::vec(op(), 1..80),
+        big in any::<bool>(),
+    ) {
+        run_at(&ops, if big { CHUNK_64K } else { CHUNK_16K });
+    }
 }
 
 /// A long deterministic run that builds deep family trees and multi-level B-trees.
@@ -440,4 +464,16 @@ fn long_sequence_with_deep_trees() {
         .unwrap()
         .current();
     run(&ops);
+}
+
+/// [`long_sequence_with_deep_trees`] at 16 KiB chunks, where writes make,
+/// extend and copy partial extents.
+#[test]
+fn long_sequence_with_partial_extents() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let ops = prop::collection::vec(op(), 600)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    run_at(&ops, CHUNK_16K);
 }

@@ -111,8 +111,10 @@ fn check_counts_both_references_of_a_partial_and_survives_a_reopen() {
 }
 
 #[test]
-fn a_write_over_a_partial_copies_both_of_its_chunks() {
+fn a_write_over_a_shared_partial_copies_both_of_its_chunks() {
     let (pool, a, _) = with_partial();
+    // Shared, the partial can be neither extended nor written in place.
+    pool.snapshot("a@u").unwrap();
     // Block 3 of chunk 1, and a few bytes inside block 1.
     pool.write(a, CS + 3 * BLOCK as u64, &[0x33; BLOCK])
         .unwrap();
@@ -124,8 +126,14 @@ fn a_write_over_a_partial_copies_both_of_its_chunks() {
     });
     want[BLOCK + 100..BLOCK + 108].fill(0x44);
     assert!(read(&pool, a, CS, CS as usize) == want);
+    assert_eq!(mask_of(&pool, a, 1), None);
     let s = pool.lookup("a@s").unwrap();
     assert!(read(&pool, s, CS, CS as usize) == chunk_of(1, original));
+    let u = pool.lookup("a@u").unwrap();
+    assert_eq!(
+        read(&pool, u, CS + BLOCK as u64, 2 * BLOCK),
+        vec![0xee; 2 * BLOCK]
+    );
     pool.flush().unwrap();
     assert!(pool.check().unwrap().is_clean());
 }
@@ -184,4 +192,87 @@ fn a_pool_older_than_version_7_refuses_a_partial() {
         pool.read(a, 0, &mut buf),
         Err(Error::Inconsistent(_))
     ));
+}
+
+/// Whether chunk `chunk` of `id` is a partial extent now, and its mask.
+fn mask_of(pool: &Pool, id: VolumeId, chunk: u64) -> Option<u32> {
+    let meta = pool.meta.read().unwrap();
+    let root = meta.volume(id.0).unwrap().root;
+    let (e, _) = meta.meta().map_lookup(root, chunk).unwrap().unwrap();
+    e.partial.map(|p| p.mask)
+}
+
+/// Writes of whole blocks into a shared chunk map a partial and copy
+/// nothing; later ones extend it until it is whole, or overwrite its own
+/// blocks in place; a write that also covers part of a block outside the
+/// mask makes a whole chunk of both.
+#[test]
+fn writes_make_extend_and_complete_partials() {
+    let pool = pool(arbor_format::FORMAT_VERSION);
+    let a = pool.create_volume("a", 4 * CS).unwrap();
+    let mut model: Vec<u8> = (0..4).flat_map(|c| chunk_of(c, original)).collect();
+    pool.write(a, 0, &model).unwrap();
+    pool.snapshot("a@s").unwrap();
+    let used = pool.pool_stats().unwrap().data_used_bytes;
+    let mut write = |pool: &Pool, at: usize, data: &[u8]| {
+        pool.write(a, at as u64, data).unwrap();
+        model[at..at + data.len()].copy_from_slice(data);
+        assert!(
+            read(pool, a, 0, model.len()) == model,
+            "after a write at {at}"
+        );
+    };
+    let cs = CS as usize;
+    // Block 2 of chunk 1: a partial, one new chunk.
+    write(&pool, cs + 2 * BLOCK, &[0x21; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 1), Some(0b0100));
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used + CS);
+    // Block 0: extended, no new chunk.
+    write(&pool, cs, &[0x22; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 1), Some(0b0101));
+    // Inside block 2 (in the mask): in place.
+    write(&pool, cs + 2 * BLOCK + 10, &[0x23; 100]);
+    assert_eq!(mask_of(&pool, a, 1), Some(0b0101));
+    assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used + CS);
+    // Blocks 1 and 3: whole, the base no longer held by `a`.
+    write(&pool, cs + BLOCK, &[0x24; BLOCK]);
+    write(&pool, cs + 3 * BLOCK, &[0x25; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 1), None);
+    // Chunk 2: a partial, then a write over part of an unmasked block and
+    // a masked one makes a whole new chunk.
+    write(&pool, 2 * cs + BLOCK, &[0x26; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 2), Some(0b0010));
+    write(&pool, 2 * cs + BLOCK + 100, &[0x27; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 2), None);
+    // A partial shared by a snapshot is not extended: a whole copy.
+    write(&pool, 3 * cs, &[0x28; BLOCK]);
+    pool.snapshot("a@t").unwrap();
+    write(&pool, 3 * cs + BLOCK, &[0x29; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 3), None);
+    let t = pool.lookup("a@t").unwrap();
+    let mut at_t = chunk_of(3, original);
+    at_t[..BLOCK].fill(0x28);
+    assert!(read(&pool, t, 3 * CS, cs) == at_t);
+    let s = pool.lookup("a@s").unwrap();
+    assert!(
+        read(&pool, s, 0, 4 * cs)
+            == (0..4)
+                .flat_map(|c| chunk_of(c, original))
+                .collect::<Vec<_>>()
+    );
+    pool.flush().unwrap();
+    let report = pool.check().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+/// The same writes in a version 6 pool (no partial extents) copy chunks
+/// whole, as before.
+#[test]
+fn a_version_6_pool_makes_no_partials() {
+    let pool = pool(6);
+    let a = pool.create_volume("a", CS).unwrap();
+    pool.write(a, 0, &chunk_of(0, original)).unwrap();
+    pool.snapshot("a@s").unwrap();
+    pool.write(a, BLOCK as u64, &[9; BLOCK]).unwrap();
+    assert_eq!(mask_of(&pool, a, 0), None);
 }

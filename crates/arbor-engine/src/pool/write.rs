@@ -33,7 +33,8 @@ use std::ops::Range;
 use std::sync::RwLockReadGuard;
 
 use super::*;
-use crate::volumes::{ChunkPlan, ChunkWanted};
+use crate::mapping::PARTIAL_BLOCK;
+use crate::volumes::{Blocks, ChunkPlan, ChunkWanted};
 
 /// Bytes of one write request served whole by one unit: the NBD maximum
 /// payload (arbor-nbd `MAX_PAYLOAD`).
@@ -115,14 +116,33 @@ impl<'a> Unit<'a> {
         self.offset / cs..self.end().div_ceil(cs)
     }
 
+    /// The blocks of chunk `chunk` the unit touches, if the pool may hold
+    /// partial extents (`partials`) and the unit does not cover the chunk.
+    fn blocks(&self, chunk: u64, cs: u64, partials: bool) -> Option<Blocks> {
+        let span = self.span(chunk, cs);
+        let (from, to) = (span.start - chunk * cs, span.end - chunk * cs);
+        if !partials || to - from == cs || from >= to {
+            return None;
+        }
+        let (first, last) = (from / PARTIAL_BLOCK, (to - 1) / PARTIAL_BLOCK);
+        // At most 32 blocks a chunk (`partials` says so): no shift overflows.
+        let touched = ((1u64 << (last + 1)) - (1u64 << first)) as u32;
+        Some(Blocks {
+            touched,
+            whole: from % PARTIAL_BLOCK == 0 && to % PARTIAL_BLOCK == 0,
+        })
+    }
+
     /// The chunks the unit plans, and the whole chunks it unmaps.
-    fn chunks(&self, cs: u64) -> (Vec<ChunkWanted>, Range<u64>) {
+    /// `partials`: the pool may hold partial extents.
+    fn chunks(&self, cs: u64, partials: bool) -> (Vec<ChunkWanted>, Range<u64>) {
         let all = self.chunk_range(cs);
         if !self.unmap {
             let wanted = all
                 .map(|chunk| ChunkWanted {
                     chunk,
                     only_if_mapped: false,
+                    blocks: self.blocks(chunk, cs, partials),
                 })
                 .collect();
             return (wanted, 0..0);
@@ -131,6 +151,7 @@ impl<'a> Unit<'a> {
         let partial = |chunk| ChunkWanted {
             chunk,
             only_if_mapped: true,
+            blocks: self.blocks(chunk, cs, partials),
         };
         if whole.is_empty() {
             // No whole chunk inside: the range lies within one or two chunks.
@@ -367,7 +388,8 @@ impl Pool {
         volume: &mut Option<RwLockReadGuard<'_, ()>>,
     ) -> Result<()> {
         let cs = self.chunk_size();
-        let (wanted, unmap) = unit.chunks(cs);
+        let partials = crate::mapping::partial_blocks(&self.store.geo).is_some();
+        let (wanted, unmap) = unit.chunks(cs, partials);
         let privilege = unit.privilege();
         let end = WriteEnd {
             end: unit.end(),
@@ -382,13 +404,22 @@ impl Pool {
             })?;
             (plans, meta.volume(unit.id.0)?.backing)
         };
-        if !plans.iter().any(|p| matches!(p, ChunkPlan::InPlace(_))) {
+        if !plans
+            .iter()
+            .any(|p| matches!(p, ChunkPlan::InPlace(_) | ChunkPlan::Extend { .. }))
+        {
             // Snapshots of the volume need not wait for the device writes.
+            // (An extended partial keeps the gate to its mapping step: a
+            // snapshot in between would share its chunk under the old mask
+            // while the volume maps it with the new one.)
             *volume = None;
         }
-        let redirects = plans
-            .iter()
-            .any(|p| matches!(p, ChunkPlan::Redirect { .. }));
+        let redirects = plans.iter().any(|p| {
+            matches!(
+                p,
+                ChunkPlan::Redirect { .. } | ChunkPlan::Partial { .. } | ChunkPlan::Extend { .. }
+            )
+        });
         let mapped = if !redirects && unmap.is_empty() {
             // All in place (the common overwrite): nothing to map.
             Ok(())
@@ -435,8 +466,19 @@ impl Pool {
         let cs = geo.chunk_size;
         let mut runs = Runs::new(MAX_NEW_CHUNK_WRITE);
         for (w, plan) in wanted.iter().zip(plans) {
-            let ChunkPlan::Redirect { old, new } = *plan else {
-                continue;
+            let (old, new) = match *plan {
+                ChunkPlan::Redirect { old, new } => (old, new),
+                // Only the unit's blocks, into the partial's chunk: the
+                // rest of it reads from the base.
+                ChunkPlan::Partial { new: to, .. } | ChunkPlan::Extend { pchunk: to, .. } => {
+                    let span = unit.span(w.chunk, cs);
+                    let device = geo.chunk_offset(to) + (span.start - w.chunk * cs);
+                    if let Some(run) = runs.add(span, device) {
+                        self.write_run(unit, &run)?;
+                    }
+                    continue;
+                }
+                ChunkPlan::InPlace(_) | ChunkPlan::Skip => continue,
             };
             let span = unit.span(w.chunk, cs);
             if span.end - span.start == cs {
@@ -566,7 +608,7 @@ mod tests {
     fn a_discard_plans_its_partial_ends_and_unmaps_the_whole_chunks() {
         let cs = 4096;
         let chunks = |u: Unit| {
-            let (w, unmap) = u.chunks(cs);
+            let (w, unmap) = u.chunks(cs, false);
             (w.iter().map(|w| w.chunk).collect::<Vec<_>>(), unmap)
         };
         assert_eq!(chunks(unit(512, 3 * cs, true)), (vec![0, 3], 1..3));
@@ -574,8 +616,37 @@ mod tests {
         assert_eq!(chunks(unit(cs - 512, 1024, true)), (vec![0, 1], 0..0));
         assert_eq!(chunks(unit(512, 1024, true)), (vec![0], 0..0));
         assert_eq!(chunks(unit(cs, cs + 512, true)), (vec![2], 1..2));
-        assert!(unit(cs, cs + 512, true).chunks(cs).0[0].only_if_mapped);
+        assert!(unit(cs, cs + 512, true).chunks(cs, false).0[0].only_if_mapped);
         assert_eq!(chunks(unit(512, 2 * cs, false)), (vec![0, 1, 2], 0..0));
+    }
+
+    #[test]
+    fn a_unit_names_the_blocks_it_touches_in_each_chunk_it_does_not_cover() {
+        let cs = 16384;
+        let blocks = |offset, len| {
+            let (w, _) = unit(offset, len, false).chunks(cs, true);
+            w.iter()
+                .map(|w| w.blocks.map(|b| (b.touched, b.whole)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(blocks(4096, 4096), [Some((0b0010, true))]);
+        assert_eq!(blocks(0, cs), [None]);
+        assert_eq!(
+            blocks(12288, 8192),
+            [Some((0b1000, true)), Some((0b0001, true))]
+        );
+        assert_eq!(blocks(100, 4096), [Some((0b0011, false))]);
+        assert_eq!(blocks(4096, 8192 + 1), [Some((0b1110, false))]);
+        assert_eq!(blocks(cs - 4096, cs + 4096), [Some((0b1000, true)), None]);
+        // Not in a pool without partial extents.
+        let (w, _) = unit(4096, 4096, false).chunks(cs, false);
+        assert_eq!(w[0].blocks, None);
+        // 32 blocks: the top one.
+        let big = 32 * 4096;
+        let (w, _) = unit(big - 4096, 4096, false).chunks(big, true);
+        assert_eq!(w[0].blocks.map(|b| b.touched), Some(1 << 31));
+        let (w, _) = unit(0, big - 4096, false).chunks(big, true);
+        assert_eq!(w[0].blocks.map(|b| b.touched), Some(u32::MAX >> 1));
     }
 
     #[test]
