@@ -63,6 +63,7 @@ use crate::volumes::WriteEnd;
 /// Most snapshots one [`Pool::snapshot_group`] takes.
 pub const MAX_GROUP_SNAPSHOT: usize = 256;
 
+mod fill;
 mod grow;
 mod origin;
 #[cfg(test)]
@@ -302,6 +303,8 @@ pub struct Pool {
     /// Units that did not fit an empty transaction's journal and ran in
     /// pieces (`pool/write.rs`).
     split_units: AtomicU64,
+    /// The sweep for partial extents to fill (`pool/fill.rs`).
+    fill: Mutex<fill::FillSweep>,
     /// One `check` at a time; while it walks, commits keep the old home
     /// images of the space-map pages they overwrite here.
     check_lock: Mutex<()>,
@@ -576,6 +579,7 @@ impl Pool {
             failure: Mutex::new(None),
             commit_observer: OnceLock::new(),
             split_units: AtomicU64::new(0),
+            fill: Mutex::default(),
         }
     }
 
@@ -891,6 +895,10 @@ impl Pool {
             )
         };
         if pending && self.reclaim(RECLAIM_NODES)? > 0 {
+            return Ok(true);
+        }
+        // Bases that partial extents alone hold (a fill commits).
+        if self.fill_wanted() && self.fill_partials(RECLAIM_NODES)? > 0 {
             return Ok(true);
         }
         if helps {
@@ -1599,6 +1607,8 @@ impl Pool {
         }
         if total > 0 {
             self.commit_open()?;
+            // References dropped: partials may be nobody else's now.
+            self.want_fill();
         }
         Ok(total)
     }

@@ -990,6 +990,31 @@ impl Volumes {
         Ok(pchunk)
     }
 
+    /// The mapping step of a fill (`pool/fill.rs`): chunk `chunk` of volume
+    /// `id`, still the partial `expect` (the caller holds the chunk's
+    /// stripe), now maps its chunk whole, which the caller filled with the
+    /// base's blocks; the partial's reference on its base is dropped. The
+    /// generation stays: a fill is not a write.
+    pub fn fill_partial(&mut self, id: u64, chunk: u64, expect: Mapped) -> Result<()> {
+        let Some(partial) = expect.partial else {
+            return Err(Error::inconsistent(format!(
+                "fill of chunk {chunk} of volume {id}, which is not partial"
+            )));
+        };
+        let root = self.volume(id)?.root;
+        let found = self.meta.map_lookup(root, chunk)?;
+        let Some((e, _)) = found.filter(|(e, _)| e.at(chunk) == expect) else {
+            return Err(Error::inconsistent(format!(
+                "chunk {chunk} of volume {id} changed while it was filled"
+            )));
+        };
+        let (root, _) = self
+            .meta
+            .map_set_as(root, chunk, Mapped::whole(expect.phys), e.gen)?;
+        self.meta.dec_data(partial.base)?;
+        self.update_volume(id, |vol| vol.root = root)
+    }
+
     /// Drops the new chunks of `plans` (a write that did not map them).
     pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
         for plan in plans {

@@ -345,6 +345,7 @@ impl Harness {
             }
             Op::Reclaim { nodes } => {
                 self.pool().reclaim(nodes).unwrap();
+                self.pool().fill_partials(nodes).unwrap();
             }
             Op::Flush => self.pool().flush().unwrap(),
             Op::Reopen => {
@@ -435,6 +436,9 @@ fn run_at(ops: &[Op], chunk: u64) {
     }
     h.verify();
     while h.pool().reclaim(1000).unwrap() > 0 {}
+    h.verify();
+    while h.pool().fill_partials(1000).unwrap() > 0 {}
+    assert!(!h.pool().fill_wanted(), "a sweep that filled nothing ends");
     h.verify();
 }
 

@@ -447,7 +447,7 @@ impl Pool {
 
     /// Locks the stripes of chunks `chunks` of volume `id`, in index order
     /// (so two units never wait for each other's stripes).
-    fn lock_stripes(&self, id: u64, chunks: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+    pub(super) fn lock_stripes(&self, id: u64, chunks: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
         self.stripe_indices(id, chunks)
             .into_iter()
             .map(|i| lock_mutex(&self.stripes[i]))

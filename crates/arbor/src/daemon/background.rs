@@ -84,6 +84,9 @@ pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationTo
             // Checking first avoids a commit (and its fsync) when idle.
             if p.pool_stats()?.reclaim_pending {
                 p.reclaim(batch)
+            } else if p.fill_wanted() {
+                // Then the bases that partial extents alone hold.
+                p.fill_partials(batch)
             } else {
                 Ok(0)
             }

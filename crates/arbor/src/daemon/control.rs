@@ -507,7 +507,10 @@ impl PoolControl {
     pub fn reclaim(&self) -> Result<ReclaimView> {
         let mut processed = 0u64;
         loop {
-            let done = self.pool.reclaim(RECLAIM_BATCH)?;
+            let mut done = self.pool.reclaim(RECLAIM_BATCH)?;
+            if done == 0 {
+                done = self.pool.fill_partials(RECLAIM_BATCH)?;
+            }
             if done == 0 {
                 return Ok(ReclaimView { processed });
             }

@@ -1,0 +1,239 @@
+//! Filling partial extents (FORMAT.md §6.3): a partial pins its base, the
+//! chunk its volume mapped before, for the blocks outside its mask. Once
+//! nothing else references either of its chunks (the snapshot that shared
+//! the base is gone), the fill copies the base's blocks into the partial's
+//! own chunk and maps that chunk whole, which frees the base.
+//!
+//! The copy writes only blocks outside the mask, which no mapping of the
+//! partial's chunk reads, in the open state or in any state a power cut
+//! can recover to (a mask grows only while its chunk is one volume's alone,
+//! and every mapping of the chunk has a mask within the current one). So a
+//! fill changes nothing anybody reads until its mapping step, one metadata
+//! step that keeps the extent's generation (it is not a write: diffs and
+//! incremental sends do not see it).
+//!
+//! Fillable partials are found by a sweep over every volume's map, a
+//! bounded number of extents per call, from a cursor. The sweep is wanted
+//! after an open and after reclaim dropped references; a full pass that
+//! finds nothing, with no new reason to look since it began, ends it.
+
+use super::*;
+use crate::mapping::Mapped;
+
+/// Extents one call looks at, at most (bounds how long it holds the
+/// metadata lock for reading).
+const SCAN_EXTENTS: usize = 4096;
+
+/// Where the sweep for fillable partial extents stands.
+#[derive(Debug)]
+pub(super) struct FillSweep {
+    /// A sweep is wanted.
+    wanted: bool,
+    /// Bumped whenever `wanted` is set: a pass that began at an older
+    /// reason may have missed a partial.
+    reason: u64,
+    /// The next volume id and chunk to look at.
+    cursor: (u64, u64),
+    /// The reason the current pass began at, and whether it filled any.
+    pass_reason: u64,
+    pass_filled: bool,
+}
+
+impl Default for FillSweep {
+    /// An opened pool may hold fillable partials.
+    fn default() -> Self {
+        Self {
+            wanted: true,
+            reason: 1,
+            cursor: (0, 0),
+            pass_reason: 0,
+            pass_filled: false,
+        }
+    }
+}
+
+/// One fillable partial, as the sweep found it.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: u64,
+    chunk: u64,
+    mapped: Mapped,
+}
+
+impl Pool {
+    /// Asks for a sweep for fillable partial extents (references dropped).
+    pub(super) fn want_fill(&self) {
+        let mut sweep = lock_mutex(&self.fill);
+        sweep.wanted = true;
+        sweep.reason += 1;
+    }
+
+    /// Whether a sweep for fillable partial extents is wanted.
+    pub fn fill_wanted(&self) -> bool {
+        lock_mutex(&self.fill).wanted
+    }
+
+    /// Fills up to `max` partial extents whose chunks nothing else
+    /// references, sweeping on until it has or the sweep ends (each step
+    /// looks at a bounded number of extents under the metadata lock, none
+    /// is held between steps); returns how many it filled and commits if
+    /// any (the bases are free once durable). Returns 0 once a full pass
+    /// filled nothing.
+    pub fn fill_partials(&self, max: usize) -> Result<usize> {
+        if crate::mapping::partial_blocks(&self.store.geo).is_none() {
+            lock_mutex(&self.fill).wanted = false;
+            return Ok(0);
+        }
+        let mut filled = 0;
+        // Passes that reached the last volume: two at most per call, so a
+        // call ends even if a partial the sweep finds cannot be filled.
+        let mut wraps = 0;
+        while filled < max && wraps < 2 {
+            let Some((candidates, wrapped)) = self.sweep_step(max - filled)? else {
+                break;
+            };
+            wraps += u32::from(wrapped);
+            for c in candidates {
+                if self.fill_one(c)? {
+                    filled += 1;
+                    lock_mutex(&self.fill).pass_filled = true;
+                }
+            }
+        }
+        if filled > 0 {
+            self.commit_open()?;
+        }
+        Ok(filled)
+    }
+
+    /// Looks at up to [`SCAN_EXTENTS`] extents from the cursor; returns the
+    /// fillable partials found (at most `max`, maybe none), or `None` when
+    /// the sweep ended or is not wanted.
+    /// With them, whether this step reached the last volume.
+    fn sweep_step(&self, max: usize) -> Result<Option<(Vec<Candidate>, bool)>> {
+        let mut sweep = lock_mutex(&self.fill);
+        if !sweep.wanted {
+            return Ok(None);
+        }
+        if sweep.cursor == (0, 0) {
+            sweep.pass_reason = sweep.reason;
+            sweep.pass_filled = false;
+        }
+        let meta = self.read_meta()?;
+        let ids: Vec<(u64, BlockRef)> = meta
+            .table()
+            .iter()
+            .filter(|(id, rec)| *id >= sweep.cursor.0 && !rec.root.is_none())
+            .map(|(id, rec)| (id, rec.root))
+            .collect();
+        let mut found = Vec::new();
+        let mut seen = 0;
+        let mut cursor = None;
+        for (id, root) in ids {
+            let from = if id == sweep.cursor.0 {
+                sweep.cursor.1
+            } else {
+                0
+            };
+            let mut next = None;
+            meta.meta().map_extents(root, from, u64::MAX, &mut |e| {
+                seen += 1;
+                if let Some(p) = e.partial {
+                    let m = meta.meta();
+                    if m.data_count(e.pchunk)? == 1 && m.data_count(p.base)? == 1 {
+                        found.push(Candidate {
+                            id,
+                            chunk: e.start,
+                            mapped: e.at(e.start),
+                        });
+                    }
+                }
+                if seen >= SCAN_EXTENTS || found.len() >= max {
+                    next = Some(e.end());
+                    return Ok(false);
+                }
+                Ok(true)
+            })?;
+            if let Some(next) = next {
+                cursor = Some((id, next));
+                break;
+            }
+        }
+        drop(meta);
+        let wrapped = cursor.is_none();
+        match cursor {
+            Some(at) => sweep.cursor = at,
+            None => {
+                // The pass reached the last volume: done, unless it filled
+                // some (their fills may free others) or a new reason came.
+                sweep.cursor = (0, 0);
+                if found.is_empty() && !sweep.pass_filled && sweep.pass_reason == sweep.reason {
+                    sweep.wanted = false;
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some((found, wrapped)))
+    }
+
+    /// Fills one partial extent if it is still what the sweep found and
+    /// still nobody else's; returns whether it did.
+    fn fill_one(&self, c: Candidate) -> Result<bool> {
+        let Some(partial) = c.mapped.partial else {
+            return Ok(false);
+        };
+        // As a write of the chunk: no other write or discard changes its
+        // mapping meanwhile, and no snapshot of the volume shares it.
+        let _gate = self.io_gate();
+        let _volume = self.volume_gate(c.id);
+        let _stripes = self.lock_stripes(c.id, c.chunk..c.chunk + 1);
+        if !self.still_fillable(&c)? {
+            return Ok(false);
+        }
+        let cs = self.chunk_size();
+        let geo = &self.store.geo;
+        for (run, from) in c.mapped.runs(cs) {
+            if from != partial.base {
+                continue;
+            }
+            let mut buf = vec![0u8; (run.end - run.start) as usize];
+            self.store
+                .dev
+                .read_at(&mut buf, geo.chunk_offset(partial.base) + run.start)?;
+            self.store
+                .dev
+                .write_at(&buf, geo.chunk_offset(c.mapped.phys) + run.start)?;
+        }
+        let mut committed = false;
+        loop {
+            let result = {
+                let mut meta = self.write_meta()?;
+                self.mutate(&mut meta, Privilege::Reserve, |m| {
+                    m.fill_partial(c.id, c.chunk, c.mapped)
+                })
+            };
+            match result {
+                Err(Error::TransactionFull) if !committed => {
+                    self.commit_open()?;
+                    committed = true;
+                }
+                other => return other.map(|()| true),
+            }
+        }
+    }
+
+    fn still_fillable(&self, c: &Candidate) -> Result<bool> {
+        let meta = self.read_meta()?;
+        let Some(rec) = meta.table().get(c.id) else {
+            return Ok(false);
+        };
+        let Some((e, _)) = meta.meta().map_lookup(rec.root, c.chunk)? else {
+            return Ok(false);
+        };
+        let (Some(p), true) = (e.partial, e.at(c.chunk) == c.mapped) else {
+            return Ok(false);
+        };
+        let m = meta.meta();
+        Ok(m.data_count(e.pchunk)? == 1 && m.data_count(p.base)? == 1)
+    }
+}
