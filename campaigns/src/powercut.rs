@@ -322,8 +322,19 @@ impl Campaign {
         };
         match self.rng.gen_range(0..100) {
             0..=44 => {
-                let sectors = self.rng.gen_range(1..=64usize);
-                let offset = self.rng.gen_range(0..=VOL_BYTES / SECTOR - sectors) * SECTOR;
+                // Half of them whole 4 KiB blocks: at 16 KiB chunks, the
+                // writes that make and extend partial extents.
+                let (sectors, offset) = if self.rng.gen_bool(0.5) {
+                    let blocks = self.rng.gen_range(1..=4usize);
+                    let at = self.rng.gen_range(0..=VOL_BYTES / 4096 - blocks) * 4096;
+                    (blocks * 8, at)
+                } else {
+                    let sectors = self.rng.gen_range(1..=64usize);
+                    (
+                        sectors,
+                        self.rng.gen_range(0..=VOL_BYTES / SECTOR - sectors) * SECTOR,
+                    )
+                };
                 let data = Bytes(pattern(self.rng.gen(), offset as u64, sectors * SECTOR));
                 Op::Write { vol, offset, data }
             }
@@ -519,7 +530,12 @@ impl Campaign {
                 self.pool.resize(vol, VOL_BYTES as u64)
             }
             Op::Rename { from, to } => self.pool.rename(from, to),
-            Op::Reclaim { nodes } => self.pool.reclaim(*nodes).map(|_| ()),
+            // Reclaim, then the fill of partials it may have left alone.
+            Op::Reclaim { nodes } => self
+                .pool
+                .reclaim(*nodes)
+                .and_then(|_| self.pool.fill_partials(*nodes))
+                .map(|_| ()),
         }
     }
 

@@ -347,11 +347,12 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
 
     // Mapped in an earlier, durable commit and never shared: in place.
     assert_eq!(write_4k(4096, 2), [4096]);
-    // Shared with a snapshot: a whole new chunk.
+    // Shared with a snapshot: only the written block, into a new chunk (a
+    // partial extent, FORMAT.md §6.3); nothing is copied.
     pool.snapshot("v@s").unwrap();
-    assert_eq!(write_4k(8192, 3), [CHUNK]);
-    // That new chunk is the volume's alone: in place again, also after
-    // the commit that made it durable.
+    assert_eq!(write_4k(8192, 3), [4096]);
+    // That new chunk is the volume's alone: other blocks go into it too,
+    // also after the commit that made it durable.
     assert_eq!(write_4k(12288, 4), [4096]);
     assert_eq!(write_4k(16384, 5), [4096]);
     let mut volume = vec![1u8; CHUNK];
@@ -362,6 +363,15 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
     }
     assert!(read(&pool, v, 0, CHUNK) == volume);
     assert!(read(&pool, pool.lookup("v@s").unwrap(), 0, CHUNK) == snapshot);
+    // Shared again, a write of part of a block: a whole new chunk, the
+    // old one's blocks around it.
+    pool.snapshot("v@t").unwrap();
+    let part = vec![9u8; 1000];
+    pool.write(v, 100, &part).unwrap();
+    pool.flush().unwrap();
+    assert_eq!(writes_carrying(&recording, &part), [CHUNK]);
+    volume[100..1100].fill(9);
+    assert!(read(&pool, v, 0, CHUNK) == volume);
 
     // A write over several exclusive chunks that lie consecutively on the
     // device (allocated one after the other here) is one device write.
