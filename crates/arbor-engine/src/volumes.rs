@@ -54,11 +54,20 @@ pub(crate) enum ChunkPlan {
     /// `old` is what the chunk mapped when planning, whose data fills the
     /// parts of the chunk a partial write does not cover.
     Redirect { old: Option<Mapped>, new: u64 },
-    /// Write only the blocks of `mask` (all the write covers of the chunk,
-    /// whole) into `new` (already allocated), then map a partial extent:
-    /// those blocks from `new`, the rest from `base`, the chunk mapped
-    /// whole when planning (FORMAT.md §6.3). No copy.
-    Partial { base: u64, new: u64, mask: u32 },
+    /// Write the blocks of `mask` into `new` (already allocated), then map
+    /// a partial extent: those blocks from `new`, the rest from `base`
+    /// (FORMAT.md §6.3). With `copy` unset the chunk was mapped whole (by
+    /// `base`) when planning, and `mask` is the blocks the write covers
+    /// whole: nothing is copied. With `copy` set it was a partial extent
+    /// over the same `base` that the write could not change in place (a
+    /// snapshot shares it): the blocks of its mask (`copy.1`) are copied
+    /// from its chunk (`copy.0`) around the write, and `mask` is both.
+    Partial {
+        base: u64,
+        new: u64,
+        mask: u32,
+        copy: Option<(u64, u32)>,
+    },
     /// The chunk is a partial extent whose chunk this volume alone
     /// references (as for [`ChunkPlan::InPlace`]), and the write covers
     /// only blocks outside its mask, whole: write them into `pchunk` (no
@@ -850,7 +859,32 @@ impl Volumes {
                     base: phys,
                     new: self.meta.alloc_data()?,
                     mask: w.blocks.map_or(0, |b| b.touched),
+                    copy: None,
                 },
+                // A partial the write cannot change in place: a new one over
+                // the same base, if the write leaves blocks to it (one
+                // level of base, never a chain). The old mask's blocks are
+                // read around the write, so blocks in it need not be whole.
+                InPlaceCheck::No {
+                    mapped:
+                        Some(Mapped {
+                            phys,
+                            partial: Some(p),
+                        }),
+                } if w.blocks.is_some_and(|b| {
+                    let mask = p.mask | b.touched;
+                    (b.whole || b.touched & !p.mask == 0)
+                        && crate::mapping::partial_blocks(self.meta.geo())
+                            .is_some_and(|blocks| mask.count_ones() < blocks)
+                }) =>
+                {
+                    ChunkPlan::Partial {
+                        base: p.base,
+                        new: self.meta.alloc_data()?,
+                        mask: p.mask | w.blocks.map_or(0, |b| b.touched),
+                        copy: Some((phys, p.mask)),
+                    }
+                }
                 InPlaceCheck::No { mapped } => ChunkPlan::Redirect {
                     old: mapped,
                     new: self.meta.alloc_data()?,
@@ -880,7 +914,17 @@ impl Volumes {
         for (w, plan) in wanted.iter().zip(plans) {
             let old = match *plan {
                 ChunkPlan::Redirect { old, .. } => old,
-                ChunkPlan::Partial { base, .. } => Some(Mapped::whole(base)),
+                ChunkPlan::Partial {
+                    base, copy: None, ..
+                } => Some(Mapped::whole(base)),
+                ChunkPlan::Partial {
+                    base,
+                    copy: Some((phys, mask)),
+                    ..
+                } => Some(Mapped {
+                    phys,
+                    partial: Some(Partial { mask, base }),
+                }),
                 ChunkPlan::Extend {
                     pchunk, partial, ..
                 } => Some(Mapped {
@@ -915,14 +959,23 @@ impl Volumes {
                         None => added += 1,
                     }
                 }
-                ChunkPlan::Partial { base, new, mask } => {
+                ChunkPlan::Partial {
+                    base,
+                    new,
+                    mask,
+                    copy,
+                } => {
                     let to = Mapped {
                         phys: new,
                         partial: Some(Partial { mask, base }),
                     };
                     // The reference the chunk held on `base` passes to the
-                    // partial (checked above: it was mapped whole).
+                    // new partial (checked above: mapped whole, or by a
+                    // partial over the same base, whose chunk is dropped).
                     root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
+                    if let Some((old, _)) = copy {
+                        self.meta.dec_data(old)?;
+                    }
                 }
                 ChunkPlan::Extend {
                     pchunk,

@@ -92,8 +92,8 @@ fn a_fill_frees_the_bases_once_the_snapshot_is_gone() {
     assert_eq!(data_used(&pool), CHUNKS * CS);
 }
 
-/// A snapshot of a volume with partials shares them; the volume's later
-/// writes copy them whole, and once the first snapshot is gone, the fill
+/// A snapshot of a volume with partials shares them; the volume then
+/// writes its chunks whole, and once the first snapshot is gone, the fill
 /// of the second's partials frees the bases.
 #[test]
 fn a_snapshots_partials_are_filled_too() {
@@ -103,12 +103,8 @@ fn a_snapshots_partials_are_filled_too() {
     pool.snapshot("v@t").unwrap();
     let v = pool.lookup("v").unwrap();
     let t = pool.lookup("v@t").unwrap();
-    let mut now = model.clone();
-    for c in 0..CHUNKS {
-        let at = (c * CS) as usize + 100;
-        pool.write(v, at as u64, &[0xaa; 300]).unwrap();
-        now[at..at + 300].fill(0xaa);
-    }
+    let now = vec![0xaa; (CHUNKS * CS) as usize];
+    pool.write(v, 0, &now).unwrap();
     pool.delete("v@s").unwrap();
     while pool.reclaim(1000).unwrap() > 0 {}
     let before = data_used(&pool);
@@ -116,6 +112,34 @@ fn a_snapshots_partials_are_filled_too() {
     assert_eq!(before - data_used(&pool), CHUNKS * CS);
     assert!(read_all(&pool, t) == model);
     assert!(read_all(&pool, v) == now);
+    assert_clean(&pool);
+}
+
+/// A write into a partial that a snapshot shares makes a new partial over
+/// the same base; with both snapshots gone, the fill frees the bases and
+/// the old partials' chunks are freed by reclaim.
+#[test]
+fn new_partials_over_a_shared_base_are_filled_once_alone() {
+    let disk = SimDisk::new(64 * MIB);
+    let pool = make_pool(&disk);
+    let mut model = setup(&pool);
+    pool.snapshot("v@t").unwrap();
+    let v = pool.lookup("v").unwrap();
+    for c in 0..CHUNKS {
+        // A block of the mask (`setup` wrote block c % 4), in part.
+        let at = (c * CS) as usize + (c % 4) as usize * BLOCK + 100;
+        pool.write(v, at as u64, &[0xbb; 200]).unwrap();
+        model[at..at + 200].fill(0xbb);
+    }
+    // Three chunks each: the base, the old partial's, the new one's.
+    assert_eq!(data_used(&pool), 3 * CHUNKS * CS);
+    assert!(read_all(&pool, v) == model);
+    pool.delete("v@s").unwrap();
+    pool.delete("v@t").unwrap();
+    while pool.reclaim(1000).unwrap() > 0 {}
+    assert_eq!(pool.fill_partials(1000).unwrap(), CHUNKS as usize);
+    assert_eq!(data_used(&pool), CHUNKS * CS);
+    assert!(read_all(&pool, v) == model);
     assert_clean(&pool);
 }
 

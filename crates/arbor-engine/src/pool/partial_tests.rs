@@ -110,10 +110,13 @@ fn check_counts_both_references_of_a_partial_and_survives_a_reopen() {
     assert!(pool.check().unwrap().is_clean());
 }
 
+/// Shared, a partial can be neither extended nor written in place: a
+/// write makes a new partial over the same base, with the old one's blocks
+/// copied around it; a write of part of a block outside both makes a
+/// whole chunk of both.
 #[test]
-fn a_write_over_a_shared_partial_copies_both_of_its_chunks() {
-    let (pool, a, _) = with_partial();
-    // Shared, the partial can be neither extended nor written in place.
+fn a_write_over_a_shared_partial_makes_a_new_one_over_the_same_base() {
+    let (pool, a, pchunk) = with_partial();
     pool.snapshot("a@u").unwrap();
     // Block 3 of chunk 1, and a few bytes inside block 1.
     pool.write(a, CS + 3 * BLOCK as u64, &[0x33; BLOCK])
@@ -125,6 +128,18 @@ fn a_write_over_a_shared_partial_copies_both_of_its_chunks() {
         _ => original(c, b),
     });
     want[BLOCK + 100..BLOCK + 108].fill(0x44);
+    assert!(read(&pool, a, CS, CS as usize) == want);
+    assert_eq!(mask_of(&pool, a, 1), Some(0b1110));
+    {
+        let meta = pool.meta.read().unwrap();
+        let root = meta.volume(a.0).unwrap().root;
+        let (e, _) = meta.meta().map_lookup(root, 1).unwrap().unwrap();
+        assert_ne!(e.pchunk, pchunk, "a new chunk");
+    }
+    // Part of block 0, in neither mask: a whole chunk.
+    pool.snapshot("a@v").unwrap();
+    pool.write(a, CS + 10, &[0x45; 20]).unwrap();
+    want[10..30].fill(0x45);
     assert!(read(&pool, a, CS, CS as usize) == want);
     assert_eq!(mask_of(&pool, a, 1), None);
     let s = pool.lookup("a@s").unwrap();
@@ -244,10 +259,14 @@ fn writes_make_extend_and_complete_partials() {
     assert_eq!(mask_of(&pool, a, 2), Some(0b0010));
     write(&pool, 2 * cs + BLOCK + 100, &[0x27; BLOCK]);
     assert_eq!(mask_of(&pool, a, 2), None);
-    // A partial shared by a snapshot is not extended: a whole copy.
+    // A partial shared by a snapshot is not extended: a new partial.
     write(&pool, 3 * cs, &[0x28; BLOCK]);
     pool.snapshot("a@t").unwrap();
     write(&pool, 3 * cs + BLOCK, &[0x29; BLOCK]);
+    assert_eq!(mask_of(&pool, a, 3), Some(0b0011));
+    // Shared again, the last two blocks: a whole chunk.
+    pool.snapshot("a@w").unwrap();
+    write(&pool, 3 * cs + 2 * BLOCK, &[0x2a; 2 * BLOCK]);
     assert_eq!(mask_of(&pool, a, 3), None);
     let t = pool.lookup("a@t").unwrap();
     let mut at_t = chunk_of(3, original);

@@ -470,6 +470,17 @@ impl Pool {
                 ChunkPlan::Redirect { old, new } => (old, new),
                 // Only the unit's blocks, into the partial's chunk: the
                 // rest of it reads from the base.
+                ChunkPlan::Partial {
+                    new,
+                    copy: Some((from, mask)),
+                    ..
+                } => {
+                    if let Some(run) = runs.take() {
+                        self.write_run(unit, &run)?;
+                    }
+                    self.write_partial_copy(unit, w.chunk, new, from, mask)?;
+                    continue;
+                }
                 ChunkPlan::Partial { new: to, .. } | ChunkPlan::Extend { pchunk: to, .. } => {
                     let span = unit.span(w.chunk, cs);
                     let device = geo.chunk_offset(to) + (span.start - w.chunk * cs);
@@ -514,6 +525,52 @@ impl Pool {
             self.write_run(unit, &run)?;
         }
         Ok(())
+    }
+
+    /// Step 2 of a new partial over another's base: the old partial's
+    /// masked blocks (in `from`, read in one piece from its first to its
+    /// last) and the unit's bytes in chunk `chunk`, written into `new` in
+    /// one piece from the first to the last block of both. Blocks in that
+    /// piece that neither mask names are never read (the new partial reads
+    /// them from its base).
+    fn write_partial_copy(
+        &self,
+        unit: &Unit<'_>,
+        chunk: u64,
+        new: u64,
+        from: u64,
+        mask: u32,
+    ) -> Result<()> {
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size;
+        let blocks_of = |mask: u32| {
+            // `mask` is not 0: a partial's mask, or the unit's blocks.
+            let first = u64::from(mask.trailing_zeros());
+            let last = u64::from(31 - mask.leading_zeros());
+            first * PARTIAL_BLOCK..(last + 1) * PARTIAL_BLOCK
+        };
+        let old = blocks_of(mask);
+        let span = unit.span(chunk, cs);
+        let at = span.start - chunk * cs..span.end - chunk * cs;
+        let piece = old.start.min(at.start / PARTIAL_BLOCK * PARTIAL_BLOCK)
+            ..old.end.max(at.end.div_ceil(PARTIAL_BLOCK) * PARTIAL_BLOCK);
+        let mut buf = vec![0u8; (piece.end - piece.start) as usize];
+        let into =
+            |r: &Range<u64>| (r.start - piece.start) as usize..(r.end - piece.start) as usize;
+        self.store
+            .dev
+            .read_at(&mut buf[into(&old)], geo.chunk_offset(from) + old.start)?;
+        match unit.fill {
+            Fill::Data(d) => {
+                let from = (span.start - unit.offset) as usize;
+                buf[into(&at)].copy_from_slice(&d[from..from + (at.end - at.start) as usize]);
+            }
+            Fill::Zeros => buf[into(&at)].fill(0),
+        }
+        self.store
+            .dev
+            .write_at(&buf, geo.chunk_offset(new) + piece.start)
+            .map_err(Into::into)
     }
 
     /// Step 4: overwrites the in-place chunks.
