@@ -52,6 +52,16 @@ impl Default for FillSweep {
     }
 }
 
+/// What [`Pool::fill_one`] did.
+enum Filled {
+    Yes,
+    /// No longer the sweep's partial, or no longer nobody else's.
+    No,
+    /// Its mapping step did not fit the open transaction's journal room:
+    /// commit (with no lock of the fill held) and fill it again.
+    AfterCommit,
+}
+
 /// One fillable partial, as the sweep found it.
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
@@ -94,9 +104,22 @@ impl Pool {
             };
             wraps += u32::from(wrapped);
             for c in candidates {
-                if self.fill_one(c)? {
-                    filled += 1;
-                    lock_mutex(&self.fill).pass_filled = true;
+                // Keeps the transaction within its bounds, as writes do.
+                self.commit_if_needed()?;
+                let mut done = self.fill_one(c)?;
+                if let Filled::AfterCommit = done {
+                    self.commit_open()?;
+                    done = self.fill_one(c)?;
+                }
+                match done {
+                    Filled::Yes => {
+                        filled += 1;
+                        lock_mutex(&self.fill).pass_filled = true;
+                    }
+                    Filled::No => {}
+                    // A fill's step fits an empty transaction (two
+                    // space-map pages and one leaf path).
+                    Filled::AfterCommit => return Err(Error::TransactionFull),
                 }
             }
         }
@@ -177,10 +200,11 @@ impl Pool {
     }
 
     /// Fills one partial extent if it is still what the sweep found and
-    /// still nobody else's; returns whether it did.
-    fn fill_one(&self, c: Candidate) -> Result<bool> {
+    /// still nobody else's. Holds the I/O gate throughout, so it never
+    /// commits itself (a commit takes the gate exclusive).
+    fn fill_one(&self, c: Candidate) -> Result<Filled> {
         let Some(partial) = c.mapped.partial else {
-            return Ok(false);
+            return Ok(Filled::No);
         };
         // As a write of the chunk: no other write or discard changes its
         // mapping meanwhile, and no snapshot of the volume shares it.
@@ -188,7 +212,7 @@ impl Pool {
         let _volume = self.volume_gate(c.id);
         let _stripes = self.lock_stripes(c.id, c.chunk..c.chunk + 1);
         if !self.still_fillable(&c)? {
-            return Ok(false);
+            return Ok(Filled::No);
         }
         let cs = self.chunk_size();
         let geo = &self.store.geo;
@@ -204,21 +228,14 @@ impl Pool {
                 .dev
                 .write_at(&buf, geo.chunk_offset(c.mapped.phys) + run.start)?;
         }
-        let mut committed = false;
-        loop {
-            let result = {
-                let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, Privilege::Reserve, |m| {
-                    m.fill_partial(c.id, c.chunk, c.mapped)
-                })
-            };
-            match result {
-                Err(Error::TransactionFull) if !committed => {
-                    self.commit_open()?;
-                    committed = true;
-                }
-                other => return other.map(|()| true),
-            }
+        let mut meta = self.write_meta()?;
+        match self.mutate(&mut meta, Privilege::Reserve, |m| {
+            m.fill_partial(c.id, c.chunk, c.mapped)
+        }) {
+            Ok(()) => Ok(Filled::Yes),
+            // The step was undone whole; the blocks written stay unread.
+            Err(Error::TransactionFull) => Ok(Filled::AfterCommit),
+            Err(e) => Err(e),
         }
     }
 
