@@ -14,6 +14,8 @@ RocksDB's bytes_per_sync or PostgreSQL's *_flush_after do), to see what
 eager writeback does to the commits and to the writes (PERFORMANCE.md §
 11, "Where the buffered tail comes from").
 
+QD=N runs the writes at queue depth N instead of 1.
+
     /usr/bin/python3 bench/fg_tail.py BINARY none|committed|deferred [direct|buffered] [CHUNK]
 """
 import ctypes
@@ -83,7 +85,7 @@ def main():
             threads.append(threading.Thread(target=kicker))
         for t in threads:
             t.start()
-        job = B.fio(("nbd", ab.uri("v")), "randwrite", "4k", 1, SIZE, runtime=SECONDS, randommap=False,
+        job = B.fio(("nbd", ab.uri("v")), "randwrite", "4k", int(os.environ.get("QD", "1")), SIZE, runtime=SECONDS, randommap=False,
                     extra=[f"--write_lat_log={work}/lat", "--log_avg_msec=0", "--per_job_logs=0",
                            "--log_unix_epoch=1"])
     finally:

@@ -347,10 +347,11 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
 
     // Mapped in an earlier, durable commit and never shared: in place.
     assert_eq!(write_4k(4096, 2), [4096]);
-    // Shared with a snapshot: only the written block, into a new chunk (a
-    // partial extent, FORMAT.md §6.3); nothing is copied.
+    // Shared with a snapshot: a new chunk, written whole in one write, the
+    // block and zeros around it (a partial extent, FORMAT.md §6.3: the
+    // other blocks read from the old chunk, which is not copied).
     pool.snapshot("v@s").unwrap();
-    assert_eq!(write_4k(8192, 3), [4096]);
+    assert_eq!(write_4k(8192, 3), [CHUNK]);
     // That new chunk is the volume's alone: other blocks go into it too,
     // also after the commit that made it durable.
     assert_eq!(write_4k(12288, 4), [4096]);
