@@ -34,26 +34,28 @@ pub(crate) fn partial_blocks(geo: &Geometry) -> Option<u32> {
     .then_some(blocks as u32)
 }
 
+/// The mask of every block of a chunk, if this pool may hold partial
+/// extents: a partial's mask is never this (it is then a whole chunk).
+pub(crate) fn full_mask(geo: &Geometry) -> Option<u32> {
+    // 2 to 32 blocks: the shift stays below 64.
+    partial_blocks(geo).map(|blocks| ((1u64 << blocks) - 1) as u32)
+}
+
 /// What is wrong with partial extent `p` of chunk `pchunk` in a pool of
 /// geometry `geo`, if anything: the one place that says what a valid
 /// partial is (decoding and `check` both ask it).
 pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<String> {
-    let Some(blocks) = partial_blocks(geo) else {
+    let Some(all) = full_mask(geo) else {
         return Some(format!(
             "a partial extent in a version {} pool of {}-byte chunks",
             geo.version(),
             geo.chunk_size
         ));
     };
-    let all = if blocks == 32 {
-        u32::MAX
-    } else {
-        (1u32 << blocks) - 1
-    };
     if p.mask & !all != 0 || p.mask == all {
         return Some(format!(
-            "partial extent mask {:#x} for chunks of {blocks} blocks",
-            p.mask
+            "partial extent mask {:#x} for chunks of {}-byte chunks",
+            p.mask, geo.chunk_size
         ));
     }
     if p.base >= geo.data_chunks() || p.base == pchunk {
@@ -79,9 +81,7 @@ impl Mapped {
             partial: None,
         }
     }
-}
 
-impl Mapped {
     /// Where the bytes of the chunk live, as runs `(offsets within the
     /// chunk, data chunk)` in order, covering `[0, chunk_size)`: the whole
     /// chunk from `phys`, or a partial extent's runs of blocks from `phys`
@@ -147,10 +147,7 @@ impl Extent {
     fn release(&self, meta: &mut Meta, from: u64, to: u64) -> Result<()> {
         match self.partial {
             // One chunk, which `[from, to)` covers.
-            Some(partial) => meta.dec_mapped(Mapped {
-                phys: self.pchunk,
-                partial: Some(partial),
-            }),
+            Some(_) => meta.dec_mapped(self.at(self.start)),
             None => meta.dec_data_range(self.phys(from), to - from),
         }
     }
@@ -500,11 +497,8 @@ mod tests {
         all
     }
 
-    /// Chunks written one after another to consecutive physical chunks in
-    /// one transaction form one extent; a gap in the physical chunks, a
-    /// different generation (map_set_as) or a new transaction starts a new
-    /// one, the same generation given explicitly extends it, and no extent
-    /// grows past MAX_EXTENT_CHUNKS.
+    /// A partial extent is never merged with a neighbour, holds one
+    /// reference on its base, and gives both back when replaced or unmapped.
     #[test]
     fn a_partial_extent_never_merges_and_holds_its_base() {
         let mut meta = fresh_meta_with(16384);
@@ -561,6 +555,11 @@ mod tests {
         assert_eq!(meta.used(arbor_format::SmKind::Data), 0);
     }
 
+    /// Chunks written one after another to consecutive physical chunks in
+    /// one transaction form one extent; a gap in the physical chunks, a
+    /// different generation (map_set_as) or a new transaction starts a new
+    /// one, the same generation given explicitly extends it, and no extent
+    /// grows past MAX_EXTENT_CHUNKS.
     #[test]
     fn consecutive_writes_merge_into_one_extent() {
         let mut meta = fresh_meta();

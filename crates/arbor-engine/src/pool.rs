@@ -1361,13 +1361,13 @@ impl Pool {
                 }
                 if e.partial.is_some() {
                     // One chunk, read from two by its mask.
-                    let base = e.start * cs;
+                    let at = e.start * cs;
                     for (run, from) in e.at(e.start).runs(cs) {
-                        let (a, b) = ((base + run.start).max(lo), (base + run.end).min(hi));
+                        let (a, b) = ((at + run.start).max(lo), (at + run.end).min(hi));
                         if a < b {
                             push(Piece {
                                 len: b - a,
-                                source: Source::Pool(geo.chunk_offset(from) + (a - base)),
+                                source: Source::Pool(geo.chunk_offset(from) + (a - at)),
                             });
                         }
                     }

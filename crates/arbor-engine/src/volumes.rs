@@ -872,10 +872,9 @@ impl Volumes {
                             partial: Some(p),
                         }),
                 } if w.blocks.is_some_and(|b| {
-                    let mask = p.mask | b.touched;
                     (b.whole || b.touched & !p.mask == 0)
-                        && crate::mapping::partial_blocks(self.meta.geo())
-                            .is_some_and(|blocks| mask.count_ones() < blocks)
+                        && crate::mapping::full_mask(self.meta.geo())
+                            .is_some_and(|all| p.mask | b.touched != all)
                 }) =>
                 {
                     ChunkPlan::Partial {
@@ -983,8 +982,7 @@ impl Volumes {
                     add,
                 } => {
                     let mask = partial.mask | add;
-                    let full = crate::mapping::partial_blocks(self.meta.geo())
-                        .is_some_and(|blocks| mask.count_ones() == blocks);
+                    let full = crate::mapping::full_mask(self.meta.geo()) == Some(mask);
                     let to = Mapped {
                         phys: pchunk,
                         partial: (!full).then_some(Partial { mask, ..partial }),

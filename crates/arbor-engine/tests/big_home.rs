@@ -21,24 +21,13 @@ const CS: u64 = 4096;
 /// steps of 8 pages (8,160 chunks, about 32 MiB) and freed in steps of
 /// 4 pages' worth (4,080 chunks).
 fn small_journal_pool(disk: &SimDisk) -> Pool {
-    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
-    let opts = CreateOptions {
-        chunk_size: CS as u32,
-        metadata_bytes: Some(4 * MIB),
-        journal_pages: Some(16),
-        ..Default::default()
-    };
-    Pool::create(dev, &opts, &open_opts()).expect("create pool")
+    common::small_journal_pool(disk, CS as u32)
 }
 
 fn open(image: Vec<u8>) -> (SimDisk, Pool) {
     let disk = SimDisk::from_image(image);
     let pool = reopen(&disk);
     (disk, pool)
-}
-
-fn data_used(pool: &Pool) -> u64 {
-    pool.pool_stats().unwrap().data_used_bytes
 }
 
 fn data_free(pool: &Pool) -> u64 {

@@ -459,25 +459,24 @@ proptest! {
     }
 }
 
+/// The same 600 operations every time (proptest's deterministic runner).
+fn long_sequence() -> Vec<Op> {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    prop::collection::vec(op(), 600)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current()
+}
+
 /// A long deterministic run that builds deep family trees and multi-level B-trees.
 #[test]
 fn long_sequence_with_deep_trees() {
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let ops = prop::collection::vec(op(), 600)
-        .new_tree(&mut runner)
-        .unwrap()
-        .current();
-    run(&ops);
+    run(&long_sequence());
 }
 
 /// [`long_sequence_with_deep_trees`] at 16 KiB chunks, where writes make,
 /// extend and copy partial extents.
 #[test]
 fn long_sequence_with_partial_extents() {
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let ops = prop::collection::vec(op(), 600)
-        .new_tree(&mut runner)
-        .unwrap()
-        .current();
-    run_at(&ops, CHUNK_16K);
+    run_at(&long_sequence(), CHUNK_16K);
 }

@@ -7,10 +7,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use arbor_engine::{CreateOptions, Pool, VolumeId};
-use arbor_io::{BlockDevice, SimDisk};
+use arbor_engine::{Pool, VolumeId};
+use arbor_io::SimDisk;
 use common::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -20,24 +18,13 @@ const BLOCK: usize = 4096;
 const CHUNKS: u64 = 24;
 
 fn make_pool(disk: &SimDisk) -> Pool {
-    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
-    let opts = CreateOptions {
-        chunk_size: CS as u32,
-        metadata_bytes: Some(4 * MIB),
-        journal_pages: Some(16),
-        ..Default::default()
-    };
-    Pool::create(dev, &opts, &open_opts()).expect("create pool")
+    small_journal_pool(disk, CS as u32)
 }
 
 fn read_all(pool: &Pool, id: VolumeId) -> Vec<u8> {
     let mut buf = vec![0u8; (CHUNKS * CS) as usize];
     pool.read(id, 0, &mut buf).unwrap();
     buf
-}
-
-fn data_used(pool: &Pool) -> u64 {
-    pool.pool_stats().unwrap().data_used_bytes
 }
 
 /// Volume `v` written whole, snapshotted, then one or two 4 KiB blocks

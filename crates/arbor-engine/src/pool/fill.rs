@@ -161,15 +161,12 @@ impl Pool {
             let mut next = None;
             meta.meta().map_extents(root, from, u64::MAX, &mut |e| {
                 seen += 1;
-                if let Some(p) = e.partial {
-                    let m = meta.meta();
-                    if m.data_count(e.pchunk)? == 1 && m.data_count(p.base)? == 1 {
-                        found.push(Candidate {
-                            id,
-                            chunk: e.start,
-                            mapped: e.at(e.start),
-                        });
-                    }
+                if e.partial.is_some() && nobody_else(meta.meta(), e.at(e.start))? {
+                    found.push(Candidate {
+                        id,
+                        chunk: e.start,
+                        mapped: e.at(e.start),
+                    });
                 }
                 if seen >= SCAN_EXTENTS || found.len() >= max {
                     next = Some(e.end());
@@ -247,10 +244,15 @@ impl Pool {
         let Some((e, _)) = meta.meta().map_lookup(rec.root, c.chunk)? else {
             return Ok(false);
         };
-        let (Some(p), true) = (e.partial, e.at(c.chunk) == c.mapped) else {
-            return Ok(false);
-        };
-        let m = meta.meta();
-        Ok(m.data_count(e.pchunk)? == 1 && m.data_count(p.base)? == 1)
+        Ok(e.at(c.chunk) == c.mapped && nobody_else(meta.meta(), c.mapped)?)
     }
+}
+
+/// Whether the partial `m` alone references its chunk and its base: the
+/// condition of a fill.
+fn nobody_else(meta: &crate::meta::Meta, m: Mapped) -> Result<bool> {
+    let Some(p) = m.partial else {
+        return Ok(false);
+    };
+    Ok(meta.data_count(m.phys)? == 1 && meta.data_count(p.base)? == 1)
 }

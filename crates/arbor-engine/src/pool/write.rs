@@ -528,9 +528,10 @@ impl Pool {
     /// Step 2 of a partial extent: its new chunk `new`, written whole in
     /// one write: the unit's bytes in chunk `chunk`, with `copy` the old
     /// partial's masked blocks (read from its chunk in one piece, from the
-    /// first to the last), and zeros elsewhere. No block outside the mask is
-    /// ever read through the partial, so its zeros only keep the chunk one
-    /// contiguous write: writing just the unit's blocks into a fresh chunk
+    /// first to the last, with whatever lies between them), and zeros
+    /// elsewhere. No block outside the mask is ever read through the
+    /// partial, so what it holds there only keeps the chunk one contiguous
+    /// write: writing just the unit's blocks into a fresh chunk
     /// of a pool file leaves holes between them, and a file system that
     /// maps each piece as its own extent made buffered writes under
     /// snapshots 15 % slower and commits twice as long (PERFORMANCE.md

@@ -33,6 +33,21 @@ pub fn sim_pool(size: u64, chunk: u32) -> (SimDisk, Pool) {
     (disk, pool)
 }
 
+/// A pool on `disk` whose commits journal 16 pages, so that steps which
+/// touch many space-map pages run over several commits.
+pub fn small_journal_pool(disk: &SimDisk, chunk: u32) -> Pool {
+    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+    let opts = CreateOptions {
+        journal_pages: Some(16),
+        ..small_opts(chunk)
+    };
+    Pool::create(dev, &opts, &open_opts()).expect("create pool")
+}
+
+pub fn data_used(pool: &Pool) -> u64 {
+    pool.pool_stats().expect("pool stats").data_used_bytes
+}
+
 pub fn reopen(disk: &SimDisk) -> Pool {
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
     Pool::open(dev, &open_opts()).expect("reopen pool")
