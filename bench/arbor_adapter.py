@@ -125,6 +125,21 @@ class Arbor:
         finally:
             conn.close()
 
+    def chunk_writes(self):
+        """The daemon's `arbor_chunk_writes_total` counters (docs/API.md), by plan."""
+        conn = _UnixHTTPConnection(self.api_sock)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith('arbor_chunk_writes_total{plan="'):
+                name, value = line.split(" ")
+                out[name.split('"')[1]] = int(float(value))
+        return out
+
     def volume_create(self, name, size, layout=None):
         """layout: None (the daemon's default, `row`: thin, redirect-on-write) or
         "cow" (the whole size in one run of the pool, written in place)."""

@@ -3,7 +3,8 @@
 for 8 s on a full 256 MiB volume of a fresh daemon, with no snapshots, a
 committed or a deferred snapshot every second (experiment 3's rows), every
 write's latency logged by fio with its time. Prints fio's percentiles, the
-snapshot API latencies, and the writes at or above the run's p99 counted
+snapshot API latencies, how the chunk writes landed (the daemon's
+`arbor_chunk_writes_total`: the `*_copied` ones read first), and the writes at or above the run's p99 counted
 by time since the last snapshot call and by 100 ms slot of the run, with
 the slots of the daemon's commits (snapshots that commit, and the commit
 interval) to compare.
@@ -78,6 +79,7 @@ def main():
             subprocess.run(["fallocate", "-l", str(pool_size), pool], check=True)
         ab.volume_create("v", SIZE)
         B.fio(("nbd", ab.uri("v")), "write", "1m", 8, SIZE, end_fsync=True)
+        filled = ab.chunk_writes()
         started = time.time()  # the fill's flush committed: the commit interval counts from about here
         if mode != "none":
             threads.append(threading.Thread(target=snapper))
@@ -88,6 +90,7 @@ def main():
         job = B.fio(("nbd", ab.uri("v")), "randwrite", "4k", int(os.environ.get("QD", "1")), SIZE, runtime=SECONDS, randommap=False,
                     extra=[f"--write_lat_log={work}/lat", "--log_avg_msec=0", "--per_job_logs=0",
                            "--log_unix_epoch=1"])
+        plans = {k: v - filled.get(k, 0) for k, v in ab.chunk_writes().items()}
     finally:
         stop.set()
         for t in threads:
@@ -95,6 +98,9 @@ def main():
         ab.stop()
     print(f"{mode} io={io or 'default'} chunk={chunk} kick={kick_ms}ms: {job['iops']:.0f} IOPS, "
           f"p50 {job['lat_p50_us']:.1f} p99 {job['lat_p99_us']:.1f} p99.9 {job['lat_p999_us']:.1f} µs")
+    total = sum(plans.values()) or 1
+    print("  chunk writes by plan (share of the run's):",
+          {k: f"{v / total:.1%}" for k, v in plans.items() if v})
     if snaps:
         print("  snapshot API ms:", [round((b - a) * 1e3, 2) for a, b in snaps])
     # Lines: time (Unix ms), latency (ns), direction, size, offset.

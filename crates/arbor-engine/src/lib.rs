@@ -38,9 +38,9 @@ pub use check::CheckReport;
 pub use error::{Error, Result};
 pub use names::{check_volume_name, is_name_char, split_snapshot_name};
 pub use pool::{
-    guid_hex, CommitObserver, CreateOptions, Durability, GrowOptions, GrowReport, MapRun,
-    OpenOptions, OriginInfo, Pool, PoolStats, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId,
-    VolumeInfo, VolumeLayout, VolumeStats, DEFAULT_CHUNK_SIZE, MAX_GROUP_SNAPSHOT,
+    guid_hex, ChunkWrites, CommitObserver, CreateOptions, Durability, GrowOptions, GrowReport,
+    MapRun, OpenOptions, OriginInfo, Pool, PoolStats, ReceiveStart, ReceiveStatus, ReceiveTarget,
+    VolumeId, VolumeInfo, VolumeLayout, VolumeStats, DEFAULT_CHUNK_SIZE, MAX_GROUP_SNAPSHOT,
     MAX_PROPERTY_KEY, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};

@@ -245,6 +245,57 @@ pub struct PoolStats {
     /// transaction's journal and ran in pieces, atomic as a whole
     /// (`pool/write.rs`).
     pub split_units: u64,
+    /// How writes landed in the chunks they touched, since the pool was
+    /// opened: what snapshots cost the data path.
+    pub chunk_writes: ChunkWrites,
+}
+
+/// Chunk writes since the pool was opened, one for each chunk a write
+/// (or a discard that zeroes) touched, by how it landed (`pool/write.rs`).
+/// Only the `*_copied` ones read the device before writing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkWrites {
+    /// Overwritten where it was: mapped by the volume alone.
+    pub in_place: u64,
+    /// Blocks added to a partial extent the volume alone references.
+    pub extended: u64,
+    /// A new chunk that needs nothing of the old one: the write covers
+    /// the chunk, or nothing was mapped there.
+    pub redirected: u64,
+    /// A new chunk with the rest of the old one copied around the write.
+    pub redirected_copied: u64,
+    /// A new partial extent over a chunk mapped whole: nothing copied.
+    pub partial: u64,
+    /// A new partial extent over an older one's base that needed the
+    /// older one's blocks the write does not cover (a snapshot shares it).
+    pub partial_copied: u64,
+}
+
+impl ChunkWrites {
+    pub(crate) const KINDS: usize = 6;
+
+    fn from_counts(c: [u64; Self::KINDS]) -> Self {
+        Self {
+            in_place: c[0],
+            extended: c[1],
+            redirected: c[2],
+            redirected_copied: c[3],
+            partial: c[4],
+            partial_copied: c[5],
+        }
+    }
+
+    /// Every count, with its name (for metrics and reports).
+    pub fn named(&self) -> [(&'static str, u64); Self::KINDS] {
+        [
+            ("in_place", self.in_place),
+            ("extended", self.extended),
+            ("redirected", self.redirected),
+            ("redirected_copied", self.redirected_copied),
+            ("partial", self.partial),
+            ("partial_copied", self.partial_copied),
+        ]
+    }
 }
 
 /// A byte range and whether it is mapped (reads from a chunk) or reads as zeros.
@@ -303,6 +354,8 @@ pub struct Pool {
     /// Units that did not fit an empty transaction's journal and ran in
     /// pieces (`pool/write.rs`).
     split_units: AtomicU64,
+    /// [`ChunkWrites`], in its field order.
+    chunk_writes: [AtomicU64; ChunkWrites::KINDS],
     /// The sweep for partial extents to fill (`pool/fill.rs`).
     fill: Mutex<fill::FillSweep>,
     /// One `check` at a time; while it walks, commits keep the old home
@@ -579,6 +632,7 @@ impl Pool {
             failure: Mutex::new(None),
             commit_observer: OnceLock::new(),
             split_units: AtomicU64::new(0),
+            chunk_writes: Default::default(),
             fill: Mutex::default(),
         }
     }
@@ -1637,6 +1691,11 @@ impl Pool {
             reclaim_pending: meta.reclaim_pending() || self.origins.sweeping(),
             txn: meta.meta().txn() - 1,
             split_units: self.split_units.load(Ordering::Relaxed),
+            chunk_writes: ChunkWrites::from_counts(
+                self.chunk_writes
+                    .each_ref()
+                    .map(|c| c.load(Ordering::Relaxed)),
+            ),
         })
     }
 

@@ -12,6 +12,7 @@ use arbor_io::SimDisk;
 use common::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use std::sync::Arc;
 
 const CS: u64 = 16384;
 const BLOCK: usize = 4096;
@@ -172,4 +173,94 @@ fn a_power_cut_during_a_fill_changes_nothing_anybody_reads() {
         cuts > CHUNKS,
         "a fill writes every partial's chunk: {cuts} cuts"
     );
+}
+
+/// A device that counts the reads made through it.
+struct CountingReads {
+    inner: SimDisk,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl arbor_io::BlockDevice for CountingReads {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// Every chunk write is counted by how it landed (`PoolStats::chunk_writes`),
+/// and only the copies read the device: a write into a partial that a
+/// snapshot shares reads the old partial's blocks it does not cover, and
+/// nothing when it covers them all.
+#[test]
+fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
+    use arbor_engine::ChunkWrites;
+    use std::sync::atomic::Ordering;
+    let dev = Arc::new(CountingReads {
+        inner: SimDisk::new(64 * MIB),
+        reads: Default::default(),
+    });
+    // A cache that holds all of this pool's metadata: the reads counted
+    // are data reads.
+    let opts = arbor_engine::OpenOptions {
+        cache_bytes: 16 * MIB as usize,
+        ..open_opts()
+    };
+    let pool = Pool::create(dev.clone(), &small_opts(CS as u32), &opts).unwrap();
+    let v = pool.create_volume("v", 4 * CS).unwrap();
+    let mut model = vec![1u8; (4 * CS) as usize];
+    let counts = || pool.pool_stats().unwrap().chunk_writes;
+    // Writes `len` bytes of `byte` at `at`; returns the device reads it made.
+    let mut write = |at: usize, len: usize, byte: u8| {
+        let before = dev.reads.load(Ordering::Relaxed);
+        pool.write(v, at as u64, &vec![byte; len]).unwrap();
+        model[at..at + len].fill(byte);
+        dev.reads.load(Ordering::Relaxed) - before
+    };
+    // (Its reads are the metadata's first.)
+    write(0, (4 * CS) as usize, 1);
+    let mut expected = ChunkWrites {
+        redirected: 4,
+        ..Default::default()
+    };
+    assert_eq!(counts(), expected);
+    pool.snapshot("v@1").unwrap();
+    // Block 1 of chunk 0: a partial over the snapshot's chunk, no copy.
+    assert_eq!(write(BLOCK, BLOCK, 2), 0);
+    expected.partial += 1;
+    // Block 2: added to it; block 1 again: in place.
+    assert_eq!(write(2 * BLOCK, BLOCK, 3), 0);
+    expected.extended += 1;
+    assert_eq!(write(BLOCK, BLOCK, 4), 0);
+    expected.in_place += 1;
+    assert_eq!(counts(), expected);
+    // Shared again: a write over all of the partial's blocks needs none
+    // of them.
+    pool.snapshot("v@2").unwrap();
+    assert_eq!(write(BLOCK, 2 * BLOCK, 5), 0);
+    expected.partial += 1;
+    assert_eq!(counts(), expected);
+    // Shared again: a write beside them reads them.
+    pool.snapshot("v@3").unwrap();
+    assert!(write(3 * BLOCK, BLOCK, 6) > 0);
+    expected.partial_copied += 1;
+    // Part of a block of a chunk the snapshots share whole: a whole new
+    // chunk, the old one read around it.
+    assert!(write(CS as usize + 100, 1000, 7) > 0);
+    expected.redirected_copied += 1;
+    assert_eq!(counts(), expected);
+    let mut back = vec![0u8; model.len()];
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    assert_clean(&pool);
 }

@@ -5,11 +5,11 @@
 //! Space and volume gauges are refreshed from the pool on every scrape, so
 //! they cannot drift from what `arbor pool status` reports.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use arbor_engine::{Pool, VolumeId, VolumeLayout};
+use arbor_engine::{ChunkWrites, Pool, PoolStats, VolumeId, VolumeLayout};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -93,6 +93,11 @@ struct SpaceLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanLabels {
+    plan: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
 }
@@ -120,6 +125,12 @@ pub struct Metrics {
     io_seconds: Family<IoLabels, Histogram, LatencyBuckets>,
     commit_seconds: Histogram,
     reclaimed_nodes: Counter,
+    chunk_writes: Family<PlanLabels, Counter>,
+    /// The pool's counts at the last render: the counters advance by
+    /// the difference (the pool counts from its open, the daemon's).
+    /// (With the split writes'.)
+    counts_seen: Mutex<(ChunkWrites, u64)>,
+    split_writes: Counter,
     space_total: Family<SpaceLabels, Gauge>,
     space_used: Family<SpaceLabels, Gauge>,
     space_warning: Gauge,
@@ -150,6 +161,9 @@ impl Metrics {
             io_seconds: Family::new_with_constructor(LatencyBuckets),
             commit_seconds: latency_histogram(),
             reclaimed_nodes: Counter::default(),
+            chunk_writes: Family::default(),
+            counts_seen: Mutex::default(),
+            split_writes: Counter::default(),
             space_total: Family::default(),
             space_used: Family::default(),
             space_warning: Gauge::default(),
@@ -203,6 +217,18 @@ impl Metrics {
             "reclaimed_nodes",
             "Metadata nodes of destroyed volumes processed by reclaim",
             m.reclaimed_nodes.clone(),
+        );
+        r.register(
+            "chunk_writes",
+            "Chunks written, by how: in_place, extended (a partial extent's blocks), redirected, \
+             redirected_copied (the rest of the old chunk read first), partial (a new partial \
+             extent), partial_copied (an older partial's blocks read first)",
+            m.chunk_writes.clone(),
+        );
+        r.register(
+            "split_writes",
+            "Writes too big for one transaction's journal, run in pieces (atomic as a whole)",
+            m.split_writes.clone(),
         );
         r.register_with_unit(
             "pool_capacity",
@@ -361,6 +387,7 @@ impl Metrics {
         self.space_warning
             .set(i64::from(space.level(&stats).unwrap_or(0)));
         self.reclaim_pending.set(i64::from(stats.reclaim_pending));
+        self.advance_counts(&stats);
         for (kind, count) in [("volume", stats.volumes), ("snapshot", stats.snapshots)] {
             self.volume_count
                 .get_or_create(&KindLabels { kind })
@@ -370,6 +397,22 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+
+    /// Advances the write counters to the pool's counts.
+    fn advance_counts(&self, stats: &PoolStats) {
+        // Plain numbers: a panic elsewhere cannot leave them half-updated.
+        let mut seen = self.counts_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (writes, split) = &mut *seen;
+        for ((plan, now), (_, before)) in stats.chunk_writes.named().into_iter().zip(writes.named())
+        {
+            self.chunk_writes
+                .get_or_create(&PlanLabels { plan })
+                .inc_by(now.saturating_sub(before));
+        }
+        self.split_writes
+            .inc_by(stats.split_units.saturating_sub(*split));
+        *seen = (stats.chunk_writes, stats.split_units);
     }
 
     /// Sets the alert gauges to the active alerts.

@@ -101,6 +101,7 @@ mod tests {
             reclaim_pending: false,
             txn: 0,
             split_units: 0,
+            chunk_writes: Default::default(),
         }
     }
 

@@ -252,6 +252,19 @@ fn metrics_count_io_commits_and_space() {
     assert!(metric(&text, "arbor_pool_used_bytes{space=\"data\"}") >= f64::from(1u32 << 20));
     assert_eq!(metric(&text, "arbor_pool_space_warning_percent"), 0.0);
     assert_eq!(metric(&text, "arbor_pool_volumes{kind=\"volume\"}"), 1.0);
+    // Every chunk a first write: a new chunk, nothing copied.
+    let chunk = daemon.json(&["pool", "status"])["chunk_size"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        metric(&text, "arbor_chunk_writes_total{plan=\"redirected\"}"),
+        ((1u64 << 20) / chunk) as f64,
+        "{text}"
+    );
+    for copied in ["redirected_copied", "partial_copied", "in_place"] {
+        let name = format!("arbor_chunk_writes_total{{plan=\"{copied}\"}}");
+        assert_eq!(metric(&text, &name), 0.0, "{text}");
+    }
     assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with EOF");
 
     // Past a threshold, status and metrics warn.

@@ -133,6 +133,19 @@ impl<'a> Unit<'a> {
         })
     }
 
+    /// The blocks of chunk `chunk` the unit covers whole, as a partial
+    /// extent's mask (for a pool that holds partials: at most 32 blocks a
+    /// chunk, so no shift overflows).
+    fn covered(&self, chunk: u64, cs: u64) -> u32 {
+        let span = self.span(chunk, cs);
+        let (from, to) = (span.start - chunk * cs, span.end - chunk * cs);
+        let (first, end) = (from.div_ceil(PARTIAL_BLOCK), to / PARTIAL_BLOCK);
+        if first >= end {
+            return 0;
+        }
+        ((1u64 << end) - (1u64 << first)) as u32
+    }
+
     /// The chunks the unit plans, and the whole chunks it unmaps.
     /// `partials`: the pool may hold partial extents.
     fn chunks(&self, cs: u64, partials: bool) -> (Vec<ChunkWanted>, Range<u64>) {
@@ -442,7 +455,43 @@ impl Pool {
             }
             return Err(e);
         }
-        self.write_in_place(unit, &wanted, &plans)
+        self.write_in_place(unit, &wanted, &plans)?;
+        self.count_chunk_writes(unit, &wanted, &plans, backing.is_some());
+        Ok(())
+    }
+
+    /// Adds a unit's chunk writes to [`ChunkWrites`], by plan. `reads_through`:
+    /// the volume reads an epoch where it maps nothing (as `write_new_chunks`).
+    fn count_chunk_writes(
+        &self,
+        unit: &Unit<'_>,
+        wanted: &[ChunkWanted],
+        plans: &[ChunkPlan],
+        reads_through: bool,
+    ) {
+        let cs = self.chunk_size();
+        for (w, plan) in wanted.iter().zip(plans) {
+            let whole = || {
+                let span = unit.span(w.chunk, cs);
+                span.end - span.start == cs
+            };
+            // Indices in `ChunkWrites`' field order.
+            let kind = match *plan {
+                ChunkPlan::InPlace(_) => 0,
+                ChunkPlan::Extend { .. } => 1,
+                ChunkPlan::Redirect { .. } if whole() => 2,
+                ChunkPlan::Redirect { old: None, .. } if !reads_through => 2,
+                ChunkPlan::Redirect { .. } => 3,
+                ChunkPlan::Partial { copy: None, .. } => 4,
+                ChunkPlan::Partial {
+                    copy: Some((_, mask)),
+                    ..
+                } if mask & !unit.covered(w.chunk, cs) == 0 => 4,
+                ChunkPlan::Partial { .. } => 5,
+                ChunkPlan::Skip => continue,
+            };
+            self.chunk_writes[kind].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Locks the stripes of chunks `chunks` of volume `id`, in index order
@@ -546,8 +595,12 @@ impl Pool {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
         let mut buf = vec![0u8; cs as usize];
-        if let Some((from, mask)) = copy {
-            // `mask` is a partial's: not 0, within the chunk's blocks.
+        let span = unit.span(chunk, cs);
+        // Only the old partial's blocks the unit does not cover whole: a
+        // write over all of them reads nothing.
+        let read = copy.map(|(from, mask)| (from, mask & !unit.covered(chunk, cs)));
+        if let Some((from, mask)) = read.filter(|&(_, mask)| mask != 0) {
+            // `mask` is within a partial's: within the chunk's blocks.
             let first = u64::from(mask.trailing_zeros()) * PARTIAL_BLOCK;
             let end = u64::from(32 - mask.leading_zeros()) * PARTIAL_BLOCK;
             self.store.dev.read_at(
@@ -555,7 +608,6 @@ impl Pool {
                 geo.chunk_offset(from) + first,
             )?;
         }
-        let span = unit.span(chunk, cs);
         let at = (span.start - chunk * cs) as usize..(span.end - chunk * cs) as usize;
         match unit.fill {
             Fill::Data(d) => {
