@@ -110,6 +110,12 @@ def main():
         rows.append((int(f[0]) / 1000, int(f[1])))
     shutil.rmtree(work, ignore_errors=True)
     lats = sorted(lat for _, lat in rows)
+    first = rows[0][0]
+    per_s = {}
+    for t, lat in rows:
+        per_s.setdefault(int(t - first), []).append(lat)
+    print("  p99 by second of the run (µs):",
+          [round(sorted(v)[int(len(v) * 0.99)] / 1e3) for _, v in sorted(per_s.items())])
     p99 = lats[int(len(lats) * 0.99)]
     slow = [(t, lat) for t, lat in rows if lat >= p99]
     first = rows[0][0]

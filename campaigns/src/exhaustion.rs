@@ -55,6 +55,9 @@ pub struct Outcome {
     /// Writes that did not fit an empty transaction's journal and ran in
     /// pieces (`PoolStats::split_units`, summed over every open).
     pub split_units: u64,
+    /// How chunk writes landed (`PoolStats::chunk_writes`, summed over
+    /// every open): the plans the campaign reached.
+    pub chunk_writes: arbor_engine::ChunkWrites,
     pub failures: Vec<String>,
 }
 
@@ -73,6 +76,7 @@ impl Tally for Outcome {
         self.resize_races += o.resize_races;
         self.growths += o.growths;
         self.split_units += o.split_units;
+        self.chunk_writes += o.chunk_writes;
         self.failures.extend(o.failures);
     }
     fn failures(&self) -> &[String] {
@@ -280,8 +284,12 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                     let (mut off, mut len) =
                         sector_range(&mut rng, size, if burst > 1 { 4096 } else { 512 * 1024 });
                     if chunk > CHUNK && size >= 4096 && rng.gen_bool(0.5) {
-                        // One whole 4 KiB block.
-                        (off, len) = ((off / 4096 * 4096).min(size / 4096 * 4096 - 4096), 4096);
+                        // One to three whole 4 KiB blocks (all of a
+                        // partial's base, some of its mask: every plan of
+                        // a partial extent).
+                        let blocks = rng.gen_range(1..=3u64).min(size / 4096);
+                        let last = size / 4096 * 4096 - blocks * 4096;
+                        (off, len) = ((off / 4096 * 4096).min(last), blocks * 4096);
                     }
                     let data = pattern(rng.gen(), off, len as usize);
                     let r = pool.write(id, off, &data);
@@ -445,7 +453,10 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 writer.stop(out)?;
                 match pool.flush() {
                     Ok(()) => {
-                        out.split_units += pool.pool_stats().map_or(0, |s| s.split_units);
+                        if let Ok(stats) = pool.pool_stats() {
+                            out.split_units += stats.split_units;
+                            out.chunk_writes += stats.chunk_writes;
+                        }
                         if cut {
                             disk = SimDisk::from_image(disk.handle().durable_image());
                             out.power_cuts += 1;
@@ -489,7 +500,10 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
         }
     }
     writer.stop(out)?;
-    out.split_units += pool.pool_stats().map_or(0, |s| s.split_units);
+    if let Ok(stats) = pool.pool_stats() {
+        out.split_units += stats.split_units;
+        out.chunk_writes += stats.chunk_writes;
+    }
     pool.flush()
         .map_err(|e| format!("seed {seed}: final flush: {e}"))?;
     check_clean(&pool, &format!("seed {seed}: end"))?;

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} online growths, {} units split for journal room, {} failures, {:.0} s",
+        "exhaustion: {runs} runs (seeds {}..{}), {} operations, {} failed for lack of space ({}), {} commits checked, {} reopens, {} power cuts, {} concurrent writes ({} ran out), {} raced shrinks, {} online growths, {} units split for journal room, chunk writes ({}), {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.operations,
@@ -48,6 +48,11 @@ fn main() -> ExitCode {
         total.resize_races,
         total.growths,
         total.split_units,
+        total
+            .chunk_writes
+            .named()
+            .map(|(plan, n)| format!("{plan} {n}"))
+            .join(", "),
         total.failures.len(),
         elapsed.as_secs_f64()
     );

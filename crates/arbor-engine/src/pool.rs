@@ -269,10 +269,26 @@ pub struct ChunkWrites {
     /// A new partial extent over an older one's base that needed the
     /// older one's blocks the write does not cover (a snapshot shares it).
     pub partial_copied: u64,
+    /// A new partial extent over an older one's chunk, the write covering
+    /// every block of the older one's base (a snapshot shares it): nothing
+    /// copied.
+    pub partial_over: u64,
+}
+
+impl std::ops::AddAssign for ChunkWrites {
+    fn add_assign(&mut self, o: Self) {
+        self.in_place += o.in_place;
+        self.extended += o.extended;
+        self.redirected += o.redirected;
+        self.redirected_copied += o.redirected_copied;
+        self.partial += o.partial;
+        self.partial_copied += o.partial_copied;
+        self.partial_over += o.partial_over;
+    }
 }
 
 impl ChunkWrites {
-    pub(crate) const KINDS: usize = 6;
+    pub(crate) const KINDS: usize = 7;
 
     fn from_counts(c: [u64; Self::KINDS]) -> Self {
         Self {
@@ -282,6 +298,7 @@ impl ChunkWrites {
             redirected_copied: c[3],
             partial: c[4],
             partial_copied: c[5],
+            partial_over: c[6],
         }
     }
 
@@ -294,6 +311,7 @@ impl ChunkWrites {
             ("redirected_copied", self.redirected_copied),
             ("partial", self.partial),
             ("partial_copied", self.partial_copied),
+            ("partial_over", self.partial_over),
         ]
     }
 }

@@ -56,17 +56,12 @@ pub(crate) enum ChunkPlan {
     Redirect { old: Option<Mapped>, new: u64 },
     /// Write the blocks of `mask` into `new` (already allocated), then map
     /// a partial extent: those blocks from `new`, the rest from `base`
-    /// (FORMAT.md §6.3). With `copy` unset the chunk was mapped whole (by
-    /// `base`) when planning, and `mask` is the blocks the write covers
-    /// whole: nothing is copied. With `copy` set it was a partial extent
-    /// over the same `base` that the write could not change in place (a
-    /// snapshot shares it): the blocks of its mask (`copy.1`) are copied
-    /// from its chunk (`copy.0`) around the write, and `mask` is both.
+    /// (FORMAT.md §6.3). `from` says what the chunk mapped when planning.
     Partial {
         base: u64,
         new: u64,
         mask: u32,
-        copy: Option<(u64, u32)>,
+        from: PartialFrom,
     },
     /// The chunk is a partial extent whose chunk this volume alone
     /// references (as for [`ChunkPlan::InPlace`]), and the write covers
@@ -81,6 +76,42 @@ pub(crate) enum ChunkPlan {
     /// Nothing to write: a chunk a discard zeroes only where mapped, and it
     /// is not.
     Skip,
+}
+
+/// What the chunk of a [`ChunkPlan::Partial`] mapped when planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartialFrom {
+    /// Its `base`, whole; `mask` is the blocks the write covers whole:
+    /// nothing is copied.
+    Whole,
+    /// A partial extent over the same `base` that the write could not
+    /// change in place (a snapshot shares it), with chunk `pchunk`: the
+    /// blocks of its `mask` are copied from `pchunk` around the write, and
+    /// the new mask is both.
+    Sibling { pchunk: u64, mask: u32 },
+    /// A partial extent whose chunk is the new `base`, with the old `mask`
+    /// over its own base `under`, that the write could not change in place
+    /// (a snapshot shares it), and the write covers every block `under`
+    /// gave, whole. The old chunk holds all the blocks the new mask leaves
+    /// (its own), so nothing is copied, and `under` drops from the mapping.
+    Over { mask: u32, under: u64 },
+}
+
+impl PartialFrom {
+    /// What the chunk of a plan with base `base` mapped when planning.
+    pub(crate) fn old(self, base: u64) -> Mapped {
+        match self {
+            Self::Whole => Mapped::whole(base),
+            Self::Sibling { pchunk, mask } => Mapped {
+                phys: pchunk,
+                partial: Some(Partial { mask, base }),
+            },
+            Self::Over { mask, under } => Mapped {
+                phys: base,
+                partial: Some(Partial { mask, base: under }),
+            },
+        }
+    }
 }
 
 /// One chunk a write plans: the chunk number, and whether it is only
@@ -849,49 +880,68 @@ impl Volumes {
                     add,
                 },
                 InPlaceCheck::No { mapped: None } if w.only_if_mapped => ChunkPlan::Skip,
-                InPlaceCheck::No {
-                    mapped:
-                        Some(Mapped {
-                            phys,
-                            partial: None,
-                        }),
-                } if w.blocks.is_some_and(|b| b.whole) => ChunkPlan::Partial {
-                    base: phys,
-                    new: self.meta.alloc_data()?,
-                    mask: w.blocks.map_or(0, |b| b.touched),
-                    copy: None,
-                },
-                // A partial the write cannot change in place: a new one over
-                // the same base, if the write leaves blocks to it (one
-                // level of base, never a chain). The old mask's blocks are
-                // read around the write, so blocks in it need not be whole.
-                InPlaceCheck::No {
-                    mapped:
-                        Some(Mapped {
-                            phys,
-                            partial: Some(p),
-                        }),
-                } if w.blocks.is_some_and(|b| {
-                    (b.whole || b.touched & !p.mask == 0)
-                        && crate::mapping::full_mask(self.meta.geo())
-                            .is_some_and(|all| p.mask | b.touched != all)
-                }) =>
-                {
-                    ChunkPlan::Partial {
-                        base: p.base,
-                        new: self.meta.alloc_data()?,
-                        mask: p.mask | w.blocks.map_or(0, |b| b.touched),
-                        copy: Some((phys, p.mask)),
+                InPlaceCheck::No { mapped } => {
+                    let new = self.meta.alloc_data()?;
+                    match mapped
+                        .zip(w.blocks)
+                        .and_then(|(m, b)| self.partial_plan(m, b))
+                    {
+                        Some((base, mask, from)) => ChunkPlan::Partial {
+                            base,
+                            new,
+                            mask,
+                            from,
+                        },
+                        None => ChunkPlan::Redirect { old: mapped, new },
                     }
                 }
-                InPlaceCheck::No { mapped } => ChunkPlan::Redirect {
-                    old: mapped,
-                    new: self.meta.alloc_data()?,
-                },
             };
             plans.push(plan);
         }
         Ok(plans)
+    }
+
+    /// The partial extent (FORMAT.md §6.3) that a write of `blocks` maps
+    /// in a chunk it cannot change in place, which maps `mapped`: its
+    /// base, mask, and what it replaces; `None` for a whole new chunk.
+    /// * Over a chunk mapped whole: if the write covers its blocks whole
+    ///   (nothing is read).
+    /// * Over a partial, if the write covers every block its base gives,
+    ///   whole: a new partial over its chunk, which holds every other block
+    ///   (nothing is read; the old base drops).
+    /// * Else over a partial, if the write leaves blocks to its base: a new
+    ///   one over the same base (one level of base, never a chain). The
+    ///   old mask's blocks are read around the write, so blocks in it need
+    ///   not be whole.
+    fn partial_plan(&self, mapped: Mapped, blocks: Blocks) -> Option<(u64, u32, PartialFrom)> {
+        let all = crate::mapping::full_mask(self.meta.geo())?;
+        match mapped.partial {
+            None => blocks
+                .whole
+                .then_some((mapped.phys, blocks.touched, PartialFrom::Whole)),
+            Some(p) if blocks.whole && all & !p.mask & !blocks.touched == 0 => Some((
+                mapped.phys,
+                blocks.touched,
+                PartialFrom::Over {
+                    mask: p.mask,
+                    under: p.base,
+                },
+            )),
+            Some(p)
+                if (blocks.whole || blocks.touched & !p.mask == 0)
+                    && p.mask | blocks.touched != all =>
+            {
+                Some((
+                    p.base,
+                    p.mask | blocks.touched,
+                    PartialFrom::Sibling {
+                        pchunk: mapped.phys,
+                        mask: p.mask,
+                    },
+                ))
+            }
+            Some(_) => None,
+        }
     }
 
     /// The mapping step of an atomic write, after the new chunks were
@@ -913,17 +963,7 @@ impl Volumes {
         for (w, plan) in wanted.iter().zip(plans) {
             let old = match *plan {
                 ChunkPlan::Redirect { old, .. } => old,
-                ChunkPlan::Partial {
-                    base, copy: None, ..
-                } => Some(Mapped::whole(base)),
-                ChunkPlan::Partial {
-                    base,
-                    copy: Some((phys, mask)),
-                    ..
-                } => Some(Mapped {
-                    phys,
-                    partial: Some(Partial { mask, base }),
-                }),
+                ChunkPlan::Partial { base, from, .. } => Some(from.old(base)),
                 ChunkPlan::Extend {
                     pchunk, partial, ..
                 } => Some(Mapped {
@@ -962,18 +1002,24 @@ impl Volumes {
                     base,
                     new,
                     mask,
-                    copy,
+                    from,
                 } => {
                     let to = Mapped {
                         phys: new,
                         partial: Some(Partial { mask, base }),
                     };
                     // The reference the chunk held on `base` passes to the
-                    // new partial (checked above: mapped whole, or by a
-                    // partial over the same base, whose chunk is dropped).
+                    // new partial (checked above: mapped whole, by a
+                    // partial over the same base, whose chunk is dropped,
+                    // or by a partial whose chunk it is, whose base is).
                     root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    if let Some((old, _)) = copy {
-                        self.meta.dec_data(old)?;
+                    let dropped = match from {
+                        PartialFrom::Whole => None,
+                        PartialFrom::Sibling { pchunk, .. } => Some(pchunk),
+                        PartialFrom::Over { under, .. } => Some(under),
+                    };
+                    if let Some(dropped) = dropped {
+                        self.meta.dec_data(dropped)?;
                     }
                 }
                 ChunkPlan::Extend {

@@ -34,6 +34,14 @@ enum Op {
         sectors: u64,
         tag: u64,
     },
+    /// Whole 4 KiB blocks, exactly (no jitter): the writes that make,
+    /// extend, copy and stack partial extents at larger chunks.
+    Blocks {
+        vol: usize,
+        block: u64,
+        blocks: u64,
+        tag: u64,
+    },
     Discard {
         vol: usize,
         sector: u64,
@@ -81,19 +89,30 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    op_mix(12, 6, 3)
+}
+
+/// Operations for larger chunks, where whole-block writes into chunks
+/// that snapshots share make, extend, copy and stack partial extents: the
+/// same kinds as [`op`], weighted towards those writes and snapshots.
+fn partial_op() -> impl Strategy<Value = Op> {
+    op_mix(3, 14, 4)
+}
+
+/// Every kind of operation; `write`, `blocks` and `snapshot` weigh plain
+/// writes, whole-block writes and snapshots against the others.
+fn op_mix(write: u32, blocks: u32, snapshot: u32) -> impl Strategy<Value = Op> {
     let idx = 0usize..64;
     prop_oneof![
         2 => (8u64..MAX_VOL_SECTORS).prop_map(|sectors| Op::Create { sectors }),
-        12 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<u64>())
+        write => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<u64>())
             .prop_map(|(vol, sector, sectors, tag)| Op::Write { vol, sector, sectors, tag }),
-        // Whole 4 KiB blocks: the writes that make and extend partial
-        // extents at larger chunks.
-        6 => (idx.clone(), 0u64..MAX_VOL_SECTORS / 8, 1u64..4, any::<u64>())
-            .prop_map(|(vol, block, blocks, tag)| Op::Write { vol, sector: block * 8, sectors: blocks * 8, tag }),
+        blocks => (idx.clone(), 0u64..MAX_VOL_SECTORS / 8, 1u64..4, any::<u64>())
+            .prop_map(|(vol, block, blocks, tag)| Op::Blocks { vol, block, blocks, tag }),
         2 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64).prop_map(|(vol, sector, sectors)| Op::Discard { vol, sector, sectors }),
         1 => (idx.clone(), 0u64..MAX_VOL_SECTORS, 1u64..64, any::<bool>())
             .prop_map(|(vol, sector, sectors, keep)| Op::Zero { vol, sector, sectors, keep }),
-        3 => (idx.clone(), any::<bool>()).prop_map(|(vol, deferred)| Op::Snapshot { vol, deferred }),
+        snapshot => (idx.clone(), any::<bool>()).prop_map(|(vol, deferred)| Op::Snapshot { vol, deferred }),
         2 => (idx.clone(), any::<bool>()).prop_map(|(snap, deferred)| Op::Clone { snap, deferred }),
         2 => idx.clone().prop_map(|any| Op::Delete { any }),
         1 => (idx.clone(), idx.clone()).prop_map(|(vol, snap)| Op::Rollback { vol, snap }),
@@ -198,6 +217,26 @@ impl Harness {
                 let Some((offset, len)) = self.clamp(&name, sector, sectors) else {
                     return;
                 };
+                let data = pattern(tag, offset, len as usize);
+                self.pool().write(self.id(&name), offset, &data).unwrap();
+                self.model.get_mut(&name).unwrap().data[offset as usize..(offset + len) as usize]
+                    .copy_from_slice(&data);
+            }
+            Op::Blocks {
+                vol,
+                block,
+                blocks,
+                tag,
+            } => {
+                let Some(name) = self.pick(Some(false), vol) else {
+                    return;
+                };
+                let whole = self.model[&name].data.len() as u64 / 4096;
+                if whole == 0 {
+                    return;
+                }
+                let offset = block % whole * 4096;
+                let len = (blocks * 4096).min(whole * 4096 - offset);
                 let data = pattern(tag, offset, len as usize);
                 self.pool().write(self.id(&name), offset, &data).unwrap();
                 self.model.get_mut(&name).unwrap().data[offset as usize..(offset + len) as usize]
@@ -452,7 +491,7 @@ proptest! {
 
     #[test]
     fn engine_matches_model_with_partial_extents(
-        ops in prop::collection::vec(op(), 1..80),
+        ops in prop::collection::vec(partial_op(), 1..200),
         big in any::<bool>(),
     ) {
         run_at(&ops, if big { CHUNK_64K } else { CHUNK_16K });

@@ -131,6 +131,69 @@ fn new_partials_over_a_shared_base_are_filled_once_alone() {
     assert_clean(&pool);
 }
 
+/// A write into a partial that a snapshot shares, over every block its
+/// base gives, makes a new partial over the old partial's chunk (which
+/// holds the other blocks): nothing is read, and the old base is dropped.
+/// Each snapshot keeps reading what it had; with them gone (in either
+/// order), the fill leaves one chunk per chunk.
+#[test]
+fn a_write_over_all_that_a_partials_base_gives_makes_a_partial_over_its_chunk() {
+    for newest_first in [false, true] {
+        let disk = SimDisk::new(64 * MIB);
+        let pool = make_pool(&disk);
+        let mut model = setup(&pool);
+        let at_s = read_all(&pool, pool.lookup("v@s").unwrap());
+        pool.snapshot("v@t").unwrap();
+        let v = pool.lookup("v").unwrap();
+        let before = pool.pool_stats().unwrap().chunk_writes;
+        for c in 0..CHUNKS {
+            // `setup` wrote blocks c % 4 and, for odd c, (c + 2) % 4: one
+            // write from the first other block to the last.
+            let mask = if c % 2 == 1 {
+                1 << (c % 4) | 1 << ((c + 2) % 4)
+            } else {
+                1 << (c % 4)
+            };
+            let others: Vec<usize> = (0..4).filter(|b| mask & (1 << b) == 0).collect();
+            let (first, last) = (others[0], others[others.len() - 1]);
+            let at = (c * CS) as usize + first * BLOCK;
+            let data = vec![(0x80 + c) as u8; (last + 1 - first) * BLOCK];
+            pool.write(v, at as u64, &data).unwrap();
+            model[at..at + data.len()].copy_from_slice(&data);
+        }
+        let writes = pool.pool_stats().unwrap().chunk_writes;
+        // A new partial over the old one's chunk for every chunk but those
+        // with block 2 alone (c % 4 == 2), which the write covers whole:
+        // a new chunk. Nothing read.
+        let whole = (0..CHUNKS).filter(|c| c % 4 == 2).count() as u64;
+        assert_eq!(writes.partial_over - before.partial_over, CHUNKS - whole);
+        assert_eq!(writes.partial, before.partial);
+        assert_eq!(writes.redirected - before.redirected, whole);
+        assert_eq!(writes.partial_copied, before.partial_copied);
+        assert_eq!(writes.redirected_copied, before.redirected_copied);
+        assert!(read_all(&pool, v) == model);
+        assert!(read_all(&pool, pool.lookup("v@s").unwrap()) == at_s);
+        assert_clean(&pool);
+        let order = if newest_first {
+            ["v@t", "v@s"]
+        } else {
+            ["v@s", "v@t"]
+        };
+        for name in order {
+            pool.delete(name).unwrap();
+            while pool.reclaim(1000).unwrap() > 0 {}
+            pool.fill_partials(1000).unwrap();
+            assert!(read_all(&pool, v) == model);
+            assert_clean(&pool);
+        }
+        assert_eq!(data_used(&pool), CHUNKS * CS);
+        drop(pool);
+        let pool = reopen(&disk);
+        assert!(read_all(&pool, v) == model);
+        assert_clean(&pool);
+    }
+}
+
 /// A power cut at every write or flush of a fill: the volume reads as it
 /// did, the pool checks clean, and a fill after the reopen frees exactly
 /// the bases left.

@@ -731,8 +731,17 @@ impl Dispatch {
         self.enabled && small && self.paused_until.is_none_or(|until| now >= until)
     }
 
+    /// After a request ran inline: a slow one pauses inline execution,
+    /// unless it ran only because the connection was idle (`when_idle`).
+    /// Then a client that queued more requests behind it is seen at the
+    /// next request (which goes to the pool, and keeps the next ones there
+    /// for [`Self::QUEUED`]), and a client at queue depth 1, which queues
+    /// nothing, loses nothing by the wait: pausing it would only add a
+    /// hand-off to each of its requests for the next [`Self::PAUSE`] (a
+    /// write waiting for a snapshot did so for a quarter of a second
+    /// after each snapshot; PERFORMANCE.md § 11).
     fn ran_inline(&mut self, started: Instant, finished: Instant) {
-        if finished.saturating_duration_since(started) > Self::SLOW {
+        if !self.when_idle && finished.saturating_duration_since(started) > Self::SLOW {
             self.paused_until = Some(finished + Self::PAUSE);
         }
     }
@@ -876,5 +885,22 @@ mod tests {
         assert!(!dispatch.inline(&read(4096), finished, false));
         assert!(!dispatch.inline(&read(4096), finished + Dispatch::PAUSE / 2, false));
         assert!(dispatch.inline(&read(4096), finished + Dispatch::PAUSE, false));
+    }
+
+    #[test]
+    fn a_slow_request_run_because_the_connection_was_idle_pauses_nothing() {
+        let start = Instant::now();
+        let mut dispatch = Dispatch::new(true);
+        dispatch.when_idle = true;
+        let finished = start + Dispatch::SLOW * 2;
+        assert!(dispatch.inline(&write(4096, false), start, false));
+        dispatch.ran_inline(start, finished);
+        assert!(
+            dispatch.inline(&write(4096, false), finished, false),
+            "a client at QD1 stays inline"
+        );
+        // A client that queued behind it goes to the pool, and stays there.
+        assert!(!dispatch.inline(&write(4096, false), finished, true));
+        assert!(!dispatch.inline(&write(4096, false), finished, false));
     }
 }

@@ -222,7 +222,8 @@ impl Metrics {
             "chunk_writes",
             "Chunks written, by how: in_place, extended (a partial extent's blocks), redirected, \
              redirected_copied (the rest of the old chunk read first), partial (a new partial \
-             extent), partial_copied (an older partial's blocks read first)",
+             extent), partial_copied (an older partial's blocks read first), partial_over (a new \
+             partial over an older one's chunk)",
             m.chunk_writes.clone(),
         );
         r.register(

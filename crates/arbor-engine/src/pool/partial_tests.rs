@@ -264,10 +264,16 @@ fn writes_make_extend_and_complete_partials() {
     pool.snapshot("a@t").unwrap();
     write(&pool, 3 * cs + BLOCK, &[0x29; BLOCK]);
     assert_eq!(mask_of(&pool, a, 3), Some(0b0011));
-    // Shared again, the last two blocks: a whole chunk.
+    // Shared again, the last two blocks, all that the base gave: a new
+    // partial over the old partial's chunk, which holds the other two.
     pool.snapshot("a@w").unwrap();
     write(&pool, 3 * cs + 2 * BLOCK, &[0x2a; 2 * BLOCK]);
-    assert_eq!(mask_of(&pool, a, 3), None);
+    assert_eq!(mask_of(&pool, a, 3), Some(0b1100));
+    let w = pool.lookup("a@w").unwrap();
+    let mut at_w = chunk_of(3, original);
+    at_w[..BLOCK].fill(0x28);
+    at_w[BLOCK..2 * BLOCK].fill(0x29);
+    assert!(read(&pool, w, 3 * CS, cs) == at_w);
     let t = pool.lookup("a@t").unwrap();
     let mut at_t = chunk_of(3, original);
     at_t[..BLOCK].fill(0x28);

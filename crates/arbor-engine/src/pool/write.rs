@@ -34,7 +34,7 @@ use std::sync::RwLockReadGuard;
 
 use super::*;
 use crate::mapping::PARTIAL_BLOCK;
-use crate::volumes::{Blocks, ChunkPlan, ChunkWanted};
+use crate::volumes::{Blocks, ChunkPlan, ChunkWanted, PartialFrom};
 
 /// Bytes of one write request served whole by one unit: the NBD maximum
 /// payload (arbor-nbd `MAX_PAYLOAD`).
@@ -482,12 +482,15 @@ impl Pool {
                 ChunkPlan::Redirect { .. } if whole() => 2,
                 ChunkPlan::Redirect { old: None, .. } if !reads_through => 2,
                 ChunkPlan::Redirect { .. } => 3,
-                ChunkPlan::Partial { copy: None, .. } => 4,
                 ChunkPlan::Partial {
-                    copy: Some((_, mask)),
+                    from: PartialFrom::Sibling { mask, .. },
                     ..
-                } if mask & !unit.covered(w.chunk, cs) == 0 => 4,
-                ChunkPlan::Partial { .. } => 5,
+                } if mask & !unit.covered(w.chunk, cs) != 0 => 5,
+                ChunkPlan::Partial {
+                    from: PartialFrom::Over { .. },
+                    ..
+                } => 6,
+                ChunkPlan::Partial { .. } => 4,
                 ChunkPlan::Skip => continue,
             };
             self.chunk_writes[kind].fetch_add(1, Ordering::Relaxed);
@@ -519,10 +522,14 @@ impl Pool {
                 ChunkPlan::Redirect { old, new } => (old, new),
                 // The partial's chunk whole, without the old chunk: the
                 // blocks outside its mask read from the base.
-                ChunkPlan::Partial { new, copy, .. } => {
+                ChunkPlan::Partial { new, from, .. } => {
                     if let Some(run) = runs.take() {
                         self.write_run(unit, &run)?;
                     }
+                    let copy = match from {
+                        PartialFrom::Sibling { pchunk, mask } => Some((pchunk, mask)),
+                        PartialFrom::Whole | PartialFrom::Over { .. } => None,
+                    };
                     self.write_partial_chunk(unit, w.chunk, new, copy)?;
                     continue;
                 }
