@@ -574,7 +574,8 @@ fn resize_race(
 }
 
 /// Fills the pool to the brim: snapshots of volume `v`, each followed by a
-/// burst of scattered one-sector writes until a write runs out of metadata,
+/// burst of scattered one-sector writes (whole blocks in a few chunks, at
+/// chunks of several blocks) until a write runs out of metadata,
 /// then snapshots alone until one runs out (at most 64 rounds). Returns the
 /// operation that failed and its error, for the caller's checks; the
 /// operations after it then run on a full pool.
@@ -587,6 +588,11 @@ fn brim(
 ) -> Result<(String, Result<(), Error>), String> {
     let id = pool.lookup(v).map_err(|e| e.to_string())?;
     let size = model[v].data.len() as u64;
+    let chunk = pool.pool_stats().map_err(|e| e.to_string())?.chunk_size;
+    // At chunks of several blocks, whole blocks in the volume's first four
+    // chunks: each snapshot shares them, so the writes make, extend, copy
+    // and stack partial extents (FORMAT.md §6.3) until space runs out.
+    let hot = (chunk > 4096).then_some((size / 4096).min(4 * chunk / 4096));
     let mut writes = true;
     for _ in 0..64 {
         *next_name += 1;
@@ -603,8 +609,14 @@ fn brim(
             },
         );
         for _ in 0..if writes { 16 } else { 0 } {
-            let off = rng.gen_range(0..size / SECTOR) * SECTOR;
-            let bytes = pattern(rng.gen(), off, SECTOR as usize);
+            let (off, len) = match hot.filter(|&h| h > 0) {
+                Some(hot) => {
+                    let blocks = rng.gen_range(1..=3u64).min(hot);
+                    (rng.gen_range(0..=hot - blocks) * 4096, blocks * 4096)
+                }
+                None => (rng.gen_range(0..size / SECTOR) * SECTOR, SECTOR),
+            };
+            let bytes = pattern(rng.gen(), off, len as usize);
             match pool.write(id, off, &bytes) {
                 // Writes need more metadata than a snapshot: go on with
                 // snapshots alone until one runs out too.
@@ -612,11 +624,11 @@ fn brim(
                     writes = false;
                     break;
                 }
-                Err(e) => return Ok((format!("write {v} {off}+{SECTOR}"), Err(e))),
+                Err(e) => return Ok((format!("write {v} {off}+{len}"), Err(e))),
                 Ok(()) => {}
             }
             let m = model.get_mut(v).ok_or("model")?;
-            m.data[off as usize..(off + SECTOR) as usize].copy_from_slice(&bytes);
+            m.data[off as usize..(off + len) as usize].copy_from_slice(&bytes);
         }
     }
     Ok(("brim".into(), Ok(())))
