@@ -239,6 +239,10 @@ pub struct PoolStats {
     pub snapshots: u64,
     /// True while deleted volumes still await reclaim.
     pub reclaim_pending: bool,
+    /// True while a sweep for partial extents to fill (FORMAT.md §6.3)
+    /// has not finished: space that only partials hold (their bases) may
+    /// still come back (`Pool::fill_partials`).
+    pub fill_pending: bool,
     /// Last committed transaction.
     pub txn: u64,
     /// Writes since the pool was opened that did not fit an empty
@@ -1707,6 +1711,7 @@ impl Pool {
                 .count() as u64,
             snapshots,
             reclaim_pending: meta.reclaim_pending() || self.origins.sweeping(),
+            fill_pending: self.fill_wanted(),
             txn: meta.meta().txn() - 1,
             split_units: self.split_units.load(Ordering::Relaxed),
             chunk_writes: ChunkWrites::from_counts(

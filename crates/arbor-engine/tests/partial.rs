@@ -63,14 +63,16 @@ fn a_fill_frees_the_bases_once_the_snapshot_is_gone() {
     assert!(!pool.fill_wanted());
     pool.delete("v@s").unwrap();
     while pool.reclaim(1000).unwrap() > 0 {}
-    // Bases held by the partials alone.
+    // Bases held by the partials alone, which the pool's status says.
     assert_eq!(data_used(&pool), 2 * CHUNKS * CS);
     assert!(pool.fill_wanted());
+    assert!(pool.pool_stats().unwrap().fill_pending);
     assert_eq!(pool.fill_partials(1000).unwrap(), CHUNKS as usize);
     assert_eq!(data_used(&pool), CHUNKS * CS);
     assert!(read_all(&pool, v) == model);
     assert_eq!(pool.fill_partials(1000).unwrap(), 0);
     assert!(!pool.fill_wanted());
+    assert!(!pool.pool_stats().unwrap().fill_pending);
     assert_clean(&pool);
     // Reopened: the same, and no partial left to fill.
     drop(pool);

@@ -135,6 +135,7 @@ pub struct Metrics {
     space_used: Family<SpaceLabels, Gauge>,
     space_warning: Gauge,
     reclaim_pending: Gauge,
+    fill_pending: Gauge,
     volume_count: Family<KindLabels, Gauge>,
     volume_size: Family<VolumeLabels, Gauge>,
     volume_mapped: Family<VolumeLabels, Gauge>,
@@ -168,6 +169,7 @@ impl Metrics {
             space_used: Family::default(),
             space_warning: Gauge::default(),
             reclaim_pending: Gauge::default(),
+            fill_pending: Gauge::default(),
             volume_count: Family::default(),
             volume_size: Family::default(),
             volume_mapped: Family::default(),
@@ -252,6 +254,11 @@ impl Metrics {
             "pool_reclaim_pending",
             "1 while destroyed volumes await reclaim",
             m.reclaim_pending.clone(),
+        );
+        r.register(
+            "pool_fill_pending",
+            "1 while a sweep for partial extents to fill has not finished",
+            m.fill_pending.clone(),
         );
         r.register_with_unit(
             "replica_recovery_point",
@@ -388,6 +395,7 @@ impl Metrics {
         self.space_warning
             .set(i64::from(space.level(&stats).unwrap_or(0)));
         self.reclaim_pending.set(i64::from(stats.reclaim_pending));
+        self.fill_pending.set(i64::from(stats.fill_pending));
         self.advance_counts(&stats);
         for (kind, count) in [("volume", stats.volumes), ("snapshot", stats.snapshots)] {
             self.volume_count

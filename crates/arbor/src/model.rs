@@ -24,6 +24,10 @@ pub struct PoolView {
     pub volumes: u64,
     pub snapshots: u64,
     pub reclaim_pending: bool,
+    /// A sweep for partial extents to fill has not finished: space that
+    /// only partials hold may still come back.
+    #[serde(default)]
+    pub fill_pending: bool,
     /// Last committed transaction.
     pub txn: u64,
     /// Space use past the configured warning thresholds, one sentence each.

@@ -125,7 +125,12 @@ pub fn pool(p: &PoolView) -> String {
         ("snapshots", p.snapshots.to_string()),
         (
             "reclaim",
-            if p.reclaim_pending { "pending" } else { "idle" }.to_owned(),
+            match (p.reclaim_pending, p.fill_pending) {
+                (true, _) => "pending",
+                (false, true) => "filling partial extents",
+                (false, false) => "idle",
+            }
+            .to_owned(),
         ),
         ("transaction", p.txn.to_string()),
     ]) + &p
@@ -714,6 +719,39 @@ mod tests {
             table(&["NAME", "SIZE"], &rows),
             "NAME      SIZE\nvm1       1 GiB\ndatabase  512 B\n"
         );
+    }
+
+    #[test]
+    fn pool_status_says_when_only_a_fill_is_left() {
+        let mut p = PoolView {
+            path: "pool".into(),
+            format_version: 7,
+            io: "buffered".into(),
+            pool_bytes: 1 << 30,
+            chunk_size: 16384,
+            data_bytes: 1 << 30,
+            data_used_bytes: 0,
+            metadata_bytes: 1 << 20,
+            metadata_used_bytes: 0,
+            volumes: 1,
+            snapshots: 0,
+            reclaim_pending: false,
+            fill_pending: false,
+            txn: 1,
+            warnings: Vec::new(),
+            alerts: Vec::new(),
+        };
+        let reclaim = |p: &PoolView| {
+            pool(p)
+                .lines()
+                .find(|l| l.starts_with("reclaim"))
+                .map(|l| l.split_once(':').map_or(l, |(_, v)| v).trim().to_owned())
+        };
+        assert_eq!(reclaim(&p).as_deref(), Some("idle"));
+        p.fill_pending = true;
+        assert_eq!(reclaim(&p).as_deref(), Some("filling partial extents"));
+        p.reclaim_pending = true;
+        assert_eq!(reclaim(&p).as_deref(), Some("pending"));
     }
 
     fn view(name: &str, kind: VolumeKind, parent: Option<&str>) -> VolumeView {

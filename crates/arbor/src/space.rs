@@ -99,6 +99,7 @@ mod tests {
             volumes: 0,
             snapshots: 0,
             reclaim_pending: false,
+            fill_pending: false,
             txn: 0,
             split_units: 0,
             chunk_writes: Default::default(),

@@ -180,6 +180,7 @@ impl PoolControl {
             volumes: s.volumes,
             snapshots: s.snapshots,
             reclaim_pending: s.reclaim_pending,
+            fill_pending: s.fill_pending,
             txn: s.txn,
             warnings: self.space.warnings(&s),
             alerts: self.monitor.alerts(),
