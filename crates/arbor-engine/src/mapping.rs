@@ -54,7 +54,7 @@ pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<S
     };
     if p.mask & !all != 0 || p.mask == all {
         return Some(format!(
-            "partial extent mask {:#x} for chunks of {}-byte chunks",
+            "partial extent mask {:#x} for {}-byte chunks",
             p.mask, geo.chunk_size
         ));
     }

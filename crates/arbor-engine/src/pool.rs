@@ -279,15 +279,23 @@ pub struct ChunkWrites {
     pub partial_over: u64,
 }
 
+/// The kinds of [`ChunkWrites`], in its field order: the indices of the
+/// pool's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChunkWrite {
+    InPlace,
+    Extended,
+    Redirected,
+    RedirectedCopied,
+    Partial,
+    PartialCopied,
+    PartialOver,
+}
+
 impl std::ops::AddAssign for ChunkWrites {
     fn add_assign(&mut self, o: Self) {
-        self.in_place += o.in_place;
-        self.extended += o.extended;
-        self.redirected += o.redirected;
-        self.redirected_copied += o.redirected_copied;
-        self.partial += o.partial;
-        self.partial_copied += o.partial_copied;
-        self.partial_over += o.partial_over;
+        let (a, b) = (self.named(), o.named());
+        *self = Self::from_counts(std::array::from_fn(|i| a[i].1 + b[i].1));
     }
 }
 
@@ -295,18 +303,20 @@ impl ChunkWrites {
     pub(crate) const KINDS: usize = 7;
 
     fn from_counts(c: [u64; Self::KINDS]) -> Self {
+        use ChunkWrite as K;
         Self {
-            in_place: c[0],
-            extended: c[1],
-            redirected: c[2],
-            redirected_copied: c[3],
-            partial: c[4],
-            partial_copied: c[5],
-            partial_over: c[6],
+            in_place: c[K::InPlace as usize],
+            extended: c[K::Extended as usize],
+            redirected: c[K::Redirected as usize],
+            redirected_copied: c[K::RedirectedCopied as usize],
+            partial: c[K::Partial as usize],
+            partial_copied: c[K::PartialCopied as usize],
+            partial_over: c[K::PartialOver as usize],
         }
     }
 
-    /// Every count, with its name (for metrics and reports).
+    /// Every count, with its name (for metrics and reports), in the order
+    /// of [`ChunkWrite`].
     pub fn named(&self) -> [(&'static str, u64); Self::KINDS] {
         [
             ("in_place", self.in_place),

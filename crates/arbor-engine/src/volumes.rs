@@ -112,6 +112,16 @@ impl PartialFrom {
             },
         }
     }
+
+    /// The chunk whose reference the old mapping held and the new partial
+    /// does not (the other passes to the new partial's base).
+    pub(crate) fn dropped(self) -> Option<u64> {
+        match self {
+            Self::Whole => None,
+            Self::Sibling { pchunk, .. } => Some(pchunk),
+            Self::Over { under, .. } => Some(under),
+        }
+    }
 }
 
 /// One chunk a write plans: the chunk number, and whether it is only
@@ -1013,12 +1023,7 @@ impl Volumes {
                     // partial over the same base, whose chunk is dropped,
                     // or by a partial whose chunk it is, whose base is).
                     root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    let dropped = match from {
-                        PartialFrom::Whole => None,
-                        PartialFrom::Sibling { pchunk, .. } => Some(pchunk),
-                        PartialFrom::Over { under, .. } => Some(under),
-                    };
-                    if let Some(dropped) = dropped {
+                    if let Some(dropped) = from.dropped() {
                         self.meta.dec_data(dropped)?;
                     }
                 }

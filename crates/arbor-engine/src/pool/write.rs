@@ -146,6 +146,24 @@ impl<'a> Unit<'a> {
         ((1u64 << end) - (1u64 << first)) as u32
     }
 
+    /// Whether the unit covers chunk `chunk` whole.
+    fn covers(&self, chunk: u64, cs: u64) -> bool {
+        let span = self.span(chunk, cs);
+        span.end - span.start == cs
+    }
+
+    /// What a new partial extent in chunk `chunk`, replacing `from`,
+    /// copies: for a sibling, its chunk and the blocks of its mask the
+    /// unit does not cover whole, if any (a write over all of them reads
+    /// nothing).
+    fn sibling_copy(&self, chunk: u64, cs: u64, from: PartialFrom) -> Option<(u64, u32)> {
+        let PartialFrom::Sibling { pchunk, mask } = from else {
+            return None;
+        };
+        let left = mask & !self.covered(chunk, cs);
+        (left != 0).then_some((pchunk, left))
+    }
+
     /// The chunks the unit plans, and the whole chunks it unmaps.
     /// `partials`: the pool may hold partial extents.
     fn chunks(&self, cs: u64, partials: bool) -> (Vec<ChunkWanted>, Range<u64>) {
@@ -471,29 +489,29 @@ impl Pool {
     ) {
         let cs = self.chunk_size();
         for (w, plan) in wanted.iter().zip(plans) {
-            let whole = || {
-                let span = unit.span(w.chunk, cs);
-                span.end - span.start == cs
-            };
-            // Indices in `ChunkWrites`' field order.
+            // The same decisions as `write_new_chunks` about what it reads.
             let kind = match *plan {
-                ChunkPlan::InPlace(_) => 0,
-                ChunkPlan::Extend { .. } => 1,
-                ChunkPlan::Redirect { .. } if whole() => 2,
-                ChunkPlan::Redirect { old: None, .. } if !reads_through => 2,
-                ChunkPlan::Redirect { .. } => 3,
-                ChunkPlan::Partial {
-                    from: PartialFrom::Sibling { mask, .. },
-                    ..
-                } if mask & !unit.covered(w.chunk, cs) != 0 => 5,
+                ChunkPlan::InPlace(_) => ChunkWrite::InPlace,
+                ChunkPlan::Extend { .. } => ChunkWrite::Extended,
+                ChunkPlan::Redirect { old, .. }
+                    if unit.covers(w.chunk, cs) || (old.is_none() && !reads_through) =>
+                {
+                    ChunkWrite::Redirected
+                }
+                ChunkPlan::Redirect { .. } => ChunkWrite::RedirectedCopied,
                 ChunkPlan::Partial {
                     from: PartialFrom::Over { .. },
                     ..
-                } => 6,
-                ChunkPlan::Partial { .. } => 4,
+                } => ChunkWrite::PartialOver,
+                ChunkPlan::Partial { from, .. }
+                    if unit.sibling_copy(w.chunk, cs, from).is_some() =>
+                {
+                    ChunkWrite::PartialCopied
+                }
+                ChunkPlan::Partial { .. } => ChunkWrite::Partial,
                 ChunkPlan::Skip => continue,
             };
-            self.chunk_writes[kind].fetch_add(1, Ordering::Relaxed);
+            self.chunk_writes[kind as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -526,10 +544,7 @@ impl Pool {
                     if let Some(run) = runs.take() {
                         self.write_run(unit, &run)?;
                     }
-                    let copy = match from {
-                        PartialFrom::Sibling { pchunk, mask } => Some((pchunk, mask)),
-                        PartialFrom::Whole | PartialFrom::Over { .. } => None,
-                    };
+                    let copy = unit.sibling_copy(w.chunk, cs, from);
                     self.write_partial_chunk(unit, w.chunk, new, copy)?;
                     continue;
                 }
@@ -546,7 +561,7 @@ impl Pool {
                 ChunkPlan::InPlace(_) | ChunkPlan::Skip => continue,
             };
             let span = unit.span(w.chunk, cs);
-            if span.end - span.start == cs {
+            if unit.covers(w.chunk, cs) {
                 if let Some(run) = runs.add(span, geo.chunk_offset(new)) {
                     self.write_run(unit, &run)?;
                 }
@@ -582,9 +597,10 @@ impl Pool {
     }
 
     /// Step 2 of a partial extent: its new chunk `new`, written whole in
-    /// one write: the unit's bytes in chunk `chunk`, with `copy` the old
-    /// partial's masked blocks (read from its chunk in one piece, from the
-    /// first to the last, with whatever lies between them), and zeros
+    /// one write: the unit's bytes in chunk `chunk`, with `copy` an old
+    /// partial's chunk and the blocks of it to keep
+    /// ([`Unit::sibling_copy`]; read in one piece, from the first to the
+    /// last, with whatever lies between them), and zeros
     /// elsewhere. No block outside the mask is ever read through the
     /// partial, so what it holds there only keeps the chunk one contiguous
     /// write: writing just the unit's blocks into a fresh chunk
@@ -603,11 +619,8 @@ impl Pool {
         let cs = geo.chunk_size;
         let mut buf = vec![0u8; cs as usize];
         let span = unit.span(chunk, cs);
-        // Only the old partial's blocks the unit does not cover whole: a
-        // write over all of them reads nothing.
-        let read = copy.map(|(from, mask)| (from, mask & !unit.covered(chunk, cs)));
-        if let Some((from, mask)) = read.filter(|&(_, mask)| mask != 0) {
-            // `mask` is within a partial's: within the chunk's blocks.
+        if let Some((from, mask)) = copy {
+            // `mask` is not 0 and within a partial's: within the chunk.
             let first = u64::from(mask.trailing_zeros()) * PARTIAL_BLOCK;
             let end = u64::from(32 - mask.leading_zeros()) * PARTIAL_BLOCK;
             self.store.dev.read_at(
