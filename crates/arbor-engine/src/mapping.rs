@@ -9,9 +9,13 @@
 //! * each mapped chunk holds one data-space-map reference per extent that
 //!   names it: as its run, or as a partial extent's base;
 //! * a partial extent (format version 7) is one chunk long, its mask names
-//!   blocks of the chunk and not all of them ([`partial_rule`]).
+//!   blocks of the chunk and not all of them ([`partial_rule`]); from
+//!   version 8 it may have middle layers ([`Layers`]).
 
-use arbor_format::{BlockRef, MapValue, Partial, TreeKind, MAX_EXTENT_CHUNKS, MAX_PARTIAL_BLOCKS};
+use arbor_format::{
+    BlockRef, Layer, MapValue, Partial, TreeKind, MAX_EXTENT_CHUNKS, MAX_PARTIAL_BLOCKS,
+    MAX_PARTIAL_MIDS,
+};
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
@@ -20,6 +24,19 @@ use crate::store::Geometry;
 /// The first format version whose mapping entries may be partial extents
 /// (FORMAT.md §6.3).
 pub(crate) const PARTIAL_EXTENTS_VERSION: u16 = 7;
+
+/// The first format version whose partial extents may have middle layers
+/// (FORMAT.md §6.3).
+pub(crate) const LAYERED_PARTIALS_VERSION: u16 = 8;
+
+/// Middle layers a partial extent may have in this pool.
+pub(crate) fn max_mids(geo: &Geometry) -> usize {
+    if geo.version() >= LAYERED_PARTIALS_VERSION {
+        MAX_PARTIAL_MIDS
+    } else {
+        0
+    }
+}
 
 /// Bytes of one block of a partial extent's mask.
 pub(crate) const PARTIAL_BLOCK: u64 = 4096;
@@ -61,7 +78,151 @@ pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<S
     if p.base >= geo.data_chunks() || p.base == pchunk {
         return Some(format!("partial extent base {} (chunk {pchunk})", p.base));
     }
+    if p.mid_count() > max_mids(geo) {
+        return Some(format!(
+            "a partial extent of {} middle layers in a version {} pool",
+            p.mid_count(),
+            geo.version()
+        ));
+    }
+    let mut given = p.mask;
+    let mut chunks = vec![pchunk, p.base];
+    for layer in p.layers() {
+        if layer.mask & !all != 0 || layer.mask & given != 0 {
+            return Some(format!(
+                "partial extent layer mask {:#x} over {given:#x} for {}-byte chunks",
+                layer.mask, geo.chunk_size
+            ));
+        }
+        given |= layer.mask;
+        if layer.chunk >= geo.data_chunks() || chunks.contains(&layer.chunk) {
+            return Some(format!(
+                "partial extent layer chunk {} (chunk {pchunk}, base {})",
+                layer.chunk, p.base
+            ));
+        }
+        chunks.push(layer.chunk);
+    }
+    // The base gives at least one block (else the last layer is the base).
+    if given == all {
+        return Some(format!(
+            "partial extent whose layers give every block (chunk {pchunk}, base {})",
+            p.base
+        ));
+    }
     None
+}
+
+/// Most data chunks one logical chunk reads from, and one more: a write
+/// puts its new chunk in front before any folds.
+const MAX_LAYERS: usize = MAX_PARTIAL_MIDS + 3;
+
+/// The data chunks one logical chunk reads from, newest first, each with
+/// the blocks it gives (masks disjoint, together every block of the
+/// chunk): the one place that turns a mapping into layers and back. A
+/// chunk mapped whole is one layer; a partial extent its chunk, its middle
+/// layers and its base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layers {
+    list: [(u64, u32); MAX_LAYERS],
+    len: usize,
+}
+
+impl Layers {
+    /// The layers of `m` in a pool whose chunks' blocks are `all`.
+    pub fn of(m: Mapped, all: u32) -> Self {
+        let mut layers = Self {
+            list: [(0, 0); MAX_LAYERS],
+            len: 0,
+        };
+        match m.partial {
+            None => layers.push((m.phys, all)),
+            Some(p) => {
+                layers.push((m.phys, p.mask));
+                let mut given = p.mask;
+                for l in p.layers() {
+                    layers.push((l.chunk, l.mask));
+                    given |= l.mask;
+                }
+                layers.push((p.base, all & !given));
+            }
+        }
+        layers
+    }
+
+    fn push(&mut self, layer: (u64, u32)) {
+        // Callers stay within MAX_LAYERS: a mapping has at most
+        // MAX_LAYERS - 1, and one is put in front of them.
+        self.list[self.len] = layer;
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The layers, newest first: (data chunk, blocks it gives).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.list[..self.len].iter().copied()
+    }
+
+    /// Takes `blocks` from every layer; a layer left without blocks goes.
+    pub fn take(&mut self, blocks: u32) {
+        let mut kept = 0;
+        for i in 0..self.len {
+            let (chunk, mask) = self.list[i];
+            if mask & !blocks != 0 {
+                self.list[kept] = (chunk, mask & !blocks);
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+
+    /// Removes layer `i`; returns it.
+    pub fn remove(&mut self, i: usize) -> (u64, u32) {
+        let layer = self.list[i];
+        self.list.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+        layer
+    }
+
+    /// Puts `layer` in front (newest).
+    pub fn push_front(&mut self, layer: (u64, u32)) {
+        self.list.copy_within(0..self.len, 1);
+        self.list[0] = layer;
+        self.len += 1;
+    }
+
+    /// Adds `blocks` to the first layer's (taking them from the others).
+    pub fn grow_first(&mut self, blocks: u32) {
+        let (chunk, mask) = self.remove(0);
+        self.take(blocks);
+        self.push_front((chunk, mask | blocks));
+    }
+
+    /// The mapping: the first layer's chunk, and unless it is the only one,
+    /// a partial with the middle ones and the last as its base. At least
+    /// one layer and at most [`MAX_PARTIAL_MIDS`] middle ones.
+    pub fn mapped(&self) -> Mapped {
+        debug_assert!((1..=MAX_PARTIAL_MIDS + 2).contains(&self.len));
+        let (phys, mask) = self.list[0];
+        if self.len == 1 {
+            return Mapped::whole(phys);
+        }
+        let mut mids = [None; MAX_PARTIAL_MIDS];
+        for (mid, &(chunk, mask)) in mids.iter_mut().zip(&self.list[1..self.len - 1]) {
+            *mid = Some(Layer { chunk, mask });
+        }
+        Mapped {
+            phys,
+            partial: Some(Partial {
+                mask,
+                mids,
+                base: self.list[self.len - 1].0,
+            }),
+        }
+    }
 }
 
 /// What one logical chunk maps to: a data chunk, and for a partial extent
@@ -82,11 +243,27 @@ impl Mapped {
         }
     }
 
+    /// The data chunks it holds a reference on each: its own, then a
+    /// partial's middle layers and base.
+    pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
+        let partial = self.partial.iter();
+        std::iter::once(self.phys)
+            .chain(partial.flat_map(|p| p.layers().map(|l| l.chunk).chain(std::iter::once(p.base))))
+    }
+
+    /// The chunks `self` references and `to` does not: the references a
+    /// change from `self` to `to` drops (the others pass to `to`).
+    pub fn dropped_for(&self, to: &Mapped) -> Vec<u64> {
+        self.chunks()
+            .filter(|c| !to.chunks().any(|t| t == *c))
+            .collect()
+    }
+
     /// Where the bytes of the chunk live, as runs `(offsets within the
     /// chunk, data chunk)` in order, covering `[0, chunk_size)`: the whole
     /// chunk from `phys`, or a partial extent's runs of blocks from `phys`
-    /// (its mask) and from its base (the rest). The one place that splits a
-    /// partial chunk.
+    /// (its mask), from its middle layers (theirs) and from its base (the
+    /// rest). The one place that splits a partial chunk.
     pub fn runs(&self, chunk_size: u64) -> Vec<(std::ops::Range<u64>, u64)> {
         let Some(p) = self.partial else {
             return vec![(0..chunk_size, self.phys)];
@@ -94,10 +271,11 @@ impl Mapped {
         let blocks = chunk_size / PARTIAL_BLOCK;
         let mut runs: Vec<(std::ops::Range<u64>, u64)> = Vec::new();
         for block in 0..blocks {
-            let from = if (p.mask >> block) & 1 == 1 {
+            let has = |mask: u32| (mask >> block) & 1 == 1;
+            let from = if has(p.mask) {
                 self.phys
             } else {
-                p.base
+                p.layers().find(|l| has(l.mask)).map_or(p.base, |l| l.chunk)
             };
             let range = block * PARTIAL_BLOCK..(block + 1) * PARTIAL_BLOCK;
             match runs.last_mut() {
@@ -234,9 +412,8 @@ impl Meta {
 
     /// Drops the references `m` holds.
     pub fn dec_mapped(&mut self, m: Mapped) -> Result<()> {
-        self.dec_data(m.phys)?;
-        if let Some(p) = m.partial {
-            self.dec_data(p.base)?;
+        for chunk in m.chunks() {
+            self.dec_data(chunk)?;
         }
         Ok(())
     }
@@ -421,6 +598,102 @@ mod tests {
         out
     }
 
+    /// The rule of a partial's middle layers (version 8): masks disjoint
+    /// from each other and the partial's, the base giving a block, chunks
+    /// all different, and none in a version 7 pool.
+    #[test]
+    fn partial_rule_checks_middle_layers() {
+        let meta = fresh_meta_with(16384);
+        let geo = meta.geo();
+        let layer = |chunk, mask| Some(Layer { chunk, mask });
+        let p = |mids: [Option<Layer>; MAX_PARTIAL_MIDS]| Partial {
+            mask: 0b0001,
+            mids,
+            base: 3,
+        };
+        assert_eq!(partial_rule(geo, 1, &p([layer(2, 0b0010), None])), None);
+        assert_eq!(
+            partial_rule(geo, 1, &p([layer(2, 0b0010), layer(4, 0b0100)])),
+            None
+        );
+        for (what, bad) in [
+            ("overlaps the mask", p([layer(2, 0b0011), None])),
+            (
+                "overlaps a newer layer",
+                p([layer(2, 0b0110), layer(4, 0b0100)]),
+            ),
+            ("past the chunk", p([layer(2, 0b10000), None])),
+            (
+                "leaves the base nothing",
+                p([layer(2, 0b0110), layer(4, 0b1000)]),
+            ),
+            ("the partial's chunk", p([layer(1, 0b0010), None])),
+            ("the base", p([layer(3, 0b0010), None])),
+            ("twice", p([layer(2, 0b0010), layer(2, 0b0100)])),
+            ("past the data", p([layer(geo.data_chunks(), 0b0010), None])),
+        ] {
+            assert!(partial_rule(geo, 1, &bad).is_some(), "{what}");
+        }
+        geo.set_version(PARTIAL_EXTENTS_VERSION);
+        assert!(partial_rule(geo, 1, &p([layer(2, 0b0010), None])).is_some());
+        assert_eq!(partial_rule(geo, 1, &Partial::over(0b0001, 3)), None);
+    }
+
+    /// Layers of a mapping and back, and what a change drops.
+    #[test]
+    fn layers_turn_a_mapping_into_sources_and_back() {
+        let all = 0b1111;
+        let whole = Mapped::whole(7);
+        assert_eq!(
+            Layers::of(whole, all).iter().collect::<Vec<_>>(),
+            [(7, all)]
+        );
+        assert_eq!(Layers::of(whole, all).mapped(), whole);
+        let two = Mapped {
+            phys: 1,
+            partial: Some(Partial {
+                mask: 0b0001,
+                mids: [
+                    Some(Layer {
+                        chunk: 2,
+                        mask: 0b0100,
+                    }),
+                    None,
+                ],
+                base: 3,
+            }),
+        };
+        let mut layers = Layers::of(two, all);
+        assert_eq!(
+            layers.iter().collect::<Vec<_>>(),
+            [(1, 0b0001), (2, 0b0100), (3, 0b1010)]
+        );
+        assert_eq!(layers.mapped(), two);
+        assert_eq!(
+            two.runs(16384),
+            [
+                (0..4096, 1),
+                (4096..8192, 3),
+                (8192..12288, 2),
+                (12288..16384, 3)
+            ]
+        );
+        // The middle layer's block taken: it drops, and its reference.
+        layers.take(0b0100);
+        layers.push_front((9, 0b0100));
+        let to = layers.mapped();
+        assert_eq!(
+            layers.iter().collect::<Vec<_>>(),
+            [(9, 0b0100), (1, 0b0001), (3, 0b1010)]
+        );
+        assert_eq!(two.dropped_for(&to), [2]);
+        // Grown to every block: whole, every other chunk dropped.
+        let mut layers = Layers::of(two, all);
+        layers.grow_first(0b1110);
+        assert_eq!(layers.mapped(), Mapped::whole(1));
+        assert_eq!(two.dropped_for(&Mapped::whole(1)), [2, 3]);
+    }
+
     fn ext(start: u64, len: u32, pchunk: u64, gen: u64) -> Extent {
         Extent::whole(start, len, pchunk, gen)
     }
@@ -515,7 +788,7 @@ mod tests {
         root = meta.map_set(root, 4, p4).unwrap().0;
         let partial = Mapped {
             phys: p5,
-            partial: Some(Partial { mask: 0b1000, base }),
+            partial: Some(Partial::over(0b1000, base)),
         };
         let txn = meta.txn();
         let (r, previous) = meta.map_set_as(root, 5, partial, txn).unwrap();
@@ -540,10 +813,7 @@ mod tests {
         let p = meta.alloc_data().unwrap();
         let partial = Mapped {
             phys: p,
-            partial: Some(Partial {
-                mask: 0b0001,
-                base: base2,
-            }),
+            partial: Some(Partial::over(0b0001, base2)),
         };
         root = meta.map_set_as(root, 5, partial, txn).unwrap().0;
         check_refs(&meta, &[root], 0);

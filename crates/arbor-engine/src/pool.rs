@@ -270,12 +270,13 @@ pub struct ChunkWrites {
     pub redirected_copied: u64,
     /// A new partial extent over a chunk mapped whole: nothing copied.
     pub partial: u64,
-    /// A new partial extent over an older one's base that needed the
-    /// older one's blocks the write does not cover (a snapshot shares it).
+    /// A new partial extent that read old contents first: blocks the
+    /// write touches only in part, or a layer folded into its chunk (a
+    /// version 7 pool, or more middle layers than a partial has).
     pub partial_copied: u64,
-    /// A new partial extent over an older one's chunk, the write covering
-    /// every block of the older one's base (a snapshot shares it): nothing
-    /// copied.
+    /// A new partial extent in front of an older one that the volume
+    /// could not change in place (a snapshot shares it), whose layers keep
+    /// the blocks the write leaves: nothing copied.
     pub partial_over: u64,
 }
 

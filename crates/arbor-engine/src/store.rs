@@ -189,7 +189,7 @@ pub(crate) struct CachedNode {
 
 /// Clean decoded nodes, least recently used evicted first, bounded by the
 /// memory they take decoded (a packed leaf decodes to up to 448 entries of
-/// 32 bytes, more than its 4 KiB block), so the cache holds to the budget
+/// 56 bytes and a key, more than its 4 KiB block), so the cache holds to the budget
 /// the user gave in bytes.
 struct NodeCache {
     lru: LruCache<u64, Arc<CachedNode>>,

@@ -9,7 +9,7 @@
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
-use crate::mapping::Mapped;
+use crate::mapping::{Layers, Mapped};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
@@ -54,15 +54,15 @@ pub(crate) enum ChunkPlan {
     /// `old` is what the chunk mapped when planning, whose data fills the
     /// parts of the chunk a partial write does not cover.
     Redirect { old: Option<Mapped>, new: u64 },
-    /// Write the blocks of `mask` into `new` (already allocated), then map
-    /// a partial extent: those blocks from `new`, the rest from `base`
-    /// (FORMAT.md §6.3). `from` says what the chunk mapped when planning.
-    Partial {
-        base: u64,
-        new: u64,
-        mask: u32,
-        from: PartialFrom,
-    },
+    /// Write the new chunk of `to` (already allocated: `to.phys`), then map
+    /// the partial extent `to` (FORMAT.md §6.3), which reads the blocks of
+    /// its mask from the new chunk and the others from what `old`, the
+    /// chunk's mapping when planning, read them from. The new chunk holds
+    /// the write's blocks and `keep`: blocks of its mask whose old contents
+    /// it must hold, read from `old` (those the write does not cover
+    /// whole): the layers folded into it, and blocks the write touches only
+    /// in part.
+    Partial { old: Mapped, to: Mapped, keep: u32 },
     /// The chunk is a partial extent whose chunk this volume alone
     /// references (as for [`ChunkPlan::InPlace`]), and the write covers
     /// only blocks outside its mask, whole: write them into `pchunk` (no
@@ -76,52 +76,6 @@ pub(crate) enum ChunkPlan {
     /// Nothing to write: a chunk a discard zeroes only where mapped, and it
     /// is not.
     Skip,
-}
-
-/// What the chunk of a [`ChunkPlan::Partial`] mapped when planning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PartialFrom {
-    /// Its `base`, whole; `mask` is the blocks the write covers whole:
-    /// nothing is copied.
-    Whole,
-    /// A partial extent over the same `base` that the write could not
-    /// change in place (a snapshot shares it), with chunk `pchunk`: the
-    /// blocks of its `mask` are copied from `pchunk` around the write, and
-    /// the new mask is both.
-    Sibling { pchunk: u64, mask: u32 },
-    /// A partial extent whose chunk is the new `base`, with the old `mask`
-    /// over its own base `under`, that the write could not change in place
-    /// (a snapshot shares it), and the write covers every block `under`
-    /// gave, whole. The old chunk holds all the blocks the new mask leaves
-    /// (its own), so nothing is copied, and `under` drops from the mapping.
-    Over { mask: u32, under: u64 },
-}
-
-impl PartialFrom {
-    /// What the chunk of a plan with base `base` mapped when planning.
-    pub(crate) fn old(self, base: u64) -> Mapped {
-        match self {
-            Self::Whole => Mapped::whole(base),
-            Self::Sibling { pchunk, mask } => Mapped {
-                phys: pchunk,
-                partial: Some(Partial { mask, base }),
-            },
-            Self::Over { mask, under } => Mapped {
-                phys: base,
-                partial: Some(Partial { mask, base: under }),
-            },
-        }
-    }
-
-    /// The chunk whose reference the old mapping held and the new partial
-    /// does not (the other passes to the new partial's base).
-    pub(crate) fn dropped(self) -> Option<u64> {
-        match self {
-            Self::Whole => None,
-            Self::Sibling { pchunk, .. } => Some(pchunk),
-            Self::Over { under, .. } => Some(under),
-        }
-    }
 }
 
 /// One chunk a write plans: the chunk number, and whether it is only
@@ -892,16 +846,12 @@ impl Volumes {
                 InPlaceCheck::No { mapped: None } if w.only_if_mapped => ChunkPlan::Skip,
                 InPlaceCheck::No { mapped } => {
                     let new = self.meta.alloc_data()?;
-                    match mapped
-                        .zip(w.blocks)
-                        .and_then(|(m, b)| self.partial_plan(m, b))
-                    {
-                        Some((base, mask, from)) => ChunkPlan::Partial {
-                            base,
-                            new,
-                            mask,
-                            from,
-                        },
+                    let partial = mapped.zip(w.blocks).and_then(|(old, b)| {
+                        self.partial_plan(old, new, b)
+                            .map(|(to, keep)| ChunkPlan::Partial { old, to, keep })
+                    });
+                    match partial {
+                        Some(plan) => plan,
                         None => ChunkPlan::Redirect { old: mapped, new },
                     }
                 }
@@ -912,46 +862,42 @@ impl Volumes {
     }
 
     /// The partial extent (FORMAT.md §6.3) that a write of `blocks` maps
-    /// in a chunk it cannot change in place, which maps `mapped`: its
-    /// base, mask, and what it replaces; `None` for a whole new chunk.
-    /// * Over a chunk mapped whole: if the write covers its blocks whole
-    ///   (nothing is read).
-    /// * Over a partial, if the write covers every block its base gives,
-    ///   whole: a new partial over its chunk, which holds every other block
-    ///   (nothing is read; the old base drops).
-    /// * Else over a partial, if the write leaves blocks to its base: a new
-    ///   one over the same base (one level of base, never a chain). The
-    ///   old mask's blocks are read around the write, so blocks in it need
-    ///   not be whole.
-    fn partial_plan(&self, mapped: Mapped, blocks: Blocks) -> Option<(u64, u32, PartialFrom)> {
-        let all = crate::mapping::full_mask(self.meta.geo())?;
-        match mapped.partial {
-            None => blocks
-                .whole
-                .then_some((mapped.phys, blocks.touched, PartialFrom::Whole)),
-            Some(p) if blocks.whole && all & !p.mask & !blocks.touched == 0 => Some((
-                mapped.phys,
-                blocks.touched,
-                PartialFrom::Over {
-                    mask: p.mask,
-                    under: p.base,
-                },
-            )),
-            Some(p)
-                if (blocks.whole || blocks.touched & !p.mask == 0)
-                    && p.mask | blocks.touched != all =>
-            {
-                Some((
-                    p.base,
-                    p.mask | blocks.touched,
-                    PartialFrom::Sibling {
-                        pchunk: mapped.phys,
-                        mask: p.mask,
-                    },
-                ))
-            }
-            Some(_) => None,
+    /// in a chunk it cannot change in place, which maps `mapped`, with
+    /// `new` as its chunk; and the blocks of its mask whose old contents
+    /// `new` must hold (see [`ChunkPlan::Partial`]). `None` for a whole new
+    /// chunk. The one place that decides a partial write's layers:
+    /// * the new chunk gives the blocks the write touches; every older
+    ///   layer (the chunk mapped whole, or a partial's chunk, middle layers
+    ///   and base) keeps the blocks it gave that the write leaves, and one
+    ///   left with none drops from the mapping (nothing is read);
+    /// * blocks the write touches in part keep their old contents around
+    ///   the write (read);
+    /// * while that leaves more middle layers than the pool allows (two
+    ///   from version 8, none before), the layer giving the fewest blocks
+    ///   (the newest of equals) folds into the new chunk (read);
+    /// * if the new chunk then gives every block, the write is a whole new
+    ///   chunk.
+    fn partial_plan(&self, mapped: Mapped, new: u64, blocks: Blocks) -> Option<(Mapped, u32)> {
+        let geo = self.meta.geo();
+        let all = crate::mapping::full_mask(geo)?;
+        let mut layers = Layers::of(mapped, all);
+        let mut mask = blocks.touched;
+        let mut keep = if blocks.whole { 0 } else { blocks.touched };
+        layers.take(mask);
+        while layers.len() > crate::mapping::max_mids(geo) + 1 {
+            let (i, _) = layers
+                .iter()
+                .enumerate()
+                .min_by_key(|&(i, (_, m))| (m.count_ones(), i))?;
+            let (_, folded) = layers.remove(i);
+            mask |= folded;
+            keep |= folded;
         }
+        if layers.len() == 0 {
+            return None;
+        }
+        layers.push_front((new, mask));
+        Some((layers.mapped(), keep))
     }
 
     /// The mapping step of an atomic write, after the new chunks were
@@ -973,7 +919,7 @@ impl Volumes {
         for (w, plan) in wanted.iter().zip(plans) {
             let old = match *plan {
                 ChunkPlan::Redirect { old, .. } => old,
-                ChunkPlan::Partial { base, from, .. } => Some(from.old(base)),
+                ChunkPlan::Partial { old, .. } => Some(old),
                 ChunkPlan::Extend {
                     pchunk, partial, ..
                 } => Some(Mapped {
@@ -1008,22 +954,12 @@ impl Volumes {
                         None => added += 1,
                     }
                 }
-                ChunkPlan::Partial {
-                    base,
-                    new,
-                    mask,
-                    from,
-                } => {
-                    let to = Mapped {
-                        phys: new,
-                        partial: Some(Partial { mask, base }),
-                    };
-                    // The reference the chunk held on `base` passes to the
-                    // new partial (checked above: mapped whole, by a
-                    // partial over the same base, whose chunk is dropped,
-                    // or by a partial whose chunk it is, whose base is).
+                ChunkPlan::Partial { old, to, .. } => {
+                    // The references of the old mapping pass to the new
+                    // partial where it keeps their chunks (checked above:
+                    // the chunk still maps `old`); the others drop.
                     root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    if let Some(dropped) = from.dropped() {
+                    for dropped in old.dropped_for(&to) {
                         self.meta.dec_data(dropped)?;
                     }
                 }
@@ -1032,17 +968,25 @@ impl Volumes {
                     partial,
                     add,
                 } => {
-                    let mask = partial.mask | add;
-                    let full = crate::mapping::full_mask(self.meta.geo()) == Some(mask);
-                    let to = Mapped {
+                    let old = Mapped {
                         phys: pchunk,
-                        partial: (!full).then_some(Partial { mask, ..partial }),
+                        partial: Some(partial),
                     };
+                    let Some(all) = crate::mapping::full_mask(self.meta.geo()) else {
+                        return Err(Error::inconsistent(format!(
+                            "a partial extent in chunk {} of volume {id}, in a pool without them",
+                            w.chunk
+                        )));
+                    };
+                    let mut layers = Layers::of(old, all);
+                    layers.grow_first(add);
+                    let to = layers.mapped();
                     // The references of the partial pass to its new form;
-                    // whole, it no longer holds its base.
+                    // the layers left without blocks (all of them once the
+                    // mask is full) drop.
                     root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    if full {
-                        self.meta.dec_data(partial.base)?;
+                    for dropped in old.dropped_for(&to) {
+                        self.meta.dec_data(dropped)?;
                     }
                 }
                 ChunkPlan::InPlace(_) | ChunkPlan::Skip => {}
@@ -1079,10 +1023,7 @@ impl Volumes {
         let pchunk = self.meta.alloc_data()?;
         let partial = Mapped {
             phys: pchunk,
-            partial: Some(arbor_format::Partial {
-                mask,
-                base: base.phys,
-            }),
+            partial: Some(arbor_format::Partial::over(mask, base.phys)),
         };
         let txn = self.meta.txn();
         let (root, previous) = self.meta.map_set_as(root, chunk, partial, txn)?;
@@ -1095,7 +1036,7 @@ impl Volumes {
     /// The mapping step of a fill (`pool/fill.rs`): chunk `chunk` of volume
     /// `id`, still the partial `expect` (the caller holds the chunk's
     /// stripe), now maps its chunk whole, which the caller filled with the
-    /// base's blocks; the partial's reference on its base is dropped. The
+    /// blocks of its layers; the partial's references on them drop. The
     /// generation stays: a fill is not a write.
     pub fn fill_partial(&mut self, id: u64, chunk: u64, expect: Mapped) -> Result<()> {
         let Some(partial) = expect.partial else {
@@ -1110,18 +1051,26 @@ impl Volumes {
                 "chunk {chunk} of volume {id} changed while it was filled"
             )));
         };
-        let (root, _) = self
-            .meta
-            .map_set_as(root, chunk, Mapped::whole(expect.phys), e.gen)?;
-        self.meta.dec_data(partial.base)?;
+        let to = Mapped::whole(expect.phys);
+        let (root, _) = self.meta.map_set_as(root, chunk, to, e.gen)?;
+        debug_assert!(partial.mask != 0);
+        for dropped in expect.dropped_for(&to) {
+            self.meta.dec_data(dropped)?;
+        }
         self.update_volume(id, |vol| vol.root = root)
     }
 
     /// Drops the new chunks of `plans` (a write that did not map them).
     pub fn release_planned(&mut self, plans: &[ChunkPlan]) -> Result<()> {
         for plan in plans {
-            if let ChunkPlan::Redirect { new, .. } | ChunkPlan::Partial { new, .. } = *plan {
-                self.meta.dec_data(new)?;
+            match *plan {
+                ChunkPlan::Redirect { new, .. } => {
+                    self.meta.dec_data(new)?;
+                }
+                ChunkPlan::Partial { to, .. } => {
+                    self.meta.dec_data(to.phys)?;
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -264,9 +264,9 @@ impl arbor_io::BlockDevice for CountingReads {
 }
 
 /// Every chunk write is counted by how it landed (`PoolStats::chunk_writes`),
-/// and only the copies read the device: a write into a partial that a
-/// snapshot shares reads the old partial's blocks it does not cover, and
-/// nothing when it covers them all.
+/// and only the copies read the device: a write of whole blocks into a
+/// partial that a snapshot shares reads nothing; parts of blocks are read
+/// around the write.
 #[test]
 fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
     use arbor_engine::ChunkWrites;
@@ -310,18 +310,22 @@ fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
     expected.in_place += 1;
     assert_eq!(counts(), expected);
     // Shared again: a write over all of the partial's blocks needs none
-    // of them.
+    // of them (a partial over the base; the old one's chunk drops).
     pool.snapshot("v@2").unwrap();
     assert_eq!(write(BLOCK, 2 * BLOCK, 5), 0);
-    expected.partial += 1;
+    expected.partial_over += 1;
     assert_eq!(counts(), expected);
-    // Shared again: a write beside them reads them.
+    // Shared again: a write beside them reads nothing either (version 8:
+    // the old partial stays under the new one, a middle layer).
     pool.snapshot("v@3").unwrap();
-    assert!(write(3 * BLOCK, BLOCK, 6) > 0);
-    expected.partial_copied += 1;
-    // Part of a block of a chunk the snapshots share whole: a whole new
-    // chunk, the old one read around it.
+    assert_eq!(write(3 * BLOCK, BLOCK, 6), 0);
+    expected.partial_over += 1;
+    // Part of a block of a chunk the snapshots share whole: a partial of
+    // that block, its old contents read around the write.
     assert!(write(CS as usize + 100, 1000, 7) > 0);
+    expected.partial_copied += 1;
+    // Parts of every block: a whole new chunk, the old one read around it.
+    assert!(write(2 * CS as usize + 100, CS as usize - 200, 8) > 0);
     expected.redirected_copied += 1;
     assert_eq!(counts(), expected);
     let mut back = vec![0u8; model.len()];

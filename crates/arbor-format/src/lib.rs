@@ -27,13 +27,15 @@ pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, Usage, MAX_LEVEL, NODE_HEADER_SIZE,
 };
 pub use packed::{
-    entry_len as packed_entry_len, MAX_PACKED_ENTRY, MIN_PACKED_ENTRY, PACKED_LEAF_MAX,
+    entry_len as packed_entry_len, weight as packed_weight, MAX_PACKED_ENTRY, MIN_PACKED_ENTRY,
+    PACKED_LEAF_MAX,
 };
 pub use property::{decode_property, encode_property, MAX_PROPERTY_BYTES, PROPERTY_HEADER_LEN};
 pub use records::{
     split_store_key, store_key, Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Guid,
-    Home, MapValue, Partial, ReceiveState, StoreValue, VolumeKind, VolumeRecord, MAX_COW_CHUNKS,
-    MAX_EPOCH, MAX_EXTENT_CHUNKS, MAX_NAME_LEN, MAX_PARTIAL_BLOCKS,
+    Home, Layer, MapValue, Partial, ReceiveState, StoreValue, VolumeKind, VolumeRecord,
+    MAX_COW_CHUNKS, MAX_EPOCH, MAX_EXTENT_CHUNKS, MAX_NAME_LEN, MAX_PARTIAL_BLOCKS,
+    MAX_PARTIAL_MIDS,
 };
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
@@ -44,7 +46,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it).
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

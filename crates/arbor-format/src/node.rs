@@ -168,7 +168,17 @@ impl Node {
         };
         Usage {
             bytes,
-            entries: self.len(),
+            entries: self.weight(),
+        }
+    }
+
+    /// Its entries counted against the entry limit: one each, and two for
+    /// a partial extent with middle layers in a mapping leaf
+    /// ([`packed::weight`]).
+    pub fn weight(&self) -> usize {
+        match &self.body {
+            NodeBody::Leaf(values) if self.tree == TreeKind::Mapping => packed::weight(values),
+            _ => self.len(),
         }
     }
 
@@ -199,14 +209,14 @@ impl Node {
     /// The usage of `self` followed by `right` as one node of `self`'s
     /// encoding (keys of `right` above those of `self`).
     pub fn merged_usage(&self, right: &Node) -> Usage {
-        let entries = self.len() + right.len();
+        let entries = self.weight() + right.weight();
         let bytes = match (&self.body, &right.body) {
             (NodeBody::Leaf(a), NodeBody::Leaf(b)) if self.packed => {
                 packed::entries_len(None, &self.keys, a)
                     + packed::entries_len(self.keys.last().copied(), &right.keys, b)
             }
             // Fixed entries: the same size each.
-            _ => entries * (self.limit().bytes / self.capacity().max(1)),
+            _ => (self.len() + right.len()) * (self.limit().bytes / self.capacity().max(1)),
         };
         Usage { bytes, entries }
     }
@@ -505,7 +515,7 @@ mod tests {
 
     fn partial(pchunk: u64, mask: u32, base: u64, gen: u64) -> MapValue {
         MapValue {
-            partial: Some(crate::Partial { mask, base }),
+            partial: Some(crate::Partial::over(mask, base)),
             ..MapValue::whole(pchunk, 1, gen)
         }
     }
@@ -571,6 +581,80 @@ mod tests {
         far.extend_from_slice(&[0xff; 9]);
         far.push(0x01);
         assert!(leaf(&far).is_err());
+        // Version 8: the word 2 | 1 << 32 says one middle layer, which
+        // follows the base: chunk 5, mask 4.
+        let word = [0x82, 0x80, 0x80, 0x80, 0x10];
+        let mut one = vec![0b11, 0];
+        one.extend_from_slice(&word);
+        one.extend_from_slice(&[8, 2, 1, 5, 4]);
+        let got = MapValue::decode(leaf(&one).unwrap().value(0)).unwrap();
+        assert_eq!(
+            got.partial.unwrap(),
+            crate::Partial {
+                mask: 2,
+                mids: [Some(crate::Layer { chunk: 5, mask: 4 }), None],
+                base: 1
+            }
+        );
+        // A layer without a mask, a layer missing, three layers.
+        let mut bad = one.clone();
+        *bad.last_mut().unwrap() = 0;
+        assert!(leaf(&bad).is_err());
+        assert!(leaf(&one[..one.len() - 2]).is_err());
+        let mut three = one.clone();
+        three[6] = 0x30;
+        three.extend_from_slice(&[6, 8, 7, 16]);
+        assert!(leaf(&three).is_err());
+        // A word past 34 bits.
+        let mut wide = one.clone();
+        wide[6] = 0x40;
+        assert!(leaf(&wide).is_err());
+    }
+
+    #[test]
+    fn partials_with_middle_layers_round_trip_and_weigh_two() {
+        let layered = |pchunk: u64, gen: u64, far: u64| MapValue {
+            partial: Some(crate::Partial {
+                mask: 0b0001,
+                mids: [
+                    Some(crate::Layer {
+                        chunk: pchunk + 1,
+                        mask: 0b0010,
+                    }),
+                    Some(crate::Layer {
+                        chunk: far,
+                        mask: 0b0100,
+                    }),
+                ],
+                base: pchunk + 2,
+            }),
+            ..MapValue::whole(pchunk, 1, gen)
+        };
+        let node = mapping(&[
+            (0, map(7, 3, 1), 0),
+            (5, layered(100, 2, u64::MAX - 1), 1),
+            (6, partial(8, 0b0010, 0, 2), 0b0010),
+        ]);
+        assert_eq!(node.weight(), 4);
+        assert_eq!(node.usage().entries, 4);
+        let r = BlockRef { block: 40, txn: 6 };
+        let decoded = Node::decode(&node.encode(r.block, r.txn), r).unwrap();
+        assert_eq!(decoded, node);
+        assert_eq!(
+            MapValue::decode(decoded.value(1)).unwrap(),
+            layered(100, 2, u64::MAX - 1)
+        );
+        // A leaf of layered partials holds half as many.
+        let half: Vec<_> = (0..PACKED_LEAF_MAX as u64 / 2)
+            .map(|i| (i, layered(1000 + i * 3, 9, 7), 1))
+            .collect();
+        let full = mapping(&half);
+        assert!(full.fits(), "{:?}", full.usage());
+        let r = BlockRef { block: 41, txn: 9 };
+        assert_eq!(Node::decode(&full.encode(r.block, r.txn), r).unwrap(), full);
+        let mut over = half.clone();
+        over.push((PACKED_LEAF_MAX as u64, map(1, 1, 1), 0));
+        assert!(!mapping(&over).fits());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 //! (docs/FORMAT.md §6.2).
 //!
 //! In memory a packed leaf is the same [`crate::Node`] as a fixed one:
-//! `u64` keys and 32-byte values (`pchunk` u64, `len` u32, a u32 word, `gen`
-//! u64, `base + 1` u64, the [`crate::MapValue`] layout). Only the bytes on
-//! disk differ. Every entry is
+//! `u64` keys and 56-byte values (`pchunk` u64, `len` u32, a u32 word, `gen`
+//! u64, `base + 1` u64, then the middle layers: the [`crate::MapValue`]
+//! layout). Only the bytes on disk differ. Every entry is
 //!
 //! * `head`: LEB128 of `gap << 2 | word_flag << 1 | len_flag`, where `gap`
 //!   is the key minus the previous entry's key minus one (the first entry's
@@ -19,7 +19,11 @@
 //! * for a *partial* extent (format version 7, [`crate::Partial`]), `base`
 //!   as LEB128. A partial is written with `len_flag` and a `len` of 0 (no
 //!   other extent has length 0), and with `word_flag`: its word is its mask,
-//!   never 0. In memory its `len` is 1.
+//!   never 0. In memory its `len` is 1;
+//! * for a partial with middle layers (version 8), its word is written as
+//!   `mask | layers << 32` (34 bits; a partial without layers writes its
+//!   mask alone, as in version 7), and each layer follows `base`, newest
+//!   first: its `chunk` and its mask (never 0) as LEB128s.
 //!
 //! An entry's size depends only on its own value and its key's distance
 //! from the previous key. So taking entries out of a leaf never makes it
@@ -44,9 +48,14 @@ const WORD_FLAG: u128 = 2;
 const FLAG_BITS: u32 = 2;
 /// The fewest bytes an entry takes: head, pchunk and gen, one byte each.
 pub const MIN_PACKED_ENTRY: usize = 3;
-/// The most bytes an entry takes: a head of 66 bits, two u32s and three
-/// u64s (a partial's base the third).
-pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10 + 10;
+/// The most bytes an entry takes: a head of 66 bits, a u32, a word of 34
+/// bits, three u64s (a partial's base the third) and two middle layers
+/// (a u64 and a u32 each).
+pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10 + 10 + 2 * (10 + 5);
+
+/// Bits of a partial's word on disk: its 32-bit mask and its count of
+/// middle layers above them.
+const PARTIAL_WORD_BITS: u32 = 34;
 
 /// The fields of one in-memory value.
 struct Fields {
@@ -56,6 +65,8 @@ struct Fields {
     gen: u64,
     /// A partial extent's base chunk.
     base: Option<u64>,
+    /// A partial extent's middle layers (chunk, mask), newest first.
+    mids: [Option<(u64, u32)>; crate::MAX_PARTIAL_MIDS],
 }
 
 impl Fields {
@@ -66,6 +77,18 @@ impl Fields {
         } else {
             self.len
         }
+    }
+
+    /// The word written out: a partial's mask, with its count of middle
+    /// layers above its 32 bits.
+    fn written_word(&self) -> u64 {
+        let layers = self.mids.iter().filter(|m| m.is_some()).count() as u64;
+        u64::from(self.word) | layers << 32
+    }
+
+    /// The middle layers, newest first.
+    fn layers(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.mids.iter().map_while(|m| *m)
     }
 }
 
@@ -84,7 +107,28 @@ fn fields(value: &[u8]) -> Fields {
         word: u32_at(12),
         gen: u64_at(16),
         base: u64_at(24).checked_sub(1),
+        mids: [(32, 40), (48, 44)].map(|(chunk, mask)| {
+            u64_at(chunk)
+                .checked_sub(1)
+                .map(|chunk_plus| (chunk_plus, u32_at(mask)))
+        }),
     }
+}
+
+/// Whether the in-memory value has middle layers (a version 8 partial).
+fn has_layers(value: &[u8]) -> bool {
+    value[32..40].iter().any(|&b| b != 0)
+}
+
+/// The weight of the in-memory entries `values` against a leaf's entry
+/// limit: one each, two for a partial with middle layers (its three or four
+/// chunks take up to four data space-map pages when its leaf is shadowed or
+/// freed, as two extents' runs do).
+pub fn weight(values: &[u8]) -> usize {
+    values
+        .chunks_exact(VALUE_LEN)
+        .map(|v| 1 + usize::from(has_layers(v)))
+        .sum()
 }
 
 fn varint_len(v: u128) -> usize {
@@ -148,7 +192,7 @@ fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
     if f.written_len() != 1 {
         head |= LEN_FLAG;
     }
-    if f.word != 0 {
+    if f.written_word() != 0 {
         head |= WORD_FLAG;
     }
     head
@@ -161,11 +205,14 @@ pub fn entry_len(prev: Option<u64>, key: u64, value: &[u8]) -> usize {
     if f.written_len() != 1 {
         n += varint_len(u128::from(f.written_len()));
     }
-    if f.word != 0 {
-        n += varint_len(u128::from(f.word));
+    if f.written_word() != 0 {
+        n += varint_len(u128::from(f.written_word()));
     }
     if let Some(base) = f.base {
         n += varint_len(u128::from(base));
+    }
+    for (chunk, mask) in f.layers() {
+        n += varint_len(u128::from(chunk)) + varint_len(u128::from(mask));
     }
     n + varint_len(u128::from(f.pchunk)) + varint_len(u128::from(f.gen))
 }
@@ -193,13 +240,17 @@ pub fn encode_entries(keys: &[u64], values: &[u8], out: &mut [u8]) -> usize {
         if f.written_len() != 1 {
             put_varint(out, &mut at, u128::from(f.written_len()));
         }
-        if f.word != 0 {
-            put_varint(out, &mut at, u128::from(f.word));
+        if f.written_word() != 0 {
+            put_varint(out, &mut at, u128::from(f.written_word()));
         }
         put_varint(out, &mut at, u128::from(f.pchunk));
         put_varint(out, &mut at, u128::from(f.gen));
         if let Some(base) = f.base {
             put_varint(out, &mut at, u128::from(base));
+        }
+        for (chunk, mask) in f.layers() {
+            put_varint(out, &mut at, u128::from(chunk));
+            put_varint(out, &mut at, u128::from(mask));
         }
         prev = Some(*key);
     }
@@ -232,33 +283,75 @@ pub fn decode_entries(
             Some(p) => p.checked_add(1).and_then(|k| k.checked_add(gap)),
         }
         .ok_or_else(|| FormatError::Invalid("packed leaf: a key past 2^64".into()))?;
-        let len = flagged_u32(body, &mut at, head & LEN_FLAG != 0, 1, "a length of 1")?;
-        let word = flagged_u32(body, &mut at, head & WORD_FLAG != 0, 0, "a zero word")?;
+        let len = flagged(body, &mut at, head & LEN_FLAG != 0, 1, 32, "a length of 1")?;
+        // A length of 0 marks a partial extent, whose word also counts its
+        // middle layers.
+        let word_bits = if len == 0 { PARTIAL_WORD_BITS } else { 32 };
+        let word = flagged(
+            body,
+            &mut at,
+            head & WORD_FLAG != 0,
+            0,
+            word_bits,
+            "a zero word",
+        )?;
         let pchunk = get_varint(body, &mut at, 64)? as u64;
         let gen = get_varint(body, &mut at, 64)? as u64;
-        // A length of 0 marks a partial extent: one chunk, its mask in the
-        // word (never 0), its base after `gen`.
+        // A partial extent: one chunk, its mask in the word's low 32 bits
+        // (never 0), its base after `gen`, then its middle layers.
+        let mut mids = [(0u64, 0u32); crate::MAX_PARTIAL_MIDS];
         let (len, base_plus_one) = if len == 0 {
-            if word == 0 {
+            if word as u32 == 0 {
                 return Err(FormatError::Invalid(
                     "packed leaf: a partial extent without a mask".into(),
                 ));
             }
-            let base = get_varint(body, &mut at, 64)? as u64;
-            let plus_one = base.checked_add(1).ok_or_else(|| {
-                FormatError::Invalid("packed leaf: a partial extent's base past 2^64 - 2".into())
-            })?;
-            (1, plus_one)
+            let layers = (word >> 32) as usize;
+            if layers > crate::MAX_PARTIAL_MIDS {
+                return Err(FormatError::Invalid(format!(
+                    "packed leaf: a partial extent of {layers} middle layers"
+                )));
+            }
+            let plus_one = |what: &str, v: u64| {
+                v.checked_add(1).ok_or_else(|| {
+                    FormatError::Invalid(format!(
+                        "packed leaf: a partial extent's {what} past 2^64 - 2"
+                    ))
+                })
+            };
+            let base = plus_one("base", get_varint(body, &mut at, 64)? as u64)?;
+            for mid in mids.iter_mut().take(layers) {
+                let chunk = plus_one("layer", get_varint(body, &mut at, 64)? as u64)?;
+                let mask = get_varint(body, &mut at, 32)? as u32;
+                if mask == 0 {
+                    return Err(FormatError::Invalid(
+                        "packed leaf: a partial extent's layer without a mask".into(),
+                    ));
+                }
+                *mid = (chunk, mask);
+            }
+            (1, base)
         } else {
             (len, 0)
         };
         keys.push(key);
         values.extend_from_slice(&pchunk.to_le_bytes());
-        values.extend_from_slice(&len.to_le_bytes());
-        values.extend_from_slice(&word.to_le_bytes());
+        values.extend_from_slice(&(len as u32).to_le_bytes());
+        values.extend_from_slice(&(word as u32).to_le_bytes());
         values.extend_from_slice(&gen.to_le_bytes());
         values.extend_from_slice(&base_plus_one.to_le_bytes());
+        let [(c0, m0), (c1, m1)] = mids;
+        values.extend_from_slice(&c0.to_le_bytes());
+        values.extend_from_slice(&m0.to_le_bytes());
+        values.extend_from_slice(&m1.to_le_bytes());
+        values.extend_from_slice(&c1.to_le_bytes());
         prev = Some(key);
+    }
+    let weight = weight(&values);
+    if weight > PACKED_LEAF_MAX {
+        return Err(FormatError::Invalid(format!(
+            "packed leaf of weight {weight} (at most {PACKED_LEAF_MAX})"
+        )));
     }
     if at != body.len() {
         return Err(FormatError::Invalid(format!(
@@ -274,20 +367,22 @@ pub fn decode_entries(
     Ok((keys, values))
 }
 
-/// A u32 field written only when `present` (else `default`); one written
-/// out with the default value is refused, so each leaf has one encoding.
-fn flagged_u32(
+/// A field of at most `bits` bits written only when `present` (else
+/// `default`); one written out with the default value is refused, so each
+/// leaf has one encoding.
+fn flagged(
     body: &[u8],
     at: &mut usize,
     present: bool,
-    default: u32,
+    default: u64,
+    bits: u32,
     what: &str,
-) -> Result<u32, FormatError> {
+) -> Result<u64, FormatError> {
     if !present {
         return Ok(default);
     }
-    // At most 32 bits (`get_varint` checks).
-    let value = get_varint(body, at, 32)? as u32;
+    // At most `bits` bits, 34 or fewer (`get_varint` checks).
+    let value = get_varint(body, at, bits)? as u64;
     if value == default {
         return Err(FormatError::Invalid(format!(
             "packed leaf: {what} written out"

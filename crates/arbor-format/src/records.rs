@@ -54,13 +54,50 @@ pub const MAX_EXTENT_CHUNKS: u32 = 256;
 /// each in a u32, so partial extents serve chunks of at most 128 KiB.
 pub const MAX_PARTIAL_BLOCKS: u32 = 32;
 
+/// Most middle layers a partial extent has (format version 8).
+pub const MAX_PARTIAL_MIDS: usize = 2;
+
+/// One middle layer of a partial extent (format version 8): data chunk
+/// `chunk` gives the blocks of `mask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layer {
+    pub chunk: u64,
+    pub mask: u32,
+}
+
 /// What a *partial* extent adds (format version 7): its chunk holds only
 /// the 4 KiB blocks of `mask` (bit `i` is block `i` of the chunk); the rest
 /// of the chunk reads from `base`, the chunk the volume mapped before.
+/// From version 8 it may have up to [`MAX_PARTIAL_MIDS`] middle layers
+/// between the two, newest first (`mids`: the present ones before the
+/// absent ones), each giving the blocks of its mask; `base` gives the
+/// blocks no mask names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partial {
     pub mask: u32,
+    pub mids: [Option<Layer>; MAX_PARTIAL_MIDS],
     pub base: u64,
+}
+
+impl Partial {
+    /// A partial with no middle layer (version 7's only kind).
+    pub fn over(mask: u32, base: u64) -> Self {
+        Self {
+            mask,
+            mids: [None; MAX_PARTIAL_MIDS],
+            base,
+        }
+    }
+
+    /// Its middle layers, newest first.
+    pub fn layers(&self) -> impl Iterator<Item = Layer> + '_ {
+        self.mids.iter().map_while(|m| *m)
+    }
+
+    /// How many middle layers it has.
+    pub fn mid_count(&self) -> usize {
+        self.layers().count()
+    }
 }
 
 /// A mapping-tree value: the logical chunks `[key, key + len)` live in the
@@ -69,8 +106,10 @@ pub struct Partial {
 ///
 /// In memory (a leaf's values, [`Self::ENCODED_LEN`] bytes each): `pchunk`
 /// u64, `len` u32, a u32 word (a partial's mask; 0 in a volume's map, the
-/// last epoch in a snapshot store's), `gen` u64, and `base + 1` u64 (0 for
-/// an extent that is not partial). Fixed leaves on disk hold the first
+/// last epoch in a snapshot store's), `gen` u64, `base + 1` u64 (0 for an
+/// extent that is not partial), then a partial's middle layers: the first
+/// one's `chunk + 1` u64 (0: none), its mask u32, the second one's mask
+/// u32 and `chunk + 1` u64. Fixed leaves on disk hold the first
 /// [`Self::FIXED_LEN`] bytes; packed leaves encode the fields
 /// ([`crate::packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +121,7 @@ pub struct MapValue {
 }
 
 impl MapValue {
-    pub const ENCODED_LEN: usize = 32;
+    pub const ENCODED_LEN: usize = 56;
     /// Bytes of a value in a fixed (not packed) leaf on disk: no base, so
     /// a fixed leaf never holds a partial extent.
     pub const FIXED_LEN: usize = 24;
@@ -100,20 +139,33 @@ impl MapValue {
     /// The runs of data chunks the entry holds one reference on each, as
     /// (first chunk, chunks): its own run, then a partial extent's base.
     pub fn chunk_runs(&self) -> impl Iterator<Item = (u64, u64)> {
-        std::iter::once((self.pchunk, u64::from(self.len))).chain(self.partial.map(|p| (p.base, 1)))
+        let partial = self.partial.into_iter();
+        std::iter::once((self.pchunk, u64::from(self.len))).chain(partial.flat_map(|p| {
+            let mids = p.mids;
+            mids.into_iter()
+                .map_while(|m| m)
+                .map(|m| (m.chunk, 1))
+                .chain(std::iter::once((p.base, 1)))
+        }))
     }
 
     pub fn encode(&self, out: &mut [u8]) {
         put_u64(out, 0, self.pchunk);
         out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        let (word, base) = match self.partial {
-            // `base` is a data chunk, below u64::MAX (decode refuses it).
-            Some(p) => (p.mask, p.base.wrapping_add(1)),
-            None => (0, 0),
+        let (word, base, mids) = match self.partial {
+            // `base` and the layers' chunks are data chunks, below u64::MAX
+            // (decode refuses them).
+            Some(p) => (p.mask, p.base.wrapping_add(1), p.mids),
+            None => (0, 0, [None; MAX_PARTIAL_MIDS]),
         };
         out[12..16].copy_from_slice(&word.to_le_bytes());
         put_u64(out, 16, self.gen);
         put_u64(out, 24, base);
+        let [first, second] = mids.map(|m| m.map_or((0, 0), |m| (m.chunk.wrapping_add(1), m.mask)));
+        put_u64(out, 32, first.0);
+        out[40..44].copy_from_slice(&first.1.to_le_bytes());
+        out[44..48].copy_from_slice(&second.1.to_le_bytes());
+        put_u64(out, 48, second.0);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
@@ -125,16 +177,45 @@ impl MapValue {
             )));
         }
         let word = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let mid = |chunk_at: usize, mask_at: usize| -> Result<Option<Layer>, FormatError> {
+            match (get_u64(bytes, chunk_at), u32_at(mask_at)) {
+                (0, 0) => Ok(None),
+                (chunk_plus_one, mask) if chunk_plus_one != 0 && mask != 0 => Ok(Some(Layer {
+                    chunk: chunk_plus_one - 1,
+                    mask,
+                })),
+                (chunk_plus_one, mask) => Err(FormatError::Invalid(format!(
+                    "partial extent layer of chunk + 1 = {chunk_plus_one} with mask {mask:#x}"
+                ))),
+            }
+        };
+        let mids = [mid(32, 40)?, mid(48, 44)?];
         let partial = match get_u64(bytes, 24) {
-            0 => None,
+            0 => {
+                if mids.iter().any(Option::is_some) {
+                    return Err(FormatError::Invalid(
+                        "middle layers in an extent that is not partial".into(),
+                    ));
+                }
+                None
+            }
             base_plus_one => {
                 if len != 1 || word == 0 {
                     return Err(FormatError::Invalid(format!(
                         "partial extent of {len} chunks with mask {word:#x}"
                     )));
                 }
+                if mids[0].is_none() && mids[1].is_some() {
+                    return Err(FormatError::Invalid(
+                        "a partial extent's second layer without a first".into(),
+                    ));
+                }
                 Some(Partial {
                     mask: word,
+                    mids,
                     base: base_plus_one - 1,
                 })
             }
@@ -788,19 +869,13 @@ mod tests {
     fn partial_extents_round_trip_and_are_one_chunk_with_a_mask() {
         let mut buf = [0u8; MapValue::ENCODED_LEN];
         let partial = MapValue {
-            partial: Some(Partial {
-                mask: 0b0100,
-                base: 0,
-            }),
+            partial: Some(Partial::over(0b0100, 0)),
             ..MapValue::whole(9, 1, 4)
         };
         partial.encode(&mut buf);
         assert_eq!(MapValue::decode(&buf).unwrap(), partial);
         let far = MapValue {
-            partial: Some(Partial {
-                mask: u32::MAX,
-                base: u64::MAX - 1,
-            }),
+            partial: Some(Partial::over(u32::MAX, u64::MAX - 1)),
             ..partial
         };
         far.encode(&mut buf);
@@ -809,10 +884,62 @@ mod tests {
         MapValue { len: 2, ..partial }.encode(&mut buf);
         assert!(MapValue::decode(&buf).is_err());
         MapValue {
-            partial: Some(Partial { mask: 0, base: 3 }),
+            partial: Some(Partial::over(0, 3)),
             ..partial
         }
         .encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
+    }
+
+    #[test]
+    fn partial_extents_with_middle_layers_round_trip_and_refuse_holes() {
+        let mut buf = [0u8; MapValue::ENCODED_LEN];
+        let layer = |chunk, mask| Some(Layer { chunk, mask });
+        let two = MapValue {
+            partial: Some(Partial {
+                mask: 0b0001,
+                mids: [layer(5, 0b0010), layer(u64::MAX - 1, 0b0100)],
+                base: 7,
+            }),
+            ..MapValue::whole(9, 1, 4)
+        };
+        two.encode(&mut buf);
+        assert_eq!(MapValue::decode(&buf).unwrap(), two);
+        assert_eq!(
+            two.chunk_runs().collect::<Vec<_>>(),
+            [(9, 1), (5, 1), (u64::MAX - 1, 1), (7, 1)]
+        );
+        let one = MapValue {
+            partial: Some(Partial {
+                mids: [layer(5, 0b0010), None],
+                ..two.partial.unwrap()
+            }),
+            ..two
+        };
+        one.encode(&mut buf);
+        assert_eq!(MapValue::decode(&buf).unwrap(), one);
+        assert_eq!(one.partial.unwrap().mid_count(), 1);
+        // A second layer without a first.
+        let hole = MapValue {
+            partial: Some(Partial {
+                mids: [None, layer(5, 0b0010)],
+                ..two.partial.unwrap()
+            }),
+            ..two
+        };
+        hole.encode(&mut buf);
+        assert!(MapValue::decode(&buf).is_err());
+        // A layer with no blocks, or blocks and no chunk.
+        one.encode(&mut buf);
+        buf[40..44].copy_from_slice(&0u32.to_le_bytes());
+        assert!(MapValue::decode(&buf).is_err());
+        one.encode(&mut buf);
+        buf[32..40].copy_from_slice(&0u64.to_le_bytes());
+        assert!(MapValue::decode(&buf).is_err());
+        // Layers on an extent that is not partial.
+        MapValue::whole(9, 1, 4).encode(&mut buf);
+        buf[32..40].copy_from_slice(&6u64.to_le_bytes());
+        buf[40..44].copy_from_slice(&1u32.to_le_bytes());
         assert!(MapValue::decode(&buf).is_err());
     }
 }

@@ -311,7 +311,7 @@ impl Meta {
             Ok(Some(bytes)) => {
                 let usage = Usage {
                     bytes,
-                    entries: node.len(),
+                    entries: node.weight(),
                 };
                 (!usage.within(self.node_limit(&node), 1, 1), Some(bytes))
             }

@@ -1,8 +1,9 @@
-//! Filling partial extents (FORMAT.md §6.3): a partial pins its base, the
-//! chunk its volume mapped before, for the blocks outside its mask. Once
-//! nothing else references either of its chunks (the snapshot that shared
-//! the base is gone), the fill copies the base's blocks into the partial's
-//! own chunk and maps that chunk whole, which frees the base.
+//! Filling partial extents (FORMAT.md §6.3): a partial pins its base and
+//! its middle layers, chunks its volume mapped before, for the blocks
+//! outside its mask. Once nothing else references its own chunk and one of
+//! those (the snapshot that shared it is gone), the fill copies the blocks
+//! of all of them into the partial's own chunk and maps that chunk whole,
+//! which frees the ones only it held.
 //!
 //! The copy writes only blocks outside the mask, which no mapping of the
 //! partial's chunk reads, in the open state or in any state a power cut
@@ -213,14 +214,15 @@ impl Pool {
         }
         let cs = self.chunk_size();
         let geo = &self.store.geo;
+        debug_assert!(partial.mask != 0);
         for (run, from) in c.mapped.runs(cs) {
-            if from != partial.base {
+            if from == c.mapped.phys {
                 continue;
             }
             let mut buf = vec![0u8; (run.end - run.start) as usize];
             self.store
                 .dev
-                .read_at(&mut buf, geo.chunk_offset(partial.base) + run.start)?;
+                .read_at(&mut buf, geo.chunk_offset(from) + run.start)?;
             self.store
                 .dev
                 .write_at(&buf, geo.chunk_offset(c.mapped.phys) + run.start)?;
@@ -248,11 +250,17 @@ impl Pool {
     }
 }
 
-/// Whether the partial `m` alone references its chunk and its base: the
-/// condition of a fill.
+/// Whether the partial `m` alone references its chunk and one of its
+/// layers' (its base or a middle layer): the condition of a fill, which
+/// frees those.
 fn nobody_else(meta: &crate::meta::Meta, m: Mapped) -> Result<bool> {
-    let Some(p) = m.partial else {
+    if m.partial.is_none() || meta.data_count(m.phys)? != 1 {
         return Ok(false);
-    };
-    Ok(meta.data_count(m.phys)? == 1 && meta.data_count(p.base)? == 1)
+    }
+    for layer in m.chunks().skip(1) {
+        if meta.data_count(layer)? == 1 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

@@ -36,7 +36,12 @@ fn chunk_of(c: u64, fill: impl Fn(u64, usize) -> u8) -> Vec<u8> {
 /// blocks 1 and 2 (mask 0b0110) in a new chunk holding 0xee there.
 /// Returns the pool, `a`, and the new chunk.
 fn with_partial() -> (Pool, VolumeId, u64) {
-    let pool = pool(arbor_format::FORMAT_VERSION);
+    with_partial_in(arbor_format::FORMAT_VERSION)
+}
+
+/// [`with_partial`] in a pool of format version `version`.
+fn with_partial_in(version: u16) -> (Pool, VolumeId, u64) {
+    let pool = pool(version);
     let a = pool.create_volume("a", 4 * CS).unwrap();
     for c in 0..4 {
         pool.write(
@@ -111,46 +116,74 @@ fn check_counts_both_references_of_a_partial_and_survives_a_reopen() {
 }
 
 /// Shared, a partial can be neither extended nor written in place: a
-/// write makes a new partial over the same base, with the old one's blocks
-/// copied around it; a write of part of a block outside both makes a
-/// whole chunk of both.
+/// write makes a new partial in front of it. From version 8 the old one's
+/// chunk and base stay under it as layers (nothing read but the parts of
+/// blocks the write does not cover); in version 7, with no middle layer,
+/// the layer giving the fewest blocks is copied into the new chunk.
 #[test]
-fn a_write_over_a_shared_partial_makes_a_new_one_over_the_same_base() {
-    let (pool, a, pchunk) = with_partial();
-    pool.snapshot("a@u").unwrap();
-    // Block 3 of chunk 1, and a few bytes inside block 1.
-    pool.write(a, CS + 3 * BLOCK as u64, &[0x33; BLOCK])
-        .unwrap();
-    pool.write(a, CS + BLOCK as u64 + 100, &[0x44; 8]).unwrap();
-    let mut want = chunk_of(1, |c, b| match b {
-        1 | 2 => 0xee,
-        3 => 0x33,
-        _ => original(c, b),
-    });
-    want[BLOCK + 100..BLOCK + 108].fill(0x44);
-    assert!(read(&pool, a, CS, CS as usize) == want);
-    assert_eq!(mask_of(&pool, a, 1), Some(0b1110));
-    {
-        let meta = pool.meta.read().unwrap();
-        let root = meta.volume(a.0).unwrap().root;
-        let (e, _) = meta.meta().map_lookup(root, 1).unwrap().unwrap();
-        assert_ne!(e.pchunk, pchunk, "a new chunk");
+fn a_write_over_a_shared_partial_makes_a_new_one_in_front() {
+    // Layers after each of the three writes, newest first.
+    let cases: [(u16, [&[u32]; 3]); 2] = [
+        (
+            arbor_format::FORMAT_VERSION,
+            [
+                &[0b1000, 0b0110, 0b0001],
+                &[0b0010, 0b1000, 0b0100, 0b0001],
+                &[0b0001, 0b0010, 0b1000, 0b0100],
+            ],
+        ),
+        (7, [&[0b1001, 0b0110], &[0b0110, 0b1001], &[0b1001, 0b0110]]),
+    ];
+    for (version, layers) in cases {
+        let (pool, a, pchunk) = with_partial_in(version);
+        pool.snapshot("a@u").unwrap();
+        // Block 3 of chunk 1, and a few bytes inside block 1.
+        pool.write(a, CS + 3 * BLOCK as u64, &[0x33; BLOCK])
+            .unwrap();
+        assert_eq!(layers_of(&pool, a, 1), layers[0], "version {version}");
+        pool.write(a, CS + BLOCK as u64 + 100, &[0x44; 8]).unwrap();
+        assert_eq!(layers_of(&pool, a, 1), layers[1], "version {version}");
+        let mut want = chunk_of(1, |c, b| match b {
+            1 | 2 => 0xee,
+            3 => 0x33,
+            _ => original(c, b),
+        });
+        want[BLOCK + 100..BLOCK + 108].fill(0x44);
+        assert!(read(&pool, a, CS, CS as usize) == want);
+        {
+            let meta = pool.meta.read().unwrap();
+            let root = meta.volume(a.0).unwrap().root;
+            let (e, _) = meta.meta().map_lookup(root, 1).unwrap().unwrap();
+            assert_ne!(e.pchunk, pchunk, "a new chunk");
+        }
+        // Part of block 0, which only the base gave.
+        pool.snapshot("a@v").unwrap();
+        pool.write(a, CS + 10, &[0x45; 20]).unwrap();
+        want[10..30].fill(0x45);
+        assert!(read(&pool, a, CS, CS as usize) == want);
+        assert_eq!(layers_of(&pool, a, 1), layers[2], "version {version}");
+        let s = pool.lookup("a@s").unwrap();
+        assert!(read(&pool, s, CS, CS as usize) == chunk_of(1, original));
+        let u = pool.lookup("a@u").unwrap();
+        assert_eq!(
+            read(&pool, u, CS + BLOCK as u64, 2 * BLOCK),
+            vec![0xee; 2 * BLOCK]
+        );
+        pool.flush().unwrap();
+        assert!(pool.check().unwrap().is_clean());
+        // Every snapshot gone, the fill maps the chunk whole again and
+        // frees every layer.
+        for snap in ["a@s", "a@u", "a@v"] {
+            pool.delete(snap).unwrap();
+        }
+        pool.reclaim(1000).unwrap();
+        while pool.fill_partials(100).unwrap() > 0 {}
+        pool.flush().unwrap();
+        assert_eq!(layers_of(&pool, a, 1), [0b1111], "version {version}");
+        assert!(read(&pool, a, CS, CS as usize) == want);
+        assert_eq!(pool.pool_stats().unwrap().data_used_bytes, 4 * CS);
+        assert!(pool.check().unwrap().is_clean());
     }
-    // Part of block 0, in neither mask: a whole chunk.
-    pool.snapshot("a@v").unwrap();
-    pool.write(a, CS + 10, &[0x45; 20]).unwrap();
-    want[10..30].fill(0x45);
-    assert!(read(&pool, a, CS, CS as usize) == want);
-    assert_eq!(mask_of(&pool, a, 1), None);
-    let s = pool.lookup("a@s").unwrap();
-    assert!(read(&pool, s, CS, CS as usize) == chunk_of(1, original));
-    let u = pool.lookup("a@u").unwrap();
-    assert_eq!(
-        read(&pool, u, CS + BLOCK as u64, 2 * BLOCK),
-        vec![0xee; 2 * BLOCK]
-    );
-    pool.flush().unwrap();
-    assert!(pool.check().unwrap().is_clean());
 }
 
 #[test]
@@ -217,13 +250,32 @@ fn mask_of(pool: &Pool, id: VolumeId, chunk: u64) -> Option<u32> {
     e.partial.map(|p| p.mask)
 }
 
+/// The blocks each layer of chunk `chunk` of `id` gives, newest first
+/// (one layer of every block for a chunk mapped whole).
+fn layers_of(pool: &Pool, id: VolumeId, chunk: u64) -> Vec<u32> {
+    let meta = pool.meta.read().unwrap();
+    let root = meta.volume(id.0).unwrap().root;
+    let (e, _) = meta.meta().map_lookup(root, chunk).unwrap().unwrap();
+    crate::mapping::Layers::of(e.at(chunk), 0b1111)
+        .iter()
+        .map(|(_, mask)| mask)
+        .collect()
+}
+
 /// Writes of whole blocks into a shared chunk map a partial and copy
 /// nothing; later ones extend it until it is whole, or overwrite its own
 /// blocks in place; a write that also covers part of a block outside the
 /// mask makes a whole chunk of both.
 #[test]
 fn writes_make_extend_and_complete_partials() {
-    let pool = pool(arbor_format::FORMAT_VERSION);
+    for version in [7, arbor_format::FORMAT_VERSION] {
+        writes_make_extend_and_complete_partials_in(version);
+    }
+}
+
+fn writes_make_extend_and_complete_partials_in(version: u16) {
+    let layered = version >= crate::mapping::LAYERED_PARTIALS_VERSION;
+    let pool = pool(version);
     let a = pool.create_volume("a", 4 * CS).unwrap();
     let mut model: Vec<u8> = (0..4).flat_map(|c| chunk_of(c, original)).collect();
     pool.write(a, 0, &model).unwrap();
@@ -254,21 +306,31 @@ fn writes_make_extend_and_complete_partials() {
     write(&pool, cs + 3 * BLOCK, &[0x25; BLOCK]);
     assert_eq!(mask_of(&pool, a, 1), None);
     // Chunk 2: a partial, then a write over part of an unmasked block and
-    // a masked one makes a whole new chunk.
+    // a masked one makes a new partial of both over the base, which keeps
+    // the old contents around the write; the old partial's chunk drops.
     write(&pool, 2 * cs + BLOCK, &[0x26; BLOCK]);
     assert_eq!(mask_of(&pool, a, 2), Some(0b0010));
     write(&pool, 2 * cs + BLOCK + 100, &[0x27; BLOCK]);
-    assert_eq!(mask_of(&pool, a, 2), None);
-    // A partial shared by a snapshot is not extended: a new partial.
+    assert_eq!(layers_of(&pool, a, 2), [0b0110, 0b1001]);
+    // A partial shared by a snapshot is not extended: a new partial, in
+    // front of it (version 8) or with its block copied (7).
     write(&pool, 3 * cs, &[0x28; BLOCK]);
     pool.snapshot("a@t").unwrap();
     write(&pool, 3 * cs + BLOCK, &[0x29; BLOCK]);
-    assert_eq!(mask_of(&pool, a, 3), Some(0b0011));
+    if layered {
+        assert_eq!(layers_of(&pool, a, 3), [0b0010, 0b0001, 0b1100]);
+    } else {
+        assert_eq!(layers_of(&pool, a, 3), [0b0011, 0b1100]);
+    }
     // Shared again, the last two blocks, all that the base gave: a new
-    // partial over the old partial's chunk, which holds the other two.
+    // partial over the older partials' chunks, which hold the other two.
     pool.snapshot("a@w").unwrap();
     write(&pool, 3 * cs + 2 * BLOCK, &[0x2a; 2 * BLOCK]);
-    assert_eq!(mask_of(&pool, a, 3), Some(0b1100));
+    if layered {
+        assert_eq!(layers_of(&pool, a, 3), [0b1100, 0b0010, 0b0001]);
+    } else {
+        assert_eq!(layers_of(&pool, a, 3), [0b1100, 0b0011]);
+    }
     let w = pool.lookup("a@w").unwrap();
     let mut at_w = chunk_of(3, original);
     at_w[..BLOCK].fill(0x28);

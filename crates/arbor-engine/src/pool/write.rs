@@ -33,8 +33,8 @@ use std::ops::Range;
 use std::sync::RwLockReadGuard;
 
 use super::*;
-use crate::mapping::PARTIAL_BLOCK;
-use crate::volumes::{Blocks, ChunkPlan, ChunkWanted, PartialFrom};
+use crate::mapping::{Mapped, PARTIAL_BLOCK};
+use crate::volumes::{Blocks, ChunkPlan, ChunkWanted};
 
 /// Bytes of one write request served whole by one unit: the NBD maximum
 /// payload (arbor-nbd `MAX_PAYLOAD`).
@@ -152,16 +152,12 @@ impl<'a> Unit<'a> {
         span.end - span.start == cs
     }
 
-    /// What a new partial extent in chunk `chunk`, replacing `from`,
-    /// copies: for a sibling, its chunk and the blocks of its mask the
-    /// unit does not cover whole, if any (a write over all of them reads
+    /// What a new partial extent in chunk `chunk` that keeps the old
+    /// contents of `keep` (see [`ChunkPlan::Partial`]) reads: the blocks of
+    /// it the unit does not cover whole (a write over all of them reads
     /// nothing).
-    fn sibling_copy(&self, chunk: u64, cs: u64, from: PartialFrom) -> Option<(u64, u32)> {
-        let PartialFrom::Sibling { pchunk, mask } = from else {
-            return None;
-        };
-        let left = mask & !self.covered(chunk, cs);
-        (left != 0).then_some((pchunk, left))
+    fn kept(&self, chunk: u64, cs: u64, keep: u32) -> u32 {
+        keep & !self.covered(chunk, cs)
     }
 
     /// The chunks the unit plans, and the whole chunks it unmaps.
@@ -499,15 +495,10 @@ impl Pool {
                     ChunkWrite::Redirected
                 }
                 ChunkPlan::Redirect { .. } => ChunkWrite::RedirectedCopied,
-                ChunkPlan::Partial {
-                    from: PartialFrom::Over { .. },
-                    ..
-                } => ChunkWrite::PartialOver,
-                ChunkPlan::Partial { from, .. }
-                    if unit.sibling_copy(w.chunk, cs, from).is_some() =>
-                {
+                ChunkPlan::Partial { keep, .. } if unit.kept(w.chunk, cs, keep) != 0 => {
                     ChunkWrite::PartialCopied
                 }
+                ChunkPlan::Partial { old, .. } if old.partial.is_some() => ChunkWrite::PartialOver,
                 ChunkPlan::Partial { .. } => ChunkWrite::Partial,
                 ChunkPlan::Skip => continue,
             };
@@ -539,13 +530,13 @@ impl Pool {
             let (old, new) = match *plan {
                 ChunkPlan::Redirect { old, new } => (old, new),
                 // The partial's chunk whole, without the old chunk: the
-                // blocks outside its mask read from the base.
-                ChunkPlan::Partial { new, from, .. } => {
+                // blocks outside its mask read from its other layers.
+                ChunkPlan::Partial { old, to, keep } => {
                     if let Some(run) = runs.take() {
                         self.write_run(unit, &run)?;
                     }
-                    let copy = unit.sibling_copy(w.chunk, cs, from);
-                    self.write_partial_chunk(unit, w.chunk, new, copy)?;
+                    let kept = unit.kept(w.chunk, cs, keep);
+                    self.write_partial_chunk(unit, w.chunk, to.phys, old, kept)?;
                     continue;
                 }
                 // Only the unit's blocks, into the partial's chunk: nothing
@@ -597,11 +588,10 @@ impl Pool {
     }
 
     /// Step 2 of a partial extent: its new chunk `new`, written whole in
-    /// one write: the unit's bytes in chunk `chunk`, with `copy` an old
-    /// partial's chunk and the blocks of it to keep
-    /// ([`Unit::sibling_copy`]; read in one piece, from the first to the
-    /// last, with whatever lies between them), and zeros
-    /// elsewhere. No block outside the mask is ever read through the
+    /// one write: the unit's bytes in chunk `chunk`, the old contents of
+    /// the blocks `kept` ([`Unit::kept`]), read from where `old` maps them
+    /// (one read per run of consecutive blocks from one data chunk), and
+    /// zeros elsewhere. No block outside the mask is ever read through the
     /// partial, so what it holds there only keeps the chunk one contiguous
     /// write: writing just the unit's blocks into a fresh chunk
     /// of a pool file leaves holes between them, and a file system that
@@ -613,20 +603,33 @@ impl Pool {
         unit: &Unit<'_>,
         chunk: u64,
         new: u64,
-        copy: Option<(u64, u32)>,
+        old: Mapped,
+        kept: u32,
     ) -> Result<()> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
         let mut buf = vec![0u8; cs as usize];
         let span = unit.span(chunk, cs);
-        if let Some((from, mask)) = copy {
-            // `mask` is not 0 and within a partial's: within the chunk.
-            let first = u64::from(mask.trailing_zeros()) * PARTIAL_BLOCK;
-            let end = u64::from(32 - mask.leading_zeros()) * PARTIAL_BLOCK;
-            self.store.dev.read_at(
-                &mut buf[first as usize..end as usize],
-                geo.chunk_offset(from) + first,
-            )?;
+        for (range, from) in old.runs(cs) {
+            // Blocks of the run to keep, in runs of consecutive ones. A
+            // partial's mask is within its chunk's blocks (32 at most).
+            let (first, end) = (range.start / PARTIAL_BLOCK, range.end / PARTIAL_BLOCK);
+            let mut block = first;
+            while block < end {
+                if (kept >> block) & 1 == 0 {
+                    block += 1;
+                    continue;
+                }
+                let start = block;
+                while block < end && (kept >> block) & 1 == 1 {
+                    block += 1;
+                }
+                let bytes = start * PARTIAL_BLOCK..block * PARTIAL_BLOCK;
+                self.store.dev.read_at(
+                    &mut buf[bytes.start as usize..bytes.end as usize],
+                    geo.chunk_offset(from) + bytes.start,
+                )?;
+            }
         }
         let at = (span.start - chunk * cs) as usize..(span.end - chunk * cs) as usize;
         match unit.fill {
