@@ -17,6 +17,11 @@ eager writeback does to the commits and to the writes (PERFORMANCE.md §
 
 QD=N runs the writes at queue depth N instead of 1.
 
+WARM_MIB=N first writes a volume of N MiB, deletes it and waits for its
+reclaim, so that the chunks the run allocates land on blocks of the pool
+file the file system has already allocated and written (as in a pool that
+has been in use), not in its holes.
+
     /usr/bin/python3 bench/fg_tail.py BINARY none|committed|deferred [direct|buffered] [CHUNK]
 """
 import ctypes
@@ -77,6 +82,15 @@ def main():
             # the pool file's holes allocated as unwritten extents (what a
             # long-lived pool's reused chunks are not: those are written)
             subprocess.run(["fallocate", "-l", str(pool_size), pool], check=True)
+        warm = int(os.environ.get("WARM_MIB", "0")) << 20
+        if warm:
+            # the pool file's blocks written once and freed, so that new
+            # chunks land on blocks the file system has (a long-lived pool's
+            # reused chunks), not in its holes
+            ab.volume_create("warm", warm)
+            B.fio(("nbd", ab.uri("warm")), "write", "1m", 8, warm, end_fsync=True)
+            ab.destroy("warm")
+            ab.wait_reclaimed()
         ab.volume_create("v", SIZE)
         B.fio(("nbd", ab.uri("v")), "write", "1m", 8, SIZE, end_fsync=True)
         filled = ab.chunk_writes()
