@@ -32,7 +32,9 @@
 //!
 //! Lock order: (`homes_lock` →) (a copy-on-write home's `busy` →) origin
 //! stripe → commit_lock → gate → volume gate → stripe → meta. Reclaim
-//! only tries `homes_lock`, so it may run under any of them.
+//! only tries `homes_lock`, so it may run under any of them. `fill` (the
+//! fill sweep's state) is a leaf: taken under any of them, nothing under
+//! it.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;

@@ -333,3 +333,79 @@ fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
     assert!(back == model);
     assert_clean(&pool);
 }
+
+/// A version 7 pool keeps its partials and makes no middle layers: a write
+/// into a partial a snapshot shares copies one layer. Upgraded to 8 it
+/// reads the same, writes layers from then on, stays clean through a
+/// reopen, and the fill still frees every layer once the snapshots go.
+#[test]
+fn a_version_7_pool_upgraded_to_8_gets_middle_layers() {
+    use std::sync::atomic::Ordering;
+    let dev = Arc::new(CountingReads {
+        inner: SimDisk::new(64 * MIB),
+        reads: Default::default(),
+    });
+    let opts = arbor_engine::OpenOptions {
+        cache_bytes: 16 * MIB as usize,
+        ..open_opts()
+    };
+    let create = arbor_engine::CreateOptions {
+        format_version: 7,
+        ..small_opts(CS as u32)
+    };
+    let pool = Pool::create(dev.clone(), &create, &opts).unwrap();
+    let v = pool.create_volume("v", CHUNKS * CS).unwrap();
+    let mut model = vec![7u8; (CHUNKS * CS) as usize];
+    pool.write(v, 0, &model).unwrap();
+    // Writes block `b` of every chunk after a snapshot; returns the
+    // device reads they made.
+    let mut round = |pool: &Pool, b: usize, snap: &str| {
+        pool.snapshot(snap).unwrap();
+        let before = dev.reads.load(Ordering::Relaxed);
+        for c in 0..CHUNKS as usize {
+            let at = c * CS as usize + b * BLOCK;
+            let data = vec![(c * 4 + b + 1) as u8; BLOCK];
+            pool.write(v, at as u64, &data).unwrap();
+            model[at..at + BLOCK].copy_from_slice(&data);
+        }
+        let reads = dev.reads.load(Ordering::Relaxed) - before;
+        let mut back = vec![0u8; model.len()];
+        pool.read(v, 0, &mut back).unwrap();
+        assert!(back == model, "after {snap}");
+        reads
+    };
+    // Version 7: the second round's writes read the first's blocks.
+    assert_eq!(round(&pool, 0, "v@1"), 0);
+    assert!(round(&pool, 1, "v@2") >= CHUNKS);
+    let copied = pool.pool_stats().unwrap().chunk_writes.partial_copied;
+    assert_eq!(copied, CHUNKS);
+    assert_clean(&pool);
+    // Version 8: no reads; the partials of version 7 stay under the new.
+    assert!(pool.upgrade().unwrap());
+    assert_eq!(pool.format_version(), 8);
+    assert_eq!(round(&pool, 2, "v@3"), 0);
+    assert_eq!(round(&pool, 3, "v@4"), 0);
+    let writes = pool.pool_stats().unwrap().chunk_writes;
+    assert_eq!(writes.partial_copied, CHUNKS);
+    assert_eq!(writes.partial_over, 2 * CHUNKS);
+    assert_clean(&pool);
+    drop(pool);
+    let pool = Pool::open(dev.clone(), &opts).unwrap();
+    assert_eq!(pool.format_version(), 8);
+    let mut back = vec![0u8; model.len()];
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    assert_clean(&pool);
+    // Every snapshot gone: the fill maps every chunk whole again, and the
+    // pool holds the volume's chunks alone.
+    for snap in ["v@1", "v@2", "v@3", "v@4"] {
+        pool.delete(snap).unwrap();
+    }
+    while pool.reclaim(1000).unwrap() > 0 {}
+    while pool.fill_partials(1000).unwrap() > 0 {}
+    pool.flush().unwrap();
+    assert_eq!(data_used(&pool), CHUNKS * CS);
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    assert_clean(&pool);
+}

@@ -135,30 +135,31 @@ impl Pool {
     /// the sweep ended or is not wanted.
     /// With them, whether this step reached the last volume.
     fn sweep_step(&self, max: usize) -> Result<Option<(Vec<Candidate>, bool)>> {
-        let mut sweep = lock_mutex(&self.fill);
-        if !sweep.wanted {
-            return Ok(None);
-        }
-        if sweep.cursor == (0, 0) {
-            sweep.pass_reason = sweep.reason;
-            sweep.pass_filled = false;
-        }
+        // The sweep's lock is a leaf: not held while the metadata lock is
+        // waited for (the pool's status takes the two the other way round).
+        let start = {
+            let mut sweep = lock_mutex(&self.fill);
+            if !sweep.wanted {
+                return Ok(None);
+            }
+            if sweep.cursor == (0, 0) {
+                sweep.pass_reason = sweep.reason;
+                sweep.pass_filled = false;
+            }
+            sweep.cursor
+        };
         let meta = self.read_meta()?;
         let ids: Vec<(u64, BlockRef)> = meta
             .table()
             .iter()
-            .filter(|(id, rec)| *id >= sweep.cursor.0 && !rec.root.is_none())
+            .filter(|(id, rec)| *id >= start.0 && !rec.root.is_none())
             .map(|(id, rec)| (id, rec.root))
             .collect();
         let mut found = Vec::new();
         let mut seen = 0;
         let mut cursor = None;
         for (id, root) in ids {
-            let from = if id == sweep.cursor.0 {
-                sweep.cursor.1
-            } else {
-                0
-            };
+            let from = if id == start.0 { start.1 } else { 0 };
             let mut next = None;
             meta.meta().map_extents(root, from, u64::MAX, &mut |e| {
                 seen += 1;
@@ -181,6 +182,12 @@ impl Pool {
             }
         }
         drop(meta);
+        let mut sweep = lock_mutex(&self.fill);
+        if sweep.cursor != start {
+            // Another sweep moved the cursor meanwhile: its pass goes on
+            // from there (this step's finds are filled all the same).
+            return Ok(Some((found, false)));
+        }
         let wrapped = cursor.is_none();
         match cursor {
             Some(at) => sweep.cursor = at,

@@ -363,3 +363,49 @@ fn a_version_6_pool_makes_no_partials() {
     pool.write(a, BLOCK as u64, &[9; BLOCK]).unwrap();
     assert_eq!(mask_of(&pool, a, 0), None);
 }
+
+/// Regression: the fill sweep held its own lock while it waited for the
+/// metadata lock, and the pool's status took them the other way round (the
+/// metadata, then the sweep's lock for `fill_pending`). With a writer
+/// waiting for the metadata lock between them (a new reader then waits
+/// too), the three waited for each other: a daemon under a write load hung
+/// in the benchmark (its status poll, its background fill and a write).
+/// The sweep's lock is a leaf now: nothing else is taken while it is held.
+/// The threads are ordered by short pauses, which only make the old
+/// deadlock likely; the check is that the status's step returns at all
+/// (within a minute).
+#[test]
+fn the_fill_sweep_and_the_pool_status_never_wait_for_each_other() {
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+    let (pool, _, _) = with_partial();
+    let pool = Arc::new(pool);
+    assert!(pool.fill_wanted(), "an opened pool sweeps");
+    // A reader of the metadata, as the status before `fill_pending`.
+    let held = pool.meta.read().unwrap();
+    // A writer waiting for it.
+    let writer = thread::spawn({
+        let pool = Arc::clone(&pool);
+        move || drop(pool.meta.write().unwrap())
+    });
+    thread::sleep(Duration::from_millis(100));
+    // The sweep, waiting for the metadata behind the writer.
+    let sweeper = thread::spawn({
+        let pool = Arc::clone(&pool);
+        move || pool.fill_partials(10).map(|_| ())
+    });
+    thread::sleep(Duration::from_millis(100));
+    // The status's second lock, the metadata still held for reading.
+    let (tx, rx) = mpsc::channel();
+    let status = thread::spawn({
+        let pool = Arc::clone(&pool);
+        move || tx.send(pool.fill_wanted()).unwrap()
+    });
+    let answered = rx.recv_timeout(Duration::from_secs(60));
+    drop(held);
+    writer.join().unwrap();
+    sweeper.join().unwrap().unwrap();
+    status.join().unwrap();
+    assert!(answered.is_ok(), "the status waited for the sweep");
+}
