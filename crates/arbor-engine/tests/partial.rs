@@ -240,6 +240,26 @@ fn a_power_cut_during_a_fill_changes_nothing_anybody_reads() {
     );
 }
 
+/// A pool of format version `version` on a device that counts its reads,
+/// with a cache that holds all of its metadata (the reads counted are data
+/// reads); and the options it was opened with.
+fn counting_pool(version: u16) -> (Arc<CountingReads>, Pool, arbor_engine::OpenOptions) {
+    let dev = Arc::new(CountingReads {
+        inner: SimDisk::new(64 * MIB),
+        reads: Default::default(),
+    });
+    let opts = arbor_engine::OpenOptions {
+        cache_bytes: 16 * MIB as usize,
+        ..open_opts()
+    };
+    let create = arbor_engine::CreateOptions {
+        format_version: version,
+        ..small_opts(CS as u32)
+    };
+    let pool = Pool::create(dev.clone(), &create, &opts).unwrap();
+    (dev, pool, opts)
+}
+
 /// A device that counts the reads made through it.
 struct CountingReads {
     inner: SimDisk,
@@ -271,17 +291,7 @@ impl arbor_io::BlockDevice for CountingReads {
 fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
     use arbor_engine::ChunkWrites;
     use std::sync::atomic::Ordering;
-    let dev = Arc::new(CountingReads {
-        inner: SimDisk::new(64 * MIB),
-        reads: Default::default(),
-    });
-    // A cache that holds all of this pool's metadata: the reads counted
-    // are data reads.
-    let opts = arbor_engine::OpenOptions {
-        cache_bytes: 16 * MIB as usize,
-        ..open_opts()
-    };
-    let pool = Pool::create(dev.clone(), &small_opts(CS as u32), &opts).unwrap();
+    let (dev, pool, _) = counting_pool(arbor_format::FORMAT_VERSION);
     let v = pool.create_volume("v", 4 * CS).unwrap();
     let mut model = vec![1u8; (4 * CS) as usize];
     let counts = || pool.pool_stats().unwrap().chunk_writes;
@@ -341,19 +351,7 @@ fn chunk_writes_are_counted_by_how_they_landed_and_only_copies_read() {
 #[test]
 fn a_version_7_pool_upgraded_to_8_gets_middle_layers() {
     use std::sync::atomic::Ordering;
-    let dev = Arc::new(CountingReads {
-        inner: SimDisk::new(64 * MIB),
-        reads: Default::default(),
-    });
-    let opts = arbor_engine::OpenOptions {
-        cache_bytes: 16 * MIB as usize,
-        ..open_opts()
-    };
-    let create = arbor_engine::CreateOptions {
-        format_version: 7,
-        ..small_opts(CS as u32)
-    };
-    let pool = Pool::create(dev.clone(), &create, &opts).unwrap();
+    let (dev, pool, opts) = counting_pool(7);
     let v = pool.create_volume("v", CHUNKS * CS).unwrap();
     let mut model = vec![7u8; (CHUNKS * CS) as usize];
     pool.write(v, 0, &model).unwrap();
