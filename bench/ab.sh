@@ -14,6 +14,11 @@
 #   printf 'nbd_poll = "0s"\n' > /tmp/nopoll.toml
 #   OLD_SERVE_ARGS="--config /tmp/nopoll.toml" bench/ab.sh B B
 #
+# SNAPSHOT=1 snapshots the volume before each job, so its writes land in
+# chunks a snapshot shares (the first write to each makes a partial extent,
+# later ones extend it). JOBS replaces the job list: entries of "rw bs qd
+# connections" separated by ";", e.g. JOBS="randwrite 4k 32 1".
+#
 # Build the old one from another worktree, e.g.
 #   git worktree add /tmp/old HEAD~1 && cargo build --release -p arbor --manifest-path /tmp/old/Cargo.toml
 set -euo pipefail
@@ -23,6 +28,7 @@ rounds=${3:-2}
 # rw, block size, queue depth, connections
 jobs=("randread 4k 1 1" "randwrite 4k 1 1" "randread 4k 32 1" "randwrite 4k 32 1"
   "read 1m 8 1" "write 1m 8 1" "randread 4k 8 4" "randwrite 4k 8 4")
+if [ -n "${JOBS:-}" ]; then IFS=';' read -r -a jobs <<<"$JOBS"; fi
 work=$(mktemp -d /var/tmp/arbor-ab-XXXXXX)
 pid=
 cleanup() {
@@ -44,8 +50,13 @@ run_one() { # label binary serve-arguments
   local uri="nbd+unix:///v?socket=$dir/nbd.sock"
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
     --size=512M --end_fsync=1 >/dev/null 2>&1
+  local n=0
   for job in "${jobs[@]}"; do
     read -r rw bs qd conns <<<"$job"
+    n=$((n + 1))
+    if [ -n "${SNAPSHOT:-}" ]; then
+      "$bin" --data-dir "$dir" snapshot create "v@j$n" >/dev/null
+    fi
     fio --name=j --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$qd" \
       --numjobs="$conns" --group_reporting \
       --size=512M --time_based --runtime=5 --randrepeat=1 --end_fsync=1 \

@@ -115,9 +115,12 @@ fn fields(value: &[u8]) -> Fields {
     }
 }
 
-/// Whether the in-memory value has middle layers (a version 8 partial).
+/// Whether the in-memory value has middle layers (a version 8 partial):
+/// its first layer's `chunk + 1` is not 0.
 fn has_layers(value: &[u8]) -> bool {
-    value[32..40].iter().any(|&b| b != 0)
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&value[32..40]);
+    u64::from_ne_bytes(word) != 0
 }
 
 /// The weight of the in-memory entries `values` against a leaf's entry
@@ -125,10 +128,11 @@ fn has_layers(value: &[u8]) -> bool {
 /// chunks take up to four data space-map pages when its leaf is shadowed or
 /// freed, as two extents' runs do).
 pub fn weight(values: &[u8]) -> usize {
-    values
+    let layered = values
         .chunks_exact(VALUE_LEN)
-        .map(|v| 1 + usize::from(has_layers(v)))
-        .sum()
+        .filter(|v| has_layers(v))
+        .count();
+    values.len() / VALUE_LEN + layered
 }
 
 fn varint_len(v: u128) -> usize {
