@@ -110,6 +110,11 @@ pub struct CheckReport {
     pub volumes: usize,
     pub nodes: u64,
     pub data_chunks_referenced: u64,
+    /// Partial extents in the pool's mapping leaves (each leaf counted
+    /// once, however many trees share it), and those of them with middle
+    /// layers (FORMAT.md §6.3).
+    pub partial_extents: u64,
+    pub layered_partials: u64,
 }
 
 impl CheckReport {
@@ -208,6 +213,10 @@ impl Walker<'_> {
                             if let Some(what) = crate::mapping::partial_rule(geo, v.pchunk, &p) {
                                 self.damage(format!("leaf {}: extent at {key}: {what}", r.block));
                                 continue;
+                            }
+                            self.report.partial_extents += 1;
+                            if p.mid_count() > 0 {
+                                self.report.layered_partials += 1;
                             }
                         }
                         previous_end = key.saturating_add(len);

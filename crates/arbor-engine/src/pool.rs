@@ -1988,6 +1988,8 @@ impl Pool {
         report.volumes = walked.volumes;
         report.nodes = walked.nodes;
         report.data_chunks_referenced = walked.data_chunks_referenced;
+        report.partial_extents = walked.partial_extents;
+        report.layered_partials = walked.layered_partials;
         Ok(report)
     }
 }

@@ -457,10 +457,12 @@ impl Harness {
 }
 
 fn run(ops: &[Op]) {
-    run_at(ops, CHUNK)
+    run_at(ops, CHUNK);
 }
 
-fn run_at(ops: &[Op], chunk: u64) {
+/// Runs `ops` at chunks of `chunk` bytes, then reclaims and fills; returns
+/// the check report taken after the operations (before the reclaim).
+fn run_at(ops: &[Op], chunk: u64) -> arbor_engine::CheckReport {
     let (disk, pool) = sim_pool(48 * MIB, chunk as u32);
     let mut h = Harness {
         chunk,
@@ -474,11 +476,13 @@ fn run_at(ops: &[Op], chunk: u64) {
         h.apply(op);
     }
     h.verify();
+    let report = h.pool().check().unwrap();
     while h.pool().reclaim(1000).unwrap() > 0 {}
     h.verify();
     while h.pool().fill_partials(1000).unwrap() > 0 {}
     assert!(!h.pool().fill_wanted(), "a sweep that filled nothing ends");
     h.verify();
+    report
 }
 
 proptest! {
@@ -518,4 +522,19 @@ fn long_sequence_with_deep_trees() {
 #[test]
 fn long_sequence_with_partial_extents() {
     run_at(&long_sequence(), CHUNK_16K);
+}
+
+/// 600 operations weighted to whole-block writes and snapshots at 16 KiB
+/// chunks (the same every time), which must reach partial extents with
+/// middle layers: the sequence tests them, not only chunks mapped whole.
+#[test]
+fn long_sequence_of_block_writes_makes_layered_partials() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let ops = prop::collection::vec(partial_op(), 600)
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    let report = run_at(&ops, CHUNK_16K);
+    assert!(report.partial_extents > 0, "{report:?}");
+    assert!(report.layered_partials > 0, "{report:?}");
 }
