@@ -86,8 +86,7 @@ pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<S
         ));
     }
     let mut given = p.mask;
-    let mut chunks = vec![pchunk, p.base];
-    for layer in p.layers() {
+    for (i, layer) in p.layers().enumerate() {
         if layer.mask & !all != 0 || layer.mask & given != 0 {
             return Some(format!(
                 "partial extent layer mask {:#x} over {given:#x} for {}-byte chunks",
@@ -95,13 +94,16 @@ pub(crate) fn partial_rule(geo: &Geometry, pchunk: u64, p: &Partial) -> Option<S
             ));
         }
         given |= layer.mask;
-        if layer.chunk >= geo.data_chunks() || chunks.contains(&layer.chunk) {
+        // Checked on every decode: no allocation, at most two layers.
+        let seen = layer.chunk == pchunk
+            || layer.chunk == p.base
+            || p.layers().take(i).any(|newer| newer.chunk == layer.chunk);
+        if layer.chunk >= geo.data_chunks() || seen {
             return Some(format!(
                 "partial extent layer chunk {} (chunk {pchunk}, base {})",
                 layer.chunk, p.base
             ));
         }
-        chunks.push(layer.chunk);
     }
     // The base gives at least one block (else the last layer is the base).
     if given == all {
@@ -246,9 +248,7 @@ impl Mapped {
     /// The data chunks it holds a reference on each: its own, then a
     /// partial's middle layers and base.
     pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
-        let partial = self.partial.iter();
-        std::iter::once(self.phys)
-            .chain(partial.flat_map(|p| p.layers().map(|l| l.chunk).chain(std::iter::once(p.base))))
+        std::iter::once(self.phys).chain(self.partial.into_iter().flat_map(Partial::chunks))
     }
 
     /// The chunks `self` references and `to` does not: the references a
@@ -265,17 +265,17 @@ impl Mapped {
     /// (its mask), from its middle layers (theirs) and from its base (the
     /// rest). The one place that splits a partial chunk.
     pub fn runs(&self, chunk_size: u64) -> Vec<(std::ops::Range<u64>, u64)> {
-        let Some(p) = self.partial else {
+        if self.partial.is_none() {
             return vec![(0..chunk_size, self.phys)];
-        };
+        }
+        // A partial is only read in a pool of chunks of 2 to 32 blocks
+        // (`partial_rule`): no shift overflows.
         let blocks = chunk_size / PARTIAL_BLOCK;
+        let layers = Layers::of(*self, ((1u64 << blocks) - 1) as u32);
         let mut runs: Vec<(std::ops::Range<u64>, u64)> = Vec::new();
         for block in 0..blocks {
-            let has = |mask: u32| (mask >> block) & 1 == 1;
-            let from = if has(p.mask) {
-                self.phys
-            } else {
-                p.layers().find(|l| has(l.mask)).map_or(p.base, |l| l.chunk)
+            let Some((from, _)) = layers.iter().find(|(_, mask)| (mask >> block) & 1 == 1) else {
+                continue;
             };
             let range = block * PARTIAL_BLOCK..(block + 1) * PARTIAL_BLOCK;
             match runs.last_mut() {
@@ -408,6 +408,26 @@ impl Meta {
         self.tree_for_each(root, TreeKind::Mapping, from, to, &mut |key, value| {
             f(Extent::from_entry(key, value, geo)?)
         })
+    }
+
+    /// Maps `chunk` of the tree at `root` to `to`, with generation `gen`,
+    /// in place of `old` (what it maps now): the references `old` holds on
+    /// chunks `to` also names pass to `to`, the others drop (a chunk new in
+    /// `to` comes with the caller's reference). Returns the tree's new
+    /// root.
+    pub fn remap(
+        &mut self,
+        root: BlockRef,
+        chunk: u64,
+        old: Mapped,
+        to: Mapped,
+        gen: u64,
+    ) -> Result<BlockRef> {
+        let root = self.map_set_as(root, chunk, to, gen)?.0;
+        for dropped in old.dropped_for(&to) {
+            self.dec_data(dropped)?;
+        }
+        Ok(root)
     }
 
     /// Drops the references `m` holds.

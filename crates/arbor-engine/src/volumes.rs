@@ -954,14 +954,9 @@ impl Volumes {
                         None => added += 1,
                     }
                 }
+                // Checked above: the chunk still maps `old`.
                 ChunkPlan::Partial { old, to, .. } => {
-                    // The references of the old mapping pass to the new
-                    // partial where it keeps their chunks (checked above:
-                    // the chunk still maps `old`); the others drop.
-                    root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    for dropped in old.dropped_for(&to) {
-                        self.meta.dec_data(dropped)?;
-                    }
+                    root = self.meta.remap(root, w.chunk, old, to, txn)?;
                 }
                 ChunkPlan::Extend {
                     pchunk,
@@ -980,14 +975,9 @@ impl Volumes {
                     };
                     let mut layers = Layers::of(old, all);
                     layers.grow_first(add);
-                    let to = layers.mapped();
-                    // The references of the partial pass to its new form;
-                    // the layers left without blocks (all of them once the
+                    // The layers left without blocks (all of them once the
                     // mask is full) drop.
-                    root = self.meta.map_set_as(root, w.chunk, to, txn)?.0;
-                    for dropped in old.dropped_for(&to) {
-                        self.meta.dec_data(dropped)?;
-                    }
+                    root = self.meta.remap(root, w.chunk, old, layers.mapped(), txn)?;
                 }
                 ChunkPlan::InPlace(_) | ChunkPlan::Skip => {}
             }
@@ -1039,11 +1029,11 @@ impl Volumes {
     /// blocks of its layers; the partial's references on them drop. The
     /// generation stays: a fill is not a write.
     pub fn fill_partial(&mut self, id: u64, chunk: u64, expect: Mapped) -> Result<()> {
-        let Some(partial) = expect.partial else {
+        if expect.partial.is_none() {
             return Err(Error::inconsistent(format!(
                 "fill of chunk {chunk} of volume {id}, which is not partial"
             )));
-        };
+        }
         let root = self.volume(id)?.root;
         let found = self.meta.map_lookup(root, chunk)?;
         let Some((e, _)) = found.filter(|(e, _)| e.at(chunk) == expect) else {
@@ -1051,12 +1041,9 @@ impl Volumes {
                 "chunk {chunk} of volume {id} changed while it was filled"
             )));
         };
-        let to = Mapped::whole(expect.phys);
-        let (root, _) = self.meta.map_set_as(root, chunk, to, e.gen)?;
-        debug_assert!(partial.mask != 0);
-        for dropped in expect.dropped_for(&to) {
-            self.meta.dec_data(dropped)?;
-        }
+        let root = self
+            .meta
+            .remap(root, chunk, expect, Mapped::whole(expect.phys), e.gen)?;
         self.update_volume(id, |vol| vol.root = root)
     }
 

@@ -33,6 +33,7 @@
 //! Decoding accepts exactly one encoding of each leaf: shortest LEB128s,
 //! flags only for values that need them, and zeros after the last entry.
 
+use crate::records::RawMapValue;
 use crate::{FormatError, BLOCK_SIZE};
 
 /// Most entries one packed leaf holds. Dropping a leaf changes the data
@@ -57,69 +58,27 @@ pub const MAX_PACKED_ENTRY: usize = 10 + 5 + 5 + 10 + 10 + 10 + 2 * (10 + 5);
 /// middle layers above them.
 const PARTIAL_WORD_BITS: u32 = 34;
 
-/// The fields of one in-memory value.
-struct Fields {
-    pchunk: u64,
-    len: u32,
-    word: u32,
-    gen: u64,
-    /// A partial extent's base chunk.
-    base: Option<u64>,
-    /// A partial extent's middle layers (chunk, mask), newest first.
-    mids: [Option<(u64, u32)>; crate::MAX_PARTIAL_MIDS],
-}
-
-impl Fields {
-    /// The length written out: 0 marks a partial extent.
-    fn written_len(&self) -> u32 {
-        if self.base.is_some() {
-            0
-        } else {
-            self.len
-        }
-    }
-
-    /// The word written out: a partial's mask, with its count of middle
-    /// layers above its 32 bits.
-    fn written_word(&self) -> u64 {
-        let layers = self.mids.iter().filter(|m| m.is_some()).count() as u64;
-        u64::from(self.word) | layers << 32
-    }
-
-    /// The middle layers, newest first.
-    fn layers(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.mids.iter().map_while(|m| *m)
+/// The length an entry writes out: 0 marks a partial extent.
+fn written_len(f: &RawMapValue) -> u32 {
+    if f.base().is_some() {
+        0
+    } else {
+        f.len
     }
 }
 
-fn fields(value: &[u8]) -> Fields {
-    debug_assert_eq!(value.len(), VALUE_LEN);
-    let u32_at =
-        |at: usize| u32::from_le_bytes([value[at], value[at + 1], value[at + 2], value[at + 3]]);
-    let u64_at = |at: usize| {
-        let mut raw = [0u8; 8];
-        raw.copy_from_slice(&value[at..at + 8]);
-        u64::from_le_bytes(raw)
-    };
-    Fields {
-        pchunk: u64_at(0),
-        len: u32_at(8),
-        word: u32_at(12),
-        gen: u64_at(16),
-        base: u64_at(24).checked_sub(1),
-        mids: [(32, 40), (48, 44)].map(|(chunk, mask)| {
-            u64_at(chunk)
-                .checked_sub(1)
-                .map(|chunk_plus| (chunk_plus, u32_at(mask)))
-        }),
-    }
+/// The word an entry writes out: a partial's mask, with its count of
+/// middle layers above its 32 bits.
+fn written_word(f: &RawMapValue) -> u64 {
+    u64::from(f.word) | (f.layers().count() as u64) << 32
 }
 
 /// Whether the in-memory value has middle layers (a version 8 partial):
 /// its first layer's `chunk + 1` is not 0.
 fn has_layers(value: &[u8]) -> bool {
+    let at = RawMapValue::FIRST_LAYER_AT;
     let mut word = [0u8; 8];
-    word.copy_from_slice(&value[32..40]);
+    word.copy_from_slice(&value[at..at + 8]);
     u64::from_ne_bytes(word) != 0
 }
 
@@ -185,7 +144,7 @@ fn get_varint(body: &[u8], at: &mut usize, max_bits: u32) -> Result<u128, Format
 }
 
 /// The head of the entry `key` with `f`, after the entry keyed `prev`.
-fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
+fn head(prev: Option<u64>, key: u64, f: &RawMapValue) -> u128 {
     // Keys are strictly increasing in a valid node; a node that breaks it
     // encodes a gap no reader accepts (the key overflows).
     let gap = match prev {
@@ -193,10 +152,10 @@ fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
         Some(p) => key.wrapping_sub(p).wrapping_sub(1),
     };
     let mut head = u128::from(gap) << FLAG_BITS;
-    if f.written_len() != 1 {
+    if written_len(f) != 1 {
         head |= LEN_FLAG;
     }
-    if f.written_word() != 0 {
+    if written_word(f) != 0 {
         head |= WORD_FLAG;
     }
     head
@@ -204,15 +163,15 @@ fn head(prev: Option<u64>, key: u64, f: &Fields) -> u128 {
 
 /// Encoded bytes of the entry `key` → `value` after the entry keyed `prev`.
 pub fn entry_len(prev: Option<u64>, key: u64, value: &[u8]) -> usize {
-    let f = fields(value);
+    let f = RawMapValue::read(value);
     let mut n = varint_len(head(prev, key, &f));
-    if f.written_len() != 1 {
-        n += varint_len(u128::from(f.written_len()));
+    if written_len(&f) != 1 {
+        n += varint_len(u128::from(written_len(&f)));
     }
-    if f.written_word() != 0 {
-        n += varint_len(u128::from(f.written_word()));
+    if written_word(&f) != 0 {
+        n += varint_len(u128::from(written_word(&f)));
     }
-    if let Some(base) = f.base {
+    if let Some(base) = f.base() {
         n += varint_len(u128::from(base));
     }
     for (chunk, mask) in f.layers() {
@@ -239,17 +198,17 @@ pub fn encode_entries(keys: &[u64], values: &[u8], out: &mut [u8]) -> usize {
     let mut at = 0;
     let mut prev = None;
     for (key, value) in keys.iter().zip(values.chunks_exact(VALUE_LEN)) {
-        let f = fields(value);
+        let f = RawMapValue::read(value);
         put_varint(out, &mut at, head(prev, *key, &f));
-        if f.written_len() != 1 {
-            put_varint(out, &mut at, u128::from(f.written_len()));
+        if written_len(&f) != 1 {
+            put_varint(out, &mut at, u128::from(written_len(&f)));
         }
-        if f.written_word() != 0 {
-            put_varint(out, &mut at, u128::from(f.written_word()));
+        if written_word(&f) != 0 {
+            put_varint(out, &mut at, u128::from(written_word(&f)));
         }
         put_varint(out, &mut at, u128::from(f.pchunk));
         put_varint(out, &mut at, u128::from(f.gen));
-        if let Some(base) = f.base {
+        if let Some(base) = f.base() {
             put_varint(out, &mut at, u128::from(base));
         }
         for (chunk, mask) in f.layers() {
@@ -339,16 +298,19 @@ pub fn decode_entries(
             (len, 0)
         };
         keys.push(key);
-        values.extend_from_slice(&pchunk.to_le_bytes());
-        values.extend_from_slice(&(len as u32).to_le_bytes());
-        values.extend_from_slice(&(word as u32).to_le_bytes());
-        values.extend_from_slice(&gen.to_le_bytes());
-        values.extend_from_slice(&base_plus_one.to_le_bytes());
-        let [(c0, m0), (c1, m1)] = mids;
-        values.extend_from_slice(&c0.to_le_bytes());
-        values.extend_from_slice(&m0.to_le_bytes());
-        values.extend_from_slice(&m1.to_le_bytes());
-        values.extend_from_slice(&c1.to_le_bytes());
+        let mut value = [0u8; VALUE_LEN];
+        RawMapValue {
+            pchunk,
+            // At most 32 bits each (`flagged` checks; a partial's word
+            // keeps its mask, the layer count is in `mids`).
+            len: len as u32,
+            word: word as u32,
+            gen,
+            base_plus_one,
+            mids,
+        }
+        .write(&mut value);
+        values.extend_from_slice(&value);
         prev = Some(key);
     }
     let weight = weight(&values);

@@ -98,6 +98,83 @@ impl Partial {
     pub fn mid_count(&self) -> usize {
         self.layers().count()
     }
+
+    /// The data chunks it references besides its own: its middle layers'
+    /// (newest first), then its base.
+    pub fn chunks(self) -> impl Iterator<Item = u64> {
+        self.mids
+            .into_iter()
+            .map_while(|m| m.map(|l| l.chunk))
+            .chain(std::iter::once(self.base))
+    }
+}
+
+/// A mapping value's fields as they lie in memory, unchecked: the one
+/// place that says where each of its [`MapValue::ENCODED_LEN`] bytes goes
+/// (the layout [`MapValue`] documents). [`MapValue`] checks the fields;
+/// packed leaves write them out (`crate::packed`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RawMapValue {
+    pub pchunk: u64,
+    pub len: u32,
+    pub word: u32,
+    pub gen: u64,
+    /// `base + 1`; 0 for an extent that is not partial.
+    pub base_plus_one: u64,
+    /// Each middle layer's `chunk + 1` (0: none) and mask.
+    pub mids: [(u64, u32); MAX_PARTIAL_MIDS],
+}
+
+impl RawMapValue {
+    /// Where the first middle layer's `chunk + 1` lies: not 0 only in a
+    /// partial extent with middle layers.
+    pub const FIRST_LAYER_AT: usize = 32;
+
+    /// The fields of `bytes`, [`MapValue::ENCODED_LEN`] of them (callers
+    /// hold a leaf's values, which are).
+    pub fn read(bytes: &[u8]) -> Self {
+        debug_assert_eq!(bytes.len(), MapValue::ENCODED_LEN);
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        Self {
+            pchunk: get_u64(bytes, 0),
+            len: u32_at(8),
+            word: u32_at(12),
+            gen: get_u64(bytes, 16),
+            base_plus_one: get_u64(bytes, 24),
+            mids: [
+                (get_u64(bytes, Self::FIRST_LAYER_AT), u32_at(40)),
+                (get_u64(bytes, 48), u32_at(44)),
+            ],
+        }
+    }
+
+    /// A partial extent's base chunk.
+    pub fn base(&self) -> Option<u64> {
+        self.base_plus_one.checked_sub(1)
+    }
+
+    /// The middle layers (chunk, mask), newest first.
+    pub fn layers(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.mids
+            .iter()
+            .map_while(|&(chunk_plus_one, mask)| Some((chunk_plus_one.checked_sub(1)?, mask)))
+    }
+
+    /// Writes the fields into `out`, [`MapValue::ENCODED_LEN`] bytes.
+    pub fn write(&self, out: &mut [u8]) {
+        put_u64(out, 0, self.pchunk);
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..16].copy_from_slice(&self.word.to_le_bytes());
+        put_u64(out, 16, self.gen);
+        put_u64(out, 24, self.base_plus_one);
+        let [(first, first_mask), (second, second_mask)] = self.mids;
+        put_u64(out, Self::FIRST_LAYER_AT, first);
+        out[40..44].copy_from_slice(&first_mask.to_le_bytes());
+        out[44..48].copy_from_slice(&second_mask.to_le_bytes());
+        put_u64(out, 48, second);
+    }
 }
 
 /// A mapping-tree value: the logical chunks `[key, key + len)` live in the
@@ -139,49 +216,47 @@ impl MapValue {
     /// The runs of data chunks the entry holds one reference on each, as
     /// (first chunk, chunks): its own run, then a partial extent's base.
     pub fn chunk_runs(&self) -> impl Iterator<Item = (u64, u64)> {
-        let partial = self.partial.into_iter();
-        std::iter::once((self.pchunk, u64::from(self.len))).chain(partial.flat_map(|p| {
-            let mids = p.mids;
-            mids.into_iter()
-                .map_while(|m| m)
-                .map(|m| (m.chunk, 1))
-                .chain(std::iter::once((p.base, 1)))
-        }))
+        let others = self
+            .partial
+            .into_iter()
+            .flat_map(|p| p.chunks().map(|c| (c, 1)));
+        std::iter::once((self.pchunk, u64::from(self.len))).chain(others)
     }
 
     pub fn encode(&self, out: &mut [u8]) {
-        put_u64(out, 0, self.pchunk);
-        out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        let (word, base, mids) = match self.partial {
+        let raw = match self.partial {
             // `base` and the layers' chunks are data chunks, below u64::MAX
             // (decode refuses them).
-            Some(p) => (p.mask, p.base.wrapping_add(1), p.mids),
-            None => (0, 0, [None; MAX_PARTIAL_MIDS]),
+            Some(p) => RawMapValue {
+                word: p.mask,
+                base_plus_one: p.base.wrapping_add(1),
+                mids: p
+                    .mids
+                    .map(|m| m.map_or((0, 0), |m| (m.chunk.wrapping_add(1), m.mask))),
+                ..RawMapValue::default()
+            },
+            None => RawMapValue::default(),
         };
-        out[12..16].copy_from_slice(&word.to_le_bytes());
-        put_u64(out, 16, self.gen);
-        put_u64(out, 24, base);
-        let [first, second] = mids.map(|m| m.map_or((0, 0), |m| (m.chunk.wrapping_add(1), m.mask)));
-        put_u64(out, 32, first.0);
-        out[40..44].copy_from_slice(&first.1.to_le_bytes());
-        out[44..48].copy_from_slice(&second.1.to_le_bytes());
-        put_u64(out, 48, second.0);
+        RawMapValue {
+            pchunk: self.pchunk,
+            len: self.len,
+            gen: self.gen,
+            ..raw
+        }
+        .write(out);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         check_len(bytes, Self::ENCODED_LEN, "mapping entry")?;
-        let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        let raw = RawMapValue::read(bytes);
+        let (len, word) = (raw.len, raw.word);
         if len == 0 || len > MAX_EXTENT_CHUNKS {
             return Err(FormatError::Invalid(format!(
                 "mapping extent of {len} chunks"
             )));
         }
-        let word = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
-        let u32_at = |at: usize| {
-            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-        };
-        let mid = |chunk_at: usize, mask_at: usize| -> Result<Option<Layer>, FormatError> {
-            match (get_u64(bytes, chunk_at), u32_at(mask_at)) {
+        let mid = |(chunk_plus_one, mask): (u64, u32)| -> Result<Option<Layer>, FormatError> {
+            match (chunk_plus_one, mask) {
                 (0, 0) => Ok(None),
                 (chunk_plus_one, mask) if chunk_plus_one != 0 && mask != 0 => Ok(Some(Layer {
                     chunk: chunk_plus_one - 1,
@@ -192,8 +267,8 @@ impl MapValue {
                 ))),
             }
         };
-        let mids = [mid(32, 40)?, mid(48, 44)?];
-        let partial = match get_u64(bytes, 24) {
+        let mids = [mid(raw.mids[0])?, mid(raw.mids[1])?];
+        let partial = match raw.base_plus_one {
             0 => {
                 if mids.iter().any(Option::is_some) {
                     return Err(FormatError::Invalid(
@@ -221,9 +296,9 @@ impl MapValue {
             }
         };
         Ok(Self {
-            pchunk: get_u64(bytes, 0),
+            pchunk: raw.pchunk,
             len,
-            gen: get_u64(bytes, 16),
+            gen: raw.gen,
             partial,
         })
     }

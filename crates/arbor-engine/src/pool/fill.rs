@@ -208,9 +208,9 @@ impl Pool {
     /// still nobody else's. Holds the I/O gate throughout, so it never
     /// commits itself (a commit takes the gate exclusive).
     fn fill_one(&self, c: Candidate) -> Result<Filled> {
-        let Some(partial) = c.mapped.partial else {
+        if c.mapped.partial.is_none() {
             return Ok(Filled::No);
-        };
+        }
         // As a write of the chunk: no other write or discard changes its
         // mapping meanwhile, and no snapshot of the volume shares it.
         let _gate = self.io_gate();
@@ -221,7 +221,6 @@ impl Pool {
         }
         let cs = self.chunk_size();
         let geo = &self.store.geo;
-        debug_assert!(partial.mask != 0);
         for (run, from) in c.mapped.runs(cs) {
             if from == c.mapped.phys {
                 continue;
