@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo, VolumeLayout};
 use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
@@ -26,6 +27,8 @@ const STATUS_WINDOW: u64 = 1 << 30;
 #[derive(Debug, Default)]
 pub struct OpenExports {
     counts: Mutex<HashMap<VolumeId, usize>>,
+    /// Notified whenever a connection closes (see [`OpenExports::settled`]).
+    closed: Condvar,
 }
 
 impl OpenExports {
@@ -37,6 +40,28 @@ impl OpenExports {
     /// Open connections to volume `id`.
     pub fn count(&self, id: VolumeId) -> usize {
         self.counts().get(&id).copied().unwrap_or(0)
+    }
+
+    /// Open connections to volume `id` once those that are closing have
+    /// closed, waiting at most `grace` for them. A client that disconnects
+    /// and exits has closed its socket before the daemon reads the end of
+    /// it: a script that runs `qemu-io` and then destroys the volume must
+    /// not find it still open. Returns at once when none are open; a
+    /// connection that stays open costs the caller `grace`.
+    pub fn settled(&self, id: VolumeId, grace: Duration) -> usize {
+        let deadline = Instant::now() + grace;
+        let mut counts = self.counts();
+        loop {
+            let open = counts.get(&id).copied().unwrap_or(0);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if open == 0 || left.is_zero() {
+                return open;
+            }
+            counts = match self.closed.wait_timeout(counts, left) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
     }
 
     fn open(self: &Arc<Self>, id: VolumeId) -> OpenHandle {
@@ -63,6 +88,8 @@ impl Drop for OpenHandle {
                 counts.remove(&self.id);
             }
         }
+        drop(counts);
+        self.registry.closed.notify_all();
     }
 }
 
@@ -645,5 +672,28 @@ mod tests {
         drop(second);
         assert_eq!(exports.open.count(id), 0);
         assert!(exports.open.counts().is_empty());
+    }
+
+    /// Regression (CI of stop 37): `qemu-io` exited and `destroy` ran
+    /// before the daemon had read the end of its connection, so the volume
+    /// was refused as open. `settled` waits for a connection that closes.
+    #[test]
+    fn a_closing_connection_is_waited_for_and_an_open_one_is_counted() {
+        let exports = exports();
+        let id = exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        assert_eq!(exports.open.settled(id, Duration::from_secs(3600)), 0);
+        let closing = open(&exports, "vm");
+        let held = open(&exports, "vm");
+        // An open one stays counted once the grace is over.
+        assert_eq!(exports.open.settled(id, Duration::ZERO), 2);
+        let closer = std::thread::spawn(move || drop(closing));
+        drop(held);
+        // Both close: the wait ends when the last does, whichever thread
+        // drops it, long before an hour.
+        assert_eq!(exports.open.settled(id, Duration::from_secs(3600)), 0);
+        closer.join().unwrap();
+        let kept = open(&exports, "vm");
+        assert_eq!(exports.open.settled(id, Duration::from_millis(1)), 1);
+        drop(kept);
     }
 }

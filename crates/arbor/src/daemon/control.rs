@@ -28,6 +28,12 @@ use crate::space::SpaceWatch;
 /// commits, so this bounds how long one commit holds up I/O.
 const RECLAIM_BATCH: usize = 1024;
 
+/// How long a destroy, detach or receive waits for NBD connections to its
+/// volume that are closing: a client that disconnected and exited may not
+/// have been read to its end yet (`OpenExports::settled`). Only a refusal
+/// pays it.
+pub(super) const CLOSING_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The daemon's pool and what it knows about it; cheap to clone.
 #[derive(Clone)]
 pub struct PoolControl {
@@ -325,8 +331,12 @@ impl PoolControl {
     /// Refuses, unless `force`, to take volume `name` (`id`) away from NBD
     /// clients that have it open or a send that reads it.
     pub(super) fn refuse_busy(&self, name: &str, id: VolumeId, force: bool) -> Result<()> {
-        let connections = self.open.count(id);
-        if connections > 0 && !force {
+        let connections = if force {
+            0
+        } else {
+            self.open.settled(id, CLOSING_GRACE)
+        };
+        if connections > 0 {
             let plural = if connections == 1 { "" } else { "s" };
             return Err(Fail::new(
                 Exit::Busy,

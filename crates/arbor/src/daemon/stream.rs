@@ -204,8 +204,15 @@ pub async fn receive(
     super::api::not_replica(&c, &volume)?;
     let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
-        let connections = c.open.count(id);
-        if connections > 0 && !q.force {
+        let open = Arc::clone(&c.open);
+        let connections = if q.force {
+            0
+        } else {
+            tokio::task::spawn_blocking(move || open.settled(id, super::control::CLOSING_GRACE))
+                .await
+                .unwrap_or_else(|_| c.open.count(id))
+        };
+        if connections > 0 {
             return Err(ApiError::new(
                 ErrorCode::Busy,
                 format!(
