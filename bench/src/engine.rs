@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use arbor_engine::{CreateOptions, Durability, OpenOptions, Pool, VolumeId, DEFAULT_CHUNK_SIZE};
-use arbor_io::{BlockDevice, FileDevice};
+use arbor_io::{Batches, BlockDevice, CacheMode, FileDevice};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,6 +30,10 @@ struct Args {
     /// Smaller sizes and counts, for a quick look.
     #[arg(long)]
     quick: bool,
+    /// Only the direct-I/O batch experiment: a batch of scattered block
+    /// writes and a pool's commit, through io_uring against threads.
+    #[arg(long)]
+    batches_only: bool,
 }
 
 /// Counts writes (and bytes) reaching a device, and can drop writes at or
@@ -197,6 +201,109 @@ impl Bench {
             pool.write(v, i * MIB, &buf)?;
         }
         pool.flush()?;
+        Ok(())
+    }
+
+    /// With direct I/O, a batch of scattered 4 KiB writes (`write_batch`,
+    /// as a commit writes its nodes) and a whole commit after random 4 KiB
+    /// writes under a snapshot, written through io_uring and by threads,
+    /// alternating round by round on the same files.
+    fn batches(&self) -> Result<()> {
+        let rounds = if self.quick { 10 } else { 30 };
+        let size = GIB;
+        let path = self.path("batch.raw");
+        let _ = std::fs::remove_file(&path);
+        let mut dev = FileDevice::create_file_with(&path, size, CacheMode::Direct)?;
+        // Written once, so that no write allocates in the file (as on a
+        // block device).
+        let fill = vec![0x5Au8; MIB as usize];
+        dev.write_batch(
+            &(0..size / MIB)
+                .map(|i| (i * MIB, &fill[..]))
+                .collect::<Vec<_>>(),
+        )?;
+        dev.flush()?;
+        println!("\n## Direct-I/O batches: io_uring against threads\n");
+        println!("Batches of scattered 4 KiB writes (`write_batch`) on a written 1 GiB file, {rounds} rounds each, alternating:\n");
+        println!("| writes | io_uring median | p90 | threads median | p90 | threads / io_uring |");
+        println!("|---|---|---|---|---|---|");
+        let block = vec![0xC3u8; 4096];
+        for n in [8usize, 64, 256, 1024] {
+            let mut times = [Vec::new(), Vec::new()];
+            for round in 0..rounds {
+                for (i, mode) in [Batches::IoUring, Batches::Threads].into_iter().enumerate() {
+                    dev.set_batches(mode);
+                    let writes: Vec<(u64, &[u8])> =
+                        offsets(round as u64 * 31 + n as u64, n, 4096, size)
+                            .into_iter()
+                            .map(|o| (o, &block[..]))
+                            .collect();
+                    let start = Instant::now();
+                    dev.write_batch(&writes)?;
+                    times[i].push(start.elapsed());
+                }
+            }
+            if dev.batches() != Batches::IoUring {
+                dev.set_batches(Batches::IoUring);
+            }
+            let p90 = |v: &Vec<Duration>| {
+                let mut v = v.clone();
+                v.sort();
+                v[v.len() * 9 / 10]
+            };
+            let (ring, threads) = (median(times[0].clone()), median(times[1].clone()));
+            println!(
+                "| {n} | {} | {} | {} | {} | {:.2}x |",
+                us(ring),
+                us(p90(&times[0])),
+                us(threads),
+                us(p90(&times[1])),
+                threads.as_secs_f64() / ring.as_secs_f64()
+            );
+        }
+        drop(dev);
+        let _ = std::fs::remove_file(&path);
+        println!("\nA pool's commit after 2,000 random 4 KiB writes into a written 256 MiB volume just snapshotted (16 KiB chunks; each first write maps a partial extent and shadows its leaf), {rounds} rounds each, alternating:\n");
+        println!("| | commit median | p90 |");
+        println!("|---|---|---|");
+        let mut times = [Vec::new(), Vec::new()];
+        let pool_path = self.path("batch.pool");
+        let mut pools = Vec::new();
+        for (i, mode) in [Batches::IoUring, Batches::Threads].into_iter().enumerate() {
+            let p = pool_path.with_extension(format!("pool{i}"));
+            let _ = std::fs::remove_file(&p);
+            let mut dev = FileDevice::create_file_with(&p, 2 * GIB, CacheMode::Direct)?;
+            dev.set_batches(mode);
+            let pool = Pool::create(Arc::new(dev), &CreateOptions::default(), &open_opts())?;
+            let v = pool.create_volume("v", 256 * MIB)?;
+            Self::fill(&pool, v, 256 * MIB)?;
+            pools.push((p, pool, v));
+        }
+        let buf = vec![0xC3u8; 4096];
+        for round in 0..rounds {
+            for (i, (_, pool, v)) in pools.iter().enumerate() {
+                pool.snapshot_with(&format!("v@r{round}"), Durability::Deferred)?;
+                for o in offsets(round as u64 * 7 + 1, 2000, 4096, 256 * MIB) {
+                    pool.write(*v, o, &buf)?;
+                }
+                let start = Instant::now();
+                pool.flush()?;
+                times[i].push(start.elapsed());
+            }
+        }
+        for (i, name) in ["io_uring", "threads"].into_iter().enumerate() {
+            let mut v = times[i].clone();
+            v.sort();
+            println!(
+                "| {name} | {} | {} |",
+                us(v[v.len() / 2]),
+                us(v[v.len() * 9 / 10])
+            );
+        }
+        for (p, pool, _) in pools {
+            drop(pool);
+            let _ = std::fs::remove_file(p);
+        }
         Ok(())
     }
 
@@ -514,6 +621,13 @@ fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.dir.display()
     );
+    if args.batches_only {
+        bench.batches()?;
+        for f in ["batch.raw", "batch.pool"] {
+            let _ = std::fs::remove_file(Path::new(&args.dir).join(f));
+        }
+        return Ok(());
+    }
     bench.random_writes(DEFAULT_CHUNK_SIZE)?;
     println!("\n## Snapshot and clone latency");
     bench.snapshot_latency(if args.quick { 256 * MIB } else { GIB }, false)?;

@@ -1,13 +1,14 @@
 //! A pool on a real file opened with direct I/O (`O_DIRECT`): the engine's
-//! reads, writes of any alignment, snapshots, commits (whose metadata
-//! blocks go out as one batch written by several threads) and recovery
-//! give exactly what the same operations give through the page cache, and
-//! the pool opens either way afterwards.
+//! reads (a read of several pieces is one batch), writes of any alignment,
+//! snapshots, commits (whose metadata blocks go out as one batch) and
+//! recovery give exactly what the same operations give through the page
+//! cache, with batches through io_uring or by threads, and the pool opens
+//! either way afterwards.
 
 use std::sync::Arc;
 
 use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId};
-use arbor_io::{CacheMode, FileDevice};
+use arbor_io::{Batches, CacheMode, FileDevice};
 use rand::{Rng, SeedableRng};
 
 const MIB: u64 = 1 << 20;
@@ -27,9 +28,20 @@ fn read_all(pool: &Pool, id: VolumeId) -> Vec<u8> {
 
 #[test]
 fn a_pool_on_direct_io_matches_its_model_and_reopens_either_way() {
+    matches_its_model_and_reopens(Batches::IoUring);
+}
+
+#[test]
+fn a_pool_on_direct_io_with_threads_for_batches_matches_its_model() {
+    matches_its_model_and_reopens(Batches::Threads);
+}
+
+fn matches_its_model_and_reopens(batches: Batches) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pool");
-    let dev = FileDevice::create_file_with(&path, 256 * MIB, CacheMode::Direct).unwrap();
+    let mut dev = FileDevice::create_file_with(&path, 256 * MIB, CacheMode::Direct).unwrap();
+    dev.set_batches(batches);
+    assert_eq!(dev.batches(), batches, "io_uring refused here");
     let pool = Pool::create(
         Arc::new(dev),
         &CreateOptions {
@@ -51,6 +63,20 @@ fn a_pool_on_direct_io_matches_its_model_and_reopens_either_way() {
                 snapshots.push((name, model.clone()));
             }
             1 => pool.flush().unwrap(),
+            2 | 3 => {
+                // A range across chunks mapped by several writes (and
+                // snapshots), into memory of any alignment.
+                let len = rng.gen_range(1..300_000);
+                let offset = rng.gen_range(0..=VOLUME - len as u64);
+                let skip = rng.gen_range(0..2) * rng.gen_range(1..512);
+                let mut buf = vec![0u8; skip + len];
+                pool.read(id, offset, &mut buf[skip..]).unwrap();
+                let at = offset as usize;
+                assert!(
+                    buf[skip..] == model[at..at + len],
+                    "{batches:?} round {round}"
+                );
+            }
             _ => {
                 // Aligned blocks and arbitrary byte ranges, some across chunks.
                 let len = match rng.gen_range(0..3) {

@@ -1,6 +1,7 @@
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rustix::fs::{AtFlags, OFlags, StatxFlags};
 
+use crate::uring::Ring;
 use crate::{check_range, check_span, BlockDevice};
 
 /// How a [`FileDevice`] reaches its file or block device.
@@ -43,6 +45,23 @@ pub struct FileDevice {
     size: AtomicU64,
     /// Set when the file was opened with `O_DIRECT`.
     direct: Option<Direct>,
+    /// With direct I/O, the ring that [`BlockDevice::write_batch`] submits
+    /// through, unless the kernel refused one or [`Batches::Threads`] was
+    /// asked for (then a batch is written by threads).
+    ring: Option<Ring>,
+}
+
+/// How [`FileDevice`] writes a batch of independent writes with direct
+/// I/O (`BlockDevice::write_batch`: a commit's metadata blocks). Through
+/// the page cache a batch is written in turn, each write a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Batches {
+    /// All of them submitted at once through io_uring, up to 64 in
+    /// flight, when the kernel allows a ring; else as `Threads`.
+    #[default]
+    IoUring,
+    /// By up to 16 threads started for the batch, each writing in turn.
+    Threads,
 }
 
 /// Alignment rules and edge locks of a device opened with `O_DIRECT`.
@@ -133,11 +152,38 @@ impl FileDevice {
             CacheMode::Buffered => None,
             CacheMode::Direct => Some(Direct::of(&file, size)?),
         };
+        let ring = match direct {
+            Some(_) => Ring::new().ok(),
+            None => None,
+        };
         Ok(Self {
             file,
             size: AtomicU64::new(size),
             direct,
+            ring,
         })
+    }
+
+    /// Chooses how a batch is written with direct I/O (no effect through
+    /// the page cache, nor for `IoUring` where the kernel refused a ring).
+    pub fn set_batches(&mut self, batches: Batches) {
+        match batches {
+            Batches::Threads => self.ring = None,
+            Batches::IoUring => {
+                if self.direct.is_some() && self.ring.is_none() {
+                    self.ring = Ring::new().ok();
+                }
+            }
+        }
+    }
+
+    /// How a batch is written now: `IoUring` only with direct I/O and a
+    /// ring.
+    pub fn batches(&self) -> Batches {
+        match self.ring {
+            Some(_) => Batches::IoUring,
+            None => Batches::Threads,
+        }
     }
 
     /// How this device was opened.
@@ -146,6 +192,120 @@ impl FileDevice {
             Some(_) => CacheMode::Direct,
             None => CacheMode::Buffered,
         }
+    }
+
+    /// A batch through `ring`: each write checked as `write_at` checks it;
+    /// one the device's alignment does not allow for offsets goes through
+    /// `write_at` (a read-modify-write of its edges); the others are
+    /// submitted together, those whose memory is not aligned from one
+    /// aligned copy.
+    fn write_batch_ring(
+        &self,
+        direct: &Direct,
+        ring: &Ring,
+        writes: &[(u64, &[u8])],
+    ) -> io::Result<()> {
+        let mut bounce = self.batch_bounce(direct, writes.iter().map(|&(at, buf)| (at, buf)))?;
+        let start = bounce
+            .as_ptr()
+            .align_offset(direct.mem_align)
+            .min(bounce.len());
+        let mut spare = &mut bounce[start..];
+        let mut ready: Vec<(u64, &[u8])> = Vec::with_capacity(writes.len());
+        for &(offset, buf) in writes {
+            if buf.is_empty() {
+                continue;
+            }
+            if !direct.offset_aligned(offset, buf.len()) {
+                self.write_at(buf, offset)?;
+            } else if direct.mem_aligned(buf) {
+                ready.push((offset, buf));
+            } else {
+                // Each copy takes a whole number of memory alignments:
+                // the next one starts aligned too.
+                let (slot, rest) =
+                    std::mem::take(&mut spare).split_at_mut(direct.mem_slot(buf.len()));
+                let copy = &mut slot[..buf.len()];
+                copy.copy_from_slice(buf);
+                ready.push((offset, copy));
+                spare = rest;
+            }
+        }
+        ring.write_all(self.file.as_fd(), &ready)
+    }
+
+    /// Checks every range of a batch against the device's size, and
+    /// returns a buffer with room for an aligned slot
+    /// ([`Direct::mem_slot`]) for each buffer whose offset is aligned but
+    /// whose memory is not, from an aligned start within it.
+    fn batch_bounce<'a>(
+        &self,
+        direct: &Direct,
+        batch: impl Iterator<Item = (u64, &'a [u8])>,
+    ) -> io::Result<Vec<u8>> {
+        let size = self.size();
+        let mut slots = 0usize;
+        for (offset, buf) in batch {
+            check_range(offset, buf.len(), size)?;
+            if direct.offset_aligned(offset, buf.len()) && !direct.mem_aligned(buf) {
+                slots += direct.mem_slot(buf.len());
+            }
+        }
+        Ok(vec![
+            0u8;
+            if slots == 0 {
+                0
+            } else {
+                slots + direct.mem_align
+            }
+        ])
+    }
+
+    /// A read batch through `ring`, as `write_batch_ring` writes: a read
+    /// whose offset is not aligned goes through `read_at`, the others are
+    /// read together, those whose memory is not aligned into one aligned
+    /// buffer and copied out.
+    fn read_batch_ring(
+        &self,
+        direct: &Direct,
+        ring: &Ring,
+        reads: &mut [(u64, &mut [u8])],
+    ) -> io::Result<()> {
+        let mut bounce =
+            self.batch_bounce(direct, reads.iter().map(|(at, buf)| (*at, &buf[..])))?;
+        let start = bounce
+            .as_ptr()
+            .align_offset(direct.mem_align)
+            .min(bounce.len());
+        let mut spare = &mut bounce[start..];
+        // Into the caller's buffers, or into a slot of `bounce` copied to
+        // the caller's buffer after.
+        let mut ready: Vec<(u64, &mut [u8])> = Vec::with_capacity(reads.len());
+        let mut targets: Vec<&mut [u8]> = Vec::new();
+        let mut direct_reads: Vec<(u64, &mut [u8])> = Vec::new();
+        for (offset, buf) in reads.iter_mut() {
+            if buf.is_empty() {
+                continue;
+            }
+            if !direct.offset_aligned(*offset, buf.len()) {
+                self.read_at(buf, *offset)?;
+            } else if direct.mem_aligned(buf) {
+                direct_reads.push((*offset, &mut buf[..]));
+            } else {
+                let (slot, rest) =
+                    std::mem::take(&mut spare).split_at_mut(direct.mem_slot(buf.len()));
+                ready.push((*offset, &mut slot[..buf.len()]));
+                targets.push(&mut buf[..]);
+                spare = rest;
+            }
+        }
+        let bounced_reads = ready.len();
+        ready.extend(direct_reads);
+        ring.read_exact(self.file.as_fd(), &mut ready)?;
+        for (slot, target) in ready[..bounced_reads].iter().zip(targets) {
+            target.copy_from_slice(slot.1);
+        }
+        Ok(())
     }
 
     /// Whether `path` is a block device (not a regular file).
@@ -226,6 +386,11 @@ impl Direct {
         offset.is_multiple_of(self.offset_align) && (len as u64).is_multiple_of(self.offset_align)
     }
 
+    /// `len` rounded up to the memory alignment.
+    fn mem_slot(&self, len: usize) -> usize {
+        len.div_ceil(self.mem_align) * self.mem_align
+    }
+
     fn mem_aligned(&self, buf: &[u8]) -> bool {
         buf.as_ptr().align_offset(self.mem_align) == 0
     }
@@ -302,6 +467,18 @@ impl BlockDevice for FileDevice {
         })
     }
 
+    /// With direct I/O and a ring, the reads go to the device together;
+    /// otherwise in turn (through the page cache a read of cached data is
+    /// a copy).
+    fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        if let (Some(direct), Some(ring), 2..) = (&self.direct, &self.ring, reads.len()) {
+            return self.read_batch_ring(direct, ring, reads);
+        }
+        reads
+            .iter_mut()
+            .try_for_each(|(offset, buf)| self.read_at(buf, *offset))
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(offset, buf.len(), self.size())?;
         let Some(direct) = &self.direct else {
@@ -345,6 +522,9 @@ impl BlockDevice for FileDevice {
     /// written by several threads at once; through the page cache a write
     /// is a copy, and the batch is written in turn.
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        if let (Some(direct), Some(ring), 2..) = (&self.direct, &self.ring, writes.len()) {
+            return self.write_batch_ring(direct, ring, writes);
+        }
         let threads = writes.len().div_ceil(WRITES_PER_THREAD).min(BATCH_THREADS);
         if self.direct.is_none() || threads <= 1 {
             return writes
@@ -621,34 +801,101 @@ mod tests {
 
     #[test]
     fn a_batch_lands_whole_in_both_modes() {
-        for mode in [CacheMode::Buffered, CacheMode::Direct] {
+        let modes = [
+            (CacheMode::Buffered, Batches::Threads),
+            (CacheMode::Direct, Batches::Threads),
+            (CacheMode::Direct, Batches::IoUring),
+        ];
+        for (mode, batches) in modes {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("dev");
-            let dev = FileDevice::create_file_with(&path, 1 << 20, mode).unwrap();
-            let blocks: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i + 1; 4096]).collect();
-            // Every other block, and one unaligned write among them.
+            let mut dev = FileDevice::create_file_with(&path, 4 << 20, mode).unwrap();
+            dev.set_batches(batches);
+            if mode == CacheMode::Direct {
+                // The ring must really be in use where asked for: a kernel
+                // that refuses one would leave this test on threads.
+                assert_eq!(dev.batches(), batches, "io_uring refused here");
+            }
+            // More writes than the ring holds at once: every other block,
+            // some of two blocks.
+            let blocks: Vec<Vec<u8>> = (0..200u32)
+                .map(|i| vec![(i % 251) as u8 + 1; if i % 7 == 0 { 8192 } else { 4096 }])
+                .collect();
             let mut writes: Vec<(u64, &[u8])> = blocks
                 .iter()
                 .enumerate()
-                .map(|(i, b)| (i as u64 * 8192, &b[..]))
+                .map(|(i, b)| (i as u64 * 16384, &b[..]))
                 .collect();
-            writes.push((8192 * 100 + 3, &blocks[0][..10]));
+            // Memory one byte off any alignment, and an unaligned offset.
+            let odd = vec![0xabu8; 4097];
+            writes.push((16384 * 200, &odd[1..]));
+            writes.push((16384 * 201 + 3, &blocks[0][..10]));
             dev.write_batch(&writes).unwrap();
             let data = std::fs::read(&path).unwrap();
             for (i, block) in blocks.iter().enumerate() {
+                let at = i * 16384;
                 assert_eq!(
-                    &data[i * 8192..i * 8192 + 4096],
+                    &data[at..at + block.len()],
                     &block[..],
-                    "{mode:?} block {i}"
+                    "{mode:?} {batches:?} write {i}"
                 );
-                assert!(data[i * 8192 + 4096..(i + 1) * 8192]
-                    .iter()
-                    .all(|&b| b == 0));
+                assert!(data[at + block.len()..at + 16384].iter().all(|&b| b == 0));
             }
-            assert_eq!(&data[8192 * 100 + 3..8192 * 100 + 13], &[1u8; 10]);
+            assert!(data[16384 * 200..16384 * 200 + 4096]
+                .iter()
+                .all(|&b| b == 0xab));
+            assert_eq!(&data[16384 * 201 + 3..16384 * 201 + 13], &blocks[0][..10]);
             // A write beyond the end fails the batch.
-            let beyond = [(1u64 << 20, &blocks[0][..])];
+            let beyond = [(0, &blocks[1][..]), (4u64 << 20, &blocks[0][..])];
             assert!(dev.write_batch(&beyond).is_err());
+        }
+    }
+
+    #[test]
+    fn a_read_batch_reads_what_read_at_reads_in_every_mode() {
+        let modes = [
+            (CacheMode::Buffered, Batches::Threads),
+            (CacheMode::Direct, Batches::Threads),
+            (CacheMode::Direct, Batches::IoUring),
+        ];
+        let image: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        for (mode, batches) in modes {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("dev");
+            std::fs::write(&path, &image).unwrap();
+            let mut dev = FileDevice::open_with(&path, mode).unwrap();
+            dev.set_batches(batches);
+            // More reads than the ring holds at once, of one and two
+            // blocks, scattered; then one into memory one byte off any
+            // alignment, and one at an unaligned offset.
+            let mut spans: Vec<(u64, usize)> = (0..150u64)
+                .map(|i| ((i * 37 % 250) * 16384, if i % 5 == 0 { 8192 } else { 4096 }))
+                .collect();
+            spans.push((4096 * 3, 4096));
+            spans.push((12345, 100));
+            let mut bufs: Vec<Vec<u8>> = spans.iter().map(|&(_, len)| vec![0u8; len + 1]).collect();
+            let mut reads: Vec<(u64, &mut [u8])> = bufs
+                .iter_mut()
+                .zip(&spans)
+                .enumerate()
+                .map(|(i, (b, &(at, len)))| {
+                    let skip = usize::from(i == 150);
+                    (at, &mut b[skip..skip + len])
+                })
+                .collect();
+            dev.read_batch(&mut reads).unwrap();
+            for (i, (at, buf)) in reads.iter().enumerate() {
+                let at = *at as usize;
+                assert!(
+                    buf[..] == image[at..at + buf.len()],
+                    "{mode:?} {batches:?} read {i}"
+                );
+            }
+            // A read beyond the end fails the batch.
+            let mut a = vec![0u8; 4096];
+            let mut b = vec![0u8; 4096];
+            let mut beyond = [(0, &mut a[..]), (4u64 << 20, &mut b[..])];
+            assert!(dev.read_batch(&mut beyond).is_err());
         }
     }
 

@@ -23,8 +23,9 @@ pub mod model;
 mod record;
 mod sim;
 pub mod small_file;
+mod uring;
 
-pub use file::{CacheMode, FileDevice};
+pub use file::{Batches, CacheMode, FileDevice};
 pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};
 pub use sim::{SimDisk, SimDiskHandle};
 
@@ -54,6 +55,15 @@ pub trait BlockDevice: Send + Sync {
         writes
             .iter()
             .try_for_each(|&(offset, buf)| self.write_at(buf, offset))
+    }
+    /// Fills each buffer from its offset, as `read_at` would, in any order
+    /// and possibly several at once: the scattered chunks of one request
+    /// that a device waiting for each read in turn would serialise. On
+    /// error, any buffer may hold anything.
+    fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        reads
+            .iter_mut()
+            .try_for_each(|(offset, buf)| self.read_at(buf, *offset))
     }
     /// Makes `len` bytes at `offset` read as zeros, as writing zeros there
     /// would, with the same visibility and durability (any subset may be

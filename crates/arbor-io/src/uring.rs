@@ -1,0 +1,314 @@
+//! A batch of independent reads or writes submitted to the kernel at once
+//! through io_uring: one system call puts many in flight, where threads
+//! each waiting for one write in turn would cost a thread start (or a
+//! wake-up) per few writes, and a read of scattered chunks would wait for
+//! each in turn. Used by [`crate::FileDevice`]'s `write_batch` and
+//! `read_batch` with direct I/O, where each waits for the device
+//! (PERFORMANCE.md § 10, "io_uring for batches").
+//!
+//! The kernel uses a buffer while its operation is in flight, so a batch
+//! returns only once every entry it submitted has completed, whatever
+//! failed; a ring whose state can no longer be known
+//! (an `io_uring_enter` error the kernel documents only for misuse) aborts
+//! the process rather than return and let the device read freed memory.
+//! The pool's journal recovers the last commit at the next start.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::{Mutex, PoisonError};
+
+use io_uring::{opcode, types, IoUring};
+use rustix::io::Errno;
+
+/// Writes in flight at once, at most: a device's queue rarely serves more
+/// at a time, and the ring's memory is per device.
+pub(crate) const RING_DEPTH: u32 = 64;
+
+/// Longest write submitted as one entry (an entry's length is a `u32`; a
+/// longer buffer is written in pieces, as `pwrite` would).
+const MAX_ENTRY: usize = 1 << 30;
+
+/// One io_uring instance, used by one batch at a time.
+pub(crate) struct Ring {
+    ring: Mutex<IoUring>,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ring")
+    }
+}
+
+/// One read or write of a batch: `len` bytes at `ptr`, borrowed by the
+/// safe function that built it for as long as the batch runs.
+#[derive(Clone, Copy)]
+struct Op {
+    offset: u64,
+    ptr: *mut u8,
+    len: usize,
+    write: bool,
+}
+
+/// What happened to one operation of a batch.
+#[derive(Clone, Copy)]
+struct Progress {
+    /// Bytes done so far.
+    done: usize,
+    in_flight: bool,
+}
+
+impl Ring {
+    /// A ring of [`RING_DEPTH`] entries, or the reason the kernel refused
+    /// one (no io_uring before Linux 5.1, `kernel.io_uring_disabled`, a
+    /// seccomp filter, a memory limit): the caller then writes without it.
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(Self {
+            ring: Mutex::new(IoUring::new(RING_DEPTH)?),
+        })
+    }
+
+    /// Writes all of each buffer at its offset of `fd`, up to
+    /// [`RING_DEPTH`] at once, in any order. A short write continues where
+    /// it stopped; the first error stops new submissions and is returned
+    /// once the writes in flight have completed (any subset of the batch
+    /// may then have been written).
+    pub(crate) fn write_all(&self, fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> io::Result<()> {
+        let ops: Vec<Op> = writes
+            .iter()
+            .map(|&(offset, buf)| Op {
+                offset,
+                // Only read through (an IORING_OP_WRITE entry).
+                ptr: buf.as_ptr().cast_mut(),
+                len: buf.len(),
+                write: true,
+            })
+            .collect();
+        // SAFETY: every op names a buffer of `writes`, borrowed for this call.
+        unsafe { self.run(fd, &ops) }
+    }
+
+    /// Fills each buffer from its offset of `fd`, as `write_all` writes: a
+    /// short read continues where it stopped, the end of the file is an
+    /// `UnexpectedEof` error, and on error any buffer may hold anything.
+    pub(crate) fn read_exact(
+        &self,
+        fd: BorrowedFd<'_>,
+        reads: &mut [(u64, &mut [u8])],
+    ) -> io::Result<()> {
+        let ops: Vec<Op> = reads
+            .iter_mut()
+            .map(|(offset, buf)| Op {
+                offset: *offset,
+                ptr: buf.as_mut_ptr(),
+                len: buf.len(),
+                write: false,
+            })
+            .collect();
+        // SAFETY: every op names a buffer of `reads`, borrowed exclusively
+        // for this call (the buffers are distinct `&mut` slices).
+        unsafe { self.run(fd, &ops) }
+    }
+
+    /// Runs `ops` on `fd`, up to [`RING_DEPTH`] at once.
+    ///
+    /// # Safety
+    /// Each op's `len` bytes at `ptr` must stay valid (and, for a read,
+    /// unaliased) until this returns. It returns only once every entry it
+    /// submitted has completed: the loop waits while `in_flight` is not
+    /// zero, and `reap` aborts rather than return with entries whose fate
+    /// is unknown.
+    unsafe fn run(&self, fd: BorrowedFd<'_>, ops: &[Op]) -> io::Result<()> {
+        // The ring holds no state between batches: every batch reaps all
+        // it submitted before it returns or could panic.
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut progress = vec![
+            Progress {
+                done: 0,
+                in_flight: false,
+            };
+            ops.len()
+        ];
+        // Operations to submit again (short or interrupted), then the rest
+        // in order from `next`.
+        let mut again: Vec<usize> = Vec::new();
+        let mut next = 0;
+        let mut in_flight = 0usize;
+        let mut failed: Option<io::Error> = None;
+        loop {
+            if failed.is_none() {
+                let mut sq = ring.submission();
+                while in_flight < RING_DEPTH as usize && !sq.is_full() {
+                    let index = match again.pop() {
+                        Some(index) => index,
+                        None if next < ops.len() => {
+                            next += 1;
+                            next - 1
+                        }
+                        None => break,
+                    };
+                    let op = ops[index];
+                    let done = progress[index].done;
+                    if done == op.len {
+                        continue;
+                    }
+                    let len = (op.len - done).min(MAX_ENTRY);
+                    let Some(at) = op.offset.checked_add(done as u64) else {
+                        failed = Some(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "I/O past the largest offset",
+                        ));
+                        break;
+                    };
+                    let fd = types::Fd(fd.as_raw_fd());
+                    // `done` < `len` of the op's buffer: in bounds. At most
+                    // MAX_ENTRY (2^30) bytes: the length fits a u32.
+                    let ptr = op.ptr.wrapping_add(done);
+                    let entry = if op.write {
+                        opcode::Write::new(fd, ptr, len as u32).offset(at).build()
+                    } else {
+                        opcode::Read::new(fd, ptr, len as u32).offset(at).build()
+                    }
+                    .user_data(index as u64);
+                    // SAFETY: the entry names `len` bytes of a buffer the
+                    // caller keeps valid until this returns (see above).
+                    if unsafe { sq.push(&entry) }.is_err() {
+                        again.push(index);
+                        break;
+                    }
+                    progress[index].in_flight = true;
+                    in_flight += 1;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            reap(
+                &mut ring,
+                ops,
+                &mut progress,
+                &mut in_flight,
+                &mut again,
+                &mut failed,
+            );
+        }
+        debug_assert!(failed.is_some() || progress.iter().zip(ops).all(|(p, op)| p.done == op.len));
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Submits what is queued, waits for at least one completion and takes
+/// every completion there is.
+fn reap(
+    ring: &mut IoUring,
+    ops: &[Op],
+    progress: &mut [Progress],
+    in_flight: &mut usize,
+    again: &mut Vec<usize>,
+    failed: &mut Option<io::Error>,
+) {
+    if let Err(e) = ring.submit_and_wait(1) {
+        match Errno::from_io_error(&e) {
+            // Interrupted, or the kernel is short of memory or has too many
+            // completions unread: take what completed and try again.
+            Some(Errno::INTR | Errno::AGAIN | Errno::BUSY) => {}
+            _ => {
+                // EBADF, EFAULT, EINVAL...: misuse of the ring, whose
+                // entries' fate is then unknown. Returning would let the
+                // kernel use buffers the caller frees.
+                eprintln!("arbor: io_uring_enter failed with I/O in flight: {e}; aborting");
+                std::process::abort();
+            }
+        }
+    }
+    for cqe in ring.completion() {
+        let Some(index) = usize::try_from(cqe.user_data())
+            .ok()
+            .filter(|&i| i < ops.len() && progress[i].in_flight)
+        else {
+            // Not one of ours: this ring is used by one batch at a time and
+            // every batch reaps all it submitted.
+            eprintln!("arbor: io_uring completion for no I/O in flight; aborting");
+            std::process::abort();
+        };
+        progress[index].in_flight = false;
+        *in_flight -= 1;
+        let result = cqe.result();
+        if result > 0 {
+            // Positive: bytes done, at most the entry's length.
+            progress[index].done += result as usize;
+            if progress[index].done < ops[index].len {
+                again.push(index);
+            }
+        } else if result == 0 {
+            failed.get_or_insert_with(|| {
+                io::Error::from(if ops[index].write {
+                    io::ErrorKind::WriteZero
+                } else {
+                    io::ErrorKind::UnexpectedEof
+                })
+            });
+        } else {
+            let errno = Errno::from_raw_os_error(-result);
+            if matches!(errno, Errno::INTR | Errno::AGAIN) {
+                again.push(index);
+            } else {
+                failed.get_or_insert_with(|| io::Error::from_raw_os_error(-result));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn every_write_of_a_batch_deeper_than_the_ring_lands() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = std::fs::File::create(&path).unwrap();
+        let ring = Ring::new().expect("io_uring refused here");
+        let bufs: Vec<Vec<u8>> = (0..300u32)
+            .map(|i| vec![i as u8; 1 + i as usize * 7])
+            .collect();
+        let writes: Vec<(u64, &[u8])> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as u64 * 4096, &b[..]))
+            .collect();
+        ring.write_all(file.as_fd(), &writes).unwrap();
+        let data = std::fs::read(&path).unwrap();
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(&data[i * 4096..i * 4096 + b.len()], &b[..], "write {i}");
+        }
+        // The ring serves the next batch.
+        ring.write_all(file.as_fd(), &[(0, &b"again"[..])]).unwrap();
+        assert_eq!(&std::fs::read(&path).unwrap()[..5], b"again");
+    }
+
+    #[test]
+    fn a_failing_batch_returns_its_error_after_its_writes_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"").unwrap();
+        // Opened read-only: every write fails with EBADF.
+        let file = std::fs::File::open(&path).unwrap();
+        let ring = Ring::new().expect("io_uring refused here");
+        let buf = vec![1u8; 4096];
+        let writes: Vec<(u64, &[u8])> = (0..200).map(|i| (i * 4096, &buf[..])).collect();
+        let err = ring.write_all(file.as_fd(), &writes).unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(Errno::BADF.raw_os_error()),
+            "{err}"
+        );
+        // Nothing is left in flight: the ring serves a good batch next.
+        let good = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        ring.write_all(good.as_fd(), &writes[..3]).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap().len(), 3 * 4096);
+    }
+}
