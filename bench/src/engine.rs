@@ -300,6 +300,28 @@ impl Bench {
                 us(v[v.len() * 9 / 10])
             );
         }
+        println!("\nThe same volumes read whole in 1 MiB reads after those writes (each read's pieces scattered over the chunks the writes redirected), {rounds} rounds each, alternating:\n");
+        println!("| | 1 MiB reads, MiB/s, median | slowest round |");
+        println!("|---|---|---|");
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut buf = vec![0u8; MIB as usize];
+        for _ in 0..rounds {
+            for (i, (_, pool, v)) in pools.iter().enumerate() {
+                let start = Instant::now();
+                for at in (0..256 * MIB).step_by(MIB as usize) {
+                    pool.read(*v, at, &mut buf)?;
+                }
+                rates[i].push(mib_s(256 * MIB, start.elapsed()));
+            }
+        }
+        for (i, name) in ["io_uring", "threads (reads in turn)"]
+            .into_iter()
+            .enumerate()
+        {
+            let mut v = rates[i].clone();
+            v.sort_by(f64::total_cmp);
+            println!("| {name} | {:.0} | {:.0} |", v[v.len() / 2], v[0]);
+        }
         for (p, pool, _) in pools {
             drop(pool);
             let _ = std::fs::remove_file(p);
