@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rustix::fs::{AtFlags, OFlags, StatxFlags};
 
-use crate::uring::Ring;
+use crate::uring::{self, Ring};
 use crate::{check_range, check_span, BlockDevice};
 
 /// How a [`FileDevice`] reaches its file or block device.
@@ -45,10 +45,12 @@ pub struct FileDevice {
     size: AtomicU64,
     /// Set when the file was opened with `O_DIRECT`.
     direct: Option<Direct>,
-    /// With direct I/O, the ring that [`BlockDevice::write_batch`] submits
-    /// through, unless the kernel refused one or [`Batches::Threads`] was
-    /// asked for (then a batch is written by threads).
-    ring: Option<Ring>,
+    /// With direct I/O, whether batches go through each thread's io_uring
+    /// ring: unless the kernel refused the opening thread one or
+    /// [`Batches::Threads`] was asked for (then a batch is written by
+    /// threads, and read in turn). A thread the kernel refuses a ring does
+    /// the same.
+    rings: bool,
 }
 
 /// How [`FileDevice`] writes a batch of independent writes with direct
@@ -56,8 +58,9 @@ pub struct FileDevice {
 /// the page cache a batch is written in turn, each write a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Batches {
-    /// All of them submitted at once through io_uring, up to 64 in
-    /// flight, when the kernel allows a ring; else as `Threads`.
+    /// All of them submitted at once through the calling thread's
+    /// io_uring ring, up to 64 in flight, when the kernel allows one; else
+    /// as `Threads`.
     #[default]
     IoUring,
     /// By up to 16 threads started for the batch, each writing in turn.
@@ -152,37 +155,27 @@ impl FileDevice {
             CacheMode::Buffered => None,
             CacheMode::Direct => Some(Direct::of(&file, size)?),
         };
-        let ring = match direct {
-            Some(_) => Ring::new().ok(),
-            None => None,
-        };
+        let rings = direct.is_some() && uring::available();
         Ok(Self {
             file,
             size: AtomicU64::new(size),
             direct,
-            ring,
+            rings,
         })
     }
 
     /// Chooses how a batch is written with direct I/O (no effect through
     /// the page cache, nor for `IoUring` where the kernel refused a ring).
     pub fn set_batches(&mut self, batches: Batches) {
-        match batches {
-            Batches::Threads => self.ring = None,
-            Batches::IoUring => {
-                if self.direct.is_some() && self.ring.is_none() {
-                    self.ring = Ring::new().ok();
-                }
-            }
-        }
+        self.rings = batches == Batches::IoUring && self.direct.is_some() && uring::available();
     }
 
     /// How a batch is written now: `IoUring` only with direct I/O and a
     /// ring.
     pub fn batches(&self) -> Batches {
-        match self.ring {
-            Some(_) => Batches::IoUring,
-            None => Batches::Threads,
+        match self.rings {
+            true => Batches::IoUring,
+            false => Batches::Threads,
         }
     }
 
@@ -202,7 +195,7 @@ impl FileDevice {
     fn write_batch_ring(
         &self,
         direct: &Direct,
-        ring: &Ring,
+        ring: &mut Ring,
         writes: &[(u64, &[u8])],
     ) -> io::Result<()> {
         let mut bounce = self.batch_bounce(direct, writes.iter().map(|&(at, buf)| (at, buf)))?;
@@ -268,7 +261,7 @@ impl FileDevice {
     fn read_batch_ring(
         &self,
         direct: &Direct,
-        ring: &Ring,
+        ring: &mut Ring,
         reads: &mut [(u64, &mut [u8])],
     ) -> io::Result<()> {
         let mut bounce =
@@ -471,8 +464,10 @@ impl BlockDevice for FileDevice {
     /// otherwise in turn (through the page cache a read of cached data is
     /// a copy).
     fn read_batch(&self, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
-        if let (Some(direct), Some(ring), 2..) = (&self.direct, &self.ring, reads.len()) {
-            return self.read_batch_ring(direct, ring, reads);
+        if let (Some(direct), true, 2..) = (&self.direct, self.rings, reads.len()) {
+            if let Some(done) = uring::with_ring(|ring| self.read_batch_ring(direct, ring, reads)) {
+                return done;
+            }
         }
         reads
             .iter_mut()
@@ -522,8 +517,11 @@ impl BlockDevice for FileDevice {
     /// written by several threads at once; through the page cache a write
     /// is a copy, and the batch is written in turn.
     fn write_batch(&self, writes: &[(u64, &[u8])]) -> io::Result<()> {
-        if let (Some(direct), Some(ring), 2..) = (&self.direct, &self.ring, writes.len()) {
-            return self.write_batch_ring(direct, ring, writes);
+        if let (Some(direct), true, 2..) = (&self.direct, self.rings, writes.len()) {
+            if let Some(done) = uring::with_ring(|ring| self.write_batch_ring(direct, ring, writes))
+            {
+                return done;
+            }
         }
         let threads = writes.len().div_ceil(WRITES_PER_THREAD).min(BATCH_THREADS);
         if self.direct.is_none() || threads <= 1 {
@@ -897,6 +895,43 @@ mod tests {
             let mut beyond = [(0, &mut a[..]), (4u64 << 20, &mut b[..])];
             assert!(dev.read_batch(&mut beyond).is_err());
         }
+    }
+
+    /// Each thread batches through a ring of its own: batches on several
+    /// threads at once (NBD requests served together) all land and read
+    /// back.
+    #[test]
+    fn batches_on_several_threads_at_once_each_land_whole() {
+        let (_dir, _path, dev) = direct_device(8 << 20);
+        assert_eq!(dev.batches(), Batches::IoUring, "io_uring refused here");
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let dev = &dev;
+                scope.spawn(move || {
+                    for round in 0..20u64 {
+                        let blocks: Vec<Vec<u8>> = (0..24u64)
+                            .map(|i| vec![(t * 50 + round + i) as u8; 4096])
+                            .collect();
+                        // Thread t's blocks: every fourth block from t.
+                        let at = |i: usize| (i as u64 * 4 + t) * 4096 * 4;
+                        let writes: Vec<(u64, &[u8])> = blocks
+                            .iter()
+                            .enumerate()
+                            .map(|(i, b)| (at(i), &b[..]))
+                            .collect();
+                        dev.write_batch(&writes).unwrap();
+                        let mut back = vec![vec![0u8; 4096]; blocks.len()];
+                        let mut reads: Vec<(u64, &mut [u8])> = back
+                            .iter_mut()
+                            .enumerate()
+                            .map(|(i, b)| (at(i), &mut b[..]))
+                            .collect();
+                        dev.read_batch(&mut reads).unwrap();
+                        assert!(back == blocks, "thread {t} round {round}");
+                    }
+                });
+            }
+        });
     }
 
     #[test]

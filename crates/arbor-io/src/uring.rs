@@ -13,9 +13,9 @@
 //! the process rather than return and let the device read freed memory.
 //! The pool's journal recovers the last commit at the next start.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Mutex, PoisonError};
 
 use io_uring::{opcode, types, IoUring};
 use rustix::io::Errno;
@@ -28,15 +28,47 @@ pub(crate) const RING_DEPTH: u32 = 64;
 /// longer buffer is written in pieces, as `pwrite` would).
 const MAX_ENTRY: usize = 1 << 30;
 
-/// One io_uring instance, used by one batch at a time.
+/// One io_uring instance. Each thread has its own ([`with_ring`]), so
+/// that the batches of requests served at once on several threads never
+/// wait for each other's.
 pub(crate) struct Ring {
-    ring: Mutex<IoUring>,
+    ring: IoUring,
 }
 
-impl std::fmt::Debug for Ring {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Ring")
-    }
+/// This thread's ring, made at its first batch.
+enum Slot {
+    Untried,
+    Ready(Box<Ring>),
+    /// The kernel refused one: this thread's batches go without.
+    Refused,
+}
+
+thread_local! {
+    static RING: RefCell<Slot> = const { RefCell::new(Slot::Untried) };
+}
+
+/// Runs `f` on this thread's ring, made on first use; `None` where the
+/// kernel refuses the thread a ring (no io_uring before Linux 5.1,
+/// `kernel.io_uring_disabled`, a seccomp filter, a memory limit), and the
+/// caller then does without.
+pub(crate) fn with_ring<T>(f: impl FnOnce(&mut Ring) -> T) -> Option<T> {
+    RING.with(|cell| {
+        // Nothing a batch runs calls back into here: a nested call (none
+        // today) would go without.
+        let mut slot = cell.try_borrow_mut().ok()?;
+        if let Slot::Untried = *slot {
+            *slot = Ring::new().map_or(Slot::Refused, |ring| Slot::Ready(Box::new(ring)));
+        }
+        match &mut *slot {
+            Slot::Ready(ring) => Some(f(ring)),
+            Slot::Untried | Slot::Refused => None,
+        }
+    })
+}
+
+/// Whether this thread can have a ring (made now if not yet).
+pub(crate) fn available() -> bool {
+    with_ring(|_| ()).is_some()
 }
 
 /// One read or write of a batch: `len` bytes at `ptr`, borrowed by the
@@ -59,11 +91,10 @@ struct Progress {
 
 impl Ring {
     /// A ring of [`RING_DEPTH`] entries, or the reason the kernel refused
-    /// one (no io_uring before Linux 5.1, `kernel.io_uring_disabled`, a
-    /// seccomp filter, a memory limit): the caller then writes without it.
+    /// one.
     pub(crate) fn new() -> io::Result<Self> {
         Ok(Self {
-            ring: Mutex::new(IoUring::new(RING_DEPTH)?),
+            ring: IoUring::new(RING_DEPTH)?,
         })
     }
 
@@ -72,7 +103,11 @@ impl Ring {
     /// it stopped; the first error stops new submissions and is returned
     /// once the writes in flight have completed (any subset of the batch
     /// may then have been written).
-    pub(crate) fn write_all(&self, fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> io::Result<()> {
+    pub(crate) fn write_all(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        writes: &[(u64, &[u8])],
+    ) -> io::Result<()> {
         let ops: Vec<Op> = writes
             .iter()
             .map(|&(offset, buf)| Op {
@@ -91,7 +126,7 @@ impl Ring {
     /// short read continues where it stopped, the end of the file is an
     /// `UnexpectedEof` error, and on error any buffer may hold anything.
     pub(crate) fn read_exact(
-        &self,
+        &mut self,
         fd: BorrowedFd<'_>,
         reads: &mut [(u64, &mut [u8])],
     ) -> io::Result<()> {
@@ -117,10 +152,10 @@ impl Ring {
     /// submitted has completed: the loop waits while `in_flight` is not
     /// zero, and `reap` aborts rather than return with entries whose fate
     /// is unknown.
-    unsafe fn run(&self, fd: BorrowedFd<'_>, ops: &[Op]) -> io::Result<()> {
+    unsafe fn run(&mut self, fd: BorrowedFd<'_>, ops: &[Op]) -> io::Result<()> {
         // The ring holds no state between batches: every batch reaps all
         // it submitted before it returns or could panic.
-        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let ring = &mut self.ring;
         let mut progress = vec![
             Progress {
                 done: 0,
@@ -183,7 +218,7 @@ impl Ring {
                 break;
             }
             reap(
-                &mut ring,
+                ring,
                 ops,
                 &mut progress,
                 &mut in_flight,
@@ -228,8 +263,8 @@ fn reap(
             .ok()
             .filter(|&i| i < ops.len() && progress[i].in_flight)
         else {
-            // Not one of ours: this ring is used by one batch at a time and
-            // every batch reaps all it submitted.
+            // Not one of ours: a ring is its thread's, used by one batch at
+            // a time, and every batch reaps all it submitted.
             eprintln!("arbor: io_uring completion for no I/O in flight; aborting");
             std::process::abort();
         };
@@ -271,7 +306,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let file = std::fs::File::create(&path).unwrap();
-        let ring = Ring::new().expect("io_uring refused here");
+        let mut ring = Ring::new().expect("io_uring refused here");
         let bufs: Vec<Vec<u8>> = (0..300u32)
             .map(|i| vec![i as u8; 1 + i as usize * 7])
             .collect();
@@ -297,7 +332,7 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         // Opened read-only: every write fails with EBADF.
         let file = std::fs::File::open(&path).unwrap();
-        let ring = Ring::new().expect("io_uring refused here");
+        let mut ring = Ring::new().expect("io_uring refused here");
         let buf = vec![1u8; 4096];
         let writes: Vec<(u64, &[u8])> = (0..200).map(|i| (i * 4096, &buf[..])).collect();
         let err = ring.write_all(file.as_fd(), &writes).unwrap_err();
