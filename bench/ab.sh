@@ -19,6 +19,9 @@
 # later ones extend it). JOBS replaces the job list: entries of "rw bs qd
 # connections" separated by ";", e.g. JOBS="randwrite 4k 32 1".
 #
+# POOL sets the pool's size (default 2G): jobs that write much under
+# SNAPSHOT=1 need more, each snapshot pinning what the next job rewrites.
+#
 # Build the old one from another worktree, e.g.
 #   git worktree add /tmp/old HEAD~1 && cargo build --release -p arbor --manifest-path /tmp/old/Cargo.toml
 set -euo pipefail
@@ -42,7 +45,7 @@ run_one() { # label binary serve-arguments
   local -a extra
   read -r -a extra <<<"$3"
   rm -rf "$dir"
-  "$bin" serve "${extra[@]}" --data-dir "$dir" --pool-size 2G --initial-volume none \
+  "$bin" serve "${extra[@]}" --data-dir "$dir" --pool-size "${POOL:-2G}" --initial-volume none \
     --nbd-listen none --api-listen none >/dev/null 2>"$work/$label.log" &
   pid=$!
   for _ in $(seq 200); do [ -S "$dir/api.sock" ] && [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
