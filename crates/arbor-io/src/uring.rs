@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, types, IoUring, Probe};
 use rustix::io::Errno;
 
 /// Writes in flight at once, at most: a device's queue rarely serves more
@@ -91,11 +91,20 @@ struct Progress {
 
 impl Ring {
     /// A ring of [`RING_DEPTH`] entries, or the reason the kernel refused
-    /// one.
+    /// one. A kernel whose io_uring cannot read and write at an offset
+    /// (before Linux 5.6) gives none: a batch that failed there would fail
+    /// a commit.
     pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self {
-            ring: IoUring::new(RING_DEPTH)?,
-        })
+        let ring = IoUring::new(RING_DEPTH)?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        if !probe.is_supported(opcode::Read::CODE) || !probe.is_supported(opcode::Write::CODE) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this kernel's io_uring cannot read and write at an offset",
+            ));
+        }
+        Ok(Self { ring })
     }
 
     /// Writes all of each buffer at its offset of `fd`, up to
@@ -168,6 +177,8 @@ impl Ring {
         let mut again: Vec<usize> = Vec::new();
         let mut next = 0;
         let mut in_flight = 0usize;
+        // Operations io_uring refused, for the plain system calls.
+        let mut plain: Vec<usize> = Vec::new();
         let mut failed: Option<io::Error> = None;
         loop {
             if failed.is_none() {
@@ -223,8 +234,19 @@ impl Ring {
                 &mut progress,
                 &mut in_flight,
                 &mut again,
+                &mut plain,
                 &mut failed,
             );
+        }
+        if failed.is_none() {
+            for &index in &plain {
+                // SAFETY: as for the entries: the caller keeps the op's
+                // buffer valid (and a read's unaliased) until this returns.
+                if let Err(e) = unsafe { plainly(fd, ops[index], &mut progress[index]) } {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
         debug_assert!(failed.is_some() || progress.iter().zip(ops).all(|(p, op)| p.done == op.len));
         match failed {
@@ -232,6 +254,41 @@ impl Ring {
             None => Ok(()),
         }
     }
+}
+
+/// Finishes `op` from `progress.done` with `pread` or `pwrite`.
+///
+/// # Safety
+/// As for [`Ring::run`]: the op's buffer valid, and a read's unaliased.
+unsafe fn plainly(fd: BorrowedFd<'_>, op: Op, progress: &mut Progress) -> io::Result<()> {
+    while progress.done < op.len {
+        let at = op.offset.checked_add(progress.done as u64).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "I/O past the largest offset")
+        })?;
+        let rest = op.len - progress.done;
+        // SAFETY: `done` < `len`: the rest of the op's buffer, valid per the
+        // caller; a write's only read through.
+        let n = if op.write {
+            let buf = unsafe { std::slice::from_raw_parts(op.ptr.add(progress.done), rest) };
+            rustix::io::pwrite(fd, buf, at)
+        } else {
+            let buf = unsafe { std::slice::from_raw_parts_mut(op.ptr.add(progress.done), rest) };
+            rustix::io::pread(fd, buf, at)
+        };
+        match n {
+            Ok(0) => {
+                return Err(io::Error::from(if op.write {
+                    io::ErrorKind::WriteZero
+                } else {
+                    io::ErrorKind::UnexpectedEof
+                }))
+            }
+            Ok(n) => progress.done += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Submits what is queued, waits for at least one completion and takes
@@ -242,6 +299,7 @@ fn reap(
     progress: &mut [Progress],
     in_flight: &mut usize,
     again: &mut Vec<usize>,
+    plain: &mut Vec<usize>,
     failed: &mut Option<io::Error>,
 ) {
     if let Err(e) = ring.submit_and_wait(1) {
@@ -289,6 +347,12 @@ fn reap(
             let errno = Errno::from_raw_os_error(-result);
             if matches!(errno, Errno::INTR | Errno::AGAIN) {
                 again.push(index);
+            } else if matches!(errno, Errno::INVAL | Errno::OPNOTSUPP) {
+                // What io_uring may refuse where the plain system call
+                // works (a file system's direct I/O through it): done with
+                // that call once the ring is idle, which gives the real
+                // error if there is one.
+                plain.push(index);
             } else {
                 failed.get_or_insert_with(|| io::Error::from_raw_os_error(-result));
             }
@@ -345,5 +409,71 @@ mod tests {
         let good = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         ring.write_all(good.as_fd(), &writes[..3]).unwrap();
         assert_eq!(std::fs::read(&path).unwrap().len(), 3 * 4096);
+    }
+
+    #[test]
+    fn what_io_uring_refuses_is_done_with_the_plain_call_which_gives_the_real_error() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path)
+            .unwrap();
+        let mut ring = Ring::new().expect("io_uring refused here");
+        // 100 bytes with O_DIRECT: EINVAL through the ring, and from
+        // pwrite too, which is what the batch returns.
+        let odd = [7u8; 100];
+        let err = ring.write_all(file.as_fd(), &[(0, &odd[..])]).unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(Errno::INVAL.raw_os_error()),
+            "{err}"
+        );
+        // The plain call finishes an op from where it stopped.
+        let plain = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut data = *b"0123456789";
+        let mut progress = Progress {
+            done: 4,
+            in_flight: false,
+        };
+        let op = Op {
+            offset: 100,
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            write: true,
+        };
+        // SAFETY: `data` outlives the call.
+        unsafe { plainly(plain.as_fd(), op, &mut progress) }.unwrap();
+        assert_eq!(progress.done, 10);
+        assert_eq!(&std::fs::read(&path).unwrap()[104..110], b"456789");
+        let mut back = [0u8; 6];
+        let mut progress = Progress {
+            done: 0,
+            in_flight: false,
+        };
+        let op = Op {
+            offset: 104,
+            ptr: back.as_mut_ptr(),
+            len: back.len(),
+            write: false,
+        };
+        // SAFETY: `back` outlives the call, borrowed by nothing else.
+        unsafe { plainly(plain.as_fd(), op, &mut progress) }.unwrap();
+        assert_eq!(&back, b"456789");
+        // The ring serves the next batch.
+        let block = vec![1u8; 4096];
+        let mut aligned = vec![0u8; 8192];
+        let at = aligned.as_ptr().align_offset(4096);
+        aligned[at..at + 4096].copy_from_slice(&block);
+        ring.write_all(file.as_fd(), &[(4096, &aligned[at..at + 4096])])
+            .unwrap();
     }
 }
