@@ -53,9 +53,10 @@ pub struct FileDevice {
     rings: bool,
 }
 
-/// How [`FileDevice`] writes a batch of independent writes with direct
-/// I/O (`BlockDevice::write_batch`: a commit's metadata blocks). Through
-/// the page cache a batch is written in turn, each write a copy.
+/// How [`FileDevice`] carries out a batch of independent operations with
+/// direct I/O (`BlockDevice::write_batch`: a commit's metadata blocks;
+/// `BlockDevice::read_batch`: the scattered pieces of one read). Through
+/// the page cache a batch is done in turn, each operation a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Batches {
     /// All of them submitted at once through the calling thread's
@@ -63,7 +64,8 @@ pub enum Batches {
     /// as `Threads`.
     #[default]
     IoUring,
-    /// By up to 16 threads started for the batch, each writing in turn.
+    /// Writes by up to 16 threads started for the batch, each writing in
+    /// turn; reads in turn.
     Threads,
 }
 
@@ -173,9 +175,10 @@ impl FileDevice {
     /// How a batch is written now: `IoUring` only with direct I/O and a
     /// ring.
     pub fn batches(&self) -> Batches {
-        match self.rings {
-            true => Batches::IoUring,
-            false => Batches::Threads,
+        if self.rings {
+            Batches::IoUring
+        } else {
+            Batches::Threads
         }
     }
 
@@ -198,7 +201,7 @@ impl FileDevice {
         ring: &mut Ring,
         writes: &[(u64, &[u8])],
     ) -> io::Result<()> {
-        let mut bounce = self.batch_bounce(direct, writes.iter().map(|&(at, buf)| (at, buf)))?;
+        let mut bounce = self.batch_bounce(direct, writes.iter().copied())?;
         let start = bounce
             .as_ptr()
             .align_offset(direct.mem_align)
