@@ -274,11 +274,10 @@ impl FileDevice {
             .align_offset(direct.mem_align)
             .min(bounce.len());
         let mut spare = &mut bounce[start..];
-        // Into the caller's buffers, or into a slot of `bounce` copied to
-        // the caller's buffer after.
+        // Into the caller's buffers, or into a slot of `bounce` whose
+        // bytes go to the caller's buffer after (by position in `ready`).
         let mut ready: Vec<(u64, &mut [u8])> = Vec::with_capacity(reads.len());
-        let mut targets: Vec<&mut [u8]> = Vec::new();
-        let mut direct_reads: Vec<(u64, &mut [u8])> = Vec::new();
+        let mut targets: Vec<(usize, &mut [u8])> = Vec::new();
         for (offset, buf) in reads.iter_mut() {
             if buf.is_empty() {
                 continue;
@@ -286,20 +285,18 @@ impl FileDevice {
             if !direct.offset_aligned(*offset, buf.len()) {
                 self.read_at(buf, *offset)?;
             } else if direct.mem_aligned(buf) {
-                direct_reads.push((*offset, &mut buf[..]));
+                ready.push((*offset, &mut buf[..]));
             } else {
                 let (slot, rest) =
                     std::mem::take(&mut spare).split_at_mut(direct.mem_slot(buf.len()));
                 ready.push((*offset, &mut slot[..buf.len()]));
-                targets.push(&mut buf[..]);
+                targets.push((ready.len() - 1, &mut buf[..]));
                 spare = rest;
             }
         }
-        let bounced_reads = ready.len();
-        ready.extend(direct_reads);
         ring.read_exact(self.file.as_fd(), &mut ready)?;
-        for (slot, target) in ready[..bounced_reads].iter().zip(targets) {
-            target.copy_from_slice(slot.1);
+        for (at, target) in targets {
+            target.copy_from_slice(ready[at].1);
         }
         Ok(())
     }

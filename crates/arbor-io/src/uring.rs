@@ -81,6 +81,25 @@ struct Op {
     write: bool,
 }
 
+impl Op {
+    /// The device offset `done` bytes into the op.
+    fn at(&self, done: usize) -> io::Result<u64> {
+        self.offset.checked_add(done as u64).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "I/O past the largest offset")
+        })
+    }
+
+    /// The error of a transfer that moved no byte: the end of the file
+    /// for a read, a device that takes nothing for a write.
+    fn nothing_moved(&self) -> io::Error {
+        io::Error::from(if self.write {
+            io::ErrorKind::WriteZero
+        } else {
+            io::ErrorKind::UnexpectedEof
+        })
+    }
+}
+
 /// What happened to one operation of a batch.
 #[derive(Clone, Copy)]
 struct Progress {
@@ -198,12 +217,12 @@ impl Ring {
                         continue;
                     }
                     let len = (op.len - done).min(MAX_ENTRY);
-                    let Some(at) = op.offset.checked_add(done as u64) else {
-                        failed = Some(io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            "I/O past the largest offset",
-                        ));
-                        break;
+                    let at = match op.at(done) {
+                        Ok(at) => at,
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
                     };
                     let fd = types::Fd(fd.as_raw_fd());
                     // `done` < `len` of the op's buffer: in bounds. At most
@@ -262,9 +281,7 @@ impl Ring {
 /// As for [`Ring::run`]: the op's buffer valid, and a read's unaliased.
 unsafe fn plainly(fd: BorrowedFd<'_>, op: Op, progress: &mut Progress) -> io::Result<()> {
     while progress.done < op.len {
-        let at = op.offset.checked_add(progress.done as u64).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "I/O past the largest offset")
-        })?;
+        let at = op.at(progress.done)?;
         let rest = op.len - progress.done;
         // SAFETY: `done` < `len`: the rest of the op's buffer, valid per the
         // caller; a write's only read through.
@@ -276,13 +293,7 @@ unsafe fn plainly(fd: BorrowedFd<'_>, op: Op, progress: &mut Progress) -> io::Re
             rustix::io::pread(fd, buf, at)
         };
         match n {
-            Ok(0) => {
-                return Err(io::Error::from(if op.write {
-                    io::ErrorKind::WriteZero
-                } else {
-                    io::ErrorKind::UnexpectedEof
-                }))
-            }
+            Ok(0) => return Err(op.nothing_moved()),
             Ok(n) => progress.done += n,
             Err(Errno::INTR) => {}
             Err(e) => return Err(e.into()),
@@ -336,13 +347,7 @@ fn reap(
                 again.push(index);
             }
         } else if result == 0 {
-            failed.get_or_insert_with(|| {
-                io::Error::from(if ops[index].write {
-                    io::ErrorKind::WriteZero
-                } else {
-                    io::ErrorKind::UnexpectedEof
-                })
-            });
+            failed.get_or_insert_with(|| ops[index].nothing_moved());
         } else {
             let errno = Errno::from_raw_os_error(-result);
             if matches!(errno, Errno::INTR | Errno::AGAIN) {
