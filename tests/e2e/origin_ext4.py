@@ -13,12 +13,16 @@ files and pass `e2fsck -fn`, and the volume left in the pool, and a clone
 of the snapshot left there, their own files, never writing the file. Last, a block device (a loop device) as an origin:
 attached again at a start while it is the same disk, refused once its
 device number belongs to another, re-identified when the same disk comes
-back under another number. Needs root (mount); fails loudly without it."""
+back under another number. Then the aliases of one storage refused as a
+second origin (a loop device over an attached file, a partition of an
+attached disk...), and block devices in use (mounted, held open
+exclusively) refused. Needs root (mount); fails loudly without it."""
 
 import hashlib
 import json
 import os
 import random
+import struct
 
 from filesystem import Attached, write_tree
 from harness import ARBOR, Failure, run, run_test
@@ -173,6 +177,111 @@ def body(daemon):
         daemon.cli("destroy", name)
 
     block_device(daemon)
+    aliases(daemon)
+    held(daemon)
+
+
+def refused(daemon, name, path, status, says):
+    """`arbor origin attach NAME PATH` fails with exit `status`, saying `says`."""
+    out = run(ARBOR, "--data-dir", daemon.dir, "origin", "attach", name, path, check=False)
+    if out.returncode != status or says not in out.stderr:
+        raise Failure(f"origin attach {name} {path}: exit {out.returncode}, wanted {status} "
+                      f"saying {says!r}: {out.stderr}")
+
+
+def loop_device(daemon, image, partitions=False):
+    """A loop device over `image` (with its partitions), removed at the end."""
+    flags = ["-P"] if partitions else []
+    dev = run("losetup", "-f", "--show", *flags, image).stdout.strip()
+    daemon.cleanups.append(lambda: run("losetup", "-d", dev, check=False))
+    if partitions and not os.path.exists(dev + "p1"):
+        # Without udev the kernel may not have read the table yet.
+        run("partx", "-a", dev, check=False)
+    return dev
+
+
+def plain_image(daemon, name, byte, size=8 << 20):
+    path = os.path.join(daemon.dir, name)
+    with open(path, "wb") as f:
+        f.write(bytes([byte]) * size)
+    return path
+
+
+def aliases(daemon):
+    """Issue 39, 1: one storage under two names is refused as a second
+    origin, whichever name came first: a loop device over an attached
+    file, the file behind an attached loop device, another node of the
+    same device, a partition of an attached disk, the disk of an attached
+    partition; two partitions of one disk are two origins."""
+    # The reproduction of the issue: the file attached, then a loop device
+    # over it.
+    image = plain_image(daemon, "alias.img", 0x31)
+    daemon.cli("origin", "attach", "o1", image)
+    loop = loop_device(daemon, image)
+    refused(daemon, "o13", loop, 5, "is the storage of origin o1")
+    refused(daemon, "o13", loop, 5, "is a loop device over")
+    daemon.cli("snapshot", "create", "o1@before")
+    read_back(daemon, "o1@before", 0x31)
+    daemon.cli("destroy", "o1@before")
+    daemon.cli("origin", "detach", "o1")
+
+    # The loop device first, then its file; then another node of the device.
+    daemon.cli("origin", "attach", "l1", loop)
+    refused(daemon, "f1", image, 5, "is the storage of origin l1")
+    st = os.stat(loop)
+    node = os.path.join(daemon.dir, "another-name-for-the-loop")
+    os.mknod(node, 0o600 | 0o060000, st.st_rdev)
+    refused(daemon, "n1", node, 5, "is the storage of origin l1")
+    daemon.cli("origin", "detach", "l1")
+
+    # A disk with two partitions (an MBR written here: 1 MiB at 1 MiB,
+    # 2 MiB at 3 MiB).
+    disk_image = plain_image(daemon, "parted.img", 0, 8 << 20)
+    with open(disk_image, "r+b") as f:
+        mbr = bytearray(512)
+        for i, (start, count) in enumerate(((2048, 2048), (6144, 4096))):
+            mbr[446 + 16 * i:462 + 16 * i] = struct.pack("<B3sB3sII", 0, b"", 0x83, b"", start, count)
+        mbr[510:512] = b"\x55\xaa"
+        f.write(mbr)
+    disk = loop_device(daemon, disk_image, partitions=True)
+    part1, part2 = disk + "p1", disk + "p2"
+    if not os.path.exists(part1):
+        raise Failure(f"no partition device {part1} after losetup -P and partx")
+    daemon.cli("origin", "attach", "p1", part1)
+    refused(daemon, "whole", disk, 5, "is a partition of")
+    daemon.cli("origin", "attach", "p2", part2)
+    daemon.cli("origin", "detach", "p1")
+    daemon.cli("origin", "detach", "p2")
+    daemon.cli("origin", "attach", "whole", disk)
+    refused(daemon, "p1", part1, 5, "is the storage of origin whole")
+    daemon.cli("origin", "detach", "whole")
+
+
+def held(daemon):
+    """Issue 39, 2: a block device that is mounted, or open exclusively by
+    another program, is refused, saying which; one attached is held
+    exclusively, so it cannot be mounted meanwhile."""
+    image = plain_image(daemon, "held.img", 0, 16 << 20)
+    run("mkfs.ext4", "-q", "-F", image)
+    dev = loop_device(daemon, image)
+    mnt = os.path.join(daemon.dir, "held-mnt")
+    os.makedirs(mnt, exist_ok=True)
+    run("mount", dev, mnt)
+    try:
+        refused(daemon, "h", dev, 6, f"is mounted (at {mnt})")
+    finally:
+        run("umount", mnt)
+    fd = os.open(dev, os.O_RDWR | os.O_EXCL)
+    try:
+        refused(daemon, "h", dev, 6, "holds it open exclusively")
+    finally:
+        os.close(fd)
+    daemon.cli("origin", "attach", "h", dev)
+    mounted = run("mount", dev, mnt, check=False)
+    if mounted.returncode == 0:
+        run("umount", mnt)
+        raise Failure(f"{dev} attached as an origin could be mounted meanwhile")
+    daemon.cli("origin", "detach", "h")
 
 
 def block_device(daemon):

@@ -115,6 +115,25 @@ pub struct CheckReport {
     /// layers (FORMAT.md §6.3).
     pub partial_extents: u64,
     pub layered_partials: u64,
+    /// Data the pool's structure is sound without but that is known lost:
+    /// what snapshots and clones read through an origin's device that
+    /// shrank (they fail reads of it). Listed until they are destroyed.
+    pub lost: Vec<LostData>,
+}
+
+/// What a volume reading through an origin lost with the origin's device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostData {
+    /// The snapshot or clone that lost data (`origin@snapshot`, a clone's
+    /// name).
+    pub volume: String,
+    /// The origin it reads through.
+    pub origin: String,
+    /// Bytes of it that read as errors: the lost range, less what it has a
+    /// copy of in the pool or data of its own for.
+    pub bytes: u64,
+    /// The first lost byte of the origin.
+    pub from: u64,
 }
 
 impl CheckReport {

@@ -34,7 +34,7 @@ mod volumes;
 mod walk;
 
 pub use arbor_format::{DeviceIdentity, Guid};
-pub use check::CheckReport;
+pub use check::{CheckReport, LostData};
 pub use error::{Error, Result};
 pub use names::{check_volume_name, is_name_char, split_snapshot_name};
 pub use pool::{

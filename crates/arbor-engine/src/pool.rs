@@ -68,6 +68,7 @@ pub const MAX_GROUP_SNAPSHOT: usize = 256;
 mod fill;
 mod grow;
 mod origin;
+mod origin_loss;
 #[cfg(test)]
 mod partial_tests;
 mod props;
@@ -910,7 +911,8 @@ impl Pool {
     /// nothing when nothing was written since the last flush.
     pub fn flush(&self) -> Result<()> {
         self.commit_open()?;
-        self.flush_origins()
+        let flushed = self.flush_origins();
+        self.after_origin_error(flushed)
     }
 
     /// Commits the open transaction.
@@ -1526,11 +1528,13 @@ impl Pool {
             Route::Pool(pieces) => self.read_pieces(pieces, buf, None),
             Route::Home => {
                 drop(gate);
-                self.cow_read(id.0, offset, buf)
+                let read = self.cow_read(id.0, offset, buf);
+                self.after_origin_error(read)
             }
             Route::Through(backing) => {
                 drop(gate);
-                self.read_through(id, backing, offset, buf)
+                let read = self.read_through(id, backing, offset, buf);
+                self.after_origin_error(read)
             }
         }
     }
@@ -1614,7 +1618,8 @@ impl Pool {
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
         let layout = self.check_write(id, offset, data.len() as u64)?.0;
         if let arbor_format::DataLayout::Cow(_) = layout {
-            return self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
+            let written = self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
+            return self.after_origin_error(written);
         }
         self.apply_all(Unit::data(id, offset, data))
     }
@@ -1652,7 +1657,8 @@ impl Pool {
         let (layout, backing) = self.check_write(id, offset, len)?;
         if let arbor_format::DataLayout::Cow(_) = layout {
             // The device keeps every chunk: zeros are written.
-            return self.cow_write(id.0, offset, len, Fill::Zeros);
+            let written = self.cow_write(id.0, offset, len, Fill::Zeros);
+            return self.after_origin_error(written);
         }
         // A volume reading through an epoch reads that epoch where it maps
         // nothing, so it cannot unmap: zeros are written.
@@ -2007,6 +2013,7 @@ impl Pool {
         report.data_chunks_referenced = walked.data_chunks_referenced;
         report.partial_extents = walked.partial_extents;
         report.layered_partials = walked.layered_partials;
+        report.lost = self.lost_data()?;
         Ok(report)
     }
 }

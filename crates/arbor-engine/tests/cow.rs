@@ -236,6 +236,21 @@ fn a_restart_needs_the_same_device_again() {
         pool.attach_origin("disk", smaller, identity(1)),
         Err(Error::Conflict(_))
     ));
+    // A file (an inode number) seen smaller was truncated: what it held
+    // past that is lost, whatever its size now, and recorded so; a block
+    // device's number may name another disk for now, so nothing is.
+    let o = &pool.origins().unwrap()[0];
+    assert_eq!(o.loss.map(|l| l.from), Some(ORIGIN - 4096));
+    let block = DeviceIdentity { dev: 7, ino: 0 };
+    let smaller: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN - 4096));
+    assert!(matches!(
+        pool.attach_origin("disk", smaller, block),
+        Err(Error::Conflict(_))
+    ));
+    assert_eq!(
+        pool.origins().unwrap()[0].loss.map(|l| l.from),
+        Some(ORIGIN - 4096)
+    );
     // The same disk under a new number (a block device after a reboot):
     // recorded again by whoever knows it is the same disk, then attached.
     pool.reidentify_origin("disk", identity(3)).unwrap();
@@ -245,12 +260,27 @@ fn a_restart_needs_the_same_device_again() {
         Err(Error::Conflict(_))
     ));
     let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
-    pool.attach_origin("disk", dev, identity(3)).unwrap();
+    assert!(matches!(
+        pool.attach_origin("disk", dev, identity(3)),
+        Err(Error::Conflict(_))
+    ));
+    let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
+    pool.attach_origin_with("disk", dev, identity(3), true)
+        .unwrap();
     assert!(matches!(
         pool.reidentify_origin("disk", identity(4)),
         Err(Error::Conflict(_))
     ));
-    assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
+    // Short of the loss, its point in time; past it, an error.
+    let kept = (ORIGIN - 4096) as usize;
+    assert_eq!(
+        read(&pool, snap, kept as u64),
+        fill(1, ORIGIN as usize)[..kept]
+    );
+    assert!(matches!(
+        pool.read(snap, ORIGIN - 4096, &mut buf),
+        Err(Error::Origin(_))
+    ));
     assert_eq!(read(&pool, id, 4096)[..], [2u8; 4096][..]);
     // The same device cannot be a second volume.
     let again: Arc<dyn BlockDevice> = Arc::new(origin.clone());
@@ -454,6 +484,130 @@ fn a_device_that_shrinks_under_the_volume_gives_a_clear_error() {
     let v = pool.create_volume("v", MIB).unwrap();
     pool.write(v, 0, &[2u8; 4096]).unwrap();
     pool.flush().unwrap();
+    assert_clean(&pool);
+}
+
+/// Issue 39, 3: a file truncated under an attached origin fails it at the
+/// first request that sees it (a write below the new end included, which
+/// went through before), its loss is recorded in the pool, and it stays
+/// failed when the file grows back: an attach is refused until the loss is
+/// accepted. Then the snapshot taken before reads its copies and what the
+/// file still holds, and fails (never zeros) where it read lost bytes; a
+/// write that would copy lost bytes for it is refused; `check` lists it;
+/// a rollback to it is refused; all of it after a reopen too. Once the
+/// snapshot is gone, nothing is lost and everything works.
+#[test]
+fn an_origin_that_shrank_fails_and_its_snapshot_never_reads_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.raw");
+    let data = fill(1, ORIGIN as usize);
+    std::fs::write(&path, &data).unwrap();
+    let open_dev =
+        || -> Arc<dyn BlockDevice> { Arc::new(arbor_io::FileDevice::open(&path).unwrap()) };
+    let disk = SimDisk::new(32 * MIB);
+    let pool = Pool::create(Arc::new(disk.clone()), &small_opts(CS as u32), &open_opts()).unwrap();
+    let id = pool.attach_origin("disk", open_dev(), identity(1)).unwrap();
+    let snap = pool.snapshot("disk@a").unwrap();
+    // One chunk copied for disk@a before the loss.
+    let last = ORIGIN - CS;
+    pool.write(id, last, &[9u8; CS as usize]).unwrap();
+    let half = ORIGIN / 2;
+    let set_len = |len: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len)
+            .unwrap()
+    };
+    set_len(half);
+    // Below the new end: refused too (it went through before).
+    match pool.write(id, 0, &[2u8; 4096]) {
+        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        other => panic!("a write after the shrink: {other:?}"),
+    }
+    let mut buf = vec![0u8; 4096];
+    assert!(matches!(pool.read(id, 0, &mut buf), Err(Error::Origin(_))));
+    let o = &pool.origins().unwrap()[0];
+    assert!(!o.attached, "{o:?}");
+    let loss = o.loss.expect("the loss is recorded");
+    assert_eq!((loss.from, loss.accepted_unix), (half, 0));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        half,
+        "the file was not written"
+    );
+
+    // Grown back (zeros past the half) and attached: refused, after a
+    // reopen too; then accepted.
+    set_len(ORIGIN);
+    match pool.attach_origin("disk", open_dev(), identity(1)) {
+        Err(Error::Conflict(why)) => assert!(why.contains("--accept-damage"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    drop(pool);
+    let pool = reopen(&disk);
+    match pool.attach_origin("disk", open_dev(), identity(1)) {
+        Err(Error::Conflict(why)) => assert!(why.contains("shrank"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    pool.attach_origin_with("disk", open_dev(), identity(1), true)
+        .unwrap();
+    let o = &pool.origins().unwrap()[0];
+    assert!(o.attached && o.loss.unwrap().accepted_unix > 0, "{o:?}");
+
+    let check_snapshot = |pool: &Pool| {
+        // What it copied, and what the file still holds, read as they were.
+        let mut below = vec![0u8; half as usize];
+        pool.read(snap, 0, &mut below).unwrap();
+        assert!(below == data[..half as usize], "disk@a below the loss");
+        let mut copied = vec![0u8; CS as usize];
+        pool.read(snap, last, &mut copied).unwrap();
+        assert!(copied == data[last as usize..], "disk@a's copy");
+        // What it read through the device past the loss: an error.
+        let mut buf = vec![0u8; 4096];
+        for at in [half, half + CS, last - CS] {
+            match pool.read(snap, at, &mut buf) {
+                Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+                Ok(()) => panic!("disk@a read {at} as data: {:?}", &buf[..8]),
+                other => panic!("{other:?}"),
+            }
+        }
+        let report = pool.check().unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert_eq!(report.lost.len(), 1, "{:?}", report.lost);
+        assert_eq!(report.lost[0].volume, "disk@a");
+        assert_eq!(report.lost[0].bytes, half - CS);
+    };
+    check_snapshot(&pool);
+    // The origin serves the device as it is now.
+    pool.write(id, 0, &[2u8; 4096]).unwrap();
+    pool.read(id, half, &mut buf).unwrap();
+    assert_eq!(buf, vec![0u8; 4096]);
+    // A write that would copy lost bytes for disk@a: refused, nothing written.
+    match pool.write(id, half, &[3u8; 4096]) {
+        Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    match pool.rollback("disk", "disk@a") {
+        Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    pool.flush().unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    pool.attach_origin("disk", open_dev(), identity(1)).unwrap();
+    check_snapshot(&pool);
+    // A snapshot taken after the loss reads the device as it is.
+    let b = pool.snapshot("disk@b").unwrap();
+    pool.read(b, half, &mut buf).unwrap();
+    assert_eq!(buf, vec![0u8; 4096]);
+
+    pool.delete("disk@a").unwrap();
+    assert!(pool.check().unwrap().lost.is_empty());
+    pool.write(id, half, &[3u8; 4096]).unwrap();
+    pool.read(b, half, &mut buf).unwrap();
+    assert_eq!(buf, vec![0u8; 4096], "disk@b keeps its point in time");
     assert_clean(&pool);
 }
 

@@ -11,6 +11,7 @@ mod header;
 mod journal;
 mod layout;
 mod node;
+mod origin_loss;
 mod packed;
 mod property;
 mod records;
@@ -26,6 +27,7 @@ pub use layout::{
 pub use node::{
     internal_capacity, leaf_capacity, Node, NodeBody, TreeKind, Usage, MAX_LEVEL, NODE_HEADER_SIZE,
 };
+pub use origin_loss::{OriginLoss, ORIGIN_LOSS_KEY, ORIGIN_LOSS_LEN};
 pub use packed::{
     entry_len as packed_entry_len, weight as packed_weight, MAX_PACKED_ENTRY, MIN_PACKED_ENTRY,
     PACKED_LEAF_MAX,

@@ -601,10 +601,14 @@ impl BlockDevice for FileDevice {
         self.size.load(Ordering::Acquire)
     }
 
-    fn refresh_size(&self) -> io::Result<u64> {
+    fn current_size(&self) -> io::Result<u64> {
         // seek(End) gives a block device's size too; the shared offset it
         // moves is not used (all I/O is positional).
-        let now = (&self.file).seek(SeekFrom::End(0))?;
+        (&self.file).seek(SeekFrom::End(0))
+    }
+
+    fn refresh_size(&self) -> io::Result<u64> {
+        let now = self.current_size()?;
         let known = self.size();
         if now < known {
             return Err(io::Error::new(

@@ -15,9 +15,12 @@
 //!   recorded run (the dm-log-writes / CrashMonkey method).
 //!
 //! [`model`] holds what tests and campaigns expect of a volume after a crash.
+//! [`blockdev`] asks the kernel what only it knows of a block device (a
+//! loop device's backing file) and opens one exclusively.
 //! [`small_file`] reads and atomically replaces the daemon's small state
 //! files (replication pairs, API tokens).
 
+pub mod blockdev;
 mod file;
 pub mod model;
 mod record;
@@ -81,6 +84,13 @@ pub trait BlockDevice: Send + Sync {
     /// after `lvextend`, a file after `truncate`) and returns it. The size
     /// never goes down: a device that shrank is an error.
     fn refresh_size(&self) -> io::Result<u64> {
+        Ok(self.size())
+    }
+    /// The device's size as it is now, smaller than [`Self::size`] if it
+    /// shrank from outside (a file truncated, a logical volume reduced);
+    /// nothing is updated. Devices whose size cannot change return
+    /// [`Self::size`].
+    fn current_size(&self) -> io::Result<u64> {
         Ok(self.size())
     }
     /// Enlarges the device to `size` bytes (a regular file: sparse, and

@@ -446,6 +446,12 @@ pub enum OriginCommand {
         /// The file or block device (opened read-write and locked; the
         /// daemon opens it from here again at each start)
         path: PathBuf,
+        /// Attach again an origin whose device shrank (it failed, and
+        /// serves no I/O until then): accept that what it held past the
+        /// size it shrank to is lost. Recorded; its snapshots taken before
+        /// still fail reads of the lost bytes
+        #[arg(long)]
+        accept_damage: bool,
     },
     /// Remove origin NAME from the pool, leaving its file or device a
     /// plain raw disk with the volume's current content; refused while

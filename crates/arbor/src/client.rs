@@ -244,10 +244,11 @@ impl DaemonClient {
 
     /// Attaches the file or device at `path` (absolute: the daemon's
     /// working directory is not ours) as origin `name`.
-    pub fn attach_origin(&self, name: &str, path: &str) -> Result<OriginView> {
+    pub fn attach_origin(&self, name: &str, path: &str, accept_damage: bool) -> Result<OriginView> {
         let request = AttachOriginRequest {
             name: name.to_owned(),
             path: path.to_owned(),
+            accept_damage,
         };
         self.post("/v1/origins", &request)
     }

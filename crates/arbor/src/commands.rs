@@ -413,11 +413,15 @@ fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let count = report.problems.len() + report.unlisted;
-    Err(Fail::new(
-        Exit::Damaged,
-        format!("the pool is damaged: {count} problems found"),
-    )
-    .into())
+    let why = if count == 0 {
+        format!(
+            "data is lost: {} snapshots and clones read bytes lost with an origin's device",
+            report.lost.len()
+        )
+    } else {
+        format!("the pool is damaged: {count} problems found")
+    };
+    Err(Fail::new(Exit::Damaged, why).into())
 }
 
 fn grow_request(size: Option<ByteSize>, metadata_size: Option<ByteSize>) -> GrowRequest {
@@ -510,9 +514,13 @@ fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitC
 /// `arbor origin`: raw disks and image files snapshotted in place.
 fn origin(command: OriginCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
     match command {
-        OriginCommand::Attach { name, path } => {
+        OriginCommand::Attach {
+            name,
+            path,
+            accept_damage,
+        } => {
             let path = origin_path(&path, c.is_remote())?;
-            p.show(&c.attach_origin(&name, &path)?, |o| {
+            p.show(&c.attach_origin(&name, &path, accept_damage)?, |o| {
                 format!(
                     "attached {path} as {name} ({}): its data stays in place; \
                      snapshot it with arbor snapshot create {name}@SNAP\n",

@@ -143,6 +143,7 @@ pub struct Metrics {
     cow_store: Family<NameLabels, Gauge>,
     origin_attached: Family<NameLabels, Gauge>,
     origin_rollback: Family<NameLabels, Gauge>,
+    origin_failed: Family<NameLabels, Gauge>,
     replica_recovery_point: Family<PairLabels, Gauge>,
     replica_sent: Family<PairLabels, Gauge>,
     replica_failed: Family<PairLabels, Gauge>,
@@ -177,6 +178,7 @@ impl Metrics {
             cow_store: Family::default(),
             origin_attached: Family::default(),
             origin_rollback: Family::default(),
+            origin_failed: Family::default(),
             replica_recovery_point: Family::default(),
             replica_sent: Family::default(),
             replica_failed: Family::default(),
@@ -330,6 +332,11 @@ impl Metrics {
             "origin_rollback_pending",
             "1 while an origin's interrupted rollback waits to be finished",
             m.origin_rollback.clone(),
+        );
+        r.register(
+            "origin_failed",
+            "1 while an origin has failed (its device shrank) and serves no I/O until attached with --accept-damage",
+            m.origin_failed.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }
@@ -511,6 +518,7 @@ impl Metrics {
         }
         self.origin_attached.clear();
         self.origin_rollback.clear();
+        self.origin_failed.clear();
         for o in pool.origins()? {
             let labels = NameLabels { volume: o.name };
             self.origin_attached
@@ -519,6 +527,9 @@ impl Metrics {
             self.origin_rollback
                 .get_or_create(&labels)
                 .set(i64::from(o.rollback_epoch != 0));
+            self.origin_failed
+                .get_or_create(&labels)
+                .set(i64::from(o.loss.is_some_and(|l| l.accepted_unix == 0)));
         }
         for v in volumes {
             let labels = VolumeLabels {

@@ -172,6 +172,38 @@ pub struct OriginView {
     /// A rollback was interrupted and resumes when it is attached (or run
     /// `arbor rollback` again).
     pub rollback_pending: bool,
+    /// Why it failed, if it did: its device shrank (while attached, or
+    /// while the daemon was stopped). It serves no I/O until attached again
+    /// with `--accept-damage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// What it lost when its device shrank, kept while it or snapshots
+    /// that read the lost bytes exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossView>,
+}
+
+/// What an origin lost when its device shrank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LossView {
+    /// Its bytes from here on were lost.
+    pub from: u64,
+    /// When arbor saw the device smaller.
+    pub seen_unix_secs: u64,
+    /// When a user accepted the loss (`origin attach --accept-damage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_unix_secs: Option<u64>,
+}
+
+/// What a snapshot or clone lost with an origin's device (`arbor check`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostDataView {
+    pub volume: String,
+    pub origin: String,
+    /// Bytes of it that read as errors.
+    pub bytes: u64,
+    /// The origin's first lost byte.
+    pub from: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,6 +219,10 @@ pub struct AttachOriginRequest {
     pub name: String,
     /// Absolute: the daemon's working directory is not the client's.
     pub path: String,
+    /// Attach again an origin whose device shrank, accepting what it lost
+    /// (recorded; its snapshots still fail reads of the lost bytes).
+    #[serde(default)]
+    pub accept_damage: bool,
 }
 
 /// A byte range where two volumes differ.
@@ -211,12 +247,17 @@ pub struct CheckView {
     /// What `--repair` changed before the check; absent without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repaired: Option<Vec<String>>,
+    /// Data known lost (the pool's structure is sound without it): what
+    /// snapshots and clones read through an origin whose device shrank.
+    #[serde(default)]
+    pub lost: Vec<LostDataView>,
 }
 
 impl From<arbor_engine::CheckReport> for CheckView {
     fn from(report: arbor_engine::CheckReport) -> Self {
         Self {
-            clean: report.is_clean(),
+            // Known lost data is damage too, though the structure is sound.
+            clean: report.is_clean() && report.lost.is_empty(),
             problems: report.problems,
             warnings: report.warnings,
             unlisted: report.unlisted,
@@ -224,6 +265,16 @@ impl From<arbor_engine::CheckReport> for CheckView {
             nodes: report.nodes,
             data_chunks_referenced: report.data_chunks_referenced,
             repaired: None,
+            lost: report
+                .lost
+                .into_iter()
+                .map(|l| LostDataView {
+                    volume: l.volume,
+                    origin: l.origin,
+                    bytes: l.bytes,
+                    from: l.from,
+                })
+                .collect(),
         }
     }
 }
@@ -817,6 +868,9 @@ pub enum AlertKind {
     ReplicationLag,
     /// Space-aware pruning destroyed snapshots beyond retention.
     SpacePruned,
+    /// An origin's device shrank: the origin serves no I/O until its loss
+    /// is accepted (`origin attach --accept-damage`).
+    OriginFailed,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).

@@ -504,10 +504,11 @@ pub fn origins(list: &[OriginView]) -> String {
                     .clone()
                     .unwrap_or_else(|| "(not recorded)".to_owned()),
                 size(o.size),
-                match (o.attached, o.rollback_pending) {
-                    (true, false) => "yes",
-                    (true, true) => "yes (rollback unfinished)",
-                    (false, _) => "NO",
+                match (o.attached, o.rollback_pending, &o.failed) {
+                    (_, _, Some(_)) => "FAILED",
+                    (true, false, None) => "yes",
+                    (true, true, None) => "yes (rollback unfinished)",
+                    (false, _, None) => "NO",
                 }
                 .to_owned(),
                 size(o.store_bytes),
@@ -522,6 +523,17 @@ pub fn origins(list: &[OriginView]) -> String {
     if list.iter().any(|o| !o.attached) {
         out += "an origin not attached fails its I/O: arbor origin attach NAME PATH attaches \
                 its device again (the same file or device, of the same size)\n";
+    }
+    for o in list {
+        if let Some(why) = &o.failed {
+            out += &format!("{}: FAILED: {why}\n", o.name);
+        } else if let Some(loss) = &o.loss {
+            out += &format!(
+                "{}: lost its bytes from {} on when its device shrank (accepted); snapshots \
+                 taken before fail reads of them (arbor check lists them)\n",
+                o.name, loss.from
+            );
+        }
     }
     out
 }
@@ -552,6 +564,16 @@ pub fn check(c: &CheckView) -> String {
         None => {}
     }
     out.extend(c.problems.iter().map(|p| format!("problem: {p}\n")));
+    out.extend(c.lost.iter().map(|l| {
+        format!(
+            "lost: {} lost {} that it read through origin {} from byte {} (its device shrank): \
+             those reads fail\n",
+            l.volume,
+            ByteSize(l.bytes),
+            l.origin,
+            l.from
+        )
+    }));
     out.extend(c.warnings.iter().map(|w| format!("warning: {w}\n")));
     if c.unlisted > 0 {
         out += &format!("... and {} more problems\n", c.unlisted);

@@ -36,7 +36,9 @@ use std::ops::Range;
 use std::sync::atomic::AtomicBool;
 use std::sync::RwLockWriteGuard;
 
-use arbor_format::{leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity, Home, TreeKind};
+use arbor_format::{
+    leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity, Home, OriginLoss, TreeKind,
+};
 
 use super::write::Fill;
 use super::*;
@@ -73,6 +75,10 @@ pub(crate) struct OriginDevice {
     written: AtomicBool,
     /// While a new home is copied from it: the chunks written since.
     tracked: Mutex<Option<Written>>,
+    /// The size its device was seen to have shrunk to (below the size it
+    /// was attached at): from then on it serves no I/O, and the pool
+    /// records the loss (`origin_loss.rs`).
+    shrunk: Mutex<Option<u64>>,
 }
 
 /// The chunks of a device written while a new home is copied from it
@@ -134,6 +140,9 @@ pub(crate) struct Origins {
     /// Volumes whose stores may hold copies no epoch reads, and the key to
     /// sweep them from.
     sweeps: Mutex<HashMap<u64, u64>>,
+    /// What each volume whose device shrank lost (its recorded
+    /// [`OriginLoss`]), loaded when its home is attached or opened.
+    pub(super) losses: RwLock<HashMap<u64, OriginLoss>>,
 }
 
 impl Origins {
@@ -158,6 +167,41 @@ impl Origins {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id)
+    }
+
+    /// Every attached device, with its volume's id.
+    pub(super) fn entries(&self) -> Vec<(u64, Arc<OriginDevice>)> {
+        self.devices
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(&id, d)| (id, Arc::clone(d)))
+            .collect()
+    }
+
+    /// Stops serving volume `id` if `d` is still its device.
+    pub(super) fn remove_if(&self, id: u64, d: &Arc<OriginDevice>) {
+        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+        if devices.get(&id).is_some_and(|now| Arc::ptr_eq(now, d)) {
+            devices.remove(&id);
+        }
+    }
+
+    /// What volume `id` lost with its device, if it lost anything.
+    pub(super) fn loss(&self, id: u64) -> Option<OriginLoss> {
+        self.losses
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+
+    pub(super) fn set_loss(&self, id: u64, loss: Option<OriginLoss>) {
+        let mut losses = self.losses.write().unwrap_or_else(|p| p.into_inner());
+        match loss {
+            Some(loss) => losses.insert(id, loss),
+            None => losses.remove(&id),
+        };
     }
 
     fn all(&self) -> Vec<Arc<OriginDevice>> {
@@ -241,7 +285,41 @@ impl OriginDevice {
             epoch_readers: RwLock::new(()),
             written: AtomicBool::new(false),
             tracked: Mutex::new(None),
+            shrunk: Mutex::new(None),
         })
+    }
+
+    /// The size the device was seen to have shrunk to, if it was.
+    pub(super) fn shrunk(&self) -> Option<u64> {
+        *lock_mutex(&self.shrunk)
+    }
+
+    /// Looks at the device's size now (one `lseek` on a file or disk; a
+    /// home in the pool cannot change): one smaller than it was attached
+    /// at fails the device for good. Returns the size it shrank to.
+    pub(super) fn check_size(&self) -> Option<u64> {
+        if let Some(seen) = self.shrunk() {
+            return Some(seen);
+        }
+        match self.dev.current_size() {
+            Ok(now) if now < self.dev.size() => {
+                let mut shrunk = lock_mutex(&self.shrunk);
+                let seen = shrunk.map_or(now, |before| before.min(now));
+                *shrunk = Some(seen);
+                Some(seen)
+            }
+            _ => None,
+        }
+    }
+
+    /// The error of every request to a device that shrank to `now`.
+    pub(super) fn shrunk_error(&self, name: &str, now: u64) -> Error {
+        Error::Origin(format!(
+            "{name}: its device shrank from {} to {now} bytes while attached, so it serves \
+             no I/O: what it held from byte {now} on is lost (arbor origin list shows it; \
+             arbor origin attach {name} PATH --accept-damage serves it again)",
+            self.dev.size()
+        ))
     }
 
     /// Tracks the chunks written from now on (see [`Written`]) until the
@@ -282,6 +360,9 @@ pub struct OriginInfo {
     pub attached: bool,
     /// A rollback to this epoch waits for the device (0: none).
     pub rollback_epoch: u64,
+    /// What it lost when its device shrank, if it did: while not accepted,
+    /// its device is not served (the origin has failed).
+    pub loss: Option<OriginLoss>,
 }
 
 /// The error of an origin `name` whose device could not be enlarged.
@@ -311,15 +392,32 @@ struct Target<'a> {
 
 impl Target<'_> {
     fn err(&self, e: std::io::Error) -> Error {
-        device_error(self.name, self.d.dev.as_ref(), self.size, e)
+        match self.d.check_size() {
+            Some(now) => self.d.shrunk_error(self.name, now),
+            None => device_error(self.name, self.d.dev.as_ref(), self.size, e),
+        }
+    }
+
+    /// Refuses every request once the device was seen to shrink.
+    fn refuse_shrunk(&self) -> Result<()> {
+        match self.d.shrunk() {
+            Some(now) => Err(self.d.shrunk_error(self.name, now)),
+            None => Ok(()),
+        }
     }
 
     fn read(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        self.refuse_shrunk()?;
         self.d.dev.read_at(buf, at).map_err(|e| self.err(e))
     }
 
-    /// Writes `fill` over `[from, to)` of the device.
+    /// Writes `fill` over `[from, to)` of the device: never to one that
+    /// shrank (a write past a file's new end would grow it again, with
+    /// zeros where the lost bytes were), so its size is looked at first.
     fn write(&self, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
+        if let Some(now) = self.d.check_size() {
+            return Err(self.d.shrunk_error(self.name, now));
+        }
         self.d.written.store(true, Ordering::Release);
         // Marked first: a write that fails part way is copied again too.
         if let Some(written) = lock_mutex(&self.d.tracked).as_mut() {
@@ -337,6 +435,10 @@ impl Target<'_> {
 
     fn flush(&self) -> Result<()> {
         self.d.dev.flush().map_err(|e| self.err(e))?;
+        // A flush is acknowledged only if what it made durable is there.
+        if let Some(now) = self.d.check_size() {
+            return Err(self.d.shrunk_error(self.name, now));
+        }
         self.d.written.store(false, Ordering::Release);
         Ok(())
     }
@@ -348,14 +450,29 @@ impl Pool {
     /// records it). If `name` is already such a volume whose device is not
     /// attached (after a restart), attaches it again: `identity` and the
     /// size must be the recorded ones. Finishes a rollback a power cut
-    /// interrupted.
+    /// interrupted. Refused for a volume whose device shrank (see
+    /// [`Self::attach_origin_with`]).
     pub fn attach_origin(
         &self,
         name: &str,
         dev: Arc<dyn BlockDevice>,
         identity: DeviceIdentity,
     ) -> Result<VolumeId> {
+        self.attach_origin_with(name, dev, identity, false)
+    }
+
+    /// [`Self::attach_origin`]; with `accept_loss`, also attaches again a
+    /// volume whose device was seen to shrink, recording that its user
+    /// accepted the loss (its snapshots still fail reads of what was lost).
+    pub fn attach_origin_with(
+        &self,
+        name: &str,
+        dev: Arc<dyn BlockDevice>,
+        identity: DeviceIdentity,
+        accept_loss: bool,
+    ) -> Result<VolumeId> {
         check_volume_name(name)?;
+        self.record_shrunk_origins()?;
         let size = dev.size();
         let existing = {
             let meta = self.read_meta()?;
@@ -385,9 +502,20 @@ impl Pool {
                 // recorded size. Smaller would cut what it and its
                 // snapshots read.
                 if size < rec.size_bytes {
+                    // A regular file (an inode number) is the same file,
+                    // truncated: what it held past its end is lost,
+                    // whatever comes back there later. A block device's
+                    // number may name another, smaller disk for now: only
+                    // refused.
+                    if identity.ino != 0 {
+                        self.note_loss(id, size)?;
+                    }
                     return Err(Error::Conflict(format!(
-                        "{name}'s device was {} bytes and is {size} now",
-                        rec.size_bytes
+                        "{name}'s device was {} bytes and is {size} now: what it held from \
+                         byte {size} on is lost, and recorded so (its snapshots will fail \
+                         reads of it); to serve {name} again, enlarge the device to {} bytes \
+                         and attach it with --accept-damage",
+                        rec.size_bytes, rec.size_bytes
                     )));
                 }
                 if self.origins.get(id).is_some() {
@@ -395,6 +523,7 @@ impl Pool {
                     self.resume_rollback(id)?;
                     return Ok(VolumeId(id));
                 }
+                self.accept_or_refuse_loss(id, name, accept_loss)?;
                 id
             }
             None => {
@@ -888,6 +1017,10 @@ impl Pool {
         };
         for (id, first, size) in homes {
             self.open_home(id, first, size);
+            // A volume copied into the pool after its device shrank keeps
+            // the loss of the epochs that read it.
+            let loss = self.recorded_loss(id)?;
+            self.origins.set_loss(id, loss);
         }
         Ok(())
     }
@@ -922,8 +1055,9 @@ impl Pool {
                 name: rec.name.clone(),
                 size: rec.size_bytes,
                 identity,
-                attached: self.origins.get(id).is_some(),
+                attached: self.origins.get(id).is_some_and(|d| d.shrunk().is_none()),
                 rollback_epoch: cow.rollback,
+                loss: self.origins.loss(id),
             });
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -968,6 +1102,9 @@ impl Pool {
         let name = self.read_meta()?.cow_state(id)?.1.name.clone();
         loop {
             let d = self.origin_device(id, &name)?;
+            if let Some(now) = d.shrunk() {
+                return Err(d.shrunk_error(&name, now));
+            }
             let _busy = read_lock(&d.busy);
             // A growth of a home in the pool replaces its device (a window
             // of the new size) while it holds the old one's `busy`.
@@ -1111,6 +1248,7 @@ impl Pool {
         let cs = self.chunk_size();
         let chunks = from / cs..to.div_ceil(cs);
         let _stripes = self.lock_origin_stripes(t.id, chunks.clone(), true);
+        self.refuse_lost_copies(t.id, t.name, chunks.clone())?;
         self.preserve(t, chunks.clone())?;
         loop {
             {
@@ -1264,6 +1402,11 @@ impl Pool {
                     "the device of a copy-on-write volume failed to flush: {e}"
                 )));
             }
+            // A flush is acknowledged only if what it made durable is there.
+            if let Some(now) = d.check_size() {
+                d.written.store(true, Ordering::Release);
+                return Err(d.shrunk_error("a copy-on-write volume", now));
+            }
         }
         Ok(())
     }
@@ -1274,10 +1417,11 @@ impl Pool {
     /// flushes).
     pub fn flush_volume(&self, id: VolumeId) -> Result<()> {
         self.commit_open()?;
-        match self.origins.get(id.0) {
+        let flushed = match self.origins.get(id.0) {
             Some(d) => Self::flush_home(&d),
             None => Ok(()),
-        }
+        };
+        self.after_origin_error(flushed)
     }
 
     /// Rolls copy-on-write volume `id` back to epoch `epoch`: every chunk
@@ -1289,6 +1433,13 @@ impl Pool {
         // Refused, not recorded, while the home is not there to write.
         let name = self.read_meta()?.cow_state(id)?.1.name.clone();
         self.origin_device(id, &name)?;
+        if let Some(loss) = self.origins.loss(id).filter(|l| epoch <= l.epoch) {
+            return Err(Error::Origin(format!(
+                "{name}: the snapshot lost what it read from byte {} on when the device \
+                 shrank; a rollback to it would put zeros there as if they were its data",
+                loss.from
+            )));
+        }
         self.manage(Privilege::Normal, |m| {
             let (cow, rec) = m.cow_state(id)?;
             match cow.rollback {
@@ -1402,6 +1553,7 @@ impl Pool {
             let (_, rec) = meta.cow_state(backing.origin)?;
             (rec.name.clone(), rec.size_bytes)
         };
+        self.refuse_lost_read(backing, &name, &pieces)?;
         let mut d = self.origin_device(backing.origin, &name)?;
         loop {
             let reading = read_lock(&d.epoch_readers);

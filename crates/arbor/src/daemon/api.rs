@@ -434,9 +434,11 @@ async fn attach_origin(
     State(c): State<PoolControl>,
     Json(req): Json<AttachOriginRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| c.attach_origin(&req.name, &req.path))
-        .await
-        .map(created)
+    blocking(c, move |c| {
+        c.attach_origin(&req.name, &req.path, req.accept_damage)
+    })
+    .await
+    .map(created)
 }
 
 /// `DELETE /v1/origins/{name}`: the device keeps the volume's current

@@ -75,6 +75,24 @@ pub async fn commit_periodically(
     Ok(())
 }
 
+/// How often the sizes of origins' devices are looked at, so that one
+/// that shrinks while idle fails (and its loss is recorded) within this
+/// time, not only at its next request.
+pub const ORIGIN_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Looks at every attached origin's device every [`ORIGIN_WATCH_INTERVAL`]
+/// (`Pool::watch_origins`): one that shrank fails, its loss recorded.
+pub async fn watch_origins(pool: Arc<Pool>, stop: CancellationToken) -> Result<()> {
+    while pause_unless_stopped(ORIGIN_WATCH_INTERVAL, &stop).await {
+        match run_blocking(&pool, |p| p.watch_origins()).await? {
+            Ok(_) => {}
+            Err(e) if e.stops_pool() => return Err(e).context("watching origins failed"),
+            Err(e) => warn!(error = %e, "cannot record the loss of an origin's device; will retry"),
+        }
+    }
+    Ok(())
+}
+
 /// Reclaims deleted volumes' space at no more than `rate` nodes per second,
 /// so reclaim never starves client I/O.
 pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationToken) -> Result<()> {

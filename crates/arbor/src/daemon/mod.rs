@@ -10,6 +10,7 @@ mod api;
 mod auth;
 mod background;
 pub mod control;
+mod devices;
 mod listen;
 pub mod monitor;
 mod monitor_api;
@@ -162,6 +163,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         config.commit_interval,
         stop.clone(),
     ));
+    tasks.spawn(background::watch_origins(open.pool.clone(), stop.clone()));
     tasks.spawn(background::watch_space(
         control.clone(),
         config.commit_interval,

@@ -556,6 +556,20 @@ impl Monitor {
         for pair in c.replication.view().pairs {
             found.extend(alerts::replication_lag(&pair));
         }
+        for o in c.pool.origins()? {
+            if let Some(loss) = o.loss.filter(|l| l.accepted_unix == 0) {
+                found.push(Condition::new(
+                    AlertKind::OriginFailed,
+                    Severity::Critical,
+                    &o.name,
+                    format!(
+                        "its device shrank to {} bytes: it serves no I/O, and what it held \
+                         from there on is lost (arbor origin list, arbor check)",
+                        loss.from
+                    ),
+                ));
+            }
+        }
         // Each change is logged by the book; metrics read it at a scrape.
         lock(&self.alerts).update(found, now);
         Ok(())

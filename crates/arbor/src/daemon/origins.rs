@@ -28,8 +28,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::control::PoolControl;
+use super::devices::{self, major_minor, Below, Sysfs};
 use crate::exit::{Exit, Fail};
-use crate::model::{DeviceView, OriginView};
+use crate::model::{DeviceView, LossView, OriginView};
 use crate::pool_file::IoMode;
 use crate::size::ByteSize;
 
@@ -110,14 +111,6 @@ impl Marks {
         }
         None
     }
-}
-
-/// The major and minor numbers of `rdev` (glibc's `gnu_dev_major` and
-/// `gnu_dev_minor`).
-fn major_minor(rdev: u64) -> (u64, u64) {
-    let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0xfff);
-    let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0xff);
-    (major, minor)
 }
 
 /// A block device's own name for its disk, from sysfs: a device-mapper
@@ -253,11 +246,31 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
         _ => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
     })?;
     identity_of(path, &before)?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("cannot open {} for reading and writing", path.display()))?;
+    let file = if before.file_type().is_block_device() {
+        refuse_held(path, before.rdev())?;
+        arbor_io::blockdev::open_exclusive(path).map_err(|e| match e.raw_os_error() {
+            Some(EBUSY) => Fail::new(
+                Exit::Busy,
+                format!(
+                    "{} is in use: another program holds it open exclusively (a \
+                     filesystem, device-mapper, md, or another arbor daemon's pool or \
+                     origin); an origin's device must be arbor's alone",
+                    path.display()
+                ),
+            )
+            .into(),
+            _ => anyhow::Error::new(e).context(format!(
+                "cannot open {} for reading and writing",
+                path.display()
+            )),
+        })?
+    } else {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .with_context(|| format!("cannot open {} for reading and writing", path.display()))?
+    };
     // The identity of what was opened, not of whatever the path names now.
     let metadata = file
         .metadata()
@@ -280,6 +293,55 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
         identity,
         marks: Marks::of(&metadata, identity),
     })
+}
+
+/// `EBUSY`: the errno of an exclusive open of a block device in use.
+const EBUSY: i32 = 16;
+
+/// Refuses block device `rdev` (at `path`) while a filesystem on it or on
+/// one of its partitions is mounted, or devices are stacked on it
+/// (device-mapper, md: sysfs `holders`): writing it would corrupt theirs.
+fn refuse_held(path: &Path, rdev: u64) -> Result<()> {
+    let sysfs = Sysfs::system();
+    let mut of = vec![rdev];
+    of.extend(sysfs.partitions(rdev).into_iter().map(|(_, dev)| dev));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounted = devices::mounted_at(&mountinfo, &of);
+    if !mounted.is_empty() {
+        return Err(Fail::new(
+            Exit::Busy,
+            format!(
+                "{} is mounted (at {}): unmount it first; an origin's device must be \
+                 arbor's alone",
+                path.display(),
+                mounted.join(", ")
+            ),
+        )
+        .into());
+    }
+    let holders = sysfs.holders(rdev);
+    if !holders.is_empty() {
+        return Err(Fail::new(
+            Exit::Busy,
+            format!(
+                "{} is held by {} (devices stacked on it: device-mapper, md, bcache...): \
+                 remove those first; an origin's device must be arbor's alone",
+                path.display(),
+                holders.join(", ")
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// What `identity` (a file's, or a block device's) reads and writes
+/// through, as far as the kernel says.
+fn below(identity: DeviceIdentity) -> Vec<Below> {
+    if identity.ino != 0 {
+        return Vec::new();
+    }
+    Sysfs::system().below(identity.dev, &devices::system_loop_backing)
 }
 
 impl Opened {
@@ -317,7 +379,7 @@ impl PoolControl {
     /// origin `name` again (after a start that could not open it): then it
     /// must be the same file or device, of the same size or larger (the
     /// volume keeps its recorded size until `volume resize`).
-    pub fn attach_origin(&self, name: &str, path: &str) -> Result<OriginView> {
+    pub fn attach_origin(&self, name: &str, path: &str, accept_damage: bool) -> Result<OriginView> {
         let _one = self.origins.changing();
         let known = self.pool.origins()?;
         self.origins.forget_gone(&known);
@@ -335,19 +397,18 @@ impl PoolControl {
             ))
             .into());
         }
-        let opened = open_device(Path::new(path), &self.path)?;
-        // Before the lock, which this daemon's own handle would refuse as
-        // "in use".
-        if let Some(other) = known
-            .iter()
-            .find(|o| o.identity == opened.identity && o.name != name)
-        {
-            return Err(Error::Conflict(format!(
-                "{path} is the device of origin {} already",
-                other.name
-            ))
-            .into());
+        // Before opening: a block device attached under another name would
+        // be refused as open exclusively "by another program" (this daemon).
+        if let Ok(metadata) = std::fs::metadata(path) {
+            if let Ok(identity) = identity_of(Path::new(path), &metadata) {
+                self.refuse_alias(name, path, identity, &known)?;
+            }
         }
+        let opened = open_device(Path::new(path), &self.path)?;
+        // Again for what was opened (the path may name another file now),
+        // before the lock, which this daemon's own handle would refuse as
+        // "in use".
+        self.refuse_alias(name, path, opened.identity, &known)?;
         if let Some(o) = existing {
             self.refuse_another_file(o, path, &opened)?;
         }
@@ -364,7 +425,7 @@ impl PoolControl {
         }
         let id = self
             .pool
-            .attach_origin(name, Arc::new(device), opened.identity)
+            .attach_origin_with(name, Arc::new(device), opened.identity, accept_damage)
             .map_err(|e| explain_attach(e, name, path))?;
         self.origins.handles().insert(
             id,
@@ -391,6 +452,52 @@ impl PoolControl {
         }
         info!(volume = %name, path = %path, "attached an origin");
         self.origin(name)
+    }
+
+    /// Refuses a device that shares storage with another origin's device
+    /// or with the pool (the same one under another name, a loop device
+    /// over its file, a partition of its disk or its disk, a device stacked
+    /// on it): writes through one would change what the other's snapshots
+    /// read. Known origins count attached or not: their device comes back.
+    fn refuse_alias(
+        &self,
+        name: &str,
+        path: &str,
+        identity: DeviceIdentity,
+        known: &[OriginInfo],
+    ) -> Result<()> {
+        let mine = below(identity);
+        for other in known.iter().filter(|o| o.name != name) {
+            let how = devices::overlap(identity, &mine, other.identity, &below(other.identity));
+            if let Some(how) = how {
+                let from = match self.origins.handles().get(&other.id) {
+                    Some(h) => Some(h.path.clone()),
+                    None => self.recorded(other.id).ok().flatten().map(|r| r.path),
+                };
+                let from = from.map(|p| format!(" ({p})")).unwrap_or_default();
+                return Err(Error::Conflict(format!(
+                    "{path} is the storage of origin {}{from} already: {how}; an origin \
+                     attached twice would change its snapshots under them",
+                    other.name
+                ))
+                .into());
+            }
+        }
+        if let Ok(pool) = std::fs::metadata(&self.path) {
+            if let Ok(pool_id) = identity_of(&self.path, &pool) {
+                if let Some(how) = devices::overlap(identity, &mine, pool_id, &below(pool_id)) {
+                    return Err(Fail::new(
+                        Exit::Usage,
+                        format!(
+                            "{path} is this daemon's pool ({how}): an origin must be another \
+                             file or device"
+                        ),
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a file or device that has the identity origin `o` was
@@ -534,6 +641,18 @@ impl PoolControl {
                 ino: o.identity.ino,
             },
             rollback_pending: o.rollback_epoch != 0,
+            failed: o.loss.filter(|l| l.accepted_unix == 0).map(|l| {
+                format!(
+                    "its device shrank to {} bytes: what it held from there on is lost; it \
+                     serves no I/O until attached again with --accept-damage",
+                    l.from
+                )
+            }),
+            loss: o.loss.map(|l| LossView {
+                from: l.from,
+                seen_unix_secs: l.seen_unix,
+                accepted_unix_secs: (l.accepted_unix != 0).then_some(l.accepted_unix),
+            }),
             name: o.name,
         })
     }
@@ -587,7 +706,7 @@ impl PoolControl {
                     continue;
                 }
             };
-            match self.attach_origin(&o.name, &record.path) {
+            match self.attach_origin(&o.name, &record.path, false) {
                 Ok(_) => {}
                 Err(e) if e.downcast_ref::<Error>().is_some_and(Error::stops_pool) => {
                     return Err(e)
@@ -625,15 +744,6 @@ fn explain_attach(e: Error, name: &str, path: &str) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn device_numbers_split_as_glibc_does() {
-        assert_eq!(major_minor(0x810), (8, 16));
-        assert_eq!(major_minor(0x10301), (259, 1));
-        // A minor past 255 and a major past 4095 use the high bits.
-        assert_eq!(major_minor(0x0010_072c), (7, 300));
-        assert_eq!(major_minor((0x1000u64 << 32) | 0x0100), (4097, 0));
-    }
 
     #[test]
     fn marks_refuse_only_what_both_sides_know_to_differ() {
