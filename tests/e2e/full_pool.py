@@ -11,11 +11,10 @@ volume lets the fill continue. `arbor check` is clean at the end."""
 
 import errno
 import json
-import socket
 
 import nbd
 
-from harness import Failure, run_test, wait_until
+from harness import Failure, metrics, run_test, wait_until
 
 MIB = 1 << 20
 
@@ -58,20 +57,6 @@ def verify(handle, blocks, versions=None):
     for index in range(blocks):
         if handle.pread(MIB, index * MIB) != block(index, versions.get(index, 0)):
             raise Failure(f"block {index} does not read back as written")
-
-
-def metrics(daemon):
-    probe = socket.socket(socket.AF_UNIX)
-    probe.connect(daemon.api)
-    probe.sendall(b"GET /metrics HTTP/1.1\r\nHost: arbor\r\nConnection: close\r\n\r\n")
-    chunks = []
-    while True:
-        data = probe.recv(65536)
-        if not data:
-            break
-        chunks.append(data)
-    probe.close()
-    return b"".join(chunks).decode()
 
 
 def status(daemon):

@@ -170,3 +170,18 @@ def run_test(name, body, tools=(), needs_root=False, pool_size="6G", extra_args=
         print(f"FAILED: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"{name}: ok")
+
+
+def metrics(daemon):
+    """The daemon's /metrics text, over its API socket."""
+    probe = socket.socket(socket.AF_UNIX)
+    probe.connect(daemon.api)
+    probe.sendall(b"GET /metrics HTTP/1.1\r\nHost: arbor\r\nConnection: close\r\n\r\n")
+    chunks = []
+    while True:
+        data = probe.recv(65536)
+        if not data:
+            break
+        chunks.append(data)
+    probe.close()
+    return b"".join(chunks).decode()

@@ -25,7 +25,7 @@ import random
 import struct
 
 from filesystem import Attached, write_tree
-from harness import ARBOR, Failure, run, run_test
+from harness import ARBOR, Failure, metrics, run, run_test, wait_until
 
 IMAGE_SIZE = 256 << 20
 
@@ -179,6 +179,7 @@ def body(daemon):
     block_device(daemon)
     aliases(daemon)
     held(daemon)
+    shrink(daemon)
 
 
 def refused(daemon, name, path, status, says):
@@ -282,6 +283,76 @@ def held(daemon):
         run("umount", mnt)
         raise Failure(f"{dev} attached as an origin could be mounted meanwhile")
     daemon.cli("origin", "detach", "h")
+
+
+def qemu_read(daemon, export, offset, byte=None):
+    """qemu-io reads 1 MiB of `export` at `offset` (checking it holds `byte`
+    if given); returns whether the read succeeded (qemu-io reports a failed
+    command on stdout and still exits 0)."""
+    flags = ["-r"] if "@" in export else []
+    pattern = ["-P", f"{byte:#x}"] if byte is not None else []
+    out = run("qemu-io", "-f", "raw", *flags, "-c",
+              " ".join(["read", *pattern, str(offset), "1M"]), daemon.uri(export), check=False)
+    text = out.stdout + out.stderr
+    if "Pattern verification failed" in text:
+        raise Failure(f"{export} at {offset} does not hold {byte:#x}: {text}")
+    return out.returncode == 0 and "failed" not in text and "error" not in text.lower()
+
+
+def origin_state(daemon, name):
+    listed = json.loads(daemon.cli("origin", "list", "--json").stdout)
+    return next(o for o in listed if o["name"] == name)
+
+
+def shrink(daemon):
+    """Issue 39, 3: the file of an attached origin truncated from 64 MiB to
+    16 MiB fails the origin within a watch interval (origin list, the
+    origin_failed alert and metric), it serves no I/O, and grown back it is
+    not attached again, at a restart either, until the loss is accepted.
+    Then its snapshot taken before reads its copies and the bytes the file
+    kept, fails (never zeros) where it read the lost ones, and check lists
+    it until it is destroyed."""
+    image = plain_image(daemon, "shrinks.img", 0x41, 64 << 20)
+    daemon.cli("origin", "attach", "o1", image)
+    daemon.cli("snapshot", "create", "o1@s1")
+    run("qemu-io", "-f", "raw", "-c", "write -P 0x42 0 1M", daemon.uri("o1"))
+    os.truncate(image, 16 << 20)
+    wait_until(lambda: origin_state(daemon, "o1").get("failed"), "o1 to fail after its file shrank")
+    state = origin_state(daemon, "o1")
+    if state["attached"] or state["loss"]["from"] != 16 << 20:
+        raise Failure(f"o1 after its file shrank: {state}")
+    if qemu_read(daemon, "o1", 0):
+        raise Failure("a failed origin served a read")
+    if os.path.getsize(image) != 16 << 20:
+        raise Failure("the failed origin's file was written past its new end")
+    wait_until(lambda: "origin_failed" in daemon.cli("pool", "status", "--json").stdout,
+               "the origin_failed alert")
+    if 'arbor_origin_failed{volume="o1"} 1' not in metrics(daemon):
+        raise Failure("the origin_failed metric of o1 is not 1")
+
+    os.truncate(image, 64 << 20)
+    refused(daemon, "o1", image, 5, "--accept-damage")
+    daemon.stop()
+    daemon.start()
+    state = origin_state(daemon, "o1")
+    if state["attached"] or not state.get("failed"):
+        raise Failure(f"o1 grown back was attached at a start: {state}")
+    daemon.cli("origin", "attach", "o1", image, "--accept-damage")
+    state = origin_state(daemon, "o1")
+    if not state["attached"] or state.get("failed") or not state["loss"].get("accepted_unix_secs"):
+        raise Failure(f"o1 after --accept-damage: {state}")
+    # Its copy, the bytes the file kept, and an error (not zeros) past 16 MiB.
+    if not qemu_read(daemon, "o1@s1", 0, 0x41) or not qemu_read(daemon, "o1@s1", 8 << 20, 0x41):
+        raise Failure("o1@s1 lost what it had kept")
+    for at in (16 << 20, 40 << 20):
+        if qemu_read(daemon, "o1@s1", at):
+            raise Failure(f"o1@s1 served lost bytes at {at} as data")
+    checked = run(ARBOR, "--data-dir", daemon.dir, "check", check=False)
+    if checked.returncode != 8 or "lost: o1@s1" not in checked.stdout:
+        raise Failure(f"check with o1@s1's loss: exit {checked.returncode}: {checked.stdout}{checked.stderr}")
+    daemon.cli("destroy", "o1@s1")
+    daemon.cli("check")
+    daemon.cli("origin", "detach", "o1")
 
 
 def block_device(daemon):

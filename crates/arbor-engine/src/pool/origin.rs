@@ -1057,8 +1057,13 @@ impl Pool {
                 identity,
                 attached: self.origins.get(id).is_some_and(|d| d.shrunk().is_none()),
                 rollback_epoch: cow.rollback,
-                loss: self.origins.loss(id),
+                loss: None,
             });
+        }
+        drop(meta);
+        // From the record: an attach refused for it loaded nothing.
+        for o in &mut all {
+            o.loss = self.recorded_loss(o.id.0)?;
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
