@@ -1113,7 +1113,31 @@ def part_failover():
         qemu_io(b, "vm1", "write -P 0x99 0 1M")
         b.cli("snapshot", "create", "vm1@local")
         qemu_io(b, "vm1", "write -P 0x98 4M 1M")
-        b.cli("replica", "demote", "vm1")
+
+        say("  a source never overwrites a volume writable on its target (issue 39, 4)")
+        # What the issue found: on a, the hints followed by hand (remove,
+        # add --seeded, resync --force) rolled b's promoted vm1 back.
+        before = b.digest("vm1")
+        a.cli("replica", "remove", "vm1")
+        a.add("vm1", b.target(), "--seeded")
+        forced = a.cli("--json", "replica", "resync", "vm1", "--force", check=False, timeout=RUN_TIMEOUT)
+        check(failed_with(forced, "not_allowed") and "writable on b" in forced.stderr + forced.stdout,
+              "`resync vm1 --force` to b's promoted vm1 is refused: (not_allowed), writable on b",
+              describe(forced))
+        check("vm1@local" in b.volumes() and b.digest("vm1") == before,
+              "b's promoted vm1 keeps its snapshot vm1@local and its writes")
+        check(read_only(b, "vm1") is False and b.role("vm1") is None, "b's vm1 stays writable, no replica")
+        a.cli("replica", "remove", "vm1")
+        a.add("vm1", b.target())
+
+        dry = b.json("replica", "demote", "vm1", "--dry-run")
+        check(not dry["demoted"] and b.role("vm1") is None and read_only(b, "vm1") is False,
+              "`demote --dry-run` changes nothing", json.dumps(dry))
+        demoted = b.json("replica", "demote", "vm1")
+        check(demoted["demoted"] and demoted["written_since_newest"]
+              and demoted["snapshots"][-1] == "vm1@local" and len(demoted["snapshots"]) == 3,
+              "`demote` lists what a forced resync may discard: vm1@local (newest of 3) and the "
+              "writes since", json.dumps(demoted))
         check(read_only(b, "vm1") is True, "demoted, b's vm1 export is read-only again")
         qemu_io(a, "vm1", "write -P 0x33 2M 1M")
         run = a.run("vm1", check=False)
@@ -1296,13 +1320,15 @@ def part_seeding():
         b.cli("receive", "copy", "-i", seed)
         check(b.digest("copy@seed") == a.digest("vm1@seed"), "b received the seed by hand as copy@seed")
 
-        say("  the seeded copy, replicated as b's `copy`")
-        a.add("vm1", b.target("copy"))
+        say("  the seeded copy, replicated as b's `copy` once demoted there")
+        a.add("vm1", b.target("copy"), "--seeded")
         run = a.run("vm1", check=False)
-        check(failed_with(run, "diverged") and "--seeded" in run.stderr,
-              "without --seeded the writable copy is refused: (diverged), pointing at --seeded", describe(run))
+        check(failed_with(run, "not_allowed") and "replica demote copy" in run.stderr,
+              "the received copy is writable on b: refused, even --seeded, pointing at demote",
+              describe(run))
         a.cli("replica", "remove", "vm1")
         qemu_io(a, "vm1", "write -P 0x61 8M 1M")
+        b.cli("replica", "demote", "copy")
         a.add("vm1", b.target("copy"), "--seeded")
         run = a.run("vm1", check=False)
         check(isinstance(run, list), "with --seeded the run succeeds", describe(run))

@@ -261,21 +261,20 @@ impl Target {
                 ),
             )),
             Some(_) => Ok(allow),
-            None => {
-                let exists = self.pool.lookup(volume).is_ok();
-                if exists && !hello.seeded {
-                    return Err(refusal(
-                        RefusalCode::Diverged,
-                        format!(
-                            "{volume} exists on {} and is writable, not a replica: \
-                             `arbor replica demote {volume}` there makes it one, or add the \
-                             pair with --seeded if it was seeded by hand",
-                            self.config.identity
-                        ),
-                    ));
-                }
-                Ok(allow)
-            }
+            // A volume writable here (promoted, made here, or received by
+            // hand) is this host's own: no source rolls it back, overwrites
+            // or demotes it, whatever it asks (`--seeded`, `--force`). Only
+            // `replica demote` on this host makes it a replica.
+            None if self.pool.lookup(volume).is_ok() => Err(refusal(
+                RefusalCode::NotAllowed,
+                format!(
+                    "{volume} is writable on {}, not a replica: a source never overwrites \
+                     it; `arbor replica demote {volume}` on {} makes it one (and lists what \
+                     a forced resync could then discard)",
+                    self.config.identity, self.config.identity
+                ),
+            )),
+            None => Ok(allow),
         }
     }
 

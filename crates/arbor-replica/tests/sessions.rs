@@ -351,6 +351,59 @@ async fn divergence_is_reported_and_a_forced_resync_rolls_back() {
     assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
 }
 
+/// Issue 39, 4: a replica promoted on its target, written and
+/// snapshotted there, is never rolled back by its old source, whatever the
+/// pair says (`--seeded`, `resync --force`); once demoted there, a forced
+/// resync discards what the demote exposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_never_overwrites_a_volume_writable_on_its_target() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 10);
+    let ab = pair("vm1", "beta");
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    // Promoted on beta (its role cleared), written and snapshotted there.
+    b.store.clear_role("vm1").unwrap();
+    b.write_random("vm1", &mut rng, 3);
+    b.pool.snapshot("vm1@beta-own").unwrap();
+    b.write_random("vm1", &mut rng, 3);
+    let before = b.contents("vm1");
+    a.write_random("vm1", &mut rng, 10);
+    let forced = Pair {
+        seeded: true,
+        resync: true,
+        ..ab.clone()
+    };
+    for p in [&ab, &forced] {
+        let (report, served) = cycle(&a, p, &b, None).await;
+        let e = report.unwrap_err();
+        assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
+        assert!(e.to_string().contains("writable on beta"), "{e}");
+        assert!(served.is_err());
+        assert!(b.pool.lookup("vm1@beta-own").is_ok());
+        assert!(b.contents("vm1") == before, "beta's vm1 was changed");
+        assert!(
+            b.store.role("vm1").is_none(),
+            "beta's vm1 was made a replica"
+        );
+    }
+    // Demoted on beta: a replica again, and the forced resync goes through.
+    b.store
+        .set_role(
+            "vm1",
+            Role {
+                source: None,
+                path: Vec::new(),
+            },
+        )
+        .unwrap();
+    let report = cycle(&a, &forced, &b, None).await.0.unwrap();
+    assert!(report.rolled_back.iter().any(|s| s == "vm1@beta-own"));
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targets_refuse_unknown_sources_cycles_second_sources_and_writable_volumes() {
     let a = Host::new("alpha", 64 * MIB);
@@ -368,7 +421,7 @@ async fn targets_refuse_unknown_sources_cycles_second_sources_and_writable_volum
     // A writable volume of the same name.
     b.pool.create_volume("vm1", VOL).unwrap();
     let e = cycle(&a, &ab, &b, None).await.0.unwrap_err();
-    assert_eq!(refusal_code(&e), Some(RefusalCode::Diverged), "{e}");
+    assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
     b.pool.delete("vm1").unwrap();
     cycle(&a, &ab, &b, None).await.0.unwrap();
     // A second source for the same replica.

@@ -314,7 +314,13 @@ pub enum ReplicaCommand {
     Promote { volume: String },
     /// Make VOLUME here a read-only replica, waiting for a source (failback:
     /// the old master becomes a target of the new one)
-    Demote { volume: String },
+    Demote {
+        volume: String,
+        /// Only list what a forced resync could discard once it is a
+        /// replica; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Args)]

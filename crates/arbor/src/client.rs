@@ -365,9 +365,12 @@ impl DaemonClient {
         decode(&self.send(Method::POST, &path, None)?)
     }
 
-    pub fn replica_demote(&self, volume: &str) -> Result<()> {
-        let path = Self::replica_path(volume, "/demote", None, false);
-        self.send(Method::POST, &path, None).map(drop)
+    pub fn replica_demote(&self, volume: &str, dry_run: bool) -> Result<crate::model::DemoteView> {
+        let path = format!(
+            "{}&dry_run={dry_run}",
+            Self::replica_path(volume, "/demote", None, false)
+        );
+        decode(&self.send(Method::POST, &path, None)?)
     }
 
     /// `send --dry-run`.

@@ -696,13 +696,9 @@ fn replica(command: ReplicaCommand, c: &DaemonClient, p: &Printer) -> Result<()>
                 )
             })?;
         }
-        ReplicaCommand::Demote { volume } => {
-            c.replica_demote(&volume)?;
-            p.done(
-                "demoted",
-                &volume,
-                format!("{volume} is now a read-only replica, waiting for its source\n"),
-            )?;
+        ReplicaCommand::Demote { volume, dry_run } => {
+            let view = c.replica_demote(&volume, dry_run)?;
+            p.show(&view, output::demote)?;
         }
     }
     Ok(())

@@ -717,6 +717,21 @@ pub struct ReplicaRoleView {
     pub path: Vec<String>,
 }
 
+/// `POST /v1/replicas/{volume}/demote`: what demoting a volume makes a
+/// forced resync able to discard here.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DemoteView {
+    pub volume: String,
+    /// It is a replica now (false for a dry run).
+    pub demoted: bool,
+    /// Its snapshots, oldest first: a forced resync from its next source
+    /// may discard those after the newest one the source also has.
+    pub snapshots: Vec<String>,
+    /// It was written since its newest snapshot (or has none): a forced
+    /// resync discards those writes too.
+    pub written_since_newest: bool,
+}
+
 /// `GET /v1/replicas`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplicasView {

@@ -590,6 +590,36 @@ fn ago(secs: u64) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
+/// `arbor replica demote`: what a forced resync may now discard.
+pub fn demote(v: &crate::model::DemoteView) -> String {
+    let volume = &v.volume;
+    let mut out = if v.demoted {
+        format!("{volume} is now a read-only replica, waiting for its source.\n")
+    } else {
+        format!("{volume} would become a read-only replica (dry run: nothing changed).\n")
+    };
+    let writes = if v.written_since_newest {
+        match v.snapshots.last() {
+            Some(newest) => format!("its writes since {newest}, and "),
+            None => "its data (it has no snapshot), and ".to_owned(),
+        }
+    } else {
+        String::new()
+    };
+    out += &format!(
+        "A forced resync from its source (arbor replica resync {volume} --force there) may \
+         discard {writes}those of its snapshots after the newest one the source also has:\n"
+    );
+    if v.snapshots.is_empty() {
+        out += "  (none)\n";
+    }
+    for name in v.snapshots.iter().rev() {
+        out += &format!("  {name}\n");
+    }
+    out += "Nothing else: a replica changes only by replication.\n";
+    out
+}
+
 /// `arbor replica status`.
 pub fn replicas(v: &crate::model::ReplicasView) -> String {
     use crate::model::ReplicaState;

@@ -9,8 +9,10 @@ use super::api::{ApiError, ApiResult};
 use super::control::PoolControl;
 use super::replication::CycleFailure;
 use crate::error_code::ErrorCode;
+use serde::Deserialize;
+
 use crate::model::{
-    ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
+    DemoteView, ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
 };
 use arbor_replica::state::{Pair, StateError};
 
@@ -187,7 +189,18 @@ pub async fn promote(
 pub async fn demote(
     State(c): State<PoolControl>,
     Path(volume): Path<String>,
-) -> ApiResult<StatusCode> {
-    c.replication.demote(&volume).map_err(ApiError::from)?;
-    Ok(StatusCode::NO_CONTENT)
+    Query(q): Query<DemoteQuery>,
+) -> ApiResult<Json<DemoteView>> {
+    let view = c
+        .replication
+        .demote(&volume, q.dry_run)
+        .map_err(ApiError::from)?;
+    Ok(Json(view))
+}
+
+/// `?dry_run=true`: say what a demote would expose, change nothing.
+#[derive(Debug, Default, Deserialize)]
+pub struct DemoteQuery {
+    #[serde(default)]
+    pub dry_run: bool,
 }

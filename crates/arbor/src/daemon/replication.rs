@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use arbor_engine::Pool;
 use arbor_replica::local;
+use arbor_replica::plan::Local;
 use arbor_replica::proto::RefusalCode;
 use arbor_replica::session::SessionError;
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
@@ -30,7 +31,8 @@ use tracing::{info, warn};
 
 use crate::config::ReplicationConfig;
 use crate::model::{
-    ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState, ReplicasView,
+    DemoteView, ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState,
+    ReplicasView,
 };
 
 /// Sessions served at once; more connections are closed at once.
@@ -570,9 +572,26 @@ impl Replication {
         Ok(role)
     }
 
-    /// Makes `volume` a replica, waiting for a source (read-only from now).
-    pub fn demote(&self, volume: &str) -> Result<()> {
-        self.pool.lookup(volume)?;
+    /// Makes `volume` a replica, waiting for a source (read-only from now;
+    /// with `dry_run`, only says what that would expose). Returns what a
+    /// forced resync could then discard: the volume cannot change from
+    /// now on but by replication, so nothing else.
+    pub fn demote(&self, volume: &str, dry_run: bool) -> Result<DemoteView> {
+        let id = self.pool.lookup(volume)?;
+        let snapshots: Vec<String> = local::snapshots_of(&self.pool, id)?
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        let written_since_newest = match local::view(&self.pool, volume)? {
+            Local::Volume { written, .. } => written,
+            Local::Absent => false,
+        };
+        let view = DemoteView {
+            volume: volume.to_owned(),
+            demoted: !dry_run,
+            snapshots,
+            written_since_newest,
+        };
         let master = self.store.role(volume).is_none();
         if master && self.store.pairs().iter().any(|p| p.volume == volume) {
             // Its pairs would keep sending a volume that now receives (a
@@ -581,6 +600,9 @@ impl Replication {
                 crate::exit::Exit::Usage,
                 format!("{volume} is replicated from here: `arbor replica remove {volume}` first"),
             ));
+        }
+        if dry_run {
+            return Ok(view);
         }
         self.store.set_role(
             volume,
@@ -591,9 +613,12 @@ impl Replication {
         )?;
         info!(
             volume,
-            "demoted: the volume is a read-only replica, waiting for its source"
+            snapshots = ?view.snapshots,
+            written_since_newest = view.written_since_newest,
+            "demoted: the volume is a read-only replica, waiting for its source; a forced resync \
+             may discard its writes since the newest snapshot its source also has"
         );
-        Ok(())
+        Ok(view)
     }
 }
 
