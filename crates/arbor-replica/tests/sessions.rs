@@ -123,6 +123,19 @@ impl Host {
     }
 }
 
+/// `replica demote VOLUME` on `host`: a replica waiting for a source.
+fn demote(host: &Host, volume: &str) {
+    host.store
+        .set_role(
+            volume,
+            Role {
+                source: None,
+                path: Vec::new(),
+            },
+        )
+        .unwrap();
+}
+
 fn pair(volume: &str, target: &str) -> Pair {
     Pair {
         volume: volume.into(),
@@ -390,15 +403,7 @@ async fn a_source_never_overwrites_a_volume_writable_on_its_target() {
         );
     }
     // Demoted on beta: a replica again, and the forced resync goes through.
-    b.store
-        .set_role(
-            "vm1",
-            Role {
-                source: None,
-                path: Vec::new(),
-            },
-        )
-        .unwrap();
+    demote(&b, "vm1");
     let report = cycle(&a, &forced, &b, None).await.0.unwrap();
     assert!(report.rolled_back.iter().any(|s| s == "vm1@beta-own"));
     assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
@@ -431,15 +436,7 @@ async fn targets_refuse_unknown_sources_cycles_second_sources_and_writable_volum
     assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
     // A cycle: beta sending vm1 back to alpha, which alpha allows.
     let a = a.allowing("beta");
-    a.store
-        .set_role(
-            "vm1",
-            Role {
-                source: None,
-                path: Vec::new(),
-            },
-        )
-        .unwrap();
+    demote(&a, "vm1");
     let e = cycle(&b, &pair("vm1", "alpha"), &a, None)
         .await
         .0

@@ -98,11 +98,18 @@ impl Sysfs {
     /// The names of the devices in `dir`'s `sub` directory (`slaves`,
     /// `holders`), with their device numbers.
     fn linked(dir: &Path, sub: &str) -> Vec<(String, u64)> {
-        let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+        Self::devices_in(&dir.join(sub), |_| true)
+    }
+
+    /// The devices in directory `dir` (links or directories holding a
+    /// `dev` file) that `keep` accepts, by name and device number, sorted.
+    fn devices_in(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<(String, u64)> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
             return Vec::new();
         };
         let mut out: Vec<(String, u64)> = entries
             .flatten()
+            .filter(|entry| keep(&entry.path()))
             .filter_map(|entry| {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let dev = Self::read(&entry.path().join("dev")).and_then(|d| parse_dev(&d))?;
@@ -115,23 +122,10 @@ impl Sysfs {
 
     /// The partitions of disk `rdev`, by name and device number.
     pub fn partitions(&self, rdev: u64) -> Vec<(String, u64)> {
-        let Some(dir) = self.dir(rdev) else {
-            return Vec::new();
-        };
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return Vec::new();
-        };
-        let mut out: Vec<(String, u64)> = entries
-            .flatten()
-            .filter(|entry| entry.path().join("partition").is_file())
-            .filter_map(|entry| {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let dev = Self::read(&entry.path().join("dev")).and_then(|d| parse_dev(&d))?;
-                Some((name, dev))
-            })
-            .collect();
-        out.sort();
-        out
+        match self.dir(rdev) {
+            Some(dir) => Self::devices_in(&dir, |entry| entry.join("partition").is_file()),
+            None => Vec::new(),
+        }
     }
 
     /// The devices stacked on block device `rdev` or on one of its
