@@ -600,9 +600,10 @@ pub struct ReplicaQuery {
 }
 
 /// The state of a pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {
+    #[default]
     Idle,
     Running,
     Failed,
@@ -622,7 +623,7 @@ pub struct ReplicaCycleView {
 }
 
 /// One pair, as `arbor replica status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct ReplicaPairView {
     pub volume: String,
     pub target: String,
