@@ -11,6 +11,9 @@ real daemon with its HTTP API on loopback TCP:
    `home`, a copy-on-write volume (`--layout cow`) with home@h1 (alone
    reading 1 MiB of copies) and home@h2 (cloned as `homeclone`), and
    `bulk` with 1000 snapshots (taken through the API's Unix socket);
+   db@auto-manual, a manual snapshot named like the policy's; the origin
+   `orig` (a raw file attached) with orig@o1 and its clone `origclone`,
+   which read through it;
 2. what a person sees: first a form asking for an API token (the API on
    TCP wants one; nothing of the pool shows), where a wrong token is
    refused with the API's reason and the harness's admin token is kept in
@@ -31,8 +34,16 @@ real daemon with its HTTP API on loopback TCP:
    (and its dependents: the clone and the hold); a rollback of dbclone;
    with all 1000 of bulk's snapshots shown (kept so across polls), destroy
    one of the older ones;
-4. no console error or uncaught exception in the page throughout; then the
-   daemon is stopped and the page says it is disconnected.
+   issue 39's regressions: the policy badge is on the policy's snapshot,
+   not on db@auto-manual (the API says which a policy made); a destroy
+   dialog focuses Cancel, so Enter closes it and destroys nothing; the
+   destroy dialogs of the origin `orig` and of `home` list what reads
+   through them as the API's refusal (the API's DELETE refuses for the same
+   names) with Destroy disabled;
+4. no console error or uncaught exception in the page throughout; a
+   read-only token (GET /v1/whoami says its scope) sees the pool with no
+   destroy, rollback, snapshot, clone, prune or new-volume control; then
+   the daemon is stopped and the page says it is disconnected.
 
 Screenshots go to $ARBOR_ARTIFACTS, else tests/e2e/artifacts/. Run from
 anywhere: /usr/bin/python3 tests/e2e/dashboard.py (ARBOR_BIN overrides the
@@ -229,8 +240,8 @@ class Dashboard:
         return path
 
 
-def setup_pool(daemon, api, target_port):
-    """db, its snapshots and clone, a hold, a policy, replication, bulk."""
+def setup_pool(daemon, api, target_port, work):
+    """db, its snapshots and clone, a hold, a policy, replication, bulk, an origin."""
     qemu = ["qemu-io", "-f", "raw"]
     daemon.cli("volume", "create", "db", "--size", "64M")
     harness.run(*qemu, "-c", "write -P 7 0 24M", daemon.uri("db"))
@@ -262,6 +273,18 @@ def setup_pool(daemon, api, target_port):
     except Failure:
         raise Failure(f"the first replication cycle did not finish: {api.request('GET', '/v1/replicas')['pairs']}") from None
 
+    # A manual snapshot named like the policy's, and the policy's own.
+    daemon.cli("snapshot", "create", "db@auto-manual")
+    wait_until(lambda: any(v["name"].startswith("db@auto-2") for v in api.overview()["volumes"]),
+               "the policy's first snapshot of db", timeout=30)
+    # An origin, with a snapshot and a clone of it reading through it.
+    image = os.path.join(work, "orig.raw")
+    with open(image, "wb") as f:
+        f.truncate(16 * MIB)
+    daemon.cli("origin", "attach", "orig", image)
+    daemon.cli("snapshot", "create", "orig@o1")
+    daemon.cli("clone", "orig@o1", "origclone")
+
     api.request("POST", "/v1/volumes", {"name": "bulk", "size": "16M"})
     started = time.monotonic()
     for i in range(BULK_SNAPSHOTS):
@@ -284,7 +307,7 @@ def body(daemon, target_port, work):
     target.start()
     daemon.cleanups.append(target.stop)
 
-    setup_pool(daemon, api, target_port)
+    setup_pool(daemon, api, target_port, work)
     overview = api.overview()
     pool = overview["pool"]
     check(pool["warnings"] or overview["alerts"], "the pool is past its 1 % warning threshold",
@@ -369,6 +392,17 @@ def browse(daemon, api, target_port):
         d.wait_text('tr[data-clones-of="home@h2"] [data-volume="homeclone"] > .vol-head [data-testid="layout"]',
                     "reads home", "homeclone's layout")
         check(d.count('[data-volume="db"] > .vol-head [data-testid="layout"]') == 0, "db has the default layout, untagged")
+
+        # The policy badge: the API says which snapshots the policy made
+        # (issue 39: the page guessed by name, and badged db@auto-manual).
+        made = [v["name"] for v in api.overview()["volumes"] if v.get("policy_snapshot")]
+        check(made and all(n.startswith("db@auto-2") for n in made) and "db@auto-manual" not in made,
+              f"the API marks the policy's snapshots only: {made}")
+        for name in made:
+            d.wait(f"document.querySelector('tr[data-snapshot=\"{name}\"] .tag.policy')", f"the policy badge on {name}")
+        check(d.count('tr[data-snapshot="db@auto-manual"]') == 1 and
+              d.count('tr[data-snapshot="db@auto-manual"] .tag.policy') == 0,
+              "no policy badge on the manual snapshot db@auto-manual")
 
         # The policy.
         policy = next(p for p in api.overview()["policies"] if "db" in p["volumes"])
@@ -531,6 +565,43 @@ def browse(daemon, api, target_port):
                "'Nothing to prune for db'))", "the prune's dry run to find nothing to destroy")
         say("    ok: prune now (a dry run first) finds nothing to destroy for db")
 
+        # A destroy dialog focuses Cancel: Enter closes it, nothing is destroyed.
+        d.click('[data-action="destroy"][data-name="bulk@b0998"]')
+        d.modal_open("destroy")
+        focused = d.eval("document.activeElement && document.activeElement.outerHTML")
+        for kind in ("keyDown", "keyUp"):
+            page.send("Input.dispatchKeyEvent", {"type": kind, "key": "Enter", "code": "Enter",
+                                                 "windowsVirtualKeyCode": 13, "nativeVirtualKeyCode": 13,
+                                                 **({"text": "\r"} if kind == "keyDown" else {})})
+        d.modal_closed("Enter in the destroy dialog")
+        check("bulk@b0998" in api.names(), "Enter in the destroy dialog destroyed nothing")
+        check('id="modal-cancel"' in (focused or ""), "the destroy dialog focused Cancel", repr(focused))
+
+        # The origin's and home's destroy dialogs show what the API refuses for.
+        for volume in ("orig", "home"):
+            readers = sorted(v["name"] for v in api.overview()["volumes"]
+                             if (v.get("layout") or {}).get("kind") == "reads_through" and v["layout"].get("origin") == volume)
+            check(len(readers) >= 2, f"{volume} has snapshots and clones reading through it: {readers}")
+            refusal = api.request("DELETE", f"/v1/volumes/{volume}", ok=(409,))
+            # The origin's refusal names them; home's (the engine's) counts them.
+            named = all(r in refusal["message"] for r in readers) if volume == "orig" else \
+                f"{len(readers)} snapshots and clones reading through" in refusal["message"]
+            check(named, f"the API refuses to destroy {volume}: {refusal['message']}")
+            d.click(f'[data-action="destroy"][data-name="{volume}"]')
+            d.modal_open("destroy")
+            blockers = d.eval("[...document.querySelectorAll('[data-testid=\"destroy-blocker\"][data-reason=\"reads_through\"]')]"
+                              ".map(e => e.textContent).join(' | ')") or ""
+            check(all(r in blockers for r in readers), f"{volume}'s destroy dialog names what reads through it: {blockers!r}")
+            check("keep their data" not in d.text('[data-testid="destroy-dependents"]'),
+                  f"{volume}'s destroy dialog does not promise its snapshots keep their data")
+            check(d.eval("document.getElementById('modal-confirm').disabled"), f"Destroy is disabled for {volume}")
+            d.wait_text('[data-testid="destroy-refused"]', re.compile("refuses"), f"the dialog says the daemon refuses {volume}")
+            if volume == "orig":
+                d.screenshot("dashboard-destroy-origin.png", full_page=False)
+            d.click('[data-testid="modal-cancel"]')
+            d.modal_closed("cancel")
+            check(volume in api.names(), f"{volume} is still there")
+
         # All of bulk's snapshots, kept shown across polls; destroy an old one.
         d.click(bulk + ' [data-action="show-all"]')
         d.wait(f"document.querySelectorAll('{bulk} tr[data-snapshot]').length === {BULK_SNAPSHOTS}",
@@ -552,6 +623,8 @@ def browse(daemon, api, target_port):
 
         d.eval("window.scrollTo(0, 0)")
         d.screenshot("dashboard-after-actions.png")
+        read_only(browser, daemon)
+
         # The one failed request the test asked for: the refused destroy of the held db@s1.
         refused = re.compile(r"status of 409 .*/v1/volumes/db%40s1$|status of 401 .*/v1/overview$")
         unexpected = [e for e in page.errors if not refused.search(e)]
@@ -569,6 +642,39 @@ def browse(daemon, api, target_port):
         d.screenshot("dashboard-disconnected.png", full_page=False)
         unexpected = [e for e in page.errors if not refused.search(e) and "/v1/overview" not in e]
         check(not unexpected, "no error in the page but the failed polls", "\n".join(unexpected))
+
+
+def read_only(browser, daemon):
+    """A read-only token sees the pool, and no control that changes it."""
+    token = daemon.cli("token", "create", "e2e-watch", "--scope", "read").stdout.strip()
+    host, port = daemon.api_listen.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", "/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        me = json.loads(response.read())
+    finally:
+        conn.close()
+    check(response.status == 200 and me == {"who": "token e2e-watch", "scope": "read"}, f"GET /v1/whoami: {me}")
+    page = browser.new_page()
+    d = Dashboard(page)
+    try:
+        page.navigate(f"http://{daemon.api_listen}/")
+    except cdp.CDPError as e:
+        raise Failure(str(e)) from None
+    d.wait("document.getElementById('status').dataset.state === 'locked'", "the page to ask for a token")
+    page.fill("#auth-token", token)
+    d.click('[data-testid="auth-submit"]')
+    d.wait("document.querySelector('[data-volume=\"db\"] tr[data-snapshot=\"db@s1\"]')", "db and its snapshots, read-only")
+    d.wait_text('[data-testid="scope"]', "read only (token e2e-watch)", "the page says the token may only read")
+    controls = ("destroy", "rollback", "rollback-pick", "snapshot", "clone", "prune", "create-volume")
+    shown = d.eval("[...document.querySelectorAll(" + js(", ".join(f'[data-action="{a}"]' for a in controls)) + ")]"
+                   ".filter(e => e.offsetParent !== null).map(e => e.dataset.action + ' ' + (e.dataset.name || ''))")
+    check(shown == [], "a read-only token sees no destroy, rollback, snapshot, clone, prune or new-volume control",
+          repr(shown[:10]))
+    d.screenshot("dashboard-read-only.png", full_page=False)
+    unexpected = [e for e in page.errors if not re.search(r"status of 401 .*/v1/overview$", e)]
+    check(not unexpected, "no error in the read-only page (but the polls before the token)", "\n".join(unexpected))
 
 
 def main():

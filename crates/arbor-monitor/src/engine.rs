@@ -86,6 +86,15 @@ pub fn new_key(first: VolumeId, taken: &[Stored]) -> String {
         .unwrap_or(base)
 }
 
+/// The time in the name of snapshot `full` (`volume@snap`, a snapshot of
+/// one of a policy's volumes) if the policy with `prefix` made it: the one
+/// rule by which a policy's snapshots are told from the user's (counted,
+/// aged, pruned, and shown so by the API).
+pub fn policy_stamp(prefix: &str, full: &str) -> Option<u64> {
+    let (_, snap) = full.split_once('@')?;
+    names::parse(prefix, snap)
+}
+
 /// One snapshot a policy made.
 #[derive(Debug, Clone)]
 pub struct PolicySnapshot {
@@ -138,8 +147,7 @@ impl Listing {
             .snapshots_of(id)
             .iter()
             .filter_map(|info| {
-                let (_, snap) = info.name.split_once('@')?;
-                let stamp = names::parse(&policy.prefix, snap)?;
+                let stamp = policy_stamp(&policy.prefix, &info.name)?;
                 Some(PolicySnapshot {
                     info: info.clone(),
                     stamp,
@@ -232,8 +240,7 @@ pub fn plan(
     for volume in listing.members(policy) {
         let mut candidates = Vec::new();
         for snap in listing.snapshots_of(volume.id.0) {
-            let short = snap.name.split_once('@').map_or("", |(_, s)| s);
-            let stamp = names::parse(&policy.prefix, short);
+            let stamp = policy_stamp(&policy.prefix, &snap.name);
             let mut held = pool.holds(snap.id)?;
             let needed = held.iter().any(|t| t.starts_with(REPLICATION_HOLD_PREFIX));
             if needed {

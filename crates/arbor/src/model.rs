@@ -651,9 +651,10 @@ pub struct ReplicaQuery {
 }
 
 /// The state of a pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {
+    #[default]
     Idle,
     Running,
     Failed,
@@ -673,7 +674,7 @@ pub struct ReplicaCycleView {
 }
 
 /// One pair, as `arbor replica status` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct ReplicaPairView {
     pub volume: String,
     pub target: String,
@@ -910,6 +911,54 @@ pub struct OverviewVolume {
     pub shared_bytes: u64,
     /// The policy it is in, for a volume.
     pub policy: Option<String>,
+    /// For a snapshot a policy made, that policy's id: its name is the
+    /// policy's prefix and a time, the rule by which the monitor counts,
+    /// ages and prunes the policy's snapshots. None for any other
+    /// snapshot, whatever its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_snapshot: Option<String>,
+    /// What `DELETE /v1/volumes/{name}` would refuse it for now (the same
+    /// checks the destroy makes); empty: it would be destroyed.
+    #[serde(default)]
+    pub destroy_blockers: Vec<DestroyBlocker>,
+}
+
+/// One reason a destroy would be refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyBlocker {
+    pub reason: BlockerReason,
+    /// What it is, in a sentence.
+    pub message: String,
+    /// The volumes, snapshots or hold tags concerned, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// Whether `force=true` overrides it.
+    pub forced: bool,
+}
+
+/// Why a destroy would be refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockerReason {
+    /// Snapshots or clones read through it (a copy-on-write volume or an
+    /// origin): never forced; destroy them first, or (an origin) copy it
+    /// into the pool.
+    ReadsThrough,
+    /// NBD clients have it open.
+    Open,
+    /// A send reads it.
+    Sending,
+    /// Hold tags (`arbor hold`).
+    Held,
+}
+
+/// Who a request authenticated as, and what it may do: `GET /v1/whoami`
+/// and the overview's `caller`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CallerView {
+    /// `local` (the Unix socket), `token NAME` or `certificate IDENTITY`.
+    pub who: String,
+    pub scope: Scope,
 }
 
 /// `GET /v1/overview`: everything the dashboard shows, in one answer.
@@ -921,6 +970,10 @@ pub struct OverviewView {
     pub policies: Vec<PolicyView>,
     pub replication: ReplicasView,
     pub alerts: Vec<AlertView>,
+    /// Who asked, and with which scope: the dashboard offers only what it
+    /// may do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<CallerView>,
 }
 
 /// What an API credential (a token, a client certificate) may do: `read`

@@ -38,17 +38,41 @@ impl SpaceWatch {
     /// The highest threshold `used` of `total` bytes crossed, if any: the
     /// one rule behind warnings, the metric and alerts.
     pub fn crossing(&self, used: u64, total: u64) -> Option<Crossing> {
+        self.crossing_held(used, total, None, 0)
+    }
+
+    /// As [`SpaceWatch::crossing`], for an alert already raised (`held`:
+    /// `Some(true)` at the last threshold, `Some(false)` below it): the
+    /// thresholds it covers stay crossed until use falls `margin` points
+    /// under them, so use hovering at a threshold does not raise and clear
+    /// it in turn (alerts' hysteresis, docs/MONITOR.md §5).
+    pub fn crossing_held(
+        &self,
+        used: u64,
+        total: u64,
+        held: Option<bool>,
+        margin: u8,
+    ) -> Option<Crossing> {
         let p = percent(used, total);
+        let several = self.thresholds.len() >= 2;
+        let top = self.thresholds.len().saturating_sub(1);
         let threshold = self
             .thresholds
             .iter()
+            .enumerate()
             .rev()
-            .copied()
-            .find(|&t| p >= u64::from(t))?;
+            .find(|&(i, &t)| {
+                let kept = match held {
+                    Some(last) => last || !several || i < top,
+                    None => false,
+                };
+                p >= u64::from(t) || (kept && p + u64::from(margin) >= u64::from(t))
+            })
+            .map(|(_, &t)| t)?;
         Some(Crossing {
             percent: p,
             threshold,
-            last: self.thresholds.len() >= 2 && self.thresholds.last() == Some(&threshold),
+            last: several && self.thresholds.last() == Some(&threshold),
         })
     }
 

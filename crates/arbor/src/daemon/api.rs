@@ -9,23 +9,23 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{middleware, Extension, Json, Router};
 use serde::Serialize;
 use tracing::error;
 
 use std::sync::Arc;
 
-use super::auth::{self, Auth};
+use super::auth::{self, Auth, Caller};
 use super::control::PoolControl;
 use super::{monitor_api, replica_api, stream, token_api};
 use crate::error_code::ErrorCode;
 use crate::exit::{Exit, Fail};
 use crate::model::{
-    AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery, DetachQuery,
-    DiffQuery, ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
-    MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView, RenameRequest,
-    ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView,
-    VolumeView,
+    AttachOriginRequest, CallerView, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery,
+    DetachQuery, DiffQuery, ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest,
+    MetadataPage, MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView,
+    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
+    UpgradeView, VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -85,6 +85,7 @@ pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Rout
         .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
         .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
         .route("/v1/overview", get(overview))
+        .route("/v1/whoami", get(whoami))
         .route("/v1/policies", get(monitor_api::list))
         .route(
             "/v1/policies/{volume}",
@@ -206,9 +207,20 @@ async fn dashboard() -> Response {
         .into_response()
 }
 
-/// `GET /v1/overview`: what the dashboard shows, in one answer.
-async fn overview(State(c): State<PoolControl>) -> ApiResult<Json<OverviewView>> {
-    blocking(c, |c| c.overview()).await.map(Json)
+/// `GET /v1/overview`: what the dashboard shows, in one answer, with
+/// who asked.
+async fn overview(
+    State(c): State<PoolControl>,
+    caller: Option<Extension<Caller>>,
+) -> ApiResult<Json<OverviewView>> {
+    let mut view = blocking(c, |c| c.overview()).await?;
+    view.caller = caller.map(|Extension(caller)| caller.view());
+    Ok(Json(view))
+}
+
+/// `GET /v1/whoami`: who the request authenticated as, and its scope.
+async fn whoami(Extension(caller): Extension<Caller>) -> Json<CallerView> {
+    Json(caller.view())
 }
 
 /// An error response: a status and an [`ErrorBody`].

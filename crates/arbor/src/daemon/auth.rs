@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use super::api::ApiError;
 use crate::config::ApiConfig;
 use crate::error_code::ErrorCode;
-use crate::model::Scope;
+use crate::model::{CallerView, Scope};
 use crate::tokens::{Rejected, TokenStore};
 
 /// How a request reached the daemon, set by the listener that accepted
@@ -40,6 +40,16 @@ pub struct Caller {
     /// `local`, `token NAME` or `certificate IDENTITY`.
     pub who: String,
     pub scope: Scope,
+}
+
+impl Caller {
+    /// As `GET /v1/whoami` shows it.
+    pub fn view(&self) -> CallerView {
+        CallerView {
+            who: self.who.clone(),
+            scope: self.scope,
+        }
+    }
 }
 
 /// The API's credentials: the token store and the certificate identities.

@@ -16,9 +16,9 @@ use tracing::info;
 use crate::exit::{Exit, Fail};
 use crate::metrics::Metrics;
 use crate::model::{
-    BlockMetadata, CheckView, CreateLayout, Durability, GrowRequest, GrowView, HomeView,
-    LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume, PoolView, Range,
-    ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
+    BlockMetadata, BlockerReason, CheckView, CreateLayout, DestroyBlocker, Durability, GrowRequest,
+    GrowView, HomeView, LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume,
+    PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use crate::nbd_export::OpenExports;
 use crate::pool_file;
@@ -33,6 +33,15 @@ const RECLAIM_BATCH: usize = 1024;
 /// have been read to its end yet (`OpenExports::settled`). Only a refusal
 /// pays it.
 pub(super) const CLOSING_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The volumes and snapshots in `all` that read through copy-on-write
+/// volume `id` (an origin, or `--layout cow`): while any is left, it
+/// cannot be destroyed or detached, forced or not.
+pub(super) fn readers_through(all: &[VolumeInfo], id: VolumeId) -> Vec<&VolumeInfo> {
+    all.iter()
+        .filter(|v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == id))
+        .collect()
+}
 
 /// The daemon's pool and what it knows about it; cheap to clone.
 #[derive(Clone)]
@@ -199,10 +208,12 @@ impl PoolControl {
         let now = crate::daemon::monitor::unix_now();
         let policies = self.monitor.views(self, None, now)?;
         // Each volume's policy, from the policies' own member lists.
-        let policy_of: HashMap<&str, &str> = policies
+        let policy_of: HashMap<&str, &crate::model::PolicyView> = policies
             .iter()
-            .flat_map(|p| p.volumes.iter().map(|v| (v.as_str(), p.id.as_str())))
+            .flat_map(|p| p.volumes.iter().map(move |v| (v.as_str(), p)))
             .collect();
+        let all = self.pool.list()?;
+        let infos: HashMap<u64, &VolumeInfo> = all.iter().map(|v| (v.id.0, v)).collect();
         let volumes = self
             .list()?
             .into_iter()
@@ -212,10 +223,24 @@ impl PoolControl {
                     .pool
                     .volume_stats(VolumeId(volume.id))
                     .unwrap_or(arbor_engine::VolumeStats::unknown(volume.size));
+                let policy_snapshot = match (volume.kind, &volume.parent) {
+                    (VolumeKind::Snapshot, Some(parent)) => policy_of
+                        .get(parent.as_str())
+                        .filter(|p| {
+                            arbor_monitor::engine::policy_stamp(&p.prefix, &volume.name).is_some()
+                        })
+                        .map(|p| p.id.clone()),
+                    _ => None,
+                };
                 OverviewVolume {
                     exclusive_bytes: s.exclusive_bytes,
                     shared_bytes: s.shared_bytes,
-                    policy: policy_of.get(volume.name.as_str()).map(|&id| id.to_owned()),
+                    policy: policy_of.get(volume.name.as_str()).map(|p| p.id.clone()),
+                    policy_snapshot,
+                    destroy_blockers: infos
+                        .get(&volume.id)
+                        .map(|info| self.destroy_blockers(info, &volume.holds, &all))
+                        .unwrap_or_default(),
                     volume,
                 }
             })
@@ -227,7 +252,79 @@ impl PoolControl {
             policies,
             replication: self.replication.view(),
             alerts: self.monitor.alerts(),
+            caller: None,
         })
+    }
+
+    /// What destroying `info` (held by `holds`; `all`: the pool's listing)
+    /// would be refused for now, and whether force overrides each: the
+    /// checks [`PoolControl::destroy`] makes (readers through a
+    /// copy-on-write volume, [`PoolControl::refuse_busy`], holds).
+    pub fn destroy_blockers(
+        &self,
+        info: &VolumeInfo,
+        holds: &[String],
+        all: &[VolumeInfo],
+    ) -> Vec<DestroyBlocker> {
+        let mut out = Vec::new();
+        let device = matches!(info.layout, VolumeLayout::CowExternal { .. });
+        if device || matches!(info.layout, VolumeLayout::CowInPool { .. }) {
+            let readers: Vec<String> = readers_through(all, info.id)
+                .into_iter()
+                .map(|v| v.name.clone())
+                .collect();
+            if !readers.is_empty() {
+                out.push(DestroyBlocker {
+                    reason: BlockerReason::ReadsThrough,
+                    message: format!(
+                        "{} snapshot(s) or clone(s) read through it: destroy them first{}; \
+                         force does not override this",
+                        readers.len(),
+                        if device {
+                            format!(
+                                ", or keep them with arbor origin detach {} --copy-to-pool",
+                                info.name
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    names: readers,
+                    forced: false,
+                });
+            }
+        }
+        let busy = [
+            (
+                BlockerReason::Open,
+                self.open.count(info.id),
+                "open NBD connection(s): forcing fails their I/O",
+            ),
+            (
+                BlockerReason::Sending,
+                self.sending.count(info.id),
+                "send(s) reading it: forcing fails them",
+            ),
+        ];
+        for (reason, count, what) in busy {
+            if count > 0 {
+                out.push(DestroyBlocker {
+                    reason,
+                    message: format!("{count} {what}"),
+                    names: Vec::new(),
+                    forced: true,
+                });
+            }
+        }
+        if !holds.is_empty() {
+            out.push(DestroyBlocker {
+                reason: BlockerReason::Held,
+                message: "held: forcing releases the holds".to_owned(),
+                names: holds.to_vec(),
+                forced: true,
+            });
+        }
+        out
     }
 
     pub fn list(&self) -> Result<Vec<VolumeView>> {

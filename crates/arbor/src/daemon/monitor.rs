@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::control::PoolControl;
-use crate::alerts::{self, Book, Condition, CRITICAL_FAILURES};
+use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
 use crate::model::{
     AlertKind, AlertView, PolicyRequest, PolicyView, PruneDecisionView, PruneFailureView,
     PruneRequest, PruneView, PruneVolumeView, Severity,
@@ -52,8 +52,9 @@ struct RunState {
     /// Snapshots or prunes that failed in a row, and the last error.
     failures: u32,
     last_error: Option<String>,
-    /// What the last prune destroyed beyond retention, to free space.
-    space_pruned: Vec<String>,
+    /// What prunes destroyed beyond retention, to free space, since the
+    /// pool went past the policy's space threshold.
+    space_pruned: SpacePruned,
 }
 
 /// The monitor's state; one per daemon.
@@ -256,7 +257,11 @@ impl Monitor {
             let run = runs.entry(key.to_owned()).or_default();
             run.last_prune = Some(now);
             run.last_pruned = destroyed;
-            run.space_pruned = space;
+            // Added to, not replaced: a prune that finds nothing more to
+            // destroy while the pool stays past the threshold does not end
+            // the condition (it flapped so at every scheduled snapshot);
+            // the pool's use going back under it does (refresh_alerts).
+            run.space_pruned.pruned(&space);
         }
         if errors.is_empty() {
             let mut runs = lock(&self.runs);
@@ -470,6 +475,7 @@ impl Monitor {
         now: u64,
     ) -> Result<()> {
         let s = c.pool.pool_stats()?;
+        let held = |kind, subject| lock(&self.alerts).severity(kind, subject);
         let mut found: Vec<Condition> = [
             alerts::space(
                 AlertKind::DataUsage,
@@ -477,6 +483,7 @@ impl Monitor {
                 s.data_used_bytes,
                 s.data_bytes,
                 &c.space,
+                held(AlertKind::DataUsage, "data"),
             ),
             alerts::space(
                 AlertKind::MetadataUsage,
@@ -484,12 +491,25 @@ impl Monitor {
                 s.metadata_used_bytes,
                 s.metadata_bytes,
                 &c.space,
+                held(AlertKind::MetadataUsage, "metadata"),
             ),
         ]
         .into_iter()
         .flatten()
         .collect();
-        let runs = lock(&self.runs).clone();
+        let runs = {
+            let mut runs = lock(&self.runs);
+            for stored in policies {
+                if let Some(run) = runs.get_mut(&stored.key) {
+                    run.space_pruned.observe(
+                        s.data_used_bytes,
+                        s.data_bytes,
+                        stored.policy.space_prune_percent,
+                    );
+                }
+            }
+            runs.clone()
+        };
         for stored in policies {
             let (warn_age, crit_age) = stored.policy.ages();
             for volume in listing.members(&stored.policy) {
@@ -525,20 +545,7 @@ impl Monitor {
                     ),
                 ));
             }
-            if !run.space_pruned.is_empty() {
-                found.push(Condition::new(
-                    AlertKind::SpacePruned,
-                    Severity::Warning,
-                    &stored.key,
-                    format!(
-                        "the pool passed the policy's space threshold: {} snapshot{} pruned \
-                         beyond retention ({})",
-                        run.space_pruned.len(),
-                        if run.space_pruned.len() == 1 { "" } else { "s" },
-                        run.space_pruned.join(", ")
-                    ),
-                ));
-            }
+            found.extend(run.space_pruned.condition(&stored.key));
         }
         for (key, why) in runs
             .iter()

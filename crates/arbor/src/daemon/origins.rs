@@ -608,12 +608,7 @@ impl PoolControl {
     }
 
     fn origin_view(&self, o: OriginInfo, all: &[arbor_engine::VolumeInfo]) -> Result<OriginView> {
-        let readers: Vec<&arbor_engine::VolumeInfo> = all
-            .iter()
-            .filter(
-                |v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == o.id),
-            )
-            .collect();
+        let readers = super::control::readers_through(all, o.id);
         let store_bytes = all
             .iter()
             .find(|v| v.id == o.id)
@@ -659,14 +654,10 @@ impl PoolControl {
 
     /// The names of the volumes and snapshots that read through origin `id`.
     fn readers_of(&self, id: VolumeId) -> Result<Vec<String>> {
-        Ok(self
-            .pool
-            .list()?
+        let all = self.pool.list()?;
+        Ok(super::control::readers_through(&all, id)
             .into_iter()
-            .filter(
-                |v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == id),
-            )
-            .map(|v| v.name)
+            .map(|v| v.name.clone())
             .collect())
     }
 
