@@ -86,6 +86,10 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             printer.show(&tls_init::init(&args)?, tls_init::human)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Tls(TlsCommand::Add(args)) => {
+            printer.show(&tls_init::add(&args)?, tls_init::add_human)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "arbor", &mut out);

@@ -1,6 +1,8 @@
 //! `arbor tls init DIR`: a private CA, a server certificate and client
 //! certificates, as PEM files, for a quick and correct mutual-TLS set-up
-//! (docs/CLI.md § TLS files).
+//! (docs/CLI.md § TLS files). `arbor tls add DIR`: a further server
+//! certificate (another host's) or client certificates, signed by the CA
+//! `tls init` made in DIR, which stays as it is.
 //!
 //! One directory serves arbor (the `tls_ca`, `tls_cert`, `tls_key` config
 //! keys name its files) and the GnuTLS tools (nbdkit, qemu, libnbd's
@@ -10,18 +12,20 @@
 //! Everything is generated in memory first; then each file is written to a
 //! temporary file in DIR and moved into place. Without `--force` nothing
 //! existing is replaced, not even by a race: the move is a hard link, which
-//! fails if the name is taken.
+//! fails if the name is taken. `tls add` writes new names only (without
+//! `--force`), and checks before anything is written that ca.pem is a CA
+//! and ca-key.pem its key.
 
 use std::fmt::Write as _;
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
-use std::io::{ErrorKind, Write as _};
+use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use clap::{ArgGroup, Args, Subcommand};
 use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -42,6 +46,20 @@ pub const DEFAULT_CLIENT: &str = "admin";
 /// Certificates start being valid this long before they were made, so a
 /// peer whose clock is a little behind accepts them.
 const BACKDATE: Duration = Duration::from_secs(3600);
+const DAY_SECS: i64 = 86_400;
+/// A server certificate's extended key usages: a host's one `tls_cert`
+/// serves its replication listener and its connections out as a source
+/// (chains, failback).
+const SERVER_USAGES: &[ExtendedKeyUsagePurpose] = &[
+    ExtendedKeyUsagePurpose::ServerAuth,
+    ExtendedKeyUsagePurpose::ClientAuth,
+];
+const CLIENT_USAGES: &[ExtendedKeyUsagePurpose] = &[ExtendedKeyUsagePurpose::ClientAuth];
+/// What `--force` means, said when a file is in the way.
+const INIT_FORCE: &str =
+    "--force (which makes a new CA: certificates the old one signed stop being trusted)";
+const ADD_FORCE: &str =
+    "--force (which replaces those files only; the CA stays), or choose another NAME";
 const CERT_MODE: u32 = 0o644;
 const KEY_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o700;
@@ -52,6 +70,10 @@ pub enum TlsCommand {
     /// P-256) in DIR, for arbor's tls_* keys and for nbdkit, qemu and
     /// libnbd (`tls-certificates=DIR`)
     Init(TlsInitArgs),
+    /// Add a server certificate (for another host) or client certificates
+    /// to DIR, signed by the CA `tls init` made there (ca.pem, ca-key.pem);
+    /// the CA and every existing file stay as they are
+    Add(TlsAddArgs),
 }
 
 #[derive(Debug, Args)]
@@ -67,10 +89,55 @@ pub struct TlsInitArgs {
     /// A client certificate for this identity: client-NAME.pem and
     /// client-NAME-key.pem (repeat). The first is also client-cert.pem and
     /// client-key.pem [default: admin]
-    #[arg(long = "client", value_name = "NAME", value_parser = client_name)]
+    #[arg(long = "client", value_name = "NAME", value_parser = cert_name)]
     pub clients: Vec<String>,
-    /// Days the server and client certificates are valid (the CA: 3650, or
-    /// as long as they are if longer)
+    #[command(flatten)]
+    pub validity: Validity,
+    /// Replace files DIR already has (with a new CA: what the old one
+    /// signed is no longer trusted by the new files)
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).multiple(true).args(["server", "clients"])))]
+pub struct TlsAddArgs {
+    /// A directory where `arbor tls init` made a CA: its ca.pem and
+    /// ca-key.pem sign the new certificates
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// A server certificate for the host NAME, its identity and first
+    /// name: server-NAME.pem and server-NAME-key.pem (serverAuth and
+    /// clientAuth, as server.pem)
+    #[arg(long, value_name = "NAME", value_parser = cert_name)]
+    pub server: Option<String>,
+    /// A further DNS name or IP address the --server certificate is valid
+    /// for (repeat; give every name other hosts reach it by)
+    #[arg(
+        long = "host",
+        value_name = "NAME",
+        value_parser = host_name,
+        requires = "server"
+    )]
+    pub hosts: Vec<String>,
+    /// A client certificate for this identity: client-NAME.pem and
+    /// client-NAME-key.pem (repeat)
+    #[arg(long = "client", value_name = "NAME", value_parser = cert_name)]
+    pub clients: Vec<String>,
+    #[command(flatten)]
+    pub validity: Validity,
+    /// Replace the new certificates' files if DIR has them (never the CA
+    /// or any other file)
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The validity of the certificates `tls init` and `tls add` make.
+#[derive(Debug, Args)]
+pub struct Validity {
+    /// Days the server and client certificates are valid (`tls init`'s
+    /// CA: 3650, or as long as they are if longer; `tls add`: at most
+    /// until DIR's CA expires)
     #[arg(
         long,
         value_name = "N",
@@ -78,10 +145,6 @@ pub struct TlsInitArgs {
         value_parser = clap::value_parser!(u32).range(1..=36500)
     )]
     pub days: u32,
-    /// Replace files DIR already has (with a new CA: what the old one
-    /// signed is no longer trusted by the new files)
-    #[arg(long)]
-    pub force: bool,
 }
 
 /// What `tls init` made, for `--json`.
@@ -96,6 +159,22 @@ pub struct TlsInitReport {
     pub files: Vec<FileView>,
     /// The `arbor serve` config keys for a server (replication listener)
     /// using these files.
+    pub config: ConfigView,
+}
+
+/// What `tls add` made, for `--json`.
+#[derive(Debug, Serialize)]
+pub struct TlsAddReport {
+    /// The directory, absolute.
+    pub dir: PathBuf,
+    /// The CA that signed the new certificates (as it was: unchanged).
+    pub ca: CertView,
+    pub server: Option<CertView>,
+    pub clients: Vec<CertView>,
+    /// Every file written, in order.
+    pub files: Vec<FileView>,
+    /// The config keys for the host of the new server certificate, else
+    /// for the first new client.
     pub config: ConfigView,
 }
 
@@ -153,7 +232,7 @@ pub fn init(args: &TlsInitArgs) -> Result<TlsInitReport> {
     let clients = client_list(&args.clients)?;
 
     let now = SystemTime::now();
-    let leaf_days = args.days;
+    let leaf_days = args.validity.days;
     let ca_days = leaf_days.max(CA_DAYS);
 
     let host_label = hosts.first().map(String::as_str).unwrap_or("localhost");
@@ -187,62 +266,24 @@ pub fn init(args: &TlsInitArgs) -> Result<TlsInitReport> {
     };
     let issuer = Issuer::new(ca_params, ca_key);
 
-    // The server certificate also allows client authentication: a host's
-    // one `tls_cert` serves its replication listener and its connections
-    // out as a source (chains, failback).
     let server = leaf(
         &issuer,
         &hosts,
-        &[
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
+        SERVER_USAGES,
         ("server.pem", "server-key.pem"),
         now,
         leaf_days,
     )
     .context("cannot make the server certificate")?;
-    let mut made_clients = Vec::new();
-    for name in &clients {
-        let made = leaf(
-            &issuer,
-            std::slice::from_ref(name),
-            &[ExtendedKeyUsagePurpose::ClientAuth],
-            (
-                &format!("client-{name}.pem"),
-                &format!("client-{name}-key.pem"),
-            ),
-            now,
-            leaf_days,
-        )
-        .with_context(|| format!("cannot make the certificate of client {name:?}"))?;
-        made_clients.push(made);
-    }
+    let made_clients = client_leaves(&issuer, &clients, now, leaf_days)?;
 
     let plan = plan(&ca, &server, &made_clients)?;
     let dir = prepare_dir(&args.dir)?;
-    refuse_existing(&dir, &plan, args.force)?;
-    for file in &plan {
-        write_file(&dir, file, args.force)?;
-    }
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync {}", dir.display()))?;
+    write_plan(&dir, &plan, args.force, INIT_FORCE)?;
 
     Ok(TlsInitReport {
-        config: ConfigView {
-            tls_ca: dir.join(&ca.view.cert),
-            tls_cert: dir.join(&server.view.cert),
-            tls_key: dir.join(&server.view.key),
-        },
-        files: plan
-            .into_iter()
-            .map(|f| FileView {
-                name: f.name,
-                mode: format!("{:04o}", f.mode),
-                what: f.what,
-            })
-            .collect(),
+        config: config_for(&dir, &server.view),
+        files: file_views(plan),
         dir,
         ca: ca.view,
         server: server.view,
@@ -250,11 +291,391 @@ pub fn init(args: &TlsInitArgs) -> Result<TlsInitReport> {
     })
 }
 
+/// `arbor tls add`: signs the new certificates with DIR's CA, writes them
+/// under names DIR does not have (or, with `--force`, over those names
+/// only) and says what it made. Nothing is written unless DIR's CA is one
+/// that can sign and its key is ca-key.pem's.
+pub fn add(args: &TlsAddArgs) -> Result<TlsAddReport> {
+    let clients = distinct_clients(&args.clients)?;
+    let dir = ca_dir(&args.dir)?;
+    let ca = load_ca(&dir)?;
+    let now = SystemTime::now();
+    ca.check_days(now, args.validity.days)?;
+
+    let server = match &args.server {
+        Some(name) => {
+            let names = server_names(&[std::slice::from_ref(name), &args.hosts[..]].concat());
+            let files = (
+                format!("server-{name}.pem"),
+                format!("server-{name}-key.pem"),
+            );
+            let made = leaf(
+                &ca.issuer,
+                &names,
+                SERVER_USAGES,
+                (&files.0, &files.1),
+                now,
+                args.validity.days,
+            )
+            .with_context(|| format!("cannot make the certificate of server {name:?}"))?;
+            Some(made)
+        }
+        None => None,
+    };
+    let made_clients = client_leaves(&ca.issuer, &clients, now, args.validity.days)?;
+
+    let mut plan = Vec::new();
+    if let Some(server) = &server {
+        let who = &server.view.identity;
+        plan.extend(pair_files(
+            server,
+            format!("certificate of server {who}"),
+            format!("private key of server {who}"),
+        ));
+    }
+    plan.extend(client_files(&made_clients));
+    write_plan(&dir, &plan, args.force, ADD_FORCE)?;
+
+    let host = server
+        .as_ref()
+        .or(made_clients.first())
+        .context("internal error: no certificate was made")?;
+    Ok(TlsAddReport {
+        config: config_for(&dir, &host.view),
+        files: file_views(plan),
+        dir,
+        ca: ca.view,
+        server: server.map(|s| s.view),
+        clients: made_clients.into_iter().map(|c| c.view).collect(),
+    })
+}
+
+/// The config keys for the host whose certificate is `cert`.
+fn config_for(dir: &Path, cert: &CertView) -> ConfigView {
+    ConfigView {
+        tls_ca: dir.join("ca.pem"),
+        tls_cert: dir.join(&cert.cert),
+        tls_key: dir.join(&cert.key),
+    }
+}
+
+fn file_views(plan: Vec<Planned>) -> Vec<FileView> {
+    plan.into_iter()
+        .map(|f| FileView {
+            name: f.name,
+            mode: format!("{:04o}", f.mode),
+            what: f.what,
+        })
+        .collect()
+}
+
+/// A client certificate for each of `names`, signed by `issuer`.
+fn client_leaves(
+    issuer: &Issuer<'_, KeyPair>,
+    names: &[String],
+    now: SystemTime,
+    days: u32,
+) -> Result<Vec<Made>> {
+    names
+        .iter()
+        .map(|name| {
+            leaf(
+                issuer,
+                std::slice::from_ref(name),
+                CLIENT_USAGES,
+                (
+                    &format!("client-{name}.pem"),
+                    &format!("client-{name}-key.pem"),
+                ),
+                now,
+                days,
+            )
+            .with_context(|| format!("cannot make the certificate of client {name:?}"))
+        })
+        .collect()
+}
+
+/// DIR of `tls add`, absolute: it must exist (`tls add` never creates it).
+fn ca_dir(dir: &Path) -> Result<PathBuf> {
+    match std::fs::canonicalize(dir) {
+        Ok(path) if path.is_dir() => Ok(path),
+        Ok(_) => {
+            Err(Fail::new(Exit::Usage, format!("{} is not a directory", dir.display())).into())
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => Err(no_ca(dir, "ca.pem")),
+        Err(e) => Err(e).with_context(|| format!("cannot use {}", dir.display())),
+    }
+}
+
+fn no_ca(dir: &Path, missing: &str) -> anyhow::Error {
+    Fail::new(
+        Exit::Usage,
+        format!(
+            "{} has no CA to sign with: {missing} is missing (`arbor tls init DIR` makes one)",
+            dir.display()
+        ),
+    )
+    .into()
+}
+
+/// DIR's CA, checked and ready to sign.
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    view: CertView,
+    /// Unix time.
+    not_after: i64,
+}
+
+/// Reads ca.pem and ca-key.pem of `dir` (at most
+/// [`arbor_tls::MAX_FILE_BYTES`] each) and checks that ca.pem is one
+/// certificate, a CA's that may sign certificates, and that ca-key.pem
+/// is its key.
+fn load_ca(dir: &Path) -> Result<Ca> {
+    let read = |name: &str| -> Result<String> {
+        let path = dir.join(name);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Err(no_ca(dir, name)),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let mut bytes = Vec::new();
+        file.take(arbor_tls::MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if bytes.len() as u64 > arbor_tls::MAX_FILE_BYTES {
+            return Err(bad_ca(
+                &path,
+                &format!("larger than {} bytes", arbor_tls::MAX_FILE_BYTES),
+            ));
+        }
+        String::from_utf8(bytes).map_err(|_| bad_ca(&path, "not PEM text"))
+    };
+    let cert_pem = read("ca.pem")?;
+    let key_pem = read("ca-key.pem")?;
+    let cert_path = dir.join("ca.pem");
+    let key_path = dir.join("ca-key.pem");
+
+    let blocks = x509_parser::pem::Pem::iter_from_buffer(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad_ca(&cert_path, &format!("not PEM: {e}")))?;
+    let pem = match &blocks[..] {
+        [one] if one.label == "CERTIFICATE" => one,
+        [] | [_] => return Err(bad_ca(&cert_path, "no certificate in it")),
+        _ => {
+            return Err(bad_ca(
+                &cert_path,
+                &format!(
+                    "{} PEM blocks; tls add signs with the one CA certificate tls init wrote",
+                    blocks.len()
+                ),
+            ))
+        }
+    };
+    let x509 = pem
+        .parse_x509()
+        .map_err(|e| bad_ca(&cert_path, &format!("not an X.509 certificate: {e}")))?;
+    let is_ca = x509
+        .basic_constraints()
+        .map_err(|e| bad_ca(&cert_path, &format!("bad basicConstraints: {e}")))?
+        .is_some_and(|bc| bc.value.ca);
+    if !is_ca {
+        return Err(bad_ca(
+            &cert_path,
+            "not a CA certificate (no basicConstraints CA:TRUE): it cannot sign certificates",
+        ));
+    }
+    let key_usage = x509
+        .key_usage()
+        .map_err(|e| bad_ca(&cert_path, &format!("bad keyUsage: {e}")))?;
+    if key_usage.is_some_and(|ku| !ku.value.key_cert_sign()) {
+        return Err(bad_ca(
+            &cert_path,
+            "its key usage lacks keyCertSign: it cannot sign certificates",
+        ));
+    }
+    let key = KeyPair::from_pem(&key_pem).map_err(|e| {
+        bad_ca(
+            &key_path,
+            &format!("not a private key arbor can sign with: {e}"),
+        )
+    })?;
+    if key.public_key_raw() != &*x509.public_key().subject_public_key.data {
+        return Err(Fail::new(
+            Exit::Usage,
+            format!(
+                "{} is not the key of {}: it cannot sign for that CA",
+                key_path.display(),
+                cert_path.display()
+            ),
+        )
+        .into());
+    }
+
+    let validity = x509.validity();
+    let view = CertView {
+        identity: x509
+            .subject()
+            .iter_common_name()
+            .find_map(|cn| cn.as_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        cert: "ca.pem".into(),
+        key: "ca-key.pem".into(),
+        names: Vec::new(),
+        usages: Vec::new(),
+        serial: hex(x509.raw_serial()),
+        not_before: rfc3339(validity.not_before.to_datetime()),
+        not_after: rfc3339(validity.not_after.to_datetime()),
+    };
+    let not_after = validity.not_after.timestamp();
+    let issuer = Issuer::from_ca_cert_der(&pem.contents.clone().into(), key)
+        .map_err(|e| bad_ca(&cert_path, &format!("cannot sign with it: {e}")))?;
+    Ok(Ca {
+        issuer,
+        view,
+        not_after,
+    })
+}
+
+fn bad_ca(path: &Path, why: &str) -> anyhow::Error {
+    Fail::new(Exit::Usage, format!("{}: {why}", path.display())).into()
+}
+
+impl Ca {
+    /// Refuses `days` of validity from `now` past the CA's own.
+    fn check_days(&self, now: SystemTime, days: u32) -> Result<()> {
+        let left = self.not_after.saturating_sub(unix_secs(now)?);
+        let until = self
+            .view
+            .not_after
+            .split('T')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if left < DAY_SECS {
+            return Err(Fail::new(
+                Exit::Usage,
+                format!(
+                    "the CA (ca.pem) is valid until {until}: it cannot sign for a day more;                      make a new one with `arbor tls init` in another directory"
+                ),
+            )
+            .into());
+        }
+        let most = left / DAY_SECS;
+        if i64::from(days) > most {
+            return Err(Fail::new(
+                Exit::Usage,
+                format!(
+                    "--days {days} goes past the CA's expiry ({until}): give --days {most} at most"
+                ),
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// The day of an RFC 3339 time.
+fn day(rfc3339: &str) -> &str {
+    rfc3339.split('T').next().unwrap_or_default()
+}
+
+/// A row of the table of files: a server's with its names.
+fn server_row(s: &CertView) -> (String, String) {
+    (
+        format!("{}, {}", s.cert, s.key),
+        format!(
+            "server \"{}\" ({}), until {}",
+            s.identity,
+            s.names.join(", "),
+            day(&s.not_after)
+        ),
+    )
+}
+
+fn client_rows(clients: &[CertView]) -> impl Iterator<Item = (String, String)> + '_ {
+    clients.iter().map(|c| {
+        (
+            format!("{}, {}", c.cert, c.key),
+            format!("client \"{}\", until {}", c.identity, day(&c.not_after)),
+        )
+    })
+}
+
+/// The rows, aligned, two spaces in.
+fn table(t: &mut String, rows: &[(String, String)]) {
+    let width = rows.iter().map(|(f, _)| f.len()).max().unwrap_or(0);
+    for (files, what) in rows {
+        // Writing to a String cannot fail.
+        let _ = writeln!(t, "  {files:width$}  {what}");
+    }
+}
+
+/// How a client host uses its files.
+fn client_use(t: &mut String, dir: &Path, c: &CertView) {
+    let _ = writeln!(
+        t,
+        "A client (copy ca.pem and its two files to its host): the same tls_ca, and\n  \
+         tls_cert = \"{}\"\n  tls_key = \"{}\"\n\
+         The server accepts a replication source by identity:\n  \
+         replication_allow = [{{ source = \"{}\", volumes = [\"*\"] }}]",
+        dir.join(&c.cert).display(),
+        dir.join(&c.key).display(),
+        c.identity
+    );
+}
+
+/// A server's config keys.
+fn server_use(t: &mut String, heading: &str, config: &ConfigView, identity: &str) {
+    let _ = writeln!(
+        t,
+        "\n{heading}:\n  \
+         tls_ca = \"{}\"\n  tls_cert = \"{}\"\n  tls_key = \"{}\"",
+        config.tls_ca.display(),
+        config.tls_cert.display(),
+        config.tls_key.display()
+    );
+    let _ = writeln!(
+        t,
+        "Clients must reach the server by one of its names (or `arbor replica add\n\
+         --identity {identity}`); give --host for each name and address they use."
+    );
+}
+
+/// The text `tls add` prints for people: what it wrote and how to use it.
+pub fn add_human(r: &TlsAddReport) -> String {
+    let mut rows: Vec<(String, String)> = r.server.iter().map(server_row).collect();
+    rows.extend(client_rows(&r.clients));
+    let mut t = format!(
+        "signed by the CA \"{}\" (ca.pem, until {}) in {}:\n",
+        r.ca.identity,
+        day(&r.ca.not_after),
+        r.dir.display()
+    );
+    table(&mut t, &rows);
+    t.push_str("Keys are mode 0600. The CA and the other files in the directory are unchanged.\n");
+    if let Some(s) = &r.server {
+        server_use(
+            &mut t,
+            &format!(
+                "The host \"{}\" (copy ca.pem and its two files there), in arbor serve's\n\
+                 config file, for its replication listener and as a source (other hosts\n\
+                 allow it as source = \"{}\")",
+                s.identity, s.identity
+            ),
+            &r.config,
+            &s.identity,
+        );
+    } else if let Some(c) = r.clients.first() {
+        t.push('\n');
+        client_use(&mut t, &r.dir, c);
+    }
+    t
+}
+
 /// The text `tls init` prints for people: what it wrote and how to use it.
 pub fn human(r: &TlsInitReport) -> String {
     let dir = r.dir.display();
-    let file = |name: &str| r.dir.join(name).display().to_string();
-    let day = |rfc3339: &str| rfc3339.split('T').next().unwrap_or_default().to_owned();
     let mut rows = vec![
         (
             "ca.pem, ca-key.pem".to_owned(),
@@ -264,22 +685,9 @@ pub fn human(r: &TlsInitReport) -> String {
                 day(&r.ca.not_after)
             ),
         ),
-        (
-            format!("{}, {}", r.server.cert, r.server.key),
-            format!(
-                "server \"{}\" ({}), until {}",
-                r.server.identity,
-                r.server.names.join(", "),
-                day(&r.server.not_after)
-            ),
-        ),
+        server_row(&r.server),
     ];
-    for c in &r.clients {
-        rows.push((
-            format!("{}, {}", c.cert, c.key),
-            format!("client \"{}\", until {}", c.identity, day(&c.not_after)),
-        ));
-    }
+    rows.extend(client_rows(&r.clients));
     if let Some(first) = r.clients.first() {
         rows.push((
             "ca-cert.pem, server-cert.pem,".to_owned(),
@@ -290,41 +698,25 @@ pub fn human(r: &TlsInitReport) -> String {
             format!("the client is \"{}\"", first.identity),
         ));
     }
-    let width = rows.iter().map(|(f, _)| f.len()).max().unwrap_or(0);
     let mut t = format!("created a CA and certificates in {dir}:\n");
-    for (files, what) in &rows {
-        // Writing to a String cannot fail.
-        let _ = writeln!(t, "  {files:width$}  {what}");
-    }
+    table(&mut t, &rows);
     t.push_str(
         "Keys are mode 0600. ca-key.pem signs certificates that every holder of ca.pem\n\
          trusts: keep it private, or offline once you have made what you need.\n",
     );
-    let _ = writeln!(
-        t,
-        "\nThe server (arbor serve's config file; docs/REPLICATION.md):\n  \
-         tls_ca = \"{}\"\n  tls_cert = \"{}\"\n  tls_key = \"{}\"",
-        r.config.tls_ca.display(),
-        r.config.tls_cert.display(),
-        r.config.tls_key.display()
+    server_use(
+        &mut t,
+        "The server (arbor serve's config file; docs/REPLICATION.md)",
+        &r.config,
+        &r.server.identity,
     );
     if let Some(c) = r.clients.first() {
-        let _ = writeln!(
-            t,
-            "A client (copy ca.pem and its two files to its host): the same tls_ca, and\n  \
-             tls_cert = \"{}\"\n  tls_key = \"{}\"\n\
-             The server accepts a replication source by identity:\n  \
-             replication_allow = [{{ source = \"{}\", volumes = [\"*\"] }}]",
-            file(&c.cert),
-            file(&c.key),
-            c.identity
-        );
+        client_use(&mut t, &r.dir, c);
     }
     let _ = writeln!(
         t,
-        "Clients must reach the server by one of its names (or `arbor replica add\n\
-         --identity {}`); give --host for each name and address they use.",
-        r.server.identity
+        "Other hosts, with their own server certificate from this CA:\n  \
+         arbor tls add {dir} --server NAME --host ADDRESS"
     );
     let _ = writeln!(
         t,
@@ -377,6 +769,11 @@ fn client_list(given: &[String]) -> Result<Vec<String>> {
     if given.is_empty() {
         return Ok(vec![DEFAULT_CLIENT.to_owned()]);
     }
+    distinct_clients(given)
+}
+
+/// `given`, refused if a name is there twice.
+fn distinct_clients(given: &[String]) -> Result<Vec<String>> {
     let mut list: Vec<String> = Vec::new();
     for name in given {
         if list.contains(name) {
@@ -396,14 +793,27 @@ fn host_name(s: &str) -> Result<String, String> {
     dns_name(name).map(|()| s.to_owned())
 }
 
-/// A `--client`: a DNS-style name, which also names its files.
-fn client_name(s: &str) -> Result<String, String> {
+/// A `--client` or `tls add --server`: a DNS-style name, which also names
+/// its files (`client-NAME.pem`, `client-NAME-key.pem`; `server-...`), so
+/// none may be another's: not `cert` or `key` (GnuTLS's `client-cert.pem`,
+/// `server-key.pem`, ...), nor ending in `-key`.
+fn cert_name(s: &str) -> Result<String, String> {
     if s.parse::<IpAddr>().is_ok() {
-        return Err("a client is named, not addressed: give a name like alpha or backup-1".into());
+        return Err(
+            "a certificate is named, not addressed: give a name like alpha or backup-1 \
+             (--host adds a server's addresses)"
+                .into(),
+        );
     }
     if s == "cert" || s == "key" {
         return Err(format!(
-            "{s:?} is reserved: client-{s}.pem is a GnuTLS file name here"
+            "{s:?} is reserved: client-{s}.pem and server-{s}.pem are GnuTLS file names here"
+        ));
+    }
+    if s.ends_with("-key") {
+        return Err(format!(
+            "{s:?} is reserved: its files would be named as the key of {:?}",
+            s.trim_end_matches("-key")
         ));
     }
     dns_name(s).map(|()| s.to_owned())
@@ -442,14 +852,8 @@ fn subject(common_name: &str) -> DistinguishedName {
 /// Sets `params`' validity (from an hour ago to `days` from now) and a
 /// random serial number; returns the serial in hex.
 fn validity(params: &mut CertificateParams, now: SystemTime, days: u32) -> Result<String> {
-    let secs = |t: SystemTime| -> Result<i64> {
-        let since = t
-            .duration_since(UNIX_EPOCH)
-            .context("the system clock is before 1970")?;
-        i64::try_from(since.as_secs()).context("the system clock is out of range")
-    };
-    let start = secs(now - BACKDATE)?;
-    let end = secs(now)? + i64::from(days) * 86_400;
+    let start = unix_secs(now - BACKDATE)?;
+    let end = unix_secs(now)? + i64::from(days) * DAY_SECS;
     let at = |t: i64| {
         time::OffsetDateTime::from_unix_timestamp(t)
             .with_context(|| format!("{t} is out of range for a certificate date"))
@@ -461,10 +865,22 @@ fn validity(params: &mut CertificateParams, now: SystemTime, days: u32) -> Resul
     let mut serial: [u8; 16] = rand::random();
     serial[0] = (serial[0] & 0x7f).max(1);
     params.serial_number = Some(SerialNumber::from_slice(&serial));
-    Ok(serial.iter().fold(String::new(), |mut s, b| {
+    Ok(hex(&serial))
+}
+
+fn unix_secs(t: SystemTime) -> Result<i64> {
+    let since = t
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?;
+    i64::try_from(since.as_secs()).context("the system clock is out of range")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        // Writing to a String cannot fail.
         let _ = write!(s, "{b:02x}");
         s
-    }))
+    })
 }
 
 fn rfc3339(t: time::OffsetDateTime) -> String {
@@ -541,47 +957,59 @@ fn identity(names: &[String]) -> String {
         .unwrap_or_default()
 }
 
-/// Every file, in the order written: arbor's names, then the GnuTLS copies.
-fn plan(ca: &Made, server: &Made, clients: &[Made]) -> Result<Vec<Planned>> {
-    let cert = |name: &str, contents: &str, what: String| Planned {
+fn cert(name: &str, contents: &str, what: String) -> Planned {
+    Planned {
         name: name.to_owned(),
         contents: contents.to_owned(),
         mode: CERT_MODE,
         what,
-    };
-    let key = |name: &str, contents: &str, what: String| Planned {
+    }
+}
+
+fn key(name: &str, contents: &str, what: String) -> Planned {
+    Planned {
         name: name.to_owned(),
         contents: contents.to_owned(),
         mode: KEY_MODE,
         what,
-    };
-    let mut plan = vec![
-        cert("ca.pem", &ca.cert_pem, "CA certificate".into()),
-        key("ca-key.pem", &ca.key_pem, "CA private key".into()),
-        cert(
-            "server.pem",
-            &server.cert_pem,
-            "server certificate (also GnuTLS)".into(),
-        ),
-        key(
-            "server-key.pem",
-            &server.key_pem,
-            "server private key (also GnuTLS)".into(),
-        ),
-    ];
-    for c in clients {
-        let who = &c.view.identity;
-        plan.push(cert(
-            &c.view.cert,
-            &c.cert_pem,
-            format!("certificate of client {who}"),
-        ));
-        plan.push(key(
-            &c.view.key,
-            &c.key_pem,
-            format!("private key of client {who}"),
-        ));
     }
+}
+
+/// The certificate's and the key's file of `made`.
+fn pair_files(made: &Made, cert_what: String, key_what: String) -> [Planned; 2] {
+    [
+        cert(&made.view.cert, &made.cert_pem, cert_what),
+        key(&made.view.key, &made.key_pem, key_what),
+    ]
+}
+
+fn client_files(clients: &[Made]) -> Vec<Planned> {
+    clients
+        .iter()
+        .flat_map(|c| {
+            let who = &c.view.identity;
+            pair_files(
+                c,
+                format!("certificate of client {who}"),
+                format!("private key of client {who}"),
+            )
+        })
+        .collect()
+}
+
+/// Every file, in the order written: arbor's names, then the GnuTLS copies.
+fn plan(ca: &Made, server: &Made, clients: &[Made]) -> Result<Vec<Planned>> {
+    let mut plan = Vec::from(pair_files(
+        ca,
+        "CA certificate".into(),
+        "CA private key".into(),
+    ));
+    plan.extend(pair_files(
+        server,
+        "server certificate (also GnuTLS)".into(),
+        "server private key (also GnuTLS)".into(),
+    ));
+    plan.extend(client_files(clients));
     let first = clients
         .first()
         .context("internal error: no client certificate was made")?;
@@ -633,12 +1061,12 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf> {
     std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))
 }
 
-fn conflict(dir: &Path, names: &[&str]) -> anyhow::Error {
+/// `force` says what `--force` would do.
+fn conflict(dir: &Path, names: &[&str], force: &str) -> anyhow::Error {
     Fail::new(
         Exit::Conflict,
         format!(
-            "{} already has {}: not replacing them without --force (which makes a new CA: \
-             certificates the old one signed stop being trusted)",
+            "{} already has {}: not replacing them without {force}",
             dir.display(),
             names.join(", ")
         ),
@@ -646,8 +1074,31 @@ fn conflict(dir: &Path, names: &[&str]) -> anyhow::Error {
     .into()
 }
 
+/// Writes every file of `plan` into `dir` (see [`write_file`]), then syncs
+/// `dir`. Without `force`, nothing is written if any of them exists, and
+/// if one cannot be written those written before it are removed again.
+/// `force_hint` says what `--force` would do.
+fn write_plan(dir: &Path, plan: &[Planned], force: bool, force_hint: &str) -> Result<()> {
+    refuse_existing(dir, plan, force, force_hint)?;
+    for (i, file) in plan.iter().enumerate() {
+        if let Err(e) = write_file(dir, file, force, force_hint) {
+            if !force {
+                // Only names this run created (a hard link fails on any
+                // other), so nothing of anyone else's goes.
+                for done in &plan[..i] {
+                    let _ = std::fs::remove_file(dir.join(&done.name));
+                }
+            }
+            return Err(e);
+        }
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", dir.display()))
+}
+
 /// Without `force`, refuses if any file to be written exists.
-fn refuse_existing(dir: &Path, plan: &[Planned], force: bool) -> Result<()> {
+fn refuse_existing(dir: &Path, plan: &[Planned], force: bool, force_hint: &str) -> Result<()> {
     if force {
         return Ok(());
     }
@@ -663,14 +1114,14 @@ fn refuse_existing(dir: &Path, plan: &[Planned], force: bool) -> Result<()> {
     if taken.is_empty() {
         Ok(())
     } else {
-        Err(conflict(dir, &taken))
+        Err(conflict(dir, &taken, force_hint))
     }
 }
 
 /// Writes `file` into `dir` atomically: a temporary file with the final
 /// mode, synced, then renamed over the name (`force`) or hard-linked to it,
 /// which fails rather than replace anything.
-fn write_file(dir: &Path, file: &Planned, force: bool) -> Result<()> {
+fn write_file(dir: &Path, file: &Planned, force: bool, force_hint: &str) -> Result<()> {
     let path = dir.join(&file.name);
     let tmp = dir.join(format!(".{}.{:016x}.tmp", file.name, rand::random::<u64>()));
     let result = (|| -> Result<()> {
@@ -693,7 +1144,7 @@ fn write_file(dir: &Path, file: &Planned, force: bool) -> Result<()> {
             match std::fs::hard_link(&tmp, &path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    Err(conflict(dir, &[file.name.as_str()]))
+                    Err(conflict(dir, &[file.name.as_str()], force_hint))
                 }
                 Err(e) => Err(e).with_context(|| format!("cannot create {}", path.display())),
             }
@@ -721,13 +1172,15 @@ mod tests {
         assert!(host_name("-a").is_err());
         assert!(host_name("a..b").is_err());
         assert!(host_name(&"a".repeat(64)).is_err());
-        assert!(client_name("backup-1").is_ok());
-        assert!(client_name("../x").is_err());
-        assert!(client_name("a/b").is_err());
-        assert!(client_name("10.0.0.2").is_err());
-        assert!(client_name("cert").is_err());
-        assert!(client_name("key").is_err());
-        assert!(client_name("*.x").is_err());
+        assert!(cert_name("backup-1").is_ok());
+        assert!(cert_name("../x").is_err());
+        assert!(cert_name("a/b").is_err());
+        assert!(cert_name("10.0.0.2").is_err());
+        assert!(cert_name("cert").is_err());
+        assert!(cert_name("key").is_err());
+        assert!(cert_name("*.x").is_err());
+        assert!(cert_name("alpha-key").is_err());
+        assert!(cert_name("alpha-keys").is_ok());
     }
 
     #[test]
@@ -748,7 +1201,7 @@ mod tests {
             dir: dir.to_owned(),
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             clients: clients.iter().map(|c| c.to_string()).collect(),
-            days: DEFAULT_DAYS,
+            validity: Validity { days: DEFAULT_DAYS },
             force: false,
         }
     }

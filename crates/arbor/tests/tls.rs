@@ -1,7 +1,9 @@
 //! `arbor tls init` end to end: the files it writes, checked by OpenSSL,
 //! and used by real NBD tools (nbdkit, nbdinfo, qemu-img) through the
 //! GnuTLS names. (That arbor's own replication TLS accepts them is a unit
-//! test in src/tls_init.rs.)
+//! test in src/tls_init.rs.) `arbor tls add`: the certificates it adds
+//! under the same CA, checked by OpenSSL, what it refuses, and two daemons
+//! replicating to each other with them.
 
 mod common;
 
@@ -14,6 +16,43 @@ use common::*;
 
 fn openssl_text(cert: &Path) -> String {
     tool_ok("openssl", &["x509", "-noout", "-text", "-in", p(cert)])
+}
+
+/// Asserts that `cert` is the client certificate of `name`: its subject,
+/// its one name, client authentication only.
+fn assert_client_cert(cert: &Path, name: &str) {
+    let client = openssl_text(cert);
+    assert!(
+        client.contains(&format!("Subject: CN = {name}\n")),
+        "{client}"
+    );
+    assert!(client.contains(&format!("DNS:{name}\n")), "{client}");
+    assert!(client.contains("TLS Web Client Authentication"), "{client}");
+    assert!(
+        !client.contains("TLS Web Server Authentication"),
+        "{client}"
+    );
+}
+
+/// Asserts that `dir/key` is the private key of `dir/cert`.
+fn assert_key_of(dir: &Path, cert: &str, key: &str) {
+    let from_cert = tool_ok(
+        "openssl",
+        &["x509", "-noout", "-pubkey", "-in", p(&dir.join(cert))],
+    );
+    let from_key = tool_ok("openssl", &["pkey", "-pubout", "-in", p(&dir.join(key))]);
+    assert_eq!(from_cert, from_key, "{key} is {cert}'s key");
+}
+
+/// Whether `cert` is still valid `days` from now.
+fn valid_for(cert: &Path, days: u64) -> bool {
+    let secs = (days * 86_400).to_string();
+    tool(
+        "openssl",
+        &["x509", "-noout", "-checkend", &secs, "-in", p(cert)],
+    )
+    .status
+    .success()
 }
 
 fn mode(path: &Path) -> u32 {
@@ -184,17 +223,7 @@ fn init_writes_the_layout_and_openssl_verifies_it() {
     assert!(server.contains("CA:FALSE"), "{server}");
     assert!(server.contains("NIST CURVE: P-256"), "{server}");
     for name in ["alpha", "admin"] {
-        let client = openssl_text(&d(&format!("client-{name}.pem")));
-        assert!(
-            client.contains(&format!("Subject: CN = {name}\n")),
-            "{client}"
-        );
-        assert!(client.contains(&format!("DNS:{name}\n")), "{client}");
-        assert!(client.contains("TLS Web Client Authentication"), "{client}");
-        assert!(
-            !client.contains("TLS Web Server Authentication"),
-            "{client}"
-        );
+        assert_client_cert(&d(&format!("client-{name}.pem")), name);
     }
 
     // Each key belongs to its certificate.
@@ -204,25 +233,12 @@ fn init_writes_the_layout_and_openssl_verifies_it() {
         ("client-alpha.pem", "client-alpha-key.pem"),
         ("client-cert.pem", "client-key.pem"),
     ] {
-        let from_cert = tool_ok(
-            "openssl",
-            &["x509", "-noout", "-pubkey", "-in", p(&d(cert))],
-        );
-        let from_key = tool_ok("openssl", &["pkey", "-pubout", "-in", p(&d(key))]);
-        assert_eq!(from_cert, from_key, "{key} is {cert}'s key");
+        assert_key_of(&dir, cert, key);
     }
 
     // Validity: --days for the leaves, ten years for the CA; random
     // serials.
-    let checkend = |cert: &str, days: u64| {
-        let secs = (days * 86_400).to_string();
-        tool(
-            "openssl",
-            &["x509", "-noout", "-checkend", &secs, "-in", p(&d(cert))],
-        )
-        .status
-        .success()
-    };
+    let checkend = |cert: &str, days: u64| valid_for(&d(cert), days);
     assert!(checkend("server.pem", 29) && !checkend("server.pem", 31));
     assert!(checkend("client-admin.pem", 29) && !checkend("client-admin.pem", 31));
     assert!(checkend("ca.pem", 3649) && !checkend("ca.pem", 3651));
@@ -461,4 +477,346 @@ fn bad_arguments_write_nothing() {
     );
     fails_with(&["tls", "init"], 2, "DIR");
     assert!(!dir.exists(), "nothing is written for a bad command line");
+}
+
+/// Every file of `dir`: name and bytes.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    names(dir)
+        .into_iter()
+        .map(|name| {
+            let bytes = read(&dir.join(&name));
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// Whether OpenSSL verifies `certs` against `ca` for `purpose`
+/// (`sslserver`, `sslclient`).
+fn verifies(ca: &Path, purpose: &str, certs: &[PathBuf]) -> bool {
+    let mut args = vec!["verify", "-CAfile", p(ca), "-purpose", purpose];
+    args.extend(certs.iter().map(|c| p(c)));
+    tool("openssl", &args).status.success()
+}
+
+fn openssl_ext(cert: &Path, ext: &str) -> String {
+    tool_ok("openssl", &["x509", "-noout", "-ext", ext, "-in", p(cert)])
+}
+
+/// `tls add` signs another host's server certificate and a client's with
+/// the CA `tls init` made, writing four new files and changing none.
+#[test]
+fn add_signs_another_server_and_a_client_with_the_same_ca() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tls");
+    let d = |name: &str| dir.join(name);
+    ok(&[
+        "tls",
+        "init",
+        p(&dir),
+        "--host",
+        "beta",
+        "--client",
+        "admin",
+    ]);
+    let before = snapshot(&dir);
+
+    let report = json(&[
+        "--json",
+        "tls",
+        "add",
+        p(&dir),
+        "--server",
+        "alpha",
+        "--host",
+        "10.0.0.1",
+        "--host",
+        "alpha.example",
+        "--client",
+        "backup",
+        "--days",
+        "30",
+    ]);
+    let added = [
+        "client-backup-key.pem",
+        "client-backup.pem",
+        "server-alpha-key.pem",
+        "server-alpha.pem",
+    ];
+    let mut want: Vec<String> = before.iter().map(|(n, _)| n.clone()).collect();
+    want.extend(added.map(String::from));
+    want.sort();
+    assert_eq!(names(&dir), want);
+    for (name, bytes) in &before {
+        assert!(read(&d(name)) == *bytes, "{name} changed");
+    }
+    for name in added {
+        let want = if name.ends_with("key.pem") {
+            0o600
+        } else {
+            0o644
+        };
+        assert_eq!(mode(&d(name)), want, "{name}");
+    }
+
+    // What it says it made.
+    let canonical = std::fs::canonicalize(&dir).unwrap();
+    let path = |name: &str| canonical.join(name).to_str().unwrap().to_owned();
+    assert_eq!(report["ca"]["identity"], "arbor CA (beta)");
+    assert_eq!(report["server"]["identity"], "alpha");
+    assert_eq!(
+        report["server"]["names"],
+        serde_json::json!(["alpha", "10.0.0.1", "alpha.example"])
+    );
+    assert_eq!(
+        report["server"]["usages"],
+        serde_json::json!(["server_auth", "client_auth"])
+    );
+    assert_eq!(report["clients"][0]["identity"], "backup");
+    assert_eq!(
+        report["clients"][0]["usages"],
+        serde_json::json!(["client_auth"])
+    );
+    assert_eq!(report["config"]["tls_ca"], path("ca.pem"));
+    assert_eq!(report["config"]["tls_cert"], path("server-alpha.pem"));
+    assert_eq!(report["config"]["tls_key"], path("server-alpha-key.pem"));
+    let files: Vec<&str> = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "server-alpha.pem",
+            "server-alpha-key.pem",
+            "client-backup.pem",
+            "client-backup-key.pem"
+        ]
+    );
+
+    // The same ca.pem verifies them, for what each is for.
+    let ca = d("ca.pem");
+    let (alpha, backup) = (d("server-alpha.pem"), d("client-backup.pem"));
+    assert!(verifies(&ca, "sslserver", std::slice::from_ref(&alpha)));
+    assert!(verifies(&ca, "sslclient", &[alpha.clone(), backup.clone()]));
+    assert!(!verifies(&ca, "sslserver", std::slice::from_ref(&backup)));
+    assert_eq!(
+        openssl_ext(&alpha, "authorityKeyIdentifier"),
+        openssl_ext(&d("server.pem"), "authorityKeyIdentifier"),
+        "signed by the one CA key"
+    );
+    let server = openssl_text(&alpha);
+    assert!(server.contains("Issuer: CN = arbor CA (beta)"), "{server}");
+    assert!(server.contains("Subject: CN = alpha\n"), "{server}");
+    assert!(
+        server.contains("DNS:alpha, IP Address:10.0.0.1, DNS:alpha.example"),
+        "{server}"
+    );
+    assert!(
+        server.contains("TLS Web Server Authentication, TLS Web Client Authentication"),
+        "{server}"
+    );
+    assert!(server.contains("CA:FALSE"), "{server}");
+    assert_client_cert(&backup, "backup");
+    for (cert, key) in [
+        ("server-alpha.pem", "server-alpha-key.pem"),
+        ("client-backup.pem", "client-backup-key.pem"),
+    ] {
+        assert_key_of(&dir, cert, key);
+        let cert = d(cert);
+        assert!(valid_for(&cert, 29) && !valid_for(&cert, 31), "--days 30");
+    }
+
+    // A client alone: its config keys, for people.
+    let out = ok(&["tls", "add", p(&dir), "--client", "ops"]);
+    assert!(
+        out.contains(&format!("tls_cert = \"{}\"", path("client-ops.pem"))),
+        "{out}"
+    );
+    assert!(out.contains("source = \"ops\""), "{out}");
+    assert!(verifies(&ca, "sslclient", &[d("client-ops.pem")]));
+}
+
+/// What `tls add` cannot sign for, or would overwrite, is refused with
+/// the directory unchanged: no CA, a name it has, a CA key that is not
+/// ca.pem's, a ca.pem that is no CA, validity past the CA's.
+#[test]
+fn add_refuses_and_leaves_the_directory_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tls");
+    let d = |name: &str| dir.join(name);
+    ok(&["tls", "init", p(&dir), "--host", "beta"]);
+    let other = tmp.path().join("other");
+    ok(&["tls", "init", p(&other)]);
+
+    // No CA: no directory (none is made), an empty one.
+    let missing = tmp.path().join("missing");
+    fails_with(
+        &["tls", "add", p(&missing), "--client", "x"],
+        2,
+        "ca.pem is missing",
+    );
+    assert!(!missing.exists());
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails_with(
+        &["tls", "add", p(&empty), "--server", "x"],
+        2,
+        "ca.pem is missing",
+    );
+    assert!(names(&empty).is_empty());
+
+    // A name the directory has: nothing written, not even the new ones.
+    let before = snapshot(&dir);
+    fails_with(
+        &[
+            "tls",
+            "add",
+            p(&dir),
+            "--server",
+            "alpha",
+            "--client",
+            "admin",
+        ],
+        5,
+        "client-admin.pem, client-admin-key.pem",
+    );
+    assert!(snapshot(&dir) == before);
+    // --days past the CA's own expiry.
+    fails_with(
+        &["tls", "add", p(&dir), "--client", "x", "--days", "3651"],
+        2,
+        "goes past the CA's expiry",
+    );
+    // Command lines that make no sense.
+    fails_with(&["tls", "add", p(&dir)], 2, "--server");
+    fails_with(
+        &["tls", "add", p(&dir), "--client", "x", "--host", "h"],
+        2,
+        "--server",
+    );
+    fails_with(&["tls", "add", p(&dir), "--server", "10.0.0.1"], 2, "named");
+    fails_with(&["tls", "add", p(&dir), "--server", "key"], 2, "reserved");
+    fails_with(&["tls", "add", p(&dir), "--client", "x-key"], 2, "reserved");
+    fails_with(
+        &["tls", "add", p(&dir), "--client", "a", "--client", "a"],
+        2,
+        "twice",
+    );
+    assert!(snapshot(&dir) == before);
+
+    // A CA whose key is another CA's; a ca.pem that is no CA (a server
+    // certificate and its own key); a ca.pem that is not a certificate.
+    let bad = |name: &str, ca: &Path, key: &Path, message: &str| {
+        let bad = tmp.path().join(name);
+        std::fs::create_dir(&bad).unwrap();
+        std::fs::copy(ca, bad.join("ca.pem")).unwrap();
+        std::fs::copy(key, bad.join("ca-key.pem")).unwrap();
+        let before = snapshot(&bad);
+        fails_with(&["tls", "add", p(&bad), "--client", "x"], 2, message);
+        assert!(snapshot(&bad) == before, "{name}");
+    };
+    bad(
+        "mismatched",
+        &d("ca.pem"),
+        &other.join("ca-key.pem"),
+        "is not the key of",
+    );
+    bad(
+        "server",
+        &d("server.pem"),
+        &d("server-key.pem"),
+        "not a CA certificate",
+    );
+    bad("key", &d("ca-key.pem"), &d("ca-key.pem"), "no certificate");
+
+    // --force replaces the named certificate's files only.
+    ok(&["tls", "add", p(&dir), "--client", "admin", "--force"]);
+    for (name, bytes) in &before {
+        let same = read(&d(name)) == *bytes;
+        assert_eq!(same, !name.starts_with("client-admin"), "{name}");
+    }
+    assert_eq!(mode(&d("client-admin-key.pem")), 0o600);
+    assert!(verifies(
+        &d("ca.pem"),
+        "sslclient",
+        &[d("client-admin.pem")]
+    ));
+}
+
+/// Two daemons replicate to each other over mutual TLS with one CA: alpha
+/// with the server certificate `tls init` made, beta with the one `tls
+/// add` made; each sees the other by its certificate's identity (what
+/// failback needs: each host both a target and a source).
+#[test]
+fn added_server_certificates_carry_replication_both_ways() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tls");
+    ok(&["tls", "init", p(&dir), "--host", "alpha"]);
+    ok(&[
+        "tls",
+        "add",
+        p(&dir),
+        "--server",
+        "beta",
+        "--host",
+        "127.0.0.1",
+    ]);
+    let start = |host: &str, cert: &str, port: u16, peer: &str| {
+        let config = tmp.path().join(format!("{host}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n\
+                 replication_listen = \"127.0.0.1:{port}\"\n\
+                 replication_allow = [{{ source = \"{peer}\", volumes = [\"*\"] }}]\n",
+                p(&dir.join("ca.pem")),
+                p(&dir.join(format!("{cert}.pem"))),
+                p(&dir.join(format!("{cert}-key.pem"))),
+            ),
+        )
+        .unwrap();
+        Daemon::start(&["--config", p(&config), "--initial-volume", "none"])
+    };
+    let (alpha_port, beta_port) = (free_port(), free_port());
+    let alpha = start("alpha", "server", alpha_port, "beta");
+    let beta = start("beta", "server-beta", beta_port, "alpha");
+
+    // alpha -> beta: beta is reached by an address its certificate has;
+    // beta -> alpha: alpha's certificate names alpha only.
+    for (source, volume, port, identity) in [
+        (&alpha, "vm1", beta_port, "127.0.0.1"),
+        (&beta, "vm2", alpha_port, "alpha"),
+    ] {
+        source.ok(&["volume", "create", volume, "--size", "4M"]);
+        let target = format!("127.0.0.1:{port}");
+        source.ok(&[
+            "replica",
+            "add",
+            volume,
+            "--target",
+            &target,
+            "--identity",
+            identity,
+            "--interval",
+            "1h",
+        ]);
+        source.ok(&["replica", "run", volume]);
+    }
+
+    for (host, daemon, volume, source) in [
+        ("alpha", &alpha, "vm2", "beta"),
+        ("beta", &beta, "vm1", "alpha"),
+    ] {
+        let status = daemon.json(&["replica", "status"]);
+        assert_eq!(status["identity"], host, "{status}");
+        let replicas = status["replicas"].as_array().unwrap();
+        assert!(
+            replicas
+                .iter()
+                .any(|r| r["volume"] == volume && r["source"] == source),
+            "{host} holds {volume} from {source}: {status}"
+        );
+    }
 }
