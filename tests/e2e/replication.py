@@ -138,7 +138,7 @@ class Host:
     the daemon through its Unix sockets from here."""
 
     def __init__(self, net, name, root, certs, allow=(), pool_size="2G", cert=None,
-                 cert_dir=None, ca=None, listen=True):
+                 cert_dir=None, ca=None, listen=True, key=None):
         self.net, self.name = net, name
         self.addr = net.addr(name)
         self.dir = os.path.join(root, name)
@@ -156,7 +156,7 @@ class Host:
             f'replication_listen = "{self.addr}:{PORT}"' if listen else 'replication_listen = "none"',
             f'tls_ca = "{ca or os.path.join(certs, "ca.pem")}"',
             f'tls_cert = "{os.path.join(cert_dir, cert + ".pem")}"',
-            f'tls_key = "{os.path.join(cert_dir, cert + ".key")}"',
+            f'tls_key = "{key or os.path.join(cert_dir, cert + ".key")}"',
             f'replication_timeout = "{TIMEOUT}"',
             "replication_allow = [" + ", ".join(
                 f'{{ source = "{src}", volumes = [{", ".join(json.dumps(v) for v in vols)}], keep = {keep} }}'
@@ -1096,8 +1096,18 @@ def part_failover():
     say("part 4: a diverged replica, resync --force, failover to b and failback")
     part = Part(["a", "b"])
     try:
-        a = part.host("a", allow=[("b", ["*"], 0)]).start()
-        b = part.host("b", allow=[("a", ["*"], 0)]).start()
+        # The certificates each direction needs, as docs/REPLICATION.md
+        # makes them: one CA by `tls init` on a, b's server certificate
+        # (which also authenticates b as a source, for the failback) added
+        # under it by `tls add`.
+        tls = os.path.join(part.tmp, "arbor-tls")
+        sh([ARBOR, "tls", "init", tls, "--host", "a", "--host", part.net.addr("a")])
+        sh([ARBOR, "tls", "add", tls, "--server", "b", "--host", part.net.addr("b")])
+        ca = os.path.join(tls, "ca.pem")
+        a = part.host("a", allow=[("b", ["*"], 0)], cert_dir=tls, cert="server",
+                      key=os.path.join(tls, "server-key.pem"), ca=ca).start()
+        b = part.host("b", allow=[("a", ["*"], 0)], cert_dir=tls, cert="server-b",
+                      key=os.path.join(tls, "server-b-key.pem"), ca=ca).start()
         a.cli("volume", "create", "vm1", "--size", "64M")
         write_random(a, "vm1", 0, 64 * MIB, SEED + 10)
         a.add("vm1", b.target())
