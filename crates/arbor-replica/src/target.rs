@@ -126,6 +126,9 @@ impl Target {
                 })
             }
         };
+        hello
+            .check_names()
+            .map_err(|m| refusal(RefusalCode::Protocol, m))?;
         let allow = self.admit(peer, &hello)?;
         let volume = hello.volume.clone();
         let _claim = self.claims.claim(&volume).ok_or_else(|| {
@@ -182,7 +185,7 @@ impl Target {
                         })
                         .await?;
                     }
-                    let got = self.receive_one(&volume, reader).await?;
+                    let got = self.receive_one(&hello, reader).await?;
                     served.stream_bytes += got.stream_bytes;
                     served.received.push(got.snapshot.clone());
                     self.received(peer, &hello, &got.snapshot).await?;
@@ -303,10 +306,11 @@ impl Target {
         .await
     }
 
-    /// Receives one stream (data frames up to a done) into `volume`.
+    /// Receives one stream (data frames up to a done) into the volume of
+    /// `hello`, refused unless it is a snapshot `hello` announced.
     async fn receive_one<R: AsyncRead + Unpin>(
         &self,
-        volume: &str,
+        hello: &Hello,
         reader: &mut Reader<R>,
     ) -> Result<Received, SessionError> {
         enum Piece {
@@ -320,9 +324,10 @@ impl Target {
             checkpoint_bytes: self.config.checkpoint_bytes,
             force: false,
         };
-        let v = volume.to_owned();
+        let announced = hello.clone();
         let task = tokio::task::spawn_blocking(move || -> Result<Received, SessionError> {
-            let mut receiver = Receiver::new(&pool, &v, opts);
+            let mut receiver = Receiver::new(&pool, &announced.volume, opts)
+                .check_header(|header| announced.check_stream(header));
             loop {
                 match rx.blocking_recv() {
                     Some(Piece::Data(bytes)) => {
