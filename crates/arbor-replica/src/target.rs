@@ -18,7 +18,7 @@ use crate::local;
 use crate::plan;
 use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
 use crate::session::{blocking, engine_task_failed, Reader, SessionError, Writer};
-use crate::state::{Role, Store};
+use crate::state::{Role, StateError, Store};
 
 /// The hold a target keeps on the newest snapshot it received: the base
 /// of the next stream.
@@ -131,6 +131,8 @@ impl Target {
             .map_err(|m| refusal(RefusalCode::Protocol, m))?;
         let allow = self.admit(peer, &hello)?;
         let volume = hello.volume.clone();
+        // A replica may be promoted here while the session runs.
+        let was_replica = self.store.role(&volume).is_some();
         let _claim = self.claims.claim(&volume).ok_or_else(|| {
             refusal(
                 RefusalCode::Busy,
@@ -177,6 +179,7 @@ impl Target {
         loop {
             match reader.expect("begin or end").await? {
                 Message::Begin(begin) => {
+                    self.still_replica(&volume, was_replica)?;
                     if begin.abort_partial {
                         let pool = Arc::clone(&self.pool);
                         let v = volume.clone();
@@ -185,10 +188,18 @@ impl Target {
                         })
                         .await?;
                     }
-                    let got = self.receive_one(&hello, reader).await?;
+                    let got = match self.receive_one(&hello, reader).await {
+                        Ok(got) => got,
+                        // Promoted here meanwhile: that is why it failed
+                        // (the promote abandoned the receive).
+                        Err(e) => {
+                            return Err(self.still_replica(&volume, was_replica).err().unwrap_or(e))
+                        }
+                    };
                     served.stream_bytes += got.stream_bytes;
                     served.received.push(got.snapshot.clone());
-                    self.received(peer, &hello, &got.snapshot).await?;
+                    self.received(peer, &hello, &got.snapshot, was_replica)
+                        .await?;
                     info!(snapshot = %got.snapshot, bytes = got.stream_bytes, resumed_from = got.resumed_from, source = %peer, "replica received");
                     writer.send(&Message::Received(got)).await?;
                 }
@@ -390,28 +401,55 @@ impl Target {
         applied
     }
 
-    /// After a receive: the new snapshot carries the upstream hold, and the
-    /// volume is a replica of `peer`.
+    /// Fails with what the source must hear if `volume`, a replica when
+    /// the session began (`was_replica`), has been promoted here since
+    /// (`arbor replica promote`, which abandons a receive in progress).
+    fn still_replica(&self, volume: &str, was_replica: bool) -> Result<(), SessionError> {
+        if was_replica && self.store.role(volume).is_none() {
+            return Err(self.promoted(volume));
+        }
+        Ok(())
+    }
+
+    fn promoted(&self, volume: &str) -> SessionError {
+        refusal(
+            RefusalCode::Diverged,
+            format!(
+                "{volume} was promoted on the target {} during this session: it is a writable \
+                 volume there now, no longer a replica, and the receive into it was abandoned",
+                self.config.identity
+            ),
+        )
+    }
+
+    /// After a receive: the volume is a replica of `peer` (unless it was
+    /// promoted here meanwhile: a promote is never undone by a session),
+    /// and the new snapshot carries the upstream hold.
     async fn received(
         &self,
         peer: &str,
         hello: &Hello,
         snapshot: &str,
+        was_replica: bool,
     ) -> Result<(), SessionError> {
+        let role = Role {
+            source: Some(peer.to_owned()),
+            path: hello.path.clone(),
+        };
+        let stored = if was_replica {
+            self.store.update_role(&hello.volume, role)
+        } else {
+            self.store.set_role(&hello.volume, role)
+        };
+        match stored {
+            Err(StateError::NotFound(_)) => return Err(self.promoted(&hello.volume)),
+            other => other.map_err(|e| refusal(RefusalCode::Failed, e.to_string()))?,
+        }
         let pool = Arc::clone(&self.pool);
         let snap = snapshot.to_owned();
         blocking(move || {
             Ok(local::move_hold(&pool, &snap, UPSTREAM_HOLD).map_err(StreamFailure::from)?)
         })
-        .await?;
-        self.store
-            .set_role(
-                &hello.volume,
-                Role {
-                    source: Some(peer.to_owned()),
-                    path: hello.path.clone(),
-                },
-            )
-            .map_err(|e| refusal(RefusalCode::Failed, e.to_string()))
+        .await
     }
 }

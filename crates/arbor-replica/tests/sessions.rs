@@ -736,3 +736,71 @@ async fn an_announcement_with_a_bad_name_is_refused_at_once() {
         nothing_stored(&b, &volume);
     }
 }
+
+/// Issue 39, item 7: a replica promoted on the target in the middle of a
+/// receive: the source is told so ("promoted on the target"), not the
+/// engine's view of the abandoned receive ("no such volume or snapshot:
+/// volume id 31"), and the promoted volume stays writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 10);
+    let ab = pair("vm1", "beta");
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    a.write_random("vm1", &mut rng, 300);
+
+    // The link from the source stalls after 3 MiB (the target has
+    // committed part of the receive by then), until `open`.
+    let (source_end, relay_a) = tokio::io::duplex(256 << 10);
+    let (target_end, relay_b) = tokio::io::duplex(256 << 10);
+    let (mut from_source, mut to_source) = tokio::io::split(relay_a);
+    let (mut from_target, mut to_target) = tokio::io::split(relay_b);
+    tokio::spawn(async move { tokio::io::copy(&mut from_target, &mut to_source).await });
+    let (open, opened) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut first = (&mut from_source).take(3 * MIB);
+        tokio::io::copy(&mut first, &mut to_target).await?;
+        let _ = opened.await;
+        tokio::io::copy(&mut from_source, &mut to_target).await
+    });
+    let target = b.target();
+    let served = tokio::spawn(async move { target.serve("alpha", target_end).await });
+    let ctx = a.source("vm1");
+    let cycled = tokio::spawn(async move {
+        let progress = Progress::default();
+        source::cycle(&ctx, &ab, source_end, &progress).await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .is_none_or(|t| t.offset == 0)
+    {
+        assert!(std::time::Instant::now() < deadline, "no receive began");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // `arbor replica promote vm1` on the target (daemon/replication.rs):
+    // the role goes, the receive in progress is abandoned, the upstream
+    // hold released.
+    b.store.clear_role("vm1").unwrap();
+    b.pool.abort_receive("vm1").unwrap();
+    let id = b.pool.lookup("vm1").unwrap();
+    arbor_replica::local::release_all(&b.pool, id, UPSTREAM_HOLD, None).unwrap();
+    open.send(()).unwrap();
+
+    let e = cycled.await.unwrap().unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::Diverged), "{e}");
+    assert!(e.to_string().contains("promoted on the target"), "{e}");
+    assert!(!e.to_string().contains("volume id"), "{e}");
+    let served = served.await.unwrap().unwrap_err();
+    assert!(served.to_string().contains("promoted"), "{served}");
+    // The promoted volume stays writable, with nothing of the receive.
+    assert!(b.store.role("vm1").is_none());
+    assert!(arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .is_none());
+    assert!(b.pool.check().unwrap().is_clean());
+}

@@ -48,30 +48,82 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 /// What one cycle's caller gets back.
 type RunReply = oneshot::Sender<Result<ReplicaRunView, CycleFailure>>;
 
+/// What kind of failure a failed cycle was: a pair's `error_kind` in
+/// `arbor replica status` and the API. docs/REPLICATION.md lists every one
+/// (a test ties that list to [`ErrorKind::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotAllowed,
+    Diverged,
+    Cycle,
+    NoSpace,
+    Busy,
+    Protocol,
+    Failed,
+    Connection,
+    Local,
+    Stopped,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::NotAllowed,
+        ErrorKind::Diverged,
+        ErrorKind::Cycle,
+        ErrorKind::NoSpace,
+        ErrorKind::Busy,
+        ErrorKind::Protocol,
+        ErrorKind::Failed,
+        ErrorKind::Connection,
+        ErrorKind::Local,
+        ErrorKind::Stopped,
+    ];
+
+    /// Its name in status and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotAllowed => "not_allowed",
+            ErrorKind::Diverged => "diverged",
+            ErrorKind::Cycle => "cycle",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Failed => "failed",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Local => "local",
+            ErrorKind::Stopped => "stopped",
+        }
+    }
+
+    fn of(e: &SessionError) -> Self {
+        match e {
+            SessionError::Refused(r) => match r.code {
+                RefusalCode::NotAllowed => ErrorKind::NotAllowed,
+                RefusalCode::Diverged => ErrorKind::Diverged,
+                RefusalCode::Cycle => ErrorKind::Cycle,
+                RefusalCode::NoSpace => ErrorKind::NoSpace,
+                RefusalCode::Busy => ErrorKind::Busy,
+                RefusalCode::Protocol => ErrorKind::Protocol,
+                RefusalCode::Failed => ErrorKind::Failed,
+            },
+            SessionError::Io(_) | SessionError::Idle(_) => ErrorKind::Connection,
+            SessionError::Proto(_) | SessionError::Unexpected { .. } => ErrorKind::Protocol,
+            SessionError::Local(_) => ErrorKind::Local,
+            SessionError::Stopped => ErrorKind::Stopped,
+        }
+    }
+}
+
 /// A failed cycle, classified for the API and status.
 #[derive(Debug, Clone)]
 pub struct CycleFailure {
-    pub kind: &'static str,
+    pub kind: ErrorKind,
     pub message: String,
 }
 
 impl CycleFailure {
     fn of(e: &SessionError) -> Self {
-        let kind = match e {
-            SessionError::Refused(r) => match r.code {
-                RefusalCode::NotAllowed => "not_allowed",
-                RefusalCode::Diverged => "diverged",
-                RefusalCode::Cycle => "cycle",
-                RefusalCode::NoSpace => "no_space",
-                RefusalCode::Busy => "busy",
-                RefusalCode::Protocol => "protocol",
-                RefusalCode::Failed => "failed",
-            },
-            SessionError::Io(_) | SessionError::Idle(_) => "connection",
-            SessionError::Proto(_) | SessionError::Unexpected { .. } => "protocol",
-            SessionError::Local(_) => "local",
-            SessionError::Stopped => "stopped",
-        };
+        let kind = ErrorKind::of(e);
         let message = match e {
             SessionError::Refused(r) => format!("the target refused: {}: {}", r.code, r.message),
             other => other.to_string(),
@@ -371,7 +423,7 @@ impl Replication {
                     }
                     Err(e) => {
                         let failure = CycleFailure::of(&e);
-                        warn!(pair = %key, kind = failure.kind, error = %failure.message, "replication cycle failed");
+                        warn!(pair = %key, kind = failure.kind.as_str(), error = %failure.message, "replication cycle failed");
                         s.error = Some(failure.clone());
                         s.failures = s.failures.saturating_add(1);
                         s.cycles_failed += 1;
@@ -494,12 +546,12 @@ impl Replication {
             let result = match runs.send(tx).await {
                 Ok(()) => rx.await.unwrap_or_else(|_| {
                     Err(CycleFailure {
-                        kind: "stopped",
+                        kind: ErrorKind::Stopped,
                         message: "the pair was removed or the daemon is stopping".into(),
                     })
                 }),
                 Err(_) => Err(CycleFailure {
-                    kind: "stopped",
+                    kind: ErrorKind::Stopped,
                     message: "the pair's task has ended".into(),
                 }),
             };
@@ -668,7 +720,7 @@ fn pair_view(pair: &Pair, runner: Option<&Runner>) -> ReplicaPairView {
     if let Some(e) = &s.error {
         view.state = ReplicaState::Failed;
         view.error = Some(e.message.clone());
-        view.error_kind = Some(e.kind.to_owned());
+        view.error_kind = Some(e.kind.as_str().to_owned());
     }
     if let Some(since) = s.running_since {
         view.state = ReplicaState::Running;
@@ -688,4 +740,28 @@ fn pair_view(pair: &Pair, runner: Option<&Runner>) -> ReplicaPairView {
         });
     }
     view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    /// docs/REPLICATION.md's table of error kinds lists every kind status
+    /// can show, and nothing else.
+    #[test]
+    fn the_documented_error_kinds_are_the_codes() {
+        let doc = include_str!("../../../../docs/REPLICATION.md");
+        let table = doc
+            .split("### Error kinds")
+            .nth(1)
+            .and_then(|s| s.split("\n#").next())
+            .expect("docs/REPLICATION.md has an Error kinds section");
+        let documented: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(kind, _)| kind))
+            .collect();
+        let code: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(documented, code);
+    }
 }
