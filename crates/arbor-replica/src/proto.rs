@@ -155,7 +155,7 @@ impl Hello {
         }
         if let Some(base) = header.base {
             // Newest first: an older snapshot comes later.
-            if !at(base).is_some_and(|b| b > target) {
+            if at(base).is_none_or(|b| b <= target) {
                 return Err(format!(
                     "the stream of {:?} is a delta against base {base}, which the session did \
                      not announce as an older snapshot",

@@ -93,10 +93,46 @@ impl Target {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        self.serve_admitted(peer, conn, self.config.idle, |_| Ok(()))
+            .await
+    }
+
+    /// [`Target::serve`], with the source's hello due within `greeting`,
+    /// and `admitted` called as soon as it has arrived, before anything of
+    /// it is checked or answered: a refusal from it is sent to the source,
+    /// and what it returns is held until the session ends. (The daemon's
+    /// listener ends a connection's handshake there and gives it a session
+    /// slot.)
+    pub async fn serve_admitted<S, G>(
+        &self,
+        peer: &str,
+        conn: S,
+        greeting: Duration,
+        admitted: impl FnOnce(&Hello) -> Result<G, Refusal>,
+    ) -> Result<Served, SessionError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let (rd, wr) = tokio::io::split(conn);
         let mut reader = Reader::new(rd, self.config.idle);
         let mut writer = Writer::new(wr, self.config.idle);
-        let result = self.session(peer, &mut reader, &mut writer).await;
+        let result = async {
+            let hello = match tokio::time::timeout(greeting, reader.expect("hello"))
+                .await
+                .map_err(|_| SessionError::Idle(greeting))??
+            {
+                Message::Hello(h) => h,
+                other => {
+                    return Err(SessionError::Unexpected {
+                        expected: "hello",
+                        got: other.name(),
+                    })
+                }
+            };
+            let _admitted = admitted(&hello).map_err(SessionError::Refused)?;
+            self.session(peer, hello, &mut reader, &mut writer).await
+        }
+        .await;
         if let Err(e) = &result {
             // The source learns why, unless the connection is what failed.
             if !matches!(e, SessionError::Io(_) | SessionError::Idle(_)) {
@@ -110,6 +146,7 @@ impl Target {
     async fn session<R, W>(
         &self,
         peer: &str,
+        hello: Hello,
         reader: &mut Reader<R>,
         writer: &mut Writer<W>,
     ) -> Result<Served, SessionError>
@@ -117,15 +154,6 @@ impl Target {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let hello = match reader.expect("hello").await? {
-            Message::Hello(h) => h,
-            other => {
-                return Err(SessionError::Unexpected {
-                    expected: "hello",
-                    got: other.name(),
-                })
-            }
-        };
         hello
             .check_names()
             .map_err(|m| refusal(RefusalCode::Protocol, m))?;
