@@ -29,6 +29,7 @@ use crate::export::ExportProvider;
 use crate::handshake::Session;
 use crate::poll::{PollLimits, Polling};
 use crate::proto::MAX_PAYLOAD;
+use arbor_tls::handshakes::Handshakes;
 
 /// The loopback address on the IANA NBD port; serving beyond the local
 /// machine is an explicit choice.
@@ -199,7 +200,7 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         abort: CancellationToken::new(),
         next_id: std::sync::atomic::AtomicU64::new(1),
-        handshaking: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        handshakes: Handshakes::new(),
     });
     let connections = TaskTracker::new();
     let accept_loops = TaskTracker::new();
@@ -231,34 +232,9 @@ struct Server {
     /// Hard stop after the grace period: drop connections at once.
     abort: CancellationToken,
     next_id: std::sync::atomic::AtomicU64,
-    /// Connections still in their handshake, oldest first, each with the
-    /// token that drops it.
-    handshaking: std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>,
-}
-
-/// Takes a connection off [`Server::handshaking`] when its handshake ends,
-/// however it ends.
-struct Handshaking<'a> {
-    server: &'a Server,
-    id: u64,
-}
-
-impl Handshaking<'_> {
-    /// Takes the connection off the queue (again: no harm).
-    fn leave(&self) {
-        let mut queue = self
-            .server
-            .handshaking
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        queue.retain(|(id, _)| *id != self.id);
-    }
-}
-
-impl Drop for Handshaking<'_> {
-    fn drop(&mut self) {
-        self.leave();
-    }
+    /// Connections still in their handshake: the oldest makes room for a
+    /// new connection when every slot is taken.
+    handshakes: Arc<Handshakes>,
 }
 
 impl Server {
@@ -328,13 +304,10 @@ impl Server {
             // At the limit, this client waits here, and further ones in the
             // listen backlog, costing no memory; the oldest handshake is
             // dropped to make room (see `ServerConfig::max_connections`).
-            if self.connection_slots.available_permits() == 0 {
-                self.evict_oldest_handshake();
-            }
             let slot = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return,
-                slot = Arc::clone(&self.connection_slots).acquire_owned() => match slot {
+                slot = self.handshakes.slot(&self.connection_slots) => match slot {
                     Ok(slot) => slot,
                     // Never closed; treat as shutdown all the same.
                     Err(_) => return,
@@ -344,22 +317,6 @@ impl Server {
             {
                 tracing::warn!(%error, "cannot start a connection");
             }
-        }
-    }
-
-    /// Drops the connection that has been in its handshake longest, if any.
-    fn evict_oldest_handshake(&self) {
-        let oldest = self
-            .handshaking
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop_front();
-        if let Some((id, drop_it)) = oldest {
-            tracing::debug!(
-                connection = id,
-                "all connection slots taken: dropping the oldest handshake"
-            );
-            drop_it.cancel();
         }
     }
 
@@ -379,7 +336,7 @@ impl Server {
         let abort = self.abort.clone();
         tokio::select! {
             () = abort.cancelled() => {}
-            result = self.connection(id, stream, &security).instrument(span.clone()) => match result {
+            result = self.connection(stream, &security).instrument(span.clone()) => match result {
                 Ok(()) => tracing::debug!(parent: &span, "connection closed"),
                 // A flood would log a line per eviction: keep those quiet.
                 Err(error @ ConnectionError::Evicted) => {
@@ -390,31 +347,18 @@ impl Server {
         }
     }
 
-    async fn connection<S>(
-        &self,
-        id: u64,
-        stream: S,
-        security: &Security,
-    ) -> Result<(), ConnectionError>
+    async fn connection<S>(&self, stream: S, security: &Security) -> Result<(), ConnectionError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let evicted = CancellationToken::new();
-        let registered = {
-            let mut queue = self
-                .handshaking
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            queue.push_back((id, evicted.clone()));
-            Handshaking { server: self, id }
-        };
-        // Off the queue before the client learns its handshake is over,
-        // so a newcomer never evicts a session (`evict_oldest_handshake`).
+        let registered = self.handshakes.enter();
+        // Off the line before the client learns its handshake is over, so a
+        // newcomer never drops a session.
         let transmitting = || registered.leave();
         let handshake = negotiate(stream, &self.provider, security, &transmitting);
         let negotiated = tokio::select! {
             () = self.shutdown.cancelled() => return Ok(()),
-            () = evicted.cancelled() => return Err(ConnectionError::Evicted),
+            () = registered.dropped() => return Err(ConnectionError::Evicted),
             negotiated = tokio::time::timeout(self.config.handshake_timeout, handshake) => {
                 negotiated.map_err(|_| ConnectionError::HandshakeTimeout)??
             }

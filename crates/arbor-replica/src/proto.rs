@@ -11,7 +11,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use arbor_stream::format::{Guid, ResumeToken};
+use arbor_stream::format::{Guid, Header, ResumeToken};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The protocol version this build speaks.
@@ -88,6 +88,83 @@ pub struct Hello {
     /// Roll the target back to the newest common snapshot if it diverged
     /// (`arbor replica resync --force`).
     pub force: bool,
+}
+
+impl Hello {
+    /// Checks what the hello announces against the name rules, at
+    /// announcement: the volume's name; every snapshot's, which must be of
+    /// one volume and stay within the rules under the target's volume name
+    /// (the name a received snapshot takes); one name per identity. The
+    /// error says which name breaks which rule.
+    pub fn check_names(&self) -> Result<(), String> {
+        let bad = |what: &str, e: arbor_engine::Error| format!("the source announced {what}: {e}");
+        arbor_engine::check_volume_name(&self.volume)
+            .map_err(|e| bad(&format!("volume {:?}", self.volume), e))?;
+        let mut source_volume = None;
+        let mut seen = std::collections::HashSet::new();
+        for s in &self.snapshots {
+            let what = format!("snapshot {:?}", s.name);
+            let (volume, snap) =
+                arbor_engine::split_snapshot_name(&s.name).map_err(|e| bad(&what, e))?;
+            if *source_volume.get_or_insert(volume) != volume {
+                return Err(format!(
+                    "the source announced snapshots of two volumes ({:?} and {volume:?}) in one session",
+                    source_volume.unwrap_or_default()
+                ));
+            }
+            arbor_engine::split_snapshot_name(&format!("{}@{snap}", self.volume)).map_err(|e| {
+                bad(
+                    &format!("{what}, to be stored as {}@{snap}", self.volume),
+                    e,
+                )
+            })?;
+            if !seen.insert(s.guid) {
+                return Err(format!(
+                    "the source announced identity {} twice (again as {:?})",
+                    s.guid.0, s.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that a stream, by its header, is what the hello announced:
+    /// its snapshot an announced identity, under the name and creation
+    /// time announced for it, and its base (if incremental) announced as
+    /// older. The error says what differs.
+    pub fn check_stream(&self, header: &Header) -> Result<(), String> {
+        let at = |guid: Guid| self.snapshots.iter().position(|s| s.guid.0 == guid);
+        let target = at(header.target).ok_or_else(|| {
+            format!(
+                "the stream is of snapshot {} ({:?}), which the session did not announce",
+                header.target, header.name
+            )
+        })?;
+        let announced = &self.snapshots[target];
+        if header.name != announced.name {
+            return Err(format!(
+                "the stream names its snapshot {:?}, but the session announced identity {} as {:?}",
+                header.name, header.target, announced.name
+            ));
+        }
+        if header.creation_time != announced.created {
+            return Err(format!(
+                "the stream of {:?} says it was taken at {}, but the session announced {}",
+                header.name, header.creation_time, announced.created
+            ));
+        }
+        if let Some(base) = header.base {
+            // Newest first: an older snapshot comes later.
+            if at(base).is_none_or(|b| b <= target) {
+                return Err(format!(
+                    "the stream of {:?} is a delta against base {base}, which the session did \
+                     not announce as an older snapshot",
+                    header.name
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The target's answer to a hello: where the volume stands.

@@ -291,6 +291,24 @@ impl Store {
         })
     }
 
+    /// Changes the role of `volume`, which must still be a replica (a
+    /// promote may have made it writable meanwhile: NotFound then, and
+    /// nothing changes).
+    pub fn update_role(&self, volume: &str, role: Role) -> Result<(), StateError> {
+        if self.role(volume).as_ref() == Some(&role) {
+            return Ok(());
+        }
+        self.change(|f| match f.replicas.get_mut(volume) {
+            Some(r) => {
+                *r = role;
+                Ok(())
+            }
+            None => Err(StateError::NotFound(format!(
+                "{volume} is not a replica here"
+            ))),
+        })
+    }
+
     /// Makes `volume` writable again; returns the role it had.
     pub fn clear_role(&self, volume: &str) -> Result<Role, StateError> {
         self.change(|f| {

@@ -18,7 +18,7 @@ use crate::local;
 use crate::plan;
 use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
 use crate::session::{blocking, engine_task_failed, Reader, SessionError, Writer};
-use crate::state::{Role, Store};
+use crate::state::{Role, StateError, Store};
 
 /// The hold a target keeps on the newest snapshot it received: the base
 /// of the next stream.
@@ -93,10 +93,46 @@ impl Target {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        self.serve_admitted(peer, conn, self.config.idle, |_| Ok(()))
+            .await
+    }
+
+    /// [`Target::serve`], with the source's hello due within `greeting`,
+    /// and `admitted` called as soon as it has arrived, before anything of
+    /// it is checked or answered: a refusal from it is sent to the source,
+    /// and what it returns is held until the session ends. (The daemon's
+    /// listener ends a connection's handshake there and gives it a session
+    /// slot.)
+    pub async fn serve_admitted<S, G>(
+        &self,
+        peer: &str,
+        conn: S,
+        greeting: Duration,
+        admitted: impl FnOnce(&Hello) -> Result<G, Refusal>,
+    ) -> Result<Served, SessionError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let (rd, wr) = tokio::io::split(conn);
         let mut reader = Reader::new(rd, self.config.idle);
         let mut writer = Writer::new(wr, self.config.idle);
-        let result = self.session(peer, &mut reader, &mut writer).await;
+        let result = async {
+            let hello = match tokio::time::timeout(greeting, reader.expect("hello"))
+                .await
+                .map_err(|_| SessionError::Idle(greeting))??
+            {
+                Message::Hello(h) => h,
+                other => {
+                    return Err(SessionError::Unexpected {
+                        expected: "hello",
+                        got: other.name(),
+                    })
+                }
+            };
+            let _admitted = admitted(&hello).map_err(SessionError::Refused)?;
+            self.session(peer, hello, &mut reader, &mut writer).await
+        }
+        .await;
         if let Err(e) = &result {
             // The source learns why, unless the connection is what failed.
             if !matches!(e, SessionError::Io(_) | SessionError::Idle(_)) {
@@ -110,6 +146,7 @@ impl Target {
     async fn session<R, W>(
         &self,
         peer: &str,
+        hello: Hello,
         reader: &mut Reader<R>,
         writer: &mut Writer<W>,
     ) -> Result<Served, SessionError>
@@ -117,17 +154,13 @@ impl Target {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let hello = match reader.expect("hello").await? {
-            Message::Hello(h) => h,
-            other => {
-                return Err(SessionError::Unexpected {
-                    expected: "hello",
-                    got: other.name(),
-                })
-            }
-        };
+        hello
+            .check_names()
+            .map_err(|m| refusal(RefusalCode::Protocol, m))?;
         let allow = self.admit(peer, &hello)?;
         let volume = hello.volume.clone();
+        // A replica may be promoted here while the session runs.
+        let was_replica = self.store.role(&volume).is_some();
         let _claim = self.claims.claim(&volume).ok_or_else(|| {
             refusal(
                 RefusalCode::Busy,
@@ -174,6 +207,7 @@ impl Target {
         loop {
             match reader.expect("begin or end").await? {
                 Message::Begin(begin) => {
+                    self.still_replica(&volume, was_replica)?;
                     if begin.abort_partial {
                         let pool = Arc::clone(&self.pool);
                         let v = volume.clone();
@@ -182,10 +216,18 @@ impl Target {
                         })
                         .await?;
                     }
-                    let got = self.receive_one(&volume, reader).await?;
+                    let got = match self.receive_one(&hello, reader).await {
+                        Ok(got) => got,
+                        // Promoted here meanwhile: that is why it failed
+                        // (the promote abandoned the receive).
+                        Err(e) => {
+                            return Err(self.still_replica(&volume, was_replica).err().unwrap_or(e))
+                        }
+                    };
                     served.stream_bytes += got.stream_bytes;
                     served.received.push(got.snapshot.clone());
-                    self.received(peer, &hello, &got.snapshot).await?;
+                    self.received(peer, &hello, &got.snapshot, was_replica)
+                        .await?;
                     info!(snapshot = %got.snapshot, bytes = got.stream_bytes, resumed_from = got.resumed_from, source = %peer, "replica received");
                     writer.send(&Message::Received(got)).await?;
                 }
@@ -302,10 +344,11 @@ impl Target {
         .await
     }
 
-    /// Receives one stream (data frames up to a done) into `volume`.
+    /// Receives one stream (data frames up to a done) into the volume of
+    /// `hello`, refused unless it is a snapshot `hello` announced.
     async fn receive_one<R: AsyncRead + Unpin>(
         &self,
-        volume: &str,
+        hello: &Hello,
         reader: &mut Reader<R>,
     ) -> Result<Received, SessionError> {
         enum Piece {
@@ -319,9 +362,10 @@ impl Target {
             checkpoint_bytes: self.config.checkpoint_bytes,
             force: false,
         };
-        let v = volume.to_owned();
+        let announced = hello.clone();
         let task = tokio::task::spawn_blocking(move || -> Result<Received, SessionError> {
-            let mut receiver = Receiver::new(&pool, &v, opts);
+            let mut receiver = Receiver::new(&pool, &announced.volume, opts)
+                .check_header(|header| announced.check_stream(header));
             loop {
                 match rx.blocking_recv() {
                     Some(Piece::Data(bytes)) => {
@@ -384,28 +428,55 @@ impl Target {
         applied
     }
 
-    /// After a receive: the new snapshot carries the upstream hold, and the
-    /// volume is a replica of `peer`.
+    /// Fails with what the source must hear if `volume`, a replica when
+    /// the session began (`was_replica`), has been promoted here since
+    /// (`arbor replica promote`, which abandons a receive in progress).
+    fn still_replica(&self, volume: &str, was_replica: bool) -> Result<(), SessionError> {
+        if was_replica && self.store.role(volume).is_none() {
+            return Err(self.promoted(volume));
+        }
+        Ok(())
+    }
+
+    fn promoted(&self, volume: &str) -> SessionError {
+        refusal(
+            RefusalCode::Diverged,
+            format!(
+                "{volume} was promoted on the target {} during this session: it is a writable \
+                 volume there now, no longer a replica, and the receive into it was abandoned",
+                self.config.identity
+            ),
+        )
+    }
+
+    /// After a receive: the volume is a replica of `peer` (unless it was
+    /// promoted here meanwhile: a promote is never undone by a session),
+    /// and the new snapshot carries the upstream hold.
     async fn received(
         &self,
         peer: &str,
         hello: &Hello,
         snapshot: &str,
+        was_replica: bool,
     ) -> Result<(), SessionError> {
+        let role = Role {
+            source: Some(peer.to_owned()),
+            path: hello.path.clone(),
+        };
+        let stored = if was_replica {
+            self.store.update_role(&hello.volume, role)
+        } else {
+            self.store.set_role(&hello.volume, role)
+        };
+        match stored {
+            Err(StateError::NotFound(_)) => return Err(self.promoted(&hello.volume)),
+            other => other.map_err(|e| refusal(RefusalCode::Failed, e.to_string()))?,
+        }
         let pool = Arc::clone(&self.pool);
         let snap = snapshot.to_owned();
         blocking(move || {
             Ok(local::move_hold(&pool, &snap, UPSTREAM_HOLD).map_err(StreamFailure::from)?)
         })
-        .await?;
-        self.store
-            .set_role(
-                &hello.volume,
-                Role {
-                    source: Some(peer.to_owned()),
-                    path: hello.path.clone(),
-                },
-            )
-            .map_err(|e| refusal(RefusalCode::Failed, e.to_string()))
+        .await
     }
 }

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use arbor_engine::{CreateOptions, OpenOptions, Pool};
 use arbor_io::{BlockDevice, SimDisk};
-use arbor_replica::proto::RefusalCode;
-use arbor_replica::session::SessionError;
+use arbor_replica::proto::{Begin, Hello, Message, RefusalCode, SnapshotEntry, WireGuid};
+use arbor_replica::session::{Reader, SessionError, Writer};
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
 use arbor_replica::state::{Pair, Role, Store};
 use arbor_replica::target::{Allow, Served, Target, TargetConfig, UPSTREAM_HOLD};
 use arbor_stream::busy::{Claims, Pins};
-use arbor_stream::format::Compression;
+use arbor_stream::format::{Compression, Guid};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
@@ -558,4 +558,299 @@ async fn an_origin_replicates_whole_then_incrementally() {
     for h in [&a, &b] {
         assert!(h.pool.check().unwrap().is_clean(), "{}", h.name);
     }
+}
+
+/// The whole stream of `snapshot` (against `base`), as a source sends it.
+fn stream_of(host: &Host, snapshot: &str, base: Option<&str>) -> Vec<u8> {
+    let req = arbor_stream::send::SendRequest {
+        target: snapshot.into(),
+        base: base.map(str::to_owned),
+        resume: None,
+        compression: Compression::Zstd { level: 1 },
+        format: arbor_stream::send::SendFormat::Arbor,
+    };
+    let mut sender = arbor_stream::send::Sender::new(&host.pool, &req).unwrap();
+    let mut bytes = Vec::new();
+    sender
+        .pump(|piece| {
+            bytes.extend(piece);
+            true
+        })
+        .unwrap();
+    bytes
+}
+
+/// How `host` announces `snapshot` in a hello: its identity, name and
+/// creation time.
+fn entry(host: &Host, snapshot: &str) -> SnapshotEntry {
+    let id = host.pool.lookup(snapshot).unwrap();
+    SnapshotEntry {
+        guid: WireGuid(Guid(host.pool.guid(id).unwrap().unwrap())),
+        name: snapshot.into(),
+        created: host.pool.info(id).unwrap().created_unix_secs,
+    }
+}
+
+fn hello(volume: &str, snapshots: Vec<SnapshotEntry>, source: &str) -> Hello {
+    Hello {
+        volume: volume.into(),
+        snapshots,
+        path: vec![source.into()],
+        seeded: false,
+        force: false,
+    }
+}
+
+/// A hostile source, driven by hand (the real one never lies): sends
+/// `hello`, then, if the target answers with a plan, `stream` in a begin /
+/// data / done. Returns the target's last message and the session's end.
+async fn hostile(
+    dst: &Host,
+    peer: &str,
+    hello: Hello,
+    stream: &[u8],
+) -> (Option<Message>, Result<Served, SessionError>) {
+    let (a, b) = tokio::io::duplex(256 << 10);
+    let target = dst.target();
+    let peer = peer.to_owned();
+    let served = tokio::spawn(async move { target.serve(&peer, b).await });
+    let (rd, wr) = tokio::io::split(a);
+    let idle = Duration::from_secs(30);
+    let (mut reader, mut writer) = (Reader::new(rd, idle), Writer::new(wr, idle));
+    writer.send(&Message::Hello(hello)).await.unwrap();
+    let answer = reader.next().await.unwrap();
+    if !matches!(answer, Some(Message::Plan(_))) {
+        return (answer, served.await.unwrap());
+    }
+    let begin = Message::Begin(Begin {
+        abort_partial: false,
+    });
+    // The target may give up before the whole stream is in.
+    let sent = async {
+        writer.send(&begin).await?;
+        writer.send_data(stream).await?;
+        writer.send(&Message::Done).await
+    }
+    .await;
+    let last = match sent {
+        Ok(()) => reader.next().await.ok().flatten(),
+        Err(_) => reader.next_untimed().await.ok().flatten(),
+    };
+    if matches!(last, Some(Message::Received(_))) {
+        writer.send(&Message::End).await.unwrap();
+    }
+    (last, served.await.unwrap())
+}
+
+fn refused_with(last: &Option<Message>, code: RefusalCode) -> String {
+    match last {
+        Some(Message::Failed(r) | Message::Refuse(r)) if r.code == code => r.message.clone(),
+        other => panic!("expected a {code:?} refusal, got {other:?}"),
+    }
+}
+
+/// Nothing of a refused stream is stored: no volume, no snapshot, no
+/// half-done receive.
+fn nothing_stored(host: &Host, volume: &str) {
+    assert!(host.pool.lookup(volume).is_err(), "{volume} was created");
+    assert!(arbor_stream::receive::resume_token(&host.pool, volume)
+        .unwrap()
+        .is_none());
+    assert!(host.store.role(volume).is_none());
+    assert!(host.pool.check().unwrap().is_clean());
+}
+
+/// Issue 39, item 6: a source announcing one snapshot and streaming
+/// another is refused, and nothing of the stream is stored: a stream
+/// under another name than announced (`lie1@zzz` announced, `lie1@s1`
+/// sent), one of an identity never announced, one with another creation
+/// time, one whose base was not announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_differs_from_its_announcement_is_refused() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("lie1", VOL).unwrap();
+    a.write_random("lie1", &mut rng, 10);
+    a.pool.snapshot("lie1@s0").unwrap();
+    a.write_random("lie1", &mut rng, 10);
+    a.pool.snapshot("lie1@s1").unwrap();
+    let s1 = entry(&a, "lie1@s1");
+    let full = stream_of(&a, "lie1@s1", None);
+
+    // Another name for the same identity.
+    let renamed = SnapshotEntry {
+        name: "lie1@zzz".into(),
+        ..s1.clone()
+    };
+    let (last, served) = hostile(&b, "alpha", hello("lie1", vec![renamed], "alpha"), &full).await;
+    let message = refused_with(&last, RefusalCode::Protocol);
+    assert!(
+        message.contains("lie1@zzz") && message.contains("lie1@s1"),
+        "{message}"
+    );
+    assert!(served.is_err());
+    nothing_stored(&b, "lie1");
+
+    // The announced name, another identity.
+    let other = SnapshotEntry {
+        guid: WireGuid(Guid([0x5a; 16])),
+        ..s1.clone()
+    };
+    let (last, _) = hostile(&b, "alpha", hello("lie1", vec![other], "alpha"), &full).await;
+    let message = refused_with(&last, RefusalCode::Protocol);
+    assert!(message.contains("not announce"), "{message}");
+    nothing_stored(&b, "lie1");
+
+    // Another creation time.
+    let earlier = SnapshotEntry {
+        created: s1.created - 1000,
+        ..s1.clone()
+    };
+    let (last, _) = hostile(&b, "alpha", hello("lie1", vec![earlier], "alpha"), &full).await;
+    refused_with(&last, RefusalCode::Protocol);
+    nothing_stored(&b, "lie1");
+
+    // Seeded with s0, then an increment: told the truth, the target takes
+    // it.
+    let seed = stream_of(&a, "lie1@s0", None);
+    let (last, served) = hostile(
+        &b,
+        "alpha",
+        hello("lie1", vec![entry(&a, "lie1@s0")], "alpha"),
+        &seed,
+    )
+    .await;
+    assert!(matches!(last, Some(Message::Received(_))), "{last:?}");
+    served.unwrap();
+    let delta = stream_of(&a, "lie1@s1", Some("lie1@s0"));
+    let both = hello("lie1", vec![s1.clone(), entry(&a, "lie1@s0")], "alpha");
+    let (last, served) = hostile(&b, "alpha", both, &delta).await;
+    assert!(matches!(last, Some(Message::Received(_))), "{last:?}");
+    served.unwrap();
+    assert_eq!(b.contents("lie1"), a.contents("lie1@s1"));
+    // An increment against a base the session never announced.
+    let c = Host::new("gamma", 256 * MIB).allowing("alpha");
+    let (last, _) = hostile(&c, "alpha", hello("lie1", vec![s1], "alpha"), &delta).await;
+    let message = refused_with(&last, RefusalCode::Protocol);
+    assert!(message.contains("base"), "{message}");
+    nothing_stored(&c, "lie1");
+}
+
+/// Issue 39, item 6: names are checked against the name rules when they
+/// are announced, before any plan: a bad volume name, a snapshot name
+/// that breaks the rules or names another volume than the others, one
+/// that would be too long under the target's volume name, and two names
+/// for one identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announcement_with_a_bad_name_is_refused_at_once() {
+    let a = Host::new("alpha", 64 * MIB);
+    let b = Host::new("beta", 64 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.pool.snapshot("vm1@s1").unwrap();
+    let good = entry(&a, "vm1@s1");
+    let named = |name: &str| SnapshotEntry {
+        name: name.into(),
+        ..good.clone()
+    };
+    let long = "v".repeat(180);
+    let cases = [
+        hello("bad/volume", vec![good.clone()], "alpha"),
+        hello("-x", vec![good.clone()], "alpha"),
+        hello("vm1", vec![named("vm1@bad name")], "alpha"),
+        hello("vm1", vec![named("no-at-sign")], "alpha"),
+        hello(
+            "vm1",
+            vec![
+                named("vm1@s1"),
+                SnapshotEntry {
+                    guid: WireGuid(Guid([0x11; 16])),
+                    ..named("other@s0")
+                },
+            ],
+            "alpha",
+        ),
+        hello(
+            &long,
+            vec![named(&format!("vm1@{}", "s".repeat(20)))],
+            "alpha",
+        ),
+        hello("vm1", vec![named("vm1@s1"), named("vm1@s2")], "alpha"),
+    ];
+    for case in cases {
+        let volume = case.volume.clone();
+        let (last, served) = hostile(&b, "alpha", case, &[]).await;
+        let message = refused_with(&last, RefusalCode::Protocol);
+        assert!(message.contains("announced"), "{volume}: {message}");
+        assert!(served.is_err());
+        nothing_stored(&b, &volume);
+    }
+}
+
+/// Issue 39, item 7: a replica promoted on the target in the middle of a
+/// receive: the source is told so ("promoted on the target"), not the
+/// engine's view of the abandoned receive ("no such volume or snapshot:
+/// volume id 31"), and the promoted volume stays writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 10);
+    let ab = pair("vm1", "beta");
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    a.write_random("vm1", &mut rng, 300);
+
+    // The link from the source stalls after 3 MiB (the target has
+    // committed part of the receive by then), until `open`.
+    let (source_end, relay_a) = tokio::io::duplex(256 << 10);
+    let (target_end, relay_b) = tokio::io::duplex(256 << 10);
+    let (mut from_source, mut to_source) = tokio::io::split(relay_a);
+    let (mut from_target, mut to_target) = tokio::io::split(relay_b);
+    tokio::spawn(async move { tokio::io::copy(&mut from_target, &mut to_source).await });
+    let (open, opened) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut first = (&mut from_source).take(3 * MIB);
+        tokio::io::copy(&mut first, &mut to_target).await?;
+        let _ = opened.await;
+        tokio::io::copy(&mut from_source, &mut to_target).await
+    });
+    let target = b.target();
+    let served = tokio::spawn(async move { target.serve("alpha", target_end).await });
+    let ctx = a.source("vm1");
+    let cycled = tokio::spawn(async move {
+        let progress = Progress::default();
+        source::cycle(&ctx, &ab, source_end, &progress).await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .is_none_or(|t| t.offset == 0)
+    {
+        assert!(std::time::Instant::now() < deadline, "no receive began");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // `arbor replica promote vm1` on the target (daemon/replication.rs):
+    // the role goes, the receive in progress is abandoned, the upstream
+    // hold released.
+    b.store.clear_role("vm1").unwrap();
+    b.pool.abort_receive("vm1").unwrap();
+    let id = b.pool.lookup("vm1").unwrap();
+    arbor_replica::local::release_all(&b.pool, id, UPSTREAM_HOLD, None).unwrap();
+    open.send(()).unwrap();
+
+    let e = cycled.await.unwrap().unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::Diverged), "{e}");
+    assert!(e.to_string().contains("promoted on the target"), "{e}");
+    assert!(!e.to_string().contains("volume id"), "{e}");
+    let served = served.await.unwrap().unwrap_err();
+    assert!(served.to_string().contains("promoted"), "{served}");
+    // The promoted volume stays writable, with nothing of the receive.
+    assert!(b.store.role("vm1").is_none());
+    assert!(arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .is_none());
+    assert!(b.pool.check().unwrap().is_clean());
 }

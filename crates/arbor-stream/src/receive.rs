@@ -67,12 +67,18 @@ pub struct ReceiveProgress {
     pub volume_size: u64,
 }
 
+/// A caller's test of a stream's header, run before anything of the stream
+/// is applied or any earlier receive is touched: an error refuses the
+/// stream with that message.
+type HeaderCheck<'p> = Box<dyn FnMut(&Header) -> Result<(), String> + 'p>;
+
 /// A stream being received: [`Receiver::push`] its bytes as they come, then
 /// [`Receiver::finish`] at the end of the input.
 pub struct Receiver<'p> {
     pool: &'p Pool,
     volume: String,
     opts: ReceiveOptions,
+    check: Option<HeaderCheck<'p>>,
     decoder: Decoder,
     data: DataDecoder,
     /// Input not yet decoded (at most one record and one push).
@@ -116,6 +122,7 @@ impl<'p> Receiver<'p> {
             pool,
             volume: volume.to_owned(),
             opts,
+            check: None,
             decoder: Decoder::new(),
             data: DataDecoder::new(),
             pending: Vec::new(),
@@ -126,6 +133,14 @@ impl<'p> Receiver<'p> {
             unsaved: 0,
             saved_to: 0,
         }
+    }
+
+    /// Refuses a stream whose header `check` rejects (a replication
+    /// target holds the stream to what its session announced), before
+    /// anything of it is applied.
+    pub fn check_header(mut self, check: impl FnMut(&Header) -> Result<(), String> + 'p) -> Self {
+        self.check = Some(Box::new(check));
+        self
     }
 
     /// Where the receive stands.
@@ -208,6 +223,9 @@ impl<'p> Receiver<'p> {
 
     /// The header has arrived: begin (or resume) the receive in the pool.
     fn start(&mut self, header: Header) -> Result<(), StreamFailure> {
+        if let Some(check) = self.check.as_mut() {
+            check(&header).map_err(StreamFailure::Refused)?;
+        }
         let (_, snap) = split_snapshot_name(&header.name).map_err(|_| {
             StreamFailure::Refused(format!(
                 "the stream's snapshot name {:?} is not of the form volume@snapshot",

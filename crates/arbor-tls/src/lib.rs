@@ -13,6 +13,11 @@
 //!
 //! The `ring` crypto provider is passed explicitly, so no process-wide
 //! provider needs to be installed.
+//!
+//! [`handshakes`] is the one rule for connections still in their handshake,
+//! shared by the listeners: bounded slots, the oldest dropped for a new one.
+
+pub mod handshakes;
 
 use std::fmt;
 use std::io::{self, Read};

@@ -6,23 +6,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-
-/// Polls `probe` until it returns `Some`; waiting past `secs` is a failure
-/// (the monitor never did what the policy says), never a pass.
-fn wait_for<T>(what: &str, secs: u64, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn snapshot_names(daemon: &Daemon, volume: &str) -> Vec<String> {
     daemon

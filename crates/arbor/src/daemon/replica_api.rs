@@ -7,7 +7,7 @@ use axum::Json;
 
 use super::api::{ApiError, ApiResult};
 use super::control::PoolControl;
-use super::replication::CycleFailure;
+use super::replication::{CycleFailure, ErrorKind};
 use crate::error_code::ErrorCode;
 use serde::Deserialize;
 
@@ -31,13 +31,15 @@ fn state_error(e: StateError) -> ApiError {
 
 fn cycle_error(f: CycleFailure) -> ApiError {
     let code = match f.kind {
-        "diverged" | "cycle" | "not_allowed" => ErrorCode::Conflict,
-        "no_space" => ErrorCode::NoSpace,
-        "busy" => ErrorCode::Busy,
-        "connection" => ErrorCode::Io,
-        _ => ErrorCode::Internal,
+        ErrorKind::Diverged | ErrorKind::Cycle | ErrorKind::NotAllowed => ErrorCode::Conflict,
+        ErrorKind::NoSpace => ErrorCode::NoSpace,
+        ErrorKind::Busy => ErrorCode::Busy,
+        ErrorKind::Connection => ErrorCode::Io,
+        ErrorKind::Protocol | ErrorKind::Failed | ErrorKind::Local | ErrorKind::Stopped => {
+            ErrorCode::Internal
+        }
     };
-    ApiError::new(code, format!("{} ({})", f.message, f.kind))
+    ApiError::new(code, format!("{} ({})", f.message, f.kind.as_str()))
 }
 
 /// `GET /v1/replicas`.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -14,17 +14,18 @@ use anyhow::{Context, Result};
 use arbor_engine::Pool;
 use arbor_replica::local;
 use arbor_replica::plan::Local;
-use arbor_replica::proto::RefusalCode;
+use arbor_replica::proto::{Hello, Refusal, RefusalCode};
 use arbor_replica::session::SessionError;
 use arbor_replica::source::{self, CycleReport, Progress, SourceContext};
 use arbor_replica::state::{Pair, Role, Store};
-use arbor_replica::target::{Target, TargetConfig, UPSTREAM_HOLD};
+use arbor_replica::target::{Served, Target, TargetConfig, UPSTREAM_HOLD};
 use arbor_stream::busy::{Claims, Pins};
 use arbor_stream::format::Compression;
+use arbor_tls::handshakes::{Handshake, Handshakes};
 use arbor_tls::{peer_identity, server_name, Tls};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,8 +36,21 @@ use crate::model::{
     ReplicasView,
 };
 
-/// Sessions served at once; more connections are closed at once.
+/// Sessions served at once (sources past their hello); a source beyond
+/// them is refused as `busy` and tries again.
 const MAX_SESSIONS: usize = 32;
+/// Connections in their handshake at once (TLS, then the source's hello),
+/// apart from the sessions: when every one is taken, the oldest is dropped
+/// for a new connection (`arbor_tls::handshakes`), so connections that
+/// never become sources cannot lock sources out, and cost bounded memory.
+const MAX_HANDSHAKES: usize = 64;
+/// A connection must finish its TLS handshake and send its hello within
+/// this time (or `replication_timeout`, if shorter). The source connects
+/// first and takes its snapshot before its hello: this also bounds that.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections closed before they became sessions are logged as one line
+/// per this interval, with counts, not a line each.
+const DROPPED_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// Stream bytes a target applies between commits of its progress: at most
 /// this is sent again after a cut.
 const CHECKPOINT_BYTES: u64 = 16 << 20;
@@ -50,30 +64,84 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 /// What one cycle's caller gets back.
 type RunReply = oneshot::Sender<Result<ReplicaRunView, CycleFailure>>;
 
+/// What kind of failure a failed cycle was: a pair's `error_kind` in
+/// `arbor replica status` and the API. docs/REPLICATION.md lists every one
+/// (a test ties that list to [`ErrorKind::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotAllowed,
+    Diverged,
+    Cycle,
+    NoSpace,
+    Busy,
+    Protocol,
+    Failed,
+    Connection,
+    Local,
+    Stopped,
+}
+
+impl ErrorKind {
+    /// Every kind (what the docs' table must list).
+    #[cfg(test)]
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::NotAllowed,
+        ErrorKind::Diverged,
+        ErrorKind::Cycle,
+        ErrorKind::NoSpace,
+        ErrorKind::Busy,
+        ErrorKind::Protocol,
+        ErrorKind::Failed,
+        ErrorKind::Connection,
+        ErrorKind::Local,
+        ErrorKind::Stopped,
+    ];
+
+    /// Its name in status and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotAllowed => "not_allowed",
+            ErrorKind::Diverged => "diverged",
+            ErrorKind::Cycle => "cycle",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Failed => "failed",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Local => "local",
+            ErrorKind::Stopped => "stopped",
+        }
+    }
+
+    fn of(e: &SessionError) -> Self {
+        match e {
+            SessionError::Refused(r) => match r.code {
+                RefusalCode::NotAllowed => ErrorKind::NotAllowed,
+                RefusalCode::Diverged => ErrorKind::Diverged,
+                RefusalCode::Cycle => ErrorKind::Cycle,
+                RefusalCode::NoSpace => ErrorKind::NoSpace,
+                RefusalCode::Busy => ErrorKind::Busy,
+                RefusalCode::Protocol => ErrorKind::Protocol,
+                RefusalCode::Failed => ErrorKind::Failed,
+            },
+            SessionError::Io(_) | SessionError::Idle(_) => ErrorKind::Connection,
+            SessionError::Proto(_) | SessionError::Unexpected { .. } => ErrorKind::Protocol,
+            SessionError::Local(_) => ErrorKind::Local,
+            SessionError::Stopped => ErrorKind::Stopped,
+        }
+    }
+}
+
 /// A failed cycle, classified for the API and status.
 #[derive(Debug, Clone)]
 pub struct CycleFailure {
-    pub kind: &'static str,
+    pub kind: ErrorKind,
     pub message: String,
 }
 
 impl CycleFailure {
     fn of(e: &SessionError) -> Self {
-        let kind = match e {
-            SessionError::Refused(r) => match r.code {
-                RefusalCode::NotAllowed => "not_allowed",
-                RefusalCode::Diverged => "diverged",
-                RefusalCode::Cycle => "cycle",
-                RefusalCode::NoSpace => "no_space",
-                RefusalCode::Busy => "busy",
-                RefusalCode::Protocol => "protocol",
-                RefusalCode::Failed => "failed",
-            },
-            SessionError::Io(_) | SessionError::Idle(_) => "connection",
-            SessionError::Proto(_) | SessionError::Unexpected { .. } => "protocol",
-            SessionError::Local(_) => "local",
-            SessionError::Stopped => "stopped",
-        };
+        let kind = ErrorKind::of(e);
         let message = match e {
             SessionError::Refused(r) => format!("the target refused: {}: {}", r.code, r.message),
             other => other.to_string(),
@@ -188,67 +256,148 @@ impl Replication {
         }
     }
 
-    /// Accepts sessions until stopped, then ends those running (a receive
-    /// cut so keeps what it committed).
+    /// Accepts connections until stopped, then ends the sessions running (a
+    /// receive cut so keeps what it committed). A connection first takes a
+    /// handshake slot (the oldest handshake dropped for it when all are
+    /// taken), and a session slot once its hello has arrived.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<()> {
-        let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
-        let mut sessions = JoinSet::new();
+        let listening = Listening {
+            handshakes: Handshakes::new(),
+            handshake_slots: Arc::new(Semaphore::new(MAX_HANDSHAKES)),
+            session_slots: Arc::new(Semaphore::new(MAX_SESSIONS)),
+            dropped: Dropped::default(),
+        };
+        let listening = Arc::new(listening);
+        let mut report = tokio::time::interval(DROPPED_LOG_INTERVAL);
+        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut connections = JoinSet::new();
         loop {
             let (tcp, from) = tokio::select! {
                 _ = self.stop.cancelled() => break,
+                _ = report.tick() => {
+                    listening.dropped.log();
+                    continue;
+                }
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
-                    Err(e) => {
-                        warn!(error = %e, "replication listener: accept failed");
+                    Err(_) => {
+                        // Out of file descriptors, or a connection reset
+                        // before it was accepted: try again shortly.
+                        listening.dropped.accept_failed.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 },
-                Some(_) = sessions.join_next(), if !sessions.is_empty() => continue,
+                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             };
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                warn!(%from, "replication: too many sessions; connection closed");
-                continue;
-            };
-            let this = Arc::clone(&self);
-            sessions.spawn(async move {
-                let _slot = slot;
-                if let Err(e) = this.session(tcp, from).await {
-                    warn!(%from, error = %e, "replication session failed");
+            let slot = tokio::select! {
+                _ = self.stop.cancelled() => break,
+                slot = listening.handshakes.slot(&listening.handshake_slots) => {
+                    slot.context("the replication listener's handshake slots were closed")?
                 }
-            });
+            };
+            let handshake = listening.handshakes.enter();
+            connections.spawn(Arc::clone(&self).connection(
+                tcp,
+                from,
+                (handshake, slot),
+                Arc::clone(&listening),
+            ));
         }
-        sessions.shutdown().await;
+        connections.shutdown().await;
+        listening.dropped.log();
         Ok(())
     }
 
-    async fn session(&self, tcp: TcpStream, from: SocketAddr) -> Result<(), SessionError> {
+    /// One connection: its handshake (TLS, then the source's hello, within
+    /// [`HANDSHAKE_TIMEOUT`], unless a newer connection takes its place),
+    /// then, holding a session slot, its session.
+    async fn connection(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        from: SocketAddr,
+        (handshake, handshake_slot): (Handshake, OwnedSemaphorePermit),
+        listening: Arc<Listening>,
+    ) {
         let _ = tcp.set_nodelay(true);
-        let target = self.target();
-        let served = match &self.tls {
-            Some(tls) => {
-                let conn = tokio::time::timeout(self.config.timeout, tls.acceptor().accept(tcp))
-                    .await
-                    .map_err(|_| SessionError::Idle(self.config.timeout))??;
-                let peer = peer_identity(conn.get_ref().1)
-                    .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
-                target.serve(&peer, conn).await?
-            }
-            None if from.ip().is_loopback() => {
-                target.serve(arbor_replica::target::LOOPBACK, tcp).await?
-            }
-            None => {
-                return Err(SessionError::Io(std::io::Error::other(format!(
-                    "{from} is not on loopback and this listener has no TLS"
-                ))))
-            }
+        let within = HANDSHAKE_TIMEOUT.min(self.config.timeout);
+        let deadline = tokio::time::Instant::now() + within;
+        let stage = AtomicU8::new(HANDSHAKE);
+        let session = async {
+            let (peer, conn): (String, Box<dyn Io>) = match &self.tls {
+                Some(tls) => {
+                    let conn = tokio::time::timeout_at(deadline, tls.acceptor().accept(tcp))
+                        .await
+                        .map_err(|_| SessionError::Idle(within))??;
+                    let peer = peer_identity(conn.get_ref().1)
+                        .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
+                    (peer, Box::new(conn))
+                }
+                None if from.ip().is_loopback() => {
+                    (arbor_replica::target::LOOPBACK.to_owned(), Box::new(tcp))
+                }
+                None => {
+                    return Err(SessionError::Io(std::io::Error::other(format!(
+                        "{from} is not on loopback and this listener has no TLS"
+                    ))))
+                }
+            };
+            let greeting = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // The hello has come: the handshake is over (off the line
+            // before anything is answered, so no newcomer drops a session).
+            let admit = |_: &Hello| {
+                handshake.leave();
+                drop(handshake_slot);
+                let slot = Arc::clone(&listening.session_slots).try_acquire_owned();
+                stage.store(
+                    if slot.is_ok() {
+                        SESSION
+                    } else {
+                        NO_SESSION_SLOT
+                    },
+                    Ordering::Relaxed,
+                );
+                slot.map_err(|_| Refusal {
+                    code: RefusalCode::Busy,
+                    message: format!(
+                        "{} serves {MAX_SESSIONS} replication sessions at once, all running: \
+                         the source tries again",
+                        self.identity
+                    ),
+                })
+            };
+            let served = self
+                .target()
+                .serve_admitted(&peer, conn, greeting, admit)
+                .await?;
+            Ok(served)
         };
+        let result = tokio::select! {
+            () = handshake.dropped() => {
+                listening.dropped.dropped_for_newer.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            result = session => result,
+        };
+        match (result, stage.load(Ordering::Relaxed)) {
+            (Ok(served), _) => self.served(&served),
+            (Err(e), HANDSHAKE) => listening.dropped.before_hello(&e),
+            (Err(_), NO_SESSION_SLOT) => {
+                listening.dropped.busy.fetch_add(1, Ordering::Relaxed);
+            }
+            (Err(e), _) => warn!(%from, error = %e, "replication session failed"),
+        }
+    }
+
+    /// A session has ended well: logs what it changed, and passes what it
+    /// received on.
+    fn served(&self, served: &Served) {
         if !served.received.is_empty() || !served.rolled_back.is_empty() {
             info!(volume = %served.volume, received = ?served.received, pruned = ?served.pruned, "replica updated");
         }
         if !served.received.is_empty() {
             self.pass_on(&served.volume);
         }
-        Ok(())
     }
 
     /// Starts a cycle of every pair sending `volume` from here, without
@@ -373,7 +522,7 @@ impl Replication {
                     }
                     Err(e) => {
                         let failure = CycleFailure::of(&e);
-                        warn!(pair = %key, kind = failure.kind, error = %failure.message, "replication cycle failed");
+                        warn!(pair = %key, kind = failure.kind.as_str(), error = %failure.message, "replication cycle failed");
                         s.error = Some(failure.clone());
                         s.failures = s.failures.saturating_add(1);
                         s.cycles_failed += 1;
@@ -496,12 +645,12 @@ impl Replication {
             let result = match runs.send(tx).await {
                 Ok(()) => rx.await.unwrap_or_else(|_| {
                     Err(CycleFailure {
-                        kind: "stopped",
+                        kind: ErrorKind::Stopped,
                         message: "the pair was removed or the daemon is stopping".into(),
                     })
                 }),
                 Err(_) => Err(CycleFailure {
-                    kind: "stopped",
+                    kind: ErrorKind::Stopped,
                     message: "the pair's task has ended".into(),
                 }),
             };
@@ -622,6 +771,70 @@ impl Replication {
     }
 }
 
+/// Where a connection stands (`Replication::connection`).
+const HANDSHAKE: u8 = 0;
+const SESSION: u8 = 1;
+const NO_SESSION_SLOT: u8 = 2;
+
+/// The replication listener's slots and the line of its handshakes.
+struct Listening {
+    handshakes: Arc<Handshakes>,
+    handshake_slots: Arc<Semaphore>,
+    session_slots: Arc<Semaphore>,
+    dropped: Dropped,
+}
+
+/// Connections closed before they became sessions, counted since the last
+/// log line ([`DROPPED_LOG_INTERVAL`]): a flood of them costs a line per
+/// interval, not a line each.
+#[derive(Debug, Default)]
+struct Dropped {
+    dropped_for_newer: AtomicU64,
+    silent: AtomicU64,
+    broken: AtomicU64,
+    busy: AtomicU64,
+    accept_failed: AtomicU64,
+}
+
+impl Dropped {
+    /// A connection that failed before its hello.
+    fn before_hello(&self, e: &SessionError) {
+        let counter = match e {
+            SessionError::Idle(_) => &self.silent,
+            _ => &self.broken,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Logs the counts, if any, and starts counting again.
+    fn log(&self) {
+        let take = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);
+        let (newer, silent, broken, busy, accept) = (
+            take(&self.dropped_for_newer),
+            take(&self.silent),
+            take(&self.broken),
+            take(&self.busy),
+            take(&self.accept_failed),
+        );
+        if newer + silent + broken + busy + accept > 0 {
+            warn!(
+                dropped_for_newer = newer,
+                silent,
+                broken,
+                busy,
+                accept_failed = accept,
+                "replication listener: connections closed before their session since the last \
+                 such line (at most one per {}): {newer} dropped for newer ones (all {MAX_HANDSHAKES} handshake slots taken), \
+                 {silent} without a hello in {}, {broken} not a replication source (TLS or \
+                 protocol), {busy} sources refused as busy (all {MAX_SESSIONS} sessions \
+                 running); {accept} accepts failed",
+                humantime::format_duration(DROPPED_LOG_INTERVAL),
+                humantime::format_duration(HANDSHAKE_TIMEOUT),
+            );
+        }
+    }
+}
+
 /// The snapshot carrying `pair`'s hold, and when it was taken.
 fn held_snapshot(pool: &Pool, pair: &Pair) -> Option<(String, u64)> {
     let id = pool.lookup(&pair.volume).ok()?;
@@ -693,7 +906,7 @@ fn pair_view(pair: &Pair, runner: Option<&Runner>) -> ReplicaPairView {
     if let Some(e) = &s.error {
         view.state = ReplicaState::Failed;
         view.error = Some(e.message.clone());
-        view.error_kind = Some(e.kind.to_owned());
+        view.error_kind = Some(e.kind.as_str().to_owned());
     }
     if let Some(since) = s.running_since {
         view.state = ReplicaState::Running;
@@ -713,4 +926,28 @@ fn pair_view(pair: &Pair, runner: Option<&Runner>) -> ReplicaPairView {
         });
     }
     view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    /// docs/REPLICATION.md's table of error kinds lists every kind status
+    /// can show, and nothing else.
+    #[test]
+    fn the_documented_error_kinds_are_the_codes() {
+        let doc = include_str!("../../../../docs/REPLICATION.md");
+        let table = doc
+            .split("### Error kinds")
+            .nth(1)
+            .and_then(|s| s.split("\n#").next())
+            .expect("docs/REPLICATION.md has an Error kinds section");
+        let documented: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(kind, _)| kind))
+            .collect();
+        let code: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(documented, code);
+    }
 }

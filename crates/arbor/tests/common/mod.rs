@@ -89,6 +89,9 @@ pub fn p(path: &Path) -> &str {
 pub struct Daemon {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
+    /// Where its log (stderr) goes instead of a pipe, if set: a pipe
+    /// nobody reads stops a daemon that logs more than it holds.
+    log: Option<PathBuf>,
 }
 
 /// What every test daemon gets unless the test says otherwise: no TCP
@@ -102,9 +105,33 @@ const TEST_SERVE_ARGS: [(&str, &str); 3] = [
 impl Daemon {
     pub fn start(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut daemon = Self { child: None, dir };
+        let mut daemon = Self {
+            child: None,
+            dir,
+            log: None,
+        };
         daemon.restart(extra);
         daemon
+    }
+
+    /// [`Daemon::start`], its log written to the file `log.txt` in its
+    /// data directory ([`Daemon::log`]).
+    pub fn start_logging(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Some(dir.path().join("log.txt"));
+        let mut daemon = Self {
+            child: None,
+            dir,
+            log,
+        };
+        daemon.restart(extra);
+        daemon
+    }
+
+    /// What a daemon of [`Daemon::start_logging`] has logged so far.
+    pub fn log(&self) -> String {
+        let path = self.log.as_ref().expect("started with start_logging");
+        std::fs::read_to_string(path).unwrap_or_default()
     }
 
     /// Starts `arbor serve` on this data directory again (after `stop`).
@@ -114,13 +141,23 @@ impl Daemon {
             .iter()
             .filter(|(flag, _)| !extra.contains(flag))
             .flat_map(|(flag, value)| [*flag, *value]);
+        let stderr = match &self.log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .unwrap(),
+            ),
+            None => Stdio::piped(),
+        };
         let child = Command::new(ARBOR)
             .args(["serve", "--data-dir", self.data_dir()])
             .args(defaults)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .expect("start arbor serve");
         self.child = Some(child);
@@ -154,12 +191,9 @@ impl Daemon {
             let child = self.child.as_mut().unwrap();
             if let Some(status) = child.try_wait().unwrap() {
                 let mut err = String::new();
-                child
-                    .stderr
-                    .take()
-                    .unwrap()
-                    .read_to_string(&mut err)
-                    .unwrap();
+                if let Some(mut stderr) = child.stderr.take() {
+                    stderr.read_to_string(&mut err).unwrap();
+                }
                 panic!("daemon exited early with {status}: {err}");
             }
             assert!(Instant::now() < deadline, "daemon did not start listening");
@@ -214,12 +248,12 @@ impl Daemon {
             .unwrap()
             .read_to_string(&mut out)
             .unwrap();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        match child.stderr.take() {
+            Some(mut stderr) => {
+                stderr.read_to_string(&mut err).unwrap();
+            }
+            None => err = self.log(),
+        }
         (status, out, err)
     }
 
@@ -307,6 +341,19 @@ pub fn tool_ok(program: &str, args: &[&str]) -> String {
         stderr(&out)
     );
     stdout(&out)
+}
+
+/// Polls `probe` until it returns `Some`; waiting past `secs` is a failure,
+/// never a pass.
+pub fn wait_for<T>(what: &str, secs: u64, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A loopback TCP port free a moment ago.
