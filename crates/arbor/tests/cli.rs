@@ -200,6 +200,61 @@ fn errors_say_what_went_wrong_with_distinct_exit_codes() {
     client.wait().unwrap();
 }
 
+/// New volume names leave room for every snapshot name arbor generates
+/// (docs/CLI.md § Names and sizes): 126 bytes, not the 184 of a full name.
+#[test]
+fn volume_names_leave_room_for_the_snapshot_names_arbor_generates() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    let why = "a volume name has at most 126";
+    let old_max = "o".repeat(184);
+    let too_long = "t".repeat(127);
+    for name in [&old_max, &too_long] {
+        daemon.fails(&["volume", "create", name, "--size", "1M"], 2, why);
+    }
+    let max = "m".repeat(126);
+    daemon.ok(&["volume", "create", &max, "--size", "1M"]);
+    // The longest policy snapshot name (a 32-byte prefix, `.999`) and a
+    // replication one fit.
+    let prefix = "p".repeat(32);
+    let policy_snap = format!("{max}@{prefix}-9999-12-31T23:59:59Z.999");
+    assert_eq!(policy_snap.len(), 184);
+    daemon.ok(&["snapshot", "create", &policy_snap]);
+    daemon.ok(&[
+        "snapshot",
+        "create",
+        &format!("{max}@repl-2026-11-28T18:02:26Z.4294967295"),
+    ]);
+    daemon.ok(&[
+        "policy",
+        "set",
+        &max,
+        "--schedule",
+        "hourly at :00",
+        "--keep",
+        "hourly=24",
+        "--prefix",
+        &prefix,
+    ]);
+    daemon.fails(&["rename", &max, &too_long], 2, why);
+    daemon.fails(&["clone", &policy_snap, &too_long], 2, why);
+    daemon.fails(
+        &[
+            "replica",
+            "add",
+            &max,
+            "--target",
+            &format!("127.0.0.1:9/{too_long}"),
+        ],
+        2,
+        why,
+    );
+    let stream = daemon.path("stream.arbor");
+    daemon.ok(&["send", &policy_snap, "-o", p(&stream)]);
+    for name in [&old_max, &too_long] {
+        daemon.fails(&["receive", name, "-i", p(&stream)], 2, why);
+    }
+}
+
 #[test]
 fn restart_keeps_data_and_tree() {
     let mut daemon = Daemon::start(&[]);

@@ -355,7 +355,8 @@ impl Pool {
         dev: Arc<dyn BlockDevice>,
         identity: DeviceIdentity,
     ) -> Result<VolumeId> {
-        check_volume_name(name)?;
+        // An origin attached again may have a name an older version allowed.
+        check_existing_volume_name(name)?;
         let size = dev.size();
         let existing = {
             let meta = self.read_meta()?;
@@ -398,6 +399,7 @@ impl Pool {
                 id
             }
             None => {
+                check_volume_name(name)?;
                 if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
                     return Err(Error::InvalidArgument(format!(
                         "a device of {size} bytes: an origin must be a non-zero multiple of \
