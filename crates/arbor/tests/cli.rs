@@ -255,6 +255,36 @@ fn volume_names_leave_room_for_the_snapshot_names_arbor_generates() {
     }
 }
 
+/// `receive --status` printed the volume's size as if it were the
+/// stream's ("received X of Y"); it labels the volume's size and the
+/// position applied in it (docs/CLI.md).
+#[test]
+fn receive_status_says_what_its_sizes_are() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    daemon.ok(&["volume", "create", "v", "--size", "4M"]);
+    let data = random_file(std::path::Path::new(daemon.data_dir()), "data", 1 << 20, 7);
+    nbdcopy(p(&data), &uri(&daemon, "v"));
+    daemon.ok(&["snapshot", "create", "v@s"]);
+    let full = daemon.path("full.arbor");
+    daemon.ok(&["send", "v@s", "-o", p(&full)]);
+    let bytes = std::fs::read(&full).unwrap();
+    let cut = daemon.path("cut.arbor");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    daemon.ok(&["destroy", "v@s"]);
+    daemon.fails(&["receive", "w", "-i", p(&cut)], 2, "");
+    let status = daemon.ok(&["receive", "--status", "w"]);
+    let row = |label: &str| -> String {
+        status
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row in:\n{status}"))
+            .to_owned()
+    };
+    assert!(row("volume size").ends_with("4 MiB"), "{status}");
+    assert!(row("applied up to").contains("into the volume"), "{status}");
+    assert!(!status.contains(" of 4 MiB"), "{status}");
+}
+
 #[test]
 fn restart_keeps_data_and_tree() {
     let mut daemon = Daemon::start(&[]);
