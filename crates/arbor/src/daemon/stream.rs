@@ -201,8 +201,6 @@ pub async fn receive(
     Query(q): Query<ReceiveQuery>,
     body: Body,
 ) -> ApiResult<Json<ReceivedView>> {
-    arbor_engine::check_volume_name(&volume)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))?;
     super::api::not_replica(&c, &volume)?;
     let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
