@@ -23,7 +23,7 @@ pub enum Error {
     #[error("a volume or snapshot named {0:?} already exists")]
     AlreadyExists(String),
     #[error("invalid name {name:?}: {reason}")]
-    InvalidName { name: String, reason: &'static str },
+    InvalidName { name: String, reason: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{0} is a read-only snapshot")]

@@ -57,7 +57,9 @@ use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
-use crate::names::{check_volume_name, split_snapshot_name};
+use crate::names::{
+    check_existing_volume_name, check_hold_tag, check_volume_name, split_snapshot_name,
+};
 use crate::store::{Geometry, PreservedPages, Store};
 use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
@@ -67,6 +69,8 @@ pub const MAX_GROUP_SNAPSHOT: usize = 256;
 
 mod fill;
 mod grow;
+#[cfg(test)]
+mod names_tests;
 mod origin;
 mod origin_loss;
 #[cfg(test)]
@@ -1195,8 +1199,11 @@ impl Pool {
     /// force until every hold is released. Returns false if `tag` already
     /// held it.
     pub fn hold(&self, name: &str, tag: &str) -> Result<bool> {
-        check_volume_name(tag).map_err(|_| {
-            Error::InvalidArgument(format!("hold tag {tag:?}: use letters, digits and . _ : -"))
+        check_hold_tag(tag).map_err(|e| match e {
+            Error::InvalidName { reason, .. } => {
+                Error::InvalidArgument(format!("hold tag {tag:?}: {reason}"))
+            }
+            other => other,
         })?;
         self.manage(Privilege::Normal, |m| {
             let id = m.volume_id(name)?;

@@ -24,6 +24,12 @@ pub const MAX_SUFFIX: u32 = 999;
 pub const MAX_NAME_TIME: u64 = 253_402_300_799;
 /// Length of the `YYYY-MM-DDTHH:MM:SSZ` part.
 const STAMP_LEN: usize = 20;
+/// Longest policy snapshot name (the snapshot part), in bytes: the
+/// longest prefix, `-`, the time and `.999`. New volume names leave room
+/// for it (`arbor_engine::MAX_VOLUME_NAME_LEN`).
+pub const MAX_SNAPSHOT_NAME_LEN: usize = MAX_PREFIX_LEN + 1 + STAMP_LEN + ".999".len();
+const _: () = assert!(MAX_SUFFIX == 999);
+const _: () = assert!(MAX_SNAPSHOT_NAME_LEN <= arbor_engine::MAX_GENERATED_SNAPSHOT_LEN);
 
 /// Whether `c` may appear in a snapshot name: the engine's name rule.
 pub use arbor_engine::is_name_char;
@@ -181,6 +187,13 @@ mod tests {
             Some(format!("{base}.2"))
         );
         assert_eq!(unique("auto", T0, |_| true), None);
+    }
+
+    #[test]
+    fn the_longest_name_is_as_long_as_said() {
+        let prefix = "p".repeat(MAX_PREFIX_LEN);
+        let last = unique(&prefix, MAX_NAME_TIME, |n| !n.ends_with(".999")).unwrap();
+        assert_eq!(last.len(), MAX_SNAPSHOT_NAME_LEN);
     }
 
     #[test]

@@ -32,6 +32,11 @@ use crate::state::Pair;
 /// The name prefix (after the `@`) of the snapshots a master takes for
 /// replication: the ones its retention prunes.
 pub const SNAPSHOT_PREFIX: &str = "repl-";
+/// Longest replication snapshot name (the snapshot part), in bytes: the
+/// prefix, an RFC 3339 time to the second (20) and `.N`, N a `u32` (11).
+/// New volume names leave room for it (`arbor_engine::MAX_VOLUME_NAME_LEN`).
+pub const MAX_SNAPSHOT_NAME_LEN: usize = SNAPSHOT_PREFIX.len() + 20 + 11;
+const _: () = assert!(MAX_SNAPSHOT_NAME_LEN <= arbor_engine::MAX_GENERATED_SNAPSHOT_LEN);
 
 /// Stream pieces in flight from the engine task (about 1 MiB each).
 const IN_FLIGHT: usize = 4;
@@ -513,5 +518,12 @@ mod tests {
         // A clock set back still gives a later name.
         assert_eq!(next_stamp(t1, stamp_of(t2)), format!("{t2}.2"));
         assert_eq!(stamp_of("x.y"), None);
+    }
+
+    #[test]
+    fn the_longest_replication_snapshot_name_is_as_long_as_said() {
+        let t = "2026-11-24T01:31:00Z";
+        let last = next_stamp(t, stamp_of(&format!("{t}.{}", u32::MAX)));
+        assert_eq!(SNAPSHOT_PREFIX.len() + last.len(), MAX_SNAPSHOT_NAME_LEN);
     }
 }

@@ -67,7 +67,7 @@ impl Pair {
                     '_'
                 }
             })
-            .take(180)
+            .take(arbor_engine::MAX_HOLD_TAG_LEN)
             .collect()
     }
 
@@ -388,5 +388,9 @@ mod tests {
             .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)));
         assert_eq!(p.host(), "fe80::1");
         assert_eq!(pair("v", "beta:7400").host(), "beta");
+        // However long the target, the tag fits its hold record.
+        let long = pair("vm1", &format!("{}:7400", "h".repeat(253)));
+        assert_eq!(long.hold_tag().len(), arbor_engine::MAX_HOLD_TAG_LEN);
+        arbor_engine::check_hold_tag(&long.hold_tag()).unwrap();
     }
 }

@@ -854,3 +854,24 @@ async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
         .is_none());
     assert!(b.pool.check().unwrap().is_clean());
 }
+
+/// A volume with the longest name a volume may have replicates: its
+/// replication snapshots fit the name rule on both hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_the_longest_name_replicates() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let a = Host::new("alpha", 64 * MIB);
+    let b = Host::new("beta", 64 * MIB).allowing("alpha");
+    let name = "v".repeat(arbor_engine::MAX_VOLUME_NAME_LEN);
+    a.pool.create_volume(&name, VOL).unwrap();
+    let p = pair(&name, "beta");
+    for _ in 0..2 {
+        a.write_random(&name, &mut rng, 4);
+        let (report, served) = cycle(&a, &p, &b, None).await;
+        assert!(report.unwrap().taken.is_some());
+        served.unwrap();
+        let newest = a.newest(&name);
+        assert_eq!(b.newest(&name), newest);
+        assert_eq!(b.contents(&newest), a.contents(&newest));
+    }
+}

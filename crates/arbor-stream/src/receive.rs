@@ -13,7 +13,8 @@
 //! the receive has written), never after it.
 
 use arbor_engine::{
-    split_snapshot_name, Pool, ReceiveStart, ReceiveStatus, ReceiveTarget, VolumeId,
+    check_volume_name, split_snapshot_name, Pool, ReceiveStart, ReceiveStatus, ReceiveTarget,
+    VolumeId,
 };
 
 use crate::format::{DataDecoder, Decoded, Decoder, Encoding, Guid, Header, Record, ResumeToken};
@@ -223,6 +224,7 @@ impl<'p> Receiver<'p> {
 
     /// The header has arrived: begin (or resume) the receive in the pool.
     fn start(&mut self, header: Header) -> Result<(), StreamFailure> {
+        check_volume_name(&self.volume)?;
         if let Some(check) = self.check.as_mut() {
             check(&header).map_err(StreamFailure::Refused)?;
         }
@@ -434,6 +436,7 @@ impl<'p> RbdReceiver<'p> {
         let Some(to) = self.to.clone() else {
             return refuse("the rbd diff names no end snapshot (`t` record)".into());
         };
+        check_volume_name(&self.volume)?;
         let snapshot = format!("{}@{to}", self.volume);
         split_snapshot_name(&snapshot)?;
         if self.pool.lookup(&snapshot).is_ok() {

@@ -11,8 +11,11 @@
 //! subjectAltName, else its first IP address subjectAltName, else its subject
 //! Common Name.
 //!
-//! The `ring` crypto provider is passed explicitly, so no process-wide
-//! provider needs to be installed.
+//! The `aws-lc-rs` crypto provider is passed explicitly, so no process-wide
+//! provider needs to be installed. It signs with RSA keys of 2048 to 8192
+//! bits ([`MIN_RSA_BITS`], [`MAX_RSA_BITS`]), ECDSA keys on P-256, P-384 and
+//! P-521 and Ed25519 keys; a key it refuses gets an error that says its type
+//! and size (`keys`).
 //!
 //! [`handshakes`] is the one rule for connections still in their handshake,
 //! shared by the listeners: bounded slots, the oldest dropped for a new one.
@@ -34,6 +37,10 @@ use rustls::{CertificateError, ClientConfig, InconsistentKeys, RootCertStore, Se
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+mod keys;
+
+pub use keys::{MAX_RSA_BITS, MIN_RSA_BITS};
 
 /// The largest CA, certificate or key file [`Tls::load`] will read (1 MiB).
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
@@ -403,7 +410,7 @@ fn read_limited(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 }
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 fn pem_reason(e: &pem::Error) -> String {
@@ -507,7 +514,7 @@ fn check_key_matches(
         .load_private_key(key.clone_key())
         .map_err(|e| TlsError::BadKey {
             path: key_path.to_path_buf(),
-            reason: e.to_string(),
+            reason: keys::refusal(key, &e),
         })?;
     match CertifiedKey::new(chain.to_vec(), signing_key).keys_match() {
         Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(()),

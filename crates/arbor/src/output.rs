@@ -328,9 +328,12 @@ pub fn receive_status(s: &ReceiveStatusView) -> String {
     if let Some(base) = &s.base {
         rows.push(("base identity", base.clone()));
     }
+    // `offset` is a position in the volume, not a count of stream bytes
+    // (an incremental stream carries only what changed): no "X of Y".
+    rows.push(("volume size", size(s.size)));
     rows.push((
-        "received",
-        format!("{} of {}", size(s.offset), size(s.size)),
+        "applied up to",
+        format!("{} into the volume (durable)", size(s.offset)),
     ));
     rows.push(("resume token", s.token.clone()));
     let mut text = fields(&rows);
@@ -760,6 +763,36 @@ pub fn tokens(list: &[crate::model::TokenView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `receive --status` printed "received 8 MiB of 16 MiB", the volume's
+    /// position and size, as if they were the stream's.
+    #[test]
+    fn receive_status_labels_volume_positions_not_stream_bytes() {
+        let text = receive_status(&ReceiveStatusView {
+            volume: "vm1".into(),
+            token: "t".into(),
+            target: "a".repeat(32),
+            base: None,
+            offset: 8 << 20,
+            size: 16 << 20,
+            stale: false,
+        });
+        let row = |label: &str| {
+            text.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label:?} row in:\n{text}"))
+                .to_owned()
+        };
+        assert!(row("volume size").ends_with("16 MiB"), "{text}");
+        assert!(
+            row("applied up to").contains("8 MiB into the volume"),
+            "{text}"
+        );
+        assert!(
+            !text.contains(" of 16 MiB") && !text.contains("received"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn tables_align_columns() {

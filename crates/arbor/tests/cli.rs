@@ -200,6 +200,91 @@ fn errors_say_what_went_wrong_with_distinct_exit_codes() {
     client.wait().unwrap();
 }
 
+/// New volume names leave room for every snapshot name arbor generates
+/// (docs/CLI.md § Names and sizes): 126 bytes, not the 184 of a full name.
+#[test]
+fn volume_names_leave_room_for_the_snapshot_names_arbor_generates() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    let why = "a volume name has at most 126";
+    let old_max = "o".repeat(184);
+    let too_long = "t".repeat(127);
+    for name in [&old_max, &too_long] {
+        daemon.fails(&["volume", "create", name, "--size", "1M"], 2, why);
+    }
+    let max = "m".repeat(126);
+    daemon.ok(&["volume", "create", &max, "--size", "1M"]);
+    // The longest policy snapshot name (a 32-byte prefix, `.999`) and a
+    // replication one fit.
+    let prefix = "p".repeat(32);
+    let policy_snap = format!("{max}@{prefix}-9999-12-31T23:59:59Z.999");
+    assert_eq!(policy_snap.len(), 184);
+    daemon.ok(&["snapshot", "create", &policy_snap]);
+    daemon.ok(&[
+        "snapshot",
+        "create",
+        &format!("{max}@repl-2026-11-28T18:02:26Z.4294967295"),
+    ]);
+    daemon.ok(&[
+        "policy",
+        "set",
+        &max,
+        "--schedule",
+        "hourly at :00",
+        "--keep",
+        "hourly=24",
+        "--prefix",
+        &prefix,
+    ]);
+    daemon.fails(&["rename", &max, &too_long], 2, why);
+    daemon.fails(&["clone", &policy_snap, &too_long], 2, why);
+    daemon.fails(
+        &[
+            "replica",
+            "add",
+            &max,
+            "--target",
+            &format!("127.0.0.1:9/{too_long}"),
+        ],
+        2,
+        why,
+    );
+    let stream = daemon.path("stream.arbor");
+    daemon.ok(&["send", &policy_snap, "-o", p(&stream)]);
+    for name in [&old_max, &too_long] {
+        daemon.fails(&["receive", name, "-i", p(&stream)], 2, why);
+    }
+}
+
+/// `receive --status` printed the volume's size as if it were the
+/// stream's ("received X of Y"); it labels the volume's size and the
+/// position applied in it (docs/CLI.md).
+#[test]
+fn receive_status_says_what_its_sizes_are() {
+    let daemon = Daemon::start(&["--initial-volume", "none"]);
+    daemon.ok(&["volume", "create", "v", "--size", "4M"]);
+    let data = random_file(std::path::Path::new(daemon.data_dir()), "data", 1 << 20, 7);
+    nbdcopy(p(&data), &uri(&daemon, "v"));
+    daemon.ok(&["snapshot", "create", "v@s"]);
+    let full = daemon.path("full.arbor");
+    daemon.ok(&["send", "v@s", "-o", p(&full)]);
+    let bytes = std::fs::read(&full).unwrap();
+    let cut = daemon.path("cut.arbor");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    daemon.ok(&["destroy", "v@s"]);
+    daemon.fails(&["receive", "w", "-i", p(&cut)], 2, "");
+    let status = daemon.ok(&["receive", "--status", "w"]);
+    let row = |label: &str| -> String {
+        status
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row in:\n{status}"))
+            .to_owned()
+    };
+    assert!(row("volume size").ends_with("4 MiB"), "{status}");
+    assert!(row("applied up to").contains("into the volume"), "{status}");
+    assert!(!status.contains(" of 4 MiB"), "{status}");
+}
+
 #[test]
 fn restart_keeps_data_and_tree() {
     let mut daemon = Daemon::start(&[]);

@@ -63,6 +63,54 @@ impl Certificates {
         self.dir.parent().unwrap().join(name)
     }
 
+    /// Replaces the server's key by the test key `file` (made by
+    /// OpenSSL or GnuTLS, crates/arbor-tls/tests/keys) and its
+    /// certificate by one for that key, issued by `openssl x509` under
+    /// the same CA.
+    fn use_server_key(&self, file: &str) {
+        let d = |name: &str| self.dir.join(name);
+        let fixture = format!(
+            "{}/../arbor-tls/tests/keys/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let (key, csr, ext, cert) = (
+            d("server-key.pem"),
+            d("server.csr"),
+            d("server.ext"),
+            d("server.pem"),
+        );
+        std::fs::write(&key, std::fs::read(&fixture).unwrap()).unwrap();
+        std::fs::write(&ext, "subjectAltName=DNS:localhost\n").unwrap();
+        let subject = ["-subj", "/CN=localhost"];
+        run_ok(
+            "openssl",
+            &[
+                &["req", "-new", "-key", p(&key), "-out", p(&csr)][..],
+                &subject,
+            ]
+            .concat(),
+        );
+        run_ok(
+            "openssl",
+            &[
+                "x509",
+                "-req",
+                "-in",
+                p(&csr),
+                "-CA",
+                p(&d("ca.pem")),
+                "-CAkey",
+                p(&d("ca-key.pem")),
+                "-days",
+                "2",
+                "-extfile",
+                p(&ext),
+                "-out",
+                p(&cert),
+            ],
+        );
+    }
+
     fn config(&self, extra: &str) -> String {
         format!(
             "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n{extra}",
@@ -84,7 +132,10 @@ struct TlsDaemon {
 
 impl TlsDaemon {
     fn start(mode: &str, extra: &str) -> Self {
-        let certs = Certificates::new();
+        Self::start_with(Certificates::new(), mode, extra)
+    }
+
+    fn start_with(certs: Certificates, mode: &str, extra: &str) -> Self {
         let port = free_port();
         let config = certs.config(&format!(
             "nbd_tls = \"{mode}\"\n{extra}\nnbd_access = [\
@@ -161,6 +212,19 @@ impl TlsDaemon {
         names.sort();
         names
     }
+}
+
+/// The NBD reference suite's server key, RSA of 2432 bits (PKCS#1 from
+/// `openssl genrsa -traditional`; GnuTLS and OpenSSL servers take it), was
+/// refused at start ("failed to parse private key as RSA, ECDSA, or
+/// EdDSA"). With it the daemon serves a GnuTLS client (nbdinfo).
+#[test]
+fn a_2432_bit_rsa_server_key_serves_gnutls_clients() {
+    let certs = Certificates::new();
+    certs.use_server_key("rsa-2432-pkcs1.pem");
+    let server = TlsDaemon::start_with(certs, "require", "");
+    let size = run_ok("nbdinfo", &["--size", &server.uri("public", "anonymous")]);
+    assert_eq!(size.trim(), (8 * MIB).to_string());
 }
 
 #[test]

@@ -471,7 +471,8 @@ impl Pool {
         identity: DeviceIdentity,
         accept_loss: bool,
     ) -> Result<VolumeId> {
-        check_volume_name(name)?;
+        // An origin attached again may have a name an older version allowed.
+        check_existing_volume_name(name)?;
         self.record_shrunk_origins()?;
         let size = dev.size();
         let existing = {
@@ -527,6 +528,7 @@ impl Pool {
                 id
             }
             None => {
+                check_volume_name(name)?;
                 if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
                     return Err(Error::InvalidArgument(format!(
                         "a device of {size} bytes: an origin must be a non-zero multiple of \

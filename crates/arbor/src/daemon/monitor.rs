@@ -346,6 +346,8 @@ impl Monitor {
                     "{name} is a snapshot: policies are set on volumes"
                 )));
             }
+            // Its policy snapshots must fit: a name an older version allowed may not.
+            arbor_engine::check_volume_name(name)?;
             if c.replication.is_replica(name) {
                 return Err(EngineError::ReadOnly(format!(
                     "{name} (a replica: its snapshots come from its source)"

@@ -59,8 +59,11 @@ pub async fn add(
         .remote_volume
         .clone()
         .unwrap_or_else(|| req.volume.clone());
-    arbor_engine::check_volume_name(&remote)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))?;
+    // Both names get replication snapshots: both within the name rule.
+    for name in [&req.volume, &remote] {
+        arbor_engine::check_volume_name(name)
+            .map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))?;
+    }
     let valid_target = req
         .target
         .rsplit_once(':')
