@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arbor_engine::Pool;
-use arbor_stream::busy::{Claims, Pins};
+use arbor_stream::busy::{Claim, Claims, Pins};
 use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
 use arbor_stream::StreamFailure;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -27,6 +27,12 @@ pub const UPSTREAM_HOLD: &str = "replica:upstream";
 /// The identity of a source on a plain loopback connection (no
 /// certificate): what a loopback-only allow entry names.
 pub const LOOPBACK: &str = "loopback";
+
+/// How long a session waits for an ending receive into its volume before
+/// it is refused as busy (see `Target::claim`).
+const CLAIM_GRACE: Duration = Duration::from_secs(5);
+/// How often it looks meanwhile.
+const CLAIM_POLL: Duration = Duration::from_millis(50);
 
 /// Stream pieces in flight to the engine task (about 1 MiB each).
 const IN_FLIGHT: usize = 4;
@@ -161,12 +167,7 @@ impl Target {
         let volume = hello.volume.clone();
         // A replica may be promoted here while the session runs.
         let was_replica = self.store.role(&volume).is_some();
-        let _claim = self.claims.claim(&volume).ok_or_else(|| {
-            refusal(
-                RefusalCode::Busy,
-                format!("another receive into {volume} is running here"),
-            )
-        })?;
+        let _claim = self.claim(&volume).await?;
         let (decision, resume) = {
             let pool = Arc::clone(&self.pool);
             let hello = hello.clone();
@@ -251,6 +252,27 @@ impl Target {
             .await?;
         }
         Ok(served)
+    }
+
+    /// Claims `volume` for this session's receives. A receive holding it
+    /// may be ending (its source's connection broke, or the source was
+    /// killed and started again, and it is committing what arrived): it is
+    /// waited for up to [`CLAIM_GRACE`] before the session is refused as
+    /// busy.
+    async fn claim(&self, volume: &str) -> Result<Claim, SessionError> {
+        let deadline = tokio::time::Instant::now() + CLAIM_GRACE;
+        loop {
+            if let Some(claim) = self.claims.claim(volume) {
+                return Ok(claim);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(refusal(
+                    RefusalCode::Busy,
+                    format!("another receive into {volume} is running here"),
+                ));
+            }
+            tokio::time::sleep(CLAIM_POLL).await;
+        }
     }
 
     /// The configuration entry that lets `peer` replicate `hello.volume`
