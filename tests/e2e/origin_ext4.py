@@ -232,7 +232,7 @@ def aliases(daemon):
     st = os.stat(loop)
     node = os.path.join(daemon.dir, "another-name-for-the-loop")
     os.mknod(node, 0o600 | 0o060000, st.st_rdev)
-    refused(daemon, "n1", node, 5, "is the storage of origin l1")
+    refused(daemon, "n1", node, 5, "is the device of origin l1")
     daemon.cli("origin", "detach", "l1")
 
     # A disk with two partitions (an MBR written here: 1 MiB at 1 MiB,

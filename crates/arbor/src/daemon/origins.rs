@@ -469,6 +469,13 @@ impl PoolControl {
         let mine = below(identity);
         for other in known.iter().filter(|o| o.name != name) {
             let how = devices::overlap(identity, &mine, other.identity, &below(other.identity));
+            if identity == other.identity {
+                return Err(Error::Conflict(format!(
+                    "{path} is the device of origin {} already",
+                    other.name
+                ))
+                .into());
+            }
             if let Some(how) = how {
                 let from = match self.origins.handles().get(&other.id) {
                     Some(h) => Some(h.path.clone()),
