@@ -141,7 +141,7 @@ pub(crate) struct Origins {
     /// sweep them from.
     sweeps: Mutex<HashMap<u64, u64>>,
     /// What each volume whose device shrank lost (its recorded
-    /// [`OriginLoss`]), loaded when its home is attached or opened.
+    /// [`OriginLoss`]), read from the pool once, when it is opened, and kept in step.
     pub(super) losses: RwLock<HashMap<u64, OriginLoss>>,
 }
 
@@ -1007,20 +1007,26 @@ impl Pool {
 
     /// Opens the homes in the pool of every copy-on-write volume (at open).
     pub(super) fn open_homes(&self) -> Result<()> {
-        let homes: Vec<(u64, u64, u64)> = {
+        let (homes, cow): (Vec<(u64, u64, u64)>, Vec<u64>) = {
             let meta = self.read_meta()?;
             let mut homes = Vec::new();
-            for (id, cow) in meta.cow_volumes() {
-                if let Home::Pool { first } = cow.home {
+            let mut cow = Vec::new();
+            for (id, state) in meta.cow_volumes() {
+                if let Home::Pool { first } = state.home {
                     homes.push((id, first, meta.volume(id)?.size_bytes));
                 }
+                cow.push(id);
             }
-            homes
+            (homes, cow)
         };
         for (id, first, size) in homes {
             self.open_home(id, first, size);
-            // A volume copied into the pool after its device shrank keeps
-            // the loss of the epochs that read it.
+        }
+        // Every recorded loss, read once: an origin's (attached or not, for
+        // listings and check) and a volume's copied into the pool after its
+        // device shrank. Only `origin_loss.rs` changes them afterwards, and
+        // it keeps this in step.
+        for id in cow {
             let loss = self.recorded_loss(id)?;
             self.origins.set_loss(id, loss);
         }
@@ -1063,9 +1069,8 @@ impl Pool {
             });
         }
         drop(meta);
-        // From the record: an attach refused for it loaded nothing.
         for o in &mut all {
-            o.loss = self.recorded_loss(o.id.0)?;
+            o.loss = self.origins.loss(o.id.0);
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)

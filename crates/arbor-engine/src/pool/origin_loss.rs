@@ -50,7 +50,7 @@ impl Pool {
     /// before (the smaller offset, the newer epoch), and not accepted.
     pub(super) fn note_loss(&self, id: u64, size: u64) -> Result<OriginLoss> {
         let epoch = self.read_meta()?.cow_state(id)?.0.epoch;
-        let loss = match self.recorded_loss(id)? {
+        let loss = match self.origins.loss(id) {
             Some(before) if before.from <= size && before.epoch >= epoch => before,
             Some(before) => OriginLoss {
                 from: before.from.min(size),
@@ -121,8 +121,7 @@ impl Pool {
     /// and not accepted, unless `accept` (then records the acceptance);
     /// loads the loss for the reads and writes that check it.
     pub(super) fn accept_or_refuse_loss(&self, id: u64, name: &str, accept: bool) -> Result<()> {
-        let Some(mut loss) = self.recorded_loss(id)? else {
-            self.origins.set_loss(id, None);
+        let Some(mut loss) = self.origins.loss(id) else {
             return Ok(());
         };
         if loss.accepted_unix == 0 {
@@ -201,20 +200,12 @@ impl Pool {
     /// the bytes from the loss on that it reads through an epoch up to the
     /// loss's, with no copy of them in the pool and no data of its own.
     pub fn lost_data(&self) -> Result<Vec<LostData>> {
-        // From the records, not what attaches loaded: a pool opened
-        // offline (`arbor check`) attaches no origin.
-        let ids: Vec<u64> = self
+        let losses: Vec<(u64, OriginLoss)> = self
             .read_meta()?
             .cow_volumes()
             .into_iter()
-            .map(|(id, _)| id)
+            .filter_map(|(id, _)| self.origins.loss(id).map(|loss| (id, loss)))
             .collect();
-        let mut losses = Vec::new();
-        for id in ids {
-            if let Some(loss) = self.recorded_loss(id)? {
-                losses.push((id, loss));
-            }
-        }
         let mut out = Vec::new();
         for (origin, loss) in losses {
             let (origin_name, origin_size) = {
