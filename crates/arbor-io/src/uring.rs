@@ -283,12 +283,13 @@ unsafe fn plainly(fd: BorrowedFd<'_>, op: Op, progress: &mut Progress) -> io::Re
     while progress.done < op.len {
         let at = op.at(progress.done)?;
         let rest = op.len - progress.done;
-        // SAFETY: `done` < `len`: the rest of the op's buffer, valid per the
-        // caller; a write's only read through.
         let n = if op.write {
+            // SAFETY: `done` < `len`: the rest of the op's buffer, valid per
+            // the caller; a write's buffer is only read through.
             let buf = unsafe { std::slice::from_raw_parts(op.ptr.add(progress.done), rest) };
             rustix::io::pwrite(fd, buf, at)
         } else {
+            // SAFETY: as above; a read's buffer is unaliased per the caller.
             let buf = unsafe { std::slice::from_raw_parts_mut(op.ptr.add(progress.done), rest) };
             rustix::io::pread(fd, buf, at)
         };

@@ -186,6 +186,7 @@ impl Policy {
         // Invariant: serialization cannot fail — the struct holds only
         // integers, strings (Schedule and Retention serialize through
         // Display), options and a vector; no maps, no non-string keys.
+        #[allow(clippy::expect_used)]
         serde_json::to_vec(self).expect("Policy serializes infallibly")
     }
 
