@@ -8,5 +8,9 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-cargo build --locked -p arbor
+# The binary the e2e suites run: `cargo test` built it already (for the
+# binary crate's integration tests) with the same profile and features; this
+# only confirms it. `cargo build -p arbor` would resolve features apart from
+# the tests' and compile a second copy of many dependencies.
+cargo build --workspace --tests --locked
 ARBOR_BIN="$PWD/target/debug/arbor" tests/e2e/run.sh
