@@ -4,7 +4,7 @@
 //! at that offset, with its size, in order. A layout change that is not
 //! documented (or a document change that is not coded) fails here.
 
-use arbor_format::{CommitRecord, RegionRaw, Superblock, BLOCK_SIZE, MAX_GROWTHS};
+use arbor_format::{CommitRecord, FormatVersion, RegionRaw, Superblock, BLOCK_SIZE, MAX_GROWTHS};
 use zerocopy::little_endian::{U32, U64};
 
 /// One documented row: offset, size, description.
@@ -85,6 +85,10 @@ fn check(what: &str, block: &[u8], base: usize, rows: &[Row], fields: &[(&str, V
     }
 }
 
+fn v(number: u16) -> FormatVersion {
+    FormatVersion::new(number).expect("a known version")
+}
+
 fn le(v: u64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
@@ -108,10 +112,10 @@ fn superblock_offsets_match_format_md() {
     sb.meta_blocks = U64::new(0x0a0a);
     sb.data_start_bytes = U64::new(0x0b0b);
     sb.data_chunks = U64::new(0x0c0c);
-    let block = sb.encode(2).unwrap();
+    let block = sb.encode(v(2)).unwrap();
     assert_eq!(block.len(), BLOCK_SIZE);
     assert_eq!(&block[..6], b"ARBR\x02\x00", "magic and version at 0 and 4");
-    assert_eq!(&sb.encode(1).unwrap()[4..6], b"\x01\x00");
+    assert_eq!(&sb.encode(v(1)).unwrap()[4..6], b"\x01\x00");
     let rows = table(&format_md(), "## 3. Superblock");
     check(
         "superblock",
@@ -169,7 +173,7 @@ fn commit_record_and_region_offsets_match_format_md() {
     for (i, slot) in rec.grown.iter_mut().enumerate() {
         *slot = region(i as u64);
     }
-    let block = rec.encode(2).unwrap();
+    let block = rec.encode(v(2)).unwrap();
     assert_eq!(&block[4..6], b"\x02\x00");
     let root = |b: u64, t: u64| [le(b), le(t)].concat();
     let regions: Vec<u8> = (0..MAX_GROWTHS as u64)
