@@ -3,8 +3,8 @@
 #![no_main]
 
 use arbor_format::{
-    seal, seal_version, BlockRef, BlockType, CommitRecord, Layout, MapValue, Node, SmKind, SmPage,
-    StoreValue, Superblock, VolumeRecord, BLOCK_SIZE,
+    seal, seal_version, BlockRef, BlockType, CommitRecord, FormatVersion, Layout, MapValue, Node,
+    SmKind, SmPage, StoreValue, Superblock, VolumeRecord, BLOCK_SIZE,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -35,7 +35,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
     }
     // A version 2 record's grown regions, against a valid region 0.
-    seal_version(&mut block, BlockType::Commit, 2);
+    let two = FormatVersion::new(2).expect("version 2 is known");
+    seal_version(&mut block, BlockType::Commit, two);
     if let Ok(record) = CommitRecord::decode(&block) {
         let _ = Layout::from_record(&region0(), &record, u64::MAX);
     }

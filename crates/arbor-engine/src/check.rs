@@ -460,7 +460,10 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
         // Either layout (see `Volumes::convert_table`); the walk verifies
         // every node against the kind its root gives.
         let kind = match meta.store.read_node_uncached(meta.volumes_root) {
-            Ok(node) if node.tree == TreeKind::VolumeTable && meta.store.geo.version() >= 3 => {
+            Ok(node)
+                if node.tree == TreeKind::VolumeTable
+                    && meta.store.geo.version().has_identities() =>
+            {
                 TreeKind::VolumeTable
             }
             _ => TreeKind::Volumes,
@@ -514,7 +517,7 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
             ));
         }
         let cow_volume = rec.layout != DataLayout::Row || rec.backing.is_some();
-        if cow_volume && meta.store.geo.version() < 5 {
+        if cow_volume && !meta.store.geo.version().has_cow_volumes() {
             w.report.problem(format!(
                 "volume {}: copy-on-write in a version {} pool",
                 rec.name,

@@ -21,17 +21,9 @@ use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::store::Geometry;
 
-/// The first format version whose mapping entries may be partial extents
-/// (FORMAT.md §6.3).
-pub(crate) const PARTIAL_EXTENTS_VERSION: u16 = 7;
-
-/// The first format version whose partial extents may have middle layers
-/// (FORMAT.md §6.3).
-pub(crate) const LAYERED_PARTIALS_VERSION: u16 = 8;
-
 /// Middle layers a partial extent may have in this pool.
 pub(crate) fn max_mids(geo: &Geometry) -> usize {
-    if geo.version() >= LAYERED_PARTIALS_VERSION {
+    if geo.version().has_middle_layers() {
         MAX_PARTIAL_MIDS
     } else {
         0
@@ -45,7 +37,7 @@ pub(crate) const PARTIAL_BLOCK: u64 = 4096;
 /// may hold partial extents: version 7 or later, chunks of 2 to 32 blocks.
 pub(crate) fn partial_blocks(geo: &Geometry) -> Option<u32> {
     let blocks = geo.chunk_size / PARTIAL_BLOCK;
-    (geo.version() >= PARTIAL_EXTENTS_VERSION
+    (geo.version().has_partial_extents()
         && geo.chunk_size.is_multiple_of(PARTIAL_BLOCK)
         && (2..=u64::from(MAX_PARTIAL_BLOCKS)).contains(&blocks))
     .then_some(blocks as u32)
@@ -654,7 +646,7 @@ mod tests {
         ] {
             assert!(partial_rule(geo, 1, &bad).is_some(), "{what}");
         }
-        geo.set_version(PARTIAL_EXTENTS_VERSION);
+        geo.set_version(arbor_format::FormatVersion::new(7).unwrap());
         assert!(partial_rule(geo, 1, &p([layer(2, 0b0010), None])).is_some());
         assert_eq!(partial_rule(geo, 1, &Partial::over(0b0001, 3)), None);
     }

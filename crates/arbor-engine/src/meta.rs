@@ -203,8 +203,6 @@ impl CommitJob {
 
 /// Blocks of a commit encoded and written at once (4 MiB).
 const COMMIT_BATCH_BLOCKS: usize = 1024;
-/// The first format version whose mapping leaves are packed (FORMAT.md §6.2).
-pub(crate) const PACKED_LEAVES_VERSION: u16 = 6;
 
 /// Most entries this pool's packed leaves get: the format's limit when one
 /// leaf's extents (two data space-map pages each, when a shared leaf is
@@ -701,8 +699,7 @@ impl Meta {
         // ones as they are shadowed (those whose entries would not fit
         // packed stay as they are).
         let node =
-            if !node.packed && node.packable() && self.store.geo.version() >= PACKED_LEAVES_VERSION
-            {
+            if !node.packed && node.packable() && self.store.geo.version().has_packed_leaves() {
                 node.into_packed().unwrap_or_else(|fixed| fixed)
             } else {
                 node
@@ -1070,7 +1067,7 @@ fn read_commit_record(store: &Store, area: u64) -> Result<Option<CommitRecord>> 
         return Ok(None);
     };
     let plausible = record.uuid == store.geo.uuid
-        && version <= store.geo.version()
+        && store.geo.version().accepts_commit_record(version)
         && u64::from(record.page_count.get()) <= store.geo.journal_pages;
     Ok(plausible.then_some(record))
 }

@@ -46,8 +46,8 @@ use std::sync::{
 use std::time::{Duration, Instant};
 
 use arbor_format::{
-    BlockRef, CommitRecord, DataLayout, Layout, Region, SmKind, SmPage, Superblock, VolumeKind,
-    BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE,
+    BlockRef, CommitRecord, DataLayout, FormatVersion, Layout, Region, SmKind, SmPage, Superblock,
+    VolumeKind, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, SM_ENTRIES_PER_PAGE,
     SUPERBLOCK_SLOTS,
 };
 use arbor_io::BlockDevice;
@@ -131,9 +131,9 @@ pub struct CreateOptions {
     /// at least 16): the bound on how many space-map pages a commit changes.
     /// Small values make tests of scattered layouts cheap.
     pub journal_pages: Option<u32>,
-    /// On-disk format version: the newest by default; version 1 only for
-    /// pools that older arbor releases must still open (they cannot grow).
-    pub format_version: u16,
+    /// On-disk format version: the newest by default; an older one only
+    /// for pools that older arbor releases must still open.
+    pub format_version: FormatVersion,
 }
 
 impl Default for CreateOptions {
@@ -142,7 +142,7 @@ impl Default for CreateOptions {
             chunk_size: DEFAULT_CHUNK_SIZE,
             metadata_bytes: None,
             journal_pages: None,
-            format_version: arbor_format::FORMAT_VERSION,
+            format_version: FormatVersion::NEWEST,
         }
     }
 }
@@ -565,7 +565,7 @@ pub(crate) fn format_space_map(dev: &dyn BlockDevice, region: &Region, kind: SmK
 }
 
 /// The first superblock copy that verifies, and the pool's format version.
-pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Superblock, u16)> {
+pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Superblock, FormatVersion)> {
     let mut last_error = None;
     for slot in 0..SUPERBLOCK_SLOTS {
         let mut raw = [0u8; BLOCK_SIZE];

@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arbor_format::{
-    chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, BlockRef, Layout, Node, Region, SmKind,
-    SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_GROWTHS,
+    chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, AtomicFormatVersion, BlockRef,
+    FormatVersion, Layout, Node, Region, SmKind, SmPage, Superblock, BLOCK_SIZE, BLOCK_SIZE_U64,
+    MAX_GROWTHS,
 };
 use arbor_io::BlockDevice;
 use lru::LruCache;
@@ -29,7 +30,7 @@ pub(crate) struct Geometry {
     /// The superblock as read or written at creation (its geometry never changes).
     superblock: Superblock,
     /// The pool's format version (1 until upgraded).
-    version: AtomicU16,
+    version: AtomicFormatVersion,
     /// Region `i` once `i < published`.
     regions: Vec<OnceLock<Region>>,
     published: AtomicUsize,
@@ -39,14 +40,14 @@ pub(crate) struct Geometry {
 
 impl Geometry {
     /// The geometry of region 0 (grow it with [`Self::grow_to`]).
-    pub fn new(sb: &Superblock, version: u16) -> Self {
+    pub fn new(sb: &Superblock, version: FormatVersion) -> Self {
         let geo = Self {
             chunk_size: u64::from(sb.chunk_size.get()),
             journal_pages: u64::from(sb.journal_pages.get()),
             journal_start: [sb.journal_start[0].get(), sb.journal_start[1].get()],
             uuid: sb.uuid,
             superblock: *sb,
-            version: AtomicU16::new(version),
+            version: AtomicFormatVersion::new(version),
             regions: (0..=MAX_GROWTHS).map(|_| OnceLock::new()).collect(),
             published: AtomicUsize::new(0),
             layout: Mutex::new(Layout::from_superblock(sb)),
@@ -83,12 +84,12 @@ impl Geometry {
         &self.superblock
     }
 
-    pub fn version(&self) -> u16 {
-        self.version.load(Ordering::Acquire)
+    pub fn version(&self) -> FormatVersion {
+        self.version.get()
     }
 
-    pub fn set_version(&self, version: u16) {
-        self.version.store(version, Ordering::Release);
+    pub fn set_version(&self, version: FormatVersion) {
+        self.version.set(version);
     }
 
     fn regions(&self) -> impl DoubleEndedIterator<Item = &Region> {
@@ -296,7 +297,7 @@ impl Store {
         let raw = self.read_block(r.block)?;
         let node = Node::decode(&raw[..], r)
             .map_err(|e| Error::corrupt(format!("metadata block {}", r.block), e))?;
-        if node.packed && self.geo.version() < crate::meta::PACKED_LEAVES_VERSION {
+        if node.packed && !self.geo.version().has_packed_leaves() {
             return Err(Error::corrupt(
                 format!("metadata block {}", r.block),
                 arbor_format::FormatError::Invalid(format!(

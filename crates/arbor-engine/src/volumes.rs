@@ -167,7 +167,7 @@ impl Volumes {
         if self.kind == TreeKind::VolumeTable {
             return Ok(false);
         }
-        if self.meta.geo().version() < 3 {
+        if !self.meta.geo().version().has_identities() {
             return Err(Error::inconsistent(
                 "a version 3 volume table in a pool of an older version",
             ));
@@ -1234,7 +1234,7 @@ pub(crate) fn receiving_name(volume: &str) -> String {
 /// [`Volumes::convert_table`]); an empty table has its pool's layout.
 fn table_kind(meta: &Meta, root: BlockRef) -> Result<TreeKind> {
     let kind = if root.is_none() {
-        if meta.geo().version() >= 3 {
+        if meta.geo().version().has_identities() {
             TreeKind::VolumeTable
         } else {
             TreeKind::Volumes
@@ -1244,7 +1244,7 @@ fn table_kind(meta: &Meta, root: BlockRef) -> Result<TreeKind> {
     };
     match kind {
         TreeKind::Volumes => Ok(kind),
-        TreeKind::VolumeTable if meta.geo().version() >= 3 => Ok(kind),
+        TreeKind::VolumeTable if meta.geo().version().has_identities() => Ok(kind),
         other => Err(Error::inconsistent(format!(
             "the volume table's root is a {other:?} node"
         ))),

@@ -25,7 +25,7 @@ fn pool_on(disk: &SimDisk, metadata: u64, version: u16) -> Pool {
         chunk_size: CHUNK as u32,
         metadata_bytes: Some(metadata),
         journal_pages: Some(64),
-        format_version: version,
+        format_version: arbor_format::FormatVersion::new(version).unwrap(),
     };
     Pool::create(dev, &opts, &open_opts()).expect("create")
 }
@@ -307,7 +307,7 @@ fn version_1_pools_stay_version_1_until_upgraded() {
     assert_eq!(header_version(&disk, 0), 1);
     assert_eq!(header_version(&disk, 1), 1);
     let pool = reopen(&disk);
-    assert_eq!(pool.format_version(), 1);
+    assert_eq!(pool.format_version().number(), 1);
     disk.extend(40 * MIB).unwrap();
     let e = pool.grow(&GrowOptions::default()).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
@@ -330,7 +330,7 @@ fn version_1_pools_stay_version_1_until_upgraded() {
     assert_clean(&pool);
     pool.close().unwrap();
     let pool = reopen(&disk);
-    assert_eq!(pool.format_version(), FORMAT_VERSION);
+    assert_eq!(pool.format_version().number(), FORMAT_VERSION);
     assert_eq!(pool.guid(v).unwrap(), Some(guid), "identities are durable");
     let report = pool.grow(&GrowOptions::default()).unwrap();
     assert_eq!(report.new_pool_bytes, 40 * MIB);
@@ -484,12 +484,12 @@ fn an_upgrade_cut_before_the_table_conversion_finishes_at_the_next_open() {
         let mut raw = vec![0u8; 4096];
         disk.read_at(&mut raw, block * 4096).unwrap();
         let (sb, _) = arbor_format::Superblock::decode_versioned(&raw, disk.size()).unwrap();
-        let raw = sb.encode(FORMAT_VERSION).unwrap();
+        let raw = sb.encode(arbor_format::FormatVersion::NEWEST).unwrap();
         disk.write_at(&raw, block * 4096).unwrap();
     }
     disk.flush().unwrap();
     let pool = reopen(&disk);
-    assert_eq!(pool.format_version(), FORMAT_VERSION);
+    assert_eq!(pool.format_version().number(), FORMAT_VERSION);
     let s = pool.lookup("v@s").unwrap();
     let (gv, gs) = (
         pool.guid(v).unwrap().unwrap(),

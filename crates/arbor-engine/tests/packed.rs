@@ -22,7 +22,7 @@ fn pool_on(disk: &SimDisk, chunk: u32, version: u16) -> Pool {
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
     let opts = CreateOptions {
         chunk_size: chunk,
-        format_version: version,
+        format_version: arbor_format::FormatVersion::new(version).unwrap(),
         ..CreateOptions::default()
     };
     Pool::create(dev, &opts, &open_opts()).expect("create")
@@ -140,9 +140,9 @@ fn older_pools_keep_fixed_leaves_until_upgraded() {
         assert_eq!(packed, 0, "version {version} wrote packed leaves");
 
         let pool = reopen(&disk);
-        assert_eq!(pool.format_version(), version);
+        assert_eq!(pool.format_version().number(), version);
         assert!(pool.upgrade().unwrap());
-        assert_eq!(pool.format_version(), FORMAT_VERSION);
+        assert_eq!(pool.format_version().number(), FORMAT_VERSION);
         random_writes(&pool, v, size, 300, &mut rng, &mut model);
         pool.flush().unwrap();
         let (_, packed) = mapping_leaves(&disk);

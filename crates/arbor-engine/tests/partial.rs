@@ -253,7 +253,7 @@ fn counting_pool(version: u16) -> (Arc<CountingReads>, Pool, arbor_engine::OpenO
         ..open_opts()
     };
     let create = arbor_engine::CreateOptions {
-        format_version: version,
+        format_version: arbor_format::FormatVersion::new(version).unwrap(),
         ..small_opts(CS as u32)
     };
     let pool = Pool::create(dev.clone(), &create, &opts).unwrap();
@@ -380,7 +380,7 @@ fn a_version_7_pool_upgraded_to_8_gets_middle_layers() {
     assert_clean(&pool);
     // Version 8: no reads; the partials of version 7 stay under the new.
     assert!(pool.upgrade().unwrap());
-    assert_eq!(pool.format_version(), 8);
+    assert_eq!(pool.format_version().number(), 8);
     assert_eq!(round(&pool, 2, "v@3"), 0);
     assert_eq!(round(&pool, 3, "v@4"), 0);
     let writes = pool.pool_stats().unwrap().chunk_writes;
@@ -389,7 +389,7 @@ fn a_version_7_pool_upgraded_to_8_gets_middle_layers() {
     assert_clean(&pool);
     drop(pool);
     let pool = Pool::open(dev.clone(), &opts).unwrap();
-    assert_eq!(pool.format_version(), 8);
+    assert_eq!(pool.format_version().number(), 8);
     let mut back = vec![0u8; model.len()];
     pool.read(v, 0, &mut back).unwrap();
     assert!(back == model);

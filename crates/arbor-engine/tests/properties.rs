@@ -70,7 +70,7 @@ fn older_pools_need_an_upgrade_for_properties() {
     let disk = SimDisk::new(32 * MIB);
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
     let opts = CreateOptions {
-        format_version: 3,
+        format_version: arbor_format::FormatVersion::new(3).unwrap(),
         ..small_opts(4096)
     };
     let pool = Pool::create(dev, &opts, &open_opts()).unwrap();
@@ -79,7 +79,7 @@ fn older_pools_need_an_upgrade_for_properties() {
         Err(Error::Unsupported(_))
     ));
     assert!(pool.upgrade().unwrap());
-    assert_eq!(pool.format_version(), arbor_format::FORMAT_VERSION);
+    assert_eq!(pool.format_version().number(), arbor_format::FORMAT_VERSION);
     pool.set_property(None, "p", b"x").unwrap();
     drop(pool);
     assert_eq!(reopen(&disk).property(None, "p").unwrap().unwrap(), b"x");

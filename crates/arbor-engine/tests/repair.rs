@@ -237,7 +237,8 @@ fn check_bounds_a_hostile_journal_page_count() {
     let mut hostile = newest;
     hostile.txn = (newest.txn.get() - 1).into();
     hostile.page_count = u32::MAX.into();
-    disk.write_at(&hostile.encode(2).unwrap(), older_area * BS as u64)
+    let two = arbor_format::FormatVersion::new(2).unwrap();
+    disk.write_at(&hostile.encode(two).unwrap(), older_area * BS as u64)
         .unwrap();
     disk.flush().unwrap();
     let pool = reopen(&disk);

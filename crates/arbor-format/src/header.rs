@@ -1,11 +1,7 @@
 use zerocopy::little_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::{FormatError, BLOCK_SIZE, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
-
-/// The version written into blocks whose layout has not changed since
-/// version 1 (nodes and space-map pages): pools of either version share them.
-pub const UNCHANGED_LAYOUT_VERSION: u16 = 1;
+use crate::{FormatError, FormatVersion, BLOCK_SIZE};
 
 pub const MAGIC: [u8; 4] = *b"ARBR";
 
@@ -44,16 +40,15 @@ fn block_checksum(block: &[u8]) -> u32 {
 /// fully built block whose layout is that of version 1 (nodes, space-map
 /// pages). Call last: any later change invalidates the checksum.
 pub fn seal(block: &mut [u8; BLOCK_SIZE], block_type: BlockType) {
-    seal_version(block, block_type, UNCHANGED_LAYOUT_VERSION);
+    seal_version(block, block_type, FormatVersion::UNCHANGED_LAYOUT);
 }
 
 /// [`seal`] with an explicit format version (superblocks and commit
 /// records carry their pool's version).
-pub fn seal_version(block: &mut [u8; BLOCK_SIZE], block_type: BlockType, version: u16) {
-    debug_assert!((OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version));
+pub fn seal_version(block: &mut [u8; BLOCK_SIZE], block_type: BlockType, version: FormatVersion) {
     let header = BlockHeader {
         magic: MAGIC,
-        version: U16::new(version),
+        version: U16::new(version.number()),
         block_type: U16::new(block_type as u16),
         checksum: U32::new(0),
         reserved: U32::new(0),
@@ -69,7 +64,7 @@ pub fn verify(block: &[u8], expected: BlockType) -> Result<(), FormatError> {
 }
 
 /// [`verify`], returning the block's format version.
-pub fn verify_version(block: &[u8], expected: BlockType) -> Result<u16, FormatError> {
+pub fn verify_version(block: &[u8], expected: BlockType) -> Result<FormatVersion, FormatError> {
     if block.len() != BLOCK_SIZE {
         return Err(FormatError::Invalid(format!(
             "block is {} bytes, expected {BLOCK_SIZE}",
@@ -81,10 +76,7 @@ pub fn verify_version(block: &[u8], expected: BlockType) -> Result<u16, FormatEr
     if header.magic != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    let version = header.version.get();
-    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
-        return Err(FormatError::UnsupportedVersion(header.version.get()));
-    }
+    let version = FormatVersion::new(header.version.get())?;
     let stored = header.checksum.get();
     let computed = block_checksum(block);
     if stored != computed {

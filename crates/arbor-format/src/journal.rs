@@ -5,14 +5,14 @@ use zerocopy::little_endian::U32;
 
 use crate::layout::Layout;
 use crate::superblock::CommitRecord;
-use crate::{FormatError, SmPage, BLOCK_SIZE};
+use crate::{FormatError, FormatVersion, SmPage, BLOCK_SIZE};
 
 /// The bytes of a journal area for `record` (whose `page_count` and
 /// `pages_crc` are set here) and `pages`, as a pool of format `version`
 /// writes them: the record in the first block, the images after it.
 pub fn encode_journal(
     record: &mut CommitRecord,
-    version: u16,
+    version: FormatVersion,
     pages: &[impl AsRef<SmPage>],
 ) -> Result<Vec<u8>, FormatError> {
     let count = u32::try_from(pages.len())
@@ -94,7 +94,7 @@ mod tests {
         ];
         pages[0].counts[5] = 3;
         let mut record = CommitRecord::new_zeroed_record();
-        let journal = encode_journal(&mut record, 2, &pages).unwrap();
+        let journal = encode_journal(&mut record, FormatVersion::new(2).unwrap(), &pages).unwrap();
         assert_eq!(journal.len(), 3 * BLOCK_SIZE);
         let head = CommitRecord::decode(&journal[..BLOCK_SIZE]).unwrap();
         assert_eq!(head, record);
@@ -111,7 +111,7 @@ mod tests {
         // A page past its map (the data map has one page here).
         let far = [SmPage::empty(SmKind::Data, 1)];
         let mut record = CommitRecord::new_zeroed_record();
-        let journal = encode_journal(&mut record, 2, &far).unwrap();
+        let journal = encode_journal(&mut record, FormatVersion::new(2).unwrap(), &far).unwrap();
         assert!(decode_journal_pages(&record, &journal[BLOCK_SIZE..], &layout()).is_err());
     }
 }

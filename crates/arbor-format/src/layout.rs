@@ -516,7 +516,8 @@ mod tests {
     fn through_record(sb: &Superblock, layout: &Layout, device: u64) -> Layout {
         let mut rec = CommitRecord::new_zeroed_record();
         layout.store(&mut rec);
-        let rec = CommitRecord::decode(&rec.encode(2).unwrap()).unwrap();
+        let rec = CommitRecord::decode(&rec.encode(crate::FormatVersion::new(2).unwrap()).unwrap())
+            .unwrap();
         Layout::from_record(sb, &rec, device).unwrap()
     }
 

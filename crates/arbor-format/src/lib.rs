@@ -17,8 +17,9 @@ mod property;
 mod records;
 mod spacemap;
 mod superblock;
+mod version;
 
-pub use header::{seal, seal_version, BlockHeader, BlockType, UNCHANGED_LAYOUT_VERSION};
+pub use header::{seal, seal_version, BlockHeader, BlockType};
 pub use journal::{decode_journal_pages, encode_journal, journal_images_len};
 pub use layout::{
     chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
@@ -41,13 +42,14 @@ pub use records::{
 };
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
+pub use version::{AtomicFormatVersion, FormatVersion};
 
 /// Size of every metadata block (superblock, commit record, space-map page, node).
 pub const BLOCK_SIZE: usize = 4096;
 /// [`BLOCK_SIZE`] as u64, for offset arithmetic.
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
-/// pools get it).
+/// pools get it). What each version has: [`FormatVersion`].
 pub const FORMAT_VERSION: u16 = 8;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.

@@ -9,8 +9,7 @@ use crate::header::{self, BlockType, HEADER_SIZE};
 use crate::layout::{RegionRaw, MAX_GROWTHS};
 use crate::records::BlockRef;
 use crate::{
-    FormatError, BLOCK_SIZE, BLOCK_SIZE_U64, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
-    OLDEST_FORMAT_VERSION,
+    FormatError, FormatVersion, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
 };
 
 /// Blocks 0 and 1 hold the two superblock copies.
@@ -95,7 +94,7 @@ impl From<BlockRefRaw> for BlockRef {
 fn encode_body<T: IntoBytes + Immutable>(
     body: &T,
     block_type: BlockType,
-    version: u16,
+    version: FormatVersion,
 ) -> [u8; BLOCK_SIZE] {
     let mut block = [0u8; BLOCK_SIZE];
     let bytes = body.as_bytes();
@@ -108,20 +107,11 @@ fn encode_body<T: IntoBytes + Immutable>(
 fn decode_body<T: FromBytes + KnownLayout + Immutable + Copy>(
     block: &[u8],
     block_type: BlockType,
-) -> Result<(T, u16), FormatError> {
+) -> Result<(T, FormatVersion), FormatError> {
     let version = header::verify_version(block, block_type)?;
     T::read_from_prefix(&block[HEADER_SIZE..])
         .map(|(body, _)| (body, version))
         .map_err(|_| FormatError::Invalid("block too short for its body".into()))
-}
-
-/// A pool's format version must be one this crate writes.
-fn check_version(version: u16) -> Result<(), FormatError> {
-    if (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
-        Ok(())
-    } else {
-        Err(FormatError::UnsupportedVersion(version))
-    }
 }
 
 impl Superblock {
@@ -131,8 +121,7 @@ impl Superblock {
 
     /// The superblock of a pool of format `version` (the version is the
     /// pool's: a version 1 pool keeps writing version 1 superblocks).
-    pub fn encode(&self, version: u16) -> Result<[u8; BLOCK_SIZE], FormatError> {
-        check_version(version)?;
+    pub fn encode(&self, version: FormatVersion) -> Result<[u8; BLOCK_SIZE], FormatError> {
         Ok(encode_body(self, BlockType::Superblock, version))
     }
 
@@ -142,8 +131,11 @@ impl Superblock {
     }
 
     /// [`Self::decode`], with the pool's format version.
-    pub fn decode_versioned(block: &[u8], device_bytes: u64) -> Result<(Self, u16), FormatError> {
-        let (sb, version): (Self, u16) = decode_body(block, BlockType::Superblock)?;
+    pub fn decode_versioned(
+        block: &[u8],
+        device_bytes: u64,
+    ) -> Result<(Self, FormatVersion), FormatError> {
+        let (sb, version): (Self, FormatVersion) = decode_body(block, BlockType::Superblock)?;
         sb.validate(device_bytes)?;
         Ok((sb, version))
     }
@@ -215,8 +207,7 @@ impl CommitRecord {
 
     /// The record as a pool of format `version` writes it. Version 1 has
     /// no grown regions.
-    pub fn encode(&self, version: u16) -> Result<[u8; BLOCK_SIZE], FormatError> {
-        check_version(version)?;
+    pub fn encode(&self, version: FormatVersion) -> Result<[u8; BLOCK_SIZE], FormatError> {
         self.check_regions(version)?;
         Ok(encode_body(self, BlockType::Commit, version))
     }
@@ -228,15 +219,15 @@ impl CommitRecord {
     /// [`Self::decode`], with the record's format version. The grown
     /// regions are checked against the superblock by
     /// [`crate::Layout::from_record`].
-    pub fn decode_versioned(block: &[u8]) -> Result<(Self, u16), FormatError> {
-        let (record, version): (Self, u16) = decode_body(block, BlockType::Commit)?;
+    pub fn decode_versioned(block: &[u8]) -> Result<(Self, FormatVersion), FormatError> {
+        let (record, version): (Self, FormatVersion) = decode_body(block, BlockType::Commit)?;
         record.check_regions(version)?;
         Ok((record, version))
     }
 
-    fn check_regions(&self, version: u16) -> Result<(), FormatError> {
+    fn check_regions(&self, version: FormatVersion) -> Result<(), FormatError> {
         let count = self.grown_count.get();
-        if version < 2 && count != 0 {
+        if !version.has_grown_regions() && count != 0 {
             return Err(FormatError::Invalid(format!(
                 "commit record: version {version} names {count} grown regions"
             )));
@@ -253,6 +244,10 @@ impl CommitRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn v(number: u16) -> FormatVersion {
+        FormatVersion::new(number).unwrap()
+    }
 
     fn geometry() -> Superblock {
         let mut sb = Superblock::new_zeroed_geometry();
@@ -273,23 +268,28 @@ mod tests {
     #[test]
     fn superblock_round_trip() {
         let sb = geometry();
-        for version in 1..=crate::FORMAT_VERSION {
+        for version in FormatVersion::all() {
             let block = sb.encode(version).unwrap();
             let decoded = Superblock::decode_versioned(&block, 64 << 20).unwrap();
             assert_eq!(decoded, (sb, version));
         }
-        assert!(sb.encode(crate::FORMAT_VERSION + 1).is_err());
+        let mut newer = sb.encode(FormatVersion::NEWEST).unwrap();
+        newer[4..6].copy_from_slice(&(crate::FORMAT_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            Superblock::decode_versioned(&newer, 64 << 20),
+            Err(FormatError::UnsupportedVersion(crate::FORMAT_VERSION + 1))
+        );
     }
 
     #[test]
     fn superblock_rejects_escaping_regions() {
         let mut sb = geometry();
         sb.data_chunks = U64::new(u64::MAX / 2);
-        assert!(Superblock::decode(&sb.encode(2).unwrap(), 64 << 20).is_err());
+        assert!(Superblock::decode(&sb.encode(v(2)).unwrap(), 64 << 20).is_err());
         let mut sb = geometry();
         sb.meta_start = U64::new(3);
-        assert!(Superblock::decode(&sb.encode(2).unwrap(), 64 << 20).is_err());
-        assert!(Superblock::decode(&geometry().encode(2).unwrap(), 1 << 20).is_err());
+        assert!(Superblock::decode(&sb.encode(v(2)).unwrap(), 64 << 20).is_err());
+        assert!(Superblock::decode(&geometry().encode(v(2)).unwrap(), 1 << 20).is_err());
     }
 
     #[test]
@@ -297,7 +297,7 @@ mod tests {
         let mut c = CommitRecord::new_zeroed_record();
         c.txn = U64::new(77);
         c.volumes_root = BlockRef { block: 5, txn: 76 }.into();
-        let decoded = CommitRecord::decode(&c.encode(1).unwrap()).unwrap();
+        let decoded = CommitRecord::decode(&c.encode(v(1)).unwrap()).unwrap();
         assert_eq!(decoded, c);
         assert_eq!(BlockRef::from(decoded.volumes_root).block, 5);
     }
@@ -306,15 +306,15 @@ mod tests {
     fn only_version_2_records_name_grown_regions() {
         let mut c = CommitRecord::new_zeroed_record();
         c.grown_count = U32::new(1);
-        assert!(c.encode(1).is_err());
-        let block = c.encode(2).unwrap();
-        assert_eq!(CommitRecord::decode_versioned(&block).unwrap().1, 2);
+        assert!(c.encode(v(1)).is_err());
+        let block = c.encode(v(2)).unwrap();
+        assert_eq!(CommitRecord::decode_versioned(&block).unwrap().1, v(2));
         // A version 1 header over a record that names regions is rejected.
         let mut forged = block;
         forged[4..6].copy_from_slice(&1u16.to_le_bytes());
-        crate::seal_version(&mut forged, BlockType::Commit, 1);
+        crate::seal_version(&mut forged, BlockType::Commit, v(1));
         assert!(CommitRecord::decode(&forged).is_err());
         c.grown_count = U32::new(MAX_GROWTHS as u32 + 1);
-        assert!(c.encode(2).is_err());
+        assert!(c.encode(v(2)).is_err());
     }
 }

@@ -1,17 +1,36 @@
-//! Ties docs/FORMAT.md to the encoder: the offset tables of the superblock
-//! (§3), the commit record (§4) and the grown region entry (§4.1) are read
-//! from the document, and every row must name the field the encoder puts
-//! at that offset, with its size, in order. A layout change that is not
-//! documented (or a document change that is not coded) fails here.
+//! Ties docs/FORMAT.md to the encoder: every byte-layout table of the
+//! document is read from it (the common block header §2, the superblock §3,
+//! the commit record §4 and its grown region entry §4.1, the space-map page
+//! §5, the node header and the volume-table value §6, the property frame
+//! §6, the origin-loss record, the copy-on-write and epoch fields and the
+//! snapshot-store value of §6.1, the packed entry of §6.2), and every row
+//! must name the field the encoder puts at that offset, with its size, in
+//! order. A layout change that is not documented (or a document change that
+//! is not coded) fails here.
 
-use arbor_format::{CommitRecord, RegionRaw, Superblock, BLOCK_SIZE, MAX_GROWTHS};
+use arbor_format::{
+    encode_property, split_store_key, store_key, Backing, BlockRef, CommitRecord, CowState,
+    DataLayout, DeviceIdentity, FormatVersion, Home, Layer, MapValue, Node, NodeBody, OriginLoss,
+    Partial, ReceiveState, RegionRaw, SmKind, SmPage, StoreValue, Superblock, TreeKind, VolumeKind,
+    VolumeRecord, BLOCK_SIZE, MAX_GROWTHS, MAX_NAME_LEN, ORIGIN_LOSS_KEY, ORIGIN_LOSS_LEN,
+    SM_ENTRIES_PER_PAGE,
+};
 use zerocopy::little_endian::{U32, U64};
 
 /// One documented row: offset, size, description.
+#[derive(Clone)]
 struct Row {
-    offset: usize,
-    size: usize,
+    /// The field's offset; a row of two layouts gives both (`64 / 128`).
+    offsets: Vec<usize>,
+    /// None for a field of variable size (`…`, `length`).
+    size: Option<usize>,
     field: String,
+}
+
+impl Row {
+    fn offset(&self) -> usize {
+        self.offsets[0]
+    }
 }
 
 fn format_md() -> String {
@@ -19,21 +38,27 @@ fn format_md() -> String {
     std::fs::read_to_string(path).expect("docs/FORMAT.md is readable")
 }
 
-/// The first `| offset | size | field |` table after the heading `heading`.
-fn table(doc: &str, heading: &str) -> Vec<Row> {
+/// The first `| offset | size | field |` (or `| value offset | ...`)
+/// table after the text `anchor` (a heading, or words just before the
+/// table), with no heading in between.
+fn table(doc: &str, anchor: &str) -> Vec<Row> {
     let start = doc
-        .find(heading)
-        .unwrap_or_else(|| panic!("FORMAT.md has no heading {heading:?}"));
+        .find(anchor)
+        .unwrap_or_else(|| panic!("FORMAT.md has no {anchor:?}"));
     let mut rows = Vec::new();
     let mut in_table = false;
     for line in doc[start..].lines().skip(1) {
+        // Tables inside a list item are indented.
+        let line = line.trim_start();
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        if line.starts_with("| offset | size | field |") {
+        if line.starts_with("| offset | size | field |")
+            || line.starts_with("| value offset | size | field |")
+        {
             in_table = true;
             continue;
         }
         if !in_table {
-            assert!(!line.starts_with('#'), "no table under {heading:?}");
+            assert!(!line.starts_with('#'), "no table after {anchor:?}");
             continue;
         }
         if line.starts_with("|---") {
@@ -43,17 +68,24 @@ fn table(doc: &str, heading: &str) -> Vec<Row> {
             break;
         }
         // "48 × 64" is an array: its size is the product.
-        let size = cells[2]
-            .split('×')
-            .map(|n| n.trim().parse::<usize>().expect("a size"))
-            .product();
+        let size = match cells[2] {
+            "…" | "length" => None,
+            size => Some(
+                size.split('×')
+                    .map(|n| n.trim().parse::<usize>().expect("a size"))
+                    .product(),
+            ),
+        };
         rows.push(Row {
-            offset: cells[1].parse().expect("an offset"),
+            offsets: cells[1]
+                .split('/')
+                .map(|o| o.trim().parse().expect("an offset"))
+                .collect(),
             size,
             field: cells[3].to_lowercase(),
         });
     }
-    assert!(!rows.is_empty(), "empty table under {heading:?}");
+    assert!(!rows.is_empty(), "empty table after {anchor:?}");
     rows
 }
 
@@ -71,18 +103,24 @@ fn check(what: &str, block: &[u8], base: usize, rows: &[Row], fields: &[(&str, V
         assert!(
             row.field.contains(word),
             "{what}: the row at offset {} ({:?}) should document {word:?}",
-            row.offset,
+            row.offset(),
             row.field
         );
-        assert_eq!(row.size, bytes.len(), "{what}: size of {word}");
-        let at = base + row.offset;
+        if let Some(size) = row.size {
+            assert_eq!(size, bytes.len(), "{what}: size of {word}");
+        }
+        let at = base + row.offset();
         assert_eq!(
-            &block[at..at + row.size],
+            &block[at..at + bytes.len()],
             &bytes[..],
             "{what}: {word} is not at offset {}",
-            row.offset
+            row.offset()
         );
     }
+}
+
+fn v(number: u16) -> FormatVersion {
+    FormatVersion::new(number).expect("a known version")
 }
 
 fn le(v: u64) -> Vec<u8> {
@@ -108,10 +146,10 @@ fn superblock_offsets_match_format_md() {
     sb.meta_blocks = U64::new(0x0a0a);
     sb.data_start_bytes = U64::new(0x0b0b);
     sb.data_chunks = U64::new(0x0c0c);
-    let block = sb.encode(2).unwrap();
+    let block = sb.encode(v(2)).unwrap();
     assert_eq!(block.len(), BLOCK_SIZE);
     assert_eq!(&block[..6], b"ARBR\x02\x00", "magic and version at 0 and 4");
-    assert_eq!(&sb.encode(1).unwrap()[4..6], b"\x01\x00");
+    assert_eq!(&sb.encode(v(1)).unwrap()[4..6], b"\x01\x00");
     let rows = table(&format_md(), "## 3. Superblock");
     check(
         "superblock",
@@ -169,7 +207,7 @@ fn commit_record_and_region_offsets_match_format_md() {
     for (i, slot) in rec.grown.iter_mut().enumerate() {
         *slot = region(i as u64);
     }
-    let block = rec.encode(2).unwrap();
+    let block = rec.encode(v(2)).unwrap();
     assert_eq!(&block[4..6], b"\x02\x00");
     let root = |b: u64, t: u64| [le(b), le(t)].concat();
     let regions: Vec<u8> = (0..MAX_GROWTHS as u64)
@@ -230,4 +268,588 @@ fn commit_record_and_region_offsets_match_format_md() {
             ],
         );
     }
+}
+
+fn le16(v: u16) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// The rows of a table that document one layout: those `keep` accepts,
+/// each at its offset in layout `variant` (rows such as `64 / 128` give
+/// one offset per layout).
+fn rows_of(rows: &[Row], variant: usize, keep: impl Fn(&Row) -> bool) -> Vec<Row> {
+    rows.iter()
+        .filter(|r| keep(r))
+        .map(|r| Row {
+            offsets: vec![r.offsets[variant.min(r.offsets.len() - 1)]],
+            ..r.clone()
+        })
+        .collect()
+}
+
+/// §2: the header of a superblock, a commit record, a space-map page and
+/// a node; superblocks and commit records carry their pool's version,
+/// the others version 1. The version row names the versions this crate
+/// knows.
+#[test]
+fn block_header_offsets_match_format_md() {
+    let doc = format_md();
+    let rows = table(&doc, "## 2. Common block header");
+    let version_row = &rows[1].field;
+    assert!(
+        version_row.contains(&format!("1 to {}", arbor_format::FORMAT_VERSION)),
+        "§2 should say which versions a pool may have: {version_row:?}"
+    );
+    let mut page = SmPage::empty(SmKind::Meta, 0);
+    page.txn = 3;
+    let blocks: [(&str, [u8; BLOCK_SIZE], u16, u16); 4] = [
+        (
+            "superblock",
+            Superblock::new_zeroed_geometry().encode(v(5)).unwrap(),
+            5,
+            1,
+        ),
+        (
+            "commit record",
+            CommitRecord::new_zeroed_record().encode(v(7)).unwrap(),
+            7,
+            2,
+        ),
+        ("space-map page", page.encode(), 1, 3),
+        ("node", Node::new_leaf(TreeKind::Queue).encode(9, 9), 1, 4),
+    ];
+    for (what, block, version, block_type) in blocks {
+        let mut zeroed = block;
+        zeroed[8..12].fill(0);
+        check(
+            what,
+            &block,
+            0,
+            &rows,
+            &[
+                ("magic", b"ARBR".to_vec()),
+                ("format version", le16(version)),
+                ("block type", le16(block_type)),
+                ("crc32c", le32(crc32c::crc32c(&zeroed))),
+                ("reserved", vec![0; 4]),
+            ],
+        );
+    }
+}
+
+/// §5.
+#[test]
+fn space_map_page_offsets_match_format_md() {
+    let mut page = SmPage::empty(SmKind::Data, 0x0102);
+    page.txn = 0x0304_0506_0708;
+    for (k, count) in page.counts.iter_mut().enumerate() {
+        *count = 0x1000_0000 + k as u32;
+    }
+    assert_eq!(SM_ENTRIES_PER_PAGE, 1016);
+    let counts: Vec<u8> = page.counts.iter().flat_map(|c| le32(*c)).collect();
+    check(
+        "space-map page",
+        &page.encode(),
+        0,
+        &table(&format_md(), "## 5. Space-map page"),
+        &[
+            ("map kind", le32(1)),
+            ("page index", le32(0x0102)),
+            ("txn", le(0x0304_0506_0708)),
+            ("counts", counts),
+        ],
+    );
+}
+
+/// A mapping value's bytes in memory.
+fn map_value(value: MapValue) -> Vec<u8> {
+    let mut bytes = vec![0; MapValue::ENCODED_LEN];
+    value.encode(&mut bytes);
+    bytes
+}
+
+/// §6: the node header, for a fixed leaf, a packed leaf and an internal
+/// node, and the entries of the first and the last (the mapping value of
+/// a fixed leaf: `pchunk`, `len`, reserved, `gen`).
+#[test]
+fn node_offsets_match_format_md() {
+    let rows = table(&format_md(), "## 6. Nodes");
+    let header = |block: u64, txn: u64, kind: u8, level: u8, count: u16, reserved: u32| {
+        vec![
+            ("block's number", le(block)),
+            ("txn that wrote", le(txn)),
+            ("tree kind", vec![kind]),
+            ("level", vec![level]),
+            ("entry count", le16(count)),
+            ("reserved", le32(reserved)),
+        ]
+    };
+
+    let mut leaf = Node::new_leaf(TreeKind::Mapping);
+    leaf.keys = vec![0x11, 0x2222];
+    leaf.body = NodeBody::Leaf(
+        [
+            map_value(MapValue::whole(0x0a0b, 3, 0x0c0d)),
+            map_value(MapValue::whole(0x0e0f, 256, 0x1011)),
+        ]
+        .concat(),
+    );
+    let mut fields = header(0x4455, 0x6677, 1, 0, 2, 0);
+    let entries: Vec<u8> = [
+        le(0x11),
+        le(0x0a0b),
+        le32(3),
+        le32(0),
+        le(0x0c0d),
+        le(0x2222),
+        le(0x0e0f),
+        le32(256),
+        le32(0),
+        le(0x1011),
+    ]
+    .concat();
+    fields.push(("entries", entries));
+    check(
+        "fixed mapping leaf",
+        &leaf.encode(0x4455, 0x6677),
+        0,
+        &rows,
+        &fields,
+    );
+
+    let packed = leaf.clone().into_packed().expect("two extents fit packed");
+    let block = packed.encode(0x4455, 0x6677);
+    let len = u32::from_le_bytes(block[36..40].try_into().unwrap());
+    let mut fields = header(0x4455, 0x6677, 5, 0, 2, len);
+    fields[5].0 = "bytes its entries take";
+    fields.push(("entries", block[40..40 + len as usize].to_vec()));
+    check("packed mapping leaf", &block, 0, &rows, &fields);
+    assert!(block[40 + len as usize..].iter().all(|&b| b == 0));
+
+    let child = BlockRef {
+        block: 0x3333,
+        txn: 0x4444,
+    };
+    let internal = Node {
+        tree: TreeKind::Mapping,
+        level: 1,
+        keys: vec![0],
+        body: NodeBody::Internal(vec![child]),
+        packed: false,
+    };
+    let mut fields = header(0x5555, 0x6666, 1, 1, 1, 0);
+    fields.push(("entries", [le(0), le(0x3333), le(0x4444)].concat()));
+    check(
+        "internal node",
+        &internal.encode(0x5555, 0x6666),
+        0,
+        &rows,
+        &fields,
+    );
+}
+
+fn record(kind: VolumeKind, name: &str) -> VolumeRecord {
+    VolumeRecord {
+        root: BlockRef {
+            block: 0x0101,
+            txn: 0x0202,
+        },
+        size_bytes: 0x0303 * 512,
+        parent: 0x0404,
+        created_txn: 0x0505,
+        created_unix_secs: 0x0606,
+        mapped_chunks: 0x0707,
+        kind,
+        name: name.to_owned(),
+        guid: [0x11; 16],
+        receive: ReceiveState::default(),
+        layout: DataLayout::Row,
+        backing: None,
+    }
+}
+
+fn encoded(r: &VolumeRecord) -> Vec<u8> {
+    let mut out = vec![0; VolumeRecord::ENCODED_LEN];
+    r.encode(&mut out);
+    out
+}
+
+/// The fields every volume-table value starts with, as `r` has them.
+fn common_fields(r: &VolumeRecord, flags: u32) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            "mapping-tree root",
+            [le(r.root.block), le(r.root.txn)].concat(),
+        ),
+        ("size in bytes", le(r.size_bytes)),
+        ("parent id", le(r.parent)),
+        ("txn of creation", le(r.created_txn)),
+        ("creation time", le(r.created_unix_secs)),
+        ("mapped chunks", le(r.mapped_chunks)),
+        ("flags", le32(flags)),
+        ("name length", le16(r.name.len() as u16)),
+        ("kind:", vec![r.kind as u8]),
+        ("reserved", vec![0]),
+    ]
+}
+
+fn name_field(r: &VolumeRecord) -> (&'static str, Vec<u8>) {
+    let mut name = r.name.as_bytes().to_vec();
+    name.resize(MAX_NAME_LEN, 0);
+    ("name, utf-8", name)
+}
+
+/// §6, the volume-table value: a kind 4 receive (every kind 4 field), a
+/// kind 4 copy-on-write volume (its fields in place of the receive's),
+/// and a kind 2 value.
+#[test]
+fn volume_table_value_offsets_match_format_md() {
+    let doc = format_md();
+    let rows = table(&doc, "**Volume table**, key = volume id");
+    let cow_row = |r: &Row| r.field.contains("flags set");
+    let kind4_only = |r: &Row| r.field.contains("kind 4 only");
+
+    let mut receive = record(VolumeKind::Receiving, "vol%recv");
+    receive.guid = [0; 16];
+    receive.receive = ReceiveState {
+        target: [0x22; 16],
+        base: [0x33; 16],
+        offset: 0x0808,
+    };
+    let mut fields = common_fields(&receive, 0);
+    fields.extend([
+        ("identity (guid)", vec![0; 16]),
+        (
+            "the identity the received snapshot will have",
+            vec![0x22; 16],
+        ),
+        ("the stream's base snapshot", vec![0x33; 16]),
+        ("bytes of the volume applied", le(0x0808)),
+        ("reserved (0)", vec![0; 8]),
+        name_field(&receive),
+    ]);
+    check(
+        "kind 4 receive",
+        &encoded(&receive),
+        0,
+        &rows_of(&rows, 1, |r| !cow_row(r)),
+        &fields,
+    );
+
+    let mut cow = record(VolumeKind::Volume, "origin");
+    cow.layout = DataLayout::Cow(CowState {
+        home: Home::Pool { first: 0x0909 },
+        epoch: 0x0a0a,
+        rollback: 0x0b0b,
+    });
+    let bytes = encoded(&cow);
+    let mut fields = common_fields(&cow, 1);
+    fields.extend([
+        ("identity (guid)", vec![0x11; 16]),
+        ("reserved (0)", vec![0; 8]),
+        ("copy-on-write fields", bytes[80..120].to_vec()),
+        name_field(&cow),
+    ]);
+    let receive_only = |r: &Row| r.field.contains("receive only");
+    check(
+        "kind 4 copy-on-write volume",
+        &bytes,
+        0,
+        &rows_of(&rows, 1, |r| !receive_only(r)),
+        &fields,
+    );
+
+    let snapshot = record(VolumeKind::Snapshot, "vol@snap");
+    let mut v1 = vec![0; VolumeRecord::ENCODED_LEN_V1];
+    snapshot.encode_v1(&mut v1);
+    let mut fields = common_fields(&snapshot, 0);
+    fields.push(name_field(&snapshot));
+    check(
+        "kind 2 snapshot",
+        &v1,
+        0,
+        &rows_of(&rows, 0, |r| !cow_row(r) && !kind4_only(r)),
+        &fields,
+    );
+    assert_eq!(
+        VolumeRecord::ENCODED_LEN,
+        128 + MAX_NAME_LEN,
+        "kind 4: 312 bytes"
+    );
+    assert_eq!(
+        VolumeRecord::ENCODED_LEN_V1,
+        64 + MAX_NAME_LEN,
+        "kind 2: 248 bytes"
+    );
+}
+
+/// §6.1: a copy-on-write volume's fields (home external, and in the
+/// pool), a record that reads through an epoch, and a snapshot-store value.
+#[test]
+fn copy_on_write_offsets_match_format_md() {
+    let doc = format_md();
+    let cow_rows = table(&doc, "Its record's fields");
+    for (home, dev_or_first, ino) in [
+        (
+            Home::External(DeviceIdentity {
+                dev: 0x0c0c,
+                ino: 0x0d0d,
+            }),
+            0x0c0c,
+            0x0d0d,
+        ),
+        (Home::Pool { first: 0x0e0e }, 0x0e0e, 0),
+    ] {
+        let mut r = record(VolumeKind::Volume, "origin");
+        r.layout = DataLayout::Cow(CowState {
+            home,
+            epoch: 0x0a0a,
+            rollback: 0x0b0b,
+        });
+        check(
+            "copy-on-write volume",
+            &encoded(&r),
+            0,
+            &cow_rows,
+            &[
+                ("snapshot store", [le(0x0101), le(0x0202)].concat()),
+                ("mapped chunks", le(0x0707)),
+                ("`epoch`", le(0x0a0a)),
+                ("`rollback`", le(0x0b0b)),
+                ("`dev`", le(dev_or_first)),
+                ("`ino`", le(ino)),
+                ("reserved", vec![0; 16]),
+            ],
+        );
+    }
+
+    let mut reader = record(VolumeKind::Snapshot, "origin@e");
+    reader.backing = Some(Backing {
+        origin: 0x0f0f,
+        epoch: 0x1010,
+    });
+    let bytes = encoded(&reader);
+    assert_eq!(
+        VolumeRecord::flags(&bytes),
+        4,
+        "flag bit 2: reads through an epoch"
+    );
+    check(
+        "reads through an epoch",
+        &bytes,
+        0,
+        &table(&doc, "has a mapping tree of its own as any volume"),
+        &[
+            ("copy-on-write volume's id", le(0x0f0f)),
+            ("the epoch", le(0x1010)),
+            ("reserved", vec![0; 32]),
+        ],
+    );
+
+    let mut value = vec![0; StoreValue::ENCODED_LEN];
+    StoreValue {
+        pchunk: 0x1111,
+        last: 0x1212,
+        gen: 0x1313,
+    }
+    .encode(&mut value);
+    check(
+        "snapshot-store value",
+        &value,
+        0,
+        &table(&doc, "**Snapshot store.**"),
+        &[
+            ("`pchunk`", le(0x1111)),
+            ("`len`", le32(1)),
+            ("`last`", le32(0x1212)),
+            ("`gen`", le(0x1313)),
+        ],
+    );
+    assert_eq!(split_store_key(store_key(5, 7)), (5, 7));
+    assert_eq!(
+        store_key(5, 7),
+        5 << 32 | 7,
+        "keyed by `chunk << 32 | first`"
+    );
+}
+
+/// §6: a property's framed value; §6.1: the origin-loss record.
+#[test]
+fn property_and_origin_loss_offsets_match_format_md() {
+    let doc = format_md();
+    let value = b"a property value".to_vec();
+    let framed = encode_property(&value).unwrap();
+    check(
+        "property",
+        &framed,
+        0,
+        &table(&doc, "framed as below"),
+        &[
+            ("magic `aprp`", b"APRP".to_vec()),
+            ("layout version (1)", le16(1)),
+            ("reserved", le16(0)),
+            ("value length", le32(value.len() as u32)),
+            ("crc32c of the value", le32(crc32c::crc32c(&value))),
+            ("the value", value),
+        ],
+    );
+
+    let loss = OriginLoss {
+        from: 0x1414,
+        epoch: 0x1515,
+        seen_unix: 0x1616,
+        accepted_unix: 0x1717,
+    };
+    assert!(doc.contains(&format!("property `{ORIGIN_LOSS_KEY}`")));
+    let rows = table(&doc, ORIGIN_LOSS_KEY);
+    assert_eq!(ORIGIN_LOSS_LEN, 40);
+    check(
+        "origin loss",
+        &loss.encode(),
+        0,
+        &rows,
+        &[
+            ("layout version (1)", vec![1]),
+            ("reserved", vec![0; 7]),
+            ("`from`", le(0x1414)),
+            ("`epoch`", le(0x1515)),
+            ("seen", le(0x1616)),
+            ("accepted", le(0x1717)),
+        ],
+    );
+}
+
+/// §6.2's entry table: its fields in order, each present when the table
+/// says.
+fn packed_entry_fields(doc: &str) -> Vec<(String, String)> {
+    let start = doc.find("### 6.2 Packed mapping leaves").expect("§6.2");
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| field | present | value |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect()
+}
+
+/// Reads one unsigned LEB128 number as §6.2 defines it.
+fn leb128(bytes: &[u8], at: &mut usize) -> u128 {
+    let mut value = 0u128;
+    for shift in (0..).step_by(7) {
+        let byte = bytes[*at];
+        *at += 1;
+        value |= u128::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return value;
+        }
+    }
+    unreachable!()
+}
+
+/// §6.2: a packed leaf decoded by the document's rules, not the crate's,
+/// gives back what was encoded: a plain extent, a longer one, and a
+/// partial extent with two middle layers.
+#[test]
+fn packed_entries_match_format_md() {
+    let doc = format_md();
+    let fields = packed_entry_fields(&doc);
+    let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["head", "len", "word", "pchunk", "gen", "base", "layers"],
+        "§6.2's entry fields"
+    );
+    let partial = Partial {
+        mask: 0b0001,
+        mids: [
+            Some(Layer {
+                chunk: 0x7777,
+                mask: 0b0100,
+            }),
+            Some(Layer {
+                chunk: 0x8888,
+                mask: 0b1000,
+            }),
+        ],
+        base: 0x9999,
+    };
+    let values = [
+        (5u64, MapValue::whole(0x1234, 1, 0x42)),
+        (9, MapValue::whole(0x20_0000, 7, 0x43)),
+        (
+            300,
+            MapValue {
+                pchunk: 0x5555,
+                len: 1,
+                gen: 0x44,
+                partial: Some(partial),
+            },
+        ),
+    ];
+    let mut leaf = Node::new_leaf(TreeKind::Mapping);
+    leaf.keys = values.iter().map(|(k, _)| *k).collect();
+    leaf.body = NodeBody::Leaf(values.iter().flat_map(|(_, v)| map_value(*v)).collect());
+    let leaf = leaf.into_packed().expect("three extents fit packed");
+    let block = leaf.encode(7, 7);
+    assert_eq!(block[32], 5, "kind 5");
+    let len = u32::from_le_bytes(block[36..40].try_into().unwrap()) as usize;
+    let entries = &block[40..40 + len];
+
+    let mut at = 0;
+    let mut prev: Option<u64> = None;
+    for (key, value) in values {
+        let head = leb128(entries, &mut at);
+        let gap = (head >> 2) as u64;
+        let (word_flag, len_flag) = (head & 2 != 0, head & 1 != 0);
+        assert_eq!(prev.map_or(gap, |p| p + 1 + gap), key, "gap");
+        let written_len = if len_flag {
+            leb128(entries, &mut at)
+        } else {
+            1
+        };
+        let word = if word_flag {
+            leb128(entries, &mut at)
+        } else {
+            0
+        };
+        assert_eq!(leb128(entries, &mut at), u128::from(value.pchunk), "pchunk");
+        assert_eq!(leb128(entries, &mut at), u128::from(value.gen), "gen");
+        match value.partial {
+            None => {
+                assert_eq!(written_len, u128::from(value.len), "len");
+                assert_eq!(len_flag, value.len != 1, "len_flag");
+                assert_eq!(word, 0);
+            }
+            Some(p) => {
+                assert!(
+                    len_flag && word_flag && written_len == 0,
+                    "a partial's marks"
+                );
+                let layers = p.mid_count() as u128;
+                assert_eq!(
+                    word,
+                    u128::from(p.mask) + layers * (1 << 32),
+                    "mask + layers * 2^32"
+                );
+                assert_eq!(leb128(entries, &mut at), u128::from(p.base), "base");
+                for layer in p.layers() {
+                    assert_eq!(
+                        leb128(entries, &mut at),
+                        u128::from(layer.chunk),
+                        "layer chunk"
+                    );
+                    assert_eq!(
+                        leb128(entries, &mut at),
+                        u128::from(layer.mask),
+                        "layer mask"
+                    );
+                }
+            }
+        }
+        prev = Some(key);
+    }
+    assert_eq!(at, len, "the entries end exactly at `L`");
 }

@@ -475,7 +475,9 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
             None => arbor_engine::DEFAULT_CHUNK_SIZE,
         },
         metadata_bytes: args.metadata_size.map(|s| s.0),
-        format_version: args.format_version,
+        // The argument's parser admits only the versions arbor_format knows.
+        format_version: arbor_format::FormatVersion::new(args.format_version)
+            .map_err(|e| Fail::new(Exit::Usage, e.to_string()))?,
         ..Default::default()
     };
     let pool = OpenPool::create(

@@ -207,9 +207,6 @@ pub fn repair(path: &Path, options: &OpenOptions) -> Result<Vec<String>> {
     Ok(report.actions)
 }
 
-/// The first on-disk format version that can grow.
-const GROWABLE_FORMAT_VERSION: u16 = 2;
-
 /// Grows `pool`, whose file or device is `path` (see [`Pool::grow`]), for
 /// the daemon and the offline command alike. Engine errors pass through
 /// unwrapped, so callers map them to statuses as any other.
@@ -225,7 +222,7 @@ pub fn grow(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<GrowView>
 /// error (a size no file can have).
 fn growth_refusal(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<Option<String>> {
     let version = pool.format_version();
-    if version < GROWABLE_FORMAT_VERSION {
+    if !version.has_grown_regions() {
         return Ok(Some(format!(
             "the pool is format version {version}, which cannot grow: upgrade it first with \
              `arbor pool upgrade` (POST /v1/pool/upgrade); older arbor releases cannot open \
@@ -259,7 +256,7 @@ pub fn upgrade(pool: &Pool) -> Result<UpgradeView> {
     let upgraded = pool.upgrade()?;
     Ok(UpgradeView {
         upgraded,
-        format_version: pool.format_version(),
+        format_version: pool.format_version().number(),
     })
 }
 

@@ -49,8 +49,8 @@ fn default_growth_metadata(bytes: u64, chunk_size: u64) -> u64 {
 }
 
 impl Pool {
-    /// The pool's on-disk format version.
-    pub fn format_version(&self) -> u16 {
+    /// The pool's on-disk format version: ask it what the pool has.
+    pub fn format_version(&self) -> FormatVersion {
         self.store.geo.version()
     }
 
@@ -67,7 +67,7 @@ impl Pool {
     /// pool (the second half of an upgrade), in one commit. Returns whether
     /// there was anything to do.
     pub(super) fn convert_table(&self) -> Result<bool> {
-        if self.store.geo.version() < 3 || self.read_meta()?.has_identities() {
+        if !self.store.geo.version().has_identities() || self.read_meta()?.has_identities() {
             return Ok(false);
         }
         self.manage(Privilege::Normal, |m| m.convert_table())
@@ -78,12 +78,12 @@ impl Pool {
         let _commit = lock_mutex(&self.commit_lock);
         self.check_failed()?;
         let geo = &self.store.geo;
-        if geo.version() >= arbor_format::FORMAT_VERSION {
+        if geo.version().is_newest() {
             return Ok(false);
         }
         let block = geo
             .superblock()
-            .encode(arbor_format::FORMAT_VERSION)
+            .encode(FormatVersion::NEWEST)
             .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
         // One copy at a time: a power cut leaves a new copy and an old
         // one, both valid for a reader of the new version, and the commit
@@ -94,8 +94,8 @@ impl Pool {
             self.store.write_block(slot, &block)?;
             self.store.dev.flush()?;
         }
-        // Commits write version 2 records from now on.
-        geo.set_version(arbor_format::FORMAT_VERSION);
+        // Commits write records of the newest version from now on.
+        geo.set_version(FormatVersion::NEWEST);
         Ok(true)
     }
 
@@ -108,7 +108,7 @@ impl Pool {
         let _grow = lock_mutex(&self.grow_lock);
         self.check_failed()?;
         let geo = &self.store.geo;
-        if geo.version() < 2 {
+        if !geo.version().has_grown_regions() {
             return Err(Error::InvalidArgument(format!(
                 "the pool is format version {}, which cannot grow; upgrade it to version 2 first (older arbor releases cannot open it then)",
                 geo.version()

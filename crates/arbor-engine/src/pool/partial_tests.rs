@@ -14,7 +14,7 @@ fn pool(version: u16) -> Pool {
     let opts = CreateOptions {
         chunk_size: CS as u32,
         metadata_bytes: Some(4 << 20),
-        format_version: version,
+        format_version: FormatVersion::new(version).unwrap(),
         ..Default::default()
     };
     Pool::create(dev, &opts, &OpenOptions::default()).unwrap()
@@ -274,7 +274,7 @@ fn writes_make_extend_and_complete_partials() {
 }
 
 fn writes_make_extend_and_complete_partials_in(version: u16) {
-    let layered = version >= crate::mapping::LAYERED_PARTIALS_VERSION;
+    let layered = FormatVersion::new(version).unwrap().has_middle_layers();
     let pool = pool(version);
     let a = pool.create_volume("a", 4 * CS).unwrap();
     let mut model: Vec<u8> = (0..4).flat_map(|c| chunk_of(c, original)).collect();

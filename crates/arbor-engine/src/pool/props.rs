@@ -43,7 +43,7 @@ fn owner_id(owner: Option<VolumeId>) -> u64 {
 
 impl Pool {
     fn check_properties_supported(&self) -> Result<()> {
-        if self.format_version() < 4 {
+        if !self.format_version().has_properties() {
             return Err(Error::Unsupported(
                 "this pool's format (version 3 or older) cannot keep properties such as \
                  policies; upgrade it first (arbor pool upgrade)"

@@ -24,9 +24,6 @@ pub(crate) struct CopyPlan {
     pub pchunk: u64,
 }
 
-/// The first format version with copy-on-write volumes.
-pub(crate) const COW_VERSION: u16 = 5;
-
 /// The name ending of a *loose home*: a hidden copy-on-write record
 /// (`{id}%home`, its own id; `%` is never part of a volume name) holding
 /// part of an in-pool home that no volume owns: one being built a commit at
@@ -64,7 +61,7 @@ pub(crate) fn is_visible(rec: &VolumeRecord) -> bool {
 
 impl Volumes {
     fn check_cow_supported(&self) -> Result<()> {
-        if self.meta.geo().version() < COW_VERSION || !self.has_identities() {
+        if !self.meta.geo().version().has_cow_volumes() || !self.has_identities() {
             return Err(Error::Unsupported(
                 "this pool's format (version 4 or older) has no copy-on-write volumes; \
                  upgrade it first (arbor pool upgrade)"

@@ -184,7 +184,7 @@ impl PoolControl {
         let s = self.pool.pool_stats()?;
         Ok(PoolView {
             path: self.path.display().to_string(),
-            format_version: self.pool.format_version(),
+            format_version: self.pool.format_version().number(),
             io: self.cache_mode.name().to_owned(),
             pool_bytes: s.pool_bytes,
             chunk_size: s.chunk_size,

@@ -1,0 +1,274 @@
+//! Backward compatibility against frozen pool images: `tests/images/vN.pool.zst`
+//! was made once by the code of format version N (tests/images/README.md
+//! names the commit; `gen/gen_image.rs` is the generator) and
+//! `vN.manifest` records what that code read back. Today's code must open
+//! each image, find it clean and as recorded, upgrade it to the newest
+//! version, and serve it: reads, writes over shared chunks, snapshots,
+//! clones, reclaim, growth, and a reopen.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arbor_engine::{GrowOptions, OpenOptions, Pool};
+use arbor_format::FormatVersion;
+use arbor_io::{BlockDevice, SimDisk};
+use common::assert_clean;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+fn image_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images")
+}
+
+/// What the code of a version read back from its image.
+#[derive(Debug, Default)]
+struct Manifest {
+    version: u16,
+    /// name → (size, snapshot, crc32c of the content)
+    volumes: BTreeMap<String, (u64, bool, u32)>,
+    /// (owner volume, or "-" for the pool, key) → value
+    properties: BTreeMap<(String, String), String>,
+}
+
+fn manifest(version: FormatVersion) -> Manifest {
+    let path = image_dir().join(format!("v{version}.manifest"));
+    let text = std::fs::read_to_string(&path).expect("the manifest is readable");
+    let mut m = Manifest::default();
+    for line in text.lines() {
+        let (kind, rest) = line.split_once(' ').expect("a line of words");
+        let words: Vec<&str> = rest.split(' ').collect();
+        match (kind, &words[..]) {
+            ("version", [v]) => m.version = v.parse().unwrap(),
+            ("volume", [name, size, snapshot, crc]) => {
+                let fields = (
+                    size.parse().unwrap(),
+                    snapshot.parse().unwrap(),
+                    u32::from_str_radix(crc, 16).unwrap(),
+                );
+                m.volumes.insert(name.to_string(), fields);
+            }
+            ("property", [owner, key, ..]) => {
+                // The value is the rest of the line, spaces and all.
+                let value = rest.splitn(3, ' ').nth(2).unwrap();
+                m.properties
+                    .insert((owner.to_string(), key.to_string()), value.to_owned());
+            }
+            _ => panic!("{}: unknown line {line:?}", path.display()),
+        }
+    }
+    m
+}
+
+fn image(version: FormatVersion) -> SimDisk {
+    let path = image_dir().join(format!("v{version}.pool.zst"));
+    let compressed = std::fs::read(&path).expect("the image is readable");
+    SimDisk::from_image(zstd::decode_all(&compressed[..]).expect("the image decompresses"))
+}
+
+fn open(disk: &SimDisk) -> Pool {
+    let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
+    Pool::open(dev, &OpenOptions::default()).expect("today's code opens the image")
+}
+
+fn content(pool: &Pool, name: &str) -> Vec<u8> {
+    let id = pool.lookup(name).expect("lookup");
+    let mut buf = vec![0u8; pool.info(id).expect("info").size as usize];
+    pool.read(id, 0, &mut buf).expect("read");
+    buf
+}
+
+/// Pattern `seed` at volume offsets `offset..offset + len`, as the images'
+/// README defines it (the generator's `pattern`).
+fn pattern(seed: u8, offset: u64, len: usize) -> Vec<u8> {
+    let byte = |o: u64| ((o / 4096) as u8).wrapping_mul(31) ^ o as u8 ^ seed.wrapping_mul(101);
+    (offset..offset + len as u64).map(byte).collect()
+}
+
+/// Every volume's content, as the model the rest of the test keeps.
+type Model = BTreeMap<String, Vec<u8>>;
+
+fn assert_as_model(pool: &Pool, model: &Model, when: &str) {
+    let listed: Vec<String> = pool.list().unwrap().into_iter().map(|v| v.name).collect();
+    let mut listed = listed;
+    listed.sort();
+    assert_eq!(listed, model.keys().cloned().collect::<Vec<_>>(), "{when}");
+    for (name, want) in model {
+        assert!(content(pool, name) == *want, "{when}: {name} reads wrong");
+    }
+}
+
+fn write(pool: &Pool, model: &mut Model, name: &str, seed: u8, offset: u64, len: u64) {
+    let data = pattern(seed, offset, len as usize);
+    pool.write(pool.lookup(name).unwrap(), offset, &data)
+        .expect("write");
+    model.get_mut(name).unwrap()[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+}
+
+fn snapshot(pool: &Pool, model: &mut Model, name: &str) {
+    pool.snapshot(name).expect("snapshot");
+    let (volume, _) = name.split_once('@').unwrap();
+    let copy = model[volume].clone();
+    model.insert(name.to_owned(), copy);
+}
+
+/// The image as its version left it: clean, every volume, property and
+/// hold as recorded, and what the version added in use.
+fn check_as_made(pool: &Pool, version: FormatVersion) -> Model {
+    let m = manifest(version);
+    assert_eq!(m.version, version.number(), "the manifest's version");
+    assert_eq!(pool.format_version(), version, "no silent upgrade at open");
+    let report = pool.check().expect("check runs");
+    assert!(
+        report.is_clean(),
+        "version {version}: {:#?}",
+        report.problems
+    );
+    assert_eq!(
+        report.partial_extents > 0,
+        version.has_partial_extents(),
+        "version {version}: partial extents"
+    );
+    assert_eq!(
+        report.layered_partials > 0,
+        version.has_middle_layers(),
+        "version {version}: middle layers"
+    );
+    assert!(
+        pool.pool_stats().unwrap().reclaim_pending,
+        "the deleted volume waits in the reclaim queue"
+    );
+
+    let mut model = Model::new();
+    for v in pool.list().unwrap() {
+        let (size, snapshot, crc) = m
+            .volumes
+            .get(&v.name)
+            .unwrap_or_else(|| panic!("version {version}: {} is not in the manifest", v.name));
+        assert_eq!(
+            (v.size, v.snapshot),
+            (*size, *snapshot),
+            "version {version}: {}",
+            v.name
+        );
+        let bytes = content(pool, &v.name);
+        assert_eq!(
+            crc32c::crc32c(&bytes),
+            *crc,
+            "version {version}: content of {}",
+            v.name
+        );
+        model.insert(v.name, bytes);
+    }
+    assert_eq!(
+        model.len(),
+        m.volumes.len(),
+        "version {version}: volumes listed"
+    );
+    // Known bytes, independent of the manifest: the first write, kept by s1.
+    assert_eq!(
+        model["base@s1"][..256 * KIB as usize],
+        pattern(1, 0, 256 * KIB as usize)[..]
+    );
+
+    let base = pool.lookup("base").unwrap();
+    for ((owner, key), value) in &m.properties {
+        let owner = (owner != "-").then(|| pool.lookup(owner).unwrap());
+        assert_eq!(
+            pool.property(owner, key).unwrap().as_deref(),
+            Some(value.as_bytes())
+        );
+    }
+    assert_eq!(m.properties.is_empty(), !version.has_properties());
+    let s1 = pool.lookup("base@s1").unwrap();
+    let holds = pool.holds(s1).unwrap();
+    if version.has_identities() {
+        assert_eq!(holds, ["keep"]);
+        assert!(pool.guid(base).unwrap().is_some());
+    } else {
+        assert!(holds.is_empty());
+    }
+    assert_eq!(model.contains_key("cow"), version.has_cow_volumes());
+    assert_eq!(model.contains_key("big"), version.has_grown_regions());
+    model
+}
+
+/// Upgrades, then uses what every version can do now.
+fn upgrade_and_serve(disk: &SimDisk, pool: Pool, version: FormatVersion, mut model: Model) {
+    assert_eq!(pool.upgrade().expect("upgrade"), !version.is_newest());
+    assert_eq!(pool.format_version(), FormatVersion::NEWEST);
+    assert_clean(&pool);
+    assert_as_model(&pool, &model, "after the upgrade");
+
+    // Writes over chunks snapshots share: whole, and blocks of a chunk
+    // a partial (with a middle layer) may already cover.
+    write(&pool, &mut model, "base", 20, 64 * KIB, 16 * KIB);
+    write(&pool, &mut model, "base", 21, 140 * KIB, 4 * KIB);
+    write(&pool, &mut model, "base", 22, 300 * KIB, 40 * KIB);
+    snapshot(&pool, &mut model, "base@after");
+    write(&pool, &mut model, "base", 23, 132 * KIB, 8 * KIB);
+    pool.clone_snapshot("base@after", "clone2").expect("clone");
+    model.insert("clone2".into(), model["base@after"].clone());
+    write(&pool, &mut model, "clone2", 24, 0, 64 * KIB);
+    if model.contains_key("cow") {
+        write(&pool, &mut model, "cow", 25, 0, 32 * KIB);
+    }
+    // What the upgrade gave older pools: identities, properties, growth.
+    let base = pool.lookup("base").unwrap();
+    assert!(pool.guid(base).unwrap().is_some());
+    pool.set_property(Some(base), "image.after", b"after")
+        .expect("set a property");
+    let size = disk.size();
+    pool.grow(&GrowOptions {
+        size: Some(size + 4 * MIB),
+        metadata_bytes: Some(512 * KIB),
+    })
+    .expect("grow");
+    pool.create_volume("new", 4 * MIB).expect("create");
+    model.insert("new".into(), vec![0; 4 * MIB as usize]);
+    write(&pool, &mut model, "new", 26, 0, 4 * MIB);
+    // The queue the image left, and what the writes freed.
+    while pool.reclaim(1024).expect("reclaim") > 0 {}
+    pool.flush().expect("flush");
+    assert_clean(&pool);
+    assert_as_model(&pool, &model, "after the writes");
+    pool.close().expect("close");
+
+    let pool = open(disk);
+    assert_eq!(pool.format_version(), FormatVersion::NEWEST);
+    assert_clean(&pool);
+    assert_as_model(&pool, &model, "reopened");
+    assert_eq!(
+        pool.property(Some(pool.lookup("base").unwrap()), "image.after")
+            .unwrap()
+            .as_deref(),
+        Some(&b"after"[..])
+    );
+}
+
+#[test]
+fn every_format_version_has_an_image() {
+    for version in FormatVersion::all() {
+        let dir = image_dir();
+        assert!(
+            dir.join(format!("v{version}.pool.zst")).is_file(),
+            "no image of version {version}"
+        );
+        assert!(
+            dir.join(format!("v{version}.manifest")).is_file(),
+            "no manifest of version {version}"
+        );
+    }
+}
+
+#[test]
+fn images_of_every_version_open_check_upgrade_and_serve() {
+    for version in FormatVersion::all() {
+        let disk = image(version);
+        let pool = open(&disk);
+        let model = check_as_made(&pool, version);
+        upgrade_and_serve(&disk, pool, version, model);
+    }
+}

@@ -1,0 +1,176 @@
+//! Makes one frozen pool image of `crates/arbor-engine/tests/images/`.
+//!
+//! Documentation, not built here: this file was copied as
+//! `crates/arbor-engine/src/bin/gen_image.rs` into a temporary worktree of
+//! the last commit of a format version (README.md beside the images names
+//! each commit) and built there with that version's API:
+//!
+//! ```text
+//! cargo rustc --release -p arbor-engine --bin gen_image -- --cfg since_v2 ... --cfg since_vN
+//! target/release/gen_image POOL_FILE MANIFEST_FILE
+//! zstd -19 POOL_FILE -o vN.pool.zst
+//! ```
+//!
+//! Each `since_vK` cfg turns on what version K added, so one text serves
+//! every version. Content is a pattern of (volume seed, offset); the
+//! manifest records what the code of that version read back: each listed
+//! volume's name, size, snapshot flag and crc32c of its whole content, and
+//! the properties it set. The test (`tests/images.rs`) checks today's code
+//! against it.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use arbor_engine::{CreateOptions, OpenOptions, Pool};
+use arbor_io::{BlockDevice, FileDevice};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// The bytes of a pattern `seed` at volume offset `offset..offset + len`.
+fn pattern(seed: u8, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| {
+            let at = offset + i;
+            // The block number and the offset in it, so a block misplaced
+            // by a whole block reads wrong.
+            ((at / 4096) as u8).wrapping_mul(31) ^ (at as u8) ^ seed.wrapping_mul(101)
+        })
+        .collect()
+}
+
+fn write(pool: &Pool, name: &str, seed: u8, offset: u64, len: u64) {
+    let id = pool.lookup(name).expect("lookup");
+    pool.write(id, offset, &pattern(seed, offset, len as usize))
+        .expect("write");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (pool_path, manifest_path) = (Path::new(&args[1]), Path::new(&args[2]));
+    // A small pool (a grown one: 12 MiB, grown to 16 MiB, from version 2)
+    // with 16 KiB chunks, so a 4 KiB write into a shared chunk can make a
+    // partial extent (version 7).
+    let first_size = if cfg!(since_v2) { 12 * MIB } else { 16 * MIB };
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::create_file(pool_path, first_size).expect("pool file"));
+    let opts = CreateOptions {
+        chunk_size: 16 * KIB as u32,
+        metadata_bytes: Some(MIB),
+        journal_pages: Some(16),
+        ..Default::default()
+    };
+    let open = OpenOptions::default();
+    let pool = Pool::create(Arc::clone(&dev), &opts, &open).expect("create");
+
+    // base: 1 MiB, its first 256 KiB and a block near its end written.
+    pool.create_volume("base", MIB).expect("base");
+    write(&pool, "base", 1, 0, 256 * KIB);
+    write(&pool, "base", 2, MIB - 4 * KIB, 4 * KIB);
+    pool.snapshot("base@s1").expect("s1");
+    // Over the snapshot: a whole chunk, and one block of a shared chunk
+    // (a partial extent from version 7).
+    write(&pool, "base", 3, 64 * KIB, 16 * KIB);
+    write(&pool, "base", 4, 132 * KIB, 4 * KIB);
+    pool.snapshot("base@s2").expect("s2");
+    // Another block of that chunk over s2 (a middle layer from version 8).
+    write(&pool, "base", 5, 136 * KIB, 4 * KIB);
+
+    // clone of s1, written at its end; a never written volume.
+    pool.clone_snapshot("base@s1", "clone").expect("clone");
+    write(&pool, "clone", 6, 512 * KIB, 48 * KIB);
+    pool.create_volume("empty", 256 * KIB).expect("empty");
+
+    // Deleted, its space left in the reclaim queue.
+    pool.create_volume("gone", 256 * KIB).expect("gone");
+    write(&pool, "gone", 7, 0, 128 * KIB);
+    pool.flush().expect("flush");
+    pool.delete("gone").expect("delete");
+
+    #[cfg(since_v2)]
+    {
+        let report = pool
+            .grow(&arbor_engine::GrowOptions {
+                size: Some(16 * MIB),
+                metadata_bytes: Some(512 * KIB),
+            })
+            .expect("grow");
+        assert_eq!(report.new_pool_bytes, 16 * MIB);
+        // Enough data to reach into the grown region.
+        pool.create_volume("big", 6 * MIB).expect("big");
+        write(&pool, "big", 8, 0, 6 * MIB);
+    }
+    #[cfg(since_v3)]
+    assert!(pool.hold("base@s1", "keep").expect("hold"));
+    #[cfg(since_v4)]
+    {
+        pool.set_property(None, "image.pool", b"pool value")
+            .expect("pool property");
+        let base = pool.lookup("base").expect("base");
+        pool.set_property(Some(base), "image.volume", b"volume value")
+            .expect("volume property");
+    }
+    #[cfg(since_v5)]
+    {
+        // A copy-on-write volume whose home is in the pool, with a
+        // snapshot and a write over it.
+        pool.create_cow_volume("cow", 512 * KIB).expect("cow");
+        write(&pool, "cow", 9, 0, 64 * KIB);
+        pool.snapshot("cow@c1").expect("c1");
+        write(&pool, "cow", 10, 16 * KIB, 8 * KIB);
+    }
+    pool.flush().expect("flush");
+
+    let report = pool.check().expect("check");
+    assert!(report.is_clean(), "{:#?}", report.problems);
+
+    let mut manifest = std::fs::File::create(manifest_path).expect("manifest");
+    writeln!(manifest, "version {}", pool.format_version_for_manifest()).expect("manifest");
+    let mut volumes = pool.list().expect("list");
+    volumes.sort_by(|a, b| a.name.cmp(&b.name));
+    for v in volumes {
+        let mut buf = vec![0u8; v.size as usize];
+        pool.read(v.id, 0, &mut buf).expect("read");
+        writeln!(
+            manifest,
+            "volume {} {} {} {:08x}",
+            v.name,
+            v.size,
+            v.snapshot,
+            crc32c::crc32c(&buf)
+        )
+        .expect("manifest");
+    }
+    #[cfg(since_v4)]
+    {
+        let base = pool.lookup("base").expect("base");
+        for (owner, key) in [(None, "image.pool"), (Some(base), "image.volume")] {
+            let value = pool.property(owner, key).expect("property").expect("set");
+            writeln!(
+                manifest,
+                "property {} {key} {}",
+                if owner.is_some() { "base" } else { "-" },
+                String::from_utf8(value).expect("utf-8")
+            )
+            .expect("manifest");
+        }
+    }
+    pool.close().expect("close");
+}
+
+/// Version 1 had no `Pool::format_version`.
+trait FormatVersion {
+    fn format_version_for_manifest(&self) -> u16;
+}
+
+impl FormatVersion for Pool {
+    #[cfg(since_v2)]
+    fn format_version_for_manifest(&self) -> u16 {
+        self.format_version()
+    }
+    #[cfg(not(since_v2))]
+    fn format_version_for_manifest(&self) -> u16 {
+        1
+    }
+}
