@@ -13,16 +13,17 @@ use anyhow::Result;
 use arbor_engine::{Pool, VolumeId, VolumeInfo, VolumeLayout};
 use tracing::info;
 
-use crate::exit::{Exit, Fail};
+use crate::error::DaemonError;
 use crate::metrics::Metrics;
-use crate::model::{
+use crate::nbd_export::OpenExports;
+use crate::pool_file;
+use crate::space::SpaceWatch;
+use crate::views;
+use arbor_api::model::{
     BlockMetadata, BlockerReason, CheckView, CreateLayout, DestroyBlocker, Durability, GrowRequest,
     GrowView, HomeView, LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume,
     PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
-use crate::nbd_export::OpenExports;
-use crate::pool_file;
-use crate::space::SpaceWatch;
 
 /// Nodes processed per reclaim call when reclaiming to completion: each call
 /// commits, so this bounds how long one commit holds up I/O.
@@ -69,7 +70,7 @@ pub struct PoolControl {
 fn page_size(q: &MetadataQuery) -> Result<usize> {
     match q.max_results.unwrap_or(256) {
         n @ 1..=10_000 => Ok(n as usize),
-        n => Err(Fail::new(Exit::Usage, format!("max_results {n} is not 1 to 10000")).into()),
+        n => Err(DaemonError::Invalid(format!("max_results {n} is not 1 to 10000")).into()),
     }
 }
 
@@ -205,10 +206,10 @@ impl PoolControl {
     /// Everything the dashboard shows: the pool, every volume and snapshot
     /// with its space, policies, replication and alerts.
     pub fn overview(&self) -> Result<OverviewView> {
-        let now = crate::daemon::monitor::unix_now();
+        let now = crate::monitor::unix_now();
         let policies = self.monitor.views(self, None, now)?;
         // Each volume's policy, from the policies' own member lists.
-        let policy_of: HashMap<&str, &crate::model::PolicyView> = policies
+        let policy_of: HashMap<&str, &arbor_api::model::PolicyView> = policies
             .iter()
             .flat_map(|p| p.volumes.iter().map(move |v| (v.as_str(), p)))
             .collect();
@@ -367,7 +368,9 @@ impl PoolControl {
     }
 
     pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {
-        let id = self.pool.snapshot_with(name, durability.into())?;
+        let id = self
+            .pool
+            .snapshot_with(name, views::durability(durability))?;
         self.view(self.pool.info(id)?)
     }
 
@@ -377,7 +380,9 @@ impl PoolControl {
         names: &[String],
         durability: Durability,
     ) -> Result<Vec<VolumeView>> {
-        let ids = self.pool.snapshot_group_with(names, durability.into())?;
+        let ids = self
+            .pool
+            .snapshot_group_with(names, views::durability(durability))?;
         ids.into_iter()
             .map(|id| self.view(self.pool.info(id)?))
             .collect()
@@ -391,7 +396,7 @@ impl PoolControl {
     ) -> Result<VolumeView> {
         let id = self
             .pool
-            .clone_snapshot_with(snapshot, name, durability.into())?;
+            .clone_snapshot_with(snapshot, name, views::durability(durability))?;
         self.view(self.pool.info(id)?)
     }
 
@@ -435,26 +440,20 @@ impl PoolControl {
         };
         if connections > 0 {
             let plural = if connections == 1 { "" } else { "s" };
-            return Err(Fail::new(
-                Exit::Busy,
-                format!(
-                    "{name} is open by {connections} NBD connection{plural}; disconnect \
+            return Err(DaemonError::Busy(format!(
+                "{name} is open by {connections} NBD connection{plural}; disconnect \
                      {} first, or destroy it anyway with --force (their I/O will fail)",
-                    if connections == 1 { "it" } else { "them" }
-                ),
-            )
+                if connections == 1 { "it" } else { "them" }
+            ))
             .into());
         }
         let sends = self.sending.count(id);
         if sends > 0 && !force {
-            return Err(Fail::new(
-                Exit::Busy,
-                format!(
-                    "{name} is being sent ({sends} send{}); wait for it, or destroy it anyway \
+            return Err(DaemonError::Busy(format!(
+                "{name} is being sent ({sends} send{}); wait for it, or destroy it anyway \
                      with --force (the send then fails)",
-                    if sends == 1 { "" } else { "s" }
-                ),
-            )
+                if sends == 1 { "" } else { "s" }
+            ))
             .into());
         }
         Ok(())
@@ -469,7 +468,7 @@ impl PoolControl {
     /// Releases hold `tag` on snapshot `name`.
     pub fn release(&self, name: &str, tag: &str) -> Result<VolumeView> {
         if !self.pool.release(name, tag)? {
-            return Err(Fail::new(Exit::NotFound, format!("{name} has no hold {tag:?}")).into());
+            return Err(DaemonError::NotFound(format!("{name} has no hold {tag:?}")).into());
         }
         self.view_by_name(name)
     }
@@ -568,10 +567,7 @@ impl PoolControl {
     pub fn changed(&self, name: &str, q: &MetadataQuery) -> Result<MetadataPage> {
         let max = page_size(q)?;
         let base = q.base.as_deref().ok_or_else(|| {
-            Fail::new(
-                Exit::Usage,
-                "give base=VOLUME@SNAP, the snapshot to compare with".to_owned(),
-            )
+            DaemonError::Invalid("give base=VOLUME@SNAP, the snapshot to compare with".to_owned())
         })?;
         /// The volume range one diff walk covers.
         const WINDOW: u64 = 1 << 30;
@@ -609,7 +605,7 @@ impl PoolControl {
     }
 
     pub fn check(&self) -> Result<CheckView> {
-        Ok(CheckView::from(self.pool.check()?))
+        Ok(views::check_view(self.pool.check()?))
     }
 
     pub fn reclaim(&self) -> Result<ReclaimView> {
@@ -630,7 +626,7 @@ impl PoolControl {
     /// Grows the pool while it serves. Nothing here keeps the pool's size:
     /// status, metrics and space warnings read it from the pool each time.
     pub fn grow(&self, request: &GrowRequest) -> Result<GrowView> {
-        let grown = pool_file::grow(&self.pool, &self.path, &request.options())?;
+        let grown = pool_file::grow(&self.pool, &self.path, &views::grow_options(request))?;
         info!(
             from = grown.old_pool_bytes,
             to = grown.new_pool_bytes,

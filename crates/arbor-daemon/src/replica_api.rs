@@ -5,13 +5,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::api::{ApiError, ApiResult};
+use super::api_error::{ApiError, ApiResult};
 use super::control::PoolControl;
 use super::replication::{CycleFailure, ErrorKind};
-use crate::error_code::ErrorCode;
+use arbor_api::error_code::ErrorCode;
 use serde::Deserialize;
 
-use crate::model::{
+use arbor_api::model::{
     DemoteView, ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
 };
 use arbor_replica::state::{Pair, StateError};

@@ -11,21 +11,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
 use serde::Serialize;
-use tracing::error;
 
 use std::sync::Arc;
 
+use super::api_error::{ApiError, ApiResult};
 use super::auth::{self, Auth, Caller};
 use super::control::PoolControl;
+use super::handler::{blocking, not_replica};
 use super::{monitor_api, replica_api, stream, token_api};
-use crate::error_code::ErrorCode;
-use crate::exit::{Exit, Fail};
-use crate::model::{
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{
     AttachOriginRequest, CallerView, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery,
-    DetachQuery, DiffQuery, ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest,
-    MetadataPage, MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView,
-    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
-    UpgradeView, VolumeView,
+    DetachQuery, DiffQuery, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
+    MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView, RenameRequest,
+    ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView,
+    VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
@@ -187,7 +187,7 @@ async fn same_site_only(
 
 /// The dashboard: one page, everything inline, nothing fetched from
 /// elsewhere; it polls `/v1/overview` and acts through the API.
-const DASHBOARD: &str = include_str!("../dashboard/index.html");
+const DASHBOARD: &str = include_str!("dashboard/index.html");
 
 async fn dashboard() -> Response {
     (
@@ -223,98 +223,6 @@ async fn whoami(Extension(caller): Extension<Caller>) -> Json<CallerView> {
     Json(caller.view())
 }
 
-/// An error response: a status and an [`ErrorBody`].
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
-}
-
-impl ApiError {
-    pub(super) fn new(code: ErrorCode, message: String) -> Self {
-        Self {
-            status: code.status(),
-            body: ErrorBody { code, message },
-        }
-    }
-
-    /// Adds `hint` to the message.
-    pub(super) fn with_hint(mut self, hint: String) -> Self {
-        self.body.message.push_str(&hint);
-        self
-    }
-}
-
-/// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
-impl From<anyhow::Error> for ApiError {
-    fn from(err: anyhow::Error) -> Self {
-        // The daemon's own refusals carry the exit status they mean.
-        let code = match err.downcast_ref::<Fail>().map(|fail| fail.exit) {
-            Some(Exit::Busy) => ErrorCode::Busy,
-            Some(Exit::NotFound) => ErrorCode::NotFound,
-            Some(Exit::Usage) => ErrorCode::InvalidArgument,
-            _ => err
-                .downcast_ref::<arbor_engine::Error>()
-                .map_or(ErrorCode::Internal, ErrorCode::of_engine),
-        };
-        if code.status().is_server_error() {
-            error!(error = format!("{err:#}"), "API request failed");
-        }
-        Self::new(code, format!("{err:#}"))
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
-pub(super) type ApiResult<T> = Result<T, ApiError>;
-
-/// Runs a blocking engine operation without holding up the async
-/// workers' other tasks: on the daemon's multi-threaded runtime, on this
-/// thread, which hands its other tasks to another worker meanwhile
-/// (`block_in_place`: no hand-off to a blocking thread and back, two
-/// wake-ups a call saves under load, PERFORMANCE.md §11); else on the
-/// blocking pool. A panic fails the request either way.
-pub(super) async fn blocking<T: Send + 'static>(
-    control: PoolControl,
-    operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
-) -> ApiResult<T> {
-    let run = move || operation(&control).map_err(|e| explain(&control, e));
-    if tokio::runtime::Handle::current().runtime_flavor()
-        == tokio::runtime::RuntimeFlavor::MultiThread
-    {
-        return tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-        })
-        .unwrap_or_else(|_| {
-            Err(ApiError::from(anyhow::anyhow!(
-                "engine task failed: it panicked"
-            )))
-        });
-    }
-    tokio::task::spawn_blocking(run)
-        .await
-        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
-}
-
-/// The API error for `err`, with the nearest existing name suggested when
-/// a name was not found.
-fn explain(control: &PoolControl, err: anyhow::Error) -> ApiError {
-    let missing = match err.downcast_ref::<arbor_engine::Error>() {
-        Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
-        _ => None,
-    };
-    let suggestion = missing.and_then(|name| control.nearest_name(&name));
-    let mut api = ApiError::from(err);
-    if let Some(near) = suggestion {
-        api.body.message = format!("{}; did you mean {near:?}?", api.body.message);
-    }
-    api
-}
-
 /// Replaces the body of an error response that is not already an
 /// [`ErrorBody`] (axum's own rejections are plain text or empty).
 async fn errors_as_json(response: Response) -> Response {
@@ -336,10 +244,10 @@ async fn errors_as_json(response: Response) -> Response {
     } else {
         text
     };
-    let mut api = ApiError::new(ErrorCode::of_status(status), message);
     // The framework's status stands even where the code's own differs.
-    api.status = status;
-    api.into_response()
+    ApiError::new(ErrorCode::of_status(status.as_u16()), message)
+        .with_status(status)
+        .into_response()
 }
 
 /// A path no route matches: its own code, so a client can tell "no such
@@ -349,22 +257,6 @@ async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
         ErrorCode::UnknownEndpoint,
         format!("no API endpoint {}; see docs/API.md", uri.path()),
     )
-}
-
-/// A replica changes only by replication: its snapshots and contents are
-/// its source's. `name`: the volume, or one of its snapshots.
-pub(super) fn not_replica(c: &PoolControl, name: &str) -> ApiResult<()> {
-    let volume = name.split_once('@').map_or(name, |(v, _)| v);
-    if c.replication.is_replica(volume) {
-        return Err(ApiError::new(
-            ErrorCode::ReadOnly,
-            format!(
-                "{volume} is a replica: it changes only by replication \
-                 (`arbor replica promote {volume}` makes it the writable master)"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 fn created<T: Serialize>(value: T) -> Response {

@@ -6,20 +6,6 @@
 //! accepting, lets in-flight requests finish, stops housekeeping, and closes
 //! the pool with a final commit.
 
-mod api;
-mod auth;
-mod background;
-pub mod control;
-mod devices;
-mod listen;
-pub mod monitor;
-mod monitor_api;
-mod origins;
-mod replica_api;
-pub mod replication;
-mod stream;
-mod token_api;
-
 use std::future::Future;
 use std::path::Path;
 
@@ -31,12 +17,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::config::ServeConfig;
+use crate::control::PoolControl;
+use crate::listen::{ApiListeners, NbdListeners};
 use crate::metrics::Metrics;
 use crate::nbd_export::{OpenExports, PoolExports};
 use crate::pool_file::OpenPool;
 use crate::space::SpaceWatch;
-use control::PoolControl;
-use listen::{ApiListeners, NbdListeners};
+use crate::{api, auth, background, monitor, replication};
 
 pub fn serve(config: ServeConfig) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread()
@@ -214,7 +201,7 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
     let volumes = control.list()?;
     let first = volumes
         .iter()
-        .find(|v| v.kind == crate::model::VolumeKind::Volume)
+        .find(|v| v.kind == arbor_api::model::VolumeKind::Volume)
         .map(|v| v.name.clone());
     let pool = control.pool_info()?;
     let plural = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });

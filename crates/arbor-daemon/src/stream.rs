@@ -22,10 +22,10 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::api::{ApiError, ApiResult};
+use super::api_error::{ApiError, ApiResult};
 use super::control::PoolControl;
-use crate::error_code::ErrorCode;
-use crate::model::{
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{
     ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
     StreamFormat,
 };
@@ -201,7 +201,7 @@ pub async fn receive(
     Query(q): Query<ReceiveQuery>,
     body: Body,
 ) -> ApiResult<Json<ReceivedView>> {
-    super::api::not_replica(&c, &volume)?;
+    super::handler::not_replica(&c, &volume)?;
     let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
         let open = Arc::clone(&c.open);

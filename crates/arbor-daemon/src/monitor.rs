@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 
 use super::control::PoolControl;
 use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
-use crate::model::{
+use arbor_api::model::{
     AlertKind, AlertView, PolicyRequest, PolicyView, PruneDecisionView, PruneFailureView,
     PruneRequest, PruneView, PruneVolumeView, Severity,
 };

@@ -29,10 +29,10 @@ use tracing::{info, warn};
 
 use super::control::PoolControl;
 use super::devices::{self, major_minor, Below, Sysfs};
-use crate::exit::{Exit, Fail};
-use crate::model::{DeviceView, LossView, OriginView};
+use crate::error::DaemonError;
 use crate::pool_file::IoMode;
-use crate::size::ByteSize;
+use arbor_api::model::{DeviceView, LossView, OriginView};
+use arbor_api::size::ByteSize;
 
 /// The pool property of an origin volume that says where its device is.
 pub const RECORD_KEY: &str = "origin";
@@ -210,13 +210,10 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
         } else {
             "neither a file nor a device"
         };
-        Err(Fail::new(
-            Exit::Usage,
-            format!(
-                "{} is {what}: an origin is a raw disk image file or a block device",
-                path.display()
-            ),
-        )
+        Err(DaemonError::Invalid(format!(
+            "{} is {what}: an origin is a raw disk image file or a block device",
+            path.display()
+        ))
         .into())
     }
 }
@@ -225,39 +222,31 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
 /// `pool` (the daemon's own pool).
 fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
     if !path.is_absolute() {
-        return Err(Fail::new(
-            Exit::Usage,
-            format!(
-                "{} is not an absolute path: the daemon does not share your working \
+        return Err(DaemonError::Invalid(format!(
+            "{} is not an absolute path: the daemon does not share your working \
                  directory (the CLI makes paths absolute)",
-                path.display()
-            ),
-        )
+            path.display()
+        ))
         .into());
     }
     // What it is before opening it: opening a directory read-write fails
     // with a less helpful error, and a FIFO or character device is no disk.
     let before = std::fs::metadata(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Fail::new(
-            Exit::NotFound,
-            format!("no such file or device: {}", path.display()),
-        )
-        .into(),
+        std::io::ErrorKind::NotFound => {
+            DaemonError::NotFound(format!("no such file or device: {}", path.display())).into()
+        }
         _ => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
     })?;
     identity_of(path, &before)?;
     let file = if before.file_type().is_block_device() {
         refuse_held(path, before.rdev())?;
         arbor_io::blockdev::open_exclusive(path).map_err(|e| match e.raw_os_error() {
-            Some(EBUSY) => Fail::new(
-                Exit::Busy,
-                format!(
-                    "{} is in use: another program holds it open exclusively (a \
+            Some(EBUSY) => DaemonError::Busy(format!(
+                "{} is in use: another program holds it open exclusively (a \
                      filesystem, device-mapper, md, or another arbor daemon's pool or \
                      origin); an origin's device must be arbor's alone",
-                    path.display()
-                ),
-            )
+                path.display()
+            ))
             .into(),
             _ => anyhow::Error::new(e).context(format!(
                 "cannot open {} for reading and writing",
@@ -278,13 +267,10 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
     let identity = identity_of(path, &metadata)?;
     if let Ok(pool_metadata) = std::fs::metadata(pool) {
         if identity_of(pool, &pool_metadata).ok() == Some(identity) {
-            return Err(Fail::new(
-                Exit::Usage,
-                format!(
-                    "{} is this daemon's pool: an origin must be another file or device",
-                    path.display()
-                ),
-            )
+            return Err(DaemonError::Invalid(format!(
+                "{} is this daemon's pool: an origin must be another file or device",
+                path.display()
+            ))
             .into());
         }
     }
@@ -308,28 +294,22 @@ fn refuse_held(path: &Path, rdev: u64) -> Result<()> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mounted = devices::mounted_at(&mountinfo, &of);
     if !mounted.is_empty() {
-        return Err(Fail::new(
-            Exit::Busy,
-            format!(
-                "{} is mounted (at {}): unmount it first; an origin's device must be \
+        return Err(DaemonError::Busy(format!(
+            "{} is mounted (at {}): unmount it first; an origin's device must be \
                  arbor's alone",
-                path.display(),
-                mounted.join(", ")
-            ),
-        )
+            path.display(),
+            mounted.join(", ")
+        ))
         .into());
     }
     let holders = sysfs.holders(rdev);
     if !holders.is_empty() {
-        return Err(Fail::new(
-            Exit::Busy,
-            format!(
-                "{} is held by {} (devices stacked on it: device-mapper, md, bcache...): \
+        return Err(DaemonError::Busy(format!(
+            "{} is held by {} (devices stacked on it: device-mapper, md, bcache...): \
                  remove those first; an origin's device must be arbor's alone",
-                path.display(),
-                holders.join(", ")
-            ),
-        )
+            path.display(),
+            holders.join(", ")
+        ))
         .into());
     }
     Ok(())
@@ -354,13 +334,10 @@ impl Opened {
         match self.file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                return Err(Fail::new(
-                    Exit::Busy,
-                    format!(
-                        "{path} is in use by another process (another arbor daemon's pool or \
+                return Err(DaemonError::Busy(format!(
+                    "{path} is in use by another process (another arbor daemon's pool or \
                          origin?): one daemon at a time may write it"
-                    ),
-                )
+                ))
                 .into())
             }
             Err(TryLockError::Error(e)) => {
@@ -493,13 +470,10 @@ impl PoolControl {
         if let Ok(pool) = std::fs::metadata(&self.path) {
             if let Ok(pool_id) = identity_of(&self.path, &pool) {
                 if let Some(how) = devices::overlap(identity, &mine, pool_id, &below(pool_id)) {
-                    return Err(Fail::new(
-                        Exit::Usage,
-                        format!(
-                            "{path} is this daemon's pool ({how}): an origin must be another \
+                    return Err(DaemonError::Invalid(format!(
+                        "{path} is this daemon's pool ({how}): an origin must be another \
                              file or device"
-                        ),
-                    )
+                    ))
                     .into());
                 }
             }
@@ -581,13 +555,10 @@ impl PoolControl {
     fn origin_id(&self, name: &str) -> Result<VolumeId> {
         let id = self.pool.lookup(name)?;
         if !self.pool.origins()?.iter().any(|o| o.id == id) {
-            return Err(Fail::new(
-                Exit::Usage,
-                format!(
-                    "{name} is not an origin (a volume made by arbor origin attach); \
+            return Err(DaemonError::Invalid(format!(
+                "{name} is not an origin (a volume made by arbor origin attach); \
                      destroy it with arbor destroy {name}"
-                ),
-            )
+            ))
             .into());
         }
         Ok(id)

@@ -6,11 +6,12 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, ApiError, ApiResult};
+use super::api_error::{ApiError, ApiResult};
 use super::control::PoolControl;
+use super::handler::blocking;
 use super::monitor::unix_now;
-use crate::error_code::ErrorCode;
-use crate::model::{AlertView, PolicyRequest, PolicyView, PruneRequest, PruneView};
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{AlertView, PolicyRequest, PolicyView, PruneRequest, PruneView};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
