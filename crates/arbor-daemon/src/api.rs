@@ -1,23 +1,29 @@
-//! The daemon's HTTP control API: JSON endpoints over [`PoolControl`].
+//! The daemon's HTTP control API: JSON endpoints over the daemon's
+//! services ([`Services`]).
 //!
 //! Every error response, including those axum produces itself (unknown
 //! route, wrong method, malformed or oversized body), carries an
 //! [`ErrorBody`], so clients need to handle only one error shape.
 
+use std::sync::Arc;
+
+use arbor_engine::Pool;
 use axum::body::to_bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
 use serde::Serialize;
 
-use std::sync::Arc;
-
 use super::api_error::{ApiError, ApiResult};
 use super::auth::{self, Auth, Caller};
 use super::control::PoolControl;
 use super::handler::{blocking, not_replica};
+use super::monitor::Monitor;
+use super::origins::Origins;
+use super::replication::Replication;
+use super::stream::Streams;
 use super::{monitor_api, replica_api, stream, token_api};
 use arbor_api::error_code::ErrorCode;
 use arbor_api::model::{
@@ -31,11 +37,42 @@ use arbor_api::model::{
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// The API's routes for `control`, guarded by `auth` (who may do what)
+/// The services the API's handlers act on: each handler takes only those
+/// it needs (`State<T>` for any `T` here, through [`FromRef`]).
+#[derive(Clone)]
+pub struct Services {
+    pub control: PoolControl,
+    pub origins: Origins,
+    pub monitor: Arc<Monitor>,
+    pub replication: Arc<Replication>,
+    pub streams: Streams,
+    pub pool: Arc<Pool>,
+}
+
+macro_rules! from_services {
+    ($($field:ident: $type:ty),*) => {$(
+        impl FromRef<Services> for $type {
+            fn from_ref(services: &Services) -> Self {
+                services.$field.clone()
+            }
+        }
+    )*};
+}
+
+from_services!(
+    control: PoolControl,
+    origins: Origins,
+    monitor: Arc<Monitor>,
+    replication: Arc<Replication>,
+    streams: Streams,
+    pool: Arc<Pool>
+);
+
+/// The API's routes for `services`, guarded by `auth` (who may do what)
 /// and by the `Host`/`Origin` check, which accepts IP addresses,
 /// `localhost`, `arbor` and `names` (the DNS names of the listener's TLS
 /// certificate).
-pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Router {
+pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router {
     let names: Arc<[String]> = names.into();
     Router::new()
         .route("/v1/pool", get(pool_info))
@@ -114,7 +151,7 @@ pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Rout
         .layer(middleware::from_fn_with_state(auth, auth::authenticate))
         .layer(middleware::from_fn_with_state(names, same_site_only))
         .layer(middleware::map_response(errors_as_json))
-        .with_state(control)
+        .with_state(services)
 }
 
 /// Whether `host` (a `Host` header: name or address, maybe a port) is one
@@ -295,9 +332,10 @@ async fn create_volume(
 
 async fn snapshot(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Json(req): Json<SnapshotRequest>,
 ) -> ApiResult<Response> {
-    not_replica(&c, &req.name)?;
+    not_replica(&replication, &req.name)?;
     blocking(c, move |c| c.snapshot(&req.name, req.durability))
         .await
         .map(created)
@@ -306,10 +344,11 @@ async fn snapshot(
 /// `POST /v1/snapshots/group`: snapshots of several volumes in one commit.
 async fn snapshot_group(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Json(req): Json<GroupSnapshotRequest>,
 ) -> ApiResult<Response> {
     for name in &req.names {
-        not_replica(&c, name)?;
+        not_replica(&replication, name)?;
     }
     blocking(c, move |c| c.snapshot_group(&req.names, req.durability))
         .await
@@ -328,18 +367,18 @@ async fn clone_snapshot(
 }
 
 /// `GET /v1/origins`: the volumes attached with `arbor origin attach`.
-async fn origins(State(c): State<PoolControl>) -> ApiResult<Json<Vec<OriginView>>> {
-    blocking(c, |c| c.origins()).await.map(Json)
+async fn origins(State(o): State<Origins>) -> ApiResult<Json<Vec<OriginView>>> {
+    blocking(o, |o| o.origins()).await.map(Json)
 }
 
 /// `POST /v1/origins`: a file or block device becomes a volume, its data
 /// left in place (or an origin's device is attached again).
 async fn attach_origin(
-    State(c): State<PoolControl>,
+    State(o): State<Origins>,
     Json(req): Json<AttachOriginRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| {
-        c.attach_origin(&req.name, &req.path, req.accept_damage)
+    blocking(o, move |o| {
+        o.attach_origin(&req.name, &req.path, req.accept_damage)
     })
     .await
     .map(created)
@@ -349,15 +388,15 @@ async fn attach_origin(
 /// content; the volume leaves the pool, or, with `copy_to_pool`, stays
 /// there with its data copied.
 async fn detach_origin(
-    State(c): State<PoolControl>,
+    State(o): State<Origins>,
     Path(name): Path<String>,
     Query(query): Query<DetachQuery>,
 ) -> ApiResult<StatusCode> {
-    blocking(c, move |c| {
+    blocking(o, move |o| {
         if query.copy_to_pool {
-            c.copy_origin_to_pool(&name)
+            o.copy_origin_to_pool(&name)
         } else {
-            c.detach_origin(&name, query.force)
+            o.detach_origin(&name, query.force)
         }
     })
     .await?;
@@ -392,10 +431,10 @@ async fn release(
 
 async fn delete(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Query(query): Query<DestroyQuery>,
 ) -> ApiResult<StatusCode> {
-    let replication = c.replication.clone();
     let volume = name.clone();
     blocking(c, move |c| c.destroy(&name, query.force)).await?;
     // A destroyed replica is no replica any more: a volume created later
@@ -408,10 +447,11 @@ async fn delete(
 
 async fn rollback(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Json<VolumeView>> {
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.rollback(&name, &req.snapshot))
         .await
         .map(Json)
@@ -419,10 +459,11 @@ async fn rollback(
 
 async fn resize(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<ResizeRequest>,
 ) -> ApiResult<Json<VolumeView>> {
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.resize(&name, req.size.0))
         .await
         .map(Json)
@@ -430,11 +471,12 @@ async fn resize(
 
 async fn rename(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<RenameRequest>,
 ) -> ApiResult<Json<VolumeView>> {
     // Renaming a replica's snapshot would break its match with the source's.
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.rename(&name, &req.to))
         .await
         .map(Json)
@@ -490,12 +532,7 @@ async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
 }
 
 async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
-    c.metrics.set_replication(&c.replication.view().pairs);
-    c.metrics.set_alerts(&c.monitor.alerts());
-    let text = blocking(c, |c| {
-        c.metrics.render(&c.pool, &|id| c.open.count(id), &c.space)
-    })
-    .await?;
+    let text = blocking(c, |c| c.metrics_text()).await?;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }

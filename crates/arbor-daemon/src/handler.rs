@@ -4,8 +4,21 @@
 
 use arbor_api::error_code::ErrorCode;
 
+use arbor_engine::Pool;
+
 use super::api_error::{ApiError, ApiResult};
-use super::control::PoolControl;
+use std::sync::Arc;
+
+use crate::control::PoolControl;
+use crate::monitor::Monitor;
+use crate::origins::Origins;
+use crate::replication::Replication;
+
+/// A service the API runs engine work on: a name its errors say was not
+/// found gets the nearest name in its pool suggested.
+pub(super) trait OnPool: Send + 'static {
+    fn pool(&self) -> &Pool;
+}
 
 /// Runs a blocking engine operation without holding up the async
 /// workers' other tasks: on the daemon's multi-threaded runtime, on this
@@ -13,11 +26,11 @@ use super::control::PoolControl;
 /// (`block_in_place`: no hand-off to a blocking thread and back, two
 /// wake-ups a call saves under load, PERFORMANCE.md §11); else on the
 /// blocking pool. A panic fails the request either way.
-pub(super) async fn blocking<T: Send + 'static>(
-    control: PoolControl,
-    operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
+pub(super) async fn blocking<S: OnPool, T: Send + 'static>(
+    service: S,
+    operation: impl FnOnce(&S) -> anyhow::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
-    let run = move || operation(&control).map_err(|e| explain(&control, e));
+    let run = move || operation(&service).map_err(|e| explain(service.pool(), e));
     if tokio::runtime::Handle::current().runtime_flavor()
         == tokio::runtime::RuntimeFlavor::MultiThread
     {
@@ -37,12 +50,12 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// The API error for `err`, with the nearest existing name suggested when
 /// a name was not found.
-fn explain(control: &PoolControl, err: anyhow::Error) -> ApiError {
+fn explain(pool: &Pool, err: anyhow::Error) -> ApiError {
     let missing = match err.downcast_ref::<arbor_engine::Error>() {
         Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
         _ => None,
     };
-    let suggestion = missing.and_then(|name| control.nearest_name(&name));
+    let suggestion = missing.and_then(|name| nearest_name(pool, &name));
     let api = ApiError::from(err);
     match suggestion {
         Some(near) => api.with_hint(format!("; did you mean {near:?}?")),
@@ -50,11 +63,23 @@ fn explain(control: &PoolControl, err: anyhow::Error) -> ApiError {
     }
 }
 
+/// The existing name in `pool` closest to `name`, if one is close enough
+/// to be a likely typo.
+fn nearest_name(pool: &Pool, name: &str) -> Option<String> {
+    let names = pool.list().ok()?.into_iter().map(|v| v.name);
+    let limit = (name.chars().count() / 3).max(2);
+    names
+        .map(|candidate| (strsim::levenshtein(name, &candidate), candidate))
+        .filter(|(distance, _)| *distance <= limit)
+        .min()
+        .map(|(_, candidate)| candidate)
+}
+
 /// A replica changes only by replication: its snapshots and contents are
 /// its source's. `name`: the volume, or one of its snapshots.
-pub(super) fn not_replica(c: &PoolControl, name: &str) -> ApiResult<()> {
+pub(super) fn not_replica(replication: &Replication, name: &str) -> ApiResult<()> {
     let volume = name.split_once('@').map_or(name, |(v, _)| v);
-    if c.replication.is_replica(volume) {
+    if replication.is_replica(volume) {
         return Err(ApiError::new(
             ErrorCode::ReadOnly,
             format!(
@@ -64,4 +89,22 @@ pub(super) fn not_replica(c: &PoolControl, name: &str) -> ApiResult<()> {
         ));
     }
     Ok(())
+}
+
+impl OnPool for PoolControl {
+    fn pool(&self) -> &Pool {
+        PoolControl::pool(self)
+    }
+}
+
+impl OnPool for Arc<Monitor> {
+    fn pool(&self) -> &Pool {
+        Monitor::pool(self)
+    }
+}
+
+impl OnPool for Origins {
+    fn pool(&self) -> &Pool {
+        Origins::pool(self)
+    }
 }

@@ -22,14 +22,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::UNIX_EPOCH;
 
 use anyhow::{Context, Result};
-use arbor_engine::{DeviceIdentity, Error, OriginInfo, VolumeId, VolumeLayout};
+use arbor_engine::{DeviceIdentity, Error, OriginInfo, Pool, VolumeId, VolumeLayout};
 use arbor_io::FileDevice;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::control::PoolControl;
 use super::devices::{self, major_minor, Below, Sysfs};
 use crate::error::DaemonError;
+use crate::in_use::{readers_through, InUse};
+use crate::metrics::Metrics;
 use crate::pool_file::IoMode;
 use arbor_api::model::{DeviceView, LossView, OriginView};
 use arbor_api::size::ByteSize;
@@ -152,14 +153,14 @@ struct Handle {
 
 /// The origins' devices this daemon holds, by volume.
 #[derive(Default)]
-pub struct Origins {
+struct Devices {
     handles: Mutex<HashMap<VolumeId, Handle>>,
     /// Attaches and detaches run one at a time, so the checks each makes
     /// (attached already? this device elsewhere?) still hold when it acts.
     changing: Mutex<()>,
 }
 
-impl Origins {
+impl Devices {
     fn handles(&self) -> MutexGuard<'_, HashMap<VolumeId, Handle>> {
         // Plain inserts and removals: a panic elsewhere leaves it whole.
         self.handles.lock().unwrap_or_else(|p| p.into_inner())
@@ -350,20 +351,57 @@ impl Opened {
     }
 }
 
-impl PoolControl {
+/// Origins (`arbor origin`) as a service of the daemon: what attach,
+/// detach and the listing need; cheap to clone.
+#[derive(Clone)]
+pub struct Origins {
+    pool: Arc<Pool>,
+    /// The pool's own file or device, which no origin may be.
+    pool_path: PathBuf,
+    /// The `io` setting, which origins' devices follow too.
+    io: IoMode,
+    /// The devices of origins this daemon opened.
+    devices: Arc<Devices>,
+    in_use: InUse,
+    metrics: Arc<Metrics>,
+}
+
+impl Origins {
+    pub fn new(
+        pool: Arc<Pool>,
+        pool_path: PathBuf,
+        io: IoMode,
+        in_use: InUse,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            pool,
+            pool_path,
+            io,
+            devices: Arc::default(),
+            in_use,
+            metrics,
+        }
+    }
+
+    /// The pool: what name suggestions look in.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// `POST /v1/origins`: makes the file or block device at `path` the
     /// origin `name`, its data left in place; or attaches the device of
     /// origin `name` again (after a start that could not open it): then it
     /// must be the same file or device, of the same size or larger (the
     /// volume keeps its recorded size until `volume resize`).
     pub fn attach_origin(&self, name: &str, path: &str, accept_damage: bool) -> Result<OriginView> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let known = self.pool.origins()?;
-        self.origins.forget_gone(&known);
+        self.devices.forget_gone(&known);
         let existing = known.iter().find(|o| o.name == name);
         if let Some(o) = existing.filter(|o| o.attached) {
             let from = self
-                .origins
+                .devices
                 .handles()
                 .get(&o.id)
                 .map(|h| format!(" from {}", h.path))
@@ -381,7 +419,7 @@ impl PoolControl {
                 self.refuse_alias(name, path, identity, &known)?;
             }
         }
-        let opened = open_device(Path::new(path), &self.path)?;
+        let opened = open_device(Path::new(path), &self.pool_path)?;
         // Again for what was opened (the path may name another file now),
         // before the lock, which this daemon's own handle would refuse as
         // "in use".
@@ -404,7 +442,7 @@ impl PoolControl {
             .pool
             .attach_origin_with(name, Arc::new(device), opened.identity, accept_damage)
             .map_err(|e| explain_attach(e, name, path))?;
-        self.origins.handles().insert(
+        self.devices.handles().insert(
             id,
             Handle {
                 path: path.to_owned(),
@@ -454,7 +492,7 @@ impl PoolControl {
                 .into());
             }
             if let Some(how) = how {
-                let from = match self.origins.handles().get(&other.id) {
+                let from = match self.devices.handles().get(&other.id) {
                     Some(h) => Some(h.path.clone()),
                     None => self.recorded(other.id).ok().flatten().map(|r| r.path),
                 };
@@ -467,8 +505,8 @@ impl PoolControl {
                 .into());
             }
         }
-        if let Ok(pool) = std::fs::metadata(&self.path) {
-            if let Ok(pool_id) = identity_of(&self.path, &pool) {
+        if let Ok(pool) = std::fs::metadata(&self.pool_path) {
+            if let Ok(pool_id) = identity_of(&self.pool_path, &pool) {
                 if let Some(how) = devices::overlap(identity, &mine, pool_id, &below(pool_id)) {
                     return Err(DaemonError::Invalid(format!(
                         "{path} is this daemon's pool ({how}): an origin must be another \
@@ -502,7 +540,7 @@ impl PoolControl {
     /// snapshots or clones read through it, and (unless `force`) while NBD
     /// clients have it open.
     pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let id = self.origin_id(name)?;
         let readers = self.readers_of(id)?;
         if !readers.is_empty() {
@@ -516,9 +554,9 @@ impl PoolControl {
             ))
             .into());
         }
-        self.refuse_busy(name, id, force)?;
+        self.in_use.refuse(name, id, force)?;
         self.pool.detach_origin(name)?;
-        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        let path = self.devices.handles().remove(&id).map(|h| h.path);
         self.metrics.forget_volume(name);
         info!(volume = %name, path = ?path, "detached an origin");
         Ok(())
@@ -530,7 +568,7 @@ impl PoolControl {
     /// stays in the pool (its home there now), served on, with its
     /// snapshots and clones; its recorded path is dropped.
     pub fn copy_origin_to_pool(&self, name: &str) -> Result<()> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let id = self.origin_id(name)?;
         let size = self.pool.info(id)?.size;
         self.pool.copy_origin_to_pool(name).map_err(|e| match e {
@@ -541,7 +579,7 @@ impl PoolControl {
             )),
             other => other.into(),
         })?;
-        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        let path = self.devices.handles().remove(&id).map(|h| h.path);
         // Only origins are attached from a recorded path: one left behind
         // (the property's removal failed) is never read again.
         if let Err(e) = self.pool.remove_property(Some(id), RECORD_KEY) {
@@ -567,7 +605,7 @@ impl PoolControl {
     /// `GET /v1/origins`.
     pub fn origins(&self) -> Result<Vec<OriginView>> {
         let known = self.pool.origins()?;
-        self.origins.forget_gone(&known);
+        self.devices.forget_gone(&known);
         let all = self.pool.list()?;
         known
             .into_iter()
@@ -586,7 +624,7 @@ impl PoolControl {
     }
 
     fn origin_view(&self, o: OriginInfo, all: &[arbor_engine::VolumeInfo]) -> Result<OriginView> {
-        let readers = super::control::readers_through(all, o.id);
+        let readers = readers_through(all, o.id);
         let store_bytes = all
             .iter()
             .find(|v| v.id == o.id)
@@ -595,7 +633,7 @@ impl PoolControl {
                 _ => 0,
             });
         // The path it is open from, else the one recorded for the next start.
-        let path = match self.origins.handles().get(&o.id) {
+        let path = match self.devices.handles().get(&o.id) {
             Some(h) => Some(h.path.clone()),
             None => self.recorded(o.id)?.map(|r| r.path),
         };
@@ -633,7 +671,7 @@ impl PoolControl {
     /// The names of the volumes and snapshots that read through origin `id`.
     fn readers_of(&self, id: VolumeId) -> Result<Vec<String>> {
         let all = self.pool.list()?;
-        Ok(super::control::readers_through(&all, id)
+        Ok(readers_through(&all, id)
             .into_iter()
             .map(|v| v.name.clone())
             .collect())
