@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The web dashboard (GET /, crates/arbor/src/dashboard/index.html) in a
+"""The web dashboard (GET /, crates/arbor-daemon/src/dashboard/index.html) in a
 real browser (headless chromium over the DevTools pipe, cdp.py) against a
 real daemon with its HTTP API on loopback TCP:
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::size::ByteSize;
+use arbor_api::size::ByteSize;
 
 /// The data directory when neither `--data-dir` nor the config names one.
 pub const DEFAULT_DATA_DIR: &str = "arbor-data";
@@ -81,8 +81,8 @@ impl Cli {
     }
 
     /// Where client commands find the daemon: `--api` and its credentials.
-    pub fn remote(&self) -> crate::client::Remote {
-        crate::client::Remote {
+    pub fn remote(&self) -> arbor_api::client::Remote {
+        arbor_api::client::Remote {
             api: self.api.clone().filter(|a| !a.is_empty()),
             token_file: self.token_file.clone(),
             tls_ca: self.tls_ca.clone(),
@@ -207,7 +207,7 @@ pub enum TokenCommand {
         /// read: GET requests only (listing, status, metrics, the
         /// dashboard, sends); admin: everything
         #[arg(long, value_enum)]
-        scope: crate::model::Scope,
+        scope: arbor_api::model::Scope,
         /// Stop working after this long, e.g. 90d or 12h [default: never]
         #[arg(long, value_name = "DURATION")]
         expires: Option<humantime::Duration>,
@@ -406,8 +406,8 @@ pub enum VolumeCommand {
         /// (redirect-on-write); cow: the whole size allocated now in one
         /// contiguous run and written in place, snapshots take copies of
         /// what it overwrites (copy-on-write)
-        #[arg(long, value_enum, default_value_t = crate::model::CreateLayout::Row)]
-        layout: crate::model::CreateLayout,
+        #[arg(long, value_enum, default_value_t = arbor_api::model::CreateLayout::Row)]
+        layout: arbor_api::model::CreateLayout,
     },
     /// List volumes, snapshots and clones with their space use
     List {
@@ -596,6 +596,27 @@ pub struct ServeArgs {
     /// a file) [default: auto]
     #[arg(long, value_name = "MODE", value_parser = ["auto", "direct", "buffered"])]
     pub io: Option<String>,
+}
+
+impl ServeArgs {
+    /// What these flags set over the daemon's config file.
+    pub fn overrides(&self) -> arbor_daemon::config::Overrides {
+        arbor_daemon::config::Overrides {
+            config: self.config.clone(),
+            pool: self.pool.clone(),
+            pool_size: self.pool_size,
+            chunk_size: self.chunk_size,
+            nbd_listen: self.nbd_listen.clone(),
+            api_listen: self.api_listen.clone(),
+            replication_listen: self.replication_listen.clone(),
+            initial_volume: self.initial_volume.clone(),
+            initial_volume_size: self.initial_volume_size,
+            reclaim_rate: self.reclaim_rate,
+            commit_interval: self.commit_interval.map(Into::into),
+            cache_size: self.cache_size,
+            io: self.io.clone(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,18 +17,17 @@ use crate::cli::{
     PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs,
     SnapshotCommand, TokenCommand, VolumeCommand,
 };
-use crate::client::DaemonClient;
-use crate::config;
-use crate::daemon;
 use crate::exit::{Exit, Fail};
-use crate::model::{
+use crate::output::{self, emit};
+use crate::tls_init::{self, TlsCommand};
+use arbor_api::client::DaemonClient;
+use arbor_api::model::{
     CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
     StreamCompression, StreamFormat, TokenRequest,
 };
-use crate::output::{self, emit};
-use crate::pool_file::{self, IoMode, OpenPool};
-use crate::size::ByteSize;
-use crate::tls_init::{self, TlsCommand};
+use arbor_api::size::ByteSize;
+use arbor_daemon::pool_file::{self, IoMode, OpenPool};
+use arbor_daemon::{config, views};
 
 /// How results are printed: `--json` or human text.
 struct Printer {
@@ -71,7 +70,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             let request = grow_request(size, metadata_size);
             let grown = with_offline_pool(&path, |open| {
                 with_spinner(&format!("growing {}", path.display()), || {
-                    pool_file::grow(&open.pool, &path, &request.options())
+                    pool_file::grow(&open.pool, &path, &views::grow_options(&request))
                 })
             })?;
             printer.show(&grown, output::grow)?;
@@ -462,7 +461,7 @@ fn check_offline(path: &Path, repair: bool, p: &Printer) -> Result<ExitCode> {
             Ok(open.pool.check()?)
         })
     })?;
-    let mut view = CheckView::from(report);
+    let mut view = views::check_view(report);
     view.repaired = repaired;
     report_check(&view, p)
 }
@@ -508,12 +507,12 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
 }
 
 fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitCode> {
-    let (config, text) = config::load(data_dir, args)?;
+    let (config, text) = config::load(data_dir, &args.overrides())?;
     if args.print_config {
         emit(&text)?;
         return Ok(ExitCode::SUCCESS);
     }
-    daemon::serve(config).context("arbor serve failed")?;
+    arbor_daemon::serve(config).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -610,7 +609,7 @@ fn policy(command: PolicyCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 space_prune_percent: space_prune,
             };
             p.show(&c.policy_set(&volume, &request)?, |v| {
-                output::policies(std::slice::from_ref(v), super::daemon::monitor::unix_now())
+                output::policies(std::slice::from_ref(v), arbor_daemon::unix_now())
             })?;
         }
         PolicyCommand::Show { volume } => {
@@ -618,9 +617,7 @@ fn policy(command: PolicyCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 Some(v) => vec![c.policy(v)?],
                 None => c.policies()?,
             };
-            p.show(&list, |l| {
-                output::policies(l, super::daemon::monitor::unix_now())
-            })?;
+            p.show(&list, |l| output::policies(l, arbor_daemon::unix_now()))?;
         }
         PolicyCommand::Clear { volume } => {
             c.policy_clear(&volume)?;

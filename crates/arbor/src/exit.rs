@@ -4,7 +4,9 @@
 
 use std::process::ExitCode;
 
-use crate::error_code::ErrorCode;
+use arbor_api::error::ClientError;
+use arbor_api::error_code::ErrorCode;
+use arbor_daemon::{code_of_engine, DaemonError};
 
 /// What went wrong, as far as a script needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +39,56 @@ impl Exit {
         ExitCode::from(self as u8)
     }
 
-    /// The status for an engine error met by an offline command: that of
-    /// its error code.
-    pub fn for_engine(err: &arbor_engine::Error) -> Self {
-        ErrorCode::of_engine(err).exit()
+    /// The CLI's exit status for a failure with API error code `code`:
+    /// the one place that gives codes their statuses.
+    pub fn of_code(code: ErrorCode) -> Self {
+        match code {
+            ErrorCode::NotFound => Exit::NotFound,
+            ErrorCode::AlreadyExists
+            | ErrorCode::ReadOnly
+            | ErrorCode::Conflict
+            | ErrorCode::Unsupported => Exit::Conflict,
+            ErrorCode::Busy => Exit::Busy,
+            ErrorCode::NoSpace | ErrorCode::MetadataFull => Exit::NoSpace,
+            ErrorCode::Corrupt => Exit::Damaged,
+            ErrorCode::InvalidName
+            | ErrorCode::InvalidArgument
+            | ErrorCode::BadRequest
+            | ErrorCode::UnprocessableEntity
+            | ErrorCode::BadStream => Exit::Usage,
+            ErrorCode::Unauthorized | ErrorCode::Forbidden => Exit::NotAllowed,
+            ErrorCode::UnknownEndpoint
+            | ErrorCode::MethodNotAllowed
+            | ErrorCode::PayloadTooLarge
+            | ErrorCode::UnsupportedMediaType
+            | ErrorCode::TransactionFull
+            | ErrorCode::Io
+            | ErrorCode::OriginUnavailable
+            | ErrorCode::PoolFailed
+            | ErrorCode::Internal
+            | ErrorCode::Unknown => Exit::Failure,
+        }
+    }
+
+    /// The status for a refusal of the daemon, or of an offline pool
+    /// operation.
+    fn of_refusal(refusal: &DaemonError) -> Self {
+        match refusal {
+            DaemonError::Invalid(_) => Exit::Usage,
+            DaemonError::NotFound(_) => Exit::NotFound,
+            DaemonError::Busy(_) => Exit::Busy,
+            DaemonError::PoolInUse(_) => Exit::PoolInUse,
+        }
+    }
+
+    /// The status for a client's failure.
+    fn of_client(err: &ClientError) -> Self {
+        match err {
+            ClientError::Api { code, .. } => Exit::of_code(*code),
+            ClientError::DaemonNotRunning(_) => Exit::DaemonNotRunning,
+            ClientError::Invalid(_) => Exit::Usage,
+            ClientError::NotFound(_) => Exit::NotFound,
+        }
     }
 
     /// The status for any error: the first cause in its chain that knows one.
@@ -49,8 +97,12 @@ impl Exit {
             .find_map(|cause| {
                 if let Some(fail) = cause.downcast_ref::<Fail>() {
                     Some(fail.exit)
+                } else if let Some(client) = cause.downcast_ref::<ClientError>() {
+                    Some(Exit::of_client(client))
+                } else if let Some(refusal) = cause.downcast_ref::<DaemonError>() {
+                    Some(Exit::of_refusal(refusal))
                 } else if let Some(engine) = cause.downcast_ref::<arbor_engine::Error>() {
-                    Some(Exit::for_engine(engine))
+                    Some(Exit::of_code(code_of_engine(engine)))
                 } else {
                     cause
                         .downcast_ref::<std::io::Error>()
@@ -95,5 +147,81 @@ mod tests {
             Exit::NoSpace
         );
         assert_eq!(Exit::of(&anyhow::anyhow!("odd")), Exit::Failure);
+        let refused = anyhow::Error::new(DaemonError::PoolInUse("held".into())).context("open");
+        assert_eq!(Exit::of(&refused), Exit::PoolInUse);
+        let api = anyhow::Error::new(ClientError::Api {
+            code: ErrorCode::ReadOnly,
+            message: "a replica".into(),
+        });
+        assert_eq!(Exit::of(&api), Exit::Conflict);
+        let gone = anyhow::Error::new(ClientError::DaemonNotRunning("none".into()));
+        assert_eq!(Exit::of(&gone), Exit::DaemonNotRunning);
+    }
+
+    fn wire(code: ErrorCode) -> String {
+        serde_json::to_value(code)
+            .expect("serialize")
+            .as_str()
+            .expect("a string")
+            .to_owned()
+    }
+
+    /// docs/API.md's error table lists every code the daemon sends, with
+    /// its status and exit status, and nothing else.
+    #[test]
+    fn the_api_docs_table_matches_the_codes() {
+        let doc = include_str!("../../../docs/API.md");
+        let table = doc
+            .split("## Errors")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/API.md has an Errors section");
+        let mut documented = Vec::new();
+        for row in table
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| status"))
+        {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let (status, codes, exit) = (cells[1], cells[2], cells[4]);
+            for code in codes.split(", ") {
+                let name = code.trim_matches('`');
+                documented.push((name.to_owned(), status.to_owned(), exit.to_owned()));
+            }
+        }
+        let sent: Vec<ErrorCode> = ErrorCode::ALL
+            .into_iter()
+            .filter(|c| *c != ErrorCode::Unknown)
+            .collect();
+        assert_eq!(documented.len(), sent.len(), "{documented:?}");
+        for code in sent {
+            let row = documented
+                .iter()
+                .find(|(name, _, _)| *name == wire(code))
+                .unwrap_or_else(|| panic!("{} is not in docs/API.md", wire(code)));
+            assert_eq!(row.1, code.status().to_string(), "{}", row.0);
+            assert_eq!(row.2, (Exit::of_code(code) as u8).to_string(), "{}", row.0);
+        }
+    }
+
+    #[test]
+    fn unknown_codes_are_failures() {
+        assert_eq!(Exit::of_code(ErrorCode::Unknown), Exit::Failure);
+    }
+
+    #[test]
+    fn every_engine_error_has_its_code() {
+        use arbor_engine::Error as E;
+        let exit = |e: &E| Exit::of_code(code_of_engine(e));
+        assert_eq!(exit(&E::NoSpace), Exit::NoSpace);
+        assert_eq!(exit(&E::MetadataFull), Exit::NoSpace);
+        assert_eq!(
+            code_of_engine(&E::NotFound("x".into())),
+            ErrorCode::NotFound
+        );
+        assert_eq!(
+            code_of_engine(&E::Failed("x".into())),
+            ErrorCode::PoolFailed
+        );
+        assert_eq!(exit(&E::Inconsistent("x".into())), Exit::Damaged);
     }
 }

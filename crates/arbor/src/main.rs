@@ -1,25 +1,13 @@
-//! `arbor`: the daemon (`arbor serve`) and its command-line client, plus
-//! the offline commands (`pool create`, `tls init`, and `check`, `pool
-//! grow`, `pool upgrade` given a PATH). See docs/CLI.md.
+//! `arbor`: the command line. `arbor serve` runs the daemon
+//! (`arbor-daemon`); the other commands are clients of its API
+//! (`arbor-api`), or offline commands (`pool create`, `tls init`, and
+//! `check`, `pool grow`, `pool upgrade` given a PATH). See docs/CLI.md.
 
-mod alerts;
 mod cli;
-mod client;
 mod commands;
-mod config;
-mod daemon;
-mod endpoint;
-mod error_code;
 mod exit;
-mod metrics;
-mod model;
-mod nbd_export;
 mod output;
-mod pool_file;
-mod size;
-mod space;
 mod tls_init;
-mod tokens;
 
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;

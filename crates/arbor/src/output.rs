@@ -11,11 +11,11 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::model::{
+use arbor_api::model::{
     CheckView, GrowView, LayoutView, OriginView, PoolView, Range, ReceiveStatusView, ReceivedView,
     SendEstimateView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
-use crate::size::ByteSize;
+use arbor_api::size::ByteSize;
 
 pub fn emit(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
@@ -142,8 +142,8 @@ pub fn pool(p: &PoolView) -> String {
 }
 
 /// Active alerts, one line each (none: nothing).
-pub fn alerts(list: &[crate::model::AlertView]) -> String {
-    use crate::model::Severity;
+pub fn alerts(list: &[arbor_api::model::AlertView]) -> String {
+    use arbor_api::model::Severity;
     list.iter()
         .map(|a| {
             let level = match a.severity {
@@ -161,7 +161,7 @@ pub fn alerts(list: &[crate::model::AlertView]) -> String {
 
 /// `arbor policy show`: each policy, its volumes, schedule, retention,
 /// last and next run, how its runs go.
-pub fn policies(list: &[crate::model::PolicyView], now: u64) -> String {
+pub fn policies(list: &[arbor_api::model::PolicyView], now: u64) -> String {
     if list.is_empty() {
         return "no policies: set one with arbor policy set VOLUME --schedule ... --keep ...\n"
             .to_owned();
@@ -216,7 +216,7 @@ pub fn policies(list: &[crate::model::PolicyView], now: u64) -> String {
 
 /// `arbor prune [--dry-run]`: per volume, what goes (and frees) and why
 /// the rest stays.
-pub fn prune(v: &crate::model::PruneView) -> String {
+pub fn prune(v: &arbor_api::model::PruneView) -> String {
     let mut out = String::new();
     if v.volumes.is_empty() {
         return "no policies: nothing to prune\n".to_owned();
@@ -594,7 +594,7 @@ fn ago(secs: u64) -> String {
 }
 
 /// `arbor replica demote`: what a forced resync may now discard.
-pub fn demote(v: &crate::model::DemoteView) -> String {
+pub fn demote(v: &arbor_api::model::DemoteView) -> String {
     let volume = &v.volume;
     let mut out = if v.demoted {
         format!("{volume} is now a read-only replica, waiting for its source.\n")
@@ -624,8 +624,8 @@ pub fn demote(v: &crate::model::DemoteView) -> String {
 }
 
 /// `arbor replica status`.
-pub fn replicas(v: &crate::model::ReplicasView) -> String {
-    use crate::model::ReplicaState;
+pub fn replicas(v: &arbor_api::model::ReplicasView) -> String {
+    use arbor_api::model::ReplicaState;
     let mut out = format!(
         "this host: {} (replication listener: {})\n",
         v.identity,
@@ -704,7 +704,7 @@ pub fn replicas(v: &crate::model::ReplicasView) -> String {
 }
 
 /// `arbor replica run` and `resync`.
-pub fn replica_runs(runs: &Vec<crate::model::ReplicaRunView>) -> String {
+pub fn replica_runs(runs: &Vec<arbor_api::model::ReplicaRunView>) -> String {
     let mut out = String::new();
     for r in runs {
         out += &format!("{}: ", r.pair);
@@ -731,7 +731,7 @@ pub fn replica_runs(runs: &Vec<crate::model::ReplicaRunView>) -> String {
 }
 
 /// `arbor token list`: never a secret (the daemon keeps none).
-pub fn tokens(list: &[crate::model::TokenView]) -> String {
+pub fn tokens(list: &[arbor_api::model::TokenView]) -> String {
     if list.is_empty() {
         return "no API tokens (arbor token create NAME --scope read|admin)\n".to_owned();
     }

@@ -425,7 +425,7 @@ fn serve_rejects_bad_sockets() {
 #[test]
 fn the_api_document_matches_the_server() {
     let doc = include_str!("../../../docs/API.md");
-    let source = include_str!("../src/daemon/api.rs");
+    let source = include_str!("../../arbor-daemon/src/api.rs");
     let documented: Vec<(&str, String)> = doc
         .lines()
         .filter_map(|line| {

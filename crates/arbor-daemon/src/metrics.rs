@@ -432,8 +432,8 @@ impl Metrics {
     }
 
     /// Sets the alert gauges to the active alerts.
-    pub fn set_alerts(&self, active: &[crate::model::AlertView]) {
-        use crate::model::Severity;
+    pub fn set_alerts(&self, active: &[arbor_api::model::AlertView]) {
+        use arbor_api::model::Severity;
         self.alert.clear();
         let name = |s: Severity| match s {
             Severity::Warning => "warning",
@@ -463,7 +463,7 @@ impl Metrics {
     }
 
     /// Refreshes the replication pairs' gauges from their status.
-    pub fn set_replication(&self, pairs: &[crate::model::ReplicaPairView]) {
+    pub fn set_replication(&self, pairs: &[arbor_api::model::ReplicaPairView]) {
         let families = [
             &self.replica_recovery_point,
             &self.replica_sent,
@@ -489,7 +489,7 @@ impl Metrics {
                 .set(gauge_value(p.bytes_sent_total));
             self.replica_failed
                 .get_or_create(&labels)
-                .set(i64::from(p.state == crate::model::ReplicaState::Failed));
+                .set(i64::from(p.state == arbor_api::model::ReplicaState::Failed));
             self.replica_cycles_ok
                 .get_or_create(&labels)
                 .set(gauge_value(p.cycles_ok));

@@ -1,41 +1,78 @@
-//! The daemon's HTTP control API: JSON endpoints over [`PoolControl`].
+//! The daemon's HTTP control API: JSON endpoints over the daemon's
+//! services ([`Services`]).
 //!
 //! Every error response, including those axum produces itself (unknown
 //! route, wrong method, malformed or oversized body), carries an
 //! [`ErrorBody`], so clients need to handle only one error shape.
 
+use std::sync::Arc;
+
+use arbor_engine::Pool;
 use axum::body::to_bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Extension, Json, Router};
 use serde::Serialize;
-use tracing::error;
 
-use std::sync::Arc;
-
+use super::api_error::{ApiError, ApiResult};
 use super::auth::{self, Auth, Caller};
 use super::control::PoolControl;
+use super::handler::{blocking, not_replica};
+use super::monitor::Monitor;
+use super::origins::Origins;
+use super::replication::Replication;
+use super::stream::Streams;
 use super::{monitor_api, replica_api, stream, token_api};
-use crate::error_code::ErrorCode;
-use crate::exit::{Exit, Fail};
-use crate::model::{
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{
     AttachOriginRequest, CallerView, CheckView, CloneRequest, CreateVolumeRequest, DestroyQuery,
-    DetachQuery, DiffQuery, ErrorBody, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest,
-    MetadataPage, MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView,
-    RenameRequest, ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView,
-    UpgradeView, VolumeView,
+    DetachQuery, DiffQuery, GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, MetadataPage,
+    MetadataQuery, OriginView, OverviewView, PoolView, Range, ReclaimView, RenameRequest,
+    ResizeRequest, RollbackRequest, SnapshotRequest, SnapshotsQuery, StatsView, UpgradeView,
+    VolumeView,
 };
 
 /// Request bodies are a few small JSON fields; anything bigger is a mistake or abuse.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// The API's routes for `control`, guarded by `auth` (who may do what)
+/// The services the API's handlers act on: each handler takes only those
+/// it needs (`State<T>` for any `T` here, through [`FromRef`]).
+#[derive(Clone)]
+pub struct Services {
+    pub control: PoolControl,
+    pub origins: Origins,
+    pub monitor: Arc<Monitor>,
+    pub replication: Arc<Replication>,
+    pub streams: Streams,
+    pub pool: Arc<Pool>,
+}
+
+macro_rules! from_services {
+    ($($field:ident: $type:ty),*) => {$(
+        impl FromRef<Services> for $type {
+            fn from_ref(services: &Services) -> Self {
+                services.$field.clone()
+            }
+        }
+    )*};
+}
+
+from_services!(
+    control: PoolControl,
+    origins: Origins,
+    monitor: Arc<Monitor>,
+    replication: Arc<Replication>,
+    streams: Streams,
+    pool: Arc<Pool>
+);
+
+/// The API's routes for `services`, guarded by `auth` (who may do what)
 /// and by the `Host`/`Origin` check, which accepts IP addresses,
 /// `localhost`, `arbor` and `names` (the DNS names of the listener's TLS
 /// certificate).
-pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Router {
+pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router {
     let names: Arc<[String]> = names.into();
     Router::new()
         .route("/v1/pool", get(pool_info))
@@ -114,7 +151,7 @@ pub fn router(control: PoolControl, auth: Arc<Auth>, names: Vec<String>) -> Rout
         .layer(middleware::from_fn_with_state(auth, auth::authenticate))
         .layer(middleware::from_fn_with_state(names, same_site_only))
         .layer(middleware::map_response(errors_as_json))
-        .with_state(control)
+        .with_state(services)
 }
 
 /// Whether `host` (a `Host` header: name or address, maybe a port) is one
@@ -187,7 +224,7 @@ async fn same_site_only(
 
 /// The dashboard: one page, everything inline, nothing fetched from
 /// elsewhere; it polls `/v1/overview` and acts through the API.
-const DASHBOARD: &str = include_str!("../dashboard/index.html");
+const DASHBOARD: &str = include_str!("dashboard/index.html");
 
 async fn dashboard() -> Response {
     (
@@ -223,98 +260,6 @@ async fn whoami(Extension(caller): Extension<Caller>) -> Json<CallerView> {
     Json(caller.view())
 }
 
-/// An error response: a status and an [`ErrorBody`].
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
-}
-
-impl ApiError {
-    pub(super) fn new(code: ErrorCode, message: String) -> Self {
-        Self {
-            status: code.status(),
-            body: ErrorBody { code, message },
-        }
-    }
-
-    /// Adds `hint` to the message.
-    pub(super) fn with_hint(mut self, hint: String) -> Self {
-        self.body.message.push_str(&hint);
-        self
-    }
-}
-
-/// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
-impl From<anyhow::Error> for ApiError {
-    fn from(err: anyhow::Error) -> Self {
-        // The daemon's own refusals carry the exit status they mean.
-        let code = match err.downcast_ref::<Fail>().map(|fail| fail.exit) {
-            Some(Exit::Busy) => ErrorCode::Busy,
-            Some(Exit::NotFound) => ErrorCode::NotFound,
-            Some(Exit::Usage) => ErrorCode::InvalidArgument,
-            _ => err
-                .downcast_ref::<arbor_engine::Error>()
-                .map_or(ErrorCode::Internal, ErrorCode::of_engine),
-        };
-        if code.status().is_server_error() {
-            error!(error = format!("{err:#}"), "API request failed");
-        }
-        Self::new(code, format!("{err:#}"))
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
-pub(super) type ApiResult<T> = Result<T, ApiError>;
-
-/// Runs a blocking engine operation without holding up the async
-/// workers' other tasks: on the daemon's multi-threaded runtime, on this
-/// thread, which hands its other tasks to another worker meanwhile
-/// (`block_in_place`: no hand-off to a blocking thread and back, two
-/// wake-ups a call saves under load, PERFORMANCE.md §11); else on the
-/// blocking pool. A panic fails the request either way.
-pub(super) async fn blocking<T: Send + 'static>(
-    control: PoolControl,
-    operation: impl FnOnce(&PoolControl) -> anyhow::Result<T> + Send + 'static,
-) -> ApiResult<T> {
-    let run = move || operation(&control).map_err(|e| explain(&control, e));
-    if tokio::runtime::Handle::current().runtime_flavor()
-        == tokio::runtime::RuntimeFlavor::MultiThread
-    {
-        return tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-        })
-        .unwrap_or_else(|_| {
-            Err(ApiError::from(anyhow::anyhow!(
-                "engine task failed: it panicked"
-            )))
-        });
-    }
-    tokio::task::spawn_blocking(run)
-        .await
-        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
-}
-
-/// The API error for `err`, with the nearest existing name suggested when
-/// a name was not found.
-fn explain(control: &PoolControl, err: anyhow::Error) -> ApiError {
-    let missing = match err.downcast_ref::<arbor_engine::Error>() {
-        Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
-        _ => None,
-    };
-    let suggestion = missing.and_then(|name| control.nearest_name(&name));
-    let mut api = ApiError::from(err);
-    if let Some(near) = suggestion {
-        api.body.message = format!("{}; did you mean {near:?}?", api.body.message);
-    }
-    api
-}
-
 /// Replaces the body of an error response that is not already an
 /// [`ErrorBody`] (axum's own rejections are plain text or empty).
 async fn errors_as_json(response: Response) -> Response {
@@ -336,10 +281,10 @@ async fn errors_as_json(response: Response) -> Response {
     } else {
         text
     };
-    let mut api = ApiError::new(ErrorCode::of_status(status), message);
     // The framework's status stands even where the code's own differs.
-    api.status = status;
-    api.into_response()
+    ApiError::new(ErrorCode::of_status(status.as_u16()), message)
+        .with_status(status)
+        .into_response()
 }
 
 /// A path no route matches: its own code, so a client can tell "no such
@@ -349,22 +294,6 @@ async fn unknown_endpoint(uri: axum::http::Uri) -> ApiError {
         ErrorCode::UnknownEndpoint,
         format!("no API endpoint {}; see docs/API.md", uri.path()),
     )
-}
-
-/// A replica changes only by replication: its snapshots and contents are
-/// its source's. `name`: the volume, or one of its snapshots.
-pub(super) fn not_replica(c: &PoolControl, name: &str) -> ApiResult<()> {
-    let volume = name.split_once('@').map_or(name, |(v, _)| v);
-    if c.replication.is_replica(volume) {
-        return Err(ApiError::new(
-            ErrorCode::ReadOnly,
-            format!(
-                "{volume} is a replica: it changes only by replication \
-                 (`arbor replica promote {volume}` makes it the writable master)"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 fn created<T: Serialize>(value: T) -> Response {
@@ -403,9 +332,10 @@ async fn create_volume(
 
 async fn snapshot(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Json(req): Json<SnapshotRequest>,
 ) -> ApiResult<Response> {
-    not_replica(&c, &req.name)?;
+    not_replica(&replication, &req.name)?;
     blocking(c, move |c| c.snapshot(&req.name, req.durability))
         .await
         .map(created)
@@ -414,10 +344,11 @@ async fn snapshot(
 /// `POST /v1/snapshots/group`: snapshots of several volumes in one commit.
 async fn snapshot_group(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Json(req): Json<GroupSnapshotRequest>,
 ) -> ApiResult<Response> {
     for name in &req.names {
-        not_replica(&c, name)?;
+        not_replica(&replication, name)?;
     }
     blocking(c, move |c| c.snapshot_group(&req.names, req.durability))
         .await
@@ -436,18 +367,18 @@ async fn clone_snapshot(
 }
 
 /// `GET /v1/origins`: the volumes attached with `arbor origin attach`.
-async fn origins(State(c): State<PoolControl>) -> ApiResult<Json<Vec<OriginView>>> {
-    blocking(c, |c| c.origins()).await.map(Json)
+async fn origins(State(o): State<Origins>) -> ApiResult<Json<Vec<OriginView>>> {
+    blocking(o, |o| o.origins()).await.map(Json)
 }
 
 /// `POST /v1/origins`: a file or block device becomes a volume, its data
 /// left in place (or an origin's device is attached again).
 async fn attach_origin(
-    State(c): State<PoolControl>,
+    State(o): State<Origins>,
     Json(req): Json<AttachOriginRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| {
-        c.attach_origin(&req.name, &req.path, req.accept_damage)
+    blocking(o, move |o| {
+        o.attach_origin(&req.name, &req.path, req.accept_damage)
     })
     .await
     .map(created)
@@ -457,15 +388,15 @@ async fn attach_origin(
 /// content; the volume leaves the pool, or, with `copy_to_pool`, stays
 /// there with its data copied.
 async fn detach_origin(
-    State(c): State<PoolControl>,
+    State(o): State<Origins>,
     Path(name): Path<String>,
     Query(query): Query<DetachQuery>,
 ) -> ApiResult<StatusCode> {
-    blocking(c, move |c| {
+    blocking(o, move |o| {
         if query.copy_to_pool {
-            c.copy_origin_to_pool(&name)
+            o.copy_origin_to_pool(&name)
         } else {
-            c.detach_origin(&name, query.force)
+            o.detach_origin(&name, query.force)
         }
     })
     .await?;
@@ -500,10 +431,10 @@ async fn release(
 
 async fn delete(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Query(query): Query<DestroyQuery>,
 ) -> ApiResult<StatusCode> {
-    let replication = c.replication.clone();
     let volume = name.clone();
     blocking(c, move |c| c.destroy(&name, query.force)).await?;
     // A destroyed replica is no replica any more: a volume created later
@@ -516,10 +447,11 @@ async fn delete(
 
 async fn rollback(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<RollbackRequest>,
 ) -> ApiResult<Json<VolumeView>> {
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.rollback(&name, &req.snapshot))
         .await
         .map(Json)
@@ -527,10 +459,11 @@ async fn rollback(
 
 async fn resize(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<ResizeRequest>,
 ) -> ApiResult<Json<VolumeView>> {
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.resize(&name, req.size.0))
         .await
         .map(Json)
@@ -538,11 +471,12 @@ async fn resize(
 
 async fn rename(
     State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(name): Path<String>,
     Json(req): Json<RenameRequest>,
 ) -> ApiResult<Json<VolumeView>> {
     // Renaming a replica's snapshot would break its match with the source's.
-    not_replica(&c, &name)?;
+    not_replica(&replication, &name)?;
     blocking(c, move |c| c.rename(&name, &req.to))
         .await
         .map(Json)
@@ -598,12 +532,7 @@ async fn reclaim(State(c): State<PoolControl>) -> ApiResult<Json<ReclaimView>> {
 }
 
 async fn metrics(State(c): State<PoolControl>) -> ApiResult<Response> {
-    c.metrics.set_replication(&c.replication.view().pairs);
-    c.metrics.set_alerts(&c.monitor.alerts());
-    let text = blocking(c, |c| {
-        c.metrics.render(&c.pool, &|id| c.open.count(id), &c.space)
-    })
-    .await?;
+    let text = blocking(c, |c| c.metrics_text()).await?;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::ReplicationConfig;
-use crate::model::{
+use arbor_api::model::{
     DemoteView, ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState,
     ReplicasView,
 };
@@ -745,10 +745,9 @@ impl Replication {
         if master && self.store.pairs().iter().any(|p| p.volume == volume) {
             // Its pairs would keep sending a volume that now receives (a
             // replica's pairs only pass on what it receives, and stay).
-            anyhow::bail!(crate::exit::Fail::new(
-                crate::exit::Exit::Usage,
-                format!("{volume} is replicated from here: `arbor replica remove {volume}` first"),
-            ));
+            anyhow::bail!(crate::error::DaemonError::Invalid(format!(
+                "{volume} is replicated from here: `arbor replica remove {volume}` first"
+            ),));
         }
         if dry_run {
             return Ok(view);
@@ -936,7 +935,7 @@ mod tests {
     /// can show, and nothing else.
     #[test]
     fn the_documented_error_kinds_are_the_codes() {
-        let doc = include_str!("../../../../docs/REPLICATION.md");
+        let doc = include_str!("../../../docs/REPLICATION.md");
         let table = doc
             .split("### Error kinds")
             .nth(1)

@@ -16,7 +16,7 @@ use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
 use tracing::warn;
 
 use crate::metrics::{IoOp, Metrics, VolumeIo};
-use crate::size::ByteSize;
+use arbor_api::size::ByteSize;
 
 /// Most bytes one block-status answer covers; the server asks again for the
 /// rest, so a client's whole-disk query costs bounded work per round.

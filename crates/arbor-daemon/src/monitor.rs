@@ -10,19 +10,22 @@
 //! callers run it off the async workers.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::Result;
-use arbor_engine::{Error as EngineError, VolumeId};
+use arbor_engine::{Error as EngineError, Pool, VolumeId};
 use arbor_monitor::engine::{self as store, Listing, Stored, VolumeOutcome};
 use arbor_monitor::{Decision, Policy, Reason, Retention, Schedule};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::control::PoolControl;
 use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
-use crate::model::{
+use crate::destroy::Destroyer;
+use crate::in_use::InUse;
+use crate::replication::Replication;
+use crate::space::SpaceWatch;
+use arbor_api::model::{
     AlertKind, AlertView, PolicyRequest, PolicyView, PruneDecisionView, PruneFailureView,
     PruneRequest, PruneView, PruneVolumeView, Severity,
 };
@@ -57,13 +60,21 @@ struct RunState {
     space_pruned: SpacePruned,
 }
 
-/// The monitor's state; one per daemon.
-#[derive(Default)]
+/// The monitor's state and what it acts on; one per daemon.
 pub struct Monitor {
     runs: Mutex<HashMap<String, RunState>>,
     alerts: Mutex<Book>,
     /// One run, prune or policy change at a time.
     exclusive: Mutex<()>,
+    pool: Arc<Pool>,
+    /// Which volumes are replicas (no policy runs on them), and which
+    /// replicate a scheduled snapshot at once.
+    replication: Arc<Replication>,
+    space: SpaceWatch,
+    /// What keeps a snapshot from being pruned.
+    in_use: InUse,
+    /// A prune's destroy, as `arbor destroy`'s.
+    destroyer: Destroyer,
 }
 
 fn invalid(message: String) -> anyhow::Error {
@@ -85,10 +96,34 @@ fn decision_view(d: &Decision) -> PruneDecisionView {
 }
 
 impl Monitor {
+    pub fn new(
+        pool: Arc<Pool>,
+        replication: Arc<Replication>,
+        space: SpaceWatch,
+        in_use: InUse,
+        destroyer: Destroyer,
+    ) -> Self {
+        Self {
+            runs: Mutex::default(),
+            alerts: Mutex::default(),
+            exclusive: Mutex::default(),
+            pool,
+            replication,
+            space,
+            in_use,
+            destroyer,
+        }
+    }
+
+    /// The pool: what name suggestions look in.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// Runs the monitor until `stop`: a tick a second, off the async
     /// workers. A tick that fails is logged and counted in its policy's
     /// state; the daemon goes on.
-    pub async fn run(control: PoolControl, stop: CancellationToken) -> Result<()> {
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
         let mut ticks = tokio::time::interval(TICK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -96,8 +131,8 @@ impl Monitor {
                 _ = stop.cancelled() => return Ok(()),
                 _ = ticks.tick() => {}
             }
-            let c = control.clone();
-            let ticked = tokio::task::spawn_blocking(move || c.monitor.tick(&c, unix_now())).await;
+            let monitor = Arc::clone(&self);
+            let ticked = tokio::task::spawn_blocking(move || monitor.tick(unix_now())).await;
             match ticked {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) if is_fatal(&e) => return Err(e.context("the monitor stopped")),
@@ -108,21 +143,21 @@ impl Monitor {
     }
 
     /// One tick at `now`: every due snapshot, every due prune, the alerts.
-    pub fn tick(&self, c: &PoolControl, now: u64) -> Result<()> {
+    pub fn tick(&self, now: u64) -> Result<()> {
         let _one = lock(&self.exclusive);
-        let loaded = store::load(&c.pool)?;
+        let loaded = store::load(&self.pool)?;
         for (key, why) in &loaded.damaged {
             self.failed(key, format!("the stored policy is damaged: {why}"));
         }
-        let listing = Listing::of(&c.pool)?;
+        let listing = Listing::of(&self.pool)?;
         for stored in &loaded.policies {
-            let Some(stored) = self.drop_destroyed(c, stored, &listing)? else {
+            let Some(stored) = self.drop_destroyed(stored, &listing)? else {
                 continue;
             };
             if let Some(replica) = listing
                 .members(&stored.policy)
                 .into_iter()
-                .find(|v| c.replication.is_replica(&v.name))
+                .find(|v| self.replication.is_replica(&v.name))
             {
                 self.failed(
                     &stored.key,
@@ -136,12 +171,12 @@ impl Monitor {
             }
             let last_prune = lock(&self.runs).get(&stored.key).and_then(|r| r.last_prune);
             let turn = match store::turn(
-                &c.pool,
+                &self.pool,
                 &stored.policy,
                 now,
                 last_prune,
-                &|id| in_use(c, id),
-                &mut |name| destroy(c, name),
+                &|id| self.in_use.reason(id),
+                &mut |name| self.destroy(name),
             ) {
                 Ok(turn) => turn,
                 Err(e) if e.stops_pool() => return Err(e.into()),
@@ -160,7 +195,7 @@ impl Monitor {
                     // Replicated volumes send it now, not at their pairs'
                     // next interval.
                     for volume in listing.members(&stored.policy) {
-                        c.replication.pass_on(&volume.name);
+                        self.replication.pass_on(&volume.name);
                     }
                     None
                 }
@@ -169,18 +204,13 @@ impl Monitor {
             };
             self.record(&stored.key, turn.pruned.as_deref(), snapshot_error, now);
         }
-        let listing = Listing::of(&c.pool)?;
-        self.refresh_alerts(c, &loaded.policies, &listing, now)
+        let listing = Listing::of(&self.pool)?;
+        self.refresh_alerts(&loaded.policies, &listing, now)
     }
 
     /// The stored policy without its destroyed volumes (updated in the pool;
     /// removed when none is left, which is `None`).
-    fn drop_destroyed(
-        &self,
-        c: &PoolControl,
-        stored: &Stored,
-        listing: &Listing,
-    ) -> Result<Option<Stored>> {
+    fn drop_destroyed(&self, stored: &Stored, listing: &Listing) -> Result<Option<Stored>> {
         let alive: Vec<u64> = stored
             .policy
             .volumes
@@ -192,7 +222,7 @@ impl Monitor {
             return Ok(Some(stored.clone()));
         }
         if alive.is_empty() {
-            store::remove(&c.pool, &stored.key)?;
+            store::remove(&self.pool, &stored.key)?;
             lock(&self.runs).remove(&stored.key);
             info!(policy = %stored.key, "policy removed: all its volumes were destroyed");
             return Ok(None);
@@ -201,7 +231,7 @@ impl Monitor {
             volumes: alive,
             ..stored.policy.clone()
         };
-        store::store(&c.pool, &stored.key, &policy)?;
+        store::store(&self.pool, &stored.key, &policy)?;
         info!(policy = %stored.key, "destroyed volumes left the policy");
         Ok(Some(Stored {
             key: stored.key.clone(),
@@ -275,13 +305,13 @@ impl Monitor {
 
     /// `arbor prune`: every policy's prune (of `volume`'s policy only, if
     /// given) now, or with `dry_run` what it would destroy.
-    pub fn prune(&self, c: &PoolControl, req: &PruneRequest, now: u64) -> Result<PruneView> {
+    pub fn prune(&self, req: &PruneRequest, now: u64) -> Result<PruneView> {
         let _one = lock(&self.exclusive);
-        let loaded = store::load(&c.pool)?;
-        let listing = Listing::of(&c.pool)?;
+        let loaded = store::load(&self.pool)?;
+        let listing = Listing::of(&self.pool)?;
         let chosen: Vec<&Stored> = match &req.volume {
             Some(volume) => {
-                let id = c.pool.lookup(volume)?;
+                let id = self.pool.lookup(volume)?;
                 let stored = policy_of(&loaded.policies, id).ok_or_else(|| {
                     EngineError::NotFound(format!("a policy for {volume} (arbor policy set)"))
                 })?;
@@ -291,8 +321,10 @@ impl Monitor {
         };
         let mut volumes = Vec::new();
         for stored in chosen {
-            let plans = store::plan(&c.pool, &listing, &stored.policy, now, &|id| in_use(c, id))?;
-            let outcomes = store::execute(&plans, req.dry_run, &mut |name| destroy(c, name));
+            let plans = store::plan(&self.pool, &listing, &stored.policy, now, &|id| {
+                self.in_use.reason(id)
+            })?;
+            let outcomes = store::execute(&plans, req.dry_run, &mut |name| self.destroy(name));
             if !req.dry_run {
                 self.record(&stored.key, Some(&outcomes), None, now);
             }
@@ -327,7 +359,7 @@ impl Monitor {
 
     /// `arbor policy set VOLUME`: the policy of `volume` and the volumes in
     /// `req.with`, replacing the one `volume` had.
-    pub fn set(&self, c: &PoolControl, volume: &str, req: &PolicyRequest) -> Result<PolicyView> {
+    pub fn set(&self, volume: &str, req: &PolicyRequest) -> Result<PolicyView> {
         let _one = lock(&self.exclusive);
         let schedule: Schedule = req
             .schedule
@@ -337,18 +369,18 @@ impl Monitor {
             .retention
             .parse()
             .map_err(|e: arbor_monitor::PolicyError| invalid(e.to_string()))?;
-        let loaded = store::load(&c.pool)?;
+        let loaded = store::load(&self.pool)?;
         let mut ids = Vec::new();
         for name in std::iter::once(volume).chain(req.with.iter().map(String::as_str)) {
-            let id = c.pool.lookup(name)?;
-            if c.pool.info(id)?.snapshot {
+            let id = self.pool.lookup(name)?;
+            if self.pool.info(id)?.snapshot {
                 return Err(invalid(format!(
                     "{name} is a snapshot: policies are set on volumes"
                 )));
             }
             // Its policy snapshots must fit: a name an older version allowed may not.
             arbor_engine::check_volume_name(name)?;
-            if c.replication.is_replica(name) {
+            if self.replication.is_replica(name) {
                 return Err(EngineError::ReadOnly(format!(
                     "{name} (a replica: its snapshots come from its source)"
                 ))
@@ -384,22 +416,22 @@ impl Monitor {
         policy.validate().map_err(|e| invalid(e.to_string()))?;
         let key =
             own.unwrap_or_else(|| store::new_key(VolumeId(policy.volumes[0]), &loaded.policies));
-        store::store(&c.pool, &key, &policy)?;
+        store::store(&self.pool, &key, &policy)?;
         info!(policy = %key, volume, schedule = %policy.schedule, retention = %policy.retention, "policy set");
-        let listing = Listing::of(&c.pool)?;
+        let listing = Listing::of(&self.pool)?;
         Ok(self.view(&Stored { key, policy }, &listing, unix_now()))
     }
 
     /// `arbor policy clear VOLUME`: removes the policy `volume` is in (for
     /// all its volumes); its snapshots stay. Whether there was one.
-    pub fn clear(&self, c: &PoolControl, volume: &str) -> Result<bool> {
+    pub fn clear(&self, volume: &str) -> Result<bool> {
         let _one = lock(&self.exclusive);
-        let id = c.pool.lookup(volume)?;
-        let loaded = store::load(&c.pool)?;
+        let id = self.pool.lookup(volume)?;
+        let loaded = store::load(&self.pool)?;
         let Some(stored) = policy_of(&loaded.policies, id) else {
             return Ok(false);
         };
-        store::remove(&c.pool, &stored.key)?;
+        store::remove(&self.pool, &stored.key)?;
         lock(&self.runs).remove(&stored.key);
         info!(policy = %stored.key, volume, "policy cleared");
         Ok(true)
@@ -407,17 +439,12 @@ impl Monitor {
 
     /// Every policy, as `arbor policy show` shows it; of `volume` only, if
     /// given.
-    pub fn views(
-        &self,
-        c: &PoolControl,
-        volume: Option<&str>,
-        now: u64,
-    ) -> Result<Vec<PolicyView>> {
-        let loaded = store::load(&c.pool)?;
-        let listing = Listing::of(&c.pool)?;
+    pub fn views(&self, volume: Option<&str>, now: u64) -> Result<Vec<PolicyView>> {
+        let loaded = store::load(&self.pool)?;
+        let listing = Listing::of(&self.pool)?;
         let chosen: Vec<&Stored> = match volume {
             Some(volume) => {
-                let id = c.pool.lookup(volume)?;
+                let id = self.pool.lookup(volume)?;
                 policy_of(&loaded.policies, id).into_iter().collect()
             }
             None => loaded.policies.iter().collect(),
@@ -464,19 +491,21 @@ impl Monitor {
         }
     }
 
+    /// A prune's destroy: as `arbor destroy` without force (refused while
+    /// NBD clients have it open or a send reads it).
+    fn destroy(&self, name: &str) -> Result<(), String> {
+        self.destroyer
+            .destroy(name, false)
+            .map_err(|e| format!("{e:#}"))
+    }
+
     /// The active alerts, critical first.
     pub fn alerts(&self) -> Vec<AlertView> {
         lock(&self.alerts).active()
     }
 
-    fn refresh_alerts(
-        &self,
-        c: &PoolControl,
-        policies: &[Stored],
-        listing: &Listing,
-        now: u64,
-    ) -> Result<()> {
-        let s = c.pool.pool_stats()?;
+    fn refresh_alerts(&self, policies: &[Stored], listing: &Listing, now: u64) -> Result<()> {
+        let s = self.pool.pool_stats()?;
         let held = |kind, subject| lock(&self.alerts).severity(kind, subject);
         let mut found: Vec<Condition> = [
             alerts::space(
@@ -484,7 +513,7 @@ impl Monitor {
                 "data",
                 s.data_used_bytes,
                 s.data_bytes,
-                &c.space,
+                &self.space,
                 held(AlertKind::DataUsage, "data"),
             ),
             alerts::space(
@@ -492,7 +521,7 @@ impl Monitor {
                 "metadata",
                 s.metadata_used_bytes,
                 s.metadata_bytes,
-                &c.space,
+                &self.space,
                 held(AlertKind::MetadataUsage, "metadata"),
             ),
         ]
@@ -562,10 +591,10 @@ impl Monitor {
                 ));
             }
         }
-        for pair in c.replication.view().pairs {
+        for pair in self.replication.view().pairs {
             found.extend(alerts::replication_lag(&pair));
         }
-        for o in c.pool.origins()? {
+        for o in self.pool.origins()? {
             if let Some(loss) = o.loss.filter(|l| l.accepted_unix == 0) {
                 found.push(Condition::new(
                     AlertKind::OriginFailed,
@@ -582,24 +611,6 @@ impl Monitor {
         // Each change is logged by the book; metrics read it at a scrape.
         lock(&self.alerts).update(found, now);
         Ok(())
-    }
-}
-
-/// A prune's destroy: as `arbor destroy` without force (refused while NBD
-/// clients have it open or a send reads it).
-fn destroy(c: &PoolControl, name: &str) -> Result<(), String> {
-    c.destroy(name, false).map_err(|e| format!("{e:#}"))
-}
-
-/// What keeps snapshot `id` from being destroyed besides its holds: NBD
-/// clients or a send.
-fn in_use(c: &PoolControl, id: VolumeId) -> Option<String> {
-    if c.open.count(id) > 0 {
-        Some("open over NBD".to_owned())
-    } else if c.sending.count(id) > 0 {
-        Some("being sent".to_owned())
-    } else {
-        None
     }
 }
 

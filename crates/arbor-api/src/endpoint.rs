@@ -16,8 +16,8 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
 use tracing::warn;
 
+use crate::error::ClientError;
 use crate::error_code::ErrorCode;
-use crate::exit::{Exit, Fail};
 
 /// The API's TCP port when a URL names none.
 pub const DEFAULT_PORT: u16 = 10810;
@@ -59,7 +59,7 @@ pub struct Tcp {
 }
 
 fn usage(message: String) -> anyhow::Error {
-    Fail::new(Exit::Usage, message).into()
+    ClientError::Invalid(message).into()
 }
 
 /// An API URL: `https://` or `http://`, a host (a DNS name, an IPv4
@@ -114,12 +114,7 @@ fn is_loopback(host: &str) -> bool {
 fn read_token_file(path: &Path) -> Result<String> {
     let bytes = arbor_io::small_file::read_bounded(path, MAX_TOKEN_FILE)
         .with_context(|| format!("cannot read the token file {}", path.display()))?
-        .ok_or_else(|| {
-            Fail::new(
-                Exit::NotFound,
-                format!("token file {} not found", path.display()),
-            )
-        })?;
+        .ok_or_else(|| ClientError::NotFound(format!("token file {} not found", path.display())))?;
     if let Ok(meta) = std::fs::metadata(path) {
         if meta.permissions().mode() & 0o077 != 0 {
             warn!(
@@ -133,7 +128,7 @@ fn read_token_file(path: &Path) -> Result<String> {
 }
 
 fn checked_token(token: &str, origin: &str) -> Result<String> {
-    if crate::tokens::well_formed(token) {
+    if crate::token::well_formed(token) {
         Ok(token.to_owned())
     } else {
         Err(usage(format!(
@@ -281,14 +276,11 @@ impl Tcp {
             .await
             .map_err(|e| {
                 if e.kind() == std::io::ErrorKind::ConnectionRefused {
-                    Fail::new(
-                        Exit::DaemonNotRunning,
-                        format!(
-                            "nothing answers at {} (connection refused): is `arbor serve` \
-                             running there, with api_listen on that address?",
-                            self.url
-                        ),
-                    )
+                    ClientError::DaemonNotRunning(format!(
+                        "nothing answers at {} (connection refused): is `arbor serve` \
+                         running there, with api_listen on that address?",
+                        self.url
+                    ))
                     .into()
                 } else {
                     anyhow::Error::new(e).context(format!(
@@ -318,16 +310,15 @@ impl Tcp {
 fn unix_connect_error(data_dir: &Path, socket: &Path, err: std::io::Error) -> anyhow::Error {
     let dir = data_dir.display();
     match err.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => Fail::new(
-            Exit::DaemonNotRunning,
-            format!(
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ClientError::DaemonNotRunning(format!(
                 "no arbor daemon is running for data directory {dir} (nothing listens on {}); \
                  start one with `arbor serve --data-dir {dir}`, or point --data-dir or \
                  ARBOR_DATA_DIR at the running one, or --api at a daemon over TCP",
                 socket.display()
-            ),
-        )
-        .into(),
+            ))
+            .into()
+        }
         _ => anyhow::Error::new(err).context(format!(
             "cannot connect to the arbor daemon at {}",
             socket.display()
@@ -366,7 +357,10 @@ mod tests {
             "not a url",
         ] {
             let err = parse_url(bad).unwrap_err();
-            assert_eq!(Exit::of(&err), Exit::Usage, "{bad}");
+            assert!(
+                matches!(err.downcast_ref(), Some(ClientError::Invalid(_))),
+                "{bad}"
+            );
             assert!(err.to_string().contains("--api"), "{bad}: {err}");
         }
     }
@@ -413,6 +407,9 @@ mod tests {
         std::fs::write(&path, vec![b'a'; 5000]).unwrap();
         assert!(read_token_file(&path).is_err());
         let err = read_token_file(&dir.path().join("missing")).unwrap_err();
-        assert_eq!(Exit::of(&err), Exit::NotFound, "{err}");
+        assert!(
+            matches!(err.downcast_ref(), Some(ClientError::NotFound(_))),
+            "{err}"
+        );
     }
 }

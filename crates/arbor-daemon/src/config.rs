@@ -9,10 +9,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::ServeArgs;
-use crate::exit::{Exit, Fail};
-use crate::model::Scope;
-use crate::size::ByteSize;
+use crate::error::DaemonError;
+use arbor_api::model::Scope;
+use arbor_api::size::ByteSize;
 
 /// The documented defaults; `--print-config` starts from this text.
 pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
@@ -174,7 +173,7 @@ impl ServeConfig {
 }
 
 fn usage(message: String) -> anyhow::Error {
-    Fail::new(Exit::Usage, message).into()
+    DaemonError::Invalid(message).into()
 }
 
 fn parse_table(text: &str, origin: &str) -> Result<toml::Table> {
@@ -221,8 +220,31 @@ fn merged_file(file: Option<&Path>) -> Result<ConfigFile> {
         .map_err(|e| usage(format!("{origin}: {e}")))
 }
 
-/// Flags win over the file.
-fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &ServeArgs) {
+/// What the caller (the command line's flags) sets over the config file;
+/// `None` keeps the file's value.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// The TOML config file to read over the built-in defaults.
+    pub config: Option<PathBuf>,
+    pub pool: Option<PathBuf>,
+    pub pool_size: Option<ByteSize>,
+    pub chunk_size: Option<ByteSize>,
+    /// An address, or `none`.
+    pub nbd_listen: Option<String>,
+    pub api_listen: Option<String>,
+    pub replication_listen: Option<String>,
+    /// A name, or `none`.
+    pub initial_volume: Option<String>,
+    pub initial_volume_size: Option<ByteSize>,
+    pub reclaim_rate: Option<u32>,
+    pub commit_interval: Option<Duration>,
+    pub cache_size: Option<ByteSize>,
+    /// `auto`, `direct` or `buffered`.
+    pub io: Option<String>,
+}
+
+/// Overrides win over the file.
+fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &Overrides) {
     fn set<T: Clone>(target: &mut T, flag: &Option<T>) {
         if let Some(value) = flag {
             *target = value.clone();
@@ -238,8 +260,8 @@ fn apply_flags(file: &mut ConfigFile, data_dir: Option<PathBuf>, args: &ServeArg
     set(&mut file.api_listen, &args.api_listen);
     set(&mut file.replication_listen, &args.replication_listen);
     set(&mut file.reclaim_rate, &args.reclaim_rate);
-    if let Some(interval) = &args.commit_interval {
-        file.commit_interval = interval.to_string();
+    if let Some(interval) = args.commit_interval {
+        file.commit_interval = humantime::format_duration(interval).to_string();
     }
     set(&mut file.cache_size, &args.cache_size);
     set(&mut file.io, &args.io);
@@ -539,7 +561,7 @@ fn replication(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<Re
 
 /// The configuration `arbor serve` runs with, and its TOML text for
 /// `--print-config`.
-pub fn load(data_dir: Option<PathBuf>, args: &ServeArgs) -> Result<(ServeConfig, String)> {
+pub fn load(data_dir: Option<PathBuf>, args: &Overrides) -> Result<(ServeConfig, String)> {
     let mut file = merged_file(args.config.as_deref())?;
     apply_flags(&mut file, data_dir, args);
     let text = toml::to_string(&file).context("cannot print the configuration")?;
@@ -550,11 +572,11 @@ pub fn load(data_dir: Option<PathBuf>, args: &ServeArgs) -> Result<(ServeConfig,
 mod tests {
     use super::*;
 
-    fn load_text(text: &str, args: &ServeArgs) -> Result<ServeConfig> {
+    fn load_text(text: &str, args: &Overrides) -> Result<ServeConfig> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("arbor.toml");
         std::fs::write(&path, text).unwrap();
-        let args = ServeArgs {
+        let args = Overrides {
             config: Some(path),
             ..args.clone()
         };
@@ -563,7 +585,7 @@ mod tests {
 
     #[test]
     fn built_in_defaults_are_the_documented_ones() {
-        let (config, _) = load(None, &ServeArgs::default()).unwrap();
+        let (config, _) = load(None, &Overrides::default()).unwrap();
         assert_eq!(config.data_dir, PathBuf::from("arbor-data"));
         assert_eq!(config.pool, PathBuf::from("arbor-data/pool"));
         assert_eq!(config.pool_size, 20 << 30);
@@ -580,9 +602,9 @@ mod tests {
 
     #[test]
     fn the_file_overrides_defaults_and_flags_override_the_file() {
-        let args = ServeArgs {
+        let args = Overrides {
             pool_size: Some(ByteSize(1 << 30)),
-            ..ServeArgs::default()
+            ..Overrides::default()
         };
         let config = load_text(
             "pool_size = \"5G\"\nnbd_listen = \"none\"\ninitial_volume = \"\"\npool = \"/dev/sdz\"\n",
@@ -600,7 +622,7 @@ mod tests {
 
     #[test]
     fn mistakes_are_reported_with_the_key() {
-        let none = ServeArgs::default();
+        let none = Overrides::default();
         let cases = [
             ("pool_sise = \"5G\"", "unknown key \"pool_sise\""),
             ("pool_size = \"5Q\"", "unknown unit"),
@@ -656,7 +678,7 @@ mod tests {
     #[test]
     fn nbd_tls_defaults_follow_the_listener_and_the_certificates() {
         use arbor_nbd::{Access, Client, TlsMode};
-        let none = ServeArgs::default();
+        let none = Overrides::default();
         let plain = load_text("", &none).unwrap();
         assert_eq!(plain.nbd_tcp_security.mode, TlsMode::Off);
         let anyone = Client::anonymous();
@@ -702,7 +724,7 @@ mod tests {
                  api_clients = [{{ identity = \"ops.example\", scope = \"admin\" }}, \
                  {{ identity = \"monitor\", scope = \"read\" }}]\n"
             ),
-            &ServeArgs::default(),
+            &Overrides::default(),
         )
         .unwrap();
         assert_eq!(config.api.listen, Some("0.0.0.0:10810".parse().unwrap()));
@@ -721,13 +743,13 @@ mod tests {
         );
         let err = format!(
             "{:#}",
-            load_text(&twice, &ServeArgs::default()).unwrap_err()
+            load_text(&twice, &Overrides::default()).unwrap_err()
         );
         assert!(err.contains("listed twice"), "{err}");
         // The flag is checked the same way.
-        let args = ServeArgs {
+        let args = Overrides {
             api_listen: Some("10.1.2.3:10810".into()),
-            ..ServeArgs::default()
+            ..Overrides::default()
         };
         let err = format!("{:#}", load(None, &args).unwrap_err());
         assert!(err.contains("needs TLS"), "{err}");
@@ -735,8 +757,8 @@ mod tests {
 
     #[test]
     fn printed_config_loads_back_to_the_same() {
-        let (config, text) = load(None, &ServeArgs::default()).unwrap();
-        let again = load_text(&text, &ServeArgs::default()).unwrap();
+        let (config, text) = load(None, &Overrides::default()).unwrap();
+        let again = load_text(&text, &Overrides::default()).unwrap();
         assert_eq!(format!("{config:?}"), format!("{again:?}"));
     }
 }

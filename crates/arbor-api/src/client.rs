@@ -17,8 +17,8 @@ use serde::Serialize;
 use tokio::runtime::Runtime;
 
 use crate::endpoint::{Endpoint, Io};
+use crate::error::ClientError;
 use crate::error_code::ErrorCode;
-use crate::exit::Fail;
 use crate::model::{
     AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, Durability, ErrorBody,
     GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, OriginView, PolicyRequest,
@@ -64,8 +64,8 @@ impl DaemonClient {
         decode(&self.send(Method::POST, path, Some(body))?)
     }
 
-    /// Sends one request; a non-2xx answer becomes a [`Fail`] with the exit
-    /// status its error code calls for and the daemon's message.
+    /// Sends one request; a non-2xx answer becomes a [`ClientError::Api`]
+    /// with its error code and the daemon's message.
     fn send(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Bytes> {
         let stream = self.runtime.block_on(self.endpoint.connect())?;
         let request = self
@@ -87,14 +87,18 @@ impl DaemonClient {
     /// refused credentials.
     fn error_of(&self, status: StatusCode, headers: &HeaderMap, bytes: &[u8]) -> anyhow::Error {
         let error = serde_json::from_slice::<ErrorBody>(bytes).unwrap_or_else(|_| ErrorBody {
-            code: ErrorCode::of_status(status),
+            code: ErrorCode::of_status(status.as_u16()),
             message: format!(
                 "the daemon answered {status}: {}",
                 String::from_utf8_lossy(bytes)
             ),
         });
         let message = self.endpoint.explain(error.code, headers, error.message);
-        Fail::new(error.code.exit(), message).into()
+        ClientError::Api {
+            code: error.code,
+            message,
+        }
+        .into()
     }
 }
 

@@ -9,12 +9,12 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use tracing::info;
 
-use super::api::{ApiError, ApiResult};
+use super::api_error::{ApiError, ApiResult};
 use super::auth::{Auth, Caller};
 use super::monitor::unix_now;
-use crate::error_code::ErrorCode;
-use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::tokens::TokenError;
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{CreatedTokenView, TokenRequest, TokenView};
 
 impl From<TokenError> for ApiError {
     fn from(err: TokenError) -> Self {

@@ -14,9 +14,9 @@ use arbor_engine::{CreateOptions, GrowOptions, OpenOptions, Pool};
 use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
 use arbor_io::{CacheMode, FileDevice};
 
-use crate::exit::{Exit, Fail};
-use crate::model::{GrowView, UpgradeView};
-use crate::size::ByteSize;
+use crate::error::DaemonError;
+use arbor_api::model::{GrowView, UpgradeView};
+use arbor_api::size::ByteSize;
 
 /// How a process reaches its pool's file or device (`io` in the daemon's
 /// configuration). docs/PERFORMANCE.md § 10 has the measurements behind
@@ -84,14 +84,11 @@ impl PoolLock {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         match file.try_lock() {
             Ok(()) => Ok(Self { _file: file }),
-            Err(TryLockError::WouldBlock) => Err(Fail::new(
-                Exit::PoolInUse,
-                format!(
-                    "pool {} is in use by another arbor process (a running daemon?); \
+            Err(TryLockError::WouldBlock) => Err(DaemonError::PoolInUse(format!(
+                "pool {} is in use by another arbor process (a running daemon?); \
                      manage it through that daemon, or stop it first",
-                    path.display()
-                ),
-            )
+                path.display()
+            ))
             .into()),
             Err(TryLockError::Error(e)) => {
                 Err(e).with_context(|| format!("cannot lock {}", path.display()))
@@ -214,7 +211,7 @@ pub fn grow(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<GrowView>
     if let Some(reason) = growth_refusal(pool, path, options)? {
         return Err(arbor_engine::Error::InvalidArgument(reason).into());
     }
-    Ok(pool.grow(options)?.into())
+    Ok(crate::views::grow_view(pool.grow(options)?))
 }
 
 /// Why a growth cannot happen, for refusals the engine makes too but in

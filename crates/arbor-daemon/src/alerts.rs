@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tracing::{info, warn};
 
-use crate::model::{AlertKind, AlertView, ReplicaPairView, Severity};
 use crate::space::SpaceWatch;
+use arbor_api::model::{AlertKind, AlertView, ReplicaPairView, Severity};
 
 /// Replication lag thresholds, in pair intervals, and their floors: a pair
 /// a few cycles behind warns, ten behind is critical.

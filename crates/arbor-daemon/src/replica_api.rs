@@ -5,13 +5,17 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::api::{ApiError, ApiResult};
-use super::control::PoolControl;
+use super::api_error::{ApiError, ApiResult};
+use std::sync::Arc;
+
+use arbor_engine::Pool;
+
 use super::replication::{CycleFailure, ErrorKind};
-use crate::error_code::ErrorCode;
+use crate::replication::Replication;
+use arbor_api::error_code::ErrorCode;
 use serde::Deserialize;
 
-use crate::model::{
+use arbor_api::model::{
     DemoteView, ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
 };
 use arbor_replica::state::{Pair, StateError};
@@ -43,17 +47,17 @@ fn cycle_error(f: CycleFailure) -> ApiError {
 }
 
 /// `GET /v1/replicas`.
-pub async fn list(State(c): State<PoolControl>) -> Json<ReplicasView> {
-    Json(c.replication.view())
+pub async fn list(State(replication): State<Arc<Replication>>) -> Json<ReplicasView> {
+    Json(replication.view())
 }
 
 /// `POST /v1/replicas`: adds a pair; its first cycle starts at once.
 pub async fn add(
-    State(c): State<PoolControl>,
+    State(pool): State<Arc<Pool>>,
+    State(replication): State<Arc<Replication>>,
     Json(req): Json<ReplicaAddRequest>,
 ) -> ApiResult<(StatusCode, Json<ReplicasView>)> {
-    c.pool
-        .lookup(&req.volume)
+    pool.lookup(&req.volume)
         .map_err(|e| ApiError::from(anyhow::Error::new(e)))?;
     let remote = req
         .remote_volume
@@ -99,18 +103,18 @@ pub async fn add(
         seeded: req.seeded,
         resync: false,
     };
-    c.replication.add(pair).map_err(state_error)?;
-    Ok((StatusCode::CREATED, Json(c.replication.view())))
+    replication.add(pair).map_err(state_error)?;
+    Ok((StatusCode::CREATED, Json(replication.view())))
 }
 
 /// `DELETE /v1/replicas/{volume}`: removes the volume's pairs (to one
 /// target), releasing their holds.
 pub async fn remove(
-    State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
     Query(q): Query<ReplicaQuery>,
 ) -> ApiResult<StatusCode> {
-    c.replication
+    replication
         .remove(&volume, q.target.as_deref())
         .await
         .map_err(state_error)?;
@@ -118,11 +122,11 @@ pub async fn remove(
 }
 
 async fn run_pairs(
-    c: &PoolControl,
+    replication: &Replication,
     volume: &str,
     target: Option<&str>,
 ) -> ApiResult<Json<Vec<ReplicaRunView>>> {
-    let results = c.replication.run_now(volume, target).await;
+    let results = replication.run_now(volume, target).await;
     if results.is_empty() {
         return Err(ApiError::new(
             ErrorCode::NotFound,
@@ -138,17 +142,17 @@ async fn run_pairs(
 
 /// `POST /v1/replicas/{volume}/run`: a cycle now, answered when it ends.
 pub async fn run(
-    State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
     Query(q): Query<ReplicaQuery>,
 ) -> ApiResult<Json<Vec<ReplicaRunView>>> {
-    run_pairs(&c, &volume, q.target.as_deref()).await
+    run_pairs(&replication, &volume, q.target.as_deref()).await
 }
 
 /// `POST /v1/replicas/{volume}/resync?force=true`: the next cycle rolls a
 /// diverged target back to the newest common snapshot; runs it now.
 pub async fn resync(
-    State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
     Query(q): Query<ReplicaQuery>,
 ) -> ApiResult<Json<Vec<ReplicaRunView>>> {
@@ -161,21 +165,21 @@ pub async fn resync(
             ),
         ));
     }
-    c.replication
+    replication
         .store
         .edit_pairs(&volume, q.target.as_deref(), |p| p.resync = true)
         .map_err(state_error)?;
-    run_pairs(&c, &volume, q.target.as_deref()).await
+    run_pairs(&replication, &volume, q.target.as_deref()).await
 }
 
 /// `POST /v1/replicas/{volume}/promote`: the replica becomes the writable
 /// master.
 pub async fn promote(
-    State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
 ) -> ApiResult<Json<ReplicaRoleView>> {
     let role =
-        c.replication
+        replication
             .promote(&volume)
             .await
             .map_err(|e| match e.downcast::<StateError>() {
@@ -192,12 +196,11 @@ pub async fn promote(
 /// `POST /v1/replicas/{volume}/demote`: the volume becomes a read-only
 /// replica waiting for a source.
 pub async fn demote(
-    State(c): State<PoolControl>,
+    State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
     Query(q): Query<DemoteQuery>,
 ) -> ApiResult<Json<DemoteView>> {
-    let view = c
-        .replication
+    let view = replication
         .demote(&volume, q.dry_run)
         .map_err(ApiError::from)?;
     Ok(Json(view))

@@ -22,17 +22,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::UNIX_EPOCH;
 
 use anyhow::{Context, Result};
-use arbor_engine::{DeviceIdentity, Error, OriginInfo, VolumeId, VolumeLayout};
+use arbor_engine::{DeviceIdentity, Error, OriginInfo, Pool, VolumeId, VolumeLayout};
 use arbor_io::FileDevice;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::control::PoolControl;
 use super::devices::{self, major_minor, Below, Sysfs};
-use crate::exit::{Exit, Fail};
-use crate::model::{DeviceView, LossView, OriginView};
+use crate::error::DaemonError;
+use crate::in_use::{readers_through, InUse};
+use crate::metrics::Metrics;
 use crate::pool_file::IoMode;
-use crate::size::ByteSize;
+use arbor_api::model::{DeviceView, LossView, OriginView};
+use arbor_api::size::ByteSize;
 
 /// The pool property of an origin volume that says where its device is.
 pub const RECORD_KEY: &str = "origin";
@@ -152,14 +153,14 @@ struct Handle {
 
 /// The origins' devices this daemon holds, by volume.
 #[derive(Default)]
-pub struct Origins {
+struct Devices {
     handles: Mutex<HashMap<VolumeId, Handle>>,
     /// Attaches and detaches run one at a time, so the checks each makes
     /// (attached already? this device elsewhere?) still hold when it acts.
     changing: Mutex<()>,
 }
 
-impl Origins {
+impl Devices {
     fn handles(&self) -> MutexGuard<'_, HashMap<VolumeId, Handle>> {
         // Plain inserts and removals: a panic elsewhere leaves it whole.
         self.handles.lock().unwrap_or_else(|p| p.into_inner())
@@ -210,13 +211,10 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
         } else {
             "neither a file nor a device"
         };
-        Err(Fail::new(
-            Exit::Usage,
-            format!(
-                "{} is {what}: an origin is a raw disk image file or a block device",
-                path.display()
-            ),
-        )
+        Err(DaemonError::Invalid(format!(
+            "{} is {what}: an origin is a raw disk image file or a block device",
+            path.display()
+        ))
         .into())
     }
 }
@@ -225,39 +223,31 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
 /// `pool` (the daemon's own pool).
 fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
     if !path.is_absolute() {
-        return Err(Fail::new(
-            Exit::Usage,
-            format!(
-                "{} is not an absolute path: the daemon does not share your working \
+        return Err(DaemonError::Invalid(format!(
+            "{} is not an absolute path: the daemon does not share your working \
                  directory (the CLI makes paths absolute)",
-                path.display()
-            ),
-        )
+            path.display()
+        ))
         .into());
     }
     // What it is before opening it: opening a directory read-write fails
     // with a less helpful error, and a FIFO or character device is no disk.
     let before = std::fs::metadata(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Fail::new(
-            Exit::NotFound,
-            format!("no such file or device: {}", path.display()),
-        )
-        .into(),
+        std::io::ErrorKind::NotFound => {
+            DaemonError::NotFound(format!("no such file or device: {}", path.display())).into()
+        }
         _ => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
     })?;
     identity_of(path, &before)?;
     let file = if before.file_type().is_block_device() {
         refuse_held(path, before.rdev())?;
         arbor_io::blockdev::open_exclusive(path).map_err(|e| match e.raw_os_error() {
-            Some(EBUSY) => Fail::new(
-                Exit::Busy,
-                format!(
-                    "{} is in use: another program holds it open exclusively (a \
+            Some(EBUSY) => DaemonError::Busy(format!(
+                "{} is in use: another program holds it open exclusively (a \
                      filesystem, device-mapper, md, or another arbor daemon's pool or \
                      origin); an origin's device must be arbor's alone",
-                    path.display()
-                ),
-            )
+                path.display()
+            ))
             .into(),
             _ => anyhow::Error::new(e).context(format!(
                 "cannot open {} for reading and writing",
@@ -278,13 +268,10 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
     let identity = identity_of(path, &metadata)?;
     if let Ok(pool_metadata) = std::fs::metadata(pool) {
         if identity_of(pool, &pool_metadata).ok() == Some(identity) {
-            return Err(Fail::new(
-                Exit::Usage,
-                format!(
-                    "{} is this daemon's pool: an origin must be another file or device",
-                    path.display()
-                ),
-            )
+            return Err(DaemonError::Invalid(format!(
+                "{} is this daemon's pool: an origin must be another file or device",
+                path.display()
+            ))
             .into());
         }
     }
@@ -308,28 +295,22 @@ fn refuse_held(path: &Path, rdev: u64) -> Result<()> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mounted = devices::mounted_at(&mountinfo, &of);
     if !mounted.is_empty() {
-        return Err(Fail::new(
-            Exit::Busy,
-            format!(
-                "{} is mounted (at {}): unmount it first; an origin's device must be \
+        return Err(DaemonError::Busy(format!(
+            "{} is mounted (at {}): unmount it first; an origin's device must be \
                  arbor's alone",
-                path.display(),
-                mounted.join(", ")
-            ),
-        )
+            path.display(),
+            mounted.join(", ")
+        ))
         .into());
     }
     let holders = sysfs.holders(rdev);
     if !holders.is_empty() {
-        return Err(Fail::new(
-            Exit::Busy,
-            format!(
-                "{} is held by {} (devices stacked on it: device-mapper, md, bcache...): \
+        return Err(DaemonError::Busy(format!(
+            "{} is held by {} (devices stacked on it: device-mapper, md, bcache...): \
                  remove those first; an origin's device must be arbor's alone",
-                path.display(),
-                holders.join(", ")
-            ),
-        )
+            path.display(),
+            holders.join(", ")
+        ))
         .into());
     }
     Ok(())
@@ -354,13 +335,10 @@ impl Opened {
         match self.file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
-                return Err(Fail::new(
-                    Exit::Busy,
-                    format!(
-                        "{path} is in use by another process (another arbor daemon's pool or \
+                return Err(DaemonError::Busy(format!(
+                    "{path} is in use by another process (another arbor daemon's pool or \
                          origin?): one daemon at a time may write it"
-                    ),
-                )
+                ))
                 .into())
             }
             Err(TryLockError::Error(e)) => {
@@ -373,20 +351,57 @@ impl Opened {
     }
 }
 
-impl PoolControl {
+/// Origins (`arbor origin`) as a service of the daemon: what attach,
+/// detach and the listing need; cheap to clone.
+#[derive(Clone)]
+pub struct Origins {
+    pool: Arc<Pool>,
+    /// The pool's own file or device, which no origin may be.
+    pool_path: PathBuf,
+    /// The `io` setting, which origins' devices follow too.
+    io: IoMode,
+    /// The devices of origins this daemon opened.
+    devices: Arc<Devices>,
+    in_use: InUse,
+    metrics: Arc<Metrics>,
+}
+
+impl Origins {
+    pub fn new(
+        pool: Arc<Pool>,
+        pool_path: PathBuf,
+        io: IoMode,
+        in_use: InUse,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            pool,
+            pool_path,
+            io,
+            devices: Arc::default(),
+            in_use,
+            metrics,
+        }
+    }
+
+    /// The pool: what name suggestions look in.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// `POST /v1/origins`: makes the file or block device at `path` the
     /// origin `name`, its data left in place; or attaches the device of
     /// origin `name` again (after a start that could not open it): then it
     /// must be the same file or device, of the same size or larger (the
     /// volume keeps its recorded size until `volume resize`).
     pub fn attach_origin(&self, name: &str, path: &str, accept_damage: bool) -> Result<OriginView> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let known = self.pool.origins()?;
-        self.origins.forget_gone(&known);
+        self.devices.forget_gone(&known);
         let existing = known.iter().find(|o| o.name == name);
         if let Some(o) = existing.filter(|o| o.attached) {
             let from = self
-                .origins
+                .devices
                 .handles()
                 .get(&o.id)
                 .map(|h| format!(" from {}", h.path))
@@ -404,7 +419,7 @@ impl PoolControl {
                 self.refuse_alias(name, path, identity, &known)?;
             }
         }
-        let opened = open_device(Path::new(path), &self.path)?;
+        let opened = open_device(Path::new(path), &self.pool_path)?;
         // Again for what was opened (the path may name another file now),
         // before the lock, which this daemon's own handle would refuse as
         // "in use".
@@ -427,7 +442,7 @@ impl PoolControl {
             .pool
             .attach_origin_with(name, Arc::new(device), opened.identity, accept_damage)
             .map_err(|e| explain_attach(e, name, path))?;
-        self.origins.handles().insert(
+        self.devices.handles().insert(
             id,
             Handle {
                 path: path.to_owned(),
@@ -477,7 +492,7 @@ impl PoolControl {
                 .into());
             }
             if let Some(how) = how {
-                let from = match self.origins.handles().get(&other.id) {
+                let from = match self.devices.handles().get(&other.id) {
                     Some(h) => Some(h.path.clone()),
                     None => self.recorded(other.id).ok().flatten().map(|r| r.path),
                 };
@@ -490,16 +505,13 @@ impl PoolControl {
                 .into());
             }
         }
-        if let Ok(pool) = std::fs::metadata(&self.path) {
-            if let Ok(pool_id) = identity_of(&self.path, &pool) {
+        if let Ok(pool) = std::fs::metadata(&self.pool_path) {
+            if let Ok(pool_id) = identity_of(&self.pool_path, &pool) {
                 if let Some(how) = devices::overlap(identity, &mine, pool_id, &below(pool_id)) {
-                    return Err(Fail::new(
-                        Exit::Usage,
-                        format!(
-                            "{path} is this daemon's pool ({how}): an origin must be another \
+                    return Err(DaemonError::Invalid(format!(
+                        "{path} is this daemon's pool ({how}): an origin must be another \
                              file or device"
-                        ),
-                    )
+                    ))
                     .into());
                 }
             }
@@ -528,7 +540,7 @@ impl PoolControl {
     /// snapshots or clones read through it, and (unless `force`) while NBD
     /// clients have it open.
     pub fn detach_origin(&self, name: &str, force: bool) -> Result<()> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let id = self.origin_id(name)?;
         let readers = self.readers_of(id)?;
         if !readers.is_empty() {
@@ -542,9 +554,9 @@ impl PoolControl {
             ))
             .into());
         }
-        self.refuse_busy(name, id, force)?;
+        self.in_use.refuse(name, id, force)?;
         self.pool.detach_origin(name)?;
-        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        let path = self.devices.handles().remove(&id).map(|h| h.path);
         self.metrics.forget_volume(name);
         info!(volume = %name, path = ?path, "detached an origin");
         Ok(())
@@ -556,7 +568,7 @@ impl PoolControl {
     /// stays in the pool (its home there now), served on, with its
     /// snapshots and clones; its recorded path is dropped.
     pub fn copy_origin_to_pool(&self, name: &str) -> Result<()> {
-        let _one = self.origins.changing();
+        let _one = self.devices.changing();
         let id = self.origin_id(name)?;
         let size = self.pool.info(id)?.size;
         self.pool.copy_origin_to_pool(name).map_err(|e| match e {
@@ -567,7 +579,7 @@ impl PoolControl {
             )),
             other => other.into(),
         })?;
-        let path = self.origins.handles().remove(&id).map(|h| h.path);
+        let path = self.devices.handles().remove(&id).map(|h| h.path);
         // Only origins are attached from a recorded path: one left behind
         // (the property's removal failed) is never read again.
         if let Err(e) = self.pool.remove_property(Some(id), RECORD_KEY) {
@@ -581,13 +593,10 @@ impl PoolControl {
     fn origin_id(&self, name: &str) -> Result<VolumeId> {
         let id = self.pool.lookup(name)?;
         if !self.pool.origins()?.iter().any(|o| o.id == id) {
-            return Err(Fail::new(
-                Exit::Usage,
-                format!(
-                    "{name} is not an origin (a volume made by arbor origin attach); \
+            return Err(DaemonError::Invalid(format!(
+                "{name} is not an origin (a volume made by arbor origin attach); \
                      destroy it with arbor destroy {name}"
-                ),
-            )
+            ))
             .into());
         }
         Ok(id)
@@ -596,7 +605,7 @@ impl PoolControl {
     /// `GET /v1/origins`.
     pub fn origins(&self) -> Result<Vec<OriginView>> {
         let known = self.pool.origins()?;
-        self.origins.forget_gone(&known);
+        self.devices.forget_gone(&known);
         let all = self.pool.list()?;
         known
             .into_iter()
@@ -615,7 +624,7 @@ impl PoolControl {
     }
 
     fn origin_view(&self, o: OriginInfo, all: &[arbor_engine::VolumeInfo]) -> Result<OriginView> {
-        let readers = super::control::readers_through(all, o.id);
+        let readers = readers_through(all, o.id);
         let store_bytes = all
             .iter()
             .find(|v| v.id == o.id)
@@ -624,7 +633,7 @@ impl PoolControl {
                 _ => 0,
             });
         // The path it is open from, else the one recorded for the next start.
-        let path = match self.origins.handles().get(&o.id) {
+        let path = match self.devices.handles().get(&o.id) {
             Some(h) => Some(h.path.clone()),
             None => self.recorded(o.id)?.map(|r| r.path),
         };
@@ -662,7 +671,7 @@ impl PoolControl {
     /// The names of the volumes and snapshots that read through origin `id`.
     fn readers_of(&self, id: VolumeId) -> Result<Vec<String>> {
         let all = self.pool.list()?;
-        Ok(super::control::readers_through(&all, id)
+        Ok(readers_through(&all, id)
             .into_iter()
             .map(|v| v.name.clone())
             .collect())

@@ -13,63 +13,46 @@ use anyhow::Result;
 use arbor_engine::{Pool, VolumeId, VolumeInfo, VolumeLayout};
 use tracing::info;
 
-use crate::exit::{Exit, Fail};
+use crate::destroy::Destroyer;
+use crate::error::DaemonError;
+use crate::in_use::{readers_through, InUse};
 use crate::metrics::Metrics;
-use crate::model::{
+use crate::monitor::{unix_now, Monitor};
+use crate::pool_file::{self, OpenPool};
+use crate::replication::Replication;
+use crate::space::SpaceWatch;
+use crate::views;
+use arbor_api::model::{
     BlockMetadata, BlockerReason, CheckView, CreateLayout, DestroyBlocker, Durability, GrowRequest,
     GrowView, HomeView, LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume,
     PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
-use crate::nbd_export::OpenExports;
-use crate::pool_file;
-use crate::space::SpaceWatch;
 
 /// Nodes processed per reclaim call when reclaiming to completion: each call
 /// commits, so this bounds how long one commit holds up I/O.
 const RECLAIM_BATCH: usize = 1024;
 
-/// How long a destroy, detach or receive waits for NBD connections to its
-/// volume that are closing: a client that disconnected and exited may not
-/// have been read to its end yet (`OpenExports::settled`). Only a refusal
-/// pays it.
-pub(super) const CLOSING_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The volumes and snapshots in `all` that read through copy-on-write
-/// volume `id` (an origin, or `--layout cow`): while any is left, it
-/// cannot be destroyed or detached, forced or not.
-pub(super) fn readers_through(all: &[VolumeInfo], id: VolumeId) -> Vec<&VolumeInfo> {
-    all.iter()
-        .filter(|v| matches!(v.layout, VolumeLayout::ReadsThrough { origin, .. } if origin == id))
-        .collect()
-}
-
-/// The daemon's pool and what it knows about it; cheap to clone.
+/// The daemon's pool and what it knows about it; cheap to clone. The
+/// other services get their own handles: this is the volume API's.
 #[derive(Clone)]
 pub struct PoolControl {
-    pub pool: Arc<Pool>,
-    pub path: PathBuf,
-    pub open: Arc<OpenExports>,
-    pub metrics: Arc<Metrics>,
-    pub space: SpaceWatch,
-    /// Volumes a receive is running into: one at a time each.
-    pub receiving: Arc<arbor_stream::busy::Claims>,
-    /// Snapshots a send is reading: destroying one needs force.
-    pub sending: Arc<arbor_stream::busy::Pins>,
-    pub replication: Arc<super::replication::Replication>,
-    pub monitor: Arc<super::monitor::Monitor>,
-    /// The devices of origins (`arbor origin attach`) this daemon opened.
-    pub origins: Arc<super::origins::Origins>,
+    pool: Arc<Pool>,
+    path: PathBuf,
     /// How the pool's device is reached.
-    pub cache_mode: arbor_io::CacheMode,
-    /// The `io` setting, which origins' devices follow too.
-    pub io: crate::pool_file::IoMode,
+    cache_mode: arbor_io::CacheMode,
+    in_use: InUse,
+    destroyer: Destroyer,
+    metrics: Arc<Metrics>,
+    space: SpaceWatch,
+    replication: Arc<Replication>,
+    monitor: Arc<Monitor>,
 }
 
 /// The page size a metadata query asks for.
 fn page_size(q: &MetadataQuery) -> Result<usize> {
     match q.max_results.unwrap_or(256) {
         n @ 1..=10_000 => Ok(n as usize),
-        n => Err(Fail::new(Exit::Usage, format!("max_results {n} is not 1 to 10000")).into()),
+        n => Err(DaemonError::Invalid(format!("max_results {n} is not 1 to 10000")).into()),
     }
 }
 
@@ -108,6 +91,42 @@ fn layout_view(layout: VolumeLayout, origin: Option<String>, attached: bool) -> 
 }
 
 impl PoolControl {
+    pub fn new(
+        open: &OpenPool,
+        in_use: InUse,
+        destroyer: Destroyer,
+        metrics: Arc<Metrics>,
+        space: SpaceWatch,
+        replication: Arc<Replication>,
+        monitor: Arc<Monitor>,
+    ) -> Self {
+        Self {
+            pool: Arc::clone(&open.pool),
+            path: open.path.clone(),
+            cache_mode: open.cache_mode,
+            in_use,
+            destroyer,
+            metrics,
+            space,
+            replication,
+            monitor,
+        }
+    }
+
+    /// The pool: what name suggestions look in.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The metrics in OpenMetrics text, refreshed from the pool,
+    /// replication and the monitor's alerts.
+    pub fn metrics_text(&self) -> Result<String> {
+        self.metrics.set_replication(&self.replication.view().pairs);
+        self.metrics.set_alerts(&self.monitor.alerts());
+        self.metrics
+            .render(&self.pool, &|id| self.in_use.connections(id), &self.space)
+    }
+
     fn view(&self, info: VolumeInfo) -> Result<VolumeView> {
         let parent = match info.parent {
             Some(id) => self.name_of(id)?,
@@ -145,7 +164,7 @@ impl PoolControl {
     fn to_view(&self, info: VolumeInfo, parent: Option<String>, layout: LayoutView) -> VolumeView {
         VolumeView {
             layout,
-            nbd_connections: self.open.count(info.id) as u64,
+            nbd_connections: self.in_use.connections(info.id) as u64,
             name: info.name,
             id: info.id.0,
             kind: if info.snapshot {
@@ -166,18 +185,6 @@ impl PoolControl {
             },
             guid: info.guid.as_ref().map(arbor_engine::guid_hex),
         }
-    }
-
-    /// The existing name closest to `name`, if one is close enough to be
-    /// a likely typo.
-    pub fn nearest_name(&self, name: &str) -> Option<String> {
-        let names = self.pool.list().ok()?.into_iter().map(|v| v.name);
-        let limit = (name.chars().count() / 3).max(2);
-        names
-            .map(|candidate| (strsim::levenshtein(name, &candidate), candidate))
-            .filter(|(distance, _)| *distance <= limit)
-            .min()
-            .map(|(_, candidate)| candidate)
     }
 
     pub fn pool_info(&self) -> Result<PoolView> {
@@ -205,10 +212,10 @@ impl PoolControl {
     /// Everything the dashboard shows: the pool, every volume and snapshot
     /// with its space, policies, replication and alerts.
     pub fn overview(&self) -> Result<OverviewView> {
-        let now = crate::daemon::monitor::unix_now();
-        let policies = self.monitor.views(self, None, now)?;
+        let now = unix_now();
+        let policies = self.monitor.views(None, now)?;
         // Each volume's policy, from the policies' own member lists.
-        let policy_of: HashMap<&str, &crate::model::PolicyView> = policies
+        let policy_of: HashMap<&str, &arbor_api::model::PolicyView> = policies
             .iter()
             .flat_map(|p| p.volumes.iter().map(move |v| (v.as_str(), p)))
             .collect();
@@ -259,7 +266,7 @@ impl PoolControl {
     /// What destroying `info` (held by `holds`; `all`: the pool's listing)
     /// would be refused for now, and whether force overrides each: the
     /// checks [`PoolControl::destroy`] makes (readers through a
-    /// copy-on-write volume, [`PoolControl::refuse_busy`], holds).
+    /// copy-on-write volume, [`InUse::refuse`], holds).
     pub fn destroy_blockers(
         &self,
         info: &VolumeInfo,
@@ -297,12 +304,12 @@ impl PoolControl {
         let busy = [
             (
                 BlockerReason::Open,
-                self.open.count(info.id),
+                self.in_use.connections(info.id),
                 "open NBD connection(s): forcing fails their I/O",
             ),
             (
                 BlockerReason::Sending,
-                self.sending.count(info.id),
+                self.in_use.sends(info.id),
                 "send(s) reading it: forcing fails them",
             ),
         ];
@@ -367,7 +374,9 @@ impl PoolControl {
     }
 
     pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {
-        let id = self.pool.snapshot_with(name, durability.into())?;
+        let id = self
+            .pool
+            .snapshot_with(name, views::durability(durability))?;
         self.view(self.pool.info(id)?)
     }
 
@@ -377,7 +386,9 @@ impl PoolControl {
         names: &[String],
         durability: Durability,
     ) -> Result<Vec<VolumeView>> {
-        let ids = self.pool.snapshot_group_with(names, durability.into())?;
+        let ids = self
+            .pool
+            .snapshot_group_with(names, views::durability(durability))?;
         ids.into_iter()
             .map(|id| self.view(self.pool.info(id)?))
             .collect()
@@ -391,7 +402,7 @@ impl PoolControl {
     ) -> Result<VolumeView> {
         let id = self
             .pool
-            .clone_snapshot_with(snapshot, name, durability.into())?;
+            .clone_snapshot_with(snapshot, name, views::durability(durability))?;
         self.view(self.pool.info(id)?)
     }
 
@@ -409,55 +420,9 @@ impl PoolControl {
             .collect())
     }
 
-    /// Destroys a volume or snapshot. Refused while NBD clients have it
-    /// open unless `force` (their requests then fail with ESHUTDOWN). A
-    /// client connecting between the check and the destroy is treated as
-    /// if it had connected after: its requests fail the same way.
+    /// Destroys a volume or snapshot ([`Destroyer::destroy`]).
     pub fn destroy(&self, name: &str, force: bool) -> Result<()> {
-        let id = self.pool.lookup(name)?;
-        if let VolumeLayout::CowExternal { .. } = self.pool.info(id)?.layout {
-            // Its data is its device's: destroying it is detaching it.
-            return self.detach_origin(name, force);
-        }
-        self.refuse_busy(name, id, force)?;
-        self.pool.delete_forced(name, force)?;
-        self.metrics.forget_volume(name);
-        Ok(())
-    }
-
-    /// Refuses, unless `force`, to take volume `name` (`id`) away from NBD
-    /// clients that have it open or a send that reads it.
-    pub(super) fn refuse_busy(&self, name: &str, id: VolumeId, force: bool) -> Result<()> {
-        let connections = if force {
-            0
-        } else {
-            self.open.settled(id, CLOSING_GRACE)
-        };
-        if connections > 0 {
-            let plural = if connections == 1 { "" } else { "s" };
-            return Err(Fail::new(
-                Exit::Busy,
-                format!(
-                    "{name} is open by {connections} NBD connection{plural}; disconnect \
-                     {} first, or destroy it anyway with --force (their I/O will fail)",
-                    if connections == 1 { "it" } else { "them" }
-                ),
-            )
-            .into());
-        }
-        let sends = self.sending.count(id);
-        if sends > 0 && !force {
-            return Err(Fail::new(
-                Exit::Busy,
-                format!(
-                    "{name} is being sent ({sends} send{}); wait for it, or destroy it anyway \
-                     with --force (the send then fails)",
-                    if sends == 1 { "" } else { "s" }
-                ),
-            )
-            .into());
-        }
-        Ok(())
+        self.destroyer.destroy(name, force)
     }
 
     /// Holds snapshot `name` with `tag`.
@@ -469,7 +434,7 @@ impl PoolControl {
     /// Releases hold `tag` on snapshot `name`.
     pub fn release(&self, name: &str, tag: &str) -> Result<VolumeView> {
         if !self.pool.release(name, tag)? {
-            return Err(Fail::new(Exit::NotFound, format!("{name} has no hold {tag:?}")).into());
+            return Err(DaemonError::NotFound(format!("{name} has no hold {tag:?}")).into());
         }
         self.view_by_name(name)
     }
@@ -568,10 +533,7 @@ impl PoolControl {
     pub fn changed(&self, name: &str, q: &MetadataQuery) -> Result<MetadataPage> {
         let max = page_size(q)?;
         let base = q.base.as_deref().ok_or_else(|| {
-            Fail::new(
-                Exit::Usage,
-                "give base=VOLUME@SNAP, the snapshot to compare with".to_owned(),
-            )
+            DaemonError::Invalid("give base=VOLUME@SNAP, the snapshot to compare with".to_owned())
         })?;
         /// The volume range one diff walk covers.
         const WINDOW: u64 = 1 << 30;
@@ -609,7 +571,7 @@ impl PoolControl {
     }
 
     pub fn check(&self) -> Result<CheckView> {
-        Ok(CheckView::from(self.pool.check()?))
+        Ok(views::check_view(self.pool.check()?))
     }
 
     pub fn reclaim(&self) -> Result<ReclaimView> {
@@ -630,7 +592,7 @@ impl PoolControl {
     /// Grows the pool while it serves. Nothing here keeps the pool's size:
     /// status, metrics and space warnings read it from the pool each time.
     pub fn grow(&self, request: &GrowRequest) -> Result<GrowView> {
-        let grown = pool_file::grow(&self.pool, &self.path, &request.options())?;
+        let grown = pool_file::grow(&self.pool, &self.path, &views::grow_options(request))?;
         info!(
             from = grown.old_pool_bytes,
             to = grown.new_pool_bytes,

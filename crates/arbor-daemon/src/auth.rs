@@ -14,11 +14,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::{info, warn};
 
-use super::api::ApiError;
+use super::api_error::ApiError;
 use crate::config::ApiConfig;
-use crate::error_code::ErrorCode;
-use crate::model::{CallerView, Scope};
 use crate::tokens::{Rejected, TokenStore};
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{CallerView, Scope};
 
 /// How a request reached the daemon, set by the listener that accepted
 /// it. A request without one is treated as an anonymous TCP client.

@@ -6,22 +6,9 @@
 //! accepting, lets in-flight requests finish, stops housekeeping, and closes
 //! the pool with a final commit.
 
-mod api;
-mod auth;
-mod background;
-pub mod control;
-mod devices;
-mod listen;
-pub mod monitor;
-mod monitor_api;
-mod origins;
-mod replica_api;
-pub mod replication;
-mod stream;
-mod token_api;
-
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use arbor_engine::{CreateOptions, OpenOptions};
@@ -31,12 +18,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::config::ServeConfig;
+use crate::control::PoolControl;
+use crate::destroy::Destroyer;
+use crate::in_use::InUse;
+use crate::listen::{ApiListeners, NbdListeners};
 use crate::metrics::Metrics;
+use crate::monitor::Monitor;
 use crate::nbd_export::{OpenExports, PoolExports};
+use crate::origins::Origins;
 use crate::pool_file::OpenPool;
 use crate::space::SpaceWatch;
-use control::PoolControl;
-use listen::{ApiListeners, NbdListeners};
+use crate::stream::Streams;
+use crate::{api, auth, background, replication};
 
 pub fn serve(config: ServeConfig) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread()
@@ -105,8 +98,8 @@ async fn run(config: ServeConfig) -> Result<()> {
     let auth = auth::Auth::open(&config.data_dir, &config.api)?;
 
     let stop = CancellationToken::new();
-    let sending = std::sync::Arc::new(arbor_stream::busy::Pins::default());
-    let receiving = std::sync::Arc::new(arbor_stream::busy::Claims::default());
+    let sending = Arc::new(arbor_stream::busy::Pins::default());
+    let receiving = Arc::new(arbor_stream::busy::Claims::default());
     let replication = replication::Replication::new(
         open.pool.clone(),
         &config.data_dir,
@@ -120,23 +113,41 @@ async fn run(config: ServeConfig) -> Result<()> {
     let observer = metrics.clone();
     open.pool
         .observe_commits(Box::new(move |took| observer.observe_commit(took)));
-    let control = PoolControl {
-        pool: open.pool.clone(),
-        path: open.path.clone(),
-        cache_mode: open.cache_mode,
-        io: config.io,
-        open: std::sync::Arc::new(OpenExports::default()),
-        metrics: metrics.clone(),
-        space: SpaceWatch::new(config.space_warning_percent.clone()),
-        receiving,
-        sending,
-        replication: replication.clone(),
-        monitor: std::sync::Arc::new(monitor::Monitor::default()),
-        origins: std::sync::Arc::default(),
-    };
+    let open_exports = Arc::new(OpenExports::default());
+    let in_use = InUse::new(Arc::clone(&open_exports), sending);
+    let space = SpaceWatch::new(config.space_warning_percent.clone());
+    let origins = Origins::new(
+        Arc::clone(&open.pool),
+        open.path.clone(),
+        config.io,
+        in_use.clone(),
+        Arc::clone(&metrics),
+    );
+    let destroyer = Destroyer::new(
+        Arc::clone(&open.pool),
+        in_use.clone(),
+        origins.clone(),
+        Arc::clone(&metrics),
+    );
+    let monitor = Arc::new(Monitor::new(
+        Arc::clone(&open.pool),
+        Arc::clone(&replication),
+        space.clone(),
+        in_use.clone(),
+        destroyer.clone(),
+    ));
+    let control = PoolControl::new(
+        &open,
+        in_use.clone(),
+        destroyer,
+        Arc::clone(&metrics),
+        space.clone(),
+        Arc::clone(&replication),
+        Arc::clone(&monitor),
+    );
     // Before anything is served: origins' devices from their recorded
     // paths (one that cannot be opened is logged and stays unattached).
-    let reattach = control.clone();
+    let reattach = origins.clone();
     tokio::task::spawn_blocking(move || reattach.attach_recorded_origins())
         .await
         .context("attaching origins failed")??;
@@ -145,7 +156,7 @@ async fn run(config: ServeConfig) -> Result<()> {
     println!("{}", connection_hints(&config, &control)?);
     let exports = PoolExports::new(
         open.pool.clone(),
-        control.open.clone(),
+        open_exports,
         metrics.clone(),
         replication.store.clone(),
         open.cache_mode,
@@ -165,20 +176,35 @@ async fn run(config: ServeConfig) -> Result<()> {
     ));
     tasks.spawn(background::watch_origins(open.pool.clone(), stop.clone()));
     tasks.spawn(background::watch_space(
-        control.clone(),
+        Arc::clone(&open.pool),
+        space,
         config.commit_interval,
         stop.clone(),
     ));
     if config.reclaim_rate > 0 {
         tasks.spawn(background::reclaim_paced(
-            control.clone(),
+            Arc::clone(&open.pool),
+            Arc::clone(&metrics),
             config.reclaim_rate,
             stop.clone(),
         ));
     }
-    tasks.spawn(monitor::Monitor::run(control.clone(), stop.clone()));
+    tasks.spawn(Arc::clone(&monitor).run(stop.clone()));
     let names = api.tls_names();
-    tasks.spawn(api.serve(api::router(control, auth, names), stop.clone()));
+    let services = api::Services {
+        control,
+        origins,
+        monitor,
+        replication: Arc::clone(&replication),
+        streams: Streams::new(
+            Arc::clone(&open.pool),
+            in_use,
+            receiving,
+            Arc::clone(&replication),
+        ),
+        pool: Arc::clone(&open.pool),
+    };
+    tasks.spawn(api.serve(api::router(services, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {
         info!(listen = ?listener.local_addr().ok(), "replication listener");
         tasks.spawn(replication.clone().serve(listener));
@@ -214,7 +240,7 @@ fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<Strin
     let volumes = control.list()?;
     let first = volumes
         .iter()
-        .find(|v| v.kind == crate::model::VolumeKind::Volume)
+        .find(|v| v.kind == arbor_api::model::VolumeKind::Volume)
         .map(|v| v.name.clone());
     let pool = control.pool_info()?;
     let plural = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });

@@ -253,32 +253,6 @@ pub struct CheckView {
     pub lost: Vec<LostDataView>,
 }
 
-impl From<arbor_engine::CheckReport> for CheckView {
-    fn from(report: arbor_engine::CheckReport) -> Self {
-        Self {
-            // Known lost data is damage too, though the structure is sound.
-            clean: report.is_clean() && report.lost.is_empty(),
-            problems: report.problems,
-            warnings: report.warnings,
-            unlisted: report.unlisted,
-            volumes: report.volumes,
-            nodes: report.nodes,
-            data_chunks_referenced: report.data_chunks_referenced,
-            repaired: None,
-            lost: report
-                .lost
-                .into_iter()
-                .map(|l| LostDataView {
-                    volume: l.volume,
-                    origin: l.origin,
-                    bytes: l.bytes,
-                    from: l.from,
-                })
-                .collect(),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReclaimView {
     /// Metadata nodes processed.
@@ -292,17 +266,6 @@ pub struct GrowView {
     pub new_pool_bytes: u64,
     pub data_bytes_added: u64,
     pub metadata_bytes_added: u64,
-}
-
-impl From<arbor_engine::GrowReport> for GrowView {
-    fn from(report: arbor_engine::GrowReport) -> Self {
-        Self {
-            old_pool_bytes: report.old_pool_bytes,
-            new_pool_bytes: report.new_pool_bytes,
-            data_bytes_added: report.data_bytes_added,
-            metadata_bytes_added: report.metadata_bytes_added,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -335,7 +298,8 @@ pub struct CreateVolumeRequest {
 }
 
 /// The layout a new volume gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum CreateLayout {
     /// Thin, redirect-on-write: space is taken as it is written.
@@ -375,15 +339,6 @@ pub enum Durability {
     /// device, and a power cut before that commit loses the new volume
     /// whole, never part of it.
     Deferred,
-}
-
-impl From<Durability> for arbor_engine::Durability {
-    fn from(d: Durability) -> Self {
-        match d {
-            Durability::Committed => Self::Committed,
-            Durability::Deferred => Self::Deferred,
-        }
-    }
 }
 
 fn is_committed(d: &Durability) -> bool {
@@ -429,15 +384,6 @@ pub struct GrowRequest {
     pub size: Option<ByteSize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata_bytes: Option<ByteSize>,
-}
-
-impl GrowRequest {
-    pub fn options(&self) -> arbor_engine::GrowOptions {
-        arbor_engine::GrowOptions {
-            size: self.size.map(|s| s.0),
-            metadata_bytes: self.metadata_bytes.map(|s| s.0),
-        }
-    }
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -978,7 +924,8 @@ pub struct OverviewView {
 
 /// What an API credential (a token, a client certificate) may do: `read`
 /// may only read (GET and HEAD), `admin` everything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     Read,

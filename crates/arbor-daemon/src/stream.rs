@@ -22,13 +22,43 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::api::{ApiError, ApiResult};
-use super::control::PoolControl;
-use crate::error_code::ErrorCode;
-use crate::model::{
+use super::api_error::{ApiError, ApiResult};
+use crate::in_use::InUse;
+use crate::replication::Replication;
+use arbor_api::error_code::ErrorCode;
+use arbor_api::model::{
     ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
     StreamFormat,
 };
+
+/// What sends and receives need; cheap to clone.
+#[derive(Clone)]
+pub struct Streams {
+    pool: Arc<Pool>,
+    /// Receives refuse a volume NBD clients have open; sends pin their
+    /// snapshots here.
+    in_use: InUse,
+    /// Volumes a receive is running into: one at a time each.
+    receiving: Arc<Claims>,
+    /// A replica receives only by replication.
+    replication: Arc<Replication>,
+}
+
+impl Streams {
+    pub fn new(
+        pool: Arc<Pool>,
+        in_use: InUse,
+        receiving: Arc<Claims>,
+        replication: Arc<Replication>,
+    ) -> Self {
+        Self {
+            pool,
+            in_use,
+            receiving,
+            replication,
+        }
+    }
+}
 
 /// Stream pieces in flight between the engine task and the connection:
 /// with pieces of about a megabyte, what a send or receive holds in memory.
@@ -95,7 +125,7 @@ fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
 
 /// `GET /v1/send/estimate`: what the stream would carry, from the metadata.
 pub async fn estimate(
-    State(c): State<PoolControl>,
+    State(c): State<Streams>,
     Query(q): Query<SendQuery>,
 ) -> ApiResult<Json<SendEstimateView>> {
     let req = request_of(&q)?;
@@ -130,12 +160,12 @@ pub async fn estimate(
 /// the first byte (no such snapshot, no shared history) are ordinary error
 /// responses; one met later ends the body early, which the client sees as
 /// a broken stream (and the receiver as a truncated one).
-pub async fn send(State(c): State<PoolControl>, Query(q): Query<SendQuery>) -> ApiResult<Response> {
+pub async fn send(State(c): State<Streams>, Query(q): Query<SendQuery>) -> ApiResult<Response> {
     let req = request_of(&q)?;
     let pool = Arc::clone(&c.pool);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(IN_FLIGHT);
     let (ready_tx, ready_rx) = oneshot::channel::<Result<(), ApiError>>();
-    let pins = Arc::clone(&c.sending);
+    let pins = Arc::clone(c.in_use.pins());
     tokio::task::spawn_blocking(move || produce(&pool, &pins, &req, &tx, ready_tx));
     ready_rx
         .await
@@ -196,21 +226,21 @@ fn claim(claims: &Arc<Claims>, volume: &str) -> Result<Claim, ApiError> {
 /// becomes visible unless the whole stream arrives and verifies; an
 /// interrupted one keeps its progress for `send --resume`.
 pub async fn receive(
-    State(c): State<PoolControl>,
+    State(c): State<Streams>,
     Path(volume): Path<String>,
     Query(q): Query<ReceiveQuery>,
     body: Body,
 ) -> ApiResult<Json<ReceivedView>> {
-    super::api::not_replica(&c, &volume)?;
+    super::handler::not_replica(&c.replication, &volume)?;
     let claim = claim(&c.receiving, &volume)?;
     if let Ok(id) = c.pool.lookup(&volume) {
-        let open = Arc::clone(&c.open);
+        let in_use = c.in_use.clone();
         let connections = if q.force {
             0
         } else {
-            tokio::task::spawn_blocking(move || open.settled(id, super::control::CLOSING_GRACE))
+            tokio::task::spawn_blocking(move || in_use.settled_connections(id))
                 .await
-                .unwrap_or_else(|_| c.open.count(id))
+                .unwrap_or_else(|_| c.in_use.connections(id))
         };
         if connections > 0 {
             return Err(ApiError::new(
@@ -336,7 +366,7 @@ fn interrupted(volume: &str, token: Option<ResumeToken>, why: &str) -> ApiError 
 
 /// `GET /v1/receive/{volume}`: the receive in progress, with its token.
 pub async fn status(
-    State(c): State<PoolControl>,
+    State(c): State<Streams>,
     Path(volume): Path<String>,
 ) -> ApiResult<Json<ReceiveStatusView>> {
     let pool = Arc::clone(&c.pool);
@@ -369,10 +399,7 @@ pub async fn status(
 }
 
 /// `DELETE /v1/receive/{volume}`: abandons the receive in progress.
-pub async fn abort(
-    State(c): State<PoolControl>,
-    Path(volume): Path<String>,
-) -> ApiResult<StatusCode> {
+pub async fn abort(State(c): State<Streams>, Path(volume): Path<String>) -> ApiResult<StatusCode> {
     let _claim = claim(&c.receiving, &volume)?;
     let pool = Arc::clone(&c.pool);
     let name = volume.clone();

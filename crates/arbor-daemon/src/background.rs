@@ -9,7 +9,8 @@ use arbor_engine::{Error, Pool};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::control::PoolControl;
+use crate::metrics::Metrics;
+use crate::space::SpaceWatch;
 
 /// How often to look for reclaim work when there was none.
 const RECLAIM_IDLE_POLL: Duration = Duration::from_secs(1);
@@ -95,10 +96,15 @@ pub async fn watch_origins(pool: Arc<Pool>, stop: CancellationToken) -> Result<(
 
 /// Reclaims deleted volumes' space at no more than `rate` nodes per second,
 /// so reclaim never starves client I/O.
-pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationToken) -> Result<()> {
+pub async fn reclaim_paced(
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    rate: u32,
+    stop: CancellationToken,
+) -> Result<()> {
     let batch = rate.min(RECLAIM_MAX_BATCH) as usize;
     loop {
-        let outcome = run_blocking(&control.pool, move |p| {
+        let outcome = run_blocking(&pool, move |p| {
             // Checking first avoids a commit (and its fsync) when idle.
             if p.pool_stats()?.reclaim_pending {
                 p.reclaim(batch)
@@ -120,7 +126,7 @@ pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationTo
         };
         if processed > 0 {
             debug!(processed, "reclaimed metadata nodes");
-            control.metrics.count_reclaimed(processed as u64);
+            metrics.count_reclaimed(processed as u64);
         }
         if !pause_unless_stopped(reclaim_pause(processed, rate), &stop).await {
             return Ok(());
@@ -131,18 +137,19 @@ pub async fn reclaim_paced(control: PoolControl, rate: u32, stop: CancellationTo
 /// Logs a warning each time space use rises past a configured threshold
 /// (and a note when it falls back), checking every `interval`.
 pub async fn watch_space(
-    control: PoolControl,
+    pool: Arc<Pool>,
+    space: SpaceWatch,
     interval: Duration,
     stop: CancellationToken,
 ) -> Result<()> {
     let mut level = None;
     loop {
-        let stats = run_blocking(&control.pool, |p| p.pool_stats()).await?;
+        let stats = run_blocking(&pool, |p| p.pool_stats()).await?;
         match stats {
             Ok(stats) => {
-                let now = control.space.level(&stats);
+                let now = space.level(&stats);
                 if now > level {
-                    for warning in control.space.warnings(&stats) {
+                    for warning in space.warnings(&stats) {
                         warn!("{warning}");
                     }
                 } else if now < level {

@@ -17,7 +17,10 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::model::{Scope, TokenView};
+use arbor_api::model::{Scope, TokenView};
+#[cfg(test)]
+use arbor_api::token::well_formed;
+use arbor_api::token::{parse, ID_BYTES, PREFIX, SECRET_BYTES};
 
 /// The token file's version.
 const VERSION: u32 = 1;
@@ -31,9 +34,6 @@ const MAX_NAME: usize = 64;
 pub const MAX_EXPIRY_SECS: u64 = 100 * 365 * 86_400;
 /// How often a token's last use is saved to the file, at most.
 const LAST_USED_SAVE_SECS: u64 = 3600;
-const PREFIX: &str = "arbor_";
-const ID_BYTES: usize = 8;
-const SECRET_BYTES: usize = 32;
 
 /// Why a token management request is refused.
 #[derive(Debug, thiserror::Error)]
@@ -360,21 +360,6 @@ fn new_token() -> (String, String) {
     let id = hex(&id);
     let token = format!("{PREFIX}{id}_{}", hex(&secret));
     (id, token)
-}
-
-/// The ID of a well-formed token: `arbor_` + 16 lower-case hex digits +
-/// `_` + 64 lower-case hex digits.
-fn parse(token: &str) -> Option<&str> {
-    let (id, secret) = token.strip_prefix(PREFIX)?.split_once('_')?;
-    let hex_of = |s: &str, bytes: usize| {
-        s.len() == 2 * bytes && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    };
-    (hex_of(id, ID_BYTES) && hex_of(secret, SECRET_BYTES)).then_some(id)
-}
-
-/// Whether `text` looks like a token (for clients reading a token file).
-pub fn well_formed(text: &str) -> bool {
-    parse(text).is_some()
 }
 
 fn sha256(token: &str) -> [u8; 32] {
