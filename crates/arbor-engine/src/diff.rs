@@ -11,6 +11,7 @@
 use arbor_format::{BlockRef, Node, NodeBody, TreeKind};
 
 use crate::error::{Error, Result};
+use crate::mapping::Mapping;
 use crate::meta::Meta;
 use crate::walk::{verify, walk, Descend, Place, Visitor};
 
@@ -42,12 +43,17 @@ impl Piece {
     }
 }
 
-/// One side of the walk: pieces in reverse order (the next piece is last).
-struct Side(Vec<Piece>);
+/// One side of the walk: the transaction its tree lives in, and pieces in
+/// reverse order (the next piece is last).
+struct Side<'a> {
+    meta: &'a Meta,
+    pieces: Vec<Piece>,
+}
 
-impl Side {
-    fn new(root: BlockRef) -> Self {
-        Side(vec![if root.is_none() {
+impl<'a> Side<'a> {
+    fn new(map: Mapping<'a>) -> Self {
+        let root = map.tree().root();
+        let piece = if root.is_none() {
             Piece::Run {
                 lo: 0,
                 hi: u64::MAX,
@@ -58,16 +64,20 @@ impl Side {
                 node: root,
                 at: Place::root(TreeKind::Mapping),
             }
-        }])
+        };
+        Side {
+            meta: map.tree().meta(),
+            pieces: vec![piece],
+        }
     }
 
     /// Replaces the front subtree piece by its children (or its runs).
-    fn expand(&mut self, meta: &Meta) -> Result<()> {
-        let Some(Piece::Subtree { node, at }) = self.0.pop() else {
+    fn expand(&mut self) -> Result<()> {
+        let Some(Piece::Subtree { node, at }) = self.pieces.pop() else {
             return Err(Error::inconsistent("diff: expanding a run"));
         };
         let (lo, hi) = (at.lo, at.hi);
-        let n = meta.node(node)?;
+        let n = self.meta.node(node)?;
         if let Some(damage) = verify(node.block, &n, &at).into_iter().next() {
             return Err(Error::inconsistent(format!("diff: {}", damage.what)));
         }
@@ -115,203 +125,202 @@ impl Side {
                 }
             }
         }
-        self.0.extend(pieces.into_iter().rev());
+        self.pieces.extend(pieces.into_iter().rev());
         Ok(())
     }
 
     /// Drops the front run's chunks below `to`.
     fn consume_to(&mut self, to: u64) {
-        if let Some(Piece::Run { lo, hi, phys }) = self.0.pop() {
+        if let Some(Piece::Run { lo, hi, phys }) = self.pieces.pop() {
             if to < hi {
                 let phys = phys.map(|p| p + (to - lo));
-                self.0.push(Piece::Run { lo: to, hi, phys });
+                self.pieces.push(Piece::Run { lo: to, hi, phys });
             }
         }
     }
 }
 
-impl Meta {
-    /// Calls `emit(lo, hi)` for every chunk range inside chunks `[from,
-    /// to)` where the trees map differently (ranges come in increasing
-    /// order, possibly adjacent). Pieces wholly before `from` are skipped
-    /// without reading their nodes, and the walk stops at `to`, so a window
-    /// costs the trees' depth plus what differs in it.
-    pub fn diff_trees(
-        &self,
-        a: BlockRef,
-        b: BlockRef,
-        from: u64,
-        to: u64,
-        emit: &mut dyn FnMut(u64, u64) -> Result<()>,
-    ) -> Result<()> {
-        let mut left = Side::new(a);
-        let mut right = Side::new(b);
-        while let (Some(&pa), Some(&pb)) = (left.0.last(), right.0.last()) {
-            if pa.lo() >= to {
-                break;
-            }
-            // Before the window: drop what ends there on both sides without
-            // reading it; a wider piece is expanded (below) or cut.
-            let end = pa.hi().min(pb.hi());
-            if end <= from && pa.lo() == pb.lo() {
-                match (pa, pb) {
-                    (Piece::Run { .. }, Piece::Run { .. }) => {
-                        left.consume_to(end);
-                        right.consume_to(end);
-                        continue;
-                    }
-                    _ if pa.hi() == pb.hi() => {
-                        left.0.pop();
-                        right.0.pop();
-                        continue;
-                    }
-                    (Piece::Subtree { .. }, Piece::Run { .. }) if pa.hi() == end => {
-                        left.0.pop();
-                        right.consume_to(end);
-                        continue;
-                    }
-                    (Piece::Run { .. }, Piece::Subtree { .. }) if pb.hi() == end => {
-                        right.0.pop();
-                        left.consume_to(end);
-                        continue;
-                    }
-                    // The narrower is a subtree inside the wider one:
-                    // expand the wider (as the walk does anyway).
-                    _ => {}
-                }
-            }
-            if pa.lo() != pb.lo() {
-                return Err(Error::inconsistent(
-                    "diff: walks out of step (damaged tree ranges)",
-                ));
-            }
+/// Calls `emit(lo, hi)` for every chunk range inside chunks `[from,
+/// to)` where the trees map differently (ranges come in increasing
+/// order, possibly adjacent). Pieces wholly before `from` are skipped
+/// without reading their nodes, and the walk stops at `to`, so a window
+/// costs the trees' depth plus what differs in it.
+pub(crate) fn diff_trees(
+    a: Mapping<'_>,
+    b: Mapping<'_>,
+    from: u64,
+    to: u64,
+    emit: &mut dyn FnMut(u64, u64) -> Result<()>,
+) -> Result<()> {
+    let mut left = Side::new(a);
+    let mut right = Side::new(b);
+    while let (Some(&pa), Some(&pb)) = (left.pieces.last(), right.pieces.last()) {
+        if pa.lo() >= to {
+            break;
+        }
+        // Before the window: drop what ends there on both sides without
+        // reading it; a wider piece is expanded (below) or cut.
+        let end = pa.hi().min(pb.hi());
+        if end <= from && pa.lo() == pb.lo() {
             match (pa, pb) {
-                (Piece::Subtree { node: na, .. }, Piece::Subtree { node: nb, .. })
-                    if na.block == nb.block && pa.hi() == pb.hi() =>
-                {
-                    left.0.pop();
-                    right.0.pop();
-                }
-                (Piece::Subtree { .. }, Piece::Subtree { .. }) => {
-                    // Expand the wider one: the narrower may match a child of it.
-                    if pa.hi() >= pb.hi() {
-                        left.expand(self)?;
-                    }
-                    if pb.hi() >= pa.hi() {
-                        right.expand(self)?;
-                    }
-                }
-                (Piece::Subtree { .. }, Piece::Run { .. }) => left.expand(self)?,
-                (Piece::Run { .. }, Piece::Subtree { .. }) => right.expand(self)?,
-                (
-                    Piece::Run {
-                        lo,
-                        hi: ha,
-                        phys: xa,
-                    },
-                    Piece::Run {
-                        hi: hb, phys: xb, ..
-                    },
-                ) => {
-                    let end = ha.min(hb);
-                    let (lo_in, end_in) = (lo.max(from), end.min(to));
-                    if xa != xb && lo_in < end_in {
-                        emit(lo_in, end_in)?;
-                    }
+                (Piece::Run { .. }, Piece::Run { .. }) => {
                     left.consume_to(end);
                     right.consume_to(end);
+                    continue;
+                }
+                _ if pa.hi() == pb.hi() => {
+                    left.pieces.pop();
+                    right.pieces.pop();
+                    continue;
+                }
+                (Piece::Subtree { .. }, Piece::Run { .. }) if pa.hi() == end => {
+                    left.pieces.pop();
+                    right.consume_to(end);
+                    continue;
+                }
+                (Piece::Run { .. }, Piece::Subtree { .. }) if pb.hi() == end => {
+                    right.pieces.pop();
+                    left.consume_to(end);
+                    continue;
+                }
+                // The narrower is a subtree inside the wider one:
+                // expand the wider (as the walk does anyway).
+                _ => {}
+            }
+        }
+        if pa.lo() != pb.lo() {
+            return Err(Error::inconsistent(
+                "diff: walks out of step (damaged tree ranges)",
+            ));
+        }
+        match (pa, pb) {
+            (Piece::Subtree { node: na, .. }, Piece::Subtree { node: nb, .. })
+                if na.block == nb.block && pa.hi() == pb.hi() =>
+            {
+                left.pieces.pop();
+                right.pieces.pop();
+            }
+            (Piece::Subtree { .. }, Piece::Subtree { .. }) => {
+                // Expand the wider one: the narrower may match a child of it.
+                if pa.hi() >= pb.hi() {
+                    left.expand()?;
+                }
+                if pb.hi() >= pa.hi() {
+                    right.expand()?;
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Calls `emit(from, to)` for every chunk range whose mapping was written
-    /// after transaction `since` (in increasing order). A subtree whose node
-    /// was written in or before `since` holds only older mappings (a node is
-    /// rewritten whenever an entry below it changes), so it is skipped whole.
-    /// Unmapping leaves no generation behind: ranges discarded since are not
-    /// reported (`diff_trees` against a snapshot reports them).
-    pub fn changed_since(
-        &self,
-        root: BlockRef,
-        since: u64,
-        emit: &mut dyn FnMut(u64, u64) -> Result<()>,
-    ) -> Result<()> {
-        struct Newer<'e> {
-            since: u64,
-            emit: &'e mut dyn FnMut(u64, u64) -> Result<()>,
-        }
-        impl Visitor for Newer<'_> {
-            fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
-                Ok(r.txn > self.since)
+            (Piece::Subtree { .. }, Piece::Run { .. }) => left.expand()?,
+            (Piece::Run { .. }, Piece::Subtree { .. }) => right.expand()?,
+            (
+                Piece::Run {
+                    lo,
+                    hi: ha,
+                    phys: xa,
+                },
+                Piece::Run {
+                    hi: hb, phys: xb, ..
+                },
+            ) => {
+                let end = ha.min(hb);
+                let (lo_in, end_in) = (lo.max(from), end.min(to));
+                if xa != xb && lo_in < end_in {
+                    emit(lo_in, end_in)?;
+                }
+                left.consume_to(end);
+                right.consume_to(end);
             }
-            fn visit(&mut self, _r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
-                if let NodeBody::Leaf(_) = node.body {
-                    for i in 0..node.len() {
-                        let v = crate::meta::decode_map_value(node, i)?;
-                        if v.gen > self.since {
-                            (self.emit)(
-                                node.keys[i],
-                                node.keys[i].saturating_add(u64::from(v.len)),
-                            )?;
-                        }
+        }
+    }
+    Ok(())
+}
+
+/// Calls `emit(from, to)` for every chunk range whose mapping was written
+/// after transaction `since` (in increasing order). A subtree whose node
+/// was written in or before `since` holds only older mappings (a node is
+/// rewritten whenever an entry below it changes), so it is skipped whole.
+/// Unmapping leaves no generation behind: ranges discarded since are not
+/// reported (`diff_trees` against a snapshot reports them).
+pub(crate) fn changed_since(
+    map: Mapping<'_>,
+    since: u64,
+    emit: &mut dyn FnMut(u64, u64) -> Result<()>,
+) -> Result<()> {
+    struct Newer<'e> {
+        since: u64,
+        emit: &'e mut dyn FnMut(u64, u64) -> Result<()>,
+    }
+    impl Visitor for Newer<'_> {
+        fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
+            Ok(r.txn > self.since)
+        }
+        fn visit(&mut self, _r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
+            if let NodeBody::Leaf(_) = node.body {
+                for i in 0..node.len() {
+                    let v = crate::meta::decode_map_value(node, i)?;
+                    if v.gen > self.since {
+                        (self.emit)(node.keys[i], node.keys[i].saturating_add(u64::from(v.len)))?;
                     }
                 }
-                Ok(Descend::Children)
             }
+            Ok(Descend::Children)
         }
-        walk(
-            &|r| self.node(r),
-            root,
-            TreeKind::Mapping,
-            &mut Newer { since, emit },
-        )
-        .map(|_| ())
     }
+    let tree = map.tree();
+    let meta = tree.meta();
+    walk(
+        &|r| meta.node(r),
+        tree.root(),
+        TreeKind::Mapping,
+        &mut Newer { since, emit },
+    )
+    .map(|_| ())
+}
 
-    /// Chunks referenced by this tree alone: reachable only through nodes with
-    /// a single reference, with a single reference themselves. Walks only the
-    /// exclusive part of the tree.
-    pub fn exclusive_chunks(&self, root: BlockRef) -> Result<u64> {
-        struct Exclusive<'m> {
-            meta: &'m Meta,
-            total: u64,
+/// Chunks referenced by this tree alone: reachable only through nodes with
+/// a single reference, with a single reference themselves. Walks only the
+/// exclusive part of the tree.
+pub(crate) fn exclusive_chunks(map: Mapping<'_>) -> Result<u64> {
+    struct Exclusive<'m> {
+        meta: &'m Meta,
+        total: u64,
+    }
+    impl Visitor for Exclusive<'_> {
+        fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
+            Ok(self.meta.meta_count(r.block)? == 1)
         }
-        impl Visitor for Exclusive<'_> {
-            fn enter(&mut self, r: BlockRef, _at: &Place) -> Result<bool> {
-                Ok(self.meta.meta_count(r.block)? == 1)
-            }
-            fn visit(&mut self, r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
-                if let NodeBody::Leaf(_) = node.body {
-                    for i in 0..node.len() {
-                        let v = crate::meta::decode_map_value(node, i)?;
-                        for (start, len) in v.chunk_runs() {
-                            let end = start
-                                .checked_add(len)
-                                .filter(|&end| end <= self.meta.geo().data_chunks())
-                                .ok_or_else(|| {
-                                    Error::inconsistent(format!(
-                                        "leaf {}: extent at {} points past the data region",
-                                        r.block, node.keys[i]
-                                    ))
-                                })?;
-                            for c in start..end {
-                                if self.meta.data_count(c)? == 1 {
-                                    self.total += 1;
-                                }
+        fn visit(&mut self, r: BlockRef, node: &Node, _at: &Place) -> Result<Descend> {
+            if let NodeBody::Leaf(_) = node.body {
+                for i in 0..node.len() {
+                    let v = crate::meta::decode_map_value(node, i)?;
+                    for (start, len) in v.chunk_runs() {
+                        let end = start
+                            .checked_add(len)
+                            .filter(|&end| end <= self.meta.geo().data_chunks())
+                            .ok_or_else(|| {
+                                Error::inconsistent(format!(
+                                    "leaf {}: extent at {} points past the data region",
+                                    r.block, node.keys[i]
+                                ))
+                            })?;
+                        for c in start..end {
+                            if self.meta.data_count(c)? == 1 {
+                                self.total += 1;
                             }
                         }
                     }
                 }
-                Ok(Descend::Children)
             }
+            Ok(Descend::Children)
         }
-        let mut exclusive = Exclusive {
-            meta: self,
-            total: 0,
-        };
-        walk(&|r| self.node(r), root, TreeKind::Mapping, &mut exclusive)?;
-        Ok(exclusive.total)
     }
+    let tree = map.tree();
+    let meta = tree.meta();
+    let mut exclusive = Exclusive { meta, total: 0 };
+    walk(
+        &|r| meta.node(r),
+        tree.root(),
+        TreeKind::Mapping,
+        &mut exclusive,
+    )?;
+    Ok(exclusive.total)
 }

@@ -11,7 +11,7 @@
 //! * the newest epoch a chunk has a copy for is the `last` of the entry
 //!   with the greatest key ≤ `(chunk, MAX_EPOCH)`.
 //!
-//! Both are one predecessor search ([`Meta::tree_get_below`]): O(log n),
+//! Both are one predecessor search ([`Tree::get_below`]): O(log n),
 //! whatever the number of snapshots.
 
 use arbor_format::{
@@ -19,6 +19,7 @@ use arbor_format::{
 };
 
 use crate::error::{Error, Result};
+use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::Meta;
 
 /// One entry of a snapshot store.
@@ -56,11 +57,25 @@ impl StoreEntry {
     }
 }
 
-impl Meta {
-    fn store_below(&self, root: BlockRef, key: u64) -> Result<Option<StoreEntry>> {
-        match self.tree_get_below(root, key)? {
+/// Read access to a copy-on-write volume's snapshot store: its tree in
+/// the transaction.
+#[derive(Clone, Copy)]
+pub(crate) struct SnapStore<'a> {
+    tree: Tree<'a>,
+}
+
+impl<'a> SnapStore<'a> {
+    /// The store whose tree's root is `root`.
+    pub fn new(meta: &'a Meta, root: BlockRef) -> Self {
+        Self {
+            tree: Tree::new(meta, TreeKind::Mapping, root),
+        }
+    }
+
+    fn below(&self, key: u64) -> Result<Option<StoreEntry>> {
+        match self.tree.get_below(key)? {
             Some((k, value)) => {
-                StoreEntry::from_entry(k, &value, self.geo().data_chunks()).map(Some)
+                StoreEntry::from_entry(k, &value, self.tree.meta().geo().data_chunks()).map(Some)
             }
             None => Ok(None),
         }
@@ -68,27 +83,55 @@ impl Meta {
 
     /// The copy of `chunk` that epoch `epoch` reads, if the volume has
     /// overwritten the chunk since that epoch began.
-    pub fn store_lookup(
-        &self,
-        root: BlockRef,
-        chunk: u64,
-        epoch: u64,
-    ) -> Result<Option<StoreEntry>> {
+    pub fn lookup(&self, chunk: u64, epoch: u64) -> Result<Option<StoreEntry>> {
         debug_assert!(chunk < MAX_COW_CHUNKS && (1..=MAX_EPOCH).contains(&epoch));
         Ok(self
-            .store_below(root, store_key(chunk, epoch))?
+            .below(store_key(chunk, epoch))?
             .filter(|c| c.chunk == chunk && c.last >= epoch))
     }
 
     /// The newest copy of `chunk` (the one with the highest epochs), if any.
-    pub fn store_newest(&self, root: BlockRef, chunk: u64) -> Result<Option<StoreEntry>> {
+    pub fn newest(&self, chunk: u64) -> Result<Option<StoreEntry>> {
         Ok(self
-            .store_below(root, store_key(chunk, MAX_EPOCH))?
+            .below(store_key(chunk, MAX_EPOCH))?
             .filter(|c| c.chunk == chunk))
     }
 
+    /// Calls `f` for every entry from key `from` on, in key order (chunk,
+    /// then epochs), until it returns false.
+    pub fn for_each(&self, from: u64, f: &mut dyn FnMut(StoreEntry) -> Result<bool>) -> Result<()> {
+        let data_chunks = self.tree.meta().geo().data_chunks();
+        self.tree.for_each(from, u64::MAX, &mut |key, value| {
+            f(StoreEntry::from_entry(key, value, data_chunks)?)
+        })
+    }
+}
+
+/// A snapshot store being changed in the open transaction.
+pub(crate) struct SnapStoreMut<'a> {
+    tree: TreeMut<'a>,
+}
+
+impl<'a> SnapStoreMut<'a> {
+    /// The store whose tree's root is `root`.
+    pub fn new(meta: &'a mut Meta, root: BlockRef) -> Self {
+        Self {
+            tree: TreeMut::new(meta, TreeKind::Mapping, root),
+        }
+    }
+
+    /// The tree's root after the changes so far.
+    pub fn root(&self) -> BlockRef {
+        self.tree.root()
+    }
+
+    /// The transaction, for the references the caller holds.
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        self.tree.meta_mut()
+    }
+
     /// Adds entry `copy`; the caller transfers one reference to its chunk.
-    pub fn store_insert(&mut self, root: BlockRef, copy: StoreEntry) -> Result<BlockRef> {
+    pub fn insert(&mut self, copy: StoreEntry) -> Result<()> {
         let mut value = [0u8; StoreValue::ENCODED_LEN];
         StoreValue {
             pchunk: copy.pchunk,
@@ -96,39 +139,17 @@ impl Meta {
             gen: copy.gen,
         }
         .encode(&mut value);
-        self.tree_insert(root, TreeKind::Mapping, copy.key(), &value)
+        self.tree.insert(copy.key(), &value)
     }
 
     /// Removes the entry with key `key`; its chunk's reference passes to the
     /// caller.
-    pub fn store_remove(
-        &mut self,
-        root: BlockRef,
-        key: u64,
-    ) -> Result<(BlockRef, Option<StoreEntry>)> {
-        let data_chunks = self.geo().data_chunks();
-        let (root, value) = self.tree_remove(root, key)?;
-        let copy = value
+    pub fn remove(&mut self, key: u64) -> Result<Option<StoreEntry>> {
+        let data_chunks = self.tree.meta().geo().data_chunks();
+        let value = self.tree.remove(key)?;
+        value
             .map(|v| StoreEntry::from_entry(key, &v, data_chunks))
-            .transpose()?;
-        Ok((root, copy))
-    }
-
-    /// Calls `f` for every entry from key `from` on, in key order (chunk,
-    /// then epochs), until it returns false.
-    pub fn store_for_each(
-        &self,
-        root: BlockRef,
-        from: u64,
-        f: &mut dyn FnMut(StoreEntry) -> Result<bool>,
-    ) -> Result<()> {
-        let data_chunks = self.geo().data_chunks();
-        self.tree_for_each(
-            root,
-            TreeKind::Mapping,
-            from,
-            u64::MAX,
-            &mut |key, value| f(StoreEntry::from_entry(key, value, data_chunks)?),
-        )
+            .transpose()
     }
 }
+

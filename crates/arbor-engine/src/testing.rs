@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arbor_format::{BlockRef, NodeBody, TreeKind, BLOCK_SIZE};
 use arbor_io::{BlockDevice, SimDisk};
 
+use crate::meta::btree::TreeMut;
 use crate::meta::{decode_map_value, recover, Meta};
 use crate::pool::{read_superblock, CreateOptions, OpenOptions, Pool};
 use crate::store::{Geometry, Store};
@@ -230,7 +231,8 @@ pub(crate) fn drop_tree(meta: &mut Meta, r: BlockRef) {
     if r.is_none() {
         return;
     }
-    let Some(node) = meta.tree_release(r).expect("drop a node reference") else {
+    let released = TreeMut::new(meta, TreeKind::Mapping, r).release();
+    let Some(node) = released.expect("drop a node reference") else {
         return;
     };
     match &node.body {
