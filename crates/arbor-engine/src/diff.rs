@@ -324,3 +324,135 @@ pub(crate) fn exclusive_chunks(map: Mapping<'_>) -> Result<u64> {
     )?;
     Ok(exclusive.total)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::mapping::MappingMut;
+    use crate::meta::btree::TreeMut;
+    use crate::testing::{check_refs, fresh_meta};
+
+    /// Logical chunk → physical chunk.
+    type Model = BTreeMap<u64, u64>;
+
+    /// Writes `chunks` of the map at `root`, each to a newly allocated
+    /// chunk, dropping what they mapped.
+    fn write(meta: &mut Meta, root: BlockRef, model: &mut Model, chunks: &[u64]) -> BlockRef {
+        let mut map = MappingMut::new(meta, root);
+        for &chunk in chunks {
+            let p = map.meta_mut().alloc_data().unwrap();
+            if let Some(old) = map.set(chunk, p).unwrap() {
+                old.dec_refs(map.meta_mut()).unwrap();
+            }
+            model.insert(chunk, p);
+        }
+        map.root()
+    }
+
+    /// The chunk ranges where two models differ, joined where adjacent.
+    fn model_diff(a: &Model, b: &Model, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for c in from..to {
+            if a.get(&c) != b.get(&c) {
+                match out.last_mut() {
+                    Some((_, hi)) if *hi == c => *hi = c + 1,
+                    _ => out.push((c, c + 1)),
+                }
+            }
+        }
+        out
+    }
+
+    fn diff(meta: &Meta, a: BlockRef, b: BlockRef, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        diff_trees(
+            Mapping::new(meta, a),
+            Mapping::new(meta, b),
+            from,
+            to,
+            &mut |lo, hi| {
+                match out.last_mut() {
+                    Some((_, end)) if *end == lo => *end = hi,
+                    _ => out.push((lo, hi)),
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        out
+    }
+
+    /// A map shared (as a snapshot does) and then changed, by writes and a
+    /// discard over several leaves: the diff of the two trees, whole and in
+    /// windows, is exactly where their models differ; the changed-since
+    /// walk reports exactly the chunks written after the share; and the
+    /// exclusive chunks of each tree are those the other does not map to
+    /// the same chunk.
+    #[test]
+    fn diff_changed_since_and_exclusive_chunks_match_the_models() {
+        let mut meta = fresh_meta();
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut a_model = Model::new();
+        let first: Vec<u64> = (0..1200).filter(|_| rng.gen_bool(0.7)).collect();
+        let a = write(&mut meta, BlockRef::NONE, &mut a_model, &first);
+        meta.commit().unwrap();
+        let since = meta.txn() - 1;
+        TreeMut::new(&mut meta, TreeKind::Mapping, a)
+            .share()
+            .unwrap();
+        let mut b_model = a_model.clone();
+        let rewritten: Vec<u64> = (0..60).map(|_| rng.gen_range(0..1300)).collect();
+        let mut b = write(&mut meta, a, &mut b_model, &rewritten);
+        let mut map = MappingMut::new(&mut meta, b);
+        let (_, detached) = map.discard(400, 700).unwrap();
+        b = map.root();
+        for subtree in detached {
+            crate::testing::drop_tree(&mut meta, subtree);
+        }
+        b_model.retain(|c, _| !(400..700).contains(c));
+        check_refs(&meta, &[a, b], 0);
+
+        assert_eq!(
+            diff(&meta, a, b, 0, u64::MAX),
+            model_diff(&a_model, &b_model, 0, 1400)
+        );
+        for (from, to) in [(0, 100), (390, 710), (650, 1301), (1250, 5000)] {
+            let expected = model_diff(&a_model, &b_model, from, to.min(1400));
+            assert_eq!(
+                diff(&meta, a, b, from, to),
+                expected,
+                "window [{from}, {to})"
+            );
+        }
+        assert_eq!(diff(&meta, a, a, 0, u64::MAX), []);
+
+        let mut changed = Vec::new();
+        changed_since(Mapping::new(&meta, b), since, &mut |lo, hi| {
+            changed.extend(lo..hi);
+            Ok(())
+        })
+        .unwrap();
+        let mut written: Vec<u64> = rewritten.clone();
+        written.retain(|c| !(400..700).contains(c));
+        written.sort_unstable();
+        written.dedup();
+        assert_eq!(changed, written);
+
+        let alone = |mine: &Model, other: &Model| {
+            mine.iter().filter(|(c, p)| other.get(c) != Some(p)).count() as u64
+        };
+        assert_eq!(
+            exclusive_chunks(Mapping::new(&meta, a)).unwrap(),
+            alone(&a_model, &b_model)
+        );
+        assert_eq!(
+            exclusive_chunks(Mapping::new(&meta, b)).unwrap(),
+            alone(&b_model, &a_model)
+        );
+    }
+}

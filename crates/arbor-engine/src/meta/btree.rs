@@ -1192,6 +1192,45 @@ mod tests {
         }
     }
 
+    /// Sharing a tree adds one reference to its root and nothing else;
+    /// releasing a reference while another is left frees nothing, and
+    /// releasing the last one frees the root alone and hands its children's
+    /// references to the caller. The empty tree is shared for free.
+    #[test]
+    fn share_and_release_count_references() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let keys: Vec<u64> = (0..600).collect();
+        let root = insert_all(&mut meta, &keys, &mut model, 0);
+        meta.commit().unwrap();
+        let nodes = check_against(&meta, root, &model).nodes;
+        TreeMut::new(&mut meta, KIND, BlockRef::NONE)
+            .share()
+            .unwrap();
+        TreeMut::new(&mut meta, KIND, root).share().unwrap();
+        assert_eq!(meta.meta_count(root.block).unwrap(), 2);
+        assert_eq!(check_refs(&meta, &[root, root], 0).nodes, nodes);
+        let released = TreeMut::new(&mut meta, KIND, root).release().unwrap();
+        assert!(released.is_none(), "another reference is left");
+        let shape = check_against(&meta, root, &model);
+        assert_eq!(shape.nodes, nodes);
+        let used = meta.used(arbor_format::SmKind::Meta);
+        let node = TreeMut::new(&mut meta, KIND, root)
+            .release()
+            .unwrap()
+            .expect("the last reference frees the root");
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), used - 1);
+        assert_eq!(meta.meta_count(root.block).unwrap(), 0);
+        let arbor_format::NodeBody::Internal(children) = &node.body else {
+            panic!("600 volume records take more than one leaf");
+        };
+        assert_eq!(check_refs(&meta, children, 0).nodes, nodes - 1);
+        for &child in children {
+            drop_tree(&mut meta, child);
+        }
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Insert(u64, u8),
