@@ -32,7 +32,7 @@ use zerocopy::little_endian::U64;
 
 use crate::error::{Error, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
-use crate::store::{CachedNode, Geometry, PreservedPages, Store};
+use crate::store::{CachedNode, Geometry, PreservedPages, Store, PACKED_LEAVES_VERSION};
 use crate::undo::{Mark, UndoLog};
 
 pub(crate) mod btree;
@@ -205,8 +205,6 @@ impl CommitJob {
 
 /// Blocks of a commit encoded and written at once (4 MiB).
 const COMMIT_BATCH_BLOCKS: usize = 1024;
-/// The first format version whose mapping leaves are packed (FORMAT.md §6.2).
-pub(crate) const PACKED_LEAVES_VERSION: u16 = 6;
 
 /// Most entries this pool's packed leaves get: the format's limit when one
 /// leaf's extents (two data space-map pages each, when a shared leaf is

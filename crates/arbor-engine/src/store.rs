@@ -16,6 +16,9 @@ use lru::LruCache;
 
 use crate::error::{Error, Result};
 
+/// The first format version whose mapping leaves are packed (FORMAT.md §6.2).
+pub(crate) const PACKED_LEAVES_VERSION: u16 = 6;
+
 /// The pool's geometry: fixed parts from the superblock, and the regions
 /// of the layout (see [`arbor_format::Layout`]), which only ever grow. The
 /// regions are published lock-free, so lookups on the I/O paths take no
@@ -296,7 +299,7 @@ impl Store {
         let raw = self.read_block(r.block)?;
         let node = Node::decode(&raw[..], r)
             .map_err(|e| Error::corrupt(format!("metadata block {}", r.block), e))?;
-        if node.packed && self.geo.version() < crate::meta::PACKED_LEAVES_VERSION {
+        if node.packed && self.geo.version() < PACKED_LEAVES_VERSION {
             return Err(Error::corrupt(
                 format!("metadata block {}", r.block),
                 arbor_format::FormatError::Invalid(format!(

@@ -10,7 +10,7 @@ use arbor_format::{BlockRef, NodeBody, TreeKind, BLOCK_SIZE};
 use arbor_io::{BlockDevice, SimDisk};
 
 use crate::meta::btree::TreeMut;
-use crate::meta::{decode_map_value, recover, Meta};
+use crate::meta::{decode_map_value, recover, Meta, Resume};
 use crate::pool::{read_superblock, CreateOptions, OpenOptions, Pool};
 use crate::store::{Geometry, Store};
 
@@ -29,6 +29,30 @@ pub(crate) fn fresh_meta() -> Meta {
 
 /// [`fresh_meta`] with chunks of `chunk_size` bytes.
 pub(crate) fn fresh_meta_with(chunk_size: u32) -> Meta {
+    let (store, resume) = fresh_store_with(chunk_size);
+    let meta =
+        Meta::resume(store, resume, OpenOptions::default().dirty_node_limit).expect("resume");
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Meta),
+        0,
+        "a fresh pool has no nodes"
+    );
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Data),
+        0,
+        "a fresh pool has no data"
+    );
+    meta
+}
+
+/// The store of a freshly created, empty pool of 4 KiB chunks, its last
+/// commit recovered (every space-map page at home), for the tests of the
+/// layers below the transaction.
+pub(crate) fn fresh_store() -> Arc<Store> {
+    fresh_store_with(4096).0
+}
+
+fn fresh_store_with(chunk_size: u32) -> (Arc<Store>, Resume) {
     let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(DEVICE_BYTES));
     let create = CreateOptions {
         chunk_size,
@@ -45,18 +69,7 @@ pub(crate) fn fresh_meta_with(chunk_size: u32) -> Meta {
         open.cache_bytes / BLOCK_SIZE,
     ));
     let resume = recover(&store).expect("recover the last commit");
-    let meta = Meta::resume(store, resume, open.dirty_node_limit).expect("resume");
-    assert_eq!(
-        meta.used(arbor_format::SmKind::Meta),
-        0,
-        "a fresh pool has no nodes"
-    );
-    assert_eq!(
-        meta.used(arbor_format::SmKind::Data),
-        0,
-        "a fresh pool has no data"
-    );
-    meta
+    (store, resume)
 }
 
 /// One leaf of a tree: the key range its parents give it, and its entries.
