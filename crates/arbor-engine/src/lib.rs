@@ -5,11 +5,15 @@
 //! docs/ARCHITECTURE.md):
 //! * `store`: device, geometry, bounded caches of committed metadata;
 //! * `spacemap`: reference counts of metadata blocks and data chunks;
-//! * `meta`: the transaction (dirty nodes, allocation, shadowing, commit,
-//!   recovery); its node API is private to it and to
+//! * `meta`: the transaction (dirty nodes, allocation, shadowing, steps,
+//!   the reclaim queue, commit, recovery); its node API is private to it
+//!   and to
 //! * `meta::btree`: copy-on-write B-trees with shared, reference-counted
-//!   nodes, the only layer that changes nodes;
-//! * `mapping`: a volume's chunk → extent map;
+//!   nodes (`Tree` reads one, `TreeMut` changes one), the only layer that
+//!   changes nodes;
+//! * `mapping`: a volume's chunk → extent map (`Mapping`, `MappingMut`);
+//! * `snapstore`: a copy-on-write volume's snapshot store (`SnapStore`,
+//!   `SnapStoreMut`);
 //! * `volumes`: volume table, family tree, write planning, reclaim;
 //! * `diff`, `check`: tree comparison, exclusive space, full verification;
 //! * `repair`: offline rebuild of the space maps and superblock copies;

@@ -18,6 +18,7 @@ use arbor_format::{
 };
 
 use crate::error::{Error, Result};
+use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::Meta;
 use crate::store::Geometry;
 
@@ -243,6 +244,14 @@ impl Mapped {
         std::iter::once(self.phys).chain(self.partial.into_iter().flat_map(Partial::chunks))
     }
 
+    /// Drops the references it holds (the caller owned them).
+    pub fn dec_refs(&self, meta: &mut Meta) -> Result<()> {
+        for chunk in self.chunks() {
+            meta.dec_data(chunk)?;
+        }
+        Ok(())
+    }
+
     /// The chunks `self` references and `to` does not: the references a
     /// change from `self` to `to` drops (the others pass to `to`).
     pub fn dropped_for(&self, to: &Mapped) -> Vec<u64> {
@@ -317,7 +326,7 @@ impl Extent {
     fn release(&self, meta: &mut Meta, from: u64, to: u64) -> Result<()> {
         match self.partial {
             // One chunk, which `[from, to)` covers.
-            Some(_) => meta.dec_mapped(self.at(self.start)),
+            Some(_) => self.at(self.start).dec_refs(meta),
             None => meta.dec_data_range(self.phys(from), to - from),
         }
     }
@@ -370,20 +379,39 @@ impl Extent {
     }
 }
 
-impl Meta {
+/// Read access to a volume's map: its mapping tree in the transaction.
+/// Every read looks up its extents through it: a copy of two references,
+/// no allocation.
+#[derive(Clone, Copy)]
+pub(crate) struct Mapping<'a> {
+    tree: Tree<'a>,
+}
+
+impl<'a> Mapping<'a> {
+    /// The map whose tree's root is `root`.
+    pub fn new(meta: &'a Meta, root: BlockRef) -> Self {
+        Self {
+            tree: Tree::new(meta, TreeKind::Mapping, root),
+        }
+    }
+
+    /// Its tree, to read.
+    pub fn tree(&self) -> Tree<'a> {
+        self.tree
+    }
+
     /// The extent covering `chunk`, if any, and the upper bound of its leaf.
-    pub fn map_lookup(&self, root: BlockRef, chunk: u64) -> Result<Option<(Extent, u64)>> {
-        let Some(found) = self.tree_get_le(root, chunk)? else {
+    pub fn lookup(&self, chunk: u64) -> Result<Option<(Extent, u64)>> {
+        let Some(found) = self.tree.get_le(chunk)? else {
             return Ok(None);
         };
-        let extent = Extent::from_entry(found.key, &found.value, self.geo())?;
+        let extent = Extent::from_entry(found.key, &found.value, self.tree.meta().geo())?;
         Ok(extent.covers(chunk).then_some((extent, found.leaf_upper)))
     }
 
     /// Calls `f` for every extent overlapping `[from, to)`, in order.
-    pub fn map_extents(
+    pub fn extents(
         &self,
-        root: BlockRef,
         from: u64,
         to: u64,
         f: &mut dyn FnMut(Extent) -> Result<bool>,
@@ -391,71 +419,81 @@ impl Meta {
         if from >= to {
             return Ok(());
         }
-        if let Some((e, _)) = self.map_lookup(root, from)? {
+        if let Some((e, _)) = self.lookup(from)? {
             if e.start < from && !f(e)? {
                 return Ok(());
             }
         }
-        let geo = self.geo();
-        self.tree_for_each(root, TreeKind::Mapping, from, to, &mut |key, value| {
+        let geo = self.tree.meta().geo();
+        self.tree.for_each(from, to, &mut |key, value| {
             f(Extent::from_entry(key, value, geo)?)
         })
     }
+}
 
-    /// Maps `chunk` of the tree at `root` to `to`, with generation `gen`,
-    /// in place of `old` (what it maps now): the references `old` holds on
-    /// chunks `to` also names pass to `to`, the others drop (a chunk new in
-    /// `to` comes with the caller's reference). Returns the tree's new
-    /// root.
-    pub fn remap(
-        &mut self,
-        root: BlockRef,
-        chunk: u64,
-        old: Mapped,
-        to: Mapped,
-        gen: u64,
-    ) -> Result<BlockRef> {
-        let root = self.map_set_as(root, chunk, to, gen)?.0;
-        for dropped in old.dropped_for(&to) {
-            self.dec_data(dropped)?;
+/// A volume's map being changed in the open transaction: its mapping tree
+/// ([`TreeMut`]) and the data references its extents hold.
+pub(crate) struct MappingMut<'a> {
+    tree: TreeMut<'a>,
+}
+
+impl<'a> MappingMut<'a> {
+    /// The map whose tree's root is `root`.
+    pub fn new(meta: &'a mut Meta, root: BlockRef) -> Self {
+        Self {
+            tree: TreeMut::new(meta, TreeKind::Mapping, root),
         }
-        Ok(root)
     }
 
-    /// Drops the references `m` holds.
-    pub fn dec_mapped(&mut self, m: Mapped) -> Result<()> {
-        for chunk in m.chunks() {
-            self.dec_data(chunk)?;
+    /// The tree's root after the changes so far.
+    pub fn root(&self) -> BlockRef {
+        self.tree.root()
+    }
+
+    /// The map as it is now, to read.
+    pub fn read(&self) -> Mapping<'_> {
+        Mapping {
+            tree: self.tree.read(),
+        }
+    }
+
+    /// The transaction, for the references the caller holds.
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        self.tree.meta_mut()
+    }
+
+    /// Maps `chunk` to `to`, with generation `gen`, in place of `old` (what
+    /// it maps now): the references `old` holds on chunks `to` also names
+    /// pass to `to`, the others drop (a chunk new in `to` comes with the
+    /// caller's reference).
+    pub fn remap(&mut self, chunk: u64, old: Mapped, to: Mapped, gen: u64) -> Result<()> {
+        self.set_as(chunk, to, gen)?;
+        for dropped in old.dropped_for(&to) {
+            self.meta_mut().dec_data(dropped)?;
         }
         Ok(())
     }
 
-    fn put_extent(&mut self, root: BlockRef, e: Extent) -> Result<BlockRef> {
-        self.tree_insert(root, TreeKind::Mapping, e.start, &e.encode())
+    fn put_extent(&mut self, e: Extent) -> Result<()> {
+        self.tree.insert(e.start, &e.encode())
     }
 
     /// Removes extent `e` and re-inserts the parts of it outside `[from, to)`.
     /// References of the re-inserted parts are unchanged; the caller owns the
     /// references of the removed part.
-    fn cut_extent(
-        &mut self,
-        mut root: BlockRef,
-        e: Extent,
-        from: u64,
-        to: u64,
-    ) -> Result<BlockRef> {
+    fn cut_extent(&mut self, e: Extent, from: u64, to: u64) -> Result<()> {
         // A partial extent is one chunk: a cut that overlaps it removes it.
         debug_assert!(e.partial.is_none() || (from <= e.start && e.end() <= to));
-        root = self.tree_remove(root, e.start)?.0;
+        self.tree.remove(e.start)?;
         if e.start < from {
             let len = (from - e.start) as u32;
-            root = self.put_extent(root, Extent { len, ..e })?;
+            self.put_extent(Extent { len, ..e })?;
         }
         if to < e.end() {
             let right = Extent::whole(to, (e.end() - to) as u32, e.phys(to), e.gen);
-            root = self.put_extent(root, right)?;
+            self.put_extent(right)?;
         }
-        Ok(root)
+        Ok(())
     }
 
     /// Maps logical `chunk` to physical `pchunk` as written in this
@@ -463,34 +501,23 @@ impl Meta {
     /// the chunk mapped before (if anything) is returned and its references
     /// pass to the caller. Shadows the path, so afterwards the leaf is
     /// exclusive.
-    pub fn map_set(
-        &mut self,
-        root: BlockRef,
-        chunk: u64,
-        pchunk: u64,
-    ) -> Result<(BlockRef, Option<Mapped>)> {
-        self.map_set_as(root, chunk, Mapped::whole(pchunk), self.txn())
+    pub fn set(&mut self, chunk: u64, pchunk: u64) -> Result<Option<Mapped>> {
+        let txn = self.tree.meta().txn();
+        self.set_as(chunk, Mapped::whole(pchunk), txn)
     }
 
-    /// [`Meta::map_set`] of any mapping, with the extent's generation
-    /// given: the mapping's previous generation shadows the path without
-    /// claiming a write.
-    pub fn map_set_as(
-        &mut self,
-        root: BlockRef,
-        chunk: u64,
-        to: Mapped,
-        gen: u64,
-    ) -> Result<(BlockRef, Option<Mapped>)> {
-        let mut root = root;
+    /// [`Self::set`] of any mapping, with the extent's generation given:
+    /// the mapping's previous generation shadows the path without claiming
+    /// a write.
+    pub fn set_as(&mut self, chunk: u64, to: Mapped, gen: u64) -> Result<Option<Mapped>> {
         let mut previous = None;
         let pchunk = to.phys;
-        if let Some((e, _)) = self.map_lookup(root, chunk)? {
+        if let Some((e, _)) = self.read().lookup(chunk)? {
             previous = Some(e.at(chunk));
-            root = self.cut_extent(root, e, chunk, chunk + 1)?;
+            self.cut_extent(e, chunk, chunk + 1)?;
         }
         if let (Some(left), None) = (chunk.checked_sub(1), to.partial) {
-            if let Some((e, leaf_upper)) = self.map_lookup(root, left)? {
+            if let Some((e, leaf_upper)) = self.read().lookup(left)? {
                 let extendable = e.partial.is_none()
                     && e.end() == chunk
                     && e.pchunk + u64::from(e.len) == pchunk
@@ -502,7 +529,8 @@ impl Meta {
                         len: e.len + 1,
                         ..e
                     };
-                    return Ok((self.put_extent(root, grown)?, previous));
+                    self.put_extent(grown)?;
+                    return Ok(previous);
                 }
             }
         }
@@ -510,33 +538,28 @@ impl Meta {
             partial: to.partial,
             ..Extent::whole(chunk, 1, pchunk, gen)
         };
-        Ok((self.put_extent(root, single)?, previous))
+        self.put_extent(single)?;
+        Ok(previous)
     }
 
     /// Unmaps every chunk in `[from, to)`, dropping their data references.
-    /// Returns the new root and how many chunks were unmapped.
-    pub fn map_unset_range(
-        &mut self,
-        root: BlockRef,
-        from: u64,
-        to: u64,
-    ) -> Result<(BlockRef, u64)> {
-        let mut root = root;
+    /// Returns how many chunks were unmapped.
+    pub fn unset_range(&mut self, from: u64, to: u64) -> Result<u64> {
         let mut unmapped = 0;
         loop {
             let mut next = None;
-            self.map_extents(root, from, to, &mut |e| {
+            self.read().extents(from, to, &mut |e| {
                 next = Some(e);
                 Ok(false)
             })?;
             let Some(e) = next else { break };
             let cut_from = e.start.max(from);
             let cut_to = e.end().min(to);
-            root = self.cut_extent(root, e, cut_from, cut_to)?;
-            e.release(self, cut_from, cut_to)?;
+            self.cut_extent(e, cut_from, cut_to)?;
+            e.release(self.meta_mut(), cut_from, cut_to)?;
             unmapped += cut_to - cut_from;
         }
-        Ok((root, unmapped))
+        Ok(unmapped)
     }
 
     /// Unmaps every chunk in `[from, to)` with bounded work whatever the
@@ -545,44 +568,38 @@ impl Meta {
     /// and detaches every subtree inside the range unread. Data references
     /// of the extents removed from the two boundary leaves are dropped here;
     /// the detached subtrees are returned with their references, for the
-    /// caller to hand to the reclaim queue. Returns the new root, the
-    /// number of chunks unmapped, and the detached subtrees.
-    pub fn map_discard(
-        &mut self,
-        root: BlockRef,
-        from: u64,
-        to: u64,
-    ) -> Result<(BlockRef, u64, Vec<BlockRef>)> {
-        let (mut root, mut unmapped) = (root, 0);
+    /// caller to hand to the reclaim queue. Returns the number of chunks
+    /// unmapped and the detached subtrees.
+    pub fn discard(&mut self, from: u64, to: u64) -> Result<(u64, Vec<BlockRef>)> {
+        let mut unmapped = 0;
         if from >= to {
-            return Ok((root, 0, Vec::new()));
+            return Ok((0, Vec::new()));
         }
         // No extent may straddle a bound once these are cut.
-        if let Some((e, _)) = self.map_lookup(root, from)? {
+        if let Some((e, _)) = self.read().lookup(from)? {
             if e.start < from {
-                let (r, n) = self.map_unset_range(root, from, e.end().min(to))?;
-                (root, unmapped) = (r, unmapped + n);
+                unmapped += self.unset_range(from, e.end().min(to))?;
             }
         }
-        if let Some((e, _)) = self.map_lookup(root, to - 1)? {
+        if let Some((e, _)) = self.read().lookup(to - 1)? {
             if e.end() > to {
-                let (r, n) = self.map_unset_range(root, e.start.max(from), to)?;
-                (root, unmapped) = (r, unmapped + n);
+                unmapped += self.unset_range(e.start.max(from), to)?;
             }
         }
-        let removal = self.tree_remove_range(root, from, to)?;
+        let removal = self.tree.remove_range(from, to)?;
         for (key, value) in &removal.removed {
-            let e = Extent::from_entry(*key, value, self.geo())?;
-            e.release(self, e.start, e.end())?;
+            let e = Extent::from_entry(*key, value, self.tree.meta().geo())?;
+            e.release(self.meta_mut(), e.start, e.end())?;
             unmapped += u64::from(e.len);
         }
+        let meta = self.tree.meta();
         for &subtree in &removal.detached {
-            self.map_extents(subtree, 0, u64::MAX, &mut |e| {
+            Mapping::new(meta, subtree).extents(0, u64::MAX, &mut |e| {
                 unmapped += u64::from(e.len);
                 Ok(true)
             })?;
         }
-        Ok((removal.root, unmapped, removal.detached))
+        Ok((unmapped, removal.detached))
     }
 }
 
@@ -600,13 +617,62 @@ mod tests {
     /// Logical chunk → physical chunk.
     type Model = BTreeMap<u64, u64>;
 
+    fn lookup(meta: &Meta, root: BlockRef, chunk: u64) -> Result<Option<(Extent, u64)>> {
+        Mapping::new(meta, root).lookup(chunk)
+    }
+
+    /// Runs `f` on the map at `root`; returns its new root and what `f` returned.
+    fn change<T>(
+        meta: &mut Meta,
+        root: BlockRef,
+        f: impl FnOnce(&mut MappingMut) -> Result<T>,
+    ) -> Result<(BlockRef, T)> {
+        let mut map = MappingMut::new(meta, root);
+        let out = f(&mut map)?;
+        Ok((map.root(), out))
+    }
+
+    fn map_set(
+        meta: &mut Meta,
+        root: BlockRef,
+        chunk: u64,
+        pchunk: u64,
+    ) -> Result<(BlockRef, Option<Mapped>)> {
+        change(meta, root, |map| map.set(chunk, pchunk))
+    }
+
+    fn map_set_as(
+        meta: &mut Meta,
+        root: BlockRef,
+        chunk: u64,
+        to: Mapped,
+        gen: u64,
+    ) -> Result<(BlockRef, Option<Mapped>)> {
+        change(meta, root, |map| map.set_as(chunk, to, gen))
+    }
+
+    fn unset_range(meta: &mut Meta, root: BlockRef, from: u64, to: u64) -> Result<(BlockRef, u64)> {
+        change(meta, root, |map| map.unset_range(from, to))
+    }
+
+    fn discard(
+        meta: &mut Meta,
+        root: BlockRef,
+        from: u64,
+        to: u64,
+    ) -> Result<(BlockRef, u64, Vec<BlockRef>)> {
+        let (root, (unmapped, detached)) = change(meta, root, |map| map.discard(from, to))?;
+        Ok((root, unmapped, detached))
+    }
+
     fn extents(meta: &Meta, root: BlockRef, from: u64, to: u64) -> Vec<Extent> {
         let mut out = Vec::new();
-        meta.map_extents(root, from, to, &mut |e| {
-            out.push(e);
-            Ok(true)
-        })
-        .unwrap();
+        Mapping::new(meta, root)
+            .extents(from, to, &mut |e| {
+                out.push(e);
+                Ok(true)
+            })
+            .unwrap();
         out
     }
 
@@ -720,14 +786,14 @@ mod tests {
         chunk: u64,
         pchunk: u64,
     ) -> BlockRef {
-        let (root, previous) = meta.map_set(root, chunk, pchunk).unwrap();
+        let (root, previous) = map_set(meta, root, chunk, pchunk).unwrap();
         assert_eq!(
             previous,
             model.insert(chunk, pchunk).map(Mapped::whole),
             "replaced chunk of {chunk}"
         );
         if let Some(p) = previous {
-            meta.dec_mapped(p).unwrap();
+            p.dec_refs(meta).unwrap();
         }
         root
     }
@@ -745,7 +811,7 @@ mod tests {
     /// The map at `root` against its model: extents in order, disjoint,
     /// of 1 to MAX_EXTENT_CHUNKS chunks, each inside its leaf's key range,
     /// together mapping exactly the model's chunks to its physical chunks;
-    /// with `lookups`, map_lookup agrees for every chunk up to past the end.
+    /// with `lookups`, Mapping::lookup agrees for every chunk up to past the end.
     fn check_map(meta: &Meta, root: BlockRef, model: &Model, lookups: bool) -> Vec<Extent> {
         let shape = check_tree(meta, root, TreeKind::Mapping);
         let all = extents(meta, root, 0, u64::MAX);
@@ -761,7 +827,7 @@ mod tests {
         assert_eq!(&seen, model);
         for leaf in &shape.leaves {
             for &key in &leaf.keys {
-                let (e, leaf_upper) = meta.map_lookup(root, key).unwrap().unwrap();
+                let (e, leaf_upper) = lookup(meta, root, key).unwrap().unwrap();
                 assert_eq!((e.start, leaf_upper), (key, leaf.hi));
                 assert!(
                     leaf.lo <= e.start && e.end() <= leaf.hi,
@@ -772,7 +838,7 @@ mod tests {
         if lookups {
             let last = model.keys().next_back().map_or(0, |c| c + 3);
             for chunk in 0..last {
-                let found = meta.map_lookup(root, chunk).unwrap();
+                let found = lookup(meta, root, chunk).unwrap();
                 assert_eq!(
                     found.map(|(e, _)| e.phys(chunk)),
                     model.get(&chunk).copied()
@@ -789,7 +855,7 @@ mod tests {
         let mut meta = fresh_meta_with(16384);
         let mut root = BlockRef::NONE;
         let base = meta.alloc_data().unwrap();
-        root = meta.map_set(root, 5, base).unwrap().0;
+        root = map_set(&mut meta, root, 5, base).unwrap().0;
         // Chunks 4 to 6 written in order in one transaction, 5 as a partial
         // over `base`: the whole neighbours are consecutive with it on the
         // device, and still three extents.
@@ -797,17 +863,17 @@ mod tests {
         let p5 = meta.alloc_data().unwrap();
         let p6 = meta.alloc_data().unwrap();
         assert_eq!((p5, p6), (p4 + 1, p4 + 2));
-        root = meta.map_set(root, 4, p4).unwrap().0;
+        root = map_set(&mut meta, root, 4, p4).unwrap().0;
         let partial = Mapped {
             phys: p5,
             partial: Some(Partial::over(0b1000, base)),
         };
         let txn = meta.txn();
-        let (r, previous) = meta.map_set_as(root, 5, partial, txn).unwrap();
+        let (r, previous) = map_set_as(&mut meta, root, 5, partial, txn).unwrap();
         root = r;
         // The base's reference passes to the partial.
         assert_eq!(previous, Some(Mapped::whole(base)));
-        root = meta.map_set(root, 6, p6).unwrap().0;
+        root = map_set(&mut meta, root, 6, p6).unwrap().0;
         let got = extents(&meta, root, 0, 10);
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[1].at(5), partial);
@@ -815,10 +881,10 @@ mod tests {
         check_refs(&meta, &[root], 0);
         // Replaced: both references come back to the caller.
         let q = meta.alloc_data().unwrap();
-        let (r, previous) = meta.map_set(root, 5, q).unwrap();
+        let (r, previous) = map_set(&mut meta, root, 5, q).unwrap();
         root = r;
         assert_eq!(previous, Some(partial));
-        meta.dec_mapped(partial).unwrap();
+        partial.dec_refs(&mut meta).unwrap();
         check_refs(&meta, &[root], 0);
         // A partial unmapped by a range drops both.
         let base2 = q;
@@ -827,9 +893,9 @@ mod tests {
             phys: p,
             partial: Some(Partial::over(0b0001, base2)),
         };
-        root = meta.map_set_as(root, 5, partial, txn).unwrap().0;
+        root = map_set_as(&mut meta, root, 5, partial, txn).unwrap().0;
         check_refs(&meta, &[root], 0);
-        let (r, unmapped) = meta.map_unset_range(root, 5, 6).unwrap();
+        let (r, unmapped) = unset_range(&mut meta, root, 5, 6).unwrap();
         root = r;
         assert_eq!(unmapped, 1);
         check_refs(&meta, &[root], 0);
@@ -839,7 +905,7 @@ mod tests {
 
     /// Chunks written one after another to consecutive physical chunks in
     /// one transaction form one extent; a gap in the physical chunks, a
-    /// different generation (map_set_as) or a new transaction starts a new
+    /// different generation (MappingMut::set_as) or a new transaction starts a new
     /// one, the same generation given explicitly extends it, and no extent
     /// grows past MAX_EXTENT_CHUNKS.
     #[test]
@@ -862,14 +928,12 @@ mod tests {
         assert_eq!(model[&110], p0 + 11);
         // Another generation, then that generation again.
         let p = meta.alloc_data().unwrap();
-        root = meta
-            .map_set_as(root, 111, Mapped::whole(p), g + 7)
+        root = map_set_as(&mut meta, root, 111, Mapped::whole(p), g + 7)
             .unwrap()
             .0;
         model.insert(111, p);
         let p = meta.alloc_data().unwrap();
-        root = meta
-            .map_set_as(root, 112, Mapped::whole(p), g + 7)
+        root = map_set_as(&mut meta, root, 112, Mapped::whole(p), g + 7)
             .unwrap()
             .0;
         model.insert(112, p);
@@ -919,7 +983,7 @@ mod tests {
         let g2 = meta.txn();
 
         let q = meta.alloc_data().unwrap();
-        let (r, previous) = meta.map_set(root, 15, q).unwrap();
+        let (r, previous) = map_set(&mut meta, root, 15, q).unwrap();
         root = r;
         assert_eq!(previous, Some(Mapped::whole(p0 + 5)));
         assert_eq!(meta.dec_data(p0 + 5).unwrap(), 0);
@@ -1002,10 +1066,10 @@ mod tests {
         let expected = model.range(from..to).count() as u64;
         let (root, unmapped, detached) = match how {
             How::Unset => {
-                let (root, unmapped) = meta.map_unset_range(root, from, to).unwrap();
+                let (root, unmapped) = unset_range(meta, root, from, to).unwrap();
                 (root, unmapped, Vec::new())
             }
-            How::Discard => meta.map_discard(root, from, to).unwrap(),
+            How::Discard => discard(meta, root, from, to).unwrap(),
         };
         assert_eq!(unmapped, expected, "chunks unmapped from [{from}, {to})");
         for &subtree in &detached {
@@ -1018,7 +1082,7 @@ mod tests {
         (root, detached.len())
     }
 
-    /// map_unset_range and map_discard over ranges whose bounds cut
+    /// MappingMut::unset_range and MappingMut::discard over ranges whose bounds cut
     /// extents (in one extent, across neighbours, across many leaves) leave
     /// exactly the chunks outside the range mapped, to the same physical
     /// chunks, report how many chunks they unmapped, and drop exactly the
@@ -1136,14 +1200,14 @@ mod tests {
                     }
                     Op::Unset(from, to) => {
                         let expected = model.range(from..to).count() as u64;
-                        let (r, unmapped) = meta.map_unset_range(root, from, to).unwrap();
+                        let (r, unmapped) = unset_range(&mut meta, root, from, to).unwrap();
                         prop_assert_eq!(unmapped, expected);
                         root = r;
                         model.retain(|c, _| !(from..to).contains(c));
                     }
                     Op::Discard(from, to) => {
                         let expected = model.range(from..to).count() as u64;
-                        let (r, unmapped, detached) = meta.map_discard(root, from, to).unwrap();
+                        let (r, unmapped, detached) = discard(&mut meta, root, from, to).unwrap();
                         prop_assert_eq!(unmapped, expected);
                         for subtree in detached {
                             drop_tree(&mut meta, subtree);
@@ -1154,7 +1218,7 @@ mod tests {
                     Op::Commit => meta.commit().unwrap(),
                     Op::Share => {
                         if shared.len() < 2 && !root.is_none() {
-                            meta.tree_share(root).unwrap();
+                            TreeMut::new(&mut meta, TreeKind::Mapping, root).share().unwrap();
                             shared.push((root, model.clone()));
                         }
                     }

@@ -35,7 +35,9 @@ use crate::spacemap::{SmSavepoint, SpaceMap};
 use crate::store::{CachedNode, Geometry, PreservedPages, Store};
 use crate::undo::{Mark, UndoLog};
 
-mod btree;
+pub(crate) mod btree;
+
+use btree::{Tree, TreeMut};
 
 /// A node as seen by a reader: borrowed from the transaction's dirty set or
 /// shared from the clean cache.
@@ -445,7 +447,10 @@ impl Meta {
         let mut value = [0u8; BlockRef::ENCODED_LEN];
         root.encode(&mut value);
         let seq = self.next_queue_seq;
-        self.queue_root = self.tree_insert(self.queue_root, TreeKind::Queue, seq, &value)?;
+        let root = self.queue_root;
+        let mut queue = TreeMut::new(self, TreeKind::Queue, root);
+        queue.insert(seq, &value)?;
+        self.queue_root = queue.root();
         self.next_queue_seq += 1;
         Ok(seq)
     }
@@ -454,13 +459,16 @@ impl Meta {
     /// the caller); `None` when the queue is empty or its oldest entry is held
     /// ([`Self::hold_queue_entry`]).
     pub fn queue_pop(&mut self) -> Result<Option<BlockRef>> {
-        let Some((seq, value)) = self.tree_first(self.queue_root, TreeKind::Queue)? else {
+        let Some((seq, value)) = Tree::new(self, TreeKind::Queue, self.queue_root).first()? else {
             return Ok(None);
         };
         if self.held_queue_seq == Some(seq) {
             return Ok(None);
         }
-        self.queue_root = self.tree_remove(self.queue_root, seq)?.0;
+        let root = self.queue_root;
+        let mut queue = TreeMut::new(self, TreeKind::Queue, root);
+        queue.remove(seq)?;
+        self.queue_root = queue.root();
         Ok(Some(BlockRef::decode(&value)))
     }
 

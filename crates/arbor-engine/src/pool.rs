@@ -56,6 +56,7 @@ use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{Error, Result};
+use crate::mapping::Mapping;
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, split_snapshot_name,
@@ -1447,46 +1448,45 @@ impl Pool {
         let mut pos = offset;
         let mut pieces: Vec<Piece> = Vec::new();
         let mut push = |piece: Piece| push_piece(&mut pieces, piece);
-        meta.meta()
-            .map_extents(root, offset / cs, end.div_ceil(cs), &mut |e| {
-                let lo = (e.start * cs).max(pos);
-                let hi = (e.end() * cs).min(end);
-                if lo > pos {
-                    push(Piece {
-                        len: lo - pos,
-                        source: Source::Zeros,
-                    });
-                }
-                if e.partial.is_some() {
-                    // One chunk, read from two by its mask.
-                    let at = e.start * cs;
-                    for (run, from) in e.at(e.start).runs(cs) {
-                        let (a, b) = ((at + run.start).max(lo), (at + run.end).min(hi));
-                        if a < b {
-                            push(Piece {
-                                len: b - a,
-                                source: Source::Pool(geo.chunk_offset(from) + (a - at)),
-                            });
-                        }
+        Mapping::new(meta.meta(), root).extents(offset / cs, end.div_ceil(cs), &mut |e| {
+            let lo = (e.start * cs).max(pos);
+            let hi = (e.end() * cs).min(end);
+            if lo > pos {
+                push(Piece {
+                    len: lo - pos,
+                    source: Source::Zeros,
+                });
+            }
+            if e.partial.is_some() {
+                // One chunk, read from two by its mask.
+                let at = e.start * cs;
+                for (run, from) in e.at(e.start).runs(cs) {
+                    let (a, b) = ((at + run.start).max(lo), (at + run.end).min(hi));
+                    if a < b {
+                        push(Piece {
+                            len: b - a,
+                            source: Source::Pool(geo.chunk_offset(from) + (a - at)),
+                        });
                     }
-                    pos = pos.max(hi);
-                    return Ok(pos < end);
-                }
-                // An extent's chunks are contiguous on the device within a
-                // region only: a piece ends where the region does.
-                let mut lo = lo;
-                while lo < hi {
-                    let (device, run) = geo.chunk_run(e.pchunk + (lo / cs - e.start));
-                    let piece = (run * cs - lo % cs).min(hi - lo);
-                    push(Piece {
-                        len: piece,
-                        source: Source::Pool(device + lo % cs),
-                    });
-                    lo += piece;
                 }
                 pos = pos.max(hi);
-                Ok(pos < end)
-            })?;
+                return Ok(pos < end);
+            }
+            // An extent's chunks are contiguous on the device within a
+            // region only: a piece ends where the region does.
+            let mut lo = lo;
+            while lo < hi {
+                let (device, run) = geo.chunk_run(e.pchunk + (lo / cs - e.start));
+                let piece = (run * cs - lo % cs).min(hi - lo);
+                push(Piece {
+                    len: piece,
+                    source: Source::Pool(device + lo % cs),
+                });
+                lo += piece;
+            }
+            pos = pos.max(hi);
+            Ok(pos < end)
+        })?;
         if pos < end {
             push(Piece {
                 len: end - pos,
@@ -1784,7 +1784,7 @@ impl Pool {
                 shared_bytes: 0,
             });
         }
-        let exclusive = meta.meta().exclusive_chunks(rec.root)?;
+        let exclusive = crate::diff::exclusive_chunks(Mapping::new(meta.meta(), rec.root))?;
         // The copies only this record's epoch reads, if no other record
         // reads through that epoch: destroying it frees them.
         let copies = match rec.backing {
@@ -1898,11 +1898,16 @@ impl Pool {
         let cs = self.chunk_size();
         let (first, end) = (from / cs, to.div_ceil(cs));
         let mut chunks: Vec<(u64, u64)> = Vec::new();
-        meta.meta()
-            .diff_trees(plan.roots.0, plan.roots.1, first, end, &mut |lo, hi| {
+        crate::diff::diff_trees(
+            Mapping::new(meta.meta(), plan.roots.0),
+            Mapping::new(meta.meta(), plan.roots.1),
+            first,
+            end,
+            &mut |lo, hi| {
                 chunks.push((lo, hi));
                 Ok(())
-            })?;
+            },
+        )?;
         if let Some((origin, lo, hi)) = plan.epochs {
             let trees = chunks.len();
             meta.epoch_changes(origin, lo, hi, first..end, &mut |chunk| {
@@ -1951,8 +1956,9 @@ impl Pool {
         }
         let root = rec.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
-        meta.meta()
-            .changed_since(root, since, &mut |from, to| ranges.push(from, to))?;
+        crate::diff::changed_since(Mapping::new(meta.meta(), root), since, &mut |from, to| {
+            ranges.push(from, to)
+        })?;
         Ok(ranges.0)
     }
 

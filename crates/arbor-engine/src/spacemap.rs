@@ -660,11 +660,11 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::testing::fresh_meta;
+    use crate::testing::fresh_store;
 
     /// The store of a fresh pool: every space-map page at home is all zeros.
     fn store() -> Arc<Store> {
-        Arc::clone(fresh_meta().store())
+        fresh_store()
     }
 
     /// A map over every data chunk of the test pool (three pages).

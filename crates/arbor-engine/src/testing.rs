@@ -9,7 +9,8 @@ use std::sync::Arc;
 use arbor_format::{BlockRef, NodeBody, TreeKind, BLOCK_SIZE};
 use arbor_io::{BlockDevice, SimDisk};
 
-use crate::meta::{decode_map_value, recover, Meta};
+use crate::meta::btree::TreeMut;
+use crate::meta::{decode_map_value, recover, Meta, Resume};
 use crate::pool::{read_superblock, CreateOptions, OpenOptions, Pool};
 use crate::store::{Geometry, Store};
 
@@ -28,6 +29,30 @@ pub(crate) fn fresh_meta() -> Meta {
 
 /// [`fresh_meta`] with chunks of `chunk_size` bytes.
 pub(crate) fn fresh_meta_with(chunk_size: u32) -> Meta {
+    let (store, resume) = fresh_store_with(chunk_size);
+    let meta =
+        Meta::resume(store, resume, OpenOptions::default().dirty_node_limit).expect("resume");
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Meta),
+        0,
+        "a fresh pool has no nodes"
+    );
+    assert_eq!(
+        meta.used(arbor_format::SmKind::Data),
+        0,
+        "a fresh pool has no data"
+    );
+    meta
+}
+
+/// The store of a freshly created, empty pool of 4 KiB chunks, its last
+/// commit recovered (every space-map page at home), for the tests of the
+/// layers below the transaction.
+pub(crate) fn fresh_store() -> Arc<Store> {
+    fresh_store_with(4096).0
+}
+
+fn fresh_store_with(chunk_size: u32) -> (Arc<Store>, Resume) {
     let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(DEVICE_BYTES));
     let create = CreateOptions {
         chunk_size,
@@ -44,18 +69,7 @@ pub(crate) fn fresh_meta_with(chunk_size: u32) -> Meta {
         open.cache_bytes / BLOCK_SIZE,
     ));
     let resume = recover(&store).expect("recover the last commit");
-    let meta = Meta::resume(store, resume, open.dirty_node_limit).expect("resume");
-    assert_eq!(
-        meta.used(arbor_format::SmKind::Meta),
-        0,
-        "a fresh pool has no nodes"
-    );
-    assert_eq!(
-        meta.used(arbor_format::SmKind::Data),
-        0,
-        "a fresh pool has no data"
-    );
-    meta
+    (store, resume)
 }
 
 /// One leaf of a tree: the key range its parents give it, and its entries.
@@ -230,7 +244,8 @@ pub(crate) fn drop_tree(meta: &mut Meta, r: BlockRef) {
     if r.is_none() {
         return;
     }
-    let Some(node) = meta.tree_release(r).expect("drop a node reference") else {
+    let released = TreeMut::new(meta, TreeKind::Mapping, r).release();
+    let Some(node) = released.expect("drop a node reference") else {
         return;
     };
     match &node.body {

@@ -9,7 +9,8 @@
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
 use crate::error::{Error, Result};
-use crate::mapping::{Layers, Mapped};
+use crate::mapping::{Layers, Mapped, Mapping, MappingMut};
+use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
@@ -138,7 +139,7 @@ impl Volumes {
         let roots = VolumeRoots::of(meta.last_record());
         let kind = table_kind(&meta, roots.root)?;
         let mut records = Vec::new();
-        meta.tree_for_each(roots.root, kind, 0, u64::MAX, &mut |id, value| {
+        Tree::new(&meta, kind, roots.root).for_each(0, u64::MAX, &mut |id, value| {
             let rec = decode_record(kind, value)
                 .map_err(|e| Error::corrupt(format!("volume record {id}"), e))?;
             records.push((id, rec));
@@ -174,7 +175,9 @@ impl Volumes {
         }
         let ids: Vec<u64> = self.table.iter().map(|(id, _)| id).collect();
         for &id in &ids {
-            self.root = self.meta.tree_remove(self.root, id)?.0;
+            let mut tree = TreeMut::new(&mut self.meta, self.kind, self.root);
+            tree.remove(id)?;
+            self.root = tree.root();
             self.table.update(id, |rec| rec.guid = new_guid())?;
         }
         if !self.root.is_none() {
@@ -253,7 +256,9 @@ impl Volumes {
     pub fn store_table(&mut self) -> Result<()> {
         let (removed, dirty) = self.table.take_changes();
         for &id in &removed {
-            self.root = self.meta.tree_remove(self.root, id)?.0;
+            let mut tree = TreeMut::new(&mut self.meta, self.kind, self.root);
+            tree.remove(id)?;
+            self.root = tree.root();
         }
         for (id, rec) in dirty {
             let mut value = [0u8; VolumeRecord::ENCODED_LEN];
@@ -267,7 +272,9 @@ impl Volumes {
                     &value[..VolumeRecord::ENCODED_LEN_V1]
                 }
             };
-            self.root = self.meta.tree_insert(self.root, self.kind, id, value)?;
+            let mut tree = TreeMut::new(&mut self.meta, self.kind, self.root);
+            tree.insert(id, value)?;
+            self.root = tree.root();
         }
         Ok(())
     }
@@ -693,7 +700,7 @@ impl Volumes {
             return self.snapshot_cow(source, name);
         }
         if !src.root.is_none() {
-            self.meta.tree_share(src.root)?;
+            self.share_tree(src.root)?;
         }
         let id = self.add_volume(
             name,
@@ -723,6 +730,12 @@ impl Volumes {
         self.table.shared_txn(id).unwrap_or(self.meta.opened_txn())
     }
 
+    /// Adds a reference to a volume's tree (a mapping tree or a snapshot
+    /// store): a snapshot, clone or held tree shares it.
+    fn share_tree(&mut self, root: BlockRef) -> Result<()> {
+        TreeMut::new(&mut self.meta, TreeKind::Mapping, root).share()
+    }
+
     /// Hands a tree to the reclaim queue, which now owns its reference.
     pub fn queue_drop(&mut self, root: BlockRef) -> Result<()> {
         if !root.is_none() {
@@ -740,7 +753,7 @@ impl Volumes {
     pub fn hold_tree(&mut self, id: u64) -> Result<HeldTree> {
         let rec = self.writable_volume(id)?.clone();
         if !rec.root.is_none() {
-            self.meta.tree_share(rec.root)?;
+            self.share_tree(rec.root)?;
             let seq = self.meta.queue_push(rec.root)?;
             self.meta.hold_queue_entry(seq);
         }
@@ -760,7 +773,7 @@ impl Volumes {
             return Ok(());
         }
         if !held.root.is_none() {
-            self.meta.tree_share(held.root)?;
+            self.share_tree(held.root)?;
         }
         let now = self.update_volume(held.id, |vol| {
             vol.mapped_chunks = held.mapped_chunks;
@@ -781,7 +794,7 @@ impl Volumes {
     pub fn rollback_volume(&mut self, id: u64, snap: u64) -> Result<()> {
         let snap_rec = self.volume(snap)?.clone();
         if !snap_rec.root.is_none() {
-            self.meta.tree_share(snap_rec.root)?;
+            self.share_tree(snap_rec.root)?;
         }
         let old_root = self.update_volume(id, |vol| {
             vol.size_bytes = snap_rec.size_bytes;
@@ -801,11 +814,13 @@ impl Volumes {
     }
 
     /// Unmaps chunks `[from, to)` of volume `id`, with bounded work whatever
-    /// the range (see [`Meta::map_discard`]): subtrees inside the range go to
+    /// the range (see [`MappingMut::discard`]): subtrees inside the range go to
     /// the reclaim queue, whose background steps drop their data.
     pub fn unmap_chunks(&mut self, id: u64, from: u64, to: u64) -> Result<()> {
         let root = self.volume(id)?.root;
-        let (root, unmapped, detached) = self.meta.map_discard(root, from, to)?;
+        let mut map = MappingMut::new(&mut self.meta, root);
+        let (unmapped, detached) = map.discard(from, to)?;
+        let root = map.root();
         for subtree in detached {
             self.queue_drop(subtree)?;
         }
@@ -929,9 +944,8 @@ impl Volumes {
                 ChunkPlan::InPlace(_) | ChunkPlan::Skip => continue,
             };
             {
-                let current = self
-                    .meta
-                    .map_lookup(root, w.chunk)?
+                let current = Mapping::new(&self.meta, root)
+                    .lookup(w.chunk)?
                     .map(|(e, _)| e.at(w.chunk));
                 if current != old {
                     return Err(Error::inconsistent(format!(
@@ -941,22 +955,19 @@ impl Volumes {
                 }
             }
         }
-        let mut root = root;
         let mut added = 0u64;
         let txn = self.meta.txn();
+        let full_mask = crate::mapping::full_mask(self.meta.geo());
+        let mut map = MappingMut::new(&mut self.meta, root);
         for (w, plan) in wanted.iter().zip(plans) {
             match *plan {
-                ChunkPlan::Redirect { new, .. } => {
-                    let (shadowed, previous) = self.meta.map_set(root, w.chunk, new)?;
-                    root = shadowed;
-                    match previous {
-                        Some(previous) => self.meta.dec_mapped(previous)?,
-                        None => added += 1,
-                    }
-                }
+                ChunkPlan::Redirect { new, .. } => match map.set(w.chunk, new)? {
+                    Some(previous) => previous.dec_refs(map.meta_mut())?,
+                    None => added += 1,
+                },
                 // Checked above: the chunk still maps `old`.
                 ChunkPlan::Partial { old, to, .. } => {
-                    root = self.meta.remap(root, w.chunk, old, to, txn)?;
+                    map.remap(w.chunk, old, to, txn)?;
                 }
                 ChunkPlan::Extend {
                     pchunk,
@@ -967,7 +978,7 @@ impl Volumes {
                         phys: pchunk,
                         partial: Some(partial),
                     };
-                    let Some(all) = crate::mapping::full_mask(self.meta.geo()) else {
+                    let Some(all) = full_mask else {
                         return Err(Error::inconsistent(format!(
                             "a partial extent in chunk {} of volume {id}, in a pool without them",
                             w.chunk
@@ -977,11 +988,12 @@ impl Volumes {
                     layers.grow_first(add);
                     // The layers left without blocks (all of them once the
                     // mask is full) drop.
-                    root = self.meta.remap(root, w.chunk, old, layers.mapped(), txn)?;
+                    map.remap(w.chunk, old, layers.mapped(), txn)?;
                 }
                 ChunkPlan::InPlace(_) | ChunkPlan::Skip => {}
             }
         }
+        let root = map.root();
         if root != self.volume(id)?.root || added > 0 {
             self.update_volume(id, |vol| {
                 vol.root = root;
@@ -1001,7 +1013,7 @@ impl Volumes {
     #[cfg(test)]
     pub(crate) fn map_partial(&mut self, id: u64, chunk: u64, mask: u32) -> Result<u64> {
         let root = self.writable_volume(id)?.root;
-        let Some((e, _)) = self.meta.map_lookup(root, chunk)? else {
+        let Some((e, _)) = Mapping::new(&self.meta, root).lookup(chunk)? else {
             return Err(Error::InvalidArgument(format!(
                 "chunk {chunk} is not mapped"
             )));
@@ -1016,7 +1028,9 @@ impl Volumes {
             partial: Some(arbor_format::Partial::over(mask, base.phys)),
         };
         let txn = self.meta.txn();
-        let (root, previous) = self.meta.map_set_as(root, chunk, partial, txn)?;
+        let mut map = MappingMut::new(&mut self.meta, root);
+        let previous = map.set_as(chunk, partial, txn)?;
+        let root = map.root();
         // The base's reference passes from the old mapping to the partial.
         debug_assert_eq!(previous, Some(base));
         self.update_volume(id, |vol| vol.root = root)?;
@@ -1035,15 +1049,15 @@ impl Volumes {
             )));
         }
         let root = self.volume(id)?.root;
-        let found = self.meta.map_lookup(root, chunk)?;
+        let found = Mapping::new(&self.meta, root).lookup(chunk)?;
         let Some((e, _)) = found.filter(|(e, _)| e.at(chunk) == expect) else {
             return Err(Error::inconsistent(format!(
                 "chunk {chunk} of volume {id} changed while it was filled"
             )));
         };
-        let root = self
-            .meta
-            .remap(root, chunk, expect, Mapped::whole(expect.phys), e.gen)?;
+        let mut map = MappingMut::new(&mut self.meta, root);
+        map.remap(chunk, expect, Mapped::whole(expect.phys), e.gen)?;
+        let root = map.root();
         self.update_volume(id, |vol| vol.root = root)
     }
 
@@ -1078,7 +1092,7 @@ impl Volumes {
         let chunk = w.chunk;
         self.check_write_end(id, end)?;
         let root = self.writable_volume(id)?.root;
-        let Some((extent, _)) = self.meta.map_lookup(root, chunk)? else {
+        let Some((extent, _)) = Mapping::new(&self.meta, root).lookup(chunk)? else {
             return Ok(InPlaceCheck::No { mapped: None });
         };
         let mapped = extent.at(chunk);
@@ -1115,8 +1129,10 @@ impl Volumes {
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
         if extent.gen != self.meta.txn() || last_shared == self.meta.txn() {
-            let (shadowed, previous) = self.meta.map_set_as(root, chunk, mapped, extent.gen)?;
+            let mut map = MappingMut::new(&mut self.meta, root);
+            let previous = map.set_as(chunk, mapped, extent.gen)?;
             debug_assert_eq!(previous, Some(mapped));
+            let shadowed = map.root();
             self.update_volume(id, |vol| vol.root = shadowed)?;
         }
         // In place only if this volume alone references the chunk now AND no
@@ -1145,7 +1161,9 @@ impl Volumes {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;
                 let txn = self.meta.txn();
-                let (root, _) = self.meta.map_set_as(root, chunk, mapped, txn)?;
+                let mut map = MappingMut::new(&mut self.meta, root);
+                map.set_as(chunk, mapped, txn)?;
+                let root = map.root();
                 self.update_volume(id, |vol| vol.root = root)?;
             }
             return Ok(alone);
@@ -1172,7 +1190,7 @@ impl Volumes {
     /// references is freed: its children's references go to the queue, its
     /// extents' data references are dropped.
     fn drop_tree_ref(&mut self, r: BlockRef) -> Result<()> {
-        let Some(node) = self.meta.tree_release(r)? else {
+        let Some(node) = TreeMut::new(&mut self.meta, TreeKind::Mapping, r).release()? else {
             return Ok(());
         };
         // A failed step is undone whole, so checking after the release is

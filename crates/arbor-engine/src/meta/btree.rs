@@ -2,9 +2,14 @@
 //! (Rodeh, "B-trees, shadowing, and clones").
 //!
 //! A tree is named by its root [`BlockRef`]; `BlockRef::NONE` is the empty
-//! tree. Every mutation shadows the path from the root (see
-//! [`Meta::shadow`]) and returns the new root; nodes shared with other trees
-//! are never modified in place.
+//! tree. [`Tree`] reads one (get-less-or-equal, predecessor search, range
+//! iteration); [`TreeMut`] changes one (insert, remove, remove a key range,
+//! share, release), borrowing the transaction: every change shadows the
+//! path from the root (see [`Meta::shadow`]) and moves the tree's root;
+//! nodes shared with other trees are never modified in place. The
+//! transaction's node API (allocate, shadow, take and put back a dirty
+//! node, add and drop node references) is private to `meta` and this
+//! module, so no other layer can change a node.
 //!
 //! Invariants checked by `check` and relied on here:
 //! * keys in a node are strictly increasing; child `i` of an internal node
@@ -101,10 +106,8 @@ fn split_off_upper_at(node: &mut Node, at: usize) -> Node {
     }
 }
 
-/// What [`Meta::tree_remove_range`] took out of a tree.
+/// What [`TreeMut::remove_range`] took out of a tree.
 pub(crate) struct RangeRemoval {
-    /// The tree's new root.
-    pub root: BlockRef,
     /// Entries removed from leaves the range bounds cut, in key order.
     pub removed: Vec<(u64, Vec<u8>)>,
     /// Subtrees wholly inside the range, detached unread: the caller owns
@@ -112,7 +115,7 @@ pub(crate) struct RangeRemoval {
     pub detached: Vec<BlockRef>,
 }
 
-/// A leaf entry found by [`Meta::tree_get_le`]: its key, value bytes, and
+/// A leaf entry found by [`Tree::get_le`]: its key, value bytes, and
 /// the exclusive upper bound of the key range its leaf covers.
 pub(crate) struct Found {
     pub key: u64,
@@ -120,39 +123,62 @@ pub(crate) struct Found {
     pub leaf_upper: u64,
 }
 
-impl Meta {
-    /// Adds a reference to the tree at `root` (a snapshot or clone shares
-    /// it; the empty tree needs none).
-    pub fn tree_share(&mut self, root: BlockRef) -> Result<()> {
-        if root.is_none() {
-            return Ok(());
-        }
-        self.inc_node(root)
+/// The entries of neighbouring leaves `left` and `right` divided anew,
+/// half each by bytes, each keeping its encoding; `None` when they are
+/// not both leaves or a half would be more than 15/16 full (room for
+/// the next inserts, which would otherwise spill straight back).
+fn rebalanced(meta: &Meta, left: BlockRef, right: BlockRef) -> Result<Option<(Node, Node)>> {
+    let (l, r) = (meta.node(left)?, meta.node(right)?);
+    if l.level != 0 || r.level != 0 {
+        return Ok(None);
+    }
+    let mut all: Node = (*l).clone();
+    all.keys.extend_from_slice(&r.keys);
+    if let (NodeBody::Leaf(a), NodeBody::Leaf(b)) = (&mut all.body, &r.body) {
+        a.extend_from_slice(b);
+    }
+    let at = all.split_point();
+    if at == 0 || at >= all.len() {
+        return Ok(None);
+    }
+    let mut upper = split_off_upper_at(&mut all, at);
+    upper.packed = r.packed;
+    let room = |n: &Node| n.usage().within(meta.node_limit(n), 15, 16);
+    Ok((room(&all) && room(&upper)).then_some((all, upper)))
+}
+
+/// Read access to one B-tree: the transaction it lives in, its kind and its
+/// root (`BlockRef::NONE`: the empty tree). Copying it copies the borrow.
+#[derive(Clone, Copy)]
+pub(crate) struct Tree<'a> {
+    meta: &'a Meta,
+    kind: TreeKind,
+    root: BlockRef,
+}
+
+impl<'a> Tree<'a> {
+    pub fn new(meta: &'a Meta, kind: TreeKind, root: BlockRef) -> Self {
+        Self { meta, kind, root }
     }
 
-    /// Drops one reference to the node at `r`. If it was the last, the node
-    /// is freed and returned: the caller then owns one reference to each of
-    /// its children (internal) or to each of its values' data (mapping
-    /// leaf), and drops them.
-    pub fn tree_release(&mut self, r: BlockRef) -> Result<Option<Node>> {
-        if self.meta_count(r.block)? > 1 {
-            self.dec_node_shallow(r)?;
-            return Ok(None);
-        }
-        let node = self.node(r)?.clone();
-        self.dec_node_shallow(r)?;
-        Ok(Some(node))
+    /// The transaction the tree lives in.
+    pub fn meta(&self) -> &'a Meta {
+        self.meta
+    }
+
+    pub fn root(&self) -> BlockRef {
+        self.root
     }
 
     /// The entry with the greatest key ≤ `key` *within the leaf whose range
     /// holds `key`* (an entry in an earlier leaf is not returned: mapping
     /// extents never cross their leaf's upper bound, so it cannot cover `key`).
-    pub fn tree_get_le(&self, root: BlockRef, key: u64) -> Result<Option<Found>> {
-        if root.is_none() {
+    pub fn get_le(&self, key: u64) -> Result<Option<Found>> {
+        if self.root.is_none() {
             return Ok(None);
         }
         let mut upper = u64::MAX;
-        let mut node = self.node(root)?;
+        let mut node = self.meta.node(self.root)?;
         let tree = node.tree;
         loop {
             match &node.body {
@@ -172,7 +198,7 @@ impl Meta {
                     if let Some(&next) = node.keys.get(i + 1) {
                         upper = upper.min(next);
                     }
-                    let child = self.node(children[i])?;
+                    let child = self.meta.node(children[i])?;
                     check_child_level(&node, &child, tree)?;
                     node = child;
                 }
@@ -181,16 +207,16 @@ impl Meta {
     }
 
     /// The entry with the greatest key ≤ `key` anywhere in the tree (unlike
-    /// [`Self::tree_get_le`], which looks only in the leaf whose range holds
+    /// [`Self::get_le`], which looks only in the leaf whose range holds
     /// `key`): snapshot stores key an entry by its first epoch, and the
     /// entry covering an epoch may sit in an earlier leaf. Reads at most two
     /// paths: a subtree that holds nothing ≤ `key` is the one whose range
     /// holds it, and the one before it is non-empty and wholly below.
-    pub fn tree_get_below(&self, root: BlockRef, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
-        if root.is_none() {
+    pub fn get_below(&self, key: u64) -> Result<Option<(u64, Vec<u8>)>> {
+        if self.root.is_none() {
             return Ok(None);
         }
-        let node = self.node(root)?;
+        let node = self.meta.node(self.root)?;
         let tree = node.tree;
         self.get_below_in(&node, tree, key)
     }
@@ -209,7 +235,7 @@ impl Meta {
             NodeBody::Internal(children) => {
                 let at = child_index(&node.keys, key);
                 for i in (0..=at).rev() {
-                    let child = self.node(children[i])?;
+                    let child = self.meta.node(children[i])?;
                     check_child_level(node, &child, tree)?;
                     if let Some(found) = self.get_below_in(&child, tree, key)? {
                         return Ok(Some(found));
@@ -222,10 +248,8 @@ impl Meta {
 
     /// Calls `f(key, value)` for each leaf entry with key in `[from, to)`, in
     /// order, until `f` returns false.
-    pub fn tree_for_each(
+    pub fn for_each(
         &self,
-        root: BlockRef,
-        tree: TreeKind,
         from: u64,
         to: u64,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
@@ -255,57 +279,124 @@ impl Meta {
         if from >= to {
             return Ok(());
         }
-        walk(&|r| self.node(r), root, tree, &mut InRange { from, to, f }).map(|_| ())
+        let meta = self.meta;
+        walk(
+            &|r| meta.node(r),
+            self.root,
+            self.kind,
+            &mut InRange { from, to, f },
+        )
+        .map(|_| ())
     }
 
     /// The smallest key in the tree and its value.
-    pub fn tree_first(&self, root: BlockRef, tree: TreeKind) -> Result<Option<(u64, Vec<u8>)>> {
+    pub fn first(&self) -> Result<Option<(u64, Vec<u8>)>> {
         let mut first = None;
-        self.tree_for_each(root, tree, 0, u64::MAX, &mut |k, v| {
+        self.for_each(0, u64::MAX, &mut |k, v| {
             first = Some((k, v.to_vec()));
             Ok(false)
         })?;
         Ok(first)
     }
+}
 
-    /// Inserts or replaces `key`; returns the new root.
-    pub fn tree_insert(
-        &mut self,
-        root: BlockRef,
-        tree: TreeKind,
-        key: u64,
-        value: &[u8],
-    ) -> Result<BlockRef> {
-        debug_assert_eq!(value.len(), tree.value_len());
-        if root.is_none() {
-            let mut leaf = Node::new_leaf(tree);
+/// A B-tree being changed in the open transaction: the only code that
+/// changes nodes (through the transaction's node API, private to `meta`
+/// and this module). Every change shadows the path from the root (see
+/// [`Meta::shadow`]) and moves the root; nodes shared with other trees are
+/// never modified in place. A change that fails leaves the root as it was
+/// (the caller's step then undoes whatever it did below).
+pub(crate) struct TreeMut<'a> {
+    meta: &'a mut Meta,
+    kind: TreeKind,
+    root: BlockRef,
+}
+
+impl<'a> TreeMut<'a> {
+    pub fn new(meta: &'a mut Meta, kind: TreeKind, root: BlockRef) -> Self {
+        Self { meta, kind, root }
+    }
+
+    /// The tree's root after the changes so far.
+    pub fn root(&self) -> BlockRef {
+        self.root
+    }
+
+    /// The tree as it is now, to read.
+    pub fn read(&self) -> Tree<'_> {
+        Tree::new(self.meta, self.kind, self.root)
+    }
+
+    /// The transaction, to read.
+    pub fn meta(&self) -> &Meta {
+        self.meta
+    }
+
+    /// The transaction, for the layers above to count the references their
+    /// entries hold (its node API stays private).
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        self.meta
+    }
+
+    /// Adds a reference to the tree (a snapshot or clone shares it; the
+    /// empty tree needs none).
+    pub fn share(&mut self) -> Result<()> {
+        if self.root.is_none() {
+            return Ok(());
+        }
+        self.meta.inc_node(self.root)
+    }
+
+    /// Drops one reference to the tree's root node. If it was the last, the
+    /// node is freed and returned: the caller then owns one reference to
+    /// each of its children (internal) or to each of its values' data
+    /// (mapping leaf), and drops them.
+    pub fn release(self) -> Result<Option<Node>> {
+        let r = self.root;
+        if self.meta.meta_count(r.block)? > 1 {
+            self.meta.dec_node_shallow(r)?;
+            return Ok(None);
+        }
+        let node = self.meta.node(r)?.clone();
+        self.meta.dec_node_shallow(r)?;
+        Ok(Some(node))
+    }
+
+    /// Inserts or replaces `key`.
+    pub fn insert(&mut self, key: u64, value: &[u8]) -> Result<()> {
+        debug_assert_eq!(value.len(), self.kind.value_len());
+        if self.root.is_none() {
+            let mut leaf = Node::new_leaf(self.kind);
             leaf.keys.push(key);
             leaf.body = NodeBody::Leaf(value.to_vec());
-            return self.alloc_node(leaf);
+            self.root = self.meta.alloc_node(leaf)?;
+            return Ok(());
         }
-        let (left, overfull) = self.insert_rec(root, key, value)?;
+        let (left, overfull) = self.insert_rec(self.root, key, value)?;
         if !overfull {
-            return Ok(left);
+            self.root = left;
+            return Ok(());
         }
         let (separator, right) = self.split_dirty(left)?;
-        let level = self.node(left)?.level + 1;
-        let first_key = self.node(left)?.keys[0].min(key);
-        self.alloc_node(Node {
-            tree,
+        let level = self.meta.node(left)?.level + 1;
+        let first_key = self.meta.node(left)?.keys[0].min(key);
+        self.root = self.meta.alloc_node(Node {
+            tree: self.kind,
             level,
             keys: vec![first_key, separator],
             body: NodeBody::Internal(vec![left, right]),
             packed: false,
-        })
+        })?;
+        Ok(())
     }
 
     /// Inserts into the subtree at `r`; returns its new ref (dirty) and
     /// whether that node is now overfull (over by one entry at most): its
     /// parent moves entries to a sibling or splits it.
     fn insert_rec(&mut self, r: BlockRef, key: u64, value: &[u8]) -> Result<(BlockRef, bool)> {
-        let r = self.shadow(r)?;
-        let known = self.leaf_bytes.remove(&r.block);
-        let mut node = self.take_dirty(r)?;
+        let r = self.meta.shadow(r)?;
+        let known = self.meta.leaf_bytes.remove(&r.block);
+        let mut node = self.meta.take_dirty(r)?;
         let result = self.insert_into(&mut node, key, value, known);
         let (overfull, bytes) = match result {
             Ok(Some(bytes)) => {
@@ -313,14 +404,17 @@ impl Meta {
                     bytes,
                     entries: node.weight(),
                 };
-                (!usage.within(self.node_limit(&node), 1, 1), Some(bytes))
+                (
+                    !usage.within(self.meta.node_limit(&node), 1, 1),
+                    Some(bytes),
+                )
             }
-            _ => (!self.node_fits(&node), None),
+            _ => (!self.meta.node_fits(&node), None),
         };
-        self.put_dirty(r, node);
+        self.meta.put_dirty(r, node);
         result?;
         if let (false, Some(bytes)) = (overfull, bytes) {
-            self.leaf_bytes.insert(r.block, bytes);
+            self.meta.leaf_bytes.insert(r.block, bytes);
         }
         Ok((r, overfull))
     }
@@ -328,12 +422,12 @@ impl Meta {
     /// Splits the overfull dirty node `r`; returns the separator key and
     /// the new upper node.
     fn split_dirty(&mut self, r: BlockRef) -> Result<(u64, BlockRef)> {
-        let mut node = self.take_dirty(r)?;
-        let upper = split_off_upper(self, &mut node);
-        self.put_dirty(r, node);
+        let mut node = self.meta.take_dirty(r)?;
+        let upper = split_off_upper(self.meta, &mut node);
+        self.meta.put_dirty(r, node);
         let upper = upper?;
         let separator = upper.keys[0];
-        Ok((separator, self.alloc_node(upper)?))
+        Ok((separator, self.meta.alloc_node(upper)?))
     }
 
     /// Shares the entries of the overfull leaf child `i` of `parent` with
@@ -351,14 +445,14 @@ impl Meta {
         .into_iter()
         .flatten()
         {
-            if self.meta_count(kids[j].block)? > 1 {
+            if self.meta.meta_count(kids[j].block)? > 1 {
                 continue;
             }
             let (left, right) = (kids[i.min(j)], kids[i.max(j)]);
-            let Some((lower, upper)) = self.rebalanced(left, right)? else {
+            let Some((lower, upper)) = rebalanced(self.meta, left, right)? else {
                 continue;
             };
-            let sib = self.shadow(kids[j])?;
+            let sib = self.meta.shadow(kids[j])?;
             children_mut(parent)?[j] = sib;
             let (left, right) = if j < i {
                 (sib, kids[i])
@@ -366,38 +460,14 @@ impl Meta {
                 (kids[i], sib)
             };
             let separator = upper.keys[0];
-            self.take_dirty(left)?;
-            self.put_dirty(left, lower);
-            self.take_dirty(right)?;
-            self.put_dirty(right, upper);
+            self.meta.take_dirty(left)?;
+            self.meta.put_dirty(left, lower);
+            self.meta.take_dirty(right)?;
+            self.meta.put_dirty(right, upper);
             parent.keys[i.max(j)] = separator;
             return Ok(true);
         }
         Ok(false)
-    }
-
-    /// The entries of neighbouring leaves `left` and `right` divided anew,
-    /// half each by bytes, each keeping its encoding; `None` when they are
-    /// not both leaves or a half would be more than 15/16 full (room for
-    /// the next inserts, which would otherwise spill straight back).
-    fn rebalanced(&self, left: BlockRef, right: BlockRef) -> Result<Option<(Node, Node)>> {
-        let (l, r) = (self.node(left)?, self.node(right)?);
-        if l.level != 0 || r.level != 0 {
-            return Ok(None);
-        }
-        let mut all: Node = (*l).clone();
-        all.keys.extend_from_slice(&r.keys);
-        if let (NodeBody::Leaf(a), NodeBody::Leaf(b)) = (&mut all.body, &r.body) {
-            a.extend_from_slice(b);
-        }
-        let at = all.split_point();
-        if at == 0 || at >= all.len() {
-            return Ok(None);
-        }
-        let mut upper = split_off_upper_at(&mut all, at);
-        upper.packed = r.packed;
-        let room = |n: &Node| n.usage().within(self.node_limit(n), 15, 16);
-        Ok((room(&all) && room(&upper)).then_some((all, upper)))
     }
 
     /// Inserts into `node` (dirty); for a packed leaf returns its encoded
@@ -453,17 +523,18 @@ impl Meta {
         Ok(None)
     }
 
-    /// Removes `key` if present; returns the new root and the removed value.
-    pub fn tree_remove(&mut self, root: BlockRef, key: u64) -> Result<(BlockRef, Option<Vec<u8>>)> {
-        match self.tree_get_le(root, key)? {
+    /// Removes `key` if present; returns the removed value.
+    pub fn remove(&mut self, key: u64) -> Result<Option<Vec<u8>>> {
+        match self.read().get_le(key)? {
             Some(found) if found.key == key => {}
-            _ => return Ok((root, None)),
+            _ => return Ok(None),
         }
-        let (new_root, value) = self.remove_rec(root, key)?;
-        let Some(new_root) = new_root else {
-            return Ok((BlockRef::NONE, Some(value)));
+        let (new_root, value) = self.remove_rec(self.root, key)?;
+        self.root = match new_root {
+            Some(new_root) => self.collapse_root(new_root)?,
+            None => BlockRef::NONE,
         };
-        Ok((self.collapse_root(new_root)?, Some(value)))
+        Ok(Some(value))
     }
 
     /// Removes every entry with a key in `[from, to)`, touching only the
@@ -472,32 +543,27 @@ impl Meta {
     /// key range lies inside `[from, to)` is detached without being read:
     /// its reference passes to the caller (in [`RangeRemoval::detached`]),
     /// who must drop it. Leaves only lose entries, so nothing splits.
-    pub fn tree_remove_range(
-        &mut self,
-        root: BlockRef,
-        from: u64,
-        to: u64,
-    ) -> Result<RangeRemoval> {
+    pub fn remove_range(&mut self, from: u64, to: u64) -> Result<RangeRemoval> {
         let mut out = RangeRemoval {
-            root,
             removed: Vec::new(),
             detached: Vec::new(),
         };
+        let root = self.root;
         if root.is_none() || from >= to {
             return Ok(out);
         }
-        let level = self.node(root)?.level;
+        let level = self.meta.node(root)?.level;
         if level > MAX_LEVEL {
             return Err(Error::inconsistent("tree too deep"));
         }
-        out.root = match self.remove_range_rec(root, 0, u64::MAX, from, to, &mut out)? {
+        self.root = match self.remove_range_rec(root, 0, u64::MAX, from, to, &mut out)? {
             Some(r) => self.collapse_root(r)?,
             None => BlockRef::NONE,
         };
         Ok(out)
     }
 
-    /// [`Self::tree_remove_range`] below `r`, whose key range is `[lo, hi)`.
+    /// [`Self::remove_range`] below `r`, whose key range is `[lo, hi)`.
     /// `None` when nothing is left of the subtree (its reference was dropped
     /// or detached).
     fn remove_range_rec(
@@ -513,14 +579,14 @@ impl Meta {
             out.detached.push(r);
             return Ok(None);
         }
-        let r = self.shadow(r)?;
-        let mut node = self.take_dirty(r)?;
+        let r = self.meta.shadow(r)?;
+        let mut node = self.meta.take_dirty(r)?;
         let result = self.remove_range_from(&mut node, lo, hi, from, to, out);
         let empty = node.is_empty();
-        self.put_dirty(r, node);
+        self.meta.put_dirty(r, node);
         result?;
         if empty {
-            self.dec_node_shallow(r)?;
+            self.meta.dec_node_shallow(r)?;
             return Ok(None);
         }
         Ok(Some(r))
@@ -559,7 +625,7 @@ impl Meta {
             let child = children(node)?[i];
             if from > child_lo || child_hi > to {
                 // Only a child the bounds cut is read; check its level.
-                let child_node = self.node(child)?;
+                let child_node = self.meta.node(child)?;
                 check_child_level(node, &child_node, node.tree)?;
             }
             match self.remove_range_rec(child, child_lo, child_hi, from, to, out)? {
@@ -588,7 +654,7 @@ impl Meta {
     fn collapse_root(&mut self, mut new_root: BlockRef) -> Result<BlockRef> {
         loop {
             let only_child = {
-                let node = self.node(new_root)?;
+                let node = self.meta.node(new_root)?;
                 match &node.body {
                     NodeBody::Internal(c) if c.len() == 1 => c[0],
                     _ => break,
@@ -596,10 +662,10 @@ impl Meta {
             };
             // The tree now references the child directly. If the old root is
             // still referenced elsewhere, it keeps its own reference to the child.
-            if self.meta_count(new_root.block)? > 1 {
-                self.inc_node(only_child)?;
+            if self.meta.meta_count(new_root.block)? > 1 {
+                self.meta.inc_node(only_child)?;
             }
-            self.dec_node_shallow(new_root)?;
+            self.meta.dec_node_shallow(new_root)?;
             new_root = only_child;
         }
         Ok(new_root)
@@ -608,9 +674,9 @@ impl Meta {
     /// Removes `key` (known present) below `r`; `None` when the node emptied
     /// and was freed.
     fn remove_rec(&mut self, r: BlockRef, key: u64) -> Result<(Option<BlockRef>, Vec<u8>)> {
-        let r = self.shadow(r)?;
-        let known = self.leaf_bytes.remove(&r.block);
-        let mut node = self.take_dirty(r)?;
+        let r = self.meta.shadow(r)?;
+        let known = self.meta.leaf_bytes.remove(&r.block);
+        let mut node = self.meta.take_dirty(r)?;
         // A packed leaf's bytes after the removal, if they were known.
         let bytes = match (
             node.level,
@@ -633,13 +699,13 @@ impl Meta {
         let removed = self.remove_from(&mut node, key);
         let empty = node.is_empty();
         debug_assert!(removed.is_err() || bytes.is_none_or(|b| b == node.usage().bytes));
-        self.put_dirty(r, node);
+        self.meta.put_dirty(r, node);
         let value = removed?;
         if let Some(bytes) = bytes {
-            self.leaf_bytes.insert(r.block, bytes);
+            self.meta.leaf_bytes.insert(r.block, bytes);
         }
         if empty {
-            self.dec_node_shallow(r)?;
+            self.meta.dec_node_shallow(r)?;
             return Ok((None, value));
         }
         Ok((Some(r), value))
@@ -682,8 +748,8 @@ impl Meta {
     fn merge_if_underfull(&mut self, parent: &mut Node, i: usize) -> Result<()> {
         let kids = children(parent)?;
         let underfull = {
-            let child = self.node(kids[i])?;
-            let limit = self.node_limit(&child);
+            let child = self.meta.node(kids[i])?;
+            let limit = self.meta.node_limit(&child);
             // Entries first: only a leaf with few entries is measured.
             child.len() < limit.entries / 4 && child.usage().bytes < limit.bytes / 4
         };
@@ -696,15 +762,15 @@ impl Meta {
             (i - 1, i)
         };
         {
-            let (l, r) = (self.node(kids[left])?, self.node(kids[right])?);
-            if !l.merged_usage(&r).within(self.node_limit(&l), 3, 4) {
+            let (l, r) = (self.meta.node(kids[left])?, self.meta.node(kids[right])?);
+            if !l.merged_usage(&r).within(self.meta.node_limit(&l), 3, 4) {
                 return Ok(());
             }
         }
-        let left_ref = self.shadow(kids[left])?;
-        let right_ref = self.shadow(kids[right])?;
-        let right_node = self.take_dirty(right_ref)?;
-        let mut left_node = self.take_dirty(left_ref)?;
+        let left_ref = self.meta.shadow(kids[left])?;
+        let right_ref = self.meta.shadow(kids[right])?;
+        let right_node = self.meta.take_dirty(right_ref)?;
+        let mut left_node = self.meta.take_dirty(left_ref)?;
         left_node.keys.extend_from_slice(&right_node.keys);
         let merged = match (&mut left_node.body, &right_node.body) {
             (NodeBody::Internal(a), NodeBody::Internal(b)) => {
@@ -717,12 +783,12 @@ impl Meta {
             }
             _ => Err(Error::inconsistent("siblings of different levels")),
         };
-        self.put_dirty(left_ref, left_node);
+        self.meta.put_dirty(left_ref, left_node);
         // The right node's entries (and the references they hold) now live in
         // the left node: free the right node without touching its children.
-        self.put_dirty(right_ref, right_node);
+        self.meta.put_dirty(right_ref, right_node);
         merged?;
-        self.dec_node_shallow(right_ref)?;
+        self.meta.dec_node_shallow(right_ref)?;
         let kids = children_mut(parent)?;
         kids[left] = left_ref;
         kids.remove(right);
@@ -741,7 +807,7 @@ mod tests {
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
 
-    use super::child_index;
+    use super::{child_index, RangeRemoval, Tree, TreeMut};
     use crate::meta::Meta;
     use crate::testing::{check_refs, check_tree, drop_tree, fresh_meta, Shape};
 
@@ -758,13 +824,37 @@ mod tests {
         v
     }
 
+    fn insert(meta: &mut Meta, root: BlockRef, key: u64, value: &[u8]) -> BlockRef {
+        let mut tree = TreeMut::new(meta, KIND, root);
+        tree.insert(key, value).unwrap();
+        tree.root()
+    }
+
+    fn remove(meta: &mut Meta, root: BlockRef, key: u64) -> (BlockRef, Option<Vec<u8>>) {
+        let mut tree = TreeMut::new(meta, KIND, root);
+        let value = tree.remove(key).unwrap();
+        (tree.root(), value)
+    }
+
+    fn remove_range(
+        meta: &mut Meta,
+        root: BlockRef,
+        from: u64,
+        to: u64,
+    ) -> (BlockRef, RangeRemoval) {
+        let mut tree = TreeMut::new(meta, KIND, root);
+        let removal = tree.remove_range(from, to).unwrap();
+        (tree.root(), removal)
+    }
+
     fn contents(meta: &Meta, root: BlockRef, from: u64, to: u64) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::new();
-        meta.tree_for_each(root, KIND, from, to, &mut |k, v| {
-            out.push((k, v.to_vec()));
-            Ok(true)
-        })
-        .unwrap();
+        Tree::new(meta, KIND, root)
+            .for_each(from, to, &mut |k, v| {
+                out.push((k, v.to_vec()));
+                Ok(true)
+            })
+            .unwrap();
         out
     }
 
@@ -799,7 +889,7 @@ mod tests {
     ) -> BlockRef {
         let mut root = BlockRef::NONE;
         for (n, &k) in keys.iter().enumerate() {
-            root = meta.tree_insert(root, KIND, k, &val(k, 1)).unwrap();
+            root = insert(meta, root, k, &val(k, 1));
             model.insert(k, val(k, 1));
             if commit_every > 0 && n % commit_every == commit_every - 1 {
                 meta.commit().unwrap();
@@ -843,18 +933,21 @@ mod tests {
             );
             assert!(shape.leaves.len() > arbor_format::internal_capacity());
             for &k in &keys {
-                let found = meta.tree_get_le(root, k).unwrap().expect("key present");
+                let found = Tree::new(&meta, KIND, root)
+                    .get_le(k)
+                    .unwrap()
+                    .expect("key present");
                 assert_eq!((found.key, found.value), (k, val(k, 1)));
                 assert!(found.leaf_upper > k);
                 // Odd keys are absent: at most their predecessor is found.
                 let probe = k + 1;
-                if let Some(found) = meta.tree_get_le(root, probe).unwrap() {
+                if let Some(found) = Tree::new(&meta, KIND, root).get_le(probe).unwrap() {
                     assert_eq!(found.key, k);
                     assert!(found.leaf_upper > probe);
                 }
             }
             assert_eq!(
-                meta.tree_first(root, KIND).unwrap(),
+                Tree::new(&meta, KIND, root).first().unwrap(),
                 model.iter().next().map(|(k, v)| (*k, v.clone()))
             );
             let mut rng = StdRng::seed_from_u64(8);
@@ -863,18 +956,19 @@ mod tests {
                 let b = rng.gen_range(a..2 * n + 10);
                 assert_eq!(contents(&meta, root, a, b), model_range(&model, a, b));
             }
-            // tree_for_each stops when told to.
+            // for_each stops when told to.
             let mut seen = 0;
-            meta.tree_for_each(root, KIND, 0, u64::MAX, &mut |_, _| {
-                seen += 1;
-                Ok(seen < 10)
-            })
-            .unwrap();
+            Tree::new(&meta, KIND, root)
+                .for_each(0, u64::MAX, &mut |_, _| {
+                    seen += 1;
+                    Ok(seen < 10)
+                })
+                .unwrap();
             assert_eq!(seen, 10);
             // Replacing values splits nothing.
             let mut root = root;
             for &k in keys.iter().step_by(3) {
-                root = meta.tree_insert(root, KIND, k, &val(k, 2)).unwrap();
+                root = insert(&mut meta, root, k, &val(k, 2));
                 model.insert(k, val(k, 2));
             }
             let replaced = check_against(&meta, root, &model);
@@ -900,9 +994,9 @@ mod tests {
         let mut last_level = full.level;
         for (n, &k) in keys.iter().enumerate() {
             // An absent key changes nothing.
-            let (same, none) = meta.tree_remove(root, k + 1).unwrap();
+            let (same, none) = remove(&mut meta, root, k + 1);
             assert_eq!((same, none), (root, None));
-            let (r, value) = meta.tree_remove(root, k).unwrap();
+            let (r, value) = remove(&mut meta, root, k);
             root = r;
             assert_eq!(value, model.remove(&k));
             let left = model.len();
@@ -934,10 +1028,10 @@ mod tests {
         }
         assert_eq!(root, BlockRef::NONE);
         assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
-        assert_eq!(meta.tree_remove(root, 3).unwrap(), (BlockRef::NONE, None));
+        assert_eq!(remove(&mut meta, root, 3), (BlockRef::NONE, None));
     }
 
-    /// Checks one `tree_remove_range` against the model: what it returns
+    /// Checks one `TreeMut::remove_range` against the model: what it returns
     /// (entries cut from boundary leaves plus detached subtrees, which the
     /// test then drops) is exactly the model's range, the tree keeps the
     /// rest, and no node is left empty or leaked.
@@ -949,7 +1043,7 @@ mod tests {
         to: u64,
     ) -> (BlockRef, usize, usize) {
         let expected = model_range(model, from, to);
-        let removal = meta.tree_remove_range(root, from, to).unwrap();
+        let (root, removal) = remove_range(meta, root, from, to);
         let mut taken = removal.removed.clone();
         for &subtree in &removal.detached {
             assert!(!subtree.is_none());
@@ -961,8 +1055,8 @@ mod tests {
         for &subtree in &removal.detached {
             drop_tree(meta, subtree);
         }
-        check_against(meta, removal.root, model);
-        (removal.root, removal.removed.len(), removal.detached.len())
+        check_against(meta, root, model);
+        (root, removal.removed.len(), removal.detached.len())
     }
 
     /// Range removals whose bounds fall inside leaves (so both boundary
@@ -1037,7 +1131,7 @@ mod tests {
                 meta.commit().unwrap();
             }
             let nodes = check_against(&meta, a, &model_a).nodes;
-            meta.inc_node(a).unwrap();
+            TreeMut::new(&mut meta, KIND, a).share().unwrap();
             let (mut b, mut model_b) = (a, model_a.clone());
             assert_eq!(check_refs(&meta, &[a, b], 0).nodes, nodes);
 
@@ -1045,17 +1139,17 @@ mod tests {
             let mut rng = StdRng::seed_from_u64(4);
             for _ in 0..200 {
                 let k = rng.gen_range(0..7000u64);
-                b = meta.tree_insert(b, KIND, k, &val(k, 9)).unwrap();
+                b = insert(&mut meta, b, k, &val(k, 9));
                 model_b.insert(k, val(k, 9));
             }
             for _ in 0..200 {
                 let k = rng.gen_range(0..1500u64) * 4;
-                let (r, v) = meta.tree_remove(b, k).unwrap();
+                let (r, v) = remove(&mut meta, b, k);
                 b = r;
                 assert_eq!(v, model_b.remove(&k));
             }
-            let removal = meta.tree_remove_range(b, 1001, 3001).unwrap();
-            b = removal.root;
+            let (root, removal) = remove_range(&mut meta, b, 1001, 3001);
+            b = root;
             for &subtree in &removal.detached {
                 drop_tree(&mut meta, subtree);
             }
@@ -1077,7 +1171,7 @@ mod tests {
             // Now change a: b does not see it.
             let mut a = a;
             for k in (0..6000).step_by(7) {
-                a = meta.tree_insert(a, KIND, k, &val(k, 5)).unwrap();
+                a = insert(&mut meta, a, k, &val(k, 5));
                 model_a.insert(k, val(k, 5));
             }
             assert_eq!(
@@ -1096,6 +1190,45 @@ mod tests {
             drop_tree(&mut meta, a);
             assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
         }
+    }
+
+    /// Sharing a tree adds one reference to its root and nothing else;
+    /// releasing a reference while another is left frees nothing, and
+    /// releasing the last one frees the root alone and hands its children's
+    /// references to the caller. The empty tree is shared for free.
+    #[test]
+    fn share_and_release_count_references() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let keys: Vec<u64> = (0..600).collect();
+        let root = insert_all(&mut meta, &keys, &mut model, 0);
+        meta.commit().unwrap();
+        let nodes = check_against(&meta, root, &model).nodes;
+        TreeMut::new(&mut meta, KIND, BlockRef::NONE)
+            .share()
+            .unwrap();
+        TreeMut::new(&mut meta, KIND, root).share().unwrap();
+        assert_eq!(meta.meta_count(root.block).unwrap(), 2);
+        assert_eq!(check_refs(&meta, &[root, root], 0).nodes, nodes);
+        let released = TreeMut::new(&mut meta, KIND, root).release().unwrap();
+        assert!(released.is_none(), "another reference is left");
+        let shape = check_against(&meta, root, &model);
+        assert_eq!(shape.nodes, nodes);
+        let used = meta.used(arbor_format::SmKind::Meta);
+        let node = TreeMut::new(&mut meta, KIND, root)
+            .release()
+            .unwrap()
+            .expect("the last reference frees the root");
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), used - 1);
+        assert_eq!(meta.meta_count(root.block).unwrap(), 0);
+        let arbor_format::NodeBody::Internal(children) = &node.body else {
+            panic!("600 volume records take more than one leaf");
+        };
+        assert_eq!(check_refs(&meta, children, 0).nodes, nodes - 1);
+        for &child in children {
+            drop_tree(&mut meta, child);
+        }
+        assert_eq!(meta.used(arbor_format::SmKind::Meta), 0);
     }
 
     #[derive(Debug, Clone)]
@@ -1145,23 +1278,23 @@ mod tests {
             for (n, op) in ops.iter().enumerate() {
                 match *op {
                     Op::Insert(k, t) => {
-                        root = meta.tree_insert(root, KIND, k, &val(k, t)).unwrap();
+                        root = insert(&mut meta, root, k, &val(k, t));
                         model.insert(k, val(k, t));
                     }
                     Op::InsertRun(k, len) => {
                         for k in k..k + len {
-                            root = meta.tree_insert(root, KIND, k, &val(k, 0)).unwrap();
+                            root = insert(&mut meta, root, k, &val(k, 0));
                             model.insert(k, val(k, 0));
                         }
                     }
                     Op::Remove(k) => {
-                        let (r, v) = meta.tree_remove(root, k).unwrap();
+                        let (r, v) = remove(&mut meta, root, k);
                         root = r;
                         prop_assert_eq!(v, model.remove(&k));
                     }
                     Op::RemoveRange(from, to) => {
                         let expected = model_range(&model, from, to);
-                        let removal = meta.tree_remove_range(root, from, to).unwrap();
+                        let (new_root, removal) = remove_range(&mut meta, root, from, to);
                         let mut taken = removal.removed.clone();
                         for &subtree in &removal.detached {
                             taken.extend(contents(&meta, subtree, 0, u64::MAX));
@@ -1169,13 +1302,13 @@ mod tests {
                         }
                         taken.sort_by_key(|(k, _)| *k);
                         prop_assert_eq!(taken, expected);
-                        root = removal.root;
+                        root = new_root;
                         model.retain(|k, _| !(from..to).contains(k));
                     }
                     Op::Commit => meta.commit().unwrap(),
                     Op::Share => {
                         if shared.len() < 3 && !root.is_none() {
-                            meta.inc_node(root).unwrap();
+                            TreeMut::new(&mut meta, KIND, root).share().unwrap();
                             shared.push((root, model.clone()));
                         }
                     }

@@ -19,7 +19,7 @@
 //! finds nothing, with no new reason to look since it began, ends it.
 
 use super::*;
-use crate::mapping::Mapped;
+use crate::mapping::{Mapped, Mapping};
 
 /// Extents one call looks at, at most (bounds how long it holds the
 /// metadata lock for reading).
@@ -161,7 +161,7 @@ impl Pool {
         for (id, root) in ids {
             let from = if id == start.0 { start.1 } else { 0 };
             let mut next = None;
-            meta.meta().map_extents(root, from, u64::MAX, &mut |e| {
+            Mapping::new(meta.meta(), root).extents(from, u64::MAX, &mut |e| {
                 seen += 1;
                 if e.partial.is_some() && nobody_else(meta.meta(), e.at(e.start))? {
                     found.push(Candidate {
@@ -249,7 +249,7 @@ impl Pool {
         let Some(rec) = meta.table().get(c.id) else {
             return Ok(false);
         };
-        let Some((e, _)) = meta.meta().map_lookup(rec.root, c.chunk)? else {
+        let Some((e, _)) = Mapping::new(meta.meta(), rec.root).lookup(c.chunk)? else {
             return Ok(false);
         };
         Ok(e.at(c.chunk) == c.mapped && nobody_else(meta.meta(), c.mapped)?)

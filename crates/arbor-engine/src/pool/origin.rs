@@ -42,6 +42,7 @@ use arbor_format::{
 
 use super::write::Fill;
 use super::*;
+use crate::snapstore::SnapStore;
 use crate::volumes::{CopyPlan, HomeGrowth};
 
 /// Store entries a rollback handles per step.
@@ -1627,7 +1628,7 @@ impl Pool {
                     pos = end;
                     break;
                 }
-                match meta.meta().store_lookup(root, chunk, backing.epoch)? {
+                match SnapStore::new(meta.meta(), root).lookup(chunk, backing.epoch)? {
                     Some(copy) => push_piece(
                         &mut out,
                         Piece {

@@ -153,7 +153,7 @@ fn a_write_over_a_shared_partial_makes_a_new_one_in_front() {
         {
             let meta = pool.meta.read().unwrap();
             let root = meta.volume(a.0).unwrap().root;
-            let (e, _) = meta.meta().map_lookup(root, 1).unwrap().unwrap();
+            let (e, _) = Mapping::new(meta.meta(), root).lookup(1).unwrap().unwrap();
             assert_ne!(e.pchunk, pchunk, "a new chunk");
         }
         // Part of block 0, which only the base gave.
@@ -246,7 +246,10 @@ fn a_pool_older_than_version_7_refuses_a_partial() {
 fn mask_of(pool: &Pool, id: VolumeId, chunk: u64) -> Option<u32> {
     let meta = pool.meta.read().unwrap();
     let root = meta.volume(id.0).unwrap().root;
-    let (e, _) = meta.meta().map_lookup(root, chunk).unwrap().unwrap();
+    let (e, _) = Mapping::new(meta.meta(), root)
+        .lookup(chunk)
+        .unwrap()
+        .unwrap();
     e.partial.map(|p| p.mask)
 }
 
@@ -255,7 +258,10 @@ fn mask_of(pool: &Pool, id: VolumeId, chunk: u64) -> Option<u32> {
 fn layers_of(pool: &Pool, id: VolumeId, chunk: u64) -> Vec<u32> {
     let meta = pool.meta.read().unwrap();
     let root = meta.volume(id.0).unwrap().root;
-    let (e, _) = meta.meta().map_lookup(root, chunk).unwrap().unwrap();
+    let (e, _) = Mapping::new(meta.meta(), root)
+        .lookup(chunk)
+        .unwrap()
+        .unwrap();
     crate::mapping::Layers::of(e.at(chunk), 0b1111)
         .iter()
         .map(|(_, mask)| mask)

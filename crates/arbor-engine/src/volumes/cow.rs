@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use super::Volumes;
 use crate::error::{Error, Result};
-use crate::snapstore::StoreEntry;
+use crate::snapstore::{SnapStore, SnapStoreMut, StoreEntry};
 
 /// A copy planned for one chunk of a copy-on-write volume: its content
 /// now goes to data chunk `pchunk`, for epochs `first ..= last`.
@@ -481,9 +481,8 @@ impl Volumes {
             return Ok(None);
         };
         let root = self.volume(id)?.root;
-        let covered = self
-            .meta
-            .store_newest(root, chunk)?
+        let covered = SnapStore::new(&self.meta, root)
+            .newest(chunk)?
             .map_or(0, |copy| copy.last);
         Ok((newest > covered).then_some((covered + 1, newest)))
     }
@@ -521,16 +520,15 @@ impl Volumes {
                     plan.chunk, plan.first, plan.last
                 )));
             }
-            root = self.meta.store_insert(
-                root,
-                StoreEntry {
-                    chunk: plan.chunk,
-                    first: plan.first,
-                    last: plan.last,
-                    pchunk: plan.pchunk,
-                    gen,
-                },
-            )?;
+            let mut store = SnapStoreMut::new(&mut self.meta, root);
+            store.insert(StoreEntry {
+                chunk: plan.chunk,
+                first: plan.first,
+                last: plan.last,
+                pchunk: plan.pchunk,
+                gen,
+            })?;
+            root = store.root();
             self.update_volume(id, |rec| {
                 rec.root = root;
                 rec.mapped_chunks += 1;
@@ -558,7 +556,7 @@ impl Volumes {
         let mut seen = 0;
         let mut next = None;
         let table = &self.table;
-        self.meta.store_for_each(root, from, &mut |copy| {
+        SnapStore::new(&self.meta, root).for_each(from, &mut |copy| {
             if seen == max {
                 next = Some(copy.key());
                 return Ok(false);
@@ -571,13 +569,13 @@ impl Volumes {
             }
             Ok(true)
         })?;
-        let mut root = root;
+        let mut store = SnapStoreMut::new(&mut self.meta, root);
         for key in &dead {
-            let (shadowed, copy) = self.meta.store_remove(root, *key)?;
+            let copy = store.remove(*key)?;
             let copy = copy.ok_or_else(|| Error::inconsistent("a swept copy vanished"))?;
-            self.meta.dec_data(copy.pchunk)?;
-            root = shadowed;
+            store.meta_mut().dec_data(copy.pchunk)?;
         }
+        let root = store.root();
         if !dead.is_empty() {
             let n = dead.len() as u64;
             self.update_volume(id, |rec| {
@@ -664,7 +662,7 @@ impl Volumes {
         let root = self.volume(id)?.root;
         let mut found = Vec::new();
         let mut next = None;
-        self.meta.store_for_each(root, from, &mut |copy| {
+        SnapStore::new(&self.meta, root).for_each(from, &mut |copy| {
             if found.len() == max {
                 next = Some(copy.key());
                 return Ok(false);
@@ -686,7 +684,7 @@ impl Volumes {
         let cs = self.meta.geo().chunk_size;
         let mut bytes = HashMap::new();
         let table = &self.table;
-        self.meta.store_for_each(root, 0, &mut |copy| {
+        SnapStore::new(&self.meta, root).for_each(0, &mut |copy| {
             if let Some(epoch) = table.sole_live_epoch(origin, copy.first, copy.last) {
                 *bytes.entry(epoch).or_insert(0u64) += cs;
             }
@@ -702,7 +700,7 @@ impl Volumes {
     pub fn written_since_epoch(&self, origin: u64, epoch: u64) -> Result<bool> {
         let (_, rec) = self.cow_state(origin)?;
         let mut written = false;
-        self.meta.store_for_each(rec.root, 0, &mut |copy| {
+        SnapStore::new(&self.meta, rec.root).for_each(0, &mut |copy| {
             written = copy.first <= epoch && epoch <= copy.last;
             Ok(!written)
         })?;
@@ -729,20 +727,19 @@ impl Volumes {
             return Ok(());
         }
         let mut last_emitted = None;
-        self.meta
-            .store_for_each(rec.root, store_key(chunks.start, 0), &mut |copy| {
-                if copy.chunk >= chunks.end {
-                    return Ok(false);
-                }
-                if copy.first <= lo
-                    && lo <= copy.last
-                    && copy.last < hi
-                    && last_emitted != Some(copy.chunk)
-                {
-                    last_emitted = Some(copy.chunk);
-                    emit(copy.chunk)?;
-                }
-                Ok(true)
-            })
+        SnapStore::new(&self.meta, rec.root).for_each(store_key(chunks.start, 0), &mut |copy| {
+            if copy.chunk >= chunks.end {
+                return Ok(false);
+            }
+            if copy.first <= lo
+                && lo <= copy.last
+                && copy.last < hi
+                && last_emitted != Some(copy.chunk)
+            {
+                last_emitted = Some(copy.chunk);
+                emit(copy.chunk)?;
+            }
+            Ok(true)
+        })
     }
 }
