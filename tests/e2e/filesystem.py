@@ -56,18 +56,32 @@ class Attached:
             self.loop = None
 
     def detach_fuse(self):
-        if self.fuse and self.fuse.poll() is None:
-            run("fusermount3", "-u", self.fuse_dir, check=False)
-            try:
-                self.fuse.wait(timeout=20)
-            except Exception:
-                self.fuse.kill()
-                self.fuse.wait()
+        """Unmounts nbdfuse's directory and waits for nbdfuse to exit. Right
+        after `losetup -d` the loop device may still hold the FUSE file (the
+        kernel detaches it when its last user lets go), and the unmount fails
+        busy until then: it is retried. A mount left behind by an nbdfuse that
+        died is unmounted lazily, so the export can be attached again."""
+        if self.fuse is None:
+            return
+        wait_until(lambda: self.fuse.poll() is not None
+                   or run("fusermount3", "-u", self.fuse_dir, check=False).returncode == 0,
+                   f"unmount of {self.fuse_dir}", timeout=120)
+        self.fuse.wait(timeout=120)
+        if is_mounted(self.fuse_dir):
+            run("umount", "-l", self.fuse_dir, check=False)
+        self.fuse = None
 
     def close(self):
         self.unmount()
         self.detach_loop()
         self.detach_fuse()
+
+
+def is_mounted(path):
+    """Whether `path` is a mount point, by the mount table (a FUSE mount whose
+    daemon died cannot be stat'ed, so os.path.ismount says no)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == os.path.realpath(path) for line in f)
 
 
 def write_tree(root, rng):

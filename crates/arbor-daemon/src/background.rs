@@ -36,20 +36,6 @@ async fn pause_unless_stopped(pause: Duration, stop: &CancellationToken) -> bool
     }
 }
 
-/// Errors after which the pool can no longer be trusted, so the daemon must
-/// stop (reopening recovers to the last commit). Anything else, such as a
-/// full pool, may clear up and is only logged.
-fn is_fatal(err: &Error) -> bool {
-    matches!(
-        err,
-        Error::Io(_)
-            | Error::Corrupt { .. }
-            | Error::Inconsistent(_)
-            | Error::NotAPool
-            | Error::Failed(_)
-    )
-}
-
 /// Commits every `interval`, bounding how much acknowledged-but-unflushed
 /// writing a crash can lose. A failed commit stops the daemon; an origin's
 /// device that fails to flush (`Error::Origin`, after the commit) does
@@ -118,7 +104,7 @@ pub async fn reclaim_paced(
         .await?;
         let processed = match outcome {
             Ok(n) => n,
-            Err(e) if is_fatal(&e) => return Err(e).context("background reclaim failed"),
+            Err(e) if e.stops_pool() => return Err(e).context("background reclaim failed"),
             Err(e) => {
                 warn!(error = %e, "background reclaim failed; will retry");
                 0
@@ -160,7 +146,7 @@ pub async fn watch_space(
                 }
                 level = now;
             }
-            Err(e) if is_fatal(&e) => return Err(e).context("reading pool space failed"),
+            Err(e) if e.stops_pool() => return Err(e).context("reading pool space failed"),
             Err(e) => warn!(error = %e, "cannot read pool space"),
         }
         if !pause_unless_stopped(interval, &stop).await {

@@ -71,11 +71,18 @@ impl Error {
 
     /// Whether this error means the in-memory state can no longer be
     /// trusted, so the pool must stop (every later call fails until it is
-    /// reopened). The one place that decides it.
+    /// reopened). The one place that decides it: the daemon's background
+    /// work stops the daemon on exactly these (a full pool and the like may
+    /// clear up and are only logged). `NotAPool` comes only from an open,
+    /// and means as much.
     pub fn stops_pool(&self) -> bool {
         matches!(
             self,
-            Error::Io(_) | Error::Corrupt { .. } | Error::Inconsistent(_) | Error::Failed(_)
+            Error::Io(_)
+                | Error::Corrupt { .. }
+                | Error::Inconsistent(_)
+                | Error::NotAPool
+                | Error::Failed(_)
         )
     }
 }
