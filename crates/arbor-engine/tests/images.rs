@@ -11,6 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "images/manifest.rs"]
+mod manifest;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,57 +21,13 @@ use arbor_engine::{GrowOptions, OpenOptions, Pool};
 use arbor_format::FormatVersion;
 use arbor_io::{BlockDevice, SimDisk};
 use common::assert_clean;
+use manifest::{image_bytes, image_dir, manifest, pattern};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
-fn image_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/images")
-}
-
-/// What the code of a version read back from its image.
-#[derive(Debug, Default)]
-struct Manifest {
-    version: u16,
-    /// name → (size, snapshot, crc32c of the content)
-    volumes: BTreeMap<String, (u64, bool, u32)>,
-    /// (owner volume, or "-" for the pool, key) → value
-    properties: BTreeMap<(String, String), String>,
-}
-
-fn manifest(version: FormatVersion) -> Manifest {
-    let path = image_dir().join(format!("v{version}.manifest"));
-    let text = std::fs::read_to_string(&path).expect("the manifest is readable");
-    let mut m = Manifest::default();
-    for line in text.lines() {
-        let (kind, rest) = line.split_once(' ').expect("a line of words");
-        let words: Vec<&str> = rest.split(' ').collect();
-        match (kind, &words[..]) {
-            ("version", [v]) => m.version = v.parse().unwrap(),
-            ("volume", [name, size, snapshot, crc]) => {
-                let fields = (
-                    size.parse().unwrap(),
-                    snapshot.parse().unwrap(),
-                    u32::from_str_radix(crc, 16).unwrap(),
-                );
-                m.volumes.insert(name.to_string(), fields);
-            }
-            ("property", [owner, key, ..]) => {
-                // The value is the rest of the line, spaces and all.
-                let value = rest.splitn(3, ' ').nth(2).unwrap();
-                m.properties
-                    .insert((owner.to_string(), key.to_string()), value.to_owned());
-            }
-            _ => panic!("{}: unknown line {line:?}", path.display()),
-        }
-    }
-    m
-}
-
 fn image(version: FormatVersion) -> SimDisk {
-    let path = image_dir().join(format!("v{version}.pool.zst"));
-    let compressed = std::fs::read(&path).expect("the image is readable");
-    SimDisk::from_image(zstd::decode_all(&compressed[..]).expect("the image decompresses"))
+    SimDisk::from_image(image_bytes(version))
 }
 
 fn open(disk: &SimDisk) -> Pool {
@@ -82,13 +40,6 @@ fn content(pool: &Pool, name: &str) -> Vec<u8> {
     let mut buf = vec![0u8; pool.info(id).expect("info").size as usize];
     pool.read(id, 0, &mut buf).expect("read");
     buf
-}
-
-/// Pattern `seed` at volume offsets `offset..offset + len`, as the images'
-/// README defines it (the generator's `pattern`).
-fn pattern(seed: u8, offset: u64, len: usize) -> Vec<u8> {
-    let byte = |o: u64| ((o / 4096) as u8).wrapping_mul(31) ^ o as u8 ^ seed.wrapping_mul(101);
-    (offset..offset + len as u64).map(byte).collect()
 }
 
 /// Every volume's content, as the model the rest of the test keeps.

@@ -104,7 +104,12 @@ const TEST_SERVE_ARGS: [(&str, &str); 3] = [
 
 impl Daemon {
     pub fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// [`Daemon::start`] on a data directory the test has filled (a pool
+    /// file it put there is opened, not formatted).
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str]) -> Self {
         let mut daemon = Self {
             child: None,
             dir,
