@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use arbor_tls::handshakes::Handshakes;
 use arbor_tls::{Tls, TlsError};
 use axum::{Extension, Router};
 use hyper::body::Incoming;
@@ -118,17 +119,20 @@ impl TcpApi {
     /// Accepts up to `max_connections` at once, each served on a task of
     /// its own: the TLS handshake (bounded in time), then HTTP/1.1 with
     /// the connection's [`Peer`] in every request.
+    ///
+    /// When every slot is taken, a new connection drops the one longest in
+    /// its TLS handshake to make room ([`Handshakes`], as the NBD and
+    /// replication listeners do), so connections that stall before or
+    /// inside their handshake cannot keep a client out, not even for the
+    /// handshake timeout; a connection past its handshake is never dropped
+    /// this way (without TLS, on loopback, there is no handshake: a new
+    /// connection waits for a free slot).
     async fn serve(self, router: Router, stop: CancellationToken) -> Result<()> {
         let slots = Arc::new(Semaphore::new(self.max_connections));
+        let handshakes = Handshakes::new();
         let acceptor = self.tls.as_ref().map(Tls::acceptor_client_optional);
         let mut connections = JoinSet::new();
         loop {
-            let permit = tokio::select! {
-                _ = stop.cancelled() => break,
-                permit = Arc::clone(&slots).acquire_owned() => {
-                    permit.context("the API's connection limit was closed")?
-                }
-            };
             let (tcp, remote) = tokio::select! {
                 _ = stop.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
@@ -142,11 +146,21 @@ impl TcpApi {
                     }
                 },
             };
+            // At the limit, this connection waits here (and later ones in
+            // the listen backlog, costing no memory) while the oldest
+            // handshake, if any, is dropped for it.
+            let permit = tokio::select! {
+                _ = stop.cancelled() => break,
+                permit = handshakes.slot(&slots) => {
+                    permit.context("the API's connection limit was closed")?
+                }
+            };
             while connections.try_join_next().is_some() {}
             connections.spawn(connection(
                 tcp,
                 remote,
                 acceptor.clone(),
+                Arc::clone(&handshakes),
                 router.clone(),
                 stop.clone(),
                 permit,
@@ -162,6 +176,7 @@ async fn connection(
     tcp: TcpStream,
     remote: SocketAddr,
     acceptor: Option<TlsAcceptor>,
+    handshakes: Arc<Handshakes>,
     router: Router,
     stop: CancellationToken,
     _slot: OwnedSemaphorePermit,
@@ -175,6 +190,8 @@ async fn connection(
         };
         return serve_http(tcp, peer, router, stop).await;
     };
+    // In the line of handshakes a newcomer may drop, until it is done.
+    let place = handshakes.enter();
     // Until the handshake is done, a shutdown need not wait for it.
     let handshake = async {
         let deadline = Instant::now() + API_HANDSHAKE_TIMEOUT;
@@ -192,7 +209,12 @@ async fn connection(
             return None;
         }
         match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => Some(tls),
+            Ok(Ok(tls)) => {
+                // Done: off the line before the client's first request
+                // can be answered, so a newcomer never drops a session.
+                place.leave();
+                Some(tls)
+            }
             Ok(Err(e)) => {
                 warn!(%remote, error = %e, "API: TLS handshake failed");
                 None
@@ -205,6 +227,10 @@ async fn connection(
     };
     let tls = tokio::select! {
         _ = stop.cancelled() => return,
+        () = place.dropped() => {
+            debug!(%remote, "API: all slots taken, the oldest handshake dropped");
+            return;
+        }
         tls = handshake => match tls {
             Some(tls) => tls,
             None => return,

@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -621,5 +622,50 @@ fn the_https_daemon_serves_many_clients_and_closes_cleanly() {
         assert_eq!(t.join().unwrap(), 200);
     }
     drop(silent);
+    daemon.stop_cleanly();
+}
+
+#[test]
+fn stalled_handshakes_cannot_keep_an_https_client_out() {
+    // Four slots, and more connections that stall before or inside their
+    // TLS handshake than the handshake timeout (10 s) could clear while
+    // the test waits (fewer than the listen backlog, 128, so that each
+    // connects): only the listener dropping the oldest handshake for each
+    // newcomer lets the polite client in.
+    let pki = Pki::new();
+    let config = pki.config();
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("api_max_connections = 4\n");
+    std::fs::write(&config, text).unwrap();
+    let port = free_port();
+    let mut daemon = Daemon::start(&[
+        "--config",
+        p(&config),
+        "--api-listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let (_, token) = make_token(&daemon, "t", "read");
+    let mut stalled = Vec::new();
+    for round in 0..100 {
+        let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        if round % 2 == 1 {
+            // Half a ClientHello, then silence.
+            let _ = tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]);
+        }
+        stalled.push(tcp);
+    }
+    let ca = pki.ca();
+    let (answered, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let status = https(port, &ca, None, Some(&token), "GET", "/v1/pool", "").map(|a| a.status);
+        let _ = answered.send(status);
+    });
+    // Waiting for the stalled connections' timeouts instead would take
+    // 100 / 4 * 10 s.
+    let status = answer
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the polite client is served while the others stall");
+    assert_eq!(status, Ok(200));
+    drop(stalled);
     daemon.stop_cleanly();
 }
