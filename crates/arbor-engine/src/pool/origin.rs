@@ -31,10 +31,8 @@
 //! Errors of the device (it vanished, shrank, or failed) are
 //! [`Error::Origin`]: they fail the request and never stop the pool.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::AtomicBool;
-use std::sync::RwLockWriteGuard;
 
 use arbor_format::{
     leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity, Home, OriginLoss, TreeKind,
@@ -130,118 +128,6 @@ impl Written {
             }
         }
         runs
-    }
-}
-
-/// The external devices attached to the pool's copy-on-write volumes, and
-/// where a sweep of each volume's store goes on.
-#[derive(Default)]
-pub(crate) struct Origins {
-    devices: RwLock<HashMap<u64, Arc<OriginDevice>>>,
-    /// Volumes whose stores may hold copies no epoch reads, and the key to
-    /// sweep them from.
-    sweeps: Mutex<HashMap<u64, u64>>,
-    /// What each volume whose device shrank lost (its recorded
-    /// [`OriginLoss`]), read from the pool once, when it is opened, and kept in step.
-    pub(super) losses: RwLock<HashMap<u64, OriginLoss>>,
-}
-
-impl Origins {
-    fn get(&self, id: u64) -> Option<Arc<OriginDevice>> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-    }
-
-    fn insert(&self, id: u64, dev: Arc<OriginDevice>) {
-        self.devices
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, dev);
-    }
-
-    /// Stops serving volume `id` (detached or destroyed).
-    pub(super) fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
-        self.devices
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id)
-    }
-
-    /// Every attached device, with its volume's id.
-    pub(super) fn entries(&self) -> Vec<(u64, Arc<OriginDevice>)> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(&id, d)| (id, Arc::clone(d)))
-            .collect()
-    }
-
-    /// Stops serving volume `id` if `d` is still its device.
-    pub(super) fn remove_if(&self, id: u64, d: &Arc<OriginDevice>) {
-        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-        if devices.get(&id).is_some_and(|now| Arc::ptr_eq(now, d)) {
-            devices.remove(&id);
-        }
-    }
-
-    /// What volume `id` lost with its device, if it lost anything.
-    pub(super) fn loss(&self, id: u64) -> Option<OriginLoss> {
-        self.losses
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied()
-    }
-
-    pub(super) fn set_loss(&self, id: u64, loss: Option<OriginLoss>) {
-        let mut losses = self.losses.write().unwrap_or_else(|p| p.into_inner());
-        match loss {
-            Some(loss) => losses.insert(id, loss),
-            None => losses.remove(&id),
-        };
-    }
-
-    fn all(&self) -> Vec<Arc<OriginDevice>> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    pub(super) fn sweep_from(&self, id: u64, from: u64) {
-        lock_mutex(&self.sweeps)
-            .entry(id)
-            .and_modify(|at| *at = (*at).min(from))
-            .or_insert(from);
-    }
-
-    pub(super) fn sweeping(&self) -> bool {
-        !lock_mutex(&self.sweeps).is_empty()
-    }
-
-    fn next_sweep(&self) -> Option<(u64, u64)> {
-        lock_mutex(&self.sweeps)
-            .iter()
-            .next()
-            .map(|(&id, &at)| (id, at))
-    }
-
-    fn sweep_done(&self, id: u64, next: Option<u64>) {
-        let mut sweeps = lock_mutex(&self.sweeps);
-        match next {
-            Some(at) => {
-                sweeps.insert(id, at);
-            }
-            None => {
-                sweeps.remove(&id);
-            }
-        }
     }
 }
 
@@ -572,7 +458,7 @@ impl Pool {
         let step = self.home_build_step();
         // A home bigger than one step is built a step at a time, one at a
         // time, while no loose home is freed (`reclaim_loose_home`).
-        let _building = (chunks > step).then(|| lock_mutex(&self.homes_lock));
+        let _building = (chunks > step).then(|| self.origins.building_home());
         let run = {
             let mut meta = self.write_meta()?;
             meta.ensure_name_free(name)?;
@@ -675,7 +561,7 @@ impl Pool {
         let cs = self.chunk_size();
         let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
         let step = self.home_build_step();
-        let _building = lock_mutex(&self.homes_lock);
+        let _building = self.origins.building_home();
         let in_place = self.write_meta()?.reserve_home_growth(id, new_chunks);
         let run = match in_place {
             Ok(run) => run,
@@ -752,7 +638,7 @@ impl Pool {
             }
             rec.size_bytes
         };
-        let _building = lock_mutex(&self.homes_lock);
+        let _building = self.origins.building_home();
         self.rehome(
             id,
             name,
@@ -942,7 +828,7 @@ impl Pool {
     /// unless a home is being built. Returns the chunks freed (0: none to
     /// free now).
     pub(super) fn reclaim_loose_home(&self) -> Result<u64> {
-        let Some(_homes) = try_lock(&self.homes_lock) else {
+        let Some(_homes) = self.origins.no_home_building() else {
             return Ok(0);
         };
         let Some(id) = self.read_meta()?.any_loose_home() else {
@@ -1260,12 +1146,12 @@ impl Pool {
     fn cow_write_unit(&self, t: &Target<'_>, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
         let cs = self.chunk_size();
         let chunks = from / cs..to.div_ceil(cs);
-        let _stripes = self.lock_origin_stripes(t.id, chunks.clone(), true);
+        let _stripes = self.origins.stripes(t.id, chunks.clone(), true);
         self.refuse_lost_copies(t.id, t.name, chunks.clone())?;
         self.preserve(t, chunks.clone())?;
         loop {
             {
-                let _gate = self.io_gate();
+                let _gate = self.gates.io();
                 let clear = {
                     let meta = self.read_meta()?;
                     let mut clear = true;
@@ -1321,7 +1207,7 @@ impl Pool {
     /// Step 1 of the module documentation, once: returns the transaction
     /// the copies were mapped in, None when nothing needed a copy.
     fn copy_chunks(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<Option<u64>> {
-        let _gate = self.io_gate();
+        let _gate = self.gates.io();
         let plans = {
             let mut meta = self.write_meta()?;
             self.mutate(&mut meta, Privilege::Normal, |m| {
@@ -1338,7 +1224,7 @@ impl Pool {
             })
         });
         if let Err(e) = mapped {
-            if self.check_failed().is_ok() {
+            if self.committer.check_failed().is_ok() {
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, Privilege::Reserve, |m| m.release_copies(&plans))?;
             }
@@ -1363,33 +1249,6 @@ impl Pool {
                 .write_at(&buf, geo.chunk_offset(plan.pchunk))?;
         }
         Ok(())
-    }
-
-    /// Locks the origin stripes of chunks `chunks` of copy-on-write volume
-    /// `id`, in index order: exclusive for its writes, shared for reads
-    /// through its epochs.
-    pub(super) fn lock_origin_stripes(
-        &self,
-        id: u64,
-        chunks: Range<u64>,
-        write: bool,
-    ) -> OriginStripes<'_> {
-        let indices = self.stripe_indices(id, chunks);
-        if write {
-            OriginStripes::Write(
-                indices
-                    .into_iter()
-                    .map(|i| write_lock(&self.origin_stripes[i]))
-                    .collect(),
-            )
-        } else {
-            OriginStripes::Read(
-                indices
-                    .into_iter()
-                    .map(|i| read_lock(&self.origin_stripes[i]))
-                    .collect(),
-            )
-        }
     }
 
     /// Flushes every home written since its last flush; one that fails
@@ -1495,14 +1354,14 @@ impl Pool {
             let mut buf = vec![0u8; cs as usize];
             loop {
                 let (copies, next) = {
-                    let _gate = self.io_gate();
+                    let _gate = self.gates.io();
                     self.read_meta()?.copies_of_epoch(id, epoch, from, BATCH)?
                 };
                 for copy in copies {
                     // The copy stays while the rollback runs: the sweep
                     // keeps what the rollback's epoch reads, whoever reads it.
                     {
-                        let _gate = self.io_gate();
+                        let _gate = self.gates.io();
                         self.store
                             .dev
                             .read_at(&mut buf, self.store.geo.chunk_offset(copy.pchunk))?;
@@ -1535,12 +1394,12 @@ impl Pool {
     ) -> Result<()> {
         let cs = self.chunk_size();
         let len = buf.len() as u64;
-        let _stripes = self.lock_origin_stripes(
+        let _stripes = self.origins.stripes(
             backing.origin,
             offset / cs..(offset + len).div_ceil(cs),
             false,
         );
-        let _gate = self.io_gate();
+        let _gate = self.gates.io();
         let pieces = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
@@ -1715,21 +1574,6 @@ impl Pool {
         self.origins.sweep_done(id, next);
         Ok(seen.div_ceil(leaf_capacity(TreeKind::Mapping)).max(1))
     }
-}
-
-/// Origin stripe guards (see [`Pool::lock_origin_stripes`]).
-pub(super) enum OriginStripes<'a> {
-    Read(#[allow(dead_code)] Vec<RwLockReadGuard<'a, ()>>),
-    Write(#[allow(dead_code)] Vec<RwLockWriteGuard<'a, ()>>),
-}
-
-fn read_lock(l: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
-    // Guards no data: a poisoned lock is still a valid barrier.
-    l.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
-    l.write().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
