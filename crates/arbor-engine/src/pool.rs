@@ -1,20 +1,38 @@
 //! The public face of the engine: a pool of thin volumes.
 //!
+//! `Pool` composes parts that own their state, each in its own module,
+//! with private fields: the operations (`impl Pool` here and in the files
+//! under `pool/`) reach a part only through its methods.
+//! * the transaction: `meta` (the [`Volumes`] under an RwLock) over the
+//!   `store`;
+//! * the committer (`pool/committer.rs`): the commit lock, group commit,
+//!   the failed state, the commit observer and the page images a check
+//!   needs kept;
+//! * the write path's locks (`pool/gates.rs`): the pool gate, the volume
+//!   gates and the stripes; its counters (`pool/counters.rs`);
+//! * copy-on-write origins (`pool/origins.rs`): the devices served, their
+//!   origin stripes, the lock of homes being built, their stores' sweeps
+//!   and losses;
+//! * the checker (`pool/checker.rs`), one check at a time;
+//! * growth's lock (`grow_lock`, `pool/grow.rs`) and the fill sweep
+//!   (`pool/fill_sweep.rs`, run by `pool/fill.rs`).
+//!
 //! Concurrency (see docs/ARCHITECTURE.md):
 //! * `meta` (RwLock) guards the transaction state. Lookups take it shared,
 //!   mutations exclusive; no device I/O of a commit happens while it is held.
-//! * `gate` (RwLock) separates I/O from the start of a commit: every read and
-//!   write holds it shared for its whole duration; a commit holds it
-//!   exclusive only to freeze the transaction (phase A). So a commit never
-//!   sees a half-done write, and a chunk freed in a transaction (reusable
-//!   only after that transaction's commit is durable) is never reallocated
-//!   while a reader that looked it up before the freeze is still reading it.
-//! * `commit_lock` runs one commit at a time; its writes and flushes
+//! * the pool gate (RwLock) separates I/O from the start of a commit: every
+//!   read and write holds it shared for its whole duration; a commit holds
+//!   it exclusive only to freeze the transaction (phase A). So a commit
+//!   never sees a half-done write, and a chunk freed in a transaction
+//!   (reusable only after that transaction's commit is durable) is never
+//!   reallocated while a reader that looked it up before the freeze is
+//!   still reading it.
+//! * the commit lock runs one commit at a time; its writes and flushes
 //!   (phase B) hold no other lock, so I/O goes on while the device syncs.
 //!   Management operations hold it to commit before they return, except
 //!   snapshots and clones with [`Durability::Deferred`], which take only
 //!   their sources' volume gates and `meta` (`manage_deferred`).
-//! * `volume_gates` (RwLocks, one per volume id modulo their number)
+//! * the volume gates (RwLocks, one per volume id modulo their number)
 //!   separate a volume's writes from a snapshot of it that does not commit:
 //!   a write unit holds its volume's gate shared (inside the pool gate,
 //!   shared) from before its plan to the end of its writes in place, or
@@ -23,27 +41,26 @@
 //!   in-place writes of the volumes it snapshots, never for their
 //!   redirected writes or for other volumes' I/O, and no I/O waits for it
 //!   but the writes of those volumes.
-//! * `stripes` serialise writes to the same (volume, chunk), so two partial
-//!   writes to one chunk never race on its copy-on-write.
+//! * the stripes serialise writes to the same (volume, chunk), so two
+//!   partial writes to one chunk never race on its copy-on-write.
 //!
-//! * `origin_stripes` serialise a copy-on-write volume's writes of a chunk
-//!   with each other and with reads of that chunk through its epochs
+//! * the origin stripes serialise a copy-on-write volume's writes of a
+//!   chunk with each other and with reads of that chunk through its epochs
 //!   (`pool/origin.rs`).
 //!
-//! Lock order: (`homes_lock` →) (a copy-on-write home's `busy` →) origin
-//! stripe → commit_lock → gate → volume gate → stripe → meta. Reclaim
-//! only tries `homes_lock`, so it may run under any of them. `fill` (the
-//! fill sweep's state) is a leaf: taken under any of them, nothing under
-//! it.
+//! Lock order: (homes being built →) (a copy-on-write home's `busy` →)
+//! origin stripe → commit lock → pool gate → volume gate → stripe → meta.
+//! The check lock (held across a check) and the growth lock (across a
+//! growth's device work) are taken with none of these held, and never
+//! together. Reclaim only tries the lock of homes being built, so it may
+//! run under any of them. The committer's group-commit mutex is held with
+//! nothing under it but `meta` (to read what is durable). The fill sweep's
+//! lock and the committer's failure mutex are leaves: taken under any of
+//! them, nothing under them.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{
-    Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use arbor_format::{
     BlockRef, CommitRecord, DataLayout, FormatVersion, Layout, Region, SmKind, SmPage, Superblock,
@@ -61,26 +78,38 @@ use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, split_snapshot_name,
 };
-use crate::store::{Geometry, PreservedPages, Store};
+use crate::store::{Geometry, Store};
 use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
 
 /// Most snapshots one [`Pool::snapshot_group`] takes.
 pub const MAX_GROUP_SNAPSHOT: usize = 256;
 
+mod checker;
+mod committer;
+mod counters;
 mod fill;
+mod fill_sweep;
+mod gates;
 mod grow;
 #[cfg(test)]
 mod names_tests;
 mod origin;
 mod origin_loss;
+mod origins;
 #[cfg(test)]
 mod partial_tests;
 mod props;
 mod receive;
 mod write;
+use checker::Checker;
+use committer::Committer;
+use counters::WriteCounters;
+use fill_sweep::FillSweep;
+use gates::Gates;
 pub use grow::{GrowOptions, GrowReport};
 pub use origin::OriginInfo;
+use origins::Origins;
 pub use props::MAX_PROPERTY_KEY;
 pub use receive::{hex as guid_hex, ReceiveStart, ReceiveStatus, ReceiveTarget};
 use write::{Fill, Unit};
@@ -114,10 +143,6 @@ const DEFAULT_JOURNAL_PAGES: u32 = 1024;
 /// A transaction's largest single step must fit a journal with room to spare.
 const MIN_JOURNAL_PAGES: u32 = 16;
 const MAX_JOURNAL_PAGES: u32 = 1 << 16;
-const STRIPES: usize = 256;
-/// Volume gates (see the module documentation): volumes whose ids are
-/// equal modulo this share one, which costs only a needless wait.
-const VOLUME_GATES: usize = 64;
 
 /// How to lay out a new pool.
 #[derive(Debug, Clone)]
@@ -347,17 +372,6 @@ pub struct MapRun {
     pub mapped: bool,
 }
 
-/// The leader of a group commit ([`Pool::commit_through`]): steps down and
-/// wakes the followers when dropped.
-struct GroupLeader<'a>(&'a Pool);
-
-impl Drop for GroupLeader<'_> {
-    fn drop(&mut self) {
-        *lock_mutex(&self.0.group_leader) = false;
-        self.0.group_committed.notify_all();
-    }
-}
-
 /// Bytes of the copies only one epoch reads, by epoch, of one copy-on-write
 /// volume ([`Volumes::copies_by_sole_epoch`]).
 type SoleCopies = Arc<HashMap<u64, u64>>;
@@ -365,52 +379,17 @@ type SoleCopies = Arc<HashMap<u64, u64>>;
 pub struct Pool {
     store: Arc<Store>,
     meta: RwLock<Volumes>,
-    gate: RwLock<()>,
-    volume_gates: Vec<RwLock<()>>,
-    commit_lock: Mutex<()>,
-    /// Group commits ([`Pool::commit_through`]): whether a caller is
-    /// committing for the others, who wait on `group_committed` instead of
-    /// queueing for `commit_lock`.
-    group_leader: Mutex<bool>,
-    group_committed: Condvar,
+    committer: Committer,
+    gates: Gates,
+    counters: WriteCounters,
+    origins: Origins,
     /// One growth or upgrade at a time (held across a growth's device
     /// work, which the commit lock is not).
     grow_lock: Mutex<()>,
-    /// Held while a home is built in steps (`build_home`); loose homes are
-    /// freed only while nobody holds it, so a home being built is never
-    /// mistaken for one a failure left.
-    homes_lock: Mutex<()>,
-    stripes: Vec<Mutex<()>>,
-    /// Per (copy-on-write volume, chunk), hashed: its writes hold them
-    /// exclusive, reads through its epochs shared (`pool/origin.rs`).
-    origin_stripes: Vec<RwLock<()>>,
-    origins: origin::Origins,
-    /// For statistics: bytes of the copies only one epoch reads, by
-    /// copy-on-write volume and epoch, each as of one state of its store
-    /// and epochs ([`VolumeTable::store_version`]), so the statistics of
-    /// all of a volume's snapshots walk its store once, not once each.
-    sole_copies: Mutex<HashMap<u64, (u64, SoleCopies)>>,
-    failure: Mutex<Option<String>>,
-    commit_observer: OnceLock<CommitObserver>,
-    /// Units that did not fit an empty transaction's journal and ran in
-    /// pieces (`pool/write.rs`).
-    split_units: AtomicU64,
-    /// [`ChunkWrites`], in its field order.
-    chunk_writes: [AtomicU64; ChunkWrites::KINDS],
     /// The sweep for partial extents to fill (`pool/fill.rs`).
-    fill: Mutex<fill::FillSweep>,
-    /// One `check` at a time; while it walks, commits keep the old home
-    /// images of the space-map pages they overwrite here.
-    check_lock: Mutex<()>,
-    check_pages: Mutex<Option<Arc<PreservedPages>>>,
-    /// Runs between a check's capture and its walk (tests: commits go on).
-    #[cfg(test)]
-    check_pause: Mutex<Option<CheckPause>>,
+    fill: FillSweep,
+    checker: Checker,
 }
-
-/// What a test runs between a check's capture and its walk.
-#[cfg(test)]
-type CheckPause = Box<dyn FnOnce(&Pool) + Send>;
 
 /// Told the duration of every commit's device work (writing the journal and
 /// home pages, and their flushes), for metrics.
@@ -463,6 +442,17 @@ fn push_piece(pieces: &mut Vec<Piece>, piece: Piece) {
 fn lock_mutex<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Stripe and failure mutexes guard no data whose invariants a panic could break.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A lock that guards no data, shared: a poisoned one is still a valid
+/// barrier.
+fn read_lock(l: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`read_lock`], exclusive.
+fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    l.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// [`lock_mutex`] without waiting: `None` while another thread holds it.
@@ -655,33 +645,20 @@ impl Pool {
         Self {
             store,
             meta: RwLock::new(volumes),
-            gate: RwLock::new(()),
-            volume_gates: (0..VOLUME_GATES).map(|_| RwLock::new(())).collect(),
-            commit_lock: Mutex::new(()),
-            group_leader: Mutex::new(false),
-            group_committed: Condvar::new(),
+            committer: Committer::default(),
+            gates: Gates::default(),
+            counters: WriteCounters::default(),
+            origins: Origins::default(),
             grow_lock: Mutex::new(()),
-            homes_lock: Mutex::new(()),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            origin_stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
-            origins: origin::Origins::default(),
-            sole_copies: Mutex::default(),
-            check_lock: Mutex::new(()),
-            check_pages: Mutex::new(None),
-            #[cfg(test)]
-            check_pause: Mutex::new(None),
-            failure: Mutex::new(None),
-            commit_observer: OnceLock::new(),
-            split_units: AtomicU64::new(0),
-            chunk_writes: Default::default(),
-            fill: Mutex::default(),
+            fill: FillSweep::default(),
+            checker: Checker::default(),
         }
     }
 
     /// Installs the function told about every later commit. There is one
     /// observer per pool: returns false (and drops `observer`) if one is set.
     pub fn observe_commits(&self, observer: CommitObserver) -> bool {
-        self.commit_observer.set(observer).is_ok()
+        self.committer.observe(observer)
     }
 
     /// Commits and closes the pool.
@@ -701,87 +678,18 @@ impl Pool {
 
     // ---- locking -----------------------------------------------------------
 
-    fn check_failed(&self) -> Result<()> {
-        match lock_mutex(&self.failure).as_ref() {
-            Some(why) => Err(Error::Failed(why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn fail(&self, why: &Error) {
-        let mut failure = lock_mutex(&self.failure);
-        if failure.is_none() {
-            warn!(error = %why, "pool stopped: in-memory state no longer trusted");
-            *failure = Some(why.to_string());
-        }
-    }
-
     fn read_meta(&self) -> Result<RwLockReadGuard<'_, Volumes>> {
-        self.check_failed()?;
+        self.committer.check_failed()?;
         self.meta
             .read()
             .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
     }
 
     fn write_meta(&self) -> Result<RwLockWriteGuard<'_, Volumes>> {
-        self.check_failed()?;
+        self.committer.check_failed()?;
         self.meta
             .write()
             .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
-    }
-
-    fn io_gate(&self) -> RwLockReadGuard<'_, ()> {
-        // The gate guards no data; a poisoned gate is still a valid barrier.
-        self.gate.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn commit_gate(&self) -> RwLockWriteGuard<'_, ()> {
-        self.gate.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Volume `id`'s gate, shared: held by each of its writes, inside the
-    /// pool gate.
-    fn volume_gate(&self, id: u64) -> RwLockReadGuard<'_, ()> {
-        // `VOLUME_GATES` fits a usize and the remainder is below it.
-        let gate = &self.volume_gates[(id % VOLUME_GATES as u64) as usize];
-        gate.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The gates of volumes `ids`, exclusive, taken in index order (so two
-    /// lockers of several never wait for each other's).
-    fn volume_gates_exclusive(&self, ids: &[u64]) -> Vec<RwLockWriteGuard<'_, ()>> {
-        let mut indices: Vec<usize> = ids
-            .iter()
-            .map(|id| (id % VOLUME_GATES as u64) as usize)
-            .collect();
-        indices.sort_unstable();
-        indices.dedup();
-        indices
-            .into_iter()
-            .map(|i| {
-                self.volume_gates[i]
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-            })
-            .collect()
-    }
-
-    fn stripe_index(&self, id: u64, chunk: u64) -> usize {
-        let mut h = DefaultHasher::new();
-        (id, chunk).hash(&mut h);
-        (h.finish() as usize) % STRIPES
-    }
-
-    /// The stripes of chunks `chunks` of volume `id`, in index order (so two
-    /// lockers of several never wait for each other's).
-    fn stripe_indices(&self, id: u64, chunks: std::ops::Range<u64>) -> Vec<usize> {
-        if chunks.end - chunks.start >= STRIPES as u64 {
-            return (0..STRIPES).collect();
-        }
-        let mut v: Vec<usize> = chunks.map(|c| self.stripe_index(id, c)).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
     }
 
     /// Runs a metadata mutation. Errors that mean the in-memory state can no
@@ -797,7 +705,7 @@ impl Pool {
         let result = meta.atomic(privilege, f);
         if let Err(e) = &result {
             if e.stops_pool() {
-                self.fail(e);
+                self.committer.fail(e);
             }
         }
         result
@@ -812,11 +720,11 @@ impl Pool {
         privilege: Privilege,
         mut f: impl FnMut(&mut Volumes) -> Result<T>,
     ) -> Result<T> {
-        let _commit = lock_mutex(&self.commit_lock);
+        let _commit = self.committer.lock();
         let mut committed = false;
         loop {
             let (value, job) = {
-                let _gate = self.commit_gate();
+                let _gate = self.gates.commit();
                 let mut meta = self.write_meta()?;
                 // The operation's records are stored in its own step, with
                 // its privilege: an operation that may not use the reserve
@@ -861,8 +769,8 @@ impl Pool {
         sources: &[u64],
         f: impl FnOnce(&mut Volumes) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
-        let _gate = self.io_gate();
-        let _sources = self.volume_gates_exclusive(sources);
+        let _gate = self.gates.io();
+        let _sources = self.gates.volumes_exclusive(sources);
         let mut meta = self.write_meta()?;
         let step = |m: &mut Volumes| {
             let value = f(m)?;
@@ -889,7 +797,7 @@ impl Pool {
             Ok(job) => Ok(Some(job)),
             Err(e) => {
                 if e.stops_pool() {
-                    self.fail(&e);
+                    self.committer.fail(&e);
                 }
                 Err(e)
             }
@@ -898,16 +806,9 @@ impl Pool {
 
     /// Phases B and C (caller holds `commit_lock`).
     fn complete_commit(&self, job: CommitJob) -> Result<()> {
-        let started = Instant::now();
-        let preserve = lock_mutex(&self.check_pages).clone();
-        if let Err(e) = job.write(&self.store, preserve.as_deref()) {
-            self.fail(&e);
-            return Err(e);
-        }
+        let started = self.committer.write(&self.store, &job)?;
         self.write_meta()?.finish_commit(job);
-        if let Some(observe) = self.commit_observer.get() {
-            observe(started.elapsed());
-        }
+        self.committer.observed(started);
         Ok(())
     }
 
@@ -933,36 +834,23 @@ impl Pool {
     /// next one. (Queued on the commit lock instead, callers whose changes
     /// were durable already waited for each commit begun meanwhile.)
     fn commit_through(&self, txn: u64) -> Result<()> {
-        let mut leader = lock_mutex(&self.group_leader);
-        loop {
-            if self.read_meta()?.meta().durable_txn() >= txn {
-                return Ok(());
-            }
-            if !*leader {
-                break;
-            }
-            leader = self
-                .group_committed
-                .wait(leader)
-                .unwrap_or_else(|p| p.into_inner());
-        }
-        *leader = true;
-        drop(leader);
-        // Steps down however the commit ends, so no follower waits forever.
-        let _leading = GroupLeader(self);
-        self.commit_locked(txn)
+        self.committer.group(
+            txn,
+            || Ok(self.read_meta()?.meta().durable_txn()),
+            || self.commit_locked(txn),
+        )
     }
 
     /// Commits the open transaction, unless a commit since `txn` was open
     /// made its changes durable already.
     fn commit_locked(&self, txn: u64) -> Result<()> {
-        let _commit = lock_mutex(&self.commit_lock);
+        let _commit = self.committer.lock();
         // Stable under the commit lock: no other commit can begin.
         if self.read_meta()?.meta().durable_txn() >= txn {
             return Ok(());
         }
         let job = {
-            let _gate = self.commit_gate();
+            let _gate = self.gates.commit();
             let mut meta = self.write_meta()?;
             self.freeze(&mut meta)?
         };
@@ -1519,7 +1407,7 @@ impl Pool {
             Home,
             Through(arbor_format::Backing),
         }
-        let gate = self.io_gate();
+        let gate = self.gates.io();
         let route = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
@@ -1756,12 +1644,8 @@ impl Pool {
             reclaim_pending: meta.reclaim_pending() || self.origins.sweeping(),
             fill_pending: self.fill_wanted(),
             txn: meta.meta().txn() - 1,
-            split_units: self.split_units.load(Ordering::Relaxed),
-            chunk_writes: ChunkWrites::from_counts(
-                self.chunk_writes
-                    .each_ref()
-                    .map(|c| c.load(Ordering::Relaxed)),
-            ),
+            split_units: self.counters.split_units(),
+            chunk_writes: self.counters.chunk_writes(),
         })
     }
 
@@ -1789,6 +1673,7 @@ impl Pool {
         // reads through that epoch: destroying it frees them.
         let copies = match rec.backing {
             Some(b) if meta.table().readers_of_epoch(b.origin, b.epoch) == 1 => self
+                .origins
                 .sole_copies(&meta, b.origin)?
                 .get(&b.epoch)
                 .copied()
@@ -1817,28 +1702,6 @@ impl Pool {
                 .saturating_sub(exclusive)
                 .saturating_mul(cs),
         })
-    }
-
-    /// [`Volumes::copies_by_sole_epoch`] of `origin`, walked once per state
-    /// of its store and epochs.
-    fn sole_copies(&self, meta: &Volumes, origin: u64) -> Result<SoleCopies> {
-        let table = meta.table();
-        let version = table.store_version(origin);
-        if let Some((seen, bytes)) = lock_mutex(&self.sole_copies).get(&origin) {
-            if Some(*seen) == version {
-                return Ok(Arc::clone(bytes));
-            }
-        }
-        // Walked without the cache's lock (the caller's read guard keeps the
-        // state): two callers may walk at once, and both get the same.
-        let bytes = Arc::new(meta.copies_by_sole_epoch(origin)?);
-        if let Some(version) = version {
-            let mut cache = lock_mutex(&self.sole_copies);
-            // Only volumes that still exist: the cache stays bounded.
-            cache.retain(|&id, _| table.store_version(id).is_some());
-            cache.insert(origin, (version, Arc::clone(&bytes)));
-        }
-        Ok(bytes)
     }
 
     /// Whether `a` and `b` share their whole tree and size, as a volume and
@@ -1986,13 +1849,13 @@ impl Pool {
     /// off other commits (not reads or writes) until it is done, so no block
     /// of the state being walked is reused under it.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
-        let _one = lock_mutex(&self.check_lock);
+        let _one = self.checker.one();
         self.flush()?;
         // Capture the last commit and pin the blocks it references, with no
         // commit in flight; the journal and superblocks are read now, before
         // later commits write the journal.
         let (state, mut report) = {
-            let _commit = lock_mutex(&self.commit_lock);
+            let _commit = self.committer.lock();
             let mut meta = self.write_meta()?;
             let state = crate::check::Committed::capture(
                 meta.meta(),
@@ -2000,18 +1863,18 @@ impl Pool {
             )?;
             let report = crate::check::journal_and_superblocks(&self.store, state.txn())?;
             meta.pin_committed_meta();
-            *lock_mutex(&self.check_pages) = Some(state.preserved());
+            self.committer.preserve(Some(state.preserved()));
             (state, report)
         };
         // The walk holds no lock: I/O and commits go on.
         #[cfg(test)]
-        if let Some(pause) = lock_mutex(&self.check_pause).take() {
+        if let Some(pause) = self.checker.take_pause() {
             pause(self);
         }
         let walked = crate::check::check(&state);
         {
-            let _commit = lock_mutex(&self.commit_lock);
-            *lock_mutex(&self.check_pages) = None;
+            let _commit = self.committer.lock();
+            self.committer.preserve(None);
             // A stopped pool keeps its pins: it allocates nothing any more.
             if let Ok(mut meta) = self.write_meta() {
                 meta.unpin_committed_meta();
@@ -2178,7 +2041,7 @@ fn volume_info(
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if self.check_failed().is_ok() {
+        if self.committer.check_failed().is_ok() {
             if let Err(e) = self.flush() {
                 warn!(error = %e, "commit on close failed; the pool will open at its previous commit");
             }
@@ -2241,9 +2104,9 @@ mod tests {
             pool.write(v, i * 8 * 4096, &[2; 512]).unwrap();
         }
         pool.flush().unwrap();
-        *lock_mutex(&pool.check_pause) = Some(Box::new(move |pool: &Pool| {
+        pool.checker.pause_next(Box::new(move |pool: &Pool| {
             assert!(
-                pool.commit_lock.try_lock().is_ok(),
+                pool.committer.try_lock().is_some(),
                 "check holds the commit lock"
             );
             pool.delete("v@s").unwrap();
@@ -2283,7 +2146,7 @@ mod tests {
         let report = pool.check().unwrap();
         assert!(report.is_clean(), "{:?}", report.problems);
         assert!(
-            lock_mutex(&pool.check_pause).is_none(),
+            pool.checker.take_pause().is_none(),
             "the walk did not pause"
         );
         // The pins are gone: with nothing pending, every unused block is

@@ -25,34 +25,6 @@ use crate::mapping::{Mapped, Mapping};
 /// metadata lock for reading).
 const SCAN_EXTENTS: usize = 4096;
 
-/// Where the sweep for fillable partial extents stands.
-#[derive(Debug)]
-pub(super) struct FillSweep {
-    /// A sweep is wanted.
-    wanted: bool,
-    /// Bumped whenever `wanted` is set: a pass that began at an older
-    /// reason may have missed a partial.
-    reason: u64,
-    /// The next volume id and chunk to look at.
-    cursor: (u64, u64),
-    /// The reason the current pass began at, and whether it filled any.
-    pass_reason: u64,
-    pass_filled: bool,
-}
-
-impl Default for FillSweep {
-    /// An opened pool may hold fillable partials.
-    fn default() -> Self {
-        Self {
-            wanted: true,
-            reason: 1,
-            cursor: (0, 0),
-            pass_reason: 0,
-            pass_filled: false,
-        }
-    }
-}
-
 /// What [`Pool::fill_one`] did.
 enum Filled {
     Yes,
@@ -74,14 +46,12 @@ struct Candidate {
 impl Pool {
     /// Asks for a sweep for fillable partial extents (references dropped).
     pub(super) fn want_fill(&self) {
-        let mut sweep = lock_mutex(&self.fill);
-        sweep.wanted = true;
-        sweep.reason += 1;
+        self.fill.want();
     }
 
     /// Whether a sweep for fillable partial extents is wanted.
     pub fn fill_wanted(&self) -> bool {
-        lock_mutex(&self.fill).wanted
+        self.fill.wanted()
     }
 
     /// Fills up to `max` partial extents whose chunks nothing else
@@ -92,7 +62,7 @@ impl Pool {
     /// filled nothing.
     pub fn fill_partials(&self, max: usize) -> Result<usize> {
         if crate::mapping::partial_blocks(&self.store.geo).is_none() {
-            lock_mutex(&self.fill).wanted = false;
+            self.fill.end();
             return Ok(0);
         }
         let mut filled = 0;
@@ -115,7 +85,7 @@ impl Pool {
                 match done {
                     Filled::Yes => {
                         filled += 1;
-                        lock_mutex(&self.fill).pass_filled = true;
+                        self.fill.filled();
                     }
                     Filled::No => {}
                     // A fill's step fits an empty transaction (two
@@ -137,16 +107,8 @@ impl Pool {
     fn sweep_step(&self, max: usize) -> Result<Option<(Vec<Candidate>, bool)>> {
         // The sweep's lock is a leaf: not held while the metadata lock is
         // waited for (the pool's status takes the two the other way round).
-        let start = {
-            let mut sweep = lock_mutex(&self.fill);
-            if !sweep.wanted {
-                return Ok(None);
-            }
-            if sweep.cursor == (0, 0) {
-                sweep.pass_reason = sweep.reason;
-                sweep.pass_filled = false;
-            }
-            sweep.cursor
+        let Some(start) = self.fill.start() else {
+            return Ok(None);
         };
         let meta = self.read_meta()?;
         let ids: Vec<(u64, BlockRef)> = meta
@@ -182,26 +144,10 @@ impl Pool {
             }
         }
         drop(meta);
-        let mut sweep = lock_mutex(&self.fill);
-        if sweep.cursor != start {
-            // Another sweep moved the cursor meanwhile: its pass goes on
-            // from there (this step's finds are filled all the same).
-            return Ok(Some((found, false)));
-        }
-        let wrapped = cursor.is_none();
-        match cursor {
-            Some(at) => sweep.cursor = at,
-            None => {
-                // The pass reached the last volume: done, unless it filled
-                // some (their fills may free others) or a new reason came.
-                sweep.cursor = (0, 0);
-                if found.is_empty() && !sweep.pass_filled && sweep.pass_reason == sweep.reason {
-                    sweep.wanted = false;
-                    return Ok(None);
-                }
-            }
-        }
-        Ok(Some((found, wrapped)))
+        Ok(self
+            .fill
+            .advance(start, cursor, !found.is_empty())
+            .map(|wrapped| (found, wrapped)))
     }
 
     /// Fills one partial extent if it is still what the sweep found and
@@ -213,9 +159,9 @@ impl Pool {
         }
         // As a write of the chunk: no other write or discard changes its
         // mapping meanwhile, and no snapshot of the volume shares it.
-        let _gate = self.io_gate();
-        let _volume = self.volume_gate(c.id);
-        let _stripes = self.lock_stripes(c.id, c.chunk..c.chunk + 1);
+        let _gate = self.gates.io();
+        let _volume = self.gates.volume(c.id);
+        let _stripes = self.gates.stripes(c.id, c.chunk..c.chunk + 1);
         if !self.still_fillable(&c)? {
             return Ok(Filled::No);
         }

@@ -75,8 +75,8 @@ impl Pool {
 
     fn upgrade_superblocks(&self) -> Result<bool> {
         let _grow = lock_mutex(&self.grow_lock);
-        let _commit = lock_mutex(&self.commit_lock);
-        self.check_failed()?;
+        let _commit = self.committer.lock();
+        self.committer.check_failed()?;
         let geo = &self.store.geo;
         if geo.version().is_newest() {
             return Ok(false);
@@ -106,7 +106,7 @@ impl Pool {
         // Only growths change the layout: it stays as read here until this
         // one publishes. Commits go on during the device work.
         let _grow = lock_mutex(&self.grow_lock);
-        self.check_failed()?;
+        self.committer.check_failed()?;
         let geo = &self.store.geo;
         if !geo.version().has_grown_regions() {
             return Err(Error::InvalidArgument(format!(
@@ -152,12 +152,12 @@ impl Pool {
         format_space_map(dev.as_ref(), &region, SmKind::Meta)?;
         format_space_map(dev.as_ref(), &region, SmKind::Data)?;
         dev.flush()?;
-        let _commit = lock_mutex(&self.commit_lock);
+        let _commit = self.committer.lock();
         let job = {
-            let _gate = self.commit_gate();
+            let _gate = self.gates.commit();
             let mut meta = self.write_meta()?;
             if let Err(e) = meta.grow(plan.layout) {
-                self.fail(&e);
+                self.committer.fail(&e);
                 return Err(e);
             }
             self.freeze(&mut meta)?

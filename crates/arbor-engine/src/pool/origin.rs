@@ -2,7 +2,7 @@
 //! and is written there in place. The home is an external device (a raw
 //! disk or image file snapshotted in place: `arbor origin attach`) or a
 //! contiguous run of the pool's data chunks allocated when the volume is
-//! created (`--layout cow`), seen through a [`Window`] of the pool's
+//! created (`--layout cow`), seen through a window of the pool's
 //! device: the same mechanism serves both.
 //!
 //! The volume's own reads and writes go straight to its device. Its
@@ -31,15 +31,13 @@
 //! Errors of the device (it vanished, shrank, or failed) are
 //! [`Error::Origin`]: they fail the request and never stop the pool.
 
-use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::AtomicBool;
-use std::sync::RwLockWriteGuard;
 
 use arbor_format::{
     leaf_capacity, Backing, CowState, DataLayout, DeviceIdentity, Home, OriginLoss, TreeKind,
 };
 
+use super::origins::OriginDevice;
 use super::write::Fill;
 use super::*;
 use crate::snapstore::SnapStore;
@@ -59,296 +57,6 @@ const CATCH_UP_PASSES: usize = 8;
 /// ...or until at most this many chunks are left, which are copied with
 /// the volume's I/O held off.
 const CATCH_UP_LEFT: u64 = 256;
-
-/// An attached external device.
-pub(crate) struct OriginDevice {
-    dev: Arc<dyn BlockDevice>,
-    /// Readers and writers of the volume hold it shared; a rollback holds it
-    /// exclusive.
-    busy: RwLock<()>,
-    /// Reads of the device through an epoch (a snapshot's or clone's, which
-    /// hold the pool's I/O gate, so they cannot wait for `busy`) hold it
-    /// shared; a new home, once it replaces this device, waits for them
-    /// with it exclusive before it returns (an origin's device is then its
-    /// caller's to close, and another program's to write).
-    epoch_readers: RwLock<()>,
-    /// Written since its last flush.
-    written: AtomicBool,
-    /// While a new home is copied from it: the chunks written since.
-    tracked: Mutex<Option<Written>>,
-    /// The size its device was seen to have shrunk to (below the size it
-    /// was attached at): from then on it serves no I/O, and the pool
-    /// records the loss (`origin_loss.rs`).
-    shrunk: Mutex<Option<u64>>,
-}
-
-/// The chunks of a device written while a new home is copied from it
-/// ([`Pool::rehome`]), one bit each.
-struct Written {
-    chunk_size: u64,
-    chunks: u64,
-    bits: Vec<u64>,
-}
-
-impl Written {
-    fn new(chunk_size: u64, chunks: u64) -> Self {
-        // At most 2^32 chunks (MAX_COW_CHUNKS), so at most 512 MiB of bits,
-        // for the largest volume (8 MiB for 1 TiB at 16 KiB chunks), held
-        // only while its home is copied.
-        let words = usize::try_from(chunks.div_ceil(64)).unwrap_or(usize::MAX);
-        Self {
-            chunk_size,
-            chunks,
-            bits: vec![0; words],
-        }
-    }
-
-    /// Marks the chunks of bytes `[from, to)`.
-    fn mark(&mut self, from: u64, to: u64) {
-        // Past the tracked chunks (a growth of the device meanwhile, which
-        // the copy refuses anyway): nothing to mark.
-        let end = to.div_ceil(self.chunk_size).min(self.chunks);
-        for chunk in from / self.chunk_size..end {
-            if let Some(word) = self.bits.get_mut((chunk / 64) as usize) {
-                *word |= 1 << (chunk % 64);
-            }
-        }
-    }
-
-    /// The marked chunks, as runs, clearing them.
-    fn take(&mut self) -> Vec<Range<u64>> {
-        let mut runs: Vec<Range<u64>> = Vec::new();
-        for (i, word) in self.bits.iter_mut().enumerate() {
-            let mut bits = std::mem::take(word);
-            while bits != 0 {
-                let chunk = i as u64 * 64 + u64::from(bits.trailing_zeros());
-                bits &= bits - 1;
-                match runs.last_mut() {
-                    Some(run) if run.end == chunk => run.end += 1,
-                    _ => runs.push(chunk..chunk + 1),
-                }
-            }
-        }
-        runs
-    }
-}
-
-/// The external devices attached to the pool's copy-on-write volumes, and
-/// where a sweep of each volume's store goes on.
-#[derive(Default)]
-pub(crate) struct Origins {
-    devices: RwLock<HashMap<u64, Arc<OriginDevice>>>,
-    /// Volumes whose stores may hold copies no epoch reads, and the key to
-    /// sweep them from.
-    sweeps: Mutex<HashMap<u64, u64>>,
-    /// What each volume whose device shrank lost (its recorded
-    /// [`OriginLoss`]), read from the pool once, when it is opened, and kept in step.
-    pub(super) losses: RwLock<HashMap<u64, OriginLoss>>,
-}
-
-impl Origins {
-    fn get(&self, id: u64) -> Option<Arc<OriginDevice>> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-    }
-
-    fn insert(&self, id: u64, dev: Arc<OriginDevice>) {
-        self.devices
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, dev);
-    }
-
-    /// Stops serving volume `id` (detached or destroyed).
-    pub(super) fn remove(&self, id: u64) -> Option<Arc<OriginDevice>> {
-        self.devices
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id)
-    }
-
-    /// Every attached device, with its volume's id.
-    pub(super) fn entries(&self) -> Vec<(u64, Arc<OriginDevice>)> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(&id, d)| (id, Arc::clone(d)))
-            .collect()
-    }
-
-    /// Stops serving volume `id` if `d` is still its device.
-    pub(super) fn remove_if(&self, id: u64, d: &Arc<OriginDevice>) {
-        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
-        if devices.get(&id).is_some_and(|now| Arc::ptr_eq(now, d)) {
-            devices.remove(&id);
-        }
-    }
-
-    /// What volume `id` lost with its device, if it lost anything.
-    pub(super) fn loss(&self, id: u64) -> Option<OriginLoss> {
-        self.losses
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied()
-    }
-
-    pub(super) fn set_loss(&self, id: u64, loss: Option<OriginLoss>) {
-        let mut losses = self.losses.write().unwrap_or_else(|p| p.into_inner());
-        match loss {
-            Some(loss) => losses.insert(id, loss),
-            None => losses.remove(&id),
-        };
-    }
-
-    fn all(&self) -> Vec<Arc<OriginDevice>> {
-        self.devices
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    pub(super) fn sweep_from(&self, id: u64, from: u64) {
-        lock_mutex(&self.sweeps)
-            .entry(id)
-            .and_modify(|at| *at = (*at).min(from))
-            .or_insert(from);
-    }
-
-    pub(super) fn sweeping(&self) -> bool {
-        !lock_mutex(&self.sweeps).is_empty()
-    }
-
-    fn next_sweep(&self) -> Option<(u64, u64)> {
-        lock_mutex(&self.sweeps)
-            .iter()
-            .next()
-            .map(|(&id, &at)| (id, at))
-    }
-
-    fn sweep_done(&self, id: u64, next: Option<u64>) {
-        let mut sweeps = lock_mutex(&self.sweeps);
-        match next {
-            Some(at) => {
-                sweeps.insert(id, at);
-            }
-            None => {
-                sweeps.remove(&id);
-            }
-        }
-    }
-}
-
-/// A copy-on-write volume's home in the pool, as a device: `size` bytes of
-/// the pool's device from byte `base`.
-struct Window {
-    dev: Arc<dyn BlockDevice>,
-    base: u64,
-    size: u64,
-}
-
-impl BlockDevice for Window {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        arbor_io::check_range(offset, buf.len(), self.size)?;
-        self.dev.read_at(buf, self.base + offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        arbor_io::check_range(offset, buf.len(), self.size)?;
-        self.dev.write_at(buf, self.base + offset)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        arbor_io::check_span(offset, len, self.size)?;
-        self.dev.write_zeroes(self.base + offset, len)
-    }
-
-    fn flush(&self) -> std::io::Result<()> {
-        self.dev.flush()
-    }
-
-    fn size(&self) -> u64 {
-        self.size
-    }
-}
-
-impl OriginDevice {
-    fn new(dev: Arc<dyn BlockDevice>) -> Arc<Self> {
-        Arc::new(Self {
-            dev,
-            busy: RwLock::new(()),
-            epoch_readers: RwLock::new(()),
-            written: AtomicBool::new(false),
-            tracked: Mutex::new(None),
-            shrunk: Mutex::new(None),
-        })
-    }
-
-    /// The size the device was seen to have shrunk to, if it was.
-    pub(super) fn shrunk(&self) -> Option<u64> {
-        *lock_mutex(&self.shrunk)
-    }
-
-    /// Looks at the device's size now (one `lseek` on a file or disk; a
-    /// home in the pool cannot change): one smaller than it was attached
-    /// at fails the device for good. Returns the size it shrank to.
-    pub(super) fn check_size(&self) -> Option<u64> {
-        if let Some(seen) = self.shrunk() {
-            return Some(seen);
-        }
-        match self.dev.current_size() {
-            Ok(now) if now < self.dev.size() => {
-                let mut shrunk = lock_mutex(&self.shrunk);
-                let seen = shrunk.map_or(now, |before| before.min(now));
-                *shrunk = Some(seen);
-                Some(seen)
-            }
-            _ => None,
-        }
-    }
-
-    /// The error of every request to a device that shrank to `now`.
-    pub(super) fn shrunk_error(&self, name: &str, now: u64) -> Error {
-        Error::Origin(format!(
-            "{name}: its device shrank from {} to {now} bytes while attached, so it serves \
-             no I/O: what it held from byte {now} on is lost (arbor origin list shows it; \
-             arbor origin attach {name} PATH --accept-damage serves it again)",
-            self.dev.size()
-        ))
-    }
-
-    /// Tracks the chunks written from now on (see [`Written`]) until the
-    /// guard returned goes.
-    fn track(&self, chunk_size: u64, chunks: u64) -> Tracking<'_> {
-        *lock_mutex(&self.tracked) = Some(Written::new(chunk_size, chunks));
-        Tracking(self)
-    }
-}
-
-/// Tracking of a device's writes, ended when dropped.
-struct Tracking<'a>(&'a OriginDevice);
-
-impl Tracking<'_> {
-    /// The chunks written since the last call (or since tracking began).
-    fn take(&self) -> Vec<Range<u64>> {
-        lock_mutex(&self.0.tracked)
-            .as_mut()
-            .map(Written::take)
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Tracking<'_> {
-    fn drop(&mut self) {
-        *lock_mutex(&self.0.tracked) = None;
-    }
-}
 
 /// What a listing says of an external copy-on-write volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -395,7 +103,7 @@ impl Target<'_> {
     fn err(&self, e: std::io::Error) -> Error {
         match self.d.check_size() {
             Some(now) => self.d.shrunk_error(self.name, now),
-            None => device_error(self.name, self.d.dev.as_ref(), self.size, e),
+            None => device_error(self.name, self.d.dev(), self.size, e),
         }
     }
 
@@ -409,7 +117,7 @@ impl Target<'_> {
 
     fn read(&self, buf: &mut [u8], at: u64) -> Result<()> {
         self.refuse_shrunk()?;
-        self.d.dev.read_at(buf, at).map_err(|e| self.err(e))
+        self.d.dev().read_at(buf, at).map_err(|e| self.err(e))
     }
 
     /// Writes `fill` over `[from, to)` of the device: never to one that
@@ -419,28 +127,25 @@ impl Target<'_> {
         if let Some(now) = self.d.check_size() {
             return Err(self.d.shrunk_error(self.name, now));
         }
-        self.d.written.store(true, Ordering::Release);
         // Marked first: a write that fails part way is copied again too.
-        if let Some(written) = lock_mutex(&self.d.tracked).as_mut() {
-            written.mark(from, to);
-        }
+        self.d.will_write(from, to);
         match fill {
-            Fill::Data(data) => self.d.dev.write_at(data, from).map_err(|e| self.err(e)),
+            Fill::Data(data) => self.d.dev().write_at(data, from).map_err(|e| self.err(e)),
             Fill::Zeros => self
                 .d
-                .dev
+                .dev()
                 .write_zeroes(from, to - from)
                 .map_err(|e| self.err(e)),
         }
     }
 
     fn flush(&self) -> Result<()> {
-        self.d.dev.flush().map_err(|e| self.err(e))?;
+        self.d.dev().flush().map_err(|e| self.err(e))?;
         // A flush is acknowledged only if what it made durable is there.
         if let Some(now) = self.d.check_size() {
             return Err(self.d.shrunk_error(self.name, now));
         }
-        self.d.written.store(false, Ordering::Release);
+        self.d.flushed();
         Ok(())
     }
 }
@@ -572,7 +277,7 @@ impl Pool {
         let step = self.home_build_step();
         // A home bigger than one step is built a step at a time, one at a
         // time, while no loose home is freed (`reclaim_loose_home`).
-        let _building = (chunks > step).then(|| lock_mutex(&self.homes_lock));
+        let _building = (chunks > step).then(|| self.origins.building_home());
         let run = {
             let mut meta = self.write_meta()?;
             meta.ensure_name_free(name)?;
@@ -675,7 +380,7 @@ impl Pool {
         let cs = self.chunk_size();
         let (old_chunks, new_chunks) = (old_size.div_ceil(cs), new_size.div_ceil(cs));
         let step = self.home_build_step();
-        let _building = lock_mutex(&self.homes_lock);
+        let _building = self.origins.building_home();
         let in_place = self.write_meta()?.reserve_home_growth(id, new_chunks);
         let run = match in_place {
             Ok(run) => run,
@@ -691,7 +396,7 @@ impl Pool {
             let first = self.read_meta()?.pool_home(id)?.0;
             let d = self.origin_device(id, name)?;
             // I/O that found this device waits, then finds it replaced.
-            let _busy = write_lock(&d.busy);
+            let _busy = d.busy_exclusive();
             let grown = self.manage(Privilege::Normal, |m| {
                 let added = match loose {
                     Some(l) => HomeGrowth::Loose(l),
@@ -752,7 +457,7 @@ impl Pool {
             }
             rec.size_bytes
         };
-        let _building = lock_mutex(&self.homes_lock);
+        let _building = self.origins.building_home();
         self.rehome(
             id,
             name,
@@ -834,7 +539,7 @@ impl Pool {
                 // the volume's I/O waits for.
                 self.store.dev.flush()?;
                 // I/O that found this device waits, then finds it replaced.
-                let busy = write_lock(&d.busy);
+                let busy = d.busy_exclusive();
                 if self
                     .origins
                     .get(id)
@@ -863,7 +568,7 @@ impl Pool {
                 // free for others to write. (An old home in the pool is safe
                 // anyway: its chunks are freed, and reused, only by later
                 // commits, which such reads' I/O gate holds off.)
-                drop(write_lock(&d.epoch_readers));
+                d.wait_epoch_readers();
                 Ok(())
             })();
             if let (Err(e), Some(l)) = (&done, loose) {
@@ -942,7 +647,7 @@ impl Pool {
     /// unless a home is being built. Returns the chunks freed (0: none to
     /// free now).
     pub(super) fn reclaim_loose_home(&self) -> Result<u64> {
-        let Some(_homes) = try_lock(&self.homes_lock) else {
+        let Some(_homes) = self.origins.no_home_building() else {
             return Ok(0);
         };
         let Some(id) = self.read_meta()?.any_loose_home() else {
@@ -998,12 +703,9 @@ impl Pool {
     /// Serves the home of copy-on-write volume `id` (`size` bytes from data
     /// chunk `first`) through a window of the pool's device.
     pub(super) fn open_home(&self, id: u64, first: u64, size: u64) {
-        let window = Window {
-            dev: Arc::clone(&self.store.dev),
-            base: self.store.geo.chunk_offset(first),
-            size,
-        };
-        self.origins.insert(id, OriginDevice::new(Arc::new(window)));
+        let base = self.store.geo.chunk_offset(first);
+        let home = OriginDevice::in_pool(Arc::clone(&self.store.dev), base, size);
+        self.origins.insert(id, home);
     }
 
     /// Opens the homes in the pool of every copy-on-write volume (at open).
@@ -1085,8 +787,8 @@ impl Pool {
         let id = self.lookup(name)?.0;
         let device = self.origins.get(id);
         if let Some(d) = &device {
-            let _busy = write_lock(&d.busy);
-            let size = d.dev.size();
+            let _busy = d.busy_exclusive();
+            let size = d.dev().size();
             Target { id, name, size, d }.flush()?;
         }
         self.manage(Privilege::Reserve, |m| {
@@ -1118,7 +820,7 @@ impl Pool {
             if let Some(now) = d.shrunk() {
                 return Err(d.shrunk_error(&name, now));
             }
-            let _busy = read_lock(&d.busy);
+            let _busy = d.busy();
             // A growth of a home in the pool replaces its device (a window
             // of the new size) while it holds the old one's `busy`.
             if !self
@@ -1184,11 +886,11 @@ impl Pool {
         }
         let d = self.origin_device(id, name)?;
         // No I/O of the volume runs while its device changes size.
-        let _busy = write_lock(&d.busy);
-        match d.dev.extend(new_size) {
+        let _busy = d.busy_exclusive();
+        match d.dev().extend(new_size) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
-                let size = d.dev.refresh_size().map_err(|e| not_enlarged(name, e))?;
+                let size = d.dev().refresh_size().map_err(|e| not_enlarged(name, e))?;
                 if size < new_size {
                     return Err(Error::InvalidArgument(format!(
                         "{name}'s device has {size} bytes: enlarge it to {new_size} with its \
@@ -1198,7 +900,7 @@ impl Pool {
             }
             Err(e) => return Err(not_enlarged(name, e)),
         }
-        d.dev.flush().map_err(|e| not_enlarged(name, e))?;
+        d.dev().flush().map_err(|e| not_enlarged(name, e))?;
         self.manage(Privilege::Normal, |m| {
             if m.volume(id)?.size_bytes != old_size {
                 return Err(Error::InvalidArgument(format!(
@@ -1260,12 +962,12 @@ impl Pool {
     fn cow_write_unit(&self, t: &Target<'_>, from: u64, to: u64, fill: Fill<'_>) -> Result<()> {
         let cs = self.chunk_size();
         let chunks = from / cs..to.div_ceil(cs);
-        let _stripes = self.lock_origin_stripes(t.id, chunks.clone(), true);
+        let _stripes = self.origins.stripes(t.id, chunks.clone(), true);
         self.refuse_lost_copies(t.id, t.name, chunks.clone())?;
         self.preserve(t, chunks.clone())?;
         loop {
             {
-                let _gate = self.io_gate();
+                let _gate = self.gates.io();
                 let clear = {
                     let meta = self.read_meta()?;
                     let mut clear = true;
@@ -1321,7 +1023,7 @@ impl Pool {
     /// Step 1 of the module documentation, once: returns the transaction
     /// the copies were mapped in, None when nothing needed a copy.
     fn copy_chunks(&self, t: &Target<'_>, chunks: Range<u64>) -> Result<Option<u64>> {
-        let _gate = self.io_gate();
+        let _gate = self.gates.io();
         let plans = {
             let mut meta = self.write_meta()?;
             self.mutate(&mut meta, Privilege::Normal, |m| {
@@ -1338,7 +1040,7 @@ impl Pool {
             })
         });
         if let Err(e) = mapped {
-            if self.check_failed().is_ok() {
+            if self.committer.check_failed().is_ok() {
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, Privilege::Reserve, |m| m.release_copies(&plans))?;
             }
@@ -1365,63 +1067,19 @@ impl Pool {
         Ok(())
     }
 
-    /// Locks the origin stripes of chunks `chunks` of copy-on-write volume
-    /// `id`, in index order: exclusive for its writes, shared for reads
-    /// through its epochs.
-    pub(super) fn lock_origin_stripes(
-        &self,
-        id: u64,
-        chunks: Range<u64>,
-        write: bool,
-    ) -> OriginStripes<'_> {
-        let indices = self.stripe_indices(id, chunks);
-        if write {
-            OriginStripes::Write(
-                indices
-                    .into_iter()
-                    .map(|i| write_lock(&self.origin_stripes[i]))
-                    .collect(),
-            )
-        } else {
-            OriginStripes::Read(
-                indices
-                    .into_iter()
-                    .map(|i| read_lock(&self.origin_stripes[i]))
-                    .collect(),
-            )
-        }
-    }
-
     /// Flushes every home written since its last flush; one that fails
     /// does not keep the others from being flushed (the first error is
     /// returned, and the failed ones stay due).
     pub(super) fn flush_origins(&self) -> Result<()> {
         let mut first = Ok(());
         for d in self.origins.all() {
-            if let Err(e) = Self::flush_home(&d) {
+            if let Err(e) = d.flush_if_written() {
                 if first.is_ok() {
                     first = Err(e);
                 }
             }
         }
         first
-    }
-
-    fn flush_home(d: &OriginDevice) -> Result<()> {
-        if d.written.swap(false, Ordering::AcqRel) {
-            if let Err(e) = d.dev.flush() {
-                d.written.store(true, Ordering::Release);
-                return Err(Error::Origin(format!(
-                    "the device of a copy-on-write volume failed to flush: {e}"
-                )));
-            }
-            // A flush is acknowledged only if what it made durable is there.
-            if let Some(now) = d.check_size() {
-                d.written.store(true, Ordering::Release);
-                return Err(d.shrunk_error("a copy-on-write volume", now));
-            }
-        }
-        Ok(())
     }
 
     /// Makes every completed write to volume `id` durable: commits the
@@ -1431,7 +1089,7 @@ impl Pool {
     pub fn flush_volume(&self, id: VolumeId) -> Result<()> {
         self.commit_open()?;
         let flushed = match self.origins.get(id.0) {
-            Some(d) => Self::flush_home(&d),
+            Some(d) => d.flush_if_written(),
             None => Ok(()),
         };
         self.after_origin_error(flushed)
@@ -1484,7 +1142,7 @@ impl Pool {
         };
         let cs = self.chunk_size();
         {
-            let _busy = write_lock(&d.busy);
+            let _busy = d.busy_exclusive();
             let target = Target {
                 id,
                 name: &name,
@@ -1495,14 +1153,14 @@ impl Pool {
             let mut buf = vec![0u8; cs as usize];
             loop {
                 let (copies, next) = {
-                    let _gate = self.io_gate();
+                    let _gate = self.gates.io();
                     self.read_meta()?.copies_of_epoch(id, epoch, from, BATCH)?
                 };
                 for copy in copies {
                     // The copy stays while the rollback runs: the sweep
                     // keeps what the rollback's epoch reads, whoever reads it.
                     {
-                        let _gate = self.io_gate();
+                        let _gate = self.gates.io();
                         self.store
                             .dev
                             .read_at(&mut buf, self.store.geo.chunk_offset(copy.pchunk))?;
@@ -1535,12 +1193,12 @@ impl Pool {
     ) -> Result<()> {
         let cs = self.chunk_size();
         let len = buf.len() as u64;
-        let _stripes = self.lock_origin_stripes(
+        let _stripes = self.origins.stripes(
             backing.origin,
             offset / cs..(offset + len).div_ceil(cs),
             false,
         );
-        let _gate = self.io_gate();
+        let _gate = self.gates.io();
         let pieces = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
@@ -1569,7 +1227,7 @@ impl Pool {
         self.refuse_lost_read(backing, &name, &pieces)?;
         let mut d = self.origin_device(backing.origin, &name)?;
         loop {
-            let reading = read_lock(&d.epoch_readers);
+            let reading = d.reading_epoch();
             if self
                 .origins
                 .get(backing.origin)
@@ -1714,44 +1372,5 @@ impl Pool {
         };
         self.origins.sweep_done(id, next);
         Ok(seen.div_ceil(leaf_capacity(TreeKind::Mapping)).max(1))
-    }
-}
-
-/// Origin stripe guards (see [`Pool::lock_origin_stripes`]).
-pub(super) enum OriginStripes<'a> {
-    Read(#[allow(dead_code)] Vec<RwLockReadGuard<'a, ()>>),
-    Write(#[allow(dead_code)] Vec<RwLockWriteGuard<'a, ()>>),
-}
-
-fn read_lock(l: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
-    // Guards no data: a poisoned lock is still a valid barrier.
-    l.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
-    l.write().unwrap_or_else(|p| p.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Written;
-
-    #[test]
-    fn written_chunks_come_back_as_runs_once() {
-        let mut w = Written::new(4096, 200);
-        // Inside one chunk, across chunks, across a word, the last chunk,
-        // and past the end (nothing).
-        w.mark(100, 200);
-        w.mark(4096 * 3 + 1, 4096 * 5);
-        w.mark(4096 * 63, 4096 * 66);
-        w.mark(4096 * 199, 4096 * 200);
-        w.mark(4096 * 200, 4096 * 300);
-        assert_eq!(w.take(), [0..1, 3..5, 63..66, 199..200]);
-        assert_eq!(w.take(), []);
-        // Adjacent marks join one run; an empty range marks nothing.
-        w.mark(4096 * 10, 4096 * 11);
-        w.mark(4096 * 11, 4096 * 12);
-        w.mark(4096 * 20, 4096 * 20);
-        assert_eq!(w.take(), [std::ops::Range { start: 10, end: 12 }]);
     }
 }

@@ -98,7 +98,7 @@ impl Pool {
     /// damaged value is an error ([`Error::Corrupt`]), never wrong bytes.
     pub fn property(&self, owner: Option<VolumeId>, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
-        let _gate = self.io_gate();
+        let _gate = self.gates.io();
         let (pieces, size) = {
             let meta = self.read_meta()?;
             Self::check_owner(&meta, owner)?;

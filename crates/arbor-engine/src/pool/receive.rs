@@ -95,7 +95,7 @@ impl Pool {
     /// a management operation, which holds the commit lock until its
     /// commit is durable).
     pub fn receive_status(&self, volume: &str) -> Result<Option<ReceiveStatus>> {
-        let _durable = super::lock_mutex(&self.commit_lock);
+        let _durable = self.committer.lock();
         let meta = self.read_meta()?;
         match meta.receiving_id(volume) {
             Some(id) => status_of(&meta, id).map(Some),

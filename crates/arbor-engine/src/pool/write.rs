@@ -274,7 +274,8 @@ impl Pool {
         // of the copy-on-write volume may change those chunks meanwhile.
         let backing = self.read_meta()?.volume(unit.id.0)?.backing;
         let _view = backing.map(|b| {
-            self.lock_origin_stripes(b.origin, unit.chunk_range(self.chunk_size()), false)
+            self.origins
+                .stripes(b.origin, unit.chunk_range(self.chunk_size()), false)
         });
         loop {
             self.commit_if_needed()?;
@@ -314,8 +315,8 @@ impl Pool {
     /// whole journal holds: thousands of chunks scattered over a large,
     /// fragmented pool).
     fn apply_alone(&self, unit: &Unit<'_>) -> Result<()> {
-        let _commit = lock_mutex(&self.commit_lock);
-        let _gate = self.commit_gate();
+        let _commit = self.committer.lock();
+        let _gate = self.gates.commit();
         self.commit_held()?;
         match self.attempt_locked(unit, &mut None) {
             Err(Error::TransactionFull) => {}
@@ -324,7 +325,7 @@ impl Pool {
         if unit.halves(self.chunk_size()).is_none() {
             return Err(Error::TransactionFull);
         }
-        self.split_units.fetch_add(1, Ordering::Relaxed);
+        self.counters.split();
         let held = {
             let mut meta = self.write_meta()?;
             self.mutate(&mut meta, unit.privilege(), |m| m.hold_tree(unit.id.0))?
@@ -393,9 +394,11 @@ impl Pool {
 
     /// One try of a unit: steps 1 to 4 of the module documentation.
     fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
-        let _gate = self.io_gate();
-        let mut volume = Some(self.volume_gate(unit.id.0));
-        let _stripes = self.lock_stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
+        let _gate = self.gates.io();
+        let mut volume = Some(self.gates.volume(unit.id.0));
+        let _stripes = self
+            .gates
+            .stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
         self.attempt_locked(unit, &mut volume)
     }
 
@@ -463,7 +466,7 @@ impl Pool {
             // Nothing maps the new chunks: free them, unless the pool stopped
             // (a failed mapping step that stops it; not a failed data write,
             // which leaves the metadata sound and is reported to the caller).
-            if self.check_failed().is_ok() {
+            if self.committer.check_failed().is_ok() {
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
             }
@@ -502,17 +505,8 @@ impl Pool {
                 ChunkPlan::Partial { .. } => ChunkWrite::Partial,
                 ChunkPlan::Skip => continue,
             };
-            self.chunk_writes[kind as usize].fetch_add(1, Ordering::Relaxed);
+            self.counters.chunk_write(kind);
         }
-    }
-
-    /// Locks the stripes of chunks `chunks` of volume `id`, in index order
-    /// (so two units never wait for each other's stripes).
-    pub(super) fn lock_stripes(&self, id: u64, chunks: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
-        self.stripe_indices(id, chunks)
-            .into_iter()
-            .map(|i| lock_mutex(&self.stripes[i]))
-            .collect()
     }
 
     /// Step 2: writes every redirected chunk whole.
@@ -838,7 +832,6 @@ mod tests {
 /// allocate, one block at a time, which the public API cannot.
 #[cfg(test)]
 mod split_tests {
-    use std::sync::atomic::Ordering;
 
     use super::*;
 
@@ -918,9 +911,9 @@ mod split_tests {
                 let free = meta.meta().allocatable(SmKind::Meta);
                 meta.set_meta_reserve(free.saturating_sub(allow));
             }
-            let splits_before = pool.split_units.load(Ordering::Relaxed);
+            let splits_before = pool.counters.split_units();
             let result = pool.write_zeroes(a, 0, A_CHUNKS * CS, true);
-            split += pool.split_units.load(Ordering::Relaxed) - splits_before;
+            split += pool.counters.split_units() - splits_before;
             match &result {
                 Ok(()) => {
                     assert!(read(&pool, a).iter().all(|&b| b == 0), "allow {allow}");

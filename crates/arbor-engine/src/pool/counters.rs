@@ -1,0 +1,62 @@
+//! The write path's counters since the pool was opened, for statistics:
+//! units that ran in pieces, and [`ChunkWrites`] (`pool/write.rs`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{ChunkWrite, ChunkWrites};
+
+#[derive(Default)]
+pub(super) struct WriteCounters {
+    /// Units that did not fit an empty transaction's journal and ran in
+    /// pieces.
+    split_units: AtomicU64,
+    /// [`ChunkWrites`], in its field order.
+    chunk_writes: [AtomicU64; ChunkWrites::KINDS],
+}
+
+impl WriteCounters {
+    /// A unit ran in pieces.
+    pub(super) fn split(&self) {
+        self.split_units.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A chunk was written as `kind` says.
+    pub(super) fn chunk_write(&self, kind: ChunkWrite) {
+        self.chunk_writes[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn split_units(&self) -> u64 {
+        self.split_units.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn chunk_writes(&self) -> ChunkWrites {
+        ChunkWrites::from_counts(
+            self.chunk_writes
+                .each_ref()
+                .map(|c| c.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_counts_in_its_own_field() {
+        let c = WriteCounters::default();
+        c.split();
+        c.chunk_write(ChunkWrite::InPlace);
+        c.chunk_write(ChunkWrite::PartialOver);
+        c.chunk_write(ChunkWrite::PartialOver);
+        assert_eq!(c.split_units(), 1);
+        assert_eq!(
+            c.chunk_writes(),
+            ChunkWrites {
+                in_place: 1,
+                partial_over: 2,
+                ..ChunkWrites::default()
+            }
+        );
+    }
+}
