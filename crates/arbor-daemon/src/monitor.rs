@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{Error as EngineError, Pool, VolumeId};
 use arbor_monitor::engine::{self as store, Listing, Stored, VolumeOutcome};
 use arbor_monitor::{Decision, Policy, Reason, Retention, Schedule};
@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 
 use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
 use crate::destroy::Destroyer;
+use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
 use crate::space::SpaceWatch;
@@ -77,7 +78,7 @@ pub struct Monitor {
     destroyer: Destroyer,
 }
 
-fn invalid(message: String) -> anyhow::Error {
+fn invalid(message: String) -> DaemonError {
     EngineError::InvalidArgument(message).into()
 }
 
@@ -135,8 +136,8 @@ impl Monitor {
             let ticked = tokio::task::spawn_blocking(move || monitor.tick(unix_now())).await;
             match ticked {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) if is_fatal(&e) => return Err(e.context("the monitor stopped")),
-                Ok(Err(e)) => warn!(error = format!("{e:#}"), "monitor tick failed"),
+                Ok(Err(e)) if e.stops_pool() => return Err(e.context("the monitor stopped")),
+                Ok(Err(e)) => warn!(error = e.chain(), "monitor tick failed"),
                 Err(e) => error!(error = %e, "monitor tick panicked"),
             }
         }
@@ -494,9 +495,7 @@ impl Monitor {
     /// A prune's destroy: as `arbor destroy` without force (refused while
     /// NBD clients have it open or a send reads it).
     fn destroy(&self, name: &str) -> Result<(), String> {
-        self.destroyer
-            .destroy(name, false)
-            .map_err(|e| format!("{e:#}"))
+        self.destroyer.destroy(name, false).map_err(|e| e.chain())
     }
 
     /// The active alerts, critical first.
@@ -612,10 +611,4 @@ impl Monitor {
         lock(&self.alerts).update(found, now);
         Ok(())
     }
-}
-
-/// Whether `e` means the pool stopped (the daemon then stops too).
-fn is_fatal(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<EngineError>()
-        .is_some_and(EngineError::stops_pool)
 }
