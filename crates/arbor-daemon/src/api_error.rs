@@ -1,6 +1,7 @@
 //! The API's error responses and the one place that gives each failure
-//! its [`ErrorCode`]: the daemon's own refusals ([`DaemonError`]) and
-//! engine errors.
+//! its [`ErrorCode`], by matching on its type: the daemon's errors
+//! ([`DaemonError`], engine errors among them), a replication cycle's
+//! failure, a send's or receive's, a token store's.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -9,17 +10,28 @@ use tracing::error;
 
 use arbor_api::error_code::ErrorCode;
 use arbor_api::model::ErrorBody;
+use arbor_replica::state::StateError;
+
+use arbor_stream::StreamFailure;
 
 use crate::error::DaemonError;
+use crate::replication::{CycleFailure, ErrorKind};
+use crate::tokens::TokenError;
 
-/// The code of a daemon refusal.
-pub fn code_of(refusal: &DaemonError) -> ErrorCode {
-    match refusal {
+/// The code of a daemon error: its kind under its contexts.
+pub fn code_of(err: &DaemonError) -> ErrorCode {
+    match err.root() {
         DaemonError::Invalid(_) => ErrorCode::InvalidArgument,
         DaemonError::NotFound(_) => ErrorCode::NotFound,
         DaemonError::Busy(_) => ErrorCode::Busy,
         // A pool held elsewhere is no request's fault.
         DaemonError::PoolInUse(_) => ErrorCode::Internal,
+        DaemonError::Engine(e) => code_of_engine(e),
+        DaemonError::Replica(StateError::NotFound(_)) => ErrorCode::NotFound,
+        DaemonError::Replica(StateError::Invalid(_)) => ErrorCode::InvalidArgument,
+        DaemonError::Replica(_) | DaemonError::Internal(_) | DaemonError::Context { .. } => {
+            ErrorCode::Internal
+        }
     }
 }
 
@@ -73,20 +85,67 @@ impl ApiError {
     }
 }
 
-/// Engine errors keep their meaning over HTTP; anything else is ours and a 500.
-impl From<anyhow::Error> for ApiError {
-    fn from(err: anyhow::Error) -> Self {
-        let code = if let Some(refusal) = err.downcast_ref::<DaemonError>() {
-            code_of(refusal)
-        } else {
-            err.downcast_ref::<arbor_engine::Error>()
-                .map_or(ErrorCode::Internal, code_of_engine)
-        };
+/// Each error keeps its meaning over HTTP, and its message its chain of
+/// contexts; an internal one is a 500, and logged.
+impl From<DaemonError> for ApiError {
+    fn from(err: DaemonError) -> Self {
+        let code = code_of(&err);
+        let message = err.chain();
         if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
-            error!(error = format!("{err:#}"), "API request failed");
+            error!(error = message, "API request failed");
         }
-        Self::new(code, format!("{err:#}"))
+        Self::new(code, message)
     }
+}
+
+/// A send's or receive's failure: a bad stream is the client's.
+impl From<StreamFailure> for ApiError {
+    fn from(err: StreamFailure) -> Self {
+        match err {
+            StreamFailure::Engine(e) => ApiError::from(DaemonError::from(e)),
+            StreamFailure::Stream(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
+            StreamFailure::Rbd(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
+            StreamFailure::Refused(m) => ApiError::new(ErrorCode::InvalidArgument, m),
+            StreamFailure::Output(e) => ApiError::new(ErrorCode::Io, e.to_string()),
+        }
+    }
+}
+
+/// A replication cycle's failure, its kind after its message.
+impl From<CycleFailure> for ApiError {
+    fn from(f: CycleFailure) -> Self {
+        let code = match f.kind {
+            ErrorKind::Diverged | ErrorKind::Cycle | ErrorKind::NotAllowed => ErrorCode::Conflict,
+            ErrorKind::NoSpace => ErrorCode::NoSpace,
+            ErrorKind::Busy => ErrorCode::Busy,
+            ErrorKind::Connection => ErrorCode::Io,
+            ErrorKind::Protocol | ErrorKind::Failed | ErrorKind::Local | ErrorKind::Stopped => {
+                ErrorCode::Internal
+            }
+        };
+        ApiError::new(code, format!("{} ({})", f.message, f.kind.as_str()))
+    }
+}
+
+/// A token store's refusal or failure.
+impl From<TokenError> for ApiError {
+    fn from(err: TokenError) -> Self {
+        let code = match &err {
+            TokenError::InvalidName(_) => ErrorCode::InvalidName,
+            TokenError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            TokenError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            TokenError::NotFound(_) => ErrorCode::NotFound,
+            TokenError::Full => ErrorCode::Conflict,
+            TokenError::Io { .. } => ErrorCode::Io,
+        };
+        ApiError::new(code, err.to_string())
+    }
+}
+
+/// A blocking task over the engine that died (it panicked, or the runtime
+/// is shutting down).
+pub(super) fn engine_task_failed(err: tokio::task::JoinError) -> ApiError {
+    ApiError::from(DaemonError::internal(err).context("engine task failed"))
 }
 
 impl IntoResponse for ApiError {

@@ -2,14 +2,14 @@
 //! calls plus what the daemon knows beyond the engine (open NBD
 //! connections, metrics, space warnings, name suggestions).
 //!
-//! Engine errors pass through unwrapped, so the API can map them to
-//! statuses by downcasting.
+//! Engine errors pass through as `DaemonError::Engine`, so the API gives
+//! them their codes by their type.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{Pool, VolumeId, VolumeInfo, VolumeLayout};
 use tracing::info;
 
@@ -52,7 +52,9 @@ pub struct PoolControl {
 fn page_size(q: &MetadataQuery) -> Result<usize> {
     match q.max_results.unwrap_or(256) {
         n @ 1..=10_000 => Ok(n as usize),
-        n => Err(DaemonError::Invalid(format!("max_results {n} is not 1 to 10000")).into()),
+        n => Err(DaemonError::Invalid(format!(
+            "max_results {n} is not 1 to 10000"
+        ))),
     }
 }
 
@@ -434,7 +436,7 @@ impl PoolControl {
     /// Releases hold `tag` on snapshot `name`.
     pub fn release(&self, name: &str, tag: &str) -> Result<VolumeView> {
         if !self.pool.release(name, tag)? {
-            return Err(DaemonError::NotFound(format!("{name} has no hold {tag:?}")).into());
+            return Err(DaemonError::NotFound(format!("{name} has no hold {tag:?}")));
         }
         self.view_by_name(name)
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{Pool, VolumeLayout};
 
 use crate::in_use::InUse;

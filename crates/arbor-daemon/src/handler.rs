@@ -6,10 +6,11 @@ use arbor_api::error_code::ErrorCode;
 
 use arbor_engine::Pool;
 
-use super::api_error::{ApiError, ApiResult};
+use super::api_error::{engine_task_failed, ApiError, ApiResult};
 use std::sync::Arc;
 
 use crate::control::PoolControl;
+use crate::error::DaemonError;
 use crate::monitor::Monitor;
 use crate::origins::Origins;
 use crate::replication::Replication;
@@ -28,7 +29,7 @@ pub(super) trait OnPool: Send + 'static {
 /// blocking pool. A panic fails the request either way.
 pub(super) async fn blocking<S: OnPool, T: Send + 'static>(
     service: S,
-    operation: impl FnOnce(&S) -> anyhow::Result<T> + Send + 'static,
+    operation: impl FnOnce(&S) -> crate::error::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
     let run = move || operation(&service).map_err(|e| explain(service.pool(), e));
     if tokio::runtime::Handle::current().runtime_flavor()
@@ -38,20 +39,20 @@ pub(super) async fn blocking<S: OnPool, T: Send + 'static>(
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
         })
         .unwrap_or_else(|_| {
-            Err(ApiError::from(anyhow::anyhow!(
+            Err(ApiError::from(DaemonError::Internal(anyhow::anyhow!(
                 "engine task failed: it panicked"
-            )))
+            ))))
         });
     }
     tokio::task::spawn_blocking(run)
         .await
-        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+        .map_err(engine_task_failed)?
 }
 
 /// The API error for `err`, with the nearest existing name suggested when
 /// a name was not found.
-fn explain(pool: &Pool, err: anyhow::Error) -> ApiError {
-    let missing = match err.downcast_ref::<arbor_engine::Error>() {
+fn explain(pool: &Pool, err: DaemonError) -> ApiError {
+    let missing = match err.engine() {
         Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
         _ => None,
     };

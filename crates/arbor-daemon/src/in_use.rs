@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{VolumeId, VolumeInfo, VolumeLayout};
 use arbor_stream::busy::Pins;
 
@@ -88,8 +88,7 @@ impl InUse {
                 "{name} is open by {connections} NBD connection{plural}; disconnect \
                      {} first, or destroy it anyway with --force (their I/O will fail)",
                 if connections == 1 { "it" } else { "them" }
-            ))
-            .into());
+            )));
         }
         let sends = self.sending.count(id);
         if sends > 0 && !force {
@@ -97,8 +96,7 @@ impl InUse {
                 "{name} is being sent ({sends} send{}); wait for it, or destroy it anyway \
                      with --force (the send then fails)",
                 if sends == 1 { "" } else { "s" }
-            ))
-            .into());
+            )));
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{ChunkWrites, Pool, PoolStats, VolumeId, VolumeLayout};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -411,7 +411,8 @@ impl Metrics {
         }
         self.refresh_volumes(pool, connections)?;
         let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .map_err(crate::error::DaemonError::internal)?;
         Ok(text)
     }
 

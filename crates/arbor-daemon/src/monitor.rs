@@ -5,6 +5,11 @@
 //! pool alone says what is scheduled; what the monitor keeps in memory is
 //! only how runs went (failures, last prune) and the active alerts.
 //!
+//! What a policy's turn does is `arbor_monitor::tick`'s plan; this module
+//! carries it out against the pool (the group snapshot, the destroys, with
+//! what keeps a snapshot in use here counted as a hold) and keeps how it
+//! went.
+//!
 //! Every run, prune and policy change holds one lock, so a prune never
 //! races a snapshot or another prune. Everything here blocks on the pool:
 //! callers run it off the async workers.
@@ -13,15 +18,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::Result;
+use crate::error::Result;
 use arbor_engine::{Error as EngineError, Pool, VolumeId};
-use arbor_monitor::engine::{self as store, Listing, Stored, VolumeOutcome};
+use arbor_monitor::engine::{self as store, Listing, Stored};
+use arbor_monitor::tick::{self, SnapshotRefusal, Usage, VolumeOutcome, VolumePlan};
 use arbor_monitor::{Decision, Policy, Reason, Retention, Schedule};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
 use crate::destroy::Destroyer;
+use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
 use crate::space::SpaceWatch;
@@ -77,8 +84,29 @@ pub struct Monitor {
     destroyer: Destroyer,
 }
 
-fn invalid(message: String) -> anyhow::Error {
+fn invalid(message: String) -> DaemonError {
     EngineError::InvalidArgument(message).into()
+}
+
+/// What one policy's turn of a tick did.
+#[derive(Debug, Default)]
+struct Turn {
+    /// The scheduled snapshot taken (its name after `@`), or why it failed.
+    taken: Option<Result<String, EngineError>>,
+    /// The prune, if one was due.
+    pruned: Option<Vec<VolumeOutcome>>,
+}
+
+/// A due snapshot the plan could not name, as the engine's refusal.
+fn refused_snapshot(refusal: SnapshotRefusal) -> EngineError {
+    match refusal {
+        SnapshotRefusal::NoVolume => {
+            EngineError::NotFound("none of the policy's volumes exists".to_owned())
+        }
+        SnapshotRefusal::NamesTaken(name) => {
+            EngineError::Conflict(format!("every name for a snapshot at {name} is taken"))
+        }
+    }
 }
 
 /// The policy of `volume` among `loaded`, if any.
@@ -135,8 +163,8 @@ impl Monitor {
             let ticked = tokio::task::spawn_blocking(move || monitor.tick(unix_now())).await;
             match ticked {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) if is_fatal(&e) => return Err(e.context("the monitor stopped")),
-                Ok(Err(e)) => warn!(error = format!("{e:#}"), "monitor tick failed"),
+                Ok(Err(e)) if e.stops_pool() => return Err(e.context("the monitor stopped")),
+                Ok(Err(e)) => warn!(error = e.chain(), "monitor tick failed"),
                 Err(e) => error!(error = %e, "monitor tick panicked"),
             }
         }
@@ -170,14 +198,7 @@ impl Monitor {
                 continue;
             }
             let last_prune = lock(&self.runs).get(&stored.key).and_then(|r| r.last_prune);
-            let turn = match store::turn(
-                &self.pool,
-                &stored.policy,
-                now,
-                last_prune,
-                &|id| self.in_use.reason(id),
-                &mut |name| self.destroy(name),
-            ) {
+            let turn = match self.turn(&stored.policy, now, last_prune) {
                 Ok(turn) => turn,
                 Err(e) if e.stops_pool() => return Err(e.into()),
                 Err(e) => {
@@ -321,10 +342,9 @@ impl Monitor {
         };
         let mut volumes = Vec::new();
         for stored in chosen {
-            let plans = store::plan(&self.pool, &listing, &stored.policy, now, &|id| {
-                self.in_use.reason(id)
-            })?;
-            let outcomes = store::execute(&plans, req.dry_run, &mut |name| self.destroy(name));
+            let usage = store::usage(&self.pool)?;
+            let plans = self.prune_plans(&listing, &stored.policy, usage, now)?;
+            let outcomes = self.execute(&plans, req.dry_run);
             if !req.dry_run {
                 self.record(&stored.key, Some(&outcomes), None, now);
             }
@@ -491,12 +511,78 @@ impl Monitor {
         }
     }
 
+    /// Carries out one policy's turn at `now` as [`tick`] plans it: its
+    /// scheduled snapshot if due, then its prune if due (`last_prune`:
+    /// when it last pruned), planned from the pool after the snapshot.
+    fn turn(
+        &self,
+        policy: &Policy,
+        now: u64,
+        last_prune: Option<u64>,
+    ) -> Result<Turn, EngineError> {
+        let mut listing = Listing::of(&self.pool)?;
+        let mut turn = Turn::default();
+        if let Some(due) = tick::snapshot_due(policy, &listing, now) {
+            let taken = due
+                .map_err(refused_snapshot)
+                .and_then(|group| self.pool.snapshot_group(&group.full).map(|_| group.snap));
+            match taken {
+                Err(e) if e.stops_pool() => return Err(e),
+                Ok(snap) => {
+                    listing = Listing::of(&self.pool)?;
+                    turn.taken = Some(Ok(snap));
+                }
+                Err(e) => turn.taken = Some(Err(e)),
+            }
+        }
+        let usage = store::usage(&self.pool)?;
+        let taken = matches!(turn.taken, Some(Ok(_)));
+        if tick::prune_due(policy, taken, last_prune, now, usage) {
+            let plans = self.prune_plans(&listing, policy, usage, now)?;
+            turn.pruned = Some(self.execute(&plans, false));
+        }
+        Ok(turn)
+    }
+
+    /// The prune plans of `policy`'s volumes at `now`: their snapshots as
+    /// the pool has them, and what keeps one in use here (NBD clients, a
+    /// send) counted as a hold.
+    fn prune_plans(
+        &self,
+        listing: &Listing,
+        policy: &Policy,
+        usage: Usage,
+        now: u64,
+    ) -> Result<Vec<VolumePlan>, EngineError> {
+        let mut volumes = store::candidates(&self.pool, listing, policy)?;
+        for (id, candidate) in volumes.iter_mut().flat_map(|v| v.snapshots.iter_mut()) {
+            if let Some(user) = self.in_use.reason(*id) {
+                candidate.held.push(user);
+            }
+        }
+        Ok(tick::prune_plans(policy, &volumes, usage, now))
+    }
+
+    /// Carries out `plans`' destroys in order, or with `dry_run` only
+    /// reports them: a dry run and a prune made from the same plans list
+    /// the same snapshots.
+    fn execute(&self, plans: &[VolumePlan], dry_run: bool) -> Vec<VolumeOutcome> {
+        plans
+            .iter()
+            .map(|p| {
+                if dry_run {
+                    return VolumeOutcome::dry_run(p);
+                }
+                let results = p.plan.destroy.iter().map(|d| self.destroy(&d.name));
+                VolumeOutcome::of(p, results.collect())
+            })
+            .collect()
+    }
+
     /// A prune's destroy: as `arbor destroy` without force (refused while
     /// NBD clients have it open or a send reads it).
     fn destroy(&self, name: &str) -> Result<(), String> {
-        self.destroyer
-            .destroy(name, false)
-            .map_err(|e| format!("{e:#}"))
+        self.destroyer.destroy(name, false).map_err(|e| e.chain())
     }
 
     /// The active alerts, critical first.
@@ -612,10 +698,4 @@ impl Monitor {
         lock(&self.alerts).update(found, now);
         Ok(())
     }
-}
-
-/// Whether `e` means the pool stopped (the daemon then stops too).
-fn is_fatal(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<EngineError>()
-        .is_some_and(EngineError::stops_pool)
 }

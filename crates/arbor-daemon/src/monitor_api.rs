@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::api_error::{ApiError, ApiResult};
 use super::handler::blocking;
 use super::monitor::{unix_now, Monitor};
-use arbor_api::error_code::ErrorCode;
+use crate::error::DaemonError;
 use arbor_api::model::{AlertView, PolicyRequest, PolicyView, PruneRequest, PruneView};
 
 #[derive(Debug, Deserialize)]
@@ -38,10 +38,9 @@ pub async fn show(
     let name = volume.clone();
     let views = blocking(m, move |m| m.views(Some(&name), unix_now())).await?;
     views.into_iter().next().map(Json).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::NotFound,
-            format!("{volume} has no policy (arbor policy set {volume} ...)"),
-        )
+        ApiError::from(DaemonError::NotFound(format!(
+            "{volume} has no policy (arbor policy set {volume} ...)"
+        )))
     })
 }
 
@@ -65,10 +64,9 @@ pub async fn clear(
     if blocking(m, move |m| m.clear(&name)).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!("{volume} has no policy"),
-        ))
+        Err(ApiError::from(DaemonError::NotFound(format!(
+            "{volume} has no policy"
+        ))))
     }
 }
 

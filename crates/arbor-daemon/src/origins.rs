@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::UNIX_EPOCH;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use arbor_engine::{DeviceIdentity, Error, OriginInfo, Pool, VolumeId, VolumeLayout};
 use arbor_io::FileDevice;
 use serde::{Deserialize, Serialize};
@@ -214,8 +214,7 @@ fn identity_of(path: &Path, metadata: &Metadata) -> Result<DeviceIdentity> {
         Err(DaemonError::Invalid(format!(
             "{} is {what}: an origin is a raw disk image file or a block device",
             path.display()
-        ))
-        .into())
+        )))
     }
 }
 
@@ -227,16 +226,15 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
             "{} is not an absolute path: the daemon does not share your working \
                  directory (the CLI makes paths absolute)",
             path.display()
-        ))
-        .into());
+        )));
     }
     // What it is before opening it: opening a directory read-write fails
     // with a less helpful error, and a FIFO or character device is no disk.
     let before = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
-            DaemonError::NotFound(format!("no such file or device: {}", path.display())).into()
+            DaemonError::NotFound(format!("no such file or device: {}", path.display()))
         }
-        _ => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
+        _ => DaemonError::from(e).context(format!("cannot read {}", path.display())),
     })?;
     identity_of(path, &before)?;
     let file = if before.file_type().is_block_device() {
@@ -247,9 +245,8 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
                      filesystem, device-mapper, md, or another arbor daemon's pool or \
                      origin); an origin's device must be arbor's alone",
                 path.display()
-            ))
-            .into(),
-            _ => anyhow::Error::new(e).context(format!(
+            )),
+            _ => DaemonError::from(e).context(format!(
                 "cannot open {} for reading and writing",
                 path.display()
             )),
@@ -271,8 +268,7 @@ fn open_device(path: &Path, pool: &Path) -> Result<Opened> {
             return Err(DaemonError::Invalid(format!(
                 "{} is this daemon's pool: an origin must be another file or device",
                 path.display()
-            ))
-            .into());
+            )));
         }
     }
     Ok(Opened {
@@ -300,8 +296,7 @@ fn refuse_held(path: &Path, rdev: u64) -> Result<()> {
                  arbor's alone",
             path.display(),
             mounted.join(", ")
-        ))
-        .into());
+        )));
     }
     let holders = sysfs.holders(rdev);
     if !holders.is_empty() {
@@ -310,8 +305,7 @@ fn refuse_held(path: &Path, rdev: u64) -> Result<()> {
                  remove those first; an origin's device must be arbor's alone",
             path.display(),
             holders.join(", ")
-        ))
-        .into());
+        )));
     }
     Ok(())
 }
@@ -338,8 +332,7 @@ impl Opened {
                 return Err(DaemonError::Busy(format!(
                     "{path} is in use by another process (another arbor daemon's pool or \
                          origin?): one daemon at a time may write it"
-                ))
-                .into())
+                )))
             }
             Err(TryLockError::Error(e)) => {
                 return Err(e).with_context(|| format!("cannot lock {path}"))
@@ -511,8 +504,7 @@ impl Origins {
                     return Err(DaemonError::Invalid(format!(
                         "{path} is this daemon's pool ({how}): an origin must be another \
                              file or device"
-                    ))
-                    .into());
+                    )));
                 }
             }
         }
@@ -572,7 +564,7 @@ impl Origins {
         let id = self.origin_id(name)?;
         let size = self.pool.info(id)?.size;
         self.pool.copy_origin_to_pool(name).map_err(|e| match e {
-            Error::NoSpace => anyhow::Error::new(e).context(format!(
+            Error::NoSpace => DaemonError::from(e).context(format!(
                 "the pool has no free run of {} (in one region) for {name}'s data: grow the \
                  pool or free space, then run it again",
                 ByteSize(size)
@@ -596,8 +588,7 @@ impl Origins {
             return Err(DaemonError::Invalid(format!(
                 "{name} is not an origin (a volume made by arbor origin attach); \
                      destroy it with arbor destroy {name}"
-            ))
-            .into());
+            )));
         }
         Ok(id)
     }
@@ -709,19 +700,17 @@ impl Origins {
                     continue;
                 }
                 Err(e) => {
-                    warn!(volume = %o.name, error = format!("{e:#}"), "cannot read an origin's path");
+                    warn!(volume = %o.name, error = e.chain(), "cannot read an origin's path");
                     continue;
                 }
             };
             match self.attach_origin(&o.name, &record.path, false) {
                 Ok(_) => {}
-                Err(e) if e.downcast_ref::<Error>().is_some_and(Error::stops_pool) => {
-                    return Err(e)
-                }
+                Err(e) if e.stops_pool() => return Err(e),
                 Err(e) => warn!(
                     volume = %o.name,
                     path = %record.path,
-                    error = format!("{e:#}"),
+                    error = e.chain(),
                     "cannot attach origin {} from {}: it stays unattached and its I/O \
                      fails; fix the device, then arbor origin attach {} {}",
                     o.name,
@@ -736,7 +725,7 @@ impl Origins {
 }
 
 /// The engine's refusal of an attach, with what to do about it.
-fn explain_attach(e: Error, name: &str, path: &str) -> anyhow::Error {
+fn explain_attach(e: Error, name: &str, path: &str) -> DaemonError {
     match e {
         Error::Conflict(why) => Error::Conflict(format!(
             "{why}; {path} cannot be {name}'s device: attach the one it was attached from, \

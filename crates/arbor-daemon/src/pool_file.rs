@@ -9,7 +9,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result};
 use arbor_engine::{CreateOptions, GrowOptions, OpenOptions, Pool};
 use arbor_format::{FormatError, Superblock, BLOCK_SIZE, SUPERBLOCK_SLOTS};
 use arbor_io::{CacheMode, FileDevice};
@@ -88,8 +88,7 @@ impl PoolLock {
                 "pool {} is in use by another arbor process (a running daemon?); \
                      manage it through that daemon, or stop it first",
                 path.display()
-            ))
-            .into()),
+            ))),
             Err(TryLockError::Error(e)) => {
                 Err(e).with_context(|| format!("cannot lock {}", path.display()))
             }
@@ -272,7 +271,9 @@ fn size_for_format(path: &Path, size: Option<u64>) -> Result<()> {
         .with_context(|| format!("cannot stat {}", path.display()))?;
     if metadata.is_file() {
         let Some(size) = size else {
-            bail!("--size is required to create a pool in a regular file");
+            return Err(DaemonError::msg(
+                "--size is required to create a pool in a regular file",
+            ));
         };
         // Whole blocks (the pool uses nothing smaller), so that direct I/O
         // can reach the last one.
@@ -280,7 +281,9 @@ fn size_for_format(path: &Path, size: Option<u64>) -> Result<()> {
         FileDevice::create_file(path, size)
             .with_context(|| format!("cannot prepare {}", path.display()))?;
     } else if size.is_some() {
-        bail!("--size cannot be used with a device: the pool takes the whole device");
+        return Err(DaemonError::msg(
+            "--size cannot be used with a device: the pool takes the whole device",
+        ));
     }
     Ok(())
 }
@@ -300,16 +303,16 @@ fn refuse_to_overwrite(path: &Path) -> Result<()> {
         .chunks_exact(BLOCK_SIZE)
         .any(|block| Superblock::decode(block, len).err() != Some(FormatError::BadMagic));
     if has_pool {
-        bail!(
+        return Err(DaemonError::msg(format!(
             "{} already contains an arbor pool; use --force to destroy it and create a new one",
             path.display()
-        );
+        )));
     }
     if head.iter().any(|&b| b != 0) {
-        bail!(
+        return Err(DaemonError::msg(format!(
             "{} already contains data; use --force to overwrite it",
             path.display()
-        );
+        )));
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arbor_engine::Pool;
 
-use super::replication::{CycleFailure, ErrorKind};
+use crate::error::DaemonError;
 use crate::replication::Replication;
 use arbor_api::error_code::ErrorCode;
 use serde::Deserialize;
@@ -18,33 +18,12 @@ use serde::Deserialize;
 use arbor_api::model::{
     DemoteView, ReplicaAddRequest, ReplicaQuery, ReplicaRoleView, ReplicaRunView, ReplicasView,
 };
-use arbor_replica::state::{Pair, StateError};
+use arbor_replica::state::Pair;
 
 /// Shortest interval between cycles.
 const MIN_INTERVAL_SECS: u64 = 1;
 /// Interval when none is given.
 const DEFAULT_INTERVAL_SECS: u64 = 60;
-
-fn state_error(e: StateError) -> ApiError {
-    match e {
-        StateError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
-        StateError::Invalid(m) => ApiError::new(ErrorCode::InvalidArgument, m),
-        other => ApiError::from(anyhow::Error::new(other)),
-    }
-}
-
-fn cycle_error(f: CycleFailure) -> ApiError {
-    let code = match f.kind {
-        ErrorKind::Diverged | ErrorKind::Cycle | ErrorKind::NotAllowed => ErrorCode::Conflict,
-        ErrorKind::NoSpace => ErrorCode::NoSpace,
-        ErrorKind::Busy => ErrorCode::Busy,
-        ErrorKind::Connection => ErrorCode::Io,
-        ErrorKind::Protocol | ErrorKind::Failed | ErrorKind::Local | ErrorKind::Stopped => {
-            ErrorCode::Internal
-        }
-    };
-    ApiError::new(code, format!("{} ({})", f.message, f.kind.as_str()))
-}
 
 /// `GET /v1/replicas`.
 pub async fn list(State(replication): State<Arc<Replication>>) -> Json<ReplicasView> {
@@ -57,8 +36,7 @@ pub async fn add(
     State(replication): State<Arc<Replication>>,
     Json(req): Json<ReplicaAddRequest>,
 ) -> ApiResult<(StatusCode, Json<ReplicasView>)> {
-    pool.lookup(&req.volume)
-        .map_err(|e| ApiError::from(anyhow::Error::new(e)))?;
+    pool.lookup(&req.volume).map_err(DaemonError::from)?;
     let remote = req
         .remote_volume
         .clone()
@@ -73,24 +51,22 @@ pub async fn add(
         .rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
     if !valid_target {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            format!("target {:?} is not HOST:PORT", req.target),
-        ));
+        return Err(ApiError::from(DaemonError::Invalid(format!(
+            "target {:?} is not HOST:PORT",
+            req.target
+        ))));
     }
     let interval = req.interval_secs.unwrap_or(DEFAULT_INTERVAL_SECS);
     if interval < MIN_INTERVAL_SECS {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
+        return Err(ApiError::from(DaemonError::Invalid(
             "the interval must be at least 1s".into(),
-        ));
+        )));
     }
     if req.rate_limit == Some(0) || req.keep == Some(0) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
+        return Err(ApiError::from(DaemonError::Invalid(
             "a rate limit and a retention count must be above zero (leave them out for none)"
                 .into(),
-        ));
+        )));
     }
     let pair = Pair {
         volume: req.volume,
@@ -103,7 +79,9 @@ pub async fn add(
         seeded: req.seeded,
         resync: false,
     };
-    replication.add(pair).map_err(state_error)?;
+    replication
+        .add(pair)
+        .map_err(|e| ApiError::from(DaemonError::from(e)))?;
     Ok((StatusCode::CREATED, Json(replication.view())))
 }
 
@@ -117,7 +95,7 @@ pub async fn remove(
     replication
         .remove(&volume, q.target.as_deref())
         .await
-        .map_err(state_error)?;
+        .map_err(|e| ApiError::from(DaemonError::from(e)))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -128,14 +106,13 @@ async fn run_pairs(
 ) -> ApiResult<Json<Vec<ReplicaRunView>>> {
     let results = replication.run_now(volume, target).await;
     if results.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!("{volume} is not replicated from here"),
-        ));
+        return Err(ApiError::from(DaemonError::NotFound(format!(
+            "{volume} is not replicated from here"
+        ))));
     }
     let mut views = Vec::new();
     for (_, result) in results {
-        views.push(result.map_err(cycle_error)?);
+        views.push(result.map_err(ApiError::from)?);
     }
     Ok(Json(views))
 }
@@ -157,18 +134,15 @@ pub async fn resync(
     Query(q): Query<ReplicaQuery>,
 ) -> ApiResult<Json<Vec<ReplicaRunView>>> {
     if !q.force {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            format!(
-                "a resync deletes the target's own snapshots of {volume} and discards its \
+        return Err(ApiError::from(DaemonError::Invalid(format!(
+            "a resync deletes the target's own snapshots of {volume} and discards its \
                  writes since the newest common snapshot: give --force"
-            ),
-        ));
+        ))));
     }
     replication
         .store
         .edit_pairs(&volume, q.target.as_deref(), |p| p.resync = true)
-        .map_err(state_error)?;
+        .map_err(|e| ApiError::from(DaemonError::from(e)))?;
     run_pairs(&replication, &volume, q.target.as_deref()).await
 }
 
@@ -178,14 +152,7 @@ pub async fn promote(
     State(replication): State<Arc<Replication>>,
     Path(volume): Path<String>,
 ) -> ApiResult<Json<ReplicaRoleView>> {
-    let role =
-        replication
-            .promote(&volume)
-            .await
-            .map_err(|e| match e.downcast::<StateError>() {
-                Ok(s) => state_error(s),
-                Err(e) => ApiError::from(e),
-            })?;
+    let role = replication.promote(&volume).await?;
     Ok(Json(ReplicaRoleView {
         volume,
         source: role.source,
@@ -200,9 +167,7 @@ pub async fn demote(
     Path(volume): Path<String>,
     Query(q): Query<DemoteQuery>,
 ) -> ApiResult<Json<DemoteView>> {
-    let view = replication
-        .demote(&volume, q.dry_run)
-        .map_err(ApiError::from)?;
+    let view = replication.demote(&volume, q.dry_run)?;
     Ok(Json(view))
 }
 

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::ReplicationConfig;
+use crate::error::DaemonError;
 use arbor_api::model::{
     DemoteView, ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState,
     ReplicasView,
@@ -696,18 +697,18 @@ impl Replication {
     }
 
     /// Forgets that `volume` (destroyed) was a replica.
-    pub fn forget(&self, volume: &str) -> Result<()> {
+    pub fn forget(&self, volume: &str) -> crate::error::Result<()> {
         self.store.clear_role(volume)?;
         info!(volume, "a destroyed replica is forgotten");
         Ok(())
     }
 
     /// Makes replica `volume` the writable master.
-    pub async fn promote(&self, volume: &str) -> Result<Role> {
+    pub async fn promote(&self, volume: &str) -> crate::error::Result<Role> {
         let role = self.store.clear_role(volume)?;
         let pool = Arc::clone(&self.pool);
         let v = volume.to_owned();
-        tokio::task::spawn_blocking(move || -> Result<()> {
+        tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
             // A receive left half done can never finish now, and the hold
             // that kept the base of the next one has no purpose.
             pool.abort_receive(&v)?;
@@ -716,7 +717,7 @@ impl Replication {
             Ok(())
         })
         .await
-        .context("engine task failed")??;
+        .map_err(|e| DaemonError::internal(e).context("engine task failed"))??;
         info!(volume, source = ?role.source, "promoted: the replica is now writable");
         Ok(role)
     }
@@ -725,7 +726,7 @@ impl Replication {
     /// with `dry_run`, only says what that would expose). Returns what a
     /// forced resync could then discard: the volume cannot change from
     /// now on but by replication, so nothing else.
-    pub fn demote(&self, volume: &str, dry_run: bool) -> Result<DemoteView> {
+    pub fn demote(&self, volume: &str, dry_run: bool) -> crate::error::Result<DemoteView> {
         let id = self.pool.lookup(volume)?;
         let snapshots: Vec<String> = local::snapshots_of(&self.pool, id)?
             .into_iter()
@@ -745,9 +746,9 @@ impl Replication {
         if master && self.store.pairs().iter().any(|p| p.volume == volume) {
             // Its pairs would keep sending a volume that now receives (a
             // replica's pairs only pass on what it receives, and stay).
-            anyhow::bail!(crate::error::DaemonError::Invalid(format!(
+            return Err(DaemonError::Invalid(format!(
                 "{volume} is replicated from here: `arbor replica remove {volume}` first"
-            ),));
+            )));
         }
         if dry_run {
             return Ok(view);

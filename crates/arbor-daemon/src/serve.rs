@@ -47,7 +47,7 @@ fn open_or_create(config: &ServeConfig) -> Result<OpenPool> {
         ..OpenOptions::default()
     };
     if config.pool.exists() {
-        return OpenPool::open(&config.pool, &options, config.io);
+        return Ok(OpenPool::open(&config.pool, &options, config.io)?);
     }
     let create = CreateOptions {
         chunk_size: config.chunk_size,
@@ -189,7 +189,8 @@ async fn run(config: ServeConfig) -> Result<()> {
             stop.clone(),
         ));
     }
-    tasks.spawn(Arc::clone(&monitor).run(stop.clone()));
+    let monitor_run = Arc::clone(&monitor).run(stop.clone());
+    tasks.spawn(async move { Ok(monitor_run.await?) });
     let names = api.tls_names();
     let services = api::Services {
         control,
@@ -217,7 +218,7 @@ async fn run(config: ServeConfig) -> Result<()> {
     let closed = tokio::task::spawn_blocking(move || open.close())
         .await
         .context("closing the pool failed")?;
-    served.and(closed)
+    served.and(Ok(closed?))
 }
 
 /// What to type to use the pool, printed once the daemon listens. The

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use arbor_engine::{guid_hex, Pool};
 use arbor_stream::busy::{Claim, Claims};
 use arbor_stream::format::{Compression, ResumeToken};
@@ -22,7 +21,8 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::api_error::{ApiError, ApiResult};
+use super::api_error::{engine_task_failed, ApiError, ApiResult};
+use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
 use arbor_api::error_code::ErrorCode;
@@ -64,24 +64,12 @@ impl Streams {
 /// with pieces of about a megabyte, what a send or receive holds in memory.
 const IN_FLIGHT: usize = 4;
 
-/// The API error for a failed send or receive.
-fn failure(err: StreamFailure) -> ApiError {
-    match err {
-        StreamFailure::Engine(e) => ApiError::from(anyhow::Error::new(e)),
-        StreamFailure::Stream(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
-        StreamFailure::Rbd(e) => ApiError::new(ErrorCode::BadStream, e.to_string()),
-        StreamFailure::Refused(m) => ApiError::new(ErrorCode::InvalidArgument, m),
-        StreamFailure::Output(e) => ApiError::new(ErrorCode::Io, e.to_string()),
-    }
-}
-
 fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
     let level = q.level.unwrap_or(3);
     if !(1..=19).contains(&level) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            format!("zstd level {level} is not 1 to 19"),
-        ));
+        return Err(ApiError::from(DaemonError::Invalid(format!(
+            "zstd level {level} is not 1 to 19"
+        ))));
     }
     let compression = match q.compression {
         StreamCompression::None => Compression::None,
@@ -91,7 +79,7 @@ fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
     let resume = match &q.resume {
         Some(token) => Some(
             ResumeToken::decode(token)
-                .map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.to_string()))?,
+                .map_err(|e| ApiError::from(DaemonError::Invalid(e.to_string())))?,
         ),
         None => None,
     };
@@ -99,17 +87,15 @@ fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
         (Some(s), None) => s.clone(),
         (None, Some(_)) => String::new(),
         _ => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
+            return Err(ApiError::from(DaemonError::Invalid(
                 "give either a snapshot or a resume token".into(),
-            ))
+            )))
         }
     };
     if resume.is_some() && q.from.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
+        return Err(ApiError::from(DaemonError::Invalid(
             "a resume token already names the base".into(),
-        ));
+        )));
     }
     Ok(SendRequest {
         target,
@@ -131,8 +117,8 @@ pub async fn estimate(
     let req = request_of(&q)?;
     let pool = Arc::clone(&c.pool);
     tokio::task::spawn_blocking(move || {
-        let sender = Sender::new(&pool, &req).map_err(failure)?;
-        let stats = sender.estimate().map_err(failure)?;
+        let sender = Sender::new(&pool, &req).map_err(ApiError::from)?;
+        let stats = sender.estimate().map_err(ApiError::from)?;
         let header = sender.header();
         let name_of = |guid: &arbor_stream::format::Guid| {
             pool.find_guid(&guid.0)
@@ -153,7 +139,7 @@ pub async fn estimate(
         }))
     })
     .await
-    .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+    .map_err(engine_task_failed)?
 }
 
 /// `GET /v1/send`: the stream, as the response body. Errors found before
@@ -191,7 +177,7 @@ fn produce(
     let mut sender = match Sender::new(pool, req) {
         Ok(sender) => sender,
         Err(e) => {
-            let _ = ready.send(Err(failure(e)));
+            let _ = ready.send(Err(ApiError::from(e)));
             return;
         }
     };
@@ -215,10 +201,9 @@ fn produce(
 /// Claims `volume` for one receive, or says which is running.
 fn claim(claims: &Arc<Claims>, volume: &str) -> Result<Claim, ApiError> {
     claims.claim(volume).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::Busy,
-            format!("a receive into {volume} is already running"),
-        )
+        ApiError::from(DaemonError::Busy(format!(
+            "a receive into {volume} is already running"
+        )))
     })
 }
 
@@ -243,13 +228,10 @@ pub async fn receive(
                 .unwrap_or_else(|_| c.in_use.connections(id))
         };
         if connections > 0 {
-            return Err(ApiError::new(
-                ErrorCode::Busy,
-                format!(
-                    "{volume} is open by {connections} NBD connection(s): a receive rolls it \
+            return Err(ApiError::from(DaemonError::Busy(format!(
+                "{volume} is open by {connections} NBD connection(s): a receive rolls it \
                      forward under them; disconnect first, or receive with --force"
-                ),
-            ));
+            ))));
         }
     }
     let (tx, mut rx) = mpsc::channel::<Option<Bytes>>(IN_FLIGHT);
@@ -269,12 +251,12 @@ pub async fn receive(
         // `None`: the body broke off.
         while let Some(item) = rx.blocking_recv() {
             let Some(bytes) = item else {
-                let token = receiver.interrupted().map_err(failure)?;
+                let token = receiver.interrupted().map_err(ApiError::from)?;
                 return Err(interrupted(&target, token, "the stream broke off"));
             };
             if let Err(e) = receiver.push(&bytes) {
                 let token = receiver.interrupted().ok().flatten();
-                let mut api = failure(e);
+                let mut api = ApiError::from(e);
                 if let Some(token) = token {
                     api = api.with_hint(format!(
                         "; what arrived before is kept: resume with `arbor send --resume {}`",
@@ -284,7 +266,7 @@ pub async fn receive(
                 return Err(api);
             }
         }
-        let received = receiver.finish().map_err(failure)?;
+        let received = receiver.finish().map_err(ApiError::from)?;
         info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received");
         Ok(view_of(received))
     });
@@ -312,10 +294,7 @@ pub async fn receive(
         // bytes are discarded as they come: no memory is held.
         while let Some(Ok(_)) = frames.next().await {}
     }
-    task.await
-        .context("engine task failed")
-        .map_err(ApiError::from)?
-        .map(Json)
+    task.await.map_err(engine_task_failed)?.map(Json)
 }
 
 /// An rbd diff into `volume`: applied as it comes, abandoned on any
@@ -334,9 +313,9 @@ fn receive_rbd(
                 format!("receive into {volume}: the rbd diff broke off; nothing was kept"),
             ));
         };
-        receiver.push(&bytes).map_err(failure)?;
+        receiver.push(&bytes).map_err(ApiError::from)?;
     }
-    let received = receiver.finish().map_err(failure)?;
+    let received = receiver.finish().map_err(ApiError::from)?;
     info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received an rbd diff");
     Ok(view_of(received))
 }
@@ -373,15 +352,14 @@ pub async fn status(
     tokio::task::spawn_blocking(move || {
         let status = pool
             .receive_status(&volume)
-            .map_err(|e| failure(e.into()))?
+            .map_err(|e| ApiError::from(StreamFailure::from(e)))?
             .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::NotFound,
-                    format!("no receive into {volume} is in progress"),
-                )
+                ApiError::from(DaemonError::NotFound(format!(
+                    "no receive into {volume} is in progress"
+                )))
             })?;
         let token = resume_token(&pool, &volume)
-            .map_err(failure)?
+            .map_err(ApiError::from)?
             .map(|t| t.encode())
             .unwrap_or_default();
         Ok(Json(ReceiveStatusView {
@@ -395,7 +373,7 @@ pub async fn status(
         }))
     })
     .await
-    .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
+    .map_err(engine_task_failed)?
 }
 
 /// `DELETE /v1/receive/{volume}`: abandons the receive in progress.
@@ -405,13 +383,12 @@ pub async fn abort(State(c): State<Streams>, Path(volume): Path<String>) -> ApiR
     let name = volume.clone();
     let found = tokio::task::spawn_blocking(move || pool.abort_receive(&name))
         .await
-        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("engine task failed")))?
-        .map_err(|e| failure(e.into()))?;
+        .map_err(engine_task_failed)?
+        .map_err(|e| ApiError::from(StreamFailure::from(e)))?;
     if !found {
-        return Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!("no receive into {volume} is in progress"),
-        ));
+        return Err(ApiError::from(DaemonError::NotFound(format!(
+            "no receive into {volume} is in progress"
+        ))));
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -12,23 +12,9 @@ use tracing::info;
 use super::api_error::{ApiError, ApiResult};
 use super::auth::{Auth, Caller};
 use super::monitor::unix_now;
+use crate::error::DaemonError;
 use crate::tokens::TokenError;
-use arbor_api::error_code::ErrorCode;
 use arbor_api::model::{CreatedTokenView, TokenRequest, TokenView};
-
-impl From<TokenError> for ApiError {
-    fn from(err: TokenError) -> Self {
-        let code = match &err {
-            TokenError::InvalidName(_) => ErrorCode::InvalidName,
-            TokenError::InvalidArgument(_) => ErrorCode::InvalidArgument,
-            TokenError::AlreadyExists(_) => ErrorCode::AlreadyExists,
-            TokenError::NotFound(_) => ErrorCode::NotFound,
-            TokenError::Full => ErrorCode::Conflict,
-            TokenError::Io { .. } => ErrorCode::Io,
-        };
-        ApiError::new(code, err.to_string())
-    }
-}
 
 /// Runs a token store change off the async workers (it writes the file).
 async fn blocking<T: Send + 'static>(
@@ -37,7 +23,7 @@ async fn blocking<T: Send + 'static>(
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(move || change(&auth))
         .await
-        .map_err(|e| ApiError::from(anyhow::Error::new(e).context("token task failed")))?
+        .map_err(|e| ApiError::from(DaemonError::internal(e).context("token task failed")))?
         .map_err(ApiError::from)
 }
 

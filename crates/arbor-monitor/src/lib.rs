@@ -10,6 +10,11 @@
 //! * [`names::snapshot_name`] / [`names::unique`] — what to call it;
 //! * [`prune::plan`] / [`prune::space_aware`] — which policy snapshots to
 //!   destroy, and why every other snapshot is kept;
+//! * [`tick`] — one policy's turn of a monitor tick as a plan: the group
+//!   snapshot due now and its name, whether it prunes, each volume's
+//!   prune plan; and the outcome of the plan the daemon carried out;
+//! * [`listing::Listing`] — the pool's volumes and snapshots from one
+//!   listing: a policy's snapshots and its last run;
 //! * [`policy::Policy`] — the versioned, size-bounded JSON encoding of a
 //!   policy, with validation.
 //!
@@ -18,8 +23,8 @@
 //! time-dependent function takes `now` as Unix seconds (UTC), so tests drive
 //! the logic with a fake clock. The daemon above this layer supplies the
 //! clock, the snapshot lists (creation times, holds, replication needs,
-//! exclusive sizes) and pool usage, and carries out the snapshots and
-//! destroys this layer plans.
+//! exclusive sizes, read through [`engine`]) and pool usage, and carries
+//! out the snapshots and destroys this layer plans.
 //!
 //! All functions are total: they never panic, whatever the input, and all
 //! untrusted numbers are handled with checked or saturating arithmetic.
@@ -31,11 +36,13 @@ mod civil;
 mod duration;
 pub mod engine;
 pub mod error;
+pub mod listing;
 pub mod names;
 pub mod policy;
 pub mod prune;
 pub mod retention;
 pub mod schedule;
+pub mod tick;
 
 pub use error::PolicyError;
 pub use policy::Policy;

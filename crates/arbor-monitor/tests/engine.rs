@@ -13,6 +13,7 @@ use std::sync::Arc;
 use arbor_engine::{CreateOptions, OpenOptions, Pool, VolumeId};
 use arbor_io::{BlockDevice, SimDisk};
 use arbor_monitor::engine::{self, Listing, Stored};
+use arbor_monitor::tick::{self, VolumeOutcome, VolumePlan};
 use arbor_monitor::{Policy, Reason, Retention, Schedule};
 
 const MIB: u64 = 1 << 20;
@@ -49,12 +50,74 @@ fn not_in_use(_: VolumeId) -> Option<String> {
     None
 }
 
+/// What a turn did.
+#[derive(Default)]
+struct Turn {
+    /// The scheduled snapshot's name (after `@`), or why it failed.
+    taken: Option<Result<String, arbor_engine::Error>>,
+    pruned: Option<Vec<VolumeOutcome>>,
+}
+
+/// The prune plans of `p` at `now` from the pool's state, with what
+/// `in_use` says counted as a hold (as the daemon does).
+fn plans(
+    pool: &Pool,
+    p: &Policy,
+    now: u64,
+    in_use: &dyn Fn(VolumeId) -> Option<String>,
+) -> Vec<VolumePlan> {
+    let listing = Listing::of(pool).unwrap();
+    let mut volumes = engine::candidates(pool, &listing, p).unwrap();
+    for (id, c) in volumes.iter_mut().flat_map(|v| v.snapshots.iter_mut()) {
+        if let Some(user) = in_use(*id) {
+            c.held.push(user);
+        }
+    }
+    tick::prune_plans(p, &volumes, engine::usage(pool).unwrap(), now)
+}
+
+/// Carries out `plans` with `destroy`, in order, as the daemon does.
+fn execute(
+    plans: &[VolumePlan],
+    destroy: &mut dyn FnMut(&str) -> Result<(), String>,
+) -> Vec<VolumeOutcome> {
+    plans
+        .iter()
+        .map(|p| {
+            let results = p.plan.destroy.iter().map(|d| destroy(&d.name)).collect();
+            VolumeOutcome::of(p, results)
+        })
+        .collect()
+}
+
+/// One policy's turn at `now`, planned by `tick` and carried out as the
+/// daemon's monitor carries it out.
+fn turn(
+    pool: &Pool,
+    p: &Policy,
+    now: u64,
+    last_prune: Option<u64>,
+    destroy: &mut dyn FnMut(&str) -> Result<(), String>,
+) -> Turn {
+    let listing = Listing::of(pool).unwrap();
+    let mut turn = Turn::default();
+    if let Some(due) = tick::snapshot_due(p, &listing, now) {
+        let group = due.unwrap();
+        turn.taken = Some(pool.snapshot_group(&group.full).map(|_| group.snap));
+    }
+    let usage = engine::usage(pool).unwrap();
+    let taken = matches!(turn.taken, Some(Ok(_)));
+    if tick::prune_due(p, taken, last_prune, now, usage) {
+        turn.pruned = Some(execute(&plans(pool, p, now, &not_in_use), destroy));
+    }
+    turn
+}
+
 /// A daemon's tick for one policy with `pool.delete` as the destroy.
-fn tick(pool: &Pool, p: &Policy, now: u64, last_prune: &mut Option<u64>) -> engine::Turn {
-    let turn = engine::turn(pool, p, now, *last_prune, &not_in_use, &mut |name| {
+fn tick(pool: &Pool, p: &Policy, now: u64, last_prune: &mut Option<u64>) -> Turn {
+    let turn = turn(pool, p, now, *last_prune, &mut |name| {
         pool.delete(name).map_err(|e| e.to_string())
-    })
-    .unwrap();
+    });
     if turn.pruned.is_some() {
         *last_prune = Some(now);
     }
@@ -188,8 +251,7 @@ fn thirty_days_of_hourly_snapshots_keep_what_retention_says() {
         "{auto} policy snapshots: {left:#?}"
     );
     // A dry run now lists nothing more to destroy (the prune is idempotent).
-    let listing = Listing::of(&pool).unwrap();
-    let plans = engine::plan(&pool, &listing, &p, end, &not_in_use).unwrap();
+    let plans = plans(&pool, &p, end, &not_in_use);
     assert!(
         plans.iter().all(|pl| pl.plan.destroy.is_empty()),
         "{plans:#?}"
@@ -223,11 +285,9 @@ fn a_dry_run_lists_exactly_what_the_prune_destroys() {
     // Tighter retention: a dry run, then the prune, at the same moment.
     p.retention = "frequent=5".parse().unwrap();
     let now = T0 + 40 * 600 - 1;
-    let listing = Listing::of(&pool).unwrap();
-    let plans = engine::plan(&pool, &listing, &p, now, &not_in_use).unwrap();
-    let dry = engine::execute(&plans, true, &mut |_| panic!("a dry run destroyed"));
-    let plans = engine::plan(&pool, &listing, &p, now, &not_in_use).unwrap();
-    let real = engine::execute(&plans, false, &mut |name| {
+    let planned = plans(&pool, &p, now, &not_in_use);
+    let dry: Vec<VolumeOutcome> = planned.iter().map(VolumeOutcome::dry_run).collect();
+    let real = execute(&planned, &mut |name| {
         pool.delete(name).map_err(|e| e.to_string())
     });
     assert_eq!(dry, real, "the dry run differs from the prune");
@@ -246,26 +306,17 @@ fn snapshots_in_use_or_refused_are_kept_and_reported() {
     pool.create_volume("db", MIB).unwrap();
     let p = policy(&pool, &["db"], "every 1m", "frequent=1").policy;
     for i in 0..4 {
-        engine::turn(
-            &pool,
-            &p,
-            T0 + i * 60,
-            Some(T0 + i * 60),
-            &not_in_use,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+        turn(&pool, &p, T0 + i * 60, Some(T0 + i * 60), &mut |_| Ok(()));
     }
-    let listing = Listing::of(&pool).unwrap();
     let open = pool.lookup("db@auto-2026-03-10T10:17:00Z").unwrap();
     let in_use = |id: VolumeId| (id == open).then(|| "open over NBD".to_owned());
-    let plans = engine::plan(&pool, &listing, &p, T0 + 240, &in_use).unwrap();
+    let plans = plans(&pool, &p, T0 + 240, &in_use);
     assert!(plans[0]
         .plan
         .keep
         .iter()
         .any(|d| d.reason == Reason::Held(vec!["open over NBD".to_owned()])));
-    let out = engine::execute(&plans, false, &mut |name| Err(format!("{name}: refused")));
+    let out = execute(&plans, &mut |name| Err(format!("{name}: refused")));
     assert_eq!(out[0].failed.len(), 2);
     assert!(out[0].destroyed.is_empty());
     assert_eq!(snapshots(&pool, "db").len(), 4, "nothing destroyed");

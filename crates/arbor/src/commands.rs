@@ -71,13 +71,14 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             let grown = with_offline_pool(&path, |open| {
                 with_spinner(&format!("growing {}", path.display()), || {
                     pool_file::grow(&open.pool, &path, &views::grow_options(&request))
+                        .map_err(anyhow::Error::from)
                 })
             })?;
             printer.show(&grown, output::grow)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Pool(PoolCommand::Upgrade { path: Some(path) }) => {
-            let upgraded = with_offline_pool(&path, |open| pool_file::upgrade(&open.pool))?;
+            let upgraded = with_offline_pool(&path, |open| Ok(pool_file::upgrade(&open.pool)?))?;
             printer.show(&upgraded, output::upgrade)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -450,7 +451,7 @@ fn with_offline_pool<T>(path: &Path, work: impl FnOnce(&OpenPool) -> Result<T>) 
 fn check_offline(path: &Path, repair: bool, p: &Printer) -> Result<ExitCode> {
     let repaired = if repair {
         let actions = with_spinner(&format!("repairing {}", path.display()), || {
-            pool_file::repair(path, &OpenOptions::default())
+            pool_file::repair(path, &OpenOptions::default()).map_err(anyhow::Error::from)
         })?;
         Some(actions)
     } else {

@@ -70,14 +70,18 @@ impl Exit {
         }
     }
 
-    /// The status for a refusal of the daemon, or of an offline pool
-    /// operation.
-    fn of_refusal(refusal: &DaemonError) -> Self {
-        match refusal {
-            DaemonError::Invalid(_) => Exit::Usage,
-            DaemonError::NotFound(_) => Exit::NotFound,
-            DaemonError::Busy(_) => Exit::Busy,
-            DaemonError::PoolInUse(_) => Exit::PoolInUse,
+    /// The status for an error of the daemon, or of an offline pool
+    /// operation, if its kind has one (an internal error's causes may).
+    fn of_daemon(err: &DaemonError) -> Option<Self> {
+        match err.root() {
+            DaemonError::Invalid(_) => Some(Exit::Usage),
+            DaemonError::NotFound(_) => Some(Exit::NotFound),
+            DaemonError::Busy(_) => Some(Exit::Busy),
+            DaemonError::PoolInUse(_) => Some(Exit::PoolInUse),
+            DaemonError::Engine(e) => Some(Exit::of_code(code_of_engine(e))),
+            // Its own chain (a missing file's error among it) may know one.
+            DaemonError::Internal(e) => Some(Exit::of(e)).filter(|&exit| exit != Exit::Failure),
+            DaemonError::Replica(_) | DaemonError::Context { .. } => None,
         }
     }
 
@@ -99,8 +103,8 @@ impl Exit {
                     Some(fail.exit)
                 } else if let Some(client) = cause.downcast_ref::<ClientError>() {
                     Some(Exit::of_client(client))
-                } else if let Some(refusal) = cause.downcast_ref::<DaemonError>() {
-                    Some(Exit::of_refusal(refusal))
+                } else if let Some(daemon) = cause.downcast_ref::<DaemonError>() {
+                    Exit::of_daemon(daemon)
                 } else if let Some(engine) = cause.downcast_ref::<arbor_engine::Error>() {
                     Some(Exit::of_code(code_of_engine(engine)))
                 } else {
@@ -149,6 +153,17 @@ mod tests {
         assert_eq!(Exit::of(&anyhow::anyhow!("odd")), Exit::Failure);
         let refused = anyhow::Error::new(DaemonError::PoolInUse("held".into())).context("open");
         assert_eq!(Exit::of(&refused), Exit::PoolInUse);
+        // The daemon's errors decide by their kind under their contexts.
+        let engine = DaemonError::from(arbor_engine::Error::NoSpace).context("grow");
+        assert_eq!(Exit::of(&anyhow::Error::new(engine)), Exit::NoSpace);
+        let missing: Result<(), DaemonError> =
+            Err(std::io::Error::from(std::io::ErrorKind::NotFound).into());
+        let missing = missing
+            .map_err(|e| e.context("cannot open /x"))
+            .unwrap_err();
+        assert_eq!(Exit::of(&anyhow::Error::new(missing)), Exit::NotFound);
+        let odd = DaemonError::msg("odd").context("serve");
+        assert_eq!(Exit::of(&anyhow::Error::new(odd)), Exit::Failure);
         let api = anyhow::Error::new(ClientError::Api {
             code: ErrorCode::ReadOnly,
             message: "a replica".into(),
