@@ -156,7 +156,7 @@ impl PoolControl {
     fn name_of(&self, id: VolumeId) -> Result<Option<String>> {
         match self.pool.info(id) {
             Ok(info) => Ok(Some(info.name)),
-            Err(arbor_engine::Error::NotFound(_)) => Ok(None),
+            Err(arbor_engine::Error::Refused(arbor_engine::Refusal::NotFound(_))) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -449,7 +449,7 @@ impl PoolControl {
             .into_iter()
             .find(|o| o.name == volume && !o.attached)
         {
-            return Err(arbor_engine::Error::Origin(format!(
+            return Err(arbor_engine::Error::origin(format!(
                 "{}: its device is not attached, so it cannot be rolled back now; attach it \
                  first (arbor origin attach {} PATH)",
                 o.name, o.name

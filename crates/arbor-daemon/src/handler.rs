@@ -52,7 +52,9 @@ pub(super) async fn blocking<S: OnPool, T: Send + 'static>(
 /// a name was not found.
 fn explain(pool: &Pool, err: anyhow::Error) -> ApiError {
     let missing = match err.downcast_ref::<arbor_engine::Error>() {
-        Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
+        Some(arbor_engine::Error::Refused(arbor_engine::Refusal::NotFound(name))) => {
+            Some(name.clone())
+        }
         _ => None,
     };
     let suggestion = missing.and_then(|name| nearest_name(pool, &name));

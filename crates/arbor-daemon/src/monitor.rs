@@ -78,7 +78,7 @@ pub struct Monitor {
 }
 
 fn invalid(message: String) -> anyhow::Error {
-    EngineError::InvalidArgument(message).into()
+    EngineError::invalid_request(message).into()
 }
 
 /// The policy of `volume` among `loaded`, if any.
@@ -313,7 +313,7 @@ impl Monitor {
             Some(volume) => {
                 let id = self.pool.lookup(volume)?;
                 let stored = policy_of(&loaded.policies, id).ok_or_else(|| {
-                    EngineError::NotFound(format!("a policy for {volume} (arbor policy set)"))
+                    EngineError::not_found(format!("a policy for {volume} (arbor policy set)"))
                 })?;
                 vec![stored]
             }
@@ -381,7 +381,7 @@ impl Monitor {
             // Its policy snapshots must fit: a name an older version allowed may not.
             arbor_engine::check_volume_name(name)?;
             if self.replication.is_replica(name) {
-                return Err(EngineError::ReadOnly(format!(
+                return Err(EngineError::read_only(format!(
                     "{name} (a replica: its snapshots come from its source)"
                 ))
                 .into());
@@ -398,7 +398,7 @@ impl Monitor {
         {
             if let Some(other) = policy_of(&loaded.policies, VolumeId(id)) {
                 if Some(&other.key) != own.as_ref() {
-                    return Err(EngineError::Conflict(format!(
+                    return Err(EngineError::conflict(format!(
                         "{name} already has a policy ({}); clear it first (arbor policy clear {name})",
                         other.key
                     ))

@@ -1,10 +1,30 @@
+//! Everything the engine can report, as a type whose shape says what the
+//! caller must do: an error [stops the pool](Fault), [refuses one
+//! operation](Refusal), or [ran out of a resource](Resource). Each carries
+//! a typed reason; its message is the one callers (and the docs) know.
+//! Corruption is a value, never a panic.
+
 use std::io;
 
-use arbor_format::FormatError;
+use arbor_format::{FormatError, FormatVersion};
 
-/// Everything the engine can report. Corruption is a value, never a panic.
+/// An engine error: which class it is decides what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The in-memory state can no longer be trusted: the pool stops.
+    #[error(transparent)]
+    Stop(#[from] Fault),
+    /// This operation is refused; the pool goes on.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The pool ran out of something; it may clear up (a reclaim, a grow).
+    #[error(transparent)]
+    Exhausted(#[from] Resource),
+}
+
+/// Why the pool stops (every later call fails until it is reopened).
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
     /// The reason is part of the message (not also a `source()`), so error
@@ -14,10 +34,35 @@ pub enum Error {
         location: String,
         reason: FormatError,
     },
+    /// A broken invariant or damaged structure; the text says which.
     #[error("pool is damaged: {0}")]
     Inconsistent(String),
+    /// Only an open returns it.
     #[error("not an arbor pool (no valid superblock)")]
     NotAPool,
+    /// An earlier error stopped the pool; the text is that error.
+    #[error("the pool stopped after a failed commit and must be reopened: {0}")]
+    Failed(String),
+}
+
+/// What the pool ran out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Resource {
+    #[error("pool data space is full")]
+    DataSpace,
+    #[error("pool metadata space is full")]
+    Metadata,
+    /// A step of an operation would change more space-map pages than one
+    /// commit can journal. The engine commits and runs the step again in an
+    /// empty transaction; it reaches a caller only if a single step needs
+    /// more than the whole journal.
+    #[error("one step of the operation changes more space-map pages than the journal holds")]
+    Journal,
+}
+
+/// Why an operation is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
     #[error("no such volume or snapshot: {0}")]
     NotFound(String),
     #[error("a volume or snapshot named {0:?} already exists")]
@@ -25,28 +70,16 @@ pub enum Error {
     #[error("invalid name {name:?}: {reason}")]
     InvalidName { name: String, reason: String },
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    Invalid(Invalid),
     #[error("{0} is a read-only snapshot")]
     ReadOnly(String),
-    #[error("pool data space is full")]
-    NoSpace,
-    #[error("pool metadata space is full")]
-    MetadataFull,
-    #[error("the pool stopped after a failed commit and must be reopened: {0}")]
-    Failed(String),
-    /// A step of an operation would change more space-map pages than one
-    /// commit can journal. The engine commits and runs the step again in an
-    /// empty transaction; it reaches a caller only if a single step needs
-    /// more than the whole journal.
-    #[error("one step of the operation changes more space-map pages than the journal holds")]
-    TransactionFull,
     /// The operation conflicts with the pool's state (a receive of another
     /// stream in progress, a volume written since a stream's base); the
     /// message says what to do.
     #[error("{0}")]
     Conflict(String),
-    /// The pool's format version cannot do this yet; the message names the
-    /// upgrade.
+    /// The pool's format version, or the volume's layout, cannot do this;
+    /// the message names the upgrade if there is one.
     #[error("{0}")]
     Unsupported(String),
     /// The external device of a copy-on-write volume is not attached,
@@ -55,34 +88,467 @@ pub enum Error {
     Origin(String),
 }
 
+/// What was invalid about an argument, with the numbers.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    /// A reason of a crate built on the engine (a policy that does not
+    /// validate, a growth the daemon refuses), in its words; the engine
+    /// itself never makes one.
+    #[error("{0}")]
+    Request(String),
+
+    // Creating a pool.
+    #[error("chunk size {0} is not a power of two between 4 KiB and 1 MiB")]
+    ChunkSize(u32),
+    #[error("metadata space must be at least 1 MiB")]
+    MetadataTooSmall,
+    #[error("journal of {pages} pages: must hold {min} to {max}")]
+    JournalPages { pages: u32, min: u32, max: u32 },
+    #[error("metadata size overflows")]
+    MetadataOverflow,
+    #[error("device of {device_bytes} bytes is too small: metadata needs {metadata_bytes} bytes and at least 16 data chunks must remain")]
+    DeviceTooSmall {
+        device_bytes: u64,
+        metadata_bytes: u64,
+    },
+    #[error("computed layout is invalid: {0}")]
+    Layout(FormatError),
+    #[error("format version: {0}")]
+    FormatVersion(FormatError),
+    #[error("space map too large")]
+    SpaceMapTooLarge,
+
+    // Growing a pool.
+    #[error("the pool is format version {0}, which cannot grow; upgrade it to version 2 first (older arbor releases cannot open it then)")]
+    CannotGrow(FormatVersion),
+    #[error("the pool ends at byte {end}; it cannot shrink to {size} bytes")]
+    PoolShrink { end: u64, size: u64 },
+    #[error("cannot enlarge the pool's file to {size} bytes: {error}")]
+    PoolFileNotEnlarged { size: u64, error: io::Error },
+    /// The format's refusal of the growth plan (too many growths, ...).
+    #[error("{0}")]
+    Growth(FormatError),
+
+    // Sizes and ranges of volumes.
+    #[error("volume size {size} must be a non-zero multiple of {sector} up to {max}")]
+    VolumeSize { size: u64, sector: u64, max: u64 },
+    #[error("range {offset}+{len} is beyond the end of {name} ({size} bytes)")]
+    RangeBeyondEnd {
+        offset: u64,
+        len: u64,
+        name: String,
+        size: u64,
+    },
+    #[error("write to byte {end} beyond the end of {name} ({size} bytes; resized meanwhile?)")]
+    WriteBeyondEnd { end: u64, name: String, size: u64 },
+    #[error("{0} was resized meanwhile")]
+    ResizedMeanwhile(String),
+    #[error("chunk {0} is not mapped")]
+    ChunkNotMapped(u64),
+    #[error("chunk {0} is partial")]
+    ChunkPartial(u64),
+
+    // Snapshots, clones, holds, names.
+    #[error("a group snapshot takes 1 to {max} snapshots, not {given}")]
+    GroupSize { max: usize, given: usize },
+    #[error("{0} is named twice in one group snapshot")]
+    NamedTwice(String),
+    #[error("{0} is not a snapshot; snapshot it first")]
+    CloneOfVolume(String),
+    #[error("{snapshot} is not a snapshot of {volume}")]
+    NotSnapshotOf { snapshot: String, volume: String },
+    #[error("a snapshot keeps its volume's name")]
+    SnapshotRename,
+    #[error("{0} is not a snapshot: only snapshots are held")]
+    HoldOfVolume(String),
+    #[error("hold tag {tag:?}: {reason}")]
+    HoldTag { tag: String, reason: String },
+
+    // Properties.
+    #[error("property key {key:?}: 1 to {max} of letters, digits and . _ : -, starting with a letter or digit")]
+    PropertyKey { key: String, max: usize },
+    /// The format's refusal of the value (too large).
+    #[error("{0}")]
+    PropertyValue(FormatError),
+
+    // Receiving streams.
+    #[error("a stream identity of zeros")]
+    ZeroStreamIdentity,
+    #[error("the stream's base {0} is not a snapshot")]
+    StreamBaseNotSnapshot(String),
+    #[error("the stream's base is {base}, which is not a snapshot of {volume}; receive into a new volume to make it a clone of {base}")]
+    StreamBaseElsewhere { base: String, volume: String },
+    #[error("{0} is not a receive in progress")]
+    NotAReceive(String),
+    #[error("checkpoint at {offset} of {name}")]
+    Checkpoint { offset: u64, name: String },
+    #[error("{name} is not a receive into {volume}")]
+    ReceiveElsewhere { name: String, volume: String },
+
+    // Copy-on-write volumes.
+    #[error("a copy-on-write volume holds at most {max_chunks} chunks ({max_bytes} bytes with this pool's chunks)")]
+    CowTooLarge { max_chunks: u64, max_bytes: u64 },
+    #[error("{0} has its data in the pool, not on a device")]
+    DataInPool(String),
+    #[error("a device of {size} bytes: an origin must be a non-zero multiple of {sector} bytes up to {max}")]
+    OriginDeviceSize { size: u64, sector: u64, max: u64 },
+    #[error("{0} is not an origin: its home is in the pool already")]
+    NotAnOrigin(String),
+    #[error("{name}'s device has {size} bytes: enlarge it to {new_size} with its own tools first ({error})")]
+    OriginDeviceTooSmall {
+        name: String,
+        size: u64,
+        new_size: u64,
+        error: io::Error,
+    },
+}
+
+/// The class of an [`Error`], for callers that only need to know that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Stop,
+    Refused,
+    Exhausted,
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Stop(Fault::Io(e))
+    }
+}
+
+impl From<Invalid> for Error {
+    fn from(why: Invalid) -> Self {
+        Error::Refused(Refusal::Invalid(why))
+    }
+}
 
 impl Error {
     pub(crate) fn corrupt(location: impl Into<String>, reason: FormatError) -> Self {
-        Error::Corrupt {
+        Fault::Corrupt {
             location: location.into(),
             reason,
         }
+        .into()
     }
 
     pub(crate) fn inconsistent(what: impl Into<String>) -> Self {
-        Error::Inconsistent(what.into())
+        Fault::Inconsistent(what.into()).into()
+    }
+
+    pub(crate) fn failed(why: impl Into<String>) -> Self {
+        Fault::Failed(why.into()).into()
+    }
+
+    /// A caller's own reason for refusing an argument ([`Invalid::Request`]).
+    pub fn invalid_request(why: impl Into<String>) -> Self {
+        Invalid::Request(why.into()).into()
+    }
+
+    pub fn not_found(name: impl Into<String>) -> Self {
+        Refusal::NotFound(name.into()).into()
+    }
+
+    pub fn already_exists(name: impl Into<String>) -> Self {
+        Refusal::AlreadyExists(name.into()).into()
+    }
+
+    pub fn read_only(name: impl Into<String>) -> Self {
+        Refusal::ReadOnly(name.into()).into()
+    }
+
+    pub fn conflict(why: impl Into<String>) -> Self {
+        Refusal::Conflict(why.into()).into()
+    }
+
+    pub fn unsupported(why: impl Into<String>) -> Self {
+        Refusal::Unsupported(why.into()).into()
+    }
+
+    pub fn origin(why: impl Into<String>) -> Self {
+        Refusal::Origin(why.into()).into()
+    }
+
+    /// The class of this error.
+    pub fn class(&self) -> Class {
+        match self {
+            Error::Stop(_) => Class::Stop,
+            Error::Refused(_) => Class::Refused,
+            Error::Exhausted(_) => Class::Exhausted,
+        }
     }
 
     /// Whether this error means the in-memory state can no longer be
     /// trusted, so the pool must stop (every later call fails until it is
-    /// reopened). The one place that decides it: the daemon's background
-    /// work stops the daemon on exactly these (a full pool and the like may
-    /// clear up and are only logged). `NotAPool` comes only from an open,
-    /// and means as much.
+    /// reopened): a [`Fault`]. The one place that decides it: the daemon's
+    /// background work stops the daemon on exactly these (a full pool and
+    /// the like may clear up and are only logged). `NotAPool` comes only
+    /// from an open, and means as much.
     pub fn stops_pool(&self) -> bool {
-        matches!(
-            self,
-            Error::Io(_)
-                | Error::Corrupt { .. }
-                | Error::Inconsistent(_)
-                | Error::NotAPool
-                | Error::Failed(_)
-        )
+        self.class() == Class::Stop
+    }
+
+    /// Whether this is a refusal because `name` does not exist: the name.
+    pub fn not_found_name(&self) -> Option<&str> {
+        match self {
+            Error::Refused(Refusal::NotFound(name)) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether this is data space running out.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::Exhausted(Resource::DataSpace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of every kind, with the class it must have.
+    fn every_kind() -> Vec<(Error, Class)> {
+        vec![
+            (io::Error::other("disk").into(), Class::Stop),
+            (
+                Error::corrupt("superblock", FormatError::BadMagic),
+                Class::Stop,
+            ),
+            (Error::inconsistent("x"), Class::Stop),
+            (Fault::NotAPool.into(), Class::Stop),
+            (Error::failed("x"), Class::Stop),
+            (Error::not_found("v"), Class::Refused),
+            (Error::already_exists("v"), Class::Refused),
+            (
+                Refusal::InvalidName {
+                    name: "v".into(),
+                    reason: "r".into(),
+                }
+                .into(),
+                Class::Refused,
+            ),
+            (Invalid::SnapshotRename.into(), Class::Refused),
+            (Error::invalid_request("x"), Class::Refused),
+            (Error::read_only("v@s"), Class::Refused),
+            (Error::conflict("x"), Class::Refused),
+            (Error::unsupported("x"), Class::Refused),
+            (Error::origin("x"), Class::Refused),
+            (Resource::DataSpace.into(), Class::Exhausted),
+            (Resource::Metadata.into(), Class::Exhausted),
+            (Resource::Journal.into(), Class::Exhausted),
+        ]
+    }
+
+    #[test]
+    fn only_faults_stop_the_pool() {
+        for (err, class) in every_kind() {
+            assert_eq!(err.class(), class, "{err:?}");
+            assert_eq!(err.stops_pool(), class == Class::Stop, "{err:?}");
+        }
+    }
+
+    /// The messages of the flat error this type replaced, word for word:
+    /// the docs, the e2e tests and scripts match them.
+    #[test]
+    fn messages_are_unchanged() {
+        let cases: Vec<(Error, &str)> = vec![
+            (io::Error::other("disk").into(), "I/O error: disk"),
+            (
+                Error::corrupt("superblock", FormatError::BadMagic),
+                "pool is damaged at superblock: bad magic: not an arbor block",
+            ),
+            (Error::inconsistent("x"), "pool is damaged: x"),
+            (
+                Fault::NotAPool.into(),
+                "not an arbor pool (no valid superblock)",
+            ),
+            (
+                Error::failed("why"),
+                "the pool stopped after a failed commit and must be reopened: why",
+            ),
+            (Error::not_found("v"), "no such volume or snapshot: v"),
+            (
+                Error::already_exists("v"),
+                "a volume or snapshot named \"v\" already exists",
+            ),
+            (Error::read_only("v@s"), "v@s is a read-only snapshot"),
+            (Error::conflict("as is"), "as is"),
+            (Error::unsupported("as is"), "as is"),
+            (Error::origin("v: gone"), "copy-on-write volume v: gone"),
+            (Resource::DataSpace.into(), "pool data space is full"),
+            (Resource::Metadata.into(), "pool metadata space is full"),
+            (
+                Resource::Journal.into(),
+                "one step of the operation changes more space-map pages than the journal holds",
+            ),
+            (
+                Error::invalid_request("a policy"),
+                "invalid argument: a policy",
+            ),
+        ];
+        for (err, old) in cases {
+            assert_eq!(err.to_string(), old);
+        }
+    }
+
+    /// Typed reasons print as the `format!` each site used to build.
+    #[test]
+    fn typed_reasons_print_as_before() {
+        let (chunk, pages, min, max) = (3000u32, 8u32, 16u32, 1u32 << 16);
+        let (size, sector, max_size) = (7u64, 512u64, 1u64 << 60);
+        let (name, volume, snapshot) = ("vm", "vm", "vm@s");
+        let cases: Vec<(Invalid, String)> = vec![
+            (
+                Invalid::ChunkSize(chunk),
+                format!("chunk size {chunk} is not a power of two between 4 KiB and 1 MiB"),
+            ),
+            (
+                Invalid::JournalPages { pages, min, max },
+                format!("journal of {pages} pages: must hold {min} to {max}"),
+            ),
+            (
+                Invalid::DeviceTooSmall {
+                    device_bytes: 100,
+                    metadata_bytes: 200,
+                },
+                "device of 100 bytes is too small: metadata needs 200 bytes and at least 16 \
+                 data chunks must remain"
+                    .into(),
+            ),
+            (
+                Invalid::Layout(FormatError::Invalid("x".into())),
+                "computed layout is invalid: invalid field: x".into(),
+            ),
+            (
+                Invalid::VolumeSize {
+                    size,
+                    sector,
+                    max: max_size,
+                },
+                format!(
+                    "volume size {size} must be a non-zero multiple of {sector} up to {max_size}"
+                ),
+            ),
+            (
+                Invalid::RangeBeyondEnd {
+                    offset: 4,
+                    len: 5,
+                    name: name.into(),
+                    size: 6,
+                },
+                format!("range 4+5 is beyond the end of {name} (6 bytes)"),
+            ),
+            (
+                Invalid::WriteBeyondEnd {
+                    end: 9,
+                    name: name.into(),
+                    size: 6,
+                },
+                format!("write to byte 9 beyond the end of {name} (6 bytes; resized meanwhile?)"),
+            ),
+            (
+                Invalid::GroupSize { max: 256, given: 0 },
+                "a group snapshot takes 1 to 256 snapshots, not 0".into(),
+            ),
+            (
+                Invalid::NotSnapshotOf {
+                    snapshot: snapshot.into(),
+                    volume: volume.into(),
+                },
+                format!("{snapshot} is not a snapshot of {volume}"),
+            ),
+            (
+                Invalid::HoldTag {
+                    tag: "a b".into(),
+                    reason: "r".into(),
+                },
+                format!("hold tag {:?}: r", "a b"),
+            ),
+            (
+                Invalid::CannotGrow(FormatVersion::new(1).expect("version 1")),
+                "the pool is format version 1, which cannot grow; upgrade it to version 2 \
+                 first (older arbor releases cannot open it then)"
+                    .into(),
+            ),
+            (
+                Invalid::PoolShrink { end: 10, size: 5 },
+                "the pool ends at byte 10; it cannot shrink to 5 bytes".into(),
+            ),
+            (
+                Invalid::PropertyKey {
+                    key: "-k".into(),
+                    max: 64,
+                },
+                format!(
+                    "property key {:?}: 1 to 64 of letters, digits and . _ : -, starting with \
+                     a letter or digit",
+                    "-k"
+                ),
+            ),
+            (
+                Invalid::StreamBaseElsewhere {
+                    base: snapshot.into(),
+                    volume: "w".into(),
+                },
+                format!(
+                    "the stream's base is {snapshot}, which is not a snapshot of w; receive \
+                     into a new volume to make it a clone of {snapshot}"
+                ),
+            ),
+            (
+                Invalid::CowTooLarge {
+                    max_chunks: 1 << 32,
+                    max_bytes: 1 << 44,
+                },
+                format!(
+                    "a copy-on-write volume holds at most {} chunks ({} bytes with this \
+                     pool's chunks)",
+                    1u64 << 32,
+                    1u64 << 44
+                ),
+            ),
+            (
+                Invalid::OriginDeviceSize {
+                    size,
+                    sector,
+                    max: max_size,
+                },
+                format!(
+                    "a device of {size} bytes: an origin must be a non-zero multiple of \
+                     {sector} bytes up to {max_size}"
+                ),
+            ),
+            (
+                Invalid::OriginDeviceTooSmall {
+                    name: name.into(),
+                    size: 5,
+                    new_size: 9,
+                    error: io::Error::other("no"),
+                },
+                format!(
+                    "{name}'s device has 5 bytes: enlarge it to 9 with its own tools first (no)"
+                ),
+            ),
+            (
+                Invalid::ResizedMeanwhile(name.into()),
+                format!("{name} was resized meanwhile"),
+            ),
+            (
+                Invalid::Checkpoint {
+                    offset: 3,
+                    name: name.into(),
+                },
+                format!("checkpoint at 3 of {name}"),
+            ),
+        ];
+        for (why, old) in cases {
+            assert_eq!(why.to_string(), old);
+            assert_eq!(
+                Error::from(why).to_string(),
+                format!("invalid argument: {old}")
+            );
+        }
     }
 }

@@ -62,7 +62,7 @@ pub fn load(pool: &Pool) -> Result<Loaded, Error> {
 pub fn store(pool: &Pool, key: &str, policy: &Policy) -> Result<(), Error> {
     policy
         .validate()
-        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        .map_err(|e| Error::invalid_request(e.to_string()))?;
     pool.set_property(None, key, &policy.encode())
 }
 
@@ -188,7 +188,7 @@ impl Listing {
 pub fn take(pool: &Pool, listing: &Listing, policy: &Policy, now: u64) -> Result<String, Error> {
     let members = listing.members(policy);
     if members.is_empty() {
-        return Err(Error::NotFound(
+        return Err(Error::not_found(
             "none of the policy's volumes exists".to_owned(),
         ));
     }
@@ -201,7 +201,7 @@ pub fn take(pool: &Pool, listing: &Listing, policy: &Policy, now: u64) -> Result
         })
     };
     let snap = names::unique(&policy.prefix, now, taken).ok_or_else(|| {
-        Error::Conflict(format!(
+        Error::conflict(format!(
             "every name for a snapshot at {} is taken",
             names::snapshot_name(&policy.prefix, now)
         ))
