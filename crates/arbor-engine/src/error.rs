@@ -81,7 +81,7 @@ pub enum Refusal {
     /// The pool's format version, or the volume's layout, cannot do this;
     /// the message names the upgrade if there is one.
     #[error("{0}")]
-    Unsupported(String),
+    Unsupported(Unsupported),
     /// The external device of a copy-on-write volume is not attached,
     /// vanished, shrank or failed: the request fails, the pool goes on.
     #[error("copy-on-write volume {0}")]
@@ -203,6 +203,62 @@ pub enum Invalid {
     },
 }
 
+/// What the pool's format or a volume's layout cannot do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    /// The pool's format version lacks a capability; an upgrade adds it.
+    #[error(
+        "this pool's format (version {} or older) {}; upgrade it first (arbor pool upgrade)",
+        .0.newest_without(),
+        .0.lacking()
+    )]
+    Format(Capability),
+    #[error("{name} has taken {max} snapshots, the most one copy-on-write volume can")]
+    TooManyEpochs { name: String, max: u64 },
+    #[error("{0} reads through a copy-on-write volume: it cannot be resized")]
+    ResizeThroughCow(String),
+    #[error("{0} is a copy-on-write volume: it cannot shrink (its snapshots may read its home past the new end)")]
+    CowShrink(String),
+    #[error("{0} is an origin: it cannot shrink (its snapshots may read its device past the new end); detach it and shrink the file or device with its own tools")]
+    OriginShrink(String),
+    #[error("{0} is a copy-on-write volume: its writes go in place, where nothing records when; find what changed between two of its snapshots instead (arbor diff)")]
+    ChangesOfCow(String),
+    #[error("{a} and {b}: diffs and changed blocks are found between volumes whose data is in the pool, and between a copy-on-write volume and what reads through it (its snapshots, their clones and the clones' snapshots); not between these")]
+    DiffPair { a: String, b: String },
+    #[error("{0} reads through a copy-on-write volume: incremental streams onto it are not supported yet")]
+    IncrementalOntoCow(String),
+}
+
+/// A capability that older format versions lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    Receive,
+    Holds,
+    Properties,
+    CowVolumes,
+}
+
+impl Capability {
+    /// The newest format version without it (the message's "or older").
+    fn newest_without(self) -> u16 {
+        match self {
+            Capability::Receive | Capability::Holds => 2,
+            Capability::Properties => 3,
+            Capability::CowVolumes => 4,
+        }
+    }
+
+    /// What a pool without it cannot do, as the message says it.
+    fn lacking(self) -> &'static str {
+        match self {
+            Capability::Receive => "cannot receive streams",
+            Capability::Holds => "cannot hold snapshots",
+            Capability::Properties => "cannot keep properties such as policies",
+            Capability::CowVolumes => "has no copy-on-write volumes",
+        }
+    }
+}
+
 /// The class of an [`Error`], for callers that only need to know that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
@@ -216,6 +272,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
         Error::Stop(Fault::Io(e))
+    }
+}
+
+impl From<Unsupported> for Error {
+    fn from(why: Unsupported) -> Self {
+        Error::Refused(Refusal::Unsupported(why))
     }
 }
 
@@ -261,10 +323,6 @@ impl Error {
 
     pub fn conflict(why: impl Into<String>) -> Self {
         Refusal::Conflict(why.into()).into()
-    }
-
-    pub fn unsupported(why: impl Into<String>) -> Self {
-        Refusal::Unsupported(why.into()).into()
     }
 
     pub fn origin(why: impl Into<String>) -> Self {
@@ -333,7 +391,7 @@ mod tests {
             (Error::invalid_request("x"), Class::Refused),
             (Error::read_only("v@s"), Class::Refused),
             (Error::conflict("x"), Class::Refused),
-            (Error::unsupported("x"), Class::Refused),
+            (Unsupported::CowShrink("v".into()).into(), Class::Refused),
             (Error::origin("x"), Class::Refused),
             (Resource::DataSpace.into(), Class::Exhausted),
             (Resource::Metadata.into(), Class::Exhausted),
@@ -375,7 +433,6 @@ mod tests {
             ),
             (Error::read_only("v@s"), "v@s is a read-only snapshot"),
             (Error::conflict("as is"), "as is"),
-            (Error::unsupported("as is"), "as is"),
             (Error::origin("v: gone"), "copy-on-write volume v: gone"),
             (Resource::DataSpace.into(), "pool data space is full"),
             (Resource::Metadata.into(), "pool metadata space is full"),
@@ -549,6 +606,96 @@ mod tests {
                 Error::from(why).to_string(),
                 format!("invalid argument: {old}")
             );
+        }
+    }
+
+    /// Each unsupported operation prints the text its site printed.
+    #[test]
+    fn unsupported_prints_as_before() {
+        let name = "vm";
+        let cases: Vec<(Unsupported, String)> = vec![
+            (
+                Unsupported::Format(Capability::CowVolumes),
+                "this pool's format (version 4 or older) has no copy-on-write volumes; \
+                 upgrade it first (arbor pool upgrade)"
+                    .into(),
+            ),
+            (
+                Unsupported::Format(Capability::Receive),
+                "this pool's format (version 2 or older) cannot receive streams; \
+                 upgrade it first (arbor pool upgrade)"
+                    .into(),
+            ),
+            (
+                Unsupported::Format(Capability::Holds),
+                "this pool's format (version 2 or older) cannot hold snapshots; upgrade it \
+                 first (arbor pool upgrade)"
+                    .into(),
+            ),
+            (
+                Unsupported::Format(Capability::Properties),
+                "this pool's format (version 3 or older) cannot keep properties such as \
+                 policies; upgrade it first (arbor pool upgrade)"
+                    .into(),
+            ),
+            (
+                Unsupported::TooManyEpochs {
+                    name: name.into(),
+                    max: 7,
+                },
+                format!("{name} has taken 7 snapshots, the most one copy-on-write volume can"),
+            ),
+            (
+                Unsupported::ResizeThroughCow(name.into()),
+                format!("{name} reads through a copy-on-write volume: it cannot be resized"),
+            ),
+            (
+                Unsupported::CowShrink(name.into()),
+                format!(
+                    "{name} is a copy-on-write volume: it cannot shrink (its snapshots may read \
+                     its home past the new end)"
+                ),
+            ),
+            (
+                Unsupported::OriginShrink(name.into()),
+                format!(
+                    "{name} is an origin: it cannot shrink (its snapshots may read its device \
+                     past the new end); detach it and shrink the file or device with its own tools"
+                ),
+            ),
+            (
+                Unsupported::ChangesOfCow(name.into()),
+                format!(
+                    "{} is a copy-on-write volume: its writes go in place, where nothing \
+                     records when; find what changed between two of its snapshots instead \
+                     (arbor diff)",
+                    name
+                ),
+            ),
+            (
+                Unsupported::DiffPair {
+                    a: "a".into(),
+                    b: "b".into(),
+                },
+                format!(
+                    "{} and {}: diffs and changed blocks are found between volumes whose data is \
+                     in the pool, and between a copy-on-write volume and what reads through it \
+                     (its snapshots, their clones and the clones' snapshots); not between these",
+                    "a", "b"
+                ),
+            ),
+            (
+                Unsupported::IncrementalOntoCow(name.into()),
+                format!(
+                    "{} reads through a copy-on-write volume: incremental streams onto it \
+                     are not supported yet",
+                    name
+                ),
+            ),
+        ];
+        for (why, old) in cases {
+            assert_eq!(why.to_string(), old);
+            assert_eq!(Error::from(why).to_string(), old);
         }
     }
 }

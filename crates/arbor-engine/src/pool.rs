@@ -55,7 +55,7 @@ use rand::RngCore;
 use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
-use crate::error::{Error, Fault, Invalid, Refusal, Resource, Result};
+use crate::error::{Error, Fault, Invalid, Refusal, Resource, Result, Unsupported};
 use crate::mapping::Mapping;
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{
@@ -1338,9 +1338,7 @@ impl Pool {
                 return self.resize_cow(id, name, home, old_size, new_size);
             }
             if rec.backing.is_some() {
-                return Err(Error::unsupported(format!(
-                    "{name} reads through a copy-on-write volume: it cannot be resized"
-                )));
+                return Err(Unsupported::ResizeThroughCow(name.to_owned()).into());
             }
             (id, rec.size_bytes)
         };
@@ -1947,12 +1945,7 @@ impl Pool {
         // What reads through an epoch changes only in its tree: the
         // epoch's content is fixed when it is taken.
         if rec.layout != arbor_format::DataLayout::Row {
-            return Err(Error::unsupported(format!(
-                "{} is a copy-on-write volume: its writes go in place, where nothing \
-                 records when; find what changed between two of its snapshots instead \
-                 (arbor diff)",
-                rec.name
-            )));
+            return Err(Unsupported::ChangesOfCow(rec.name.clone()).into());
         }
         let root = rec.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
@@ -2109,12 +2102,11 @@ impl DiffPlan {
                 roots: (BlockRef::NONE, BlockRef::NONE),
                 epochs: None,
             }),
-            _ => Err(Error::unsupported(format!(
-                "{} and {}: diffs and changed blocks are found between volumes whose data is \
-                 in the pool, and between a copy-on-write volume and what reads through it \
-                 (its snapshots, their clones and the clones' snapshots); not between these",
-                va.name, vb.name
-            ))),
+            _ => Err(Unsupported::DiffPair {
+                a: va.name.clone(),
+                b: vb.name.clone(),
+            }
+            .into()),
         }
     }
 }

@@ -8,7 +8,7 @@
 
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
-use crate::error::{Error, Invalid, Result};
+use crate::error::{Capability, Error, Invalid, Result, Unsupported};
 use crate::mapping::{Layers, Mapped, Mapping, MappingMut};
 use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
@@ -374,19 +374,12 @@ impl Volumes {
         state: arbor_format::ReceiveState,
     ) -> Result<u64> {
         if !self.has_identities() {
-            return Err(Error::unsupported(
-                "this pool's format (version 2 or older) cannot receive streams; \
-                 upgrade it first (arbor pool upgrade)",
-            ));
+            return Err(Unsupported::Format(Capability::Receive).into());
         }
         if let Some(base) = base {
             let rec = self.volume(base)?;
             if rec.backing.is_some() || rec.layout != arbor_format::DataLayout::Row {
-                return Err(Error::unsupported(format!(
-                    "{} reads through a copy-on-write volume: incremental streams onto it \
-                     are not supported yet",
-                    rec.name
-                )));
+                return Err(Unsupported::IncrementalOntoCow(rec.name.clone()).into());
             }
         }
         let name = receiving_name(volume);
@@ -423,10 +416,7 @@ impl Volumes {
             return Err(Invalid::HoldOfVolume(rec.name.clone()).into());
         }
         if !self.has_identities() {
-            return Err(Error::unsupported(
-                "this pool's format (version 2 or older) cannot hold snapshots; upgrade it \
-                 first (arbor pool upgrade)",
-            ));
+            return Err(Unsupported::Format(Capability::Holds).into());
         }
         let name = format!("{}{tag}", hold_prefix(id));
         if self.table.id_of(&name).is_some() {

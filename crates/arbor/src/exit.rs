@@ -273,7 +273,11 @@ mod tests {
             ),
             (E::read_only("x"), ErrorCode::ReadOnly, Exit::Conflict),
             (E::conflict("x"), ErrorCode::Conflict, Exit::Conflict),
-            (E::unsupported("x"), ErrorCode::Unsupported, Exit::Conflict),
+            (
+                E::from(arbor_engine::Unsupported::ChangesOfCow("x".into())),
+                ErrorCode::Unsupported,
+                Exit::Conflict,
+            ),
             (E::origin("x"), ErrorCode::OriginUnavailable, Exit::Failure),
             (no_space, ErrorCode::NoSpace, Exit::NoSpace),
             (

@@ -1165,16 +1165,11 @@ impl Pool {
         new_size: u64,
     ) -> Result<()> {
         if new_size < old_size {
-            return Err(Error::unsupported(match home {
-                Home::Pool { .. } => format!(
-                    "{name} is a copy-on-write volume: it cannot shrink (its snapshots may read \
-                     its home past the new end)"
-                ),
-                Home::External(_) => format!(
-                    "{name} is an origin: it cannot shrink (its snapshots may read its device \
-                     past the new end); detach it and shrink the file or device with its own tools"
-                ),
-            }));
+            return Err(match home {
+                Home::Pool { .. } => Unsupported::CowShrink(name.to_owned()),
+                Home::External(_) => Unsupported::OriginShrink(name.to_owned()),
+            }
+            .into());
         }
         if new_size == old_size {
             return Ok(());

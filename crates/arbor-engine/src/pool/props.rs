@@ -14,7 +14,7 @@ use arbor_format::{decode_property, encode_property};
 
 use super::write::Unit;
 use super::{Pool, VolumeId};
-use crate::error::{Error, Invalid, Result};
+use crate::error::{Capability, Error, Invalid, Result, Unsupported};
 use crate::meta::Privilege;
 use crate::names::is_name_char;
 use crate::volumes::Volumes;
@@ -45,10 +45,7 @@ fn owner_id(owner: Option<VolumeId>) -> u64 {
 impl Pool {
     fn check_properties_supported(&self) -> Result<()> {
         if !self.format_version().has_properties() {
-            return Err(Error::unsupported(
-                "this pool's format (version 3 or older) cannot keep properties such as \
-                 policies; upgrade it first (arbor pool upgrade)",
-            ));
+            return Err(Unsupported::Format(Capability::Properties).into());
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use arbor_format::{
 use std::collections::HashMap;
 
 use super::Volumes;
-use crate::error::{Error, Invalid, Result};
+use crate::error::{Capability, Error, Invalid, Result, Unsupported};
 use crate::snapstore::{SnapStore, SnapStoreMut, StoreEntry};
 
 /// A copy planned for one chunk of a copy-on-write volume: its content
@@ -62,10 +62,7 @@ pub(crate) fn is_visible(rec: &VolumeRecord) -> bool {
 impl Volumes {
     fn check_cow_supported(&self) -> Result<()> {
         if !self.meta.geo().version().has_cow_volumes() || !self.has_identities() {
-            return Err(Error::unsupported(
-                "this pool's format (version 4 or older) has no copy-on-write volumes; \
-                 upgrade it first (arbor pool upgrade)",
-            ));
+            return Err(Unsupported::Format(Capability::CowVolumes).into());
         }
         Ok(())
     }
@@ -449,10 +446,11 @@ impl Volumes {
             )));
         }
         if cow.epoch >= MAX_EPOCH {
-            return Err(Error::unsupported(format!(
-                "{} has taken {MAX_EPOCH} snapshots, the most one copy-on-write volume can",
-                rec.name
-            )));
+            return Err(Unsupported::TooManyEpochs {
+                name: rec.name.clone(),
+                max: MAX_EPOCH,
+            }
+            .into());
         }
         let size = rec.size_bytes;
         let epoch = cow.epoch + 1;
