@@ -449,11 +449,9 @@ impl PoolControl {
             .into_iter()
             .find(|o| o.name == volume && !o.attached)
         {
-            return Err(arbor_engine::Error::origin(format!(
-                "{}: its device is not attached, so it cannot be rolled back now; attach it \
-                 first (arbor origin attach {} PATH)",
-                o.name, o.name
-            ))
+            return Err(arbor_engine::Error::from(
+                arbor_engine::OriginUnavailable::NotAttachedForRollback { name: o.name },
+            )
             .into());
         }
         self.pool.rollback(volume, snapshot)?;

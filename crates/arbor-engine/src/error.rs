@@ -85,7 +85,7 @@ pub enum Refusal {
     /// The external device of a copy-on-write volume is not attached,
     /// vanished, shrank or failed: the request fails, the pool goes on.
     #[error("copy-on-write volume {0}")]
-    Origin(String),
+    Origin(OriginUnavailable),
 }
 
 /// What was invalid about an argument, with the numbers.
@@ -203,6 +203,50 @@ pub enum Invalid {
     },
 }
 
+/// Why the external device of a copy-on-write volume cannot serve a
+/// request (each message follows "copy-on-write volume ").
+#[derive(Debug, thiserror::Error)]
+pub enum OriginUnavailable {
+    #[error("{name}: its device is not attached (arbor origin attach {name} PATH)")]
+    NotAttached { name: String },
+    #[error("{name}: its device is not attached, so it cannot be rolled back now; attach it first (arbor origin attach {name} PATH)")]
+    NotAttachedForRollback { name: String },
+    #[error("{name}: its device shrank from {was} to {now} bytes while attached, so it serves no I/O: what it held from byte {now} on is lost (arbor origin list shows it; arbor origin attach {name} PATH --accept-damage serves it again)")]
+    Shrunk { name: String, was: u64, now: u64 },
+    #[error("{name}: its device shrank from {was} to {now} bytes ({error})")]
+    ShrankDuringIo {
+        name: String,
+        was: u64,
+        now: u64,
+        error: io::Error,
+    },
+    #[error("{name}: its device is unusable: {why} ({error})")]
+    Unusable {
+        name: String,
+        why: io::Error,
+        error: io::Error,
+    },
+    #[error("{name}: device I/O failed: {error}")]
+    DeviceIo { name: String, error: io::Error },
+    #[error("{name}: its device could not be enlarged: {error}")]
+    NotEnlarged { name: String, error: io::Error },
+    #[error("the device of a copy-on-write volume failed to flush: {0}")]
+    FlushFailed(io::Error),
+    /// A rollback that a power cut interrupted must finish first.
+    #[error("{name}: a rollback was interrupted; run it again (arbor rollback)")]
+    RollbackInterrupted { name: String },
+    /// As [`OriginUnavailable::RollbackInterrupted`], refusing a move of
+    /// the home.
+    #[error("{name}: a rollback was interrupted; run it again (arbor rollback) first")]
+    RollbackInterruptedFirst { name: String },
+    #[error("{name}: the snapshot lost what it read from byte {from} on when the device shrank; a rollback to it would put zeros there as if they were its data")]
+    RollbackToLost { name: String, from: u64 },
+    #[error("{name}: a snapshot taken before its device shrank read bytes from {from} on through the device, and they are lost: they read as an error, never as zeros (arbor check lists what each snapshot lost)")]
+    ReadOfLost { name: String, from: u64 },
+    #[error("{name}: this write would overwrite bytes past {from} that snapshots taken before its device shrank read, and lost: destroy those snapshots (arbor check lists them) to write there")]
+    WriteOverLost { name: String, from: u64 },
+}
+
 /// What the pool's format or a volume's layout cannot do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unsupported {
@@ -275,6 +319,12 @@ impl From<io::Error> for Error {
     }
 }
 
+impl From<OriginUnavailable> for Error {
+    fn from(why: OriginUnavailable) -> Self {
+        Error::Refused(Refusal::Origin(why))
+    }
+}
+
 impl From<Unsupported> for Error {
     fn from(why: Unsupported) -> Self {
         Error::Refused(Refusal::Unsupported(why))
@@ -323,10 +373,6 @@ impl Error {
 
     pub fn conflict(why: impl Into<String>) -> Self {
         Refusal::Conflict(why.into()).into()
-    }
-
-    pub fn origin(why: impl Into<String>) -> Self {
-        Refusal::Origin(why.into()).into()
     }
 
     /// The class of this error.
@@ -392,7 +438,10 @@ mod tests {
             (Error::read_only("v@s"), Class::Refused),
             (Error::conflict("x"), Class::Refused),
             (Unsupported::CowShrink("v".into()).into(), Class::Refused),
-            (Error::origin("x"), Class::Refused),
+            (
+                OriginUnavailable::NotAttached { name: "v".into() }.into(),
+                Class::Refused,
+            ),
             (Resource::DataSpace.into(), Class::Exhausted),
             (Resource::Metadata.into(), Class::Exhausted),
             (Resource::Journal.into(), Class::Exhausted),
@@ -433,7 +482,10 @@ mod tests {
             ),
             (Error::read_only("v@s"), "v@s is a read-only snapshot"),
             (Error::conflict("as is"), "as is"),
-            (Error::origin("v: gone"), "copy-on-write volume v: gone"),
+            (
+                OriginUnavailable::NotAttached { name: "v".into() }.into(),
+                "copy-on-write volume v: its device is not attached (arbor origin attach v PATH)",
+            ),
             (Resource::DataSpace.into(), "pool data space is full"),
             (Resource::Metadata.into(), "pool metadata space is full"),
             (
@@ -696,6 +748,129 @@ mod tests {
         for (why, old) in cases {
             assert_eq!(why.to_string(), old);
             assert_eq!(Error::from(why).to_string(), old);
+        }
+    }
+
+    /// Each origin failure prints the text its site printed.
+    #[test]
+    fn origin_failures_print_as_before() {
+        let name = "db";
+        let e = || io::Error::other("EIO");
+        let cases: Vec<(OriginUnavailable, String)> = vec![
+            (
+                OriginUnavailable::NotAttached { name: name.into() },
+                format!("{name}: its device is not attached (arbor origin attach {name} PATH)"),
+            ),
+            (
+                OriginUnavailable::NotAttachedForRollback { name: name.into() },
+                format!(
+                    "{}: its device is not attached, so it cannot be rolled back now; attach it \
+                     first (arbor origin attach {} PATH)",
+                    name, name
+                ),
+            ),
+            (
+                OriginUnavailable::Shrunk {
+                    name: name.into(),
+                    was: 9,
+                    now: 5,
+                },
+                format!(
+                    "{name}: its device shrank from {} to {now} bytes while attached, so it serves \
+                     no I/O: what it held from byte {now} on is lost (arbor origin list shows it; \
+                     arbor origin attach {name} PATH --accept-damage serves it again)",
+                    9,
+                    now = 5
+                ),
+            ),
+            (
+                OriginUnavailable::ShrankDuringIo {
+                    name: name.into(),
+                    was: 9,
+                    now: 5,
+                    error: e(),
+                },
+                format!("{name}: its device shrank from 9 to 5 bytes (EIO)"),
+            ),
+            (
+                OriginUnavailable::Unusable {
+                    name: name.into(),
+                    why: io::Error::other("gone"),
+                    error: e(),
+                },
+                format!("{name}: its device is unusable: gone (EIO)"),
+            ),
+            (
+                OriginUnavailable::DeviceIo {
+                    name: name.into(),
+                    error: e(),
+                },
+                format!("{name}: device I/O failed: EIO"),
+            ),
+            (
+                OriginUnavailable::NotEnlarged {
+                    name: name.into(),
+                    error: e(),
+                },
+                format!("{name}: its device could not be enlarged: EIO"),
+            ),
+            (
+                OriginUnavailable::FlushFailed(e()),
+                "the device of a copy-on-write volume failed to flush: EIO".into(),
+            ),
+            (
+                OriginUnavailable::RollbackInterrupted { name: name.into() },
+                format!(
+                    "{}: a rollback was interrupted; run it again (arbor rollback)",
+                    name
+                ),
+            ),
+            (
+                OriginUnavailable::RollbackInterruptedFirst { name: name.into() },
+                format!("{name}: a rollback was interrupted; run it again (arbor rollback) first"),
+            ),
+            (
+                OriginUnavailable::RollbackToLost {
+                    name: name.into(),
+                    from: 7,
+                },
+                format!(
+                    "{name}: the snapshot lost what it read from byte {} on when the device \
+                     shrank; a rollback to it would put zeros there as if they were its data",
+                    7
+                ),
+            ),
+            (
+                OriginUnavailable::ReadOfLost {
+                    name: name.into(),
+                    from: 7,
+                },
+                format!(
+                    "{name}: a snapshot taken before its device shrank read bytes from {} \
+                     on through the device, and they are lost: they read as an error, \
+                     never as zeros (arbor check lists what each snapshot lost)",
+                    7
+                ),
+            ),
+            (
+                OriginUnavailable::WriteOverLost {
+                    name: name.into(),
+                    from: 7,
+                },
+                format!(
+                    "{name}: this write would overwrite bytes past {} that snapshots taken \
+                     before its device shrank read, and lost: destroy those snapshots \
+                     (arbor check lists them) to write there",
+                    7
+                ),
+            ),
+        ];
+        for (why, old) in cases {
+            assert_eq!(why.to_string(), old);
+            assert_eq!(
+                Error::from(why).to_string(),
+                format!("copy-on-write volume {old}")
+            );
         }
     }
 }

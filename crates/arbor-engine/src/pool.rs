@@ -55,7 +55,9 @@ use rand::RngCore;
 use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
-use crate::error::{Error, Fault, Invalid, Refusal, Resource, Result, Unsupported};
+use crate::error::{
+    Error, Fault, Invalid, OriginUnavailable, Refusal, Resource, Result, Unsupported,
+};
 use crate::mapping::Mapping;
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{

@@ -278,7 +278,11 @@ mod tests {
                 ErrorCode::Unsupported,
                 Exit::Conflict,
             ),
-            (E::origin("x"), ErrorCode::OriginUnavailable, Exit::Failure),
+            (
+                E::from(arbor_engine::OriginUnavailable::NotAttached { name: "x".into() }),
+                ErrorCode::OriginUnavailable,
+                Exit::Failure,
+            ),
             (no_space, ErrorCode::NoSpace, Exit::NoSpace),
             (
                 E::Exhausted(Resource::Metadata),

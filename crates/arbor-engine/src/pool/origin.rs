@@ -315,12 +315,12 @@ impl OriginDevice {
 
     /// The error of every request to a device that shrank to `now`.
     pub(super) fn shrunk_error(&self, name: &str, now: u64) -> Error {
-        Error::origin(format!(
-            "{name}: its device shrank from {} to {now} bytes while attached, so it serves \
-             no I/O: what it held from byte {now} on is lost (arbor origin list shows it; \
-             arbor origin attach {name} PATH --accept-damage serves it again)",
-            self.dev.size()
-        ))
+        OriginUnavailable::Shrunk {
+            name: name.to_owned(),
+            was: self.dev.size(),
+            now,
+        }
+        .into()
     }
 
     /// Tracks the chunks written from now on (see [`Written`]) until the
@@ -368,19 +368,32 @@ pub struct OriginInfo {
 
 /// The error of an origin `name` whose device could not be enlarged.
 fn not_enlarged(name: &str, e: std::io::Error) -> Error {
-    Error::origin(format!("{name}: its device could not be enlarged: {e}"))
+    OriginUnavailable::NotEnlarged {
+        name: name.to_owned(),
+        error: e,
+    }
+    .into()
 }
 
 /// The device error of copy-on-write volume `name`, with what the device
 /// looks like now when that explains it.
 fn device_error(name: &str, dev: &dyn BlockDevice, size: u64, e: std::io::Error) -> Error {
+    let name = name.to_owned();
     match dev.refresh_size() {
-        Ok(now) if now < size => Error::origin(format!(
-            "{name}: its device shrank from {size} to {now} bytes ({e})"
-        )),
-        Err(why) => Error::origin(format!("{name}: its device is unusable: {why} ({e})")),
-        Ok(_) => Error::origin(format!("{name}: device I/O failed: {e}")),
+        Ok(now) if now < size => OriginUnavailable::ShrankDuringIo {
+            name,
+            was: size,
+            now,
+            error: e,
+        },
+        Err(why) => OriginUnavailable::Unusable {
+            name,
+            why,
+            error: e,
+        },
+        Ok(_) => OriginUnavailable::DeviceIo { name, error: e },
     }
+    .into()
 }
 
 /// A copy-on-write volume and its device, as one request uses them.
@@ -748,9 +761,10 @@ impl Pool {
                 return Err(Invalid::NotAnOrigin(name.to_owned()).into());
             }
             if cow.rollback != 0 {
-                return Err(Error::origin(format!(
-                    "{name}: a rollback was interrupted; run it again (arbor rollback) first"
-                )));
+                return Err(OriginUnavailable::RollbackInterruptedFirst {
+                    name: name.to_owned(),
+                }
+                .into());
             }
             rec.size_bytes
         };
@@ -1102,9 +1116,10 @@ impl Pool {
 
     fn origin_device(&self, id: u64, name: &str) -> Result<Arc<OriginDevice>> {
         self.origins.get(id).ok_or_else(|| {
-            Error::origin(format!(
-                "{name}: its device is not attached (arbor origin attach {name} PATH)"
-            ))
+            OriginUnavailable::NotAttached {
+                name: name.to_owned(),
+            }
+            .into()
         })
     }
 
@@ -1132,10 +1147,10 @@ impl Pool {
                 let meta = self.read_meta()?;
                 let (cow, rec) = meta.cow_state(id)?;
                 if cow.rollback != 0 {
-                    return Err(Error::origin(format!(
-                        "{}: a rollback was interrupted; run it again (arbor rollback)",
-                        rec.name
-                    )));
+                    return Err(OriginUnavailable::RollbackInterrupted {
+                        name: rec.name.clone(),
+                    }
+                    .into());
                 }
                 rec.size_bytes
             };
@@ -1410,9 +1425,7 @@ impl Pool {
         if d.written.swap(false, Ordering::AcqRel) {
             if let Err(e) = d.dev.flush() {
                 d.written.store(true, Ordering::Release);
-                return Err(Error::origin(format!(
-                    "the device of a copy-on-write volume failed to flush: {e}"
-                )));
+                return Err(OriginUnavailable::FlushFailed(e).into());
             }
             // A flush is acknowledged only if what it made durable is there.
             if let Some(now) = d.check_size() {
@@ -1446,11 +1459,11 @@ impl Pool {
         let name = self.read_meta()?.cow_state(id)?.1.name.clone();
         self.origin_device(id, &name)?;
         if let Some(loss) = self.origins.loss(id).filter(|l| epoch <= l.epoch) {
-            return Err(Error::origin(format!(
-                "{name}: the snapshot lost what it read from byte {} on when the device \
-                 shrank; a rollback to it would put zeros there as if they were its data",
-                loss.from
-            )));
+            return Err(OriginUnavailable::RollbackToLost {
+                name,
+                from: loss.from,
+            }
+            .into());
         }
         self.manage(Privilege::Normal, |m| {
             let (cow, rec) = m.cow_state(id)?;

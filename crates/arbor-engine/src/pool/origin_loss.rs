@@ -29,7 +29,7 @@ use tracing::warn;
 
 use super::{Piece, Pool, Source, VolumeId};
 use crate::check::LostData;
-use crate::error::{Error, Refusal, Result};
+use crate::error::{Error, OriginUnavailable, Refusal, Result};
 
 fn now_unix() -> u64 {
     SystemTime::now()
@@ -157,12 +157,11 @@ impl Pool {
         for piece in pieces {
             if let Source::Origin(at) = piece.source {
                 if loss.covers(backing.epoch, at, piece.len) {
-                    return Err(Error::origin(format!(
-                        "{name}: a snapshot taken before its device shrank read bytes from {} \
-                         on through the device, and they are lost: they read as an error, \
-                         never as zeros (arbor check lists what each snapshot lost)",
-                        loss.from
-                    )));
+                    return Err(OriginUnavailable::ReadOfLost {
+                        name: name.to_owned(),
+                        from: loss.from,
+                    }
+                    .into());
                 }
             }
         }
@@ -184,12 +183,11 @@ impl Pool {
         for chunk in chunks.start.max(first_lost)..chunks.end {
             if let Some((first, last)) = meta.copy_needed(id, chunk)? {
                 if meta.table().live_between(id, first, last.min(loss.epoch)) {
-                    return Err(Error::origin(format!(
-                        "{name}: this write would overwrite bytes past {} that snapshots taken \
-                         before its device shrank read, and lost: destroy those snapshots \
-                         (arbor check lists them) to write there",
-                        loss.from
-                    )));
+                    return Err(OriginUnavailable::WriteOverLost {
+                        name: name.to_owned(),
+                        from: loss.from,
+                    }
+                    .into());
                 }
             }
         }
