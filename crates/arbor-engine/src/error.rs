@@ -6,7 +6,7 @@
 
 use std::io;
 
-use arbor_format::{FormatError, FormatVersion};
+use arbor_format::{DeviceIdentity, FormatError, FormatVersion};
 
 /// An engine error: which class it is decides what happens next.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum Refusal {
     /// stream in progress, a volume written since a stream's base); the
     /// message says what to do.
     #[error("{0}")]
-    Conflict(String),
+    Conflict(Conflict),
     /// The pool's format version, or the volume's layout, cannot do this;
     /// the message names the upgrade if there is one.
     #[error("{0}")]
@@ -203,6 +203,74 @@ pub enum Invalid {
     },
 }
 
+/// What in the pool's state an operation conflicts with; each message says
+/// what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Conflict {
+    /// A reason of a crate built on the engine (the daemon's attach and
+    /// policy rules), in its words; the engine itself never makes one.
+    #[error("{0}")]
+    Request(String),
+
+    // Holds, properties, receives.
+    #[error("{name} is held ({}); release the hold{} (arbor release) or destroy it with --force", .holds.join(", "), plural(.holds.len() == 1))]
+    Held { name: String, holds: Vec<String> },
+    #[error("property {0} was set again meanwhile")]
+    PropertySetAgain(String),
+    #[error("a receive of another stream into {volume} is in progress (snapshot {snapshot}); resume it, or abort it with `arbor receive --abort {volume}`")]
+    ReceiveInProgress { volume: String, snapshot: String },
+    #[error("this pool already has the stream's snapshot, as {name} (identity {identity})")]
+    HaveSnapshot { name: String, identity: String },
+    /// A receive discarded an earlier one (`note`), then failed.
+    #[error("{note}; then: {error}")]
+    AfterDiscard { note: String, error: Box<Error> },
+    #[error("the stream's base snapshot (identity {0}) was deleted during the receive")]
+    BaseDeleted(String),
+    #[error("{volume} was written since {base}; receive with --force to discard those changes")]
+    WrittenSinceBase { volume: String, base: String },
+
+    // Copy-on-write volumes and origins.
+    #[error("{name} has {readers} snapshot{} and clone{} reading through {epochs} of its epochs; destroy them first", plural(*.readers == 1), plural(*.readers == 1))]
+    ReadThrough {
+        name: String,
+        readers: u64,
+        epochs: usize,
+    },
+    #[error("{0} changed meanwhile (resized, rolled back, or not an origin)")]
+    HomeChanged(String),
+    #[error("{0} is being rolled back; try again when it is done")]
+    RollingBack(String),
+    #[error("a rollback of {0} to another snapshot was interrupted; run that one again first")]
+    OtherRollback(String),
+    #[error("{name} was attached from another device (device {:#x}, inode {}); this one is device {:#x}, inode {}", .recorded.dev, .recorded.ino, .identity.dev, .identity.ino)]
+    OtherDevice {
+        name: String,
+        recorded: DeviceIdentity,
+        identity: DeviceIdentity,
+    },
+    #[error("{name}'s device was {was} bytes and is {now} now: what it held from byte {now} on is lost, and recorded so (its snapshots will fail reads of it); to serve {name} again, enlarge the device to {was} bytes and attach it with --accept-damage")]
+    DeviceSmaller { name: String, was: u64, now: u64 },
+    #[error("{name}'s device shrank to {to} bytes while attached (or while the daemon was stopped): what it held from there on is lost, and a device grown back reads zeros there, not {name}'s data; its snapshots taken before fail reads of that range (arbor check lists them). To serve {name} again as its device is now, attach it with --accept-damage")]
+    ShrankWhileAttached { name: String, to: u64 },
+    #[error("{0} is attached: its device is known")]
+    Attached(String),
+    #[error("{0} was resized or detached meanwhile")]
+    ResizedOrDetached(String),
+    #[error("{0} changed meanwhile")]
+    Changed(String),
+    #[error("the volume changed meanwhile; try again")]
+    VolumeChanged,
+}
+
+/// The plural ending, unless there is `one`.
+fn plural(one: bool) -> &'static str {
+    if one {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// Why the external device of a copy-on-write volume cannot serve a
 /// request (each message follows "copy-on-write volume ").
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +387,12 @@ impl From<io::Error> for Error {
     }
 }
 
+impl From<Conflict> for Error {
+    fn from(why: Conflict) -> Self {
+        Error::Refused(Refusal::Conflict(why))
+    }
+}
+
 impl From<OriginUnavailable> for Error {
     fn from(why: OriginUnavailable) -> Self {
         Error::Refused(Refusal::Origin(why))
@@ -371,8 +445,9 @@ impl Error {
         Refusal::ReadOnly(name.into()).into()
     }
 
+    /// A caller's own conflict ([`Conflict::Request`]).
     pub fn conflict(why: impl Into<String>) -> Self {
-        Refusal::Conflict(why.into()).into()
+        Conflict::Request(why.into()).into()
     }
 
     /// The class of this error.
@@ -460,7 +535,8 @@ mod tests {
     /// the docs, the e2e tests and scripts match them.
     #[test]
     fn messages_are_unchanged() {
-        let cases: Vec<(Error, &str)> = vec![
+        let cases: Vec<(Error, &str)> =
+            vec![
             (io::Error::other("disk").into(), "I/O error: disk"),
             (
                 Error::corrupt("superblock", FormatError::BadMagic),
@@ -482,6 +558,7 @@ mod tests {
             ),
             (Error::read_only("v@s"), "v@s is a read-only snapshot"),
             (Error::conflict("as is"), "as is"),
+            (Conflict::VolumeChanged.into(), "the volume changed meanwhile; try again"),
             (
                 OriginUnavailable::NotAttached { name: "v".into() }.into(),
                 "copy-on-write volume v: its device is not attached (arbor origin attach v PATH)",
@@ -871,6 +948,183 @@ mod tests {
                 Error::from(why).to_string(),
                 format!("copy-on-write volume {old}")
             );
+        }
+    }
+
+    /// Each conflict prints the text its site printed.
+    #[test]
+    fn conflicts_print_as_before() {
+        let (name, volume) = ("db", "vm");
+        let holds = |tags: &[&str]| tags.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        let (readers, epochs) = (1u64, 2usize);
+        let recorded = DeviceIdentity {
+            dev: 0x801,
+            ino: 12,
+        };
+        let identity = DeviceIdentity {
+            dev: 0x802,
+            ino: 13,
+        };
+        let cases: Vec<(Conflict, String)> = vec![
+            (
+                Conflict::Held {
+                    name: name.into(),
+                    holds: holds(&["backup", "repl:site-b"]),
+                },
+                format!(
+                    "{} is held ({}); release the hold{} (arbor release) or destroy it with --force",
+                    name, "backup, repl:site-b", "s"
+                ),
+            ),
+            (
+                Conflict::Held {
+                    name: name.into(),
+                    holds: holds(&["backup"]),
+                },
+                format!(
+                    "{} is held ({}); release the hold{} (arbor release) or destroy it with --force",
+                    name, "backup", ""
+                ),
+            ),
+            (
+                Conflict::PropertySetAgain("k".into()),
+                "property k was set again meanwhile".into(),
+            ),
+            (
+                Conflict::ReceiveInProgress {
+                    volume: volume.into(),
+                    snapshot: "ab".into(),
+                },
+                format!(
+                    "a receive of another stream into {} is in progress (snapshot {}); \
+                     resume it, or abort it with `arbor receive --abort {}`",
+                    volume, "ab", volume
+                ),
+            ),
+            (
+                Conflict::HaveSnapshot {
+                    name: name.into(),
+                    identity: "ab".into(),
+                },
+                format!("this pool already has the stream's snapshot, as {name} (identity ab)"),
+            ),
+            (
+                Conflict::AfterDiscard {
+                    note: "note".into(),
+                    error: Box::new(Error::not_found("v")),
+                },
+                "note; then: no such volume or snapshot: v".into(),
+            ),
+            (
+                Conflict::BaseDeleted("ab".into()),
+                "the stream's base snapshot (identity ab) was deleted during the receive".into(),
+            ),
+            (
+                Conflict::WrittenSinceBase {
+                    volume: volume.into(),
+                    base: "vm@s".into(),
+                },
+                format!(
+                    "{volume} was written since {}; receive with --force to discard \
+                     those changes",
+                    "vm@s"
+                ),
+            ),
+            (
+                Conflict::ReadThrough {
+                    name: name.into(),
+                    readers,
+                    epochs,
+                },
+                format!(
+                    "{} has {readers} snapshot{} and clone{} reading through {epochs} of its epochs; \
+                     destroy them first",
+                    name,
+                    if readers == 1 { "" } else { "s" },
+                    if readers == 1 { "" } else { "s" },
+                ),
+            ),
+            (
+                Conflict::ReadThrough {
+                    name: name.into(),
+                    readers: 3,
+                    epochs,
+                },
+                format!("{name} has 3 snapshots and clones reading through {epochs} of its epochs; destroy them first"),
+            ),
+            (
+                Conflict::HomeChanged(name.into()),
+                format!("{} changed meanwhile (resized, rolled back, or not an origin)", name),
+            ),
+            (
+                Conflict::RollingBack(name.into()),
+                format!("{} is being rolled back; try again when it is done", name),
+            ),
+            (
+                Conflict::OtherRollback(name.into()),
+                format!(
+                    "a rollback of {} to another snapshot was interrupted; run that one again first",
+                    name
+                ),
+            ),
+            (
+                Conflict::OtherDevice {
+                    name: name.into(),
+                    recorded,
+                    identity,
+                },
+                format!(
+                    "{name} was attached from another device (device {:#x}, inode {}); \
+                     this one is device {:#x}, inode {}",
+                    recorded.dev, recorded.ino, identity.dev, identity.ino
+                ),
+            ),
+            (
+                Conflict::DeviceSmaller {
+                    name: name.into(),
+                    was: 9,
+                    now: 5,
+                },
+                format!(
+                    "{name}'s device was {} bytes and is {size} now: what it held from \
+                     byte {size} on is lost, and recorded so (its snapshots will fail \
+                     reads of it); to serve {name} again, enlarge the device to {} bytes \
+                     and attach it with --accept-damage",
+                    9,
+                    9,
+                    size = 5
+                ),
+            ),
+            (
+                Conflict::ShrankWhileAttached {
+                    name: name.into(),
+                    to: 5,
+                },
+                format!(
+                    "{name}'s device shrank to {} bytes while attached (or while the daemon was \
+                     stopped): what it held from there on is lost, and a device grown back \
+                     reads zeros there, not {name}'s data; its snapshots taken before fail \
+                     reads of that range (arbor check lists them). To serve {name} again as \
+                     its device is now, attach it with --accept-damage",
+                    5
+                ),
+            ),
+            (
+                Conflict::Attached(name.into()),
+                format!("{name} is attached: its device is known"),
+            ),
+            (
+                Conflict::ResizedOrDetached(name.into()),
+                format!("{name} was resized or detached meanwhile"),
+            ),
+            (
+                Conflict::Changed(name.into()),
+                format!("{name} changed meanwhile"),
+            ),
+        ];
+        for (why, old) in cases {
+            assert_eq!(why.to_string(), old);
+            assert_eq!(Error::from(why).to_string(), old);
         }
     }
 }

@@ -56,7 +56,7 @@ use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
 use crate::error::{
-    Error, Fault, Invalid, OriginUnavailable, Refusal, Resource, Result, Unsupported,
+    Conflict, Error, Fault, Invalid, OriginUnavailable, Refusal, Resource, Result, Unsupported,
 };
 use crate::mapping::Mapping;
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};

@@ -8,7 +8,7 @@
 
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
-use crate::error::{Capability, Error, Invalid, Result, Unsupported};
+use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::mapping::{Layers, Mapped, Mapping, MappingMut};
 use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
@@ -484,9 +484,7 @@ impl Volumes {
     /// (whose old record goes to reclaim), in the step's commit.
     pub fn install_property(&mut self, owner: u64, key: &str, staged: u64) -> Result<()> {
         if self.property_id(owner, key, true) != Some(staged) {
-            return Err(Error::conflict(format!(
-                "property {key} was set again meanwhile"
-            )));
+            return Err(Conflict::PropertySetAgain(key.to_owned()).into());
         }
         if let Some(old) = self.property_id(owner, key, false) {
             self.delete_volume(old)?;
@@ -503,12 +501,11 @@ impl Volumes {
         let holds = self.holds(id);
         if !holds.is_empty() {
             if !force {
-                return Err(Error::conflict(format!(
-                    "{} is held ({}); release the hold{} (arbor release) or destroy it with --force",
-                    self.volume(id)?.name,
-                    holds.join(", "),
-                    if holds.len() == 1 { "" } else { "s" }
-                )));
+                return Err(Conflict::Held {
+                    name: self.volume(id)?.name.clone(),
+                    holds,
+                }
+                .into());
             }
             for tag in holds {
                 self.release_hold(id, &tag)?;

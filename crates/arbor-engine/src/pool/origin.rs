@@ -506,11 +506,12 @@ impl Pool {
                     return Err(Error::already_exists(name.to_owned()));
                 };
                 if recorded != identity {
-                    return Err(Error::conflict(format!(
-                        "{name} was attached from another device (device {:#x}, inode {}); \
-                         this one is device {:#x}, inode {}",
-                        recorded.dev, recorded.ino, identity.dev, identity.ino
-                    )));
+                    return Err(Conflict::OtherDevice {
+                        name: name.to_owned(),
+                        recorded,
+                        identity,
+                    }
+                    .into());
                 }
                 // Larger is the same disk grown (by a resize a power cut
                 // interrupted, or from outside): the volume keeps its
@@ -525,13 +526,12 @@ impl Pool {
                     if identity.ino != 0 {
                         self.note_loss(id, size)?;
                     }
-                    return Err(Error::conflict(format!(
-                        "{name}'s device was {} bytes and is {size} now: what it held from \
-                         byte {size} on is lost, and recorded so (its snapshots will fail \
-                         reads of it); to serve {name} again, enlarge the device to {} bytes \
-                         and attach it with --accept-damage",
-                        rec.size_bytes, rec.size_bytes
-                    )));
+                    return Err(Conflict::DeviceSmaller {
+                        name: name.to_owned(),
+                        was: rec.size_bytes,
+                        now: size,
+                    }
+                    .into());
                 }
                 if self.origins.get(id).is_some() {
                     // Attached already: only an interrupted rollback to finish.
@@ -855,9 +855,7 @@ impl Pool {
                     .is_none_or(|now| !Arc::ptr_eq(&now, &d))
                     || self.read_meta()?.volume(id)?.size_bytes != size
                 {
-                    return Err(Error::conflict(format!(
-                        "{name} was resized or detached meanwhile"
-                    )));
+                    return Err(Conflict::ResizedOrDetached(name.to_owned()).into());
                 }
                 left.extend(tracking.take());
                 drop(tracking);
@@ -1057,9 +1055,7 @@ impl Pool {
     pub fn reidentify_origin(&self, name: &str, identity: DeviceIdentity) -> Result<()> {
         let id = self.lookup(name)?.0;
         if self.origins.get(id).is_some() {
-            return Err(Error::conflict(format!(
-                "{name} is attached: its device is known"
-            )));
+            return Err(Conflict::Attached(name.to_owned()).into());
         }
         self.manage(Privilege::Normal, |m| m.set_external_identity(id, identity))
     }
@@ -1106,7 +1102,7 @@ impl Pool {
         self.manage(Privilege::Reserve, |m| {
             m.cow_state(id)?;
             if m.volume_id(name)? != id {
-                return Err(Error::conflict(format!("{name} changed meanwhile")));
+                return Err(Conflict::Changed(name.to_owned()).into());
             }
             m.delete_checked(id, false)
         })?;
@@ -1471,10 +1467,7 @@ impl Pool {
                 0 => m.set_cow_rollback(id, epoch),
                 // An interrupted rollback to the same snapshot: go on.
                 same if same == epoch => Ok(()),
-                _ => Err(Error::conflict(format!(
-                    "a rollback of {} to another snapshot was interrupted; run that one again first",
-                    rec.name
-                ))),
+                _ => Err(Conflict::OtherRollback(rec.name.clone()).into()),
             }
         })?;
         self.finish_rollback(id)
@@ -1557,7 +1550,7 @@ impl Pool {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             if meta.volume(id.0)?.backing != Some(backing) {
-                return Err(Error::conflict("the volume changed meanwhile; try again"));
+                return Err(Conflict::VolumeChanged.into());
             }
             let pieces = Self::resolve(&meta, id, offset, len)?;
             Self::resolve_view(&meta, backing, offset, pieces)?

@@ -29,7 +29,7 @@ use tracing::warn;
 
 use super::{Piece, Pool, Source, VolumeId};
 use crate::check::LostData;
-use crate::error::{Error, OriginUnavailable, Refusal, Result};
+use crate::error::{Conflict, Error, OriginUnavailable, Refusal, Result};
 
 fn now_unix() -> u64 {
     SystemTime::now()
@@ -126,14 +126,11 @@ impl Pool {
         };
         if loss.accepted_unix == 0 {
             if !accept {
-                return Err(Error::conflict(format!(
-                    "{name}'s device shrank to {} bytes while attached (or while the daemon was \
-                     stopped): what it held from there on is lost, and a device grown back \
-                     reads zeros there, not {name}'s data; its snapshots taken before fail \
-                     reads of that range (arbor check lists them). To serve {name} again as \
-                     its device is now, attach it with --accept-damage",
-                    loss.from
-                )));
+                return Err(Conflict::ShrankWhileAttached {
+                    name: name.to_owned(),
+                    to: loss.from,
+                }
+                .into());
             }
             loss.accepted_unix = now_unix();
             self.set_property(Some(VolumeId(id)), ORIGIN_LOSS_KEY, &loss.encode())?;

@@ -16,7 +16,7 @@ use arbor_format::{Guid, ReceiveState, VolumeKind};
 
 use super::write::Unit;
 use super::{check_size, Pool, VolumeId};
-use crate::error::{Error, Invalid, Result};
+use crate::error::{Conflict, Error, Invalid, Result};
 use crate::meta::Privilege;
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::volumes::{receiving_name, Volumes};
@@ -151,20 +151,18 @@ impl Pool {
                     let resize = status.size != t.size && status.offset == 0;
                     return Ok(resize.then_some(VolumeId(id)));
                 }
-                return Err(Error::conflict(format!(
-                    "a receive of another stream into {} is in progress (snapshot {}); \
-                     resume it, or abort it with `arbor receive --abort {}`",
-                    t.volume,
-                    hex(&status.target),
-                    t.volume
-                )));
+                return Err(Conflict::ReceiveInProgress {
+                    volume: t.volume.clone(),
+                    snapshot: hex(&status.target),
+                }
+                .into());
             }
             if let Some(existing) = m.guid_id(&t.target) {
-                return Err(Error::conflict(format!(
-                    "this pool already has the stream's snapshot, as {} (identity {})",
-                    m.volume(existing)?.name,
-                    hex(&t.target)
-                )));
+                return Err(Conflict::HaveSnapshot {
+                    name: m.volume(existing)?.name.clone(),
+                    identity: hex(&t.target),
+                }
+                .into());
             }
             let state = ReceiveState {
                 target: t.target,
@@ -214,7 +212,13 @@ impl Pool {
             (Ok(fresh), _) => fresh,
             (Err(e), None) => return Err(e),
             // Say what was discarded, whatever else went wrong.
-            (Err(e), Some(note)) => return Err(Error::conflict(format!("{note}; then: {e}"))),
+            (Err(e), Some(note)) => {
+                return Err(Conflict::AfterDiscard {
+                    note: note.clone(),
+                    error: Box::new(e),
+                }
+                .into())
+            }
         };
         // An incremental receive starts at its base's size: bytes of the
         // base's last chunk past that size must read as zeros (as a grow
@@ -314,18 +318,15 @@ impl Pool {
                 .into());
             }
             if let (Some(base), Ok(vol)) = (nonzero(rec.receive.base), m.volume_id(volume)) {
-                let base_id = m.guid_id(&base).ok_or_else(|| {
-                    Error::conflict(format!(
-                        "the stream's base snapshot (identity {}) was deleted during the receive",
-                        hex(&base)
-                    ))
-                })?;
+                let base_id = m
+                    .guid_id(&base)
+                    .ok_or_else(|| Error::from(Conflict::BaseDeleted(hex(&base))))?;
                 if m.volume(vol)?.root != m.volume(base_id)?.root && !force {
-                    return Err(Error::conflict(format!(
-                        "{volume} was written since {}; receive with --force to discard \
-                         those changes",
-                        m.volume(base_id)?.name
-                    )));
+                    return Err(Conflict::WrittenSinceBase {
+                        volume: volume.to_owned(),
+                        base: m.volume(base_id)?.name.clone(),
+                    }
+                    .into());
                 }
             }
             m.finish_receiving(id.0, volume, snapshot, created_unix_secs)

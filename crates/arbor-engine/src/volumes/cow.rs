@@ -11,7 +11,7 @@ use arbor_format::{
 use std::collections::HashMap;
 
 use super::Volumes;
-use crate::error::{Capability, Error, Invalid, Result, Unsupported};
+use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::snapstore::{SnapStore, SnapStoreMut, StoreEntry};
 
 /// A copy planned for one chunk of a copy-on-write volume: its content
@@ -295,10 +295,7 @@ impl Volumes {
         let cs = self.meta.geo().chunk_size;
         let (cow, rec) = self.cow_state(id)?;
         if !matches!(cow.home, Home::External(_)) || cow.rollback != 0 || rec.size_bytes != size {
-            return Err(Error::conflict(format!(
-                "{} changed meanwhile (resized, rolled back, or not an origin)",
-                rec.name
-            )));
+            return Err(Conflict::HomeChanged(rec.name.clone()).into());
         }
         let (start, chunks) = self.home_growth_run(&to)?;
         if chunks != size.div_ceil(cs) {
@@ -440,10 +437,7 @@ impl Volumes {
     pub(super) fn snapshot_cow(&mut self, source: u64, name: String) -> Result<u64> {
         let (cow, rec) = self.cow_state(source)?;
         if cow.rollback != 0 {
-            return Err(Error::conflict(format!(
-                "{} is being rolled back; try again when it is done",
-                rec.name
-            )));
+            return Err(Conflict::RollingBack(rec.name.clone()).into());
         }
         if cow.epoch >= MAX_EPOCH {
             return Err(Unsupported::TooManyEpochs {
@@ -618,13 +612,12 @@ impl Volumes {
     pub fn check_no_readers(&self, id: u64) -> Result<()> {
         let (epochs, readers) = self.table.readers_of(id);
         if readers > 0 {
-            return Err(Error::conflict(format!(
-                "{} has {readers} snapshot{} and clone{} reading through {epochs} of its epochs; \
-                 destroy them first",
-                self.volume(id)?.name,
-                if readers == 1 { "" } else { "s" },
-                if readers == 1 { "" } else { "s" },
-            )));
+            return Err(Conflict::ReadThrough {
+                name: self.volume(id)?.name.clone(),
+                readers,
+                epochs,
+            }
+            .into());
         }
         Ok(())
     }
