@@ -125,6 +125,16 @@ fn is_resource(e: &Error) -> bool {
     )
 }
 
+/// What the tally calls a resource error: the names it had before errors
+/// were classes (`NoSpace`, `MetadataFull`), which the reports quote.
+fn resource_name(e: &Error) -> &'static str {
+    match e {
+        Error::Exhausted(Resource::DataSpace) => "NoSpace",
+        Error::Exhausted(Resource::Metadata) => "MetadataFull",
+        _ => "other",
+    }
+}
+
 /// Errors a random operation may legitimately get besides running out.
 fn is_refusal(e: &Error) -> bool {
     matches!(
@@ -497,7 +507,8 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 }
                 if is_resource(&e) {
                     out.resource_failures += 1;
-                    *out.ran_out.entry(format!("{op}: {e:?}")).or_default() += 1;
+                    let key = format!("{op}: {}", resource_name(&e));
+                    *out.ran_out.entry(key).or_default() += 1;
                 }
                 compare(&pool, &model, &format!("{when}: after failed {what} ({e})"))?;
             }
