@@ -24,7 +24,9 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arbor_engine::{CreateOptions, Durability, Error, GrowOptions, Pool, VolumeId};
+use arbor_engine::{
+    CreateOptions, Durability, Error, GrowOptions, Pool, Refusal, Resource, VolumeId,
+};
 use arbor_io::model::pattern;
 use arbor_io::{BlockDevice, SimDisk};
 use rand::rngs::StdRng;
@@ -117,18 +119,31 @@ type Model = BTreeMap<String, Vol>;
 const FREE_SPACE: [&str; 4] = ["delete", "rollback", "reclaim", "flush"];
 
 fn is_resource(e: &Error) -> bool {
-    matches!(e, Error::NoSpace | Error::MetadataFull)
+    matches!(
+        e,
+        Error::Exhausted(Resource::DataSpace) | Error::Exhausted(Resource::Metadata)
+    )
+}
+
+/// What the tally calls a resource error: the names it had before errors
+/// were classes (`NoSpace`, `MetadataFull`), which the reports quote.
+fn resource_name(e: &Error) -> &'static str {
+    match e {
+        Error::Exhausted(Resource::DataSpace) => "NoSpace",
+        Error::Exhausted(Resource::Metadata) => "MetadataFull",
+        _ => "other",
+    }
 }
 
 /// Errors a random operation may legitimately get besides running out.
 fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
-        Error::NotFound(_)
-            | Error::AlreadyExists(_)
-            | Error::InvalidArgument(_)
-            | Error::InvalidName { .. }
-            | Error::ReadOnly(_)
+        Error::Refused(Refusal::NotFound(_))
+            | Error::Refused(Refusal::AlreadyExists(_))
+            | Error::Refused(Refusal::Invalid(_))
+            | Error::Refused(Refusal::InvalidName { .. })
+            | Error::Refused(Refusal::ReadOnly(_))
     )
 }
 
@@ -485,14 +500,15 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
             Ok(()) => {}
             Err(e) if is_resource(&e) || is_refusal(&e) => {
                 let op = what.split(' ').next().unwrap_or_default();
-                if matches!(e, Error::MetadataFull) && FREE_SPACE.contains(&op) {
+                if matches!(e, Error::Exhausted(Resource::Metadata)) && FREE_SPACE.contains(&op) {
                     return Err(format!(
                         "{when}: {what} ran out of metadata (it frees space, so it may use the reserve)"
                     ));
                 }
                 if is_resource(&e) {
                     out.resource_failures += 1;
-                    *out.ran_out.entry(format!("{op}: {e:?}")).or_default() += 1;
+                    let key = format!("{op}: {}", resource_name(&e));
+                    *out.ran_out.entry(key).or_default() += 1;
                 }
                 compare(&pool, &model, &format!("{when}: after failed {what} ({e})"))?;
             }
@@ -534,7 +550,7 @@ fn resize_race(
                 let off = size - rng.gen_range(1..=3 * CHUNK / SECTOR) * SECTOR;
                 let len = rng.gen_range(1..=(size - off) / SECTOR) * SECTOR;
                 match pool.write(id, off, &pattern(rng.gen(), off, len as usize)) {
-                    Ok(()) | Err(Error::InvalidArgument(_)) => {}
+                    Ok(()) | Err(Error::Refused(Refusal::Invalid(_))) => {}
                     Err(e) if is_resource(&e) => {}
                     Err(e) => return Err(format!("racer: {e}")),
                 }
@@ -620,7 +636,7 @@ fn brim(
             match pool.write(id, off, &bytes) {
                 // Writes need more metadata than a snapshot: go on with
                 // snapshots alone until one runs out too.
-                Err(Error::MetadataFull) => {
+                Err(Error::Exhausted(Resource::Metadata)) => {
                     writes = false;
                     break;
                 }

@@ -265,7 +265,8 @@ fn verify(dev: Arc<OverlayDevice>, exercise: bool, scanned: &mut u64) -> Result<
             for k in 0..8u64 {
                 let at = (k * 131 + i * 17) % (VOL_BYTES / 512 - 1) * 512;
                 match pool.write(id, at, &pattern(k + 1, at, 512)) {
-                    Ok(()) | Err(arbor_engine::Error::NoSpace) => {}
+                    Ok(())
+                    | Err(arbor_engine::Error::Exhausted(arbor_engine::Resource::DataSpace)) => {}
                     Err(e) => return Err(format!("write: {e}")),
                 }
             }

@@ -31,7 +31,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arbor_engine::{CreateOptions, DeviceIdentity, Error, Pool, VolumeId};
+use arbor_engine::{CreateOptions, DeviceIdentity, Error, Pool, Refusal, Resource, VolumeId};
 use arbor_io::model::{pattern, Possible};
 use arbor_io::{BlockDevice, SimDisk, SimDiskHandle};
 use rand::rngs::StdRng;
@@ -158,7 +158,7 @@ fn read_whole(pool: &Pool, id: VolumeId) -> Result<Vec<u8>, Error> {
     let size = usize::try_from(pool.info(id)?.size)
         .ok()
         .filter(|&size| size <= MAX_SIZE)
-        .ok_or_else(|| Error::InvalidArgument("a volume past the campaign's sizes".into()))?;
+        .ok_or_else(|| Error::invalid_request("a volume past the campaign's sizes"))?;
     let mut buf = vec![0u8; size];
     pool.read(id, 0, &mut buf)?;
     Ok(buf)
@@ -174,7 +174,10 @@ fn read_id(pool: &Pool, id: VolumeId, name: &str) -> Result<Vec<u8>, String> {
 }
 
 fn is_full(e: &Error) -> bool {
-    matches!(e, Error::NoSpace | Error::MetadataFull)
+    matches!(
+        e,
+        Error::Exhausted(Resource::DataSpace) | Error::Exhausted(Resource::Metadata)
+    )
 }
 
 impl Model {
@@ -232,7 +235,7 @@ impl Model {
                             ));
                         }
                         match e {
-                            Error::NoSpace => out.ran_out_data += 1,
+                            Error::Exhausted(Resource::DataSpace) => out.ran_out_data += 1,
                             _ => out.ran_out_metadata += 1,
                         }
                         return self.make_room(pool).map(|()| Ok(()));
@@ -410,7 +413,7 @@ impl Model {
                     ));
                 }
                 match e {
-                    Error::NoSpace => out.ran_out_data += 1,
+                    Error::Exhausted(Resource::DataSpace) => out.ran_out_data += 1,
                     _ => out.ran_out_metadata += 1,
                 }
                 self.make_room(pool).map(|()| Ok(()))
@@ -517,7 +520,7 @@ impl Model {
                 self.origin = Possible::new(data);
             }
             (Ok(now), _) => self.origin.check(&now).map_err(|e| format!("disk: {e}"))?,
-            (Err(Error::Origin(_)), Some((snap, data))) => {
+            (Err(Error::Refused(Refusal::Origin(_))), Some((snap, data))) => {
                 // A rollback the full pool kept from finishing on attach:
                 // with room, run again, it completes.
                 let others: Vec<String> = self
@@ -582,7 +585,7 @@ fn ballast(pool: &Pool) -> Result<(), String> {
     loop {
         match pool.write(id, chunk * 2 * 4096, &[7u8; 512]) {
             Ok(()) => chunk += 1,
-            Err(Error::MetadataFull) => break,
+            Err(Error::Exhausted(Resource::Metadata)) => break,
             Err(other) => return Err(e(other)),
         }
     }

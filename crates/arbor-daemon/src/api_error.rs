@@ -37,22 +37,28 @@ pub fn code_of(err: &DaemonError) -> ErrorCode {
 
 /// The code of an engine error: the one place that classifies them.
 pub fn code_of_engine(err: &arbor_engine::Error) -> ErrorCode {
-    use arbor_engine::Error as E;
+    use arbor_engine::{Error, Fault, Refusal, Resource};
     match err {
-        E::NotFound(_) => ErrorCode::NotFound,
-        E::AlreadyExists(_) => ErrorCode::AlreadyExists,
-        E::ReadOnly(_) => ErrorCode::ReadOnly,
-        E::InvalidName { .. } => ErrorCode::InvalidName,
-        E::InvalidArgument(_) => ErrorCode::InvalidArgument,
-        E::NoSpace => ErrorCode::NoSpace,
-        E::MetadataFull => ErrorCode::MetadataFull,
-        E::TransactionFull => ErrorCode::TransactionFull,
-        E::Corrupt { .. } | E::Inconsistent(_) | E::NotAPool => ErrorCode::Corrupt,
-        E::Io(_) => ErrorCode::Io,
-        E::Failed(_) => ErrorCode::PoolFailed,
-        E::Conflict(_) => ErrorCode::Conflict,
-        E::Unsupported(_) => ErrorCode::Unsupported,
-        E::Origin(_) => ErrorCode::OriginUnavailable,
+        Error::Stop(fault) => match fault {
+            Fault::Io(_) => ErrorCode::Io,
+            Fault::Corrupt { .. } | Fault::Inconsistent(_) | Fault::NotAPool => ErrorCode::Corrupt,
+            Fault::Failed(_) => ErrorCode::PoolFailed,
+        },
+        Error::Refused(refusal) => match refusal {
+            Refusal::NotFound(_) => ErrorCode::NotFound,
+            Refusal::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            Refusal::ReadOnly(_) => ErrorCode::ReadOnly,
+            Refusal::InvalidName { .. } => ErrorCode::InvalidName,
+            Refusal::Invalid(_) => ErrorCode::InvalidArgument,
+            Refusal::Conflict(_) => ErrorCode::Conflict,
+            Refusal::Unsupported(_) => ErrorCode::Unsupported,
+            Refusal::Origin(_) => ErrorCode::OriginUnavailable,
+        },
+        Error::Exhausted(resource) => match resource {
+            Resource::DataSpace => ErrorCode::NoSpace,
+            Resource::Metadata => ErrorCode::MetadataFull,
+            Resource::Journal => ErrorCode::TransactionFull,
+        },
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use arbor_engine::{Error, Pool};
+use arbor_engine::{Error, Pool, Refusal};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -38,7 +38,7 @@ async fn pause_unless_stopped(pause: Duration, stop: &CancellationToken) -> bool
 
 /// Commits every `interval`, bounding how much acknowledged-but-unflushed
 /// writing a crash can lose. A failed commit stops the daemon; an origin's
-/// device that fails to flush (`Error::Origin`, after the commit) does
+/// device that fails to flush (`Refusal::Origin`, after the commit) does
 /// not: its volume's I/O reports it, the rest of the pool goes on, and the
 /// flush is tried again each interval (logged once until it succeeds).
 pub async fn commit_periodically(
@@ -50,7 +50,7 @@ pub async fn commit_periodically(
     while pause_unless_stopped(interval, &stop).await {
         match run_blocking(&pool, |p| p.flush()).await? {
             Ok(()) => origin_failing = false,
-            Err(Error::Origin(why)) => {
+            Err(Error::Refused(Refusal::Origin(why))) => {
                 if !origin_failing {
                     warn!(error = %why, "an origin's device did not flush; retrying each interval");
                 }

@@ -158,7 +158,7 @@ impl PoolControl {
     fn name_of(&self, id: VolumeId) -> Result<Option<String>> {
         match self.pool.info(id) {
             Ok(info) => Ok(Some(info.name)),
-            Err(arbor_engine::Error::NotFound(_)) => Ok(None),
+            Err(arbor_engine::Error::Refused(arbor_engine::Refusal::NotFound(_))) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -451,11 +451,9 @@ impl PoolControl {
             .into_iter()
             .find(|o| o.name == volume && !o.attached)
         {
-            return Err(arbor_engine::Error::Origin(format!(
-                "{}: its device is not attached, so it cannot be rolled back now; attach it \
-                 first (arbor origin attach {} PATH)",
-                o.name, o.name
-            ))
+            return Err(arbor_engine::Error::from(
+                arbor_engine::OriginUnavailable::NotAttachedForRollback { name: o.name },
+            )
             .into());
         }
         self.pool.rollback(volume, snapshot)?;

@@ -180,8 +180,8 @@ mod tests {
     /// were: an error's message must not change with its type.
     #[test]
     fn the_chain_is_anyhows() {
-        let engine = arbor_engine::Error::NotFound("v".into());
-        let typed = DaemonError::from(arbor_engine::Error::NotFound("v".into()))
+        let engine = arbor_engine::Error::not_found("v");
+        let typed = DaemonError::from(arbor_engine::Error::not_found("v"))
             .context("inner")
             .context("outer");
         let plain = anyhow::Error::new(engine).context("inner").context("outer");
@@ -201,7 +201,10 @@ mod tests {
 
     #[test]
     fn the_kind_is_the_root_s() {
-        let e = DaemonError::from(arbor_engine::Error::Failed("x".into())).context("tick");
+        let e = DaemonError::from(arbor_engine::Error::Stop(arbor_engine::Fault::Failed(
+            "x".into(),
+        )))
+        .context("tick");
         assert!(e.stops_pool());
         assert!(matches!(e.root(), DaemonError::Engine(_)));
         assert!(!DaemonError::Busy("b".into()).context("c").stops_pool());

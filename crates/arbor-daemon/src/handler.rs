@@ -53,7 +53,9 @@ pub(super) async fn blocking<S: OnPool, T: Send + 'static>(
 /// a name was not found.
 fn explain(pool: &Pool, err: DaemonError) -> ApiError {
     let missing = match err.engine() {
-        Some(arbor_engine::Error::NotFound(name)) => Some(name.clone()),
+        Some(arbor_engine::Error::Refused(arbor_engine::Refusal::NotFound(name))) => {
+            Some(name.clone())
+        }
         _ => None,
     };
     let suggestion = missing.and_then(|name| nearest_name(pool, &name));

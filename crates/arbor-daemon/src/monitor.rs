@@ -85,7 +85,7 @@ pub struct Monitor {
 }
 
 fn invalid(message: String) -> DaemonError {
-    EngineError::InvalidArgument(message).into()
+    EngineError::invalid_request(message).into()
 }
 
 /// What one policy's turn of a tick did.
@@ -100,11 +100,9 @@ struct Turn {
 /// A due snapshot the plan could not name, as the engine's refusal.
 fn refused_snapshot(refusal: SnapshotRefusal) -> EngineError {
     match refusal {
-        SnapshotRefusal::NoVolume => {
-            EngineError::NotFound("none of the policy's volumes exists".to_owned())
-        }
+        SnapshotRefusal::NoVolume => EngineError::not_found("none of the policy's volumes exists"),
         SnapshotRefusal::NamesTaken(name) => {
-            EngineError::Conflict(format!("every name for a snapshot at {name} is taken"))
+            EngineError::conflict(format!("every name for a snapshot at {name} is taken"))
         }
     }
 }
@@ -334,7 +332,7 @@ impl Monitor {
             Some(volume) => {
                 let id = self.pool.lookup(volume)?;
                 let stored = policy_of(&loaded.policies, id).ok_or_else(|| {
-                    EngineError::NotFound(format!("a policy for {volume} (arbor policy set)"))
+                    EngineError::not_found(format!("a policy for {volume} (arbor policy set)"))
                 })?;
                 vec![stored]
             }
@@ -401,7 +399,7 @@ impl Monitor {
             // Its policy snapshots must fit: a name an older version allowed may not.
             arbor_engine::check_volume_name(name)?;
             if self.replication.is_replica(name) {
-                return Err(EngineError::ReadOnly(format!(
+                return Err(EngineError::read_only(format!(
                     "{name} (a replica: its snapshots come from its source)"
                 ))
                 .into());
@@ -418,7 +416,7 @@ impl Monitor {
         {
             if let Some(other) = policy_of(&loaded.policies, VolumeId(id)) {
                 if Some(&other.key) != own.as_ref() {
-                    return Err(EngineError::Conflict(format!(
+                    return Err(EngineError::conflict(format!(
                         "{name} already has a policy ({}); clear it first (arbor policy clear {name})",
                         other.key
                     ))

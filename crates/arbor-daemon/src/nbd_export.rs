@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use arbor_engine::{Error, MapRun, Pool, VolumeId, VolumeInfo, VolumeLayout};
+use arbor_engine::{Error, MapRun, Pool, Refusal, Resource, VolumeId, VolumeInfo, VolumeLayout};
 use arbor_nbd::{Export, ExportError, ExportListing, ExportProvider, StatusRun};
 use tracing::warn;
 
@@ -150,7 +150,9 @@ impl ExportProvider for PoolExports {
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, ExportError> {
         let id = self.pool.lookup(name).map_err(|e| match e {
             // Includes the empty "default export" name: there is none.
-            Error::NotFound(_) | Error::InvalidName { .. } => ExportError::NotFound,
+            Error::Refused(Refusal::NotFound(_)) | Error::Refused(Refusal::InvalidName { .. }) => {
+                ExportError::NotFound
+            }
             other => export_error(other),
         })?;
         let info = self.pool.info(id).map_err(export_error)?;
@@ -217,7 +219,7 @@ impl VolumeExport {
     /// What the client gets for a failed request, logging why when an
     /// origin's device is the cause.
     fn fail(&self, e: Error) -> ExportError {
-        if let Error::Origin(why) = &e {
+        if let Error::Refused(Refusal::Origin(why)) = &e {
             if !self.origin_logged.swap(true, Ordering::Relaxed) {
                 warn!(
                     volume = %self.volume,
@@ -233,11 +235,11 @@ impl VolumeExport {
 /// What an NBD client can make of an engine error.
 fn export_error(e: Error) -> ExportError {
     match e {
-        Error::ReadOnly(_) => ExportError::ReadOnly,
-        Error::NoSpace | Error::MetadataFull => ExportError::NoSpace,
-        Error::InvalidArgument(why) => ExportError::Invalid(why),
+        Error::Refused(Refusal::ReadOnly(_)) => ExportError::ReadOnly,
+        Error::Exhausted(Resource::DataSpace | Resource::Metadata) => ExportError::NoSpace,
+        Error::Refused(Refusal::Invalid(why)) => ExportError::Invalid(why.to_string()),
         // Lookups by id fail only once the volume has been deleted.
-        Error::NotFound(_) => ExportError::Gone,
+        Error::Refused(Refusal::NotFound(_)) => ExportError::Gone,
         other => ExportError::Io(other.to_string()),
     }
 }

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::UNIX_EPOCH;
 
 use crate::error::{Context, Result};
-use arbor_engine::{DeviceIdentity, Error, OriginInfo, Pool, VolumeId, VolumeLayout};
+use arbor_engine::{
+    DeviceIdentity, Error, OriginInfo, Pool, Refusal, Resource, VolumeId, VolumeLayout,
+};
 use arbor_io::FileDevice;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -399,7 +401,7 @@ impl Origins {
                 .get(&o.id)
                 .map(|h| format!(" from {}", h.path))
                 .unwrap_or_default();
-            return Err(Error::Conflict(format!(
+            return Err(Error::conflict(format!(
                 "{name} is attached already{from}; to use another device, destroy its \
                  snapshots and detach it first"
             ))
@@ -478,7 +480,7 @@ impl Origins {
         for other in known.iter().filter(|o| o.name != name) {
             let how = devices::overlap(identity, &mine, other.identity, &below(other.identity));
             if identity == other.identity {
-                return Err(Error::Conflict(format!(
+                return Err(Error::conflict(format!(
                     "{path} is the device of origin {} already",
                     other.name
                 ))
@@ -490,7 +492,7 @@ impl Origins {
                     None => self.recorded(other.id).ok().flatten().map(|r| r.path),
                 };
                 let from = from.map(|p| format!(" ({p})")).unwrap_or_default();
-                return Err(Error::Conflict(format!(
+                return Err(Error::conflict(format!(
                     "{path} is the storage of origin {}{from} already: {how}; an origin \
                      attached twice would change its snapshots under them",
                     other.name
@@ -517,7 +519,7 @@ impl Origins {
         let recorded = self.recorded(o.id)?;
         let why = recorded.and_then(|r| r.marks.differ(&opened.marks).map(str::to_owned));
         match why {
-            Some(why) if o.identity == opened.identity => Err(Error::Conflict(format!(
+            Some(why) if o.identity == opened.identity => Err(Error::conflict(format!(
                 "{path} is not the device {} was attached from: {why}",
                 o.name
             ))
@@ -536,7 +538,7 @@ impl Origins {
         let id = self.origin_id(name)?;
         let readers = self.readers_of(id)?;
         if !readers.is_empty() {
-            return Err(Error::Conflict(format!(
+            return Err(Error::conflict(format!(
                 "{name} has snapshots or clones that read through it ({}): destroy them \
                  first (arbor destroy NAME), then detach it; or keep them with arbor origin \
                  detach {name} --copy-to-pool, which copies {name}'s data ({}) into the \
@@ -564,7 +566,7 @@ impl Origins {
         let id = self.origin_id(name)?;
         let size = self.pool.info(id)?.size;
         self.pool.copy_origin_to_pool(name).map_err(|e| match e {
-            Error::NoSpace => DaemonError::from(e).context(format!(
+            Error::Exhausted(Resource::DataSpace) => DaemonError::from(e).context(format!(
                 "the pool has no free run of {} (in one region) for {name}'s data: grow the \
                  pool or free space, then run it again",
                 ByteSize(size)
@@ -610,7 +612,7 @@ impl Origins {
         let all = self.pool.list()?;
         match self.pool.origins()?.into_iter().find(|o| o.id == id) {
             Some(o) => self.origin_view(o, &all),
-            None => Err(Error::NotFound(name.to_owned()).into()),
+            None => Err(Error::not_found(name.to_owned()).into()),
         }
     }
 
@@ -727,7 +729,7 @@ impl Origins {
 /// The engine's refusal of an attach, with what to do about it.
 fn explain_attach(e: Error, name: &str, path: &str) -> DaemonError {
     match e {
-        Error::Conflict(why) => Error::Conflict(format!(
+        Error::Refused(Refusal::Conflict(why)) => Error::conflict(format!(
             "{why}; {path} cannot be {name}'s device: attach the one it was attached from, \
              as it was (arbor origin attach {name} PATH), or destroy {name}'s snapshots and \
              detach it"

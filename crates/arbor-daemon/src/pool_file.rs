@@ -208,7 +208,7 @@ pub fn repair(path: &Path, options: &OpenOptions) -> Result<Vec<String>> {
 /// unwrapped, so callers map them to statuses as any other.
 pub fn grow(pool: &Pool, path: &Path, options: &GrowOptions) -> Result<GrowView> {
     if let Some(reason) = growth_refusal(pool, path, options)? {
-        return Err(arbor_engine::Error::InvalidArgument(reason).into());
+        return Err(arbor_engine::Error::invalid_request(reason).into());
     }
     Ok(crate::views::grow_view(pool.grow(options)?))
 }

@@ -39,7 +39,10 @@ mod walk;
 
 pub use arbor_format::{DeviceIdentity, Guid};
 pub use check::{CheckReport, LostData};
-pub use error::{Error, Result};
+pub use error::{
+    Capability, Class, Conflict, Error, Fault, Invalid, OriginUnavailable, Refusal, Resource,
+    Result, Unsupported,
+};
 pub use names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, is_name_char,
     split_snapshot_name, MAX_GENERATED_SNAPSHOT_LEN, MAX_HOLD_TAG_LEN, MAX_VOLUME_NAME_LEN,

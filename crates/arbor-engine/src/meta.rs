@@ -30,7 +30,7 @@ use arbor_format::{
 use tracing::warn;
 use zerocopy::little_endian::U64;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Resource, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
 use crate::store::{CachedNode, Geometry, PreservedPages, Store};
 use crate::undo::{Mark, UndoLog};
@@ -519,7 +519,7 @@ impl Meta {
     /// (nodes, space maps, the reclaim queue) is undone, so the transaction
     /// is exactly as before the step. A step that leaves more changed
     /// space-map pages than one commit can journal is undone too, with
-    /// [`Error::TransactionFull`]: the caller commits and runs it again in
+    /// [`Resource::Journal`]: the caller commits and runs it again in
     /// an empty transaction. The step allocates metadata with `privilege`;
     /// the previous privilege is back when it ends.
     pub fn begin_step(&mut self, privilege: Privilege) -> Step {
@@ -535,7 +535,7 @@ impl Meta {
         let Step(sp) = step;
         let result = match result {
             Ok(_) if self.journal_pages_needed() > self.store.geo.journal_pages => {
-                Err(Error::TransactionFull)
+                Err(Error::Exhausted(Resource::Journal))
             }
             other => other,
         };
@@ -719,7 +719,7 @@ impl Meta {
         let entry = self
             .meta_sm
             .alloc(&self.store, reserve)?
-            .ok_or(Error::MetadataFull)?;
+            .ok_or(Error::Exhausted(Resource::Metadata))?;
         let block =
             self.store.geo.meta_block(entry).ok_or_else(|| {
                 Error::inconsistent(format!("metadata entry {entry} has no block"))
@@ -754,7 +754,9 @@ impl Meta {
     }
 
     pub fn alloc_data(&mut self) -> Result<u64> {
-        self.data_sm.alloc(&self.store, 0)?.ok_or(Error::NoSpace)
+        self.data_sm
+            .alloc(&self.store, 0)?
+            .ok_or(Error::Exhausted(Resource::DataSpace))
     }
 
     /// Finds `len` free data chunks contiguous on the device (in one region)
@@ -772,7 +774,7 @@ impl Meta {
         let start = self
             .data_sm
             .find_free_run(&store, len, &limit)?
-            .ok_or(Error::NoSpace)?;
+            .ok_or(Error::Exhausted(Resource::DataSpace))?;
         self.data_sm.reserve(start..start + len);
         Ok(start..start + len)
     }
@@ -792,11 +794,11 @@ impl Meta {
     /// otherwise).
     pub fn reserve_data_after(&mut self, run: std::ops::Range<u64>) -> Result<()> {
         let Some(before) = run.start.checked_sub(1) else {
-            return Err(Error::NoSpace);
+            return Err(Error::Exhausted(Resource::DataSpace));
         };
         let in_region = self.store.geo.chunk_run(before).1 > run.end - before - 1;
         if !in_region || !self.data_sm.run_is_free(&self.store, run.clone())? {
-            return Err(Error::NoSpace);
+            return Err(Error::Exhausted(Resource::DataSpace));
         }
         self.data_sm.reserve(run);
         Ok(())

@@ -12,7 +12,7 @@
 
 use arbor_format::MAX_NAME_LEN;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 
 /// The longest snapshot part (after `@`) arbor generates itself, in bytes:
 /// a policy snapshot `{prefix}-YYYY-MM-DDTHH:MM:SSZ.NNN` (a prefix of at
@@ -38,10 +38,11 @@ pub const MAX_HOLD_TAG_LEN: usize = MAX_NAME_LEN - HOLD_RECORD_PREFIX_LEN;
 const _: () = assert!("%recv".len() <= 1 + MAX_GENERATED_SNAPSHOT_LEN);
 
 fn invalid(name: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidName {
+    Refusal::InvalidName {
         name: name.to_owned(),
         reason: reason.into(),
     }
+    .into()
 }
 
 fn check_component(full: &str, part: &str) -> Result<()> {

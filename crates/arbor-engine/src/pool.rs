@@ -72,7 +72,9 @@ use rand::RngCore;
 use tracing::warn;
 use zerocopy::little_endian::{U32, U64};
 
-use crate::error::{Error, Result};
+use crate::error::{
+    Conflict, Error, Fault, Invalid, OriginUnavailable, Refusal, Resource, Result, Unsupported,
+};
 use crate::mapping::Mapping;
 use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
 use crate::names::{
@@ -467,9 +469,7 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     let chunk = opts.chunk_size;
     if !chunk.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk) {
-        return Err(Error::InvalidArgument(format!(
-            "chunk size {chunk} is not a power of two between 4 KiB and 1 MiB"
-        )));
+        return Err(Invalid::ChunkSize(chunk).into());
     }
     let chunk64 = u64::from(chunk);
     let chunk_guess = device_bytes / chunk64;
@@ -487,16 +487,17 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
             .max(2048),
     };
     if meta_blocks < 256 {
-        return Err(Error::InvalidArgument(
-            "metadata space must be at least 1 MiB".into(),
-        ));
+        return Err(Invalid::MetadataTooSmall.into());
     }
     let per_page = SM_ENTRIES_PER_PAGE as u64;
     let journal_pages32 = opts.journal_pages.unwrap_or(DEFAULT_JOURNAL_PAGES);
     if !(MIN_JOURNAL_PAGES..=MAX_JOURNAL_PAGES).contains(&journal_pages32) {
-        return Err(Error::InvalidArgument(format!(
-            "journal of {journal_pages32} pages: must hold {MIN_JOURNAL_PAGES} to {MAX_JOURNAL_PAGES}"
-        )));
+        return Err(Invalid::JournalPages {
+            pages: journal_pages32,
+            min: MIN_JOURNAL_PAGES,
+            max: MAX_JOURNAL_PAGES,
+        }
+        .into());
     }
     let journal_pages = u64::from(journal_pages32);
     let journal_a = SUPERBLOCK_SLOTS;
@@ -506,13 +507,15 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     let meta_start = data_sm_start + chunk_guess.div_ceil(per_page).max(1);
     let meta_end_bytes = (meta_start + meta_blocks)
         .checked_mul(BLOCK_SIZE_U64)
-        .ok_or_else(|| Error::InvalidArgument("metadata size overflows".into()))?;
+        .ok_or(Invalid::MetadataOverflow)?;
     let data_start = meta_end_bytes.div_ceil(chunk64) * chunk64;
     let data_chunks = device_bytes.saturating_sub(data_start) / chunk64;
     if data_chunks < 16 {
-        return Err(Error::InvalidArgument(format!(
-            "device of {device_bytes} bytes is too small: metadata needs {data_start} bytes and at least 16 data chunks must remain"
-        )));
+        return Err(Invalid::DeviceTooSmall {
+            device_bytes,
+            metadata_bytes: data_start,
+        }
+        .into());
     }
     let mut uuid = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut uuid);
@@ -529,8 +532,7 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     sb.meta_blocks = U64::new(meta_blocks);
     sb.data_start_bytes = U64::new(data_start);
     sb.data_chunks = U64::new(data_chunks);
-    sb.validate(device_bytes)
-        .map_err(|e| Error::InvalidArgument(format!("computed layout is invalid: {e}")))?;
+    sb.validate(device_bytes).map_err(Invalid::Layout)?;
     Ok(sb)
 }
 
@@ -574,7 +576,7 @@ pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Superblock, Form
     }
     match last_error {
         Some(e) if e != arbor_format::FormatError::BadMagic => Err(Error::corrupt("superblock", e)),
-        _ => Err(Error::NotAPool),
+        _ => Err(Error::Stop(Fault::NotAPool)),
     }
 }
 
@@ -599,9 +601,7 @@ impl Pool {
         for area in geo.journal_start {
             store.write_block(area, &[0u8; BLOCK_SIZE])?;
         }
-        let sb_block = sb
-            .encode(version)
-            .map_err(|e| Error::InvalidArgument(format!("format version: {e}")))?;
+        let sb_block = sb.encode(version).map_err(Invalid::FormatVersion)?;
         for slot in 0..SUPERBLOCK_SLOTS {
             store.write_block(slot, &sb_block)?;
         }
@@ -682,14 +682,14 @@ impl Pool {
         self.committer.check_failed()?;
         self.meta
             .read()
-            .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
+            .map_err(|_| Error::failed("a thread panicked while changing metadata"))
     }
 
     fn write_meta(&self) -> Result<RwLockWriteGuard<'_, Volumes>> {
         self.committer.check_failed()?;
         self.meta
             .write()
-            .map_err(|_| Error::Failed("a thread panicked while changing metadata".into()))
+            .map_err(|_| Error::failed("a thread panicked while changing metadata"))
     }
 
     /// Runs a metadata mutation. Errors that mean the in-memory state can no
@@ -736,7 +736,7 @@ impl Pool {
                 };
                 match self.mutate(&mut meta, privilege, step) {
                     // Commit what is there and run the operation alone.
-                    Err(Error::TransactionFull) if !committed => {
+                    Err(Error::Exhausted(Resource::Journal)) if !committed => {
                         committed = true;
                         (None, self.freeze(&mut meta)?)
                     }
@@ -780,7 +780,7 @@ impl Pool {
             Ok(value)
         };
         match self.mutate(&mut meta, privilege, step) {
-            Err(Error::TransactionFull) => Ok(None),
+            Err(Error::Exhausted(Resource::Journal)) => Ok(None),
             other => other,
         }
     }
@@ -947,18 +947,17 @@ impl Pool {
         durability: Durability,
     ) -> Result<Vec<VolumeId>> {
         if names.is_empty() || names.len() > MAX_GROUP_SNAPSHOT {
-            return Err(Error::InvalidArgument(format!(
-                "a group snapshot takes 1 to {MAX_GROUP_SNAPSHOT} snapshots, not {}",
-                names.len()
-            )));
+            return Err(Invalid::GroupSize {
+                max: MAX_GROUP_SNAPSHOT,
+                given: names.len(),
+            }
+            .into());
         }
         let mut volumes = std::collections::HashSet::new();
         for name in names {
             let (volume, _) = split_snapshot_name(name)?;
             if !volumes.insert(volume) {
-                return Err(Error::InvalidArgument(format!(
-                    "{volume} is named twice in one group snapshot"
-                )));
+                return Err(Invalid::NamedTwice(volume.to_string()).into());
             }
         }
         let take = |m: &mut Volumes| {
@@ -1031,9 +1030,7 @@ impl Pool {
             m.ensure_name_free(new_name)?;
             let source = m.volume_id(snapshot)?;
             if m.volume(source)?.kind != VolumeKind::Snapshot {
-                return Err(Error::InvalidArgument(format!(
-                    "{snapshot} is not a snapshot; snapshot it first"
-                )));
+                return Err(Invalid::CloneOfVolume(snapshot.to_owned()).into());
             }
             m.share_volume(source, new_name.to_owned(), VolumeKind::Volume)
                 .map(VolumeId)
@@ -1049,7 +1046,7 @@ impl Pool {
 
     /// Deletes a volume or snapshot at once; its space is reclaimed in the
     /// background. Snapshots and clones of it keep their data.
-    /// A held snapshot is refused ([`Error::Conflict`]): see
+    /// A held snapshot is refused ([`Refusal::Conflict`]): see
     /// [`Pool::delete_forced`].
     pub fn delete(&self, name: &str) -> Result<()> {
         self.delete_forced(name, false)
@@ -1089,9 +1086,11 @@ impl Pool {
     /// held it.
     pub fn hold(&self, name: &str, tag: &str) -> Result<bool> {
         check_hold_tag(tag).map_err(|e| match e {
-            Error::InvalidName { reason, .. } => {
-                Error::InvalidArgument(format!("hold tag {tag:?}: {reason}"))
+            Error::Refused(Refusal::InvalidName { reason, .. }) => Invalid::HoldTag {
+                tag: tag.to_owned(),
+                reason,
             }
+            .into(),
             other => other,
         })?;
         self.manage(Privilege::Normal, |m| {
@@ -1129,9 +1128,11 @@ impl Pool {
                             Some((id, b.epoch))
                         }
                         _ => {
-                            return Err(Error::InvalidArgument(format!(
-                                "{snapshot} is not a snapshot of {volume}"
-                            )))
+                            return Err(Invalid::NotSnapshotOf {
+                                snapshot: snapshot.to_owned(),
+                                volume: volume.to_owned(),
+                            }
+                            .into())
                         }
                     }
                 }
@@ -1150,9 +1151,11 @@ impl Pool {
                 || rec.parent != id
                 || rec.backing != m.volume(id)?.backing
             {
-                return Err(Error::InvalidArgument(format!(
-                    "{snapshot} is not a snapshot of {volume}"
-                )));
+                return Err(Invalid::NotSnapshotOf {
+                    snapshot: snapshot.to_owned(),
+                    volume: volume.to_owned(),
+                }
+                .into());
             }
             m.rollback_volume(id, snap)
         })
@@ -1192,14 +1195,12 @@ impl Pool {
                     let (from_vol, _) = split_snapshot_name(from)?;
                     let (to_vol, _) = split_snapshot_name(to)?;
                     if from_vol != to_vol {
-                        return Err(Error::InvalidArgument(
-                            "a snapshot keeps its volume's name".into(),
-                        ));
+                        return Err(Invalid::SnapshotRename.into());
                     }
                     m.rename_volume(id, to.to_owned())
                 }
                 VolumeKind::Receiving | VolumeKind::Hold | VolumeKind::Property => {
-                    Err(Error::NotFound(from.to_owned()))
+                    Err(Error::not_found(from.to_owned()))
                 }
             }
         })
@@ -1227,9 +1228,7 @@ impl Pool {
                 return self.resize_cow(id, name, home, old_size, new_size);
             }
             if rec.backing.is_some() {
-                return Err(Error::Unsupported(format!(
-                    "{name} reads through a copy-on-write volume: it cannot be resized"
-                )));
+                return Err(Unsupported::ResizeThroughCow(name.to_owned()).into());
             }
             (id, rec.size_bytes)
         };
@@ -1247,9 +1246,7 @@ impl Pool {
         self.manage(privilege, |m| {
             let rec = m.writable_volume(id)?;
             if rec.size_bytes != old_size {
-                return Err(Error::InvalidArgument(format!(
-                    "{name} was resized meanwhile"
-                )));
+                return Err(Invalid::ResizedMeanwhile(name.to_owned()).into());
             }
             m.set_volume_size(id, new_size)?;
             if new_size < old_size {
@@ -1307,7 +1304,7 @@ impl Pool {
     fn check_io(meta: &Volumes, id: VolumeId, offset: u64, len: u64, write: bool) -> Result<()> {
         let rec = meta.visible_volume(id.0)?;
         if write && rec.kind == VolumeKind::Snapshot {
-            return Err(Error::ReadOnly(rec.name.clone()));
+            return Err(Error::read_only(rec.name.clone()));
         }
         Self::check_range(rec, offset, len)
     }
@@ -1320,10 +1317,13 @@ impl Pool {
     fn check_range(rec: &arbor_format::VolumeRecord, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= rec.size_bytes => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} is beyond the end of {} ({} bytes)",
-                rec.name, rec.size_bytes
-            ))),
+            _ => Err(Invalid::RangeBeyondEnd {
+                offset,
+                len,
+                name: rec.name.clone(),
+                size: rec.size_bytes,
+            }
+            .into()),
         }
     }
 
@@ -1590,7 +1590,7 @@ impl Pool {
                 })
             };
             let done = match result {
-                Err(Error::TransactionFull) if !alone => {
+                Err(Error::Exhausted(Resource::Journal)) if !alone => {
                     self.commit_open()?;
                     alone = true;
                     continue;
@@ -1714,7 +1714,7 @@ impl Pool {
         Ok(share_tree(va, vb))
     }
 
-    /// Whether [`Pool::diff`] can compare `a` and `b` (`Error::Unsupported`
+    /// Whether [`Pool::diff`] can compare `a` and `b` (`Refusal::Unsupported`
     /// says why not), without walking anything.
     pub fn check_diff(&self, a: VolumeId, b: VolumeId) -> Result<()> {
         let meta = self.read_meta()?;
@@ -1810,12 +1810,7 @@ impl Pool {
         // What reads through an epoch changes only in its tree: the
         // epoch's content is fixed when it is taken.
         if rec.layout != arbor_format::DataLayout::Row {
-            return Err(Error::Unsupported(format!(
-                "{} is a copy-on-write volume: its writes go in place, where nothing \
-                 records when; find what changed between two of its snapshots instead \
-                 (arbor diff)",
-                rec.name
-            )));
+            return Err(Unsupported::ChangesOfCow(rec.name.clone()).into());
         }
         let root = rec.root;
         let mut ranges = ByteRanges::new(self.chunk_size());
@@ -1972,21 +1967,23 @@ impl DiffPlan {
                 roots: (BlockRef::NONE, BlockRef::NONE),
                 epochs: None,
             }),
-            _ => Err(Error::Unsupported(format!(
-                "{} and {}: diffs and changed blocks are found between volumes whose data is \
-                 in the pool, and between a copy-on-write volume and what reads through it \
-                 (its snapshots, their clones and the clones' snapshots); not between these",
-                va.name, vb.name
-            ))),
+            _ => Err(Unsupported::DiffPair {
+                a: va.name.clone(),
+                b: vb.name.clone(),
+            }
+            .into()),
         }
     }
 }
 
 fn check_size(size: u64) -> Result<()> {
     if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
-        return Err(Error::InvalidArgument(format!(
-            "volume size {size} must be a non-zero multiple of {SECTOR} up to {MAX_VOLUME_SIZE}"
-        )));
+        return Err(Invalid::VolumeSize {
+            size,
+            sector: SECTOR,
+            max: MAX_VOLUME_SIZE,
+        }
+        .into());
     }
     Ok(())
 }
@@ -2130,7 +2127,7 @@ mod tests {
                         .and_then(|()| pool.write(n, fresh, &[1; 4096]))
                     {
                         Ok(()) => {}
-                        Err(Error::MetadataFull) => break 'churn,
+                        Err(Error::Exhausted(Resource::Metadata)) => break 'churn,
                         Err(e) => panic!("{e}"),
                     }
                 }

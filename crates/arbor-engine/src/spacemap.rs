@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use arbor_format::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Invalid, Result};
 use crate::store::Store;
 use crate::undo::{Mark, UndoLog};
 
@@ -93,7 +93,7 @@ impl SpaceMap {
     pub fn new(kind: SmKind, entries: u64, used: u64, cursor: u64) -> Result<Self> {
         let pages = entries.div_ceil(PER_PAGE);
         if pages > u64::from(u32::MAX) {
-            return Err(Error::InvalidArgument("space map too large".into()));
+            return Err(Invalid::SpaceMapTooLarge.into());
         }
         if used > entries {
             return Err(Error::inconsistent(format!(
@@ -137,7 +137,7 @@ impl SpaceMap {
         let pages = usize::try_from(pages)
             .ok()
             .filter(|&p| p as u64 <= u64::from(u32::MAX))
-            .ok_or_else(|| Error::InvalidArgument("space map too large".into()))?;
+            .ok_or(Invalid::SpaceMapTooLarge)?;
         // The old last page may have gained entries.
         if let Some(last) = self.full.last_mut() {
             *last = false;

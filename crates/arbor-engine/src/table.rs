@@ -218,7 +218,7 @@ impl VolumeTable {
     /// through [`Self::rename`], which keeps the name index).
     pub fn update<T>(&mut self, id: u64, f: impl FnOnce(&mut VolumeRecord) -> T) -> Result<T> {
         if !self.vols.contains_key(&id) {
-            return Err(Error::NotFound(format!("volume id {id}")));
+            return Err(Error::not_found(format!("volume id {id}")));
         }
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
         self.mark_dirty(id);
@@ -236,7 +236,7 @@ impl VolumeTable {
 
     pub fn rename(&mut self, id: u64, new_name: String) -> Result<()> {
         let Some(rec) = self.vols.get(&id) else {
-            return Err(Error::NotFound(format!("volume id {id}")));
+            return Err(Error::not_found(format!("volume id {id}")));
         };
         let old_name = rec.name.clone();
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));
@@ -254,7 +254,7 @@ impl VolumeTable {
     /// Removes record `id` and returns it.
     pub fn remove(&mut self, id: u64) -> Result<VolumeRecord> {
         let Some(rec) = self.vols.get(&id) else {
-            return Err(Error::NotFound(format!("volume id {id}")));
+            return Err(Error::not_found(format!("volume id {id}")));
         };
         let name = rec.name.clone();
         self.note(|t| Undo::Record(id, t.vols.get(&id).cloned()));

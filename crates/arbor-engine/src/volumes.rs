@@ -8,7 +8,7 @@
 
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
 
-use crate::error::{Error, Result};
+use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::mapping::{Layers, Mapped, Mapping, MappingMut};
 use crate::meta::btree::{Tree, TreeMut};
 use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
@@ -330,7 +330,7 @@ impl Volumes {
     pub fn volume(&self, id: u64) -> Result<&VolumeRecord> {
         self.table
             .get(id)
-            .ok_or_else(|| Error::NotFound(format!("volume id {id}")))
+            .ok_or_else(|| Error::not_found(format!("volume id {id}")))
     }
 
     /// The id of the volume or snapshot named `name` (receives in progress,
@@ -340,7 +340,7 @@ impl Volumes {
         self.table
             .id_of(name)
             .filter(|&id| self.table.get(id).is_some_and(cow::is_visible))
-            .ok_or_else(|| Error::NotFound(name.to_owned()))
+            .ok_or_else(|| Error::not_found(name.to_owned()))
     }
 
     /// The receive in progress into volume `volume`, if any.
@@ -374,20 +374,12 @@ impl Volumes {
         state: arbor_format::ReceiveState,
     ) -> Result<u64> {
         if !self.has_identities() {
-            return Err(Error::Unsupported(
-                "this pool's format (version 2 or older) cannot receive streams; \
-                 upgrade it first (arbor pool upgrade)"
-                    .into(),
-            ));
+            return Err(Unsupported::Format(Capability::Receive).into());
         }
         if let Some(base) = base {
             let rec = self.volume(base)?;
             if rec.backing.is_some() || rec.layout != arbor_format::DataLayout::Row {
-                return Err(Error::Unsupported(format!(
-                    "{} reads through a copy-on-write volume: incremental streams onto it \
-                     are not supported yet",
-                    rec.name
-                )));
+                return Err(Unsupported::IncrementalOntoCow(rec.name.clone()).into());
             }
         }
         let name = receiving_name(volume);
@@ -421,17 +413,10 @@ impl Volumes {
     pub fn add_hold(&mut self, id: u64, tag: &str) -> Result<bool> {
         let rec = self.visible_volume(id)?;
         if rec.kind != VolumeKind::Snapshot {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not a snapshot: only snapshots are held",
-                rec.name
-            )));
+            return Err(Invalid::HoldOfVolume(rec.name.clone()).into());
         }
         if !self.has_identities() {
-            return Err(Error::Unsupported(
-                "this pool's format (version 2 or older) cannot hold snapshots; upgrade it \
-                 first (arbor pool upgrade)"
-                    .into(),
-            ));
+            return Err(Unsupported::Format(Capability::Holds).into());
         }
         let name = format!("{}{tag}", hold_prefix(id));
         if self.table.id_of(&name).is_some() {
@@ -499,9 +484,7 @@ impl Volumes {
     /// (whose old record goes to reclaim), in the step's commit.
     pub fn install_property(&mut self, owner: u64, key: &str, staged: u64) -> Result<()> {
         if self.property_id(owner, key, true) != Some(staged) {
-            return Err(Error::Conflict(format!(
-                "property {key} was set again meanwhile"
-            )));
+            return Err(Conflict::PropertySetAgain(key.to_owned()).into());
         }
         if let Some(old) = self.property_id(owner, key, false) {
             self.delete_volume(old)?;
@@ -518,12 +501,11 @@ impl Volumes {
         let holds = self.holds(id);
         if !holds.is_empty() {
             if !force {
-                return Err(Error::Conflict(format!(
-                    "{} is held ({}); release the hold{} (arbor release) or destroy it with --force",
-                    self.volume(id)?.name,
-                    holds.join(", "),
-                    if holds.len() == 1 { "" } else { "s" }
-                )));
+                return Err(Conflict::Held {
+                    name: self.volume(id)?.name.clone(),
+                    holds,
+                }
+                .into());
             }
             for tag in holds {
                 self.release_hold(id, &tag)?;
@@ -604,7 +586,7 @@ impl Volumes {
     pub fn writable_volume(&self, id: u64) -> Result<&VolumeRecord> {
         let rec = self.volume(id)?;
         if rec.kind == VolumeKind::Snapshot {
-            return Err(Error::ReadOnly(rec.name.clone()));
+            return Err(Error::read_only(rec.name.clone()));
         }
         Ok(rec)
     }
@@ -614,7 +596,7 @@ impl Volumes {
     pub fn visible_volume(&self, id: u64) -> Result<&VolumeRecord> {
         let rec = self.volume(id)?;
         if !cow::is_visible(rec) {
-            return Err(Error::NotFound(format!("volume id {id}")));
+            return Err(Error::not_found(format!("volume id {id}")));
         }
         Ok(rec)
     }
@@ -635,17 +617,19 @@ impl Volumes {
             rec.size_bytes
         };
         if end.end > limit {
-            return Err(Error::InvalidArgument(format!(
-                "write to byte {} beyond the end of {} ({} bytes; resized meanwhile?)",
-                end.end, rec.name, rec.size_bytes
-            )));
+            return Err(Invalid::WriteBeyondEnd {
+                end: end.end,
+                name: rec.name.clone(),
+                size: rec.size_bytes,
+            }
+            .into());
         }
         Ok(())
     }
 
     pub fn ensure_name_free(&self, name: &str) -> Result<()> {
         if self.table.id_of(name).is_some() {
-            return Err(Error::AlreadyExists(name.to_owned()));
+            return Err(Error::already_exists(name.to_owned()));
         }
         Ok(())
     }
@@ -1014,13 +998,11 @@ impl Volumes {
     pub(crate) fn map_partial(&mut self, id: u64, chunk: u64, mask: u32) -> Result<u64> {
         let root = self.writable_volume(id)?.root;
         let Some((e, _)) = Mapping::new(&self.meta, root).lookup(chunk)? else {
-            return Err(Error::InvalidArgument(format!(
-                "chunk {chunk} is not mapped"
-            )));
+            return Err(Invalid::ChunkNotMapped(chunk).into());
         };
         let base = e.at(chunk);
         if base.partial.is_some() {
-            return Err(Error::InvalidArgument(format!("chunk {chunk} is partial")));
+            return Err(Invalid::ChunkPartial(chunk).into());
         }
         let pchunk = self.meta.alloc_data()?;
         let partial = Mapped {

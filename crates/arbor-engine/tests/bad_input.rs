@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
-use arbor_engine::{Error, OpenOptions, Pool};
+use arbor_engine::{Error, Fault, OpenOptions, Pool, Refusal};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 use rand::rngs::StdRng;
@@ -40,12 +40,18 @@ fn populated_image() -> Vec<u8> {
 fn garbage_and_empty_devices_are_not_pools() {
     assert!(matches!(
         open_image(vec![0; 8 * MIB as usize]),
-        Err(Error::NotAPool)
+        Err(Error::Stop(Fault::NotAPool))
     ));
     let mut rng = StdRng::seed_from_u64(5);
     let garbage: Vec<u8> = (0..8 * MIB).map(|_| rng.gen()).collect();
-    assert!(matches!(open_image(garbage), Err(Error::NotAPool)));
-    assert!(matches!(open_image(vec![0; 100]), Err(Error::NotAPool)));
+    assert!(matches!(
+        open_image(garbage),
+        Err(Error::Stop(Fault::NotAPool))
+    ));
+    assert!(matches!(
+        open_image(vec![0; 100]),
+        Err(Error::Stop(Fault::NotAPool))
+    ));
 }
 
 #[test]
@@ -56,7 +62,10 @@ fn truncated_pool_is_rejected() {
             .err()
             .expect("a truncated pool must not open");
         assert!(
-            matches!(err, Error::Corrupt { .. } | Error::NotAPool),
+            matches!(
+                err,
+                Error::Stop(Fault::Corrupt { .. }) | Error::Stop(Fault::NotAPool)
+            ),
             "{len}: {err}"
         );
     }
@@ -78,7 +87,10 @@ fn one_damaged_superblock_copy_opens_from_the_other() {
     );
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     image[4096 + 100] ^= 0x01;
-    assert!(matches!(open_image(image), Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        open_image(image),
+        Err(Error::Stop(Fault::Corrupt { .. }))
+    ));
 }
 
 #[test]
@@ -185,23 +197,23 @@ fn bad_arguments_are_clear_errors() {
     let v = pool.create_volume("vm1", MIB).unwrap();
     assert!(matches!(
         pool.create_volume("vm1", MIB),
-        Err(Error::AlreadyExists(_))
+        Err(Error::Refused(Refusal::AlreadyExists(_)))
     ));
     assert!(matches!(
         pool.create_volume("bad name", MIB),
-        Err(Error::InvalidName { .. })
+        Err(Error::Refused(Refusal::InvalidName { .. }))
     ));
     assert!(matches!(
         pool.create_volume("x", 1000),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.create_volume("x", 0),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.create_volume("x", u64::MAX - 511),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     // Any byte offset and length inside the volume is I/O, not a bad
     // argument (byte-granular NBD clients); past the end it is.
@@ -212,60 +224,72 @@ fn bad_arguments_are_clear_errors() {
     assert!(around[612..].iter().all(|&b| b == 0));
     assert!(matches!(
         pool.write(v, MIB - 100, &[0; 101]),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.write(v, MIB, &[0; 512]),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.write(v, u64::MAX - 511, &[0; 512]),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     let mut buf = [0u8; 512];
     assert!(matches!(
         pool.read(v, MIB - 256, &mut buf),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.discard(v, 0, MIB + 512),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.snapshot("vm1"),
-        Err(Error::InvalidName { .. })
+        Err(Error::Refused(Refusal::InvalidName { .. }))
     ));
-    assert!(matches!(pool.snapshot("nope@x"), Err(Error::NotFound(_))));
+    assert!(matches!(
+        pool.snapshot("nope@x"),
+        Err(Error::Refused(Refusal::NotFound(_)))
+    ));
     pool.snapshot("vm1@s").unwrap();
     assert!(matches!(
         pool.snapshot("vm1@s"),
-        Err(Error::AlreadyExists(_))
+        Err(Error::Refused(Refusal::AlreadyExists(_)))
     ));
     assert!(matches!(
         pool.snapshot("vm1@s@t"),
-        Err(Error::InvalidName { .. })
+        Err(Error::Refused(Refusal::InvalidName { .. }))
     ));
     assert!(matches!(
         pool.clone_snapshot("vm1", "c"),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.rollback("vm1", "vm1"),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
-    assert!(matches!(pool.resize("vm1@s", MIB), Err(Error::ReadOnly(_))));
+    assert!(matches!(
+        pool.resize("vm1@s", MIB),
+        Err(Error::Refused(Refusal::ReadOnly(_)))
+    ));
     assert!(matches!(
         pool.rename("vm1@s", "other@s"),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
-    assert!(matches!(pool.delete("ghost"), Err(Error::NotFound(_))));
+    assert!(matches!(
+        pool.delete("ghost"),
+        Err(Error::Refused(Refusal::NotFound(_)))
+    ));
     let s = pool.lookup("vm1@s").unwrap();
     assert!(matches!(
         pool.write(s, 0, &[0; 512]),
-        Err(Error::ReadOnly(_))
+        Err(Error::Refused(Refusal::ReadOnly(_)))
     ));
     pool.delete("vm1").unwrap();
-    assert!(matches!(pool.read(v, 0, &mut buf), Err(Error::NotFound(_))));
+    assert!(matches!(
+        pool.read(v, 0, &mut buf),
+        Err(Error::Refused(Refusal::NotFound(_)))
+    ));
     // The snapshot outlives its volume.
     pool.read(s, 0, &mut buf).unwrap();
     assert_clean(&pool);
@@ -282,12 +306,12 @@ fn invalid_pool_layouts_are_rejected() {
         };
         assert!(matches!(
             Pool::create(Arc::clone(&dev), &opts, &open_opts()),
-            Err(Error::InvalidArgument(_))
+            Err(Error::Refused(Refusal::Invalid(_)))
         ));
     }
     let tiny: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(MIB));
     assert!(matches!(
         Pool::create(tiny, &small_opts(4096), &open_opts()),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use arbor_engine::{Error, Pool, VolumeId};
+use arbor_engine::{Error, Pool, Refusal, Resource, VolumeId};
 use common::*;
 
 fn read(pool: &arbor_engine::Pool, id: VolumeId, offset: u64, len: usize) -> Vec<u8> {
@@ -39,7 +39,7 @@ fn snapshot_is_frozen_and_clone_diverges() {
     assert_eq!(read(&pool, s, 0, 65536), pattern(1, 0, 65536));
     assert!(matches!(
         pool.write(s, 0, &[0; 512]),
-        Err(Error::ReadOnly(_))
+        Err(Error::Refused(Refusal::ReadOnly(_)))
     ));
     let c = pool.clone_snapshot("vm1@mon", "ci-1").unwrap();
     pool.write(c, 0, &pattern(3, 0, 512)).unwrap();
@@ -155,7 +155,7 @@ fn after_its_snapshot_is_gone_a_full_volume_is_overwritten_without_new_space() {
     pool.snapshot("big@s").unwrap();
     assert!(matches!(
         pool.write(v, 0, &[2u8; 4096]),
-        Err(Error::NoSpace)
+        Err(Error::Exhausted(Resource::DataSpace))
     ));
     pool.delete("big@s").unwrap();
     while pool.reclaim(1000).unwrap() > 0 {}
@@ -180,10 +180,16 @@ fn full_pool_fails_writes_cleanly_and_recovers_after_delete() {
             Err(e) => break e,
         }
     };
-    assert!(matches!(err, Error::NoSpace), "{err}");
+    assert!(
+        matches!(err, Error::Exhausted(Resource::DataSpace)),
+        "{err}"
+    );
     assert_eq!(written, total);
     let other = pool.create_volume("other", MIB).unwrap();
-    assert!(matches!(pool.write(other, 0, &chunk), Err(Error::NoSpace)));
+    assert!(matches!(
+        pool.write(other, 0, &chunk),
+        Err(Error::Exhausted(Resource::DataSpace))
+    ));
     pool.delete("big").unwrap();
     while pool.reclaim(1000).unwrap() > 0 {}
     pool.write(other, 0, &chunk).unwrap();
@@ -248,7 +254,7 @@ fn full_metadata_still_allows_delete_reclaim_and_recovery() {
             }
         }
     };
-    assert!(matches!(err, Error::MetadataFull), "{err}");
+    assert!(matches!(err, Error::Exhausted(Resource::Metadata)), "{err}");
     assert!(snaps > 5, "only {snaps} snapshots fit");
     // Reads still work, and so do delete and reclaim, from the reserve.
     read(&pool, v, 0, 4096);

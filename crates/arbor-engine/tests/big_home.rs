@@ -310,7 +310,7 @@ fn a_build_that_fails_leaves_no_trace() {
         pool.create_volume("big", MIB).unwrap();
     }));
     match pool.create_cow_volume("big", 40 * MIB) {
-        Err(arbor_engine::Error::AlreadyExists(_)) => {}
+        Err(arbor_engine::Error::Refused(arbor_engine::Refusal::AlreadyExists(_))) => {}
         other => panic!("{other:?}"),
     }
     assert!(
@@ -440,7 +440,7 @@ fn a_growth_inside_the_last_chunk_of_a_home_at_the_pools_end_needs_no_chunk() {
     assert_eq!(read_at(&pool, a, all - 512, 512), vec![0; 512]);
     // Past it, there is no room to move to.
     match pool.resize("a", all + 512) {
-        Err(arbor_engine::Error::NoSpace) => {}
+        Err(arbor_engine::Error::Exhausted(arbor_engine::Resource::DataSpace)) => {}
         other => panic!("{other:?}"),
     }
     assert_clean(&pool);
@@ -515,7 +515,9 @@ fn a_home_moves_to_grow_when_the_chunks_after_it_are_taken() {
     // A home does not shrink, and sizes inside its last chunk need none.
     assert!(matches!(
         pool.resize("a", MIB / 2),
-        Err(arbor_engine::Error::Unsupported(_))
+        Err(arbor_engine::Error::Refused(
+            arbor_engine::Refusal::Unsupported(_)
+        ))
     ));
     pool.resize("a", 2 * MIB).unwrap();
     pool.delete("a@s").unwrap();
@@ -548,7 +550,7 @@ fn a_home_with_no_room_to_move_to_stays_as_it_was() {
     let used = data_used(&pool);
     assert!(data_free(&pool) > 8 * MIB);
     match pool.resize("a", 9 * MIB) {
-        Err(arbor_engine::Error::NoSpace) => {}
+        Err(arbor_engine::Error::Exhausted(arbor_engine::Resource::DataSpace)) => {}
         other => panic!("{other:?}"),
     }
     assert_eq!(pool.info(a).unwrap().size, 8 * MIB);
@@ -648,7 +650,9 @@ fn a_move_whose_copy_fails_leaves_no_trace() {
         dev.fail_big
             .store(true, std::sync::atomic::Ordering::SeqCst);
         match pool.resize("a", new) {
-            Err(arbor_engine::Error::Io(e)) => assert!(e.to_string().contains("injected")),
+            Err(arbor_engine::Error::Stop(arbor_engine::Fault::Io(e))) => {
+                assert!(e.to_string().contains("injected"))
+            }
             other => panic!("{new}: {other:?}"),
         }
         dev.fail_big

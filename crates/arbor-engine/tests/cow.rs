@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use arbor_engine::{DeviceIdentity, Error, Pool, VolumeId, VolumeLayout};
+use arbor_engine::{DeviceIdentity, Error, Pool, Refusal, Resource, VolumeId, VolumeLayout};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 
@@ -165,9 +165,12 @@ fn detach_is_refused_while_snapshots_read_through_and_leaves_a_raw_disk() {
     pool.write(disk, 0, &[2u8; 4096]).unwrap();
     assert!(matches!(
         pool.detach_origin("disk"),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
-    assert!(matches!(pool.delete("disk"), Err(Error::Conflict(_))));
+    assert!(matches!(
+        pool.delete("disk"),
+        Err(Error::Refused(Refusal::Conflict(_)))
+    ));
     pool.delete("disk@a").unwrap();
     pool.detach_origin("disk").unwrap();
     assert!(pool.lookup("disk").is_err());
@@ -187,7 +190,7 @@ fn a_full_pool_fails_the_write_and_leaves_the_device_untouched() {
     let device = origin.handle().visible_image();
     assert!(matches!(
         pool.write(disk, 0, &[9u8; 4096]),
-        Err(Error::NoSpace)
+        Err(Error::Exhausted(Resource::DataSpace))
     ));
     assert_eq!(
         origin.handle().visible_image(),
@@ -216,29 +219,32 @@ fn a_restart_needs_the_same_device_again() {
     assert_eq!(info.len(), 1);
     assert!(!info[0].attached);
     let mut buf = [0u8; 512];
-    assert!(matches!(pool.read(id, 0, &mut buf), Err(Error::Origin(_))));
+    assert!(matches!(
+        pool.read(id, 0, &mut buf),
+        Err(Error::Refused(Refusal::Origin(_)))
+    ));
     // A rollback with nothing to write to is refused, not recorded.
     assert!(matches!(
         pool.rollback("disk", "disk@a"),
-        Err(Error::Origin(_))
+        Err(Error::Refused(Refusal::Origin(_)))
     ));
     assert_eq!(pool.origins().unwrap()[0].rollback_epoch, 0);
     let snap = pool.lookup("disk@a").unwrap();
     // Reads of the snapshot need the device for chunks never copied.
     assert!(matches!(
         pool.read(snap, 8192, &mut buf),
-        Err(Error::Origin(_))
+        Err(Error::Refused(Refusal::Origin(_)))
     ));
     // Another device, or the same one shrunk, is refused.
     let other: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN));
     assert!(matches!(
         pool.attach_origin("disk", other, identity(2)),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     let smaller: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN - 4096));
     assert!(matches!(
         pool.attach_origin("disk", smaller, identity(1)),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     // A file (an inode number) seen smaller was truncated: what it held
     // past that is lost, whatever its size now, and recorded so; a block
@@ -249,7 +255,7 @@ fn a_restart_needs_the_same_device_again() {
     let smaller: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(ORIGIN - 4096));
     assert!(matches!(
         pool.attach_origin("disk", smaller, block),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     assert_eq!(
         pool.origins().unwrap()[0].loss.map(|l| l.from),
@@ -261,19 +267,19 @@ fn a_restart_needs_the_same_device_again() {
     let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
     assert!(matches!(
         pool.attach_origin("disk", dev, identity(1)),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
     assert!(matches!(
         pool.attach_origin("disk", dev, identity(3)),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     let dev: Arc<dyn BlockDevice> = Arc::new(origin.clone());
     pool.attach_origin_with("disk", dev, identity(3), true)
         .unwrap();
     assert!(matches!(
         pool.reidentify_origin("disk", identity(4)),
-        Err(Error::Conflict(_))
+        Err(Error::Refused(Refusal::Conflict(_)))
     ));
     // Short of the loss, its point in time; past it, an error.
     let kept = (ORIGIN - 4096) as usize;
@@ -283,14 +289,14 @@ fn a_restart_needs_the_same_device_again() {
     );
     assert!(matches!(
         pool.read(snap, ORIGIN - 4096, &mut buf),
-        Err(Error::Origin(_))
+        Err(Error::Refused(Refusal::Origin(_)))
     ));
     assert_eq!(read(&pool, id, 4096)[..], [2u8; 4096][..]);
     // The same device cannot be a second volume.
     let again: Arc<dyn BlockDevice> = Arc::new(origin.clone());
     assert!(matches!(
         pool.attach_origin("twin", again, identity(3)),
-        Err(Error::AlreadyExists(_))
+        Err(Error::Refused(Refusal::AlreadyExists(_)))
     ));
     assert_clean(&pool);
 }
@@ -330,7 +336,10 @@ fn a_cow_volume_in_the_pool_is_contiguous_zeroed_and_freed_with_it() {
     assert_eq!(read(&pool, id, 4096 * 2)[4096..], [1u8; 4096][..]);
     assert!(pool.origins().unwrap().is_empty(), "not an external device");
     assert_clean(&pool);
-    assert!(matches!(pool.delete("db"), Err(Error::Conflict(_))));
+    assert!(matches!(
+        pool.delete("db"),
+        Err(Error::Refused(Refusal::Conflict(_)))
+    ));
     pool.delete("db@a").unwrap();
     pool.delete("db").unwrap();
     while pool.reclaim(4096).unwrap() > 0 {}
@@ -443,7 +452,7 @@ fn a_cow_volume_larger_than_one_commit_is_built_and_the_rest_stays_usable() {
     let big = pool.create_cow_volume("big", 100 * MIB).unwrap();
     assert_eq!(pool.info(big).unwrap().size, 100 * MIB);
     match pool.create_cow_volume("more", 100 * MIB) {
-        Err(Error::NoSpace) => {}
+        Err(Error::Exhausted(Resource::DataSpace)) => {}
         other => panic!("{other:?}"),
     }
     let v = pool.create_volume("v", 40 * MIB).unwrap();
@@ -471,18 +480,22 @@ fn a_device_that_shrinks_under_the_volume_gives_a_clear_error() {
         .unwrap();
     let mut buf = vec![0u8; 8192];
     match pool.read(id, ORIGIN - 8192, &mut buf) {
-        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        Err(Error::Refused(Refusal::Origin(why))) => {
+            assert!(why.to_string().contains("shrank"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     match pool.read(snap, ORIGIN - 8192, &mut buf) {
-        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        Err(Error::Refused(Refusal::Origin(why))) => {
+            assert!(why.to_string().contains("shrank"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     // A write past the new end must copy the old chunk first, which it
     // cannot read: it fails, and the snapshot is not invalidated.
     assert!(matches!(
         pool.write(id, ORIGIN - 4096, &[1u8; 4096]),
-        Err(Error::Origin(_))
+        Err(Error::Refused(Refusal::Origin(_)))
     ));
     // The rest of the pool works.
     let v = pool.create_volume("v", MIB).unwrap();
@@ -527,11 +540,16 @@ fn an_origin_that_shrank_fails_and_its_snapshot_never_reads_zeros() {
     set_len(half);
     // Below the new end: refused too (it went through before).
     match pool.write(id, 0, &[2u8; 4096]) {
-        Err(Error::Origin(why)) => assert!(why.contains("shrank"), "{why}"),
+        Err(Error::Refused(Refusal::Origin(why))) => {
+            assert!(why.to_string().contains("shrank"), "{why}")
+        }
         other => panic!("a write after the shrink: {other:?}"),
     }
     let mut buf = vec![0u8; 4096];
-    assert!(matches!(pool.read(id, 0, &mut buf), Err(Error::Origin(_))));
+    assert!(matches!(
+        pool.read(id, 0, &mut buf),
+        Err(Error::Refused(Refusal::Origin(_)))
+    ));
     let o = &pool.origins().unwrap()[0];
     assert!(!o.attached, "{o:?}");
     let loss = o.loss.expect("the loss is recorded");
@@ -546,13 +564,17 @@ fn an_origin_that_shrank_fails_and_its_snapshot_never_reads_zeros() {
     // reopen too; then accepted.
     set_len(ORIGIN);
     match pool.attach_origin("disk", open_dev(), identity(1)) {
-        Err(Error::Conflict(why)) => assert!(why.contains("--accept-damage"), "{why}"),
+        Err(Error::Refused(Refusal::Conflict(why))) => {
+            assert!(why.to_string().contains("--accept-damage"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     drop(pool);
     let pool = reopen(&disk);
     match pool.attach_origin("disk", open_dev(), identity(1)) {
-        Err(Error::Conflict(why)) => assert!(why.contains("shrank"), "{why}"),
+        Err(Error::Refused(Refusal::Conflict(why))) => {
+            assert!(why.to_string().contains("shrank"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     pool.attach_origin_with("disk", open_dev(), identity(1), true)
@@ -572,7 +594,9 @@ fn an_origin_that_shrank_fails_and_its_snapshot_never_reads_zeros() {
         let mut buf = vec![0u8; 4096];
         for at in [half, half + CS, last - CS] {
             match pool.read(snap, at, &mut buf) {
-                Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+                Err(Error::Refused(Refusal::Origin(why))) => {
+                    assert!(why.to_string().contains("lost"), "{why}")
+                }
                 Ok(()) => panic!("disk@a read {at} as data: {:?}", &buf[..8]),
                 other => panic!("{other:?}"),
             }
@@ -590,11 +614,15 @@ fn an_origin_that_shrank_fails_and_its_snapshot_never_reads_zeros() {
     assert_eq!(buf, vec![0u8; 4096]);
     // A write that would copy lost bytes for disk@a: refused, nothing written.
     match pool.write(id, half, &[3u8; 4096]) {
-        Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+        Err(Error::Refused(Refusal::Origin(why))) => {
+            assert!(why.to_string().contains("lost"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     match pool.rollback("disk", "disk@a") {
-        Err(Error::Origin(why)) => assert!(why.contains("lost"), "{why}"),
+        Err(Error::Refused(Refusal::Origin(why))) => {
+            assert!(why.to_string().contains("lost"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
     pool.flush().unwrap();
@@ -782,7 +810,10 @@ fn diffs_between_epochs_come_from_the_store() {
     // Another layout: refused, with both names.
     let plain = pool.create_volume("plain", ORIGIN).unwrap();
     let err = pool.diff(plain, s1).unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(
+        matches!(err, Error::Refused(Refusal::Unsupported(_))),
+        "{err}"
+    );
     assert!(err.to_string().contains("plain and disk@s1"), "{err}");
     assert!(pool.check_diff(s1, clone).is_ok());
 }
@@ -824,7 +855,7 @@ fn an_origin_grows_and_its_snapshots_keep_their_size() {
     // Never smaller; the same size is nothing to do.
     assert!(matches!(
         pool.resize("disk", ORIGIN),
-        Err(Error::Unsupported(_))
+        Err(Error::Refused(Refusal::Unsupported(_)))
     ));
     pool.resize("disk", 2 * ORIGIN).unwrap();
     // A device grown and a size not recorded (a power cut between them):
@@ -845,7 +876,7 @@ fn an_origin_grows_and_its_snapshots_keep_their_size() {
     pool.clone_snapshot("disk@a", "c").unwrap();
     assert!(matches!(
         pool.resize("c", 2 * ORIGIN),
-        Err(Error::Unsupported(_))
+        Err(Error::Refused(Refusal::Unsupported(_)))
     ));
     let home = pool.create_cow_volume("home", 64 * 1024).unwrap();
     pool.resize("home", 128 * 1024).unwrap();
@@ -1031,7 +1062,7 @@ fn an_origin_with_no_room_in_the_pool_stays_attached() {
     let used = pool.pool_stats().unwrap().data_used_bytes;
     assert!(matches!(
         pool.copy_origin_to_pool("disk"),
-        Err(Error::NoSpace)
+        Err(Error::Exhausted(Resource::DataSpace))
     ));
     assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used);
     assert!(!pool.pool_stats().unwrap().reclaim_pending);

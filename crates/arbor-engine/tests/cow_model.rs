@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arbor_engine::{DeviceIdentity, Error, Pool, VolumeId, VolumeLayout};
+use arbor_engine::{DeviceIdentity, Error, Pool, Resource, VolumeId, VolumeLayout};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 use proptest::prelude::*;
@@ -288,7 +288,9 @@ impl World {
                 let grown = self.pool().resize("disk", size);
                 // A home in the pool grows in place, or moves to a free
                 // run of the new size; with none, nothing changes.
-                if self.device.is_none() && matches!(grown, Err(Error::NoSpace)) {
+                if self.device.is_none()
+                    && matches!(grown, Err(Error::Exhausted(Resource::DataSpace)))
+                {
                     return;
                 }
                 grown.unwrap();

@@ -205,7 +205,7 @@ fn crash_once(seed: u64) {
         }
         match run.step(&pool, v) {
             Ok(()) => {}
-            Err(arbor_engine::Error::NoSpace) => {
+            Err(arbor_engine::Error::Exhausted(arbor_engine::Resource::DataSpace)) => {
                 panic!("seed {seed}: out of space with free chunks reported")
             }
             Err(_) => break,
@@ -352,7 +352,9 @@ fn concurrent_power_cuts() {
                         match result {
                             Ok(()) => {}
                             // Space held by other threads' pending frees comes back after a commit.
-                            Err(arbor_engine::Error::NoSpace) => {
+                            Err(arbor_engine::Error::Exhausted(
+                                arbor_engine::Resource::DataSpace,
+                            )) => {
                                 possible.last_write_uncertain();
                                 if pool.reclaim(1000).and_then(|_| pool.flush()).is_err() {
                                     return possible;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use arbor_engine::{CreateOptions, Error, Pool, VolumeId};
+use arbor_engine::{CreateOptions, Error, Fault, Pool, Refusal, Resource, VolumeId};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 
@@ -56,7 +56,10 @@ fn assert_volume(pool: &Pool, v: VolumeId, model: &[u8], what: &str) {
 }
 
 fn is_resource(e: &Error) -> bool {
-    matches!(e, Error::MetadataFull | Error::NoSpace)
+    matches!(
+        e,
+        Error::Exhausted(Resource::Metadata) | Error::Exhausted(Resource::DataSpace)
+    )
 }
 
 /// Fills about 60% of a 1 MiB metadata region with scattered single-chunk
@@ -218,7 +221,10 @@ fn metadata_full_during_every_operation_leaves_no_trace() {
             Ok(_) => snaps += 1,
             Err(e) if is_resource(&e) => {
                 assert!(
-                    matches!(pool.lookup(&name), Err(Error::NotFound(_))),
+                    matches!(
+                        pool.lookup(&name),
+                        Err(Error::Refused(Refusal::NotFound(_)))
+                    ),
                     "the failed snapshot {name} is listed"
                 );
                 break;
@@ -325,9 +331,15 @@ fn snapshots_that_fill_metadata_fail_whole_and_leave_the_reserve() {
         }
         assert!(snaps < 100_000, "metadata never ran out");
     };
-    assert!(matches!(error, Error::MetadataFull), "{error}");
     assert!(
-        matches!(pool.lookup(&format!("v@s{snaps}")), Err(Error::NotFound(_))),
+        matches!(error, Error::Exhausted(Resource::Metadata)),
+        "{error}"
+    );
+    assert!(
+        matches!(
+            pool.lookup(&format!("v@s{snaps}")),
+            Err(Error::Refused(Refusal::NotFound(_)))
+        ),
         "the failed snapshot is listed"
     );
     assert_eq!(pool.list().unwrap().len() as u64, snaps + 1);
@@ -633,7 +645,7 @@ fn a_failed_data_write_leaves_no_allocated_chunk_behind() {
     let err = pool
         .write(v, 8 * CHUNK + 512, &pattern(2, 0, 3 * CHUNK as usize))
         .unwrap_err();
-    assert!(matches!(err, Error::Io(_)), "{err}");
+    assert!(matches!(err, Error::Stop(Fault::Io(_))), "{err}");
     dev.broken.store(false, Ordering::SeqCst);
     assert_eq!(Model::of(&pool), before);
     assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used);

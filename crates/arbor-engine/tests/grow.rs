@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use arbor_engine::{CreateOptions, Error, GrowOptions, Pool, VolumeId};
+use arbor_engine::{CreateOptions, Error, GrowOptions, Pool, Refusal, Resource, VolumeId};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 use rand::rngs::StdRng;
@@ -48,7 +48,7 @@ fn fill_data(pool: &Pool, v: VolumeId, tag: u64, chunks: impl Iterator<Item = u6
     for c in chunks {
         match pool.write(v, c * CHUNK, &pattern(tag + c, 0, CHUNK as usize)) {
             Ok(()) => written.push(c),
-            Err(Error::NoSpace) => break,
+            Err(Error::Exhausted(Resource::DataSpace)) => break,
             Err(e) => panic!("write of chunk {c}: {e}"),
         }
     }
@@ -88,7 +88,7 @@ fn a_full_pool_grows_online_while_clients_write() {
         pool.write(vols[0], (size / 2) & !(CHUNK - 1), &[1; 4096])
             .err()
             .map(|e| e.to_string()),
-        Some(Error::NoSpace.to_string())
+        Some(Error::Exhausted(Resource::DataSpace).to_string())
     );
     let grown = AtomicBool::new(false);
     let start = Barrier::new(5);
@@ -113,7 +113,9 @@ fn a_full_pool_grows_online_while_clients_write() {
                                 mine.push(c);
                                 c += 1;
                             }
-                            Err(Error::NoSpace) if !done => std::thread::yield_now(),
+                            Err(Error::Exhausted(Resource::DataSpace)) if !done => {
+                                std::thread::yield_now()
+                            }
                             Err(e) => panic!("writer {i}, chunk {c} (grown: {done}): {e}"),
                         }
                     }
@@ -183,7 +185,7 @@ fn growing_metadata_cures_metadata_full() {
     loop {
         match pool.write(v, c * CHUNK, &pattern(c, 0, CHUNK as usize)) {
             Ok(()) => written.push(c),
-            Err(Error::MetadataFull) => break,
+            Err(Error::Exhausted(Resource::Metadata)) => break,
             Err(e) => panic!("{e}"),
         }
         c += 2;
@@ -314,7 +316,7 @@ fn version_1_pools_stay_version_1_until_upgraded() {
     assert_eq!(pool.format_version().number(), 1);
     disk.extend(40 * MIB).unwrap();
     let e = pool.grow(&GrowOptions::default()).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(matches!(e, Error::Refused(Refusal::Invalid(_))), "{e}");
     assert!(e.to_string().contains("upgrade"), "{e}");
     pool.write(v, 0, &[5; 4096]).unwrap();
     pool.flush().unwrap();
@@ -360,7 +362,7 @@ fn growth_refuses_what_it_cannot_do_and_changes_nothing() {
     let before = pool.pool_stats().unwrap();
     let refused = |opts: GrowOptions| {
         let e = pool.grow(&opts).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(matches!(e, Error::Refused(Refusal::Invalid(_))), "{e}");
         assert_eq!(pool.pool_stats().unwrap().data_bytes, before.data_bytes);
         e.to_string()
     };
@@ -464,7 +466,7 @@ fn an_impossible_size_is_refused() {
                 metadata_bytes: None,
             })
             .unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(matches!(e, Error::Refused(Refusal::Invalid(_))), "{e}");
     }
     assert_eq!(pool.pool_stats().unwrap(), before);
     assert_eq!(disk.size(), 16 * MIB);

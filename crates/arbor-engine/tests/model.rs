@@ -12,7 +12,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use arbor_engine::{Durability, Error, Pool, VolumeId};
+use arbor_engine::{Durability, Error, Pool, Refusal, VolumeId};
 use arbor_io::SimDisk;
 use common::*;
 use proptest::prelude::*;
@@ -406,7 +406,10 @@ impl Harness {
         let exclusive = pool.volume_stats(id).unwrap().exclusive_bytes;
         let before = pool.pool_stats().unwrap().data_used_bytes;
         pool.delete(name).unwrap();
-        assert!(matches!(pool.lookup(name), Err(Error::NotFound(_))));
+        assert!(matches!(
+            pool.lookup(name),
+            Err(Error::Refused(Refusal::NotFound(_)))
+        ));
         while pool.reclaim(1000).unwrap() > 0 {}
         let after = pool.pool_stats().unwrap().data_used_bytes;
         assert_eq!(

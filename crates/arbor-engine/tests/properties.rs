@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
-use arbor_engine::{CreateOptions, Error, Pool};
+use arbor_engine::{CreateOptions, Error, Pool, Refusal, Resource};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
 use rand::rngs::StdRng;
@@ -39,11 +39,11 @@ fn properties_set_read_replace_remove_and_survive_reopen() {
     // Limits and names.
     assert!(matches!(
         pool.set_property(None, "big", &vec![0; 65537]),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(matches!(
         pool.set_property(None, "a%b", b"x"),
-        Err(Error::InvalidArgument(_))
+        Err(Error::Refused(Refusal::Invalid(_)))
     ));
     assert!(pool.remove_property(None, "policy.2").unwrap());
     assert!(!pool.remove_property(None, "policy.2").unwrap());
@@ -80,7 +80,7 @@ fn older_pools_need_an_upgrade_for_properties() {
     let pool = Pool::create(dev, &opts, &open_opts()).unwrap();
     assert!(matches!(
         pool.set_property(None, "p", b"x"),
-        Err(Error::Unsupported(_))
+        Err(Error::Refused(Refusal::Unsupported(_)))
     ));
     assert!(pool.upgrade().unwrap());
     assert_eq!(pool.format_version().number(), arbor_format::FORMAT_VERSION);
@@ -100,7 +100,7 @@ fn a_set_that_runs_out_of_space_keeps_the_old_value() {
     loop {
         match pool.write(v, at, &value(1, 65536)) {
             Ok(()) => at += 65536,
-            Err(Error::NoSpace) => break,
+            Err(Error::Exhausted(Resource::DataSpace)) => break,
             Err(e) => panic!("{e}"),
         }
     }
@@ -108,7 +108,13 @@ fn a_set_that_runs_out_of_space_keeps_the_old_value() {
     let used = pool.pool_stats().unwrap().data_used_bytes;
     for _ in 0..3 {
         let e = pool.set_property(None, "p", &value(2, 20000)).unwrap_err();
-        assert!(matches!(e, Error::NoSpace | Error::MetadataFull), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Exhausted(Resource::DataSpace) | Error::Exhausted(Resource::Metadata)
+            ),
+            "{e}"
+        );
         assert_eq!(pool.property(None, "p").unwrap().unwrap(), b"old");
         pool.flush().unwrap();
         assert_eq!(pool.pool_stats().unwrap().data_used_bytes, used);

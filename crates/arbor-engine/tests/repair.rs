@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
-use arbor_engine::{repair, Error, Pool};
+use arbor_engine::{repair, Error, Fault, Pool};
 use arbor_format::{CommitRecord, Superblock, BLOCK_SIZE};
 use arbor_io::{BlockDevice, SimDisk};
 use common::*;
@@ -212,7 +212,7 @@ fn repair_refuses_a_damaged_volume_tree() {
     zero_block(&disk, victim);
     let before = disk.handle().durable_image();
     let err = repair_disk(&disk).unwrap_err();
-    assert!(matches!(err, Error::Inconsistent(_)), "{err}");
+    assert!(matches!(err, Error::Stop(Fault::Inconsistent(_))), "{err}");
     assert!(err.to_string().contains("cannot repair"), "{err}");
     assert!(
         disk.handle().durable_image() == before,

@@ -62,7 +62,7 @@ pub fn load(pool: &Pool) -> Result<Loaded, Error> {
 pub fn store(pool: &Pool, key: &str, policy: &Policy) -> Result<(), Error> {
     policy
         .validate()
-        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        .map_err(|e| Error::invalid_request(e.to_string()))?;
     pool.set_property(None, key, &policy.encode())
 }
 

@@ -3,7 +3,7 @@
 //! retention count. Blocking calls (the engine's); sessions run them on
 //! blocking threads.
 
-use arbor_engine::{Error, Pool, VolumeId, VolumeInfo};
+use arbor_engine::{Error, Pool, Refusal, VolumeId, VolumeInfo};
 use arbor_stream::busy::Pins;
 use arbor_stream::format::Guid;
 
@@ -25,7 +25,7 @@ pub fn snapshots_of(pool: &Pool, id: VolumeId) -> Result<Vec<VolumeInfo>, Error>
 pub fn view(pool: &Pool, volume: &str) -> Result<Local, Error> {
     let id = match pool.lookup(volume) {
         Ok(id) => id,
-        Err(Error::NotFound(_)) => return Ok(Local::Absent),
+        Err(Error::Refused(Refusal::NotFound(_))) => return Ok(Local::Absent),
         Err(e) => return Err(e),
     };
     let snaps = snapshots_of(pool, id)?;
@@ -114,7 +114,11 @@ pub fn prune(
         match pool.delete_forced(&snap.name, false) {
             Ok(()) => deleted.push(snap.name.clone()),
             // Held or in use since the check: it stays, as it should.
-            Err(Error::Conflict(_) | Error::NotFound(_) | Error::InvalidArgument(_)) => {}
+            Err(
+                Error::Refused(Refusal::Conflict(_))
+                | Error::Refused(Refusal::NotFound(_))
+                | Error::Refused(Refusal::Invalid(_)),
+            ) => {}
             Err(e) => return Err(e),
         }
     }

@@ -44,12 +44,16 @@ pub enum SessionError {
 impl SessionError {
     /// The refusal this error is, as the other side is told it.
     pub fn refusal(&self) -> Refusal {
-        use arbor_engine::Error as E;
+        use arbor_engine::{Error as E, Refusal as EngineRefusal, Resource};
         use arbor_stream::StreamFailure as F;
         let code = match self {
             SessionError::Refused(r) => return r.clone(),
-            SessionError::Local(F::Engine(E::NoSpace | E::MetadataFull)) => RefusalCode::NoSpace,
-            SessionError::Local(F::Engine(E::Conflict(_))) => RefusalCode::Diverged,
+            SessionError::Local(F::Engine(E::Exhausted(
+                Resource::DataSpace | Resource::Metadata,
+            ))) => RefusalCode::NoSpace,
+            SessionError::Local(F::Engine(E::Refused(EngineRefusal::Conflict(_)))) => {
+                RefusalCode::Diverged
+            }
             SessionError::Local(F::Stream(_) | F::Refused(_))
             | SessionError::Proto(_)
             | SessionError::Unexpected { .. } => RefusalCode::Protocol,

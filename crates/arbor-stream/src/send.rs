@@ -246,7 +246,9 @@ impl<'p> Sender<'p> {
             }
             // An incremental stream sends what the engine's diff finds,
             // which not every pair of layouts has.
-            if let Err(arbor_engine::Error::Unsupported(why)) = pool.check_diff(b.id, target.id) {
+            if let Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(why))) =
+                pool.check_diff(b.id, target.id)
+            {
                 return Err(StreamFailure::Refused(format!("{why}; send it whole")));
             }
         }

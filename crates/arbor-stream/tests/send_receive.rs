@@ -530,7 +530,12 @@ fn a_receive_that_runs_out_of_space_leaves_nothing_visible() {
     let used = b.pool_stats().unwrap().data_used_bytes;
     let err = receive(&b, "w", &big, false, &mut rng).unwrap_err();
     assert!(
-        matches!(err, StreamFailure::Engine(arbor_engine::Error::NoSpace)),
+        matches!(
+            err,
+            StreamFailure::Engine(arbor_engine::Error::Exhausted(
+                arbor_engine::Resource::DataSpace
+            ))
+        ),
         "{err}"
     );
     assert!(b.list().unwrap().is_empty(), "nothing visible");

@@ -145,7 +145,8 @@ mod tests {
     fn the_innermost_known_cause_decides() {
         let err = anyhow::Error::new(Fail::new(Exit::Busy, "in use")).context("cannot destroy");
         assert_eq!(Exit::of(&err), Exit::Busy);
-        let engine: anyhow::Result<()> = Err(arbor_engine::Error::NoSpace.into());
+        let engine: anyhow::Result<()> =
+            Err(arbor_engine::Error::Exhausted(arbor_engine::Resource::DataSpace).into());
         assert_eq!(
             Exit::of(&engine.context("write").unwrap_err()),
             Exit::NoSpace
@@ -154,7 +155,10 @@ mod tests {
         let refused = anyhow::Error::new(DaemonError::PoolInUse("held".into())).context("open");
         assert_eq!(Exit::of(&refused), Exit::PoolInUse);
         // The daemon's errors decide by their kind under their contexts.
-        let engine = DaemonError::from(arbor_engine::Error::NoSpace).context("grow");
+        let engine = DaemonError::from(arbor_engine::Error::Exhausted(
+            arbor_engine::Resource::DataSpace,
+        ))
+        .context("grow");
         assert_eq!(Exit::of(&anyhow::Error::new(engine)), Exit::NoSpace);
         let missing: Result<(), DaemonError> =
             Err(std::io::Error::from(std::io::ErrorKind::NotFound).into());
@@ -225,18 +229,93 @@ mod tests {
 
     #[test]
     fn every_engine_error_has_its_code() {
-        use arbor_engine::Error as E;
+        use arbor_engine::{Error as E, Fault, Invalid, Refusal, Resource};
         let exit = |e: &E| Exit::of_code(code_of_engine(e));
-        assert_eq!(exit(&E::NoSpace), Exit::NoSpace);
-        assert_eq!(exit(&E::MetadataFull), Exit::NoSpace);
+        let no_space = E::Exhausted(Resource::DataSpace);
+        assert_eq!(exit(&no_space), Exit::NoSpace);
+        assert_eq!(exit(&E::Exhausted(Resource::Metadata)), Exit::NoSpace);
+        assert_eq!(code_of_engine(&E::not_found("x")), ErrorCode::NotFound);
         assert_eq!(
-            code_of_engine(&E::NotFound("x".into())),
-            ErrorCode::NotFound
-        );
-        assert_eq!(
-            code_of_engine(&E::Failed("x".into())),
+            code_of_engine(&E::Stop(Fault::Failed("x".into()))),
             ErrorCode::PoolFailed
         );
-        assert_eq!(exit(&E::Inconsistent("x".into())), Exit::Damaged);
+        assert_eq!(
+            exit(&E::Stop(Fault::Inconsistent("x".into()))),
+            Exit::Damaged
+        );
+        // Every class and reason keeps the code and status it had as a
+        // flat enum.
+        let all: Vec<(E, ErrorCode, Exit)> = vec![
+            (
+                E::from(std::io::Error::other("x")),
+                ErrorCode::Io,
+                Exit::Failure,
+            ),
+            (
+                E::Stop(Fault::Corrupt {
+                    location: "x".into(),
+                    reason: arbor_format::FormatError::BadMagic,
+                }),
+                ErrorCode::Corrupt,
+                Exit::Damaged,
+            ),
+            (E::Stop(Fault::NotAPool), ErrorCode::Corrupt, Exit::Damaged),
+            (
+                E::Stop(Fault::Failed("x".into())),
+                ErrorCode::PoolFailed,
+                Exit::Failure,
+            ),
+            (E::not_found("x"), ErrorCode::NotFound, Exit::NotFound),
+            (
+                E::already_exists("x"),
+                ErrorCode::AlreadyExists,
+                Exit::Conflict,
+            ),
+            (
+                E::Refused(Refusal::InvalidName {
+                    name: "x".into(),
+                    reason: "y".into(),
+                }),
+                ErrorCode::InvalidName,
+                Exit::Usage,
+            ),
+            (
+                E::from(Invalid::SnapshotRename),
+                ErrorCode::InvalidArgument,
+                Exit::Usage,
+            ),
+            (
+                E::invalid_request("x"),
+                ErrorCode::InvalidArgument,
+                Exit::Usage,
+            ),
+            (E::read_only("x"), ErrorCode::ReadOnly, Exit::Conflict),
+            (E::conflict("x"), ErrorCode::Conflict, Exit::Conflict),
+            (
+                E::from(arbor_engine::Unsupported::ChangesOfCow("x".into())),
+                ErrorCode::Unsupported,
+                Exit::Conflict,
+            ),
+            (
+                E::from(arbor_engine::OriginUnavailable::NotAttached { name: "x".into() }),
+                ErrorCode::OriginUnavailable,
+                Exit::Failure,
+            ),
+            (no_space, ErrorCode::NoSpace, Exit::NoSpace),
+            (
+                E::Exhausted(Resource::Metadata),
+                ErrorCode::MetadataFull,
+                Exit::NoSpace,
+            ),
+            (
+                E::Exhausted(Resource::Journal),
+                ErrorCode::TransactionFull,
+                Exit::Failure,
+            ),
+        ];
+        for (err, code, status) in all {
+            assert_eq!(code_of_engine(&err), code, "{err:?}");
+            assert_eq!(exit(&err), status, "{err:?}");
+        }
     }
 }

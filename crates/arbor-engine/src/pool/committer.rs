@@ -65,7 +65,7 @@ impl Committer {
     /// `Error::Failed` once the pool stopped.
     pub(super) fn check_failed(&self) -> Result<()> {
         match lock_mutex(&self.failure).as_ref() {
-            Some(why) => Err(Error::Failed(why.clone())),
+            Some(why) => Err(Error::failed(why.clone())),
             None => Ok(()),
         }
     }
@@ -226,7 +226,7 @@ mod tests {
         c.fail(&Error::inconsistent("second"));
         for _ in 0..2 {
             match c.check_failed() {
-                Err(Error::Failed(why)) => {
+                Err(Error::Stop(crate::error::Fault::Failed(why))) => {
                     assert!(why.contains("first") && !why.contains("second"), "{why}")
                 }
                 other => panic!("{other:?}"),

@@ -90,7 +90,7 @@ impl Pool {
                     Filled::No => {}
                     // A fill's step fits an empty transaction (two
                     // space-map pages and one leaf path).
-                    Filled::AfterCommit => return Err(Error::TransactionFull),
+                    Filled::AfterCommit => return Err(Error::Exhausted(Resource::Journal)),
                 }
             }
         }
@@ -185,7 +185,7 @@ impl Pool {
         }) {
             Ok(()) => Ok(Filled::Yes),
             // The step was undone whole; the blocks written stay unread.
-            Err(Error::TransactionFull) => Ok(Filled::AfterCommit),
+            Err(Error::Exhausted(Resource::Journal)) => Ok(Filled::AfterCommit),
             Err(e) => Err(e),
         }
     }

@@ -109,19 +109,14 @@ impl Pool {
         self.committer.check_failed()?;
         let geo = &self.store.geo;
         if !geo.version().has_grown_regions() {
-            return Err(Error::InvalidArgument(format!(
-                "the pool is format version {}, which cannot grow; upgrade it to version 2 first (older arbor releases cannot open it then)",
-                geo.version()
-            )));
+            return Err(Invalid::CannotGrow(geo.version()).into());
         }
         let dev = &self.store.dev;
         let layout = geo.layout();
         let old_end = layout.end_bytes();
         let target = match opts.size {
             Some(size) if size < old_end => {
-                return Err(Error::InvalidArgument(format!(
-                    "the pool ends at byte {old_end}; it cannot shrink to {size} bytes"
-                )))
+                return Err(Invalid::PoolShrink { end: old_end, size }.into())
             }
             Some(size) => {
                 if size > dev.refresh_size()? {
@@ -129,10 +124,10 @@ impl Pool {
                         // The device cannot grow this way, or not that far.
                         std::io::ErrorKind::Unsupported
                         | std::io::ErrorKind::FileTooLarge
-                        | std::io::ErrorKind::InvalidInput => Error::InvalidArgument(format!(
-                            "cannot enlarge the pool's file to {size} bytes: {e}"
-                        )),
-                        _ => Error::Io(e),
+                        | std::io::ErrorKind::InvalidInput => {
+                            Invalid::PoolFileNotEnlarged { size, error: e }.into()
+                        }
+                        _ => Error::from(e),
                     })?;
                 }
                 size
@@ -146,7 +141,7 @@ impl Pool {
         };
         let plan = layout
             .plan_growth(target, meta_blocks)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            .map_err(Invalid::Growth)?;
         let region = plan.region;
         // Past every committed layout's end: no trace if anything fails.
         format_space_map(dev.as_ref(), &region, SmKind::Meta)?;

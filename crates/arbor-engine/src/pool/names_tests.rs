@@ -28,7 +28,7 @@ fn reopen(disk: &arbor_io::SimDisk) -> Pool {
 /// The error of a name refused for its length: it says the limit and why.
 fn assert_too_long(r: Result<impl std::fmt::Debug>) {
     match r {
-        Err(e @ Error::InvalidName { .. }) => {
+        Err(e @ Error::Refused(Refusal::InvalidName { .. })) => {
             let msg = e.to_string();
             assert!(
                 msg.contains(&format!("at most {MAX_VOLUME_NAME_LEN}"))
@@ -122,7 +122,7 @@ fn names_an_older_version_allowed_stay_usable() {
     // A snapshot's full name would pass 184 bytes: a clear error.
     assert!(matches!(
         pool.snapshot(&format!("{old}@s")),
-        Err(Error::InvalidName { .. })
+        Err(Error::Refused(Refusal::InvalidName { .. }))
     ));
     pool.rename(&old, "short").unwrap();
     pool.rename("short", &old[..MAX_VOLUME_NAME_LEN]).unwrap();
@@ -138,7 +138,8 @@ fn hold_tags_fit_their_records() {
     // The tag would make a hold record name past 184 bytes.
     let too_long = "t".repeat(MAX_HOLD_TAG_LEN + 1);
     match pool.hold("v@s", &too_long) {
-        Err(Error::InvalidArgument(msg)) => {
+        Err(Error::Refused(Refusal::Invalid(why))) => {
+            let msg = why.to_string();
             assert!(
                 msg.contains(&format!("at most {MAX_HOLD_TAG_LEN}")),
                 "{msg}"

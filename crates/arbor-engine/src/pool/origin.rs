@@ -29,7 +29,7 @@
 //! touched: a snapshot is never invalidated.
 //!
 //! Errors of the device (it vanished, shrank, or failed) are
-//! [`Error::Origin`]: they fail the request and never stop the pool.
+//! [`Refusal::Origin`]: they fail the request and never stop the pool.
 
 use std::ops::Range;
 
@@ -76,19 +76,32 @@ pub struct OriginInfo {
 
 /// The error of an origin `name` whose device could not be enlarged.
 fn not_enlarged(name: &str, e: std::io::Error) -> Error {
-    Error::Origin(format!("{name}: its device could not be enlarged: {e}"))
+    OriginUnavailable::NotEnlarged {
+        name: name.to_owned(),
+        error: e,
+    }
+    .into()
 }
 
 /// The device error of copy-on-write volume `name`, with what the device
 /// looks like now when that explains it.
 fn device_error(name: &str, dev: &dyn BlockDevice, size: u64, e: std::io::Error) -> Error {
+    let name = name.to_owned();
     match dev.refresh_size() {
-        Ok(now) if now < size => Error::Origin(format!(
-            "{name}: its device shrank from {size} to {now} bytes ({e})"
-        )),
-        Err(why) => Error::Origin(format!("{name}: its device is unusable: {why} ({e})")),
-        Ok(_) => Error::Origin(format!("{name}: device I/O failed: {e}")),
+        Ok(now) if now < size => OriginUnavailable::ShrankDuringIo {
+            name,
+            was: size,
+            now,
+            error: e,
+        },
+        Err(why) => OriginUnavailable::Unusable {
+            name,
+            why,
+            error: e,
+        },
+        Ok(_) => OriginUnavailable::DeviceIo { name, error: e },
     }
+    .into()
 }
 
 /// A copy-on-write volume and its device, as one request uses them.
@@ -195,14 +208,15 @@ impl Pool {
                     ..
                 }) = rec.layout
                 else {
-                    return Err(Error::AlreadyExists(name.to_owned()));
+                    return Err(Error::already_exists(name.to_owned()));
                 };
                 if recorded != identity {
-                    return Err(Error::Conflict(format!(
-                        "{name} was attached from another device (device {:#x}, inode {}); \
-                         this one is device {:#x}, inode {}",
-                        recorded.dev, recorded.ino, identity.dev, identity.ino
-                    )));
+                    return Err(Conflict::OtherDevice {
+                        name: name.to_owned(),
+                        recorded,
+                        identity,
+                    }
+                    .into());
                 }
                 // Larger is the same disk grown (by a resize a power cut
                 // interrupted, or from outside): the volume keeps its
@@ -217,13 +231,12 @@ impl Pool {
                     if identity.ino != 0 {
                         self.note_loss(id, size)?;
                     }
-                    return Err(Error::Conflict(format!(
-                        "{name}'s device was {} bytes and is {size} now: what it held from \
-                         byte {size} on is lost, and recorded so (its snapshots will fail \
-                         reads of it); to serve {name} again, enlarge the device to {} bytes \
-                         and attach it with --accept-damage",
-                        rec.size_bytes, rec.size_bytes
-                    )));
+                    return Err(Conflict::DeviceSmaller {
+                        name: name.to_owned(),
+                        was: rec.size_bytes,
+                        now: size,
+                    }
+                    .into());
                 }
                 if self.origins.get(id).is_some() {
                     // Attached already: only an interrupted rollback to finish.
@@ -236,10 +249,12 @@ impl Pool {
             None => {
                 check_volume_name(name)?;
                 if size == 0 || !size.is_multiple_of(SECTOR) || size > MAX_VOLUME_SIZE {
-                    return Err(Error::InvalidArgument(format!(
-                        "a device of {size} bytes: an origin must be a non-zero multiple of \
-                         {SECTOR} bytes up to {MAX_VOLUME_SIZE}"
-                    )));
+                    return Err(Invalid::OriginDeviceSize {
+                        size,
+                        sector: SECTOR,
+                        max: MAX_VOLUME_SIZE,
+                    }
+                    .into());
                 }
                 self.manage(Privilege::Normal, |m| {
                     m.add_cow_volume(name.to_owned(), size, Home::External(identity))
@@ -384,7 +399,9 @@ impl Pool {
         let in_place = self.write_meta()?.reserve_home_growth(id, new_chunks);
         let run = match in_place {
             Ok(run) => run,
-            Err(Error::NoSpace) => return self.move_pool_home(id, name, old_size, new_size),
+            Err(Error::Exhausted(Resource::DataSpace)) => {
+                return self.move_pool_home(id, name, old_size, new_size)
+            }
             Err(e) => return Err(e),
         };
         let grown = self.zero_home(&run).and_then(|()| {
@@ -446,14 +463,13 @@ impl Pool {
             let meta = self.read_meta()?;
             let (cow, rec) = meta.cow_state(id)?;
             if !matches!(cow.home, Home::External(_)) {
-                return Err(Error::InvalidArgument(format!(
-                    "{name} is not an origin: its home is in the pool already"
-                )));
+                return Err(Invalid::NotAnOrigin(name.to_owned()).into());
             }
             if cow.rollback != 0 {
-                return Err(Error::Origin(format!(
-                    "{name}: a rollback was interrupted; run it again (arbor rollback) first"
-                )));
+                return Err(OriginUnavailable::RollbackInterruptedFirst {
+                    name: name.to_owned(),
+                }
+                .into());
             }
             rec.size_bytes
         };
@@ -515,9 +531,7 @@ impl Pool {
                 let d = self.origin_device(id, name)?;
                 let size = self.read_meta()?.volume(id)?.size_bytes;
                 if size > new_size {
-                    return Err(Error::InvalidArgument(format!(
-                        "{name} was resized meanwhile"
-                    )));
+                    return Err(Invalid::ResizedMeanwhile(name.to_owned()).into());
                 }
                 let t = Target {
                     id,
@@ -546,9 +560,7 @@ impl Pool {
                     .is_none_or(|now| !Arc::ptr_eq(&now, &d))
                     || self.read_meta()?.volume(id)?.size_bytes != size
                 {
-                    return Err(Error::Conflict(format!(
-                        "{name} was resized or detached meanwhile"
-                    )));
+                    return Err(Conflict::ResizedOrDetached(name.to_owned()).into());
                 }
                 left.extend(tracking.take());
                 drop(tracking);
@@ -675,7 +687,7 @@ impl Pool {
             match self.mutate(&mut meta, Privilege::Reserve, |m| m.shrink_loose_home(id)) {
                 // Its space-map pages did not fit the room left: once more
                 // in an empty transaction, which holds them.
-                Err(Error::TransactionFull) if !committed => {
+                Err(Error::Exhausted(Resource::Journal)) if !committed => {
                     drop(meta);
                     self.commit_open()?;
                     committed = true;
@@ -745,9 +757,7 @@ impl Pool {
     pub fn reidentify_origin(&self, name: &str, identity: DeviceIdentity) -> Result<()> {
         let id = self.lookup(name)?.0;
         if self.origins.get(id).is_some() {
-            return Err(Error::Conflict(format!(
-                "{name} is attached: its device is known"
-            )));
+            return Err(Conflict::Attached(name.to_owned()).into());
         }
         self.manage(Privilege::Normal, |m| m.set_external_identity(id, identity))
     }
@@ -794,7 +804,7 @@ impl Pool {
         self.manage(Privilege::Reserve, |m| {
             m.cow_state(id)?;
             if m.volume_id(name)? != id {
-                return Err(Error::Conflict(format!("{name} changed meanwhile")));
+                return Err(Conflict::Changed(name.to_owned()).into());
             }
             m.delete_checked(id, false)
         })?;
@@ -804,9 +814,10 @@ impl Pool {
 
     fn origin_device(&self, id: u64, name: &str) -> Result<Arc<OriginDevice>> {
         self.origins.get(id).ok_or_else(|| {
-            Error::Origin(format!(
-                "{name}: its device is not attached (arbor origin attach {name} PATH)"
-            ))
+            OriginUnavailable::NotAttached {
+                name: name.to_owned(),
+            }
+            .into()
         })
     }
 
@@ -834,10 +845,10 @@ impl Pool {
                 let meta = self.read_meta()?;
                 let (cow, rec) = meta.cow_state(id)?;
                 if cow.rollback != 0 {
-                    return Err(Error::Origin(format!(
-                        "{}: a rollback was interrupted; run it again (arbor rollback)",
-                        rec.name
-                    )));
+                    return Err(OriginUnavailable::RollbackInterrupted {
+                        name: rec.name.clone(),
+                    }
+                    .into());
                 }
                 rec.size_bytes
             };
@@ -867,16 +878,11 @@ impl Pool {
         new_size: u64,
     ) -> Result<()> {
         if new_size < old_size {
-            return Err(Error::Unsupported(match home {
-                Home::Pool { .. } => format!(
-                    "{name} is a copy-on-write volume: it cannot shrink (its snapshots may read \
-                     its home past the new end)"
-                ),
-                Home::External(_) => format!(
-                    "{name} is an origin: it cannot shrink (its snapshots may read its device \
-                     past the new end); detach it and shrink the file or device with its own tools"
-                ),
-            }));
+            return Err(match home {
+                Home::Pool { .. } => Unsupported::CowShrink(name.to_owned()),
+                Home::External(_) => Unsupported::OriginShrink(name.to_owned()),
+            }
+            .into());
         }
         if new_size == old_size {
             return Ok(());
@@ -892,10 +898,13 @@ impl Pool {
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                 let size = d.dev().refresh_size().map_err(|e| not_enlarged(name, e))?;
                 if size < new_size {
-                    return Err(Error::InvalidArgument(format!(
-                        "{name}'s device has {size} bytes: enlarge it to {new_size} with its \
-                         own tools first ({e})"
-                    )));
+                    return Err(Invalid::OriginDeviceTooSmall {
+                        name: name.to_owned(),
+                        size,
+                        new_size,
+                        error: e,
+                    }
+                    .into());
                 }
             }
             Err(e) => return Err(not_enlarged(name, e)),
@@ -903,9 +912,7 @@ impl Pool {
         d.dev().flush().map_err(|e| not_enlarged(name, e))?;
         self.manage(Privilege::Normal, |m| {
             if m.volume(id)?.size_bytes != old_size {
-                return Err(Error::InvalidArgument(format!(
-                    "{name} was resized meanwhile"
-                )));
+                return Err(Invalid::ResizedMeanwhile(name.to_owned()).into());
             }
             m.set_volume_size(id, new_size)
         })
@@ -1000,17 +1007,20 @@ impl Pool {
             match self.copy_chunks(t, chunks.clone()) {
                 Ok(None) => return Ok(()),
                 Ok(Some(txn)) => return self.commit_through(txn),
-                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
+                Err(
+                    e @ (Error::Exhausted(Resource::DataSpace)
+                    | Error::Exhausted(Resource::Metadata)),
+                ) => {
                     if made_room || !self.make_room()? {
                         return Err(e);
                     }
                     made_room = true;
                 }
-                Err(Error::TransactionFull) if !committed => {
+                Err(Error::Exhausted(Resource::Journal)) if !committed => {
                     self.commit_open()?;
                     committed = true;
                 }
-                Err(Error::TransactionFull) if chunks.end - chunks.start > 1 => {
+                Err(Error::Exhausted(Resource::Journal)) if chunks.end - chunks.start > 1 => {
                     let mid = (chunks.start + chunks.end) / 2;
                     self.preserve(t, chunks.start..mid)?;
                     return self.preserve(t, mid..chunks.end);
@@ -1105,11 +1115,11 @@ impl Pool {
         let name = self.read_meta()?.cow_state(id)?.1.name.clone();
         self.origin_device(id, &name)?;
         if let Some(loss) = self.origins.loss(id).filter(|l| epoch <= l.epoch) {
-            return Err(Error::Origin(format!(
-                "{name}: the snapshot lost what it read from byte {} on when the device \
-                 shrank; a rollback to it would put zeros there as if they were its data",
-                loss.from
-            )));
+            return Err(OriginUnavailable::RollbackToLost {
+                name,
+                from: loss.from,
+            }
+            .into());
         }
         self.manage(Privilege::Normal, |m| {
             let (cow, rec) = m.cow_state(id)?;
@@ -1117,10 +1127,7 @@ impl Pool {
                 0 => m.set_cow_rollback(id, epoch),
                 // An interrupted rollback to the same snapshot: go on.
                 same if same == epoch => Ok(()),
-                _ => Err(Error::Conflict(format!(
-                    "a rollback of {} to another snapshot was interrupted; run that one again first",
-                    rec.name
-                ))),
+                _ => Err(Conflict::OtherRollback(rec.name.clone()).into()),
             }
         })?;
         self.finish_rollback(id)
@@ -1203,9 +1210,7 @@ impl Pool {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             if meta.volume(id.0)?.backing != Some(backing) {
-                return Err(Error::Conflict(
-                    "the volume changed meanwhile; try again".into(),
-                ));
+                return Err(Conflict::VolumeChanged.into());
             }
             let pieces = Self::resolve(&meta, id, offset, len)?;
             Self::resolve_view(&meta, backing, offset, pieces)?
@@ -1362,7 +1367,7 @@ impl Pool {
                 // Its copies' space-map pages did not fit the journal room
                 // left: once more in an empty transaction, which holds them
                 // (one page per entry at most).
-                Err(Error::TransactionFull) if !committed => {
+                Err(Error::Exhausted(Resource::Journal)) if !committed => {
                     drop(meta);
                     self.commit_open()?;
                     committed = true;

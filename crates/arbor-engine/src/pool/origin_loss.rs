@@ -29,7 +29,7 @@ use tracing::warn;
 
 use super::{Piece, Pool, Source, VolumeId};
 use crate::check::LostData;
-use crate::error::{Error, Result};
+use crate::error::{Conflict, Error, OriginUnavailable, Refusal, Result};
 
 fn now_unix() -> u64 {
     SystemTime::now()
@@ -109,7 +109,7 @@ impl Pool {
     /// Records the failure of any origin seen to shrink by a request that
     /// just failed with `e` (it holds no lock any more), and hands `e` on.
     pub(super) fn after_origin_error<T>(&self, result: Result<T>) -> Result<T> {
-        if let Err(Error::Origin(_)) = &result {
+        if let Err(Error::Refused(Refusal::Origin(_))) = &result {
             if let Err(e) = self.record_shrunk_origins() {
                 warn!(error = %e, "cannot record the loss of an origin whose device shrank");
             }
@@ -126,14 +126,11 @@ impl Pool {
         };
         if loss.accepted_unix == 0 {
             if !accept {
-                return Err(Error::Conflict(format!(
-                    "{name}'s device shrank to {} bytes while attached (or while the daemon was \
-                     stopped): what it held from there on is lost, and a device grown back \
-                     reads zeros there, not {name}'s data; its snapshots taken before fail \
-                     reads of that range (arbor check lists them). To serve {name} again as \
-                     its device is now, attach it with --accept-damage",
-                    loss.from
-                )));
+                return Err(Conflict::ShrankWhileAttached {
+                    name: name.to_owned(),
+                    to: loss.from,
+                }
+                .into());
             }
             loss.accepted_unix = now_unix();
             self.set_property(Some(VolumeId(id)), ORIGIN_LOSS_KEY, &loss.encode())?;
@@ -157,12 +154,11 @@ impl Pool {
         for piece in pieces {
             if let Source::Origin(at) = piece.source {
                 if loss.covers(backing.epoch, at, piece.len) {
-                    return Err(Error::Origin(format!(
-                        "{name}: a snapshot taken before its device shrank read bytes from {} \
-                         on through the device, and they are lost: they read as an error, \
-                         never as zeros (arbor check lists what each snapshot lost)",
-                        loss.from
-                    )));
+                    return Err(OriginUnavailable::ReadOfLost {
+                        name: name.to_owned(),
+                        from: loss.from,
+                    }
+                    .into());
                 }
             }
         }
@@ -184,12 +180,11 @@ impl Pool {
         for chunk in chunks.start.max(first_lost)..chunks.end {
             if let Some((first, last)) = meta.copy_needed(id, chunk)? {
                 if meta.table().live_between(id, first, last.min(loss.epoch)) {
-                    return Err(Error::Origin(format!(
-                        "{name}: this write would overwrite bytes past {} that snapshots taken \
-                         before its device shrank read, and lost: destroy those snapshots \
-                         (arbor check lists them) to write there",
-                        loss.from
-                    )));
+                    return Err(OriginUnavailable::WriteOverLost {
+                        name: name.to_owned(),
+                        from: loss.from,
+                    }
+                    .into());
                 }
             }
         }

@@ -16,7 +16,7 @@ use arbor_io::BlockDevice;
 
 use super::gates::{stripe_indices, STRIPES};
 use super::{lock_mutex, read_lock, try_lock, write_lock, SoleCopies};
-use crate::error::{Error, Result};
+use crate::error::{Error, OriginUnavailable, Result};
 use crate::volumes::Volumes;
 
 /// Origin stripe guards (see [`Origins::stripes`]).
@@ -194,9 +194,7 @@ impl OriginDevice {
         if self.written.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.dev.flush() {
                 self.written.store(true, Ordering::Release);
-                return Err(Error::Origin(format!(
-                    "the device of a copy-on-write volume failed to flush: {e}"
-                )));
+                return Err(OriginUnavailable::FlushFailed(e).into());
             }
             // A flush is acknowledged only if what it made durable is there.
             if let Some(now) = self.check_size() {
@@ -232,12 +230,12 @@ impl OriginDevice {
 
     /// The error of every request to a device that shrank to `now`.
     pub(super) fn shrunk_error(&self, name: &str, now: u64) -> Error {
-        Error::Origin(format!(
-            "{name}: its device shrank from {} to {now} bytes while attached, so it serves \
-             no I/O: what it held from byte {now} on is lost (arbor origin list shows it; \
-             arbor origin attach {name} PATH --accept-damage serves it again)",
-            self.dev.size()
-        ))
+        OriginUnavailable::Shrunk {
+            name: name.to_owned(),
+            was: self.dev.size(),
+            now,
+        }
+        .into()
     }
 
     /// Tracks the chunks written from now on (see [`Written`]) until the

@@ -238,7 +238,7 @@ fn a_pool_older_than_version_7_refuses_a_partial() {
     let mut buf = vec![0u8; BLOCK];
     assert!(matches!(
         pool.read(a, 0, &mut buf),
-        Err(Error::Inconsistent(_))
+        Err(Error::Stop(Fault::Inconsistent(_)))
     ));
 }
 

@@ -14,7 +14,7 @@ use arbor_format::{decode_property, encode_property};
 
 use super::write::Unit;
 use super::{Pool, VolumeId};
-use crate::error::{Error, Result};
+use crate::error::{Capability, Error, Invalid, Result, Unsupported};
 use crate::meta::Privilege;
 use crate::names::is_name_char;
 use crate::volumes::Volumes;
@@ -30,10 +30,11 @@ fn check_key(key: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "property key {key:?}: 1 to {MAX_PROPERTY_KEY} of letters, digits and . _ : -, \
-             starting with a letter or digit"
-        )))
+        Err(Invalid::PropertyKey {
+            key: key.to_owned(),
+            max: MAX_PROPERTY_KEY,
+        }
+        .into())
     }
 }
 
@@ -44,11 +45,7 @@ fn owner_id(owner: Option<VolumeId>) -> u64 {
 impl Pool {
     fn check_properties_supported(&self) -> Result<()> {
         if !self.format_version().has_properties() {
-            return Err(Error::Unsupported(
-                "this pool's format (version 3 or older) cannot keep properties such as \
-                 policies; upgrade it first (arbor pool upgrade)"
-                    .into(),
-            ));
+            return Err(Unsupported::Format(Capability::Properties).into());
         }
         Ok(())
     }
@@ -68,7 +65,7 @@ impl Pool {
     pub fn set_property(&self, owner: Option<VolumeId>, key: &str, value: &[u8]) -> Result<()> {
         check_key(key)?;
         self.check_properties_supported()?;
-        let stored = encode_property(value).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let stored = encode_property(value).map_err(Invalid::PropertyValue)?;
         let owner = owner_id(owner);
         let size = stored.len() as u64;
         let staged = self.manage(Privilege::Normal, |m| {
@@ -95,7 +92,7 @@ impl Pool {
     }
 
     /// Property `key` of volume `owner` (`None`: of the pool), if set. A
-    /// damaged value is an error ([`Error::Corrupt`]), never wrong bytes.
+    /// damaged value is an error ([`Fault::Corrupt`]), never wrong bytes.
     pub fn property(&self, owner: Option<VolumeId>, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;
         let _gate = self.gates.io();

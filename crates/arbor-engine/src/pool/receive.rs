@@ -16,7 +16,7 @@ use arbor_format::{Guid, ReceiveState, VolumeKind};
 
 use super::write::Unit;
 use super::{check_size, Pool, VolumeId};
-use crate::error::{Error, Result};
+use crate::error::{Conflict, Error, Invalid, Result};
 use crate::meta::Privilege;
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::volumes::{receiving_name, Volumes};
@@ -113,13 +113,13 @@ impl Pool {
     /// into a new one it may be any snapshot (the volume is created as its
     /// clone: a stream against a sibling or a clone's origin).
     /// A receive of another stream into the same volume is refused
-    /// ([`Error::Conflict`]: abort it first), unless its base is gone, in
+    /// ([`Refusal::Conflict`]: abort it first), unless its base is gone, in
     /// which case it is discarded and the start says so.
     pub fn begin_receive(&self, t: &ReceiveTarget) -> Result<ReceiveStart> {
         check_volume_name(&t.volume)?;
         check_size(t.size)?;
         if t.target == [0; 16] || t.base == Some([0; 16]) {
-            return Err(Error::InvalidArgument("a stream identity of zeros".into()));
+            return Err(Invalid::ZeroStreamIdentity.into());
         }
         let cs = self.chunk_size();
         // A receive whose base is gone can never finish: it is discarded
@@ -151,20 +151,18 @@ impl Pool {
                     let resize = status.size != t.size && status.offset == 0;
                     return Ok(resize.then_some(VolumeId(id)));
                 }
-                return Err(Error::Conflict(format!(
-                    "a receive of another stream into {} is in progress (snapshot {}); \
-                     resume it, or abort it with `arbor receive --abort {}`",
-                    t.volume,
-                    hex(&status.target),
-                    t.volume
-                )));
+                return Err(Conflict::ReceiveInProgress {
+                    volume: t.volume.clone(),
+                    snapshot: hex(&status.target),
+                }
+                .into());
             }
             if let Some(existing) = m.guid_id(&t.target) {
-                return Err(Error::Conflict(format!(
-                    "this pool already has the stream's snapshot, as {} (identity {})",
-                    m.volume(existing)?.name,
-                    hex(&t.target)
-                )));
+                return Err(Conflict::HaveSnapshot {
+                    name: m.volume(existing)?.name.clone(),
+                    identity: hex(&t.target),
+                }
+                .into());
             }
             let state = ReceiveState {
                 target: t.target,
@@ -178,17 +176,14 @@ impl Pool {
                 }
                 Some(base) => {
                     let base_id = m.guid_id(&base).ok_or_else(|| {
-                        Error::NotFound(format!(
+                        Error::not_found(format!(
                             "the stream's base snapshot (identity {}) is not in this pool",
                             hex(&base)
                         ))
                     })?;
                     let rec = m.volume(base_id)?;
                     if rec.kind != VolumeKind::Snapshot {
-                        return Err(Error::InvalidArgument(format!(
-                            "the stream's base {} is not a snapshot",
-                            rec.name
-                        )));
+                        return Err(Invalid::StreamBaseNotSnapshot(rec.name.clone()).into());
                     }
                     // Into an existing volume: the base must be one of its
                     // snapshots (the volume rolls forward). Else the volume
@@ -196,11 +191,11 @@ impl Pool {
                     if let Ok(vol) = m.volume_id(&t.volume) {
                         m.writable_volume(vol)?;
                         if rec.parent != vol {
-                            return Err(Error::InvalidArgument(format!(
-                                "the stream's base is {}, which is not a snapshot of {}; \
-                                 receive into a new volume to make it a clone of {}",
-                                rec.name, t.volume, rec.name
-                            )));
+                            return Err(Invalid::StreamBaseElsewhere {
+                                base: rec.name.clone(),
+                                volume: t.volume.clone(),
+                            }
+                            .into());
                         }
                     }
                     let old_size = rec.size_bytes;
@@ -217,7 +212,13 @@ impl Pool {
             (Ok(fresh), _) => fresh,
             (Err(e), None) => return Err(e),
             // Say what was discarded, whatever else went wrong.
-            (Err(e), Some(note)) => return Err(Error::Conflict(format!("{note}; then: {e}"))),
+            (Err(e), Some(note)) => {
+                return Err(Conflict::AfterDiscard {
+                    note: note.clone(),
+                    error: Box::new(e),
+                }
+                .into())
+            }
         };
         // An incremental receive starts at its base's size: bytes of the
         // base's last chunk past that size must read as zeros (as a grow
@@ -258,10 +259,7 @@ impl Pool {
         let meta = self.read_meta()?;
         let rec = meta.volume(id.0)?;
         if rec.kind != VolumeKind::Receiving {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not a receive in progress",
-                rec.name
-            )));
+            return Err(Invalid::NotAReceive(rec.name.clone()).into());
         }
         Self::check_range(rec, offset, len)
     }
@@ -285,10 +283,11 @@ impl Pool {
         self.manage(Privilege::Normal, |m| {
             let rec = m.volume(id.0)?;
             if rec.kind != VolumeKind::Receiving || offset > rec.size_bytes {
-                return Err(Error::InvalidArgument(format!(
-                    "checkpoint at {offset} of {}",
-                    rec.name
-                )));
+                return Err(Invalid::Checkpoint {
+                    offset,
+                    name: rec.name.clone(),
+                }
+                .into());
             }
             m.set_received(id.0, offset)
         })
@@ -312,24 +311,22 @@ impl Pool {
         self.manage(Privilege::Normal, |m| {
             let rec = m.volume(id.0)?;
             if rec.kind != VolumeKind::Receiving || rec.name != receiving_name(volume) {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is not a receive into {volume}",
-                    rec.name
-                )));
+                return Err(Invalid::ReceiveElsewhere {
+                    name: rec.name.clone(),
+                    volume: volume.to_owned(),
+                }
+                .into());
             }
             if let (Some(base), Ok(vol)) = (nonzero(rec.receive.base), m.volume_id(volume)) {
-                let base_id = m.guid_id(&base).ok_or_else(|| {
-                    Error::Conflict(format!(
-                        "the stream's base snapshot (identity {}) was deleted during the receive",
-                        hex(&base)
-                    ))
-                })?;
+                let base_id = m
+                    .guid_id(&base)
+                    .ok_or_else(|| Error::from(Conflict::BaseDeleted(hex(&base))))?;
                 if m.volume(vol)?.root != m.volume(base_id)?.root && !force {
-                    return Err(Error::Conflict(format!(
-                        "{volume} was written since {}; receive with --force to discard \
-                         those changes",
-                        m.volume(base_id)?.name
-                    )));
+                    return Err(Conflict::WrittenSinceBase {
+                        volume: volume.to_owned(),
+                        base: m.volume(base_id)?.name.clone(),
+                    }
+                    .into());
                 }
             }
             m.finish_receiving(id.0, volume, snapshot, created_unix_secs)
@@ -358,7 +355,7 @@ mod tests {
 
     use arbor_io::{BlockDevice, SimDisk};
 
-    use crate::{CreateOptions, Error, OpenOptions, Pool, Result};
+    use crate::{CreateOptions, Error, OpenOptions, Pool, Refusal, Resource, Result};
 
     fn pool(disk: &SimDisk) -> Pool {
         let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
@@ -412,7 +409,7 @@ mod tests {
             };
             match run() {
                 Ok(()) => finished += 1,
-                Err(Error::MetadataFull | Error::NoSpace) => {
+                Err(Error::Exhausted(Resource::Metadata | Resource::DataSpace)) => {
                     failed += 1;
                     assert!(p.lookup("v@b").is_err(), "allow {allow}: visible");
                     assert!(read_all(&p, v) == before, "allow {allow}: volume changed");
@@ -464,13 +461,16 @@ mod tests {
         assert!(p.hold("v@s", "backup").unwrap());
         assert!(!p.hold("v@s", "backup").unwrap(), "the same tag twice");
         assert!(p.hold("v@s", "repl:site-b").unwrap());
-        assert!(matches!(p.hold("v", "x"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            p.hold("v", "x"),
+            Err(Error::Refused(Refusal::Invalid(_)))
+        ));
         assert!(matches!(
             p.hold("v@s", "bad tag"),
-            Err(Error::InvalidArgument(_))
+            Err(Error::Refused(Refusal::Invalid(_)))
         ));
         let err = p.delete("v@s").unwrap_err();
-        assert!(matches!(err, Error::Conflict(_)), "{err}");
+        assert!(matches!(err, Error::Refused(Refusal::Conflict(_))), "{err}");
         assert!(err.to_string().contains("backup, repl:site-b"), "{err}");
         assert_eq!(p.list().unwrap().len(), 2, "holds are not volumes");
         p.rename("v", "w").unwrap();

@@ -286,17 +286,20 @@ impl Pool {
                 // chunk that is this volume's alone in the open state may be
                 // overwritten in place once that state is durable: make room
                 // and try once more before reporting full.
-                Err(e @ (Error::NoSpace | Error::MetadataFull)) => {
+                Err(
+                    e @ (Error::Exhausted(Resource::DataSpace)
+                    | Error::Exhausted(Resource::Metadata)),
+                ) => {
                     if made_room || !self.make_room()? {
                         return Err(e);
                     }
                     made_room = true;
                 }
-                Err(Error::TransactionFull) if commits < COMMITS_BEFORE_SPLIT => {
+                Err(Error::Exhausted(Resource::Journal)) if commits < COMMITS_BEFORE_SPLIT => {
                     self.commit_open()?;
                     commits += 1;
                 }
-                Err(Error::TransactionFull) => return self.apply_alone(&unit),
+                Err(Error::Exhausted(Resource::Journal)) => return self.apply_alone(&unit),
                 Err(e) => return Err(e),
             }
         }
@@ -319,11 +322,11 @@ impl Pool {
         let _gate = self.gates.commit();
         self.commit_held()?;
         match self.attempt_locked(unit, &mut None) {
-            Err(Error::TransactionFull) => {}
+            Err(Error::Exhausted(Resource::Journal)) => {}
             other => return other,
         }
         if unit.halves(self.chunk_size()).is_none() {
-            return Err(Error::TransactionFull);
+            return Err(Error::Exhausted(Resource::Journal));
         }
         self.counters.split();
         let held = {
@@ -357,21 +360,21 @@ impl Pool {
             match self.attempt_locked(unit, &mut None) {
                 Ok(()) => return Ok(()),
                 // Earlier pieces filled the transaction: commit them.
-                Err(Error::TransactionFull) if self.read_meta()?.has_changes() => {
+                Err(Error::Exhausted(Resource::Journal)) if self.read_meta()?.has_changes() => {
                     self.commit_held()?
                 }
-                Err(Error::TransactionFull) => {
+                Err(Error::Exhausted(Resource::Journal)) => {
                     let Some((a, b)) = unit.halves(self.chunk_size()) else {
-                        return Err(Error::TransactionFull);
+                        return Err(Error::Exhausted(Resource::Journal));
                     };
                     self.apply_pieces(&a)?;
                     return self.apply_pieces(&b);
                 }
                 // Entries the earlier pieces freed are allocatable once
                 // committed.
-                Err(Error::NoSpace | Error::MetadataFull)
-                    if !committed_for_space && self.read_meta()?.meta().awaiting_commit() =>
-                {
+                Err(
+                    Error::Exhausted(Resource::DataSpace) | Error::Exhausted(Resource::Metadata),
+                ) if !committed_for_space && self.read_meta()?.meta().awaiting_commit() => {
                     committed_for_space = true;
                     self.commit_held()?;
                 }
@@ -919,7 +922,9 @@ mod split_tests {
                     assert!(read(&pool, a).iter().all(|&b| b == 0), "allow {allow}");
                     succeeded += 1;
                 }
-                Err(Error::MetadataFull | Error::NoSpace) => {
+                Err(
+                    Error::Exhausted(Resource::Metadata) | Error::Exhausted(Resource::DataSpace),
+                ) => {
                     assert!(
                         read(&pool, a) == model,
                         "allow {allow}: {result:?} left a changed"

@@ -11,7 +11,7 @@ use arbor_format::{
 use std::collections::HashMap;
 
 use super::Volumes;
-use crate::error::{Error, Result};
+use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::snapstore::{SnapStore, SnapStoreMut, StoreEntry};
 
 /// A copy planned for one chunk of a copy-on-write volume: its content
@@ -62,11 +62,7 @@ pub(crate) fn is_visible(rec: &VolumeRecord) -> bool {
 impl Volumes {
     fn check_cow_supported(&self) -> Result<()> {
         if !self.meta.geo().version().has_cow_volumes() || !self.has_identities() {
-            return Err(Error::Unsupported(
-                "this pool's format (version 4 or older) has no copy-on-write volumes; \
-                 upgrade it first (arbor pool upgrade)"
-                    .into(),
-            ));
+            return Err(Unsupported::Format(Capability::CowVolumes).into());
         }
         Ok(())
     }
@@ -88,10 +84,11 @@ impl Volumes {
         self.check_cow_supported()?;
         if chunks > MAX_COW_CHUNKS {
             let cs = self.meta.geo().chunk_size;
-            return Err(Error::InvalidArgument(format!(
-                "a copy-on-write volume holds at most {MAX_COW_CHUNKS} chunks ({} bytes with this pool's chunks)",
-                MAX_COW_CHUNKS.saturating_mul(cs)
-            )));
+            return Err(Invalid::CowTooLarge {
+                max_chunks: MAX_COW_CHUNKS,
+                max_bytes: MAX_COW_CHUNKS.saturating_mul(cs),
+            }
+            .into());
         }
         Ok(())
     }
@@ -298,10 +295,7 @@ impl Volumes {
         let cs = self.meta.geo().chunk_size;
         let (cow, rec) = self.cow_state(id)?;
         if !matches!(cow.home, Home::External(_)) || cow.rollback != 0 || rec.size_bytes != size {
-            return Err(Error::Conflict(format!(
-                "{} changed meanwhile (resized, rolled back, or not an origin)",
-                rec.name
-            )));
+            return Err(Conflict::HomeChanged(rec.name.clone()).into());
         }
         let (start, chunks) = self.home_growth_run(&to)?;
         if chunks != size.div_ceil(cs) {
@@ -323,10 +317,7 @@ impl Volumes {
         let home = self.pool_home(id)?;
         let rec = self.volume(id)?;
         if rec.size_bytes != old_size {
-            return Err(Error::InvalidArgument(format!(
-                "{} was resized meanwhile",
-                rec.name
-            )));
+            return Err(Invalid::ResizedMeanwhile(rec.name.clone()).into());
         }
         Ok(home)
     }
@@ -423,7 +414,7 @@ impl Volumes {
     pub fn add_cow_volume(&mut self, name: String, size: u64, home: Home) -> Result<u64> {
         self.check_cow_home(size.div_ceil(self.meta.geo().chunk_size))?;
         if let Some(other) = self.volume_with_home(home, None) {
-            return Err(Error::AlreadyExists(format!(
+            return Err(Error::already_exists(format!(
                 "{} (the same device is attached as {})",
                 name, other.name
             )));
@@ -446,16 +437,14 @@ impl Volumes {
     pub(super) fn snapshot_cow(&mut self, source: u64, name: String) -> Result<u64> {
         let (cow, rec) = self.cow_state(source)?;
         if cow.rollback != 0 {
-            return Err(Error::Conflict(format!(
-                "{} is being rolled back; try again when it is done",
-                rec.name
-            )));
+            return Err(Conflict::RollingBack(rec.name.clone()).into());
         }
         if cow.epoch >= MAX_EPOCH {
-            return Err(Error::Unsupported(format!(
-                "{} has taken {MAX_EPOCH} snapshots, the most one copy-on-write volume can",
-                rec.name
-            )));
+            return Err(Unsupported::TooManyEpochs {
+                name: rec.name.clone(),
+                max: MAX_EPOCH,
+            }
+            .into());
         }
         let size = rec.size_bytes;
         let epoch = cow.epoch + 1;
@@ -592,14 +581,11 @@ impl Volumes {
     pub fn set_external_identity(&mut self, id: u64, identity: DeviceIdentity) -> Result<()> {
         let (cow, rec) = self.cow_state(id)?;
         if !matches!(cow.home, Home::External(_)) {
-            return Err(Error::InvalidArgument(format!(
-                "{} has its data in the pool, not on a device",
-                rec.name
-            )));
+            return Err(Invalid::DataInPool(rec.name.clone()).into());
         }
         let home = Home::External(identity);
         if let Some(other) = self.volume_with_home(home, Some(id)) {
-            return Err(Error::AlreadyExists(format!(
+            return Err(Error::already_exists(format!(
                 "the device of {} (that identity)",
                 other.name
             )));
@@ -626,13 +612,12 @@ impl Volumes {
     pub fn check_no_readers(&self, id: u64) -> Result<()> {
         let (epochs, readers) = self.table.readers_of(id);
         if readers > 0 {
-            return Err(Error::Conflict(format!(
-                "{} has {readers} snapshot{} and clone{} reading through {epochs} of its epochs; \
-                 destroy them first",
-                self.volume(id)?.name,
-                if readers == 1 { "" } else { "s" },
-                if readers == 1 { "" } else { "s" },
-            )));
+            return Err(Conflict::ReadThrough {
+                name: self.volume(id)?.name.clone(),
+                readers,
+                epochs,
+            }
+            .into());
         }
         Ok(())
     }
