@@ -26,6 +26,8 @@ pub fn code_of(err: &DaemonError) -> ErrorCode {
         DaemonError::Busy(_) => ErrorCode::Busy,
         // A pool held elsewhere is no request's fault.
         DaemonError::PoolInUse(_) => ErrorCode::Internal,
+        DaemonError::ReadOnly(_) => ErrorCode::ReadOnly,
+        DaemonError::BadStream(_) => ErrorCode::BadStream,
         DaemonError::Engine(e) => code_of_engine(e),
         DaemonError::Replica(StateError::NotFound(_)) => ErrorCode::NotFound,
         DaemonError::Replica(StateError::Invalid(_)) => ErrorCode::InvalidArgument,

@@ -20,6 +20,10 @@ pub enum DaemonError {
     Busy(String),
     /// Another process holds the pool.
     PoolInUse(String),
+    /// Changes only by replication: a replica, or one of its snapshots.
+    ReadOnly(String),
+    /// A stream to receive broke off or is not one.
+    BadStream(String),
     /// The engine's error, passed on as it is (its type says whether the
     /// pool stopped).
     Engine(arbor_engine::Error),
@@ -46,7 +50,9 @@ impl std::fmt::Display for DaemonError {
             DaemonError::Invalid(m)
             | DaemonError::NotFound(m)
             | DaemonError::Busy(m)
-            | DaemonError::PoolInUse(m) => f.write_str(m),
+            | DaemonError::PoolInUse(m)
+            | DaemonError::ReadOnly(m)
+            | DaemonError::BadStream(m) => f.write_str(m),
             DaemonError::Engine(e) => e.fmt(f),
             DaemonError::Replica(e) => e.fmt(f),
             DaemonError::Internal(e) => e.fmt(f),
@@ -63,7 +69,9 @@ impl std::error::Error for DaemonError {
             DaemonError::Invalid(_)
             | DaemonError::NotFound(_)
             | DaemonError::Busy(_)
-            | DaemonError::PoolInUse(_) => None,
+            | DaemonError::PoolInUse(_)
+            | DaemonError::ReadOnly(_)
+            | DaemonError::BadStream(_) => None,
             DaemonError::Engine(e) => e.source(),
             DaemonError::Replica(e) => e.source(),
             DaemonError::Internal(e) => e.source(),

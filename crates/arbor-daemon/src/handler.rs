@@ -2,8 +2,6 @@
 //! workers ([`blocking`]), name suggestions for a name not found, and the
 //! read-only rule for replicas ([`not_replica`]).
 
-use arbor_api::error_code::ErrorCode;
-
 use arbor_engine::Pool;
 
 use super::api_error::{engine_task_failed, ApiError, ApiResult};
@@ -83,13 +81,11 @@ fn nearest_name(pool: &Pool, name: &str) -> Option<String> {
 pub(super) fn not_replica(replication: &Replication, name: &str) -> ApiResult<()> {
     let volume = name.split_once('@').map_or(name, |(v, _)| v);
     if replication.is_replica(volume) {
-        return Err(ApiError::new(
-            ErrorCode::ReadOnly,
-            format!(
-                "{volume} is a replica: it changes only by replication \
-                 (`arbor replica promote {volume}` makes it the writable master)"
-            ),
-        ));
+        return Err(DaemonError::ReadOnly(format!(
+            "{volume} is a replica: it changes only by replication \
+             (`arbor replica promote {volume}` makes it the writable master)"
+        ))
+        .into());
     }
     Ok(())
 }

@@ -36,7 +36,7 @@ mod token_api;
 mod tokens;
 pub mod views;
 
-pub use api_error::code_of_engine;
+pub use api_error::{code_of, code_of_engine};
 pub use error::DaemonError;
 pub use monitor::unix_now;
 pub use serve::serve;

@@ -12,7 +12,6 @@ use arbor_engine::Pool;
 
 use crate::error::DaemonError;
 use crate::replication::Replication;
-use arbor_api::error_code::ErrorCode;
 use serde::Deserialize;
 
 use arbor_api::model::{
@@ -43,8 +42,7 @@ pub async fn add(
         .unwrap_or_else(|| req.volume.clone());
     // Both names get replication snapshots: both within the name rule.
     for name in [&req.volume, &remote] {
-        arbor_engine::check_volume_name(name)
-            .map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))?;
+        arbor_engine::check_volume_name(name).map_err(|e| ApiError::from(DaemonError::from(e)))?;
     }
     let valid_target = req
         .target

@@ -25,7 +25,6 @@ use super::api_error::{engine_task_failed, ApiError, ApiResult};
 use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
-use arbor_api::error_code::ErrorCode;
 use arbor_api::model::{
     ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
     StreamFormat,
@@ -155,7 +154,7 @@ pub async fn send(State(c): State<Streams>, Query(q): Query<SendQuery>) -> ApiRe
     tokio::task::spawn_blocking(move || produce(&pool, &pins, &req, &tx, ready_tx));
     ready_rx
         .await
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "the send task ended".into()))??;
+        .map_err(|_| ApiError::from(DaemonError::msg("the send task ended")))??;
     let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     }));
@@ -308,10 +307,10 @@ fn receive_rbd(
     let mut receiver = RbdReceiver::new(pool, volume, force);
     while let Some(item) = rx.blocking_recv() {
         let Some(bytes) = item else {
-            return Err(ApiError::new(
-                ErrorCode::BadStream,
-                format!("receive into {volume}: the rbd diff broke off; nothing was kept"),
-            ));
+            return Err(DaemonError::BadStream(format!(
+                "receive into {volume}: the rbd diff broke off; nothing was kept"
+            ))
+            .into());
         };
         receiver.push(&bytes).map_err(ApiError::from)?;
     }
@@ -337,10 +336,7 @@ fn interrupted(volume: &str, token: Option<ResumeToken>, why: &str) -> ApiError 
         Some(t) => format!("; resume with `arbor send --resume {}`", t.encode()),
         None => String::new(),
     };
-    ApiError::new(
-        ErrorCode::BadStream,
-        format!("receive into {volume}: {why}{resume}"),
-    )
+    DaemonError::BadStream(format!("receive into {volume}: {why}{resume}")).into()
 }
 
 /// `GET /v1/receive/{volume}`: the receive in progress, with its token.

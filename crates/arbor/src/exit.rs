@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use arbor_api::error::ClientError;
 use arbor_api::error_code::ErrorCode;
-use arbor_daemon::{code_of_engine, DaemonError};
+use arbor_daemon::{code_of, code_of_engine, DaemonError};
 
 /// What went wrong, as far as a script needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,14 +74,13 @@ impl Exit {
     /// operation, if its kind has one (an internal error's causes may).
     fn of_daemon(err: &DaemonError) -> Option<Self> {
         match err.root() {
-            DaemonError::Invalid(_) => Some(Exit::Usage),
-            DaemonError::NotFound(_) => Some(Exit::NotFound),
-            DaemonError::Busy(_) => Some(Exit::Busy),
+            // An API code of its own would be Internal: no request's fault.
             DaemonError::PoolInUse(_) => Some(Exit::PoolInUse),
-            DaemonError::Engine(e) => Some(Exit::of_code(code_of_engine(e))),
             // Its own chain (a missing file's error among it) may know one.
             DaemonError::Internal(e) => Some(Exit::of(e)).filter(|&exit| exit != Exit::Failure),
             DaemonError::Replica(_) | DaemonError::Context { .. } => None,
+            // The rest by their API code: the one mapping of kinds.
+            kind => Some(Exit::of_code(code_of(kind))),
         }
     }
 
@@ -168,6 +167,33 @@ mod tests {
         assert_eq!(Exit::of(&anyhow::Error::new(missing)), Exit::NotFound);
         let odd = DaemonError::msg("odd").context("serve");
         assert_eq!(Exit::of(&anyhow::Error::new(odd)), Exit::Failure);
+        // Each refusal of the daemon: the status of its API code.
+        for (refusal, code, exit) in [
+            (
+                DaemonError::Invalid("x".into()),
+                ErrorCode::InvalidArgument,
+                Exit::Usage,
+            ),
+            (
+                DaemonError::NotFound("x".into()),
+                ErrorCode::NotFound,
+                Exit::NotFound,
+            ),
+            (DaemonError::Busy("x".into()), ErrorCode::Busy, Exit::Busy),
+            (
+                DaemonError::ReadOnly("x".into()),
+                ErrorCode::ReadOnly,
+                Exit::Conflict,
+            ),
+            (
+                DaemonError::BadStream("x".into()),
+                ErrorCode::BadStream,
+                Exit::Usage,
+            ),
+        ] {
+            assert_eq!(code_of(&refusal), code, "{refusal:?}");
+            assert_eq!(Exit::of(&anyhow::Error::new(refusal)), exit, "{code:?}");
+        }
         let api = anyhow::Error::new(ClientError::Api {
             code: ErrorCode::ReadOnly,
             message: "a replica".into(),
