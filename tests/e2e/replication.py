@@ -1475,6 +1475,10 @@ def main():
         try:
             body()
         except Failure as e:
+            # The whole message: the summary keeps only its first line, and
+            # the detail (the state that failed the check) is what explains
+            # a failure seen once.
+            say(f"    FAILED: {e}")
             failures.append(str(e))
         except (Exception, SystemExit, KeyboardInterrupt):
             tb = traceback.format_exc()
