@@ -29,6 +29,8 @@ pub(crate) struct Committed {
     txn: u64,
     volumes_root: BlockRef,
     queue_root: BlockRef,
+    /// The data checksum tree (version 10; none before).
+    sums_root: BlockRef,
     next_volume_id: u64,
     meta_used: u64,
     data_used: u64,
@@ -66,6 +68,7 @@ impl Committed {
             txn: rec.txn.get(),
             volumes_root: rec.volumes_root.into(),
             queue_root: rec.queue_root.into(),
+            sums_root: meta.sums_root_of(rec),
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),
@@ -258,6 +261,22 @@ impl Walker<'_> {
                     }
                 }
                 TreeKind::Queue => self.queued.push(BlockRef::decode(node.value(i))),
+                TreeKind::Sums => {
+                    let geo = self.meta.store.geo.sums;
+                    if let Err(e) = arbor_format::SumsLeaf::decode(geo, node.value(i)) {
+                        self.damage(format!("checksum leaf {key} in block {}: {e}", r.block));
+                    }
+                    if geo
+                        .first_chunk(key)
+                        .is_none_or(|c| c >= self.meta.data_entries)
+                    {
+                        self.damage(format!(
+                            "checksum leaf {key} in block {}: past the data region",
+                            r.block
+                        ));
+                    }
+                }
+                TreeKind::Intents => {}
             }
         }
         (mapped, previous_end)
@@ -469,6 +488,9 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
             _ => TreeKind::Volumes,
         };
         w.walk(meta.volumes_root, kind);
+    }
+    if !meta.sums_root.is_none() {
+        w.walk(meta.sums_root, TreeKind::Sums);
     }
     if queue && !meta.queue_root.is_none() {
         w.walk(meta.queue_root, TreeKind::Queue);

@@ -30,6 +30,7 @@ mod repair;
 mod snapstore;
 mod spacemap;
 mod store;
+mod sums;
 mod table;
 #[cfg(test)]
 mod testing;

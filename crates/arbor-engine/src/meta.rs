@@ -81,6 +81,8 @@ pub(crate) struct Meta {
     data_sm: SpaceMap,
     queue_root: BlockRef,
     next_queue_seq: u64,
+    /// The data checksum tree (`crate::sums`; version 10, else empty).
+    sums_root: BlockRef,
     /// Who the running step allocates for (set by [`Meta::begin_step`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
@@ -116,6 +118,7 @@ enum NodeUndo {
 /// Everything a rollback needs to restore the transaction (see [`Meta::begin_step`]).
 pub(crate) struct Savepoint {
     queue_root: BlockRef,
+    sums_root: BlockRef,
     next_queue_seq: u64,
     privilege: Privilege,
     meta_sm: SmSavepoint,
@@ -289,6 +292,7 @@ impl Meta {
             rec.data_cursor.get(),
         )?;
         let meta_reserve = meta_reserve(geo.meta_blocks());
+        let sums_root = Self::sums_root_in(&store, &rec);
         Ok(Self {
             store,
             txn: rec.txn.get() + 1,
@@ -298,6 +302,7 @@ impl Meta {
             meta_sm,
             data_sm,
             queue_root: rec.queue_root.into(),
+            sums_root,
             next_queue_seq: rec.next_queue_seq.get(),
             privilege: Privilege::Normal,
             meta_reserve,
@@ -472,6 +477,40 @@ impl Meta {
         Ok(Some(BlockRef::decode(&value)))
     }
 
+    // ---- data checksums (`crate::sums`) -------------------------------------------
+
+    /// The checksum tree's root that `rec` names: zeros before version 10
+    /// (reserved bytes, ignored on read).
+    fn sums_root_in(store: &Store, rec: &CommitRecord) -> BlockRef {
+        if store.geo.version().has_data_checksums() {
+            rec.sums_root.into()
+        } else {
+            BlockRef::NONE
+        }
+    }
+
+    /// [`Self::sums_root_in`] of this pool.
+    pub fn sums_root_of(&self, rec: &CommitRecord) -> BlockRef {
+        Self::sums_root_in(&self.store, rec)
+    }
+
+    /// The root of the data checksum tree.
+    pub fn sums_root(&self) -> BlockRef {
+        self.sums_root
+    }
+
+    /// Runs `f` on the checksum tree of the transaction, keeping its new root.
+    pub fn with_sums_tree<T>(
+        &mut self,
+        f: impl FnOnce(&mut TreeMut<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let root = self.sums_root;
+        let mut tree = TreeMut::new(self, TreeKind::Sums, root);
+        let result = f(&mut tree);
+        self.sums_root = tree.root();
+        result
+    }
+
     /// Forgets the whole reclaim queue (offline repair of a damaged queue:
     /// the space maps are rebuilt from the volumes afterwards).
     pub fn forget_queue(&mut self) {
@@ -554,6 +593,7 @@ impl Meta {
     fn savepoint(&mut self) -> Savepoint {
         Savepoint {
             queue_root: self.queue_root,
+            sums_root: self.sums_root,
             next_queue_seq: self.next_queue_seq,
             privilege: self.privilege,
             meta_sm: self.meta_sm.savepoint(),
@@ -592,6 +632,7 @@ impl Meta {
         self.meta_sm.rollback(sp.meta_sm);
         self.data_sm.rollback(sp.data_sm);
         self.queue_root = sp.queue_root;
+        self.sums_root = sp.sums_root;
         self.next_queue_seq = sp.next_queue_seq;
         self.privilege = sp.privilege;
         if self.node_log.idle() {
@@ -952,6 +993,7 @@ impl Meta {
         rec.txn = U64::new(self.txn);
         rec.volumes_root = volumes.root.into();
         rec.queue_root = self.queue_root.into();
+        rec.sums_root = self.sums_root.into();
         rec.next_volume_id = U64::new(volumes.next_id);
         rec.next_queue_seq = U64::new(self.next_queue_seq);
         rec.meta_used = U64::new(self.meta_sm.used());

@@ -27,6 +27,8 @@ pub(crate) struct Geometry {
     pub journal_pages: u64,
     pub journal_start: [u64; 2],
     pub uuid: [u8; 16],
+    /// How the chunks divide into leaves of the checksum tree.
+    pub sums: arbor_format::SumsGeometry,
     /// The superblock as read or written at creation (its geometry never changes).
     superblock: Superblock,
     /// The pool's format version (1 until upgraded).
@@ -46,6 +48,9 @@ impl Geometry {
             journal_pages: u64::from(sb.journal_pages.get()),
             journal_start: [sb.journal_start[0].get(), sb.journal_start[1].get()],
             uuid: sb.uuid,
+            sums: arbor_format::SumsGeometry::new(sb.chunk_size.get()).unwrap_or_else(|e| {
+                unreachable!("a superblock's chunk size is validated when it is read: {e}")
+            }),
             superblock: *sb,
             version: AtomicFormatVersion::new(version),
             regions: (0..=MAX_GROWTHS).map(|_| OnceLock::new()).collect(),

@@ -16,6 +16,7 @@ mod packed;
 mod property;
 mod records;
 mod spacemap;
+mod sums;
 mod superblock;
 mod version;
 
@@ -41,6 +42,10 @@ pub use records::{
     MAX_PARTIAL_MIDS,
 };
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
+pub use sums::{
+    block_sum, zero_block_sum, SumsGeometry, SumsLeaf, SumsSlot, SUMS_VALUE_LEN, SUM_BLOCK,
+    SUM_BLOCK_U64,
+};
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
 pub use version::{AtomicFormatVersion, FormatVersion};
 

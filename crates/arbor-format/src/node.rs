@@ -30,6 +30,12 @@ pub enum TreeKind {
     /// Volume id → [`VolumeRecord`], version 3 layout (identities and
     /// receives in progress).
     VolumeTable = 4,
+    /// Data checksums (version 10): leaf number → the sums of a run of
+    /// chunks ([`crate::SumsLeaf`], one entry per leaf).
+    Sums = 6,
+    /// Data regions written in place since their sums last committed
+    /// (version 10): region number → the transaction that added it.
+    Intents = 7,
 }
 
 impl TreeKind {
@@ -49,6 +55,8 @@ impl TreeKind {
             TreeKind::Volumes => VolumeRecord::ENCODED_LEN_V1,
             TreeKind::Queue => BlockRef::ENCODED_LEN,
             TreeKind::VolumeTable => VolumeRecord::ENCODED_LEN,
+            TreeKind::Sums => crate::sums::SUMS_VALUE_LEN,
+            TreeKind::Intents => 8,
         }
     }
 
@@ -59,6 +67,8 @@ impl TreeKind {
             2 => Ok((TreeKind::Volumes, false)),
             3 => Ok((TreeKind::Queue, false)),
             4 => Ok((TreeKind::VolumeTable, false)),
+            6 => Ok((TreeKind::Sums, false)),
+            7 => Ok((TreeKind::Intents, false)),
             PACKED_MAPPING_KIND => Ok((TreeKind::Mapping, true)),
             other => Err(FormatError::Invalid(format!("tree kind {other}"))),
         }
@@ -770,5 +780,7 @@ mod tests {
         assert_eq!(leaf_capacity(TreeKind::Volumes), 15);
         assert_eq!(leaf_capacity(TreeKind::Queue), 169);
         assert_eq!(leaf_capacity(TreeKind::VolumeTable), 12);
+        assert_eq!(leaf_capacity(TreeKind::Sums), 1);
+        assert_eq!(leaf_capacity(TreeKind::Intents), 253);
     }
 }

@@ -64,6 +64,11 @@ pub struct CommitRecord {
     pub grown_count: U32,
     pub reserved: U32,
     pub grown: [RegionRaw; MAX_GROWTHS],
+    /// The data checksum tree's root (version 10; zeros before).
+    pub sums_root: BlockRefRaw,
+    /// The root of the set of regions written in place (version 10;
+    /// zeros before).
+    pub intents_root: BlockRefRaw,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]

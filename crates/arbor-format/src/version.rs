@@ -87,6 +87,12 @@ impl FormatVersion {
         self.0 >= 8
     }
 
+    /// Version 10 (in development: no release writes it yet): a crc32c of
+    /// every 4 KiB block of data, in the checksum tree (FORMAT.md §6.4).
+    pub fn has_data_checksums(self) -> bool {
+        self.0 >= 10
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).

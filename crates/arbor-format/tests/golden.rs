@@ -211,6 +211,10 @@ fn commit_record_and_region_offsets_match_format_md() {
     for (i, slot) in rec.grown.iter_mut().enumerate() {
         *slot = region(i as u64);
     }
+    rec.sums_root.block = U64::new(0x1f);
+    rec.sums_root.txn = U64::new(0x20);
+    rec.intents_root.block = U64::new(0x21);
+    rec.intents_root.txn = U64::new(0x22);
     let block = rec.encode(v(2)).unwrap();
     assert_eq!(&block[4..6], b"\x02\x00");
     let root = |b: u64, t: u64| [le(b), le(t)].concat();
@@ -252,6 +256,8 @@ fn commit_record_and_region_offsets_match_format_md() {
             ("grown_count", le32(MAX_GROWTHS as u32)),
             ("reserved", vec![0; 4]),
             ("grown regions", regions),
+            ("data checksum tree root", root(0x1f, 0x20)),
+            ("in-place intent set root", root(0x21, 0x22)),
         ],
     );
     let entry = table(&doc, "### 4.1 Grown region entry");
