@@ -34,6 +34,10 @@ struct Args {
     /// writes and a pool's commit, through io_uring against threads.
     #[arg(long)]
     batches_only: bool,
+    /// Only the data checksum figure: crc32c per 4 KiB block against
+    /// copying the same bytes, in memory.
+    #[arg(long)]
+    checksums_only: bool,
 }
 
 /// Counts writes (and bytes) reaching a device, and can drop writes at or
@@ -626,6 +630,39 @@ impl Bench {
     }
 }
 
+/// The data checksum's cost in memory (FORMAT.md §6.4): crc32c of every
+/// 4 KiB block of `bytes` of data, against copying the same bytes (the
+/// least any write path does with them), best of three rounds each.
+fn checksum_rate(bytes: u64) {
+    let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut copy = vec![0u8; data.len()];
+    let best = |f: &mut dyn FnMut() -> u32| {
+        (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(f());
+                start.elapsed()
+            })
+            .min()
+            .unwrap_or_default()
+    };
+    let sum = best(&mut || {
+        data.chunks(arbor_format::SUM_BLOCK)
+            .fold(0u32, |acc, b| acc ^ arbor_format::block_sum(b))
+    });
+    let copied = best(&mut || {
+        copy.copy_from_slice(&data);
+        u32::from(copy[copy.len() / 2])
+    });
+    let rate = |d: Duration| bytes as f64 / d.as_secs_f64() / GIB as f64;
+    println!("\n## Data checksums\n");
+    println!("| what | GiB/s | per 4 KiB block |\n|---|---|---|");
+    for (what, d) in [("crc32c per 4 KiB block", sum), ("memcpy", copied)] {
+        let per_block = d.as_secs_f64() * 1e9 / (bytes / 4096) as f64;
+        println!("| {what} | {:.2} | {per_block:.0} ns |", rate(d));
+    }
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     std::fs::create_dir_all(&args.dir)
@@ -643,6 +680,10 @@ fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.dir.display()
     );
+    if args.checksums_only {
+        checksum_rate(if args.quick { 64 * MIB } else { 512 * MIB });
+        return Ok(());
+    }
     if args.batches_only {
         bench.batches()?;
         for f in ["batch.raw", "batch.pool"] {
