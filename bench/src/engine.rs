@@ -634,7 +634,9 @@ impl Bench {
 /// 4 KiB block of `bytes` of data, against copying the same bytes (the
 /// least any write path does with them), best of three rounds each.
 fn checksum_rate(bytes: u64) {
-    let data: Vec<u8> = (0..bytes).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..bytes)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     let mut copy = vec![0u8; data.len()];
     let best = |f: &mut dyn FnMut() -> u32| {
         (0..3)

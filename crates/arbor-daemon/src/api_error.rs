@@ -61,6 +61,9 @@ pub fn code_of_engine(err: &arbor_engine::Error) -> ErrorCode {
             Resource::Metadata => ErrorCode::MetadataFull,
             Resource::Journal => ErrorCode::TransactionFull,
         },
+        // What the device returned is not the data: an I/O error to the
+        // client (EIO over NBD), and the pool goes on.
+        Error::Damaged(_) => ErrorCode::Io,
     }
 }
 

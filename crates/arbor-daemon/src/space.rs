@@ -127,6 +127,7 @@ mod tests {
             txn: 0,
             split_units: 0,
             chunk_writes: Default::default(),
+            in_place_regions: 0,
         }
     }
 

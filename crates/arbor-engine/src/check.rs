@@ -31,6 +31,8 @@ pub(crate) struct Committed {
     queue_root: BlockRef,
     /// The data checksum tree (version 10; none before).
     sums_root: BlockRef,
+    /// The in-place intent set (version 10; none before).
+    intents_root: BlockRef,
     next_volume_id: u64,
     meta_used: u64,
     data_used: u64,
@@ -69,6 +71,7 @@ impl Committed {
             volumes_root: rec.volumes_root.into(),
             queue_root: rec.queue_root.into(),
             sums_root: meta.sums_root_of(rec),
+            intents_root: meta.intents_root_of(rec),
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),
@@ -491,6 +494,9 @@ fn walk_trees(meta: &Committed, queue: bool) -> Result<Walker<'_>> {
     }
     if !meta.sums_root.is_none() {
         w.walk(meta.sums_root, TreeKind::Sums);
+    }
+    if !meta.intents_root.is_none() {
+        w.walk(meta.intents_root, TreeKind::Intents);
     }
     if queue && !meta.queue_root.is_none() {
         w.walk(meta.queue_root, TreeKind::Queue);

@@ -20,6 +20,22 @@ pub enum Error {
     /// The pool ran out of something; it may clear up (a reclaim, a grow).
     #[error(transparent)]
     Exhausted(#[from] Resource),
+    /// Data read from the device does not match its checksum: this request
+    /// fails (a client sees EIO); the pool goes on.
+    #[error(transparent)]
+    Damaged(#[from] Damage),
+}
+
+/// A block of data whose checksum does not match what the device returned
+/// (FORMAT.md §6.4): damaged on the device, or a lost or misdirected write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("data damaged: block {block} of data chunk {pchunk} does not match its checksum (stored {stored:#010x}, read {computed:#010x})")]
+pub struct Damage {
+    pub pchunk: u64,
+    /// The 4 KiB block within the chunk.
+    pub block: u32,
+    pub stored: u32,
+    pub computed: u32,
 }
 
 /// Why the pool stops (every later call fails until it is reopened).
@@ -377,6 +393,7 @@ pub enum Class {
     Stop,
     Refused,
     Exhausted,
+    Damaged,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -456,6 +473,7 @@ impl Error {
             Error::Stop(_) => Class::Stop,
             Error::Refused(_) => Class::Refused,
             Error::Exhausted(_) => Class::Exhausted,
+            Error::Damaged(_) => Class::Damaged,
         }
     }
 

@@ -22,6 +22,7 @@
 pub mod check;
 mod diff;
 mod error;
+mod intents;
 mod mapping;
 mod meta;
 mod names;
@@ -41,8 +42,8 @@ mod walk;
 pub use arbor_format::{DeviceIdentity, Guid};
 pub use check::{CheckReport, LostData};
 pub use error::{
-    Capability, Class, Conflict, Error, Fault, Invalid, OriginUnavailable, Refusal, Resource,
-    Result, Unsupported,
+    Capability, Class, Conflict, Damage, Error, Fault, Invalid, OriginUnavailable, Refusal,
+    Resource, Result, Unsupported,
 };
 pub use names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, is_name_char,

@@ -83,6 +83,14 @@ pub(crate) struct Meta {
     next_queue_seq: u64,
     /// The data checksum tree (`crate::sums`; version 10, else empty).
     sums_root: BlockRef,
+    /// The set of regions written in place (`crate::intents`; version 10).
+    intents_root: BlockRef,
+    /// When each intent region was last written in place (in memory: what
+    /// `crate::intents` evicts by).
+    pub(crate) intent_writes: HashMap<u64, std::time::Instant>,
+    /// Regions a write found missing from the set, to add in a step of
+    /// their own (kept when the write's step fails: see `crate::intents`).
+    pub(crate) intents_wanted: Vec<u64>,
     /// Who the running step allocates for (set by [`Meta::begin_step`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
@@ -119,6 +127,7 @@ enum NodeUndo {
 pub(crate) struct Savepoint {
     queue_root: BlockRef,
     sums_root: BlockRef,
+    intents_root: BlockRef,
     next_queue_seq: u64,
     privilege: Privilege,
     meta_sm: SmSavepoint,
@@ -293,6 +302,7 @@ impl Meta {
         )?;
         let meta_reserve = meta_reserve(geo.meta_blocks());
         let sums_root = Self::sums_root_in(&store, &rec);
+        let intents_root = Self::intents_root_in(&store, &rec);
         Ok(Self {
             store,
             txn: rec.txn.get() + 1,
@@ -303,6 +313,9 @@ impl Meta {
             data_sm,
             queue_root: rec.queue_root.into(),
             sums_root,
+            intents_root,
+            intent_writes: HashMap::new(),
+            intents_wanted: Vec::new(),
             next_queue_seq: rec.next_queue_seq.get(),
             privilege: Privilege::Normal,
             meta_reserve,
@@ -489,6 +502,20 @@ impl Meta {
         }
     }
 
+    /// The intent set's root that `rec` names (as [`Self::sums_root_in`]).
+    fn intents_root_in(store: &Store, rec: &CommitRecord) -> BlockRef {
+        if store.geo.version().has_data_checksums() {
+            rec.intents_root.into()
+        } else {
+            BlockRef::NONE
+        }
+    }
+
+    /// [`Self::intents_root_in`] of this pool.
+    pub fn intents_root_of(&self, rec: &CommitRecord) -> BlockRef {
+        Self::intents_root_in(&self.store, rec)
+    }
+
     /// [`Self::sums_root_in`] of this pool.
     pub fn sums_root_of(&self, rec: &CommitRecord) -> BlockRef {
         Self::sums_root_in(&self.store, rec)
@@ -499,15 +526,30 @@ impl Meta {
         self.sums_root
     }
 
-    /// Runs `f` on the checksum tree of the transaction, keeping its new root.
-    pub fn with_sums_tree<T>(
+    /// The root of the in-place intent set.
+    pub fn intents_root(&self) -> BlockRef {
+        self.intents_root
+    }
+
+    /// Runs `f` on the open transaction's data checksum tree
+    /// (`TreeKind::Sums`) or in-place intent set (`TreeKind::Intents`),
+    /// whose roots `Meta` keeps, keeping the new root.
+    pub fn with_own_tree<T>(
         &mut self,
+        kind: TreeKind,
         f: impl FnOnce(&mut TreeMut<'_>) -> Result<T>,
     ) -> Result<T> {
-        let root = self.sums_root;
-        let mut tree = TreeMut::new(self, TreeKind::Sums, root);
+        let root = match kind {
+            TreeKind::Intents => self.intents_root,
+            _ => self.sums_root,
+        };
+        let mut tree = TreeMut::new(self, kind, root);
         let result = f(&mut tree);
-        self.sums_root = tree.root();
+        let root = tree.root();
+        match kind {
+            TreeKind::Intents => self.intents_root = root,
+            _ => self.sums_root = root,
+        }
         result
     }
 
@@ -594,6 +636,7 @@ impl Meta {
         Savepoint {
             queue_root: self.queue_root,
             sums_root: self.sums_root,
+            intents_root: self.intents_root,
             next_queue_seq: self.next_queue_seq,
             privilege: self.privilege,
             meta_sm: self.meta_sm.savepoint(),
@@ -633,6 +676,7 @@ impl Meta {
         self.data_sm.rollback(sp.data_sm);
         self.queue_root = sp.queue_root;
         self.sums_root = sp.sums_root;
+        self.intents_root = sp.intents_root;
         self.next_queue_seq = sp.next_queue_seq;
         self.privilege = sp.privilege;
         if self.node_log.idle() {
@@ -794,10 +838,19 @@ impl Meta {
         Ok(left)
     }
 
+    /// The data chunks the open transaction freed, sorted.
+    pub fn data_freed_in_txn(&self) -> Vec<u64> {
+        self.data_sm.freed_in_txn()
+    }
+
+    /// Allocates a data chunk, its old sums cleared (FORMAT.md §6.4).
     pub fn alloc_data(&mut self) -> Result<u64> {
-        self.data_sm
+        let chunk = self
+            .data_sm
             .alloc(&self.store, 0)?
-            .ok_or(Error::Exhausted(Resource::DataSpace))
+            .ok_or(Error::Exhausted(Resource::DataSpace))?;
+        crate::sums::forget_range(self, chunk..chunk + 1)?;
+        Ok(chunk)
     }
 
     /// Finds `len` free data chunks contiguous on the device (in one region)
@@ -848,7 +901,8 @@ impl Meta {
     /// Allocates the data chunks of `run`, set aside by
     /// [`Self::reserve_data_run`].
     pub fn alloc_data_run(&mut self, run: std::ops::Range<u64>) -> Result<()> {
-        self.data_sm.alloc_run(&self.store, run)
+        self.data_sm.alloc_run(&self.store, run.clone())?;
+        crate::sums::forget_range(self, run)
     }
 
     /// Adds a reference to everything a node points at (used when a shared
@@ -994,6 +1048,7 @@ impl Meta {
         rec.volumes_root = volumes.root.into();
         rec.queue_root = self.queue_root.into();
         rec.sums_root = self.sums_root.into();
+        rec.intents_root = self.intents_root.into();
         rec.next_volume_id = U64::new(volumes.next_id);
         rec.next_queue_seq = U64::new(self.next_queue_seq);
         rec.meta_used = U64::new(self.meta_sm.used());

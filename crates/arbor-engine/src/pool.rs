@@ -81,6 +81,7 @@ use crate::names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, split_snapshot_name,
 };
 use crate::store::{Geometry, Store};
+use crate::sums::ReadSums;
 use crate::volumes::Volumes;
 use crate::volumes::WriteEnd;
 
@@ -103,6 +104,7 @@ mod origins;
 mod partial_tests;
 mod props;
 mod receive;
+mod recompute;
 mod write;
 use checker::Checker;
 use committer::Committer;
@@ -287,6 +289,10 @@ pub struct PoolStats {
     /// How writes landed in the chunks they touched, since the pool was
     /// opened: what snapshots cost the data path.
     pub chunk_writes: ChunkWrites,
+    /// Regions of data space (16 MiB each) listed as written in place
+    /// (FORMAT.md §6.4): what an unclean shutdown now would make the next
+    /// open re-read to recompute their checksums. 0 after a clean close.
+    pub in_place_regions: u64,
 }
 
 /// Chunk writes since the pool was opened, one for each chunk a write
@@ -629,6 +635,7 @@ impl Pool {
             pool.origins.sweep_from(id, 0);
         }
         pool.open_homes()?;
+        pool.recompute_intents()?;
         // An upgrade to version 3 that a power cut interrupted: finish it.
         // Failing to (no metadata space) leaves a pool that works but
         // cannot receive until it is done.
@@ -661,8 +668,17 @@ impl Pool {
         self.committer.observe(observer)
     }
 
-    /// Commits and closes the pool.
+    /// Commits and closes the pool: a clean shutdown, after which the
+    /// in-place intent set is empty (nothing to recompute at the next open).
     pub fn close(self) -> Result<()> {
+        {
+            let _commit = self.committer.lock();
+            let _gate = self.gates.commit();
+            let mut meta = self.write_meta()?;
+            self.mutate(&mut meta, Privilege::Reserve, |m| {
+                m.evict_intents(std::time::Duration::ZERO)
+            })?;
+        }
         self.flush()
     }
 
@@ -788,6 +804,21 @@ impl Pool {
     /// Phase A of a commit (caller holds `commit_lock`, the gate and `meta`):
     /// `None` when the transaction has no changes.
     fn freeze(&self, meta: &mut Volumes) -> Result<Option<CommitJob>> {
+        // No unit is in flight (the caller holds the gate): regions idle in
+        // the in-place intent set may leave it with this commit.
+        // And the sums of chunks this transaction freed go (left, they
+        // only take space until the chunks are allocated again).
+        let tidy = meta.atomic(Privilege::Reserve, |m| {
+            m.evict_intents(crate::intents::IDLE)?;
+            m.forget_freed_sums()
+        });
+        if let Err(e) = tidy {
+            if e.stops_pool() {
+                self.committer.fail(&e);
+                return Err(e);
+            }
+            warn!(error = %e, "could not tidy the in-place intent set and the sums of freed chunks before a commit");
+        }
         if !meta.has_changes() {
             return Ok(None);
         }
@@ -1385,16 +1416,35 @@ impl Pool {
     }
 
     /// Reads the whole chunk `m` maps to into `buf` (one chunk long).
+    /// Each run is verified against the sums of the chunk it comes from
+    /// (the caller copies it into a new chunk with new sums: damage must
+    /// not get a valid sum that way).
     pub(crate) fn read_mapped(&self, m: crate::mapping::Mapped, buf: &mut [u8]) -> Result<()> {
         let cs = self.chunk_size();
         debug_assert_eq!(buf.len() as u64, cs);
         for (run, from) in m.runs(cs) {
-            self.store.dev.read_at(
-                &mut buf[run.start as usize..run.end as usize],
-                self.store.geo.chunk_offset(from) + run.start,
-            )?;
+            let out = &mut buf[run.start as usize..run.end as usize];
+            self.store
+                .dev
+                .read_at(out, self.store.geo.chunk_offset(from) + run.start)?;
+            self.verify_chunk_part(from, run.start, out)?;
         }
         Ok(())
+    }
+
+    /// Verifies `data`, read from chunk `pchunk` at byte `at` (whole
+    /// blocks), against the chunk's sums, in a pool with checksums.
+    pub(crate) fn verify_chunk_part(&self, pchunk: u64, at: u64, data: &[u8]) -> Result<()> {
+        if !self.store.geo.version().has_data_checksums() {
+            return Ok(());
+        }
+        let sums = {
+            let meta = self.read_meta()?;
+            crate::sums::ChunkSums::of(meta.meta(), pchunk)?
+        };
+        debug_assert!(at.is_multiple_of(arbor_format::SUM_BLOCK_U64));
+        // Below the chunk's block count (a chunk is at most 1 MiB).
+        Ok(sums.verify((at / arbor_format::SUM_BLOCK_U64) as u32, data)?)
     }
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
@@ -1403,7 +1453,7 @@ impl Pool {
         // One look at the record: a volume in the pool (the common case)
         // is resolved right there; the others go their own way.
         enum Route {
-            Pool(Vec<Piece>),
+            Pool(Vec<Piece>, Option<ReadSums>),
             Home,
             Through(arbor_format::Backing),
         }
@@ -1415,12 +1465,25 @@ impl Pool {
             match (rec.layout, rec.backing) {
                 (arbor_format::DataLayout::Cow(_), _) => Route::Home,
                 (_, Some(backing)) => Route::Through(backing),
-                _ => Route::Pool(Self::resolve(&meta, id, offset, len)?),
+                _ => {
+                    let pieces = Self::resolve(&meta, id, offset, len)?;
+                    let sums = Self::read_sums(&meta, &pieces)?;
+                    Route::Pool(pieces, sums)
+                }
             }
         };
         // The other routes take their locks before the gate (lock order).
         match route {
-            Route::Pool(pieces) => self.read_pieces(pieces, buf, None),
+            Route::Pool(pieces, None) => self.read_pieces(pieces, buf, None),
+            Route::Pool(pieces, Some(sums)) => match self.read_verified(&pieces, buf, &sums) {
+                // A write in place may have been between its data and its
+                // sums: read again with the volume's writers held off.
+                Err(Error::Damaged(_)) => {
+                    drop(gate);
+                    self.read_settled(id, offset, buf)
+                }
+                other => other,
+            },
             Route::Home => {
                 drop(gate);
                 let read = self.cow_read(id.0, offset, buf);
@@ -1432,6 +1495,116 @@ impl Pool {
                 self.after_origin_error(read)
             }
         }
+    }
+
+    /// The sums of the pool's pieces of a read, taken under the lock that
+    /// resolved them; None in a pool without checksums.
+    fn read_sums(meta: &Volumes, pieces: &[Piece]) -> Result<Option<ReadSums>> {
+        if !meta.meta().geo().version().has_data_checksums() {
+            return Ok(None);
+        }
+        let mut sums = ReadSums::default();
+        for piece in pieces {
+            if let Source::Pool(at) = piece.source {
+                sums.add_range(meta.meta(), at, piece.len)?;
+            }
+        }
+        Ok(Some(sums))
+    }
+
+    /// A read of a volume in the pool whose data did not match its sums,
+    /// again with the volume's writers of those chunks held off (a write
+    /// in place changes the data and its sums under them): a mismatch now
+    /// is damage.
+    fn read_settled(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        let cs = self.chunk_size();
+        let _gate = self.gates.io();
+        let _stripes = self
+            .gates
+            .stripes(id.0, offset / cs..(offset + len).div_ceil(cs));
+        let (pieces, sums) = {
+            let meta = self.read_meta()?;
+            Self::check_io(&meta, id, offset, len, false)?;
+            let pieces = Self::resolve(&meta, id, offset, len)?;
+            let sums = Self::read_sums(&meta, &pieces)?.unwrap_or_default();
+            (pieces, sums)
+        };
+        let read = self.read_verified(&pieces, buf, &sums);
+        if let Err(Error::Damaged(damage)) = &read {
+            tracing::error!(volume = id.0, offset, "{damage}");
+        }
+        read
+    }
+
+    /// [`Self::read_pieces`] for a volume in the pool, each block verified
+    /// against `sums`. A piece that does not start and end on a block
+    /// boundary is read whole blocks into a buffer of its own, verified,
+    /// and copied out.
+    fn read_verified(&self, pieces: &[Piece], buf: &mut [u8], sums: &ReadSums) -> Result<()> {
+        struct Bounce {
+            at: u64,
+            data: Vec<u8>,
+            skip: usize,
+            out: std::ops::Range<usize>,
+        }
+        let geo = &self.store.geo;
+        let mut direct: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+        let mut bounces: Vec<Bounce> = Vec::new();
+        let mut pos = 0usize;
+        for piece in pieces {
+            let out = pos..pos + piece.len as usize;
+            pos = out.end;
+            match piece.source {
+                Source::Pool(at) => {
+                    let (first, end) = crate::sums::block_span(at, piece.len);
+                    if first == at && end == at + piece.len {
+                        direct.push((at, out));
+                    } else {
+                        bounces.push(Bounce {
+                            at: first,
+                            data: vec![0; (end - first) as usize],
+                            skip: (at - first) as usize,
+                            out,
+                        });
+                    }
+                }
+                Source::Zeros => buf[out].fill(0),
+                Source::Origin(_) => {
+                    return Err(Error::inconsistent(
+                        "a read through an epoch without its volume",
+                    ))
+                }
+            }
+        }
+        {
+            let mut batch: Vec<(u64, &mut [u8])> = Vec::with_capacity(direct.len() + bounces.len());
+            let mut rest: &mut [u8] = buf;
+            let mut base = 0;
+            for (at, out) in &direct {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(out.start - base);
+                let (mine, tail) = tail.split_at_mut(out.len());
+                rest = tail;
+                base = out.end;
+                batch.push((*at, mine));
+            }
+            for b in &mut bounces {
+                batch.push((b.at, &mut b.data[..]));
+            }
+            match batch.as_mut_slice() {
+                [] => {}
+                [(at, out)] => self.store.dev.read_at(out, *at)?,
+                reads => self.store.dev.read_batch(reads)?,
+            }
+        }
+        for (at, out) in &direct {
+            sums.verify(geo, *at, &buf[out.clone()])?;
+        }
+        for b in &bounces {
+            sums.verify(geo, b.at, &b.data)?;
+            buf[b.out.clone()].copy_from_slice(&b.data[b.skip..b.skip + b.out.len()]);
+        }
+        Ok(())
     }
 
     /// Reads resolved pieces into `buf` (their lengths add up to its
@@ -1646,6 +1819,7 @@ impl Pool {
             txn: meta.meta().txn() - 1,
             split_units: self.counters.split_units(),
             chunk_writes: self.counters.chunk_writes(),
+            in_place_regions: crate::intents::listed(meta.meta())?.len() as u64,
         })
     }
 

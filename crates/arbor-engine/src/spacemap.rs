@@ -240,6 +240,13 @@ impl SpaceMap {
         self.fresh.contains(&entry) || self.fresh_frozen.contains(&entry)
     }
 
+    /// The entries the open transaction freed (count down to 0), sorted.
+    pub fn freed_in_txn(&self) -> Vec<u64> {
+        let mut freed: Vec<u64> = self.pending_free.iter().copied().collect();
+        freed.sort_unstable();
+        freed
+    }
+
     /// Entries freed but not yet allocatable (waiting for a commit).
     pub fn awaiting_commit(&self) -> bool {
         !self.pending_free.is_empty() || !self.frozen_free.is_empty()

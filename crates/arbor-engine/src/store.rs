@@ -174,6 +174,16 @@ impl Geometry {
             .unwrap_or((u64::MAX - self.chunk_size, 1))
     }
 
+    /// The data chunk holding device byte `offset`, and the offset within
+    /// it; None outside every region's data.
+    pub fn chunk_at(&self, offset: u64) -> Option<(u64, u64)> {
+        self.regions().find_map(|r| {
+            let within = offset.checked_sub(r.data_start_bytes)?;
+            let index = within / self.chunk_size;
+            (index < r.data_chunks).then(|| (r.data_base + index, within % self.chunk_size))
+        })
+    }
+
     /// Byte offset of a data chunk (see [`Self::chunk_run`]).
     pub fn chunk_offset(&self, pchunk: u64) -> u64 {
         self.chunk_run(pchunk).0

@@ -6,34 +6,30 @@
 //! has a crc32c or none (written before the pool had checksums, or a
 //! block of a partial's chunk that no mapping reads). The one place that
 //! reads and changes the tree: [`ChunkSums`] for one chunk's blocks,
-//! [`set_blocks`] and [`forget_chunk`] to change them in the open
+//! [`ReadSums`] for a read's, [`set_blocks`] and [`forget_range`] to change them in the open
 //! transaction.
-//!
-//! Built in steps (issue 40): the tree, its leaves and `check`'s walk of it
-//! exist; the write path that fills it and the reads that verify against
-//! it come next, with version 10. Until then only the tests call the
-//! functions below.
-#![allow(dead_code)]
 
-use arbor_format::{block_sum, SumsGeometry, SumsLeaf, TreeKind, SUM_BLOCK};
+use arbor_format::{block_sum, SumsGeometry, SumsLeaf, TreeKind, SUM_BLOCK, SUM_BLOCK_U64};
 
-use crate::error::{Error, Result};
+use crate::error::{Damage, Error, Result};
 use crate::meta::btree::Tree;
 use crate::meta::Meta;
+use crate::store::Geometry;
 
 /// The sums of one chunk's blocks (index = block within the chunk).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChunkSums {
+    pchunk: u64,
     blocks: Vec<Option<u32>>,
 }
 
-/// A block whose data does not match its sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Mismatch {
-    /// The block within the chunk.
-    pub block: u32,
-    pub stored: u32,
-    pub computed: u32,
+/// The leaf holding `pchunk`'s sums, if any.
+fn leaf_of(meta: &Meta, leaf: u64) -> Result<Option<SumsLeaf>> {
+    let geo = meta.geo().sums;
+    match Tree::new(meta, TreeKind::Sums, meta.sums_root()).get_le(leaf)? {
+        Some(found) if found.key == leaf => Ok(Some(decode(geo, leaf, &found.value)?)),
+        _ => Ok(None),
+    }
 }
 
 impl ChunkSums {
@@ -41,14 +37,11 @@ impl ChunkSums {
     pub fn of(meta: &Meta, pchunk: u64) -> Result<Self> {
         let geo = meta.geo().sums;
         let slot = geo.slot(pchunk);
-        let leaf = match Tree::new(meta, TreeKind::Sums, meta.sums_root()).get_le(slot.leaf)? {
-            Some(found) if found.key == slot.leaf => Some(decode(geo, slot.leaf, &found.value)?),
-            _ => None,
-        };
+        let leaf = leaf_of(meta, slot.leaf)?;
         let blocks = (0..geo.blocks())
             .map(|b| leaf.as_ref().and_then(|l| l.get(slot.index, b)))
             .collect();
-        Ok(Self { blocks })
+        Ok(Self { pchunk, blocks })
     }
 
     /// The sum of block `block`, if it has one.
@@ -59,24 +52,95 @@ impl ChunkSums {
     /// Checks `data`, the chunk's bytes from block `first` on (whole
     /// blocks), against the sums: the first block that has a sum and does
     /// not match it.
-    pub fn verify(&self, first: u32, data: &[u8]) -> Option<Mismatch> {
+    pub fn verify(&self, first: u32, data: &[u8]) -> Result<(), Damage> {
         debug_assert!(data.len().is_multiple_of(SUM_BLOCK));
-        data.chunks(SUM_BLOCK)
-            .zip(first..)
-            .find_map(|(bytes, block)| {
-                let stored = self.get(block)?;
-                let computed = block_sum(bytes);
-                (stored != computed).then_some(Mismatch {
-                    block,
-                    stored,
-                    computed,
-                })
-            })
+        for (bytes, block) in data.chunks(SUM_BLOCK).zip(first..) {
+            check(self.pchunk, block, self.get(block), bytes)?;
+        }
+        Ok(())
+    }
+}
+
+fn check(pchunk: u64, block: u32, stored: Option<u32>, bytes: &[u8]) -> Result<(), Damage> {
+    let Some(stored) = stored else {
+        return Ok(());
+    };
+    let computed = block_sum(bytes);
+    if stored == computed {
+        Ok(())
+    } else {
+        Err(Damage {
+            pchunk,
+            block,
+            stored,
+            computed,
+        })
+    }
+}
+
+/// The sums a read needs, taken from the transaction under the lock that
+/// resolved its mapping, to verify the data after the lock is released.
+#[derive(Debug, Default)]
+pub(crate) struct ReadSums {
+    /// Leaves by key; None: no leaf (no chunk of it has sums).
+    leaves: Vec<(u64, Option<SumsLeaf>)>,
+}
+
+impl ReadSums {
+    /// Takes the leaves of every chunk of the device range `[at, at +
+    /// len)` (rounded out to whole blocks) that is not taken yet.
+    pub fn add_range(&mut self, meta: &Meta, at: u64, len: u64) -> Result<()> {
+        let geo = meta.geo();
+        let (first, end) = block_span(at, len);
+        let mut pos = first;
+        while pos < end {
+            let Some((pchunk, within)) = geo.chunk_at(pos) else {
+                return Err(Error::inconsistent(format!(
+                    "a read of device byte {pos}, outside the data"
+                )));
+            };
+            let leaf = geo.sums.slot(pchunk).leaf;
+            if !self.leaves.iter().any(|(k, _)| *k == leaf) {
+                self.leaves.push((leaf, leaf_of(meta, leaf)?));
+            }
+            pos += geo.chunk_size - within;
+        }
+        Ok(())
+    }
+
+    /// Checks `data`, read from device byte `at` (a block boundary), block
+    /// by block against the sums taken.
+    pub fn verify(&self, geo: &Geometry, at: u64, data: &[u8]) -> Result<(), Damage> {
+        debug_assert!(at.is_multiple_of(SUM_BLOCK_U64) && data.len().is_multiple_of(SUM_BLOCK));
+        for (i, bytes) in data.chunks(SUM_BLOCK).enumerate() {
+            let pos = at + (i * SUM_BLOCK) as u64;
+            // Every range verified was added, so these are found.
+            let Some((pchunk, within)) = geo.chunk_at(pos) else {
+                continue;
+            };
+            let slot = geo.sums.slot(pchunk);
+            // Below the chunk's block count, a u32.
+            let block = (within / SUM_BLOCK_U64) as u32;
+            let stored = self
+                .leaves
+                .iter()
+                .find(|(k, _)| *k == slot.leaf)
+                .and_then(|(_, l)| l.as_ref())
+                .and_then(|l| l.get(slot.index, block));
+            check(pchunk, block, stored, bytes)?;
+        }
+        Ok(())
     }
 }
 
 fn decode(geo: SumsGeometry, leaf: u64, value: &[u8]) -> Result<SumsLeaf> {
     SumsLeaf::decode(geo, value).map_err(|e| Error::corrupt(format!("checksum leaf {leaf}"), e))
+}
+
+/// The whole blocks around `[at, at + len)`: their first byte and the end.
+pub(crate) fn block_span(at: u64, len: u64) -> (u64, u64) {
+    let first = at - at % SUM_BLOCK_U64;
+    (first, (at + len).next_multiple_of(SUM_BLOCK_U64))
 }
 
 /// The sums of whole blocks of data, in order.
@@ -106,7 +170,7 @@ pub(crate) fn set_blocks(
         )));
     };
     let slot = geo.slot(pchunk);
-    meta.with_sums_tree(|tree| {
+    meta.with_own_tree(TreeKind::Sums, |tree| {
         let mut leaf = match tree.read().get_le(slot.leaf)? {
             Some(found) if found.key == slot.leaf => decode(geo, slot.leaf, &found.value)?,
             _ => SumsLeaf::empty(geo),
@@ -123,11 +187,76 @@ pub(crate) fn set_blocks(
     })
 }
 
-/// Clears every sum of chunk `pchunk` (a chunk allocated again: nothing
-/// it held before is its data now).
-pub(crate) fn forget_chunk(meta: &mut Meta, pchunk: u64) -> Result<()> {
-    let none = vec![None; meta.geo().sums.blocks() as usize];
-    set_blocks(meta, pchunk, 0, &none)
+/// Clears every sum of the chunks of `chunks`, one leaf at a time (chunks
+/// allocated again: nothing they held before is their data now).
+pub(crate) fn forget_range(meta: &mut Meta, chunks: std::ops::Range<u64>) -> Result<()> {
+    let geo = meta.geo().sums;
+    let mut pchunk = chunks.start;
+    while pchunk < chunks.end {
+        let slot = geo.slot(pchunk);
+        let in_leaf = (u64::from(geo.chunks() - slot.index)).min(chunks.end - pchunk);
+        meta.with_own_tree(TreeKind::Sums, |tree| {
+            let Some(found) = tree
+                .read()
+                .get_le(slot.leaf)?
+                .filter(|f| f.key == slot.leaf)
+            else {
+                return Ok(());
+            };
+            let mut leaf = decode(geo, slot.leaf, &found.value)?;
+            let before = leaf.clone();
+            // Below the leaf's chunk count, a u32.
+            for index in slot.index..slot.index + in_leaf as u32 {
+                leaf.clear_chunk(index);
+            }
+            if leaf == before {
+                // Nothing to clear (a chunk's first use): no change.
+            } else if leaf.is_empty() {
+                tree.remove(slot.leaf)?;
+            } else {
+                tree.insert(slot.leaf, leaf.as_bytes())?;
+            }
+            Ok(())
+        })?;
+        pchunk += in_leaf;
+    }
+    Ok(())
+}
+
+/// Clears the sums of the chunks the open transaction freed (a step before
+/// its commit), so that the tree holds sums of live chunks only, and a
+/// leaf whose chunks are all free goes.
+pub(crate) fn forget_freed(meta: &mut Meta) -> Result<()> {
+    let freed = meta.data_freed_in_txn();
+    let mut i = 0;
+    while i < freed.len() {
+        let start = freed[i];
+        let mut end = start + 1;
+        while i + 1 < freed.len() && freed[i + 1] == end {
+            i += 1;
+            end += 1;
+        }
+        forget_range(meta, start..end)?;
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Sums to record for some blocks of one data chunk, from block `first` on
+/// (None: the block has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockSums {
+    pub pchunk: u64,
+    pub first: u32,
+    pub sums: Vec<Option<u32>>,
+}
+
+/// Records `all` in the open transaction.
+pub(crate) fn record(meta: &mut Meta, all: &[BlockSums]) -> Result<()> {
+    for s in all {
+        set_blocks(meta, s.pchunk, s.first, &s.sums)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -146,13 +275,13 @@ mod tests {
         set_blocks(&mut meta, 1000, 0, &sums).unwrap();
         let check = |meta: &Meta| {
             let got = ChunkSums::of(meta, 300).unwrap();
-            assert_eq!(got.verify(0, &data), None);
+            assert_eq!(got.verify(0, &data), Ok(()));
             let near = ChunkSums::of(meta, 301).unwrap();
             assert_eq!(
                 (near.get(0), near.get(1), near.get(2), near.get(3)),
                 (None, None, sums[0], None)
             );
-            assert_eq!(ChunkSums::of(meta, 1000).unwrap(), got);
+            assert_eq!(ChunkSums::of(meta, 1000).unwrap().blocks, got.blocks);
             assert_eq!(ChunkSums::of(meta, 5).unwrap().get(0), None);
         };
         check(&meta);
@@ -173,14 +302,14 @@ mod tests {
         let got = ChunkSums::of(&meta, 7).unwrap();
         data[2 * 4096 + 17] ^= 4;
         data[3 * 4096] ^= 1;
-        let m = got.verify(0, &data).expect("the flip is found");
+        let m = got.verify(0, &data).expect_err("the flip is found");
         assert_eq!(m.block, 2);
         assert_eq!(m.stored, sums[2].unwrap());
         assert_eq!(m.computed, block_sum(&data[2 * 4096..3 * 4096]));
         // Block 3 has no sum: its damage is not detectable.
-        assert_eq!(got.verify(3, &data[3 * 4096..]), None);
+        assert_eq!(got.verify(3, &data[3 * 4096..]), Ok(()));
         // From block 1 on, the same first mismatch.
-        assert_eq!(got.verify(1, &data[4096..]), Some(m));
+        assert_eq!(got.verify(1, &data[4096..]), Err(m));
     }
 
     #[test]
@@ -188,10 +317,22 @@ mod tests {
         let mut meta = fresh_meta_with(4096);
         set_blocks(&mut meta, 42, 0, &[Some(1)]).unwrap();
         assert!(!meta.sums_root().is_none());
-        forget_chunk(&mut meta, 42).unwrap();
+        forget_range(&mut meta, 42..43).unwrap();
         assert!(meta.sums_root().is_none());
         assert!(set_blocks(&mut meta, 42, 1, &[Some(1)]).is_err());
         assert!(set_blocks(&mut meta, 42, u32::MAX, &[Some(1)]).is_err());
+    }
+
+    #[test]
+    fn forgetting_a_range_clears_only_it_across_leaves() {
+        let mut meta = fresh_meta_with(16384);
+        for c in [0, 100, 244, 245, 300, 600] {
+            set_blocks(&mut meta, c, 0, &[Some(c as u32 + 1); 4]).unwrap();
+        }
+        forget_range(&mut meta, 100..301).unwrap();
+        let has = |meta: &Meta, c| ChunkSums::of(meta, c).unwrap().get(3).is_some();
+        assert!(has(&meta, 0) && has(&meta, 600));
+        assert!(!has(&meta, 100) && !has(&meta, 244) && !has(&meta, 245) && !has(&meta, 300));
     }
 
     #[test]

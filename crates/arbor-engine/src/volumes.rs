@@ -226,6 +226,41 @@ impl Volumes {
         &self.meta
     }
 
+    /// Takes idle regions out of the in-place intent set (`crate::intents`);
+    /// only with no in-place write in flight.
+    pub fn evict_intents(&mut self, idle: std::time::Duration) -> Result<usize> {
+        crate::intents::evict(&mut self.meta, idle)
+    }
+
+    /// Adds the regions writes found missing to the in-place intent set
+    /// (run as a step of its own: `crate::intents`).
+    pub fn add_wanted_intents(&mut self) -> Result<bool> {
+        crate::intents::add_wanted(&mut self.meta)
+    }
+
+    /// Whether writes found regions missing from the in-place intent set.
+    pub fn wants_intents(&self) -> bool {
+        !self.meta.intents_wanted.is_empty()
+    }
+
+    /// Clears the sums of the chunks the open transaction freed.
+    pub fn forget_freed_sums(&mut self) -> Result<()> {
+        if self.meta.geo().version().has_data_checksums() {
+            crate::sums::forget_freed(&mut self.meta)?;
+        }
+        Ok(())
+    }
+
+    /// Takes region `region` out of the in-place intent set.
+    pub fn remove_intent(&mut self, region: u64) -> Result<()> {
+        crate::intents::remove(&mut self.meta, region)
+    }
+
+    /// Records data checksums of chunks written (`crate::sums`).
+    pub fn record_sums(&mut self, sums: &[crate::sums::BlockSums]) -> Result<()> {
+        crate::sums::record(&mut self.meta, sums)
+    }
+
     /// Runs `f` as one atomic step of the open transaction (see
     /// [`Meta::begin_step`]): if it fails, the volume layer and everything
     /// below are exactly as before the call.
@@ -1139,6 +1174,16 @@ impl Volumes {
             || written_since_shared
             || durable_at_start;
         if self.meta.data_count(phys)? == 1 && exclusive_since_durable {
+            // The crash rule of data checksums: in place only where the
+            // last durable commit allows it (`crate::intents`); else this
+            // write redirects, and the region joins the set.
+            if matches!(alone, InPlaceCheck::Yes(_))
+                && !crate::intents::ready_for(&mut self.meta, phys)?
+            {
+                return Ok(InPlaceCheck::No {
+                    mapped: Some(mapped),
+                });
+            }
             if extent.gen != self.meta.txn() {
                 // The path is this transaction's now, so this is cheap.
                 let root = self.volume(id)?.root;

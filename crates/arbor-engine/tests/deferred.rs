@@ -342,6 +342,11 @@ fn a_deferred_snapshot_waits_for_its_volumes_write_in_flight() {
     // Chunk 1 is the volume's own again; chunk 0 is still shared.
     pool.write(v, 4096, &pattern(2, 4096, 4096)).unwrap();
     pool.flush().unwrap();
+    // Written again after that commit: its region of the pool is listed
+    // as written in place from the next commit on (FORMAT.md §6.4), so
+    // chunk 1 is overwritten in place below.
+    pool.write(v, 4096, &pattern(2, 4096, 4096)).unwrap();
+    pool.flush().unwrap();
 
     // One write over both chunks: chunk 0 is redirected (its new chunk is
     // written first, and stalls), chunk 1 is written in place after.

@@ -43,8 +43,8 @@ pub use records::{
 };
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use sums::{
-    block_sum, zero_block_sum, SumsGeometry, SumsLeaf, SumsSlot, SUMS_VALUE_LEN, SUM_BLOCK,
-    SUM_BLOCK_U64,
+    block_sum, intent_region, intent_region_range, zero_block_sum, SumsGeometry, SumsLeaf,
+    SumsSlot, INTENT_REGION_BYTES, SUMS_VALUE_LEN, SUM_BLOCK, SUM_BLOCK_U64,
 };
 pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
 pub use version::{AtomicFormatVersion, FormatVersion};
@@ -55,7 +55,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it). What each version has: [`FormatVersion`].
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 10;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

@@ -29,6 +29,29 @@ pub fn zero_block_sum() -> u32 {
     block_sum(&ZEROS)
 }
 
+/// Bytes of data space one entry of the in-place intent set covers
+/// (FORMAT.md §6.4): region `r` is the data chunks `r * R .. (r + 1) * R`
+/// with `R = max(1, INTENT_REGION_BYTES / chunk_size)`.
+pub const INTENT_REGION_BYTES: u64 = 16 << 20;
+
+/// The intent region of data chunk `pchunk` in a pool of `chunk_size`
+/// bytes per chunk, and the chunks it covers.
+pub fn intent_region(chunk_size: u64, pchunk: u64) -> (u64, std::ops::Range<u64>) {
+    let region = pchunk / intent_region_chunks(chunk_size);
+    (region, intent_region_range(chunk_size, region))
+}
+
+/// Chunks per intent region.
+fn intent_region_chunks(chunk_size: u64) -> u64 {
+    (INTENT_REGION_BYTES / chunk_size.max(1)).max(1)
+}
+
+/// The data chunks intent region `region` covers.
+pub fn intent_region_range(chunk_size: u64, region: u64) -> std::ops::Range<u64> {
+    let per = intent_region_chunks(chunk_size);
+    region.saturating_mul(per)..region.saturating_add(1).saturating_mul(per)
+}
+
 /// How a pool's chunk size divides into sums leaves: `blocks` 4 KiB blocks
 /// per chunk, `chunks` chunks per leaf. Leaf `k` holds chunks
 /// `k * chunks .. (k + 1) * chunks`; in its value, chunk `i`'s block `b`
@@ -258,6 +281,15 @@ mod tests {
         assert_eq!(geo.slot(245), SumsSlot { leaf: 1, index: 0 });
         assert_eq!(geo.first_chunk(2), Some(490));
         assert_eq!(geo.first_chunk(u64::MAX), None);
+    }
+
+    #[test]
+    fn intent_regions_are_16_mib_of_chunks() {
+        assert_eq!(intent_region(16384, 0), (0, 0..1024));
+        assert_eq!(intent_region(16384, 1024), (1, 1024..2048));
+        assert_eq!(intent_region(4096, 5000), (1, 4096..8192));
+        assert_eq!(intent_region(1 << 20, 33), (2, 32..48));
+        assert_eq!(intent_region(16384, u64::MAX).0, u64::MAX / 1024);
     }
 
     #[test]

@@ -34,6 +34,7 @@ use std::sync::RwLockReadGuard;
 
 use super::*;
 use crate::mapping::{Mapped, PARTIAL_BLOCK};
+use crate::sums::BlockSums;
 use crate::volumes::{Blocks, ChunkPlan, ChunkWanted};
 
 /// Bytes of one write request served whole by one unit: the NBD maximum
@@ -230,6 +231,53 @@ impl<'a> Unit<'a> {
     /// The bytes of the unit inside chunk `chunk`.
     fn span(&self, chunk: u64, cs: u64) -> Range<u64> {
         (chunk * cs).max(self.offset)..((chunk + 1) * cs).min(self.end())
+    }
+
+    /// The sums of the unit's bytes in `span`, whole blocks.
+    fn sums(&self, span: Range<u64>) -> Vec<Option<u32>> {
+        match self.fill {
+            Fill::Data(d) => {
+                let from = (span.start - self.offset) as usize;
+                crate::sums::compute(&d[from..from + (span.end - span.start) as usize])
+            }
+            Fill::Zeros => {
+                vec![
+                    Some(arbor_format::zero_block_sum());
+                    ((span.end - span.start) / SUM_BLOCK) as usize
+                ]
+            }
+        }
+    }
+}
+
+/// Block size of data checksums.
+const SUM_BLOCK: u64 = arbor_format::SUM_BLOCK_U64;
+
+/// What a unit's in-place chunks write, prepared before its mapping step
+/// (which records their sums with the rest of the unit): in a pool with
+/// checksums, a chunk whose span does not start and end on a block
+/// boundary is written whole blocks from a buffer (the blocks it keeps
+/// part of read, and verified, first).
+#[derive(Default)]
+struct InPlace {
+    sums: Vec<BlockSums>,
+    /// The unit's bytes widened to whole blocks, and where they start.
+    widened: Option<(u64, Vec<u8>)>,
+}
+
+impl InPlace {
+    /// What the in-place step writes for `unit`: the widened copy if there
+    /// is one, else the unit itself.
+    fn unit<'s>(&'s self, unit: &Unit<'s>) -> Unit<'s> {
+        match &self.widened {
+            Some((offset, data)) => Unit {
+                offset: *offset,
+                len: data.len() as u64,
+                fill: Fill::Data(data),
+                ..*unit
+            },
+            None => *unit,
+        }
     }
 }
 
@@ -434,8 +482,21 @@ impl Pool {
             let mut meta = self.write_meta()?;
             let plans = self.mutate(&mut meta, privilege, |m| {
                 m.plan_chunks(unit.id.0, &wanted, end)
-            })?;
-            (plans, meta.volume(unit.id.0)?.backing)
+            });
+            if meta.wants_intents() {
+                // Regions of chunks the plan could not overwrite in place
+                // yet (`crate::intents`): in the set from this transaction
+                // on, whether or not the plan succeeded.
+                // Not adding them only costs later writes their redirect.
+                if let Err(e) =
+                    self.mutate(&mut meta, Privilege::Reserve, |m| m.add_wanted_intents())
+                {
+                    if e.stops_pool() {
+                        return Err(e);
+                    }
+                }
+            }
+            (plans?, meta.volume(unit.id.0)?.backing)
         };
         if !plans
             .iter()
@@ -453,29 +514,45 @@ impl Pool {
                 ChunkPlan::Redirect { .. } | ChunkPlan::Partial { .. } | ChunkPlan::Extend { .. }
             )
         });
-        let mapped = if !redirects && unmap.is_empty() {
-            // All in place (the common overwrite): nothing to map.
-            Ok(())
-        } else {
-            self.write_new_chunks(unit, &wanted, &plans, backing)
-                .and_then(|()| {
-                    let mut meta = self.write_meta()?;
-                    self.mutate(&mut meta, privilege, |m| {
-                        m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)
-                    })
-                })
-        };
-        if let Err(e) = mapped {
-            // Nothing maps the new chunks: free them, unless the pool stopped
-            // (a failed mapping step that stops it; not a failed data write,
-            // which leaves the metadata sound and is reported to the caller).
-            if self.committer.check_failed().is_ok() {
+        let checksums = self.store.geo.version().has_data_checksums();
+        let maps = redirects || !unmap.is_empty();
+        let mapped = self
+            .prepare_in_place(unit, &wanted, &plans, checksums)
+            .and_then(|in_place| {
+                if !maps && in_place.sums.is_empty() {
+                    // All in place (the common overwrite) in a pool
+                    // without checksums: nothing to map or record.
+                    return Ok(in_place);
+                }
+                let new_sums = if maps {
+                    self.write_new_chunks(unit, &wanted, &plans, backing, checksums)?
+                } else {
+                    Vec::new()
+                };
                 let mut meta = self.write_meta()?;
-                self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
+                self.mutate(&mut meta, privilege, |m| {
+                    if maps {
+                        m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)?;
+                    }
+                    m.record_sums(&new_sums)?;
+                    m.record_sums(&in_place.sums)
+                })?;
+                Ok(in_place)
+            });
+        let in_place = match mapped {
+            Ok(in_place) => in_place,
+            Err(e) => {
+                // Nothing maps the new chunks: free them, unless the pool stopped
+                // (a failed mapping step that stops it; not a failed data write,
+                // which leaves the metadata sound and is reported to the caller).
+                if self.committer.check_failed().is_ok() {
+                    let mut meta = self.write_meta()?;
+                    self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
-        self.write_in_place(unit, &wanted, &plans)?;
+        };
+        self.write_in_place(unit, &wanted, &plans, &in_place)?;
         self.count_chunk_writes(unit, &wanted, &plans, backing.is_some());
         Ok(())
     }
@@ -512,16 +589,29 @@ impl Pool {
         }
     }
 
-    /// Step 2: writes every redirected chunk whole.
+    /// Step 2: writes every redirected chunk whole; with `checksums`,
+    /// returns the sums of what it wrote, for the mapping step to record.
     fn write_new_chunks(
         &self,
         unit: &Unit<'_>,
         wanted: &[ChunkWanted],
         plans: &[ChunkPlan],
         backing: Option<arbor_format::Backing>,
-    ) -> Result<()> {
+        checksums: bool,
+    ) -> Result<Vec<BlockSums>> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
+        let mut sums = Vec::new();
+        let mut record = |pchunk: u64, first: u64, blocks: Vec<Option<u32>>| {
+            if checksums {
+                sums.push(BlockSums {
+                    pchunk,
+                    // Below the chunk's block count (a chunk is at most 1 MiB).
+                    first: (first / SUM_BLOCK) as u32,
+                    sums: blocks,
+                });
+            }
+        };
         let mut runs = Runs::new(MAX_NEW_CHUNK_WRITE);
         for (w, plan) in wanted.iter().zip(plans) {
             let (old, new) = match *plan {
@@ -533,14 +623,34 @@ impl Pool {
                         self.write_run(unit, &run)?;
                     }
                     let kept = unit.kept(w.chunk, cs, keep);
-                    self.write_partial_chunk(unit, w.chunk, to.phys, old, kept)?;
+                    let buf = self.write_partial_chunk(unit, w.chunk, to.phys, old, kept)?;
+                    if checksums {
+                        // Only the blocks of its mask: no mapping reads the
+                        // others from this chunk.
+                        let mask = to.partial.map_or(u32::MAX, |p| p.mask);
+                        let blocks = buf
+                            .chunks(SUM_BLOCK as usize)
+                            .enumerate()
+                            .map(|(b, bytes)| {
+                                (b < 32 && (mask >> b) & 1 == 1)
+                                    .then(|| arbor_format::block_sum(bytes))
+                            })
+                            .collect();
+                        record(to.phys, 0, blocks);
+                    }
                     continue;
                 }
                 // Only the unit's blocks, into the partial's chunk: nothing
                 // reads them before the mapping step sets their bits.
                 ChunkPlan::Extend { pchunk: to, .. } => {
                     let span = unit.span(w.chunk, cs);
-                    let device = geo.chunk_offset(to) + (span.start - w.chunk * cs);
+                    let within = span.start - w.chunk * cs;
+                    // Whole blocks, as the plan makes sure; if not, the
+                    // blocks keep no sums rather than wrong ones.
+                    if within.is_multiple_of(SUM_BLOCK) && span.end.is_multiple_of(SUM_BLOCK) {
+                        record(to, within, unit.sums(span.clone()));
+                    }
+                    let device = geo.chunk_offset(to) + within;
                     if let Some(run) = runs.add(span, device) {
                         self.write_run(unit, &run)?;
                     }
@@ -550,6 +660,9 @@ impl Pool {
             };
             let span = unit.span(w.chunk, cs);
             if unit.covers(w.chunk, cs) {
+                if checksums {
+                    record(new, 0, unit.sums(span.clone()));
+                }
                 if let Some(run) = runs.add(span, geo.chunk_offset(new)) {
                     self.write_run(unit, &run)?;
                 }
@@ -577,11 +690,14 @@ impl Pool {
                 Fill::Zeros => buf[at..at + len].fill(0),
             }
             self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
+            if checksums {
+                record(new, 0, crate::sums::compute(&buf));
+            }
         }
         if let Some(run) = runs.take() {
             self.write_run(unit, &run)?;
         }
-        Ok(())
+        Ok(sums)
     }
 
     /// Step 2 of a partial extent: its new chunk `new`, written whole in
@@ -602,7 +718,7 @@ impl Pool {
         new: u64,
         old: Mapped,
         kept: u32,
-    ) -> Result<()> {
+    ) -> Result<Vec<u8>> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
         let mut buf = vec![0u8; cs as usize];
@@ -622,10 +738,11 @@ impl Pool {
                     block += 1;
                 }
                 let bytes = start * PARTIAL_BLOCK..block * PARTIAL_BLOCK;
-                self.store.dev.read_at(
-                    &mut buf[bytes.start as usize..bytes.end as usize],
-                    geo.chunk_offset(from) + bytes.start,
-                )?;
+                let out = &mut buf[bytes.start as usize..bytes.end as usize];
+                self.store
+                    .dev
+                    .read_at(out, geo.chunk_offset(from) + bytes.start)?;
+                self.verify_chunk_part(from, bytes.start, out)?;
             }
         }
         let at = (span.start - chunk * cs) as usize..(span.end - chunk * cs) as usize;
@@ -636,10 +753,8 @@ impl Pool {
             }
             Fill::Zeros => buf[at].fill(0),
         }
-        self.store
-            .dev
-            .write_at(&buf, geo.chunk_offset(new))
-            .map_err(Into::into)
+        self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
+        Ok(buf)
     }
 
     /// Step 4: overwrites the in-place chunks.
@@ -654,9 +769,11 @@ impl Pool {
         unit: &Unit<'_>,
         wanted: &[ChunkWanted],
         plans: &[ChunkPlan],
+        in_place: &InPlace,
     ) -> Result<()> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
+        let unit = &in_place.unit(unit);
         let mut runs = Runs::new(u64::MAX);
         for (w, plan) in wanted.iter().zip(plans) {
             let ChunkPlan::InPlace(phys) = *plan else {
@@ -672,6 +789,80 @@ impl Pool {
             self.write_run(unit, &run)?;
         }
         Ok(())
+    }
+
+    /// Before the mapping step, in a pool with `checksums`: the sums of
+    /// what each in-place chunk will hold. A unit that starts or ends
+    /// inside a block of an in-place chunk writes whole blocks: that block
+    /// is read first, and verified (a block damaged already is not given a
+    /// new sum over its damage), and the unit's bytes go into a copy
+    /// widened to whole blocks, which the in-place step writes instead.
+    fn prepare_in_place(
+        &self,
+        unit: &Unit<'_>,
+        wanted: &[ChunkWanted],
+        plans: &[ChunkPlan],
+        checksums: bool,
+    ) -> Result<InPlace> {
+        let mut in_place = InPlace::default();
+        if !checksums {
+            return Ok(in_place);
+        }
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size;
+        let in_place_at = |byte: u64| {
+            wanted
+                .iter()
+                .zip(plans)
+                .find(|(w, _)| w.chunk == byte / cs)
+                .and_then(|(_, p)| match *p {
+                    ChunkPlan::InPlace(phys) => Some(phys),
+                    _ => None,
+                })
+        };
+        let (first, end) = crate::sums::block_span(unit.offset, unit.len);
+        let head = (first != unit.offset).then(|| in_place_at(first)).flatten();
+        let tail = (end != unit.end())
+            .then(|| in_place_at(end - SUM_BLOCK))
+            .flatten();
+        if head.is_some() || tail.is_some() {
+            let mut buf = vec![0u8; (end - first) as usize];
+            let last = buf.len() - SUM_BLOCK as usize;
+            // The tail block is the head block in a unit inside one block.
+            let tail = tail.filter(|_| last > 0 || head.is_none());
+            for (phys, at) in [(head, 0), (tail, last)] {
+                let Some(phys) = phys else { continue };
+                let logical = first + at as u64;
+                let within = logical % cs;
+                let bytes = &mut buf[at..at + SUM_BLOCK as usize];
+                self.store
+                    .dev
+                    .read_at(bytes, geo.chunk_offset(phys) + within)?;
+                self.verify_chunk_part(phys, within, bytes)?;
+            }
+            let at = (unit.offset - first) as usize;
+            match unit.fill {
+                Fill::Data(d) => buf[at..at + d.len()].copy_from_slice(d),
+                Fill::Zeros => buf[at..at + unit.len as usize].fill(0),
+            }
+            in_place.widened = Some((first, buf));
+        }
+        let mut sums = Vec::new();
+        let source = in_place.unit(unit);
+        for (w, plan) in wanted.iter().zip(plans) {
+            let ChunkPlan::InPlace(phys) = *plan else {
+                continue;
+            };
+            let span = source.span(w.chunk, cs);
+            sums.push(BlockSums {
+                pchunk: phys,
+                // Below the chunk's block count (a chunk is at most 1 MiB).
+                first: ((span.start % cs) / SUM_BLOCK) as u32,
+                sums: source.sums(span),
+            });
+        }
+        in_place.sums = sums;
+        Ok(in_place)
     }
 
     fn write_run(&self, unit: &Unit<'_>, run: &Run) -> Result<()> {

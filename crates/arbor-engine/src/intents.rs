@@ -1,0 +1,130 @@
+//! The in-place intent set (docs/FORMAT.md §6.4, version 10): the crash
+//! rule of data checksums.
+//!
+//! A chunk overwritten in place gets its new data and its new sums at
+//! different moments, so after a power cut its sums may not match what
+//! the device holds, though nothing is damaged: a write acknowledged but
+//! not flushed may read as its old or new content, or torn, exactly as on
+//! a disk without arbor. So a chunk is overwritten in place only in a
+//! region of data space that the last durable commit lists in the intent
+//! set (or a chunk allocated since that commit, which no recoverable state
+//! maps). A write to a chunk of a region not listed is redirected this
+//! time, and the region is added in the open transaction, in a step of
+//! its own after the write's (so that it stays when the write fails for
+//! space: the commit that makes room then makes the region usable, and a
+//! full pool can still overwrite in place); once that commit is durable,
+//! writes there go in place. After an unclean shutdown, the open
+//! recomputes the sums of the live chunks of the listed regions from the
+//! device before serving, then empties the set. A region leaves the set
+//! at a commit once it has not been written in place for [`IDLE`] (no
+//! in-place write is in flight during a commit: units hold the I/O gate),
+//! and every region at a clean close.
+
+use std::time::{Duration, Instant};
+
+use arbor_format::{intent_region, TreeKind};
+
+use crate::error::Result;
+use crate::meta::btree::Tree;
+use crate::meta::Meta;
+
+/// How long a region stays in the set without in-place writes (a policy:
+/// longer means fewer redirected first writes, more to recompute after a
+/// power cut).
+pub(crate) const IDLE: Duration = Duration::from_secs(10);
+
+/// Whether chunk `pchunk` may be overwritten in place now as far as the
+/// crash rule goes; if not, its region joins the set in the open
+/// transaction (the caller redirects the write this time).
+pub(crate) fn ready_for(meta: &mut Meta, pchunk: u64) -> Result<bool> {
+    if !meta.geo().version().has_data_checksums() || meta.data_allocated_since_durable(pchunk) {
+        return Ok(true);
+    }
+    let (region, _) = intent_region(meta.geo().chunk_size, pchunk);
+    let durable = meta.durable_txn();
+    let added = Tree::new(meta, TreeKind::Intents, meta.intents_root())
+        .get_le(region)?
+        .filter(|f| f.key == region)
+        .map(|f| added_txn(&f.value));
+    match added {
+        Some(txn) if txn <= durable => {
+            meta.intent_writes.insert(region, Instant::now());
+            Ok(true)
+        }
+        Some(_) => Ok(false),
+        None => {
+            if !meta.intents_wanted.contains(&region) {
+                meta.intents_wanted.push(region);
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// Adds the regions writes found missing ([`ready_for`]) to the set, in
+/// the open transaction. Returns whether there were any.
+pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
+    let wanted = std::mem::take(&mut meta.intents_wanted);
+    let txn = meta.txn();
+    for &region in &wanted {
+        let present = Tree::new(meta, TreeKind::Intents, meta.intents_root())
+            .get_le(region)?
+            .is_some_and(|f| f.key == region);
+        if !present {
+            meta.with_own_tree(TreeKind::Intents, |tree| {
+                tree.insert(region, &txn.to_le_bytes())
+            })?;
+        }
+        meta.intent_writes.insert(region, Instant::now());
+    }
+    Ok(!wanted.is_empty())
+}
+
+fn added_txn(value: &[u8]) -> u64 {
+    // The tree kind's values are 8 bytes (`TreeKind::fixed_value_len`).
+    u64::from_le_bytes(value.try_into().unwrap_or([0; 8]))
+}
+
+/// The regions in the set, with the transaction that added each.
+pub(crate) fn listed(meta: &Meta) -> Result<Vec<(u64, u64)>> {
+    let mut regions = Vec::new();
+    Tree::new(meta, TreeKind::Intents, meta.intents_root()).for_each(
+        0,
+        u64::MAX,
+        &mut |key, value| {
+            regions.push((key, added_txn(value)));
+            Ok(true)
+        },
+    )?;
+    Ok(regions)
+}
+
+/// Takes region `region` out of the set.
+pub(crate) fn remove(meta: &mut Meta, region: u64) -> Result<()> {
+    meta.with_own_tree(TreeKind::Intents, |tree| tree.remove(region).map(drop))?;
+    meta.intent_writes.remove(&region);
+    Ok(())
+}
+
+/// Takes out of the set every region not written in place for `idle`
+/// (all of them with zero) and added before the open transaction. Only
+/// with no in-place write in flight.
+pub(crate) fn evict(meta: &mut Meta, idle: Duration) -> Result<usize> {
+    let txn = meta.txn();
+    let now = Instant::now();
+    let idle_regions: Vec<u64> = listed(meta)?
+        .into_iter()
+        .filter(|&(region, added)| {
+            added < txn
+                && meta
+                    .intent_writes
+                    .get(&region)
+                    .is_none_or(|&at| now.duration_since(at) >= idle)
+        })
+        .map(|(region, _)| region)
+        .collect();
+    for &region in &idle_regions {
+        remove(meta, region)?;
+    }
+    Ok(idle_regions.len())
+}
