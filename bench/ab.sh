@@ -19,6 +19,11 @@
 # later ones extend it). JOBS replaces the job list: entries of "rw bs qd
 # connections" separated by ";", e.g. JOBS="randwrite 4k 32 1".
 #
+# OLD_FORMAT and NEW_FORMAT create each build's pool at that format
+# version first (`pool create --format-version`), for an A/B of a format
+# feature with one binary, e.g. data checksums (version 10) against none:
+#   OLD_FORMAT=9 bench/ab.sh B B
+#
 # POOL sets the pool's size (default 2G): jobs that write much under
 # SNAPSHOT=1 need more, each snapshot pinning what the next job rewrites.
 #
@@ -40,11 +45,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run_one() { # label binary serve-arguments
+run_one() { # label binary serve-arguments format-version
   local label=$1 bin=$2 dir="$work/$1"
   local -a extra
   read -r -a extra <<<"$3"
   rm -rf "$dir"
+  if [ -n "$4" ]; then
+    mkdir -p "$dir"
+    "$bin" pool create "$dir/pool" --size "${POOL:-2G}" --format-version "$4" >/dev/null
+  fi
   "$bin" serve "${extra[@]}" --data-dir "$dir" --pool-size "${POOL:-2G}" --initial-volume none \
     --nbd-listen none --api-listen none >/dev/null 2>"$work/$label.log" &
   pid=$!
@@ -77,6 +86,6 @@ print(f"{sys.argv[1]:4} {sys.argv[2]:10} {sys.argv[3]:3} QD{sys.argv[4]:3} x{sys
 
 for round in $(seq "$rounds"); do
   echo "round $round"
-  run_one old "$old" "${OLD_SERVE_ARGS:-}"
-  run_one new "$new" "${NEW_SERVE_ARGS:-}"
+  run_one old "$old" "${OLD_SERVE_ARGS:-}" "${OLD_FORMAT:-}"
+  run_one new "$new" "${NEW_SERVE_ARGS:-}" "${NEW_FORMAT:-}"
 done

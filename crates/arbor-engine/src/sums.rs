@@ -82,8 +82,9 @@ fn check(pchunk: u64, block: u32, stored: Option<u32>, bytes: &[u8]) -> Result<(
 /// resolved its mapping, to verify the data after the lock is released.
 #[derive(Debug, Default)]
 pub(crate) struct ReadSums {
-    /// Leaves by key; None: no leaf (no chunk of it has sums).
-    leaves: Vec<(u64, Option<SumsLeaf>)>,
+    /// Leaves' values by key, as the tree holds them; None: no leaf (no
+    /// chunk of it has sums).
+    leaves: Vec<(u64, Option<Vec<u8>>)>,
 }
 
 impl ReadSums {
@@ -101,7 +102,11 @@ impl ReadSums {
             };
             let leaf = geo.sums.slot(pchunk).leaf;
             if !self.leaves.iter().any(|(k, _)| *k == leaf) {
-                self.leaves.push((leaf, leaf_of(meta, leaf)?));
+                let value = Tree::new(meta, TreeKind::Sums, meta.sums_root())
+                    .get_le(leaf)?
+                    .filter(|f| f.key == leaf)
+                    .map(|f| f.value);
+                self.leaves.push((leaf, value));
             }
             pos += geo.chunk_size - within;
         }
@@ -125,8 +130,8 @@ impl ReadSums {
                 .leaves
                 .iter()
                 .find(|(k, _)| *k == slot.leaf)
-                .and_then(|(_, l)| l.as_ref())
-                .and_then(|l| l.get(slot.index, block));
+                .and_then(|(_, l)| l.as_deref())
+                .and_then(|value| SumsLeaf::lookup(geo.sums, value, slot.index, block));
             check(pchunk, block, stored, bytes)?;
         }
         Ok(())

@@ -208,6 +208,20 @@ impl SumsLeaf {
         ])
     }
 
+    /// [`Self::get`] straight from a leaf's value bytes, without parsing
+    /// the rest of it (a read's lookup: the node holding it verified its
+    /// checksum when it was read; `check` parses every leaf whole). None
+    /// for a slot outside the leaf or a value too short.
+    pub fn lookup(geo: SumsGeometry, value: &[u8], index: u32, block: u32) -> Option<u32> {
+        if index >= geo.chunks || block >= geo.blocks {
+            return None;
+        }
+        let s = index as usize * geo.blocks as usize + block as usize;
+        let bit = value.get(geo.bitmap_at() + s / 8)? >> (s % 8) & 1;
+        let crc = value.get(4 * s..4 * s + 4)?;
+        (bit == 1).then(|| u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]))
+    }
+
     /// The crc of block `block` of the leaf's chunk `index`, if it has one.
     pub fn get(&self, index: u32, block: u32) -> Option<u32> {
         let s = self.slot(index, block);
@@ -336,7 +350,10 @@ mod tests {
             }
             for (&(i, b), &crc) in &model {
                 prop_assert_eq!(leaf.get(i, b), crc);
+                prop_assert_eq!(SumsLeaf::lookup(geo, leaf.as_bytes(), i, b), crc);
             }
+            prop_assert_eq!(SumsLeaf::lookup(geo, leaf.as_bytes(), geo.chunks(), 0), None);
+            prop_assert_eq!(SumsLeaf::lookup(geo, &leaf.as_bytes()[..8], 0, 0), None);
             prop_assert_eq!(leaf.is_empty(), model.values().all(Option::is_none));
             let back = SumsLeaf::decode(geo, leaf.as_bytes()).unwrap();
             prop_assert_eq!(back, leaf);

@@ -120,6 +120,18 @@ fn main() {
         pool.snapshot("cow@c1").expect("c1");
         write(&pool, "cow", 10, 16 * KIB, 8 * KIB);
     }
+    #[cfg(since_v10)]
+    {
+        // Data checksums: new chunks, then an overwrite that redirects
+        // (its region not yet listed as written in place), then the same
+        // overwrite in place.
+        pool.create_volume("summed", 256 * KIB).expect("summed");
+        write(&pool, "summed", 11, 0, 64 * KIB);
+        pool.flush().expect("flush");
+        write(&pool, "summed", 12, 16 * KIB, 4 * KIB);
+        pool.flush().expect("flush");
+        write(&pool, "summed", 12, 16 * KIB, 4 * KIB);
+    }
     pool.flush().expect("flush");
 
     let report = pool.check().expect("check");
