@@ -154,42 +154,50 @@ pub(crate) fn compute(data: &[u8]) -> Vec<Option<u32>> {
     data.chunks(SUM_BLOCK).map(|b| Some(block_sum(b))).collect()
 }
 
+/// Changes leaf `key` of the open transaction's tree with `f`, which says
+/// whether it changed anything: written back only then (removed once it
+/// holds no sum), and read with its length checked only (the hot path of
+/// every write: `check` parses every leaf whole).
+fn update_leaf(meta: &mut Meta, key: u64, f: impl FnOnce(&mut SumsLeaf) -> bool) -> Result<()> {
+    let geo = meta.geo().sums;
+    meta.with_own_tree(TreeKind::Sums, |tree| {
+        let found = tree.read().get_le(key)?.filter(|f| f.key == key);
+        let mut leaf = match &found {
+            Some(found) => SumsLeaf::from_value(geo, &found.value)
+                .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?,
+            None => SumsLeaf::empty(geo),
+        };
+        if !f(&mut leaf) {
+            return Ok(());
+        }
+        if leaf.is_empty() {
+            if found.is_some() {
+                tree.remove(key)?;
+            }
+        } else {
+            tree.insert(key, leaf.as_bytes())?;
+        }
+        Ok(())
+    })
+}
+
 /// Sets the sums of chunk `pchunk`'s blocks from `first` on (None clears
 /// one), in the open transaction.
+#[cfg(test)]
 pub(crate) fn set_blocks(
     meta: &mut Meta,
     pchunk: u64,
     first: u32,
     sums: &[Option<u32>],
 ) -> Result<()> {
-    let geo = meta.geo().sums;
-    let Some(end) = u32::try_from(sums.len())
-        .ok()
-        .and_then(|n| first.checked_add(n))
-        .filter(|&end| end <= geo.blocks())
-    else {
-        return Err(Error::inconsistent(format!(
-            "sums of blocks {first}+{} of a chunk of {} blocks",
-            sums.len(),
-            geo.blocks()
-        )));
-    };
-    let slot = geo.slot(pchunk);
-    meta.with_own_tree(TreeKind::Sums, |tree| {
-        let mut leaf = match tree.read().get_le(slot.leaf)? {
-            Some(found) if found.key == slot.leaf => decode(geo, slot.leaf, &found.value)?,
-            _ => SumsLeaf::empty(geo),
-        };
-        for (block, &sum) in (first..end).zip(sums) {
-            leaf.set(slot.index, block, sum);
-        }
-        if leaf.is_empty() {
-            tree.remove(slot.leaf)?;
-        } else {
-            tree.insert(slot.leaf, leaf.as_bytes())?;
-        }
-        Ok(())
-    })
+    record(
+        meta,
+        &[BlockSums {
+            pchunk,
+            first,
+            sums: sums.to_vec(),
+        }],
+    )
 }
 
 /// Clears every sum of the chunks of `chunks`, one leaf at a time (chunks
@@ -200,28 +208,10 @@ pub(crate) fn forget_range(meta: &mut Meta, chunks: std::ops::Range<u64>) -> Res
     while pchunk < chunks.end {
         let slot = geo.slot(pchunk);
         let in_leaf = (u64::from(geo.chunks() - slot.index)).min(chunks.end - pchunk);
-        meta.with_own_tree(TreeKind::Sums, |tree| {
-            let Some(found) = tree
-                .read()
-                .get_le(slot.leaf)?
-                .filter(|f| f.key == slot.leaf)
-            else {
-                return Ok(());
-            };
-            let mut leaf = decode(geo, slot.leaf, &found.value)?;
-            let before = leaf.clone();
+        update_leaf(meta, slot.leaf, |leaf| {
             // Below the leaf's chunk count, a u32.
-            for index in slot.index..slot.index + in_leaf as u32 {
-                leaf.clear_chunk(index);
-            }
-            if leaf == before {
-                // Nothing to clear (a chunk's first use): no change.
-            } else if leaf.is_empty() {
-                tree.remove(slot.leaf)?;
-            } else {
-                tree.insert(slot.leaf, leaf.as_bytes())?;
-            }
-            Ok(())
+            (slot.index..slot.index + in_leaf as u32)
+                .fold(false, |had, index| leaf.clear_chunk(index) || had)
         })?;
         pchunk += in_leaf;
     }
@@ -256,10 +246,44 @@ pub(crate) struct BlockSums {
     pub sums: Vec<Option<u32>>,
 }
 
-/// Records `all` in the open transaction.
+/// Records `all` in the open transaction, each leaf read and written
+/// once for all the chunks of `all` it holds.
 pub(crate) fn record(meta: &mut Meta, all: &[BlockSums]) -> Result<()> {
+    let geo = meta.geo().sums;
     for s in all {
-        set_blocks(meta, s.pchunk, s.first, &s.sums)?;
+        let fits = u32::try_from(s.sums.len())
+            .ok()
+            .and_then(|n| s.first.checked_add(n))
+            .is_some_and(|end| end <= geo.blocks());
+        if !fits {
+            return Err(Error::inconsistent(format!(
+                "sums of blocks {}+{} of a chunk of {} blocks",
+                s.first,
+                s.sums.len(),
+                geo.blocks()
+            )));
+        }
+    }
+    let mut order: Vec<&BlockSums> = all.iter().collect();
+    order.sort_by_key(|s| s.pchunk);
+    let mut i = 0;
+    while i < order.len() {
+        let key = geo.slot(order[i].pchunk).leaf;
+        let same = order[i..]
+            .iter()
+            .take_while(|s| geo.slot(s.pchunk).leaf == key)
+            .count();
+        let group = &order[i..i + same];
+        update_leaf(meta, key, |leaf| {
+            for s in group {
+                let index = geo.slot(s.pchunk).index;
+                for (block, &sum) in (s.first..).zip(&s.sums) {
+                    leaf.set(index, block, sum);
+                }
+            }
+            true
+        })?;
+        i += same;
     }
     Ok(())
 }

@@ -181,6 +181,20 @@ impl SumsLeaf {
         Ok(leaf)
     }
 
+    /// A leaf value as the tree holds it, checked for its length only: for
+    /// the write path, which changes a few of its sums (the node holding it
+    /// verified its checksum when read; `check` parses every leaf whole
+    /// with [`Self::decode`]).
+    pub fn from_value(geo: SumsGeometry, value: &[u8]) -> Result<Self, FormatError> {
+        let bytes: [u8; SUMS_VALUE_LEN] = value
+            .try_into()
+            .map_err(|_| FormatError::Invalid(format!("sums value of {} bytes", value.len())))?;
+        Ok(Self {
+            geo,
+            bytes: Box::new(bytes),
+        })
+    }
+
     /// The value's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..]
@@ -240,11 +254,16 @@ impl SumsLeaf {
         }
     }
 
-    /// Clears every block of chunk `index`.
-    pub fn clear_chunk(&mut self, index: u32) {
+    /// Clears every block of chunk `index`; whether any had a sum.
+    pub fn clear_chunk(&mut self, index: u32) -> bool {
+        let mut had = false;
         for b in 0..self.geo.blocks {
-            self.set(index, b, None);
+            if self.get(index, b).is_some() {
+                had = true;
+                self.set(index, b, None);
+            }
         }
+        had
     }
 
     /// Whether no block of the leaf has a crc.

@@ -524,18 +524,18 @@ impl Pool {
                     // without checksums: nothing to map or record.
                     return Ok(in_place);
                 }
-                let new_sums = if maps {
+                let mut sums = if maps {
                     self.write_new_chunks(unit, &wanted, &plans, backing, checksums)?
                 } else {
                     Vec::new()
                 };
+                sums.extend(in_place.sums.iter().cloned());
                 let mut meta = self.write_meta()?;
                 self.mutate(&mut meta, privilege, |m| {
                     if maps {
                         m.map_planned(unit.id.0, &wanted, &plans, unmap.clone(), end)?;
                     }
-                    m.record_sums(&new_sums)?;
-                    m.record_sums(&in_place.sums)
+                    m.record_sums(&sums)
                 })?;
                 Ok(in_place)
             });
