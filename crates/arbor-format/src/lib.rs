@@ -20,7 +20,10 @@ mod superblock;
 mod version;
 
 pub use header::{seal, seal_version, BlockHeader, BlockType};
-pub use journal::{decode_journal_pages, encode_journal, journal_images_len};
+pub use journal::{
+    choose_area_record, decode_journal_pages, encode_journal, journal_capacity, journal_images_len,
+    record_copies, AreaRecord,
+};
 pub use layout::{
     chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
     MAX_GROWTHS,
@@ -41,7 +44,9 @@ pub use records::{
     MAX_PARTIAL_MIDS,
 };
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
-pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
+pub use superblock::{
+    choose_superblock, ChosenSuperblock, CommitRecord, Superblock, SUPERBLOCK_SLOTS,
+};
 pub use version::{AtomicFormatVersion, FormatVersion};
 
 /// Size of every metadata block (superblock, commit record, space-map page, node).
@@ -50,7 +55,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it). What each version has: [`FormatVersion`].
-pub const FORMAT_VERSION: u16 = 8;
+pub const FORMAT_VERSION: u16 = 9;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

@@ -87,6 +87,12 @@ impl FormatVersion {
         self.0 >= 8
     }
 
+    /// Version 9: the page images of a commit are durable before its
+    /// record, which is written twice (FORMAT.md §4, "Version 9").
+    pub fn has_mirrored_commit_records(self) -> bool {
+        self.0 >= 9
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).
@@ -146,7 +152,7 @@ mod tests {
     /// one did, and nothing newer.
     #[test]
     fn each_version_has_what_it_and_older_ones_added() {
-        let added: [fn(FormatVersion) -> bool; 7] = [
+        let added: [fn(FormatVersion) -> bool; 8] = [
             FormatVersion::has_grown_regions,
             FormatVersion::has_identities,
             FormatVersion::has_properties,
@@ -154,6 +160,7 @@ mod tests {
             FormatVersion::has_packed_leaves,
             FormatVersion::has_partial_extents,
             FormatVersion::has_middle_layers,
+            FormatVersion::has_mirrored_commit_records,
         ];
         for v in FormatVersion::all() {
             for (i, has) in added.iter().enumerate() {
