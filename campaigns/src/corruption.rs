@@ -1,6 +1,11 @@
 //! Corruption campaign: damage one structure of a rich pool at a time and
 //! check that arbor notices and never returns wrong data.
 //!
+//! Each seed builds two pools: one of format version 8, and one created as
+//! version 8 and upgraded to 9 before its last commits (so a stale
+//! superblock copy is a version 8 one, and the newest commits use the
+//! version 9 protocol: images before the record, the record twice).
+//!
 //! The pool holds volumes, snapshots, clones of snapshots in a deep chain
 //! (clone of a snapshot of a clone ...), and a deleted volume whose tree
 //! waits in the reclaim queue. Each trial damages blocks of one class
@@ -12,7 +17,11 @@
 //!
 //! * opening either refuses (allowed except for damage to one superblock
 //!   copy or to a journal record, where the other copy must be used), or
-//!   opens;
+//!   opens; in a version 9 pool, single-block damage to a superblock copy,
+//!   a copy of the newest or the older commit record or the newest
+//!   commit's page images (a flipped bit, a zeroed block, a lost write, or
+//!   two page images swapped) must open at the newest commit: every read
+//!   exact, the volume its last commit deleted gone;
 //! * every read of every volume returns the known contents or an error,
 //!   never other data; no unknown volume appears, no known one vanishes;
 //! * unless opening healed the damage (journal replay rewrites home pages)
@@ -26,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arbor_engine::{repair, Pool};
-use arbor_format::{CommitRecord, Superblock, BLOCK_SIZE};
+use arbor_format::{CommitRecord, FormatVersion, Superblock, BLOCK_SIZE};
 use arbor_io::model::pattern;
 use arbor_io::{BlockDevice, OverlayDevice, SimDisk};
 use rand::rngs::StdRng;
@@ -44,6 +53,8 @@ pub enum Target {
     SuperblockCopy0,
     SuperblockCopy1,
     NewestCommitRecord,
+    /// The newest record's second copy, in its area's last block (version 9).
+    NewestCommitRecordCopy,
     OlderCommitRecord,
     NewestJournalPages,
     MetaSpaceMap,
@@ -66,10 +77,11 @@ pub enum Damage {
     Stale,
 }
 
-pub const TARGETS: [Target; 11] = [
+pub const TARGETS: [Target; 12] = [
     Target::SuperblockCopy0,
     Target::SuperblockCopy1,
     Target::NewestCommitRecord,
+    Target::NewestCommitRecordCopy,
     Target::OlderCommitRecord,
     Target::NewestJournalPages,
     Target::MetaSpaceMap,
@@ -86,7 +98,20 @@ pub const DAMAGES: [Damage; 4] = [
     Damage::Stale,
 ];
 
-/// Counts for one (target, damage) pair.
+/// The format versions whose pools each seed builds (see the module
+/// documentation).
+pub const VERSIONS: [u16; 2] = [8, 9];
+
+/// Whether a pool of format `version` has blocks of class `target`.
+pub fn has_target(version: u16, target: Target) -> bool {
+    target != Target::NewestCommitRecordCopy || mirrored(version)
+}
+
+fn mirrored(version: u16) -> bool {
+    FormatVersion::new(version).is_ok_and(FormatVersion::has_mirrored_commit_records)
+}
+
+/// Counts for one (version, target, damage).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Tally {
     pub trials: u64,
@@ -105,7 +130,7 @@ pub struct Tally {
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
     pub pools: u64,
-    pub tallies: BTreeMap<(Target, Damage), Tally>,
+    pub tallies: BTreeMap<(u16, Target, Damage), Tally>,
     pub failures: Vec<String>,
 }
 
@@ -151,7 +176,7 @@ struct Built {
     live: Vec<u64>,
 }
 
-fn build(seed: u64) -> Result<Built, String> {
+fn build(seed: u64, version: u16) -> Result<Built, String> {
     let e = |what: &str| {
         let what = what.to_owned();
         move |err: arbor_engine::Error| format!("building the pool: {what}: {err}")
@@ -159,8 +184,11 @@ fn build(seed: u64) -> Result<Built, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let disk = SimDisk::new(POOL_BYTES);
     let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
-    let pool =
-        Pool::create(dev, &small_create_opts(4096), &small_open_opts()).map_err(e("create"))?;
+    let create = arbor_engine::CreateOptions {
+        format_version: FormatVersion::new(8).map_err(|e| e.to_string())?,
+        ..small_create_opts(4096)
+    };
+    let pool = Pool::create(dev, &create, &small_open_opts()).map_err(e("create"))?;
     let mut write_some = |pool: &Pool, name: &str, n: usize| -> Result<(), String> {
         let id = pool.lookup(name).map_err(e("lookup"))?;
         for _ in 0..n {
@@ -205,6 +233,15 @@ fn build(seed: u64) -> Result<Built, String> {
     pool.delete("vm2@old").map_err(e("delete"))?;
     pool.flush().map_err(e("flush"))?;
     let earlier = disk.handle().durable_image();
+    if version != 8 {
+        pool.upgrade().map_err(e("upgrade"))?;
+        if pool.format_version().number() != version {
+            return Err(format!(
+                "upgraded to {}, not {version}",
+                pool.format_version()
+            ));
+        }
+    }
     write_some(&pool, "vm2", 40)?;
     pool.flush().map_err(e("flush"))?;
     let read = |pool: &Pool, name: &str| -> Result<Vec<u8>, String> {
@@ -225,7 +262,7 @@ fn build(seed: u64) -> Result<Built, String> {
     let live = pool.metadata_blocks_in_use().map_err(e("blocks in use"))?;
     pool.close().map_err(e("close"))?;
     let image = disk.handle().durable_image();
-    let classes = classify(&image, &live)?;
+    let classes = classify(&image, &live, mirrored(version))?;
     let dev = Arc::new(OverlayDevice::new(Arc::new(image.clone())));
     drop(Pool::open(dev.clone(), &small_open_opts()).map_err(e("open"))?);
     let opened = dev.image();
@@ -241,7 +278,11 @@ fn build(seed: u64) -> Result<Built, String> {
 }
 
 /// The blocks of each target class in `image`.
-fn classify(image: &[u8], live: &[u64]) -> Result<BTreeMap<Target, Vec<u64>>, String> {
+fn classify(
+    image: &[u8],
+    live: &[u64],
+    mirrored: bool,
+) -> Result<BTreeMap<Target, Vec<u64>>, String> {
     let sb = Superblock::decode(&image[..BS], image.len() as u64).map_err(|e| e.to_string())?;
     let record = |area: u64| {
         let at = area as usize * BS;
@@ -258,6 +299,10 @@ fn classify(image: &[u8], live: &[u64]) -> Result<BTreeMap<Target, Vec<u64>>, St
     classes.insert(Target::SuperblockCopy0, vec![0]);
     classes.insert(Target::SuperblockCopy1, vec![1]);
     classes.insert(Target::NewestCommitRecord, vec![newest.0]);
+    if mirrored {
+        let last = newest.0 + u64::from(sb.journal_pages.get());
+        classes.insert(Target::NewestCommitRecordCopy, vec![last]);
+    }
     classes.insert(Target::OlderCommitRecord, vec![older]);
     classes.insert(
         Target::NewestJournalPages,
@@ -333,13 +378,33 @@ fn damage(
     }
 }
 
-/// Runs every (target, damage) pair `trials` times on one freshly built pool.
+/// Runs every (target, damage) pair `trials` times on freshly built pools,
+/// one of each of [`VERSIONS`].
 pub fn run(seed: u64, trials: usize) -> Outcome {
+    let mut outcome = Outcome::default();
+    for version in VERSIONS {
+        outcome.add_version(seed, trials, version);
+    }
+    outcome
+}
+
+impl Outcome {
+    fn add_version(&mut self, seed: u64, trials: usize, version: u16) {
+        let mut one = run_version(seed, trials, version);
+        one.failures
+            .iter_mut()
+            .for_each(|f| *f = format!("version {version}: {f}"));
+        crate::Tally::add(self, one);
+    }
+}
+
+/// [`run`] for a pool of format `version`.
+fn run_version(seed: u64, trials: usize, version: u16) -> Outcome {
     let mut outcome = Outcome {
         pools: 1,
         ..Outcome::default()
     };
-    let built = match no_panic(|| build(seed)) {
+    let built = match no_panic(|| build(seed, version)) {
         Ok(built) => built,
         Err(e) => {
             outcome.failures.push(format!("seed {seed}: {e}"));
@@ -347,7 +412,7 @@ pub fn run(seed: u64, trials: usize) -> Outcome {
         }
     };
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-    for target in TARGETS {
+    for target in TARGETS.into_iter().filter(|&t| has_target(version, t)) {
         if built.classes.get(&target).is_none_or(|c| c.is_empty()) {
             outcome
                 .failures
@@ -365,9 +430,10 @@ pub fn run(seed: u64, trials: usize) -> Outcome {
                     continue;
                 }
                 done += 1;
-                let tally = outcome.tallies.entry((target, how)).or_default();
+                let tally = outcome.tallies.entry((version, target, how)).or_default();
                 tally.trials += 1;
-                if let Err(e) = no_panic(|| trial(&built, image, &blocks, target, tally)) {
+                let strict = mirrored(version);
+                if let Err(e) = no_panic(|| trial(&built, image, &blocks, target, strict, tally)) {
                     outcome.failures.push(format!(
                         "seed {seed}: {target:?} {how:?} blocks {blocks:?}: {e}"
                     ));
@@ -378,19 +444,25 @@ pub fn run(seed: u64, trials: usize) -> Outcome {
     outcome
 }
 
-/// Opens, reads, checks and repairs one damaged image.
+/// Opens, reads, checks and repairs one damaged image. `newest_only`
+/// (version 9): damage confined to one superblock copy or to the journal
+/// must open at the newest commit, every read exact.
 fn trial(
     built: &Built,
     image: Vec<u8>,
     blocks: &[u64],
     target: Target,
+    newest_only: bool,
     tally: &mut Tally,
 ) -> Result<(), String> {
     let base = Arc::new(image);
     let dev = Arc::new(OverlayDevice::new(Arc::clone(&base)));
     let journal = matches!(
         target,
-        Target::NewestCommitRecord | Target::OlderCommitRecord | Target::NewestJournalPages
+        Target::NewestCommitRecord
+            | Target::NewestCommitRecordCopy
+            | Target::OlderCommitRecord
+            | Target::NewestJournalPages
     );
     // Damage to one superblock copy or to the journal alone leaves an
     // intact copy or an older commit to open from.
@@ -401,14 +473,25 @@ fn trial(
             Target::SuperblockCopy0
                 | Target::SuperblockCopy1
                 | Target::NewestCommitRecord
+                | Target::NewestCommitRecordCopy
                 | Target::OlderCommitRecord
                 | Target::NewestJournalPages
         );
+    let at_newest = must_open && newest_only;
     match Pool::open(dev.clone(), &small_open_opts()) {
         Err(e) if must_open => return Err(format!("open refused a pool it can open: {e}")),
         Err(_) => tally.refused += 1,
         Ok(pool) => {
-            tally.failed_reads += verify_reads(built, &pool)?;
+            let failed = verify_reads(built, &pool)?;
+            if at_newest && failed > 0 {
+                return Err(format!("{failed} reads failed after damage confined to the journal or one superblock copy"));
+            }
+            if at_newest && pool.lookup(&built.doomed.0).is_ok() {
+                return Err(
+                    "opened at an older commit (the volume the last commit deleted is back)".into(),
+                );
+            }
+            tally.failed_reads += failed;
             let healed = blocks.iter().all(|&b| {
                 let mut now = vec![0u8; BS];
                 dev.read_at(&mut now, b * BS as u64).is_ok() && now == block_of(&built.opened, b)

@@ -3,9 +3,9 @@
 #![no_main]
 
 use arbor_format::{
-    seal, seal_version, BlockRef, BlockType, CommitRecord, FormatVersion, Layout, MapValue, Node,
-    SmKind, SmPage, StoreValue, SumsGeometry, SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE,
-    SUMS_VALUE_LEN,
+    choose_area_record, choose_superblock, seal, seal_version, BlockRef, BlockType, CommitRecord,
+    FormatVersion, Layout, MapValue, Node, SmKind, SmPage, StoreValue, SumsGeometry, SumsLeaf,
+    Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -39,6 +39,24 @@ fuzz_target!(|data: &[u8]| {
         let _ = CommitRecord::decode(&block);
         let _ = SmPage::decode(&block, (SmKind::Meta, 0));
         let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
+    }
+    // The reader's choice of a commit record from an area's two copies and
+    // of the superblock from its two (FORMAT.md §3, §4 "Version 9"): the
+    // input's first and second blocks, as they are and sealed as version 9
+    // blocks of each kind.
+    let mut second = [0u8; BLOCK_SIZE];
+    let rest = data.get(BLOCK_SIZE..).unwrap_or_default();
+    second[..rest.len().min(BLOCK_SIZE)].copy_from_slice(&rest[..rest.len().min(BLOCK_SIZE)]);
+    let nine = FormatVersion::new(9).expect("version 9 is known");
+    let mut pair = [block, second];
+    for sealed in [None, Some(BlockType::Commit), Some(BlockType::Superblock)] {
+        if let Some(block_type) = sealed {
+            for b in &mut pair {
+                seal_version(b, block_type, nine);
+            }
+        }
+        let _ = choose_area_record(&pair[0], &pair[1], 16, |_, _| true);
+        let _ = choose_superblock(&[pair[0].to_vec(), pair[1].to_vec()], u64::MAX);
     }
     // A version 2 record's grown regions, against a valid region 0.
     let two = FormatVersion::new(2).expect("version 2 is known");

@@ -33,12 +33,12 @@ fn main() -> ExitCode {
         },
     );
     println!(
-        "| structure | damage | trials | open refused | healed on open | check reported | reads failed (error) | repaired | repair refused |"
+        "| version | structure | damage | trials | open refused | healed on open | check reported | reads failed (error) | repaired | repair refused |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for ((target, damage), t) in &total.tallies {
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for ((version, target, damage), t) in &total.tallies {
         println!(
-            "| {target:?} | {damage:?} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {version} | {target:?} | {damage:?} | {} | {} | {} | {} | {} | {} | {} |",
             t.trials, t.refused, t.healed, t.detected, t.failed_reads, t.repaired, t.repair_refused
         );
     }

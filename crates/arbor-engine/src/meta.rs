@@ -12,6 +12,11 @@
 //! 5. flush. The commit record is the commit point: on open, the newest
 //!    valid record of the two areas wins and its page images are replayed.
 //!
+//! From format version 9 the page images are written in step 2 (durable
+//! by the flush of step 3) and the record in step 4 twice, in the area's
+//! first and last blocks: a record that verifies then always has intact
+//! images, so damaged images are damage, not a torn commit ([`recover`]).
+//!
 //! Commits are pipelined so that I/O does not wait for the device: phase A
 //! ([`Meta::begin_commit`], brief, exclusive) freezes the transaction into a
 //! [`CommitJob`] and opens the next one; phase B ([`CommitJob::write`])
@@ -166,6 +171,12 @@ pub(crate) struct CommitJob {
     /// Commit record followed by the page images.
     journal: Vec<u8>,
     area: u64,
+    /// Blocks of the area holding a copy of the record (counted from its
+    /// first: [`arbor_format::record_copies`]).
+    record_copies: Vec<u64>,
+    /// Version 9: the images are written with the nodes, before the
+    /// record.
+    images_first: bool,
 }
 
 impl CommitJob {
@@ -192,6 +203,13 @@ impl CommitJob {
                 .map(|(block, node)| (*block, Block::Node(node))),
         );
         blocks.sort_unstable_by_key(|(block, _)| *block);
+        let (record, images) = self.journal.split_at(arbor_format::BLOCK_SIZE);
+        if self.images_first && !images.is_empty() {
+            // Version 9: the images are durable before either record copy.
+            store
+                .dev
+                .write_at(images, (self.area + 1) * arbor_format::BLOCK_SIZE_U64)?;
+        }
         for batch in blocks.chunks(COMMIT_BATCH_BLOCKS) {
             let runs = contiguous_runs(batch, |block, item| match item {
                 Block::Page(page) => page.encode(),
@@ -207,12 +225,32 @@ impl CommitJob {
             store.cache_sm_page(Arc::clone(page));
         }
         store.dev.flush()?;
-        store
-            .dev
-            .write_at(&self.journal, self.area * arbor_format::BLOCK_SIZE_U64)?;
+        if self.images_first {
+            write_record_copies(store, self.area, &self.record_copies, record)?;
+        } else {
+            store
+                .dev
+                .write_at(&self.journal, self.area * arbor_format::BLOCK_SIZE_U64)?;
+        }
         store.dev.flush()?;
         Ok(())
     }
+}
+
+/// Writes `record` (one block) into each of `copies` (blocks counted from
+/// journal area `area`'s first); the caller flushes.
+pub(crate) fn write_record_copies(
+    store: &Store,
+    area: u64,
+    copies: &[u64],
+    record: &[u8],
+) -> Result<()> {
+    for copy in copies {
+        store
+            .dev
+            .write_at(record, (area + copy) * arbor_format::BLOCK_SIZE_U64)?;
+    }
+    Ok(())
 }
 
 /// Blocks of a commit encoded and written at once (4 MiB).
@@ -615,7 +653,7 @@ impl Meta {
     pub fn end_step<T>(&mut self, step: Step, result: Result<T>) -> Result<T> {
         let Step(sp) = step;
         let result = match result {
-            Ok(_) if self.journal_pages_needed() > self.store.geo.journal_pages => {
+            Ok(_) if self.journal_pages_needed() > self.store.geo.journal_capacity() => {
                 Err(Error::Exhausted(Resource::Journal))
             }
             other => other,
@@ -755,7 +793,8 @@ impl Meta {
 
     pub fn needs_commit(&self) -> bool {
         let pages = self.meta_sm.dirty_pages() + self.data_sm.dirty_pages();
-        pages as u64 > self.store.geo.journal_pages / 2 || self.dirty.len() > self.dirty_node_limit
+        pages as u64 > self.store.geo.journal_capacity() / 2
+            || self.dirty.len() > self.dirty_node_limit
     }
 
     /// Whether the transaction changed nodes, space maps or the layout
@@ -1003,15 +1042,16 @@ impl Meta {
         self.inflight_nodes = nodes.iter().map(|(b, n)| (*b, Arc::clone(n))).collect();
         let mut pages = self.meta_sm.freeze(self.txn);
         pages.extend(self.data_sm.freeze(self.txn));
-        if pages.len() as u64 > geo.journal_pages {
+        let version = geo.version();
+        if pages.len() as u64 > geo.journal_capacity() {
             return Err(Error::inconsistent(format!(
                 "transaction changed {} space-map pages, journal holds {}",
                 pages.len(),
-                geo.journal_pages
+                geo.journal_capacity()
             )));
         }
         let mut record = self.commit_record(volumes);
-        let journal = arbor_format::encode_journal(&mut record, self.store.geo.version(), &pages)
+        let journal = arbor_format::encode_journal(&mut record, version, &pages)
             .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
         self.last_record = record;
         let job = CommitJob {
@@ -1020,6 +1060,8 @@ impl Meta {
             nodes,
             journal,
             area: geo.journal_start[(self.txn % 2) as usize],
+            record_copies: arbor_format::record_copies(version, geo.journal_pages),
+            images_first: version.has_mirrored_commit_records(),
         };
         self.txn += 1;
         self.commit_in_flight = true;
@@ -1076,24 +1118,59 @@ impl Meta {
     }
 }
 
-/// Finds the newest commit whose record and page images are intact, and
-/// replays its page images to their home blocks. Only the newest record's
-/// pages are read unless they prove damaged, so opening costs at most one
-/// journal area whatever the size of the pool or of its mappings.
-pub(crate) fn recover(store: &Store) -> Result<Resume> {
+/// What [`recover`] found.
+pub(crate) enum Recovered {
+    /// The newest commit, its page images replayed to their homes;
+    /// `repaired` names each damaged record copy rewritten from the intact
+    /// one.
+    Intact {
+        resume: Resume,
+        repaired: Vec<String>,
+    },
+    /// The newest commit's record verifies but its page images do not
+    /// (`why`): in format version 9 they were durable before the record,
+    /// so this is damage, not a torn commit, and the pool must not open at
+    /// the previous commit. Nothing was written; its space maps are to be
+    /// rebuilt from its trees (`repair`). The geometry has its layout.
+    ImagesDamaged { resume: Resume, why: String },
+}
+
+/// Finds the newest commit record (the highest `txn` among the copies that
+/// verify in both areas: [`arbor_format::choose_area_record`]) and
+/// replays its page images to their home blocks. If they are damaged, a
+/// record of version 8 or older may be a torn commit and the previous one
+/// is used; one of version 9 is damage ([`Recovered::ImagesDamaged`]).
+/// Damaged copies of the chosen record are rewritten from the intact one.
+/// Only the newest record's pages are read unless they prove damaged, so
+/// opening costs at most one journal area whatever the size of the pool
+/// or of its mappings.
+pub(crate) fn recover(store: &Store) -> Result<Recovered> {
     let geo = &store.geo;
     let mut candidates = Vec::new();
     for area in geo.journal_start {
-        if let Some(record) = read_commit_record(store, area)? {
-            candidates.push((area, record));
+        let head = store.read_block(area)?;
+        let tail = store.read_block(area + geo.journal_pages)?;
+        let accept = |record: &CommitRecord, version| plausible(store, record, version);
+        if let Some(found) =
+            arbor_format::choose_area_record(&head[..], &tail[..], geo.journal_pages, accept)
+        {
+            candidates.push((area, found));
         }
     }
-    candidates.sort_by_key(|(_, record)| std::cmp::Reverse(record.txn.get()));
-    for (area, record) in candidates {
+    candidates.sort_by_key(|(_, found)| std::cmp::Reverse(found.record.txn.get()));
+    for (area, found) in candidates {
+        let record = found.record;
+        let txn = record.txn.get();
+        let mirrored = found.version.has_mirrored_commit_records();
         let layout = match Layout::from_record(geo.superblock(), &record, store.dev.size()) {
             Ok(layout) => layout,
+            Err(e) if mirrored => {
+                return Err(Error::inconsistent(format!(
+                    "commit {txn} (journal area at block {area}) verifies but its layout is unusable: {e}; the pool is not opened at an older commit"
+                )))
+            }
             Err(e) => {
-                warn!(area, txn = record.txn.get(), error = %e, "commit record's layout is unusable; using the previous commit");
+                warn!(area, txn, error = %e, "commit record's layout is unusable; using the previous commit");
                 continue;
             }
         };
@@ -1105,19 +1182,54 @@ pub(crate) fn recover(store: &Store) -> Result<Resume> {
                 for page in &pages {
                     store.write_block(geo.sm_home(page.kind, page.index)?, &page.encode())?;
                 }
+                let mut repaired = Vec::new();
+                if !found.damaged_copies.is_empty() {
+                    write_record_copies(store, area, &found.damaged_copies, &found.block)?;
+                    for copy in &found.damaged_copies {
+                        let note = format!(
+                            "commit {txn}: the record copy at block {} was damaged or stale; rewritten from the intact copy",
+                            area + copy
+                        );
+                        warn!("{note}");
+                        repaired.push(note);
+                    }
+                }
                 store.dev.flush()?;
-                return Ok(Resume { record });
+                return Ok(Recovered::Intact {
+                    resume: Resume { record },
+                    repaired,
+                });
+            }
+            None if mirrored => {
+                let why = format!(
+                    "commit {txn}'s space-map page images (journal area at block {area}) are damaged; they were durable before its record, so this is damage, not a torn commit"
+                );
+                warn!("{why}");
+                geo.grow_to(layout);
+                return Ok(Recovered::ImagesDamaged {
+                    resume: Resume { record },
+                    why,
+                });
             }
             None => warn!(
                 area,
-                txn = record.txn.get(),
-                "newest commit's journal is damaged; using the previous commit"
+                txn, "newest commit's journal is damaged; using the previous commit"
             ),
         }
     }
     Err(Error::inconsistent(
         "no valid commit record in either journal area",
     ))
+}
+
+/// Whether a commit record that verifies is one of this pool's: its uuid,
+/// a version no newer than the pool's, no more page images than its
+/// version's journal holds.
+fn plausible(store: &Store, record: &CommitRecord, version: arbor_format::FormatVersion) -> bool {
+    record.uuid == store.geo.uuid
+        && store.geo.version().accepts_commit_record(version)
+        && u64::from(record.page_count.get())
+            <= arbor_format::journal_capacity(version, store.geo.journal_pages)
 }
 
 /// What `check` says of the journal areas when the pool is at commit
@@ -1164,19 +1276,6 @@ pub(crate) fn journal_warnings(store: &Store, current: u64) -> Result<Vec<String
         ));
     }
     Ok(warnings)
-}
-
-/// The commit record at the head of a journal area, if it is one of this
-/// pool's (and of a format version no newer than the pool's).
-fn read_commit_record(store: &Store, area: u64) -> Result<Option<CommitRecord>> {
-    let raw = store.read_block(area)?;
-    let Ok((record, version)) = CommitRecord::decode_versioned(&raw[..]) else {
-        return Ok(None);
-    };
-    let plausible = record.uuid == store.geo.uuid
-        && store.geo.version().accepts_commit_record(version)
-        && u64::from(record.page_count.get()) <= store.geo.journal_pages;
-    Ok(plausible.then_some(record))
 }
 
 /// The page images following `record`, or `None` if any is damaged.

@@ -76,7 +76,7 @@ use crate::error::{
     Conflict, Error, Fault, Invalid, OriginUnavailable, Refusal, Resource, Result, Unsupported,
 };
 use crate::mapping::Mapping;
-use crate::meta::{recover, CommitJob, Meta, Privilege, Resume};
+use crate::meta::{recover, CommitJob, Meta, Privilege, Recovered, Resume};
 use crate::names::{
     check_existing_volume_name, check_hold_tag, check_volume_name, split_snapshot_name,
 };
@@ -397,6 +397,9 @@ pub struct Pool {
     /// The sweep for partial extents to fill (`pool/fill.rs`).
     fill: FillSweep,
     checker: Checker,
+    /// What opening repaired (damaged superblock or commit record copies,
+    /// space maps rebuilt): `check` lists it as warnings.
+    repaired_at_open: Vec<String>,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
@@ -563,27 +566,44 @@ pub(crate) fn format_space_map(dev: &dyn BlockDevice, region: &Region, kind: SmK
     Ok(())
 }
 
-/// The first superblock copy that verifies, and the pool's format version.
-pub(crate) fn read_superblock(dev: &dyn BlockDevice) -> Result<(Superblock, FormatVersion)> {
-    let mut last_error = None;
+/// The pool's superblock and format version, chosen from its copies
+/// ([`arbor_format::choose_superblock`]: the newest copy that verifies).
+pub(crate) fn choose_superblock(dev: &dyn BlockDevice) -> Result<arbor_format::ChosenSuperblock> {
+    let mut copies = Vec::new();
     for slot in 0..SUPERBLOCK_SLOTS {
-        let mut raw = [0u8; BLOCK_SIZE];
         if dev.size() < (slot + 1) * BLOCK_SIZE_U64 {
             break;
         }
+        let mut raw = vec![0u8; BLOCK_SIZE];
         dev.read_at(&mut raw, slot * BLOCK_SIZE_U64)?;
-        match Superblock::decode_versioned(&raw, dev.size()) {
-            Ok(found) => return Ok(found),
-            Err(e) => {
-                warn!(slot, error = %e, "superblock copy unusable");
-                last_error = Some(e);
-            }
-        }
+        copies.push(raw);
     }
-    match last_error {
-        Some(e) if e != arbor_format::FormatError::BadMagic => Err(Error::corrupt("superblock", e)),
-        _ => Err(Error::Stop(Fault::NotAPool)),
+    match arbor_format::choose_superblock(&copies, dev.size()) {
+        Ok(chosen) => Ok(chosen),
+        Err(arbor_format::FormatError::BadMagic) => Err(Error::Stop(Fault::NotAPool)),
+        Err(e) => Err(Error::corrupt("superblock", e)),
     }
+}
+
+/// Rewrites each damaged or stale superblock copy from the chosen one, so
+/// that a later fault in the other copy is survived too, and flushes.
+/// Returns one line per copy rewritten (also logged).
+pub(crate) fn rewrite_superblock_copies(
+    dev: &dyn BlockDevice,
+    chosen: &arbor_format::ChosenSuperblock,
+) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    for &slot in &chosen.damaged_copies {
+        dev.write_at(&chosen.block, slot * BLOCK_SIZE_U64)?;
+        let note =
+            format!("superblock copy {slot} was damaged or stale; rewritten from the intact copy");
+        warn!("{note}");
+        notes.push(note);
+    }
+    if !notes.is_empty() {
+        dev.flush()?;
+    }
+    Ok(notes)
 }
 
 impl Pool {
@@ -623,13 +643,51 @@ impl Pool {
     }
 
     /// Opens an existing pool, recovering to its last commit.
+    /// A damaged superblock or commit record copy is rewritten from the
+    /// intact one; a version 9 commit whose page images are damaged has its
+    /// space maps rebuilt from its trees (`repair`) and opens at that
+    /// commit. Each is logged and listed by `check` until the pool closes.
     pub fn open(dev: Arc<dyn BlockDevice>, open: &OpenOptions) -> Result<Pool> {
-        let (sb, version) = read_superblock(dev.as_ref())?;
-        let geo = Geometry::new(&sb, version);
-        let store = Arc::new(Store::new(dev, geo, open.cache_bytes / BLOCK_SIZE));
-        let resume = recover(&store)?;
+        let chosen = choose_superblock(dev.as_ref())?;
+        let mut repaired = rewrite_superblock_copies(dev.as_ref(), &chosen)?;
+        // At most twice: once more after rebuilding damaged page images.
+        let mut rebuilt = false;
+        let (store, resume) = loop {
+            let geo = Geometry::new(&chosen.superblock, chosen.version);
+            let store = Arc::new(Store::new(
+                Arc::clone(&dev),
+                geo,
+                open.cache_bytes / BLOCK_SIZE,
+            ));
+            match recover(&store)? {
+                Recovered::Intact {
+                    resume,
+                    repaired: copies,
+                } => {
+                    repaired.extend(copies);
+                    break (store, resume);
+                }
+                Recovered::ImagesDamaged { why, .. } if !rebuilt => {
+                    let report = crate::repair::repair(Arc::clone(&dev), open).map_err(|e| {
+                        Error::inconsistent(format!(
+                            "{why}; rebuilding the space maps from the trees failed ({e}); the pool is not opened at an older commit: see `arbor check` and `arbor repair`"
+                        ))
+                    })?;
+                    let note = format!(
+                        "{why}; the space maps were rebuilt from the trees and committed as commit {}",
+                        report.txn
+                    );
+                    warn!("{note}");
+                    repaired.push(note);
+                    repaired.extend(report.actions);
+                    rebuilt = true;
+                }
+                Recovered::ImagesDamaged { why, .. } => return Err(Error::inconsistent(why)),
+            }
+        };
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
-        let pool = Self::from_parts(store, Volumes::resume(meta)?);
+        let mut pool = Self::from_parts(store, Volumes::resume(meta)?);
+        pool.repaired_at_open = repaired;
         // Copies whose last reader was destroyed before a restart.
         for (id, _) in pool.read_meta()?.cow_volumes() {
             pool.origins.sweep_from(id, 0);
@@ -659,6 +717,7 @@ impl Pool {
             grow_lock: Mutex::new(()),
             fill: FillSweep::default(),
             checker: Checker::default(),
+            repaired_at_open: Vec::new(),
         }
     }
 
@@ -2052,6 +2111,9 @@ impl Pool {
         let walked = walked?;
         report.problems.extend(walked.problems);
         report.warnings.extend(walked.warnings);
+        report
+            .warnings
+            .extend(self.repaired_at_open.iter().cloned());
         report.unlisted += walked.unlisted;
         report.volumes = walked.volumes;
         report.nodes = walked.nodes;

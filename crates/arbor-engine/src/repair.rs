@@ -2,7 +2,11 @@
 //!
 //! What it repairs:
 //! * a damaged or differing superblock copy, rewritten from the one that
-//!   verifies;
+//!   verifies (opening does this too);
+//! * a damaged or stale copy of the newest commit record (version 9),
+//!   rewritten from the intact one (opening does this too);
+//! * a version 9 commit whose page images are damaged: its space maps are
+//!   rebuilt as below (opening runs this repair when it finds one);
 //! * both space maps (every reference count of every metadata block and
 //!   data chunk, and the used counters): recomputed from a full walk of the
 //!   trees and rewritten wherever a home page is damaged, stale or wrong.
@@ -40,8 +44,8 @@ use arbor_io::BlockDevice;
 
 use crate::check::count_references;
 use crate::error::{Error, Result};
-use crate::meta::{recover, Meta, VolumeRoots};
-use crate::pool::{read_superblock, OpenOptions};
+use crate::meta::{recover, write_record_copies, Meta, Recovered, VolumeRoots};
+use crate::pool::{choose_superblock, rewrite_superblock_copies, OpenOptions};
 use crate::store::{Geometry, Store};
 use crate::volumes::Volumes;
 
@@ -58,29 +62,27 @@ pub struct RepairReport {
 /// was changed, or an error naming the damage it cannot repair (see the
 /// module documentation); the pool then opens as before, if at all.
 pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairReport> {
-    let mut actions = Vec::new();
-    let (sb, version) = read_superblock(dev.as_ref())?;
-    let good = sb
-        .encode(version)
-        .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
-    for slot in 0..arbor_format::SUPERBLOCK_SLOTS {
-        let mut raw = [0u8; arbor_format::BLOCK_SIZE];
-        dev.read_at(&mut raw, slot * arbor_format::BLOCK_SIZE_U64)?;
-        if raw != good {
-            dev.write_at(&good, slot * arbor_format::BLOCK_SIZE_U64)?;
-            actions.push(format!(
-                "rewrote superblock copy {slot} from the intact copy"
-            ));
-        }
-    }
-    dev.flush()?;
+    let chosen = choose_superblock(dev.as_ref())?;
+    let mut actions = rewrite_superblock_copies(dev.as_ref(), &chosen)?;
+    let version = chosen.version;
     let store = Arc::new(Store::new(
         dev,
-        Geometry::new(&sb, version),
+        Geometry::new(&chosen.superblock, version),
         opts.cache_bytes / arbor_format::BLOCK_SIZE,
     ));
     let geo = &store.geo;
-    let resume = recover(&store)?;
+    let resume = match recover(&store)? {
+        Recovered::Intact { resume, repaired } => {
+            actions.extend(repaired);
+            resume
+        }
+        // Its space maps are rebuilt below, and a new record makes them
+        // current (the damaged one is never the newest again).
+        Recovered::ImagesDamaged { resume, why } => {
+            actions.push(format!("{why}: rebuilding the space maps"));
+            resume
+        }
+    };
     let mut meta = Meta::resume(Arc::clone(&store), resume, opts.dirty_node_limit)?;
 
     let volumes = count_references(&meta, false)?;
@@ -148,9 +150,11 @@ pub fn repair(dev: Arc<dyn BlockDevice>, opts: &OpenOptions) -> Result<RepairRep
         .map_err(|e| Error::inconsistent(format!("commit record: {e}")))?;
     // The rewritten home pages are durable before the record that makes them current.
     store.dev.flush()?;
-    store.dev.write_at(
+    write_record_copies(
+        &store,
+        geo.journal_start[(txn % 2) as usize],
+        &arbor_format::record_copies(version, geo.journal_pages),
         &journal,
-        geo.journal_start[(txn % 2) as usize] * arbor_format::BLOCK_SIZE_U64,
     )?;
     store.dev.flush()?;
     Ok(RepairReport { actions, txn })

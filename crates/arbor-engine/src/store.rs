@@ -93,6 +93,11 @@ impl Geometry {
         self.version.get()
     }
 
+    /// Page images one commit may journal now ([`arbor_format::journal_capacity`]).
+    pub fn journal_capacity(&self) -> u64 {
+        arbor_format::journal_capacity(self.version(), self.journal_pages)
+    }
+
     pub fn set_version(&self, version: FormatVersion) {
         self.version.set(version);
     }

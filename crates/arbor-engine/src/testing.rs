@@ -10,8 +10,8 @@ use arbor_format::{BlockRef, NodeBody, TreeKind, BLOCK_SIZE};
 use arbor_io::{BlockDevice, SimDisk};
 
 use crate::meta::btree::TreeMut;
-use crate::meta::{decode_map_value, recover, Meta, Resume};
-use crate::pool::{read_superblock, CreateOptions, OpenOptions, Pool};
+use crate::meta::{decode_map_value, recover, Meta, Recovered, Resume};
+use crate::pool::{choose_superblock, CreateOptions, OpenOptions, Pool};
 use crate::store::{Geometry, Store};
 
 /// Size of the simulated disk: about 3,000 data chunks of 4 KiB (three
@@ -62,14 +62,16 @@ fn fresh_store_with(chunk_size: u32) -> (Arc<Store>, Resume) {
     };
     let open = OpenOptions::default();
     drop(Pool::create(Arc::clone(&dev), &create, &open).expect("create a pool"));
-    let (sb, version) = read_superblock(dev.as_ref()).expect("read the superblock");
+    let sb = choose_superblock(dev.as_ref()).expect("read the superblock");
     let store = Arc::new(Store::new(
         dev,
-        Geometry::new(&sb, version),
+        Geometry::new(&sb.superblock, sb.version),
         open.cache_bytes / BLOCK_SIZE,
     ));
-    let resume = recover(&store).expect("recover the last commit");
-    (store, resume)
+    match recover(&store).expect("recover the last commit") {
+        Recovered::Intact { resume, .. } => (store, resume),
+        Recovered::ImagesDamaged { why, .. } => panic!("{why}"),
+    }
 }
 
 /// One leaf of a tree: the key range its parents give it, and its entries.

@@ -384,7 +384,8 @@ fn a_version_7_pool_upgraded_to_8_gets_middle_layers() {
     assert_clean(&pool);
     // Version 8: no reads; the partials of version 7 stay under the new.
     assert!(pool.upgrade().unwrap());
-    assert!(pool.format_version().is_newest() && pool.format_version().has_middle_layers());
+    assert!(pool.format_version().is_newest());
+    assert!(pool.format_version().has_middle_layers());
     assert_eq!(round(&pool, 2, "v@3"), 0);
     assert_eq!(round(&pool, 3, "v@4"), 0);
     let writes = pool.pool_stats().unwrap().chunk_writes;

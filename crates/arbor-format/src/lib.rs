@@ -21,7 +21,10 @@ mod superblock;
 mod version;
 
 pub use header::{seal, seal_version, BlockHeader, BlockType};
-pub use journal::{decode_journal_pages, encode_journal, journal_images_len};
+pub use journal::{
+    choose_area_record, decode_journal_pages, encode_journal, journal_capacity, journal_images_len,
+    record_copies, AreaRecord,
+};
 pub use layout::{
     chunk_run_in, meta_block_in, meta_entry_in, sm_home_in, GrowPlan, Layout, Region, RegionRaw,
     MAX_GROWTHS,
@@ -46,7 +49,9 @@ pub use sums::{
     block_sum, intent_region, intent_region_range, zero_block_sum, SumsGeometry, SumsLeaf,
     SumsSlot, INTENT_REGION_BYTES, SUMS_VALUE_LEN, SUM_BLOCK, SUM_BLOCK_U64,
 };
-pub use superblock::{CommitRecord, Superblock, SUPERBLOCK_SLOTS};
+pub use superblock::{
+    choose_superblock, ChosenSuperblock, CommitRecord, Superblock, SUPERBLOCK_SLOTS,
+};
 pub use version::{AtomicFormatVersion, FormatVersion};
 
 /// Size of every metadata block (superblock, commit record, space-map page, node).

@@ -246,9 +246,95 @@ impl CommitRecord {
     }
 }
 
+/// The superblock a pool opens with, chosen from its copies by
+/// [`choose_superblock`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChosenSuperblock {
+    pub superblock: Superblock,
+    pub version: FormatVersion,
+    /// The chosen copy's block as read.
+    pub block: Vec<u8>,
+    /// Slots whose copy does not verify or differs from the chosen one:
+    /// rewrite them with `block` (docs/FORMAT.md §1).
+    pub damaged_copies: Vec<u64>,
+}
+
+/// Chooses the superblock from its copies (`copies[i]` is slot `i`), sans
+/// I/O: the copy of the newest version among those that verify, the first
+/// of them on a tie. Copies differ only in their version: an upgrade
+/// writes them one at a time, so a power cut, a torn or a lost write
+/// leaves one copy older (or damaged) while commits of the newer version
+/// may follow. The last copy's error when none verifies.
+pub fn choose_superblock(
+    copies: &[Vec<u8>],
+    device_bytes: u64,
+) -> Result<ChosenSuperblock, FormatError> {
+    let mut chosen: Option<(Superblock, FormatVersion, usize)> = None;
+    let mut last_error = FormatError::BadMagic;
+    for (slot, block) in copies.iter().enumerate() {
+        match Superblock::decode_versioned(block, device_bytes) {
+            Ok((sb, version)) => {
+                let newer = chosen
+                    .as_ref()
+                    .is_none_or(|(_, best, _)| version.number() > best.number());
+                if newer {
+                    chosen = Some((sb, version, slot));
+                }
+            }
+            Err(e) => last_error = e,
+        }
+    }
+    let (superblock, version, slot) = chosen.ok_or(last_error)?;
+    let block = copies[slot].clone();
+    let damaged_copies = (0..copies.len())
+        .filter(|&i| copies[i] != block)
+        .map(|i| i as u64)
+        .collect();
+    Ok(ChosenSuperblock {
+        superblock,
+        version,
+        block,
+        damaged_copies,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_superblock_is_the_newest_copy_that_verifies() {
+        let sb = geometry();
+        let (old, new) = (
+            sb.encode(v(8)).unwrap().to_vec(),
+            sb.encode(v(9)).unwrap().to_vec(),
+        );
+        let bytes = 64 << 20;
+        let chosen = choose_superblock(&[new.clone(), new.clone()], bytes).unwrap();
+        assert_eq!((chosen.version, chosen.damaged_copies), (v(9), vec![]));
+        // A lost write of either copy during an upgrade.
+        for copies in [[old.clone(), new.clone()], [new.clone(), old.clone()]] {
+            let chosen = choose_superblock(&copies, bytes).unwrap();
+            assert_eq!(chosen.version, v(9));
+            assert_eq!(chosen.block, new);
+            let stale = copies.iter().position(|c| *c == old).unwrap() as u64;
+            assert_eq!(chosen.damaged_copies, vec![stale]);
+        }
+        // A flipped bit or a zeroed copy.
+        let mut flipped = new.clone();
+        flipped[300] ^= 1;
+        for bad in [flipped, vec![0u8; BLOCK_SIZE]] {
+            let chosen = choose_superblock(&[bad.clone(), new.clone()], bytes).unwrap();
+            assert_eq!((chosen.superblock, chosen.damaged_copies), (sb, vec![0]));
+            let chosen = choose_superblock(&[new.clone(), bad], bytes).unwrap();
+            assert_eq!(chosen.damaged_copies, vec![1]);
+        }
+        let zero = vec![0u8; BLOCK_SIZE];
+        assert_eq!(
+            choose_superblock(&[zero.clone(), zero], bytes),
+            Err(FormatError::BadMagic)
+        );
+    }
 
     fn v(number: u16) -> FormatVersion {
         FormatVersion::new(number).unwrap()

@@ -87,8 +87,14 @@ impl FormatVersion {
         self.0 >= 8
     }
 
-    /// Version 10 (in development: no release writes it yet): a crc32c of
-    /// every 4 KiB block of data, in the checksum tree (FORMAT.md §6.4).
+    /// Version 9: the page images of a commit are durable before its
+    /// record, which is written twice (FORMAT.md §4, "Version 9").
+    pub fn has_mirrored_commit_records(self) -> bool {
+        self.0 >= 9
+    }
+
+    /// Version 10: a crc32c of every 4 KiB block of data, in the checksum
+    /// tree, and the in-place intent set (FORMAT.md §6.4).
     pub fn has_data_checksums(self) -> bool {
         self.0 >= 10
     }
@@ -152,7 +158,7 @@ mod tests {
     /// one did, and nothing newer.
     #[test]
     fn each_version_has_what_it_and_older_ones_added() {
-        let added: [fn(FormatVersion) -> bool; 7] = [
+        let added: [fn(FormatVersion) -> bool; 8] = [
             FormatVersion::has_grown_regions,
             FormatVersion::has_identities,
             FormatVersion::has_properties,
@@ -160,6 +166,7 @@ mod tests {
             FormatVersion::has_packed_leaves,
             FormatVersion::has_partial_extents,
             FormatVersion::has_middle_layers,
+            FormatVersion::has_mirrored_commit_records,
         ];
         for v in FormatVersion::all() {
             for (i, has) in added.iter().enumerate() {

@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use arbor_format::{
-    seal, BlockRef, BlockType, CommitRecord, MapValue, Node, SmKind, SmPage, StoreValue,
-    Superblock, VolumeRecord, BLOCK_SIZE,
+    choose_area_record, choose_superblock, seal, BlockRef, BlockType, CommitRecord, MapValue, Node,
+    SmKind, SmPage, StoreValue, Superblock, VolumeRecord, BLOCK_SIZE,
 };
 use proptest::prelude::*;
 
@@ -25,6 +25,11 @@ fn decode_all(block: &[u8]) {
     let _ = SmPage::decode(block, (SmKind::Data, 0));
     let _ = SmPage::decode_any(block);
     let _ = Node::decode(block, BlockRef { block: 1, txn: 1 });
+    // The readers' choices from two copies (FORMAT.md §3, §4).
+    let zero = [0u8; BLOCK_SIZE];
+    let _ = choose_area_record(block, &zero, 16, |_, _| true);
+    let _ = choose_area_record(&zero, block, 16, |_, _| true);
+    let _ = choose_superblock(&[block.to_vec(), zero.to_vec()], u64::MAX);
 }
 
 proptest! {

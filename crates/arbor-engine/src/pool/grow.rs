@@ -85,6 +85,15 @@ impl Pool {
             .superblock()
             .encode(FormatVersion::NEWEST)
             .map_err(|e| Error::inconsistent(format!("superblock: {e}")))?;
+        // The newest version may journal fewer pages per commit (version
+        // 9: one less, FORMAT.md §7): the open transaction is committed
+        // under the old one, and writers wait until the version is set, so
+        // no transaction outgrows the new capacity.
+        let _gate = self.gates.commit();
+        let job = self.freeze(&mut *self.write_meta()?)?;
+        if let Some(job) = job {
+            self.complete_commit(job)?;
+        }
         // One copy at a time: a power cut leaves a new copy and an old
         // one, both valid for a reader of the new version, and the commit
         // records written so far are valid in either. The volume table is
