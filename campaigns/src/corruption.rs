@@ -2,9 +2,10 @@
 //! check that arbor notices and never returns wrong data.
 //!
 //! Each seed builds two pools: one of format version 8, and one created as
-//! version 8 and upgraded to 9 before its last commits (so a stale
-//! superblock copy is a version 8 one, and the newest commits use the
-//! version 9 protocol: images before the record, the record twice).
+//! version 8 and upgraded to the newest (10) before its last commits (so a
+//! stale superblock copy is a version 8 one, and the newest commits use the
+//! protocol of version 9 and later: images before the record, the record
+//! twice).
 //!
 //! The pool holds volumes, snapshots, clones of snapshots in a deep chain
 //! (clone of a snapshot of a clone ...), and a deleted volume whose tree
@@ -64,6 +65,10 @@ pub enum Target {
     /// A packed mapping leaf (format version 6, node kind 5).
     PackedLeaf,
     QueueNode,
+    /// A node of the data checksum tree (format version 10, node kind 6).
+    /// (The in-place intent set, kind 7, is empty in a pool closed cleanly,
+    /// as these are.)
+    SumsNode,
 }
 
 /// How a block is damaged.
@@ -77,7 +82,7 @@ pub enum Damage {
     Stale,
 }
 
-pub const TARGETS: [Target; 12] = [
+pub const TARGETS: [Target; 13] = [
     Target::SuperblockCopy0,
     Target::SuperblockCopy1,
     Target::NewestCommitRecord,
@@ -90,6 +95,7 @@ pub const TARGETS: [Target; 12] = [
     Target::MappingNode,
     Target::PackedLeaf,
     Target::QueueNode,
+    Target::SumsNode,
 ];
 pub const DAMAGES: [Damage; 4] = [
     Damage::BitFlip,
@@ -100,11 +106,17 @@ pub const DAMAGES: [Damage; 4] = [
 
 /// The format versions whose pools each seed builds (see the module
 /// documentation).
-pub const VERSIONS: [u16; 2] = [8, 9];
+pub const VERSIONS: [u16; 2] = [8, arbor_format::FORMAT_VERSION];
 
 /// Whether a pool of format `version` has blocks of class `target`.
 pub fn has_target(version: u16, target: Target) -> bool {
-    target != Target::NewestCommitRecordCopy || mirrored(version)
+    match target {
+        Target::NewestCommitRecordCopy => mirrored(version),
+        Target::SumsNode => {
+            FormatVersion::new(version).is_ok_and(FormatVersion::has_data_checksums)
+        }
+        _ => true,
+    }
 }
 
 fn mirrored(version: u16) -> bool {
@@ -259,9 +271,15 @@ fn build(seed: u64, version: u16) -> Result<Built, String> {
     for info in pool.list().map_err(e("list"))? {
         contents.insert(info.name.clone(), read(&pool, &info.name)?);
     }
-    let live = pool.metadata_blocks_in_use().map_err(e("blocks in use"))?;
     pool.close().map_err(e("close"))?;
     let image = disk.handle().durable_image();
+    // The blocks in use as the pool was closed (a clean close commits: the
+    // in-place intent set is emptied, its nodes freed).
+    let live = {
+        let dev = Arc::new(OverlayDevice::new(Arc::new(image.clone())));
+        let pool = Pool::open(dev, &small_open_opts()).map_err(e("open"))?;
+        pool.metadata_blocks_in_use().map_err(e("blocks in use"))?
+    };
     let classes = classify(&image, &live, mirrored(version))?;
     let dev = Arc::new(OverlayDevice::new(Arc::new(image.clone())));
     drop(Pool::open(dev.clone(), &small_open_opts()).map_err(e("open"))?);
@@ -324,6 +342,7 @@ fn classify(
             // Version 1 and version 3 volume tables.
             2 | 4 => Target::VolumeTableNode,
             3 => Target::QueueNode,
+            6 => Target::SumsNode,
             other => return Err(format!("live block {block} has tree kind {other}")),
         };
         classes.entry(target).or_insert_with(Vec::new).push(block);

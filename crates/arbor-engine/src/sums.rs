@@ -209,9 +209,13 @@ pub(crate) fn forget_range(meta: &mut Meta, chunks: std::ops::Range<u64>) -> Res
         let slot = geo.slot(pchunk);
         let in_leaf = (u64::from(geo.chunks() - slot.index)).min(chunks.end - pchunk);
         update_leaf(meta, slot.leaf, |leaf| {
+            // Every chunk is cleared (no short cut): whether any had sums.
+            let mut had = false;
             // Below the leaf's chunk count, a u32.
-            (slot.index..slot.index + in_leaf as u32)
-                .fold(false, |had, index| leaf.clear_chunk(index) || had)
+            for index in slot.index..slot.index + in_leaf as u32 {
+                had |= leaf.clear_chunk(index);
+            }
+            had
         })?;
         pchunk += in_leaf;
     }

@@ -1,13 +1,17 @@
 //! Makes one frozen pool image of `crates/arbor-engine/tests/images/`.
 //!
 //! Documentation, not built here: this file was copied as
-//! `crates/arbor-engine/src/bin/gen_image.rs` into a temporary worktree of
-//! the last commit of a format version (README.md beside the images names
-//! each commit) and built there with that version's API:
+//! `crates/arbor-engine/src/bin/gen_image.rs` (versions 1 to 8) or, from
+//! version 9 on, as `crates/arbor-engine/examples/gen_image.rs` (crc32c is
+//! a dev-dependency of the engine now, which an example may use) into a
+//! temporary worktree of the last commit of a format version (README.md
+//! beside the images names each commit) and built there with that
+//! version's API:
 //!
 //! ```text
 //! cargo rustc --release -p arbor-engine --bin gen_image -- --cfg since_v2 ... --cfg since_vN
-//! target/release/gen_image POOL_FILE MANIFEST_FILE
+//! cargo rustc --release -p arbor-engine --example gen_image -- --cfg since_v2 ... --cfg since_vN
+//! target/release/gen_image POOL_FILE MANIFEST_FILE   (target/release/examples/ for an example)
 //! zstd -19 POOL_FILE -o vN.pool.zst
 //! ```
 //!
@@ -171,18 +175,19 @@ fn main() {
     pool.close().expect("close");
 }
 
-/// Version 1 had no `Pool::format_version`.
+/// Version 1 had no `Pool::format_version`; later ones return a number
+/// or, from version 8's time on, a `FormatVersion`: both print as one.
 trait FormatVersion {
-    fn format_version_for_manifest(&self) -> u16;
+    fn format_version_for_manifest(&self) -> String;
 }
 
 impl FormatVersion for Pool {
     #[cfg(since_v2)]
-    fn format_version_for_manifest(&self) -> u16 {
-        self.format_version()
+    fn format_version_for_manifest(&self) -> String {
+        self.format_version().to_string()
     }
     #[cfg(not(since_v2))]
-    fn format_version_for_manifest(&self) -> u16 {
-        1
+    fn format_version_for_manifest(&self) -> String {
+        "1".to_string()
     }
 }
