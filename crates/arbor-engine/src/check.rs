@@ -65,13 +65,14 @@ impl Committed {
                 map.insert((SmKind::Data, index), page);
             }
         }
+        let (sums_root, intents_root) = meta.own_roots_of(rec);
         Ok(Self {
             store: Arc::clone(meta.store()),
             txn: rec.txn.get(),
             volumes_root: rec.volumes_root.into(),
             queue_root: rec.queue_root.into(),
-            sums_root: meta.sums_root_of(rec),
-            intents_root: meta.intents_root_of(rec),
+            sums_root,
+            intents_root,
             next_volume_id: rec.next_volume_id.get(),
             meta_used: rec.meta_used.get(),
             data_used: rec.data_used.get(),

@@ -42,11 +42,7 @@ pub(crate) fn ready_for(meta: &mut Meta, pchunk: u64) -> Result<bool> {
     }
     let (region, _) = intent_region(meta.geo().chunk_size, pchunk);
     let durable = meta.durable_txn();
-    let added = Tree::new(meta, TreeKind::Intents, meta.intents_root())
-        .get_le(region)?
-        .filter(|f| f.key == region)
-        .map(|f| added_txn(&f.value));
-    match added {
+    match added(meta, region)? {
         Some(txn) if txn <= durable => {
             meta.intent_writes.insert(region, Instant::now());
             Ok(true)
@@ -67,10 +63,7 @@ pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
     let wanted = std::mem::take(&mut meta.intents_wanted);
     let txn = meta.txn();
     for &region in &wanted {
-        let present = Tree::new(meta, TreeKind::Intents, meta.intents_root())
-            .get_le(region)?
-            .is_some_and(|f| f.key == region);
-        if !present {
+        if added(meta, region)?.is_none() {
             meta.with_own_tree(TreeKind::Intents, |tree| {
                 tree.insert(region, &txn.to_le_bytes())
             })?;
@@ -78,6 +71,14 @@ pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
         meta.intent_writes.insert(region, Instant::now());
     }
     Ok(!wanted.is_empty())
+}
+
+/// The transaction that added region `region` to the set, if it is in it.
+fn added(meta: &Meta, region: u64) -> Result<Option<u64>> {
+    Ok(Tree::new(meta, TreeKind::Intents, meta.intents_root())
+        .get_le(region)?
+        .filter(|f| f.key == region)
+        .map(|f| added_txn(&f.value)))
 }
 
 fn added_txn(value: &[u8]) -> u64 {

@@ -339,8 +339,7 @@ impl Meta {
             rec.data_cursor.get(),
         )?;
         let meta_reserve = meta_reserve(geo.meta_blocks());
-        let sums_root = Self::sums_root_in(&store, &rec);
-        let intents_root = Self::intents_root_in(&store, &rec);
+        let (sums_root, intents_root) = Self::own_roots_in(&store, &rec);
         Ok(Self {
             store,
             txn: rec.txn.get() + 1,
@@ -530,33 +529,20 @@ impl Meta {
 
     // ---- data checksums (`crate::sums`) -------------------------------------------
 
-    /// The checksum tree's root that `rec` names: zeros before version 10
-    /// (reserved bytes, ignored on read).
-    fn sums_root_in(store: &Store, rec: &CommitRecord) -> BlockRef {
+    /// The roots of the checksum tree and the in-place intent set that
+    /// `rec` names: none before version 10 (those bytes are reserved then,
+    /// and ignored on read).
+    fn own_roots_in(store: &Store, rec: &CommitRecord) -> (BlockRef, BlockRef) {
         if store.geo.version().has_data_checksums() {
-            rec.sums_root.into()
+            (rec.sums_root.into(), rec.intents_root.into())
         } else {
-            BlockRef::NONE
+            (BlockRef::NONE, BlockRef::NONE)
         }
     }
 
-    /// The intent set's root that `rec` names (as [`Self::sums_root_in`]).
-    fn intents_root_in(store: &Store, rec: &CommitRecord) -> BlockRef {
-        if store.geo.version().has_data_checksums() {
-            rec.intents_root.into()
-        } else {
-            BlockRef::NONE
-        }
-    }
-
-    /// [`Self::intents_root_in`] of this pool.
-    pub fn intents_root_of(&self, rec: &CommitRecord) -> BlockRef {
-        Self::intents_root_in(&self.store, rec)
-    }
-
-    /// [`Self::sums_root_in`] of this pool.
-    pub fn sums_root_of(&self, rec: &CommitRecord) -> BlockRef {
-        Self::sums_root_in(&self.store, rec)
+    /// [`Self::own_roots_in`] of this pool: (sums, intents).
+    pub fn own_roots_of(&self, rec: &CommitRecord) -> (BlockRef, BlockRef) {
+        Self::own_roots_in(&self.store, rec)
     }
 
     /// The root of the data checksum tree.

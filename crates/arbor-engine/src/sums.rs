@@ -9,7 +9,7 @@
 //! [`ReadSums`] for a read's, [`set_blocks`] and [`forget_range`] to change them in the open
 //! transaction.
 
-use arbor_format::{block_sum, SumsGeometry, SumsLeaf, TreeKind, SUM_BLOCK, SUM_BLOCK_U64};
+use arbor_format::{block_sum, SumsLeaf, TreeKind, SUM_BLOCK, SUM_BLOCK_U64};
 
 use crate::error::{Damage, Error, Result};
 use crate::meta::btree::Tree;
@@ -23,13 +23,15 @@ pub(crate) struct ChunkSums {
     blocks: Vec<Option<u32>>,
 }
 
-/// The leaf holding `pchunk`'s sums, if any.
-fn leaf_of(meta: &Meta, leaf: u64) -> Result<Option<SumsLeaf>> {
-    let geo = meta.geo().sums;
-    match Tree::new(meta, TreeKind::Sums, meta.sums_root()).get_le(leaf)? {
-        Some(found) if found.key == leaf => Ok(Some(decode(geo, leaf, &found.value)?)),
-        _ => Ok(None),
-    }
+/// The value of leaf `key` of the open transaction's tree, as the tree
+/// holds it; None if there is no such leaf (no chunk of it has sums). The
+/// one lookup of a leaf: sums are read from it with `SumsLeaf::lookup`,
+/// or changed through [`update_leaf`] (`check` parses every leaf whole).
+fn leaf_value(meta: &Meta, key: u64) -> Result<Option<Vec<u8>>> {
+    Ok(Tree::new(meta, TreeKind::Sums, meta.sums_root())
+        .get_le(key)?
+        .filter(|f| f.key == key)
+        .map(|f| f.value))
 }
 
 impl ChunkSums {
@@ -37,9 +39,13 @@ impl ChunkSums {
     pub fn of(meta: &Meta, pchunk: u64) -> Result<Self> {
         let geo = meta.geo().sums;
         let slot = geo.slot(pchunk);
-        let leaf = leaf_of(meta, slot.leaf)?;
+        let value = leaf_value(meta, slot.leaf)?;
         let blocks = (0..geo.blocks())
-            .map(|b| leaf.as_ref().and_then(|l| l.get(slot.index, b)))
+            .map(|b| {
+                value
+                    .as_deref()
+                    .and_then(|v| SumsLeaf::lookup(geo, v, slot.index, b))
+            })
             .collect();
         Ok(Self { pchunk, blocks })
     }
@@ -102,11 +108,7 @@ impl ReadSums {
             };
             let leaf = geo.sums.slot(pchunk).leaf;
             if !self.leaves.iter().any(|(k, _)| *k == leaf) {
-                let value = Tree::new(meta, TreeKind::Sums, meta.sums_root())
-                    .get_le(leaf)?
-                    .filter(|f| f.key == leaf)
-                    .map(|f| f.value);
-                self.leaves.push((leaf, value));
+                self.leaves.push((leaf, leaf_value(meta, leaf)?));
             }
             pos += geo.chunk_size - within;
         }
@@ -138,10 +140,6 @@ impl ReadSums {
     }
 }
 
-fn decode(geo: SumsGeometry, leaf: u64, value: &[u8]) -> Result<SumsLeaf> {
-    SumsLeaf::decode(geo, value).map_err(|e| Error::corrupt(format!("checksum leaf {leaf}"), e))
-}
-
 /// The whole blocks around `[at, at + len)`: their first byte and the end.
 pub(crate) fn block_span(at: u64, len: u64) -> (u64, u64) {
     let first = at - at % SUM_BLOCK_U64;
@@ -157,27 +155,34 @@ pub(crate) fn compute(data: &[u8]) -> Vec<Option<u32>> {
 /// Changes leaf `key` of the open transaction's tree with `f`, which says
 /// whether it changed anything: written back only then (removed once it
 /// holds no sum), and read with its length checked only (the hot path of
-/// every write: `check` parses every leaf whole).
-fn update_leaf(meta: &mut Meta, key: u64, f: impl FnOnce(&mut SumsLeaf) -> bool) -> Result<()> {
+/// every write: `check` parses every leaf whole). With `create` false, a
+/// missing leaf is left missing (clearing sums of chunks that have none,
+/// as every allocation does: nothing to read or write).
+fn update_leaf(
+    meta: &mut Meta,
+    key: u64,
+    create: bool,
+    f: impl FnOnce(&mut SumsLeaf) -> bool,
+) -> Result<()> {
     let geo = meta.geo().sums;
+    let found = leaf_value(meta, key)?;
+    let mut leaf = match &found {
+        Some(value) => SumsLeaf::from_value(geo, value)
+            .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?,
+        None if create => SumsLeaf::empty(geo),
+        None => return Ok(()),
+    };
+    if !f(&mut leaf) {
+        return Ok(());
+    }
     meta.with_own_tree(TreeKind::Sums, |tree| {
-        let found = tree.read().get_le(key)?.filter(|f| f.key == key);
-        let mut leaf = match &found {
-            Some(found) => SumsLeaf::from_value(geo, &found.value)
-                .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?,
-            None => SumsLeaf::empty(geo),
-        };
-        if !f(&mut leaf) {
-            return Ok(());
-        }
-        if leaf.is_empty() {
-            if found.is_some() {
-                tree.remove(key)?;
-            }
+        if !leaf.is_empty() {
+            tree.insert(key, leaf.as_bytes())
+        } else if found.is_some() {
+            tree.remove(key).map(drop)
         } else {
-            tree.insert(key, leaf.as_bytes())?;
+            Ok(())
         }
-        Ok(())
     })
 }
 
@@ -208,7 +213,7 @@ pub(crate) fn forget_range(meta: &mut Meta, chunks: std::ops::Range<u64>) -> Res
     while pchunk < chunks.end {
         let slot = geo.slot(pchunk);
         let in_leaf = (u64::from(geo.chunks() - slot.index)).min(chunks.end - pchunk);
-        update_leaf(meta, slot.leaf, |leaf| {
+        update_leaf(meta, slot.leaf, false, |leaf| {
             // Every chunk is cleared (no short cut): whether any had sums.
             let mut had = false;
             // Below the leaf's chunk count, a u32.
@@ -278,7 +283,7 @@ pub(crate) fn record(meta: &mut Meta, all: &[BlockSums]) -> Result<()> {
             .take_while(|s| geo.slot(s.pchunk).leaf == key)
             .count();
         let group = &order[i..i + same];
-        update_leaf(meta, key, |leaf| {
+        update_leaf(meta, key, true, |leaf| {
             for s in group {
                 let index = geo.slot(s.pchunk).index;
                 for (block, &sum) in (s.first..).zip(&s.sums) {
