@@ -38,6 +38,13 @@ struct Args {
     /// copying the same bytes, in memory.
     #[arg(long)]
     checksums_only: bool,
+    /// Only the data path in process, with data checksums (format version
+    /// 10) against without (version 9), same build, same run: 4 KiB
+    /// overwrites and reads on one and two threads, 1 MiB writes. Isolates
+    /// the engine's cost from NBD's. DATA_PATH_VERSION=9 or 10 runs one
+    /// version alone (for a profile).
+    #[arg(long)]
+    data_path_only: bool,
 }
 
 /// Counts writes (and bytes) reaching a device, and can drop writes at or
@@ -665,6 +672,116 @@ fn checksum_rate(bytes: u64) {
     }
 }
 
+impl Bench {
+    /// Per-operation cost of the data path in process, format version 9
+    /// (no data checksums) against 10, the versions alternating over
+    /// rounds so that drift hits both alike.
+    fn data_path(&self) -> Result<()> {
+        use arbor_format::FormatVersion;
+        let size = if self.quick { 128 * MIB } else { 512 * MIB };
+        let ops = if self.quick { 20_000 } else { 100_000 };
+        let rounds = 3;
+        let jobs = [
+            "first 4 KiB overwrite after a commit",
+            "4 KiB overwrite",
+            "4 KiB read",
+            "4 KiB read, 2 threads",
+            "1 MiB overwrite",
+        ];
+        // [version][job] -> best ns per op over rounds
+        let mut best = [[f64::MAX; 5]; 2];
+        for _ in 0..rounds {
+            for (vi, version) in [9u16, 10].into_iter().enumerate() {
+                // One version alone, for a profile of it (`perf record`).
+                if std::env::var("DATA_PATH_VERSION").is_ok_and(|v| v != version.to_string()) {
+                    continue;
+                }
+                let path = self.path("path.pool");
+                let _ = std::fs::remove_file(&path);
+                let dev = Arc::new(FileDevice::create_file(&path, size * 2)?);
+                let pool = Arc::new(Pool::create(
+                    dev,
+                    &CreateOptions {
+                        format_version: FormatVersion::new(version).context("format version")?,
+                        ..Default::default()
+                    },
+                    &open_opts(),
+                )?);
+                let v = pool.create_volume("v", size)?;
+                let buf = vec![0x5Au8; MIB as usize];
+                for i in 0..size / MIB {
+                    pool.write(v, i * MIB, &buf)?;
+                }
+                pool.flush()?;
+                let offs = offsets(7, ops, 4 * KIB, size);
+                let small = vec![0xC3u8; 4096];
+                let per_op = |d: Duration, n: usize| d.as_secs_f64() * 1e9 / n as f64;
+                // After the fill's commit: the first overwrite of each chunk.
+                let start = Instant::now();
+                for &o in &offs {
+                    pool.write(v, o, &small)?;
+                }
+                let first = per_op(start.elapsed(), ops);
+                pool.flush()?;
+                let start = Instant::now();
+                for &o in &offs {
+                    pool.write(v, o, &small)?;
+                }
+                let over = per_op(start.elapsed(), ops);
+                pool.flush()?;
+                let mut rbuf = vec![0u8; 4096];
+                let start = Instant::now();
+                for &o in &offs {
+                    pool.read(v, o, &mut rbuf)?;
+                }
+                let read = per_op(start.elapsed(), ops);
+                let start = Instant::now();
+                std::thread::scope(|s| -> Result<()> {
+                    let handles: Vec<_> = [1u64, 2]
+                        .into_iter()
+                        .map(|seed| {
+                            let pool = &pool;
+                            s.spawn(move || -> Result<()> {
+                                let mut rbuf = vec![0u8; 4096];
+                                for o in offsets(seed, ops, 4 * KIB, size) {
+                                    pool.read(v, o, &mut rbuf)?;
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    for h in handles {
+                        h.join().map_err(|_| anyhow::anyhow!("reader panicked"))??;
+                    }
+                    Ok(())
+                })?;
+                let read2 = per_op(start.elapsed(), 2 * ops);
+                let start = Instant::now();
+                for i in 0..size / MIB {
+                    pool.write(v, i * MIB, &buf)?;
+                }
+                let big = per_op(start.elapsed(), (size / MIB) as usize);
+                pool.flush()?;
+                for (j, t) in [first, over, read, read2, big].into_iter().enumerate() {
+                    best[vi][j] = best[vi][j].min(t);
+                }
+            }
+        }
+        println!("\n## Data path in process: checksums (version 10) against none (version 9)\n");
+        println!("Best of {rounds} rounds; {ops} operations at random 4 KiB offsets of a {} MiB volume, filled first.\n", size / MIB);
+        println!("| job | version 9 | version 10 | 10 against 9 (throughput) |\n|---|---|---|---|");
+        for (j, job) in jobs.iter().enumerate() {
+            println!(
+                "| {job} | {:.0} ns | {:.0} ns | {:.2}x |",
+                best[0][j],
+                best[1][j],
+                best[0][j] / best[1][j]
+            );
+        }
+        Ok(())
+    }
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     std::fs::create_dir_all(&args.dir)
@@ -684,6 +801,11 @@ fn main() -> Result<()> {
     );
     if args.checksums_only {
         checksum_rate(if args.quick { 64 * MIB } else { 512 * MIB });
+        return Ok(());
+    }
+    if args.data_path_only {
+        bench.data_path()?;
+        let _ = std::fs::remove_file(Path::new(&args.dir).join("path.pool"));
         return Ok(());
     }
     if args.batches_only {

@@ -8,12 +8,14 @@
 //! a disk without arbor. So a chunk is overwritten in place only in a
 //! region of data space that the last durable commit lists in the intent
 //! set (or a chunk allocated since that commit, which no recoverable state
-//! maps). A write to a chunk of a region not listed is redirected this
-//! time, and the region is added in the open transaction, in a step of
-//! its own after the write's (so that it stays when the write fails for
-//! space: the commit that makes room then makes the region usable, and a
-//! full pool can still overwrite in place); once that commit is durable,
-//! writes there go in place. After an unclean shutdown, the open
+//! maps). A write to a chunk of a region not listed adds the region in
+//! the open transaction, in a step of its own after the write's plan (so
+//! that it stays when the write fails for space: the commit that makes
+//! room then makes the region usable, and a full pool can still overwrite
+//! in place), then drops its plan, commits through that transaction (a
+//! group commit, shared with every writer waiting for the same) and tries
+//! again, in place ([`take_await`]). Only a write that may not commit (a
+//! unit that runs with the pool to itself) redirects instead. After an unclean shutdown, the open
 //! recomputes the sums of the live chunks of the listed regions from the
 //! device before serving, then empties the set. A region leaves the set
 //! at a commit once it has not been written in place for [`IDLE`] (no
@@ -47,14 +49,28 @@ pub(crate) fn ready_for(meta: &mut Meta, pchunk: u64) -> Result<bool> {
             meta.intent_writes.insert(region, Instant::now());
             Ok(true)
         }
-        Some(_) => Ok(false),
+        Some(txn) => {
+            meta.intents_await = meta.intents_await.max(txn);
+            Ok(false)
+        }
         None => {
             if !meta.intents_wanted.contains(&region) {
                 meta.intents_wanted.push(region);
             }
+            // Added in the open transaction (`add_wanted`).
+            meta.intents_await = meta.txn();
             Ok(false)
         }
     }
+}
+
+/// The transaction whose durability lets the steps since the last call
+/// overwrite in place the chunks [`ready_for`] refused them, if any; the
+/// write path then commits through it and tries again rather than
+/// redirect (a redirected overwrite leaves a partial extent behind and
+/// costs a mapping step).
+pub(crate) fn take_await(meta: &mut Meta) -> Option<u64> {
+    Some(std::mem::take(&mut meta.intents_await)).filter(|&txn| txn > 0)
 }
 
 /// Adds the regions writes found missing ([`ready_for`]) to the set, in

@@ -96,6 +96,10 @@ pub(crate) struct Meta {
     /// Regions a write found missing from the set, to add in a step of
     /// their own (kept when the write's step fails: see `crate::intents`).
     pub(crate) intents_wanted: Vec<u64>,
+    /// The transaction whose durability would have let the running step
+    /// overwrite in place what it redirected for the crash rule (0: none;
+    /// taken by the write path: `crate::intents::take_await`).
+    pub(crate) intents_await: u64,
     /// Who the running step allocates for (set by [`Meta::begin_step`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
@@ -353,6 +357,7 @@ impl Meta {
             intents_root,
             intent_writes: HashMap::new(),
             intents_wanted: Vec::new(),
+            intents_await: 0,
             next_queue_seq: rec.next_queue_seq.get(),
             privilege: Privilege::Normal,
             meta_reserve,

@@ -23,30 +23,45 @@ pub(crate) struct ChunkSums {
     blocks: Vec<Option<u32>>,
 }
 
-/// The value of leaf `key` of the open transaction's tree, as the tree
-/// holds it; None if there is no such leaf (no chunk of it has sums). The
-/// one lookup of a leaf: sums are read from it with `SumsLeaf::lookup`,
-/// or changed through [`update_leaf`] (`check` parses every leaf whole).
-fn leaf_value(meta: &Meta, key: u64) -> Result<Option<Vec<u8>>> {
-    Ok(Tree::new(meta, TreeKind::Sums, meta.sums_root())
-        .get_le(key)?
-        .filter(|f| f.key == key)
-        .map(|f| f.value))
+/// `f` of the value of leaf `key` of the open transaction's tree, as the
+/// tree holds it (not copied), or of None if there is no such leaf (no
+/// chunk of it has sums). The one lookup of a leaf: sums are read from it
+/// with `SumsLeaf::lookup`, or changed through [`update_leaf`] (`check`
+/// parses every leaf whole).
+fn with_leaf<T>(meta: &Meta, key: u64, f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T> {
+    let mut f = Some(f);
+    let found = Tree::new(meta, TreeKind::Sums, meta.sums_root())
+        .get_le_with(key, |found, value, _| {
+            (found == key).then(|| f.take().map(|f| f(Some(value))))
+        })?;
+    match (found.flatten().flatten(), f) {
+        (Some(t), _) => Ok(t),
+        (None, Some(f)) => Ok(f(None)),
+        // `f` ran only when it returned a value.
+        (None, None) => Err(Error::inconsistent(
+            "a checksum leaf lookup lost its result",
+        )),
+    }
+}
+
+/// The sums of blocks `blocks` of chunk `pchunk`, from its leaf's value.
+fn lookup_blocks(
+    geo: arbor_format::SumsGeometry,
+    value: Option<&[u8]>,
+    pchunk: u64,
+    blocks: std::ops::Range<u32>,
+) -> impl Iterator<Item = Option<u32>> + '_ {
+    let index = geo.slot(pchunk).index;
+    blocks.map(move |b| value.and_then(|v| SumsLeaf::lookup(geo, v, index, b)))
 }
 
 impl ChunkSums {
     /// The sums of chunk `pchunk` in the transaction.
     pub fn of(meta: &Meta, pchunk: u64) -> Result<Self> {
         let geo = meta.geo().sums;
-        let slot = geo.slot(pchunk);
-        let value = leaf_value(meta, slot.leaf)?;
-        let blocks = (0..geo.blocks())
-            .map(|b| {
-                value
-                    .as_deref()
-                    .and_then(|v| SumsLeaf::lookup(geo, v, slot.index, b))
-            })
-            .collect();
+        let blocks = with_leaf(meta, geo.slot(pchunk).leaf, |value| {
+            lookup_blocks(geo, value, pchunk, 0..geo.blocks()).collect()
+        })?;
         Ok(Self { pchunk, blocks })
     }
 
@@ -88,17 +103,18 @@ fn check(pchunk: u64, block: u32, stored: Option<u32>, bytes: &[u8]) -> Result<(
 /// resolved its mapping, to verify the data after the lock is released.
 #[derive(Debug, Default)]
 pub(crate) struct ReadSums {
-    /// Leaves' values by key, as the tree holds them; None: no leaf (no
-    /// chunk of it has sums).
-    leaves: Vec<(u64, Option<Vec<u8>>)>,
+    /// Device ranges of whole blocks: where each starts, and the sum of
+    /// each of its blocks, if it has one.
+    ranges: Vec<(u64, Vec<Option<u32>>)>,
 }
 
 impl ReadSums {
-    /// Takes the leaves of every chunk of the device range `[at, at +
-    /// len)` (rounded out to whole blocks) that is not taken yet.
+    /// Takes the sums of the blocks of the device range `[at, at + len)`
+    /// (rounded out to whole blocks).
     pub fn add_range(&mut self, meta: &Meta, at: u64, len: u64) -> Result<()> {
         let geo = meta.geo();
         let (first, end) = block_span(at, len);
+        let mut sums = Vec::with_capacity(((end - first) / SUM_BLOCK_U64) as usize);
         let mut pos = first;
         while pos < end {
             let Some((pchunk, within)) = geo.chunk_at(pos) else {
@@ -106,35 +122,40 @@ impl ReadSums {
                     "a read of device byte {pos}, outside the data"
                 )));
             };
-            let leaf = geo.sums.slot(pchunk).leaf;
-            if !self.leaves.iter().any(|(k, _)| *k == leaf) {
-                self.leaves.push((leaf, leaf_value(meta, leaf)?));
-            }
-            pos += geo.chunk_size - within;
+            let upto = (end - pos).min(geo.chunk_size - within);
+            // Below the chunk's block count, u32s.
+            let blocks = (within / SUM_BLOCK_U64) as u32..((within + upto) / SUM_BLOCK_U64) as u32;
+            with_leaf(meta, geo.sums.slot(pchunk).leaf, |value| {
+                sums.extend(lookup_blocks(geo.sums, value, pchunk, blocks))
+            })?;
+            pos += upto;
         }
+        self.ranges.push((first, sums));
         Ok(())
     }
 
     /// Checks `data`, read from device byte `at` (a block boundary), block
     /// by block against the sums taken.
-    pub fn verify(&self, geo: &Geometry, at: u64, data: &[u8]) -> Result<(), Damage> {
+    pub fn verify(&self, geo: &Geometry, at: u64, data: &[u8]) -> Result<()> {
         debug_assert!(at.is_multiple_of(SUM_BLOCK_U64) && data.len().is_multiple_of(SUM_BLOCK));
-        for (i, bytes) in data.chunks(SUM_BLOCK).enumerate() {
+        let blocks = data.len() / SUM_BLOCK;
+        // Every range verified was added.
+        let taken = self.ranges.iter().find_map(|(start, sums)| {
+            let skip = usize::try_from(at.checked_sub(*start)? / SUM_BLOCK_U64).ok()?;
+            sums.get(skip..skip.checked_add(blocks)?)
+        });
+        let Some(taken) = taken else {
+            return Err(Error::inconsistent(format!(
+                "verifying device bytes from {at} whose sums were not taken"
+            )));
+        };
+        for (i, (bytes, &stored)) in data.chunks(SUM_BLOCK).zip(taken).enumerate() {
             let pos = at + (i * SUM_BLOCK) as u64;
-            // Every range verified was added, so these are found.
             let Some((pchunk, within)) = geo.chunk_at(pos) else {
                 continue;
             };
-            let slot = geo.sums.slot(pchunk);
             // Below the chunk's block count, a u32.
-            let block = (within / SUM_BLOCK_U64) as u32;
-            let stored = self
-                .leaves
-                .iter()
-                .find(|(k, _)| *k == slot.leaf)
-                .and_then(|(_, l)| l.as_deref())
-                .and_then(|value| SumsLeaf::lookup(geo.sums, value, slot.index, block));
-            check(pchunk, block, stored, bytes)?;
+            check(pchunk, (within / SUM_BLOCK_U64) as u32, stored, bytes)?;
         }
         Ok(())
     }
@@ -165,10 +186,14 @@ fn update_leaf(
     f: impl FnOnce(&mut SumsLeaf) -> bool,
 ) -> Result<()> {
     let geo = meta.geo().sums;
-    let found = leaf_value(meta, key)?;
-    let mut leaf = match &found {
-        Some(value) => SumsLeaf::from_value(geo, value)
-            .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?,
+    let found = with_leaf(meta, key, |value| {
+        value.map(|v| SumsLeaf::from_value(geo, v))
+    })?
+    .transpose()
+    .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?;
+    let existed = found.is_some();
+    let mut leaf = match found {
+        Some(leaf) => leaf,
         None if create => SumsLeaf::empty(geo),
         None => return Ok(()),
     };
@@ -178,7 +203,7 @@ fn update_leaf(
     meta.with_own_tree(TreeKind::Sums, |tree| {
         if !leaf.is_empty() {
             tree.insert(key, leaf.as_bytes())
-        } else if found.is_some() {
+        } else if existed {
             tree.remove(key).map(drop)
         } else {
             Ok(())

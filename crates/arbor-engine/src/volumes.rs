@@ -243,6 +243,12 @@ impl Volumes {
         !self.meta.intents_wanted.is_empty()
     }
 
+    /// The transaction a write must see durable to overwrite in place what
+    /// its plan redirected for the crash rule (`crate::intents::take_await`).
+    pub fn take_intents_await(&mut self) -> Option<u64> {
+        crate::intents::take_await(&mut self.meta)
+    }
+
     /// Clears the sums of the chunks the open transaction freed.
     pub fn forget_freed_sums(&mut self) -> Result<()> {
         if self.meta.geo().version().has_data_checksums() {

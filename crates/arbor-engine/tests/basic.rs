@@ -357,10 +357,47 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
 
     // Mapped in an earlier, durable commit and never shared, but in a
     // region of the pool the last commit does not list as written in place
-    // (the crash rule of data checksums, FORMAT.md §6.4): redirected, a new
-    // chunk written whole, and the region listed from that commit on.
-    assert_eq!(write_4k(0, 9), [CHUNK]);
-    // Now in place.
+    // (the crash rule of data checksums, FORMAT.md §6.4): the write lists
+    // the region, waits for a commit that makes that durable (nothing of
+    // its data written before), then writes in place.
+    assert_eq!(pool.pool_stats().unwrap().in_place_regions, 0);
+    let txn = pool.pool_stats().unwrap().txn;
+    let data = vec![9u8; 4096];
+    pool.write(v, 0, &data).unwrap();
+    assert_eq!(pool.pool_stats().unwrap().in_place_regions, 1);
+    assert_eq!(
+        pool.pool_stats().unwrap().txn,
+        txn + 1,
+        "one commit, for the region"
+    );
+    let events = recording.take();
+    let flushed_before_data = events
+        .iter()
+        .position(|e| matches!(e, arbor_io::IoEvent::Flush))
+        .expect("a commit");
+    let data_at = events
+        .iter()
+        .position(|e| matches!(e, arbor_io::IoEvent::Write { data: d, .. } if d.windows(4096).any(|w| w == &data[..])))
+        .expect("the data written");
+    assert!(
+        flushed_before_data < data_at,
+        "the region durable before the data"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter_map(|e| match e {
+                arbor_io::IoEvent::Write { data: d, .. }
+                    if d.windows(4096).any(|w| w == &data[..]) =>
+                    Some(d.len()),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        [4096]
+    );
+    pool.flush().unwrap();
+    recording.take();
+    // In place.
     assert_eq!(write_4k(4096, 2), [4096]);
     // Shared with a snapshot: a new chunk, written whole in one write, the
     // block and zeros around it (a partial extent, FORMAT.md §6.3: the

@@ -174,6 +174,20 @@ impl<'a> Tree<'a> {
     /// holds `key`* (an entry in an earlier leaf is not returned: mapping
     /// extents never cross their leaf's upper bound, so it cannot cover `key`).
     pub fn get_le(&self, key: u64) -> Result<Option<Found>> {
+        self.get_le_with(key, |found, value, leaf_upper| Found {
+            key: found,
+            value: value.to_vec(),
+            leaf_upper,
+        })
+    }
+
+    /// [`Self::get_le`] without copying the value: `f` gets the entry's
+    /// key, its value as the node holds it, and the leaf's upper bound.
+    pub fn get_le_with<T>(
+        &self,
+        key: u64,
+        f: impl FnOnce(u64, &[u8], u64) -> T,
+    ) -> Result<Option<T>> {
         if self.root.is_none() {
             return Ok(None);
         }
@@ -187,11 +201,7 @@ impl<'a> Tree<'a> {
                     if i == 0 {
                         return Ok(None);
                     }
-                    return Ok(Some(Found {
-                        key: node.keys[i - 1],
-                        value: node.value(i - 1).to_vec(),
-                        leaf_upper: upper,
-                    }));
+                    return Ok(Some(f(node.keys[i - 1], node.value(i - 1), upper)));
                 }
                 NodeBody::Internal(children) => {
                     let i = child_index(&node.keys, key);

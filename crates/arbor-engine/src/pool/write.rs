@@ -281,6 +281,33 @@ impl InPlace {
     }
 }
 
+/// The sums of what `source` writes into each in-place chunk of `plans`,
+/// its span's whole blocks given by `sums_of`.
+fn in_place_sums(
+    source: &Unit<'_>,
+    wanted: &[ChunkWanted],
+    plans: &[ChunkPlan],
+    cs: u64,
+    sums_of: impl Fn(Range<u64>) -> Vec<Option<u32>>,
+) -> Vec<BlockSums> {
+    wanted
+        .iter()
+        .zip(plans)
+        .filter_map(|(w, plan)| {
+            let ChunkPlan::InPlace(phys) = *plan else {
+                return None;
+            };
+            let span = source.span(w.chunk, cs);
+            Some(BlockSums {
+                pchunk: phys,
+                // Below the chunk's block count (a chunk is at most 1 MiB).
+                first: ((span.start % cs) / SUM_BLOCK) as u32,
+                sums: sums_of(span),
+            })
+        })
+        .collect()
+}
+
 /// Consecutive device writes merged into one: `logical` bytes of the unit
 /// go to the device at `device`.
 struct Run {
@@ -317,6 +344,9 @@ impl Pool {
         const COMMITS_BEFORE_SPLIT: u32 = 2;
         let mut commits = 0;
         let mut made_room = false;
+        // Once per unit: a plan that met regions not yet durable in the
+        // in-place intent set commits through them and tries again.
+        let mut waited_for_intents = false;
         // A volume reading through a copy-on-write volume's epoch fills the
         // partial chunks it redirects from what the epoch reads: no write
         // of the copy-on-write volume may change those chunks meanwhile.
@@ -327,8 +357,12 @@ impl Pool {
         });
         loop {
             self.commit_if_needed()?;
-            match self.attempt(&unit) {
-                Ok(()) => return Ok(()),
+            match self.attempt(&unit, !waited_for_intents) {
+                Ok(None) => return Ok(()),
+                Ok(Some(txn)) => {
+                    waited_for_intents = true;
+                    self.commit_through(txn)?;
+                }
                 // Entries freed since the last commit become allocatable once
                 // it is durable, deleted volumes' space once reclaimed, and a
                 // chunk that is this volume's alone in the open state may be
@@ -369,9 +403,9 @@ impl Pool {
         let _commit = self.committer.lock();
         let _gate = self.gates.commit();
         self.commit_held()?;
-        match self.attempt_locked(unit, &mut None) {
+        match self.attempt_locked(unit, &mut None, false) {
             Err(Error::Exhausted(Resource::Journal)) => {}
-            other => return other,
+            other => return other.map(drop),
         }
         if unit.halves(self.chunk_size()).is_none() {
             return Err(Error::Exhausted(Resource::Journal));
@@ -405,8 +439,8 @@ impl Pool {
     fn apply_pieces(&self, unit: &Unit<'_>) -> Result<()> {
         let mut committed_for_space = false;
         loop {
-            match self.attempt_locked(unit, &mut None) {
-                Ok(()) => return Ok(()),
+            match self.attempt_locked(unit, &mut None, false) {
+                Ok(_) => return Ok(()),
                 // Earlier pieces filled the transaction: commit them.
                 Err(Error::Exhausted(Resource::Journal)) if self.read_meta()?.has_changes() => {
                     self.commit_held()?
@@ -443,14 +477,15 @@ impl Pool {
         }
     }
 
-    /// One try of a unit: steps 1 to 4 of the module documentation.
-    fn attempt(&self, unit: &Unit<'_>) -> Result<()> {
+    /// One try of a unit: steps 1 to 4 of the module documentation. See
+    /// [`Self::attempt_locked`] for `wait_for_intents` and what it returns.
+    fn attempt(&self, unit: &Unit<'_>, wait_for_intents: bool) -> Result<Option<u64>> {
         let _gate = self.gates.io();
         let mut volume = Some(self.gates.volume(unit.id.0));
         let _stripes = self
             .gates
             .stripes(unit.id.0, unit.chunk_range(self.chunk_size()));
-        self.attempt_locked(unit, &mut volume)
+        self.attempt_locked(unit, &mut volume, wait_for_intents)
     }
 
     /// [`Self::attempt`] for a caller that holds the gate, and the stripes
@@ -463,11 +498,18 @@ impl Pool {
     /// holds: a snapshot changes no mapping), and nothing the unit writes
     /// to the device is a chunk the snapshot maps. Written in place, a chunk
     /// the snapshot shared would change under it.
+    ///
+    /// With `wait_for_intents`, a plan that could not overwrite a chunk in
+    /// place only for the crash rule of data checksums (its region not yet
+    /// durable in the in-place intent set, `crate::intents`) is dropped,
+    /// nothing written, and the transaction to commit through before the
+    /// next try returned: `Some(txn)`. Without, such chunks redirect.
     fn attempt_locked(
         &self,
         unit: &Unit<'_>,
         volume: &mut Option<RwLockReadGuard<'_, ()>>,
-    ) -> Result<()> {
+        wait_for_intents: bool,
+    ) -> Result<Option<u64>> {
         let cs = self.chunk_size();
         let partials = crate::mapping::partial_blocks(&self.store.geo).is_some();
         let (wanted, unmap) = unit.chunks(cs, partials);
@@ -476,13 +518,35 @@ impl Pool {
             end: unit.end(),
             past_end: unit.past_end,
         };
+        let checksums = self.store.geo.version().has_data_checksums();
+        // The common overwrite in a pool with checksums (whole blocks, no
+        // unmapping, every chunk in place) records its sums in the plan's
+        // own step: computed here, outside the lock, by block of the unit.
+        let early_sums = (checksums
+            && unmap.is_empty()
+            && unit.offset.is_multiple_of(SUM_BLOCK)
+            && unit.len.is_multiple_of(SUM_BLOCK))
+        .then(|| unit.sums(unit.offset..unit.end()));
+        let mut recorded = false;
         // What the volume reads through (fills of partial new chunks), read
         // with the plan, under the same lock.
         let (plans, backing) = {
             let mut meta = self.write_meta()?;
             let plans = self.mutate(&mut meta, privilege, |m| {
-                m.plan_chunks(unit.id.0, &wanted, end)
+                let plans = m.plan_chunks(unit.id.0, &wanted, end)?;
+                if let Some(sums) = &early_sums {
+                    if plans.iter().all(|p| matches!(p, ChunkPlan::InPlace(_))) {
+                        m.record_sums(&in_place_sums(unit, &wanted, &plans, cs, |span| {
+                            let block = |at: u64| ((at - unit.offset) / SUM_BLOCK) as usize;
+                            sums[block(span.start)..block(span.end)].to_vec()
+                        }))?;
+                        recorded = true;
+                    }
+                }
+                Ok(plans)
             });
+            let await_txn = meta.take_intents_await();
+            let mut listed = true;
             if meta.wants_intents() {
                 // Regions of chunks the plan could not overwrite in place
                 // yet (`crate::intents`): in the set from this transaction
@@ -494,9 +558,18 @@ impl Pool {
                     if e.stops_pool() {
                         return Err(e);
                     }
+                    listed = false;
                 }
             }
-            (plans?, meta.volume(unit.id.0)?.backing)
+            let plans = plans?;
+            if let Some(txn) = await_txn.filter(|_| wait_for_intents && listed) {
+                // Only regions not yet durable in the set kept chunks from
+                // going in place: drop the plan (its new chunks), write
+                // nothing, and try again once they are.
+                self.mutate(&mut meta, Privilege::Reserve, |m| m.release_planned(&plans))?;
+                return Ok(Some(txn));
+            }
+            (plans, meta.volume(unit.id.0)?.backing)
         };
         if !plans
             .iter()
@@ -514,10 +587,9 @@ impl Pool {
                 ChunkPlan::Redirect { .. } | ChunkPlan::Partial { .. } | ChunkPlan::Extend { .. }
             )
         });
-        let checksums = self.store.geo.version().has_data_checksums();
         let maps = redirects || !unmap.is_empty();
         let mapped = self
-            .prepare_in_place(unit, &wanted, &plans, checksums)
+            .prepare_in_place(unit, &wanted, &plans, checksums && !recorded)
             .and_then(|in_place| {
                 if !maps && in_place.sums.is_empty() {
                     // All in place (the common overwrite) in a pool
@@ -554,7 +626,7 @@ impl Pool {
         };
         self.write_in_place(unit, &wanted, &plans, &in_place)?;
         self.count_chunk_writes(unit, &wanted, &plans, backing.is_some());
-        Ok(())
+        Ok(None)
     }
 
     /// Adds a unit's chunk writes to [`ChunkWrites`], by plan. `reads_through`:
@@ -847,21 +919,8 @@ impl Pool {
             }
             in_place.widened = Some((first, buf));
         }
-        let mut sums = Vec::new();
         let source = in_place.unit(unit);
-        for (w, plan) in wanted.iter().zip(plans) {
-            let ChunkPlan::InPlace(phys) = *plan else {
-                continue;
-            };
-            let span = source.span(w.chunk, cs);
-            sums.push(BlockSums {
-                pchunk: phys,
-                // Below the chunk's block count (a chunk is at most 1 MiB).
-                first: ((span.start % cs) / SUM_BLOCK) as u32,
-                sums: source.sums(span),
-            });
-        }
-        in_place.sums = sums;
+        in_place.sums = in_place_sums(&source, wanted, plans, cs, |span| source.sums(span));
         Ok(in_place)
     }
 
