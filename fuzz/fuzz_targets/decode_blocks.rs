@@ -4,8 +4,8 @@
 
 use arbor_format::{
     choose_area_record, choose_superblock, seal, seal_version, BlockRef, BlockType, CommitRecord,
-    FormatVersion, Layout, MapValue, Node, SmKind, SmPage, StoreValue, SumsGeometry, SumsLeaf,
-    Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
+    DamageRecord, FormatVersion, Layout, MapValue, Node, SmKind, SmPage, StoreValue, SumsGeometry,
+    SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -23,6 +23,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = MapValue::decode(&block[..MapValue::ENCODED_LEN]);
     let key = u64::from_le_bytes(block[..8].try_into().unwrap_or_default());
     let _ = StoreValue::decode(key, &block[8..8 + StoreValue::ENCODED_LEN]);
+    // The damage record (a property's value): parsed, and what parses
+    // encodes back to the same bytes.
+    if let Ok(record) = DamageRecord::decode(data) {
+        assert_eq!(record.encode(), data);
+    }
     // A checksum leaf's value, for every chunk size.
     for shift in 12..=20 {
         let geo = SumsGeometry::new(1 << shift).expect("a valid chunk size");

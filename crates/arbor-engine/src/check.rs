@@ -126,6 +126,48 @@ pub struct CheckReport {
     /// what snapshots and clones read through an origin's device that
     /// shrank (they fail reads of it). Listed until they are destroyed.
     pub lost: Vec<LostData>,
+    /// Data blocks recorded damaged (they do not match their checksums)
+    /// and still read by a volume or snapshot (`Pool::damage`).
+    pub damaged: DamageReport,
+}
+
+/// Most volumes and snapshots listed as reading one damaged block (the
+/// count says how many there are).
+pub const MAX_READERS_LISTED: usize = 32;
+
+/// A damaged block as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DamagedData {
+    /// The physical data chunk, and the block (4 KiB) within it.
+    pub pchunk: u64,
+    pub block: u32,
+    /// The block's byte offset on the pool's device.
+    pub device_offset: u64,
+    /// The sum the block has, and the crc32c of what was read.
+    pub stored: u32,
+    pub computed: u32,
+    /// When it was first found, and last recorded found (seconds since 1970).
+    pub found_unix: u64,
+    pub last_unix: u64,
+    /// Volumes and snapshots that read it, and where (byte offset in
+    /// each); at most [`MAX_READERS_LISTED`].
+    pub readers: Vec<(String, u64)>,
+    /// How many volumes and snapshots read it.
+    pub reader_count: usize,
+}
+
+/// The pool's recorded damage that is still there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DamageReport {
+    pub blocks: Vec<DamagedData>,
+    /// Damaged blocks found while the record was full (not listed).
+    pub unlisted: u64,
+}
+
+impl DamageReport {
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.unlisted == 0
+    }
 }
 
 /// What a volume reading through an origin lost with the origin's device.

@@ -40,7 +40,7 @@ mod volumes;
 mod walk;
 
 pub use arbor_format::{DeviceIdentity, Guid};
-pub use check::{CheckReport, LostData};
+pub use check::{CheckReport, DamageReport, DamagedData, LostData, MAX_READERS_LISTED};
 pub use error::{
     Capability, Class, Conflict, Damage, Error, Fault, Invalid, OriginUnavailable, Refusal,
     Resource, Result, Unsupported,

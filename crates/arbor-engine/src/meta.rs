@@ -37,7 +37,7 @@ use zerocopy::little_endian::U64;
 
 use crate::error::{Error, Resource, Result};
 use crate::spacemap::{SmSavepoint, SpaceMap};
-use crate::store::{CachedNode, Geometry, PreservedPages, Store};
+use crate::store::{BlockMap, CachedNode, Geometry, PreservedPages, Store};
 use crate::undo::{Mark, UndoLog};
 
 pub(crate) mod btree;
@@ -75,13 +75,13 @@ pub(crate) struct Meta {
     /// The transaction being built: last committed txn + 1.
     txn: u64,
     /// Nodes allocated in this transaction, by block number.
-    dirty: HashMap<u64, Node>,
+    dirty: BlockMap<Node>,
     /// Encoded bytes of dirty packed leaves, kept by inserts and single
     /// removals so that they need not measure a whole leaf each time
     /// (`meta::btree`); any other change to a node forgets its entry.
-    leaf_bytes: HashMap<u64, usize>,
+    leaf_bytes: BlockMap<usize>,
     /// Nodes of the transaction being committed (phase B), not yet on disk.
-    inflight_nodes: HashMap<u64, Arc<CachedNode>>,
+    inflight_nodes: BlockMap<Arc<CachedNode>>,
     meta_sm: SpaceMap,
     data_sm: SpaceMap,
     queue_root: BlockRef,
@@ -347,9 +347,9 @@ impl Meta {
         Ok(Self {
             store,
             txn: rec.txn.get() + 1,
-            dirty: HashMap::new(),
-            leaf_bytes: HashMap::new(),
-            inflight_nodes: HashMap::new(),
+            dirty: BlockMap::default(),
+            leaf_bytes: BlockMap::default(),
+            inflight_nodes: BlockMap::default(),
             meta_sm,
             data_sm,
             queue_root: rec.queue_root.into(),

@@ -91,6 +91,7 @@ pub const MAX_GROUP_SNAPSHOT: usize = 256;
 mod checker;
 mod committer;
 mod counters;
+mod damage;
 mod fill;
 mod fill_sweep;
 mod gates;
@@ -106,6 +107,7 @@ mod props;
 mod receive;
 mod recompute;
 mod write;
+
 use checker::Checker;
 use committer::Committer;
 use counters::WriteCounters;
@@ -400,6 +402,8 @@ pub struct Pool {
     /// What opening repaired (damaged superblock or commit record copies,
     /// space maps rebuilt): `check` lists it as warnings.
     repaired_at_open: Vec<String>,
+    /// Damaged data blocks found (`pool/damage.rs`).
+    damage_log: damage::DamageLog,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
@@ -718,6 +722,7 @@ impl Pool {
             fill: FillSweep::default(),
             checker: Checker::default(),
             repaired_at_open: Vec::new(),
+            damage_log: damage::DamageLog::default(),
         }
     }
 
@@ -1539,7 +1544,8 @@ impl Pool {
                 // sums: read again with the volume's writers held off.
                 Err(Error::Damaged(_)) => {
                     drop(gate);
-                    self.read_settled(id, offset, buf)
+                    let read = self.read_settled(id, offset, buf);
+                    self.after_damage(read)
                 }
                 other => other,
             },
@@ -1589,11 +1595,7 @@ impl Pool {
             let sums = Self::read_sums(&meta, &pieces)?.unwrap_or_default();
             (pieces, sums)
         };
-        let read = self.read_verified(&pieces, buf, &sums);
-        if let Err(Error::Damaged(damage)) = &read {
-            tracing::error!(volume = id.0, offset, "{damage}");
-        }
-        read
+        self.read_verified(&pieces, buf, &sums)
     }
 
     /// [`Self::read_pieces`] for a volume in the pool, each block verified
@@ -1748,7 +1750,9 @@ impl Pool {
             let written = self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
             return self.after_origin_error(written);
         }
-        self.apply_all(Unit::data(id, offset, data))
+        // A write over part of a damaged block fails (its edges are read).
+        let written = self.apply_all(Unit::data(id, offset, data));
+        self.after_damage(written)
     }
 
     /// Checks a write request; returns the volume's layout and backing.
@@ -1790,7 +1794,8 @@ impl Pool {
         // A volume reading through an epoch reads that epoch where it maps
         // nothing, so it cannot unmap: zeros are written.
         let unmap = !keep_allocation && backing.is_none();
-        self.apply_all(Unit::zeros(id, offset, len, unmap))
+        let written = self.apply_all(Unit::zeros(id, offset, len, unmap));
+        self.after_damage(written)
     }
 
     // ---- reclaim and statistics ------------------------------------------------
@@ -2121,6 +2126,7 @@ impl Pool {
         report.partial_extents = walked.partial_extents;
         report.layered_partials = walked.layered_partials;
         report.lost = self.lost_data()?;
+        report.damaged = self.damage()?;
         Ok(report)
     }
 }

@@ -203,6 +203,11 @@ pub(crate) struct Store {
     pages: Mutex<LruCache<(SmKind, u32), Arc<SmPage>>>,
 }
 
+/// A map keyed by block number, with a fast hasher (seeded per map): the
+/// node cache's and the open transaction's maps, looked up on every step
+/// of every tree walk.
+pub(crate) type BlockMap<V> = HashMap<u64, V, foldhash::fast::RandomState>;
+
 pub(crate) struct CachedNode {
     pub txn: u64,
     pub node: Node,
@@ -213,7 +218,7 @@ pub(crate) struct CachedNode {
 /// 56 bytes and a key, more than its 4 KiB block), so the cache holds to the budget
 /// the user gave in bytes.
 struct NodeCache {
-    lru: LruCache<u64, Arc<CachedNode>>,
+    lru: LruCache<u64, Arc<CachedNode>, foldhash::fast::RandomState>,
     bytes: usize,
     budget: usize,
 }
@@ -221,7 +226,7 @@ struct NodeCache {
 impl NodeCache {
     fn new(budget: usize) -> Self {
         Self {
-            lru: LruCache::unbounded(),
+            lru: LruCache::unbounded_with_hasher(foldhash::fast::RandomState::default()),
             bytes: 0,
             budget,
         }

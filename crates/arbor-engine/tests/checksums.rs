@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use arbor_engine::{Error, Pool, VolumeId};
 use arbor_io::{BlockDevice, SimDisk};
@@ -121,6 +121,22 @@ impl World {
     }
 }
 
+/// What the pool's damage record lists: (name, block) of every reader.
+fn listed(w: &World) -> BTreeSet<(String, u64)> {
+    let report = w.pool.damage().unwrap();
+    assert_eq!(report.unlisted, 0);
+    report
+        .blocks
+        .iter()
+        .flat_map(|d| {
+            assert_eq!(d.readers.len(), d.reader_count);
+            d.readers
+                .iter()
+                .map(|(name, at)| (name.clone(), at / BLOCK as u64))
+        })
+        .collect()
+}
+
 /// Volumes written every way: returns the world, flushed.
 fn build(seed: u64) -> World {
     let disk = SimDisk::new(64 * MIB);
@@ -209,11 +225,22 @@ fn every_read_of_a_damaged_block_fails_and_no_wrong_byte_is_served() {
         if old_a != old_b || trial % 4 < 2 {
             detected += usize::from(!damaged.is_empty());
         }
+        // The pool's damage record lists exactly what the reads found:
+        // every volume, snapshot and clone that reads a damaged block.
+        assert_eq!(
+            listed(&w),
+            damaged.iter().cloned().collect::<BTreeSet<_>>(),
+            "trial {trial}: the damage listed"
+        );
         w.disk.write_at(&old_a, a).unwrap();
         w.disk.write_at(&old_b, b).unwrap();
         assert!(
             w.read_all().is_empty(),
             "trial {trial}: undone, it reads whole"
+        );
+        assert!(
+            listed(&w).is_empty(),
+            "trial {trial}: undone, nothing listed"
         );
     }
     // Every tagged block is live in this pool except the old copies that
@@ -242,6 +269,9 @@ fn overwriting_a_damaged_block_whole_heals_it_and_a_partial_write_into_it_fails(
     let mut bad = want.to_vec();
     bad[100] ^= 0x40;
     w.disk.write_at(&bad, at).unwrap();
+    // Durable, as damage on a disk is (the restart below sees the device
+    // as it was last flushed).
+    w.disk.flush().unwrap();
     let offset = 11 * CS + BLOCK as u64;
     let mut buf = vec![0u8; BLOCK];
     assert!(matches!(
@@ -254,12 +284,45 @@ fn overwriting_a_damaged_block_whole_heals_it_and_a_partial_write_into_it_fails(
         w.pool.write(id, offset + 512, &[1u8; 512]),
         Err(Error::Damaged(_))
     ));
-    // The whole block written: it reads again.
+    // Recorded durably, with who reads it and when it was found; once per
+    // run however often it is read.
+    let found = w.pool.damage_found();
+    assert!(found >= 2, "two reads found it");
+    let report = w.pool.damage().unwrap();
+    assert_eq!(report.blocks.len(), 1);
+    let d = &report.blocks[0];
+    assert_eq!(d.device_offset, at);
+    // `v@s2` was taken after the write: it shares the block.
+    assert_eq!(
+        d.readers,
+        [("v".to_string(), offset), ("v@s2".to_string(), offset)]
+    );
+    assert_ne!(d.stored, d.computed);
+    assert!(d.found_unix > 1_700_000_000 && d.last_unix == d.found_unix);
+    // Dropped, not closed: its region stays in the in-place intent set, so
+    // the open recomputes that region's sums, all but the damaged block's
+    // (recorded): its damage does not become data.
+    drop(w.pool);
+    let pool = reopen(&w.disk);
+    assert!(matches!(
+        pool.read(id, offset, &mut buf),
+        Err(Error::Damaged(_))
+    ));
+    assert_eq!(pool.damage_found(), 1);
+    assert_eq!(pool.damage().unwrap(), report, "kept across a restart");
+    // The whole block written: it reads again; the snapshot still reads
+    // the damaged one, until it is deleted.
     let fresh = block(99);
-    w.pool.write(id, offset, &fresh).unwrap();
-    w.pool.read(id, offset, &mut buf).unwrap();
+    pool.write(id, offset, &fresh).unwrap();
+    pool.read(id, offset, &mut buf).unwrap();
     assert_eq!(buf, fresh);
-    assert_clean(&w.pool);
+    let report = pool.damage().unwrap();
+    assert_eq!(report.blocks[0].readers, [("v@s2".to_string(), offset)]);
+    pool.delete("v@s2").unwrap();
+    while pool.reclaim(1 << 20).unwrap() > 0 {}
+    pool.flush().unwrap();
+    assert!(pool.damage().unwrap().is_empty(), "its last reader gone");
+    assert_clean(&pool);
 }
 
 /// The crash rule: in-place overwrites acknowledged but not flushed when

@@ -7,6 +7,7 @@
 //! the whole block (computed with the checksum field taken as zero). Decoding
 //! never panics: damaged bytes give a [`FormatError`].
 
+mod damage;
 mod header;
 mod journal;
 mod layout;
@@ -20,6 +21,7 @@ mod sums;
 mod superblock;
 mod version;
 
+pub use damage::{DamageRecord, DamagedBlock, Noted, DAMAGE_KEY, MAX_DAMAGE_ENTRIES};
 pub use header::{seal, seal_version, BlockHeader, BlockType};
 pub use journal::{
     choose_area_record, decode_journal_pages, encode_journal, journal_capacity, journal_images_len,

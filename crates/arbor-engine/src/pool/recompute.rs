@@ -4,7 +4,9 @@
 //! written in place when the power went may hold its old data, its new
 //! data or a mix of both, as a disk without arbor would; none of that is
 //! damage. Only blocks that have sums get new ones (a block without stays
-//! without), and only live chunks (count above 0) are read.
+//! without), and only live chunks (count above 0) are read. A block the
+//! damage record lists keeps its sum: it was found damaged before, and a
+//! restart must not make its damage read as data.
 
 use super::*;
 use crate::sums::{BlockSums, ChunkSums};
@@ -25,6 +27,13 @@ impl Pool {
             regions = regions.len(),
             "the pool was not closed cleanly: recomputing the checksums of the regions written in place"
         );
+        let damaged: std::collections::HashSet<(u64, u32)> = match self.damage_record() {
+            Ok(record) => record.entries().iter().map(|b| b.at()).collect(),
+            Err(e) => {
+                warn!(error = %e, "the damage record could not be read: blocks it lists may get sums of their damage");
+                Default::default()
+            }
+        };
         let cs = self.chunk_size();
         let mut changed = 0;
         for (region, _) in regions {
@@ -49,7 +58,10 @@ impl Pool {
                     .read_at(&mut data, self.store.geo.chunk_offset(pchunk))?;
                 let now = crate::sums::compute(&data);
                 let new: Vec<Option<u32>> = (0..blocks)
-                    .map(|b| old.get(b).and(now[b as usize]))
+                    .map(|b| match old.get(b) {
+                        Some(kept) if damaged.contains(&(pchunk, b)) => Some(kept),
+                        had => had.and(now[b as usize]),
+                    })
                     .collect();
                 let differ = (0..blocks)
                     .filter(|&b| new[b as usize] != old.get(b))
