@@ -148,6 +148,10 @@ impl DaemonClient {
         self.get("/v1/pool")
     }
 
+    pub fn damage(&self) -> Result<crate::model::DamageView> {
+        self.get("/v1/pool/damage")
+    }
+
     pub fn grow(&self, request: &GrowRequest) -> Result<GrowView> {
         self.post("/v1/pool/grow", request)
     }

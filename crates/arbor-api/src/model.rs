@@ -36,6 +36,9 @@ pub struct PoolView {
     /// Active alerts (docs/MONITOR.md), most severe first.
     #[serde(default)]
     pub alerts: Vec<AlertView>,
+    /// Data blocks recorded damaged (`arbor pool damage` lists them).
+    #[serde(default)]
+    pub damaged_blocks: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,6 +254,51 @@ pub struct CheckView {
     /// snapshots and clones read through an origin whose device shrank.
     #[serde(default)]
     pub lost: Vec<LostDataView>,
+    /// Data blocks recorded damaged (they do not match their checksums;
+    /// reads of them fail with EIO) and still read by a volume or
+    /// snapshot.
+    #[serde(default)]
+    pub damaged: DamageView,
+}
+
+/// The pool's damaged data blocks (`GET /v1/pool/damage`, `arbor pool
+/// damage`, `arbor check`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamageView {
+    pub blocks: Vec<DamagedBlockView>,
+    /// Damaged blocks found while the pool's record was full (not listed).
+    #[serde(default)]
+    pub unlisted: u64,
+    /// Reads that found damage since the daemon started (every one).
+    #[serde(default)]
+    pub found_since_start: u64,
+}
+
+/// One damaged data block: where it is, its sums, when it was found, and
+/// who reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamagedBlockView {
+    /// The block's byte offset on the pool's device.
+    pub device_offset: u64,
+    /// The physical chunk and the 4 KiB block within it.
+    pub chunk: u64,
+    pub block: u32,
+    /// The checksum it has, and the crc32c of what was read.
+    pub stored_crc: u32,
+    pub read_crc: u32,
+    pub found_unix_secs: u64,
+    pub last_found_unix_secs: u64,
+    /// Volumes and snapshots that read it, at most 32 (`readers_count` says
+    /// how many).
+    pub readers: Vec<DamageReaderView>,
+    pub readers_count: usize,
+}
+
+/// A volume or snapshot that reads a damaged block, and at which byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamageReaderView {
+    pub volume: String,
+    pub offset: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -833,6 +881,9 @@ pub enum AlertKind {
     /// An origin's device shrank: the origin serves no I/O until its loss
     /// is accepted (`origin attach --accept-damage`).
     OriginFailed,
+    /// Data blocks of the pool do not match their checksums (reads of them
+    /// fail; `arbor pool damage` lists them).
+    DataDamage,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).

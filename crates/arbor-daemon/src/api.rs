@@ -78,6 +78,7 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/pool", get(pool_info))
         .route("/v1/pool/grow", post(grow))
         .route("/v1/pool/upgrade", post(upgrade))
+        .route("/v1/pool/damage", get(damage))
         .route("/v1/volumes", get(list).post(create_volume))
         .route("/v1/volumes/{name}", axum::routing::delete(delete))
         .route("/v1/volumes/{name}/rollback", post(rollback))
@@ -302,6 +303,10 @@ fn created<T: Serialize>(value: T) -> Response {
 
 async fn pool_info(State(c): State<PoolControl>) -> ApiResult<Json<PoolView>> {
     blocking(c, |c| c.pool_info()).await.map(Json)
+}
+
+async fn damage(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::DamageView>> {
+    blocking(c, |c| c.damage()).await.map(Json)
 }
 
 async fn grow(

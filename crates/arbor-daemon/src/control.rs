@@ -208,7 +208,16 @@ impl PoolControl {
             txn: s.txn,
             warnings: self.space.warnings(&s),
             alerts: self.monitor.alerts(),
+            damaged_blocks: self.pool.damage_count()?,
         })
+    }
+
+    /// The pool's damaged data blocks, each with who reads it.
+    pub fn damage(&self) -> Result<arbor_api::model::DamageView> {
+        Ok(crate::views::damage_view(
+            self.pool.damage()?,
+            self.pool.damage_found(),
+        ))
     }
 
     /// Everything the dashboard shows: the pool, every volume and snapshot

@@ -144,6 +144,11 @@ pub struct Metrics {
     origin_attached: Family<NameLabels, Gauge>,
     origin_rollback: Family<NameLabels, Gauge>,
     origin_failed: Family<NameLabels, Gauge>,
+    damaged_blocks: Gauge,
+    damage_found: Counter,
+    /// The pool's count of reads that found damage at the last scrape (the
+    /// counter advances by the difference).
+    damage_found_seen: Mutex<u64>,
     replica_recovery_point: Family<PairLabels, Gauge>,
     replica_sent: Family<PairLabels, Gauge>,
     replica_failed: Family<PairLabels, Gauge>,
@@ -179,6 +184,9 @@ impl Metrics {
             origin_attached: Family::default(),
             origin_rollback: Family::default(),
             origin_failed: Family::default(),
+            damaged_blocks: Gauge::default(),
+            damage_found: Counter::default(),
+            damage_found_seen: Mutex::default(),
             replica_recovery_point: Family::default(),
             replica_sent: Family::default(),
             replica_failed: Family::default(),
@@ -338,6 +346,16 @@ impl Metrics {
             "1 while an origin has failed (its device shrank) and serves no I/O until attached with --accept-damage",
             m.origin_failed.clone(),
         );
+        r.register(
+            "data_damaged_blocks",
+            "Data blocks recorded damaged (they do not match their checksums; reads of them fail) and not rewritten or freed since",
+            m.damaged_blocks.clone(),
+        );
+        r.register(
+            "data_damage_found",
+            "Reads (and writes over part of a block) that found a data block not matching its checksum",
+            m.damage_found.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -410,6 +428,16 @@ impl Metrics {
                 .set(gauge_value(count));
         }
         self.refresh_volumes(pool, connections)?;
+        self.damaged_blocks.set(gauge_value(pool.damage_count()?));
+        {
+            let found = pool.damage_found();
+            let mut seen = self
+                .damage_found_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            self.damage_found.inc_by(found.saturating_sub(*seen));
+            *seen = found;
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .map_err(crate::error::DaemonError::internal)?;

@@ -692,6 +692,18 @@ impl Monitor {
                 ));
             }
         }
+        let damaged = self.pool.damage_count()?;
+        if damaged > 0 {
+            found.push(Condition::new(
+                AlertKind::DataDamage,
+                Severity::Critical,
+                "pool",
+                format!(
+                    "{damaged} data block{} do not match their checksums: reads of them fail                      (arbor pool damage lists them and who reads them)",
+                    if damaged == 1 { "" } else { "s" }
+                ),
+            ));
+        }
         // Each change is logged by the book; metrics read it at a scrape.
         lock(&self.alerts).update(found, now);
         Ok(())

@@ -1,13 +1,17 @@
 //! The API model's views of engine values and the engine's options from
 //! API requests (the model knows nothing of the engine).
 
-use arbor_api::model::{CheckView, Durability, GrowRequest, GrowView, LostDataView};
+use arbor_api::model::{
+    CheckView, DamageReaderView, DamageView, DamagedBlockView, Durability, GrowRequest, GrowView,
+    LostDataView,
+};
 
 /// What a check found, as the API says it.
 pub fn check_view(report: arbor_engine::CheckReport) -> CheckView {
     CheckView {
-        // Known lost data is damage too, though the structure is sound.
-        clean: report.is_clean() && report.lost.is_empty(),
+        // Known lost data and damaged data blocks are damage too, though
+        // the structure is sound.
+        clean: report.is_clean() && report.lost.is_empty() && report.damaged.is_empty(),
         problems: report.problems,
         warnings: report.warnings,
         unlisted: report.unlisted,
@@ -25,6 +29,35 @@ pub fn check_view(report: arbor_engine::CheckReport) -> CheckView {
                 from: l.from,
             })
             .collect(),
+        damaged: damage_view(report.damaged, 0),
+    }
+}
+
+/// The pool's damaged data blocks, as the API says them; `found`: reads
+/// that found damage since the daemon started.
+pub fn damage_view(report: arbor_engine::DamageReport, found: u64) -> DamageView {
+    DamageView {
+        blocks: report
+            .blocks
+            .into_iter()
+            .map(|d| DamagedBlockView {
+                device_offset: d.device_offset,
+                chunk: d.pchunk,
+                block: d.block,
+                stored_crc: d.stored,
+                read_crc: d.computed,
+                found_unix_secs: d.found_unix,
+                last_found_unix_secs: d.last_unix,
+                readers: d
+                    .readers
+                    .into_iter()
+                    .map(|(volume, offset)| DamageReaderView { volume, offset })
+                    .collect(),
+                readers_count: d.reader_count,
+            })
+            .collect(),
+        unlisted: report.unlisted,
+        found_since_start: found,
     }
 }
 

@@ -485,6 +485,10 @@ pub enum PoolCommand {
     Create(PoolCreateArgs),
     /// Size, space use, counts and warnings of the daemon's pool
     Status,
+    /// Data blocks that do not match their checksums (reads of them fail
+    /// with EIO), each with the volumes and snapshots that read it, and
+    /// where; exit status 8 when there are any
+    Damage,
     /// Reclaim all space of destroyed volumes now, instead of in the background
     Reclaim,
     /// Commit the pool now: every completed write, and every snapshot and

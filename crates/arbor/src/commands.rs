@@ -203,6 +203,18 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
+        Command::Pool(PoolCommand::Damage) => {
+            let damage = c.damage()?;
+            p.show(&damage, output::damage)?;
+            let count = damage.blocks.len() as u64 + damage.unlisted;
+            if count > 0 {
+                return Err(Fail::new(
+                    Exit::Damaged,
+                    format!("{count} data blocks of the pool are damaged"),
+                )
+                .into());
+            }
+        }
         Command::Pool(PoolCommand::Flush) => {
             c.flush()?;
             p.done(
@@ -417,7 +429,10 @@ fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let count = report.problems.len() + report.unlisted;
-    let why = if count == 0 {
+    let damaged = report.damaged.blocks.len() as u64 + report.damaged.unlisted;
+    let why = if count == 0 && damaged > 0 {
+        format!("data is damaged: {damaged} data blocks do not match their checksums")
+    } else if count == 0 {
         format!(
             "data is lost: {} snapshots and clones read bytes lost with an origin's device",
             report.lost.len()

@@ -133,12 +133,54 @@ pub fn pool(p: &PoolView) -> String {
             .to_owned(),
         ),
         ("transaction", p.txn.to_string()),
-    ]) + &p
+    ]) + &if p.damaged_blocks > 0 {
+        format!(
+            "DAMAGED: {} data blocks do not match their checksums (arbor pool damage lists them)\n",
+            p.damaged_blocks
+        )
+    } else {
+        String::new()
+    } + &p
         .warnings
         .iter()
         .map(|w| format!("WARNING: {w}\n"))
         .collect::<String>()
         + &alerts(&p.alerts)
+}
+
+/// The pool's damaged data blocks, one line each with who reads it.
+pub fn damage(d: &arbor_api::model::DamageView) -> String {
+    let mut out = String::new();
+    for b in &d.blocks {
+        let readers = b
+            .readers
+            .iter()
+            .map(|r| format!("{} at byte {}", r.volume, r.offset))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = b.readers_count.saturating_sub(b.readers.len());
+        out += &format!(
+            "damaged: device byte {} (chunk {}, block {}): checksum {:08x}, read {:08x}, found {}; read by {}{}\n",
+            b.device_offset,
+            b.chunk,
+            b.block,
+            b.stored_crc,
+            b.read_crc,
+            timestamp(b.found_unix_secs),
+            readers,
+            if more > 0 { format!(" and {more} more") } else { String::new() }
+        );
+    }
+    if d.unlisted > 0 {
+        out += &format!(
+            "... and {} more damaged blocks, not listed (the record is full)\n",
+            d.unlisted
+        );
+    }
+    if d.blocks.is_empty() && d.unlisted == 0 {
+        out += "no damaged data blocks\n";
+    }
+    out
 }
 
 /// Active alerts, one line each (none: nothing).
@@ -577,6 +619,9 @@ pub fn check(c: &CheckView) -> String {
             l.from
         )
     }));
+    if !c.damaged.blocks.is_empty() || c.damaged.unlisted > 0 {
+        out += &damage(&c.damaged);
+    }
     out.extend(c.warnings.iter().map(|w| format!("warning: {w}\n")));
     if c.unlisted > 0 {
         out += &format!("... and {} more problems\n", c.unlisted);
@@ -825,6 +870,7 @@ mod tests {
             txn: 1,
             warnings: Vec::new(),
             alerts: Vec::new(),
+            damaged_blocks: 0,
         };
         let reclaim = |p: &PoolView| {
             pool(p)

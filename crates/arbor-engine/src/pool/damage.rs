@@ -140,6 +140,22 @@ impl Pool {
         }
     }
 
+    /// Damaged blocks recorded and not rewritten or freed since (and
+    /// those counted unlisted): cheap, for status, metrics and alerts;
+    /// [`Self::damage`] reads each again and finds who reads it.
+    pub fn damage_count(&self) -> Result<u64> {
+        let record = self.damage_record()?;
+        if record.is_empty() {
+            return Ok(0);
+        }
+        let meta = self.read_meta()?;
+        let mut count = record.unlisted();
+        for b in record.entries() {
+            count += u64::from(still_damaged(&meta, b)?);
+        }
+        Ok(count)
+    }
+
     /// The recorded damage still there, each block with the volumes and
     /// snapshots that read it. Walks every volume's mapping: as long as
     /// `check`'s walk, not a hot path.
