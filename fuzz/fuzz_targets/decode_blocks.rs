@@ -4,8 +4,8 @@
 
 use arbor_format::{
     choose_area_record, choose_superblock, seal, seal_version, BlockRef, BlockType, CommitRecord,
-    DamageRecord, FormatVersion, Layout, MapValue, Node, SmKind, SmPage, StoreValue, SumsGeometry,
-    SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
+    DamageRecord, FormatVersion, Layout, MapValue, Node, ScrubRecord, SmKind, SmPage, StoreValue,
+    SumsGeometry, SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -27,6 +27,9 @@ fuzz_target!(|data: &[u8]| {
     // encodes back to the same bytes.
     if let Ok(record) = DamageRecord::decode(data) {
         assert_eq!(record.encode(), data);
+    }
+    if let Ok(record) = ScrubRecord::decode(data) {
+        assert_eq!(&record.encode()[..], data);
     }
     // A checksum leaf's value, for every chunk size.
     for shift in 12..=20 {

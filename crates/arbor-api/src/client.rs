@@ -148,6 +148,18 @@ impl DaemonClient {
         self.get("/v1/pool")
     }
 
+    pub fn scrub_status(&self) -> Result<crate::model::ScrubView> {
+        self.get("/v1/scrub")
+    }
+
+    pub fn scrub_start(&self) -> Result<crate::model::ScrubView> {
+        decode(&self.send(Method::POST, "/v1/scrub", None)?)
+    }
+
+    pub fn scrub_stop(&self) -> Result<crate::model::ScrubView> {
+        decode(&self.send(Method::DELETE, "/v1/scrub", None)?)
+    }
+
     pub fn damage(&self) -> Result<crate::model::DamageView> {
         self.get("/v1/pool/damage")
     }

@@ -261,6 +261,34 @@ pub struct CheckView {
     pub damaged: DamageView,
 }
 
+/// Where the pool's scrub stands (`GET /v1/scrub`, `arbor scrub status`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScrubView {
+    /// `none` (never run), `running`, `stopped` (by a user or an error:
+    /// `arbor scrub start` goes on from where it stopped) or `finished`.
+    pub state: String,
+    pub started_unix_secs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_unix_secs: Option<u64>,
+    /// How far through the pool's data chunks, 0 to 1.
+    pub progress: f64,
+    /// Live data read so far, and the pool's live data now.
+    pub bytes_read: u64,
+    pub live_bytes: u64,
+    /// Blocks verified against their checksums, and those found damaged.
+    pub verified_blocks: u64,
+    pub damaged_blocks: u64,
+    /// While running: bytes per second (smoothed) and seconds left, roughly.
+    pub rate_bytes_per_sec: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_secs: Option<u64>,
+    /// Once finished: problems the metadata check found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_problems: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 /// The pool's damaged data blocks (`GET /v1/pool/damage`, `arbor pool
 /// damage`, `arbor check`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

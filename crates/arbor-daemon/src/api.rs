@@ -79,6 +79,10 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/pool/grow", post(grow))
         .route("/v1/pool/upgrade", post(upgrade))
         .route("/v1/pool/damage", get(damage))
+        .route(
+            "/v1/scrub",
+            get(scrub_status).post(scrub_start).delete(scrub_stop),
+        )
         .route("/v1/volumes", get(list).post(create_volume))
         .route("/v1/volumes/{name}", axum::routing::delete(delete))
         .route("/v1/volumes/{name}/rollback", post(rollback))
@@ -303,6 +307,20 @@ fn created<T: Serialize>(value: T) -> Response {
 
 async fn pool_info(State(c): State<PoolControl>) -> ApiResult<Json<PoolView>> {
     blocking(c, |c| c.pool_info()).await.map(Json)
+}
+
+async fn scrub_status(
+    State(c): State<PoolControl>,
+) -> ApiResult<Json<arbor_api::model::ScrubView>> {
+    Ok(Json(c.scrub()))
+}
+
+async fn scrub_start(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::ScrubView>> {
+    blocking(c, |c| c.start_scrub()).await.map(Json)
+}
+
+async fn scrub_stop(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::ScrubView>> {
+    blocking(c, |c| c.stop_scrub()).await.map(Json)
 }
 
 async fn damage(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::DamageView>> {

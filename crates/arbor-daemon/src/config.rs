@@ -46,6 +46,7 @@ struct ConfigFile {
     api_clients: Vec<ApiClientEntry>,
     api_max_connections: u32,
     reclaim_rate: u32,
+    scrub_busy_rate: ByteSize,
     commit_interval: String,
     cache_size: ByteSize,
     io: String,
@@ -120,6 +121,9 @@ pub struct ServeConfig {
     pub api: ApiConfig,
     /// Reclaim pace in metadata nodes per second; 0 turns background reclaim off.
     pub reclaim_rate: u32,
+    /// The scrub's pace in bytes per second while the pool serves I/O
+    /// (full speed when it serves none); 0: it waits meanwhile.
+    pub scrub_busy_rate: u64,
     pub commit_interval: Duration,
     pub cache_bytes: usize,
     /// How the pool's device is reached (direct or buffered I/O).
@@ -348,6 +352,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         tls,
         api,
         reclaim_rate: file.reclaim_rate,
+        scrub_busy_rate: file.scrub_busy_rate.0,
         commit_interval,
         cache_bytes: usize::try_from(file.cache_size.0)
             .map_err(|_| usage("cache_size is too large".into()))?,

@@ -32,6 +32,13 @@ use arbor_api::model::{
 /// commits, so this bounds how long one commit holds up I/O.
 const RECLAIM_BATCH: usize = 1024;
 
+/// The daemon's background services a control reports on and drives.
+pub struct Background {
+    pub replication: Arc<Replication>,
+    pub monitor: Arc<Monitor>,
+    pub scrub: Arc<crate::scrub::Scrub>,
+}
+
 /// The daemon's pool and what it knows about it; cheap to clone. The
 /// other services get their own handles: this is the volume API's.
 #[derive(Clone)]
@@ -46,6 +53,7 @@ pub struct PoolControl {
     space: SpaceWatch,
     replication: Arc<Replication>,
     monitor: Arc<Monitor>,
+    scrub: Arc<crate::scrub::Scrub>,
 }
 
 /// The page size a metadata query asks for.
@@ -99,9 +107,13 @@ impl PoolControl {
         destroyer: Destroyer,
         metrics: Arc<Metrics>,
         space: SpaceWatch,
-        replication: Arc<Replication>,
-        monitor: Arc<Monitor>,
+        background: Background,
     ) -> Self {
+        let Background {
+            replication,
+            monitor,
+            scrub,
+        } = background;
         Self {
             pool: Arc::clone(&open.pool),
             path: open.path.clone(),
@@ -112,7 +124,23 @@ impl PoolControl {
             space,
             replication,
             monitor,
+            scrub,
         }
+    }
+
+    /// Where the scrub stands.
+    pub fn scrub(&self) -> arbor_api::model::ScrubView {
+        self.scrub.view()
+    }
+
+    /// Starts a scrub, or goes on with a stopped one.
+    pub fn start_scrub(&self) -> Result<arbor_api::model::ScrubView> {
+        Ok(self.scrub.start()?)
+    }
+
+    /// Stops the running scrub where it is.
+    pub fn stop_scrub(&self) -> Result<arbor_api::model::ScrubView> {
+        Ok(self.scrub.stop()?)
     }
 
     /// The pool: what name suggestions look in.
@@ -125,8 +153,12 @@ impl PoolControl {
     pub fn metrics_text(&self) -> Result<String> {
         self.metrics.set_replication(&self.replication.view().pairs);
         self.metrics.set_alerts(&self.monitor.alerts());
-        self.metrics
-            .render(&self.pool, &|id| self.in_use.connections(id), &self.space)
+        self.metrics.render(
+            &self.pool,
+            &|id| self.in_use.connections(id),
+            &self.space,
+            &self.scrub.view(),
+        )
     }
 
     fn view(&self, info: VolumeInfo) -> Result<VolumeView> {

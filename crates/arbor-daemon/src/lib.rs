@@ -29,6 +29,7 @@ mod origins;
 pub mod pool_file;
 mod replica_api;
 mod replication;
+mod scrub;
 mod serve;
 mod space;
 mod stream;

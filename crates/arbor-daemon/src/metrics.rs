@@ -145,6 +145,11 @@ pub struct Metrics {
     origin_rollback: Family<NameLabels, Gauge>,
     origin_failed: Family<NameLabels, Gauge>,
     damaged_blocks: Gauge,
+    scrub_running: Gauge,
+    scrub_progress: Gauge<f64, std::sync::atomic::AtomicU64>,
+    scrub_read: Gauge,
+    scrub_rate: Gauge,
+    scrub_damaged: Gauge,
     damage_found: Counter,
     /// The pool's count of reads that found damage at the last scrape (the
     /// counter advances by the difference).
@@ -185,6 +190,11 @@ impl Metrics {
             origin_rollback: Family::default(),
             origin_failed: Family::default(),
             damaged_blocks: Gauge::default(),
+            scrub_running: Gauge::default(),
+            scrub_progress: Gauge::default(),
+            scrub_read: Gauge::default(),
+            scrub_rate: Gauge::default(),
+            scrub_damaged: Gauge::default(),
             damage_found: Counter::default(),
             damage_found_seen: Mutex::default(),
             replica_recovery_point: Family::default(),
@@ -352,6 +362,32 @@ impl Metrics {
             m.damaged_blocks.clone(),
         );
         r.register(
+            "scrub_running",
+            "1 while a scrub runs",
+            m.scrub_running.clone(),
+        );
+        r.register(
+            "scrub_progress_ratio",
+            "How far the last or running scrub is through the pool's data chunks, 0 to 1",
+            m.scrub_progress.clone(),
+        );
+        r.register_with_unit(
+            "scrub_read",
+            "Live data the last or running scrub has read",
+            Unit::Bytes,
+            m.scrub_read.clone(),
+        );
+        r.register(
+            "scrub_rate_bytes_per_second",
+            "The running scrub's read rate (smoothed); 0 when none runs",
+            m.scrub_rate.clone(),
+        );
+        r.register(
+            "scrub_damaged_blocks",
+            "Data blocks the last or running scrub found damaged",
+            m.scrub_damaged.clone(),
+        );
+        r.register(
             "data_damage_found",
             "Reads (and writes over part of a block) that found a data block not matching its checksum",
             m.damage_found.clone(),
@@ -406,7 +442,13 @@ impl Metrics {
         pool: &Pool,
         connections: &dyn Fn(VolumeId) -> usize,
         space: &SpaceWatch,
+        scrub: &arbor_api::model::ScrubView,
     ) -> Result<String> {
+        self.scrub_running.set(i64::from(scrub.state == "running"));
+        self.scrub_progress.set(scrub.progress);
+        self.scrub_read.set(gauge_value(scrub.bytes_read));
+        self.scrub_rate.set(gauge_value(scrub.rate_bytes_per_sec));
+        self.scrub_damaged.set(gauge_value(scrub.damaged_blocks));
         let stats = pool.pool_stats()?;
         let set = |family: &Family<SpaceLabels, Gauge>, space, value: u64| {
             family

@@ -136,14 +136,21 @@ async fn run(config: ServeConfig) -> Result<()> {
         in_use.clone(),
         destroyer.clone(),
     ));
+    let scrub = Arc::new(crate::scrub::Scrub::load(
+        Arc::clone(&open.pool),
+        config.scrub_busy_rate,
+    ));
     let control = PoolControl::new(
         &open,
         in_use.clone(),
         destroyer,
         Arc::clone(&metrics),
         space.clone(),
-        Arc::clone(&replication),
-        Arc::clone(&monitor),
+        crate::control::Background {
+            replication: Arc::clone(&replication),
+            monitor: Arc::clone(&monitor),
+            scrub: Arc::clone(&scrub),
+        },
     );
     // Before anything is served: origins' devices from their recorded
     // paths (one that cannot be opened is logged and stays unattached).
@@ -181,6 +188,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         config.commit_interval,
         stop.clone(),
     ));
+    tasks.spawn(Arc::clone(&scrub).run(stop.clone()));
     if config.reclaim_rate > 0 {
         tasks.spawn(background::reclaim_paced(
             Arc::clone(&open.pool),

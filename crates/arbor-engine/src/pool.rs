@@ -106,6 +106,9 @@ mod partial_tests;
 mod props;
 mod receive;
 mod recompute;
+mod scrub;
+
+pub use scrub::ScrubStep;
 mod write;
 
 use checker::Checker;
@@ -1377,6 +1380,12 @@ impl Pool {
         Ok(volume_info(id.0, rec, self.chunk_size(), durable_txn))
     }
 
+    /// Reads, writes and write-zeroes of volumes since the pool was opened:
+    /// background work (a scrub) slows down while this moves.
+    pub fn requests(&self) -> u64 {
+        self.counters.requests()
+    }
+
     /// Every volume and snapshot, sorted by name.
     pub fn list(&self) -> Result<Vec<VolumeInfo>> {
         let meta = self.read_meta()?;
@@ -1513,6 +1522,7 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.counters.request();
         let len = buf.len() as u64;
         // One look at the record: a volume in the pool (the common case)
         // is resolved right there; the others go their own way.
@@ -1745,6 +1755,7 @@ impl Pool {
 
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        self.counters.request();
         let layout = self.check_write(id, offset, data.len() as u64)?.0;
         if let arbor_format::DataLayout::Cow(_) = layout {
             let written = self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
@@ -1785,6 +1796,7 @@ impl Pool {
         len: u64,
         keep_allocation: bool,
     ) -> Result<()> {
+        self.counters.request();
         let (layout, backing) = self.check_write(id, offset, len)?;
         if let arbor_format::DataLayout::Cow(_) = layout {
             // The device keeps every chunk: zeros are written.

@@ -16,6 +16,7 @@ mod origin_loss;
 mod packed;
 mod property;
 mod records;
+mod scrub;
 mod spacemap;
 mod sums;
 mod superblock;
@@ -46,6 +47,7 @@ pub use records::{
     MAX_COW_CHUNKS, MAX_EPOCH, MAX_EXTENT_CHUNKS, MAX_NAME_LEN, MAX_PARTIAL_BLOCKS,
     MAX_PARTIAL_MIDS,
 };
+pub use scrub::{ScrubPhase, ScrubRecord, SCRUB_KEY, SCRUB_RECORD_LEN};
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use sums::{
     block_sum, intent_region, intent_region_range, zero_block_sum, SumsGeometry, SumsLeaf,

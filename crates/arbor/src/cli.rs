@@ -174,6 +174,10 @@ pub enum Command {
     /// Create, grow or upgrade a pool, show its state, reclaim space now
     #[command(subcommand)]
     Pool(PoolCommand),
+    /// Read every live data block once and verify it against its
+    /// checksum, then every metadata block, in the background
+    #[command(subcommand)]
+    Scrub(ScrubCommand),
     /// Verify a pool: offline with PATH, else through the daemon; exit status 8 if damaged
     Check {
         /// Pool file or device not held by a daemon
@@ -477,6 +481,23 @@ pub enum OriginCommand {
     /// Origins: path, size, attached or not, bytes copied for snapshots
     #[command(alias = "ls")]
     List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScrubCommand {
+    /// Start a scrub (or go on with a stopped one, from where it stopped);
+    /// it runs in the daemon, at full speed while the pool serves no I/O
+    /// and at `scrub_busy_rate` while it does, and goes on after a restart
+    Start {
+        /// Wait for it to finish, showing its progress; exit status 8 if it
+        /// found damage
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Where the scrub stands: progress, rate, time left, what it found
+    Status,
+    /// Stop the running scrub where it is (`scrub start` goes on from there)
+    Stop,
 }
 
 #[derive(Debug, Subcommand)]

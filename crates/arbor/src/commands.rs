@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::cli::{
     Cli, Command, CompressionArg, FormatArg, OriginCommand, PolicyCommand, PoolCommand,
-    PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, SendArgs, ServeArgs,
+    PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, ScrubCommand, SendArgs, ServeArgs,
     SnapshotCommand, TokenCommand, VolumeCommand,
 };
 use crate::exit::{Exit, Fail};
@@ -203,6 +203,47 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
+        Command::Scrub(ScrubCommand::Status) => p.show(&c.scrub_status()?, output::scrub)?,
+        Command::Scrub(ScrubCommand::Stop) => p.show(&c.scrub_stop()?, output::scrub)?,
+        Command::Scrub(ScrubCommand::Start { wait }) => {
+            let started = c.scrub_start()?;
+            if !wait {
+                p.show(&started, output::scrub)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let bar = byte_progress(started.live_bytes, "scrubbing");
+            let done = loop {
+                let now = c.scrub_status()?;
+                bar.set_length(now.live_bytes.max(now.bytes_read));
+                bar.set_position(now.bytes_read);
+                if now.state != "running" {
+                    break now;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            };
+            bar.finish_and_clear();
+            p.show(&done, output::scrub)?;
+            if done.state != "finished" {
+                return Err(Fail::new(
+                    Exit::Failure,
+                    format!(
+                        "the scrub {}{}",
+                        done.state,
+                        done.last_error
+                            .map(|e| format!(": {e}"))
+                            .unwrap_or_default()
+                    ),
+                )
+                .into());
+            }
+            if done.damaged_blocks > 0 || done.metadata_problems.is_some_and(|n| n > 0) {
+                return Err(Fail::new(
+                    Exit::Damaged,
+                    "the scrub found damage: arbor pool damage and arbor check list it".to_owned(),
+                )
+                .into());
+            }
+        }
         Command::Pool(PoolCommand::Damage) => {
             let damage = c.damage()?;
             p.show(&damage, output::damage)?;

@@ -148,6 +148,51 @@ pub fn pool(p: &PoolView) -> String {
         + &alerts(&p.alerts)
 }
 
+/// Where the scrub stands.
+pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
+    if s.state == "none" {
+        return "scrub: never run (arbor scrub start)\n".to_owned();
+    }
+    let mut rows = vec![
+        ("scrub", s.state.clone()),
+        ("started", timestamp(s.started_unix_secs)),
+        (
+            "progress",
+            format!(
+                "{:.1}%: {} of {} live data read",
+                s.progress * 100.0,
+                size(s.bytes_read),
+                size(s.live_bytes)
+            ),
+        ),
+        (
+            "verified",
+            format!("{} blocks, {} damaged", s.verified_blocks, s.damaged_blocks),
+        ),
+    ];
+    if s.state == "running" {
+        rows.push((
+            "rate",
+            format!(
+                "{}/s, about {} left",
+                size(s.rate_bytes_per_sec),
+                s.eta_secs
+                    .map_or_else(|| "?".to_owned(), |e| format!("{e} s"))
+            ),
+        ));
+    }
+    if let Some(at) = s.finished_unix_secs {
+        rows.push(("finished", timestamp(at)));
+    }
+    if let Some(n) = s.metadata_problems {
+        rows.push(("metadata", format!("{n} problems (arbor check lists them)")));
+    }
+    if let Some(e) = &s.last_error {
+        rows.push(("error", e.clone()));
+    }
+    fields(&rows)
+}
+
 /// The pool's damaged data blocks, one line each with who reads it.
 pub fn damage(d: &arbor_api::model::DamageView) -> String {
     let mut out = String::new();

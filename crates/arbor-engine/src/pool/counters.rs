@@ -1,5 +1,7 @@
-//! The write path's counters since the pool was opened, for statistics:
-//! units that ran in pieces, and [`ChunkWrites`] (`pool/write.rs`).
+//! The data path's counters since the pool was opened, for statistics:
+//! units that ran in pieces, [`ChunkWrites`] (`pool/write.rs`), and reads
+//! and writes of volumes (how background work such as a scrub tells that
+//! the pool is serving).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,6 +14,8 @@ pub(super) struct WriteCounters {
     split_units: AtomicU64,
     /// [`ChunkWrites`], in its field order.
     chunk_writes: [AtomicU64; ChunkWrites::KINDS],
+    /// Reads, writes and write-zeroes of volumes.
+    requests: AtomicU64,
 }
 
 impl WriteCounters {
@@ -23,6 +27,15 @@ impl WriteCounters {
     /// A chunk was written as `kind` says.
     pub(super) fn chunk_write(&self, kind: ChunkWrite) {
         self.chunk_writes[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A volume was read or written.
+    pub(super) fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     pub(super) fn split_units(&self) -> u64 {

@@ -1,0 +1,337 @@
+//! The scrub (docs/CLI.md, `arbor scrub`): every live data block read once
+//! and verified against its checksum (`Pool::scrub_step`, a chunk shared by
+//! any number of snapshots is read once), then every metadata block
+//! (`Pool::check`). It runs in the background: at full speed while the
+//! pool serves no I/O, at `scrub_busy_rate` while it does, so a client's
+//! latency is not taken. Where it stands is kept in the pool (the property
+//! `arbor.scrub`, written every few seconds), so a restart or a crash goes
+//! on from there; damage it finds is recorded as a read's is.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arbor_api::model::ScrubView;
+use arbor_engine::Pool;
+use arbor_format::{ScrubPhase, ScrubRecord, SCRUB_KEY};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Bytes of live data one step reads (one blocking call).
+const STEP_BYTES: u64 = 8 << 20;
+/// How often the record is written while a scrub runs: what a crash makes
+/// it read again.
+const SAVE_EVERY: Duration = Duration::from_secs(5);
+/// How the rate is smoothed: the weight of the newest step.
+const RATE_WEIGHT: f64 = 0.2;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+struct State {
+    record: Option<ScrubRecord>,
+    /// Bytes per second, smoothed, while running.
+    rate: f64,
+    /// The metadata check at the end: problems found (None: not run).
+    metadata_problems: Option<usize>,
+    last_error: Option<String>,
+}
+
+/// The daemon's scrub: its state and the task that runs it.
+pub struct Scrub {
+    pool: Arc<Pool>,
+    state: Mutex<State>,
+    wake: Notify,
+    /// Bytes per second while the pool serves reads or writes; 0: wait
+    /// until it serves none.
+    busy_rate: u64,
+}
+
+impl Scrub {
+    /// The scrub as the pool last recorded it (one that was running goes
+    /// on when [`Scrub::run`] starts).
+    pub fn load(pool: Arc<Pool>, busy_rate: u64) -> Self {
+        let record = match pool.property(None, SCRUB_KEY) {
+            Ok(Some(bytes)) => match ScrubRecord::decode(&bytes) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(error = %e, "the pool's scrub record is damaged: no scrub to go on with");
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                warn!(error = %e, "cannot read the pool's scrub record");
+                None
+            }
+        };
+        Self {
+            pool,
+            state: Mutex::new(State {
+                record,
+                rate: 0.0,
+                metadata_problems: None,
+                last_error: None,
+            }),
+            wake: Notify::new(),
+            busy_rate,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a scrub, or goes on with a stopped one; one running is left
+    /// running. Recorded in the pool before it returns.
+    pub fn start(&self) -> arbor_engine::Result<ScrubView> {
+        let record = {
+            let mut state = self.lock();
+            let record = match state.record {
+                Some(r) if r.phase == ScrubPhase::Running => return Ok(self.view_of(&state)),
+                Some(r) if r.phase == ScrubPhase::Stopped => ScrubRecord {
+                    phase: ScrubPhase::Running,
+                    ..r
+                },
+                _ => ScrubRecord {
+                    phase: ScrubPhase::Running,
+                    started_unix: unix_now(),
+                    finished_unix: 0,
+                    cursor: 0,
+                    data_chunks: self.pool.pool_stats()?.data_bytes / self.pool.chunk_size(),
+                    bytes: 0,
+                    verified_blocks: 0,
+                    damaged_blocks: 0,
+                },
+            };
+            state.record = Some(record);
+            state.metadata_problems = None;
+            state.last_error = None;
+            record
+        };
+        self.pool.set_property(None, SCRUB_KEY, &record.encode())?;
+        info!(from_chunk = record.cursor, "scrub started");
+        self.wake.notify_one();
+        Ok(self.view())
+    }
+
+    /// Stops a running scrub where it is (`start` goes on from there).
+    pub fn stop(&self) -> arbor_engine::Result<ScrubView> {
+        let record = {
+            let mut state = self.lock();
+            match state.record.as_mut() {
+                Some(r) if r.phase == ScrubPhase::Running => {
+                    r.phase = ScrubPhase::Stopped;
+                    *r
+                }
+                _ => return Ok(self.view_of(&state)),
+            }
+        };
+        self.pool.set_property(None, SCRUB_KEY, &record.encode())?;
+        info!(at_chunk = record.cursor, "scrub stopped");
+        Ok(self.view())
+    }
+
+    pub fn view(&self) -> ScrubView {
+        self.view_of(&self.lock())
+    }
+
+    fn view_of(&self, state: &State) -> ScrubView {
+        let Some(r) = state.record else {
+            return ScrubView {
+                state: "none".to_owned(),
+                ..ScrubView::default()
+            };
+        };
+        let running = r.phase == ScrubPhase::Running;
+        let live = self.pool.pool_stats().map_or(0, |s| s.data_used_bytes);
+        let progress = match r.phase {
+            ScrubPhase::Finished => 1.0,
+            _ if r.data_chunks == 0 => 0.0,
+            _ => (r.cursor as f64 / r.data_chunks as f64).min(1.0),
+        };
+        let rate = if running { state.rate } else { 0.0 };
+        // What is left, roughly: the live data not read yet.
+        let left = live.saturating_sub(r.bytes);
+        ScrubView {
+            state: match r.phase {
+                ScrubPhase::Running => "running",
+                ScrubPhase::Stopped => "stopped",
+                ScrubPhase::Finished => "finished",
+            }
+            .to_owned(),
+            started_unix_secs: r.started_unix,
+            finished_unix_secs: (r.finished_unix > 0).then_some(r.finished_unix),
+            progress,
+            bytes_read: r.bytes,
+            live_bytes: live,
+            verified_blocks: r.verified_blocks,
+            damaged_blocks: r.damaged_blocks,
+            rate_bytes_per_sec: rate as u64,
+            eta_secs: (running && rate >= 1.0).then(|| (left as f64 / rate) as u64),
+            metadata_problems: state.metadata_problems,
+            last_error: state.last_error.clone(),
+        }
+    }
+
+    fn save(&self, record: &ScrubRecord) {
+        if let Err(e) = self.pool.set_property(None, SCRUB_KEY, &record.encode()) {
+            warn!(error = %e, "cannot record where the scrub stands (a restart reads from the last record)");
+        }
+    }
+
+    /// The running scrub's record, if there is one.
+    fn running(&self) -> Option<ScrubRecord> {
+        self.lock()
+            .record
+            .filter(|r| r.phase == ScrubPhase::Running)
+    }
+
+    /// Runs scrubs as they are started, until the daemon stops.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
+        loop {
+            if self.running().is_none() {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = self.wake.notified() => continue,
+                }
+            }
+            if !self.run_one(&stop).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs the scrub until it finishes or is stopped; false when the
+    /// daemon stops.
+    async fn run_one(&self, stop: &CancellationToken) -> Result<bool> {
+        let mut saved = Instant::now();
+        let mut requests = self.pool.requests();
+        loop {
+            let Some(record) = self.running() else {
+                return Ok(true);
+            };
+            if stop.is_cancelled() {
+                self.save(&record);
+                return Ok(false);
+            }
+            let started = Instant::now();
+            let pool = Arc::clone(&self.pool);
+            let cursor = record.cursor;
+            let step = tokio::task::spawn_blocking(move || pool.scrub_step(cursor, STEP_BYTES))
+                .await
+                .context("scrub task failed")?;
+            let step = match step {
+                Ok(step) => step,
+                Err(e) if e.stops_pool() => return Err(e).context("scrub"),
+                Err(e) => {
+                    warn!(error = %e, "scrub step failed; stopped where it was");
+                    let mut state = self.lock();
+                    state.last_error = Some(e.to_string());
+                    if let Some(r) = state.record.as_mut() {
+                        r.phase = ScrubPhase::Stopped;
+                    }
+                    let record = state.record;
+                    drop(state);
+                    if let Some(r) = record {
+                        self.save(&r);
+                    }
+                    return Ok(true);
+                }
+            };
+            let took = started.elapsed();
+            let done = step.next >= step.data_chunks;
+            let record = {
+                let mut state = self.lock();
+                let rate = step.bytes as f64 / took.as_secs_f64().max(1e-6);
+                state.rate = if state.rate == 0.0 {
+                    rate
+                } else {
+                    state.rate * (1.0 - RATE_WEIGHT) + rate * RATE_WEIGHT
+                };
+                // Stopped meanwhile: the step's progress is kept all the same.
+                let Some(r) = state.record.as_mut() else {
+                    return Ok(true);
+                };
+                r.cursor = step.next;
+                r.data_chunks = step.data_chunks;
+                r.bytes += step.bytes;
+                r.verified_blocks += step.verified_blocks;
+                r.damaged_blocks += step.damaged_blocks;
+                *r
+            };
+            if done {
+                self.finish(record).await?;
+                return Ok(true);
+            }
+            if saved.elapsed() >= SAVE_EVERY {
+                self.save(&record);
+                saved = Instant::now();
+            }
+            // The pace: full speed while no client reads or writes; else
+            // `busy_rate` (this step's bytes take their share of a second).
+            let now = self.pool.requests();
+            let busy = now != requests;
+            requests = now;
+            if busy {
+                let pause = if self.busy_rate == 0 {
+                    Duration::from_millis(100)
+                } else {
+                    Duration::from_secs_f64(step.bytes as f64 / self.busy_rate as f64)
+                        .saturating_sub(took)
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            } else {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// The data is done: every metadata block next (a full check), then
+    /// the scrub is finished.
+    async fn finish(&self, mut record: ScrubRecord) -> Result<()> {
+        let pool = Arc::clone(&self.pool);
+        let checked = tokio::task::spawn_blocking(move || pool.check())
+            .await
+            .context("scrub check task failed")?;
+        let problems = match checked {
+            Ok(report) => Some(report.problems.len() + report.unlisted),
+            Err(e) if e.stops_pool() => return Err(e).context("scrub's metadata check"),
+            Err(e) => {
+                warn!(error = %e, "the scrub's metadata check failed");
+                self.lock().last_error = Some(e.to_string());
+                None
+            }
+        };
+        record.phase = ScrubPhase::Finished;
+        record.finished_unix = unix_now();
+        {
+            let mut state = self.lock();
+            // Stopped or started again meanwhile: leave it.
+            if state.record.map(|r| r.phase) != Some(ScrubPhase::Running) {
+                return Ok(());
+            }
+            state.record = Some(record);
+            state.metadata_problems = problems;
+        }
+        self.save(&record);
+        info!(
+            bytes = record.bytes,
+            verified_blocks = record.verified_blocks,
+            damaged_blocks = record.damaged_blocks,
+            metadata_problems = problems,
+            "scrub finished"
+        );
+        if record.damaged_blocks > 0 || problems.is_some_and(|p| p > 0) {
+            warn!("the scrub found damage: arbor pool damage and arbor check list it");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,131 @@
+//! The scrub's mechanism: reads every live data chunk once, by physical
+//! chunk (a chunk that a thousand snapshots share is read once), and
+//! verifies every block that has a sum (docs/FORMAT.md §6.4). The pace,
+//! the cursor kept across restarts and the progress are the caller's
+//! (`arbor-daemon`'s scrub): this is one bounded step at a time, holding
+//! no lock while it reads.
+//!
+//! A block that does not match its sum is read again, with its sum, with
+//! the pool gate held exclusive (no write in flight: an in-place write
+//! changes data and sum under it, not at one instant); only a mismatch
+//! then is damage, noted as a read's is (`Pool::after_damage`).
+
+use super::*;
+use crate::sums::ChunkSums;
+
+/// Largest device read of one scrub step: a run of consecutive live
+/// chunks, up to this many bytes.
+const READ_RUN_BYTES: u64 = 1 << 20;
+/// Most chunks one step looks at (live or not), so that a step over a
+/// sparse pool still returns soon.
+const STEP_CHUNKS: u64 = 1 << 16;
+
+/// What one scrub step did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrubStep {
+    /// The chunk the next step starts at; at or past `data_chunks` when
+    /// the scrub is done.
+    pub next: u64,
+    /// The pool's data chunks now (the end of the scrub).
+    pub data_chunks: u64,
+    /// Live chunks read, and their bytes.
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Blocks verified against their sums, and those found damaged.
+    pub verified_blocks: u64,
+    pub damaged_blocks: u64,
+}
+
+impl Pool {
+    /// Scrubs live data chunks from chunk `from` on, reading at most about
+    /// `max_bytes` (at least one run) and looking at most at 65,536 chunks.
+    pub fn scrub_step(&self, from: u64, max_bytes: u64) -> Result<ScrubStep> {
+        let cs = self.chunk_size();
+        let blocks_per_chunk = cs / arbor_format::SUM_BLOCK_U64;
+        // Under the lock: the live chunks of the step and their sums.
+        let (data_chunks, live) = {
+            let meta = self.read_meta()?;
+            let data_chunks = meta.meta().entries(arbor_format::SmKind::Data);
+            let end = from.saturating_add(STEP_CHUNKS).min(data_chunks);
+            let budget = max_bytes.max(cs).div_ceil(cs);
+            let mut live: Vec<(u64, ChunkSums)> = Vec::new();
+            let mut c = from;
+            while c < end && (live.len() as u64) < budget {
+                if meta.meta().data_count(c)? > 0 {
+                    live.push((c, ChunkSums::of(meta.meta(), c)?));
+                }
+                c += 1;
+            }
+            (data_chunks, (live, c))
+        };
+        let (live, next) = live;
+        let mut step = ScrubStep {
+            next,
+            data_chunks,
+            ..ScrubStep::default()
+        };
+        // Runs of consecutive chunks, one device read each.
+        let mut i = 0;
+        let mut buf = Vec::new();
+        while i < live.len() {
+            let mut j = i + 1;
+            while j < live.len()
+                && live[j].0 == live[j - 1].0 + 1
+                && (j - i + 1) as u64 * cs <= READ_RUN_BYTES
+            {
+                j += 1;
+            }
+            let run = &live[i..j];
+            buf.resize(run.len() * cs as usize, 0);
+            self.store
+                .dev
+                .read_at(&mut buf, self.store.geo.chunk_offset(run[0].0))?;
+            for (k, (pchunk, sums)) in run.iter().enumerate() {
+                let data = &buf[k * cs as usize..(k + 1) * cs as usize];
+                for b in 0..blocks_per_chunk as u32 {
+                    if sums.get(b).is_none() {
+                        continue;
+                    }
+                    step.verified_blocks += 1;
+                    let at = b as usize * arbor_format::SUM_BLOCK;
+                    let bytes = &data[at..at + arbor_format::SUM_BLOCK];
+                    if sums.verify(b, bytes).is_err() && self.scrub_confirm(*pchunk, b)? {
+                        step.damaged_blocks += 1;
+                    }
+                }
+            }
+            step.chunks += run.len() as u64;
+            step.bytes += run.len() as u64 * cs;
+            i = j;
+        }
+        Ok(step)
+    }
+
+    /// Reads block `block` of chunk `pchunk` again with its sum, no write
+    /// in flight; whether it is damaged (then noted).
+    fn scrub_confirm(&self, pchunk: u64, block: u32) -> Result<bool> {
+        let verified = {
+            let _gate = self.gates.commit();
+            let meta = self.read_meta()?;
+            if meta.meta().data_count(pchunk)? == 0 {
+                // Freed since the step looked.
+                return Ok(false);
+            }
+            let sums = ChunkSums::of(meta.meta(), pchunk)?;
+            let mut bytes = vec![0u8; arbor_format::SUM_BLOCK];
+            self.store.dev.read_at(
+                &mut bytes,
+                self.store.geo.chunk_offset(pchunk)
+                    + u64::from(block) * arbor_format::SUM_BLOCK_U64,
+            )?;
+            sums.verify(block, &bytes)
+        };
+        match verified {
+            Ok(()) => Ok(false),
+            Err(damage) => {
+                self.after_damage::<()>(Err(Error::Damaged(damage))).ok();
+                Ok(true)
+            }
+        }
+    }
+}
