@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// Bytes of live data one step reads (one blocking call).
-const STEP_BYTES: u64 = 8 << 20;
+const STEP_BYTES: u64 = 32 << 20;
 /// How often the record is written while a scrub runs: what a crash makes
 /// it read again.
 const SAVE_EVERY: Duration = Duration::from_secs(5);

@@ -16,6 +16,12 @@ use crate::sums::ChunkSums;
 /// Largest device read of one scrub step: a run of consecutive live
 /// chunks, up to this many bytes.
 const READ_RUN_BYTES: u64 = 1 << 20;
+/// The alignment of the scrub's read buffers (a page: what direct I/O
+/// needs of memory).
+const ALIGN: usize = 4096;
+/// Device reads a step keeps in flight (threads, each reading and summing
+/// its runs in turn).
+const READS_IN_FLIGHT: usize = 8;
 /// Most chunks one step looks at (live or not), so that a step over a
 /// sparse pool still returns soon.
 const STEP_CHUNKS: u64 = 1 << 16;
@@ -41,7 +47,6 @@ impl Pool {
     /// `max_bytes` (at least one run) and looking at most at 65,536 chunks.
     pub fn scrub_step(&self, from: u64, max_bytes: u64) -> Result<ScrubStep> {
         let cs = self.chunk_size();
-        let blocks_per_chunk = cs / arbor_format::SUM_BLOCK_U64;
         // Under the lock: the live chunks of the step and their sums.
         let (data_chunks, live) = {
             let meta = self.read_meta()?;
@@ -64,9 +69,10 @@ impl Pool {
             data_chunks,
             ..ScrubStep::default()
         };
-        // Runs of consecutive chunks, one device read each.
+        // Runs of consecutive chunks, one device read each, several in
+        // flight (a device reads faster with a queue, and both cores sum).
+        let mut runs: Vec<&[(u64, ChunkSums)]> = Vec::new();
         let mut i = 0;
-        let mut buf = Vec::new();
         while i < live.len() {
             let mut j = i + 1;
             while j < live.len()
@@ -75,30 +81,72 @@ impl Pool {
             {
                 j += 1;
             }
-            let run = &live[i..j];
-            buf.resize(run.len() * cs as usize, 0);
-            self.store
-                .dev
-                .read_at(&mut buf, self.store.geo.chunk_offset(run[0].0))?;
-            for (k, (pchunk, sums)) in run.iter().enumerate() {
-                let data = &buf[k * cs as usize..(k + 1) * cs as usize];
-                for b in 0..blocks_per_chunk as u32 {
-                    if sums.get(b).is_none() {
-                        continue;
-                    }
-                    step.verified_blocks += 1;
-                    let at = b as usize * arbor_format::SUM_BLOCK;
-                    let bytes = &data[at..at + arbor_format::SUM_BLOCK];
-                    if sums.verify(b, bytes).is_err() && self.scrub_confirm(*pchunk, b)? {
-                        step.damaged_blocks += 1;
-                    }
-                }
-            }
-            step.chunks += run.len() as u64;
-            step.bytes += run.len() as u64 * cs;
+            runs.push(&live[i..j]);
             i = j;
         }
+        let next_run = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<Result<(u64, u64)>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..READS_IN_FLIGHT.min(runs.len()))
+                .map(|_| {
+                    s.spawn(|| -> Result<(u64, u64)> {
+                        let (mut verified, mut damaged) = (0, 0);
+                        let mut buf = Vec::new();
+                        loop {
+                            let k = next_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(run) = runs.get(k) else {
+                                return Ok((verified, damaged));
+                            };
+                            let (v, d) = self.scrub_run(run, &mut buf)?;
+                            verified += v;
+                            damaged += d;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            let (verified, damaged) = r?;
+            step.verified_blocks += verified;
+            step.damaged_blocks += damaged;
+        }
+        step.chunks = live.len() as u64;
+        step.bytes = live.len() as u64 * cs;
         Ok(step)
+    }
+
+    /// Reads one run of consecutive live chunks and verifies every block
+    /// that has a sum: (blocks verified, blocks found damaged).
+    fn scrub_run(&self, run: &[(u64, ChunkSums)], buf: &mut Vec<u8>) -> Result<(u64, u64)> {
+        let cs = self.chunk_size() as usize;
+        let (mut verified, mut damaged) = (0, 0);
+        // Aligned to a page, so that a device opened for direct I/O reads
+        // straight into it (no bounce copy).
+        let len = run.len() * cs;
+        buf.resize(len + ALIGN, 0);
+        let skip = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+        let data = &mut buf[skip..skip + len];
+        self.store
+            .dev
+            .read_at(data, self.store.geo.chunk_offset(run[0].0))?;
+        for ((pchunk, sums), data) in run.iter().zip(data.chunks(cs)) {
+            for (b, bytes) in (0u32..).zip(data.chunks(arbor_format::SUM_BLOCK)) {
+                if sums.get(b).is_none() {
+                    continue;
+                }
+                verified += 1;
+                if sums.verify(b, bytes).is_err() && self.scrub_confirm(*pchunk, b)? {
+                    damaged += 1;
+                }
+            }
+        }
+        Ok((verified, damaged))
     }
 
     /// Reads block `block` of chunk `pchunk` again with its sum, no write
