@@ -355,6 +355,12 @@ def browse(daemon, api, target_port):
         d.wait_text('[data-testid="pool-data-text"]',
                     f"{human(pool['data_used_bytes'])} of {human(pool['data_bytes'])} used "
                     f"({percent(pool['data_used_bytes'], pool['data_bytes'])})", "data use")
+        # The scrub: never run; started through the API, it shows finished,
+        # with what it verified.
+        d.wait_text('[data-testid="scrub-state"]', "never run", "the scrub, never run")
+        api.request("POST", "/v1/scrub")
+        d.wait_text('[data-testid="scrub-state"]', re.compile(r"^finished · .+ read · [1-9]\d* blocks verified, 0 damaged"),
+                    "the finished scrub", timeout=60)
         pool = api.overview()["pool"]
         d.wait_text('[data-testid="pool-metadata-text"]',
                     f"{human(pool['metadata_used_bytes'])} of {human(pool['metadata_bytes'])} used "

@@ -995,6 +995,12 @@ pub struct OverviewView {
     pub policies: Vec<PolicyView>,
     pub replication: ReplicasView,
     pub alerts: Vec<AlertView>,
+    /// Where the scrub stands.
+    #[serde(default)]
+    pub scrub: ScrubView,
+    /// The damaged data blocks, while the pool has any (`pool.damaged_blocks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damage: Option<DamageView>,
     /// Who asked, and with which scope: the dashboard offers only what it
     /// may do.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -295,13 +295,22 @@ impl PoolControl {
                 }
             })
             .collect();
+        let pool = self.pool_info()?;
+        // Listed (a walk of every mapping) only while there is damage.
+        let damage = if pool.damaged_blocks > 0 {
+            Some(self.damage()?)
+        } else {
+            None
+        };
         Ok(OverviewView {
             now_unix_secs: now,
-            pool: self.pool_info()?,
+            pool,
             volumes,
             policies,
             replication: self.replication.view(),
             alerts: self.monitor.alerts(),
+            scrub: self.scrub(),
+            damage,
             caller: None,
         })
     }

@@ -158,12 +158,16 @@ pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
         ("started", timestamp(s.started_unix_secs)),
         (
             "progress",
-            format!(
-                "{:.1}%: {} of {} live data read",
-                s.progress * 100.0,
-                size(s.bytes_read),
-                size(s.live_bytes)
-            ),
+            if s.state == "running" {
+                format!(
+                    "{:.1}%: {} of {} live data read",
+                    s.progress * 100.0,
+                    size(s.bytes_read),
+                    size(s.live_bytes)
+                )
+            } else {
+                format!("{:.1}%: {} read", s.progress * 100.0, size(s.bytes_read))
+            },
         ),
         (
             "verified",

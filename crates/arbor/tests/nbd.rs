@@ -529,12 +529,14 @@ fn a_scrub_finds_damage_no_client_read_and_its_state_survives_a_restart() {
     let live = served.daemon.json(&["pool", "status"])["data_used_bytes"]
         .as_u64()
         .unwrap();
-    // Every live chunk once, never twice: all but the chunks the scrub's
-    // own record took while it ran (a property rewritten into new chunks).
+    // Every live chunk once, never twice (twice would be 16 MiB more):
+    // the live data moves by a few chunks while it runs, as the scrub's
+    // own record and the damage record are rewritten into new chunks and
+    // their old ones freed.
     let read_once = |status: &serde_json::Value| {
         let read = status["bytes_read"].as_u64().unwrap();
         let live = status["live_bytes"].as_u64().unwrap();
-        assert!(read <= live && read + 2 * 16384 >= live, "{status}");
+        assert!(read.abs_diff(live) <= 4 * 16384, "{status}");
     };
     read_once(&status);
     assert_eq!(status["damaged_blocks"], 0);
