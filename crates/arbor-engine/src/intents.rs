@@ -91,10 +91,8 @@ pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
 
 /// The transaction that added region `region` to the set, if it is in it.
 fn added(meta: &Meta, region: u64) -> Result<Option<u64>> {
-    Ok(Tree::new(meta, TreeKind::Intents, meta.intents_root())
-        .get_le(region)?
-        .filter(|f| f.key == region)
-        .map(|f| added_txn(&f.value)))
+    Tree::new(meta, TreeKind::Intents, meta.intents_root())
+        .get_with(region, |value| value.map(added_txn))
 }
 
 fn added_txn(value: &[u8]) -> u64 {

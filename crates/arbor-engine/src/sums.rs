@@ -29,19 +29,7 @@ pub(crate) struct ChunkSums {
 /// with `SumsLeaf::lookup`, or changed through [`update_leaf`] (`check`
 /// parses every leaf whole).
 fn with_leaf<T>(meta: &Meta, key: u64, f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T> {
-    let mut f = Some(f);
-    let found = Tree::new(meta, TreeKind::Sums, meta.sums_root())
-        .get_le_with(key, |found, value, _| {
-            (found == key).then(|| f.take().map(|f| f(Some(value))))
-        })?;
-    match (found.flatten().flatten(), f) {
-        (Some(t), _) => Ok(t),
-        (None, Some(f)) => Ok(f(None)),
-        // `f` ran only when it returned a value.
-        (None, None) => Err(Error::inconsistent(
-            "a checksum leaf lookup lost its result",
-        )),
-    }
+    Tree::new(meta, TreeKind::Sums, meta.sums_root()).get_with(key, f)
 }
 
 /// The sums of blocks `blocks` of chunk `pchunk`, from its leaf's value.

@@ -22,7 +22,7 @@
 use arbor_format::{BlockRef, Node, NodeBody, TreeKind, Usage, MAX_LEVEL};
 
 use crate::error::{Error, Result};
-use crate::meta::Meta;
+use crate::meta::{Meta, NodeView};
 use crate::walk::{walk, Descend, Place, Visitor};
 
 /// Index of the child of an internal node whose range holds `key`.
@@ -188,6 +188,24 @@ impl<'a> Tree<'a> {
         key: u64,
         f: impl FnOnce(u64, &[u8], u64) -> T,
     ) -> Result<Option<T>> {
+        Ok(self
+            .find_le(key)?
+            .map(|(leaf, i, upper)| f(leaf.keys[i], leaf.value(i), upper)))
+    }
+
+    /// `f` of the value of `key` as the node holds it (not copied), or of
+    /// None if the tree has no entry `key`.
+    pub fn get_with<T>(&self, key: u64, f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T> {
+        Ok(match self.find_le(key)? {
+            Some((leaf, i, _)) if leaf.keys[i] == key => f(Some(leaf.value(i))),
+            _ => f(None),
+        })
+    }
+
+    /// The leaf whose range holds `key`, the index in it of the entry with
+    /// the greatest key ≤ `key`, and the leaf's upper bound; None if the
+    /// leaf has no such entry.
+    fn find_le(&self, key: u64) -> Result<Option<(NodeView<'a>, usize, u64)>> {
         if self.root.is_none() {
             return Ok(None);
         }
@@ -195,13 +213,10 @@ impl<'a> Tree<'a> {
         let mut node = self.meta.node(self.root)?;
         let tree = node.tree;
         loop {
-            match &node.body {
+            let child = match &node.body {
                 NodeBody::Leaf(_) => {
                     let i = node.keys.partition_point(|&k| k <= key);
-                    if i == 0 {
-                        return Ok(None);
-                    }
-                    return Ok(Some(f(node.keys[i - 1], node.value(i - 1), upper)));
+                    return Ok(i.checked_sub(1).map(|i| (node, i, upper)));
                 }
                 NodeBody::Internal(children) => {
                     let i = child_index(&node.keys, key);
@@ -210,9 +225,10 @@ impl<'a> Tree<'a> {
                     }
                     let child = self.meta.node(children[i])?;
                     check_child_level(&node, &child, tree)?;
-                    node = child;
+                    child
                 }
-            }
+            };
+            node = child;
         }
     }
 

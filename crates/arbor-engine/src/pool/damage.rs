@@ -72,7 +72,8 @@ impl Pool {
         self.damage_log.detections.load(Ordering::Relaxed)
     }
 
-    fn note_damage(&self, d: &Damage) {
+    /// Logs, counts and records damage found (the caller holds no lock).
+    pub(super) fn note_damage(&self, d: &Damage) {
         self.damage_log.detections.fetch_add(1, Ordering::Relaxed);
         if !lock_mutex(&self.damage_log.found).insert((d.pchunk, d.block)) {
             return;

@@ -171,7 +171,7 @@ impl Pool {
         match verified {
             Ok(()) => Ok(false),
             Err(damage) => {
-                self.after_damage::<()>(Err(Error::Damaged(damage))).ok();
+                self.note_damage(&damage);
                 Ok(true)
             }
         }

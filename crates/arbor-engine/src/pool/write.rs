@@ -233,6 +233,18 @@ impl<'a> Unit<'a> {
         (chunk * cs).max(self.offset)..((chunk + 1) * cs).min(self.end())
     }
 
+    /// [`Self::sums`], sliced from `pre` (the sums of the whole unit,
+    /// block-aligned, computed already) when there is one.
+    fn sums_from(&self, pre: Option<&[Option<u32>]>, span: Range<u64>) -> Vec<Option<u32>> {
+        match pre {
+            Some(pre) => {
+                let block = |at: u64| ((at - self.offset) / SUM_BLOCK) as usize;
+                pre[block(span.start)..block(span.end)].to_vec()
+            }
+            None => self.sums(span),
+        }
+    }
+
     /// The sums of the unit's bytes in `span`, whole blocks.
     fn sums(&self, span: Range<u64>) -> Vec<Option<u32>> {
         match self.fill {
@@ -521,7 +533,8 @@ impl Pool {
         let checksums = self.store.geo.version().has_data_checksums();
         // The common overwrite in a pool with checksums (whole blocks, no
         // unmapping, every chunk in place) records its sums in the plan's
-        // own step: computed here, outside the lock, by block of the unit.
+        // own step: computed here, outside the lock, by block of the unit
+        // (and used for the new chunks too, if the plan redirects).
         let early_sums = (checksums
             && unmap.is_empty()
             && unit.offset.is_multiple_of(SUM_BLOCK)
@@ -537,8 +550,7 @@ impl Pool {
                 if let Some(sums) = &early_sums {
                     if plans.iter().all(|p| matches!(p, ChunkPlan::InPlace(_))) {
                         m.record_sums(&in_place_sums(unit, &wanted, &plans, cs, |span| {
-                            let block = |at: u64| ((at - unit.offset) / SUM_BLOCK) as usize;
-                            sums[block(span.start)..block(span.end)].to_vec()
+                            unit.sums_from(Some(sums), span)
                         }))?;
                         recorded = true;
                     }
@@ -597,7 +609,14 @@ impl Pool {
                     return Ok(in_place);
                 }
                 let mut sums = if maps {
-                    self.write_new_chunks(unit, &wanted, &plans, backing, checksums)?
+                    self.write_new_chunks(
+                        unit,
+                        &wanted,
+                        &plans,
+                        backing,
+                        checksums,
+                        early_sums.as_deref(),
+                    )?
                 } else {
                     Vec::new()
                 };
@@ -662,7 +681,8 @@ impl Pool {
     }
 
     /// Step 2: writes every redirected chunk whole; with `checksums`,
-    /// returns the sums of what it wrote, for the mapping step to record.
+    /// returns the sums of what it wrote (from `pre`, the unit's sums, if
+    /// computed already), for the mapping step to record.
     fn write_new_chunks(
         &self,
         unit: &Unit<'_>,
@@ -670,6 +690,7 @@ impl Pool {
         plans: &[ChunkPlan],
         backing: Option<arbor_format::Backing>,
         checksums: bool,
+        pre: Option<&[Option<u32>]>,
     ) -> Result<Vec<BlockSums>> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
@@ -720,7 +741,7 @@ impl Pool {
                     // Whole blocks, as the plan makes sure; if not, the
                     // blocks keep no sums rather than wrong ones.
                     if within.is_multiple_of(SUM_BLOCK) && span.end.is_multiple_of(SUM_BLOCK) {
-                        record(to, within, unit.sums(span.clone()));
+                        record(to, within, unit.sums_from(pre, span.clone()));
                     }
                     let device = geo.chunk_offset(to) + within;
                     if let Some(run) = runs.add(span, device) {
@@ -733,7 +754,7 @@ impl Pool {
             let span = unit.span(w.chunk, cs);
             if unit.covers(w.chunk, cs) {
                 if checksums {
-                    record(new, 0, unit.sums(span.clone()));
+                    record(new, 0, unit.sums_from(pre, span.clone()));
                 }
                 if let Some(run) = runs.add(span, geo.chunk_offset(new)) {
                     self.write_run(unit, &run)?;
