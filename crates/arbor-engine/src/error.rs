@@ -148,6 +148,8 @@ pub enum Invalid {
     // Sizes and ranges of volumes.
     #[error("volume size {size} must be a non-zero multiple of {sector} up to {max}")]
     VolumeSize { size: u64, sector: u64, max: u64 },
+    #[error("healing takes whole 4 KiB blocks: {offset}+{len} is not")]
+    HealUnaligned { offset: u64, len: u64 },
     #[error("range {offset}+{len} is beyond the end of {name} ({size} bytes)")]
     RangeBeyondEnd {
         offset: u64,

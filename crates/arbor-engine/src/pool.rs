@@ -96,6 +96,7 @@ mod fill;
 mod fill_sweep;
 mod gates;
 mod grow;
+mod heal;
 #[cfg(test)]
 mod names_tests;
 mod origin;
@@ -117,6 +118,7 @@ use counters::WriteCounters;
 use fill_sweep::FillSweep;
 use gates::Gates;
 pub use grow::{GrowOptions, GrowReport};
+pub use heal::Healed;
 pub use origin::OriginInfo;
 use origins::Origins;
 pub use props::MAX_PROPERTY_KEY;

@@ -29,6 +29,7 @@ use crate::error::{Damage, Error, Result};
 use crate::mapping::Mapping;
 use crate::sums::ChunkSums;
 use crate::volumes::Volumes;
+use crate::VolumeId;
 
 /// The damage record's state in memory.
 #[derive(Default)]
@@ -157,17 +158,10 @@ impl Pool {
         Ok(count)
     }
 
-    /// The recorded damage still there, each block with the volumes and
-    /// snapshots that read it. Walks every volume's mapping: as long as
-    /// `check`'s walk, not a hot path.
-    pub fn damage(&self) -> Result<DamageReport> {
-        let record = self.damage_record()?;
-        if record.is_empty() {
-            return Ok(DamageReport::default());
-        }
-        // Still referenced and not rewritten since: read again, and left
-        // out if it matches now (a transient fault, or the device's copy
-        // put right from outside).
+    /// The recorded blocks still damaged now: referenced, not rewritten
+    /// since, and still not matching their sums when read again (one that
+    /// matches now had a transient fault, or was put right from outside).
+    fn damaged_now(&self, record: &DamageRecord) -> Result<Vec<DamagedData>> {
         let suspects: Vec<&DamagedBlock> = {
             let meta = self.read_meta()?;
             let mut suspects = Vec::new();
@@ -198,10 +192,21 @@ impl Pool {
                 reader_count: 0,
             });
         }
+        Ok(blocks)
+    }
+
+    /// The recorded damage still there, each block with the volumes and
+    /// snapshots that read it. Walks every volume's mapping: as long as
+    /// `check`'s walk, not a hot path.
+    pub fn damage(&self) -> Result<DamageReport> {
+        let record = self.damage_record()?;
+        if record.is_empty() {
+            return Ok(DamageReport::default());
+        }
+        let mut blocks = self.damaged_now(&record)?;
         // Who reads each: every record's extents, once (hidden ones, such
         // as properties, by their record's name).
         let meta = self.read_meta()?;
-        let cs = self.chunk_size();
         let mut ids: Vec<(u64, String, arbor_format::BlockRef)> = meta
             .table()
             .iter()
@@ -209,31 +214,15 @@ impl Pool {
             .collect();
         ids.sort_by(|a, b| a.1.cmp(&b.1));
         for (_, name, root) in ids {
-            Mapping::new(meta.meta(), root).extents(0, u64::MAX, &mut |extent| {
-                let runs = extent.partial.map(|_| extent.at(extent.start).runs(cs));
-                for d in blocks.iter_mut() {
-                    let within = u64::from(d.block) * SUM_BLOCK_U64;
-                    let logical = match &runs {
-                        // A run of chunks mapped whole.
-                        None => (extent.pchunk..extent.pchunk + u64::from(extent.len))
-                            .contains(&d.pchunk)
-                            .then(|| (extent.start + (d.pchunk - extent.pchunk)) * cs + within),
-                        // A partial extent (one chunk): the block from the
-                        // layer that gives it.
-                        Some(runs) => runs
-                            .iter()
-                            .any(|(range, from)| *from == d.pchunk && range.contains(&within))
-                            .then_some(extent.start * cs + within),
-                    };
-                    if let Some(at) = logical {
-                        d.reader_count += 1;
-                        if d.readers.len() < MAX_READERS_LISTED {
-                            d.readers.push((name.clone(), at));
-                        }
-                    }
+            let mut hits = Vec::new();
+            readers_in(&meta, root, &blocks, &mut |i, at| hits.push((i, at)))?;
+            for (i, at) in hits {
+                let d = &mut blocks[i];
+                d.reader_count += 1;
+                if d.readers.len() < MAX_READERS_LISTED {
+                    d.readers.push((name.clone(), at));
                 }
-                Ok(true)
-            })?;
+            }
         }
         // A block no mapping reads (its chunk still held, as a partial
         // extent's base, for other blocks) is damage nobody sees.
@@ -243,4 +232,75 @@ impl Pool {
             unlisted: record.unlisted(),
         })
     }
+
+    /// The byte offsets in volume or snapshot `id` of the blocks it reads
+    /// that are damaged now, in order (those [`Self::damage`] lists it
+    /// for): what a heal of `id` repairs.
+    pub fn damaged_in(&self, id: VolumeId) -> Result<Vec<u64>> {
+        let record = self.damage_record()?;
+        if record.is_empty() {
+            return Ok(Vec::new());
+        }
+        let blocks = self.damaged_now(&record)?;
+        let meta = self.read_meta()?;
+        let root = meta.volume(id.0)?.root;
+        let mut offsets = Vec::new();
+        readers_in(&meta, root, &blocks, &mut |_, at| offsets.push(at))?;
+        offsets.sort_unstable();
+        offsets.dedup();
+        Ok(offsets)
+    }
+
+    /// Forgets recorded blocks `healed` (rewritten with their good bytes):
+    /// found again, they are logged and recorded again.
+    pub(super) fn forget_damage(&self, healed: &[(u64, u32)]) -> Result<()> {
+        {
+            let mut found = lock_mutex(&self.damage_log.found);
+            for b in healed {
+                found.remove(b);
+            }
+        }
+        let _one = lock_mutex(&self.damage_log.record);
+        let mut record = self.damage_record()?;
+        let before = record.entries().len();
+        record.retain(|b| !healed.contains(&(b.pchunk, b.block)));
+        if record.entries().len() == before {
+            return Ok(());
+        }
+        self.set_property(None, DAMAGE_KEY, &record.encode())
+    }
+}
+
+/// Calls `found(i, offset)` for each block `blocks[i]` that the mapping at
+/// `root` reads, with the byte offset where it reads it (the one rule of
+/// which logical block a damaged physical block is).
+fn readers_in(
+    meta: &Volumes,
+    root: arbor_format::BlockRef,
+    blocks: &[DamagedData],
+    found: &mut dyn FnMut(usize, u64),
+) -> Result<()> {
+    let cs = meta.meta().geo().chunk_size;
+    Mapping::new(meta.meta(), root).extents(0, u64::MAX, &mut |extent| {
+        let runs = extent.partial.map(|_| extent.at(extent.start).runs(cs));
+        for (i, d) in blocks.iter().enumerate() {
+            let within = u64::from(d.block) * SUM_BLOCK_U64;
+            let logical = match &runs {
+                // A run of chunks mapped whole.
+                None => (extent.pchunk..extent.pchunk + u64::from(extent.len))
+                    .contains(&d.pchunk)
+                    .then(|| (extent.start + (d.pchunk - extent.pchunk)) * cs + within),
+                // A partial extent (one chunk): the block from the layer
+                // that gives it.
+                Some(runs) => runs
+                    .iter()
+                    .any(|(range, from)| *from == d.pchunk && range.contains(&within))
+                    .then_some(extent.start * cs + within),
+            };
+            if let Some(at) = logical {
+                found(i, at);
+            }
+        }
+        Ok(true)
+    })
 }
