@@ -473,7 +473,7 @@ fn a_scrub_reads_each_live_chunk_once_and_finds_exactly_what_reads_find() {
 #[test]
 fn healing_repairs_exactly_the_damaged_blocks_for_every_sharer_and_never_another() {
     for seed in [5u64, 6, 7] {
-        let mut w = build(seed);
+        let w = build(seed);
         let before = w.disk.handle().visible_image();
         let tagged = w.tagged_blocks();
         let mut rng = StdRng::seed_from_u64(seed * 31);
