@@ -12,6 +12,7 @@ pub mod format;
 
 pub mod busy;
 mod failure;
+pub mod heal;
 pub mod rbd;
 pub mod receive;
 pub mod send;
