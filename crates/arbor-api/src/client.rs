@@ -21,11 +21,11 @@ use crate::error::ClientError;
 use crate::error_code::ErrorCode;
 use crate::model::{
     AttachOriginRequest, CheckView, CloneRequest, CreateVolumeRequest, Durability, ErrorBody,
-    GroupSnapshotRequest, GrowRequest, GrowView, HoldRequest, OriginView, PolicyRequest,
-    PolicyView, PoolView, PruneRequest, PruneView, Range, ReceiveStatusView, ReceivedView,
-    ReclaimView, RenameRequest, ReplicaAddRequest, ReplicaRoleView, ReplicaRunView, ReplicasView,
-    ResizeRequest, RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest, StatsView,
-    StreamCompression, StreamFormat, UpgradeView, VolumeView,
+    GroupSnapshotRequest, GrowRequest, GrowView, HealedView, HoldRequest, OriginView,
+    PolicyRequest, PolicyView, PoolView, PruneRequest, PruneView, Range, ReceiveStatusView,
+    ReceivedView, ReclaimView, RenameRequest, ReplicaAddRequest, ReplicaRoleView, ReplicaRunView,
+    ReplicasView, ResizeRequest, RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest,
+    StatsView, StreamCompression, StreamFormat, UpgradeView, VolumeView,
 };
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
@@ -450,7 +450,7 @@ impl DaemonClient {
         volume: &str,
         force: bool,
         format: StreamFormat,
-        mut input: Box<dyn Read + Send>,
+        input: Box<dyn Read + Send>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<ReceivedView> {
         let format = match format {
@@ -461,6 +461,28 @@ impl DaemonClient {
             "/v1/receive/{}?force={force}&format={format}",
             encode(volume)
         );
+        self.post_stream(&path, input, progress)
+    }
+
+    /// Sends the stream read from `input`, of a snapshot of `volume` the
+    /// pool holds, to heal that snapshot's damaged blocks.
+    pub fn heal_stream(
+        &self,
+        volume: &str,
+        input: Box<dyn Read + Send>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<HealedView> {
+        self.post_stream(&format!("/v1/heal/{}", encode(volume)), input, progress)
+    }
+
+    /// POSTs the stream read from `input` as the body of `path`, calling
+    /// `progress` with the bytes sent so far; the answer is a `T`.
+    fn post_stream<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        mut input: Box<dyn Read + Send>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<T> {
         let stream = self.runtime.block_on(self.endpoint.connect())?;
         // A thread reads the input (a file or a pipe, blocking); the body
         // takes its pieces through a small channel: bounded memory.
@@ -499,7 +521,7 @@ impl DaemonClient {
             });
             let request = self
                 .endpoint
-                .request(Method::POST, &path)
+                .request(Method::POST, path)
                 .header(CONTENT_TYPE, "application/vnd.arbor.stream")
                 .body(StreamBody::new(frames))?;
             let (mut sender, connection) =
@@ -520,7 +542,7 @@ impl DaemonClient {
             if !status.is_success() {
                 return Err(self.error_of(status, &headers, &bytes));
             }
-            decode::<ReceivedView>(&bytes)
+            decode::<T>(&bytes)
         });
         while let Ok(sent) = sent_rx.try_recv() {
             progress(sent);

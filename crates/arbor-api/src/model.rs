@@ -585,6 +585,26 @@ pub struct ReceivedView {
     pub discarded: Option<String>,
 }
 
+/// What `POST /v1/heal/{volume}` did with a stream of a snapshot the
+/// pool holds (`arbor receive --heal`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HealedView {
+    /// The snapshot the stream is of, and its identity.
+    pub snapshot: String,
+    pub guid: String,
+    /// Its damaged blocks when the stream began.
+    pub damaged: u64,
+    /// Damaged blocks rewritten with the stream's bytes (they matched
+    /// their checksums).
+    pub healed: u64,
+    /// Damaged blocks the stream carried bytes for that do not match
+    /// their checksums: left damaged.
+    pub rejected: u64,
+    /// Its blocks still damaged after the stream (not in it, or rejected).
+    pub remaining: u64,
+    pub stream_bytes: u64,
+}
+
 /// A receive in progress (`receive --status`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReceiveStatusView {

@@ -115,6 +115,11 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
                 .delete(stream::abort),
         )
         .route(
+            "/v1/heal/{volume}",
+            // The body is a stream of any length, consumed as it comes.
+            post(stream::heal).layer(DefaultBodyLimit::disable()),
+        )
+        .route(
             "/v1/replicas",
             get(replica_api::list).post(replica_api::add),
         )

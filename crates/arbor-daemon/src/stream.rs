@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arbor_engine::{guid_hex, Pool};
 use arbor_stream::busy::{Claim, Claims};
 use arbor_stream::format::{Compression, ResumeToken};
+use arbor_stream::heal::Healer;
 use arbor_stream::receive::RbdReceiver;
 use arbor_stream::receive::{resume_token, ReceiveOptions, Received, Receiver};
 use arbor_stream::send::{SendFormat, SendRequest, Sender};
@@ -26,8 +27,8 @@ use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
 use arbor_api::model::{
-    ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery, StreamCompression,
-    StreamFormat,
+    HealedView, ReceiveQuery, ReceiveStatusView, ReceivedView, SendEstimateView, SendQuery,
+    StreamCompression, StreamFormat,
 };
 
 /// What sends and receives need; cheap to clone.
@@ -269,6 +270,13 @@ pub async fn receive(
         info!(snapshot = %received.snapshot, bytes = received.stream_bytes, "received");
         Ok(view_of(received))
     });
+    feed(body, tx).await;
+    task.await.map_err(engine_task_failed)?.map(Json)
+}
+
+/// Hands a request body's pieces to the task consuming them (`None` when
+/// the body broke off), then ends.
+async fn feed(body: Body, tx: mpsc::Sender<Option<Bytes>>) {
     let mut frames = body.into_data_stream();
     let mut refused = false;
     while let Some(frame) = frames.next().await {
@@ -284,7 +292,7 @@ pub async fn receive(
     }
     drop(tx);
     if refused {
-        // The receive failed before the stream ended (a refused stream, a
+        // The task failed before the stream ended (a refused stream, a
         // missing base): read the rest and drop it, so that the client
         // finishes sending and reads this answer. Answering with the body
         // unread left the CLI blocked sending, or with a broken pipe
@@ -293,6 +301,48 @@ pub async fn receive(
         // bytes are discarded as they come: no memory is held.
         while let Some(Ok(_)) = frames.next().await {}
     }
+}
+
+/// `POST /v1/heal/{volume}`: the request body is a stream of a snapshot
+/// of `volume` the pool holds; it heals only that snapshot's damaged
+/// blocks (nothing is received).
+pub async fn heal(
+    State(c): State<Streams>,
+    Path(volume): Path<String>,
+    body: Body,
+) -> ApiResult<Json<HealedView>> {
+    let (tx, mut rx) = mpsc::channel::<Option<Bytes>>(IN_FLIGHT);
+    let pool = Arc::clone(&c.pool);
+    let task = tokio::task::spawn_blocking(move || {
+        let mut healer = Healer::new(&pool, &volume);
+        while let Some(item) = rx.blocking_recv() {
+            let Some(bytes) = item else {
+                return Err(ApiError::from(DaemonError::BadStream(format!(
+                    "heal of {volume}: the stream broke off (what it healed before stays healed)"
+                ))));
+            };
+            healer.push(&bytes).map_err(ApiError::from)?;
+        }
+        let r = healer.finish().map_err(ApiError::from)?;
+        info!(
+            snapshot = %r.snapshot,
+            damaged = r.damaged,
+            healed = r.healed.healed,
+            rejected = r.healed.rejected,
+            remaining = r.remaining,
+            "healed from a stream"
+        );
+        Ok(HealedView {
+            snapshot: r.snapshot,
+            guid: guid_hex(&r.guid.0),
+            damaged: r.damaged,
+            healed: r.healed.healed,
+            rejected: r.healed.rejected,
+            remaining: r.remaining,
+            stream_bytes: r.stream_bytes,
+        })
+    });
+    feed(body, tx).await;
     task.await.map_err(engine_task_failed)?.map(Json)
 }
 

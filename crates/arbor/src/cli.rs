@@ -391,6 +391,11 @@ pub struct ReceiveArgs {
     /// Abandon the receive in progress into VOLUME
     #[arg(long, conflicts_with = "force")]
     pub abort: bool,
+    /// Receive nothing: use the stream, of a snapshot of VOLUME this pool
+    /// holds (the same identity), only to heal that snapshot's damaged
+    /// blocks (those `arbor pool damage` lists); like `zfs receive -c`
+    #[arg(long, conflicts_with_all = ["status", "abort", "force"])]
+    pub heal: bool,
     /// Stream format: arbor's own, or Ceph's `rbd diff` (v1 or v2, from
     /// `rbd export-diff`): like `rbd import-diff`, VOLUME@FROM must exist
     /// and VOLUME@TO must not

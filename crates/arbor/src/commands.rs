@@ -415,6 +415,32 @@ fn receive(args: &ReceiveArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
         let size = file.metadata().ok().map(|m| m.len());
         (Box::new(file), size)
     };
+    if args.heal {
+        if args.format != FormatArg::Arbor {
+            return Err(Fail::new(
+                Exit::Usage,
+                "--heal takes an arbor stream (an rbd diff carries no snapshot identity)"
+                    .to_owned(),
+            )
+            .into());
+        }
+        let bar = byte_progress(size.unwrap_or(0), &format!("healing {volume}"));
+        let healed = c.heal_stream(volume, input, &mut |n| bar.set_position(n));
+        bar.finish_and_clear();
+        let healed = healed?;
+        p.show(&healed, output::healed)?;
+        if healed.remaining > 0 {
+            return Err(Fail::new(
+                Exit::Damaged,
+                format!(
+                    "{} blocks of {} are still damaged",
+                    healed.remaining, healed.snapshot
+                ),
+            )
+            .into());
+        }
+        return Ok(());
+    }
     let bar = byte_progress(size.unwrap_or(0), &format!("receiving into {volume}"));
     let received = c.receive_stream(
         volume,

@@ -12,8 +12,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use arbor_api::model::{
-    CheckView, GrowView, LayoutView, OriginView, PoolView, Range, ReceiveStatusView, ReceivedView,
-    SendEstimateView, StatsView, UpgradeView, VolumeKind, VolumeView,
+    CheckView, GrowView, HealedView, LayoutView, OriginView, PoolView, Range, ReceiveStatusView,
+    ReceivedView, SendEstimateView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 use arbor_api::size::ByteSize;
 
@@ -407,6 +407,40 @@ pub fn received(r: &ReceivedView) -> String {
     text.push('\n');
     if let Some(note) = &r.discarded {
         text.push_str(&format!("note: {note}\n"));
+    }
+    text
+}
+
+pub fn healed(h: &HealedView) -> String {
+    let mut text = if h.damaged == 0 {
+        format!(
+            "{} has no damaged blocks: nothing to heal (the {} stream verified)\n",
+            h.snapshot,
+            size(h.stream_bytes)
+        )
+    } else {
+        format!(
+            "healed {} of {} damaged blocks of {} from a {} stream\n",
+            h.healed,
+            h.damaged,
+            h.snapshot,
+            size(h.stream_bytes)
+        )
+    };
+    if h.rejected > 0 {
+        text.push_str(&format!(
+            "{} blocks in the stream did not match their checksums: not used (is the stream's \
+             copy damaged too?)\n",
+            h.rejected
+        ));
+    }
+    if h.remaining > 0 {
+        text.push_str(&format!(
+            "{} blocks still damaged: a stream carries only what it sends (an incremental one \
+             what changed since its base): heal with a full stream of {}, or of the snapshot \
+             it shares them with\n",
+            h.remaining, h.snapshot
+        ));
     }
     text
 }

@@ -503,6 +503,73 @@ fn a_damaged_block_fails_reads_with_eio_and_is_listed_everywhere_until_rewritten
     assert!(!served.manage(&["pool", "status"]).contains("DAMAGED"));
 }
 
+/// `arbor receive --heal`: a stream of a snapshot the pool holds, saved
+/// before its block was damaged, heals the block for every reader (the
+/// volume shares it); the damage record empties, and a second heal finds
+/// nothing to do.
+#[test]
+fn a_stream_of_the_same_snapshot_heals_its_damage_for_every_reader() {
+    let served = Served::start();
+    served.manage(&["volume", "create", "v", "--size", "16M"]);
+    let uri = served.uri("v");
+    qemu_io(&uri, &["write -P 0x5a 1M 4k", "write -P 0x21 5M 64k"]);
+    served.manage(&["pool", "flush"]);
+    served.manage(&["snapshot", "create", "v@s"]);
+    let stream = served.daemon.path("s.stream");
+    served.manage(&["send", "v@s", "-o", p(&stream)]);
+    served.damage_block_of(0x5a);
+    let read = |export: &str| {
+        let out = Command::new("qemu-io")
+            .args(["-r", "-f", "raw", "-c", "read -P 0x5a 1M 4k"])
+            .arg(served.uri(export))
+            .output()
+            .unwrap();
+        format!("{}{}", stdout(&out), stderr(&out))
+    };
+    for export in ["v", "v@s"] {
+        assert!(read(export).contains("Input/output error"), "{export}");
+    }
+    let heal = || {
+        arbor(
+            &served
+                .daemon
+                .args(&["receive", "--heal", "v", "-i", p(&stream)]),
+        )
+    };
+    let out = heal();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("healed 1 of 1 damaged blocks of v@s"),
+        "{}",
+        stdout(&out)
+    );
+    for export in ["v", "v@s"] {
+        let text = read(export);
+        assert!(
+            !text.contains("error") && text.contains("read 4096/4096"),
+            "{export}: {text}"
+        );
+    }
+    let text = served.manage(&["pool", "damage"]);
+    assert!(text.contains("no damaged data blocks"), "{text}");
+    let check = arbor(&served.daemon.args(&["check"]));
+    assert!(check.status.success(), "{}", stderr(&check));
+    let out = heal();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("nothing to heal"), "{}", stdout(&out));
+    // Usage: an rbd diff carries no identity.
+    let out = arbor(&served.daemon.args(&[
+        "receive",
+        "--heal",
+        "v",
+        "--format",
+        "rbd-diff",
+        "-i",
+        p(&stream),
+    ]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
 /// `arbor scrub`: reads every live chunk once (a snapshot's shared chunks
 /// too, once), finds a block damaged in the pool file without any client
 /// reading it, records it as a read would, and keeps where it stands in
