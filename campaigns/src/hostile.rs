@@ -315,12 +315,23 @@ fn session_seeds() -> Vec<Vec<u8>> {
             path: vec!["alpha".into(), "beta".into()],
             seeded: false,
             force: true,
+            heal: true,
         }),
         Message::Begin(Begin {
             abort_partial: true,
         }),
         Message::Data(stream_seeds().into_iter().next().unwrap_or_default()),
         Message::Done,
+        Message::Blocks(Blocks {
+            guid: Guid([1; 16]),
+            blocks: vec![(4096, vec![0x5a; HEAL_BLOCK])],
+        }),
+        Message::Want(Want {
+            wants: vec![Wanted {
+                guid: guid(2),
+                offsets: vec![8192],
+            }],
+        }),
         Message::End,
     ];
     let target = [
@@ -336,6 +347,11 @@ fn session_seeds() -> Vec<Vec<u8>> {
                 .encode(),
             ),
             rolled_back: vec!["vm1@local".into()],
+            heal: true,
+            wants: vec![Wanted {
+                guid: guid(1),
+                offsets: vec![0, 4096, 1 << 20],
+            }],
         }),
         Message::Received(Received {
             snapshot: "vm1@repl-2".into(),
@@ -343,6 +359,11 @@ fn session_seeds() -> Vec<Vec<u8>> {
             stream_bytes: 4096,
             resumed_from: 65536,
         }),
+        Message::Blocks(Blocks {
+            guid: Guid([2; 16]),
+            blocks: vec![(8192, vec![0xa5; HEAL_BLOCK]), (0, vec![0; HEAL_BLOCK])],
+        }),
+        Message::Done,
         Message::Refuse(Refusal {
             code: RefusalCode::Diverged,
             message: "vm1 diverged".into(),

@@ -797,6 +797,13 @@ pub struct ReplicaRunView {
     pub replicated: Option<String>,
     pub rolled_back: Vec<String>,
     pub pruned: Vec<String>,
+    /// Damaged blocks of this host's snapshots healed with the target's
+    /// copies.
+    #[serde(default)]
+    pub healed: u64,
+    /// Blocks sent to heal damaged blocks of the target's snapshots.
+    #[serde(default)]
+    pub heal_sent: u64,
 }
 
 /// `PUT /v1/policies/{volume}`: the snapshot policy of a volume, and of the

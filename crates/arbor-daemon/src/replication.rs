@@ -863,6 +863,8 @@ fn run_view(pair: &Pair, report: CycleReport) -> ReplicaRunView {
         replicated: report.replicated.map(|(n, _)| n),
         rolled_back: report.rolled_back,
         pruned: report.pruned,
+        healed: report.healed.healed,
+        heal_sent: report.heal_sent,
     }
 }
 

@@ -2,6 +2,7 @@
 //! snapshots a target lacks as delta streams (`arbor-stream`), over one
 //! session per cycle on a mutually authenticated TLS connection.
 
+pub mod heal;
 pub mod local;
 pub mod plan;
 pub mod proto;

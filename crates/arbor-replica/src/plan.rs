@@ -189,6 +189,7 @@ mod tests {
             path: vec!["a".into()],
             seeded: false,
             force,
+            heal: false,
         }
     }
 

@@ -42,6 +42,21 @@ const KIND_DONE: u16 = 6;
 const KIND_RECEIVED: u16 = 7;
 const KIND_FAILED: u16 = 8;
 const KIND_END: u16 = 9;
+const KIND_WANT: u16 = 10;
+const KIND_BLOCKS: u16 = 11;
+
+/// The bytes of one block healing carries (a checksum block, FORMAT.md
+/// §6.4).
+pub const HEAL_BLOCK: usize = 4096;
+/// Most damaged blocks one session asks its peer for (one want or plan):
+/// a pool with more heals the rest in the next sessions.
+pub const MAX_WANTED: usize = 4096;
+/// Bytes of a blocks frame before its blocks: the identity, the count.
+const BLOCKS_HEAD: usize = 16 + 4;
+/// Bytes of each block in a blocks frame: its offset, its bytes.
+const BLOCK_ENTRY: usize = 8 + HEAL_BLOCK;
+/// Most blocks one blocks frame carries.
+pub const MAX_BLOCKS_PER_FRAME: usize = (MAX_PAYLOAD - BLOCKS_HEAD) / BLOCK_ENTRY;
 
 /// What is wrong with bytes that should be a frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,6 +103,10 @@ pub struct Hello {
     /// Roll the target back to the newest common snapshot if it diverged
     /// (`arbor replica resync --force`).
     pub force: bool,
+    /// The source heals and is healed (want and blocks messages); a peer
+    /// without it never sees them.
+    #[serde(default)]
+    pub heal: bool,
 }
 
 impl Hello {
@@ -177,6 +196,38 @@ pub struct Plan {
     /// Snapshots deleted and changes discarded by a forced resync, for the
     /// report.
     pub rolled_back: Vec<String>,
+    /// The target heals and is healed (it answers a hello that says so).
+    #[serde(default)]
+    pub heal: bool,
+    /// The target's damaged blocks in snapshots the hello announced: the
+    /// source answers with their bytes (blocks messages) before anything
+    /// else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wants: Vec<Wanted>,
+}
+
+/// Damaged blocks of one snapshot, by identity: the byte offsets of whole
+/// 4 KiB blocks, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wanted {
+    pub guid: WireGuid,
+    pub offsets: Vec<u64>,
+}
+
+/// A peer's ask for good copies of its damaged blocks (after the streams;
+/// the source asks, the target answers with blocks messages, then done).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Want {
+    pub wants: Vec<Wanted>,
+}
+
+/// Good copies of blocks of one snapshot, as the sender reads them
+/// (verified against its checksums). Binary: the identity (16 bytes), the
+/// count (u32 LE), then each block's offset (u64 LE) and its 4 KiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocks {
+    pub guid: Guid,
+    pub blocks: Vec<(u64, Vec<u8>)>,
 }
 
 /// Why a target refused or failed.
@@ -253,6 +304,8 @@ pub enum Message {
     Failed(Refusal),
     /// The source has nothing more to send.
     End,
+    Want(Want),
+    Blocks(Blocks),
 }
 
 impl Message {
@@ -267,6 +320,8 @@ impl Message {
             Message::Received(_) => KIND_RECEIVED,
             Message::Failed(_) => KIND_FAILED,
             Message::End => KIND_END,
+            Message::Want(_) => KIND_WANT,
+            Message::Blocks(_) => KIND_BLOCKS,
         }
     }
 
@@ -287,6 +342,8 @@ fn kind_name(kind: u16) -> &'static str {
         KIND_RECEIVED => "received",
         KIND_FAILED => "failed",
         KIND_END => "end",
+        KIND_WANT => "want",
+        KIND_BLOCKS => "blocks",
         _ => "unknown",
     }
 }
@@ -322,6 +379,20 @@ pub fn encode(message: &Message, out: &mut Vec<u8>) {
         Message::Begin(m) => to_json(m),
         Message::Received(m) => to_json(m),
         Message::Data(bytes) => return frame(KIND_DATA, bytes, out),
+        Message::Want(m) => to_json(m),
+        Message::Blocks(b) => {
+            debug_assert!(b.blocks.len() <= MAX_BLOCKS_PER_FRAME);
+            let mut payload = Vec::with_capacity(BLOCKS_HEAD + b.blocks.len() * BLOCK_ENTRY);
+            payload.extend_from_slice(&b.guid.0);
+            // At most MAX_BLOCKS_PER_FRAME: fits a u32.
+            payload.extend_from_slice(&(b.blocks.len() as u32).to_le_bytes());
+            for (offset, data) in &b.blocks {
+                debug_assert_eq!(data.len(), HEAL_BLOCK);
+                payload.extend_from_slice(&offset.to_le_bytes());
+                payload.extend_from_slice(data);
+            }
+            payload
+        }
         Message::Done | Message::End => Vec::new(),
     };
     frame(message.kind(), &payload, out);
@@ -400,7 +471,7 @@ impl FrameDecoder {
             return Err(ProtoError::Version(version));
         }
         let kind = u16::from_le_bytes([rest[6], rest[7]]);
-        if !(KIND_HELLO..=KIND_END).contains(&kind) {
+        if !(KIND_HELLO..=KIND_BLOCKS).contains(&kind) {
             return Err(ProtoError::UnknownKind(kind));
         }
         let len32 = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
@@ -456,10 +527,68 @@ fn parse(kind: u16, payload: &[u8]) -> Result<Message, ProtoError> {
         KIND_RECEIVED => Message::Received(json(kind, payload)?),
         KIND_FAILED => Message::Failed(json(kind, payload)?),
         KIND_END => return empty(Message::End),
+        KIND_WANT => Message::Want(json(kind, payload)?),
+        KIND_BLOCKS => Message::Blocks(parse_blocks(payload).map_err(|e| malformed(kind, e))?),
         other => return Err(ProtoError::UnknownKind(other)),
     };
     check_limits(kind, &message)?;
     Ok(message)
+}
+
+/// A blocks frame's payload: every length exact, every offset a whole
+/// block's.
+fn parse_blocks(payload: &[u8]) -> Result<Blocks, String> {
+    let (head, rest) = payload
+        .split_at_checked(BLOCKS_HEAD)
+        .ok_or("shorter than its header")?;
+    let mut guid = [0u8; 16];
+    guid.copy_from_slice(&head[..16]);
+    let count = u32::from_le_bytes([head[16], head[17], head[18], head[19]]) as usize;
+    if count > MAX_BLOCKS_PER_FRAME {
+        return Err(format!("{count} blocks, more than {MAX_BLOCKS_PER_FRAME}"));
+    }
+    if rest.len() != count * BLOCK_ENTRY {
+        return Err(format!(
+            "{} bytes of blocks for a count of {count}",
+            rest.len()
+        ));
+    }
+    let guid = Guid(guid);
+    if guid.is_zero() {
+        return Err("an identity of zeros".into());
+    }
+    let mut blocks = Vec::with_capacity(count);
+    for entry in rest.chunks_exact(BLOCK_ENTRY) {
+        let mut at = [0u8; 8];
+        at.copy_from_slice(&entry[..8]);
+        let offset = u64::from_le_bytes(at);
+        if !offset.is_multiple_of(HEAL_BLOCK as u64) {
+            return Err(format!("block offset {offset} is not a whole block's"));
+        }
+        blocks.push((offset, entry[8..].to_vec()));
+    }
+    Ok(Blocks { guid, blocks })
+}
+
+/// Checks a list of wanted blocks against the limits.
+fn check_wanted(wants: &[Wanted]) -> Result<(), String> {
+    if wants.len() > MAX_SNAPSHOTS {
+        return Err(format!("blocks of more than {MAX_SNAPSHOTS} snapshots"));
+    }
+    let total: usize = wants.iter().map(|w| w.offsets.len()).sum();
+    if total > MAX_WANTED {
+        return Err(format!("{total} blocks wanted, more than {MAX_WANTED}"));
+    }
+    for w in wants {
+        if let Some(o) = w
+            .offsets
+            .iter()
+            .find(|o| !o.is_multiple_of(HEAL_BLOCK as u64))
+        {
+            return Err(format!("block offset {o} is not a whole block's"));
+        }
+    }
+    Ok(())
 }
 
 /// Every list and string a peer sends has a stated limit.
@@ -506,14 +635,20 @@ fn check_limits(kind: u16, message: &Message) -> Result<(), ProtoError> {
             for s in &p.rolled_back {
                 name(s, "a snapshot name")?;
             }
+            check_wanted(&p.wants).map_err(|e| malformed(kind, e))?;
         }
+        Message::Want(w) => check_wanted(&w.wants).map_err(|e| malformed(kind, e))?,
         Message::Refuse(r) | Message::Failed(r) => {
             if r.message.len() > MAX_MESSAGE {
                 return Err(malformed(kind, "a message longer than 4096 bytes"));
             }
         }
         Message::Received(r) => name(&r.snapshot, "the snapshot name")?,
-        Message::Begin(_) | Message::Data(_) | Message::Done | Message::End => {}
+        Message::Begin(_)
+        | Message::Data(_)
+        | Message::Done
+        | Message::End
+        | Message::Blocks(_) => {}
     }
     Ok(())
 }
@@ -550,11 +685,31 @@ mod tests {
                 path: vec!["alpha".into()],
                 seeded: true,
                 force: false,
+                heal: true,
             }),
             Message::Plan(Plan {
                 common: Some(guid(7)),
                 resume: None,
                 rolled_back: vec!["vm1@x".into()],
+                heal: true,
+                wants: vec![Wanted {
+                    guid: guid(7),
+                    offsets: vec![0, 8192],
+                }],
+            }),
+            Message::Want(Want {
+                wants: vec![Wanted {
+                    guid: guid(8),
+                    offsets: vec![4096],
+                }],
+            }),
+            Message::Blocks(Blocks {
+                guid: Guid([8; 16]),
+                blocks: vec![(4096, vec![3; HEAL_BLOCK]), (1 << 40, vec![4; HEAL_BLOCK])],
+            }),
+            Message::Blocks(Blocks {
+                guid: Guid([8; 16]),
+                blocks: Vec::new(),
             }),
             Message::Refuse(Refusal {
                 code: RefusalCode::Diverged,
@@ -626,6 +781,97 @@ mod tests {
         assert_eq!(d.next_message(), Err(ProtoError::BadMagic));
     }
 
+    /// Healing messages: a full blocks frame fits a frame; lengths,
+    /// counts, offsets and lists are checked; a peer that predates healing
+    /// (no `heal` in its hello or plan) is read as one that does not heal.
+    #[test]
+    fn healing_messages_are_bounded_and_optional() {
+        let full = Blocks {
+            guid: Guid([1; 16]),
+            blocks: (0..MAX_BLOCKS_PER_FRAME as u64)
+                .map(|i| (i * 4096, vec![i as u8; HEAL_BLOCK]))
+                .collect(),
+        };
+        let mut wire = Vec::new();
+        encode(&Message::Blocks(full.clone()), &mut wire);
+        assert!(wire.len() <= FRAME_HEADER_LEN + MAX_PAYLOAD + FRAME_CRC_LEN);
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert_eq!(d.next_message().unwrap(), Some(Message::Blocks(full)));
+        let bad = |payload: &[u8]| {
+            let mut wire = Vec::new();
+            frame(KIND_BLOCKS, payload, &mut wire);
+            let mut d = FrameDecoder::new();
+            d.push(&wire);
+            d.next_message()
+        };
+        let one = |offset: u64, count: u32, data: usize| {
+            let mut p = vec![1u8; 16];
+            p.extend_from_slice(&count.to_le_bytes());
+            p.extend_from_slice(&offset.to_le_bytes());
+            p.extend_from_slice(&vec![0u8; data]);
+            p
+        };
+        assert!(matches!(bad(&one(4096, 1, HEAL_BLOCK)), Ok(Some(_))));
+        for payload in [
+            one(100, 1, HEAL_BLOCK),      // not a whole block's offset
+            one(4096, 2, HEAL_BLOCK),     // count beyond the bytes
+            one(4096, 1, HEAL_BLOCK - 1), // a short block
+            one(4096, u32::MAX, HEAL_BLOCK),
+            vec![0u8; 19], // shorter than the header
+            [vec![0u8; 16], one(0, 0, 0)[16..20].to_vec()].concat(), // zero identity
+        ] {
+            assert!(
+                matches!(bad(&payload), Err(ProtoError::Malformed { .. })),
+                "{:?}",
+                &payload[..payload.len().min(24)]
+            );
+        }
+        let want = |offsets: Vec<u64>| {
+            let mut wire = Vec::new();
+            encode(
+                &Message::Want(Want {
+                    wants: vec![Wanted {
+                        guid: guid(2),
+                        offsets,
+                    }],
+                }),
+                &mut wire,
+            );
+            let mut d = FrameDecoder::new();
+            d.push(&wire);
+            d.next_message()
+        };
+        assert!(want(vec![0; MAX_WANTED]).is_ok());
+        assert!(matches!(
+            want(vec![0; MAX_WANTED + 1]),
+            Err(ProtoError::Malformed { .. })
+        ));
+        assert!(matches!(want(vec![512]), Err(ProtoError::Malformed { .. })));
+        // An older peer's hello and plan.
+        let mut wire = Vec::new();
+        frame(
+            KIND_HELLO,
+            br#"{"volume":"v","snapshots":[],"path":["a"],"seeded":false,"force":false}"#,
+            &mut wire,
+        );
+        frame(
+            KIND_PLAN,
+            br#"{"common":null,"resume":null,"rolled_back":[]}"#,
+            &mut wire,
+        );
+        let mut d = FrameDecoder::new();
+        d.push(&wire);
+        assert!(matches!(
+            d.next_message(),
+            Ok(Some(Message::Hello(Hello { heal: false, .. })))
+        ));
+        assert!(matches!(
+            d.next_message(),
+            Ok(Some(Message::Plan(Plan { heal: false, ref wants, .. }))) if wants.is_empty()
+        ));
+    }
+
     #[test]
     fn lengths_and_lists_have_limits() {
         let mut header = Vec::new();
@@ -649,6 +895,7 @@ mod tests {
             path: vec!["a".into()],
             seeded: false,
             force: false,
+            heal: false,
         };
         let mut wire = Vec::new();
         encode(&Message::Hello(many), &mut wire);

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use arbor_engine::Pool;
+use arbor_engine::{Healed, Pool};
 use arbor_stream::busy::Pins;
 use arbor_stream::format::{Compression, Guid, ResumeToken};
 use arbor_stream::send::{SendFormat, SendRequest, Sender};
@@ -23,9 +23,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tracing::info;
 
+use crate::heal;
 use crate::local;
 use crate::plan::{self, Step};
-use crate::proto::{Begin, Hello, Message, SnapshotEntry, WireGuid, MAX_SNAPSHOTS};
+use crate::proto::{Begin, Hello, Message, SnapshotEntry, Want, WireGuid, MAX_SNAPSHOTS};
 use crate::session::{blocking, Reader, SessionError, Writer};
 use crate::state::Pair;
 
@@ -99,6 +100,10 @@ pub struct CycleReport {
     /// What a forced resync discarded on the target.
     pub rolled_back: Vec<String>,
     pub pruned: Vec<String>,
+    /// Damaged blocks here healed with the target's copies.
+    pub healed: Healed,
+    /// Blocks sent to heal the target's damage.
+    pub heal_sent: u64,
 }
 
 /// A sending rate limit: a token bucket of one second's worth.
@@ -258,6 +263,7 @@ where
         path,
         seeded: pair.seeded,
         force: pair.resync,
+        heal: true,
     };
     writer.send(&Message::Hello(hello)).await?;
     let plan = match reader.expect("plan").await? {
@@ -274,6 +280,10 @@ where
         rolled_back: plan.rolled_back.clone(),
         ..CycleReport::default()
     };
+    // The target's damage first: good copies of what it lists.
+    if plan.heal && !plan.wants.is_empty() {
+        report.heal_sent = heal::send(&ctx.pool, &pair.volume, &plan.wants, writer).await?;
+    }
     let order: Vec<Guid> = snaps.iter().map(|s| s.guid).collect();
     let by_guid = |g: Guid| snaps.iter().find(|s| s.guid == g);
     // A receive left half done goes on, if its snapshots are still here.
@@ -333,6 +343,10 @@ where
         common = Some(target);
         moved(ctx, pair, by_guid(target)).await?;
     }
+    // Then this side's damage, from the target's copies.
+    if plan.heal {
+        report.healed = heal_here(ctx, pair, &snaps, reader, writer).await?;
+    }
     writer.send(&Message::End).await?;
     // The target's answer to the end is closing the session.
     let _ = reader.next().await;
@@ -355,6 +369,58 @@ where
         .await?;
     }
     Ok(report)
+}
+
+/// Asks the target for good copies of the damaged blocks of this
+/// volume's snapshots (those it holds answer) and heals them.
+async fn heal_here<R, W>(
+    ctx: &SourceContext,
+    pair: &Pair,
+    snaps: &[Snap],
+    reader: &mut Reader<R>,
+    writer: &mut Writer<W>,
+) -> Result<Healed, SessionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut done = Healed::default();
+    let wants = {
+        let pool = Arc::clone(&ctx.pool);
+        let volume = pair.volume.clone();
+        let held = snaps.iter().map(|s| s.guid).collect();
+        blocking(move || Ok(heal::wants(&pool, &volume, &held).map_err(StreamFailure::from)?))
+            .await?
+    };
+    if wants.is_empty() {
+        return Ok(done);
+    }
+    writer.send(&Message::Want(Want { wants })).await?;
+    loop {
+        match reader.expect("blocks or done").await? {
+            Message::Blocks(blocks) => {
+                let pool = Arc::clone(&ctx.pool);
+                let volume = pair.volume.clone();
+                done.add(
+                    blocking(move || {
+                        Ok(heal::apply(&pool, &volume, &blocks).map_err(StreamFailure::from)?)
+                    })
+                    .await?,
+                );
+            }
+            Message::Done => break,
+            other => {
+                return Err(SessionError::Unexpected {
+                    expected: "blocks or done",
+                    got: other.name(),
+                })
+            }
+        }
+    }
+    if done.healed > 0 {
+        info!(volume = %pair.volume, blocks = done.healed, "healed damaged blocks with the target's copies");
+    }
+    Ok(done)
 }
 
 /// Moves the pair's hold to `snap`.

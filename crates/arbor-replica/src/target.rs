@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arbor_engine::Pool;
+use arbor_engine::{Healed, Pool};
 use arbor_stream::busy::{Claim, Claims, Pins};
 use arbor_stream::receive::{resume_token, ReceiveOptions, Receiver};
 use arbor_stream::StreamFailure;
@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::heal;
 use crate::local;
 use crate::plan;
 use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
@@ -85,6 +86,10 @@ pub struct Served {
     pub stream_bytes: u64,
     pub rolled_back: Vec<String>,
     pub pruned: Vec<String>,
+    /// Damaged blocks here healed with the source's copies.
+    pub healed: Healed,
+    /// Blocks sent to heal the source's damage.
+    pub heal_sent: u64,
 }
 
 fn refusal(code: RefusalCode, message: String) -> SessionError {
@@ -168,7 +173,7 @@ impl Target {
         // A replica may be promoted here while the session runs.
         let was_replica = self.store.role(&volume).is_some();
         let _claim = self.claim(&volume).await?;
-        let (decision, resume) = {
+        let (decision, resume, wants) = {
             let pool = Arc::clone(&self.pool);
             let hello = hello.clone();
             blocking(move || {
@@ -186,7 +191,14 @@ impl Target {
                         resume = None;
                     }
                 }
-                Ok((decision, resume.map(|t| t.encode())))
+                // Damaged blocks here the source can send good copies of.
+                let wants = if hello.heal {
+                    let held = hello.snapshots.iter().map(|s| s.guid.0).collect();
+                    heal::wants(&pool, &hello.volume, &held).map_err(StreamFailure::from)?
+                } else {
+                    Vec::new()
+                };
+                Ok((decision, resume.map(|t| t.encode()), wants))
             })
             .await?
         };
@@ -203,6 +215,8 @@ impl Target {
                 common: decision.common.map(WireGuid),
                 resume,
                 rolled_back: served.rolled_back.clone(),
+                heal: hello.heal,
+                wants,
             }))
             .await?;
         loop {
@@ -231,6 +245,23 @@ impl Target {
                         .await?;
                     info!(snapshot = %got.snapshot, bytes = got.stream_bytes, resumed_from = got.resumed_from, source = %peer, "replica received");
                     writer.send(&Message::Received(got)).await?;
+                }
+                Message::Blocks(blocks) if hello.heal => {
+                    let pool = Arc::clone(&self.pool);
+                    let v = volume.clone();
+                    let done = blocking(move || {
+                        Ok(heal::apply(&pool, &v, &blocks).map_err(StreamFailure::from)?)
+                    })
+                    .await?;
+                    if done.healed > 0 {
+                        info!(volume = %volume, blocks = done.healed, source = %peer, "healed damaged blocks with the source's copies");
+                    }
+                    served.healed.add(done);
+                }
+                Message::Want(want) if hello.heal => {
+                    served.heal_sent +=
+                        heal::send(&self.pool, &volume, &want.wants, writer).await?;
+                    writer.send(&Message::Done).await?;
                 }
                 Message::End => break,
                 other => {

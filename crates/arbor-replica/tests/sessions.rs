@@ -31,6 +31,7 @@ const VOL: u64 = 16 * MIB;
 
 struct Host {
     name: String,
+    disk: SimDisk,
     pool: Arc<Pool>,
     store: Arc<Store>,
     pins: Arc<Pins>,
@@ -42,7 +43,7 @@ struct Host {
 impl Host {
     fn new(name: &str, disk_bytes: u64) -> Host {
         let disk = SimDisk::new(disk_bytes);
-        let dev: Arc<dyn BlockDevice> = Arc::new(disk);
+        let dev: Arc<dyn BlockDevice> = Arc::new(disk.clone());
         let opts = CreateOptions {
             chunk_size: 4096,
             metadata_bytes: Some(4 * MIB),
@@ -52,6 +53,7 @@ impl Host {
         let dir = tempfile::tempdir().unwrap();
         Host {
             name: name.into(),
+            disk,
             pool: Arc::new(pool),
             store: Arc::new(Store::open(&dir.path().join("replication.json")).unwrap()),
             pins: Arc::default(),
@@ -124,6 +126,37 @@ impl Host {
 
     fn newest(&self, volume: &str) -> String {
         self.snapshots(volume).pop().unwrap()
+    }
+
+    /// Flips a bit of the device block that holds `want` (bytes the test
+    /// made unique), durably.
+    fn damage(&self, want: &[u8]) {
+        let image = self.disk.handle().visible_image();
+        let at = image
+            .chunks(4096)
+            .position(|b| b == want)
+            .expect("the block is on the device")
+            * 4096;
+        let mut bad = want.to_vec();
+        bad[17] ^= 0x08;
+        self.disk.write_at(&bad, at as u64).unwrap();
+        self.disk.flush().unwrap();
+    }
+
+    /// Reads every block of `name`: the offsets that fail as damaged
+    /// (which records them, as any read does).
+    fn damaged(&self, name: &str) -> Vec<u64> {
+        let id = self.pool.lookup(name).unwrap();
+        let size = self.pool.info(id).unwrap().size;
+        let mut one = vec![0u8; 4096];
+        (0..size / 4096)
+            .map(|b| b * 4096)
+            .filter(|&at| match self.pool.read(id, at, &mut one) {
+                Ok(()) => false,
+                Err(arbor_engine::Error::Damaged(_)) => true,
+                Err(e) => panic!("{e}"),
+            })
+            .collect()
     }
 }
 
@@ -602,6 +635,7 @@ fn hello(volume: &str, snapshots: Vec<SnapshotEntry>, source: &str) -> Hello {
         path: vec![source.into()],
         seeded: false,
         force: false,
+        heal: false,
     }
 }
 
@@ -877,5 +911,93 @@ async fn a_volume_of_the_longest_name_replicates() {
         let newest = a.newest(&name);
         assert_eq!(b.newest(&name), newest);
         assert_eq!(b.contents(&newest), a.contents(&newest));
+    }
+}
+
+/// Healing between peers (REPLICATION.md, "Healing"): a block damaged on
+/// the source and another on the target, in the snapshot both hold, are
+/// each healed in the next session with the other's copy, byte-identical,
+/// for every reader (the source's volume shares its block); a block
+/// damaged on both stays damaged on both (no copy matches); and a session
+/// with a peer that does not heal sends no heal message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_blocks_are_healed_from_the_peer_that_holds_the_same_snapshot() {
+    let mut rng = StdRng::seed_from_u64(40);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    let v = a.pool.create_volume("vm1", VOL).unwrap();
+    let data: Vec<u8> = (0..4 * MIB).map(|_| rng.gen()).collect();
+    a.pool.write(v, 0, &data).unwrap();
+    let ab = pair("vm1", "beta");
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    report.unwrap();
+    served.unwrap();
+    let snap = a.newest("vm1");
+    let good = a.contents(&snap);
+    assert_eq!(b.contents(&snap), good);
+    // Damage: on the source (a block its volume shares), on the target,
+    // and one block on both.
+    let block = |at: usize| &good[at..at + 4096];
+    a.damage(block(40960));
+    b.damage(block(1 << 20));
+    a.damage(block(3 << 20));
+    b.damage(block(3 << 20));
+    assert_eq!(a.damaged(&snap), [40960, 3 << 20]);
+    assert_eq!(a.damaged("vm1"), [40960, 3 << 20]);
+    assert_eq!(b.damaged(&snap), [1 << 20, 3 << 20]);
+
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    let (report, served) = (report.unwrap(), served.unwrap());
+    assert!(report.sent.is_empty(), "nothing new to send");
+    // Each side sent its good copy of the other's block; the block
+    // damaged on both was not sent by either.
+    assert_eq!(
+        (report.heal_sent, report.healed.healed),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        (served.heal_sent, served.healed.healed),
+        (1, 1),
+        "{served:?}"
+    );
+    assert_eq!(report.healed.rejected + served.healed.rejected, 0);
+    assert_eq!(a.damaged(&snap), [3 << 20]);
+    assert_eq!(a.damaged("vm1"), [3 << 20]);
+    assert_eq!(b.damaged(&snap), [3 << 20]);
+    for (h, name) in [(&a, &snap), (&b, &snap)] {
+        let mut got = vec![0u8; 4096];
+        let id = h.pool.lookup(name).unwrap();
+        for at in [40960u64, 1 << 20] {
+            h.pool.read(id, at, &mut got).unwrap();
+            assert!(
+                got[..] == good[at as usize..at as usize + 4096],
+                "{}",
+                h.name
+            );
+        }
+        let listed: Vec<u64> = h
+            .pool
+            .damage()
+            .unwrap()
+            .blocks
+            .iter()
+            .map(|d| d.readers[0].1)
+            .collect();
+        assert_eq!(listed, [3 << 20], "{}", h.name);
+    }
+    // The block damaged on both: put right by hand on the source, it is
+    // healed on the target in the next session.
+    let id = a.pool.lookup(&snap).unwrap();
+    let bytes = &good[3 << 20..(3 << 20) + 4096];
+    assert_eq!(a.pool.heal(id, 3 << 20, bytes).unwrap().healed, 1);
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    report.unwrap();
+    assert_eq!(served.unwrap().healed.healed, 1);
+    for h in [&a, &b] {
+        assert!(h.damaged(&snap).is_empty(), "{}", h.name);
+        assert_eq!(h.contents(&snap), good, "{}", h.name);
+        assert_eq!(h.pool.damage_count().unwrap(), 0, "{}", h.name);
+        assert!(h.pool.check().unwrap().is_clean(), "{}", h.name);
     }
 }

@@ -853,6 +853,15 @@ pub fn replica_runs(runs: &Vec<arbor_api::model::ReplicaRunView>) -> String {
         if !r.pruned.is_empty() {
             out += &format!("; pruned {}", r.pruned.join(", "));
         }
+        if r.healed > 0 {
+            out += &format!(
+                "; healed {} damaged blocks here with the target's copies",
+                r.healed
+            );
+        }
+        if r.heal_sent > 0 {
+            out += &format!("; sent {} blocks to heal the target's damage", r.heal_sent);
+        }
         out += "\n";
     }
     out
