@@ -39,7 +39,12 @@ and reading through the daemons' Unix sockets:
 6. seeding by hand (`arbor send` / `arbor receive`, then --seeded) under
    another volume name on the target, --seeded without a seed refused,
    retention on the master (--keep) and on targets (keep) with cycles
-   back to back.
+   back to back;
+7. healing: an ext4 on a's volume, replicated to b; blocks of files
+   damaged in a's pool file and others in b's: the files read EIO through
+   ext4 (never wrong data), scrubs list every damaged block, the next
+   cycle heals each side with the other's copies, and e2fsck and every
+   file's checksum are clean after.
 
 Run as root from tests/e2e: /usr/bin/python3 replication.py (ARBOR_BIN
 overrides the binary; ARBOR_REPLICATION_PARTS=1,3 runs some parts only;
@@ -1424,6 +1429,138 @@ def part_seeding():
         part.close()
 
 
+# ---- part 7: healing with a real ext4 ----------------------------------------
+
+def damage_block(pool_file, content):
+    """Flips a bit of the 4 KiB block of `pool_file` that holds `content`
+    (the test made it unique), durably; its offset."""
+    with open(pool_file, "rb") as f:
+        image = f.read()
+    at = image.find(content)
+    while at >= 0 and at % 4096:
+        at = image.find(content, at + 1)
+    if at < 0:
+        raise Failure(f"the block to damage is not in {pool_file}")
+    with open(pool_file, "r+b") as f:
+        f.seek(at + 100)
+        f.write(bytes([content[100] ^ 0x04]))
+        f.flush()
+        os.fsync(f.fileno())
+    return at
+
+
+def damage_of(host):
+    """`arbor --json pool damage` (exit status 8 while anything is damaged)."""
+    proc = host.cli("--json", "pool", "damage", check=False)
+    check(proc.returncode in (0, 8), f"{host.name}: pool damage answers", describe(proc))
+    return json.loads(proc.stdout)
+
+
+def part_healing():
+    say("part 7: damage under a real ext4 fails reads with EIO, and replication heals it both ways")
+    from filesystem import Attached, verify_tree, write_tree
+    part = Part(["a", "b"])
+    mounts = []
+    try:
+        a = part.host("a", pool_size="512M").start()
+        b = part.host("b", pool_size="512M", allow=[("a", ["*"], 0)]).start()
+        for h in (a, b):
+            h.cleanups = []
+        a.cli("volume", "create", "vm1", "--size", "128M")
+        fs = Attached(a, "vm1", read_only=False)
+        mounts.append(fs)
+        sh(["mkfs.ext4", "-q", "-F", "-b", "4096", fs.attach()])
+        root = fs.mount()
+        tree = write_tree(root, random.Random(SEED + 70))
+        big = sorted(rel for rel in tree if os.path.getsize(os.path.join(root, rel)) >= 70_000)
+        firsts = {}
+        for rel in big:
+            with open(os.path.join(root, rel), "rb") as f:
+                firsts[rel] = f.read(4096)
+        fs.close()
+        check(len(big) >= 8, f"{len(big)} files of 70 KB or more to damage")
+        a.add("vm1", b.target())
+        a.run("vm1")
+        snap = a.snapshots("vm1")[-1]
+        want = a.digest(snap)
+        check(b.digest(snap) == want, f"b holds {snap}, identical")
+
+        # Damage: the first blocks of three files on a (blocks vm1 and the
+        # snapshot share), of two others on b.
+        on_a, on_b = big[:3], big[3:5]
+        for rel in on_a:
+            damage_block(a.pool, firsts[rel])
+        for rel in on_b:
+            damage_block(b.pool, firsts[rel])
+
+        say("  ext4 on a's vm1 (mounted read-only, fresh) reads EIO from the damaged files, never wrong data")
+        fs = Attached(a, "vm1", read_only=True)
+        mounts.append(fs)
+        fs.attach()
+        root = fs.mount()
+        eio, wrong = [], []
+        for rel, digest in tree.items():
+            try:
+                with open(os.path.join(root, rel), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                if e.errno == 5:
+                    eio.append(rel)
+                    continue
+                raise
+            if hashlib.sha256(data).hexdigest() != digest:
+                wrong.append(rel)
+        fs.close()
+        check(not wrong, "no file read wrong data", f"{wrong}")
+        check(sorted(eio) == sorted(on_a), "exactly the damaged files failed with EIO",
+              f"{sorted(eio)} != {sorted(on_a)}")
+        listed = damage_of(a)
+        check(len(listed["blocks"]) == 3, "a's damage record lists the three blocks", json.dumps(listed))
+
+        say("  scrubs find the rest: b's two blocks no client read")
+        for h, n in ((a, 3), (b, 2)):
+            proc = h.cli("scrub", "start", "--wait", check=False, timeout=300)
+            check(proc.returncode == 8, f"{h.name}'s scrub finds damage (exit 8)", describe(proc))
+            got = damage_of(h)
+            check(len(got["blocks"]) == n, f"{h.name} lists {n} damaged blocks", json.dumps(got))
+
+        say("  the next cycle heals both sides from each other")
+        run = a.run("vm1")
+        r = run[0]
+        check(r["sent"] == [] and r["healed"] == 3 and r["heal_sent"] == 2,
+              "the run sent no stream, healed a's 3 blocks with b's copies and sent b 2",
+              json.dumps(run))
+        for h in (a, b):
+            got = damage_of(h)
+            check(not got["blocks"], f"{h.name}: nothing damaged any more", json.dumps(got))
+            proc = h.cli("scrub", "start", "--wait", check=False, timeout=300)
+            check(proc.returncode == 0, f"{h.name}: a scrub after it is clean", describe(proc))
+        check(a.digest(snap) == want and b.digest(snap) == want,
+              f"{snap} reads whole and identical on both")
+        fs = Attached(a, "vm1", read_only=True)
+        mounts.append(fs)
+        fs.attach()
+        fsck = sh(["e2fsck", "-fn", fs.loop], check=False)
+        check(fsck.returncode == 0, "e2fsck of a's vm1 is clean", fsck.stdout + fsck.stderr)
+        verify_tree(fs.mount(), tree, "a's vm1 after healing")
+        check(True, "every file of a's vm1 matches its checksum")
+        fs.close()
+        for h in (a, b):
+            clean, got = h.check_clean()
+            check(clean, f"{h.name}: `arbor check` clean", json.dumps(got))
+        part.stop_all()
+    except Exception:
+        say(part.logs())
+        raise
+    finally:
+        for fs in reversed(mounts):
+            try:
+                fs.close()
+            except Exception as e:
+                print(f"cleanup: {e}", file=sys.stderr)
+        part.close()
+
+
 # ---- main ----------------------------------------------------------------------
 
 PARTS = [
@@ -1433,6 +1570,7 @@ PARTS = [
     ("4 divergence and failover", part_failover),
     ("5 export rollover", part_rollover),
     ("6 seeding and retention", part_seeding),
+    ("7 healing under ext4", part_healing),
 ]
 
 
