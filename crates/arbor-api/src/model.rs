@@ -163,6 +163,11 @@ pub struct OriginView {
     pub attached: bool,
     /// Bytes of old content copied into the pool for its snapshots.
     pub store_bytes: u64,
+    /// What of it data checksums cover: `copies` (a pool of format version
+    /// 10: the copies in the pool are checksummed and verified; its device
+    /// is not, arbor did not write all of it) or `none` (an older pool).
+    #[serde(default)]
+    pub checksums: String,
     /// Its snapshots.
     pub snapshots: u64,
     /// Every volume and snapshot that reads through it (its snapshots,

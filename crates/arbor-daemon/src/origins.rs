@@ -635,6 +635,12 @@ impl Origins {
             size: o.size,
             attached: o.attached,
             store_bytes,
+            checksums: if self.pool.format_version().has_data_checksums() {
+                "copies"
+            } else {
+                "none"
+            }
+            .to_owned(),
             snapshots: readers
                 .iter()
                 .filter(|v| v.snapshot && v.parent == Some(o.id))

@@ -1240,7 +1240,8 @@ impl Pool {
             }
         };
         if let Some((id, epoch)) = cow {
-            return self.cow_rollback(id, epoch);
+            let rolled = self.cow_rollback(id, epoch);
+            return self.after_damage(rolled);
         }
         self.manage(Privilege::Reserve, |m| {
             let id = m.volume_id(volume)?;
@@ -1551,16 +1552,18 @@ impl Pool {
         // The other routes take their locks before the gate (lock order).
         match route {
             Route::Pool(pieces, None) => self.read_pieces(pieces, buf, None),
-            Route::Pool(pieces, Some(sums)) => match self.read_verified(&pieces, buf, &sums) {
-                // A write in place may have been between its data and its
-                // sums: read again with the volume's writers held off.
-                Err(Error::Damaged(_)) => {
-                    drop(gate);
-                    let read = self.read_settled(id, offset, buf);
-                    self.after_damage(read)
+            Route::Pool(pieces, Some(sums)) => {
+                match self.read_verified(&pieces, buf, &sums, None) {
+                    // A write in place may have been between its data and its
+                    // sums: read again with the volume's writers held off.
+                    Err(Error::Damaged(_)) => {
+                        drop(gate);
+                        let read = self.read_settled(id, offset, buf);
+                        self.after_damage(read)
+                    }
+                    other => other,
                 }
-                other => other,
-            },
+            }
             Route::Home => {
                 drop(gate);
                 let read = self.cow_read(id.0, offset, buf);
@@ -1607,14 +1610,20 @@ impl Pool {
             let sums = Self::read_sums(&meta, &pieces)?.unwrap_or_default();
             (pieces, sums)
         };
-        self.read_verified(&pieces, buf, &sums)
+        self.read_verified(&pieces, buf, &sums, None)
     }
 
     /// [`Self::read_pieces`] for a volume in the pool, each block verified
     /// against `sums`. A piece that does not start and end on a block
     /// boundary is read whole blocks into a buffer of its own, verified,
     /// and copied out.
-    fn read_verified(&self, pieces: &[Piece], buf: &mut [u8], sums: &ReadSums) -> Result<()> {
+    fn read_verified(
+        &self,
+        pieces: &[Piece],
+        buf: &mut [u8],
+        sums: &ReadSums,
+        origin: Option<&ReadOrigin<'_>>,
+    ) -> Result<()> {
         struct Bounce {
             at: u64,
             data: Vec<u8>,
@@ -1643,11 +1652,15 @@ impl Pool {
                     }
                 }
                 Source::Zeros => buf[out].fill(0),
-                Source::Origin(_) => {
-                    return Err(Error::inconsistent(
-                        "a read through an epoch without its volume",
-                    ))
-                }
+                // An origin's device: arbor did not write it, no sums.
+                Source::Origin(source) => match origin {
+                    Some(read) => read(&mut buf[out], source)?,
+                    None => {
+                        return Err(Error::inconsistent(
+                            "a read through an epoch without its volume",
+                        ))
+                    }
+                },
             }
         }
         {

@@ -579,3 +579,90 @@ fn healing_repairs_exactly_the_damaged_blocks_for_every_sharer_and_never_another
         assert_clean(&pool);
     }
 }
+
+/// Blocks a fill copies into a partial's own chunk (FORMAT.md §6.3) get
+/// their sums in the step that maps the chunk whole: damaged afterwards,
+/// they are found. A layer's block damaged before the fill is never copied
+/// under a new sum: that partial is left unfilled, the damage listed, and
+/// its reads still fail.
+#[test]
+fn a_fill_checksums_what_it_copies_and_never_copies_damage() {
+    let disk = SimDisk::new(64 * MIB);
+    let pool = small_journal_pool(&disk, CS as u32);
+    let v = pool.create_volume("v", VOLUME).unwrap();
+    let all: Vec<u8> = (0..VOLUME / BLOCK as u64)
+        .flat_map(|b| block(b + 1))
+        .collect();
+    pool.write(v, 0, &all).unwrap();
+    pool.snapshot("v@s").unwrap();
+    let mut model = all.clone();
+    // One block of chunks 0..8 written: partials whose bases hold the rest.
+    for c in 0..8u64 {
+        let at = (c * CS) as usize;
+        let data = block(500 + c);
+        pool.write(v, at as u64, &data).unwrap();
+        model[at..at + BLOCK].copy_from_slice(&data);
+    }
+    pool.flush().unwrap();
+    // Chunk 5's block 2, in its base: damaged before the fill.
+    let base_block = &all[(5 * CS) as usize + 2 * BLOCK..(5 * CS) as usize + 3 * BLOCK];
+    let image = disk.handle().visible_image();
+    let find = |image: &[u8], want: &[u8]| {
+        image
+            .chunks(BLOCK)
+            .position(|b| b == want)
+            .expect("on the device") as u64
+            * BLOCK as u64
+    };
+    let at = find(&image, base_block);
+    let mut bad = base_block.to_vec();
+    bad[9] ^= 1;
+    disk.write_at(&bad, at).unwrap();
+    disk.flush().unwrap();
+    pool.delete("v@s").unwrap();
+    while pool.reclaim(1000).unwrap() > 0 {}
+    let filled = pool.fill_partials(1000).unwrap();
+    assert_eq!(filled, 7, "every partial but the damaged one's");
+    let mut buf = vec![0u8; BLOCK];
+    assert!(matches!(
+        pool.read(v, 5 * CS + 2 * BLOCK as u64, &mut buf),
+        Err(Error::Damaged(_))
+    ));
+    let report = pool.damage().unwrap();
+    assert_eq!(report.blocks.len(), 1);
+    assert_eq!(
+        report.blocks[0].readers,
+        [("v".to_string(), 5 * CS + 2 * BLOCK as u64)]
+    );
+    // A copied block of a filled chunk (chunk 3's block 1), damaged after
+    // the fill: found by its new sum.
+    let copied = &model[(3 * CS) as usize + BLOCK..(3 * CS) as usize + 2 * BLOCK];
+    let image = disk.handle().visible_image();
+    let positions: Vec<u64> = image
+        .chunks(BLOCK)
+        .enumerate()
+        .filter(|(_, b)| *b == copied)
+        .map(|(i, _)| (i * BLOCK) as u64)
+        .collect();
+    // The old base copy (freed) and the filled chunk's copy.
+    assert!(!positions.is_empty());
+    for at in positions {
+        let mut bad = copied.to_vec();
+        bad[9] ^= 1;
+        disk.write_at(&bad, at).unwrap();
+    }
+    disk.flush().unwrap();
+    assert!(matches!(
+        pool.read(v, 3 * CS + BLOCK as u64, &mut buf),
+        Err(Error::Damaged(_))
+    ));
+    // Everything else reads as the model.
+    for b in 0..VOLUME / BLOCK as u64 {
+        let off = b * BLOCK as u64;
+        if off == 5 * CS + 2 * BLOCK as u64 || off == 3 * CS + BLOCK as u64 {
+            continue;
+        }
+        pool.read(v, off, &mut buf).unwrap();
+        assert_eq!(buf, model[off as usize..off as usize + BLOCK], "block {b}");
+    }
+}

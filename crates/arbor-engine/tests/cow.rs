@@ -1292,3 +1292,90 @@ fn a_snapshot_read_of_the_device_finishes_before_the_copy_to_the_pool_returns() 
     assert_eq!(read(&pool, snap, ORIGIN), fill(1, ORIGIN as usize));
     assert_clean(&pool);
 }
+
+/// The store's copies are the pool's data (FORMAT.md §6.4): each gets sums
+/// when it is made; a damaged copy fails the reads of every snapshot and
+/// clone that reads it (never its bytes), is listed with them and found
+/// by a scrub; a clone's partial write that would copy it and a rollback
+/// that would write it back to the device fail rather than pass it on;
+/// healed with the good bytes, everything reads and the rollback goes.
+#[test]
+fn store_copies_are_checksummed_verified_listed_and_healed() {
+    let (pool_disk, pool, origin, disk) = attached();
+    let before = read(&pool, disk, ORIGIN);
+    let s1 = pool.snapshot("disk@s1").unwrap();
+    let c = pool.clone_snapshot("disk@s1", "c").unwrap();
+    // Chunk 1 overwritten: its old content copied into the store.
+    pool.write(disk, CS, &[9u8; CS as usize]).unwrap();
+    pool.flush().unwrap();
+    let good = before[CS as usize..2 * CS as usize].to_vec();
+    let image = pool_disk.handle().visible_image();
+    let at = image
+        .chunks(CS as usize)
+        .position(|b| b == good)
+        .expect("the copy is in the pool") as u64
+        * CS;
+    let mut bad = good.clone();
+    bad[77] ^= 0x20;
+    pool_disk.write_at(&bad, at).unwrap();
+    pool_disk.flush().unwrap();
+
+    let mut buf = vec![0u8; CS as usize];
+    for id in [s1, c] {
+        assert!(matches!(
+            pool.read(id, CS, &mut buf),
+            Err(Error::Damaged(_))
+        ));
+        // Chunk 0 reads from the device, which has no sums.
+        pool.read(id, 0, &mut buf).unwrap();
+        assert_eq!(buf, before[..CS as usize]);
+    }
+    let report = pool.damage().unwrap();
+    assert_eq!(report.blocks.len(), 1);
+    let mut readers = report.blocks[0].readers.clone();
+    readers.sort();
+    assert_eq!(
+        readers,
+        [("c".to_string(), CS), ("disk@s1".to_string(), CS)]
+    );
+    assert_eq!(pool.damaged_in(s1).unwrap(), [CS]);
+    assert_eq!(pool.damaged_in(c).unwrap(), [CS]);
+    let mut from = 0;
+    let mut found = 0;
+    loop {
+        let step = pool.scrub_step(from, 1 << 20).unwrap();
+        found += step.damaged_blocks;
+        if step.next >= step.data_chunks {
+            break;
+        }
+        from = step.next;
+    }
+    assert_eq!(found, 1, "the scrub reads the store's copies");
+    // Passing the damage on: refused.
+    assert!(matches!(
+        pool.write(c, CS + 512, &[5u8; 512]),
+        Err(Error::Damaged(_))
+    ));
+    let device = origin.handle().visible_image();
+    assert!(matches!(
+        pool.rollback("disk", "disk@s1"),
+        Err(Error::Damaged(_))
+    ));
+    assert_eq!(
+        origin.handle().visible_image()[CS as usize..2 * CS as usize],
+        device[CS as usize..2 * CS as usize],
+        "the damaged copy was not written back to the device"
+    );
+    // Healed through the snapshot: the clone reads it too.
+    let healed = pool.heal(s1, CS, &good).unwrap();
+    assert_eq!((healed.healed, healed.rejected), (1, 0));
+    for id in [s1, c] {
+        pool.read(id, CS, &mut buf).unwrap();
+        assert_eq!(buf, good);
+    }
+    assert!(pool.damage().unwrap().is_empty());
+    pool.rollback("disk", "disk@s1").unwrap();
+    assert_eq!(read(&pool, disk, ORIGIN), before);
+    assert_eq!(origin.handle().visible_image(), before);
+    assert_clean(&pool);
+}

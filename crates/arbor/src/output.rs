@@ -640,14 +640,27 @@ pub fn origins(list: &[OriginView]) -> String {
                 }
                 .to_owned(),
                 size(o.store_bytes),
+                o.checksums.clone(),
                 o.snapshots.to_string(),
             ]
         })
         .collect();
     let mut out = table(
-        &["NAME", "PATH", "SIZE", "ATTACHED", "COPIES", "SNAPSHOTS"],
+        &[
+            "NAME",
+            "PATH",
+            "SIZE",
+            "ATTACHED",
+            "COPIES",
+            "CHECKSUMS",
+            "SNAPSHOTS",
+        ],
         &rows,
     );
+    if list.iter().any(|o| o.checksums == "copies") {
+        out += "CHECKSUMS copies: the copies in the pool are checksummed and verified on every \
+                read; an origin's own device is not (arbor did not write all of it)\n";
+    }
     if list.iter().any(|o| !o.attached) {
         out += "an origin not attached fails its I/O: arbor origin attach NAME PATH attaches \
                 its device again (the same file or device, of the same size)\n";

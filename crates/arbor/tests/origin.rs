@@ -274,6 +274,12 @@ fn snapshotted_in_place_and_attached_again(io: &str) {
     );
     let table = daemon.ok(&["origin", "list"]);
     assert!(table.contains("NO"), "{table}");
+    // What checksums cover, in a version 10 pool: the copies, not the file.
+    assert!(
+        table.contains("CHECKSUMS") && table.contains("copies"),
+        "{table}"
+    );
+    assert_eq!(origins[0]["checksums"], "copies");
     assert!(daemon
         .ok(&["volume", "list"])
         .contains("cow (not attached)"));

@@ -27,6 +27,7 @@ use super::{lock_mutex, Pool};
 use crate::check::{DamageReport, DamagedData, MAX_READERS_LISTED};
 use crate::error::{Damage, Error, Result};
 use crate::mapping::Mapping;
+use crate::snapstore::SnapStore;
 use crate::sums::ChunkSums;
 use crate::volumes::Volumes;
 use crate::VolumeId;
@@ -207,9 +208,11 @@ impl Pool {
         // Who reads each: every record's extents, once (hidden ones, such
         // as properties, by their record's name).
         let meta = self.read_meta()?;
+        // (A copy-on-write volume's root is its store: read below.)
         let mut ids: Vec<(u64, String, arbor_format::BlockRef)> = meta
             .table()
             .iter()
+            .filter(|(_, r)| !is_cow(r))
             .map(|(id, r)| (id, r.name.clone(), r.root))
             .collect();
         ids.sort_by(|a, b| a.1.cmp(&b.1));
@@ -222,6 +225,17 @@ impl Pool {
                 if d.readers.len() < MAX_READERS_LISTED {
                     d.readers.push((name.clone(), at));
                 }
+            }
+        }
+        // Copies in copy-on-write volumes' stores: read by the snapshots
+        // (and clones not mapping the chunk) of the epochs they serve.
+        let mut hits = Vec::new();
+        copy_readers(&meta, &blocks, &mut |i, id, at| hits.push((i, id, at)))?;
+        for (i, id, at) in hits {
+            let d = &mut blocks[i];
+            d.reader_count += 1;
+            if d.readers.len() < MAX_READERS_LISTED {
+                d.readers.push((meta.volume(id)?.name.clone(), at));
             }
         }
         // A block no mapping reads (its chunk still held, as a partial
@@ -243,9 +257,18 @@ impl Pool {
         }
         let blocks = self.damaged_now(&record)?;
         let meta = self.read_meta()?;
-        let root = meta.volume(id.0)?.root;
+        let rec = meta.volume(id.0)?;
         let mut offsets = Vec::new();
-        readers_in(&meta, root, &blocks, &mut |_, at| offsets.push(at))?;
+        if !is_cow(rec) {
+            readers_in(&meta, rec.root, &blocks, &mut |_, at| offsets.push(at))?;
+        }
+        if rec.backing.is_some() {
+            copy_readers(&meta, &blocks, &mut |_, reader, at| {
+                if reader == id.0 {
+                    offsets.push(at);
+                }
+            })?;
+        }
         offsets.sort_unstable();
         offsets.dedup();
         Ok(offsets)
@@ -269,6 +292,52 @@ impl Pool {
         }
         self.set_property(None, DAMAGE_KEY, &record.encode())
     }
+}
+
+/// Whether `rec` is a copy-on-write volume (its root is its store).
+fn is_cow(rec: &arbor_format::VolumeRecord) -> bool {
+    matches!(rec.layout, arbor_format::DataLayout::Cow(_))
+}
+
+/// Calls `found(i, id, offset)` for each block `blocks[i]` that is in a
+/// copy of a copy-on-write volume's store, for every volume or snapshot
+/// `id` that reads that copy (through an epoch it serves, where its own
+/// mapping maps nothing), with the byte offset where it reads it.
+fn copy_readers(
+    meta: &Volumes,
+    blocks: &[DamagedData],
+    found: &mut dyn FnMut(usize, u64, u64),
+) -> Result<()> {
+    let cs = meta.meta().geo().chunk_size;
+    let records: Vec<(u64, &arbor_format::VolumeRecord)> = meta.table().iter().collect();
+    for (origin, rec) in &records {
+        if !is_cow(rec) {
+            continue;
+        }
+        let mut copies = Vec::new();
+        SnapStore::new(meta.meta(), rec.root).for_each(0, &mut |entry| {
+            for (i, d) in blocks.iter().enumerate() {
+                if entry.pchunk == d.pchunk {
+                    copies.push((i, entry));
+                }
+            }
+            Ok(true)
+        })?;
+        for (i, entry) in copies {
+            let at = entry.chunk * cs + u64::from(blocks[i].block) * SUM_BLOCK_U64;
+            for (id, reader) in &records {
+                let Some(b) = reader.backing else { continue };
+                if b.origin != *origin || !(entry.first..=entry.last).contains(&b.epoch) {
+                    continue;
+                }
+                let own = Mapping::new(meta.meta(), reader.root).lookup(entry.chunk)?;
+                if own.is_none() {
+                    found(i, *id, at);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Calls `found(i, offset)` for each block `blocks[i]` that the mapping at

@@ -77,10 +77,10 @@ impl Pool {
             for c in candidates {
                 // Keeps the transaction within its bounds, as writes do.
                 self.commit_if_needed()?;
-                let mut done = self.fill_one(c)?;
+                let mut done = self.fill_one_noted(c)?;
                 if let Filled::AfterCommit = done {
                     self.commit_open()?;
-                    done = self.fill_one(c)?;
+                    done = self.fill_one_noted(c)?;
                 }
                 match done {
                     Filled::Yes => {
@@ -150,6 +150,18 @@ impl Pool {
             .map(|wrapped| (found, wrapped)))
     }
 
+    /// [`Self::fill_one`]; a layer's damaged block (noted, with no lock
+    /// held) leaves the partial as it is.
+    fn fill_one_noted(&self, c: Candidate) -> Result<Filled> {
+        match self.fill_one(c) {
+            Err(Error::Damaged(d)) => {
+                self.note_damage(&d);
+                Ok(Filled::No)
+            }
+            other => other,
+        }
+    }
+
     /// Fills one partial extent if it is still what the sweep found and
     /// still nobody else's. Holds the I/O gate throughout, so it never
     /// commits itself (a commit takes the gate exclusive).
@@ -167,21 +179,45 @@ impl Pool {
         }
         let cs = self.chunk_size();
         let geo = &self.store.geo;
+        let checksums = geo.version().has_data_checksums();
+        let mut sums = Vec::new();
         for (run, from) in c.mapped.runs(cs) {
             if from == c.mapped.phys {
                 continue;
             }
             let mut buf = vec![0u8; (run.end - run.start) as usize];
+            // The layer's chunk is shared or this partial's alone: never
+            // written in place meanwhile, its sums stand.
+            let layer = if checksums {
+                Some(crate::sums::ChunkSums::of(self.read_meta()?.meta(), from)?)
+            } else {
+                None
+            };
             self.store
                 .dev
                 .read_at(&mut buf, geo.chunk_offset(from) + run.start)?;
+            let whole = run.start.is_multiple_of(arbor_format::SUM_BLOCK_U64)
+                && run.end.is_multiple_of(arbor_format::SUM_BLOCK_U64);
+            if let (Some(layer), true) = (layer, whole) {
+                // Below the chunk's block count, a u32.
+                let first = (run.start / arbor_format::SUM_BLOCK_U64) as u32;
+                // A damaged block is never copied under a new, valid sum.
+                layer.verify(first, &buf)?;
+                sums.push(crate::sums::BlockSums {
+                    pchunk: c.mapped.phys,
+                    first,
+                    sums: crate::sums::compute(&buf),
+                });
+            }
             self.store
                 .dev
                 .write_at(&buf, geo.chunk_offset(c.mapped.phys) + run.start)?;
         }
         let mut meta = self.write_meta()?;
         match self.mutate(&mut meta, Privilege::Reserve, |m| {
-            m.fill_partial(c.id, c.chunk, c.mapped)
+            m.fill_partial(c.id, c.chunk, c.mapped)?;
+            // The copied blocks' sums with the step that maps them.
+            m.record_sums(&sums)
         }) {
             Ok(()) => Ok(Filled::Yes),
             // The step was undone whole; the blocks written stay unread.

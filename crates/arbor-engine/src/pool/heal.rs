@@ -57,9 +57,9 @@ impl Pool {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             let rec = meta.volume(id.0)?;
-            if matches!(rec.layout, arbor_format::DataLayout::Cow(_)) || rec.backing.is_some() {
-                // Its data lives outside the pool's chunks: nothing of it
-                // has a sum here.
+            if matches!(rec.layout, arbor_format::DataLayout::Cow(_)) {
+                // Its home (an origin's device, or chunks written in place
+                // as a device is): no sums.
                 done.not_damaged = len / SUM_BLOCK_U64;
                 return Ok(done);
             }
@@ -67,6 +67,11 @@ impl Pool {
             for (i, bytes) in good.chunks(SUM_BLOCK).enumerate() {
                 let at_logical = offset + i as u64 * SUM_BLOCK_U64;
                 let pieces = Self::resolve(&meta, id, at_logical, SUM_BLOCK_U64)?;
+                // Through an epoch: the store's copies too.
+                let pieces = match rec.backing {
+                    Some(b) => Self::resolve_view(&meta, b, at_logical, pieces)?,
+                    None => pieces,
+                };
                 let at = match pieces.as_slice() {
                     [Piece {
                         source: Source::Pool(at),

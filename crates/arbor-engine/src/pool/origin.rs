@@ -41,6 +41,7 @@ use super::origins::OriginDevice;
 use super::write::Fill;
 use super::*;
 use crate::snapstore::SnapStore;
+use crate::sums::{BlockSums, ChunkSums, ReadSums};
 use crate::volumes::{CopyPlan, HomeGrowth};
 
 /// Store entries a rollback handles per step.
@@ -1043,10 +1044,14 @@ impl Pool {
         if plans.is_empty() {
             return Ok(None);
         }
-        let mapped = self.write_copies(t, &plans).and_then(|()| {
+        let mapped = self.write_copies(t, &plans).and_then(|sums| {
             let mut meta = self.write_meta()?;
             self.mutate(&mut meta, Privilege::Normal, |m| {
-                m.map_copies(t.id, &plans).map(|()| m.meta().txn())
+                m.map_copies(t.id, &plans)?;
+                // The copies' sums, in the step that maps them: a copy is
+                // a new chunk, durable before the commit that names it.
+                m.record_sums(&sums)?;
+                Ok(m.meta().txn())
             })
         });
         if let Err(e) = mapped {
@@ -1060,10 +1065,13 @@ impl Pool {
     }
 
     /// Copies the device's chunks of `plans` to their pool chunks (the
-    /// part of the last chunk past the volume's end as zeros).
-    fn write_copies(&self, t: &Target<'_>, plans: &[CopyPlan]) -> Result<()> {
+    /// part of the last chunk past the volume's end as zeros); the copies'
+    /// sums, in a pool with checksums (FORMAT.md §6.4).
+    fn write_copies(&self, t: &Target<'_>, plans: &[CopyPlan]) -> Result<Vec<BlockSums>> {
         let geo = &self.store.geo;
         let cs = geo.chunk_size;
+        let checksums = geo.version().has_data_checksums();
+        let mut sums = Vec::new();
         let mut buf = vec![0u8; cs as usize];
         for plan in plans {
             let start = plan.chunk * cs;
@@ -1073,8 +1081,15 @@ impl Pool {
             self.store
                 .dev
                 .write_at(&buf, geo.chunk_offset(plan.pchunk))?;
+            if checksums {
+                sums.push(BlockSums {
+                    pchunk: plan.pchunk,
+                    first: 0,
+                    sums: crate::sums::compute(&buf),
+                });
+            }
         }
-        Ok(())
+        Ok(sums)
     }
 
     /// Flushes every home written since its last flush; one that fails
@@ -1168,9 +1183,14 @@ impl Pool {
                     // keeps what the rollback's epoch reads, whoever reads it.
                     {
                         let _gate = self.gates.io();
+                        let sums = ChunkSums::of(self.read_meta()?.meta(), copy.pchunk)?;
                         self.store
                             .dev
                             .read_at(&mut buf, self.store.geo.chunk_offset(copy.pchunk))?;
+                        // A damaged copy fails the rollback (it stays
+                        // recorded, to go on once the copy is healed):
+                        // never written back as the volume's data.
+                        sums.verify(0, &buf)?;
                     }
                     // Written back as any write: later epochs get their
                     // copies of what it replaces first.
@@ -1198,31 +1218,69 @@ impl Pool {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<()> {
+        match self.read_through_once(id, backing, offset, buf, false) {
+            // The volume's own chunks may be written in place, data and
+            // sums not at one instant: read again with its writers of those
+            // chunks held off (`Pool::read`'s rule); a mismatch now is
+            // damage.
+            Err(Error::Damaged(_)) => {
+                let read = self.read_through_once(id, backing, offset, buf, true);
+                self.after_damage(read)
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::read_through`] once, every block of the pool's verified
+    /// against its sum (the volume's own chunks and the store's copies);
+    /// `settled`: with the volume's stripes held.
+    fn read_through_once(
+        &self,
+        id: VolumeId,
+        backing: Backing,
+        offset: u64,
+        buf: &mut [u8],
+        settled: bool,
+    ) -> Result<()> {
         let cs = self.chunk_size();
         let len = buf.len() as u64;
-        let _stripes = self.origins.stripes(
-            backing.origin,
-            offset / cs..(offset + len).div_ceil(cs),
-            false,
-        );
+        let chunks = offset / cs..(offset + len).div_ceil(cs);
+        // Lock order: the origin stripes, the gate, the volume's stripes
+        // (as a write of the volume takes them, `Pool::apply`).
+        let _stripes = self.origins.stripes(backing.origin, chunks.clone(), false);
         let _gate = self.gates.io();
-        let pieces = {
+        let _settled = settled.then(|| self.gates.stripes(id.0, chunks));
+        let (pieces, sums) = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             if meta.volume(id.0)?.backing != Some(backing) {
                 return Err(Conflict::VolumeChanged.into());
             }
             let pieces = Self::resolve(&meta, id, offset, len)?;
-            Self::resolve_view(&meta, backing, offset, pieces)?
+            let pieces = Self::resolve_view(&meta, backing, offset, pieces)?;
+            let sums = Self::read_sums(&meta, &pieces)?;
+            (pieces, sums)
         };
-        self.read_view_pieces(backing, pieces, buf)
+        self.read_view_pieces(backing, pieces, buf, sums.as_ref())
     }
 
-    /// Reads pieces resolved through epoch `backing` into `buf`; the device
-    /// must be attached only if a piece is on it.
-    fn read_view_pieces(&self, backing: Backing, pieces: Vec<Piece>, buf: &mut [u8]) -> Result<()> {
+    /// Reads pieces resolved through epoch `backing` into `buf`, the pool's
+    /// verified against `sums` if given; the device must be attached only
+    /// if a piece is on it.
+    fn read_view_pieces(
+        &self,
+        backing: Backing,
+        pieces: Vec<Piece>,
+        buf: &mut [u8],
+        sums: Option<&ReadSums>,
+    ) -> Result<()> {
+        let read = |pieces: Vec<Piece>, buf: &mut [u8], origin: Option<&ReadOrigin<'_>>| match sums
+        {
+            Some(sums) => self.read_verified(&pieces, buf, sums, origin),
+            None => self.read_pieces(pieces, buf, origin),
+        };
         if !pieces.iter().any(|p| matches!(p.source, Source::Origin(_))) {
-            return self.read_pieces(pieces, buf, None);
+            return read(pieces, buf, None);
         }
         let (name, size) = {
             let meta = self.read_meta()?;
@@ -1244,7 +1302,7 @@ impl Pool {
                     size,
                     d: &d,
                 };
-                let read = self.read_pieces(pieces, buf, Some(&|out, at| target.read(out, at)));
+                let read = read(pieces, buf, Some(&|out, at| target.read(out, at)));
                 drop(reading);
                 return read;
             }
@@ -1334,15 +1392,19 @@ impl Pool {
         buf: &mut [u8],
     ) -> Result<()> {
         let cs = self.chunk_size();
-        let pieces = {
+        let (pieces, sums) = {
             let meta = self.read_meta()?;
             let zeros = vec![Piece {
                 len: cs,
                 source: Source::Zeros,
             }];
-            Self::resolve_view(&meta, backing, chunk * cs, zeros)?
+            let pieces = Self::resolve_view(&meta, backing, chunk * cs, zeros)?;
+            // The store's copies verified: a damaged copy must fail the
+            // write that copies it, never be given a new, valid sum.
+            let sums = Self::read_sums(&meta, &pieces)?;
+            (pieces, sums)
         };
-        self.read_view_pieces(backing, pieces, buf)
+        self.read_view_pieces(backing, pieces, buf, sums.as_ref())
     }
 
     /// Removes copies no epoch reads any more, looking at a bounded number
