@@ -26,7 +26,7 @@ pub(crate) struct ChunkSums {
 /// `f` of the value of leaf `key` of the open transaction's tree, as the
 /// tree holds it (not copied), or of None if there is no such leaf (no
 /// chunk of it has sums). The one lookup of a leaf: sums are read from it
-/// with `SumsLeaf::lookup`, or changed through [`update_leaf`] (`check`
+/// with `SumsLeaf::lookup`, or changed through [`change_leaf`] (`check`
 /// parses every leaf whole).
 fn with_leaf<T>(meta: &Meta, key: u64, f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T> {
     Tree::new(meta, TreeKind::Sums, meta.sums_root()).get_with(key, f)
@@ -161,40 +161,41 @@ pub(crate) fn compute(data: &[u8]) -> Vec<Option<u32>> {
     data.chunks(SUM_BLOCK).map(|b| Some(block_sum(b))).collect()
 }
 
-/// Changes leaf `key` of the open transaction's tree with `f`, which says
-/// whether it changed anything: written back only then (removed once it
-/// holds no sum), and read with its length checked only (the hot path of
-/// every write: `check` parses every leaf whole). With `create` false, a
-/// missing leaf is left missing (clearing sums of chunks that have none,
-/// as every allocation does: nothing to read or write).
-fn update_leaf(
+/// Changes leaf `key` of the open transaction's tree with `f` where its
+/// node holds it (the path shadowed, the value neither copied out nor
+/// back: the hot path of every write), and removes it once it holds no
+/// sum. A missing leaf is made by `f` if `create` (stored only if it then
+/// holds a sum), else left missing. The value is checked for its length
+/// only (`check` parses every leaf whole).
+fn change_leaf(
     meta: &mut Meta,
     key: u64,
     create: bool,
-    f: impl FnOnce(&mut SumsLeaf) -> bool,
+    f: impl Fn(&mut SumsLeaf<&mut [u8]>),
 ) -> Result<()> {
     let geo = meta.geo().sums;
-    let found = with_leaf(meta, key, |value| {
-        value.map(|v| SumsLeaf::from_value(geo, v))
-    })?
-    .transpose()
-    .map_err(|e| Error::corrupt(format!("checksum leaf {key}"), e))?;
-    let existed = found.is_some();
-    let mut leaf = match found {
-        Some(leaf) => leaf,
-        None if create => SumsLeaf::empty(geo),
-        None => return Ok(()),
-    };
-    if !f(&mut leaf) {
-        return Ok(());
-    }
+    let corrupt = |e| Error::corrupt(format!("checksum leaf {key}"), e);
     meta.with_own_tree(TreeKind::Sums, |tree| {
-        if !leaf.is_empty() {
-            tree.insert(key, leaf.as_bytes())
-        } else if existed {
-            tree.remove(key).map(drop)
-        } else {
-            Ok(())
+        let changed = tree.update(key, |value| {
+            SumsLeaf::over(geo, value).map(|mut leaf| {
+                f(&mut leaf);
+                leaf.is_empty()
+            })
+        })?;
+        match changed {
+            Some(Err(e)) => Err(corrupt(e)),
+            Some(Ok(true)) => tree.remove(key).map(drop),
+            Some(Ok(false)) => Ok(()),
+            None if create => {
+                let mut value = vec![0u8; arbor_format::SUMS_VALUE_LEN];
+                let mut leaf = SumsLeaf::over(geo, &mut value).map_err(corrupt)?;
+                f(&mut leaf);
+                if leaf.is_empty() {
+                    return Ok(());
+                }
+                tree.insert(key, &value)
+            }
+            None => Ok(()),
         }
     })
 }
@@ -226,15 +227,25 @@ pub(crate) fn forget_range(meta: &mut Meta, chunks: std::ops::Range<u64>) -> Res
     while pchunk < chunks.end {
         let slot = geo.slot(pchunk);
         let in_leaf = (u64::from(geo.chunks() - slot.index)).min(chunks.end - pchunk);
-        update_leaf(meta, slot.leaf, false, |leaf| {
-            // Every chunk is cleared (no short cut): whether any had sums.
-            let mut had = false;
-            // Below the leaf's chunk count, a u32.
-            for index in slot.index..slot.index + in_leaf as u32 {
-                had |= leaf.clear_chunk(index);
-            }
-            had
+        // Below the leaf's chunk count, u32s.
+        let indices = slot.index..slot.index + in_leaf as u32;
+        // Looked at where the node holds it first: most chunks allocated
+        // have no sums left (a commit clears those it frees), and a leaf
+        // changed for nothing would be shadowed and written.
+        let any = with_leaf(meta, slot.leaf, |value| {
+            value.is_some_and(|v| {
+                indices
+                    .clone()
+                    .any(|i| (0..geo.blocks()).any(|b| SumsLeaf::lookup(geo, v, i, b).is_some()))
+            })
         })?;
+        if any {
+            change_leaf(meta, slot.leaf, false, |leaf| {
+                for index in indices.clone() {
+                    leaf.clear_chunk(index);
+                }
+            })?;
+        }
         pchunk += in_leaf;
     }
     Ok(())
@@ -296,14 +307,13 @@ pub(crate) fn record(meta: &mut Meta, all: &[BlockSums]) -> Result<()> {
             .take_while(|s| geo.slot(s.pchunk).leaf == key)
             .count();
         let group = &order[i..i + same];
-        update_leaf(meta, key, true, |leaf| {
+        change_leaf(meta, key, true, |leaf| {
             for s in group {
                 let index = geo.slot(s.pchunk).index;
                 for (block, &sum) in (s.first..).zip(&s.sums) {
                     leaf.set(index, block, sum);
                 }
             }
-            true
         })?;
         i += same;
     }

@@ -129,26 +129,54 @@ impl SumsGeometry {
     }
 }
 
-/// One sums leaf's value, owned: read from a node, changed, written back.
+/// One sums leaf's value: owned (read from a node, changed, written back,
+/// or built new), or borrowed where the node holds it
+/// ([`SumsLeaf::over`]: changed in place).
 #[derive(Clone, PartialEq, Eq)]
-pub struct SumsLeaf {
+pub struct SumsLeaf<B = Box<[u8]>> {
     geo: SumsGeometry,
-    bytes: Box<[u8; SUMS_VALUE_LEN]>,
+    bytes: B,
 }
 
-impl std::fmt::Debug for SumsLeaf {
+impl<B: AsRef<[u8]>> std::fmt::Debug for SumsLeaf<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let valid = (0..self.geo.slots()).filter(|&s| self.has(s)).count();
         write!(f, "SumsLeaf({valid} blocks with sums)")
     }
 }
 
+/// A value's bytes, if it is a sums value's length.
+fn value_len_checked(value: &[u8]) -> Result<(), FormatError> {
+    if value.len() == SUMS_VALUE_LEN {
+        Ok(())
+    } else {
+        Err(FormatError::Invalid(format!(
+            "sums value of {} bytes",
+            value.len()
+        )))
+    }
+}
+
 impl SumsLeaf {
+    /// [`Self::get`] straight from a leaf's value bytes, without parsing
+    /// the rest of it (a read's lookup: the node holding it verified its
+    /// checksum when it was read; `check` parses every leaf whole). None
+    /// for a slot outside the leaf or a value too short.
+    pub fn lookup(geo: SumsGeometry, value: &[u8], index: u32, block: u32) -> Option<u32> {
+        if index >= geo.chunks || block >= geo.blocks {
+            return None;
+        }
+        let s = index as usize * geo.blocks as usize + block as usize;
+        let bit = value.get(geo.bitmap_at() + s / 8)? >> (s % 8) & 1;
+        let crc = value.get(4 * s..4 * s + 4)?;
+        (bit == 1).then(|| u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]))
+    }
+
     /// A leaf with no sums.
     pub fn empty(geo: SumsGeometry) -> Self {
         Self {
             geo,
-            bytes: Box::new([0; SUMS_VALUE_LEN]),
+            bytes: vec![0; SUMS_VALUE_LEN].into_boxed_slice(),
         }
     }
 
@@ -156,20 +184,15 @@ impl SumsLeaf {
     /// chunk's bits (so each leaf has one encoding). A block without its bit
     /// has a crc of 0.
     pub fn decode(geo: SumsGeometry, value: &[u8]) -> Result<Self, FormatError> {
-        let bytes: [u8; SUMS_VALUE_LEN] = value
-            .try_into()
-            .map_err(|_| FormatError::Invalid(format!("sums value of {} bytes", value.len())))?;
-        let leaf = Self {
-            geo,
-            bytes: Box::new(bytes),
-        };
-        if leaf.bytes[geo.used()..].iter().any(|&b| b != 0) {
+        let leaf = Self::from_value(geo, value)?;
+        let bytes = leaf.as_bytes();
+        if bytes[geo.used()..].iter().any(|&b| b != 0) {
             return Err(FormatError::Invalid(
                 "sums value: bytes past its sums".into(),
             ));
         }
         let tail = geo.slots() % 8;
-        if tail != 0 && leaf.bytes[geo.used() - 1] >> tail != 0 {
+        if tail != 0 && bytes[geo.used() - 1] >> tail != 0 {
             return Err(FormatError::Invalid(
                 "sums value: bits past its last block".into(),
             ));
@@ -189,18 +212,27 @@ impl SumsLeaf {
     /// verified its checksum when read; `check` parses every leaf whole
     /// with [`Self::decode`]).
     pub fn from_value(geo: SumsGeometry, value: &[u8]) -> Result<Self, FormatError> {
-        let bytes: [u8; SUMS_VALUE_LEN] = value
-            .try_into()
-            .map_err(|_| FormatError::Invalid(format!("sums value of {} bytes", value.len())))?;
+        value_len_checked(value)?;
         Ok(Self {
             geo,
-            bytes: Box::new(bytes),
+            bytes: value.into(),
         })
     }
+}
 
+impl<'a> SumsLeaf<&'a mut [u8]> {
+    /// The leaf value `value` where its node holds it, to change in place;
+    /// checked for its length only, as [`SumsLeaf::from_value`].
+    pub fn over(geo: SumsGeometry, value: &'a mut [u8]) -> Result<Self, FormatError> {
+        value_len_checked(value)?;
+        Ok(Self { geo, bytes: value })
+    }
+}
+
+impl<B: AsRef<[u8]>> SumsLeaf<B> {
     /// The value's bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..]
+        self.bytes.as_ref()
     }
 
     fn slot(&self, index: u32, block: u32) -> usize {
@@ -212,31 +244,13 @@ impl SumsLeaf {
     }
 
     fn has(&self, s: usize) -> bool {
-        self.bytes[self.geo.bitmap_at() + s / 8] >> (s % 8) & 1 == 1
+        self.as_bytes()[self.geo.bitmap_at() + s / 8] >> (s % 8) & 1 == 1
     }
 
     fn crc_at(&self, s: usize) -> u32 {
         let at = 4 * s;
-        u32::from_le_bytes([
-            self.bytes[at],
-            self.bytes[at + 1],
-            self.bytes[at + 2],
-            self.bytes[at + 3],
-        ])
-    }
-
-    /// [`Self::get`] straight from a leaf's value bytes, without parsing
-    /// the rest of it (a read's lookup: the node holding it verified its
-    /// checksum when it was read; `check` parses every leaf whole). None
-    /// for a slot outside the leaf or a value too short.
-    pub fn lookup(geo: SumsGeometry, value: &[u8], index: u32, block: u32) -> Option<u32> {
-        if index >= geo.chunks || block >= geo.blocks {
-            return None;
-        }
-        let s = index as usize * geo.blocks as usize + block as usize;
-        let bit = value.get(geo.bitmap_at() + s / 8)? >> (s % 8) & 1;
-        let crc = value.get(4 * s..4 * s + 4)?;
-        (bit == 1).then(|| u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]))
+        let b = self.as_bytes();
+        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
     }
 
     /// The crc of block `block` of the leaf's chunk `index`, if it has one.
@@ -245,12 +259,28 @@ impl SumsLeaf {
         self.has(s).then(|| self.crc_at(s))
     }
 
+    /// Whether any block of chunk `index` has a crc.
+    pub fn chunk_has_any(&self, index: u32) -> bool {
+        (0..self.geo.blocks).any(|b| self.get(index, b).is_some())
+    }
+
+    /// Whether no block of the leaf has a crc.
+    pub fn is_empty(&self) -> bool {
+        self.as_bytes()[self.geo.bitmap_at()..self.geo.used()]
+            .iter()
+            .all(|&b| b == 0)
+    }
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> SumsLeaf<B> {
     /// Sets (or, with None, clears) the crc of one block.
     pub fn set(&mut self, index: u32, block: u32, crc: Option<u32>) {
         let s = self.slot(index, block);
-        self.bytes[4 * s..4 * s + 4].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
+        let bitmap = self.geo.bitmap_at();
+        let bytes = self.bytes.as_mut();
+        bytes[4 * s..4 * s + 4].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
         let bit = 1u8 << (s % 8);
-        let byte = &mut self.bytes[self.geo.bitmap_at() + s / 8];
+        let byte = &mut bytes[bitmap + s / 8];
         match crc {
             Some(_) => *byte |= bit,
             None => *byte &= !bit,
@@ -267,13 +297,6 @@ impl SumsLeaf {
             }
         }
         had
-    }
-
-    /// Whether no block of the leaf has a crc.
-    pub fn is_empty(&self) -> bool {
-        self.bytes[self.geo.bitmap_at()..self.geo.used()]
-            .iter()
-            .all(|&b| b == 0)
     }
 }
 

@@ -388,6 +388,50 @@ impl<'a> TreeMut<'a> {
         Ok(Some(node))
     }
 
+    /// Changes the value of `key` where the leaf holds it (the path
+    /// shadowed, nothing copied out and back), with `f`; None, and nothing
+    /// shadowed, if the tree has no entry `key`. The value keeps its length;
+    /// a packed leaf's byte count is worked out again when next needed.
+    pub fn update<T>(&mut self, key: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<Option<T>> {
+        if !self.read().get_with(key, |v| v.is_some())? {
+            return Ok(None);
+        }
+        let (root, out) = self.update_rec(self.root, key, f)?;
+        self.root = root;
+        Ok(Some(out))
+    }
+
+    fn update_rec<T>(
+        &mut self,
+        r: BlockRef,
+        key: u64,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<(BlockRef, T)> {
+        let r = self.meta.shadow(r)?;
+        self.meta.leaf_bytes.remove(&r.block);
+        let mut node = self.meta.take_dirty(r)?;
+        let result = if node.level == 0 {
+            let vlen = node.tree.value_len();
+            match node.keys.binary_search(&key) {
+                Ok(i) => leaf_values_mut(&mut node).map(|v| f(&mut v[i * vlen..(i + 1) * vlen])),
+                Err(_) => Err(Error::inconsistent(format!(
+                    "entry {key} found, then not in its leaf"
+                ))),
+            }
+        } else {
+            let i = child_index(&node.keys, key);
+            match children(&node).map(|c| c[i]) {
+                Ok(child) => self.update_rec(child, key, f).and_then(|(child, out)| {
+                    children_mut(&mut node)?[i] = child;
+                    Ok(out)
+                }),
+                Err(e) => Err(e),
+            }
+        };
+        self.meta.put_dirty(r, node);
+        Ok((r, result?))
+    }
+
     /// Inserts or replaces `key`.
     pub fn insert(&mut self, key: u64, value: &[u8]) -> Result<()> {
         debug_assert_eq!(value.len(), self.kind.value_len());
@@ -1145,6 +1189,55 @@ mod tests {
     /// removals, range removals) shadows the nodes it touches and leaves
     /// the other copy's contents unchanged, and the reference counts stay
     /// exact. Dropping one copy leaves the other intact and alone.
+    /// `update` changes a value where its leaf holds it: in an unshared
+    /// tree as insert would, in a shared one on its own copy of the path
+    /// (the other tree unchanged), and not at all, nothing shadowed, for a
+    /// key the tree does not hold.
+    #[test]
+    fn update_changes_a_value_in_place_and_only_one_that_exists() {
+        let mut meta = fresh_meta();
+        let mut model = Model::new();
+        let mut keys: Vec<u64> = (0..2000).map(|i| i * 5).collect();
+        keys.shuffle(&mut StdRng::seed_from_u64(9));
+        let a = insert_all(&mut meta, &keys, &mut model, 0);
+        meta.commit().unwrap();
+        let update = |meta: &mut Meta, root: BlockRef, key: u64, to: u8| {
+            let mut tree = TreeMut::new(meta, KIND, root);
+            let got = tree
+                .update(key, |v| {
+                    v.fill(to);
+                    v.len()
+                })
+                .unwrap();
+            (tree.root(), got)
+        };
+        // Absent: nothing shadowed (a shadowed root, clean since the
+        // commit, would have moved).
+        let (root, got) = update(&mut meta, a, 7, 1);
+        assert_eq!((root, got), (a, None));
+        TreeMut::new(&mut meta, KIND, a).share().unwrap();
+        let mut b = a;
+        let mut model_b = model.clone();
+        for &k in keys.iter().take(300) {
+            let (root, got) = update(&mut meta, b, k, 0xEE);
+            assert_eq!(got, Some(KIND.value_len()));
+            b = root;
+            model_b.insert(k, vec![0xEE; KIND.value_len()]);
+        }
+        assert_ne!(a, b);
+        assert_eq!(
+            contents(&meta, a, 0, u64::MAX),
+            model_range(&model, 0, u64::MAX)
+        );
+        assert_eq!(
+            contents(&meta, b, 0, u64::MAX),
+            model_range(&model_b, 0, u64::MAX)
+        );
+        check_tree(&meta, a, KIND);
+        check_tree(&meta, b, KIND);
+        check_refs(&meta, &[a, b], 0);
+    }
+
     #[test]
     fn a_shared_tree_is_copied_on_write() {
         for commit_first in [false, true] {
