@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Foreground latency while a scrub runs (issue 40's figure: p99 within
+# 1.2x of an idle pool): a pool file with a volume filled by 1 MiB writes;
+# then fio's 4 KiB random reads and writes at QD1 through NBD (libnbd
+# engine), each for SECONDS, idle, while `arbor scrub start` runs at its
+# busy pace (`scrub_busy_rate`, 32 MiB/s by default), and idle again.
+# Prints each phase's p50/p99/p99.9 completion latency and the scrub
+# phase's p99 against the mean of the two idle ones.
+#
+#   bench/scrub_p99.sh ARBOR_BINARY [VOLUME_SIZE] [SECONDS]
+#   SERVE_ARGS="--io direct" bench/scrub_p99.sh ...   (the daemon on O_DIRECT)
+set -euo pipefail
+bin=${1:?arbor binary}
+vsize=${2:-2G}
+secs=${3:-20}
+work=$(mktemp -d /var/tmp/arbor-scrub-p99-XXXXXX)
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$bin" serve ${SERVE_ARGS:-} --data-dir "$work" --pool-size 4G --initial-volume none \
+  --nbd-listen none --api-listen none >/dev/null 2>"$work/log" &
+pid=$!
+for _ in $(seq 200); do [ -S "$work/api.sock" ] && [ -S "$work/nbd.sock" ] && break; sleep 0.05; done
+arbor() { "$bin" --data-dir "$work" "$@"; }
+arbor volume create v --size "$vsize" >/dev/null
+uri="nbd+unix:///v?socket=$work/nbd.sock"
+fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size="$vsize" \
+  --refill_buffers --end_fsync=1 >/dev/null 2>&1
+arbor pool flush >/dev/null
+# One phase: random reads, then random writes, each for $secs; prints
+# "rw p50 p99 p999" (microseconds) per job.
+phase() {
+  for rw in randread randwrite; do
+    fio --name="$rw" --ioengine=nbd --uri="$uri" --rw="$rw" --bs=4k --iodepth=1 \
+      --time_based --runtime="$secs" --size="$vsize" --randrepeat=0 \
+      --percentile_list=50:99:99.9 --output-format=json 2>/dev/null | sed -n '/^{/,$p' |
+      /usr/bin/python3 -c '
+import json, sys
+job = json.load(sys.stdin)["jobs"][0]
+side = job["read"] if job["read"]["io_bytes"] else job["write"]
+p = side["clat_ns"]["percentile"]
+print(sys.argv[1], *(f"{p[k] / 1000:.1f}" for k in ("50.000000", "99.000000", "99.900000")))
+' "$rw"
+  done
+}
+idle1=$(phase)
+arbor scrub start >/dev/null
+scrub=$(phase)
+state=$(arbor scrub status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
+arbor scrub stop >/dev/null 2>&1 || true
+idle2=$(phase)
+/usr/bin/python3 - "$idle1" "$scrub" "$idle2" "$state" <<'PY'
+import sys
+def parse(text):
+    return {f[0]: [float(x) for x in f[1:]] for f in (l.split() for l in text.splitlines())}
+idle1, scrub, idle2, state = parse(sys.argv[1]), parse(sys.argv[2]), parse(sys.argv[3]), sys.argv[4]
+print("completion latency, microseconds: p50 / p99 / p99.9")
+for rw in ("randread", "randwrite"):
+    for name, d in (("idle", idle1), ("scrub running", scrub), ("idle again", idle2)):
+        print(f"  {rw:9} {name:14} {' / '.join(f'{x:.1f}' for x in d[rw])}")
+    base = (idle1[rw][1] + idle2[rw][1]) / 2
+    print(f"  {rw:9} p99 with the scrub against idle: {scrub[rw][1] / base:.2f}x")
+print(f"the scrub was {state} when the scrub phase ended" +
+      ("" if state == "running" else " (it ended early: use a larger volume)"))
+PY
