@@ -87,7 +87,7 @@ impl Scrub {
     }
 
     /// Starts a scrub, or goes on with a stopped one; one running is left
-    /// running. Recorded in the pool before it returns.
+    /// running. Recorded in the pool, durably, before it returns.
     pub fn start(&self) -> arbor_engine::Result<ScrubView> {
         let record = {
             let mut state = self.lock();
@@ -114,6 +114,9 @@ impl Scrub {
             record
         };
         self.pool.set_property(None, SCRUB_KEY, &record.encode())?;
+        // Durable before it returns: a crash right after still finds it
+        // running, and the next start goes on with it.
+        self.pool.flush()?;
         info!(from_chunk = record.cursor, "scrub started");
         self.wake.notify_one();
         Ok(self.view())

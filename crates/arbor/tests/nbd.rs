@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use common::*;
 
@@ -501,6 +501,83 @@ fn a_damaged_block_fails_reads_with_eio_and_is_listed_everywhere_until_rewritten
     let text = served.manage(&["pool", "damage"]);
     assert!(text.contains("no damaged data blocks"), "{text}");
     assert!(!served.manage(&["pool", "status"]).contains("DAMAGED"));
+}
+
+/// A scrub running when the daemon is killed (SIGKILL) goes on by itself
+/// after the restart, from where its record stood, and finds a block
+/// damaged past that point: its record is durable from `scrub start` on
+/// and saved as it goes. The scrub is held at a crawl while clients read
+/// (`scrub_busy_rate`), so it is surely running when the daemon dies.
+#[test]
+fn a_scrub_killed_with_the_daemon_goes_on_after_the_restart() {
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("arbor.toml");
+    std::fs::write(&config, "scrub_busy_rate = \"1M\"\n").unwrap();
+    let mut served = Served::start_with(&["--config", p(&config)]);
+    served.manage(&["volume", "create", "v", "--size", "96M"]);
+    let uri = served.uri("v");
+    qemu_io(&uri, &["write -P 0x11 0 64M", "write -P 0x5a 80M 4k"]);
+    served.manage(&["pool", "flush"]);
+    served.damage_block_of(0x5a);
+    // A client reading all the time (one connection, one read after
+    // another): the scrub goes at 1 MiB/s after its first step, so 64 MiB
+    // would take a minute.
+    let mut reader = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nwhile True:\n    h.pread(4096, 0)\n",
+            &uri,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the reader's connection", 60, || {
+        let list = served.daemon.json(&["volume", "list"]);
+        let v = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "v")
+            .cloned();
+        v.and_then(|v| v["nbd_connections"].as_u64())
+            .filter(|&n| n > 0)
+            .map(drop)
+    });
+    served.manage(&["scrub", "start"]);
+    let started = served.daemon.json(&["scrub", "status"])["started_unix_secs"].clone();
+    wait_for("the scrub's first step", 120, || {
+        let status = served.daemon.json(&["scrub", "status"]);
+        (status["bytes_read"].as_u64().unwrap() > 0).then_some(())
+    });
+    let status = served.daemon.json(&["scrub", "status"]);
+    assert_eq!(status["state"], "running", "{status}");
+    served.daemon.stop("KILL");
+    let _ = reader.kill();
+    let _ = reader.wait();
+    served
+        .daemon
+        .restart(&["--initial-volume", "none", "--config", p(&config)]);
+    // No client I/O now: full speed. Nobody starts it again.
+    let status = wait_for("the scrub to finish after the restart", 300, || {
+        let status = served.daemon.json(&["scrub", "status"]);
+        (status["state"] == "finished").then_some(status)
+    });
+    assert_eq!(
+        status["started_unix_secs"], started,
+        "the same scrub went on: {status}"
+    );
+    assert_eq!(status["damaged_blocks"], 1, "{status}");
+    assert_eq!(status["metadata_problems"], 0, "{status}");
+    let out = arbor(&served.daemon.args(&["pool", "damage", "--json"]));
+    assert_eq!(out.status.code(), Some(8));
+    let damage: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        damage["blocks"][0]["readers"][0]["offset"],
+        80 << 20,
+        "{damage}"
+    );
 }
 
 /// `arbor receive --heal`: a stream of a snapshot the pool holds, saved
