@@ -20,6 +20,10 @@ use tracing::{info, warn};
 
 /// Bytes of live data one step reads (one blocking call).
 const STEP_BYTES: u64 = 32 << 20;
+/// A step's bytes while clients read or write: short bursts, spread over
+/// each second (`scrub_busy_rate` 32 MiB/s is 32 of them), so that no
+/// foreground request waits behind a long run of the scrub's reads.
+const BUSY_STEP_BYTES: u64 = 1 << 20;
 /// How often the record is written while a scrub runs: what a crash makes
 /// it read again.
 const SAVE_EVERY: Duration = Duration::from_secs(5);
@@ -214,6 +218,7 @@ impl Scrub {
     async fn run_one(&self, stop: &CancellationToken) -> Result<bool> {
         let mut saved = Instant::now();
         let mut requests = self.pool.requests();
+        let mut busy = false;
         loop {
             let Some(record) = self.running() else {
                 return Ok(true);
@@ -225,7 +230,8 @@ impl Scrub {
             let started = Instant::now();
             let pool = Arc::clone(&self.pool);
             let cursor = record.cursor;
-            let step = tokio::task::spawn_blocking(move || pool.scrub_step(cursor, STEP_BYTES))
+            let step_bytes = if busy { BUSY_STEP_BYTES } else { STEP_BYTES };
+            let step = tokio::task::spawn_blocking(move || pool.scrub_step(cursor, step_bytes))
                 .await
                 .context("scrub task failed")?;
             let step = match step {
@@ -278,7 +284,7 @@ impl Scrub {
             // The pace: full speed while no client reads or writes; else
             // `busy_rate` (this step's bytes take their share of a second).
             let now = self.pool.requests();
-            let busy = now != requests;
+            busy = now != requests;
             requests = now;
             if busy {
                 let pause = if self.busy_rate == 0 {
