@@ -39,7 +39,7 @@ use arbor_api::model::{
 
 /// How often the monitor looks at its policies: the finest schedule
 /// granularity, and the delay before a changed policy takes effect.
-const TICK: Duration = Duration::from_secs(1);
+pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 /// Now, in Unix seconds.
 pub fn unix_now() -> u64 {
