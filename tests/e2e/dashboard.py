@@ -18,7 +18,8 @@ real daemon with its HTTP API on loopback TCP:
    TCP wants one; nothing of the pool shows), where a wrong token is
    refused with the API's reason and the harness's admin token is kept in
    sessionStorage; then the data and metadata use as the API reports it,
-   formatted; the tree (db's snapshots, the clone under db@s1, the clone's
+   formatted; a scrub, then a scrub schedule's next run on its line; the
+   tree (db's snapshots, the clone under db@s1, the clone's
    snapshot); db's logical, mapped and exclusive sizes; the hold on db@s1;
    the layouts of home ("cow") and homeclone ("reads home"), and home@h1's
    exclusive 1 MiB;
@@ -361,6 +362,13 @@ def browse(daemon, api, target_port):
         api.request("POST", "/v1/scrub")
         d.wait_text('[data-testid="scrub-state"]', re.compile(r"^finished · .+ read · [1-9]\d* blocks verified, 0 damaged"),
                     "the finished scrub", timeout=60)
+        # A scrub schedule's next run on the scrub line (the scrub that just
+        # ran is this week's), gone once the schedule is cleared.
+        api.request("PUT", "/v1/scrub/schedule", {"schedule": "weekly on sun at 02:00"})
+        d.wait_text('[data-testid="scrub-next"]', re.compile(r"^· next: in \d+ (s|min|h|d)\b"),
+                    "the scrub schedule's next run")
+        api.request("DELETE", "/v1/scrub/schedule")
+        wait_until(lambda: d.text('[data-testid="scrub-next"]') is None, "the cleared scrub schedule off the scrub line")
         pool = api.overview()["pool"]
         d.wait_text('[data-testid="pool-metadata-text"]',
                     f"{human(pool['metadata_used_bytes'])} of {human(pool['metadata_bytes'])} used "

@@ -160,6 +160,18 @@ impl DaemonClient {
         decode(&self.send(Method::DELETE, "/v1/scrub", None)?)
     }
 
+    pub fn scrub_schedule_set(&self, schedule: &str) -> Result<crate::model::ScrubView> {
+        let request = crate::model::ScrubScheduleRequest {
+            schedule: schedule.to_owned(),
+        };
+        let body = serde_json::to_vec(&request).context("cannot encode the request")?;
+        decode(&self.send(Method::PUT, "/v1/scrub/schedule", Some(body))?)
+    }
+
+    pub fn scrub_schedule_clear(&self) -> Result<crate::model::ScrubView> {
+        decode(&self.send(Method::DELETE, "/v1/scrub/schedule", None)?)
+    }
+
     pub fn damage(&self) -> Result<crate::model::DamageView> {
         self.get("/v1/pool/damage")
     }

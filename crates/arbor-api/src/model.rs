@@ -292,6 +292,25 @@ pub struct ScrubView {
     pub metadata_problems: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The pool's scrub schedule (`arbor scrub schedule`), in its full
+    /// form; absent when none is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// When the schedule next starts a scrub (Unix seconds; now while one
+    /// is due and waits for the running one to end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run: Option<u64>,
+    /// Why the stored schedule cannot be read (then none runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_error: Option<String>,
+}
+
+/// `PUT /v1/scrub/schedule`: the pool's scrub schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrubScheduleRequest {
+    /// In the monitor's grammar: `every 1d`, `weekly on sun at 02:00`, ...
+    pub schedule: String,
 }
 
 /// The pool's damaged data blocks (`GET /v1/pool/damage`, `arbor pool

@@ -83,6 +83,10 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
             "/v1/scrub",
             get(scrub_status).post(scrub_start).delete(scrub_stop),
         )
+        .route(
+            "/v1/scrub/schedule",
+            axum::routing::put(scrub_schedule).delete(scrub_unschedule),
+        )
         .route("/v1/volumes", get(list).post(create_volume))
         .route("/v1/volumes/{name}", axum::routing::delete(delete))
         .route("/v1/volumes/{name}/rollback", post(rollback))
@@ -326,6 +330,21 @@ async fn scrub_start(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::
 
 async fn scrub_stop(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::ScrubView>> {
     blocking(c, |c| c.stop_scrub()).await.map(Json)
+}
+
+async fn scrub_schedule(
+    State(c): State<PoolControl>,
+    Json(req): Json<arbor_api::model::ScrubScheduleRequest>,
+) -> ApiResult<Json<arbor_api::model::ScrubView>> {
+    blocking(c, move |c| c.set_scrub_schedule(&req.schedule))
+        .await
+        .map(Json)
+}
+
+async fn scrub_unschedule(
+    State(c): State<PoolControl>,
+) -> ApiResult<Json<arbor_api::model::ScrubView>> {
+    blocking(c, |c| c.clear_scrub_schedule()).await.map(Json)
 }
 
 async fn damage(State(c): State<PoolControl>) -> ApiResult<Json<arbor_api::model::DamageView>> {

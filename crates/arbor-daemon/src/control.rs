@@ -143,6 +143,16 @@ impl PoolControl {
         Ok(self.scrub.stop()?)
     }
 
+    /// Sets the pool's scrub schedule.
+    pub fn set_scrub_schedule(&self, spec: &str) -> Result<arbor_api::model::ScrubView> {
+        Ok(self.scrub.set_schedule(spec)?)
+    }
+
+    /// Removes the pool's scrub schedule.
+    pub fn clear_scrub_schedule(&self) -> Result<arbor_api::model::ScrubView> {
+        Ok(self.scrub.clear_schedule()?)
+    }
+
     /// The pool: what name suggestions look in.
     pub fn pool(&self) -> &Pool {
         &self.pool

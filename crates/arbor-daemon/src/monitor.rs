@@ -37,9 +37,10 @@ use arbor_api::model::{
     PruneRequest, PruneView, PruneVolumeView, Severity,
 };
 
-/// How often the monitor looks at its policies: the finest schedule
-/// granularity, and the delay before a changed policy takes effect.
-const TICK: Duration = Duration::from_secs(1);
+/// How often the monitor looks at its policies (and the scrub at its
+/// schedule, while none runs): the finest schedule granularity, and the
+/// delay before a changed policy takes effect.
+pub(crate) const TICK: Duration = Duration::from_secs(1);
 
 /// Now, in Unix seconds.
 pub fn unix_now() -> u64 {

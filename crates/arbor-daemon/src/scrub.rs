@@ -6,6 +6,11 @@
 //! latency is not taken. Where it stands is kept in the pool (the property
 //! `arbor.scrub`, written every few seconds), so a restart or a crash goes
 //! on from there; damage it finds is recorded as a read's is.
+//!
+//! The pool's scrub schedule (docs/MONITOR.md, "Scrub schedule") starts
+//! scrubs too: while none runs, the loop looks at it once a monitor tick
+//! and starts a new scrub when `arbor_monitor::scrub::turn` says one is
+//! due (the decision is there; this carries it out).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,9 +19,13 @@ use anyhow::{Context, Result};
 use arbor_api::model::ScrubView;
 use arbor_engine::Pool;
 use arbor_format::{ScrubPhase, ScrubRecord, SCRUB_KEY};
+use arbor_monitor::engine as store;
+use arbor_monitor::{scrub as schedule, Schedule};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::monitor::{unix_now, TICK};
 
 /// Bytes of live data one step reads (one blocking call).
 const STEP_BYTES: u64 = 32 << 20;
@@ -30,12 +39,6 @@ const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// How the rate is smoothed: the weight of the newest step.
 const RATE_WEIGHT: f64 = 0.2;
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 struct State {
     record: Option<ScrubRecord>,
     /// Bytes per second, smoothed, while running.
@@ -43,6 +46,9 @@ struct State {
     /// The metadata check at the end: problems found (None: not run).
     metadata_problems: Option<usize>,
     last_error: Option<String>,
+    /// The pool's scrub schedule as stored (kept here as it is written:
+    /// the daemon alone changes the pool), or why its value is damaged.
+    schedule: Option<Result<Schedule, String>>,
 }
 
 /// The daemon's scrub: its state and the task that runs it.
@@ -53,6 +59,8 @@ pub struct Scrub {
     /// Bytes per second while the pool serves reads or writes; 0: wait
     /// until it serves none.
     busy_rate: u64,
+    /// One change of the schedule at a time (the pool, then `state`).
+    schedule_change: Mutex<()>,
 }
 
 impl Scrub {
@@ -73,6 +81,13 @@ impl Scrub {
                 None
             }
         };
+        let schedule = match store::scrub_schedule(&pool) {
+            Ok(found) => found.map(|s| s.map_err(|e| e.to_string())),
+            Err(e) => Some(Err(format!("cannot read it: {e}"))),
+        };
+        if let Some(Err(why)) = &schedule {
+            warn!(error = %why, "the pool's scrub schedule is damaged: no scrub is scheduled (arbor scrub schedule sets it again)");
+        }
         Self {
             pool,
             state: Mutex::new(State {
@@ -80,9 +95,11 @@ impl Scrub {
                 rate: 0.0,
                 metadata_problems: None,
                 last_error: None,
+                schedule,
             }),
             wake: Notify::new(),
             busy_rate,
+            schedule_change: Mutex::new(()),
         }
     }
 
@@ -93,11 +110,19 @@ impl Scrub {
     /// Starts a scrub, or goes on with a stopped one; one running is left
     /// running. Recorded in the pool, durably, before it returns.
     pub fn start(&self) -> arbor_engine::Result<ScrubView> {
+        self.begin(true)?;
+        Ok(self.view())
+    }
+
+    /// Starts a scrub unless one runs (`resume`: a stopped one goes on
+    /// from where it stopped; else a new one starts from the beginning).
+    /// Whether it started one; recorded in the pool before it returns.
+    fn begin(&self, resume: bool) -> arbor_engine::Result<bool> {
         let record = {
             let mut state = self.lock();
             let record = match state.record {
-                Some(r) if r.phase == ScrubPhase::Running => return Ok(self.view_of(&state)),
-                Some(r) if r.phase == ScrubPhase::Stopped => ScrubRecord {
+                Some(r) if r.phase == ScrubPhase::Running => return Ok(false),
+                Some(r) if resume && r.phase == ScrubPhase::Stopped => ScrubRecord {
                     phase: ScrubPhase::Running,
                     ..r
                 },
@@ -123,7 +148,7 @@ impl Scrub {
         self.pool.flush()?;
         info!(from_chunk = record.cursor, "scrub started");
         self.wake.notify_one();
-        Ok(self.view())
+        Ok(true)
     }
 
     /// Stops a running scrub where it is (`start` goes on from there).
@@ -143,15 +168,92 @@ impl Scrub {
         Ok(self.view())
     }
 
+    /// Sets the pool's scrub schedule to `spec` (the monitor's grammar).
+    pub fn set_schedule(&self, spec: &str) -> arbor_engine::Result<ScrubView> {
+        let parsed: Schedule = spec.parse().map_err(|e: arbor_monitor::PolicyError| {
+            arbor_engine::Error::invalid_request(e.to_string())
+        })?;
+        let _one = self
+            .schedule_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        store::store_scrub_schedule(&self.pool, &parsed)?;
+        self.lock().schedule = Some(Ok(parsed));
+        info!(schedule = %parsed, "scrub schedule set");
+        self.wake.notify_one();
+        Ok(self.view())
+    }
+
+    /// Removes the pool's scrub schedule (a running scrub goes on).
+    pub fn clear_schedule(&self) -> arbor_engine::Result<ScrubView> {
+        let _one = self
+            .schedule_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if store::remove_scrub_schedule(&self.pool)? {
+            info!("scrub schedule cleared");
+        }
+        self.lock().schedule = None;
+        Ok(self.view())
+    }
+
+    /// What the schedule says at `now` (none set or damaged: nothing).
+    fn turn(state: &State, now: u64) -> Option<schedule::Turn> {
+        let Some(Ok(s)) = &state.schedule else {
+            return None;
+        };
+        let running = state.record.is_some_and(|r| r.phase == ScrubPhase::Running);
+        let last_started = state.record.map(|r| r.started_unix);
+        Some(schedule::turn(s, last_started, running, now))
+    }
+
+    /// Starts a new scrub if the schedule says one is due at `now`;
+    /// whether it started one. One that cannot start is logged (once for
+    /// the same reason) and tried again at the next tick.
+    fn start_if_due(&self, now: u64) -> arbor_engine::Result<bool> {
+        let due = Self::turn(&self.lock(), now).is_some_and(|t| t.start);
+        if !due {
+            return Ok(false);
+        }
+        match self.begin(false) {
+            Ok(started) => {
+                if started {
+                    info!("scheduled scrub started");
+                }
+                Ok(started)
+            }
+            Err(e) if e.stops_pool() => Err(e),
+            Err(e) => {
+                let why = format!("the scheduled scrub cannot start: {e}");
+                let mut state = self.lock();
+                if state.last_error.as_deref() != Some(why.as_str()) {
+                    warn!("{why}");
+                    state.last_error = Some(why);
+                }
+                Ok(false)
+            }
+        }
+    }
+
     pub fn view(&self) -> ScrubView {
         self.view_of(&self.lock())
     }
 
     fn view_of(&self, state: &State) -> ScrubView {
+        let scheduled = ScrubView {
+            schedule: state
+                .schedule
+                .as_ref()
+                .and_then(|s| s.as_ref().ok())
+                .map(ToString::to_string),
+            schedule_error: state.schedule.as_ref().and_then(|s| s.clone().err()),
+            next_run: Self::turn(state, unix_now()).and_then(|t| t.next_run),
+            ..ScrubView::default()
+        };
         let Some(r) = state.record else {
             return ScrubView {
                 state: "none".to_owned(),
-                ..ScrubView::default()
+                ..scheduled
             };
         };
         let running = r.phase == ScrubPhase::Running;
@@ -182,6 +284,7 @@ impl Scrub {
             eta_secs: (running && rate >= 1.0).then(|| (left as f64 / rate) as u64),
             metadata_problems: state.metadata_problems,
             last_error: state.last_error.clone(),
+            ..scheduled
         }
     }
 
@@ -198,13 +301,22 @@ impl Scrub {
             .filter(|r| r.phase == ScrubPhase::Running)
     }
 
-    /// Runs scrubs as they are started, until the daemon stops.
+    /// Runs scrubs as they are started, by hand or by the schedule, until
+    /// the daemon stops.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
         loop {
             if self.running().is_none() {
+                let scrub = Arc::clone(&self);
+                let started = tokio::task::spawn_blocking(move || scrub.start_if_due(unix_now()))
+                    .await
+                    .context("scrub schedule task failed")?;
+                if started.context("the scheduled scrub")? {
+                    continue;
+                }
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(()),
                     _ = self.wake.notified() => continue,
+                    _ = tokio::time::sleep(TICK) => continue,
                 }
             }
             if !self.run_one(&stop).await? {

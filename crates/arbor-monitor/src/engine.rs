@@ -1,5 +1,5 @@
-//! The monitor's reads of the engine: policies kept in the pool (as
-//! properties, docs/FORMAT.md §6), the pool's listing, its data space, and
+//! The monitor's reads of the engine: policies and the scrub schedule
+//! kept in the pool (as properties, docs/FORMAT.md §6), the pool's listing, its data space, and
 //! the snapshots pruning weighs (their holds and exclusive bytes). The
 //! plans are [`crate::tick`]'s; the daemon supplies the clock, says which
 //! snapshots are in use (open over NBD, being sent), and carries the plans
@@ -11,9 +11,12 @@
 
 use arbor_engine::{Error, Pool, VolumeId};
 
+use crate::error::PolicyError;
 pub use crate::listing::{policy_stamp, Listing, PolicySnapshot};
 use crate::policy::Policy;
 use crate::prune::Candidate;
+use crate::schedule::Schedule;
+use crate::scrub::{self, SCRUB_SCHEDULE_KEY};
 use crate::tick::{Usage, VolumeCandidates};
 
 /// Pool property keys of policies start with this.
@@ -84,6 +87,43 @@ pub fn new_key(first: VolumeId, taken: &[Stored]) -> String {
         .map(|n| format!("{base}.{n}"))
         .find(|k| !used(k))
         .unwrap_or(base)
+}
+
+/// The pool's scrub schedule: `None` when none is set (or the pool has
+/// no data checksums, so none can be), else what its stored value parses
+/// to (a damaged value: why, as the error inside).
+pub fn scrub_schedule(pool: &Pool) -> Result<Option<Result<Schedule, PolicyError>>, Error> {
+    if !pool.format_version().has_data_checksums() {
+        return Ok(None);
+    }
+    Ok(pool
+        .property(None, SCRUB_SCHEDULE_KEY)?
+        .map(|bytes| scrub::decode(&bytes)))
+}
+
+/// Sets the pool's scrub schedule (atomic and durable). Refused in a pool
+/// without data checksums: a scrub there would verify nothing.
+pub fn store_scrub_schedule(pool: &Pool, schedule: &Schedule) -> Result<(), Error> {
+    let version = pool.format_version();
+    if !version.has_data_checksums() {
+        return Err(Error::conflict(format!(
+            "this pool's format (version {}) has no data checksums for a scrub to verify, so \
+             it has no scrub schedule; upgrade it first (arbor pool upgrade)",
+            version.number()
+        )));
+    }
+    schedule
+        .validate()
+        .map_err(|e| Error::invalid_request(e.to_string()))?;
+    pool.set_property(None, SCRUB_SCHEDULE_KEY, &scrub::encode(schedule))
+}
+
+/// Removes the pool's scrub schedule; whether there was one.
+pub fn remove_scrub_schedule(pool: &Pool) -> Result<bool, Error> {
+    if !pool.format_version().has_data_checksums() {
+        return Ok(false);
+    }
+    pool.remove_property(None, SCRUB_SCHEDULE_KEY)
 }
 
 impl Listing {

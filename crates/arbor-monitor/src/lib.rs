@@ -16,7 +16,9 @@
 //! * [`listing::Listing`] — the pool's volumes and snapshots from one
 //!   listing: a policy's snapshots and its last run;
 //! * [`policy::Policy`] — the versioned, size-bounded JSON encoding of a
-//!   policy, with validation.
+//!   policy, with validation;
+//! * [`scrub`] — the pool's scrub schedule: its stored form, and whether
+//!   a scrub starts now.
 //!
 //! Nothing here but [`engine`] performs I/O or depends on the engine, and
 //! nothing reads a clock. Every
@@ -42,6 +44,7 @@ pub mod policy;
 pub mod prune;
 pub mod retention;
 pub mod schedule;
+pub mod scrub;
 pub mod tick;
 
 pub use error::PolicyError;

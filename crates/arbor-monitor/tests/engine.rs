@@ -1,8 +1,8 @@
 //! The monitor over a real engine pool (on a simulated disk) with a fake
 //! clock: policies kept in the pool, scheduled group snapshots, one
 //! catch-up after downtime, retention, holds, replication's holds, snapshots
-//! in use, space-aware pruning, and a dry run that lists exactly what the
-//! prune then destroys.
+//! in use, space-aware pruning, a dry run that lists exactly what the
+//! prune then destroys, and the scrub schedule kept in the pool.
 // A test crate: unwrap, expect and panic are how a test reports failure
 // (the workspace denies them in the code it ships; clippy.toml allows
 // them in #[test] functions, this in the helpers around them).
@@ -155,6 +155,34 @@ fn policies_live_in_the_pool_and_survive_reopen() {
     );
     assert!(engine::remove(&pool, &stored.key).unwrap());
     assert!(engine::load(&pool).unwrap().policies.is_empty());
+}
+
+#[test]
+fn the_scrub_schedule_lives_in_the_pool_and_a_damaged_one_is_an_error() {
+    use arbor_monitor::scrub::SCRUB_SCHEDULE_KEY;
+    let disk = SimDisk::new(64 * MIB);
+    let pool = pool_on(&disk);
+    assert!(engine::scrub_schedule(&pool).unwrap().is_none());
+    let weekly: Schedule = "weekly on sun at 02:00".parse().unwrap();
+    engine::store_scrub_schedule(&pool, &weekly).unwrap();
+    drop(pool);
+    let pool = reopen(&disk);
+    assert_eq!(engine::scrub_schedule(&pool).unwrap(), Some(Ok(weekly)));
+    assert_eq!(
+        pool.property(None, SCRUB_SCHEDULE_KEY).unwrap().unwrap(),
+        b"weekly on sun at 02:00"
+    );
+    // A value no schedule parses from: an error that says so.
+    pool.set_property(None, SCRUB_SCHEDULE_KEY, b"now and then")
+        .unwrap();
+    let damaged = engine::scrub_schedule(&pool).unwrap().unwrap().unwrap_err();
+    assert!(
+        damaged.to_string().contains("invalid schedule"),
+        "{damaged}"
+    );
+    assert!(engine::remove_scrub_schedule(&pool).unwrap());
+    assert!(!engine::remove_scrub_schedule(&pool).unwrap());
+    assert!(engine::scrub_schedule(&pool).unwrap().is_none());
 }
 
 #[test]

@@ -503,6 +503,18 @@ pub enum ScrubCommand {
     Status,
     /// Stop the running scrub where it is (`scrub start` goes on from there)
     Stop,
+    /// Scrub on a schedule kept in the pool, in the monitor's grammar
+    /// (`every 1d`, `daily at 03:00`, `weekly on sun at 02:00`, `monthly on
+    /// 1`): a new scrub starts when one is due and none runs
+    #[command(arg_required_else_help = true)]
+    Schedule {
+        /// When, e.g. `weekly on sun at 02:00` (quoted or as separate words)
+        #[arg(value_name = "SPEC", num_args = 1.., conflicts_with = "clear", required_unless_present = "clear")]
+        spec: Vec<String>,
+        /// Remove the schedule (a running scrub goes on)
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -205,6 +205,14 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
         Command::Scrub(ScrubCommand::Status) => p.show(&c.scrub_status()?, output::scrub)?,
         Command::Scrub(ScrubCommand::Stop) => p.show(&c.scrub_stop()?, output::scrub)?,
+        Command::Scrub(ScrubCommand::Schedule { spec, clear }) => {
+            let view = if clear {
+                c.scrub_schedule_clear()?
+            } else {
+                c.scrub_schedule_set(&spec.join(" "))?
+            };
+            p.show(&view, output::scrub)?;
+        }
         Command::Scrub(ScrubCommand::Start { wait }) => {
             let started = c.scrub_start()?;
             if !wait {

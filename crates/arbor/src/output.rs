@@ -151,7 +151,7 @@ pub fn pool(p: &PoolView) -> String {
 /// Where the scrub stands.
 pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if s.state == "none" {
-        return "scrub: never run (arbor scrub start)\n".to_owned();
+        return "scrub: never run (arbor scrub start)\n".to_owned() + &fields(&scrub_schedule(s));
     }
     let mut rows = vec![
         ("scrub", s.state.clone()),
@@ -194,7 +194,27 @@ pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if let Some(e) = &s.last_error {
         rows.push(("error", e.clone()));
     }
+    rows.extend(scrub_schedule(s));
     fields(&rows)
+}
+
+/// The scrub schedule's rows: when, and the next run (none: no rows).
+fn scrub_schedule(s: &arbor_api::model::ScrubView) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
+    if let Some(schedule) = &s.schedule {
+        rows.push(("schedule", format!("{schedule} (UTC)")));
+        rows.push((
+            "next run",
+            s.next_run.map_or_else(|| "never".to_owned(), timestamp),
+        ));
+    }
+    if let Some(e) = &s.schedule_error {
+        rows.push((
+            "schedule",
+            format!("damaged, none runs (arbor scrub schedule sets it again): {e}"),
+        ));
+    }
+    rows
 }
 
 /// The pool's damaged data blocks, one line each with who reads it.

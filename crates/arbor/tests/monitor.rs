@@ -536,3 +536,124 @@ fn a_scheduled_snapshot_replicates_at_once() {
     let _ = std::fs::remove_file(config);
     let _ = std::fs::remove_file(source_config);
 }
+
+/// When the scrub that `status` shows started (0: none has).
+fn scrub_started(status: &Value) -> u64 {
+    status["started_unix_secs"].as_u64().unwrap_or(0)
+}
+
+/// The scrub schedule through a real daemon: a bad spec is a usage error;
+/// a schedule that never ran starts a scrub at once and again when due;
+/// it is in the pool across a restart, in the API and the overview; and
+/// clearing it stops it. A format 9 pool (no data checksums) refuses one.
+#[test]
+fn a_scrub_schedule_starts_scrubs_across_a_restart_until_cleared() {
+    let mut daemon = Daemon::start(&[]);
+    daemon.ok(&["volume", "create", "v", "--size", "8M"]);
+    let status = daemon.json(&["scrub", "status"]);
+    assert_eq!(status["state"], "none", "{status}");
+    assert!(status.get("schedule").is_none(), "{status}");
+    daemon.fails(&["scrub", "schedule", "sometimes"], 2, "invalid schedule");
+    daemon.fails(&["scrub", "schedule", "every", "0s"], 2, "invalid schedule");
+    assert!(daemon.json(&["scrub", "status"]).get("schedule").is_none());
+
+    // Never run: due at once; then again once a second has passed.
+    let set = daemon.json(&["scrub", "schedule", "every", "1s"]);
+    assert_eq!(set["schedule"], "every 1s", "{set}");
+    let first = wait_for("the first scheduled scrub", 60, || {
+        let s = daemon.json(&["scrub", "status"]);
+        (s["state"] == "finished").then(|| scrub_started(&s))
+    });
+    wait_for("a second scheduled scrub", 60, || {
+        let s = daemon.json(&["scrub", "status"]);
+        (scrub_started(&s) > first).then_some(())
+    });
+    let status = daemon.json(&["scrub", "status"]);
+    assert!(status["next_run"].as_u64().is_some(), "{status}");
+    let text = daemon.ok(&["scrub", "status"]);
+    assert!(
+        text.contains("every 1s (UTC)") && text.contains("next run:"),
+        "{text}"
+    );
+
+    // In the pool: a restart keeps it, and it goes on scrubbing.
+    daemon.stop_cleanly();
+    daemon.restart(&[]);
+    let before = scrub_started(&daemon.json(&["scrub", "status"]));
+    assert_eq!(daemon.json(&["scrub", "status"])["schedule"], "every 1s");
+    wait_for("a scheduled scrub after the restart", 60, || {
+        let s = daemon.json(&["scrub", "status"]);
+        (scrub_started(&s) > before).then_some(())
+    });
+
+    // Through the API: set, shown in GET /v1/scrub and the overview.
+    let socket = daemon.api_socket();
+    let (code, body) = http(
+        &socket,
+        "PUT",
+        "/v1/scrub/schedule",
+        r#"{"schedule": "weekly on sun at 02:00"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = http(
+        &socket,
+        "PUT",
+        "/v1/scrub/schedule",
+        r#"{"schedule": "yearly"}"#,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("invalid schedule"), "{body}");
+    let (_, body) = http(&socket, "GET", "/v1/scrub", "");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["schedule"], "weekly on sun at 02:00", "{view}");
+    let (_, body) = http(&socket, "GET", "/v1/overview", "");
+    let overview: Value = serde_json::from_str(&body).unwrap();
+    let scrub = &overview["scrub"];
+    assert_eq!(scrub["schedule"], "weekly on sun at 02:00", "{scrub}");
+    // The last one started this week, after or at its slot: the next is
+    // a Sunday 02:00 after it.
+    let next = scrub["next_run"].as_u64().unwrap();
+    assert!(next > scrub_started(scrub), "{scrub}");
+    assert_eq!(next % 86_400, 2 * 3_600, "{scrub}");
+    // 1970-01-01 was a Thursday: Sundays are 3 days after a multiple of 7.
+    assert_eq!((next / 86_400) % 7, 3, "{scrub}");
+
+    // Cleared (through the API, then again by the CLI: nothing to do):
+    // no scrub starts any more.
+    let (code, body) = http(&socket, "DELETE", "/v1/scrub/schedule", "");
+    assert_eq!(code, 200, "{body}");
+    let cleared = daemon.json(&["scrub", "schedule", "--clear"]);
+    assert!(cleared.get("schedule").is_none(), "{cleared}");
+    assert!(cleared.get("next_run").is_none(), "{cleared}");
+    daemon.ok(&["scrub", "schedule", "every", "1s"]);
+    daemon.ok(&["scrub", "schedule", "--clear"]);
+    let done = wait_for("the last scrub to end", 60, || {
+        let s = daemon.json(&["scrub", "status"]);
+        (s["state"] != "running").then(|| scrub_started(&s))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        scrub_started(&daemon.json(&["scrub", "status"])),
+        done,
+        "a cleared schedule still started a scrub"
+    );
+    daemon.stop_cleanly();
+    drop(daemon);
+
+    // A format 9 pool has no data checksums: no schedule.
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool.img");
+    ok(&[
+        "pool",
+        "create",
+        p(&pool),
+        "--size",
+        "32M",
+        "--format-version",
+        "9",
+    ]);
+    let old = Daemon::start(&["--pool", p(&pool)]);
+    old.fails(&["scrub", "schedule", "daily"], 5, "no data checksums");
+    assert!(old.json(&["scrub", "status"]).get("schedule").is_none());
+    old.ok(&["scrub", "schedule", "--clear"]);
+}
