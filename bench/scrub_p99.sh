@@ -7,12 +7,15 @@
 # Prints each phase's p50/p99/p99.9 completion latency and the scrub
 # phase's p99 against the mean of the two idle ones.
 #
-#   bench/scrub_p99.sh ARBOR_BINARY [VOLUME_SIZE] [SECONDS]
+#   bench/scrub_p99.sh ARBOR_BINARY [VOLUME_SIZE (6G)] [SECONDS (30)]
 #   SERVE_ARGS="--io direct" bench/scrub_p99.sh ...   (the daemon on O_DIRECT)
+#   POOL_SIZE (default 8G) must hold the volume. The scrub must still be
+#   running when the scrub phase ends (at 32 MiB/s, 2 x SECONDS x 32 MiB of
+#   data at least): the script says if it was not.
 set -euo pipefail
 bin=${1:?arbor binary}
-vsize=${2:-2G}
-secs=${3:-20}
+vsize=${2:-6G}
+secs=${3:-30}
 work=$(mktemp -d /var/tmp/arbor-scrub-p99-XXXXXX)
 pid=
 cleanup() {
@@ -20,7 +23,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-"$bin" serve ${SERVE_ARGS:-} --data-dir "$work" --pool-size 4G --initial-volume none \
+"$bin" serve ${SERVE_ARGS:-} --data-dir "$work" --pool-size "${POOL_SIZE:-8G}" --initial-volume none \
   --nbd-listen none --api-listen none >/dev/null 2>"$work/log" &
 pid=$!
 for _ in $(seq 200); do [ -S "$work/api.sock" ] && [ -S "$work/nbd.sock" ] && break; sleep 0.05; done
