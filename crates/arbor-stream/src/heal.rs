@@ -12,7 +12,8 @@
 
 use arbor_engine::{split_snapshot_name, Error, Healed, Pool, VolumeId};
 
-use crate::format::{DataDecoder, Decoded, Decoder, Encoding, Guid, Record};
+use crate::format::{DataDecoder, Encoding, Guid, Record};
+use crate::receive::Records;
 use crate::send::read_base;
 use crate::StreamFailure;
 
@@ -45,9 +46,8 @@ pub struct Healer<'p> {
     /// The volume the snapshot must be of (a guard against healing another
     /// than the one meant; the identity is what decides).
     volume: String,
-    decoder: Decoder,
+    records: Records,
     data: DataDecoder,
-    pending: Vec<u8>,
     started: Option<Started>,
     decoded: Vec<u8>,
     base_data: Vec<u8>,
@@ -61,9 +61,8 @@ impl<'p> Healer<'p> {
         Self {
             pool,
             volume: volume.to_owned(),
-            decoder: Decoder::new(),
+            records: Records::default(),
             data: DataDecoder::new(),
-            pending: Vec::new(),
             started: None,
             decoded: Vec::new(),
             base_data: Vec::new(),
@@ -74,23 +73,10 @@ impl<'p> Healer<'p> {
     /// Decodes whatever whole records `bytes` completes and heals with them.
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), StreamFailure> {
         self.report.stream_bytes += bytes.len() as u64;
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.extend_from_slice(bytes);
-        let mut at = 0;
-        let result = loop {
-            match self.decoder.decode(&pending[at..]) {
-                Ok(Decoded::NeedMore(_)) => break Ok(()),
-                Ok(Decoded::Record { consumed, record }) => {
-                    at += consumed;
-                    if let Err(e) = self.apply(record) {
-                        break Err(e);
-                    }
-                }
-                Err(e) => break Err(StreamFailure::Stream(e)),
-            }
-        };
-        pending.drain(..at);
-        self.pending = pending;
+        // Out of `self` while records borrowed from it are applied.
+        let mut records = std::mem::take(&mut self.records);
+        let result = records.push(bytes, |record| self.apply(record));
+        self.records = records;
         result
     }
 
@@ -202,12 +188,7 @@ impl<'p> Healer<'p> {
     /// trailer (what it healed stays healed either way: each block was
     /// checked against its own sum).
     pub fn finish(mut self) -> Result<HealReport, StreamFailure> {
-        self.decoder.end_of_input()?;
-        if !self.pending.is_empty() {
-            return Err(StreamFailure::Refused(
-                "bytes after the stream's end".into(),
-            ));
-        }
+        self.records.end()?;
         let started = self
             .started
             .take()

@@ -73,6 +73,56 @@ pub struct ReceiveProgress {
 /// stream with that message.
 type HeaderCheck<'p> = Box<dyn FnMut(&Header) -> Result<(), String> + 'p>;
 
+/// An arbor stream's input as it arrives: whole, verified records handed
+/// to a caller one at a time (the receive's and the heal's one loop over
+/// the decoder).
+#[derive(Default)]
+pub(crate) struct Records {
+    decoder: Decoder,
+    /// Input not yet decoded (at most one record and one push).
+    pending: Vec<u8>,
+}
+
+impl Records {
+    /// Decodes whatever whole records `bytes` completes, handing each to
+    /// `apply`; stops at the first error.
+    pub(crate) fn push(
+        &mut self,
+        bytes: &[u8],
+        mut apply: impl FnMut(Record<'_>) -> Result<(), StreamFailure>,
+    ) -> Result<(), StreamFailure> {
+        self.pending.extend_from_slice(bytes);
+        let mut at = 0;
+        let result = loop {
+            match self.decoder.decode(&self.pending[at..]) {
+                Ok(Decoded::NeedMore(_)) => break Ok(()),
+                Ok(Decoded::Record { consumed, record }) => {
+                    at += consumed;
+                    if let Err(e) = apply(record) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(StreamFailure::Stream(e)),
+            }
+        };
+        self.pending.drain(..at);
+        result
+    }
+
+    /// The input has ended: it must have ended with the stream's verified
+    /// trailer, and nothing after it.
+    pub(crate) fn end(&self) -> Result<(), StreamFailure> {
+        // Truncated unless the trailer arrived and verified.
+        self.decoder.end_of_input()?;
+        if !self.pending.is_empty() {
+            return Err(StreamFailure::Refused(
+                "bytes after the stream's end".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A stream being received: [`Receiver::push`] its bytes as they come, then
 /// [`Receiver::finish`] at the end of the input.
 pub struct Receiver<'p> {
@@ -80,10 +130,8 @@ pub struct Receiver<'p> {
     volume: String,
     opts: ReceiveOptions,
     check: Option<HeaderCheck<'p>>,
-    decoder: Decoder,
+    records: Records,
     data: DataDecoder,
-    /// Input not yet decoded (at most one record and one push).
-    pending: Vec<u8>,
     started: Option<Started>,
     decoded: Vec<u8>,
     base_data: Vec<u8>,
@@ -124,9 +172,8 @@ impl<'p> Receiver<'p> {
             volume: volume.to_owned(),
             opts,
             check: None,
-            decoder: Decoder::new(),
+            records: Records::default(),
             data: DataDecoder::new(),
-            pending: Vec::new(),
             started: None,
             decoded: Vec::new(),
             base_data: Vec::new(),
@@ -158,23 +205,9 @@ impl<'p> Receiver<'p> {
     pub fn push(&mut self, bytes: &[u8]) -> Result<ReceiveProgress, StreamFailure> {
         self.progress.stream_bytes += bytes.len() as u64;
         // Out of `self` while records borrowed from it are applied.
-        let mut pending = std::mem::take(&mut self.pending);
-        pending.extend_from_slice(bytes);
-        let mut at = 0;
-        let result = loop {
-            match self.decoder.decode(&pending[at..]) {
-                Ok(Decoded::NeedMore(_)) => break Ok(()),
-                Ok(Decoded::Record { consumed, record }) => {
-                    at += consumed;
-                    if let Err(e) = self.apply(record) {
-                        break Err(e);
-                    }
-                }
-                Err(e) => break Err(StreamFailure::Stream(e)),
-            }
-        };
-        pending.drain(..at);
-        self.pending = pending;
+        let mut records = std::mem::take(&mut self.records);
+        let result = records.push(bytes, |record| self.apply(record));
+        self.records = records;
         result.map(|()| self.progress)
     }
 
@@ -304,13 +337,7 @@ impl<'p> Receiver<'p> {
     /// The input has ended: the stream must have ended with its verified
     /// trailer. Makes the snapshot visible, in one commit.
     pub fn finish(mut self) -> Result<Received, StreamFailure> {
-        // Truncated unless the trailer arrived and verified.
-        self.decoder.end_of_input()?;
-        if !self.pending.is_empty() {
-            return Err(StreamFailure::Refused(
-                "bytes after the stream's end".into(),
-            ));
-        }
+        self.records.end()?;
         let started = self
             .started
             .take()
