@@ -24,6 +24,10 @@
 # feature with one binary, e.g. data checksums (version 10) against none:
 #   OLD_FORMAT=9 bench/ab.sh B B
 #
+# LAYOUT=cow creates the volume as a copy-on-write volume with its home in
+# the pool (`volume create --layout cow`), for an A/B of that write path,
+# e.g. its checksums against none: LAYOUT=cow OLD_FORMAT=9 bench/ab.sh B B
+#
 # POOL sets the pool's size (default 2G): jobs that write much under
 # SNAPSHOT=1 need more, each snapshot pinning what the next job rewrites.
 #
@@ -58,7 +62,9 @@ run_one() { # label binary serve-arguments format-version
     --nbd-listen none --api-listen none >/dev/null 2>"$work/$label.log" &
   pid=$!
   for _ in $(seq 200); do [ -S "$dir/api.sock" ] && [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
-  "$bin" --data-dir "$dir" volume create v --size 512M >/dev/null
+  local -a layout=()
+  if [ -n "${LAYOUT:-}" ]; then layout=(--layout "$LAYOUT"); fi
+  "$bin" --data-dir "$dir" volume create v --size 512M "${layout[@]}" >/dev/null
   local uri="nbd+unix:///v?socket=$dir/nbd.sock"
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 \
     --size=512M --end_fsync=1 >/dev/null 2>&1

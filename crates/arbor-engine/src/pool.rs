@@ -1774,7 +1774,9 @@ impl Pool {
         let layout = self.check_write(id, offset, data.len() as u64)?.0;
         if let arbor_format::DataLayout::Cow(_) = layout {
             let written = self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
-            return self.after_origin_error(written);
+            // A write over part of a damaged block of a home in the pool
+            // fails, as does one whose copy for a snapshot reads one.
+            return self.after_damage(self.after_origin_error(written));
         }
         // A write over part of a damaged block fails (its edges are read).
         let written = self.apply_all(Unit::data(id, offset, data));
@@ -1816,7 +1818,9 @@ impl Pool {
         if let arbor_format::DataLayout::Cow(_) = layout {
             // The device keeps every chunk: zeros are written.
             let written = self.cow_write(id.0, offset, len, Fill::Zeros);
-            return self.after_origin_error(written);
+            // A write over part of a damaged block of a home in the pool
+            // fails, as does one whose copy for a snapshot reads one.
+            return self.after_damage(self.after_origin_error(written));
         }
         // A volume reading through an epoch reads that epoch where it maps
         // nothing, so it cannot unmap: zeros are written.

@@ -15,7 +15,7 @@ use crate::meta::{unix_now, CommitJob, Meta, Privilege, VolumeRoots};
 use crate::table::VolumeTable;
 
 mod cow;
-pub(crate) use cow::{is_visible, CopyPlan, HomeGrowth};
+pub(crate) use cow::{is_loose_home, is_visible, CopyPlan, HomeGrowth};
 
 /// The volume layer over the open transaction (see the module comment).
 pub(crate) struct Volumes {
@@ -236,6 +236,18 @@ impl Volumes {
     /// (run as a step of its own: `crate::intents`).
     pub fn add_wanted_intents(&mut self) -> Result<bool> {
         crate::intents::add_wanted(&mut self.meta)
+    }
+
+    /// Whether data chunks `pchunks` (of a copy-on-write volume's home in
+    /// the pool) may be overwritten in place now as far as the crash rule
+    /// goes (`crate::intents::ready_for`); the regions of those that may
+    /// not are wanted in the set ([`Self::add_wanted_intents`]).
+    pub fn ready_in_place(&mut self, pchunks: std::ops::Range<u64>) -> Result<bool> {
+        let mut ready = true;
+        for pchunk in pchunks {
+            ready &= crate::intents::ready_for(&mut self.meta, pchunk)?;
+        }
+        Ok(ready)
     }
 
     /// Whether writes found regions missing from the in-place intent set.

@@ -227,10 +227,12 @@ impl Pool {
                 }
             }
         }
-        // Copies in copy-on-write volumes' stores: read by the snapshots
-        // (and clones not mapping the chunk) of the epochs they serve.
+        // Copies in copy-on-write volumes' stores, read by the snapshots
+        // (and clones not mapping the chunk) of the epochs they serve; homes
+        // in the pool, read by their volume and by its epochs' readers that
+        // have no copy of the chunk.
         let mut hits = Vec::new();
-        copy_readers(&meta, &blocks, &mut |i, id, at| hits.push((i, id, at)))?;
+        cow_readers(&meta, &blocks, &mut |i, id, at| hits.push((i, id, at)))?;
         for (i, id, at) in hits {
             let d = &mut blocks[i];
             d.reader_count += 1;
@@ -262,12 +264,13 @@ impl Pool {
         if !is_cow(rec) {
             readers_in(&meta, rec.root, &blocks, &mut |_, at| offsets.push(at))?;
         }
-        if rec.backing.is_some() {
-            copy_readers(&meta, &blocks, &mut |_, reader, at| {
+        if rec.backing.is_some() || is_cow(rec) {
+            let mut mine = |_, reader, at| {
                 if reader == id.0 {
                     offsets.push(at);
                 }
-            })?;
+            };
+            cow_readers(&meta, &blocks, &mut mine)?;
         }
         offsets.sort_unstable();
         offsets.dedup();
@@ -299,21 +302,46 @@ fn is_cow(rec: &arbor_format::VolumeRecord) -> bool {
     matches!(rec.layout, arbor_format::DataLayout::Cow(_))
 }
 
-/// Calls `found(i, id, offset)` for each block `blocks[i]` that is in a
-/// copy of a copy-on-write volume's store, for every volume or snapshot
-/// `id` that reads that copy (through an epoch it serves, where its own
-/// mapping maps nothing), with the byte offset where it reads it.
-fn copy_readers(
+/// Calls `found(i, id, offset)` for each block `blocks[i]` that a
+/// copy-on-write volume's data holds, for every volume or snapshot `id`
+/// that reads it there, with the byte offset where it reads it: a copy in
+/// the volume's store, read through an epoch it serves by the records that
+/// map nothing of their own there; the volume's home in the pool, read by
+/// the volume and through its epochs by the records that map nothing of
+/// their own there and whose epoch has no copy of the chunk.
+fn cow_readers(
     meta: &Volumes,
     blocks: &[DamagedData],
     found: &mut dyn FnMut(usize, u64, u64),
 ) -> Result<()> {
     let cs = meta.meta().geo().chunk_size;
     let records: Vec<(u64, &arbor_format::VolumeRecord)> = meta.table().iter().collect();
-    for (origin, rec) in &records {
-        if !is_cow(rec) {
-            continue;
+    // The records reading through `origin`'s epochs that map nothing of
+    // their own at `chunk`, and whose epoch `reads` says reads the block.
+    let readers = |origin: u64,
+                   chunk: u64,
+                   at: u64,
+                   reads: &dyn Fn(u64) -> Result<bool>,
+                   found: &mut dyn FnMut(u64)|
+     -> Result<()> {
+        for (id, reader) in &records {
+            let Some(b) = reader.backing else { continue };
+            if b.origin != origin || at >= reader.size_bytes || !reads(b.epoch)? {
+                continue;
+            }
+            if Mapping::new(meta.meta(), reader.root)
+                .lookup(chunk)?
+                .is_none()
+            {
+                found(*id);
+            }
         }
+        Ok(())
+    };
+    for (origin, rec) in &records {
+        let arbor_format::DataLayout::Cow(cow) = rec.layout else {
+            continue;
+        };
         let mut copies = Vec::new();
         SnapStore::new(meta.meta(), rec.root).for_each(0, &mut |entry| {
             for (i, d) in blocks.iter().enumerate() {
@@ -325,16 +353,39 @@ fn copy_readers(
         })?;
         for (i, entry) in copies {
             let at = entry.chunk * cs + u64::from(blocks[i].block) * SUM_BLOCK_U64;
-            for (id, reader) in &records {
-                let Some(b) = reader.backing else { continue };
-                if b.origin != *origin || !(entry.first..=entry.last).contains(&b.epoch) {
-                    continue;
-                }
-                let own = Mapping::new(meta.meta(), reader.root).lookup(entry.chunk)?;
-                if own.is_none() {
-                    found(i, *id, at);
-                }
+            let epochs = entry.first..=entry.last;
+            readers(
+                *origin,
+                entry.chunk,
+                at,
+                &|e| Ok(epochs.contains(&e)),
+                &mut |id| found(i, id, at),
+            )?;
+        }
+        let arbor_format::Home::Pool { first } = cow.home else {
+            continue;
+        };
+        if crate::volumes::is_loose_home(rec) {
+            continue;
+        }
+        let home = first..first.saturating_add(rec.size_bytes.div_ceil(cs));
+        for (i, d) in blocks.iter().enumerate() {
+            if !home.contains(&d.pchunk) {
+                continue;
             }
+            let chunk = d.pchunk - first;
+            let at = chunk * cs + u64::from(d.block) * SUM_BLOCK_U64;
+            if at < rec.size_bytes {
+                found(i, *origin, at);
+            }
+            let store = SnapStore::new(meta.meta(), rec.root);
+            readers(
+                *origin,
+                chunk,
+                at,
+                &|e| Ok(store.lookup(chunk, e)?.is_none()),
+                &mut |id| found(i, id, at),
+            )?;
         }
     }
     Ok(())

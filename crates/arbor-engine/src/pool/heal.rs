@@ -57,26 +57,50 @@ impl Pool {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             let rec = meta.volume(id.0)?;
-            if matches!(rec.layout, arbor_format::DataLayout::Cow(_)) {
-                // Its home (an origin's device, or chunks written in place
-                // as a device is): no sums.
-                done.not_damaged = len / SUM_BLOCK_U64;
-                return Ok(done);
-            }
+            let cow = matches!(rec.layout, arbor_format::DataLayout::Cow(_));
+            // Where the device that the volume, or the epoch it reads
+            // through, reads is a home in the pool: its first chunk.
+            let home = match (cow, rec.backing) {
+                (true, _) => Self::home_in_pool(&meta, id.0),
+                (false, Some(b)) => Self::home_in_pool(&meta, b.origin),
+                (false, None) => None,
+            };
             let mut on_device = vec![0u8; SUM_BLOCK];
             for (i, bytes) in good.chunks(SUM_BLOCK).enumerate() {
                 let at_logical = offset + i as u64 * SUM_BLOCK_U64;
-                let pieces = Self::resolve(&meta, id, at_logical, SUM_BLOCK_U64)?;
-                // Through an epoch: the store's copies too.
-                let pieces = match rec.backing {
-                    Some(b) => Self::resolve_view(&meta, b, at_logical, pieces)?,
-                    None => pieces,
+                let pieces = if cow {
+                    // Its home: an origin's device (no sums), or chunks of
+                    // the pool written in place as a device is.
+                    vec![Piece {
+                        len: SUM_BLOCK_U64,
+                        source: Source::Origin(at_logical),
+                    }]
+                } else {
+                    let pieces = Self::resolve(&meta, id, at_logical, SUM_BLOCK_U64)?;
+                    // Through an epoch: the store's copies too.
+                    match rec.backing {
+                        Some(b) => Self::resolve_view(&meta, b, at_logical, pieces)?,
+                        None => pieces,
+                    }
                 };
-                let at = match pieces.as_slice() {
-                    [Piece {
-                        source: Source::Pool(at),
-                        ..
-                    }] if at.is_multiple_of(SUM_BLOCK_U64) => *at,
+                let at = match (pieces.as_slice(), home) {
+                    (
+                        [Piece {
+                            source: Source::Pool(at),
+                            ..
+                        }],
+                        _,
+                    ) if at.is_multiple_of(SUM_BLOCK_U64) => *at,
+                    // The home is a run of chunks contiguous on the device.
+                    (
+                        [Piece {
+                            source: Source::Origin(at),
+                            ..
+                        }],
+                        Some(first),
+                    ) if at.is_multiple_of(SUM_BLOCK_U64) => {
+                        self.store.geo.chunk_offset(first) + at
+                    }
                     _ => {
                         done.not_damaged += 1;
                         continue;

@@ -541,7 +541,9 @@ impl Pool {
                     d: &d,
                 };
                 let tracking = d.track(cs, size.div_ceil(cs));
-                self.fill_run(&run, size, |buf, at| t.read(buf, at))?;
+                // A damaged block of a home in the pool fails the move: never
+                // copied where it would have no sum.
+                self.fill_run(&run, size, |buf, at| self.read_home_settled(&t, buf, at))?;
                 let mut left = tracking.take();
                 for _ in 0..CATCH_UP_PASSES {
                     if left.iter().map(|r| r.end - r.start).sum::<u64>() <= CATCH_UP_LEFT {
@@ -612,7 +614,7 @@ impl Pool {
             while at < to {
                 let n = (to - at).min(4 << 20);
                 buf.resize(n as usize, 0);
-                t.read(&mut buf, at)?;
+                self.read_home_settled(t, &mut buf, at)?;
                 self.store.dev.write_at(&buf, base + at)?;
                 at += n;
             }
@@ -717,7 +719,7 @@ impl Pool {
     /// chunk `first`) through a window of the pool's device.
     pub(super) fn open_home(&self, id: u64, first: u64, size: u64) {
         let base = self.store.geo.chunk_offset(first);
-        let home = OriginDevice::in_pool(Arc::clone(&self.store.dev), base, size);
+        let home = OriginDevice::in_pool(Arc::clone(&self.store.dev), first, base, size);
         self.origins.insert(id, home);
     }
 
@@ -930,8 +932,52 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset` of copy-on-write volume `id`
     /// (checked by the caller): straight from its device.
+    /// A home in the pool is verified against its sums; a mismatch is read
+    /// again with the volume's writers of those chunks held off (a write
+    /// changes data and sums under them, not at one instant): a mismatch
+    /// then is damage.
     pub(super) fn cow_read(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.with_target(id, |t| t.read(buf, offset))
+        self.with_target(id, |t| self.read_home_settled(t, buf, offset))
+    }
+
+    /// [`Self::read_home`] by a caller that does not hold the chunks'
+    /// origin stripes: a mismatch is read again with them held (no write
+    /// of those chunks in flight); a mismatch then is damage, noted.
+    fn read_home_settled(&self, t: &Target<'_>, buf: &mut [u8], at: u64) -> Result<()> {
+        match self.read_home(t, buf, at) {
+            Err(Error::Damaged(_)) => {
+                let cs = self.chunk_size();
+                let chunks = at / cs..(at + buf.len() as u64).div_ceil(cs);
+                let _stripes = self.origins.stripes(t.id, chunks, false);
+                let read = self.read_home(t, buf, at);
+                self.after_damage(read)
+            }
+            other => other,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `at` of copy-on-write volume `t`'s
+    /// device; a home in the pool of a pool with checksums verified
+    /// against its sums (whole blocks read around a part of one).
+    fn read_home(&self, t: &Target<'_>, buf: &mut [u8], at: u64) -> Result<()> {
+        let geo = &self.store.geo;
+        let Some(first) = t.d.home().filter(|_| geo.version().has_data_checksums()) else {
+            return t.read(buf, at);
+        };
+        let len = buf.len() as u64;
+        // The home is a run of chunks contiguous on the device.
+        let source = geo.chunk_offset(first) + at;
+        let sums = {
+            let meta = self.read_meta()?;
+            let mut sums = ReadSums::default();
+            sums.add_range(meta.meta(), source, len)?;
+            sums
+        };
+        let piece = Piece {
+            len,
+            source: Source::Pool(source),
+        };
+        self.read_verified(&[piece], buf, &sums, None)
     }
 
     /// Writes `fill` over `[offset, offset + len)` of copy-on-write volume
@@ -973,6 +1019,11 @@ impl Pool {
         let _stripes = self.origins.stripes(t.id, chunks.clone(), true);
         self.refuse_lost_copies(t.id, t.name, chunks.clone())?;
         self.preserve(t, chunks.clone())?;
+        // A home in the pool of a pool with checksums: its blocks get sums.
+        let home =
+            t.d.home()
+                .filter(|_| self.store.geo.version().has_data_checksums());
+        let mut committed = false;
         loop {
             {
                 let _gate = self.gates.io();
@@ -987,13 +1038,128 @@ impl Pool {
                     }
                     clear
                 };
-                if clear {
-                    return t.write(from, to, fill);
+                let Some(first) = home.filter(|_| clear) else {
+                    if clear {
+                        return t.write(from, to, fill);
+                    }
+                    drop(_gate);
+                    // A snapshot came between the copies and the gate.
+                    self.preserve(t, chunks.clone())?;
+                    continue;
+                };
+                // The crash rule (`crate::intents`): in place only in a
+                // region the last durable commit lists.
+                let pchunks = first + chunks.start..first + chunks.end;
+                let waits = {
+                    let mut meta = self.write_meta()?;
+                    let ready = meta.ready_in_place(pchunks)?;
+                    let txn = meta.take_intents_await();
+                    if meta.wants_intents() {
+                        self.mutate(&mut meta, Privilege::Reserve, |m| m.add_wanted_intents())?;
+                    }
+                    (!ready).then_some(txn).flatten()
+                };
+                if waits.is_none() {
+                    // The sums first, in the same hold of the gate as the
+                    // data (a scrub's second look holds the gate
+                    // exclusive): a write that fails for metadata leaves no
+                    // trace; one that fails on the device leaves its blocks
+                    // as a failed write to a disk does.
+                    let recorded = self.home_sums(first, from, to, fill).and_then(|sums| {
+                        let mut meta = self.write_meta()?;
+                        self.mutate(&mut meta, Privilege::Normal, |m| m.record_sums(&sums))
+                    });
+                    match recorded {
+                        Ok(()) => return t.write(from, to, fill),
+                        Err(Error::Exhausted(Resource::Journal)) if !committed => {
+                            committed = true;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                drop(_gate);
+                match waits {
+                    Some(txn) => self.commit_through(txn)?,
+                    // Room in an empty transaction.
+                    None => self.commit_open()?,
                 }
             }
-            // A snapshot came between the copies and the gate.
+            // A snapshot may have come meanwhile.
             self.preserve(t, chunks.clone())?;
         }
+    }
+
+    /// The sums of the blocks of a home in the pool (from data chunk
+    /// `first`) around `[from, to)` once `fill` is written there: a block
+    /// the write covers only in part is read first, and verified (a block
+    /// damaged already is not given a new sum over its damage).
+    fn home_sums(&self, first: u64, from: u64, to: u64, fill: Fill<'_>) -> Result<Vec<BlockSums>> {
+        const BLOCK: u64 = arbor_format::SUM_BLOCK_U64;
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size;
+        let (start, end) = crate::sums::block_span(from, to - from);
+        let new = |range: Range<u64>| -> Vec<Option<u32>> {
+            let blocks = ((range.end - range.start) / BLOCK) as usize;
+            match fill {
+                Fill::Data(d) => crate::sums::compute(
+                    &d[(range.start - from) as usize..(range.end - from) as usize],
+                ),
+                Fill::Zeros => vec![Some(arbor_format::zero_block_sum()); blocks],
+            }
+        };
+        // A block the write covers in part: its old bytes with the new
+        // ones over them.
+        let merged = |block: u64| -> Result<Option<u32>> {
+            let pchunk = first + block / cs;
+            let within = block % cs;
+            let mut bytes = vec![0u8; BLOCK as usize];
+            self.store
+                .dev
+                .read_at(&mut bytes, geo.chunk_offset(pchunk) + within)?;
+            self.verify_chunk_part(pchunk, within, &bytes)?;
+            let (lo, hi) = (from.max(block), to.min(block + BLOCK));
+            let out = &mut bytes[(lo - block) as usize..(hi - block) as usize];
+            match fill {
+                Fill::Data(d) => {
+                    out.copy_from_slice(&d[(lo - from) as usize..(hi - from) as usize])
+                }
+                Fill::Zeros => out.fill(0),
+            }
+            Ok(Some(arbor_format::block_sum(&bytes)))
+        };
+        let mut flat: Vec<Option<u32>> = Vec::with_capacity(((end - start) / BLOCK) as usize);
+        let whole_from = from.next_multiple_of(BLOCK);
+        let whole_to = to - to % BLOCK;
+        let head = !from.is_multiple_of(BLOCK);
+        if head {
+            flat.push(merged(start)?);
+        }
+        if whole_from < whole_to {
+            flat.extend(new(whole_from..whole_to));
+        }
+        // A tail block written in part, unless it is the head's.
+        let tail = !to.is_multiple_of(BLOCK) && (!head || whole_to != start);
+        if tail {
+            flat.push(merged(whole_to)?);
+        }
+        // By chunk.
+        let mut sums = Vec::new();
+        let mut at = start;
+        let mut rest = &flat[..];
+        while at < end {
+            let chunk_end = ((at / cs + 1) * cs).min(end);
+            let n = ((chunk_end - at) / BLOCK) as usize;
+            let (mine, tail) = rest.split_at(n);
+            rest = tail;
+            sums.push(BlockSums {
+                pchunk: first + at / cs,
+                // Below the chunk's block count (a chunk is at most 1 MiB).
+                first: ((at % cs) / BLOCK) as u32,
+                sums: mine.to_vec(),
+            });
+            at = chunk_end;
+        }
+        Ok(sums)
     }
 
     /// Copies every chunk of `chunks` that needs it and commits, so the
@@ -1077,7 +1243,9 @@ impl Pool {
             let start = plan.chunk * cs;
             let len = cs.min(t.size.saturating_sub(start)) as usize;
             buf[len..].fill(0);
-            t.read(&mut buf[..len], start)?;
+            // A damaged block of a home in the pool fails the copy: never
+            // given a new, valid sum in the store.
+            self.read_home(t, &mut buf[..len], start)?;
             self.store
                 .dev
                 .write_at(&buf, geo.chunk_offset(plan.pchunk))?;
@@ -1302,7 +1470,13 @@ impl Pool {
                     size,
                     d: &d,
                 };
-                let read = read(pieces, buf, Some(&|out, at| target.read(out, at)));
+                // (The caller holds the origin stripes: no write of
+                // the home's chunks runs under this read.)
+                let read = read(
+                    pieces,
+                    buf,
+                    Some(&|out, at| self.read_home(&target, out, at)),
+                );
                 drop(reading);
                 return read;
             }
@@ -1381,6 +1555,12 @@ impl Pool {
             }
         }
         Ok(out)
+    }
+
+    /// The first data chunk of copy-on-write volume `id`'s home if it is in
+    /// the pool; None for any other record.
+    pub(super) fn home_in_pool(meta: &Volumes, id: u64) -> Option<u64> {
+        meta.pool_home(id).ok().map(|(first, _)| first)
     }
 
     /// Reads chunk `chunk` as epoch `backing` sees it into `buf` (one

@@ -45,6 +45,9 @@ pub(crate) struct OriginDevice {
     /// was attached at): from then on it serves no I/O, and the pool
     /// records the loss (`origin_loss.rs`).
     shrunk: Mutex<Option<u64>>,
+    /// A home in the pool: its first data chunk (its blocks have sums in
+    /// a pool with checksums, docs/FORMAT.md §6.4).
+    home: Option<u64>,
 }
 
 /// The chunks of a device written while a new home is copied from it
@@ -133,6 +136,10 @@ impl BlockDevice for Window {
 
 impl OriginDevice {
     pub(super) fn new(dev: Arc<dyn BlockDevice>) -> Arc<Self> {
+        Self::with_home(dev, None)
+    }
+
+    fn with_home(dev: Arc<dyn BlockDevice>, home: Option<u64>) -> Arc<Self> {
         Arc::new(Self {
             dev,
             busy: RwLock::new(()),
@@ -140,13 +147,25 @@ impl OriginDevice {
             written: AtomicBool::new(false),
             tracked: Mutex::new(None),
             shrunk: Mutex::new(None),
+            home,
         })
     }
 
-    /// `size` bytes of the pool's device `dev` from byte `base`: a home in
-    /// the pool.
-    pub(super) fn in_pool(dev: Arc<dyn BlockDevice>, base: u64, size: u64) -> Arc<Self> {
-        Self::new(Arc::new(Window { dev, base, size }))
+    /// `size` bytes of the pool's device `dev` from byte `base`, which is
+    /// where data chunk `first` starts: a home in the pool.
+    pub(super) fn in_pool(
+        dev: Arc<dyn BlockDevice>,
+        first: u64,
+        base: u64,
+        size: u64,
+    ) -> Arc<Self> {
+        Self::with_home(Arc::new(Window { dev, base, size }), Some(first))
+    }
+
+    /// The first data chunk of a home in the pool; None for an external
+    /// device.
+    pub(super) fn home(&self) -> Option<u64> {
+        self.home
     }
 
     /// The device.
@@ -546,7 +565,7 @@ mod tests {
     #[test]
     fn a_device_is_due_a_flush_from_a_write_until_one_succeeds() {
         let disk: Arc<dyn BlockDevice> = Arc::new(arbor_io::SimDisk::new(1 << 20));
-        let d = OriginDevice::in_pool(disk, 4096, 8192);
+        let d = OriginDevice::in_pool(disk, 1, 4096, 8192);
         assert_eq!(d.dev().size(), 8192);
         assert!(
             d.dev().write_at(&[1; 512], 8192).is_err(),
