@@ -463,6 +463,7 @@ fn scrub_all(pool: &Pool) -> arbor_engine::ScrubStep {
         total.bytes += step.bytes;
         total.verified_blocks += step.verified_blocks;
         total.damaged_blocks += step.damaged_blocks;
+        total.sums_added += step.sums_added;
         total.data_chunks = step.data_chunks;
         at = step.next;
         if at >= step.data_chunks {
@@ -899,4 +900,83 @@ fn a_power_cut_during_writes_to_a_home_in_the_pool_is_never_taken_for_damage() {
         assert_eq!(pool.damage_count().unwrap(), 0, "seed {seed}");
         assert_clean(&pool);
     }
+}
+
+/// A pool upgraded to version 10 (FORMAT.md §6.4, "Sums added by the
+/// scrub"): the blocks written before have no sums, so damage to them is
+/// not seen; one scrub gives every block of every live chunk a sum (row
+/// volumes, their snapshots' shared and partial chunks, a home in the
+/// pool), a second has none left to give, and from then on every damage
+/// is seen, as in a pool created at version 10.
+#[test]
+fn a_scrub_gives_sums_to_the_blocks_written_before_the_upgrade() {
+    let disk = SimDisk::new(64 * MIB);
+    let dev: std::sync::Arc<dyn BlockDevice> = std::sync::Arc::new(disk.clone());
+    let create = arbor_engine::CreateOptions {
+        format_version: arbor_format::FormatVersion::new(9).unwrap(),
+        journal_pages: Some(16),
+        ..small_opts(CS as u32)
+    };
+    let pool = Pool::create(dev, &create, &open_opts()).unwrap();
+    assert!(!pool.format_version().has_data_checksums());
+    let mut w = World {
+        pool,
+        disk,
+        model: BTreeMap::new(),
+    };
+    for (name, cow) in [("v", false), ("h", true)] {
+        let id = if cow {
+            w.pool.create_cow_volume(name, VOLUME).unwrap()
+        } else {
+            w.pool.create_volume(name, VOLUME).unwrap()
+        };
+        w.model.insert(name.into(), (id, vec![0; VOLUME as usize]));
+        let all: Vec<u8> = (0..VOLUME / BLOCK as u64)
+            .flat_map(|b| block(b + if cow { 500 } else { 1 }))
+            .collect();
+        w.write(name, 0, &all);
+    }
+    w.snapshot("v@s");
+    w.snapshot("h@s");
+    // Partial extents (blocks outside their masks) and store copies.
+    for c in (0..VOLUME / CS).step_by(3) {
+        w.write("v", c * CS + BLOCK as u64, &block(1000 + c));
+        w.write("h", c * CS + 2 * BLOCK as u64, &block(2000 + c));
+    }
+    w.pool.flush().unwrap();
+    assert!(w.pool.upgrade().unwrap());
+    assert!(w.pool.format_version().has_data_checksums());
+    // Old blocks: damage to them is not seen yet.
+    let tagged = w.tagged_blocks();
+    let mut old = vec![0u8; BLOCK];
+    w.disk.read_at(&mut old, tagged[5]).unwrap();
+    let mut bad = old.clone();
+    bad[200] ^= 1;
+    w.disk.write_at(&bad, tagged[5]).unwrap();
+    let served_wrong = w.model.values().any(|(id, content)| {
+        let mut buf = vec![0u8; VOLUME as usize];
+        w.pool.read(*id, 0, &mut buf).unwrap();
+        buf != *content
+    });
+    assert!(served_wrong, "no sums yet: the damage is served");
+    w.disk.write_at(&old, tagged[5]).unwrap();
+    let used = w.pool.pool_stats().unwrap().data_used_bytes;
+    let first = scrub_all(&w.pool);
+    assert_eq!(first.damaged_blocks, 0);
+    assert_eq!(
+        first.sums_added,
+        used / BLOCK as u64,
+        "every block of every live chunk got a sum"
+    );
+    assert_eq!(scrub_all(&w.pool).sums_added, 0, "none left to give");
+    assert_clean(&w.pool);
+    let detected = damage_campaign(&mut w, 31, 24, |_, _, _| {});
+    assert!(detected >= 20, "only {detected} of 24 damages were seen");
+    // Durable: a reopen keeps them.
+    w.pool.flush().unwrap();
+    let disk = w.disk.clone();
+    drop(w.pool);
+    let pool = reopen(&disk);
+    assert_eq!(scrub_all(&pool).sums_added, 0);
+    assert_clean(&pool);
 }

@@ -9,9 +9,18 @@
 //! the pool gate held exclusive (no write in flight: an in-place write
 //! changes data and sum under it, not at one instant); only a mismatch
 //! then is damage, noted as a read's is (`Pool::after_damage`).
+//!
+//! A block of a live chunk that has no sum (written before the pool had
+//! checksums, a home's block not written since the home was built, a
+//! partial's block outside its mask) is given one from what the device
+//! holds, so that after one scrub every block of an upgraded pool is
+//! covered (docs/FORMAT.md §6.4, "Sums added by the scrub"): again with
+//! the gate exclusive, so no write is between the read and the sum, and
+//! not while a home is being built (its copy is written without sums).
+//! A pool whose metadata cannot take them keeps scrubbing without.
 
 use super::*;
-use crate::sums::ChunkSums;
+use crate::sums::{BlockSums, ChunkSums};
 
 /// Largest device read of one scrub step: a run of consecutive live
 /// chunks, up to this many bytes.
@@ -40,6 +49,8 @@ pub struct ScrubStep {
     /// Blocks verified against their sums, and those found damaged.
     pub verified_blocks: u64,
     pub damaged_blocks: u64,
+    /// Blocks that had no sum and were given one.
+    pub sums_added: u64,
 }
 
 impl Pool {
@@ -85,20 +96,21 @@ impl Pool {
             i = j;
         }
         let next_run = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<(u64, u64)>> = std::thread::scope(|s| {
+        let results: Vec<Result<(u64, u64, u64)>> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..READS_IN_FLIGHT.min(runs.len()))
                 .map(|_| {
-                    s.spawn(|| -> Result<(u64, u64)> {
-                        let (mut verified, mut damaged) = (0, 0);
+                    s.spawn(|| -> Result<(u64, u64, u64)> {
+                        let (mut verified, mut damaged, mut added) = (0, 0, 0);
                         let mut buf = Vec::new();
                         loop {
                             let k = next_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let Some(run) = runs.get(k) else {
-                                return Ok((verified, damaged));
+                                return Ok((verified, damaged, added));
                             };
-                            let (v, d) = self.scrub_run(run, &mut buf)?;
+                            let (v, d, a) = self.scrub_run(run, &mut buf)?;
                             verified += v;
                             damaged += d;
+                            added += a;
                         }
                     })
                 })
@@ -112,9 +124,10 @@ impl Pool {
                 .collect()
         });
         for r in results {
-            let (verified, damaged) = r?;
+            let (verified, damaged, added) = r?;
             step.verified_blocks += verified;
             step.damaged_blocks += damaged;
+            step.sums_added += added;
         }
         step.chunks = live.len() as u64;
         step.bytes = live.len() as u64 * cs;
@@ -122,10 +135,12 @@ impl Pool {
     }
 
     /// Reads one run of consecutive live chunks and verifies every block
-    /// that has a sum: (blocks verified, blocks found damaged).
-    fn scrub_run(&self, run: &[(u64, ChunkSums)], buf: &mut Vec<u8>) -> Result<(u64, u64)> {
+    /// that has a sum, and gives one to those that have none: (blocks
+    /// verified, blocks found damaged, sums added).
+    fn scrub_run(&self, run: &[(u64, ChunkSums)], buf: &mut Vec<u8>) -> Result<(u64, u64, u64)> {
         let cs = self.chunk_size() as usize;
         let (mut verified, mut damaged) = (0, 0);
+        let mut unsummed = Vec::new();
         // Aligned to a page, so that a device opened for direct I/O reads
         // straight into it (no bounce copy).
         let len = run.len() * cs;
@@ -138,6 +153,9 @@ impl Pool {
         for ((pchunk, sums), data) in run.iter().zip(data.chunks(cs)) {
             for (b, bytes) in (0u32..).zip(data.chunks(arbor_format::SUM_BLOCK)) {
                 if sums.get(b).is_none() {
+                    if unsummed.last() != Some(pchunk) {
+                        unsummed.push(*pchunk);
+                    }
                     continue;
                 }
                 verified += 1;
@@ -146,7 +164,60 @@ impl Pool {
                 }
             }
         }
-        Ok((verified, damaged))
+        let added = if unsummed.is_empty() || !self.store.geo.version().has_data_checksums() {
+            0
+        } else {
+            self.scrub_add_sums(&unsummed, buf)?
+        };
+        Ok((verified, damaged, added))
+    }
+
+    /// Gives every block of chunks `chunks` that has no sum one, from what
+    /// the device holds, with the pool gate exclusive (no write in flight,
+    /// so none between the read and the sum), unless a home is being built
+    /// (its copy is written without sums). Returns the sums added; none,
+    /// logged, when the metadata cannot take them.
+    fn scrub_add_sums(&self, chunks: &[u64], buf: &mut Vec<u8>) -> Result<u64> {
+        let Some(_no_home_built) = self.origins.no_home_building() else {
+            return Ok(0);
+        };
+        let geo = &self.store.geo;
+        let cs = geo.chunk_size as usize;
+        let _gate = self.gates.commit();
+        let mut add = Vec::new();
+        {
+            let meta = self.read_meta()?;
+            buf.resize(cs, 0);
+            for &pchunk in chunks {
+                if meta.meta().data_count(pchunk)? == 0 {
+                    // Freed since the step looked.
+                    continue;
+                }
+                let sums = ChunkSums::of(meta.meta(), pchunk)?;
+                self.store.dev.read_at(buf, geo.chunk_offset(pchunk))?;
+                for (b, block) in (0u32..).zip(buf.chunks(arbor_format::SUM_BLOCK)) {
+                    if sums.get(b).is_none() {
+                        add.push(BlockSums {
+                            pchunk,
+                            first: b,
+                            sums: vec![Some(arbor_format::block_sum(block))],
+                        });
+                    }
+                }
+            }
+        }
+        if add.is_empty() {
+            return Ok(0);
+        }
+        let mut meta = self.write_meta()?;
+        match self.mutate(&mut meta, Privilege::Normal, |m| m.record_sums(&add)) {
+            Ok(()) => Ok(add.len() as u64),
+            Err(e @ Error::Exhausted(_)) => {
+                tracing::debug!(error = %e, blocks = add.len(), "the scrub gives no sums to blocks that have none this step: no room");
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads block `block` of chunk `pchunk` again with its sum, no write
