@@ -7,6 +7,12 @@
 # Prints each phase's p50/p99/p99.9 completion latency and the scrub
 # phase's p99 against the mean of the two idle ones.
 #
+# ROUNDS=N (default 1) alternates N scrub phases with N + 1 idle ones
+# (the scrub stopped in between: it goes on from where it stood), so that
+# drift in the machine's state hits both alike; each scrub phase is set
+# against the idle phases on either side of it, and the median ratio of
+# the rounds is printed too.
+#
 #   bench/scrub_p99.sh ARBOR_BINARY [VOLUME_SIZE (6G)] [SECONDS (30)]
 #   SERVE_ARGS="--io direct" bench/scrub_p99.sh ...   (the daemon on O_DIRECT)
 #   POOL_SIZE (default 8G) must hold the volume. The scrub must still be
@@ -49,23 +55,35 @@ print(sys.argv[1], *(f"{p[k] / 1000:.1f}" for k in ("50.000000", "99.000000", "9
 ' "$rw"
   done
 }
-idle1=$(phase)
-arbor scrub start >/dev/null
-scrub=$(phase)
-state=$(arbor scrub status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
-arbor scrub stop >/dev/null 2>&1 || true
-idle2=$(phase)
-/usr/bin/python3 - "$idle1" "$scrub" "$idle2" "$state" <<'PY'
-import sys
+rounds=${ROUNDS:-1}
+phases=("$(phase)")
+states=()
+for _ in $(seq "$rounds"); do
+  arbor scrub start >/dev/null
+  phases+=("$(phase)")
+  states+=("$(arbor scrub status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')")
+  arbor scrub stop >/dev/null 2>&1 || true
+  phases+=("$(phase)")
+done
+/usr/bin/python3 - "${states[*]}" "${phases[@]}" <<'PY'
+import statistics, sys
 def parse(text):
     return {f[0]: [float(x) for x in f[1:]] for f in (l.split() for l in text.splitlines())}
-idle1, scrub, idle2, state = parse(sys.argv[1]), parse(sys.argv[2]), parse(sys.argv[3]), sys.argv[4]
+states = sys.argv[1].split()
+phases = [parse(t) for t in sys.argv[2:]]
 print("completion latency, microseconds: p50 / p99 / p99.9")
+ratios = {"randread": [], "randwrite": []}
 for rw in ("randread", "randwrite"):
-    for name, d in (("idle", idle1), ("scrub running", scrub), ("idle again", idle2)):
+    for i, d in enumerate(phases):
+        name = "scrub running" if i % 2 else "idle"
         print(f"  {rw:9} {name:14} {' / '.join(f'{x:.1f}' for x in d[rw])}")
-    base = (idle1[rw][1] + idle2[rw][1]) / 2
-    print(f"  {rw:9} p99 with the scrub against idle: {scrub[rw][1] / base:.2f}x")
-print(f"the scrub was {state} when the scrub phase ended" +
-      ("" if state == "running" else " (it ended early: use a larger volume)"))
+    for i in range(1, len(phases), 2):
+        base = (phases[i - 1][rw][1] + phases[i + 1][rw][1]) / 2
+        ratios[rw].append(phases[i][rw][1] / base)
+    print(f"  {rw:9} p99 with the scrub against the idle phases around it: "
+          + ", ".join(f"{r:.2f}x" for r in ratios[rw])
+          + (f" (median {statistics.median(ratios[rw]):.2f}x)" if len(ratios[rw]) > 1 else ""))
+late = [s for s in states if s != "running"]
+print("the scrub was running at the end of every scrub phase" if not late else
+      f"the scrub was {', '.join(states)} at the ends of the scrub phases (it ended early: use a larger volume)")
 PY
