@@ -694,7 +694,8 @@ impl Monitor {
                 Severity::Critical,
                 "pool",
                 format!(
-                    "{damaged} data block{} do not match their checksums: reads of them fail                      (arbor pool damage lists them and who reads them)",
+                    "{damaged} data block{} do not match their checksums: reads of them fail \
+                     (arbor pool damage lists them and who reads them)",
                     if damaged == 1 { "" } else { "s" }
                 ),
             ));
