@@ -269,8 +269,9 @@ pub struct CheckView {
 /// Where the pool's scrub stands (`GET /v1/scrub`, `arbor scrub status`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScrubView {
-    /// `none` (never run), `running`, `stopped` (by a user or an error:
-    /// `arbor scrub start` goes on from where it stopped) or `finished`.
+    /// `none` (never run, or its record is damaged: `last_error` says
+    /// so), `running`, `stopped` (by a user or an error: `arbor scrub
+    /// start` goes on from where it stopped) or `finished`.
     pub state: String,
     pub started_unix_secs: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -963,6 +964,13 @@ pub enum AlertKind {
     /// Data blocks of the pool do not match their checksums (reads of them
     /// fail; `arbor pool damage` lists them).
     DataDamage,
+    /// The scrub stopped on an error (a step or its metadata check failed,
+    /// a scheduled one could not start, its record in the pool is
+    /// damaged); clears when a scrub runs to completion.
+    ScrubFailed,
+    /// The pool's scrub schedule is damaged (its stored value does not
+    /// parse), so no scrub is scheduled; clears when it is set or cleared.
+    ScrubScheduleDamaged,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).

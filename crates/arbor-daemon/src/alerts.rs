@@ -150,6 +150,35 @@ pub fn replication_lag(pair: &ReplicaPairView) -> Option<Condition> {
     ))
 }
 
+/// The scrub stopped on an error (`why`: the error and where it stopped).
+/// Critical: the pool is not verified as its schedule or its user meant it
+/// to be. The scrub keeps it until a scrub runs to completion.
+pub fn scrub_failed(why: &str) -> Condition {
+    Condition::new(
+        AlertKind::ScrubFailed,
+        Severity::Critical,
+        "scrub",
+        format!(
+            "{why} (arbor scrub status; arbor scrub start goes on: this clears when a scrub \
+             runs to completion)"
+        ),
+    )
+}
+
+/// The pool's scrub schedule is damaged (`why`: what is wrong with it): no
+/// scrub is scheduled until it is set again or cleared.
+pub fn scrub_schedule_damaged(why: &str) -> Condition {
+    Condition::new(
+        AlertKind::ScrubScheduleDamaged,
+        Severity::Warning,
+        "scrub",
+        format!(
+            "the pool's scrub schedule is damaged, so no scrub is scheduled: {why} (arbor scrub \
+             schedule sets it again, arbor scrub schedule --clear removes it)"
+        ),
+    )
+}
+
 /// A duration as people read it: `45s`, `12m`, `3h 5m`, `2d 4h`.
 pub fn human_secs(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);

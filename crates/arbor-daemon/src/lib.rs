@@ -13,6 +13,7 @@ mod api;
 mod api_error;
 mod auth;
 mod background;
+mod clock;
 pub mod config;
 mod control;
 mod destroy;

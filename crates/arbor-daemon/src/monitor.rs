@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use crate::error::Result;
 use arbor_engine::{Error as EngineError, Pool, VolumeId};
@@ -27,27 +26,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::alerts::{self, Book, Condition, SpacePruned, CRITICAL_FAILURES};
+pub use crate::clock::unix_now;
+use crate::clock::TICK;
 use crate::destroy::Destroyer;
 use crate::error::DaemonError;
 use crate::in_use::InUse;
 use crate::replication::Replication;
+use crate::scrub::Scrub;
 use crate::space::SpaceWatch;
 use arbor_api::model::{
     AlertKind, AlertView, PolicyRequest, PolicyView, PruneDecisionView, PruneFailureView,
     PruneRequest, PruneView, PruneVolumeView, Severity,
 };
-
-/// How often the monitor looks at its policies (and the scrub at its
-/// schedule, while none runs): the finest schedule granularity, and the
-/// delay before a changed policy takes effect.
-pub(crate) const TICK: Duration = Duration::from_secs(1);
-
-/// Now, in Unix seconds.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves plain bookkeeping behind, still
@@ -83,6 +73,8 @@ pub struct Monitor {
     in_use: InUse,
     /// A prune's destroy, as `arbor destroy`'s.
     destroyer: Destroyer,
+    /// The scrub: its failure and a damaged schedule are alerts.
+    scrub: Arc<Scrub>,
 }
 
 fn invalid(message: String) -> DaemonError {
@@ -129,6 +121,7 @@ impl Monitor {
         space: SpaceWatch,
         in_use: InUse,
         destroyer: Destroyer,
+        scrub: Arc<Scrub>,
     ) -> Self {
         Self {
             runs: Mutex::default(),
@@ -139,6 +132,7 @@ impl Monitor {
             space,
             in_use,
             destroyer,
+            scrub,
         }
     }
 
@@ -700,11 +694,13 @@ impl Monitor {
                 Severity::Critical,
                 "pool",
                 format!(
-                    "{damaged} data block{} do not match their checksums: reads of them fail                      (arbor pool damage lists them and who reads them)",
+                    "{damaged} data block{} do not match their checksums: reads of them fail \
+                     (arbor pool damage lists them and who reads them)",
                     if damaged == 1 { "" } else { "s" }
                 ),
             ));
         }
+        found.extend(self.scrub.conditions());
         // Each change is logged by the book; metrics read it at a scrape.
         lock(&self.alerts).update(found, now);
         Ok(())

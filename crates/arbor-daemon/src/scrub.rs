@@ -11,6 +11,16 @@
 //! scrubs too: while none runs, the loop looks at it once a monitor tick
 //! and starts a new scrub when `arbor_monitor::scrub::turn` says one is
 //! due (the decision is there; this carries it out).
+//!
+//! A scrub that stops on an error (a step or the metadata check at its end
+//! failed, a scheduled one could not start, or its record in the pool is
+//! damaged) is a failure: the monitor raises the `scrub_failed` alert
+//! (docs/MONITOR.md §5) and keeps it until a scrub runs to completion,
+//! whatever started it; starting or stopping one does not clear it. Why it
+//! failed is kept in memory (the record has no room for it); the record
+//! of a scrub that failed still says running, so a restart goes on with
+//! it and either finishes it or fails again. Errors that stop the pool
+//! stop the daemon instead.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,7 +35,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::monitor::{unix_now, TICK};
+use crate::alerts::{self, Condition};
+use crate::clock::{unix_now, TICK};
 
 /// Bytes of live data one step reads (one blocking call).
 const STEP_BYTES: u64 = 32 << 20;
@@ -46,6 +57,9 @@ struct State {
     /// The metadata check at the end: problems found (None: not run).
     metadata_problems: Option<usize>,
     last_error: Option<String>,
+    /// Why the last scrub stopped on an error: set by a failure, cleared
+    /// only when a scrub runs to completion (the `scrub_failed` alert).
+    failure: Option<String>,
     /// The pool's scrub schedule as stored (kept here as it is written:
     /// the daemon alone changes the pool), or why its value is damaged.
     schedule: Option<Result<Schedule, String>>,
@@ -67,17 +81,24 @@ impl Scrub {
     /// The scrub as the pool last recorded it (one that was running goes
     /// on when [`Scrub::run`] starts).
     pub fn load(pool: Arc<Pool>, busy_rate: u64) -> Self {
+        let mut failure = None;
         let record = match pool.property(None, SCRUB_KEY) {
             Ok(Some(bytes)) => match ScrubRecord::decode(&bytes) {
                 Ok(r) => Some(r),
                 Err(e) => {
                     warn!(error = %e, "the pool's scrub record is damaged: no scrub to go on with");
+                    failure = Some(format!(
+                        "the pool's scrub record is damaged ({e}): a scrub it held cannot go on"
+                    ));
                     None
                 }
             },
             Ok(None) => None,
             Err(e) => {
                 warn!(error = %e, "cannot read the pool's scrub record");
+                failure = Some(format!(
+                    "cannot read the pool's scrub record ({e}): a scrub it held cannot go on"
+                ));
                 None
             }
         };
@@ -94,7 +115,8 @@ impl Scrub {
                 record,
                 rate: 0.0,
                 metadata_problems: None,
-                last_error: None,
+                last_error: failure.clone(),
+                failure,
                 schedule,
             }),
             wake: Notify::new(),
@@ -118,8 +140,13 @@ impl Scrub {
     /// from where it stopped; else a new one starts from the beginning).
     /// Whether it started one; recorded in the pool before it returns.
     fn begin(&self, resume: bool) -> arbor_engine::Result<bool> {
-        let record = {
+        let (record, before) = {
             let mut state = self.lock();
+            let before = (
+                state.record,
+                state.metadata_problems,
+                state.last_error.clone(),
+            );
             let record = match state.record {
                 Some(r) if r.phase == ScrubPhase::Running => return Ok(false),
                 Some(r) if resume && r.phase == ScrubPhase::Stopped => ScrubRecord {
@@ -140,26 +167,41 @@ impl Scrub {
             state.record = Some(record);
             state.metadata_problems = None;
             state.last_error = None;
-            record
+            (record, before)
         };
-        self.pool.set_property(None, SCRUB_KEY, &record.encode())?;
         // Durable before it returns: a crash right after still finds it
         // running, and the next start goes on with it.
-        self.pool.flush()?;
+        let durable = self
+            .pool
+            .set_property(None, SCRUB_KEY, &record.encode())
+            .and_then(|()| self.pool.flush());
+        if let Err(e) = durable {
+            // Not started: as it was (unless stopped or started meanwhile).
+            let mut state = self.lock();
+            let ours = |r: ScrubRecord| (r.phase, r.started_unix);
+            if state.record.map(ours) == Some(ours(record)) {
+                (state.record, state.metadata_problems, state.last_error) = before;
+            }
+            return Err(e);
+        }
         info!(from_chunk = record.cursor, "scrub started");
         self.wake.notify_one();
         Ok(true)
     }
 
-    /// Stops a running scrub where it is (`start` goes on from there).
+    /// Stops a running scrub where it is (`start` goes on from there). A
+    /// scrub that stopped on an error is recorded as stopped by the user
+    /// (a restart does not go on with it); its failure stays.
     pub fn stop(&self) -> arbor_engine::Result<ScrubView> {
         let record = {
             let mut state = self.lock();
+            let failed = state.failure.is_some();
             match state.record.as_mut() {
                 Some(r) if r.phase == ScrubPhase::Running => {
                     r.phase = ScrubPhase::Stopped;
                     *r
                 }
+                Some(r) if r.phase == ScrubPhase::Stopped && failed => *r,
                 _ => return Ok(self.view_of(&state)),
             }
         };
@@ -224,15 +266,36 @@ impl Scrub {
             }
             Err(e) if e.stops_pool() => Err(e),
             Err(e) => {
-                let why = format!("the scheduled scrub cannot start: {e}");
-                let mut state = self.lock();
-                if state.last_error.as_deref() != Some(why.as_str()) {
-                    warn!("{why}");
-                    state.last_error = Some(why);
-                }
+                self.failed(format!("the scheduled scrub cannot start: {e}"));
                 Ok(false)
             }
         }
+    }
+
+    /// Records a failure (logged once for the same reason): the scrub's
+    /// last error, and the `scrub_failed` alert until a scrub runs to
+    /// completion.
+    fn failed(&self, why: String) {
+        let mut state = self.lock();
+        if state.failure.as_deref() != Some(why.as_str()) {
+            warn!("{why}");
+        }
+        state.last_error = Some(why.clone());
+        state.failure = Some(why);
+    }
+
+    /// What the alerts say of the scrub now: why it stopped on an error,
+    /// and why its schedule is damaged (docs/MONITOR.md §5).
+    pub fn conditions(&self) -> Vec<Condition> {
+        let state = self.lock();
+        let schedule = state.schedule.as_ref().and_then(|s| s.as_ref().err());
+        state
+            .failure
+            .as_deref()
+            .map(alerts::scrub_failed)
+            .into_iter()
+            .chain(schedule.map(|why| alerts::scrub_schedule_damaged(why)))
+            .collect()
     }
 
     pub fn view(&self) -> ScrubView {
@@ -248,6 +311,8 @@ impl Scrub {
                 .map(ToString::to_string),
             schedule_error: state.schedule.as_ref().and_then(|s| s.clone().err()),
             next_run: Self::turn(state, unix_now()).and_then(|t| t.next_run),
+            // With no scrub recorded too: why its record could not be read.
+            last_error: state.last_error.clone(),
             ..ScrubView::default()
         };
         let Some(r) = state.record else {
@@ -283,7 +348,6 @@ impl Scrub {
             rate_bytes_per_sec: rate as u64,
             eta_secs: (running && rate >= 1.0).then(|| (left as f64 / rate) as u64),
             metadata_problems: state.metadata_problems,
-            last_error: state.last_error.clone(),
             ..scheduled
         }
     }
@@ -350,17 +414,11 @@ impl Scrub {
                 Ok(step) => step,
                 Err(e) if e.stops_pool() => return Err(e).context("scrub"),
                 Err(e) => {
-                    warn!(error = %e, "scrub step failed; stopped where it was");
-                    let mut state = self.lock();
-                    state.last_error = Some(e.to_string());
-                    if let Some(r) = state.record.as_mut() {
-                        r.phase = ScrubPhase::Stopped;
-                    }
-                    let record = state.record;
-                    drop(state);
-                    if let Some(r) = record {
-                        self.save(&r);
-                    }
+                    self.stopped_on_error(format!(
+                        "a scrub step failed at data chunk {cursor} of {}; stopped where it \
+                         was: {e}",
+                        record.data_chunks
+                    ));
                     return Ok(true);
                 }
             };
@@ -415,20 +473,42 @@ impl Scrub {
         }
     }
 
+    /// The running scrub stopped on an error (`why`): stopped here, a
+    /// failure until a scrub runs to completion. Its record in the pool
+    /// keeps its progress and still says running (state 2 is "stopped by
+    /// a user"), so a restart goes on with it. One a user stopped
+    /// meanwhile stays as they left it.
+    fn stopped_on_error(&self, why: String) {
+        let record = {
+            let mut state = self.lock();
+            match state.record.as_mut() {
+                Some(r) if r.phase == ScrubPhase::Running => {
+                    let recorded = *r;
+                    r.phase = ScrubPhase::Stopped;
+                    Some(recorded)
+                }
+                _ => None,
+            }
+        };
+        self.failed(why);
+        if let Some(r) = record {
+            self.save(&r);
+        }
+    }
+
     /// The data is done: every metadata block next (a full check), then
-    /// the scrub is finished.
+    /// the scrub is finished; a check that fails stops it on an error.
     async fn finish(&self, mut record: ScrubRecord) -> Result<()> {
         let pool = Arc::clone(&self.pool);
         let checked = tokio::task::spawn_blocking(move || pool.check())
             .await
             .context("scrub check task failed")?;
         let problems = match checked {
-            Ok(report) => Some(report.problems.len() + report.unlisted),
+            Ok(report) => report.problems.len() + report.unlisted,
             Err(e) if e.stops_pool() => return Err(e).context("scrub's metadata check"),
             Err(e) => {
-                warn!(error = %e, "the scrub's metadata check failed");
-                self.lock().last_error = Some(e.to_string());
-                None
+                self.stopped_on_error(format!("the scrub's metadata check failed: {e}"));
+                return Ok(());
             }
         };
         record.phase = ScrubPhase::Finished;
@@ -440,7 +520,11 @@ impl Scrub {
                 return Ok(());
             }
             state.record = Some(record);
-            state.metadata_problems = problems;
+            state.metadata_problems = Some(problems);
+            // Run to completion: what clears a failure.
+            if let Some(why) = state.failure.take() {
+                info!(failure = %why, "the scrub ran to completion: its earlier failure is cleared");
+            }
         }
         self.save(&record);
         info!(
@@ -450,9 +534,194 @@ impl Scrub {
             metadata_problems = problems,
             "scrub finished"
         );
-        if record.damaged_blocks > 0 || problems.is_some_and(|p| p > 0) {
+        if record.damaged_blocks > 0 || problems > 0 {
             warn!("the scrub found damage: arbor pool damage and arbor check list it");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use arbor_api::model::{AlertKind, Severity};
+    use arbor_engine::{CreateOptions, DeviceIdentity, OpenOptions};
+    use arbor_io::{BlockDevice, SimDisk};
+
+    const MIB: u64 = 1 << 20;
+
+    /// An origin's device whose flushes fail while `failing` is set, as a
+    /// disk that drops out does; everything else is the simulated disk's.
+    struct DroppingOut {
+        disk: SimDisk,
+        failing: AtomicBool,
+    }
+
+    impl BlockDevice for DroppingOut {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.disk.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.disk.write_at(buf, offset)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            if self.failing.load(Ordering::Acquire) {
+                return Err(std::io::Error::other("the disk dropped out"));
+            }
+            self.disk.flush()
+        }
+        fn size(&self) -> u64 {
+            self.disk.size()
+        }
+    }
+
+    /// A 64 MiB pool on a simulated disk.
+    fn sim_pool() -> Arc<Pool> {
+        let disk: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(64 * MIB));
+        let opts = CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(4 * MIB),
+            ..Default::default()
+        };
+        Arc::new(Pool::create(disk, &opts, &OpenOptions::default()).unwrap())
+    }
+
+    /// Runs the scrub's loop until its view satisfies `done` (within a
+    /// minute), then stops the loop.
+    async fn run_until(scrub: &Arc<Scrub>, done: impl Fn(&ScrubView) -> bool) -> ScrubView {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(scrub).run(stop.clone()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let view = loop {
+            let view = scrub.view();
+            if done(&view) {
+                break view;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the scrub never got there: {view:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        stop.cancel();
+        task.await.unwrap().unwrap();
+        view
+    }
+
+    fn failure(scrub: &Scrub) -> Option<String> {
+        let found = scrub.conditions();
+        assert!(found.len() <= 1, "{found:?}");
+        found.into_iter().next().map(|c| {
+            assert_eq!(
+                (c.kind, c.severity),
+                (AlertKind::ScrubFailed, Severity::Critical)
+            );
+            c.message
+        })
+    }
+
+    fn recorded(pool: &Pool) -> ScrubRecord {
+        ScrubRecord::decode(&pool.property(None, SCRUB_KEY).unwrap().unwrap()).unwrap()
+    }
+
+    /// The metadata check at a scrub's end fails (it flushes the pool, and
+    /// an origin's device fails its flushes): the scrub stops on the error
+    /// and is a failure, which a scheduled scrub that cannot start keeps,
+    /// and which clears only when a scrub runs to completion. In the pool
+    /// it still runs, so a restart would go on with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_metadata_check_is_a_failure_until_a_scrub_runs_to_completion() {
+        let pool = sim_pool();
+        let v = pool.create_volume("v", 4 * MIB).unwrap();
+        pool.write(v, 0, &[7u8; 65536]).unwrap();
+        let device = Arc::new(DroppingOut {
+            disk: SimDisk::new(MIB),
+            failing: AtomicBool::new(false),
+        });
+        let origin = pool
+            .attach_origin("disk", device.clone(), DeviceIdentity { dev: 7, ino: 1 })
+            .unwrap();
+        pool.flush().unwrap();
+        let scrub = Arc::new(Scrub::load(Arc::clone(&pool), 0));
+        assert_eq!(failure(&scrub), None);
+
+        scrub.start().unwrap();
+        pool.write(origin, 0, &[1u8; 4096]).unwrap();
+        device.failing.store(true, Ordering::Release);
+        let view = run_until(&scrub, |v| v.state != "running").await;
+        assert_eq!(view.state, "stopped", "{view:?}");
+        assert!(view.bytes_read > 0, "{view:?}");
+        let why = failure(&scrub).expect("a failure");
+        assert!(
+            why.contains("metadata check failed") && why.contains("the disk dropped out"),
+            "{why}"
+        );
+        assert_eq!(
+            view.last_error.as_deref().map(|e| why.starts_with(e)),
+            Some(true)
+        );
+        assert_eq!(recorded(&pool).phase, ScrubPhase::Running);
+
+        // Neither a scheduled scrub nor one started by hand can start (a
+        // start flushes): still a failure, and still stopped.
+        scrub.set_schedule("every 1s").unwrap();
+        assert!(!scrub.start_if_due(unix_now() + 10).unwrap());
+        let why = failure(&scrub).expect("a failure");
+        assert!(why.contains("the scheduled scrub cannot start"), "{why}");
+        assert!(scrub.start().is_err());
+        assert_eq!(scrub.view().state, "stopped");
+        assert!(failure(&scrub).is_some());
+        scrub.clear_schedule().unwrap();
+
+        // The device works again: started by hand, the scrub goes on from
+        // where it stopped and runs to completion; the failure is gone.
+        device.failing.store(false, Ordering::Release);
+        scrub.start().unwrap();
+        assert!(failure(&scrub).is_some(), "a start alone does not clear it");
+        let view = run_until(&scrub, |v| v.state != "running").await;
+        assert_eq!(view.state, "finished", "{view:?}");
+        assert_eq!(view.metadata_problems, Some(0), "{view:?}");
+        assert_eq!(failure(&scrub), None);
+        assert_eq!(recorded(&pool).phase, ScrubPhase::Finished);
+    }
+
+    /// A stored schedule that does not parse is a warning until it is set
+    /// again or cleared; a damaged scrub record is a failure.
+    #[test]
+    fn a_damaged_schedule_and_a_damaged_record_are_alerts() {
+        let pool = sim_pool();
+        pool.set_property(None, schedule::SCRUB_SCHEDULE_KEY, b"now and then")
+            .unwrap();
+        pool.set_property(None, SCRUB_KEY, &[0u8; 64]).unwrap();
+        let scrub = Scrub::load(Arc::clone(&pool), 0);
+        let kinds = |scrub: &Scrub| -> Vec<(AlertKind, Severity)> {
+            scrub
+                .conditions()
+                .into_iter()
+                .map(|c| (c.kind, c.severity))
+                .collect()
+        };
+        assert_eq!(
+            kinds(&scrub),
+            [
+                (AlertKind::ScrubFailed, Severity::Critical),
+                (AlertKind::ScrubScheduleDamaged, Severity::Warning)
+            ]
+        );
+        scrub.set_schedule("daily").unwrap();
+        assert_eq!(
+            kinds(&scrub),
+            [(AlertKind::ScrubFailed, Severity::Critical)]
+        );
+        pool.set_property(None, schedule::SCRUB_SCHEDULE_KEY, b"now and then")
+            .unwrap();
+        let scrub = Scrub::load(Arc::clone(&pool), 0);
+        scrub.clear_schedule().unwrap();
+        assert_eq!(
+            kinds(&scrub),
+            [(AlertKind::ScrubFailed, Severity::Critical)]
+        );
     }
 }

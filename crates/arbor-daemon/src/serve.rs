@@ -129,16 +129,17 @@ async fn run(config: ServeConfig) -> Result<()> {
         origins.clone(),
         Arc::clone(&metrics),
     );
+    let scrub = Arc::new(crate::scrub::Scrub::load(
+        Arc::clone(&open.pool),
+        config.scrub_busy_rate,
+    ));
     let monitor = Arc::new(Monitor::new(
         Arc::clone(&open.pool),
         Arc::clone(&replication),
         space.clone(),
         in_use.clone(),
         destroyer.clone(),
-    ));
-    let scrub = Arc::new(crate::scrub::Scrub::load(
-        Arc::clone(&open.pool),
-        config.scrub_busy_rate,
+        Arc::clone(&scrub),
     ));
     let control = PoolControl::new(
         &open,

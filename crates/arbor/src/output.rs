@@ -151,7 +151,10 @@ pub fn pool(p: &PoolView) -> String {
 /// Where the scrub stands.
 pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if s.state == "none" {
-        return "scrub: never run (arbor scrub start)\n".to_owned() + &fields(&scrub_schedule(s));
+        // None recorded: never run, or its record is damaged (the error).
+        let error = s.last_error.iter().map(|e| ("error", e.clone()));
+        let rows: Vec<_> = error.chain(scrub_schedule(s)).collect();
+        return "scrub: never run (arbor scrub start)\n".to_owned() + &fields(&rows);
     }
     let mut rows = vec![
         ("scrub", s.state.clone()),

@@ -29,6 +29,17 @@ fn auto(names: &[String]) -> Vec<&String> {
     names.iter().filter(|n| n.contains("@auto-")).collect()
 }
 
+/// The active alert of `kind`, if any (`GET /v1/alerts`).
+fn alert_of(daemon: &Daemon, kind: &str) -> Option<Value> {
+    let (_, body) = http(&daemon.api_socket(), "GET", "/v1/alerts", "");
+    let alerts: Value = serde_json::from_str(&body).ok()?;
+    alerts
+        .as_array()?
+        .iter()
+        .find(|a| a["kind"] == kind)
+        .cloned()
+}
+
 #[test]
 fn policies_snapshot_and_prune_across_a_restart() {
     let mut daemon = Daemon::start(&[]);
@@ -331,17 +342,10 @@ fn alerts_reach_status_the_api_and_metrics() {
     assert_eq!(age["subject"], "disk0");
     // A failing policy: its volume became a replica (demoted), so its runs
     // fail; the alert is raised, says why, and clears once runs work again.
-    let alert_of = |kind: &str| {
-        let (_, body) = http(&daemon.api_socket(), "GET", "/v1/alerts", "");
-        let alerts: Value = serde_json::from_str(&body).ok()?;
-        alerts
-            .as_array()?
-            .iter()
-            .find(|a| a["kind"] == kind)
-            .cloned()
-    };
     daemon.ok(&["replica", "demote", "disk0"]);
-    let failed = wait_for("a failed-run alert", 30, || alert_of("prune_failed"));
+    let failed = wait_for("a failed-run alert", 30, || {
+        alert_of(&daemon, "prune_failed")
+    });
     assert!(
         failed["message"].as_str().unwrap().contains("replica"),
         "{failed}"
@@ -360,7 +364,7 @@ fn alerts_reach_status_the_api_and_metrics() {
         "frequent=2",
     ]);
     wait_for("the failed-run alert to clear", 30, || {
-        alert_of("prune_failed").is_none().then_some(())
+        alert_of(&daemon, "prune_failed").is_none().then_some(())
     });
     let _ = std::fs::remove_file(config);
 }
@@ -656,4 +660,108 @@ fn a_scrub_schedule_starts_scrubs_across_a_restart_until_cleared() {
     old.fails(&["scrub", "schedule", "daily"], 5, "no data checksums");
     assert!(old.json(&["scrub", "status"]).get("schedule").is_none());
     old.ok(&["scrub", "schedule", "--clear"]);
+}
+
+/// A scrub record and a scrub schedule damaged in the pool (written while
+/// the daemon is stopped): the scrub held cannot go on, a failure, and no
+/// scrub is scheduled, a warning. Both are in `/v1/alerts`, `pool status`
+/// and the metrics. The schedule's clears once it is cleared; the
+/// failure's stays through a stop and a restart, and clears once a scrub
+/// runs to completion.
+#[test]
+fn a_failed_scrub_and_a_damaged_schedule_are_alerts_until_resolved() {
+    let mut daemon = Daemon::start(&[]);
+    daemon.ok(&["volume", "create", "v", "--size", "8M"]);
+    daemon.stop_cleanly();
+    let damage = || {
+        let open = arbor_daemon::pool_file::OpenPool::open(
+            &daemon.path("pool"),
+            &arbor_engine::OpenOptions::default(),
+            arbor_daemon::pool_file::IoMode::Auto,
+        )
+        .unwrap();
+        open.pool
+            .set_property(None, "arbor.scrub", &[0u8; 64])
+            .unwrap();
+        open.pool
+            .set_property(None, "arbor.scrub.schedule", b"now and then")
+            .unwrap();
+        open.close().unwrap();
+    };
+    damage();
+    daemon.restart(&[]);
+    let failed = wait_for("the scrub_failed alert", 30, || {
+        alert_of(&daemon, "scrub_failed")
+    });
+    assert_eq!(failed["severity"], "critical", "{failed}");
+    assert_eq!(failed["subject"], "scrub", "{failed}");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("the pool's scrub record is damaged"),
+        "{failed}"
+    );
+    let schedule = wait_for("the scrub_schedule_damaged alert", 30, || {
+        alert_of(&daemon, "scrub_schedule_damaged")
+    });
+    assert_eq!(schedule["severity"], "warning", "{schedule}");
+    assert!(
+        schedule["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid schedule"),
+        "{schedule}"
+    );
+    let status = daemon.ok(&["pool", "status"]);
+    assert!(
+        status.contains("CRITICAL: the pool's scrub record is damaged")
+            && status.contains("ALERT: the pool's scrub schedule is damaged"),
+        "{status}"
+    );
+    let metrics = http(&daemon.api_socket(), "GET", "/metrics", "").1;
+    for line in [
+        "arbor_alert{kind=\"scrub_failed\",subject=\"scrub\",severity=\"critical\"} 1",
+        "arbor_alert{kind=\"scrub_schedule_damaged\",subject=\"scrub\",severity=\"warning\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    let scrub = daemon.json(&["scrub", "status"]);
+    assert_eq!(scrub["state"], "none", "{scrub}");
+    assert!(
+        scrub["last_error"].as_str().unwrap().contains("damaged"),
+        "{scrub}"
+    );
+
+    // A stop does not clear the failure; clearing the schedule clears its
+    // alert (after the samples an alert takes to clear: the failure's
+    // stayed as long).
+    daemon.ok(&["scrub", "stop"]);
+    daemon.ok(&["scrub", "schedule", "--clear"]);
+    wait_for("the schedule alert to clear", 30, || {
+        alert_of(&daemon, "scrub_schedule_damaged")
+            .is_none()
+            .then_some(())
+    });
+    assert!(alert_of(&daemon, "scrub_failed").is_some());
+
+    // Still damaged after a restart: the failure again.
+    daemon.stop_cleanly();
+    daemon.restart(&[]);
+    wait_for("the scrub_failed alert after a restart", 30, || {
+        alert_of(&daemon, "scrub_failed")
+    });
+
+    // A scrub run to completion clears it.
+    daemon.ok(&["scrub", "start"]);
+    wait_for("the scrub to finish", 60, || {
+        (daemon.json(&["scrub", "status"])["state"] == "finished").then_some(())
+    });
+    wait_for("the scrub_failed alert to clear", 30, || {
+        alert_of(&daemon, "scrub_failed").is_none().then_some(())
+    });
+    assert!(daemon
+        .json(&["scrub", "status"])
+        .get("last_error")
+        .is_none());
 }

@@ -478,15 +478,22 @@ fn a_damaged_block_fails_reads_with_eio_and_is_listed_everywhere_until_rewritten
         metrics.contains("arbor_data_damage_found_total"),
         "{metrics}"
     );
-    wait_for("the damage alert", 60, || {
+    let alert = wait_for("the damage alert", 60, || {
         let status = served.daemon.json(&["pool", "status"]);
         status["alerts"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a["kind"] == "data_damage")
-            .then_some(())
+            .find(|a| a["kind"] == "data_damage")
+            .cloned()
     });
+    assert!(
+        alert["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("reads of them fail (arbor pool damage lists them and who reads them)"),
+        "{alert}"
+    );
     // Rewritten whole in the volume: it reads again there; the snapshot
     // still reads the damaged block until it is deleted.
     qemu_io(&uri, &["write -P 0x77 1M 4k", "read -P 0x77 1M 4k"]);
