@@ -284,6 +284,11 @@ pub struct ScrubView {
     /// Blocks verified against their checksums, and those found damaged.
     pub verified_blocks: u64,
     pub damaged_blocks: u64,
+    /// Blocks that had no checksum (written before the pool was upgraded
+    /// to version 10) and were given one, since this daemon started or
+    /// went on with the scrub.
+    #[serde(default)]
+    pub sums_added: u64,
     /// While running: bytes per second (smoothed) and seconds left, roughly.
     pub rate_bytes_per_sec: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -150,6 +150,7 @@ pub struct Metrics {
     scrub_read: Gauge,
     scrub_rate: Gauge,
     scrub_damaged: Gauge,
+    scrub_sums_added: Gauge,
     damage_found: Counter,
     /// The pool's count of reads that found damage at the last scrape (the
     /// counter advances by the difference).
@@ -195,6 +196,7 @@ impl Metrics {
             scrub_read: Gauge::default(),
             scrub_rate: Gauge::default(),
             scrub_damaged: Gauge::default(),
+            scrub_sums_added: Gauge::default(),
             damage_found: Counter::default(),
             damage_found_seen: Mutex::default(),
             replica_recovery_point: Family::default(),
@@ -388,6 +390,11 @@ impl Metrics {
             m.scrub_damaged.clone(),
         );
         r.register(
+            "scrub_sums_added_blocks",
+            "Data blocks without a checksum (written before the upgrade to format version 10) that the last or running scrub gave one",
+            m.scrub_sums_added.clone(),
+        );
+        r.register(
             "data_damage_found",
             "Reads (and writes over part of a block) that found a data block not matching its checksum",
             m.damage_found.clone(),
@@ -449,6 +456,7 @@ impl Metrics {
         self.scrub_read.set(gauge_value(scrub.bytes_read));
         self.scrub_rate.set(gauge_value(scrub.rate_bytes_per_sec));
         self.scrub_damaged.set(gauge_value(scrub.damaged_blocks));
+        self.scrub_sums_added.set(gauge_value(scrub.sums_added));
         let stats = pool.pool_stats()?;
         let set = |family: &Family<SpaceLabels, Gauge>, space, value: u64| {
             family

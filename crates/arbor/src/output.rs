@@ -174,7 +174,14 @@ pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
         ),
         (
             "verified",
-            format!("{} blocks, {} damaged", s.verified_blocks, s.damaged_blocks),
+            if s.sums_added > 0 {
+                format!(
+                    "{} blocks, {} damaged; {} without a checksum given one",
+                    s.verified_blocks, s.damaged_blocks, s.sums_added
+                )
+            } else {
+                format!("{} blocks, {} damaged", s.verified_blocks, s.damaged_blocks)
+            },
         ),
     ];
     if s.state == "running" {
