@@ -1023,23 +1023,28 @@ impl Pool {
         let home =
             t.d.home()
                 .filter(|_| self.store.geo.version().has_data_checksums());
+        /// What a home in the pool's write does next, decided in one hold
+        /// of the metadata lock.
+        enum Next {
+            Write,
+            Copy,
+            /// Commit (through this transaction, or the open one) first.
+            Commit(Option<u64>),
+        }
         let mut committed = false;
         loop {
             {
                 let _gate = self.gates.io();
-                let clear = {
-                    let meta = self.read_meta()?;
-                    let mut clear = true;
+                let needs_copy = |meta: &Volumes| -> Result<bool> {
                     for chunk in chunks.clone() {
                         if meta.copy_needed(t.id, chunk)?.is_some() {
-                            clear = false;
-                            break;
+                            return Ok(true);
                         }
                     }
-                    clear
+                    Ok(false)
                 };
-                let Some(first) = home.filter(|_| clear) else {
-                    if clear {
+                let Some(first) = home else {
+                    if !needs_copy(&*self.read_meta()?)? {
                         return t.write(from, to, fill);
                     }
                     drop(_gate);
@@ -1047,41 +1052,48 @@ impl Pool {
                     self.preserve(t, chunks.clone())?;
                     continue;
                 };
-                // The crash rule (`crate::intents`): in place only in a
-                // region the last durable commit lists.
-                let pchunks = first + chunks.start..first + chunks.end;
-                let waits = {
+                // The blocks' sums, computed before the lock (a block
+                // written in part is read and verified first).
+                let sums = self.home_sums(first, from, to, fill)?;
+                let next = {
                     let mut meta = self.write_meta()?;
-                    let ready = meta.ready_in_place(pchunks)?;
-                    let txn = meta.take_intents_await();
-                    if meta.wants_intents() {
-                        self.mutate(&mut meta, Privilege::Reserve, |m| m.add_wanted_intents())?;
-                    }
-                    (!ready).then_some(txn).flatten()
-                };
-                if waits.is_none() {
-                    // The sums first, in the same hold of the gate as the
-                    // data (a scrub's second look holds the gate
-                    // exclusive): a write that fails for metadata leaves no
-                    // trace; one that fails on the device leaves its blocks
-                    // as a failed write to a disk does.
-                    let recorded = self.home_sums(first, from, to, fill).and_then(|sums| {
-                        let mut meta = self.write_meta()?;
-                        self.mutate(&mut meta, Privilege::Normal, |m| m.record_sums(&sums))
-                    });
-                    match recorded {
-                        Ok(()) => return t.write(from, to, fill),
-                        Err(Error::Exhausted(Resource::Journal)) if !committed => {
-                            committed = true;
+                    if needs_copy(&meta)? {
+                        Next::Copy
+                    } else if meta.ready_in_place(first + chunks.start..first + chunks.end)? {
+                        // The crash rule (`crate::intents`) holds: the sums
+                        // first, in the same hold of the gate as the data
+                        // (a scrub's second look holds the gate exclusive).
+                        // A write that fails for metadata leaves no trace;
+                        // one that fails on the device leaves its blocks as
+                        // a failed write to a disk does.
+                        match self.mutate(&mut meta, Privilege::Normal, |m| m.record_sums(&sums)) {
+                            Ok(()) => Next::Write,
+                            Err(Error::Exhausted(Resource::Journal)) if !committed => {
+                                committed = true;
+                                Next::Commit(None)
+                            }
+                            Err(e) => return Err(e),
                         }
-                        Err(e) => return Err(e),
+                    } else {
+                        // In place only in a region the last durable commit
+                        // lists: listed now, then committed.
+                        let txn = meta.take_intents_await();
+                        if meta.wants_intents() {
+                            self.mutate(&mut meta, Privilege::Reserve, |m| m.add_wanted_intents())?;
+                        }
+                        Next::Commit(txn)
                     }
-                }
-                drop(_gate);
-                match waits {
-                    Some(txn) => self.commit_through(txn)?,
-                    // Room in an empty transaction.
-                    None => self.commit_open()?,
+                };
+                match next {
+                    Next::Write => return t.write(from, to, fill),
+                    Next::Copy => {}
+                    Next::Commit(txn) => {
+                        drop(_gate);
+                        match txn {
+                            Some(txn) => self.commit_through(txn)?,
+                            None => self.commit_open()?,
+                        }
+                    }
                 }
             }
             // A snapshot may have come meanwhile.
