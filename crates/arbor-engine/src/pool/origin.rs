@@ -1027,7 +1027,6 @@ impl Pool {
         /// of the metadata lock.
         enum Next {
             Write,
-            Copy,
             /// Commit (through this transaction, or the open one) first.
             Commit(Option<u64>),
         }
@@ -1043,23 +1042,23 @@ impl Pool {
                     }
                     Ok(false)
                 };
-                let Some(first) = home else {
-                    if !needs_copy(&*self.read_meta()?)? {
-                        return t.write(from, to, fill);
-                    }
+                // (Looked at under the shared lock: no write of these
+                // chunks but this one, and no snapshot, passes the gate.)
+                if needs_copy(&*self.read_meta()?)? {
                     drop(_gate);
                     // A snapshot came between the copies and the gate.
                     self.preserve(t, chunks.clone())?;
                     continue;
+                }
+                let Some(first) = home else {
+                    return t.write(from, to, fill);
                 };
                 // The blocks' sums, computed before the lock (a block
                 // written in part is read and verified first).
                 let sums = self.home_sums(first, from, to, fill)?;
                 let next = {
                     let mut meta = self.write_meta()?;
-                    if needs_copy(&meta)? {
-                        Next::Copy
-                    } else if meta.ready_in_place(first + chunks.start..first + chunks.end)? {
+                    if meta.ready_in_place(first + chunks.start..first + chunks.end)? {
                         // The crash rule (`crate::intents`) holds: the sums
                         // first, in the same hold of the gate as the data
                         // (a scrub's second look holds the gate exclusive).
@@ -1086,7 +1085,6 @@ impl Pool {
                 };
                 match next {
                     Next::Write => return t.write(from, to, fill),
-                    Next::Copy => {}
                     Next::Commit(txn) => {
                         drop(_gate);
                         match txn {
