@@ -688,6 +688,9 @@ impl Bench {
             "4 KiB read, 2 threads",
             "1 MiB overwrite",
         ];
+        // DATA_PATH_LAYOUT=cow: a copy-on-write volume with its home in
+        // the pool (written in place, its sums recorded per write).
+        let cow = std::env::var("DATA_PATH_LAYOUT").is_ok_and(|l| l == "cow");
         // [version][job] -> best ns per op over rounds
         let mut best = [[f64::MAX; 5]; 2];
         for _ in 0..rounds {
@@ -707,7 +710,11 @@ impl Bench {
                     },
                     &open_opts(),
                 )?);
-                let v = pool.create_volume("v", size)?;
+                let v = if cow {
+                    pool.create_cow_volume("v", size)?
+                } else {
+                    pool.create_volume("v", size)?
+                };
                 let buf = vec![0x5Au8; MIB as usize];
                 for i in 0..size / MIB {
                     pool.write(v, i * MIB, &buf)?;
@@ -767,7 +774,10 @@ impl Bench {
                 }
             }
         }
-        println!("\n## Data path in process: checksums (version 10) against none (version 9)\n");
+        println!(
+            "\n## Data path in process: checksums (version 10) against none (version 9){}\n",
+            if cow { ", a copy-on-write volume with its home in the pool" } else { "" }
+        );
         println!("Best of {rounds} rounds; {ops} operations at random 4 KiB offsets of a {} MiB volume, filled first.\n", size / MIB);
         println!("| job | version 9 | version 10 | 10 against 9 (throughput) |\n|---|---|---|---|");
         for (j, job) in jobs.iter().enumerate() {
