@@ -11,7 +11,7 @@
 # (the scrub stopped in between: it goes on from where it stood), so that
 # drift in the machine's state hits both alike; each scrub phase is set
 # against the idle phases on either side of it, and the median ratio of
-# the rounds is printed too.
+# the rounds is printed too, with the scrub's rate in each scrub phase.
 #
 #   bench/scrub_p99.sh ARBOR_BINARY [VOLUME_SIZE (6G)] [SECONDS (30)]
 #   SERVE_ARGS="--io direct" bench/scrub_p99.sh ...   (the daemon on O_DIRECT)
@@ -58,19 +58,27 @@ print(sys.argv[1], *(f"{p[k] / 1000:.1f}" for k in ("50.000000", "99.000000", "9
 rounds=${ROUNDS:-1}
 phases=("$(phase)")
 states=()
+scrub_read() {
+  arbor scrub status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin).get("bytes_read", 0))'
+}
+rates=()
 for _ in $(seq "$rounds"); do
   arbor scrub start >/dev/null
+  t0=$(date +%s.%N)
+  b0=$(scrub_read)
   phases+=("$(phase)")
   states+=("$(arbor scrub status --json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')")
+  rates+=("$(echo "($(scrub_read) - $b0) / ($(date +%s.%N) - $t0) / 1048576" | bc -l)")
   arbor scrub stop >/dev/null 2>&1 || true
   phases+=("$(phase)")
 done
-/usr/bin/python3 - "${states[*]}" "${phases[@]}" <<'PY'
+/usr/bin/python3 - "${states[*]}" "${rates[*]}" "${phases[@]}" <<'PY'
 import statistics, sys
 def parse(text):
     return {f[0]: [float(x) for x in f[1:]] for f in (l.split() for l in text.splitlines())}
 states = sys.argv[1].split()
-phases = [parse(t) for t in sys.argv[2:]]
+rates = [float(r) for r in sys.argv[2].split()]
+phases = [parse(t) for t in sys.argv[3:]]
 print("completion latency, microseconds: p50 / p99 / p99.9")
 ratios = {"randread": [], "randwrite": []}
 for rw in ("randread", "randwrite"):
@@ -83,6 +91,7 @@ for rw in ("randread", "randwrite"):
     print(f"  {rw:9} p99 with the scrub against the idle phases around it: "
           + ", ".join(f"{r:.2f}x" for r in ratios[rw])
           + (f" (median {statistics.median(ratios[rw]):.2f}x)" if len(ratios[rw]) > 1 else ""))
+print("the scrub's rate during the scrub phases: " + ", ".join(f"{r:.1f}" for r in rates) + " MiB/s")
 late = [s for s in states if s != "running"]
 print("the scrub was running at the end of every scrub phase" if not late else
       f"the scrub was {', '.join(states)} at the ends of the scrub phases (it ended early: use a larger volume)")

@@ -776,7 +776,11 @@ impl Bench {
         }
         println!(
             "\n## Data path in process: checksums (version 10) against none (version 9){}\n",
-            if cow { ", a copy-on-write volume with its home in the pool" } else { "" }
+            if cow {
+                ", a copy-on-write volume with its home in the pool"
+            } else {
+                ""
+            }
         );
         println!("Best of {rounds} rounds; {ops} operations at random 4 KiB offsets of a {} MiB volume, filled first.\n", size / MIB);
         println!("| job | version 9 | version 10 | 10 against 9 (throughput) |\n|---|---|---|---|");

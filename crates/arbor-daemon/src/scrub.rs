@@ -40,10 +40,12 @@ use crate::clock::{unix_now, TICK};
 
 /// Bytes of live data one step reads (one blocking call).
 const STEP_BYTES: u64 = 32 << 20;
-/// A step's bytes while clients read or write: short bursts, spread over
-/// each second (`scrub_busy_rate` 32 MiB/s is 32 of them), so that no
-/// foreground request waits behind a long run of the scrub's reads.
-const BUSY_STEP_BYTES: u64 = 1 << 20;
+/// A step's bytes while clients read or write: short reads, spread over
+/// each second (`scrub_busy_rate` 32 MiB/s is 256 of them), so that a
+/// foreground request that meets one waits for 128 KiB of the device's
+/// time, not more (PERFORMANCE.md §14: with 1 MiB steps the p99 of 4 KiB
+/// reads at QD1 rose 2-5x).
+const BUSY_STEP_BYTES: u64 = 64 << 10;
 /// How often the record is written while a scrub runs: what a crash makes
 /// it read again.
 const SAVE_EVERY: Duration = Duration::from_secs(5);

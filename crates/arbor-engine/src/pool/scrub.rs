@@ -96,33 +96,38 @@ impl Pool {
             i = j;
         }
         let next_run = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<(u64, u64, u64)>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..READS_IN_FLIGHT.min(runs.len()))
-                .map(|_| {
-                    s.spawn(|| -> Result<(u64, u64, u64)> {
-                        let (mut verified, mut damaged, mut added) = (0, 0, 0);
-                        let mut buf = Vec::new();
-                        loop {
-                            let k = next_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(run) = runs.get(k) else {
-                                return Ok((verified, damaged, added));
-                            };
-                            let (v, d, a) = self.scrub_run(run, &mut buf)?;
-                            verified += v;
-                            damaged += d;
-                            added += a;
-                        }
+        let results: Vec<Result<(u64, u64, u64)>> = if let [run] = runs[..] {
+            // One run (a busy pace's short step): read here, no thread.
+            vec![self.scrub_run(run, &mut Vec::new())]
+        } else {
+            std::thread::scope(|s| {
+                let workers: Vec<_> = (0..READS_IN_FLIGHT.min(runs.len()))
+                    .map(|_| {
+                        s.spawn(|| -> Result<(u64, u64, u64)> {
+                            let (mut verified, mut damaged, mut added) = (0, 0, 0);
+                            let mut buf = Vec::new();
+                            loop {
+                                let k = next_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some(run) = runs.get(k) else {
+                                    return Ok((verified, damaged, added));
+                                };
+                                let (v, d, a) = self.scrub_run(run, &mut buf)?;
+                                verified += v;
+                                damaged += d;
+                                added += a;
+                            }
+                        })
                     })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join()
-                        .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")))
-                })
-                .collect()
-        });
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| {
+                        w.join()
+                            .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")))
+                    })
+                    .collect()
+            })
+        };
         for r in results {
             let (verified, damaged, added) = r?;
             step.verified_blocks += verified;
