@@ -45,6 +45,12 @@ struct Args {
     /// version alone (for a profile).
     #[arg(long)]
     data_path_only: bool,
+    /// Only the metadata per GiB mapped at the default chunk size
+    /// (sequential 1 MiB and random 4 KiB fills of a new volume, data
+    /// writes dropped), in a pool of the newest format version (with data
+    /// checksums: their tree included).
+    #[arg(long)]
+    metadata_only: bool,
 }
 
 /// Counts writes (and bytes) reaching a device, and can drop writes at or
@@ -820,6 +826,19 @@ fn main() -> Result<()> {
     if args.data_path_only {
         bench.data_path()?;
         let _ = std::fs::remove_file(Path::new(&args.dir).join("path.pool"));
+        return Ok(());
+    }
+    if args.metadata_only {
+        let (seq, random) = bench.metadata_per_gib(DEFAULT_CHUNK_SIZE)?;
+        println!(
+            "\n## Metadata per GiB mapped, {} KiB chunks, format version {}\n",
+            DEFAULT_CHUNK_SIZE / 1024,
+            arbor_format::FormatVersion::NEWEST.number()
+        );
+        println!("| fill | metadata per GiB mapped |\n|---|---|");
+        println!("| sequential 1 MiB writes | {:.0} KiB |", seq / KIB as f64);
+        println!("| random 4 KiB writes, one per chunk | {:.0} KiB |", random / KIB as f64);
+        let _ = std::fs::remove_file(Path::new(&args.dir).join("meta.pool"));
         return Ok(());
     }
     if args.batches_only {
