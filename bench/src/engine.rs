@@ -837,7 +837,10 @@ fn main() -> Result<()> {
         );
         println!("| fill | metadata per GiB mapped |\n|---|---|");
         println!("| sequential 1 MiB writes | {:.0} KiB |", seq / KIB as f64);
-        println!("| random 4 KiB writes, one per chunk | {:.0} KiB |", random / KIB as f64);
+        println!(
+            "| random 4 KiB writes, one per chunk | {:.0} KiB |",
+            random / KIB as f64
+        );
         let _ = std::fs::remove_file(Path::new(&args.dir).join("meta.pool"));
         return Ok(());
     }
