@@ -69,6 +69,14 @@ class Arbor:
     # --- daemon lifecycle -------------------------------------------------
 
     def start(self):
+        # ARBOR_FORMAT_VERSION=N: the pool is created at that format version
+        # first (`pool create --format-version`), e.g. 9 for no data
+        # checksums, for an A/B of a format feature with one binary.
+        version = os.environ.get("ARBOR_FORMAT_VERSION")
+        if version:
+            subprocess.run([self.binary, "pool", "create", os.path.join(self.workdir, "pool"),
+                            "--size", str(self.pool_size), "--chunk-size", self.chunk_size,
+                            "--format-version", version], check=True, stdout=subprocess.DEVNULL)
         argv = [self.binary, "serve", "--data-dir", self.workdir, "--pool-size", str(self.pool_size),
                 "--chunk-size", self.chunk_size, "--initial-volume", "none",
                 "--nbd-listen", "none", "--api-listen", "none"]
