@@ -41,10 +41,10 @@ use crate::clock::{unix_now, TICK};
 /// Bytes of live data one step reads (one blocking call).
 const STEP_BYTES: u64 = 32 << 20;
 /// A step's bytes while clients read or write: short reads, spread over
-/// each second (`scrub_busy_rate` 32 MiB/s is 256 of them), so that a
-/// foreground request that meets one waits for 128 KiB of the device's
+/// each second (`scrub_busy_rate` 32 MiB/s is 512 of them), so that a
+/// foreground request that meets one waits for 64 KiB of the device's
 /// time, not more (PERFORMANCE.md §14: with 1 MiB steps the p99 of 4 KiB
-/// reads at QD1 rose 2-5x).
+/// reads at QD1 rose to a median of 2.70x, with 64 KiB 0.47-0.88x).
 const BUSY_STEP_BYTES: u64 = 64 << 10;
 /// How often the record is written while a scrub runs: what a crash makes
 /// it read again.
@@ -159,23 +159,23 @@ impl Scrub {
                     phase: ScrubPhase::Running,
                     ..r
                 },
-                _ => ScrubRecord {
-                    phase: ScrubPhase::Running,
-                    started_unix: unix_now(),
-                    finished_unix: 0,
-                    cursor: 0,
-                    data_chunks: self.pool.pool_stats()?.data_bytes / self.pool.chunk_size(),
-                    bytes: 0,
-                    verified_blocks: 0,
-                    damaged_blocks: 0,
-                },
+                _ => {
+                    state.sums_added = 0;
+                    ScrubRecord {
+                        phase: ScrubPhase::Running,
+                        started_unix: unix_now(),
+                        finished_unix: 0,
+                        cursor: 0,
+                        data_chunks: self.pool.pool_stats()?.data_bytes / self.pool.chunk_size(),
+                        bytes: 0,
+                        verified_blocks: 0,
+                        damaged_blocks: 0,
+                    }
+                }
             };
             state.record = Some(record);
             state.metadata_problems = None;
             state.last_error = None;
-            if !matches!(before.0, Some(r) if resume && r.phase == ScrubPhase::Stopped) {
-                state.sums_added = 0;
-            }
             (record, before)
         };
         // Durable before it returns: a crash right after still finds it

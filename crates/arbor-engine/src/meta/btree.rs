@@ -938,13 +938,20 @@ mod tests {
     /// Full check of one unshared tree against its model: structure,
     /// contents in order, and reference counts (the tree is the only
     /// holder of metadata references in `meta`).
-    fn check_against(meta: &Meta, root: BlockRef, model: &Model) -> Shape {
+    /// The tree at `root` is sound and holds exactly `model` (it may share
+    /// nodes with other trees).
+    fn assert_holds(meta: &Meta, root: BlockRef, model: &Model) -> Shape {
         let shape = check_tree(meta, root, KIND);
-        assert_eq!(shape.entries(), model.len());
         assert_eq!(
             contents(meta, root, 0, u64::MAX),
             model_range(model, 0, u64::MAX)
         );
+        shape
+    }
+
+    fn check_against(meta: &Meta, root: BlockRef, model: &Model) -> Shape {
+        let shape = assert_holds(meta, root, model);
+        assert_eq!(shape.entries(), model.len());
         assert_eq!(root.is_none(), model.is_empty());
         let refs = check_refs(meta, &[root], 0);
         assert_eq!(refs.nodes, shape.nodes);
@@ -1225,16 +1232,8 @@ mod tests {
             model_b.insert(k, vec![0xEE; KIND.value_len()]);
         }
         assert_ne!(a, b);
-        assert_eq!(
-            contents(&meta, a, 0, u64::MAX),
-            model_range(&model, 0, u64::MAX)
-        );
-        assert_eq!(
-            contents(&meta, b, 0, u64::MAX),
-            model_range(&model_b, 0, u64::MAX)
-        );
-        check_tree(&meta, a, KIND);
-        check_tree(&meta, b, KIND);
+        assert_holds(&meta, a, &model);
+        assert_holds(&meta, b, &model_b);
         check_refs(&meta, &[a, b], 0);
     }
 
@@ -1274,16 +1273,8 @@ mod tests {
             }
             model_b.retain(|k, _| !(1001..3001).contains(k));
             assert_ne!(a, b);
-            assert_eq!(
-                contents(&meta, a, 0, u64::MAX),
-                model_range(&model_a, 0, u64::MAX)
-            );
-            assert_eq!(
-                contents(&meta, b, 0, u64::MAX),
-                model_range(&model_b, 0, u64::MAX)
-            );
-            check_tree(&meta, a, KIND);
-            check_tree(&meta, b, KIND);
+            assert_holds(&meta, a, &model_a);
+            assert_holds(&meta, b, &model_b);
             let shared = check_refs(&meta, &[a, b], 0).nodes;
             assert!(shared < 2 * nodes, "the copies still share untouched nodes");
 
@@ -1293,14 +1284,8 @@ mod tests {
                 a = insert(&mut meta, a, k, &val(k, 5));
                 model_a.insert(k, val(k, 5));
             }
-            assert_eq!(
-                contents(&meta, a, 0, u64::MAX),
-                model_range(&model_a, 0, u64::MAX)
-            );
-            assert_eq!(
-                contents(&meta, b, 0, u64::MAX),
-                model_range(&model_b, 0, u64::MAX)
-            );
+            assert_holds(&meta, a, &model_a);
+            assert_holds(&meta, b, &model_b);
             check_refs(&meta, &[a, b], 0);
 
             // Dropping b leaves a whole and the only user of the space map.

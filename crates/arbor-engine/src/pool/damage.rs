@@ -369,6 +369,7 @@ fn cow_readers(
             continue;
         }
         let home = first..first.saturating_add(rec.size_bytes.div_ceil(cs));
+        let store = SnapStore::new(meta.meta(), rec.root);
         for (i, d) in blocks.iter().enumerate() {
             if !home.contains(&d.pchunk) {
                 continue;
@@ -378,7 +379,6 @@ fn cow_readers(
             if at < rec.size_bytes {
                 found(i, *origin, at);
             }
-            let store = SnapStore::new(meta.meta(), rec.root);
             readers(
                 *origin,
                 chunk,

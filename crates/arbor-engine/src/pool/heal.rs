@@ -91,16 +91,13 @@ impl Pool {
                         }],
                         _,
                     ) if at.is_multiple_of(SUM_BLOCK_U64) => *at,
-                    // The home is a run of chunks contiguous on the device.
                     (
                         [Piece {
                             source: Source::Origin(at),
                             ..
                         }],
                         Some(first),
-                    ) if at.is_multiple_of(SUM_BLOCK_U64) => {
-                        self.store.geo.chunk_offset(first) + at
-                    }
+                    ) if at.is_multiple_of(SUM_BLOCK_U64) => self.home_byte(first, *at),
                     _ => {
                         done.not_damaged += 1;
                         continue;

@@ -41,7 +41,7 @@ use super::origins::OriginDevice;
 use super::write::Fill;
 use super::*;
 use crate::snapstore::SnapStore;
-use crate::sums::{BlockSums, ChunkSums, ReadSums};
+use crate::sums::{BlockSums, ReadSums};
 use crate::volumes::{CopyPlan, HomeGrowth};
 
 /// Store entries a rollback handles per step.
@@ -931,8 +931,8 @@ impl Pool {
     }
 
     /// Reads `buf.len()` bytes at `offset` of copy-on-write volume `id`
-    /// (checked by the caller): straight from its device.
-    /// A home in the pool is verified against its sums; a mismatch is read
+    /// (checked by the caller) from its device, no lookup in the pool. A
+    /// home in the pool is verified against its sums; a mismatch is read
     /// again with the volume's writers of those chunks held off (a write
     /// changes data and sums under them, not at one instant): a mismatch
     /// then is damage.
@@ -965,8 +965,7 @@ impl Pool {
             return t.read(buf, at);
         };
         let len = buf.len() as u64;
-        // The home is a run of chunks contiguous on the device.
-        let source = geo.chunk_offset(first) + at;
+        let source = self.home_byte(first, at);
         let sums = {
             let meta = self.read_meta()?;
             let mut sums = ReadSums::default();
@@ -1361,14 +1360,13 @@ impl Pool {
                     // keeps what the rollback's epoch reads, whoever reads it.
                     {
                         let _gate = self.gates.io();
-                        let sums = ChunkSums::of(self.read_meta()?.meta(), copy.pchunk)?;
                         self.store
                             .dev
                             .read_at(&mut buf, self.store.geo.chunk_offset(copy.pchunk))?;
                         // A damaged copy fails the rollback (it stays
                         // recorded, to go on once the copy is healed):
                         // never written back as the volume's data.
-                        sums.verify(0, &buf)?;
+                        self.verify_chunk_part(copy.pchunk, 0, &buf)?;
                     }
                     // Written back as any write: later epochs get their
                     // copies of what it replaces first.
@@ -1565,6 +1563,13 @@ impl Pool {
             }
         }
         Ok(out)
+    }
+
+    /// Where on the pool's device byte `at` of the home in the pool from
+    /// data chunk `first` is: the home is a run of chunks contiguous on
+    /// the device (inside one region).
+    pub(super) fn home_byte(&self, first: u64, at: u64) -> u64 {
+        self.store.geo.chunk_offset(first) + at
     }
 
     /// The first data chunk of copy-on-write volume `id`'s home if it is in
