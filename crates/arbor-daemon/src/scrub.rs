@@ -1,9 +1,11 @@
 //! The scrub (docs/CLI.md, `arbor scrub`): every live data block read once
-//! and verified against its checksum (`Pool::scrub_step`, a chunk shared by
-//! any number of snapshots is read once), then every metadata block
-//! (`Pool::check`). It runs in the background: at full speed while the
-//! pool serves no I/O, at `scrub_busy_rate` while it does, so a client's
-//! latency is not taken. Where it stands is kept in the pool (the property
+//! and verified against its checksum (`Pool::scrub` and `Pool::scrub_step`,
+//! a chunk shared by any number of snapshots is read once), then every
+//! metadata block (`Pool::check`). It runs in the background: at full
+//! speed while the pool serves no I/O (steps back to back, the next one's
+//! reads queued while this one's are in flight), at `scrub_busy_rate`
+//! while it does (one short step at a time), so a client's latency is not
+//! taken. Where it stands is kept in the pool (the property
 //! `arbor.scrub`, written every few seconds), so a restart or a crash goes
 //! on from there; damage it finds is recorded as a read's is.
 //!
@@ -51,6 +53,17 @@ const BUSY_STEP_BYTES: u64 = 64 << 10;
 const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// How the rate is smoothed: the weight of the newest step.
 const RATE_WEIGHT: f64 = 0.2;
+
+/// The scrub's pace across its steps.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    /// When the record was last written.
+    saved: Instant,
+    /// The pool's request count after the last step.
+    requests: u64,
+    /// Whether the pool served I/O during the last step.
+    busy: bool,
+}
 
 struct State {
     record: Option<ScrubRecord>,
@@ -400,11 +413,16 @@ impl Scrub {
     }
 
     /// Runs the scrub until it finishes or is stopped; false when the
-    /// daemon stops.
-    async fn run_one(&self, stop: &CancellationToken) -> Result<bool> {
-        let mut saved = Instant::now();
-        let mut requests = self.pool.requests();
-        let mut busy = false;
+    /// daemon stops. While the pool serves no I/O, steps follow each other
+    /// with no pause (`Pool::scrub`: the next step's reads are queued
+    /// while this one's are in flight); once it does, one short step at a
+    /// time, paced to `busy_rate`, until it is idle again.
+    async fn run_one(self: &Arc<Self>, stop: &CancellationToken) -> Result<bool> {
+        let mut pace = Pace {
+            saved: Instant::now(),
+            requests: self.pool.requests(),
+            busy: false,
+        };
         loop {
             let Some(record) = self.running() else {
                 return Ok(true);
@@ -413,15 +431,14 @@ impl Scrub {
                 self.save(&record);
                 return Ok(false);
             }
-            let started = Instant::now();
-            let pool = Arc::clone(&self.pool);
+            let scrub = Arc::clone(self);
+            let stop_now = stop.clone();
             let cursor = record.cursor;
-            let step_bytes = if busy { BUSY_STEP_BYTES } else { STEP_BYTES };
-            let step = tokio::task::spawn_blocking(move || pool.scrub_step(cursor, step_bytes))
+            let ran = tokio::task::spawn_blocking(move || scrub.steps(cursor, pace, &stop_now))
                 .await
                 .context("scrub task failed")?;
-            let step = match step {
-                Ok(step) => step,
+            let (last, ran_pace) = match ran {
+                Ok(ran) => ran,
                 Err(e) if e.stops_pool() => return Err(e).context("scrub"),
                 Err(e) => {
                     self.stopped_on_error(format!(
@@ -432,43 +449,18 @@ impl Scrub {
                     return Ok(true);
                 }
             };
-            let took = started.elapsed();
-            let done = step.next >= step.data_chunks;
-            let record = {
-                let mut state = self.lock();
-                let rate = step.bytes as f64 / took.as_secs_f64().max(1e-6);
-                state.rate = if state.rate == 0.0 {
-                    rate
-                } else {
-                    state.rate * (1.0 - RATE_WEIGHT) + rate * RATE_WEIGHT
-                };
-                // Stopped meanwhile: the step's progress is kept all the same.
-                let Some(r) = state.record.as_mut() else {
-                    return Ok(true);
-                };
-                r.cursor = step.next;
-                r.data_chunks = step.data_chunks;
-                r.bytes += step.bytes;
-                r.verified_blocks += step.verified_blocks;
-                r.damaged_blocks += step.damaged_blocks;
-                let r = *r;
-                state.sums_added += step.sums_added;
-                r
+            pace = ran_pace;
+            let Some((step, took, Some(record))) = last else {
+                // Stopped meanwhile: the steps' progress is kept all the same.
+                return Ok(true);
             };
-            if done {
+            if step.next >= step.data_chunks {
                 self.finish(record).await?;
                 return Ok(true);
             }
-            if saved.elapsed() >= SAVE_EVERY {
-                self.save(&record);
-                saved = Instant::now();
-            }
-            // The pace: full speed while no client reads or writes; else
-            // `busy_rate` (this step's bytes take their share of a second).
-            let now = self.pool.requests();
-            busy = now != requests;
-            requests = now;
-            if busy {
+            // The pace while busy: `busy_rate` (a step's bytes take their
+            // share of a second).
+            if pace.busy {
                 let pause = if self.busy_rate == 0 {
                     Duration::from_millis(100)
                 } else {
@@ -483,6 +475,83 @@ impl Scrub {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// Scrubs from `cursor` (a blocking call): one short step when the pool
+    /// was busy, else steps without a pause until the pool is busy, the
+    /// daemon stops, the scrub is stopped or it reaches the end. The last
+    /// step, how long it took and the record after it (None: the scrub
+    /// was stopped or started again meanwhile), and the pace after it.
+    #[allow(clippy::type_complexity)]
+    fn steps(
+        &self,
+        cursor: u64,
+        mut pace: Pace,
+        stop: &CancellationToken,
+    ) -> arbor_engine::Result<(
+        Option<(arbor_engine::ScrubStep, Duration, Option<ScrubRecord>)>,
+        Pace,
+    )> {
+        let mut started = Instant::now();
+        let mut from = cursor;
+        let mut last = None;
+        let mut tell = |step: &arbor_engine::ScrubStep, pace: &mut Pace| -> bool {
+            let took = started.elapsed();
+            started = Instant::now();
+            let record = self.account(from, step, took);
+            from = step.next;
+            last = Some((*step, took, record));
+            let Some(record) = record else {
+                return false;
+            };
+            if pace.saved.elapsed() >= SAVE_EVERY {
+                self.save(&record);
+                pace.saved = Instant::now();
+            }
+            let now = self.pool.requests();
+            pace.busy = now != pace.requests;
+            pace.requests = now;
+            !pace.busy && !stop.is_cancelled()
+        };
+        if pace.busy {
+            let step = self.pool.scrub_step(cursor, BUSY_STEP_BYTES)?;
+            tell(&step, &mut pace);
+        } else {
+            self.pool
+                .scrub(cursor, STEP_BYTES, |step| tell(step, &mut pace))?;
+        }
+        Ok((last, pace))
+    }
+
+    /// Adds a step from chunk `from` to the scrub's record and its rate:
+    /// the record after it, or None when the scrub is no longer running.
+    /// A scrub stopped meanwhile keeps the step's progress (one resumed
+    /// goes on after it); one that no longer stands at `from` (a new scrub
+    /// started meanwhile) is left alone.
+    fn account(
+        &self,
+        from: u64,
+        step: &arbor_engine::ScrubStep,
+        took: Duration,
+    ) -> Option<ScrubRecord> {
+        let mut state = self.lock();
+        let rate = step.bytes as f64 / took.as_secs_f64().max(1e-6);
+        state.rate = if state.rate == 0.0 {
+            rate
+        } else {
+            state.rate * (1.0 - RATE_WEIGHT) + rate * RATE_WEIGHT
+        };
+        if state.record.is_none_or(|r| r.cursor != from) {
+            return None;
+        }
+        state.sums_added += step.sums_added;
+        let r = state.record.as_mut()?;
+        r.cursor = step.next;
+        r.data_chunks = step.data_chunks;
+        r.bytes += step.bytes;
+        r.verified_blocks += step.verified_blocks;
+        r.damaged_blocks += step.damaged_blocks;
+        (r.phase == ScrubPhase::Running).then_some(*r)
     }
 
     /// The running scrub stopped on an error (`why`): stopped here, a

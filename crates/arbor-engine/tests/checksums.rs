@@ -506,6 +506,101 @@ fn a_scrub_reads_each_live_chunk_once_and_finds_exactly_what_reads_find() {
     assert_eq!(by_scrub, by_reads, "the scrub finds what reads find");
 }
 
+/// Runs `Pool::scrub` from chunk `from` in steps of `step_bytes`, stopped
+/// after `stop_after` steps (None: never): the steps told, in order.
+fn scrub_streamed(
+    pool: &Pool,
+    from: u64,
+    step_bytes: u64,
+    stop_after: Option<usize>,
+) -> Vec<arbor_engine::ScrubStep> {
+    let mut told = Vec::new();
+    pool.scrub(from, step_bytes, |step| {
+        told.push(*step);
+        stop_after.is_none_or(|n| told.len() < n)
+    })
+    .unwrap();
+    told
+}
+
+/// The totals of steps.
+fn totals(steps: &[arbor_engine::ScrubStep]) -> (u64, u64, u64, u64) {
+    steps.iter().fold((0, 0, 0, 0), |t, s| {
+        (
+            t.0 + s.chunks,
+            t.1 + s.bytes,
+            t.2 + s.verified_blocks,
+            t.3 + s.damaged_blocks,
+        )
+    })
+}
+
+/// `Pool::scrub` (steps read back to back, the next one's reads queued
+/// while this one's are in flight) tells every step in order, the last one
+/// too, even when it reads nothing (a scrub whose last step read nothing
+/// once never heard of its end and started again forever); each step goes
+/// on where the one before it stopped; and a scrub stopped after any step
+/// and gone on from that step's `next` reads and finds exactly what one
+/// run of it does, and what `Pool::scrub_step` does, damage included.
+#[test]
+fn a_streamed_scrub_tells_every_step_and_goes_on_exactly_where_it_stopped() {
+    let w = build(8);
+    let tagged = w.tagged_blocks();
+    let mut rng = StdRng::seed_from_u64(8);
+    for _ in 0..6 {
+        let at = tagged[rng.gen_range(0..tagged.len())];
+        let mut bytes = vec![0u8; BLOCK];
+        w.disk.read_at(&mut bytes, at).unwrap();
+        bytes[rng.gen_range(8..BLOCK)] ^= 1 << rng.gen_range(0..8);
+        w.disk.write_at(&bytes, at).unwrap();
+    }
+    // Scrubs give sums to blocks that have none (a step whose journal is
+    // full gives none: a later one does): from then on every scrub
+    // verifies the same blocks.
+    let by_steps = (0..5)
+        .map(|_| scrub_all(&w.pool))
+        .find(|s| s.sums_added == 0)
+        .expect("every block has a sum after a few scrubs");
+    assert!(by_steps.damaged_blocks > 0, "some damage is live");
+    let want = (
+        by_steps.chunks,
+        by_steps.bytes,
+        by_steps.verified_blocks,
+        by_steps.damaged_blocks,
+    );
+    // One chunk a step: the step after the last live chunk reads nothing
+    // (the pool's last chunks are free) and reaches the end.
+    let stats = w.pool.pool_stats().unwrap();
+    assert!(stats.data_used_bytes < stats.data_bytes);
+    for step_bytes in [CS, 64 * 1024, 32 << 20] {
+        let all = scrub_streamed(&w.pool, 0, step_bytes, None);
+        let last = all.last().unwrap();
+        assert!(last.next >= last.data_chunks, "the end is told");
+        assert!(
+            all[..all.len() - 1].iter().all(|s| s.next < s.data_chunks),
+            "only the last step reaches the end"
+        );
+        assert!(all
+            .windows(2)
+            .all(|p| p[0].next < p[1].next || p[1].chunks == 0));
+        assert_eq!(totals(&all), want, "{step_bytes}-byte steps");
+        if step_bytes == CS {
+            assert_eq!(last.chunks, 0, "the last step read nothing");
+        }
+        // Stopped after any step, and gone on from there.
+        let stops: Vec<usize> = (1..all.len()).step_by(all.len() / 12 + 1).collect();
+        for stop in stops.into_iter().chain([all.len() - 1]).filter(|&n| n >= 1) {
+            let first = scrub_streamed(&w.pool, 0, step_bytes, Some(stop));
+            assert_eq!(first.len(), stop, "stopped where asked");
+            assert_eq!(first[..], all[..stop]);
+            let rest = scrub_streamed(&w.pool, first[stop - 1].next, step_bytes, None);
+            let mut both = first;
+            both.extend(rest);
+            assert_eq!(totals(&both), want, "stopped after step {stop}");
+        }
+    }
+}
+
 /// Each reader's damaged blocks, as a heal of it sees them
 /// (`Pool::damaged_in`), are those of `damaged` (what reads found).
 fn assert_damaged_in(w: &World, damaged: &BTreeSet<(String, u64)>, seed: u64) {

@@ -17,10 +17,13 @@
 //! [`model`] holds what tests and campaigns expect of a volume after a crash.
 //! [`blockdev`] asks the kernel what only it knows of a block device (a
 //! loop device's backing file) and opens one exclusively.
+//! [`LargeBuffer`] is memory for large direct reads that leave as few,
+//! large requests (a scrub's).
 //! [`small_file`] reads and atomically replaces the daemon's small state
 //! files (replication pairs, API tokens).
 
 pub mod blockdev;
+mod buffer;
 mod file;
 pub mod model;
 mod record;
@@ -28,6 +31,7 @@ mod sim;
 pub mod small_file;
 mod uring;
 
+pub use buffer::LargeBuffer;
 pub use file::{Batches, CacheMode, FileDevice};
 pub use record::{CrashKind, CrashReplayer, IoEvent, OverlayDevice, Recording, RecordingDevice};
 pub use sim::{SimDisk, SimDiskHandle};

@@ -28,12 +28,24 @@ const READ_RUN_BYTES: u64 = 1 << 20;
 /// The alignment of the scrub's read buffers (a page: what direct I/O
 /// needs of memory).
 const ALIGN: usize = 4096;
-/// Device reads a step keeps in flight (threads, each reading and summing
+/// Device reads a scrub keeps in flight (threads, each reading and summing
 /// its runs in turn).
 const READS_IN_FLIGHT: usize = 8;
+/// Steps whose reads [`Pool::scrub`] queues at once: the next step's
+/// reads are queued while this one's are in flight, so that the readers
+/// never run dry at a step's end.
+const STEPS_AHEAD: usize = 2;
 /// Most chunks one step looks at (live or not), so that a step over a
 /// sparse pool still returns soon.
 const STEP_CHUNKS: u64 = 1 << 16;
+
+/// `len` bytes of `buf`, aligned to a page, so that a device opened for
+/// direct I/O reads straight into them (no bounce copy).
+fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    buf.resize(len + ALIGN, 0);
+    let skip = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+    &mut buf[skip..skip + len]
+}
 
 /// What one scrub step did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,109 +65,304 @@ pub struct ScrubStep {
     pub sums_added: u64,
 }
 
+/// One step's live chunks, in jobs (one per leaf of the checksum tree)
+/// of runs of consecutive chunks (one device read each). A job's sums are
+/// looked up by its reader: one leaf each, so that the leaves of several
+/// jobs are read at once, beside the data reads, not one after another in
+/// the plan, and no two readers read the same leaf.
+struct Plan {
+    /// The step's `next` and `data_chunks`, and its chunks and bytes.
+    step: ScrubStep,
+    jobs: Vec<Job>,
+}
+
+/// Consecutive live chunks: one device read.
+type Run = std::ops::Range<u64>;
+
+/// The runs of live chunks whose sums are in one leaf of the checksum tree.
+type Job = Vec<Run>;
+
+/// What a reader gives back for one job: the index of its step, and the
+/// job's (blocks verified, blocks damaged, sums added).
+type RunDone = (u64, Result<(u64, u64, u64)>);
+
+/// The runs waiting for a reader, shared by the readers of a scrub.
+#[derive(Default)]
+struct Queue {
+    /// The jobs with the index of their step; `closed`: no more will come.
+    state: Mutex<(std::collections::VecDeque<(u64, Job)>, bool)>,
+    ready: std::sync::Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::VecDeque<(u64, Job)>, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, step: u64, jobs: Vec<Job>) {
+        self.lock().0.extend(jobs.into_iter().map(|j| (step, j)));
+        self.ready.notify_all();
+    }
+
+    /// Drops the jobs no reader has taken and lets the readers end.
+    fn close(&self) {
+        let mut state = self.lock();
+        state.0.clear();
+        state.1 = true;
+        drop(state);
+        self.ready.notify_all();
+    }
+
+    /// The next job; None once closed.
+    fn take(&self) -> Option<(u64, Job)> {
+        let mut state = self.lock();
+        loop {
+            if let Some(job) = state.0.pop_front() {
+                return Some(job);
+            }
+            if state.1 {
+                return None;
+            }
+            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 impl Pool {
     /// Scrubs live data chunks from chunk `from` on, reading at most about
-    /// `max_bytes` (at least one run) and looking at most at 65,536 chunks.
+    /// `max_bytes` (at least one run) and looking at most at 65,536 chunks:
+    /// one step of [`Pool::scrub`] (a busy pool's short step is read here,
+    /// with no thread).
     pub fn scrub_step(&self, from: u64, max_bytes: u64) -> Result<ScrubStep> {
-        let cs = self.chunk_size();
-        // Under the lock: the live chunks of the step and their sums.
-        let (data_chunks, live) = {
-            let meta = self.read_meta()?;
-            let data_chunks = meta.meta().entries(arbor_format::SmKind::Data);
-            let end = from.saturating_add(STEP_CHUNKS).min(data_chunks);
-            let budget = max_bytes.max(cs).div_ceil(cs);
-            let mut live: Vec<(u64, ChunkSums)> = Vec::new();
-            let mut c = from;
-            while c < end && (live.len() as u64) < budget {
-                if meta.meta().data_count(c)? > 0 {
-                    live.push((c, ChunkSums::of(meta.meta(), c)?));
-                }
-                c += 1;
+        let plan = self.scrub_plan(from, max_bytes)?;
+        if plan.step.bytes <= READ_RUN_BYTES {
+            let mut step = plan.step;
+            let mut buf = Vec::new();
+            for run in plan.jobs.into_iter().flatten() {
+                let data = aligned(&mut buf, self.run_bytes(&run)?);
+                let (verified, damaged, added) = self.scrub_run(run, data)?;
+                step.verified_blocks += verified;
+                step.damaged_blocks += damaged;
+                step.sums_added += added;
             }
-            (data_chunks, (live, c))
-        };
-        let (live, next) = live;
-        let mut step = ScrubStep {
-            next,
-            data_chunks,
-            ..ScrubStep::default()
-        };
-        // Runs of consecutive chunks, one device read each, several in
-        // flight (a device reads faster with a queue, and both cores sum).
-        let mut runs: Vec<&[(u64, ChunkSums)]> = Vec::new();
-        let mut i = 0;
-        while i < live.len() {
-            let mut j = i + 1;
-            while j < live.len()
-                && live[j].0 == live[j - 1].0 + 1
-                && (j - i + 1) as u64 * cs <= READ_RUN_BYTES
-            {
-                j += 1;
-            }
-            runs.push(&live[i..j]);
-            i = j;
+            return Ok(step);
         }
-        let next_run = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Result<(u64, u64, u64)>> = if let [run] = runs[..] {
-            // One run (a busy pace's short step): read here, no thread.
-            vec![self.scrub_run(run, &mut Vec::new())]
-        } else {
-            std::thread::scope(|s| {
-                let workers: Vec<_> = (0..READS_IN_FLIGHT.min(runs.len()))
-                    .map(|_| {
-                        s.spawn(|| -> Result<(u64, u64, u64)> {
-                            let (mut verified, mut damaged, mut added) = (0, 0, 0);
-                            let mut buf = Vec::new();
-                            loop {
-                                let k = next_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                let Some(run) = runs.get(k) else {
-                                    return Ok((verified, damaged, added));
-                                };
-                                let (v, d, a) = self.scrub_run(run, &mut buf)?;
-                                verified += v;
-                                damaged += d;
-                                added += a;
+        let mut out = plan.step;
+        self.scrub_planned(plan, max_bytes, 1, |step| {
+            out = *step;
+            false
+        })?;
+        Ok(out)
+    }
+
+    /// Scrubs live data chunks from chunk `from` on, in steps of about
+    /// `step_bytes` (as [`Pool::scrub_step`]'s), without a pause between
+    /// them: the next step's chunks are looked up and its reads queued
+    /// while this one's are in flight, so the device never waits for the
+    /// scrub. After each step, in order, `go_on` is told what it did (its
+    /// `next` is where a scrub stopped after it goes on from: every chunk
+    /// before it has been read and verified) and says whether to go on.
+    /// Returns after the step that reaches the end, the first step
+    /// `go_on` stops at, or an error (the steps told before it stand);
+    /// reads of later steps in flight then are waited for and not told.
+    pub fn scrub(
+        &self,
+        from: u64,
+        step_bytes: u64,
+        go_on: impl FnMut(&ScrubStep) -> bool,
+    ) -> Result<()> {
+        let plan = self.scrub_plan(from, step_bytes)?;
+        self.scrub_planned(plan, step_bytes, STEPS_AHEAD, go_on)
+    }
+
+    /// [`Pool::scrub`] from a first step already planned, with up to
+    /// `ahead` steps queued at once (1: one step at a time).
+    fn scrub_planned(
+        &self,
+        first: Plan,
+        step_bytes: u64,
+        ahead: usize,
+        mut go_on: impl FnMut(&ScrubStep) -> bool,
+    ) -> Result<()> {
+        let queue = Queue::default();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<RunDone>();
+        std::thread::scope(|s| {
+            for _ in 0..READS_IN_FLIGHT {
+                let done = done_tx.clone();
+                let queue = &queue;
+                s.spawn(move || {
+                    // Each reader keeps its buffer: allocated once, in huge
+                    // pages where the kernel has them (so that a run's read
+                    // leaves as one request).
+                    let mut buf = None;
+                    while let Some((step, job)) = queue.take() {
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let mut done = (0, 0, 0);
+                            for run in job {
+                                let len = self.run_bytes(&run)?;
+                                if buf.is_none() {
+                                    buf =
+                                        Some(arbor_io::LargeBuffer::new(READ_RUN_BYTES as usize)?);
+                                }
+                                let data = buf.as_mut().and_then(|b| b.get_mut(..len)).ok_or_else(
+                                    || Error::inconsistent("a scrub run is longer than a read"),
+                                )?;
+                                let (v, d, a) = self.scrub_run(run, data)?;
+                                done = (done.0 + v, done.1 + d, done.2 + a);
                             }
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| {
-                        w.join()
-                            .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")))
-                    })
-                    .collect()
-            })
-        };
-        for r in results {
-            let (verified, damaged, added) = r?;
-            step.verified_blocks += verified;
-            step.damaged_blocks += damaged;
-            step.sums_added += added;
+                            Ok(done)
+                        }))
+                        .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")));
+                        if done.send((step, result)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(done_tx);
+            let result = self.scrub_steps(first, step_bytes, ahead, &queue, &done_rx, &mut go_on);
+            // Runs not yet taken are dropped; those being read end with
+            // the scope.
+            queue.close();
+            result
+        })
+    }
+
+    /// The scrub's coordinator: plans steps ahead of the readers, gathers
+    /// what they did, and tells `go_on` of each step in order.
+    fn scrub_steps(
+        &self,
+        first: Plan,
+        step_bytes: u64,
+        ahead: usize,
+        queue: &Queue,
+        done: &std::sync::mpsc::Receiver<RunDone>,
+        go_on: &mut impl FnMut(&ScrubStep) -> bool,
+    ) -> Result<()> {
+        // The steps planned and not yet told, oldest first (the index of
+        // the first is `told`), with the jobs each still waits for.
+        let mut steps: std::collections::VecDeque<(ScrubStep, usize)> = Default::default();
+        let mut told = 0u64;
+        let mut first = Some(first);
+        // Where the step after the last one planned starts (None: the
+        // last one planned reaches the end).
+        let mut then = None;
+        loop {
+            while steps.len() < ahead {
+                let plan = match (first.take(), then.take()) {
+                    (Some(plan), _) => plan,
+                    (None, Some(from)) => self.scrub_plan(from, step_bytes)?,
+                    (None, None) => break,
+                };
+                let index = told + steps.len() as u64;
+                let step = plan.step;
+                steps.push_back((step, plan.jobs.len()));
+                queue.push(index, plan.jobs);
+                then = (step.next < step.data_chunks).then_some(step.next);
+            }
+            while let Some(&(step, 0)) = steps.front() {
+                steps.pop_front();
+                told += 1;
+                // The last step is told too.
+                if !go_on(&step) || step.next >= step.data_chunks {
+                    return Ok(());
+                }
+            }
+            if steps.is_empty() {
+                // Every step planned is told (they read nothing): plan on.
+                if then.is_none() {
+                    return Ok(());
+                }
+                continue;
+            }
+            let Some((index, result)) = done.recv().ok() else {
+                return Err(Error::inconsistent("the scrub's readers stopped"));
+            };
+            let (verified, damaged, added) = result?;
+            // Invariant: a job's step is planned and not yet told (a step
+            // is told only once every one of its jobs is back).
+            let waiting = index
+                .checked_sub(told)
+                .and_then(|i| steps.get_mut(i as usize))
+                .ok_or_else(|| Error::inconsistent("a scrub job came back for no step"))?;
+            waiting.0.verified_blocks += verified;
+            waiting.0.damaged_blocks += damaged;
+            waiting.0.sums_added += added;
+            waiting.1 -= 1;
         }
-        step.chunks = live.len() as u64;
-        step.bytes = live.len() as u64 * cs;
-        Ok(step)
+    }
+
+    /// Looks up the live chunks of the step from chunk `from` (at most
+    /// about `max_bytes` of them, at least one, among at most 65,536
+    /// chunks), under the metadata lock.
+    fn scrub_plan(&self, from: u64, max_bytes: u64) -> Result<Plan> {
+        let cs = self.chunk_size();
+        let meta = self.read_meta()?;
+        let data_chunks = meta.meta().entries(arbor_format::SmKind::Data);
+        let end = from.saturating_add(STEP_CHUNKS).min(data_chunks);
+        let budget = max_bytes.max(cs).div_ceil(cs);
+        let sums = meta.meta().geo().sums;
+        // The jobs, each with its leaf.
+        let mut jobs: Vec<(u64, Job)> = Vec::new();
+        let mut live = 0u64;
+        let mut c = from;
+        while c < end && live < budget {
+            if meta.meta().data_count(c)? > 0 {
+                let leaf = sums.slot(c).leaf;
+                match jobs.last_mut() {
+                    Some((l, job)) if *l == leaf => match job.last_mut() {
+                        Some(run)
+                            if run.end == c && (run.end - run.start + 1) * cs <= READ_RUN_BYTES =>
+                        {
+                            run.end += 1;
+                        }
+                        _ => job.push(c..c + 1),
+                    },
+                    _ => jobs.push((leaf, std::iter::once(c..c + 1).collect())),
+                }
+                live += 1;
+            }
+            c += 1;
+        }
+        let jobs = jobs.into_iter().map(|(_, job)| job).collect();
+        Ok(Plan {
+            step: ScrubStep {
+                next: c,
+                data_chunks,
+                chunks: live,
+                bytes: live * cs,
+                ..ScrubStep::default()
+            },
+            jobs,
+        })
+    }
+
+    /// The bytes of a run (at most [`READ_RUN_BYTES`]).
+    fn run_bytes(&self, run: &Run) -> Result<usize> {
+        (run.end - run.start)
+            .checked_mul(self.chunk_size())
+            .filter(|&n| n <= READ_RUN_BYTES)
+            .map(|n| n as usize)
+            .ok_or_else(|| Error::inconsistent("a scrub run is longer than a read"))
     }
 
     /// Reads one run of consecutive live chunks and verifies every block
     /// that has a sum, and gives one to those that have none: (blocks
     /// verified, blocks found damaged, sums added).
-    fn scrub_run(&self, run: &[(u64, ChunkSums)], buf: &mut Vec<u8>) -> Result<(u64, u64, u64)> {
+    fn scrub_run(&self, run: Run, data: &mut [u8]) -> Result<(u64, u64, u64)> {
         let cs = self.chunk_size() as usize;
+        let sums = {
+            let meta = self.read_meta()?;
+            run.clone()
+                .map(|c| Ok((c, ChunkSums::of(meta.meta(), c)?)))
+                .collect::<Result<Vec<_>>>()?
+        };
         let (mut verified, mut damaged) = (0, 0);
         let mut unsummed = Vec::new();
-        // Aligned to a page, so that a device opened for direct I/O reads
-        // straight into it (no bounce copy).
-        let len = run.len() * cs;
-        buf.resize(len + ALIGN, 0);
-        let skip = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
-        let data = &mut buf[skip..skip + len];
         self.store
             .dev
-            .read_at(data, self.store.geo.chunk_offset(run[0].0))?;
-        for ((pchunk, sums), data) in run.iter().zip(data.chunks(cs)) {
+            .read_at(data, self.store.geo.chunk_offset(run.start))?;
+        for ((pchunk, sums), data) in sums.iter().zip(data.chunks(cs)) {
             for (b, bytes) in (0u32..).zip(data.chunks(arbor_format::SUM_BLOCK)) {
                 if sums.get(b).is_none() {
                     if unsummed.last() != Some(pchunk) {
@@ -172,7 +379,7 @@ impl Pool {
         let added = if unsummed.is_empty() || !self.store.geo.version().has_data_checksums() {
             0
         } else {
-            self.scrub_add_sums(&unsummed, buf)?
+            self.scrub_add_sums(&unsummed)?
         };
         Ok((verified, damaged, added))
     }
@@ -182,7 +389,7 @@ impl Pool {
     /// so none between the read and the sum), unless a home is being built
     /// (its copy is written without sums). Returns the sums added; none,
     /// logged, when the metadata cannot take them.
-    fn scrub_add_sums(&self, chunks: &[u64], buf: &mut Vec<u8>) -> Result<u64> {
+    fn scrub_add_sums(&self, chunks: &[u64]) -> Result<u64> {
         let Some(_no_home_built) = self.origins.no_home_building() else {
             return Ok(0);
         };
@@ -192,14 +399,14 @@ impl Pool {
         let mut add = Vec::new();
         {
             let meta = self.read_meta()?;
-            buf.resize(cs, 0);
+            let mut buf = vec![0; cs];
             for &pchunk in chunks {
                 if meta.meta().data_count(pchunk)? == 0 {
                     // Freed since the step looked.
                     continue;
                 }
                 let sums = ChunkSums::of(meta.meta(), pchunk)?;
-                self.store.dev.read_at(buf, geo.chunk_offset(pchunk))?;
+                self.store.dev.read_at(&mut buf, geo.chunk_offset(pchunk))?;
                 for (b, block) in (0u32..).zip(buf.chunks(arbor_format::SUM_BLOCK)) {
                     if sums.get(b).is_none() {
                         add.push(BlockSums {
