@@ -51,6 +51,10 @@ pub struct FileDevice {
     /// threads, and read in turn). A thread the kernel refuses a ring does
     /// the same.
     rings: bool,
+    /// Opened through the page cache: a second handle of the same file
+    /// with `O_DIRECT`, for [`BlockDevice::read_uncached`], opened at its
+    /// first use (None inside: the file takes no direct I/O).
+    uncached: std::sync::OnceLock<Option<(File, Direct)>>,
 }
 
 /// How [`FileDevice`] carries out a batch of independent operations with
@@ -163,7 +167,22 @@ impl FileDevice {
             size: AtomicU64::new(size),
             direct,
             rings,
+            uncached: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The file again, read-only with `O_DIRECT`, through this process's
+    /// descriptor of it (the same inode, whatever its path now); None if
+    /// it takes no direct I/O.
+    fn reopen_direct(&self) -> Option<(File, Direct)> {
+        use std::os::fd::AsRawFd;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(OFlags::DIRECT.bits() as i32)
+            .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .ok()?;
+        let direct = Direct::of(&file, self.size()).ok()?;
+        Some((file, direct))
     }
 
     /// Chooses how a batch is written with direct I/O (no effect through
@@ -460,6 +479,27 @@ impl BlockDevice for FileDevice {
         })
     }
 
+    /// Opened with direct I/O: `read_at`. Through the page cache: a read
+    /// whose offset, length and memory the device's direct-I/O alignment
+    /// allows goes through a second handle opened with `O_DIRECT` (the
+    /// kernel writes back dirty cached pages of the range before a direct
+    /// read, so it sees every write); any other, or where the file takes
+    /// no direct I/O, through the cache.
+    fn read_uncached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.direct.is_some() || buf.is_empty() {
+            return self.read_at(buf, offset);
+        }
+        match self.uncached.get_or_init(|| self.reopen_direct()) {
+            Some((file, direct))
+                if direct.offset_aligned(offset, buf.len()) && direct.mem_aligned(buf) =>
+            {
+                check_range(offset, buf.len(), self.size())?;
+                file.read_exact_at(buf, offset)
+            }
+            _ => self.read_at(buf, offset),
+        }
+    }
+
     /// With direct I/O and a ring, the reads go to the device together;
     /// otherwise in turn (through the page cache a read of cached data is
     /// a copy).
@@ -720,6 +760,55 @@ mod tests {
         assert!(!rustix::fs::fcntl_getfl(&buffered.file)
             .unwrap()
             .contains(OFlags::DIRECT));
+    }
+
+    /// Through the page cache, `read_uncached` reads aligned ranges with
+    /// `O_DIRECT` through a second handle and still sees every write that
+    /// returned, none of them flushed or written back; other ranges, and
+    /// ranges out of the device, behave as `read_at`'s.
+    #[test]
+    fn uncached_reads_of_a_buffered_device_see_every_write() {
+        use rand::{Rng, SeedableRng};
+        const SIZE: usize = 4 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::create_file(&dir.path().join("dev"), SIZE as u64).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let mut model = vec![0u8; SIZE];
+        let mut big = crate::LargeBuffer::new(SIZE).unwrap();
+        for round in 0..40 {
+            let len = rng.gen_range(1..70_000usize);
+            let at = rng.gen_range(0..SIZE - len);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            dev.write_at(&data, at as u64).unwrap();
+            model[at..at + len].copy_from_slice(&data);
+            // Aligned: the direct handle; a whole read of the device too.
+            let (start, n) = (rng.gen_range(0..SIZE / 4096) * 4096, 64 << 10);
+            let n = n.min(SIZE - start);
+            dev.read_uncached(&mut big[..n], start as u64).unwrap();
+            assert!(
+                big[..n] == model[start..start + n],
+                "round {round}: aligned"
+            );
+            // Unaligned offset and memory: through the cache.
+            let mut odd = vec![0u8; 1000];
+            dev.read_uncached(&mut odd, at as u64 + 1)
+                .unwrap_or_else(|_| {
+                    assert!(at + 1 + 1000 > SIZE);
+                });
+            if at + 1001 <= SIZE {
+                assert!(
+                    odd[..] == model[at + 1..at + 1001],
+                    "round {round}: unaligned"
+                );
+            }
+        }
+        dev.read_uncached(&mut big[..], 0).unwrap();
+        assert!(big[..] == model[..], "the whole device");
+        let (file, _) = dev.uncached.get().unwrap().as_ref().unwrap();
+        assert!(rustix::fs::fcntl_getfl(file)
+            .unwrap()
+            .contains(OFlags::DIRECT));
+        assert!(dev.read_uncached(&mut big[..4096], SIZE as u64).is_err());
     }
 
     /// Random reads and writes of any offset, length and memory alignment

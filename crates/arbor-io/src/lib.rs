@@ -51,6 +51,14 @@ pub const SECTOR_SIZE: u64 = 512;
 pub trait BlockDevice: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads as `read_at` does (every write that returned `Ok` is seen),
+    /// bypassing the host's page cache where the device can: for reads of
+    /// much data that nothing reads again soon (a scrub's), which should
+    /// neither pay for the cache's copy and readahead nor evict what the
+    /// cache holds for clients. The default is `read_at`.
+    fn read_uncached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Writes each buffer at its offset, as `write_at` would, in any order

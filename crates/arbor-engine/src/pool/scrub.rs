@@ -359,9 +359,11 @@ impl Pool {
         };
         let (mut verified, mut damaged) = (0, 0);
         let mut unsummed = Vec::new();
+        // Around the host's page cache where the pool goes through it:
+        // a scrub neither pays for its copy nor evicts clients' data.
         self.store
             .dev
-            .read_at(data, self.store.geo.chunk_offset(run.start))?;
+            .read_uncached(data, self.store.geo.chunk_offset(run.start))?;
         for ((pchunk, sums), data) in sums.iter().zip(data.chunks(cs)) {
             for (b, bytes) in (0u32..).zip(data.chunks(arbor_format::SUM_BLOCK)) {
                 if sums.get(b).is_none() {
