@@ -976,6 +976,10 @@ pub enum AlertKind {
     /// The pool's scrub schedule is damaged (its stored value does not
     /// parse), so no scrub is scheduled; clears when it is set or cleared.
     ScrubScheduleDamaged,
+    /// The metadata check at the end of the last completed scrub found
+    /// problems (`arbor check` lists them); clears when a scrub's check
+    /// finds none.
+    ScrubMetadataProblems,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).

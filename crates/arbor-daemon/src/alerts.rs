@@ -179,6 +179,20 @@ pub fn scrub_schedule_damaged(why: &str) -> Condition {
     )
 }
 
+/// The metadata check at the end of the last completed scrub found
+/// `problems` problems in the pool's metadata.
+pub fn scrub_metadata_problems(problems: u64) -> Condition {
+    Condition::new(
+        AlertKind::ScrubMetadataProblems,
+        Severity::Critical,
+        "scrub",
+        format!(
+            "the last scrub's metadata check found {problems} problem(s) in the pool's metadata \
+             (arbor check lists them; this clears when a scrub's check finds none)"
+        ),
+    )
+}
+
 /// A duration as people read it: `45s`, `12m`, `3h 5m`, `2d 4h`.
 pub fn human_secs(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);

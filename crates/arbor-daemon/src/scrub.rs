@@ -69,11 +69,6 @@ struct State {
     record: Option<ScrubRecord>,
     /// Bytes per second, smoothed, while running.
     rate: f64,
-    /// The metadata check at the end: problems found (None: not run).
-    metadata_problems: Option<usize>,
-    /// Blocks without a checksum this daemon's run of the scrub gave one
-    /// (kept in memory: the pool's scrub record has no field for it).
-    sums_added: u64,
     last_error: Option<String>,
     /// Why the last scrub stopped on an error: set by a failure, cleared
     /// only when a scrub runs to completion (the `scrub_failed` alert).
@@ -102,7 +97,13 @@ impl Scrub {
         let mut failure = None;
         let record = match pool.property(None, SCRUB_KEY) {
             Ok(Some(bytes)) => match ScrubRecord::decode(&bytes) {
-                Ok(r) => Some(r),
+                Ok((r, recorded_failure)) => {
+                    if let Some(why) = &recorded_failure {
+                        warn!(failure = %why, "the last scrub failed (recorded in the pool): it is a failure until a scrub runs to completion");
+                    }
+                    failure = recorded_failure;
+                    Some(r)
+                }
                 Err(e) => {
                     warn!(error = %e, "the pool's scrub record is damaged: no scrub to go on with");
                     failure = Some(format!(
@@ -132,8 +133,6 @@ impl Scrub {
             state: Mutex::new(State {
                 record,
                 rate: 0.0,
-                metadata_problems: None,
-                sums_added: 0,
                 last_error: failure.clone(),
                 failure,
                 schedule,
@@ -161,33 +160,29 @@ impl Scrub {
     fn begin(&self, resume: bool) -> arbor_engine::Result<bool> {
         let (record, before) = {
             let mut state = self.lock();
-            let before = (
-                state.record,
-                state.metadata_problems,
-                state.last_error.clone(),
-            );
+            let before = (state.record, state.last_error.clone());
             let record = match state.record {
                 Some(r) if r.phase == ScrubPhase::Running => return Ok(false),
                 Some(r) if resume && r.phase == ScrubPhase::Stopped => ScrubRecord {
                     phase: ScrubPhase::Running,
                     ..r
                 },
-                _ => {
-                    state.sums_added = 0;
-                    ScrubRecord {
-                        phase: ScrubPhase::Running,
-                        started_unix: unix_now(),
-                        finished_unix: 0,
-                        cursor: 0,
-                        data_chunks: self.pool.pool_stats()?.data_bytes / self.pool.chunk_size(),
-                        bytes: 0,
-                        verified_blocks: 0,
-                        damaged_blocks: 0,
-                    }
-                }
+                _ => ScrubRecord {
+                    phase: ScrubPhase::Running,
+                    started_unix: unix_now(),
+                    finished_unix: 0,
+                    cursor: 0,
+                    data_chunks: self.pool.pool_stats()?.data_bytes / self.pool.chunk_size(),
+                    bytes: 0,
+                    verified_blocks: 0,
+                    damaged_blocks: 0,
+                    sums_added: 0,
+                    // The last completed check's finding stands (and its
+                    // alert) until this one's check completes.
+                    metadata_problems: state.record.and_then(|r| r.metadata_problems),
+                },
             };
             state.record = Some(record);
-            state.metadata_problems = None;
             state.last_error = None;
             (record, before)
         };
@@ -195,14 +190,14 @@ impl Scrub {
         // running, and the next start goes on with it.
         let durable = self
             .pool
-            .set_property(None, SCRUB_KEY, &record.encode())
+            .set_property(None, SCRUB_KEY, &self.encode(&record))
             .and_then(|()| self.pool.flush());
         if let Err(e) = durable {
             // Not started: as it was (unless stopped or started meanwhile).
             let mut state = self.lock();
             let ours = |r: ScrubRecord| (r.phase, r.started_unix);
             if state.record.map(ours) == Some(ours(record)) {
-                (state.record, state.metadata_problems, state.last_error) = before;
+                (state.record, state.last_error) = before;
             }
             return Err(e);
         }
@@ -227,7 +222,8 @@ impl Scrub {
                 _ => return Ok(self.view_of(&state)),
             }
         };
-        self.pool.set_property(None, SCRUB_KEY, &record.encode())?;
+        self.pool
+            .set_property(None, SCRUB_KEY, &self.encode(&record))?;
         info!(at_chunk = record.cursor, "scrub stopped");
         Ok(self.view())
     }
@@ -288,7 +284,14 @@ impl Scrub {
             }
             Err(e) if e.stops_pool() => Err(e),
             Err(e) => {
-                self.failed(format!("the scheduled scrub cannot start: {e}"));
+                // Recorded with the last scrub's record, if it has one
+                // (once for the same reason: this is tried every tick).
+                if self.failed(format!("the scheduled scrub cannot start: {e}")) {
+                    let record = self.lock().record;
+                    if let Some(r) = record {
+                        self.save(&r);
+                    }
+                }
                 Ok(false)
             }
         }
@@ -297,17 +300,21 @@ impl Scrub {
     /// Records a failure (logged once for the same reason): the scrub's
     /// last error, and the `scrub_failed` alert until a scrub runs to
     /// completion.
-    fn failed(&self, why: String) {
+    /// Whether the reason is new.
+    fn failed(&self, why: String) -> bool {
         let mut state = self.lock();
-        if state.failure.as_deref() != Some(why.as_str()) {
+        let new = state.failure.as_deref() != Some(why.as_str());
+        if new {
             warn!("{why}");
         }
         state.last_error = Some(why.clone());
         state.failure = Some(why);
+        new
     }
 
     /// What the alerts say of the scrub now: why it stopped on an error,
-    /// and why its schedule is damaged (docs/MONITOR.md §5).
+    /// why its schedule is damaged, and the metadata problems the last
+    /// completed scrub found (docs/MONITOR.md §5).
     pub fn conditions(&self) -> Vec<Condition> {
         let state = self.lock();
         let schedule = state.schedule.as_ref().and_then(|s| s.as_ref().err());
@@ -317,6 +324,13 @@ impl Scrub {
             .map(alerts::scrub_failed)
             .into_iter()
             .chain(schedule.map(|why| alerts::scrub_schedule_damaged(why)))
+            .chain(
+                state
+                    .record
+                    .and_then(|r| r.metadata_problems)
+                    .filter(|&n| n > 0)
+                    .map(alerts::scrub_metadata_problems),
+            )
             .collect()
     }
 
@@ -367,16 +381,29 @@ impl Scrub {
             live_bytes: live,
             verified_blocks: r.verified_blocks,
             damaged_blocks: r.damaged_blocks,
-            sums_added: state.sums_added,
+            sums_added: r.sums_added,
             rate_bytes_per_sec: rate as u64,
             eta_secs: (running && rate >= 1.0).then(|| (left as f64 / rate) as u64),
-            metadata_problems: state.metadata_problems,
+            // This scrub's check: none until it completes.
+            metadata_problems: r
+                .metadata_problems
+                .filter(|_| r.phase == ScrubPhase::Finished)
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             ..scheduled
         }
     }
 
+    /// The record's bytes, with why the last scrub failed (the state's
+    /// failure; the caller holds no lock).
+    fn encode(&self, record: &ScrubRecord) -> Vec<u8> {
+        record.encode(self.lock().failure.as_deref())
+    }
+
     fn save(&self, record: &ScrubRecord) {
-        if let Err(e) = self.pool.set_property(None, SCRUB_KEY, &record.encode()) {
+        if let Err(e) = self
+            .pool
+            .set_property(None, SCRUB_KEY, &self.encode(record))
+        {
             warn!(error = %e, "cannot record where the scrub stands (a restart reads from the last record)");
         }
     }
@@ -544,8 +571,8 @@ impl Scrub {
         if state.record.is_none_or(|r| r.cursor != from) {
             return None;
         }
-        state.sums_added += step.sums_added;
         let r = state.record.as_mut()?;
+        r.sums_added += step.sums_added;
         r.cursor = step.next;
         r.data_chunks = step.data_chunks;
         r.bytes += step.bytes;
@@ -600,8 +627,8 @@ impl Scrub {
             if state.record.map(|r| r.phase) != Some(ScrubPhase::Running) {
                 return Ok(());
             }
+            record.metadata_problems = Some(problems as u64);
             state.record = Some(record);
-            state.metadata_problems = Some(problems);
             // Run to completion: what clears a failure.
             if let Some(why) = state.failure.take() {
                 info!(failure = %why, "the scrub ran to completion: its earlier failure is cleared");
@@ -612,7 +639,7 @@ impl Scrub {
             bytes = record.bytes,
             verified_blocks = record.verified_blocks,
             damaged_blocks = record.damaged_blocks,
-            sums_added = self.lock().sums_added,
+            sums_added = record.sums_added,
             metadata_problems = problems,
             "scrub finished"
         );
@@ -705,7 +732,9 @@ mod tests {
     }
 
     fn recorded(pool: &Pool) -> ScrubRecord {
-        ScrubRecord::decode(&pool.property(None, SCRUB_KEY).unwrap().unwrap()).unwrap()
+        ScrubRecord::decode(&pool.property(None, SCRUB_KEY).unwrap().unwrap())
+            .unwrap()
+            .0
     }
 
     /// A pool upgraded from version 9: the scrub gives every block of its
@@ -734,6 +763,12 @@ mod tests {
             view.verified_blocks + 16,
             view.bytes_read / 4096,
             "{view:?}"
+        );
+        // Kept in the pool's record.
+        assert_eq!(
+            Scrub::load(Arc::clone(&pool), 0).view().sums_added,
+            16,
+            "after a restart"
         );
         scrub.start().unwrap();
         let view = run_until(&scrub, |v| v.state == "finished").await;
@@ -778,6 +813,10 @@ mod tests {
             Some(true)
         );
         assert_eq!(recorded(&pool).phase, ScrubPhase::Running);
+        // Kept in the pool's record: a restart raises it again.
+        let restarted = Scrub::load(Arc::clone(&pool), 0);
+        assert_eq!(failure(&restarted), Some(why.clone()));
+        drop(restarted);
 
         // Neither a scheduled scrub nor one started by hand can start (a
         // start flushes): still a failure, and still stopped.
@@ -800,6 +839,54 @@ mod tests {
         assert_eq!(view.metadata_problems, Some(0), "{view:?}");
         assert_eq!(failure(&scrub), None);
         assert_eq!(recorded(&pool).phase, ScrubPhase::Finished);
+    }
+
+    /// Metadata problems the last completed scrub's check found are a
+    /// critical alert, from the pool's record (so after a restart too),
+    /// while the next scrub runs, until a scrub's check finds none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metadata_problems_a_scrub_found_are_an_alert_until_a_check_finds_none() {
+        let pool = sim_pool();
+        let v = pool.create_volume("v", 4 * MIB).unwrap();
+        pool.write(v, 0, &[7u8; 65536]).unwrap();
+        pool.flush().unwrap();
+        let found = ScrubRecord {
+            phase: ScrubPhase::Finished,
+            started_unix: 1,
+            finished_unix: 2,
+            cursor: 10,
+            data_chunks: 10,
+            bytes: 4096,
+            verified_blocks: 1,
+            damaged_blocks: 0,
+            sums_added: 0,
+            metadata_problems: Some(2),
+        };
+        pool.set_property(None, SCRUB_KEY, &found.encode(None))
+            .unwrap();
+        let scrub = Arc::new(Scrub::load(Arc::clone(&pool), 0));
+        let alert = |scrub: &Scrub| {
+            scrub
+                .conditions()
+                .into_iter()
+                .find(|c| c.kind == AlertKind::ScrubMetadataProblems)
+                .map(|c| (c.severity, c.message))
+        };
+        let (severity, message) = alert(&scrub).expect("the alert");
+        assert_eq!(severity, Severity::Critical);
+        assert!(message.contains("2 problem"), "{message}");
+        assert_eq!(scrub.view().metadata_problems, Some(2));
+        // A new scrub: its own check has not run, the last one's finding
+        // stands.
+        scrub.start().unwrap();
+        assert_eq!(scrub.view().metadata_problems, None);
+        assert!(alert(&scrub).is_some(), "while the next scrub runs");
+        assert_eq!(recorded(&pool).metadata_problems, Some(2));
+        let view = run_until(&scrub, |v| v.state == "finished").await;
+        assert_eq!(view.metadata_problems, Some(0), "{view:?}");
+        assert_eq!(alert(&scrub), None);
+        assert_eq!(recorded(&pool).metadata_problems, Some(0));
+        assert_eq!(alert(&Scrub::load(Arc::clone(&pool), 0)), None);
     }
 
     /// A stored schedule that does not parse is a warning until it is set

@@ -113,6 +113,11 @@ impl Queue {
         self.ready.notify_all();
     }
 
+    /// Whether the queue is closed (the scrub stopped).
+    fn closed(&self) -> bool {
+        self.lock().1
+    }
+
     /// The next job; None once closed.
     fn take(&self) -> Option<(u64, Job)> {
         let mut state = self.lock();
@@ -199,6 +204,12 @@ impl Pool {
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             let mut done = (0, 0, 0);
                             for run in job {
+                                if queue.closed() {
+                                    // The scrub stopped: no one is told
+                                    // of this job, so the device is
+                                    // spared the rest of it.
+                                    break;
+                                }
                                 let len = self.run_bytes(&run)?;
                                 if buf.is_none() {
                                     buf =
