@@ -889,6 +889,41 @@ mod tests {
         assert_eq!(alert(&Scrub::load(Arc::clone(&pool), 0)), None);
     }
 
+    /// A step counts only for the scrub that stands where it started: one
+    /// that comes back after a new scrub started (a stop, then a scheduled
+    /// start) is not added to it, which would move its cursor past chunks
+    /// it never read; one that comes back after a stop is kept, so a
+    /// resumed scrub goes on after it.
+    #[test]
+    fn a_step_counts_only_for_the_scrub_standing_where_it_started() {
+        let pool = sim_pool();
+        let scrub = Scrub::load(Arc::clone(&pool), 0);
+        scrub.start().unwrap();
+        let step = |from: u64| arbor_engine::ScrubStep {
+            next: from + 8,
+            data_chunks: 1000,
+            chunks: 8,
+            bytes: 8 * 4096,
+            verified_blocks: 8,
+            ..Default::default()
+        };
+        let took = Duration::from_millis(1);
+        let r = scrub.account(0, &step(0), took).expect("running");
+        assert_eq!((r.cursor, r.bytes), (8, 8 * 4096));
+        // Stopped meanwhile: kept, not running.
+        scrub.stop().unwrap();
+        assert_eq!(scrub.account(8, &step(8), took), None);
+        assert_eq!(scrub.lock().record.unwrap().cursor, 16);
+        // A new scrub from the start: a step of the old one (from 16) is
+        // not its, and leaves it at 0.
+        scrub.begin(false).unwrap();
+        assert_eq!(scrub.lock().record.unwrap().cursor, 0);
+        assert_eq!(scrub.account(16, &step(16), took), None);
+        let r = scrub.lock().record.unwrap();
+        assert_eq!((r.cursor, r.bytes, r.verified_blocks), (0, 0, 0));
+        assert_eq!(scrub.account(0, &step(0), took).unwrap().cursor, 8);
+    }
+
     /// A stored schedule that does not parse is a warning until it is set
     /// again or cleared; a damaged scrub record is a failure.
     #[test]
