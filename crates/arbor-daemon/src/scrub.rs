@@ -54,6 +54,17 @@ const SAVE_EVERY: Duration = Duration::from_secs(5);
 /// How the rate is smoothed: the weight of the newest step.
 const RATE_WEIGHT: f64 = 0.2;
 
+/// The last step a blocking run of the scrub told of.
+#[derive(Debug, Clone, Copy)]
+struct Told {
+    step: arbor_engine::ScrubStep,
+    /// How long it took.
+    took: Duration,
+    /// The record after it; None: the scrub was stopped or started again
+    /// meanwhile.
+    record: Option<ScrubRecord>,
+}
+
 /// The scrub's pace across its steps.
 #[derive(Debug, Clone, Copy)]
 struct Pace {
@@ -477,7 +488,12 @@ impl Scrub {
                 }
             };
             pace = ran_pace;
-            let Some((step, took, Some(record))) = last else {
+            let Some(Told {
+                step,
+                took,
+                record: Some(record),
+            }) = last
+            else {
                 // Stopped meanwhile: the steps' progress is kept all the same.
                 return Ok(true);
             };
@@ -507,18 +523,13 @@ impl Scrub {
     /// Scrubs from `cursor` (a blocking call): one short step when the pool
     /// was busy, else steps without a pause until the pool is busy, the
     /// daemon stops, the scrub is stopped or it reaches the end. The last
-    /// step, how long it took and the record after it (None: the scrub
-    /// was stopped or started again meanwhile), and the pace after it.
-    #[allow(clippy::type_complexity)]
+    /// step told of, and the pace after it.
     fn steps(
         &self,
         cursor: u64,
         mut pace: Pace,
         stop: &CancellationToken,
-    ) -> arbor_engine::Result<(
-        Option<(arbor_engine::ScrubStep, Duration, Option<ScrubRecord>)>,
-        Pace,
-    )> {
+    ) -> arbor_engine::Result<(Option<Told>, Pace)> {
         let mut started = Instant::now();
         let mut from = cursor;
         let mut last = None;
@@ -527,7 +538,11 @@ impl Scrub {
             started = Instant::now();
             let record = self.account(from, step, took);
             from = step.next;
-            last = Some((*step, took, record));
+            last = Some(Told {
+                step: *step,
+                took,
+                record,
+            });
             let Some(record) = record else {
                 return false;
             };

@@ -449,6 +449,20 @@ fn the_sums_of_freed_chunks_go_with_them() {
     assert_clean(&pool);
 }
 
+/// Flips one bit after the tag in each of `n` random tagged data blocks
+/// of `w`'s device (the same block may be drawn twice), from `seed`.
+fn flip_bits(w: &World, seed: u64, n: usize) {
+    let tagged = w.tagged_blocks();
+    let mut rng = StdRng::seed_from_u64(seed);
+    for _ in 0..n {
+        let at = tagged[rng.gen_range(0..tagged.len())];
+        let mut bytes = vec![0u8; BLOCK];
+        w.disk.read_at(&mut bytes, at).unwrap();
+        bytes[rng.gen_range(8..BLOCK)] ^= 1 << rng.gen_range(0..8);
+        w.disk.write_at(&bytes, at).unwrap();
+    }
+}
+
 /// Runs a scrub to its end in small steps: the steps' totals.
 fn scrub_all(pool: &Pool) -> arbor_engine::ScrubStep {
     let mut total = arbor_engine::ScrubStep::default();
@@ -486,15 +500,7 @@ fn a_scrub_reads_each_live_chunk_once_and_finds_exactly_what_reads_find() {
         "every live chunk read once"
     );
     assert!(clean.verified_blocks > 200);
-    let tagged = w.tagged_blocks();
-    let mut rng = StdRng::seed_from_u64(6);
-    for _ in 0..8 {
-        let at = tagged[rng.gen_range(0..tagged.len())];
-        let mut bytes = vec![0u8; BLOCK];
-        w.disk.read_at(&mut bytes, at).unwrap();
-        bytes[rng.gen_range(8..BLOCK)] ^= 1 << rng.gen_range(0..8);
-        w.disk.write_at(&bytes, at).unwrap();
-    }
+    flip_bits(&w, 6, 8);
     let scrubbed = scrub_all(&w.pool);
     let by_scrub = listed(&w);
     // Each damaged block found once (a damaged block that no mapping
@@ -545,15 +551,7 @@ fn totals(steps: &[arbor_engine::ScrubStep]) -> (u64, u64, u64, u64) {
 #[test]
 fn a_streamed_scrub_tells_every_step_and_goes_on_exactly_where_it_stopped() {
     let w = build(8);
-    let tagged = w.tagged_blocks();
-    let mut rng = StdRng::seed_from_u64(8);
-    for _ in 0..6 {
-        let at = tagged[rng.gen_range(0..tagged.len())];
-        let mut bytes = vec![0u8; BLOCK];
-        w.disk.read_at(&mut bytes, at).unwrap();
-        bytes[rng.gen_range(8..BLOCK)] ^= 1 << rng.gen_range(0..8);
-        w.disk.write_at(&bytes, at).unwrap();
-    }
+    flip_bits(&w, 8, 6);
     // Scrubs give sums to blocks that have none (a step whose journal is
     // full gives none: a later one does): from then on every scrub
     // verifies the same blocks.

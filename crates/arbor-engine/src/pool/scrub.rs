@@ -84,9 +84,9 @@ type Job = Vec<Run>;
 
 /// What a reader gives back for one job: the index of its step, and the
 /// job's (blocks verified, blocks damaged, sums added).
-type RunDone = (u64, Result<(u64, u64, u64)>);
+type JobDone = (u64, Result<(u64, u64, u64)>);
 
-/// The runs waiting for a reader, shared by the readers of a scrub.
+/// The jobs waiting for a reader, shared by the readers of a scrub.
 #[derive(Default)]
 struct Queue {
     /// The jobs with the index of their step; `closed`: no more will come.
@@ -190,7 +190,7 @@ impl Pool {
         mut go_on: impl FnMut(&ScrubStep) -> bool,
     ) -> Result<()> {
         let queue = Queue::default();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<RunDone>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<JobDone>();
         std::thread::scope(|s| {
             for _ in 0..READS_IN_FLIGHT {
                 let done = done_tx.clone();
@@ -202,26 +202,7 @@ impl Pool {
                     let mut buf = None;
                     while let Some((step, job)) = queue.take() {
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let mut done = (0, 0, 0);
-                            for run in job {
-                                if queue.closed() {
-                                    // The scrub stopped: no one is told
-                                    // of this job, so the device is
-                                    // spared the rest of it.
-                                    break;
-                                }
-                                let len = self.run_bytes(&run)?;
-                                if buf.is_none() {
-                                    buf =
-                                        Some(arbor_io::LargeBuffer::new(READ_RUN_BYTES as usize)?);
-                                }
-                                let data = buf.as_mut().and_then(|b| b.get_mut(..len)).ok_or_else(
-                                    || Error::inconsistent("a scrub run is longer than a read"),
-                                )?;
-                                let (v, d, a) = self.scrub_run(run, data)?;
-                                done = (done.0 + v, done.1 + d, done.2 + a);
-                            }
-                            Ok(done)
+                            self.scrub_job(job, &mut buf, queue)
                         }))
                         .unwrap_or_else(|_| Err(Error::inconsistent("a scrub reader panicked")));
                         if done.send((step, result)).is_err() {
@@ -247,7 +228,7 @@ impl Pool {
         step_bytes: u64,
         ahead: usize,
         queue: &Queue,
-        done: &std::sync::mpsc::Receiver<RunDone>,
+        done: &std::sync::mpsc::Receiver<JobDone>,
         go_on: &mut impl FnMut(&ScrubStep) -> bool,
     ) -> Result<()> {
         // The steps planned and not yet told, oldest first (the index of
@@ -301,6 +282,34 @@ impl Pool {
             waiting.0.sums_added += added;
             waiting.1 -= 1;
         }
+    }
+
+    /// A reader's job: its runs read into `buf` (made at the first), until
+    /// the queue closes (the scrub stopped: no one is told of this job,
+    /// so the device is spared the rest of it).
+    fn scrub_job(
+        &self,
+        job: Job,
+        buf: &mut Option<arbor_io::LargeBuffer>,
+        queue: &Queue,
+    ) -> Result<(u64, u64, u64)> {
+        let mut done = (0, 0, 0);
+        for run in job {
+            if queue.closed() {
+                break;
+            }
+            let len = self.run_bytes(&run)?;
+            if buf.is_none() {
+                *buf = Some(arbor_io::LargeBuffer::new(READ_RUN_BYTES as usize)?);
+            }
+            let data = buf
+                .as_mut()
+                .and_then(|b| b.get_mut(..len))
+                .ok_or_else(|| Error::inconsistent("a scrub run is longer than a read"))?;
+            let (v, d, a) = self.scrub_run(run, data)?;
+            done = (done.0 + v, done.1 + d, done.2 + a);
+        }
+        Ok(done)
     }
 
     /// Looks up the live chunks of the step from chunk `from` (at most
