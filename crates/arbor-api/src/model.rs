@@ -289,6 +289,12 @@ pub struct ScrubView {
     /// went on with the scrub.
     #[serde(default)]
     pub sums_added: u64,
+    /// Bytes of homes built since the daemon started (copy-on-write
+    /// volumes created, grown or moved in the pool, origins copied into
+    /// it) whose blocks still await their checksums: a pass gives them,
+    /// at the scrub's pace, while no scrub runs.
+    #[serde(default)]
+    pub new_home_bytes_unsummed: u64,
     /// While running: bytes per second (smoothed) and seconds left, roughly.
     pub rate_bytes_per_sec: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -151,6 +151,7 @@ pub struct Metrics {
     scrub_rate: Gauge,
     scrub_damaged: Gauge,
     scrub_sums_added: Gauge,
+    new_home_unsummed: Gauge,
     damage_found: Counter,
     /// The pool's count of reads that found damage at the last scrape (the
     /// counter advances by the difference).
@@ -197,6 +198,7 @@ impl Metrics {
             scrub_rate: Gauge::default(),
             scrub_damaged: Gauge::default(),
             scrub_sums_added: Gauge::default(),
+            new_home_unsummed: Gauge::default(),
             damage_found: Counter::default(),
             damage_found_seen: Mutex::default(),
             replica_recovery_point: Family::default(),
@@ -395,6 +397,11 @@ impl Metrics {
             m.scrub_sums_added.clone(),
         );
         r.register(
+            "new_home_unsummed_bytes",
+            "Bytes of homes built since the daemon started (copy-on-write volumes created, grown or moved in the pool, origins copied into it) whose blocks await their checksums",
+            m.new_home_unsummed.clone(),
+        );
+        r.register(
             "data_damage_found",
             "Reads (and writes over part of a block) that found a data block not matching its checksum",
             m.damage_found.clone(),
@@ -457,6 +464,8 @@ impl Metrics {
         self.scrub_rate.set(gauge_value(scrub.rate_bytes_per_sec));
         self.scrub_damaged.set(gauge_value(scrub.damaged_blocks));
         self.scrub_sums_added.set(gauge_value(scrub.sums_added));
+        self.new_home_unsummed
+            .set(gauge_value(scrub.new_home_bytes_unsummed));
         let stats = pool.pool_stats()?;
         let set = |family: &Family<SpaceLabels, Gauge>, space, value: u64| {
             family

@@ -360,6 +360,10 @@ impl Scrub {
             next_run: Self::turn(state, unix_now()).and_then(|t| t.next_run),
             // With no scrub recorded too: why its record could not be read.
             last_error: state.last_error.clone(),
+            new_home_bytes_unsummed: self
+                .pool
+                .home_sums_pending()
+                .saturating_mul(self.pool.chunk_size()),
             ..ScrubView::default()
         };
         let Some(r) = state.record else {
@@ -430,6 +434,12 @@ impl Scrub {
     /// the daemon stops.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
         loop {
+            if self.running().is_none() && self.pool.home_sums_pending() > 0 {
+                if !self.sum_new_homes(&stop).await? {
+                    return Ok(());
+                }
+                continue;
+            }
             if self.running().is_none() {
                 let scrub = Arc::clone(&self);
                 let started = tokio::task::spawn_blocking(move || scrub.start_if_due(unix_now()))
@@ -504,12 +514,7 @@ impl Scrub {
             // The pace while busy: `busy_rate` (a step's bytes take their
             // share of a second).
             if pace.busy {
-                let pause = if self.busy_rate == 0 {
-                    Duration::from_millis(100)
-                } else {
-                    Duration::from_secs_f64(step.bytes as f64 / self.busy_rate as f64)
-                        .saturating_sub(took)
-                };
+                let pause = self.busy_pause(step.bytes, took);
                 tokio::select! {
                     _ = stop.cancelled() => {}
                     _ = tokio::time::sleep(pause) => {}
@@ -561,6 +566,97 @@ impl Scrub {
         } else {
             self.pool
                 .scrub(cursor, STEP_BYTES, |step| tell(step, &mut pace))?;
+        }
+        Ok((last, pace))
+    }
+
+    /// The pause after a step of `bytes` that took `took` while the pool
+    /// is busy: the step's share of a second at `busy_rate`.
+    fn busy_pause(&self, bytes: u64, took: Duration) -> Duration {
+        if self.busy_rate == 0 {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs_f64(bytes as f64 / self.busy_rate as f64).saturating_sub(took)
+        }
+    }
+
+    /// Runs the pass that gives new homes their checksums
+    /// (`Pool::sum_new_homes`: the blocks a home's build wrote) until none
+    /// is left, a scrub runs, or the daemon stops (false), at the scrub's
+    /// pace: streamed while the pool is idle, one short step at
+    /// `busy_rate` while it serves I/O. A step that met a home being built
+    /// waits a tick; one that fails leaves the rest to the next scrub.
+    async fn sum_new_homes(self: &Arc<Self>, stop: &CancellationToken) -> Result<bool> {
+        let mut pace = Pace {
+            saved: Instant::now(),
+            requests: self.pool.requests(),
+            busy: false,
+        };
+        let mut added = 0;
+        while self.pool.home_sums_pending() > 0 && self.running().is_none() {
+            if stop.is_cancelled() {
+                return Ok(false);
+            }
+            let scrub = Arc::clone(self);
+            let stop_now = stop.clone();
+            let ran = tokio::task::spawn_blocking(move || scrub.home_steps(pace, &stop_now))
+                .await
+                .context("new homes' checksums task failed")?;
+            let (last, ran_pace) = match ran {
+                Ok(ran) => ran,
+                Err(e) if e.stops_pool() => return Err(e).context("new homes' checksums"),
+                Err(e) => {
+                    let left = self.pool.leave_home_sums_to_scrub();
+                    warn!(error = %e, chunks = left, "giving new homes their checksums failed: the next scrub gives them");
+                    return Ok(true);
+                }
+            };
+            pace = ran_pace;
+            let Some((step, took)) = last else {
+                continue;
+            };
+            added += step.sums_added;
+            let pause = if step.sums_deferred > 0 {
+                TICK
+            } else if pace.busy {
+                self.busy_pause(step.bytes, took)
+            } else {
+                Duration::ZERO
+            };
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        if self.pool.home_sums_pending() == 0 {
+            info!(sums_added = added, "new homes have their checksums");
+        }
+        Ok(true)
+    }
+
+    /// Steps of the pass over new homes (a blocking call), as
+    /// [`Scrub::steps`] runs the scrub's: the last step and how long it
+    /// took, and the pace after it.
+    fn home_steps(
+        &self,
+        mut pace: Pace,
+        stop: &CancellationToken,
+    ) -> arbor_engine::Result<(Option<(arbor_engine::ScrubStep, Duration)>, Pace)> {
+        let mut started = Instant::now();
+        let mut last = None;
+        let busy = pace.busy;
+        let tell = |step: &arbor_engine::ScrubStep| -> bool {
+            last = Some((*step, started.elapsed()));
+            started = Instant::now();
+            let now = self.pool.requests();
+            pace.busy = now != pace.requests;
+            pace.requests = now;
+            !pace.busy && !stop.is_cancelled() && self.running().is_none()
+        };
+        if busy {
+            self.pool.sum_new_homes(BUSY_STEP_BYTES, false, tell)?;
+        } else {
+            self.pool.sum_new_homes(STEP_BYTES, true, tell)?;
         }
         Ok((last, pace))
     }
@@ -789,6 +885,25 @@ mod tests {
         let view = run_until(&scrub, |v| v.state == "finished").await;
         assert_eq!(view.sums_added, 0, "{view:?}");
         assert_eq!(view.verified_blocks, view.bytes_read / 4096, "{view:?}");
+    }
+
+    /// A home built in the pool (a copy-on-write volume created here) is
+    /// given its checksums by the loop while no scrub runs, shown in the
+    /// view until it has them: a scrub afterwards finds none to add.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loop_gives_a_new_home_its_checksums() {
+        let pool = sim_pool();
+        pool.create_cow_volume("h", 4 * MIB).unwrap();
+        let scrub = Arc::new(Scrub::load(Arc::clone(&pool), 0));
+        assert_eq!(scrub.view().new_home_bytes_unsummed, 4 * MIB);
+        let view = run_until(&scrub, |v| v.new_home_bytes_unsummed == 0).await;
+        assert_eq!(view.state, "none", "no scrub ran: {view:?}");
+        assert_eq!(pool.home_sums_pending(), 0);
+        scrub.start().unwrap();
+        let view = run_until(&scrub, |v| v.state == "finished").await;
+        assert_eq!(view.sums_added, 0, "{view:?}");
+        assert_eq!(view.damaged_blocks, 0, "{view:?}");
+        assert!(view.verified_blocks >= 4 * MIB / 4096, "{view:?}");
     }
 
     /// The metadata check at a scrub's end fails (it flushes the pool, and

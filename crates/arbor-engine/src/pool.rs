@@ -97,6 +97,7 @@ mod fill_sweep;
 mod gates;
 mod grow;
 mod heal;
+mod home_sums;
 #[cfg(test)]
 mod names_tests;
 mod origin;
@@ -409,6 +410,9 @@ pub struct Pool {
     repaired_at_open: Vec<String>,
     /// Damaged data blocks found (`pool/damage.rs`).
     damage_log: damage::DamageLog,
+    /// Home runs built since the pool opened that await their sums
+    /// (`pool/home_sums.rs`).
+    home_sums: home_sums::HomeSums,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
@@ -475,9 +479,19 @@ fn write_lock(l: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
     l.write().unwrap_or_else(|p| p.into_inner())
 }
 
-/// [`lock_mutex`] without waiting: `None` while another thread holds it.
-fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
+/// [`write_lock`] without waiting: `None` while another thread holds it.
+fn try_write_lock(l: &RwLock<()>) -> Option<RwLockWriteGuard<'_, ()>> {
+    match l.try_write() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// [`read_lock`] without waiting: `None` while another thread holds it
+/// exclusive.
+fn try_read_lock(l: &RwLock<()>) -> Option<RwLockReadGuard<'_, ()>> {
+    match l.try_read() {
         Ok(guard) => Some(guard),
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => None,
@@ -728,6 +742,7 @@ impl Pool {
             checker: Checker::default(),
             repaired_at_open: Vec::new(),
             damage_log: damage::DamageLog::default(),
+            home_sums: home_sums::HomeSums::default(),
         }
     }
 

@@ -58,6 +58,11 @@ impl ChunkSums {
         self.blocks.get(block as usize).copied().flatten()
     }
 
+    /// How many of the chunk's blocks have no sum.
+    pub fn missing(&self) -> u64 {
+        self.blocks.iter().filter(|s| s.is_none()).count() as u64
+    }
+
     /// Checks `data`, the chunk's bytes from block `first` on (whole
     /// blocks), against the sums: the first block that has a sum and does
     /// not match it.

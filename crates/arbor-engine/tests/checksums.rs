@@ -1073,3 +1073,132 @@ fn a_scrub_gives_sums_to_the_blocks_written_before_the_upgrade() {
     assert_eq!(scrub_all(&pool).sums_added, 0);
     assert_clean(&pool);
 }
+
+/// Runs the pass over new homes to its end, streamed in 64 KiB steps: the
+/// sums it added.
+fn sum_new_homes(pool: &Pool) -> u64 {
+    let mut added = 0;
+    while pool.home_sums_pending() > 0 {
+        pool.sum_new_homes(64 * 1024, true, |step| {
+            assert_eq!(step.sums_deferred, 0, "no home is being built");
+            added += step.sums_added;
+            true
+        })
+        .unwrap();
+    }
+    added
+}
+
+/// A scrub whose caller panics in `go_on` ends with that panic, its
+/// readers let go (it waited for them forever: they waited for more jobs);
+/// the pool scrubs again afterwards.
+#[test]
+fn a_scrub_whose_caller_panics_lets_its_readers_go() {
+    let w = build(5);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.pool.scrub(0, 16 * 1024, |_| panic!("the caller stops"))
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(scrub_all(&w.pool).damaged_blocks, 0);
+    assert_clean(&w.pool);
+}
+
+/// Where on `disk` the 4 KiB block `bytes` is (the only copy).
+fn device_offset(disk: &SimDisk, bytes: &[u8]) -> u64 {
+    let image = disk.handle().visible_image();
+    let found: Vec<usize> = image
+        .chunks(BLOCK)
+        .enumerate()
+        .filter(|(_, b)| *b == bytes)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(found.len(), 1, "one copy of the block on the device");
+    (found[0] * BLOCK) as u64
+}
+
+/// Flips a bit of the 4 KiB block at `at` on `disk`.
+fn flip_at(disk: &SimDisk, at: u64) {
+    let mut bytes = vec![0u8; BLOCK];
+    disk.read_at(&mut bytes, at).unwrap();
+    bytes[100] ^= 4;
+    disk.write_at(&bytes, at).unwrap();
+}
+
+/// The blocks of a home that its build wrote without sums (zeroed when the
+/// volume is created or grown, copied when it moves to grow or takes an
+/// origin's data) get them from the pass over new homes: after it, damage
+/// to a block no client wrote is refused as any other's. Before it such a
+/// block has no sum: the test shows that too, so that it fails if the pass
+/// stopped being what covers them.
+#[test]
+fn the_blocks_a_home_is_built_with_get_sums_from_the_pass_over_new_homes() {
+    let disk = SimDisk::new(64 * MIB);
+    let pool = small_journal_pool(&disk, CS as u32);
+    let blocks = VOLUME / BLOCK as u64;
+    let id = pool.create_cow_volume("h", VOLUME).unwrap();
+    assert_eq!(pool.home_sums_pending(), VOLUME / CS);
+    let marker = block(1);
+    pool.write(id, 0, &marker).unwrap();
+    pool.flush().unwrap();
+    let base = device_offset(&disk, &marker);
+    let read = |id: VolumeId, at: u64| {
+        let mut buf = vec![0u8; BLOCK];
+        pool.read(id, at, &mut buf).map(|()| buf)
+    };
+    // Before the pass: block 1 of chunk 5 was zeroed by the build, and
+    // has no sum yet.
+    let unwritten = 5 * CS + BLOCK as u64;
+    flip_at(&disk, base + unwritten);
+    assert!(read(id, unwritten).unwrap() != vec![0u8; BLOCK]);
+    flip_at(&disk, base + unwritten);
+    assert_eq!(
+        sum_new_homes(&pool),
+        blocks - 1,
+        "every block but the one written"
+    );
+    assert_eq!(pool.home_sums_pending(), 0);
+    flip_at(&disk, base + unwritten);
+    assert!(matches!(read(id, unwritten), Err(Error::Damaged(_))));
+    flip_at(&disk, base + unwritten);
+    assert_eq!(read(id, unwritten).unwrap(), vec![0u8; BLOCK]);
+
+    // Grown (in place here, or moved: the pass covers both).
+    pool.resize("h", 2 * VOLUME).unwrap();
+    assert!(pool.home_sums_pending() >= VOLUME / CS);
+    assert!(sum_new_homes(&pool) >= blocks);
+    // (A home that moved left its old copy behind: a new marker finds it.)
+    let marker = block(2);
+    pool.write(id, 0, &marker).unwrap();
+    let base = device_offset(&disk, &marker);
+    let grown = VOLUME + 3 * CS;
+    flip_at(&disk, base + grown);
+    assert!(matches!(read(id, grown), Err(Error::Damaged(_))));
+    flip_at(&disk, base + grown);
+    assert_eq!(read(id, grown).unwrap(), vec![0u8; BLOCK]);
+
+    // An origin's data copied into the pool.
+    let image: Vec<u8> = (0..blocks).flat_map(|b| block(100 + b)).collect();
+    let origin = SimDisk::from_image(image.clone());
+    let o = pool
+        .attach_origin(
+            "disk",
+            std::sync::Arc::new(origin),
+            arbor_engine::DeviceIdentity { dev: 7, ino: 1 },
+        )
+        .unwrap();
+    assert_eq!(pool.home_sums_pending(), 0, "a device outside the pool");
+    pool.copy_origin_to_pool("disk").unwrap();
+    assert_eq!(pool.home_sums_pending(), VOLUME / CS);
+    assert_eq!(sum_new_homes(&pool), blocks, "every copied block");
+    let copied = 7 * BLOCK as u64;
+    let at = device_offset(&disk, &image[copied as usize..copied as usize + BLOCK]);
+    flip_at(&disk, at);
+    assert!(matches!(read(o, copied), Err(Error::Damaged(_))));
+    flip_at(&disk, at);
+    assert_eq!(read(o, copied).unwrap(), block(107));
+
+    // Everything has a sum now: a scrub adds none and finds nothing.
+    let scrub = scrub_all(&pool);
+    assert_eq!((scrub.sums_added, scrub.damaged_blocks), (0, 0));
+    assert_clean(&pool);
+}

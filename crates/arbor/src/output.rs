@@ -198,6 +198,15 @@ pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if let Some(at) = s.finished_unix_secs {
         rows.push(("finished", timestamp(at)));
     }
+    if s.new_home_bytes_unsummed > 0 {
+        rows.push((
+            "new homes",
+            format!(
+                "{} not yet checksummed (a pass gives them checksums while no scrub runs)",
+                size(s.new_home_bytes_unsummed)
+            ),
+        ));
+    }
     if let Some(n) = s.metadata_problems {
         rows.push(("metadata", format!("{n} problems (arbor check lists them)")));
     }

@@ -318,6 +318,7 @@ impl Pool {
         }
         let id = created?;
         self.open_home(id, run.start, size);
+        self.sum_home_later(run);
         Ok(VolumeId(id))
     }
 
@@ -424,6 +425,7 @@ impl Pool {
             });
             if grown.is_ok() {
                 self.open_home(id, first, new_size);
+                self.sum_home_later(run.clone());
             } else if let Some(l) = loose {
                 if let Err(e) = self.free_loose_home(l) {
                     warn!(error = %e, "a failed growth's home awaits reclaim");
@@ -577,6 +579,7 @@ impl Pool {
                     switch(m, to)
                 })?;
                 self.open_home(id, run.start, new_size);
+                self.sum_home_later(run.clone());
                 drop(busy);
                 // Reads through an epoch that found the old device finish
                 // before this returns: an origin's device is then closed and

@@ -9,13 +9,13 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arbor_format::OriginLoss;
 use arbor_io::BlockDevice;
 
 use super::gates::{stripe_indices, STRIPES};
-use super::{lock_mutex, read_lock, try_lock, write_lock, SoleCopies};
+use super::{lock_mutex, read_lock, try_read_lock, try_write_lock, write_lock, SoleCopies};
 use crate::error::{Error, OriginUnavailable, Result};
 use crate::volumes::Volumes;
 
@@ -299,8 +299,9 @@ pub(crate) struct Origins {
     stripes: Vec<RwLock<()>>,
     /// Held while a home is built in steps (`build_home`); loose homes are
     /// freed only while nobody holds it, so a home being built is never
-    /// mistaken for one a failure left.
-    homes: Mutex<()>,
+    /// mistaken for one a failure left (and scrubs give sums only while
+    /// nobody holds it exclusive: a home's copy is written without sums).
+    homes: RwLock<()>,
     /// For statistics: bytes of the copies only one epoch reads, by
     /// copy-on-write volume and epoch, each as of one state of its store
     /// and epochs ([`VolumeTable::store_version`]), so the statistics of
@@ -315,7 +316,7 @@ impl Default for Origins {
             sweeps: Mutex::default(),
             losses: RwLock::default(),
             stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
-            homes: Mutex::new(()),
+            homes: RwLock::new(()),
             sole_copies: Mutex::default(),
         }
     }
@@ -450,14 +451,20 @@ impl Origins {
     }
 
     /// Held while a home is built in steps.
-    pub(super) fn building_home(&self) -> MutexGuard<'_, ()> {
-        lock_mutex(&self.homes)
+    pub(super) fn building_home(&self) -> RwLockWriteGuard<'_, ()> {
+        write_lock(&self.homes)
     }
 
     /// [`Origins::building_home`] without waiting: `None` while a home is
     /// being built (reclaim only tries it, so it may run under any lock).
-    pub(super) fn no_home_building(&self) -> Option<MutexGuard<'_, ()>> {
-        try_lock(&self.homes)
+    pub(super) fn no_home_building(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        try_write_lock(&self.homes)
+    }
+
+    /// [`Origins::no_home_building`], shared with others who only need no
+    /// home built meanwhile (the scrub's readers, which give sums).
+    pub(super) fn no_home_building_shared(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        try_read_lock(&self.homes)
     }
 
     /// [`Volumes::copies_by_sole_epoch`] of `origin`, walked once per state
@@ -508,7 +515,14 @@ mod tests {
         let o = Origins::default();
         let building = o.building_home();
         assert!(o.no_home_building().is_none());
+        assert!(o.no_home_building_shared().is_none());
         drop(building);
+        // Scrubs share it; reclaim waits for them.
+        let scrub = o.no_home_building_shared();
+        assert!(scrub.is_some());
+        assert!(o.no_home_building_shared().is_some());
+        assert!(o.no_home_building().is_none());
+        drop(scrub);
         assert!(o.no_home_building().is_some());
     }
 

@@ -20,6 +20,8 @@
 //! A pool whose metadata cannot take them keeps scrubbing without.
 
 use super::*;
+use std::ops::Range;
+
 use crate::sums::{BlockSums, ChunkSums};
 
 /// Largest device read of one scrub step: a run of consecutive live
@@ -63,6 +65,10 @@ pub struct ScrubStep {
     pub damaged_blocks: u64,
     /// Blocks that had no sum and were given one.
     pub sums_added: u64,
+    /// Blocks that had no sum and were not given one because a home was
+    /// being built meanwhile (its copy is written without sums): a later
+    /// step over them gives them one.
+    pub sums_deferred: u64,
 }
 
 /// One step's live chunks, in jobs (one per leaf of the checksum tree)
@@ -83,8 +89,33 @@ type Run = std::ops::Range<u64>;
 type Job = Vec<Run>;
 
 /// What a reader gives back for one job: the index of its step, and the
-/// job's (blocks verified, blocks damaged, sums added).
-type JobDone = (u64, Result<(u64, u64, u64)>);
+/// job's counts.
+type JobDone = (u64, Result<Counts>);
+
+/// What reading a run or a job found.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    verified: u64,
+    damaged: u64,
+    added: u64,
+    deferred: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: Counts) {
+        self.verified += other.verified;
+        self.damaged += other.damaged;
+        self.added += other.added;
+        self.deferred += other.deferred;
+    }
+
+    fn add_to(self, step: &mut ScrubStep) {
+        step.verified_blocks += self.verified;
+        step.damaged_blocks += self.damaged;
+        step.sums_added += self.added;
+        step.sums_deferred += self.deferred;
+    }
+}
 
 /// The jobs waiting for a reader, shared by the readers of a scrub.
 #[derive(Default)]
@@ -92,6 +123,15 @@ struct Queue {
     /// The jobs with the index of their step; `closed`: no more will come.
     state: Mutex<(std::collections::VecDeque<(u64, Job)>, bool)>,
     ready: std::sync::Condvar,
+}
+
+/// Closes its queue when dropped.
+struct CloseOnDrop<'a>(&'a Queue);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl Queue {
@@ -139,21 +179,28 @@ impl Pool {
     /// one step of [`Pool::scrub`] (a busy pool's short step is read here,
     /// with no thread).
     pub fn scrub_step(&self, from: u64, max_bytes: u64) -> Result<ScrubStep> {
-        let plan = self.scrub_plan(from, max_bytes)?;
+        self.scrub_step_within(from, u64::MAX, max_bytes)
+    }
+
+    /// [`Pool::scrub_step`] of the chunks before `end` only.
+    pub(super) fn scrub_step_within(
+        &self,
+        from: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> Result<ScrubStep> {
+        let plan = self.scrub_plan(from, end, max_bytes)?;
         if plan.step.bytes <= READ_RUN_BYTES {
             let mut step = plan.step;
             let mut buf = Vec::new();
             for run in plan.jobs.into_iter().flatten() {
                 let data = aligned(&mut buf, self.run_bytes(&run)?);
-                let (verified, damaged, added) = self.scrub_run(run, data)?;
-                step.verified_blocks += verified;
-                step.damaged_blocks += damaged;
-                step.sums_added += added;
+                self.scrub_run(run, data)?.add_to(&mut step);
             }
             return Ok(step);
         }
         let mut out = plan.step;
-        self.scrub_planned(plan, max_bytes, 1, |step| {
+        self.scrub_planned(plan, end, max_bytes, 1, |step| {
             out = *step;
             false
         })?;
@@ -176,15 +223,28 @@ impl Pool {
         step_bytes: u64,
         go_on: impl FnMut(&ScrubStep) -> bool,
     ) -> Result<()> {
-        let plan = self.scrub_plan(from, step_bytes)?;
-        self.scrub_planned(plan, step_bytes, STEPS_AHEAD, go_on)
+        self.scrub_within(from..u64::MAX, step_bytes, go_on)
     }
 
-    /// [`Pool::scrub`] from a first step already planned, with up to
-    /// `ahead` steps queued at once (1: one step at a time).
+    /// [`Pool::scrub`] of the chunks of `range` only: its last step is the
+    /// one whose `next` reaches the range's end (or the pool's).
+    pub(super) fn scrub_within(
+        &self,
+        range: Range<u64>,
+        step_bytes: u64,
+        go_on: impl FnMut(&ScrubStep) -> bool,
+    ) -> Result<()> {
+        let plan = self.scrub_plan(range.start, range.end, step_bytes)?;
+        self.scrub_planned(plan, range.end, step_bytes, STEPS_AHEAD, go_on)
+    }
+
+    /// [`Pool::scrub`] from a first step already planned, up to chunk
+    /// `end`, with up to `ahead` steps queued at once (1: one step at a
+    /// time).
     fn scrub_planned(
         &self,
         first: Plan,
+        end: u64,
         step_bytes: u64,
         ahead: usize,
         mut go_on: impl FnMut(&ScrubStep) -> bool,
@@ -212,19 +272,22 @@ impl Pool {
                 });
             }
             drop(done_tx);
-            let result = self.scrub_steps(first, step_bytes, ahead, &queue, &done_rx, &mut go_on);
             // Runs not yet taken are dropped; those being read end with
-            // the scope.
-            queue.close();
-            result
+            // the scope. Closed on the way out whatever way that is (a
+            // `go_on` that panics too, or the scope would wait for the
+            // readers forever).
+            let _close = CloseOnDrop(&queue);
+            self.scrub_steps(first, end, step_bytes, ahead, &queue, &done_rx, &mut go_on)
         })
     }
 
     /// The scrub's coordinator: plans steps ahead of the readers, gathers
     /// what they did, and tells `go_on` of each step in order.
+    #[allow(clippy::too_many_arguments)]
     fn scrub_steps(
         &self,
         first: Plan,
+        end: u64,
         step_bytes: u64,
         ahead: usize,
         queue: &Queue,
@@ -243,20 +306,20 @@ impl Pool {
             while steps.len() < ahead {
                 let plan = match (first.take(), then.take()) {
                     (Some(plan), _) => plan,
-                    (None, Some(from)) => self.scrub_plan(from, step_bytes)?,
+                    (None, Some(from)) => self.scrub_plan(from, end, step_bytes)?,
                     (None, None) => break,
                 };
                 let index = told + steps.len() as u64;
                 let step = plan.step;
                 steps.push_back((step, plan.jobs.len()));
                 queue.push(index, plan.jobs);
-                then = (step.next < step.data_chunks).then_some(step.next);
+                then = (step.next < step.data_chunks.min(end)).then_some(step.next);
             }
             while let Some(&(step, 0)) = steps.front() {
                 steps.pop_front();
                 told += 1;
                 // The last step is told too.
-                if !go_on(&step) || step.next >= step.data_chunks {
+                if !go_on(&step) || step.next >= step.data_chunks.min(end) {
                     return Ok(());
                 }
             }
@@ -270,16 +333,14 @@ impl Pool {
             let Some((index, result)) = done.recv().ok() else {
                 return Err(Error::inconsistent("the scrub's readers stopped"));
             };
-            let (verified, damaged, added) = result?;
+            let counts = result?;
             // Invariant: a job's step is planned and not yet told (a step
             // is told only once every one of its jobs is back).
             let waiting = index
                 .checked_sub(told)
                 .and_then(|i| steps.get_mut(i as usize))
                 .ok_or_else(|| Error::inconsistent("a scrub job came back for no step"))?;
-            waiting.0.verified_blocks += verified;
-            waiting.0.damaged_blocks += damaged;
-            waiting.0.sums_added += added;
+            counts.add_to(&mut waiting.0);
             waiting.1 -= 1;
         }
     }
@@ -292,8 +353,8 @@ impl Pool {
         job: Job,
         buf: &mut Option<arbor_io::LargeBuffer>,
         queue: &Queue,
-    ) -> Result<(u64, u64, u64)> {
-        let mut done = (0, 0, 0);
+    ) -> Result<Counts> {
+        let mut done = Counts::default();
         for run in job {
             if queue.closed() {
                 break;
@@ -306,20 +367,19 @@ impl Pool {
                 .as_mut()
                 .and_then(|b| b.get_mut(..len))
                 .ok_or_else(|| Error::inconsistent("a scrub run is longer than a read"))?;
-            let (v, d, a) = self.scrub_run(run, data)?;
-            done = (done.0 + v, done.1 + d, done.2 + a);
+            done.add(self.scrub_run(run, data)?);
         }
         Ok(done)
     }
 
     /// Looks up the live chunks of the step from chunk `from` (at most
     /// about `max_bytes` of them, at least one, among at most 65,536
-    /// chunks), under the metadata lock.
-    fn scrub_plan(&self, from: u64, max_bytes: u64) -> Result<Plan> {
+    /// chunks, none at or past `end`), under the metadata lock.
+    fn scrub_plan(&self, from: u64, end: u64, max_bytes: u64) -> Result<Plan> {
         let cs = self.chunk_size();
         let meta = self.read_meta()?;
         let data_chunks = meta.meta().entries(arbor_format::SmKind::Data);
-        let end = from.saturating_add(STEP_CHUNKS).min(data_chunks);
+        let end = from.saturating_add(STEP_CHUNKS).min(data_chunks).min(end);
         let budget = max_bytes.max(cs).div_ceil(cs);
         let sums = meta.meta().geo().sums;
         // The jobs, each with its leaf.
@@ -367,9 +427,8 @@ impl Pool {
     }
 
     /// Reads one run of consecutive live chunks and verifies every block
-    /// that has a sum, and gives one to those that have none: (blocks
-    /// verified, blocks found damaged, sums added).
-    fn scrub_run(&self, run: Run, data: &mut [u8]) -> Result<(u64, u64, u64)> {
+    /// that has a sum, and gives one to those that have none.
+    fn scrub_run(&self, run: Run, data: &mut [u8]) -> Result<Counts> {
         let cs = self.chunk_size() as usize;
         let sums = {
             let meta = self.read_meta()?;
@@ -398,22 +457,29 @@ impl Pool {
                 }
             }
         }
-        let added = if unsummed.is_empty() || !self.store.geo.version().has_data_checksums() {
-            0
-        } else {
-            self.scrub_add_sums(&unsummed)?
-        };
-        Ok((verified, damaged, added))
+        let (added, deferred) =
+            if unsummed.is_empty() || !self.store.geo.version().has_data_checksums() {
+                (0, 0)
+            } else {
+                self.scrub_add_sums(&unsummed)?
+            };
+        Ok(Counts {
+            verified,
+            damaged,
+            added,
+            deferred,
+        })
     }
 
     /// Gives every block of chunks `chunks` that has no sum one, from what
     /// the device holds, with the pool gate exclusive (no write in flight,
     /// so none between the read and the sum), unless a home is being built
-    /// (its copy is written without sums). Returns the sums added; none,
-    /// logged, when the metadata cannot take them.
-    fn scrub_add_sums(&self, chunks: &[u64]) -> Result<u64> {
-        let Some(_no_home_built) = self.origins.no_home_building() else {
-            return Ok(0);
+    /// (its copy is written without sums). Returns the sums added (none,
+    /// logged, when the metadata cannot take them) and the blocks left
+    /// without one because a home is being built.
+    fn scrub_add_sums(&self, chunks: &[u64]) -> Result<(u64, u64)> {
+        let Some(_no_home_built) = self.origins.no_home_building_shared() else {
+            return Ok((0, self.blocks_without_sums(chunks)?));
         };
         let geo = &self.store.geo;
         let cs = geo.chunk_size as usize;
@@ -441,17 +507,50 @@ impl Pool {
             }
         }
         if add.is_empty() {
-            return Ok(0);
+            return Ok((0, 0));
         }
         let mut meta = self.write_meta()?;
+        // Only blocks still live and still without a sum (a chunk freed
+        // meanwhile, and perhaps written again, keeps what it has now).
+        let mut still = Vec::with_capacity(add.len());
+        for chunk in add.chunk_by(|a, b| a.pchunk == b.pchunk) {
+            let pchunk = chunk[0].pchunk;
+            if meta.meta().data_count(pchunk)? == 0 {
+                continue;
+            }
+            let sums = ChunkSums::of(meta.meta(), pchunk)?;
+            still.extend(
+                chunk
+                    .iter()
+                    .filter(|s| sums.get(s.first).is_none())
+                    .cloned(),
+            );
+        }
+        let add = still;
+        if add.is_empty() {
+            return Ok((0, 0));
+        }
         match self.mutate(&mut meta, Privilege::Normal, |m| m.record_sums(&add)) {
-            Ok(()) => Ok(add.len() as u64),
+            Ok(()) => Ok((add.len() as u64, 0)),
             Err(e @ Error::Exhausted(_)) => {
                 tracing::debug!(error = %e, blocks = add.len(), "the scrub gives no sums to blocks that have none this step: no room");
-                Ok(0)
+                Ok((0, 0))
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The blocks of live chunks `chunks` that have no sum.
+    fn blocks_without_sums(&self, chunks: &[u64]) -> Result<u64> {
+        let meta = self.read_meta()?;
+        let mut without = 0;
+        for &pchunk in chunks {
+            if meta.meta().data_count(pchunk)? == 0 {
+                continue;
+            }
+            without += ChunkSums::of(meta.meta(), pchunk)?.missing();
+        }
+        Ok(without)
     }
 
     /// Reads block `block` of chunk `pchunk` again with its sum, no write
