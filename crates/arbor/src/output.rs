@@ -148,12 +148,28 @@ pub fn pool(p: &PoolView) -> String {
         + &alerts(&p.alerts)
 }
 
+/// The row for new homes whose blocks await their checksums, if any.
+fn new_homes_unsummed(s: &arbor_api::model::ScrubView) -> Option<(&'static str, String)> {
+    (s.new_home_bytes_unsummed > 0).then(|| {
+        (
+            "new homes",
+            format!(
+                "{} not yet checksummed (a pass gives them checksums while no scrub runs)",
+                size(s.new_home_bytes_unsummed)
+            ),
+        )
+    })
+}
+
 /// Where the scrub stands.
 pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if s.state == "none" {
         // None recorded: never run, or its record is damaged (the error).
         let error = s.last_error.iter().map(|e| ("error", e.clone()));
-        let rows: Vec<_> = error.chain(scrub_schedule(s)).collect();
+        let rows: Vec<_> = error
+            .chain(scrub_schedule(s))
+            .chain(new_homes_unsummed(s))
+            .collect();
         return "scrub: never run (arbor scrub start)\n".to_owned() + &fields(&rows);
     }
     let mut rows = vec![
@@ -198,15 +214,7 @@ pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if let Some(at) = s.finished_unix_secs {
         rows.push(("finished", timestamp(at)));
     }
-    if s.new_home_bytes_unsummed > 0 {
-        rows.push((
-            "new homes",
-            format!(
-                "{} not yet checksummed (a pass gives them checksums while no scrub runs)",
-                size(s.new_home_bytes_unsummed)
-            ),
-        ));
-    }
+    rows.extend(new_homes_unsummed(s));
     if let Some(n) = s.metadata_problems {
         rows.push(("metadata", format!("{n} problems (arbor check lists them)")));
     }
