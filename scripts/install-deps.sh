@@ -11,7 +11,7 @@ declare -A PACKAGES=(
   [fio]=fio [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs
   [losetup]=util-linux [openssl]=openssl [ip]=iproute2 [tc]=iproute2
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph-mgr]=ceph-mgr [ceph]=ceph-common [rbd]=ceph-common
-  [chromium]=chromium
+  [chromium]=chromium [promtool]=prometheus
 )
 missing=()
 for program in "${!PACKAGES[@]}"; do

@@ -25,6 +25,7 @@ PACKAGES = {
     "e2fsck": "e2fsprogs",
     "losetup": "util-linux",
     "fusermount3": "fuse3",
+    "promtool": "prometheus",
 }
 
 
