@@ -34,6 +34,7 @@ mod scrub;
 mod serve;
 mod space;
 mod stream;
+mod systemd;
 mod token_api;
 mod tokens;
 pub mod views;

@@ -220,8 +220,15 @@ async fn run(config: ServeConfig) -> Result<()> {
         tasks.spawn(replication.clone().serve(listener));
     }
     replication.start_pairs();
+    tasks.spawn(crate::systemd::watchdog(
+        Arc::clone(&open.pool),
+        stop.clone(),
+    ));
+    // Every listener is bound (before the tasks that accept on them).
+    crate::systemd::ready(&format!("serving {}", open.path.display()));
 
     let served = supervise(&mut tasks, &stop, termination_signal()).await;
+    crate::systemd::stopping();
     replication.stop_pairs().await;
     info!("closing the pool");
     let closed = tokio::task::spawn_blocking(move || open.close())

@@ -656,3 +656,66 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     daemon.ok(&["volume", "stats", "v@f"]);
     daemon.stop_cleanly();
 }
+
+/// Under a service manager (systemd's `Type=notify`: `NOTIFY_SOCKET`, and
+/// `WATCHDOG_USEC` for `WatchdogSec=`): READY=1, with a status, once the
+/// pool is open and the API answers; WATCHDOG=1 pings while it runs;
+/// STOPPING=1 on SIGTERM, before a clean exit. (The read timeout only
+/// keeps a broken daemon from hanging the test.)
+#[test]
+fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("notify");
+    let manager = UnixDatagram::bind(&socket).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let data = dir.path().join("data");
+    let mut child = command()
+        .args(["--data-dir", p(&data), "serve", "--initial-volume", "none"])
+        .args([
+            "--nbd-listen",
+            "none",
+            "--api-listen",
+            "none",
+            "--pool-size",
+            "256M",
+        ])
+        .env("NOTIFY_SOCKET", &socket)
+        .env("WATCHDOG_USEC", "200000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut next = || {
+        let mut buf = [0u8; 512];
+        let n = manager.recv(&mut buf).expect("a message from the daemon");
+        String::from_utf8(buf[..n].to_vec()).unwrap()
+    };
+    let ready = next();
+    assert!(
+        ready.starts_with("READY=1\nSTATUS=serving "),
+        "first: {ready:?}"
+    );
+    // Ready means served: the API answers now.
+    ok(&["--data-dir", p(&data), "volume", "list"]);
+    assert_eq!(next(), "WATCHDOG=1\n");
+    assert_eq!(next(), "WATCHDOG=1\n");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    loop {
+        let message = next();
+        if message == "WATCHDOG=1\n" {
+            continue;
+        }
+        assert_eq!(message, "STOPPING=1\nSTATUS=closing the pool\n");
+        break;
+    }
+    assert!(child.wait().unwrap().success(), "a clean exit");
+}
