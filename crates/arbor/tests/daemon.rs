@@ -690,7 +690,7 @@ fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut next = || {
+    let next = || {
         let mut buf = [0u8; 512];
         let n = manager.recv(&mut buf).expect("a message from the daemon");
         String::from_utf8(buf[..n].to_vec()).unwrap()
