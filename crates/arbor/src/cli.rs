@@ -199,6 +199,13 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Write man pages (roff) for arbor and each of its commands into DIR:
+    /// arbor.1, arbor-volume.1, arbor-volume-create.1, ... (what the Debian
+    /// package installs)
+    Manpages {
+        /// Created if missing; existing pages of the same names are replaced
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -96,6 +96,13 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             emit(&String::from_utf8_lossy(&out))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Manpages { dir } => {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let written = write_manpages(Cli::command(), &dir)?;
+            emit(&format!("wrote {written} man pages to {}\n", dir.display()))?;
+            Ok(ExitCode::SUCCESS)
+        }
         command => {
             let client = DaemonClient::new(&data_dir, &remote)?;
             client_command(command, &client, &printer)
@@ -298,7 +305,8 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         | Command::Pool(PoolCommand::Upgrade { path: Some(_) })
         | Command::Check { path: Some(_), .. }
         | Command::Tls(_)
-        | Command::Completions { .. } => {
+        | Command::Completions { .. }
+        | Command::Manpages { .. } => {
             anyhow::bail!("internal error: this command does not go through the daemon")
         }
     }
@@ -854,4 +862,30 @@ fn durability(deferred: bool) -> Durability {
     } else {
         Durability::Committed
     }
+}
+
+/// Writes the man page of `command` (named `arbor`, or `arbor-SUB-...`
+/// for a subcommand) and of each of its subcommands into `dir`; returns
+/// how many.
+fn write_manpages(command: clap::Command, dir: &std::path::Path) -> Result<usize> {
+    let command = command.disable_help_subcommand(true);
+    let name = command.get_name().to_owned();
+    // How it is typed: `arbor volume create`.
+    let typed = command.get_bin_name().unwrap_or(&name).to_owned();
+    let path = dir.join(format!("{name}.1"));
+    let mut page = Vec::new();
+    clap_mangen::Man::new(command.clone())
+        .render(&mut page)
+        .with_context(|| format!("cannot render the man page of {name}"))?;
+    std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut written = 1;
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let sub = sub
+            .clone()
+            .version(env!("CARGO_PKG_VERSION"))
+            .bin_name(format!("{typed} {}", sub.get_name()))
+            .name(format!("{name}-{}", sub.get_name()));
+        written += write_manpages(sub, dir)?;
+    }
+    Ok(written)
 }

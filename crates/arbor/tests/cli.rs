@@ -476,6 +476,40 @@ fn help_version_and_completions() {
     assert!(ok(&["completions", "zsh"]).contains("#compdef arbor"));
 }
 
+/// `arbor manpages DIR`: a page for arbor and for each command, however
+/// deep (`arbor-volume-create.1`), each a roff page naming how the command
+/// is typed and holding its options.
+#[test]
+fn man_pages_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man1");
+    assert!(ok(&["manpages", p(&man)]).contains("man pages"));
+    let page = |name: &str| {
+        std::fs::read_to_string(man.join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("{name}.1: {e}"))
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    let title = |name: &str| format!("\n.TH {name} 1  \"{name} {version}\"");
+    assert!(page("arbor").contains(&title("arbor")), "{}", page("arbor"));
+    let create = page("arbor-volume-create");
+    assert!(create.contains(&title("arbor-volume-create")), "{create}");
+    assert!(
+        create.contains("arbor volume create"),
+        "typed as it is: {create}"
+    );
+    assert!(create.contains("\\-\\-size"), "its options: {create}");
+    for name in [
+        "arbor-serve",
+        "arbor-scrub-start",
+        "arbor-replica-add",
+        "arbor-origin-detach",
+    ] {
+        assert!(page(name).contains(".SH NAME"), "{name}");
+    }
+    let pages = std::fs::read_dir(&man).unwrap().count();
+    assert!(pages >= 50, "{pages} pages");
+}
+
 #[test]
 fn check_reports_a_damaged_pool_with_status_8() {
     let dir = tempfile::tempdir().unwrap();
