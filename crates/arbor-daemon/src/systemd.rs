@@ -36,10 +36,12 @@ fn send(states: &[NotifyState<'_>]) {
 /// Pings the service manager's watchdog (`WatchdogSec=` in the unit) at
 /// half its interval for as long as the pool answers: each ping first
 /// takes the pool's metadata lock (its statistics), so a daemon whose
-/// pool is stuck stops pinging and is restarted. Returns at once when no
-/// watchdog is set.
+/// pool is stuck stops pinging and is restarted. Without a watchdog it
+/// only waits for the daemon to stop (a daemon task ending early is an
+/// error).
 pub async fn watchdog(pool: Arc<Pool>, stop: CancellationToken) -> Result<()> {
     let Some(interval) = sd_notify::watchdog_enabled() else {
+        stop.cancelled().await;
         return Ok(());
     };
     let every = (interval / 2).max(Duration::from_millis(100));

@@ -654,7 +654,6 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     daemon.restart(&args);
     daemon.ok(&["volume", "stats", "v@e"]);
     daemon.ok(&["volume", "stats", "v@f"]);
-    daemon.stop_cleanly();
 }
 
 /// Under a service manager (systemd's `Type=notify`: `NOTIFY_SOCKET`, and
@@ -717,5 +716,51 @@ fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
         assert_eq!(message, "STOPPING=1\nSTATUS=closing the pool\n");
         break;
     }
+    assert!(child.wait().unwrap().success(), "a clean exit");
+}
+
+/// Under a service manager without a watchdog (no `WATCHDOG_USEC`): READY,
+/// then the daemon serves on (the watchdog task, which has nothing to
+/// ping, once ended at once and took the daemon down with it).
+#[test]
+fn a_daemon_without_a_watchdog_serves_on_after_ready() {
+    use std::os::unix::net::UnixDatagram;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("notify");
+    let manager = UnixDatagram::bind(&socket).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let data = dir.path().join("data");
+    let mut child = command()
+        .args(["--data-dir", p(&data), "serve", "--initial-volume", "none"])
+        .args([
+            "--nbd-listen",
+            "none",
+            "--api-listen",
+            "none",
+            "--pool-size",
+            "256M",
+        ])
+        .env("NOTIFY_SOCKET", &socket)
+        .env_remove("WATCHDOG_USEC")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = manager.recv(&mut buf).expect("READY");
+    assert!(buf[..n].starts_with(b"READY=1\n"));
+    // Served, and still served after every task has started.
+    for _ in 0..3 {
+        ok(&["--data-dir", p(&data), "volume", "list"]);
+    }
+    assert!(child.try_wait().unwrap().is_none(), "still running");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
     assert!(child.wait().unwrap().success(), "a clean exit");
 }
