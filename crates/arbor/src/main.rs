@@ -13,6 +13,8 @@ use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command};
@@ -39,19 +41,59 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG`; the daemon reports its
-/// lifecycle by default, commands only warnings.
+/// lifecycle by default, commands only warnings. The daemon run by systemd
+/// with its standard error on the journal logs to the journal instead,
+/// each event's fields as fields of its entry (`ARBOR_VOLUME`,
+/// `ARBOR_ERROR`, ...: docs/SERVICE.md), falling back to stderr if the
+/// journal cannot be reached.
 fn init_logging(command: &Command) {
-    let default = if matches!(command, Command::Serve(_)) {
-        "info"
-    } else {
-        "warn"
-    };
+    let serve = matches!(command, Command::Serve(_));
+    let default = if serve { "info" } else { "warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    if serve && stderr_is_journal() {
+        match tracing_journald::layer() {
+            Ok(journal) => {
+                let journal = journal
+                    .with_field_prefix(Some("ARBOR".to_owned()))
+                    .with_syslog_identifier("arbor".to_owned());
+                tracing_subscriber::registry()
+                    .with(filter)
+                    .with(journal)
+                    .init();
+                return;
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "arbor: cannot log to the journal ({e}): logging to standard error"
+                );
+            }
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// Whether standard error is the journal's stream: systemd then sets
+/// `JOURNAL_STREAM` to its device and inode (`sd_journal_stream_fd(3)`,
+/// `systemd.exec(5)`); a child whose stderr went elsewhere does not match.
+fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let Ok(meta) = std::fs::File::from(fd).metadata() else {
+        return false;
+    };
+    stream.to_str() == Some(format!("{}:{}", meta.dev(), meta.ino()).as_str())
 }
 
 fn report(err: &anyhow::Error) -> ExitCode {
