@@ -375,6 +375,27 @@ def browse(daemon, api, target_port):
                     f"({percent(pool['metadata_used_bytes'], pool['metadata_bytes'])})", "metadata use")
         check(d.eval("!!document.querySelector('[data-testid=\"pool-data\"] .bar > span')"), "data use has a bar")
 
+        # The history: charts of the daemon's own samples (GET /v1/history),
+        # one a second here. The writes of the pool's setup (qemu-io through
+        # NBD, after the first sample) are in them: a write peak above 0,
+        # and the data space the API reports as the latest point.
+        d.wait("document.querySelectorAll('[data-testid=\"history\"] .chart').length === 4",
+               "the four history charts")
+        wait_until(lambda: d.eval(
+            "+document.querySelector('[data-testid=\"history-iops\"]').dataset.points") >= 3,
+            "three samples in the history", timeout=30)
+        history = api.request("GET", "/v1/history")
+        check(history["interval_secs"] == 1, f"history interval: {history['interval_secs']}")
+        check(any(s["write_iops"] > 0 for s in history["samples"]), "no write in the history's samples")
+        check(d.eval("+document.querySelector('[data-testid=\"history-bytes\"]').dataset.max") > 0,
+              "the throughput chart shows no write")
+        check(d.eval("document.querySelectorAll('[data-testid=\"history-iops\"] path')[1].getAttribute('d').startsWith('M')"),
+              "the write series has a line")
+        d.wait_text('[data-testid="history-span"]', re.compile(r"^\d+ samples · every 1 s"), "the history's span")
+        latest = history["samples"][-1]
+        check(latest["data_used_bytes"] > 0, f"the history's data use: {latest}")
+        d.screenshot("dashboard-history.png")
+
         # The family tree.
         for sel, what in [
             ('[data-volume="db"] > .vol-body tr[data-snapshot="db@s1"]', "db@s1 under db"),
@@ -697,7 +718,8 @@ def main():
         api_port, target_port = free_port(), free_port()
         config = os.path.join(work, "source.toml")
         with open(config, "w") as f:
-            f.write("space_warning_percent = [1, 2]\nreplication_identity = \"source\"\n")
+            f.write("space_warning_percent = [1, 2]\nreplication_identity = \"source\"\n"
+                    "history_interval = \"1s\"\n")
         harness.run_test(
             "dashboard", lambda daemon: body(daemon, target_port, work),
             tools=("qemu-io", os.environ.get("CHROMIUM", "chromium")), pool_size="2G",

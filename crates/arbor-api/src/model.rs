@@ -317,6 +317,32 @@ pub struct ScrubView {
     pub schedule_error: Option<String>,
 }
 
+/// The daemon's recent I/O and space (`GET /v1/history`, the dashboard's
+/// history): one sample every `interval_secs`, oldest first, for the last
+/// 6 hours at most, since the daemon started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HistoryView {
+    pub interval_secs: u64,
+    pub samples: Vec<HistorySample>,
+}
+
+/// One interval of [`HistoryView`]: NBD requests and bytes per second,
+/// reads and writes (writes, write zeroes and trims), the engine's 99th
+/// percentile per request (the upper bound of its latency bucket; none
+/// without requests), and the pool's space in use at its end.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HistorySample {
+    pub unix_secs: u64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_sec: f64,
+    pub write_bytes_per_sec: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_secs: Option<f64>,
+    pub data_used_bytes: u64,
+    pub metadata_used_bytes: u64,
+}
+
 /// `PUT /v1/scrub/schedule`: the pool's scrub schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -47,6 +47,7 @@ pub struct Services {
     pub replication: Arc<Replication>,
     pub streams: Streams,
     pub pool: Arc<Pool>,
+    pub history: Arc<crate::history::History>,
 }
 
 macro_rules! from_services {
@@ -65,7 +66,8 @@ from_services!(
     monitor: Arc<Monitor>,
     replication: Arc<Replication>,
     streams: Streams,
-    pool: Arc<Pool>
+    pool: Arc<Pool>,
+    history: Arc<crate::history::History>
 );
 
 /// The API's routes for `services`, guarded by `auth` (who may do what)
@@ -76,6 +78,7 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
     let names: Arc<[String]> = names.into();
     Router::new()
         .route("/v1/pool", get(pool_info))
+        .route("/v1/history", get(history))
         .route("/v1/pool/grow", post(grow))
         .route("/v1/pool/upgrade", post(upgrade))
         .route("/v1/pool/damage", get(damage))
@@ -316,6 +319,12 @@ fn created<T: Serialize>(value: T) -> Response {
 
 async fn pool_info(State(c): State<PoolControl>) -> ApiResult<Json<PoolView>> {
     blocking(c, |c| c.pool_info()).await.map(Json)
+}
+
+async fn history(
+    State(h): State<Arc<crate::history::History>>,
+) -> Json<arbor_api::model::HistoryView> {
+    Json(h.view())
 }
 
 async fn scrub_status(

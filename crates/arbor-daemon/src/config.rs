@@ -48,6 +48,7 @@ struct ConfigFile {
     reclaim_rate: u32,
     scrub_busy_rate: ByteSize,
     commit_interval: String,
+    history_interval: String,
     cache_size: ByteSize,
     io: String,
     space_warning_percent: Vec<u8>,
@@ -125,6 +126,8 @@ pub struct ServeConfig {
     /// (full speed when it serves none); 0: it waits meanwhile.
     pub scrub_busy_rate: u64,
     pub commit_interval: Duration,
+    /// How often the dashboard's history samples I/O and space.
+    pub history_interval: Duration,
     pub cache_bytes: usize,
     /// How the pool's device is reached (direct or buffered I/O).
     pub io: crate::pool_file::IoMode,
@@ -296,6 +299,13 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let chunk_size = u32::try_from(file.chunk_size.0)
         .map_err(|_| usage(format!("chunk_size {} is too large", file.chunk_size)))?;
     let commit_interval = positive_duration("commit_interval", &file.commit_interval)?;
+    let history_interval = positive_duration("history_interval", &file.history_interval)?;
+    if history_interval < Duration::from_secs(1) {
+        return Err(usage(format!(
+            "history_interval {}: at least 1s",
+            file.history_interval
+        )));
+    }
     let nbd_stall_timeout = positive_duration("nbd_stall_timeout", &file.nbd_stall_timeout)?;
     let nbd_poll = humantime::parse_duration(&file.nbd_poll).map_err(|e| {
         usage(format!(
@@ -354,6 +364,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         reclaim_rate: file.reclaim_rate,
         scrub_busy_rate: file.scrub_busy_rate.0,
         commit_interval,
+        history_interval,
         cache_bytes: usize::try_from(file.cache_size.0)
             .map_err(|_| usage("cache_size is too large".into()))?,
         io: crate::pool_file::IoMode::parse(&file.io).ok_or_else(|| {

@@ -20,6 +20,7 @@ mod destroy;
 mod devices;
 pub mod error;
 mod handler;
+mod history;
 mod in_use;
 mod listen;
 mod metrics;

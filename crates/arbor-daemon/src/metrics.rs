@@ -5,6 +5,7 @@
 //! Space and volume gauges are refreshed from the pool on every scrape, so
 //! they cannot drift from what `arbor pool status` reports.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -112,13 +113,91 @@ impl MetricConstructor<Histogram> for LatencyBuckets {
     }
 }
 
+/// The latency buckets' count (the last is +Inf).
+pub const LATENCY_BUCKETS: usize = 22;
+const LATENCY_FIRST: f64 = 4e-6;
+
 fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(4e-6, 2.0, 21))
+    Histogram::new(exponential_buckets(
+        LATENCY_FIRST,
+        2.0,
+        LATENCY_BUCKETS as u16 - 1,
+    ))
+}
+
+/// The upper bound of latency bucket `i` in seconds (+Inf for the last).
+pub fn latency_bound(i: usize) -> f64 {
+    if i + 1 >= LATENCY_BUCKETS {
+        f64::INFINITY
+    } else {
+        LATENCY_FIRST * 2f64.powi(i as i32)
+    }
+}
+
+/// Pool-wide NBD I/O since the daemon started, for the dashboard's history
+/// (`history.rs`): requests and bytes by direction (reads; writes, write
+/// zeroes and trims), and the engine's time per request (every operation)
+/// in the histogram's buckets.
+#[derive(Default)]
+pub struct IoTotals {
+    read_requests: AtomicU64,
+    write_requests: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+/// [`IoTotals`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoTotalsNow {
+    pub read_requests: u64,
+    pub write_requests: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub latency: [u64; LATENCY_BUCKETS],
+}
+
+impl IoTotals {
+    fn add(&self, op: IoOp, bytes: u64, took: Duration) {
+        let (requests, moved) = match op {
+            IoOp::Read => (&self.read_requests, &self.read_bytes),
+            IoOp::Write | IoOp::WriteZeroes | IoOp::Trim => {
+                (&self.write_requests, &self.write_bytes)
+            }
+            IoOp::Flush | IoOp::BlockStatus => {
+                self.count_latency(took);
+                return;
+            }
+        };
+        requests.fetch_add(1, Ordering::Relaxed);
+        moved.fetch_add(bytes, Ordering::Relaxed);
+        self.count_latency(took);
+    }
+
+    fn count_latency(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let bucket = (0..LATENCY_BUCKETS)
+            .find(|&i| secs <= latency_bound(i))
+            .unwrap_or(LATENCY_BUCKETS - 1);
+        self.latency[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn now(&self) -> IoTotalsNow {
+        IoTotalsNow {
+            read_requests: self.read_requests.load(Ordering::Relaxed),
+            write_requests: self.write_requests.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            write_bytes: self.write_bytes.load(Ordering::Relaxed),
+            latency: std::array::from_fn(|i| self.latency[i].load(Ordering::Relaxed)),
+        }
+    }
 }
 
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
+    /// Pool-wide I/O totals, for the history.
+    totals: Arc<IoTotals>,
     io_requests: Family<IoLabels, Counter>,
     io_bytes: Family<IoLabels, Counter>,
     io_errors: Family<IoLabels, Counter>,
@@ -169,6 +248,7 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("arbor");
         let m = Metrics {
+            totals: Arc::default(),
             io_requests: Family::default(),
             io_bytes: Family::default(),
             io_errors: Family::default(),
@@ -417,6 +497,7 @@ impl Metrics {
                 op,
             };
             OpMetrics {
+                totals: Arc::clone(&self.totals),
                 requests: self.io_requests.get_or_create_owned(&labels),
                 bytes: self.io_bytes.get_or_create_owned(&labels),
                 errors: self.io_errors.get_or_create_owned(&labels),
@@ -424,6 +505,11 @@ impl Metrics {
             }
         });
         VolumeIo { handles }
+    }
+
+    /// Pool-wide NBD I/O since the daemon started.
+    pub fn io_totals(&self) -> IoTotalsNow {
+        self.totals.now()
     }
 
     /// Drops a destroyed volume's I/O series.
@@ -645,6 +731,7 @@ fn gauge_value(value: u64) -> i64 {
 
 #[derive(Clone)]
 struct OpMetrics {
+    totals: Arc<IoTotals>,
     requests: Counter,
     bytes: Counter,
     errors: Counter,
@@ -669,8 +756,11 @@ impl VolumeIo {
         let m = &self.handles[op as usize];
         let started = Instant::now();
         let result = request();
-        m.seconds.observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        m.seconds.observe(took.as_secs_f64());
         m.requests.inc();
+        m.totals
+            .add(op, if result.is_ok() { bytes } else { 0 }, took);
         match &result {
             Ok(_) => {
                 m.bytes.inc_by(bytes);
@@ -686,6 +776,26 @@ impl VolumeIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_buckets_double_from_4_us_and_totals_count_by_direction() {
+        assert_eq!(latency_bound(0), 4e-6);
+        assert_eq!(latency_bound(1), 8e-6);
+        assert!(latency_bound(LATENCY_BUCKETS - 2) > 4.0);
+        assert!(latency_bound(LATENCY_BUCKETS - 1).is_infinite());
+        let totals = IoTotals::default();
+        totals.add(IoOp::Read, 4096, Duration::from_micros(3));
+        totals.add(IoOp::Write, 512, Duration::from_micros(5));
+        totals.add(IoOp::WriteZeroes, 1 << 20, Duration::from_millis(1));
+        totals.add(IoOp::Flush, 0, Duration::from_secs(100));
+        let now = totals.now();
+        assert_eq!((now.read_requests, now.read_bytes), (1, 4096));
+        assert_eq!((now.write_requests, now.write_bytes), (2, 512 + (1 << 20)));
+        assert_eq!(now.latency[0], 1, "3 µs: the first bucket");
+        assert_eq!(now.latency[1], 1, "5 µs: up to 8 µs");
+        assert_eq!(now.latency[8], 1, "1 ms: up to 1.024 ms");
+        assert_eq!(now.latency[LATENCY_BUCKETS - 1], 1, "100 s: +Inf");
+    }
 
     #[test]
     fn io_ops_are_listed_in_declaration_order() {

@@ -198,6 +198,12 @@ async fn run(config: ServeConfig) -> Result<()> {
             stop.clone(),
         ));
     }
+    let history = crate::history::History::new(config.history_interval);
+    tasks.spawn(Arc::clone(&history).run(
+        Arc::clone(&open.pool),
+        Arc::clone(&metrics),
+        stop.clone(),
+    ));
     let monitor_run = Arc::clone(&monitor).run(stop.clone());
     tasks.spawn(async move { Ok(monitor_run.await?) });
     let names = api.tls_names();
@@ -213,6 +219,7 @@ async fn run(config: ServeConfig) -> Result<()> {
             Arc::clone(&replication),
         ),
         pool: Arc::clone(&open.pool),
+        history,
     };
     tasks.spawn(api.serve(api::router(services, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {

@@ -7,6 +7,7 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -656,39 +657,57 @@ fn deferred_snapshots_are_durable_at_the_next_commit() {
     daemon.ok(&["volume", "stats", "v@f"]);
 }
 
-/// Under a service manager (systemd's `Type=notify`: `NOTIFY_SOCKET`, and
-/// `WATCHDOG_USEC` for `WatchdogSec=`): READY=1, with a status, once the
-/// pool is open and the API answers; WATCHDOG=1 pings while it runs;
-/// STOPPING=1 on SIGTERM, before a clean exit. (The read timeout only
-/// keeps a broken daemon from hanging the test.)
-#[test]
-fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
-    use std::os::unix::net::UnixDatagram;
-    use std::process::Stdio;
-
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("notify");
-    let manager = UnixDatagram::bind(&socket).unwrap();
+/// `arbor serve` on a fresh data directory in `dir` under a stand-in
+/// service manager: the datagram socket its `NOTIFY_SOCKET` names (read
+/// with a timeout that only keeps a broken daemon from hanging a test),
+/// the daemon, and its data directory. `WATCHDOG_USEC` as given.
+fn serve_under_a_manager(
+    dir: &Path,
+    watchdog_usec: Option<&str>,
+) -> (
+    std::os::unix::net::UnixDatagram,
+    std::process::Child,
+    PathBuf,
+) {
+    let socket = dir.join("notify");
+    let manager = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
     manager
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
-    let data = dir.path().join("data");
-    let mut child = command()
+    let data = dir.join("data");
+    let mut serve = command();
+    serve
         .args(["--data-dir", p(&data), "serve", "--initial-volume", "none"])
-        .args([
-            "--nbd-listen",
-            "none",
-            "--api-listen",
-            "none",
-            "--pool-size",
-            "256M",
-        ])
+        .args(["--nbd-listen", "none", "--api-listen", "none"])
+        .args(["--pool-size", "256M"])
         .env("NOTIFY_SOCKET", &socket)
-        .env("WATCHDOG_USEC", "200000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    match watchdog_usec {
+        Some(usec) => serve.env("WATCHDOG_USEC", usec),
+        None => serve.env_remove("WATCHDOG_USEC"),
+    };
+    (manager, serve.spawn().unwrap(), data)
+}
+
+/// SIGTERM to `child`, which must then exit cleanly.
+fn terminate(child: &mut std::process::Child) {
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
         .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success(), "a clean exit");
+}
+
+/// Under a service manager (systemd's `Type=notify`: `NOTIFY_SOCKET`, and
+/// `WATCHDOG_USEC` for `WatchdogSec=`): READY=1, with a status, once the
+/// pool is open and the API answers; WATCHDOG=1 pings while it runs;
+/// STOPPING=1 on SIGTERM, before a clean exit.
+#[test]
+fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, mut child, data) = serve_under_a_manager(dir.path(), Some("200000"));
     let next = || {
         let mut buf = [0u8; 512];
         let n = manager.recv(&mut buf).expect("a message from the daemon");
@@ -703,20 +722,19 @@ fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
     ok(&["--data-dir", p(&data), "volume", "list"]);
     assert_eq!(next(), "WATCHDOG=1\n");
     assert_eq!(next(), "WATCHDOG=1\n");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    loop {
-        let message = next();
-        if message == "WATCHDOG=1\n" {
-            continue;
-        }
-        assert_eq!(message, "STOPPING=1\nSTATUS=closing the pool\n");
-        break;
-    }
-    assert!(child.wait().unwrap().success(), "a clean exit");
+    // STOPPING comes before the exit: read on another thread while the
+    // daemon stops.
+    let stopping = std::thread::scope(|s| {
+        let heard = s.spawn(|| loop {
+            let message = next();
+            if message != "WATCHDOG=1\n" {
+                return message;
+            }
+        });
+        terminate(&mut child);
+        heard.join().unwrap()
+    });
+    assert_eq!(stopping, "STOPPING=1\nSTATUS=closing the pool\n");
 }
 
 /// Under a service manager without a watchdog (no `WATCHDOG_USEC`): READY,
@@ -724,31 +742,8 @@ fn a_service_manager_hears_ready_watchdog_pings_and_stopping() {
 /// ping, once ended at once and took the daemon down with it).
 #[test]
 fn a_daemon_without_a_watchdog_serves_on_after_ready() {
-    use std::os::unix::net::UnixDatagram;
-
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("notify");
-    let manager = UnixDatagram::bind(&socket).unwrap();
-    manager
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let data = dir.path().join("data");
-    let mut child = command()
-        .args(["--data-dir", p(&data), "serve", "--initial-volume", "none"])
-        .args([
-            "--nbd-listen",
-            "none",
-            "--api-listen",
-            "none",
-            "--pool-size",
-            "256M",
-        ])
-        .env("NOTIFY_SOCKET", &socket)
-        .env_remove("WATCHDOG_USEC")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (manager, mut child, data) = serve_under_a_manager(dir.path(), None);
     let mut buf = [0u8; 512];
     let n = manager.recv(&mut buf).expect("READY");
     assert!(buf[..n].starts_with(b"READY=1\n"));
@@ -757,10 +752,5 @@ fn a_daemon_without_a_watchdog_serves_on_after_ready() {
         ok(&["--data-dir", p(&data), "volume", "list"]);
     }
     assert!(child.try_wait().unwrap().is_none(), "still running");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(child.wait().unwrap().success(), "a clean exit");
+    terminate(&mut child);
 }
