@@ -157,6 +157,18 @@ pub struct IoTotalsNow {
     pub latency: [u64; LATENCY_BUCKETS],
 }
 
+impl IoTotalsNow {
+    fn add(&mut self, other: &IoTotalsNow) {
+        self.read_requests += other.read_requests;
+        self.write_requests += other.write_requests;
+        self.read_bytes += other.read_bytes;
+        self.write_bytes += other.write_bytes;
+        for (bucket, n) in self.latency.iter_mut().zip(other.latency) {
+            *bucket += n;
+        }
+    }
+}
+
 impl IoTotals {
     fn add(&self, op: IoOp, bytes: u64, took: Duration) {
         let (requests, moved) = match op {
@@ -182,6 +194,21 @@ impl IoTotals {
         self.latency[bucket].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds `other` (the totals of a volume forgotten) to these.
+    fn absorb(&self, other: &IoTotalsNow) {
+        self.read_requests
+            .fetch_add(other.read_requests, Ordering::Relaxed);
+        self.write_requests
+            .fetch_add(other.write_requests, Ordering::Relaxed);
+        self.read_bytes
+            .fetch_add(other.read_bytes, Ordering::Relaxed);
+        self.write_bytes
+            .fetch_add(other.write_bytes, Ordering::Relaxed);
+        for (bucket, n) in self.latency.iter().zip(other.latency) {
+            bucket.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     pub fn now(&self) -> IoTotalsNow {
         IoTotalsNow {
             read_requests: self.read_requests.load(Ordering::Relaxed),
@@ -196,8 +223,11 @@ impl IoTotals {
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
-    /// Pool-wide I/O totals, for the history.
-    totals: Arc<IoTotals>,
+    /// Each volume's I/O totals, for the history (per volume, as its
+    /// counters are, so that connections to different volumes share no
+    /// cache line), and those of volumes forgotten since.
+    totals: Mutex<std::collections::HashMap<String, Arc<IoTotals>>>,
+    retired: IoTotals,
     io_requests: Family<IoLabels, Counter>,
     io_bytes: Family<IoLabels, Counter>,
     io_errors: Family<IoLabels, Counter>,
@@ -248,7 +278,8 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("arbor");
         let m = Metrics {
-            totals: Arc::default(),
+            totals: Mutex::default(),
+            retired: IoTotals::default(),
             io_requests: Family::default(),
             io_bytes: Family::default(),
             io_errors: Family::default(),
@@ -491,13 +522,20 @@ impl Metrics {
 
     /// The I/O metric handles of one connection to `volume`.
     pub fn volume_io(&self, volume: &str) -> VolumeIo {
+        let totals = Arc::clone(
+            self.totals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(volume.to_owned())
+                .or_default(),
+        );
         let handles = IO_OPS.map(|op| {
             let labels = IoLabels {
                 volume: volume.to_owned(),
                 op,
             };
             OpMetrics {
-                totals: Arc::clone(&self.totals),
+                totals: Arc::clone(&totals),
                 requests: self.io_requests.get_or_create_owned(&labels),
                 bytes: self.io_bytes.get_or_create_owned(&labels),
                 errors: self.io_errors.get_or_create_owned(&labels),
@@ -509,11 +547,22 @@ impl Metrics {
 
     /// Pool-wide NBD I/O since the daemon started.
     pub fn io_totals(&self) -> IoTotalsNow {
-        self.totals.now()
+        // Under the lock: a volume being forgotten is counted once.
+        let volumes = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sum = self.retired.now();
+        for totals in volumes.values() {
+            sum.add(&totals.now());
+        }
+        sum
     }
 
-    /// Drops a destroyed volume's I/O series.
+    /// Drops a destroyed volume's I/O series (its totals stay counted).
     pub fn forget_volume(&self, volume: &str) {
+        let mut volumes = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gone) = volumes.remove(volume) {
+            self.retired.absorb(&gone.now());
+        }
+        drop(volumes);
         for op in IO_OPS {
             let labels = IoLabels {
                 volume: volume.to_owned(),
@@ -795,6 +844,30 @@ mod tests {
         assert_eq!(now.latency[1], 1, "5 µs: up to 8 µs");
         assert_eq!(now.latency[8], 1, "1 ms: up to 1.024 ms");
         assert_eq!(now.latency[LATENCY_BUCKETS - 1], 1, "100 s: +Inf");
+    }
+
+    /// The pool-wide totals are every volume's, a forgotten (destroyed)
+    /// volume's included: they never go back.
+    #[test]
+    fn pool_totals_keep_what_forgotten_volumes_did() {
+        let metrics = Metrics::new();
+        let a = metrics.volume_io("a");
+        let b = metrics.volume_io("b");
+        let ok = |io: &VolumeIo, op, bytes| io.record(op, bytes, || Ok::<(), ()>(())).unwrap();
+        ok(&a, IoOp::Read, 4096);
+        ok(&b, IoOp::Write, 512);
+        ok(&b, IoOp::Write, 512);
+        let before = metrics.io_totals();
+        assert_eq!((before.read_requests, before.write_requests), (1, 2));
+        assert_eq!(before.write_bytes, 1024);
+        metrics.forget_volume("b");
+        assert_eq!(metrics.io_totals(), before);
+        ok(&a, IoOp::Read, 4096);
+        assert_eq!(metrics.io_totals().read_bytes, 8192);
+        // A failed request counts, its bytes do not.
+        let _ = a.record(IoOp::Write, 512, || Err::<(), ()>(()));
+        let now = metrics.io_totals();
+        assert_eq!((now.write_requests, now.write_bytes), (3, 1024));
     }
 
     #[test]
