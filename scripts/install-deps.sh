@@ -12,7 +12,7 @@ declare -A PACKAGES=(
   [losetup]=util-linux [openssl]=openssl [ip]=iproute2 [tc]=iproute2
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph-mgr]=ceph-mgr [ceph]=ceph-common [rbd]=ceph-common
   [chromium]=chromium [promtool]=prometheus
-  [systemd-analyze]=systemd [man]=man-db [runuser]=util-linux [useradd]=passwd
+  [systemd-analyze]=systemd [man]=man-db [runuser]=util-linux [useradd]=passwd [strace]=strace
 )
 missing=()
 for program in "${!PACKAGES[@]}"; do

@@ -26,6 +26,8 @@ PACKAGES = {
     "losetup": "util-linux",
     "fusermount3": "fuse3",
     "promtool": "prometheus",
+    "strace": "strace",
+    "systemd-analyze": "systemd",
 }
 
 

@@ -12,9 +12,13 @@ as root:
 3. The unit passes `systemd-analyze verify`, and `systemd-analyze security`
    rates its exposure at most 2.0 ("OK"); the score is printed.
 4. The daemon runs as the unit runs it (user arbor, the installed
-   configuration): it tells a service manager READY=1 (NOTIFY_SOCKET), the
-   CLI run as arbor makes a volume in its pool, and SIGTERM stops it
-   cleanly (STOPPING=1).
+   configuration, direct I/O): it tells a service manager READY=1
+   (NOTIFY_SOCKET), the CLI run as arbor makes a volume in its pool, NBD
+   writes and reads it, a snapshot, a scrub and a destroy run, and SIGTERM
+   stops it cleanly (STOPPING=1). It runs under strace meanwhile: every
+   system call it made is one the unit's SystemCallFilter allows (the
+   groups expanded by `systemd-analyze syscall-filter`), since this
+   machine cannot run the unit under systemd itself.
 5. `dpkg -r` removes the binary and keeps the configuration and the pool;
    `dpkg --purge` removes the configuration and still keeps the pool (a
    pool is never deleted by a package operation).
@@ -25,6 +29,7 @@ or /var/lib/arbor exists: it would not touch a real installation."""
 
 import glob
 import grp
+import nbd
 import os
 import pwd
 import re
@@ -33,7 +38,7 @@ import socket
 import subprocess
 import sys
 
-from harness import ROOT, Failure, run
+from harness import ROOT, Failure, require_tools, run
 
 DEB_GLOB = os.path.join(ROOT, "target", "debian", "arbor_*.deb")
 DATA = "/var/lib/arbor"
@@ -120,8 +125,55 @@ def check_unit():
     check(score <= MAX_EXPOSURE, f"exposure {score} over {MAX_EXPOSURE}:\n{security}")
 
 
+def syscall_group(name, seen):
+    """The system calls of `systemd-analyze syscall-filter` group `name`,
+    its groups expanded."""
+    out = run("systemd-analyze", "syscall-filter", name).stdout
+    calls = set()
+    for line in out.splitlines():
+        word = line.strip()
+        if not word or word.startswith("#"):
+            continue
+        if word.startswith("@"):
+            if word != name and word not in seen:
+                seen.add(word)
+                calls |= syscall_group(word, seen)
+        elif re.fullmatch(r"[a-z0-9_]+", word):
+            calls.add(word)
+    return calls
+
+
+def filter_allows():
+    """The system calls the installed unit's SystemCallFilter= lines allow:
+    the first list's, less the `~` list's."""
+    allowed, denied = set(), set()
+    with open(UNIT) as f:
+        for line in f:
+            if not line.startswith("SystemCallFilter="):
+                continue
+            words = line.split("=", 1)[1].split()
+            target = allowed
+            if words and words[0].startswith("~"):
+                target = denied
+                words[0] = words[0][1:]
+            for word in words:
+                target |= syscall_group(word, set()) if word.startswith("@") else {word}
+    check(allowed, "the unit has no SystemCallFilter")
+    return allowed - denied
+
+
+def traced_calls(trace):
+    calls = set()
+    with open(trace) as f:
+        for line in f:
+            found = re.match(r"^\d+\s+([a-z0-9_]+)\(", line)
+            if found:
+                calls.add(found.group(1))
+    return calls
+
+
 def check_service():
-    """The daemon as the unit runs it, under a fake service manager."""
+    """The daemon as the unit runs it, under a fake service manager, traced."""
     notify = os.path.join(DATA, "notify.sock")
     manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     manager.bind(notify)
@@ -130,9 +182,11 @@ def check_service():
     env = dict(os.environ, NOTIFY_SOCKET=notify)
     # As the user arbor, its own process (so that SIGTERM reaches it, not a
     # runuser in between).
+    trace = os.path.join(DATA, "strace.txt")
     daemon = subprocess.Popen(
-        ["/usr/bin/arbor", "--data-dir", DATA, "serve", "--config", CONFIG,
-         "--nbd-listen", "none", "--api-listen", "none", "--pool-size", "256M"],
+        ["strace", "-f", "-qq", "-o", trace,
+         "/usr/bin/arbor", "--data-dir", DATA, "serve", "--config", CONFIG,
+         "--nbd-listen", "none", "--api-listen", "none", "--pool-size", "256M", "--io", "direct"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         user="arbor", group="arbor", extra_groups=[], cwd=DATA)
     try:
@@ -145,13 +199,37 @@ def check_service():
         listed = as_arbor("/usr/bin/arbor", "--data-dir", DATA, "volume", "list").stdout
         check(" v " in f" {listed} " or "\nv " in listed or listed.startswith("v "),
               f"volume list:\n{listed}")
-        daemon.send_signal(signal.SIGTERM)
+        # The data path: NBD writes, a flush and reads; a snapshot read
+        # back, a scrub, a destroy.
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///v?socket={DATA}/nbd.sock")
+        for i in range(8):
+            h.pwrite(bytes([i + 1]) * (1 << 20), i << 20)
+        h.flush()
+        check(h.pread(1 << 20, 3 << 20) == bytes([4]) * (1 << 20), "NBD read back")
+        h.shutdown()
+        as_arbor("/usr/bin/arbor", "--data-dir", DATA, "snapshot", "create", "v@s")
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///v@s?socket={DATA}/nbd.sock")
+        check(h.pread(1 << 20, 0) == bytes([1]) * (1 << 20), "the snapshot read back")
+        h.shutdown()
+        as_arbor("/usr/bin/arbor", "--data-dir", DATA, "scrub", "start", "--wait")
+        as_arbor("/usr/bin/arbor", "--data-dir", DATA, "destroy", "v@s")
+        # The daemon is strace's child: the signal goes to it.
+        children = run("pgrep", "-P", str(daemon.pid)).stdout.split()
+        check(len(children) == 1, f"strace's children: {children}")
+        os.kill(int(children[0]), signal.SIGTERM)
         while True:
             message = manager.recv(512).decode()
             if message.startswith("STOPPING=1"):
                 break
         out, _ = daemon.communicate(timeout=120)
         check(daemon.returncode == 0, f"the daemon exited {daemon.returncode}:\n{out}")
+        calls = traced_calls(trace)
+        check(len(calls) > 30, f"the trace holds {len(calls)} system calls")
+        outside = sorted(calls - filter_allows())
+        check(not outside, f"system calls the unit's filter refuses: {outside}")
+        print(f"system calls of the daemon: {len(calls)}, every one allowed by the unit's filter")
     finally:
         if daemon.poll() is None:
             daemon.kill()
@@ -194,6 +272,7 @@ def main():
             raise Failure("a user arbor exists here: this test would not touch it")
         except KeyError:
             pass
+        require_tools("strace", "systemd-analyze")
         deb = build()
         try:
             run("dpkg", "-i", deb)
