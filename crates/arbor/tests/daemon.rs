@@ -274,7 +274,8 @@ fn metrics_count_io_commits_and_space() {
 
     // Past a threshold, status and metrics warn.
     drop(daemon);
-    let warned = Daemon::start(&["--initial-volume-size", "8M", "--config", &warn_config(1)]);
+    let config = warn_config(1);
+    let warned = Daemon::start(&["--initial-volume-size", "8M", "--config", p(config.path())]);
     let image = warned.path("image.raw");
     std::fs::write(&image, vec![3u8; 4 << 20]).unwrap();
     nbdcopy(
@@ -295,25 +296,25 @@ fn metrics_count_io_commits_and_space() {
 }
 
 /// A config whose only warning threshold is `percent` (1%: 4 MiB of a 256
-/// MiB pool crosses it).
-fn warn_config(percent: u8) -> String {
-    let file =
-        std::env::temp_dir().join(format!("arbor-warn-{}-{percent}.toml", std::process::id()));
-    std::fs::write(&file, format!("space_warning_percent = [{percent}]\n")).unwrap();
-    p(&file).to_owned()
+/// MiB pool crosses it), in a temporary file removed when it is dropped.
+fn warn_config(percent: u8) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    writeln!(file, "space_warning_percent = [{percent}]").unwrap();
+    file
 }
 
 /// A growth through the API is what status, metrics and space warnings
 /// report from then on.
 #[test]
 fn growth_reaches_status_metrics_and_space_warnings() {
+    let config = warn_config(50);
     let daemon = Daemon::start(&[
         "--pool-size",
         "32M",
         "--initial-volume-size",
         "16M",
         "--config",
-        &warn_config(50),
+        p(config.path()),
     ]);
     let socket = &daemon.api_socket();
     let image = daemon.path("image.raw");
