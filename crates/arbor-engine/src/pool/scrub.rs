@@ -484,49 +484,38 @@ impl Pool {
         let geo = &self.store.geo;
         let cs = geo.chunk_size as usize;
         let _gate = self.gates.commit();
-        let mut add = Vec::new();
-        {
-            let meta = self.read_meta()?;
-            let mut buf = vec![0; cs];
-            for &pchunk in chunks {
-                if meta.meta().data_count(pchunk)? == 0 {
-                    // Freed since the step looked.
-                    continue;
-                }
-                let sums = ChunkSums::of(meta.meta(), pchunk)?;
-                self.store.dev.read_at(&mut buf, geo.chunk_offset(pchunk))?;
-                for (b, block) in (0u32..).zip(buf.chunks(arbor_format::SUM_BLOCK)) {
-                    if sums.get(b).is_none() {
-                        add.push(BlockSums {
-                            pchunk,
-                            first: b,
-                            sums: vec![Some(arbor_format::block_sum(block))],
-                        });
-                    }
-                }
-            }
+        // What the device holds, each block summed (no lock held while it
+        // is read) ...
+        let mut held = Vec::with_capacity(chunks.len());
+        let mut buf = vec![0; cs];
+        for &pchunk in chunks {
+            self.store.dev.read_at(&mut buf, geo.chunk_offset(pchunk))?;
+            let block_sums: Vec<u32> = buf
+                .chunks(arbor_format::SUM_BLOCK)
+                .map(arbor_format::block_sum)
+                .collect();
+            held.push((pchunk, block_sums));
         }
-        if add.is_empty() {
-            return Ok((0, 0));
-        }
+        // ... recorded for the blocks of chunks still live that still have
+        // no sum (a chunk freed meanwhile, perhaps written again, keeps
+        // what it has now).
         let mut meta = self.write_meta()?;
-        // Only blocks still live and still without a sum (a chunk freed
-        // meanwhile, and perhaps written again, keeps what it has now).
-        let mut still = Vec::with_capacity(add.len());
-        for chunk in add.chunk_by(|a, b| a.pchunk == b.pchunk) {
-            let pchunk = chunk[0].pchunk;
+        let mut add = Vec::new();
+        for (pchunk, block_sums) in held {
             if meta.meta().data_count(pchunk)? == 0 {
                 continue;
             }
             let sums = ChunkSums::of(meta.meta(), pchunk)?;
-            still.extend(
-                chunk
-                    .iter()
-                    .filter(|s| sums.get(s.first).is_none())
-                    .cloned(),
-            );
+            for (b, sum) in (0u32..).zip(block_sums) {
+                if sums.get(b).is_none() {
+                    add.push(BlockSums {
+                        pchunk,
+                        first: b,
+                        sums: vec![Some(sum)],
+                    });
+                }
+            }
         }
-        let add = still;
         if add.is_empty() {
             return Ok((0, 0));
         }
