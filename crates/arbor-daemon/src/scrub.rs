@@ -7,7 +7,11 @@
 //! while it does (one short step at a time), so a client's latency is not
 //! taken. Where it stands is kept in the pool (the property
 //! `arbor.scrub`, written every few seconds), so a restart or a crash goes
-//! on from there; damage it finds is recorded as a read's is.
+//! on from there; damage it finds is recorded as a read's is. The loop,
+//! a user's start and stop and the end of a scrub all write that record:
+//! each change of it is numbered (`State::version`), the writes go one at
+//! a time, and one older than what the pool holds is dropped, so the pool
+//! ends with the newest.
 //!
 //! The pool's scrub schedule (docs/MONITOR.md, "Scrub schedule") starts
 //! scrubs too: while none runs, the loop looks at it once a monitor tick
@@ -60,9 +64,9 @@ struct Told {
     step: arbor_engine::ScrubStep,
     /// How long it took.
     took: Duration,
-    /// The record after it; None: the scrub was stopped or started again
-    /// meanwhile.
-    record: Option<ScrubRecord>,
+    /// The record after it and its version; None: the scrub was stopped
+    /// or started again meanwhile.
+    record: Option<(ScrubRecord, u64)>,
 }
 
 /// The scrub's pace across its steps.
@@ -87,6 +91,17 @@ struct State {
     /// The pool's scrub schedule as stored (kept here as it is written:
     /// the daemon alone changes the pool), or why its value is damaged.
     schedule: Option<Result<Schedule, String>>,
+    /// Changes of `record` or `failure` (what the pool's record holds),
+    /// counted: a write of an older version never replaces a newer one.
+    version: u64,
+}
+
+impl State {
+    /// `record` or `failure` changed: the version to write it with.
+    fn changed(&mut self) -> u64 {
+        self.version += 1;
+        self.version
+    }
 }
 
 /// The daemon's scrub: its state and the task that runs it.
@@ -99,6 +114,10 @@ pub struct Scrub {
     busy_rate: u64,
     /// One change of the schedule at a time (the pool, then `state`).
     schedule_change: Mutex<()>,
+    /// The version of the record last written to the pool: the record is
+    /// written by one writer at a time (this, then `state`), and only
+    /// when newer than what the pool holds.
+    written: Mutex<u64>,
 }
 
 impl Scrub {
@@ -147,10 +166,12 @@ impl Scrub {
                 last_error: failure.clone(),
                 failure,
                 schedule,
+                version: 0,
             }),
             wake: Notify::new(),
             busy_rate,
             schedule_change: Mutex::new(()),
+            written: Mutex::new(0),
         }
     }
 
@@ -169,7 +190,7 @@ impl Scrub {
     /// from where it stopped; else a new one starts from the beginning).
     /// Whether it started one; recorded in the pool before it returns.
     fn begin(&self, resume: bool) -> arbor_engine::Result<bool> {
-        let (record, before) = {
+        let (record, before, version) = {
             let mut state = self.lock();
             let before = (state.record, state.last_error.clone());
             let record = match state.record {
@@ -195,13 +216,12 @@ impl Scrub {
             };
             state.record = Some(record);
             state.last_error = None;
-            (record, before)
+            (record, before, state.changed())
         };
         // Durable before it returns: a crash right after still finds it
         // running, and the next start goes on with it.
         let durable = self
-            .pool
-            .set_property(None, SCRUB_KEY, &self.encode(&record))
+            .write(&record, version)
             .and_then(|()| self.pool.flush());
         if let Err(e) = durable {
             // Not started: as it was (unless stopped or started meanwhile).
@@ -221,20 +241,20 @@ impl Scrub {
     /// scrub that stopped on an error is recorded as stopped by the user
     /// (a restart does not go on with it); its failure stays.
     pub fn stop(&self) -> arbor_engine::Result<ScrubView> {
-        let record = {
+        let (record, version) = {
             let mut state = self.lock();
             let failed = state.failure.is_some();
-            match state.record.as_mut() {
+            let record = match state.record.as_mut() {
                 Some(r) if r.phase == ScrubPhase::Running => {
                     r.phase = ScrubPhase::Stopped;
                     *r
                 }
                 Some(r) if r.phase == ScrubPhase::Stopped && failed => *r,
                 _ => return Ok(self.view_of(&state)),
-            }
+            };
+            (record, state.changed())
         };
-        self.pool
-            .set_property(None, SCRUB_KEY, &self.encode(&record))?;
+        self.write(&record, version)?;
         info!(at_chunk = record.cursor, "scrub stopped");
         Ok(self.view())
     }
@@ -298,9 +318,12 @@ impl Scrub {
                 // Recorded with the last scrub's record, if it has one
                 // (once for the same reason: this is tried every tick).
                 if self.failed(format!("the scheduled scrub cannot start: {e}")) {
-                    let record = self.lock().record;
+                    let (record, version) = {
+                        let state = self.lock();
+                        (state.record, state.version)
+                    };
                     if let Some(r) = record {
-                        self.save(&r);
+                        self.save(&r, version);
                     }
                 }
                 Ok(false)
@@ -320,6 +343,7 @@ impl Scrub {
         }
         state.last_error = Some(why.clone());
         state.failure = Some(why);
+        state.changed();
         new
     }
 
@@ -414,20 +438,39 @@ impl Scrub {
         record.encode(self.lock().failure.as_deref())
     }
 
-    fn save(&self, record: &ScrubRecord) {
-        if let Err(e) = self
-            .pool
-            .set_property(None, SCRUB_KEY, &self.encode(record))
-        {
+    /// Writes `record`, of `version`, to the pool, unless the pool holds
+    /// a newer one already (writers that race each other, the loop saving
+    /// where the scrub stands and a user stopping it, leave the newest).
+    fn write(&self, record: &ScrubRecord, version: u64) -> arbor_engine::Result<()> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if *written >= version {
+            return Ok(());
+        }
+        self.pool
+            .set_property(None, SCRUB_KEY, &self.encode(record))?;
+        *written = version;
+        Ok(())
+    }
+
+    /// [`Scrub::write`], for the loop: a failure is logged.
+    fn save(&self, record: &ScrubRecord, version: u64) {
+        if let Err(e) = self.write(record, version) {
             warn!(error = %e, "cannot record where the scrub stands (a restart reads from the last record)");
         }
     }
 
     /// The running scrub's record, if there is one.
     fn running(&self) -> Option<ScrubRecord> {
-        self.lock()
+        self.current().map(|(r, _)| r)
+    }
+
+    /// The running scrub's record and its version, if there is one.
+    fn current(&self) -> Option<(ScrubRecord, u64)> {
+        let state = self.lock();
+        state
             .record
             .filter(|r| r.phase == ScrubPhase::Running)
+            .map(|r| (r, state.version))
     }
 
     /// Runs scrubs as they are started, by hand or by the schedule, until
@@ -472,11 +515,11 @@ impl Scrub {
             busy: false,
         };
         loop {
-            let Some(record) = self.running() else {
+            let Some((record, version)) = self.current() else {
                 return Ok(true);
             };
             if stop.is_cancelled() {
-                self.save(&record);
+                self.save(&record, version);
                 return Ok(false);
             }
             let scrub = Arc::clone(self);
@@ -501,7 +544,7 @@ impl Scrub {
             let Some(Told {
                 step,
                 took,
-                record: Some(record),
+                record: Some((record, _)),
             }) = last
             else {
                 // Stopped meanwhile: the steps' progress is kept all the same.
@@ -548,11 +591,11 @@ impl Scrub {
                 took,
                 record,
             });
-            let Some(record) = record else {
+            let Some((record, version)) = record else {
                 return false;
             };
             if pace.saved.elapsed() >= SAVE_EVERY {
-                self.save(&record);
+                self.save(&record, version);
                 pace.saved = Instant::now();
             }
             let now = self.pool.requests();
@@ -662,7 +705,8 @@ impl Scrub {
     }
 
     /// Adds a step from chunk `from` to the scrub's record and its rate:
-    /// the record after it, or None when the scrub is no longer running.
+    /// the record after it and its version, or None when the scrub is no
+    /// longer running.
     /// A scrub stopped meanwhile keeps the step's progress (one resumed
     /// goes on after it); one that no longer stands at `from` (a new scrub
     /// started meanwhile) is left alone.
@@ -671,7 +715,7 @@ impl Scrub {
         from: u64,
         step: &arbor_engine::ScrubStep,
         took: Duration,
-    ) -> Option<ScrubRecord> {
+    ) -> Option<(ScrubRecord, u64)> {
         let mut state = self.lock();
         let rate = step.bytes as f64 / took.as_secs_f64().max(1e-6);
         state.rate = if state.rate == 0.0 {
@@ -689,7 +733,9 @@ impl Scrub {
         r.bytes += step.bytes;
         r.verified_blocks += step.verified_blocks;
         r.damaged_blocks += step.damaged_blocks;
-        (r.phase == ScrubPhase::Running).then_some(*r)
+        let record = *r;
+        let version = state.changed();
+        (record.phase == ScrubPhase::Running).then_some((record, version))
     }
 
     /// The running scrub stopped on an error (`why`): stopped here, a
@@ -698,20 +744,20 @@ impl Scrub {
     /// a user"), so a restart goes on with it. One a user stopped
     /// meanwhile stays as they left it.
     fn stopped_on_error(&self, why: String) {
+        self.failed(why);
         let record = {
             let mut state = self.lock();
             match state.record.as_mut() {
                 Some(r) if r.phase == ScrubPhase::Running => {
                     let recorded = *r;
                     r.phase = ScrubPhase::Stopped;
-                    Some(recorded)
+                    Some((recorded, state.changed()))
                 }
                 _ => None,
             }
         };
-        self.failed(why);
-        if let Some(r) = record {
-            self.save(&r);
+        if let Some((r, version)) = record {
+            self.save(&r, version);
         }
     }
 
@@ -732,7 +778,7 @@ impl Scrub {
         };
         record.phase = ScrubPhase::Finished;
         record.finished_unix = unix_now();
-        {
+        let version = {
             let mut state = self.lock();
             // Stopped or started again meanwhile: leave it.
             if state.record.map(|r| r.phase) != Some(ScrubPhase::Running) {
@@ -744,8 +790,9 @@ impl Scrub {
             if let Some(why) = state.failure.take() {
                 info!(failure = %why, "the scrub ran to completion: its earlier failure is cleared");
             }
-        }
-        self.save(&record);
+            state.changed()
+        };
+        self.save(&record, version);
         info!(
             bytes = record.bytes,
             verified_blocks = record.verified_blocks,
@@ -906,6 +953,54 @@ mod tests {
         assert!(view.verified_blocks >= 4 * MIB / 4096, "{view:?}");
     }
 
+    /// Starts and stops by a user while the loop runs, saves and finishes
+    /// scrubs: every one succeeds, and the pool's record says what the
+    /// daemon says (the same scrub, in the same phase). (Regression: a
+    /// start that met the loop's save of a finished scrub failed with
+    /// "property arbor.scrub was set again meanwhile", and a save of an
+    /// older state could land after a newer one.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn starts_and_stops_while_the_loop_saves_all_succeed_and_the_pool_agrees() {
+        let pool = sim_pool();
+        let v = pool.create_volume("v", 8 * MIB).unwrap();
+        pool.write(v, 0, &[7u8; 1 << 20]).unwrap();
+        pool.flush().unwrap();
+        let scrub = Arc::new(Scrub::load(Arc::clone(&pool), 0));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(Arc::clone(&scrub).run(stop.clone()));
+        let user = Arc::clone(&scrub);
+        let finished = tokio::task::spawn_blocking(move || {
+            let mut finished = 0;
+            for i in 0..500 {
+                let view = user.start().unwrap_or_else(|e| panic!("start {i}: {e}"));
+                finished += usize::from(view.state == "finished");
+                if i % 3 != 0 {
+                    user.stop().unwrap_or_else(|e| panic!("stop {i}: {e}"));
+                }
+                // Now and then a scrub runs to its end.
+                if i % 10 == 0 {
+                    while user.view().state == "running" {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            finished
+        })
+        .await
+        .unwrap();
+        stop.cancel();
+        task.await.unwrap().unwrap();
+        assert!(finished < 500);
+        let ours = scrub.lock().record.unwrap();
+        let stored = recorded(&pool);
+        assert_eq!(
+            (stored.phase, stored.started_unix),
+            (ours.phase, ours.started_unix),
+            "{stored:?} against {ours:?}"
+        );
+        assert_eq!(failure(&scrub), None);
+    }
+
     /// The metadata check at a scrub's end fails (it flushes the pool, and
     /// an origin's device fails its flushes): the scrub stops on the error
     /// and is a failure, which a scheduled scrub that cannot start keeps,
@@ -1024,6 +1119,23 @@ mod tests {
     /// start) is not added to it, which would move its cursor past chunks
     /// it never read; one that comes back after a stop is kept, so a
     /// resumed scrub goes on after it.
+    /// A write of an older version of the record, come late, leaves the
+    /// newer one the pool holds.
+    #[test]
+    fn an_older_record_never_replaces_a_newer_one() {
+        let pool = sim_pool();
+        let scrub = Scrub::load(Arc::clone(&pool), 0);
+        scrub.start().unwrap();
+        let (running, old) = scrub.current().unwrap();
+        scrub.stop().unwrap();
+        assert_eq!(recorded(&pool).phase, ScrubPhase::Stopped);
+        scrub.write(&running, old).unwrap();
+        assert_eq!(recorded(&pool).phase, ScrubPhase::Stopped);
+        // A newer one is written.
+        scrub.start().unwrap();
+        assert_eq!(recorded(&pool).phase, ScrubPhase::Running);
+    }
+
     #[test]
     fn a_step_counts_only_for_the_scrub_standing_where_it_started() {
         let pool = sim_pool();
@@ -1038,8 +1150,11 @@ mod tests {
             ..Default::default()
         };
         let took = Duration::from_millis(1);
-        let r = scrub.account(0, &step(0), took).expect("running");
+        let (r, version) = scrub.account(0, &step(0), took).expect("running");
         assert_eq!((r.cursor, r.bytes), (8, 8 * 4096));
+        // A change of the record: a newer version than the start's.
+        assert_eq!(version, scrub.lock().version);
+        assert!(version > *scrub.written.lock().unwrap());
         // Stopped meanwhile: kept, not running.
         scrub.stop().unwrap();
         assert_eq!(scrub.account(8, &step(8), took), None);
@@ -1051,7 +1166,7 @@ mod tests {
         assert_eq!(scrub.account(16, &step(16), took), None);
         let r = scrub.lock().record.unwrap();
         assert_eq!((r.cursor, r.bytes, r.verified_blocks), (0, 0, 0));
-        assert_eq!(scrub.account(0, &step(0), took).unwrap().cursor, 8);
+        assert_eq!(scrub.account(0, &step(0), took).unwrap().0.cursor, 8);
     }
 
     /// A stored schedule that does not parse is a warning until it is set

@@ -413,6 +413,11 @@ pub struct Pool {
     /// Home runs built since the pool opened that await their sums
     /// (`pool/home_sums.rs`).
     home_sums: home_sums::HomeSums,
+    /// One set or removal of a property at a time (`pool/props.rs`): a
+    /// set stages its value and installs it in two steps, and a second
+    /// set of the key between them would replace the first's staged
+    /// record.
+    property_change: Mutex<()>,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
@@ -743,6 +748,7 @@ impl Pool {
             repaired_at_open: Vec::new(),
             damage_log: damage::DamageLog::default(),
             home_sums: home_sums::HomeSums::default(),
+            property_change: Mutex::new(()),
         }
     }
 

@@ -89,6 +89,48 @@ fn older_pools_need_an_upgrade_for_properties() {
     assert_eq!(reopen(&disk).property(None, "p").unwrap().unwrap(), b"x");
 }
 
+/// Two threads set the same key at once, over and over (the daemon's scrub
+/// loop saving where it stands while a user stops the scrub): every set
+/// succeeds, the value read is always one of those set, and the last set
+/// is what stays; no staged record is left (the pool checks clean).
+/// (Regression: a set staged its record, and a second set of the key
+/// deleted that record before the first installed it, which then failed
+/// with "property … was set again meanwhile".)
+#[test]
+fn sets_of_one_key_at_once_all_succeed_and_the_last_stays() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let pool = Arc::new(pool);
+    let rounds = 200u16;
+    let writers: Vec<_> = (0..2u8)
+        .map(|t| {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let mine = [&[t][..], &i.to_le_bytes()[..]].concat();
+                    pool.set_property(None, "arbor.scrub", &mine)
+                        .unwrap_or_else(|e| panic!("writer {t}, set {i}: {e}"));
+                    let read = pool.property(None, "arbor.scrub").unwrap().unwrap();
+                    assert_eq!(read.len(), 3, "{read:?}");
+                    assert!(read[0] < 2, "{read:?}");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let last = pool.property(None, "arbor.scrub").unwrap().unwrap();
+    assert_eq!(&last[1..], &(rounds - 1).to_le_bytes(), "{last:?}");
+    pool.set_property(None, "arbor.scrub", b"after").unwrap();
+    assert_eq!(
+        pool.property(None, "arbor.scrub").unwrap().unwrap(),
+        b"after"
+    );
+    while pool.reclaim(1000).unwrap() > 0 {}
+    pool.flush().unwrap();
+    assert_clean(&pool);
+}
+
 /// Out of data space or metadata, a set fails and leaves the old value and
 /// no staged record (no leaked chunk, the pool checks clean).
 #[test]

@@ -9,6 +9,8 @@
 //! a failure or a power cut at any point leaves the old value or the new
 //! one, never a mix. A staged record left by a cut is replaced by the next
 //! set of its key and never read. A volume's properties are deleted with it.
+//! Sets and removals run one at a time (`Pool::property_change`), so
+//! callers that set one key at once all succeed and the last one stays.
 
 use arbor_format::{decode_property, encode_property};
 
@@ -68,6 +70,7 @@ impl Pool {
         let stored = encode_property(value).map_err(Invalid::PropertyValue)?;
         let owner = owner_id(owner);
         let size = stored.len() as u64;
+        let _one = super::lock_mutex(&self.property_change);
         let staged = self.manage(Privilege::Normal, |m| {
             m.add_staged_property(owner, key, size)
         })?;
@@ -138,6 +141,7 @@ impl Pool {
     pub fn remove_property(&self, owner: Option<VolumeId>, key: &str) -> Result<bool> {
         check_key(key)?;
         let owner = owner_id(owner);
+        let _one = super::lock_mutex(&self.property_change);
         self.manage(Privilege::Reserve, |m| {
             if owner != 0 {
                 m.visible_volume(owner)?;
