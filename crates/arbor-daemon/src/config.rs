@@ -56,6 +56,7 @@ struct ConfigFile {
     tls_ca: PathBuf,
     tls_cert: PathBuf,
     tls_key: PathBuf,
+    tls_crl: PathBuf,
     replication_identity: String,
     replication_timeout: String,
     replication_allow: Vec<AllowEntry>,
@@ -379,16 +380,23 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     })
 }
 
-/// The certificates every TLS listener shares: all three files, or none.
+/// The certificates every TLS listener shares: all three files, or none;
+/// and the revocation lists, with them.
 fn tls_files(file: &ConfigFile) -> Result<Option<arbor_tls::TlsFiles>> {
     let paths = [&file.tls_ca, &file.tls_cert, &file.tls_key];
     let given = paths.iter().filter(|p| !p.as_os_str().is_empty()).count();
+    let crl = (!file.tls_crl.as_os_str().is_empty()).then(|| file.tls_crl.clone());
     match given {
+        0 if crl.is_some() => bail!(usage(
+            "tls_crl needs tls_ca, tls_cert and tls_key (the lists revoke certificates their CA issued)"
+                .into()
+        )),
         0 => Ok(None),
         3 => Ok(Some(arbor_tls::TlsFiles {
             ca: file.tls_ca.clone(),
             cert: file.tls_cert.clone(),
             key: file.tls_key.clone(),
+            crl,
         })),
         _ => bail!(usage(
             "tls_ca, tls_cert and tls_key go together: give all three, or none".into()

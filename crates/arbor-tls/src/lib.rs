@@ -31,11 +31,14 @@ use std::sync::Arc;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::sign::CertifiedKey;
 use rustls::{CertificateError, ClientConfig, InconsistentKeys, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 mod keys;
@@ -48,6 +51,7 @@ pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 const WHAT_CA: &str = "CA bundle";
 const WHAT_CERT: &str = "certificate";
 const WHAT_KEY: &str = "private key";
+const WHAT_CRL: &str = "revocation list";
 
 /// Paths of the PEM files a host needs for mutual TLS.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +62,9 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// This host's private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// Certificate revocation lists (PEM, one or more), each issued by a
+    /// CA of the bundle: a peer certificate they list is refused.
+    pub crl: Option<PathBuf>,
 }
 
 /// Errors from loading TLS material or checking identities.
@@ -168,6 +175,19 @@ pub enum TlsError {
     /// A host to connect to is neither a DNS name nor an IP address.
     #[error("invalid server name {0:?}: not a DNS name or an IP address")]
     InvalidServerName(String),
+    /// A revocation list could not be parsed, or no CA of the bundle
+    /// issued it (it would revoke nothing).
+    #[error("revocation list {}: {reason}", path.display())]
+    BadCrl {
+        /// The revocation list file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A peer's certificate no longer verifies (against a CA bundle or a
+    /// revocation list loaded since it connected).
+    #[error("the peer's certificate is no longer trusted: {0}")]
+    PeerNotTrusted(String),
     /// rustls refused to build a configuration from checked material.
     #[error("building the TLS configuration failed: {0}")]
     Config(String),
@@ -180,8 +200,13 @@ pub struct Tls {
     server: Arc<ServerConfig>,
     server_client_optional: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
+    /// What [`Tls::verify_peer`] checks a peer's chain with: the CA
+    /// bundle and the revocation lists.
+    peers: Arc<dyn ClientCertVerifier>,
     identity: String,
     dns_names: Vec<String>,
+    /// Certificates the revocation lists list, across them all.
+    revoked: usize,
 }
 
 impl fmt::Debug for Tls {
@@ -197,6 +222,7 @@ struct Origin<'a> {
     ca: &'a Path,
     cert: &'a Path,
     key: &'a Path,
+    crl: &'a Path,
 }
 
 impl Tls {
@@ -208,24 +234,40 @@ impl Tls {
         let ca = read_limited(WHAT_CA, &files.ca)?;
         let cert = read_limited(WHAT_CERT, &files.cert)?;
         let key = read_limited(WHAT_KEY, &files.key)?;
+        let crl = match &files.crl {
+            Some(path) => Some(read_limited(WHAT_CRL, path)?),
+            None => None,
+        };
         let origin = Origin {
             ca: &files.ca,
             cert: &files.cert,
             key: &files.key,
+            crl: files.crl.as_deref().unwrap_or(Path::new("(none)")),
         };
-        build(&ca, &cert, &key, &origin)
+        build(&ca, &cert, &key, crl.as_deref(), &origin)
     }
 
     /// Same as [`Tls::load`], from PEM bytes in memory: CA bundle,
     /// certificate chain, private key.
     pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<Tls, TlsError> {
+        Self::from_pem_with_crl(ca, cert, key, None)
+    }
+
+    /// [`Tls::from_pem`] with revocation lists (PEM).
+    pub fn from_pem_with_crl(
+        ca: &[u8],
+        cert: &[u8],
+        key: &[u8],
+        crl: Option<&[u8]>,
+    ) -> Result<Tls, TlsError> {
         let memory = Path::new("(in memory)");
         let origin = Origin {
             ca: memory,
             cert: memory,
             key: memory,
+            crl: memory,
         };
-        build(ca, cert, key, &origin)
+        build(ca, cert, key, crl, &origin)
     }
 
     /// Server side: TLS 1.3 (1.2 allowed); requires a client certificate
@@ -259,6 +301,32 @@ impl Tls {
     pub fn dns_names(&self) -> &[String] {
         &self.dns_names
     }
+
+    /// How many certificates the revocation lists list.
+    pub fn revoked_certificates(&self) -> usize {
+        self.revoked
+    }
+
+    /// Whether a peer's certificate chain (its own first), accepted by an
+    /// earlier configuration, verifies under this one: issued by a CA of
+    /// this bundle, not listed by a revocation list, not expired. What a
+    /// reload checks the connections it keeps with.
+    pub fn verify_peer(&self, chain: &[CertificateDer<'static>]) -> Result<(), TlsError> {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err(TlsError::NoPeerCertificate);
+        };
+        self.peers
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| TlsError::PeerNotTrusted(describe_cert_error(&e)))
+    }
+}
+
+/// The chain a connection's peer presented (empty: none).
+pub fn peer_chain(conn: &rustls::CommonState) -> Vec<CertificateDer<'static>> {
+    conn.peer_certificates()
+        .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// What a client of a server needs: the CA bundle that signs the server's
@@ -473,6 +541,9 @@ fn describe_cert_error(e: &rustls::Error) -> String {
         rustls::Error::InvalidCertificate(CertificateError::BadEncoding) => {
             "malformed certificate".to_string()
         }
+        rustls::Error::InvalidCertificate(CertificateError::Revoked) => {
+            "revoked (a revocation list, tls_crl, lists it)".to_string()
+        }
         rustls::Error::InvalidCertificate(c) => c.to_string(),
         other => other.to_string(),
     }
@@ -552,10 +623,66 @@ fn dns_names_of(cert_der: &[u8]) -> Vec<String> {
         .collect()
 }
 
-fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls, TlsError> {
+/// The revocation lists of a PEM file (at least one), each issued by a
+/// CA of the bundle `ca` (its issuer is one of their subjects; its
+/// signature is checked where it is used), and how many certificates they
+/// list.
+fn parse_crls(
+    path: &Path,
+    pem_bytes: &[u8],
+    ca: &[u8],
+) -> Result<(Vec<CertificateRevocationListDer<'static>>, usize), TlsError> {
+    let bad = |reason: String| TlsError::BadCrl {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let crls = CertificateRevocationListDer::pem_slice_iter(pem_bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("not valid PEM: {}", pem_reason(&e))))?;
+    if crls.is_empty() {
+        return Err(bad(
+            "no revocation list found (expected a PEM \"BEGIN X509 CRL\" block)".into(),
+        ));
+    }
+    // The CA bundle parsed already (root_store).
+    let subjects: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(ca)
+        .filter_map(Result::ok)
+        .filter_map(|der| {
+            x509_parser::parse_x509_certificate(der.as_ref())
+                .ok()
+                .map(|(_, c)| c.subject().as_raw().to_vec())
+        })
+        .collect();
+    let mut revoked = 0;
+    for (i, der) in crls.iter().enumerate() {
+        let (_, crl) = x509_parser::parse_x509_crl(der.as_ref())
+            .map_err(|e| bad(format!("list #{}: malformed: {e}", i + 1)))?;
+        if !subjects.iter().any(|s| s == crl.issuer().as_raw()) {
+            return Err(bad(format!(
+                "list #{} is issued by {}, which is no CA of the bundle: it would revoke nothing",
+                i + 1,
+                crl.issuer()
+            )));
+        }
+        revoked += crl.iter_revoked_certificates().count();
+    }
+    Ok((crls, revoked))
+}
+
+fn build(
+    ca: &[u8],
+    cert: &[u8],
+    key: &[u8],
+    crl: Option<&[u8]>,
+    origin: &Origin<'_>,
+) -> Result<Tls, TlsError> {
     let provider = provider();
 
     let roots = root_store(ca, origin.ca)?;
+    let (crls, revoked) = match crl {
+        Some(pem_bytes) => parse_crls(origin.crl, pem_bytes, ca)?,
+        None => (Vec::new(), 0),
+    };
 
     let chain = parse_certs(WHAT_CERT, origin.cert, cert)?;
     let key = parse_key(origin.key, key)?;
@@ -579,17 +706,26 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
     check_key_matches(&provider, &chain, &key, origin.cert, origin.key)?;
 
     let config_err = |e: &dyn fmt::Display| TlsError::Config(e.to_string());
+    // Every certificate of a chain is checked against the lists of its
+    // issuer; one whose issuer has no list passes (lists are optional per
+    // CA), and an out-of-date list still revokes what it lists.
     let client_verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+            .with_crls(crls.clone())
+            .allow_unknown_revocation_status()
             .build()
             .map_err(|e| config_err(&e))?;
     let optional_client_verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+            .with_crls(crls.clone())
+            .allow_unknown_revocation_status()
             .allow_unauthenticated()
             .build()
             .map_err(|e| config_err(&e))?;
     let server_verifier =
         WebPkiServerVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+            .with_crls(crls)
+            .allow_unknown_revocation_status()
             .build()
             .map_err(|e| config_err(&e))?;
 
@@ -632,7 +768,7 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(|e| config_err(&e))
     };
-    let server = server_config(client_verifier)?;
+    let server = server_config(Arc::clone(&client_verifier))?;
     let server_client_optional = server_config(optional_client_verifier)?;
     let client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -646,8 +782,10 @@ fn build(ca: &[u8], cert: &[u8], key: &[u8], origin: &Origin<'_>) -> Result<Tls,
         server: Arc::new(server),
         server_client_optional: Arc::new(server_client_optional),
         client: Arc::new(client),
+        peers: client_verifier,
         identity,
         dns_names,
+        revoked,
     })
 }
 
@@ -721,6 +859,111 @@ mod tests {
             Ok(t) => panic!("expected an error, got {t:?}"),
             Err(e) => e,
         }
+    }
+
+    /// A revocation list of `ca` listing `revoked`.
+    fn crl_of(ca: &Ca, revoked: &[&Leaf]) -> String {
+        let now = time::OffsetDateTime::now_utc();
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: now - time::Duration::hours(1),
+            next_update: now + time::Duration::days(7),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|l| {
+                    let (_, cert) = x509_parser::parse_x509_certificate(&l.der).unwrap();
+                    rcgen::RevokedCertParams {
+                        serial_number: rcgen::SerialNumber::from_slice(cert.raw_serial()),
+                        revocation_time: now - time::Duration::minutes(1),
+                        reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                        invalidity_date: None,
+                    }
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params.signed_by(&**ca).unwrap().pem().unwrap()
+    }
+
+    fn chain_of(l: &Leaf) -> Vec<CertificateDer<'static>> {
+        vec![CertificateDer::from(l.der.clone())]
+    }
+
+    /// A certificate a revocation list lists is refused in the handshake
+    /// and by `verify_peer`; others pass; the list must be PEM, and
+    /// issued by a CA of the bundle; a host whose own certificate is
+    /// listed cannot load it.
+    #[tokio::test]
+    async fn revocation_lists_refuse_the_certificates_they_list() {
+        let ca = new_ca("arbor test CA");
+        let server = leaf(&ca, &["localhost"], None);
+        let alpha = leaf(&ca, &["alpha"], None);
+        let beta = leaf(&ca, &["beta"], None);
+        let crl = crl_of(&ca, &[&alpha]);
+        let with_crl = |l: &Leaf, crl: &str| {
+            Tls::from_pem_with_crl(
+                ca.pem().as_bytes(),
+                l.cert_pem.as_bytes(),
+                l.key_pem.as_bytes(),
+                Some(crl.as_bytes()),
+            )
+        };
+        let host = with_crl(&server, &crl).unwrap();
+        assert_eq!(host.revoked_certificates(), 1);
+        // verify_peer: a reload checks the connections it keeps.
+        let err = host.verify_peer(&chain_of(&alpha)).unwrap_err();
+        assert!(matches!(err, TlsError::PeerNotTrusted(_)), "{err}");
+        assert!(err.to_string().contains("revoked"), "{err}");
+        host.verify_peer(&chain_of(&beta)).unwrap();
+        tls_for(&ca, &server)
+            .verify_peer(&chain_of(&alpha))
+            .unwrap();
+        let other = new_ca("other CA");
+        let stranger = leaf(&other, &["alpha"], None);
+        assert!(host.verify_peer(&chain_of(&stranger)).is_err());
+        assert!(matches!(
+            host.verify_peer(&[]),
+            Err(TlsError::NoPeerCertificate)
+        ));
+        // The handshakes: alpha refused, beta served, on both acceptors.
+        let alpha_tls = tls_for(&ca, &alpha);
+        let beta_tls = tls_for(&ca, &beta);
+        for optional in [false, true] {
+            let acceptor = |h: &Tls| {
+                if optional {
+                    h.acceptor_client_optional()
+                } else {
+                    h.acceptor()
+                }
+            };
+            let (s, _) = handshake_with(acceptor(&host), alpha_tls.connector(), "localhost").await;
+            assert!(s.is_err(), "alpha served (optional {optional})");
+            let (s, _) = handshake_with(acceptor(&host), beta_tls.connector(), "localhost").await;
+            assert_eq!(peer_identity(s.unwrap().get_ref().1).unwrap(), "beta");
+        }
+        // As a client (a replication source), a revoked server is refused.
+        let revoked_server = tls_for(&ca, &alpha);
+        let (_, c) = handshake(&revoked_server, host.connector(), "alpha").await;
+        assert!(c.is_err(), "a revoked server was trusted");
+        // Bad lists.
+        let err = err_of(with_crl(&server, "garbage"));
+        assert!(matches!(err, TlsError::BadCrl { .. }), "{err}");
+        assert!(
+            err.to_string().contains("no revocation list found"),
+            "{err}"
+        );
+        let err = err_of(with_crl(&server, &crl_of(&other, &[])));
+        assert!(err.to_string().contains("no CA of the bundle"), "{err}");
+        let err = err_of(with_crl(
+            &server,
+            &format!("{crl}\n-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n"),
+        ));
+        assert!(err.to_string().contains("malformed"), "{err}");
+        // Our own certificate listed: not loaded.
+        let err = err_of(with_crl(&alpha, &crl));
+        assert!(matches!(err, TlsError::NotTrusted { .. }), "{err}");
+        assert!(err.to_string().contains("revoked"), "{err}");
     }
 
     #[test]
@@ -944,6 +1187,7 @@ mod tests {
             ca: dir.join("ca.pem"),
             cert: dir.join("host.pem"),
             key: dir.join("host.key"),
+            crl: None,
         };
         std::fs::write(&files.ca, ca.pem()).unwrap();
         std::fs::write(&files.cert, &l.cert_pem).unwrap();

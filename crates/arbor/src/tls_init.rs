@@ -1211,6 +1211,7 @@ mod tests {
             ca: dir.join("ca.pem"),
             cert: dir.join(cert),
             key: dir.join(key),
+            crl: None,
         })
         .unwrap_or_else(|e| panic!("{cert}: {e}"))
     }
