@@ -152,6 +152,12 @@ impl DaemonClient {
         self.get("/v1/scrub")
     }
 
+    /// Has the daemon read its configuration again and apply what can
+    /// change while it runs.
+    pub fn config_reload(&self) -> Result<crate::model::ReloadView> {
+        decode(&self.send(Method::POST, "/v1/config/reload", None)?)
+    }
+
     pub fn scrub_start(&self) -> Result<crate::model::ScrubView> {
         decode(&self.send(Method::POST, "/v1/scrub", None)?)
     }

@@ -266,6 +266,36 @@ pub struct CheckView {
     pub damaged: DamageView,
 }
 
+/// What a reload of the daemon's configuration did (`POST
+/// /v1/config/reload`, `arbor config reload`, SIGHUP).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadView {
+    /// Keys whose new values are in force now.
+    pub changed: Vec<String>,
+    /// Keys whose new values take effect only when the daemon restarts,
+    /// each with what it changes from and to; the running values stay.
+    pub restart_needed: Vec<String>,
+    /// The certificate files (tls_ca, tls_cert, tls_key, tls_crl) were
+    /// read again and are in force for new connections.
+    pub tls_reloaded: bool,
+    /// Certificates the revocation lists (tls_crl) list.
+    pub revoked_certificates: usize,
+    /// NBD sessions closed because the new configuration no longer
+    /// grants them.
+    pub closed_sessions: Vec<ClosedSessionView>,
+    /// API tokens in the token file, read again.
+    pub tokens: usize,
+}
+
+/// An NBD session a reload closed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClosedSessionView {
+    /// Its client certificate's identity; none: an anonymous client.
+    pub identity: Option<String>,
+    pub volume: String,
+    pub reason: String,
+}
+
 /// Where the pool's scrub stands (`GET /v1/scrub`, `arbor scrub status`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScrubView {

@@ -48,6 +48,7 @@ pub struct Services {
     pub streams: Streams,
     pub pool: Arc<Pool>,
     pub history: Arc<crate::history::History>,
+    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 macro_rules! from_services {
@@ -67,7 +68,8 @@ from_services!(
     replication: Arc<Replication>,
     streams: Streams,
     pool: Arc<Pool>,
-    history: Arc<crate::history::History>
+    history: Arc<crate::history::History>,
+    reloader: Arc<crate::reload::Reloader>
 );
 
 /// The API's routes for `services`, guarded by `auth` (who may do what)
@@ -79,6 +81,7 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
     Router::new()
         .route("/v1/pool", get(pool_info))
         .route("/v1/history", get(history))
+        .route("/v1/config/reload", post(config_reload))
         .route("/v1/pool/grow", post(grow))
         .route("/v1/pool/upgrade", post(upgrade))
         .route("/v1/pool/damage", get(damage))
@@ -325,6 +328,16 @@ async fn history(
     State(h): State<Arc<crate::history::History>>,
 ) -> Json<arbor_api::model::HistoryView> {
     Json(h.view())
+}
+
+async fn config_reload(
+    State(reloader): State<Arc<crate::reload::Reloader>>,
+) -> ApiResult<Json<arbor_api::model::ReloadView>> {
+    tokio::task::spawn_blocking(move || reloader.reload())
+        .await
+        .map_err(super::api_error::engine_task_failed)?
+        .map(Json)
+        .map_err(ApiError::from)
 }
 
 async fn scrub_status(

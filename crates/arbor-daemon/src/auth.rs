@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method};
@@ -52,18 +52,37 @@ impl Caller {
     }
 }
 
-/// The API's credentials: the token store and the certificate identities.
+/// The API's credentials: the token store and the certificate identities
+/// (`api_clients`, replaced by a reload: each request looks them up).
 pub struct Auth {
     pub tokens: TokenStore,
-    clients: HashMap<String, Scope>,
+    clients: RwLock<HashMap<String, Scope>>,
 }
 
 impl Auth {
     pub fn open(data_dir: &Path, config: &ApiConfig) -> anyhow::Result<Arc<Self>> {
         Ok(Arc::new(Self {
             tokens: TokenStore::open(&data_dir.join("tokens.json"))?,
-            clients: config.clients.iter().cloned().collect(),
+            clients: RwLock::new(config.clients.iter().cloned().collect()),
         }))
+    }
+
+    /// Puts `clients` in force (a reload): the next request of each
+    /// connection is checked against them.
+    pub fn set_clients(&self, clients: &[(String, Scope)]) {
+        *self.clients.write().unwrap_or_else(|p| p.into_inner()) =
+            clients.iter().cloned().collect();
+    }
+
+    /// The scope of certificate identity `identity`, if `api_clients`
+    /// lists it.
+    fn client_scope(&self, identity: &str) -> Option<Scope> {
+        // A poisoned lock still holds a whole map: it is replaced whole.
+        self.clients
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(identity)
+            .copied()
     }
 }
 
@@ -259,8 +278,8 @@ fn identify(
         });
     }
     if let Some(identity) = certificate {
-        return match auth.clients.get(identity) {
-            Some(&scope) => Ok(Caller {
+        return match auth.client_scope(identity) {
+            Some(scope) => Ok(Caller {
                 who: format!("certificate {identity}"),
                 scope,
             }),

@@ -1,6 +1,7 @@
 //! The daemon's housekeeping: periodic commits, paced reclaim and space
 //! warnings.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,11 +86,19 @@ pub async fn watch_origins(pool: Arc<Pool>, stop: CancellationToken) -> Result<(
 pub async fn reclaim_paced(
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
-    rate: u32,
+    rate: Arc<AtomicU32>,
     stop: CancellationToken,
 ) -> Result<()> {
-    let batch = rate.min(RECLAIM_MAX_BATCH) as usize;
     loop {
+        // Read each round: a reload changes it; 0 turns reclaim off.
+        let rate = rate.load(Ordering::Relaxed);
+        if rate == 0 {
+            if !pause_unless_stopped(RECLAIM_IDLE_POLL, &stop).await {
+                return Ok(());
+            }
+            continue;
+        }
+        let batch = rate.min(RECLAIM_MAX_BATCH) as usize;
         let outcome = run_blocking(&pool, move |p| {
             // Checking first avoids a commit (and its fsync) when idle.
             if p.pool_stats()?.reclaim_pending {

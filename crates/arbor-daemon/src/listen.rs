@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use super::auth::Peer;
 use crate::config::ApiConfig;
 use crate::nbd_export::PoolExports;
+use crate::reload::Shared;
 
 /// A TLS client must finish its handshake within this time, so a stalled
 /// one cannot keep a connection slot.
@@ -51,10 +52,11 @@ pub struct ApiListeners {
     tcp: Option<TcpApi>,
 }
 
-/// The API's TCP listener, its TLS and its connection limit.
+/// The API's TCP listener, its TLS (replaced by a reload, for the next
+/// connection) and its connection limit.
 struct TcpApi {
     listener: TcpListener,
-    tls: Option<Tls>,
+    tls: Option<Arc<Shared<Tls>>>,
     max_connections: usize,
 }
 
@@ -69,9 +71,9 @@ impl ApiListeners {
                     bail!("refusing to serve the API on {addr} without TLS (tls_ca, tls_cert, tls_key)");
                 }
                 let tls = match &config.tls {
-                    Some(files) => Some(
+                    Some(files) => Some(Shared::new(
                         Tls::load(files).context("the API's TLS (tls_ca, tls_cert, tls_key)")?,
-                    ),
+                    )),
                     None => None,
                 };
                 let listener = TcpListener::bind(addr).await.with_context(|| {
@@ -94,8 +96,14 @@ impl ApiListeners {
         self.tcp
             .as_ref()
             .and_then(|t| t.tls.as_ref())
-            .map(|tls| tls.dns_names().to_vec())
+            .map(|tls| tls.get().dns_names().to_vec())
             .unwrap_or_default()
+    }
+
+    /// The TCP listener's certificates, which a reload replaces (none
+    /// without an HTTPS listener).
+    pub fn live_tls(&self) -> Option<Arc<Shared<Tls>>> {
+        self.tcp.as_ref().and_then(|t| t.tls.clone())
     }
 
     /// Serves `router` until `stop`, then waits for in-flight requests.
@@ -130,7 +138,6 @@ impl TcpApi {
     async fn serve(self, router: Router, stop: CancellationToken) -> Result<()> {
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let handshakes = Handshakes::new();
-        let acceptor = self.tls.as_ref().map(Tls::acceptor_client_optional);
         let mut connections = JoinSet::new();
         loop {
             let (tcp, remote) = tokio::select! {
@@ -156,10 +163,15 @@ impl TcpApi {
                 }
             };
             while connections.try_join_next().is_some() {}
+            // The certificates in force now (a reload replaces them).
+            let acceptor = self
+                .tls
+                .as_ref()
+                .map(|t| t.get().acceptor_client_optional());
             connections.spawn(connection(
                 tcp,
                 remote,
-                acceptor.clone(),
+                acceptor,
                 Arc::clone(&handshakes),
                 router.clone(),
                 stop.clone(),
@@ -349,6 +361,8 @@ impl fmt::Display for ApiListeners {
 pub struct NbdListeners {
     listeners: Vec<arbor_nbd::Listener>,
     socket_files: Vec<SocketFile>,
+    /// The TCP listener's security, which a reload replaces.
+    tcp_security: Option<Arc<arbor_nbd::LiveSecurity>>,
 }
 
 impl NbdListeners {
@@ -363,6 +377,7 @@ impl NbdListeners {
         let mut nbd = Self {
             listeners: vec![listener],
             socket_files: vec![file],
+            tcp_security: None,
         };
         if let Some(addr) = tcp {
             let mode = tcp_security.mode();
@@ -374,9 +389,17 @@ impl NbdListeners {
                 format!("cannot listen for NBD on {addr} (another daemon? set nbd_listen, or --nbd-listen none)")
             })?;
             info!(%addr, tls = ?mode, "NBD on TCP");
-            nbd.listeners.push(listener.with_security(tcp_security));
+            let live = arbor_nbd::LiveSecurity::new(tcp_security);
+            nbd.tcp_security = Some(Arc::clone(&live));
+            nbd.listeners.push(listener.with_live_security(live));
         }
         Ok(nbd)
+    }
+
+    /// The TCP listener's security, which a reload replaces (none without
+    /// a TCP listener).
+    pub fn live_security(&self) -> Option<Arc<arbor_nbd::LiveSecurity>> {
+        self.tcp_security.clone()
     }
 
     /// Serves `exports` until `stop`, then lets connections finish the

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -177,10 +177,15 @@ struct Runner {
 pub struct Replication {
     pool: Arc<Pool>,
     pub store: Arc<Store>,
-    tls: Option<Tls>,
+    /// The certificates, replaced by a reload (never added or taken
+    /// away: that is a restart's), for the next connection each way.
+    tls: RwLock<Option<Tls>>,
     identity: String,
     listen: Mutex<Option<SocketAddr>>,
     config: ReplicationConfig,
+    /// The sources accepted (`replication_allow`), replaced by a reload
+    /// for the next session.
+    allow: RwLock<Vec<arbor_replica::target::Allow>>,
     pins: Arc<Pins>,
     claims: Arc<Claims>,
     runners: Mutex<HashMap<String, Runner>>,
@@ -219,15 +224,42 @@ impl Replication {
         Ok(Arc::new(Self {
             pool,
             store: Arc::new(store),
-            tls,
+            tls: RwLock::new(tls),
             identity,
             listen: Mutex::new(None),
             config: config.clone(),
+            allow: RwLock::new(config.allow.clone()),
             pins,
             claims,
             runners: Mutex::new(HashMap::new()),
             stop,
         }))
+    }
+
+    /// The certificates in force.
+    fn tls(&self) -> Option<Tls> {
+        // Replaced whole: a poisoned lock still holds a whole value.
+        self.tls.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This host's identity (its certificate's, or the configured one).
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Whether replication has certificates.
+    pub fn has_tls(&self) -> bool {
+        self.tls().is_some()
+    }
+
+    /// Puts a reloaded configuration's certificates and allow list in
+    /// force, for the next connection and session (a session running
+    /// goes on). `tls` must have this host's identity: the caller checks.
+    pub fn reload(&self, tls: Option<Tls>, allow: Vec<arbor_replica::target::Allow>) {
+        if let Some(tls) = tls {
+            *self.tls.write().unwrap_or_else(|p| p.into_inner()) = Some(tls);
+        }
+        *self.allow.write().unwrap_or_else(|p| p.into_inner()) = allow;
     }
 
     /// Binds the listener, if configured.
@@ -247,7 +279,7 @@ impl Replication {
             pool: Arc::clone(&self.pool),
             config: Arc::new(TargetConfig {
                 identity: self.identity.clone(),
-                allow: self.config.allow.clone(),
+                allow: self.allow.read().unwrap_or_else(|p| p.into_inner()).clone(),
                 idle: self.config.timeout,
                 checkpoint_bytes: CHECKPOINT_BYTES,
             }),
@@ -325,7 +357,7 @@ impl Replication {
         let deadline = tokio::time::Instant::now() + within;
         let stage = AtomicU8::new(HANDSHAKE);
         let session = async {
-            let (peer, conn): (String, Box<dyn Io>) = match &self.tls {
+            let (peer, conn): (String, Box<dyn Io>) = match self.tls() {
                 Some(tls) => {
                     let conn = tokio::time::timeout_at(deadline, tls.acceptor().accept(tcp))
                         .await
@@ -560,7 +592,7 @@ impl Replication {
             .await
             .map_err(|_| timed_out("connecting to"))??;
         let _ = tcp.set_nodelay(true);
-        match &self.tls {
+        match self.tls() {
             Some(tls) => {
                 let expected = pair.identity.as_deref().unwrap_or(pair.host());
                 let name = server_name(expected)

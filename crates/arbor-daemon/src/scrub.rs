@@ -28,6 +28,7 @@
 //! it and either finishes it or fails again. Errors that stop the pool
 //! stop the daemon instead.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,8 +111,8 @@ pub struct Scrub {
     state: Mutex<State>,
     wake: Notify,
     /// Bytes per second while the pool serves reads or writes; 0: wait
-    /// until it serves none.
-    busy_rate: u64,
+    /// until it serves none. A reload changes it.
+    busy_rate: AtomicU64,
     /// One change of the schedule at a time (the pool, then `state`).
     schedule_change: Mutex<()>,
     /// The version of the record last written to the pool: the record is
@@ -169,10 +170,15 @@ impl Scrub {
                 version: 0,
             }),
             wake: Notify::new(),
-            busy_rate,
+            busy_rate: AtomicU64::new(busy_rate),
             schedule_change: Mutex::new(()),
             written: Mutex::new(0),
         }
+    }
+
+    /// Sets the pace while the pool is busy (a reload), from the next step.
+    pub fn set_busy_rate(&self, rate: u64) {
+        self.busy_rate.store(rate, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -616,10 +622,11 @@ impl Scrub {
     /// The pause after a step of `bytes` that took `took` while the pool
     /// is busy: the step's share of a second at `busy_rate`.
     fn busy_pause(&self, bytes: u64, took: Duration) -> Duration {
-        if self.busy_rate == 0 {
+        let rate = self.busy_rate.load(Ordering::Relaxed);
+        if rate == 0 {
             Duration::from_millis(100)
         } else {
-            Duration::from_secs_f64(bytes as f64 / self.busy_rate as f64).saturating_sub(took)
+            Duration::from_secs_f64(bytes as f64 / rate as f64).saturating_sub(took)
         }
     }
 

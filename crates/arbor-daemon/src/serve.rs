@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -27,16 +28,19 @@ use crate::monitor::Monitor;
 use crate::nbd_export::{OpenExports, PoolExports};
 use crate::origins::Origins;
 use crate::pool_file::OpenPool;
+use crate::reload::{Live, Reloader, Source};
 use crate::space::SpaceWatch;
 use crate::stream::Streams;
 use crate::{api, auth, background, replication};
 
-pub fn serve(config: ServeConfig) -> Result<()> {
+/// Serves the pool as `config` says; `source` is where `config` came
+/// from, read again by a reload (SIGHUP, `arbor config reload`).
+pub fn serve(config: ServeConfig, source: Source) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?
-        .block_on(run(config))
+        .block_on(run(config, source))
 }
 
 /// Opens the pool, or creates it (with its initial volume) when its file
@@ -81,17 +85,21 @@ fn prepare_data_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot create data directory {}", dir.display()))
 }
 
-async fn run(config: ServeConfig) -> Result<()> {
+async fn run(config: ServeConfig, source: Source) -> Result<()> {
     prepare_data_dir(&config.data_dir)?;
     let setup = config.clone();
     let open = tokio::task::spawn_blocking(move || open_or_create(&setup))
         .await
         .context("opening the pool failed")??;
     // NBD first: once the API answers, NBD is bound too.
+    let nbd_tls = match (&config.tls, config.nbd_tcp_security.mode) {
+        (_, arbor_nbd::TlsMode::Off) | (None, _) => None,
+        (Some(files), _) => Some(arbor_tls::Tls::load(files).context("NBD TLS")?),
+    };
     let nbd = NbdListeners::bind(
         &config.nbd_socket(),
         config.nbd_listen,
-        nbd_security(&config)?,
+        crate::reload::nbd_security(&config, nbd_tls)?,
     )
     .await?;
     let api = ApiListeners::bind(&config.api_socket(), &config.api).await?;
@@ -176,6 +184,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         poll: arbor_nbd::PollLimits::per_cpu(config.nbd_poll),
         ..arbor_nbd::ServerConfig::default()
     };
+    let nbd_security = nbd.live_security();
     tasks.spawn(nbd.serve(exports, limits, stop.clone()));
     tasks.spawn(background::commit_periodically(
         open.pool.clone(),
@@ -190,14 +199,26 @@ async fn run(config: ServeConfig) -> Result<()> {
         stop.clone(),
     ));
     tasks.spawn(Arc::clone(&scrub).run(stop.clone()));
-    if config.reclaim_rate > 0 {
-        tasks.spawn(background::reclaim_paced(
-            Arc::clone(&open.pool),
-            Arc::clone(&metrics),
-            config.reclaim_rate,
-            stop.clone(),
-        ));
-    }
+    let reclaim_rate = Arc::new(AtomicU32::new(config.reclaim_rate));
+    tasks.spawn(background::reclaim_paced(
+        Arc::clone(&open.pool),
+        Arc::clone(&metrics),
+        Arc::clone(&reclaim_rate),
+        stop.clone(),
+    ));
+    let reloader = Reloader::new(
+        source,
+        config.clone(),
+        Live {
+            nbd: nbd_security,
+            api_tls: api.live_tls(),
+            auth: Arc::clone(&auth),
+            replication: Arc::clone(&replication),
+            scrub: Arc::clone(&scrub),
+            reclaim_rate,
+        },
+    );
+    tasks.spawn(reload_on_hangup(Arc::clone(&reloader), stop.clone()));
     let history = crate::history::History::new(config.history_interval);
     tasks.spawn(Arc::clone(&history).run(
         Arc::clone(&open.pool),
@@ -220,6 +241,7 @@ async fn run(config: ServeConfig) -> Result<()> {
         ),
         pool: Arc::clone(&open.pool),
         history,
+        reloader,
     };
     tasks.spawn(api.serve(api::router(services, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {
@@ -244,19 +266,37 @@ async fn run(config: ServeConfig) -> Result<()> {
     served.and(Ok(closed?))
 }
 
-/// What to type to use the pool, printed once the daemon listens. The
-/// socket paths are absolute so the lines work from any directory.
-/// The NBD TCP listener's TLS mode, certificates and grants.
-fn nbd_security(config: &ServeConfig) -> Result<arbor_nbd::Security> {
-    let security = &config.nbd_tcp_security;
-    let certificates = match (&config.tls, security.mode) {
-        (_, arbor_nbd::TlsMode::Off) | (None, _) => None,
-        (Some(files), _) => Some(arbor_tls::Tls::load(files).context("NBD TLS")?),
-    };
-    arbor_nbd::Security::new(security.mode, certificates, security.access.clone())
-        .context("NBD TLS")
+/// Reloads the configuration at each SIGHUP (`systemctl reload arbor`),
+/// telling the service manager while it does; a reload refused is logged
+/// with why, and the daemon runs on as it was.
+async fn reload_on_hangup(reloader: Arc<Reloader>, stop: CancellationToken) -> Result<()> {
+    let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            received = hangup.recv() => if received.is_none() {
+                return Ok(());
+            },
+        }
+        info!("SIGHUP: reloading the configuration");
+        crate::systemd::reloading();
+        let reload = Arc::clone(&reloader);
+        match tokio::task::spawn_blocking(move || reload.reload()).await {
+            Ok(Ok(_)) => crate::systemd::reloaded("configuration reloaded"),
+            Ok(Err(e)) => {
+                error!(
+                    error = format!("{e:#}"),
+                    "SIGHUP: the configuration was not reloaded"
+                );
+                crate::systemd::reloaded("the last reload was refused: see the log");
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("the reload task panicked")),
+        }
+    }
 }
 
+/// What to type to use the pool, printed once the daemon listens. The
+/// socket paths are absolute so the lines work from any directory.
 fn connection_hints(config: &ServeConfig, control: &PoolControl) -> Result<String> {
     let socket =
         std::path::absolute(config.nbd_socket()).context("cannot resolve the data directory")?;

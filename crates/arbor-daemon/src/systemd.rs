@@ -19,6 +19,20 @@ pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// Tells the service manager a reload has begun (`RELOADING=1`, with the
+/// monotonic time systemd asks for).
+pub fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
+}
+
+/// Tells the service manager the reload is over, with a status line.
+pub fn reloaded(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
 /// Tells the service manager the daemon is stopping.
 pub fn stopping() {
     send(&[

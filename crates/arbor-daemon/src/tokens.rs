@@ -121,6 +121,35 @@ impl TokenStore {
     /// another version or with too many tokens is an error: the daemon
     /// must not start with fewer tokens revoked than its owner thinks.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            state: Mutex::new(Self::read(path)?),
+        })
+    }
+
+    /// Reads the file again (a reload: its owner restored or edited it),
+    /// in place of what was loaded; last uses not saved yet are lost. A
+    /// file that cannot be used changes nothing. How many tokens it holds.
+    pub fn reread(&self) -> anyhow::Result<usize> {
+        let mut state = self.lock();
+        let read = Self::read(&self.path)?;
+        let count = read.file.tokens.len();
+        *state = read;
+        Ok(count)
+    }
+
+    /// How many tokens are loaded.
+    pub fn count(&self) -> usize {
+        self.lock().file.tokens.len()
+    }
+
+    /// Whether the file can be read again ([`TokenStore::reread`]): what a
+    /// reload checks before it changes anything.
+    pub fn check(&self) -> anyhow::Result<()> {
+        Self::read(&self.path).map(|_| ())
+    }
+
+    fn read(path: &Path) -> anyhow::Result<State> {
         let bytes = arbor_io::small_file::read_bounded(path, MAX_FILE_BYTES).map_err(|e| {
             anyhow::anyhow!("cannot read the API tokens in {}: {e}", path.display())
         })?;
@@ -143,14 +172,11 @@ impl TokenStore {
                     path.display()
                 )
             })?;
-        Ok(Self {
-            path: path.to_owned(),
-            state: Mutex::new(State {
-                file,
-                hashes,
-                dirty: false,
-                saved_at: 0,
-            }),
+        Ok(State {
+            file,
+            hashes,
+            dirty: false,
+            saved_at: 0,
         })
     }
 

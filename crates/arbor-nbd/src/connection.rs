@@ -57,6 +57,8 @@ pub enum ConnectionError {
     Identity(arbor_tls::TlsError),
     #[error("dropped during the handshake to make room for a new connection")]
     Evicted,
+    #[error("closed: {0} (the configuration was reloaded)")]
+    GrantWithdrawn(String),
 }
 
 /// What a listener asks of its clients: its TLS mode, the certificates
@@ -111,6 +113,16 @@ impl Security {
 
     pub fn mode(&self) -> TlsMode {
         self.mode
+    }
+
+    /// The certificates TLS uses, if any.
+    pub fn tls(&self) -> Option<&arbor_tls::Tls> {
+        self.tls.as_ref()
+    }
+
+    /// The grants.
+    pub fn access(&self) -> &AccessList {
+        &self.access
     }
 }
 

@@ -22,11 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::access::Client;
 use crate::connection::{
     negotiate, transmit, Budget, ConnectionError, Negotiated, Security, SharedBudget,
 };
 use crate::export::ExportProvider;
 use crate::handshake::Session;
+use crate::live::{Granted, LiveSecurity};
 use crate::poll::{PollLimits, Polling};
 use crate::proto::MAX_PAYLOAD;
 use arbor_tls::handshakes::Handshakes;
@@ -82,10 +84,11 @@ impl Default for ServerConfig {
 }
 
 /// A bound socket to accept NBD clients on, with what it asks of them
-/// (TLS mode and grants; by default no TLS and every export writable).
+/// (TLS mode and grants; by default no TLS and every export writable),
+/// replaceable while it serves ([`LiveSecurity`]).
 pub struct Listener {
     socket: Socket,
-    security: Security,
+    security: Arc<LiveSecurity>,
 }
 
 enum Socket {
@@ -97,7 +100,7 @@ impl Listener {
     pub async fn bind_tcp(addr: impl ToSocketAddrs) -> std::io::Result<Self> {
         Ok(Self {
             socket: Socket::Tcp(TcpListener::bind(addr).await?),
-            security: Security::open(),
+            security: LiveSecurity::new(Security::open()),
         })
     }
 
@@ -105,12 +108,18 @@ impl Listener {
     pub fn bind_unix(path: impl AsRef<Path>) -> std::io::Result<Self> {
         Ok(Self {
             socket: Socket::Unix(UnixListener::bind(path)?),
-            security: Security::open(),
+            security: LiveSecurity::new(Security::open()),
         })
     }
 
     /// Serves clients of this listener under `security`.
     pub fn with_security(self, security: Security) -> Self {
+        self.with_live_security(LiveSecurity::new(security))
+    }
+
+    /// Serves clients of this listener under `security`, which its owner
+    /// may replace while it serves.
+    pub fn with_live_security(self, security: Arc<LiveSecurity>) -> Self {
         Self { security, ..self }
     }
 
@@ -154,7 +163,7 @@ impl Accepted {
         server: &Arc<Server>,
         tracker: &TaskTracker,
         slot: OwnedSemaphorePermit,
-        security: Security,
+        security: Arc<LiveSecurity>,
     ) -> std::io::Result<()> {
         match self {
             Self::Tcp(stream, peer) => {
@@ -246,7 +255,7 @@ impl Server {
         tracker: &TaskTracker,
         slot: OwnedSemaphorePermit,
         peer: String,
-        security: Security,
+        security: Arc<LiveSecurity>,
         attach: A,
     ) -> std::io::Result<()>
     where
@@ -313,8 +322,8 @@ impl Server {
                     Err(_) => return,
                 },
             };
-            if let Err(error) = accepted.start(&self, &connections, slot, listener.security.clone())
-            {
+            let security = Arc::clone(&listener.security);
+            if let Err(error) = accepted.start(&self, &connections, slot, security) {
                 tracing::warn!(%error, "cannot start a connection");
             }
         }
@@ -324,7 +333,7 @@ impl Server {
         self: Arc<Self>,
         stream: S,
         peer: String,
-        security: Security,
+        security: Arc<LiveSecurity>,
         _slot: OwnedSemaphorePermit,
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -347,7 +356,11 @@ impl Server {
         }
     }
 
-    async fn connection<S>(&self, stream: S, security: &Security) -> Result<(), ConnectionError>
+    async fn connection<S>(
+        &self,
+        stream: S,
+        live: &Arc<LiveSecurity>,
+    ) -> Result<(), ConnectionError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -355,7 +368,8 @@ impl Server {
         // Off the line before the client learns its handshake is over, so a
         // newcomer never drops a session.
         let transmitting = || registered.leave();
-        let handshake = negotiate(stream, &self.provider, security, &transmitting);
+        let security = live.current();
+        let handshake = negotiate(stream, &self.provider, &security, &transmitting);
         let negotiated = tokio::select! {
             () = self.shutdown.cancelled() => return Ok(()),
             () = registered.dropped() => return Err(ConnectionError::Evicted),
@@ -364,14 +378,54 @@ impl Server {
             }
         };
         drop(registered);
+        let (client, chain) = match &negotiated {
+            None => return Ok(()),
+            Some(Negotiated::Plain(..)) => (Client::anonymous(), Vec::new()),
+            Some(Negotiated::Tls(stream, _)) => {
+                let state = stream.get_ref().1;
+                let identity = arbor_tls::peer_identity(state).ok();
+                let chain = arbor_tls::peer_chain(state);
+                (
+                    Client {
+                        tls: true,
+                        identity,
+                    },
+                    chain,
+                )
+            }
+        };
+        let close = self.shutdown.child_token();
+        let admit = |session: &Session| {
+            live.admit(Granted {
+                client,
+                chain,
+                export: session.export_name.clone(),
+                writable: !session.read_only,
+                close: close.clone(),
+            })
+            .map_err(ConnectionError::GrantWithdrawn)
+        };
         match negotiated {
             None => Ok(()),
-            Some(Negotiated::Plain(stream, session)) => self.transmission(stream, session).await,
-            Some(Negotiated::Tls(stream, session)) => self.transmission(stream, session).await,
+            Some(Negotiated::Plain(stream, session)) => {
+                let _admitted = admit(&session)?;
+                self.transmission(stream, session, close).await
+            }
+            Some(Negotiated::Tls(stream, session)) => {
+                let _admitted = admit(&session)?;
+                self.transmission(stream, session, close).await
+            }
         }
     }
 
-    async fn transmission<S>(&self, stream: S, session: Session) -> Result<(), ConnectionError>
+    /// Serves a session until the client leaves, the server stops or
+    /// `close` is cancelled (a reload withdrew its grant).
+    async fn transmission<S>(
+        &self,
+        stream: S,
+        session: Session,
+        close: CancellationToken,
+    ) -> Result<(), ConnectionError>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -392,7 +446,7 @@ impl Server {
             session,
             budget,
             (self.config.reply_stall_timeout, self.polling.clone()),
-            self.shutdown.clone(),
+            close,
         )
         .await
     }

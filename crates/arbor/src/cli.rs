@@ -187,9 +187,13 @@ pub enum Command {
         #[arg(long, requires = "path")]
         repair: bool,
     },
-    /// Make TLS certificates (offline): a CA, a server and clients
+    /// Make TLS certificates (offline): a CA, a server and clients; revoke
+    /// them
     #[command(subcommand)]
     Tls(crate::tls_init::TlsCommand),
+    /// The running daemon's configuration
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Bearer tokens for the API over TCP (managed on the daemon's Unix
     /// socket, or with an admin credential)
     #[command(subcommand)]
@@ -206,6 +210,17 @@ pub enum Command {
         /// Created if missing; existing pages of the same names are replaced
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Have the daemon read its configuration again (as SIGHUP and
+    /// `systemctl reload arbor` do) and apply what changes live:
+    /// certificates and revocation lists, nbd_tls, nbd_access,
+    /// api_clients, replication_allow, reclaim_rate, scrub_busy_rate, the
+    /// token file. NBD sessions no longer granted are closed; an invalid
+    /// configuration changes nothing and says why
+    Reload,
 }
 
 #[derive(Debug, Subcommand)]

@@ -13,9 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, CompressionArg, FormatArg, OriginCommand, PolicyCommand, PoolCommand,
-    PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, ScrubCommand, SendArgs, ServeArgs,
-    SnapshotCommand, TokenCommand, VolumeCommand,
+    Cli, Command, CompressionArg, ConfigCommand, FormatArg, OriginCommand, PolicyCommand,
+    PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, ScrubCommand, SendArgs,
+    ServeArgs, SnapshotCommand, TokenCommand, VolumeCommand,
 };
 use crate::exit::{Exit, Fail};
 use crate::output::{self, emit};
@@ -88,6 +88,10 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
         }
         Command::Tls(TlsCommand::Add(args)) => {
             printer.show(&tls_init::add(&args)?, tls_init::add_human)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tls(TlsCommand::Revoke(args)) => {
+            printer.show(&crate::tls_revoke::revoke(&args)?, crate::tls_revoke::human)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {
@@ -210,6 +214,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
         Command::Pool(PoolCommand::Status) => p.show(&c.pool_status()?, output::pool)?,
+        Command::Config(ConfigCommand::Reload) => p.show(&c.config_reload()?, output::reload)?,
         Command::Scrub(ScrubCommand::Status) => p.show(&c.scrub_status()?, output::scrub)?,
         Command::Scrub(ScrubCommand::Stop) => p.show(&c.scrub_stop()?, output::scrub)?,
         Command::Scrub(ScrubCommand::Schedule { spec, clear }) => {
@@ -606,12 +611,16 @@ fn create_pool(args: &PoolCreateArgs, p: &Printer) -> Result<ExitCode> {
 }
 
 fn serve(data_dir: Option<std::path::PathBuf>, args: &ServeArgs) -> Result<ExitCode> {
-    let (config, text) = config::load(data_dir, &args.overrides())?;
+    let (config, text) = config::load(data_dir.clone(), &args.overrides())?;
     if args.print_config {
         emit(&text)?;
         return Ok(ExitCode::SUCCESS);
     }
-    arbor_daemon::serve(config).context("arbor serve failed")?;
+    let source = arbor_daemon::ConfigSource {
+        data_dir,
+        overrides: args.overrides(),
+    };
+    arbor_daemon::serve(config, source).context("arbor serve failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -8,6 +8,7 @@ mod commands;
 mod exit;
 mod output;
 mod tls_init;
+mod tls_revoke;
 
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;

@@ -161,6 +161,39 @@ fn new_homes_unsummed(s: &arbor_api::model::ScrubView) -> Option<(&'static str, 
     })
 }
 
+/// What a reload of the daemon's configuration did.
+pub fn reload(r: &arbor_api::model::ReloadView) -> String {
+    let mut text = if r.changed.is_empty() {
+        "configuration reloaded: no live key changed".to_owned()
+    } else {
+        format!(
+            "configuration reloaded: {} now in force",
+            r.changed.join(", ")
+        )
+    };
+    text.push('\n');
+    if r.tls_reloaded {
+        text += &format!(
+            "certificates read again; {} revoked by tls_crl\n",
+            r.revoked_certificates
+        );
+    }
+    for c in &r.closed_sessions {
+        text += &format!(
+            "closed the NBD session of {} on {}: {}\n",
+            c.identity
+                .as_deref()
+                .map_or_else(|| "an anonymous client".to_owned(), |i| format!("{i:?}")),
+            c.volume,
+            c.reason
+        );
+    }
+    for key in &r.restart_needed {
+        text += &format!("needs a restart to take effect: {key}\n");
+    }
+    text
+}
+
 /// Where the scrub stands.
 pub fn scrub(s: &arbor_api::model::ScrubView) -> String {
     if s.state == "none" {

@@ -74,6 +74,10 @@ pub enum TlsCommand {
     /// to DIR, signed by the CA `tls init` made there (ca.pem, ca-key.pem);
     /// the CA and every existing file stay as they are
     Add(TlsAddArgs),
+    /// Revoke certificates the CA in DIR issued: DIR/crl.pem, signed by
+    /// the CA, lists them (with every certificate it listed before); set
+    /// tls_crl to it and run `arbor config reload` on each host
+    Revoke(crate::tls_revoke::TlsRevokeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -212,11 +216,11 @@ pub struct ConfigView {
 }
 
 /// A file to write.
-struct Planned {
-    name: String,
-    contents: String,
-    mode: u32,
-    what: String,
+pub(crate) struct Planned {
+    pub(crate) name: String,
+    pub(crate) contents: String,
+    pub(crate) mode: u32,
+    pub(crate) what: String,
 }
 
 /// A certificate and its key, made.
@@ -396,7 +400,7 @@ fn client_leaves(
 }
 
 /// DIR of `tls add`, absolute: it must exist (`tls add` never creates it).
-fn ca_dir(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn ca_dir(dir: &Path) -> Result<PathBuf> {
     match std::fs::canonicalize(dir) {
         Ok(path) if path.is_dir() => Ok(path),
         Ok(_) => {
@@ -419,9 +423,9 @@ fn no_ca(dir: &Path, missing: &str) -> anyhow::Error {
 }
 
 /// DIR's CA, checked and ready to sign.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    view: CertView,
+pub(crate) struct Ca {
+    pub(crate) issuer: Issuer<'static, KeyPair>,
+    pub(crate) view: CertView,
     /// Unix time.
     not_after: i64,
 }
@@ -430,7 +434,7 @@ struct Ca {
 /// [`arbor_tls::MAX_FILE_BYTES`] each) and checks that ca.pem is one
 /// certificate, a CA's that may sign certificates, and that ca-key.pem
 /// is its key.
-fn load_ca(dir: &Path) -> Result<Ca> {
+pub(crate) fn load_ca(dir: &Path) -> Result<Ca> {
     let read = |name: &str| -> Result<String> {
         let path = dir.join(name);
         let file = match File::open(&path) {
@@ -537,7 +541,7 @@ fn load_ca(dir: &Path) -> Result<Ca> {
     })
 }
 
-fn bad_ca(path: &Path, why: &str) -> anyhow::Error {
+pub(crate) fn bad_ca(path: &Path, why: &str) -> anyhow::Error {
     Fail::new(Exit::Usage, format!("{}: {why}", path.display())).into()
 }
 
@@ -875,7 +879,7 @@ fn unix_secs(t: SystemTime) -> Result<i64> {
     i64::try_from(since.as_secs()).context("the system clock is out of range")
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().fold(String::new(), |mut s, b| {
         // Writing to a String cannot fail.
         let _ = write!(s, "{b:02x}");
@@ -883,7 +887,7 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-fn rfc3339(t: time::OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: time::OffsetDateTime) -> String {
     let secs = u64::try_from(t.unix_timestamp()).unwrap_or(0);
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs)).to_string()
 }
@@ -1121,7 +1125,7 @@ fn refuse_existing(dir: &Path, plan: &[Planned], force: bool, force_hint: &str) 
 /// Writes `file` into `dir` atomically: a temporary file with the final
 /// mode, synced, then renamed over the name (`force`) or hard-linked to it,
 /// which fails rather than replace anything.
-fn write_file(dir: &Path, file: &Planned, force: bool, force_hint: &str) -> Result<()> {
+pub(crate) fn write_file(dir: &Path, file: &Planned, force: bool, force_hint: &str) -> Result<()> {
     let path = dir.join(&file.name);
     let tmp = dir.join(format!(".{}.{:016x}.tmp", file.name, rand::random::<u64>()));
     let result = (|| -> Result<()> {
