@@ -669,3 +669,139 @@ fn stalled_handshakes_cannot_keep_an_https_client_out() {
     drop(stalled);
     daemon.stop_cleanly();
 }
+
+/// `arbor config reload` changes who may use the API without a restart:
+/// `api_clients` from the next request, a revoked client certificate
+/// refused in the handshake, a new server certificate (and CA bundle)
+/// for the next connection, the token file read again; a reload naming a
+/// missing file is refused and changes nothing.
+#[test]
+fn a_reload_changes_api_clients_certificates_and_tokens_without_a_restart() {
+    let pki = Pki::new();
+    let (daemon, port) = tls_daemon(&pki);
+    let ca = pki.ca();
+    let get = |client: &str, ca: &Path| {
+        https(
+            port,
+            ca,
+            Some(pki.client(client)),
+            None,
+            "GET",
+            "/v1/volumes",
+            "",
+        )
+    };
+    assert_eq!(get("ops", &ca).unwrap().status, 200);
+    assert_eq!(get("stranger", &ca).unwrap().status, 403);
+    let config = |clients: &str, extra: &str| {
+        std::fs::write(
+            pki.dir.path().join("arbor.toml"),
+            format!(
+                "tls_ca = {:?}\ntls_cert = {:?}\ntls_key = {:?}\n{extra}\napi_clients = [{clients}]\n",
+                ca,
+                pki.ours("server.pem"),
+                pki.ours("server-key.pem"),
+            ),
+        )
+        .unwrap();
+    };
+
+    // stranger in, ops out: from the next request.
+    config(
+        "{ identity = \"stranger\", scope = \"admin\" }, { identity = \"monitor\", scope = \"read\" }",
+        "",
+    );
+    let view = daemon.json(&["config", "reload"]);
+    assert_eq!(
+        view["changed"],
+        serde_json::json!(["api_clients"]),
+        "{view}"
+    );
+    assert_eq!(get("stranger", &ca).unwrap().status, 200);
+    let answer = get("ops", &ca).unwrap();
+    assert_eq!(answer.status, 403, "{answer:?}");
+
+    // monitor revoked: refused in the handshake, no HTTP answer.
+    assert_eq!(get("monitor", &ca).unwrap().status, 200);
+    ok(&["tls", "revoke", p(&pki.ours("")), "monitor"]);
+    let crl = pki.ours("crl.pem");
+    let clients =
+        "{ identity = \"stranger\", scope = \"admin\" }, { identity = \"monitor\", scope = \"read\" }";
+    config(clients, &format!("tls_crl = {crl:?}"));
+    let view = daemon.json(&["config", "reload"]);
+    assert_eq!(view["revoked_certificates"], 1, "{view}");
+    let refused = get("monitor", &ca);
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(get("stranger", &ca).unwrap().status, 200);
+
+    // A missing file: refused, nothing changed.
+    std::fs::write(
+        pki.dir.path().join("arbor.toml"),
+        format!(
+            "tls_ca = {:?}\ntls_cert = \"/nonexistent/server.pem\"\ntls_key = {:?}\napi_clients = []\n",
+            ca,
+            pki.ours("server-key.pem"),
+        ),
+    )
+    .unwrap();
+    daemon.fails(
+        &["config", "reload"],
+        2,
+        "/nonexistent/server.pem: file not found",
+    );
+    assert_eq!(get("stranger", &ca).unwrap().status, 200);
+
+    // A new server certificate from the other CA, both CAs trusted: a
+    // client that trusts only the other CA now connects (its `intruder`
+    // is unlisted: 403, past the handshake).
+    let other_ca = pki.dir.path().join("other").join("ca.pem");
+    assert!(get("intruder", &other_ca).is_err());
+    let bundle = pki.dir.path().join("bundle.pem");
+    std::fs::write(
+        &bundle,
+        [
+            std::fs::read(&ca).unwrap(),
+            std::fs::read(&other_ca).unwrap(),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let other = |name: &str| pki.dir.path().join("other").join(name);
+    std::fs::write(
+        pki.dir.path().join("arbor.toml"),
+        format!(
+            "tls_ca = {bundle:?}\ntls_cert = {:?}\ntls_key = {:?}\napi_clients = [{clients}]\n",
+            other("server.pem"),
+            other("server-key.pem"),
+        ),
+    )
+    .unwrap();
+    let view = daemon.json(&["config", "reload"]);
+    let changed = view["changed"].as_array().unwrap();
+    for key in ["tls_ca", "tls_cert", "tls_key", "tls_crl"] {
+        assert!(changed.iter().any(|k| k == key), "{key}: {view}");
+    }
+    let answer = get("intruder", &other_ca).unwrap();
+    assert_eq!(answer.status, 403, "{answer:?}");
+    assert!(
+        get("stranger", &ca).is_err(),
+        "the old server certificate is still served"
+    );
+
+    // The token file read again: a token made after the copy was taken
+    // is gone once the copy is put back.
+    let tokens = daemon.path("tokens.json");
+    let before = std::fs::read(&tokens).unwrap_or_default();
+    let (_, late) = make_token(&daemon, "late", "read");
+    let with_token =
+        |token: &str| https(port, &other_ca, None, Some(token), "GET", "/v1/volumes", "").unwrap();
+    assert_eq!(with_token(&late).status, 200);
+    if before.is_empty() {
+        std::fs::remove_file(&tokens).unwrap();
+    } else {
+        std::fs::write(&tokens, &before).unwrap();
+    }
+    let view = daemon.json(&["config", "reload"]);
+    assert_eq!(view["tokens"], 0, "{view}");
+    assert_eq!(with_token(&late).status, 401);
+}

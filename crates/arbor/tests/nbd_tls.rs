@@ -474,3 +474,225 @@ fn hostile_tls_clients_cannot_keep_polite_ones_out_or_grow_memory() {
     );
     drop(held);
 }
+
+/// A client that holds one NBD connection open and runs `read` and
+/// `write` on it when told (python3-libnbd): what a reload may close.
+struct Held {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const HELD_CLIENT: &str = r#"
+import sys, nbd
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri(sys.argv[1])
+print("connected", "read-only" if h.is_read_only() else "writable", flush=True)
+for line in sys.stdin:
+    try:
+        if line.strip() == "read":
+            h.pread(4096, 0)
+        else:
+            h.pwrite(b"\x07" * 4096, 0)
+            h.flush()
+        print("ok", flush=True)
+    except nbd.Error as e:
+        print("error", e, flush=True)
+"#;
+
+impl Held {
+    fn connect(uri: &str) -> (Self, String) {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-c", HELD_CLIENT, uri])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut output = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        output.read_line(&mut first).unwrap();
+        assert!(first.starts_with("connected"), "{uri}: {first:?}");
+        (
+            Self {
+                child,
+                input,
+                output,
+            },
+            first.trim().to_owned(),
+        )
+    }
+
+    /// Runs `command` (`read` or `write`): "ok", or "error ...".
+    fn run(&mut self, command: &str) -> String {
+        use std::io::BufRead;
+        writeln!(self.input, "{command}").unwrap();
+        self.input.flush().unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TlsDaemon {
+    fn config_file(&self) -> PathBuf {
+        self.certs.dir.parent().unwrap().join("arbor.toml")
+    }
+
+    /// Writes the config file with `mode`, `extra` keys and `grants`.
+    fn rewrite(&self, mode: &str, extra: &str, grants: &str) {
+        let config = self.certs.config(&format!(
+            "nbd_tls = \"{mode}\"\n{extra}\nnbd_access = [{grants}]\n"
+        ));
+        std::fs::write(self.config_file(), config).unwrap();
+    }
+
+    fn reload(&self) -> serde_json::Value {
+        self.daemon.json(&["config", "reload"])
+    }
+}
+
+const GRANTS: &str = "{ identity = \"alpha\", volumes = [\"vm*\"], access = \"write\" }, \
+     { identity = \"beta\", volumes = [\"vm\"], access = \"read\" }, \
+     { identity = \"anonymous\", volumes = [\"public\"], access = \"read\" }";
+
+/// `arbor config reload`: grants taken away close the sessions that used
+/// them (a writer that may now only read, an identity revoked by a
+/// revocation list) and keep the others; an invalid configuration changes
+/// nothing and says why; a restart-only key is named, not applied;
+/// SIGHUP reloads as well.
+#[test]
+fn a_reload_closes_the_sessions_it_no_longer_grants_and_keeps_the_rest() {
+    let server = TlsDaemon::start("require", "");
+    let (mut alpha, how) = Held::connect(&server.uri("vm", "alpha"));
+    assert_eq!(how, "connected writable");
+    let (mut beta, how) = Held::connect(&server.uri("vm", "beta"));
+    assert_eq!(how, "connected read-only");
+    assert_eq!(alpha.run("write"), "ok");
+    assert_eq!(beta.run("read"), "ok");
+
+    // Nothing changed: nothing closed.
+    let view = server.reload();
+    assert_eq!(view["changed"], serde_json::json!([]), "{view}");
+    assert_eq!(view["closed_sessions"], serde_json::json!([]), "{view}");
+    assert_eq!(view["tls_reloaded"], true);
+
+    // alpha may now only read: its writable session is closed, beta's
+    // stays; a new alpha session is read-only.
+    server.rewrite(
+        "require",
+        "",
+        &GRANTS.replace(
+            "volumes = [\"vm*\"], access = \"write\"",
+            "volumes = [\"vm*\"], access = \"read\"",
+        ),
+    );
+    let view = server.reload();
+    assert_eq!(view["changed"], serde_json::json!(["nbd_access"]), "{view}");
+    let closed = view["closed_sessions"].as_array().unwrap();
+    assert_eq!(closed.len(), 1, "{view}");
+    assert_eq!(closed[0]["identity"], "alpha");
+    assert_eq!(closed[0]["volume"], "vm");
+    assert!(
+        closed[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("may now only read vm"),
+        "{view}"
+    );
+    assert!(alpha.run("read").starts_with("error"), "alpha still served");
+    assert_eq!(beta.run("read"), "ok");
+    let (mut alpha, how) = Held::connect(&server.uri("vm", "alpha"));
+    assert_eq!(how, "connected read-only");
+    assert_eq!(alpha.run("read"), "ok");
+
+    // An invalid configuration: refused, nothing changed, sessions kept.
+    server.rewrite(
+        "require",
+        "",
+        &GRANTS.replace("\"read\" }", "\"readonly\" }"),
+    );
+    server.daemon.fails(
+        &["config", "reload"],
+        2,
+        "the configuration was not reloaded, nothing changed",
+    );
+    std::fs::write(server.config_file(), "nbd_tls = [").unwrap();
+    server
+        .daemon
+        .fails(&["config", "reload"], 2, "not valid TOML");
+    assert_eq!(alpha.run("read"), "ok");
+    assert_eq!(beta.run("read"), "ok");
+    assert_eq!(server.listed("alpha"), ["vm", "vm2"]);
+
+    // beta's certificate revoked: its session is closed, it cannot
+    // connect again, alpha is untouched. A restart-only key is named.
+    common::ok(&["tls", "revoke", p(&server.certs.dir), "beta"]);
+    let crl = server.certs.dir.join("crl.pem");
+    server.rewrite(
+        "require",
+        &format!("tls_crl = \"{}\"\nnbd_max_connections = 17", p(&crl)),
+        &GRANTS.replace(
+            "volumes = [\"vm*\"], access = \"write\"",
+            "volumes = [\"vm*\"], access = \"read\"",
+        ),
+    );
+    let view = server.reload();
+    assert_eq!(view["changed"], serde_json::json!(["tls_crl"]), "{view}");
+    assert_eq!(view["revoked_certificates"], 1, "{view}");
+    let closed = view["closed_sessions"].as_array().unwrap();
+    assert_eq!(closed.len(), 1, "{view}");
+    assert_eq!(closed[0]["identity"], "beta");
+    assert!(
+        closed[0]["reason"].as_str().unwrap().contains("revoked"),
+        "{view}"
+    );
+    let restart = view["restart_needed"].as_array().unwrap();
+    assert_eq!(restart.len(), 1, "{view}");
+    assert!(
+        restart[0]
+            .as_str()
+            .unwrap()
+            .starts_with("nbd_max_connections: 256 -> 17"),
+        "{view}"
+    );
+    assert!(beta.run("read").starts_with("error"), "beta still served");
+    let out = run("nbdinfo", &["--size", &server.uri("vm", "beta")]);
+    assert!(!out.status.success(), "a revoked certificate connected");
+    assert_eq!(alpha.run("read"), "ok");
+
+    // SIGHUP (systemctl reload): the anonymous grant taken away.
+    assert_eq!(server.listed("anonymous"), ["public"]);
+    server.rewrite(
+        "require",
+        &format!("tls_crl = \"{}\"", p(&crl)),
+        "{ identity = \"alpha\", volumes = [\"vm*\"], access = \"read\" }",
+    );
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &server.daemon.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while !server.listed("anonymous").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP did not reload"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The daemon runs on, and alpha with it.
+    assert_eq!(alpha.run("read"), "ok");
+    assert_eq!(server.listed("alpha"), ["vm", "vm2"]);
+}
