@@ -171,3 +171,78 @@ fn idle_and_garbage_connections_do_not_lock_sources_out() {
         log.lines().take(20).collect::<Vec<_>>().join("\n")
     );
 }
+
+/// `replication_allow` changes with `arbor config reload`: a source the
+/// target does not accept for a volume is refused, accepted once a
+/// reload allows it, and refused again once a reload takes it away; the
+/// replica it received stays.
+#[test]
+fn a_reload_changes_which_sources_a_target_accepts() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let target_config = tempfile::NamedTempFile::new().unwrap();
+    let allow = |volumes: &str| {
+        std::fs::write(
+            target_config.path(),
+            format!(
+                "replication_listen = \"{addr}\"\n\
+                 replication_identity = \"target\"\n\
+                 replication_allow = [{{ source = \"loopback\", volumes = [{volumes}] }}]\n"
+            ),
+        )
+        .unwrap();
+    };
+    allow("\"elsewhere\"");
+    let target = Daemon::start(&[
+        "--config",
+        p(target_config.path()),
+        "--initial-volume",
+        "none",
+    ]);
+    let source_config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(source_config.path(), "replication_identity = \"source\"\n").unwrap();
+    let source = Daemon::start(&[
+        "--config",
+        p(source_config.path()),
+        "--initial-volume-size",
+        "4M",
+    ]);
+    source.ok(&[
+        "replica",
+        "add",
+        "disk0",
+        "--target",
+        &addr,
+        "--interval",
+        "1h",
+    ]);
+    let run = |source: &Daemon| arbor(&source.args(&["replica", "run", "disk0"]));
+    let refused = run(&source);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("not_allowed") || stderr(&refused).contains("not allowed"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!target.ok(&["volume", "list"]).contains("disk0"));
+
+    allow("\"disk0\"");
+    let view = target.json(&["config", "reload"]);
+    assert_eq!(
+        view["changed"],
+        serde_json::json!(["replication_allow"]),
+        "{view}"
+    );
+    let accepted = run(&source);
+    assert!(accepted.status.success(), "{}", stderr(&accepted));
+    assert!(target.ok(&["volume", "list"]).contains("disk0"));
+
+    allow("\"elsewhere\"");
+    target.json(&["config", "reload"]);
+    let refused = run(&source);
+    assert!(!refused.status.success());
+    assert!(
+        target.ok(&["volume", "list"]).contains("disk0"),
+        "the replica stays"
+    );
+}
