@@ -491,6 +491,18 @@ async fn read_requests<R: AsyncRead + Unpin>(
             tracing::debug!("client sent NBD_CMD_DISC");
             return Ok(());
         }
+        // The export's rate limits: held before its payload is read, so a
+        // throttled client holds no memory here.
+        if let Some((kind, bytes)) = request.validated.as_ref().ok().and_then(crate::qos::cost) {
+            let wait = session.export.admit(kind, bytes);
+            if !wait.is_zero() {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
         let reservation = tokio::select! {
             biased;
             () = stop.cancelled() => return Ok(()),

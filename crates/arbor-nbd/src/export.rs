@@ -100,6 +100,13 @@ pub trait Export: Send + Sync + 'static {
     /// never called on a read-only export.
     fn read_only(&self) -> bool;
 
+    /// How long to hold a request of `kind` carrying `bytes` before it
+    /// runs: the export's rate limits ([`crate::qos::Limiter::admit`]),
+    /// which count it now. The connection reads nothing more meanwhile.
+    fn admit(&self, _kind: crate::qos::IoKind, _bytes: u64) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// Human-readable description shown by `nbdinfo` and friends.
     fn description(&self) -> String {
         String::new()

@@ -8,6 +8,7 @@
 //!   the sessions it no longer grants;
 //! * [`export`]: the blocking [`Export`] / [`ExportProvider`] traits served;
 //! * [`dispatch`]: runs one validated command against an export;
+//! * [`qos`]: rate limits on an export's requests (token buckets);
 //! * [`buffers`]: recycled buffers for large payloads and read replies;
 //! * `connection`, [`server`]: the tokio server ([`serve`]).
 
@@ -21,6 +22,7 @@ pub mod live;
 pub mod memory;
 pub mod poll;
 pub mod proto;
+pub mod qos;
 pub mod server;
 pub mod transmission;
 
