@@ -4,8 +4,8 @@
 
 use arbor_format::{
     choose_area_record, choose_superblock, seal, seal_version, BlockRef, BlockType, CommitRecord,
-    DamageRecord, FormatVersion, Layout, MapValue, Node, ScrubRecord, SmKind, SmPage, StoreValue,
-    SumsGeometry, SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
+    DamageRecord, FormatVersion, Layout, MapValue, Node, QosRecord, ScrubRecord, SmKind, SmPage,
+    StoreValue, SumsGeometry, SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -36,6 +36,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(&again[..], data);
         }
         assert_eq!(ScrubRecord::decode(&again).ok(), Some((record, failure)));
+    }
+    // A volume's QoS record: what parses encodes back to the same bytes.
+    if let Ok(record) = QosRecord::decode(data) {
+        assert_eq!(&record.encode()[..], data);
     }
     // A checksum leaf's value, for every chunk size.
     for shift in 12..=20 {

@@ -15,6 +15,7 @@ mod node;
 mod origin_loss;
 mod packed;
 mod property;
+mod qos;
 mod records;
 mod scrub;
 mod spacemap;
@@ -41,6 +42,7 @@ pub use packed::{
     PACKED_LEAF_MAX,
 };
 pub use property::{decode_property, encode_property, MAX_PROPERTY_BYTES, PROPERTY_HEADER_LEN};
+pub use qos::{QosRecord, MAX_BURST_MS, QOS_KEY, QOS_RECORD_LEN};
 pub use records::{
     split_store_key, store_key, Backing, BlockRef, CowState, DataLayout, DeviceIdentity, Guid,
     Home, Layer, MapValue, Partial, ReceiveState, StoreValue, VolumeKind, VolumeRecord,
