@@ -199,13 +199,25 @@ impl DaemonClient {
         name: &str,
         size: u64,
         layout: crate::model::CreateLayout,
+        qos: Option<crate::model::QosRequest>,
     ) -> Result<VolumeView> {
         let request = CreateVolumeRequest {
             name: name.to_owned(),
             size: ByteSize(size),
             layout,
+            qos,
         };
         self.post("/v1/volumes", &request)
+    }
+
+    /// Changes the rate limits of volume or snapshot `name`.
+    pub fn set_qos(&self, name: &str, change: &crate::model::QosRequest) -> Result<VolumeView> {
+        let body = serde_json::to_vec(change).context("cannot encode the request")?;
+        decode(&self.send(
+            Method::PUT,
+            &format!("{}/qos", volume_path(name)),
+            Some(body),
+        )?)
     }
 
     pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {

@@ -79,6 +79,69 @@ pub struct VolumeView {
     /// every volume was `row` then).
     #[serde(default)]
     pub layout: LayoutView,
+    /// Its rate limits (`arbor volume set`); none: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosView>,
+}
+
+/// A volume's rate limits, per second (docs/CLI.md, `volume set`); each
+/// absent is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosView {
+    /// Operations, reads and writes together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_iops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_iops: Option<u64>,
+    /// Bytes, reads and writes together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bandwidth: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bandwidth: Option<u64>,
+    /// How much a full bucket holds, in milliseconds of its rate.
+    pub burst_ms: u32,
+}
+
+/// A limit to set: a positive rate, or `"none"` to remove it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum QosSetting {
+    Limit(u64),
+    /// Must be `none`.
+    Word(String),
+}
+
+/// A change of a volume's limits (`PUT /v1/volumes/{name}/qos`): each
+/// absent field keeps its limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<QosSetting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_iops: Option<QosSetting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_iops: Option<QosSetting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<QosSetting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bandwidth: Option<QosSetting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bandwidth: Option<QosSetting>,
+    /// Milliseconds, 1 to 60,000 (default 1,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_ms: Option<u32>,
+}
+
+impl QosRequest {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// How a volume keeps its data: in the pool, or in place on an external
@@ -463,6 +526,9 @@ pub struct CreateVolumeRequest {
     /// snapshots take copies (docs/CLI.md, "Layouts").
     #[serde(default, skip_serializing_if = "is_row")]
     pub layout: CreateLayout,
+    /// Rate limits from the start (`volume create --max-iops ...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosRequest>,
 }
 
 /// The layout a new volume gets.

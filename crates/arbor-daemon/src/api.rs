@@ -99,6 +99,7 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/volumes/{name}/resize", post(resize))
         .route("/v1/volumes/{name}/rename", post(rename))
         .route("/v1/volumes/{name}/stats", get(stats))
+        .route("/v1/volumes/{name}/qos", axum::routing::put(set_qos))
         .route("/v1/snapshots", get(snapshots).post(snapshot))
         .route("/v1/snapshots/{name}/holds", post(hold))
         .route("/v1/snapshots/{name}/allocated", get(allocated))
@@ -393,10 +394,18 @@ async fn create_volume(
     Json(req): Json<CreateVolumeRequest>,
 ) -> ApiResult<Response> {
     blocking(c, move |c| {
-        c.create_volume(&req.name, req.size.0, req.layout)
+        c.create_volume(&req.name, req.size.0, req.layout, req.qos.as_ref())
     })
     .await
     .map(created)
+}
+
+async fn set_qos(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<arbor_api::model::QosRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.set_qos(&name, &req)).await.map(Json)
 }
 
 async fn snapshot(

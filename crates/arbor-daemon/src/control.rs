@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use arbor_engine::{Pool, VolumeId, VolumeInfo, VolumeLayout};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::destroy::Destroyer;
 use crate::error::DaemonError;
@@ -25,7 +25,7 @@ use crate::views;
 use arbor_api::model::{
     BlockMetadata, BlockerReason, CheckView, CreateLayout, DestroyBlocker, Durability, GrowRequest,
     GrowView, HomeView, LayoutView, MetadataPage, MetadataQuery, OverviewView, OverviewVolume,
-    PoolView, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
+    PoolView, QosRequest, Range, ReclaimView, StatsView, UpgradeView, VolumeKind, VolumeView,
 };
 
 /// Nodes processed per reclaim call when reclaiming to completion: each call
@@ -37,6 +37,7 @@ pub struct Background {
     pub replication: Arc<Replication>,
     pub monitor: Arc<Monitor>,
     pub scrub: Arc<crate::scrub::Scrub>,
+    pub qos: Arc<crate::qos::Qos>,
 }
 
 /// The daemon's pool and what it knows about it; cheap to clone. The
@@ -54,6 +55,7 @@ pub struct PoolControl {
     replication: Arc<Replication>,
     monitor: Arc<Monitor>,
     scrub: Arc<crate::scrub::Scrub>,
+    qos: Arc<crate::qos::Qos>,
 }
 
 /// The page size a metadata query asks for.
@@ -113,6 +115,7 @@ impl PoolControl {
             replication,
             monitor,
             scrub,
+            qos,
         } = background;
         Self {
             pool: Arc::clone(&open.pool),
@@ -125,7 +128,16 @@ impl PoolControl {
             replication,
             monitor,
             scrub,
+            qos,
         }
+    }
+
+    /// Changes the rate limits of volume or snapshot `name`: recorded in
+    /// the pool, then in force for every connection's next request.
+    pub fn set_qos(&self, name: &str, change: &QosRequest) -> Result<VolumeView> {
+        let id = self.pool.lookup(name)?;
+        self.qos.set(id, name, change)?;
+        self.view_by_name(name)
     }
 
     /// Where the scrub stands.
@@ -163,11 +175,22 @@ impl PoolControl {
     pub fn metrics_text(&self) -> Result<String> {
         self.metrics.set_replication(&self.replication.view().pairs);
         self.metrics.set_alerts(&self.monitor.alerts());
+        let qos = self
+            .qos
+            .report()
+            .into_iter()
+            .filter_map(|(id, limits, delayed, seconds)| {
+                // A volume destroyed since has no name, and no metrics.
+                let name = self.pool.info(id).ok()?.name;
+                Some((name, limits, delayed, seconds))
+            })
+            .collect();
         self.metrics.render(
             &self.pool,
             &|id| self.in_use.connections(id),
             &self.space,
             &self.scrub.view(),
+            qos,
         )
     }
 
@@ -228,6 +251,7 @@ impl PoolControl {
                 Vec::new()
             },
             guid: info.guid.as_ref().map(arbor_engine::guid_hex),
+            qos: self.qos.view(info.id),
         }
     }
 
@@ -427,11 +451,32 @@ impl PoolControl {
             .collect())
     }
 
-    pub fn create_volume(&self, name: &str, size: u64, layout: CreateLayout) -> Result<VolumeView> {
+    /// Creates a volume, with rate limits if `qos` sets any: limits that
+    /// are refused create nothing, and a volume whose limits cannot be
+    /// recorded is destroyed again (the operation leaves no trace).
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        layout: CreateLayout,
+        qos: Option<&QosRequest>,
+    ) -> Result<VolumeView> {
+        let qos = qos.filter(|q| !q.is_empty());
+        if let Some(change) = qos {
+            crate::qos::apply(&arbor_format::QosRecord::default(), change)?;
+        }
         let id = match layout {
             CreateLayout::Row => self.pool.create_volume(name, size)?,
             CreateLayout::Cow => self.pool.create_cow_volume(name, size)?,
         };
+        if let Some(change) = qos {
+            if let Err(e) = self.qos.set(id, name, change) {
+                if let Err(undo) = self.pool.delete(name) {
+                    warn!(volume = %name, error = %undo, "cannot destroy the volume whose rate limits could not be recorded");
+                }
+                return Err(e);
+            }
+        }
         self.view(self.pool.info(id)?)
     }
 

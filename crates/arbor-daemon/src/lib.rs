@@ -29,6 +29,7 @@ mod monitor_api;
 mod nbd_export;
 mod origins;
 pub mod pool_file;
+mod qos;
 mod reload;
 mod replica_api;
 mod replication;

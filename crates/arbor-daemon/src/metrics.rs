@@ -5,6 +5,7 @@
 //! Space and volume gauges are refreshed from the pool on every scrape, so
 //! they cannot drift from what `arbor pool status` reports.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -69,6 +70,18 @@ struct VolumeLabels {
 struct NameLabels {
     volume: String,
 }
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    volume: String,
+    /// `iops`, `read_iops`, `write_iops`, `bandwidth`, `read_bandwidth`,
+    /// `write_bandwidth`.
+    limit: &'static str,
+}
+
+/// A volume's rate limits and what they held back, for [`Metrics::render`]:
+/// (its name, its limits, requests delayed, seconds they waited in all).
+pub type QosReport = Vec<(String, Option<arbor_api::model::QosView>, u64, f64)>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PairLabels {
@@ -250,6 +263,11 @@ pub struct Metrics {
     volume_mapped: Family<VolumeLabels, Gauge>,
     volume_connections: Family<VolumeLabels, Gauge>,
     cow_store: Family<NameLabels, Gauge>,
+    qos_limit: Family<LimitLabels, Gauge>,
+    qos_delayed: Family<NameLabels, Counter>,
+    qos_delay_seconds: Family<NameLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// What the counters above were last advanced to, by volume name.
+    qos_seen: Mutex<HashMap<String, (u64, f64)>>,
     origin_attached: Family<NameLabels, Gauge>,
     origin_rollback: Family<NameLabels, Gauge>,
     origin_failed: Family<NameLabels, Gauge>,
@@ -299,6 +317,10 @@ impl Metrics {
             volume_mapped: Family::default(),
             volume_connections: Family::default(),
             cow_store: Family::default(),
+            qos_limit: Family::default(),
+            qos_delayed: Family::default(),
+            qos_delay_seconds: Family::default(),
+            qos_seen: Mutex::new(HashMap::new()),
             origin_attached: Family::default(),
             origin_rollback: Family::default(),
             origin_failed: Family::default(),
@@ -457,6 +479,22 @@ impl Metrics {
             m.cow_store.clone(),
         );
         r.register(
+            "volume_qos_limit",
+            "A volume's rate limit, per second (operations, or bytes for the bandwidth limits)",
+            m.qos_limit.clone(),
+        );
+        r.register(
+            "volume_qos_delayed",
+            "NBD requests a volume's rate limits held back",
+            m.qos_delayed.clone(),
+        );
+        r.register_with_unit(
+            "volume_qos_delay",
+            "Time NBD requests waited for a volume's rate limits, in all",
+            Unit::Seconds,
+            m.qos_delay_seconds.clone(),
+        );
+        r.register(
             "origin_attached",
             "1 while an origin's device is attached; 0: its I/O fails until it is attached again",
             m.origin_attached.clone(),
@@ -592,7 +630,9 @@ impl Metrics {
         connections: &dyn Fn(VolumeId) -> usize,
         space: &SpaceWatch,
         scrub: &arbor_api::model::ScrubView,
+        qos: QosReport,
     ) -> Result<String> {
+        self.set_qos(qos);
         self.scrub_running.set(i64::from(scrub.state == "running"));
         self.scrub_progress.set(scrub.progress);
         self.scrub_read.set(gauge_value(scrub.bytes_read));
@@ -636,6 +676,44 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .map_err(crate::error::DaemonError::internal)?;
         Ok(text)
+    }
+
+    /// Sets the rate limits' gauges and advances their counters.
+    fn set_qos(&self, report: QosReport) {
+        self.qos_limit.clear();
+        let mut seen = self.qos_seen.lock().unwrap_or_else(|p| p.into_inner());
+        for (volume, limits, delayed, seconds) in report {
+            if let Some(q) = limits {
+                for (limit, value) in [
+                    ("iops", q.iops),
+                    ("read_iops", q.read_iops),
+                    ("write_iops", q.write_iops),
+                    ("bandwidth", q.bandwidth),
+                    ("read_bandwidth", q.read_bandwidth),
+                    ("write_bandwidth", q.write_bandwidth),
+                ] {
+                    if let Some(v) = value {
+                        self.qos_limit
+                            .get_or_create(&LimitLabels {
+                                volume: volume.clone(),
+                                limit,
+                            })
+                            .set(gauge_value(v));
+                    }
+                }
+            }
+            let labels = NameLabels {
+                volume: volume.clone(),
+            };
+            let (count_before, seconds_before) = seen.get(&volume).copied().unwrap_or_default();
+            self.qos_delayed
+                .get_or_create(&labels)
+                .inc_by(delayed.saturating_sub(count_before));
+            self.qos_delay_seconds
+                .get_or_create(&labels)
+                .inc_by((seconds - seconds_before).max(0.0));
+            seen.insert(volume, (delayed, seconds));
+        }
     }
 
     /// Advances the write counters to the pool's counts.

@@ -100,6 +100,8 @@ pub struct PoolExports {
     metrics: Arc<Metrics>,
     /// Which volumes are replicas of another host's: read-only here.
     replicas: Arc<arbor_replica::state::Store>,
+    /// Each volume's rate limits.
+    qos: Arc<crate::qos::Qos>,
     /// Small requests run on the connection's thread only while it is idle
     /// (no other request on the pool or received), not whenever they are
     /// small: with direct I/O each one waits for the device, and inline
@@ -113,6 +115,7 @@ impl PoolExports {
         open: Arc<OpenExports>,
         metrics: Arc<Metrics>,
         replicas: Arc<arbor_replica::state::Store>,
+        qos: Arc<crate::qos::Qos>,
         cache_mode: arbor_io::CacheMode,
     ) -> Self {
         Self {
@@ -120,6 +123,7 @@ impl PoolExports {
             open,
             metrics,
             replicas,
+            qos,
             inline_only_when_idle: cache_mode == arbor_io::CacheMode::Direct,
         }
     }
@@ -181,6 +185,7 @@ impl ExportProvider for PoolExports {
             ),
             origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
+            limiter: self.qos.limiter(id),
             _open: self.open.open(id),
         }))
     }
@@ -212,6 +217,8 @@ struct VolumeExport {
     /// once per connection (a guest retries, and would flood it).
     origin_logged: AtomicBool,
     io: VolumeIo,
+    /// The volume's rate limits, shared by its connections.
+    limiter: Arc<arbor_nbd::qos::Limiter>,
     _open: OpenHandle,
 }
 
@@ -269,6 +276,10 @@ impl Export for VolumeExport {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn admit(&self, kind: arbor_nbd::qos::IoKind, bytes: u64) -> Duration {
+        crate::qos::admit(&self.limiter, kind, bytes)
     }
 
     fn description(&self) -> String {
@@ -446,11 +457,13 @@ mod tests {
         // A state file that is never written (no replica roles).
         let state = std::env::temp_dir().join("arbor-nbd-export-test-no-state.json");
         let replicas = Arc::new(arbor_replica::state::Store::open(&state).unwrap());
+        let pool = Arc::new(pool);
         PoolExports::new(
-            Arc::new(pool),
+            Arc::clone(&pool),
             Arc::default(),
             Metrics::new(),
             replicas,
+            crate::qos::Qos::new(pool),
             arbor_io::CacheMode::Buffered,
         )
     }

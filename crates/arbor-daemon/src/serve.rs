@@ -137,6 +137,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         origins.clone(),
         Arc::clone(&metrics),
     );
+    let qos = crate::qos::Qos::new(Arc::clone(&open.pool));
     let scrub = Arc::new(crate::scrub::Scrub::load(
         Arc::clone(&open.pool),
         config.scrub_busy_rate,
@@ -159,6 +160,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
             replication: Arc::clone(&replication),
             monitor: Arc::clone(&monitor),
             scrub: Arc::clone(&scrub),
+            qos: Arc::clone(&qos),
         },
     );
     // Before anything is served: origins' devices from their recorded
@@ -175,6 +177,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         open_exports,
         metrics.clone(),
         replication.store.clone(),
+        Arc::clone(&qos),
         open.cache_mode,
     );
     let limits = arbor_nbd::ServerConfig {

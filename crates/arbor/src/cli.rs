@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use arbor_api::model::QosSetting;
 use arbor_api::size::ByteSize;
 
 /// The data directory when neither `--data-dir` nor the config names one.
@@ -439,6 +440,17 @@ pub enum VolumeCommand {
         /// what it overwrites (copy-on-write)
         #[arg(long, value_enum, default_value_t = arbor_api::model::CreateLayout::Row)]
         layout: arbor_api::model::CreateLayout,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+    /// Change a volume's or snapshot's rate limits, live: every NBD
+    /// connection to it is held to them from its next request; kept in
+    /// the pool
+    Set {
+        /// A volume, or a snapshot VOLUME@SNAP
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// List volumes, snapshots and clones with their space use
     List {
@@ -450,6 +462,88 @@ pub enum VolumeCommand {
     Resize { name: String, size: ByteSize },
     /// Space of one volume or snapshot: mapped, exclusive (what destroying frees), shared
     Stats { name: String },
+}
+
+/// Rate limits (per volume, over all its NBD connections): a positive
+/// number, or `none` to remove the limit; a limit of 0 is refused.
+#[derive(Debug, Clone, Default, Args)]
+pub struct QosArgs {
+    /// Operations per second, reads and writes together
+    #[arg(long, value_name = "N|none", value_parser = parse_iops)]
+    pub max_iops: Option<QosSetting>,
+    /// Read operations per second
+    #[arg(long, value_name = "N|none", value_parser = parse_iops)]
+    pub max_read_iops: Option<QosSetting>,
+    /// Write operations per second (write-zeroes and trims count as one)
+    #[arg(long, value_name = "N|none", value_parser = parse_iops)]
+    pub max_write_iops: Option<QosSetting>,
+    /// Bytes per second, reads and writes together, e.g. 100M
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_bandwidth)]
+    pub max_bandwidth: Option<QosSetting>,
+    /// Bytes read per second, e.g. 100M
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_bandwidth)]
+    pub max_read_bandwidth: Option<QosSetting>,
+    /// Bytes written per second, e.g. 100M
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_bandwidth)]
+    pub max_write_bandwidth: Option<QosSetting>,
+    /// How long a burst above the limits may last after an idle spell, in
+    /// seconds of each rate (0.001 to 60) [default: 1]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_burst)]
+    pub burst: Option<u32>,
+}
+
+impl QosArgs {
+    /// The change these flags ask for.
+    pub fn request(&self) -> arbor_api::model::QosRequest {
+        arbor_api::model::QosRequest {
+            iops: self.max_iops.clone(),
+            read_iops: self.max_read_iops.clone(),
+            write_iops: self.max_write_iops.clone(),
+            bandwidth: self.max_bandwidth.clone(),
+            read_bandwidth: self.max_read_bandwidth.clone(),
+            write_bandwidth: self.max_write_bandwidth.clone(),
+            burst_ms: self.burst,
+        }
+    }
+}
+
+fn parse_limit(s: &str, parse: impl Fn(&str) -> Result<u64, String>) -> Result<QosSetting, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(QosSetting::Word("none".to_owned()));
+    }
+    match parse(s)? {
+        0 => Err(
+            "a limit of 0 would stop all I/O: give a positive rate, or none to remove the limit"
+                .to_owned(),
+        ),
+        n => Ok(QosSetting::Limit(n)),
+    }
+}
+
+fn parse_iops(s: &str) -> Result<QosSetting, String> {
+    parse_limit(s, |s| {
+        s.parse::<u64>()
+            .map_err(|_| format!("{s:?} is not a whole number of operations per second, or none"))
+    })
+}
+
+fn parse_bandwidth(s: &str) -> Result<QosSetting, String> {
+    parse_limit(s, |s| {
+        s.parse::<ByteSize>()
+            .map(|b| b.0)
+            .map_err(|e| format!("{s:?}: {e} (bytes per second, e.g. 100M, or none)"))
+    })
+}
+
+fn parse_burst(s: &str) -> Result<u32, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let ms = (secs * 1000.0).round();
+    if !(1.0..=f64::from(arbor_format::MAX_BURST_MS)).contains(&ms) {
+        return Err(format!("{s} s: give 0.001 to 60 seconds"));
+    }
+    Ok(ms as u32)
 }
 
 #[derive(Debug, Subcommand)]

@@ -116,10 +116,30 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
 
 fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<ExitCode> {
     match command {
-        Command::Volume(VolumeCommand::Create { name, size, layout }) => {
-            p.show(&c.create_volume(&name, size.0, layout)?, |v| {
+        Command::Volume(VolumeCommand::Create {
+            name,
+            size,
+            layout,
+            qos,
+        }) => {
+            let qos = Some(qos.request()).filter(|q| !q.is_empty());
+            p.show(&c.create_volume(&name, size.0, layout, qos)?, |v| {
                 output::volume_line("created", v)
             })?;
+        }
+        Command::Volume(VolumeCommand::Set { name, qos }) => {
+            let change = qos.request();
+            if change.is_empty() {
+                return Err(Fail::new(
+                    Exit::Usage,
+                    "give at least one limit to change: --max-iops, --max-read-iops, \
+                     --max-write-iops, --max-bandwidth, --max-read-bandwidth, \
+                     --max-write-bandwidth or --burst"
+                        .to_owned(),
+                )
+                .into());
+            }
+            p.show(&c.set_qos(&name, &change)?, output::qos_line)?;
         }
         Command::Volume(VolumeCommand::List { tree }) => {
             let list = c.list()?;

@@ -600,9 +600,43 @@ fn layout(v: &VolumeView) -> String {
     }
 }
 
-const VOLUME_HEADERS: [&str; 8] = [
-    "NAME", "TYPE", "LAYOUT", "SIZE", "MAPPED", "PARENT", "NBD", "CREATED",
+const VOLUME_HEADERS: [&str; 9] = [
+    "NAME", "TYPE", "LAYOUT", "SIZE", "MAPPED", "PARENT", "NBD", "CREATED", "LIMITS",
 ];
+
+/// A volume's rate limits in a few words (`-`: none).
+fn limits(q: Option<&arbor_api::model::QosView>) -> String {
+    let Some(q) = q else {
+        return "-".to_owned();
+    };
+    let iops = |what: &str, v: Option<u64>| v.map(|n| format!("{what}{n} IOPS"));
+    let bytes = |what: &str, v: Option<u64>| v.map(|n| format!("{what}{}/s", size(n)));
+    let parts: Vec<String> = [
+        iops("", q.iops),
+        iops("read ", q.read_iops),
+        iops("write ", q.write_iops),
+        bytes("", q.bandwidth),
+        bytes("read ", q.read_bandwidth),
+        bytes("write ", q.write_bandwidth),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    parts.join(", ")
+}
+
+/// What `volume set` did.
+pub fn qos_line(v: &VolumeView) -> String {
+    match &v.qos {
+        None => format!("{}: no rate limits\n", v.name),
+        Some(q) => format!(
+            "{}: {} (bursts of {} s)\n",
+            v.name,
+            limits(Some(q)),
+            f64::from(q.burst_ms) / 1000.0
+        ),
+    }
+}
 
 fn volume_row(name: String, v: &VolumeView) -> Vec<String> {
     vec![
@@ -614,6 +648,7 @@ fn volume_row(name: String, v: &VolumeView) -> Vec<String> {
         v.parent.clone().unwrap_or_else(|| "-".to_owned()),
         v.nbd_connections.to_string(),
         timestamp(v.created_unix_secs),
+        limits(v.qos.as_ref()),
     ]
 }
 
@@ -1085,6 +1120,7 @@ mod tests {
             guid: None,
             holds: Vec::new(),
             layout: LayoutView::Row,
+            qos: None,
         }
     }
 
