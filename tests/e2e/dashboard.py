@@ -254,6 +254,7 @@ def setup_pool(daemon, api, target_port, work):
     daemon.cli("clone", "db@s1", "dbclone")
     daemon.cli("snapshot", "create", "dbclone@c1")
     daemon.cli("hold", "db@s1", "backup")
+    daemon.cli("volume", "set", "dbclone", "--max-write-iops", "500", "--max-read-bandwidth", "20M")
     daemon.cli("policy", "set", "db", "--schedule", "every 1h", "--keep", "hourly=24,daily=7")
     # A copy-on-write volume: home@h1 alone reads the 1 MiB copied after
     # it; home@h2 and its clone share an epoch.
@@ -417,6 +418,9 @@ def browse(daemon, api, target_port):
         check(s2["exclusive_bytes"] == 2 * MIB, "the API says db@s2 holds 2 MiB of its own", json.dumps(s2))
         d.wait_text('tr[data-snapshot="db@s2"] [data-testid="size-exclusive"]', "2 MiB", "db@s2's exclusive size")
         d.wait_text('tr[data-snapshot="db@s1"] [data-testid="hold"]', "backup", "the hold on db@s1")
+        d.wait_text('[data-volume="dbclone"] > .vol-head [data-testid="qos"]',
+                    "limit: write 500 IOPS, read 20 MiB/s", "dbclone's rate limits")
+        check(d.count('[data-volume="db"] > .vol-head [data-testid="qos"]') == 0, "db has no limits to show")
 
         # Layouts: a copy-on-write volume, what its snapshot alone holds of
         # the store, and a clone that reads through it.
