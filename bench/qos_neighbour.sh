@@ -55,12 +55,14 @@ noisy_start() {
   noisy_pid=$!
   sleep 2
 }
-noisy_iops() {
+noisy_done() {
   wait "$noisy_pid" || true
   noisy_pid=
+}
+noisy_iops() {
   sed -n '/^{/,$p' "$work/noisy.json" | /usr/bin/python3 -c '
 import json, sys
-print(f"{json.load(sys.stdin)[\"jobs\"][0][\"write\"][\"iops\"]:.0f}")'
+print(round(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'
 }
 # The victim: "p50 p99 p999 iops".
 victim() {
@@ -71,7 +73,7 @@ victim() {
 import json, sys
 r = json.load(sys.stdin)["jobs"][0]["read"]
 p = r["clat_ns"]["percentile"]
-print(*(f"{p[k] / 1000:.1f}" for k in ("50.000000", "99.000000", "99.900000")), f"{r[\"iops\"]:.0f}")'
+print(*(f"{p[k] / 1000:.1f}" for k in ("50.000000", "99.000000", "99.900000")), round(r["iops"]))'
 }
 reclaim_start() {
   arbor volume create big --size "${RECLAIM_SIZE:-3G}" >/dev/null
@@ -85,15 +87,15 @@ pending() {
 
 declare -A result noisy_rate
 result[alone]=$(victim)
-noisy_start; result[noisy]=$(victim); noisy_rate[noisy]=$(noisy_iops)
+noisy_start; result[noisy]=$(victim); noisy_done; noisy_rate[noisy]=$(noisy_iops)
 arbor volume set noisy --max-write-iops "$cap" >/dev/null
-noisy_start; result[capped]=$(victim); noisy_rate[capped]=$(noisy_iops)
+noisy_start; result[capped]=$(victim); noisy_done; noisy_rate[capped]=$(noisy_iops)
 arbor volume set noisy --max-write-iops none >/dev/null
 reclaim_start
 result[reclaim]=$(victim); reclaim_after=$(pending)
 arbor volume set noisy --max-write-iops "$cap" >/dev/null
 reclaim_start
-noisy_start; result[reclaim+cap]=$(victim); noisy_rate[reclaim+cap]=$(noisy_iops)
+noisy_start; result[reclaim+cap]=$(victim); noisy_done; noisy_rate[reclaim+cap]=$(noisy_iops)
 reclaim_after_cap=$(pending)
 
 echo "victim: 4 KiB random reads, QD1, ${secs} s a phase; neighbour: 4 KiB random writes, QD32; cap ${cap} write IOPS"
