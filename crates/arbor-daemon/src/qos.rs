@@ -33,9 +33,19 @@ struct Entry {
 pub struct Qos {
     pool: Arc<Pool>,
     /// Loaded on first use; one change at a time (held across a change's
-    /// write to the pool).
-    entries: Mutex<HashMap<VolumeId, Entry>>,
+    /// write to the pool). Entries of destroyed volumes go when the map
+    /// has doubled since they were last looked for.
+    entries: Mutex<Entries>,
 }
+
+struct Entries {
+    by_volume: HashMap<VolumeId, Entry>,
+    /// The size at which destroyed volumes' entries are looked for.
+    prune_at: usize,
+}
+
+/// The fewest entries worth pruning.
+const PRUNE_FLOOR: usize = 256;
 
 fn limits_of(r: &QosRecord) -> Limits {
     let rate = |v: u64| (v > 0).then_some(v);
@@ -119,11 +129,14 @@ impl Qos {
     pub fn new(pool: Arc<Pool>) -> Arc<Self> {
         Arc::new(Self {
             pool,
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries {
+                by_volume: HashMap::new(),
+                prune_at: PRUNE_FLOOR,
+            }),
         })
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<VolumeId, Entry>> {
+    fn entries(&self) -> MutexGuard<'_, Entries> {
         // Each change of an entry is one assignment after the pool's.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -140,8 +153,14 @@ impl Qos {
 
     /// `id`'s entry, loaded from the pool on first use (a record that
     /// cannot be read is logged, and the volume has no limits).
-    fn entry<'a>(&self, entries: &'a mut HashMap<VolumeId, Entry>, id: VolumeId) -> &'a mut Entry {
-        entries.entry(id).or_insert_with(|| {
+    fn entry<'a>(&self, entries: &'a mut Entries, id: VolumeId) -> &'a mut Entry {
+        if entries.by_volume.len() >= entries.prune_at && !entries.by_volume.contains_key(&id) {
+            entries
+                .by_volume
+                .retain(|&volume, _| self.pool.info(volume).is_ok());
+            entries.prune_at = (2 * entries.by_volume.len()).max(PRUNE_FLOOR);
+        }
+        entries.by_volume.entry(id).or_insert_with(|| {
             let record = self.read(id).unwrap_or_else(|e| {
                 warn!(volume = id.0, error = %e, "cannot read the volume's rate limits: it is served without them until they are set again");
                 QosRecord::default()
@@ -189,6 +208,7 @@ impl Qos {
     /// (volume id, limits, requests delayed, seconds they waited).
     pub fn report(&self) -> Vec<(VolumeId, Option<QosView>, u64, f64)> {
         self.entries()
+            .by_volume
             .iter()
             .filter_map(|(&id, e)| {
                 let (delayed, seconds) = e.limiter.delayed();
@@ -211,6 +231,37 @@ mod tests {
     /// Why `change` of `r` is refused.
     fn refused(r: &QosRecord, change: QosRequest) -> String {
         apply(r, &change).unwrap_err().to_string()
+    }
+
+    /// Entries of destroyed volumes do not pile up: a daemon that serves
+    /// thousands of short-lived clones keeps entries for the live ones.
+    #[test]
+    fn entries_of_destroyed_volumes_are_pruned() {
+        use arbor_io::{BlockDevice, SimDisk};
+        let disk: Arc<dyn BlockDevice> = Arc::new(SimDisk::new(64 << 20));
+        let opts = arbor_engine::CreateOptions {
+            chunk_size: 4096,
+            metadata_bytes: Some(8 << 20),
+            ..Default::default()
+        };
+        let pool =
+            Arc::new(Pool::create(disk, &opts, &arbor_engine::OpenOptions::default()).unwrap());
+        let qos = Qos::new(Arc::clone(&pool));
+        let kept = pool.create_volume("kept", 1 << 20).unwrap();
+        qos.limiter(kept);
+        for i in 0..2000 {
+            let name = format!("c{i}");
+            let id = pool.create_volume(&name, 1 << 20).unwrap();
+            qos.limiter(id);
+            pool.delete(&name).unwrap();
+        }
+        let entries = qos.entries();
+        assert!(
+            entries.by_volume.len() <= PRUNE_FLOOR,
+            "{}",
+            entries.by_volume.len()
+        );
+        assert!(entries.by_volume.contains_key(&kept));
     }
 
     #[test]
