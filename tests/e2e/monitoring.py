@@ -132,6 +132,8 @@ def body(source):
     # NBD I/O on a volume (32 MiB: past 1 % of the pool's data, the space
     # warning's threshold), and its flush.
     source.cli("volume", "create", "v", "--size", "64M")
+    # Rate limits (high enough to hold nothing back here).
+    source.cli("volume", "set", "v", "--max-write-iops", "100000")
     h = nbd.NBD()
     h.connect_uri(source.uri("v"))
     for i in range(32):
