@@ -103,7 +103,13 @@ impl From<DaemonError> for ApiError {
         let code = code_of(&err);
         let message = err.chain();
         if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
-            error!(error = message, "API request failed");
+            // The code's name, as the API and the journal's ARBOR_ERROR_KIND
+            // give it.
+            let kind = serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            error!(error = message, error_kind = kind, "API request failed");
         }
         Self::new(code, message)
     }

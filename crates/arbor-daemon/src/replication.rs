@@ -555,7 +555,7 @@ impl Replication {
                     }
                     Err(e) => {
                         let failure = CycleFailure::of(&e);
-                        warn!(pair = %key, kind = failure.kind.as_str(), error = %failure.message, "replication cycle failed");
+                        warn!(pair = %key, error_kind = failure.kind.as_str(), error = %failure.message, "replication cycle failed");
                         s.error = Some(failure.clone());
                         s.failures = s.failures.saturating_add(1);
                         s.cycles_failed += 1;
