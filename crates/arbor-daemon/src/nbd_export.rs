@@ -279,7 +279,7 @@ impl Export for VolumeExport {
     }
 
     fn admit(&self, kind: arbor_nbd::qos::IoKind, bytes: u64) -> Duration {
-        crate::qos::admit(&self.limiter, kind, bytes)
+        self.limiter.admit(kind, bytes, Instant::now())
     }
 
     fn description(&self) -> String {

@@ -10,12 +10,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arbor_api::model::{QosRequest, QosSetting, QosView};
 use arbor_engine::{Pool, VolumeId};
 use arbor_format::{QosRecord, MAX_BURST_MS, QOS_KEY};
-use arbor_nbd::qos::{IoKind, Limiter, Limits};
+use arbor_nbd::qos::{Limiter, Limits};
 use tracing::{info, warn};
 
 use crate::error::{DaemonError, Result};
@@ -217,11 +217,6 @@ impl Qos {
             })
             .collect()
     }
-}
-
-/// What `kind` of request costs a limiter, now (for the export).
-pub fn admit(limiter: &Limiter, kind: IoKind, bytes: u64) -> Duration {
-    limiter.admit(kind, bytes, Instant::now())
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //!
 //! Each new connection negotiates under the security current when it was
 //! accepted. Once it reaches transmission it is admitted here, under the
-//! security current then (a reload between the two is not missed), with
+//! security current then (a reload between the two is not missed; without
+//! one, the handshake's own checks stand and nothing is checked twice), with
 //! what it was granted: its export, whether it opened it writable, and
 //! its certificate chain. [`LiveSecurity::replace`] puts a new security in
 //! force and closes every session it no longer grants: the export hidden
@@ -34,6 +35,10 @@ pub struct LiveSecurity {
     /// every session is checked against the security in force.
     sessions: Mutex<HashMap<u64, Granted>>,
     next: AtomicU64,
+    /// Replacements so far (changed with `sessions` held): a session
+    /// negotiated under the security still in force needs no second check
+    /// (its handshake just made it, certificate chain included).
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for LiveSecurity {
@@ -52,6 +57,8 @@ pub(crate) struct Granted {
     pub export: String,
     /// It opened the export writable.
     pub writable: bool,
+    /// The [`LiveSecurity::negotiating`] generation it negotiated under.
+    pub generation: u64,
     /// Cancelled to close it.
     pub close: CancellationToken,
 }
@@ -86,6 +93,7 @@ impl LiveSecurity {
             current: RwLock::new(security),
             sessions: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -97,6 +105,13 @@ impl LiveSecurity {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The security a new connection negotiates under, and its
+    /// generation (for [`Granted::generation`]).
+    pub(crate) fn negotiating(&self) -> (Security, u64) {
+        let _sessions = self.sessions();
+        (self.current(), self.generation.load(Ordering::Acquire))
     }
 
     fn sessions(&self) -> MutexGuard<'_, HashMap<u64, Granted>> {
@@ -126,6 +141,7 @@ impl LiveSecurity {
             }
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = security;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         drop(sessions);
         for c in &closed {
             tracing::info!(
@@ -142,7 +158,9 @@ impl LiveSecurity {
     /// force grants it; else why not.
     pub(crate) fn admit(self: &Arc<Self>, granted: Granted) -> Result<Admitted, String> {
         let mut sessions = self.sessions();
-        still_granted(&self.current(), &granted)?;
+        if granted.generation != self.generation.load(Ordering::Acquire) {
+            still_granted(&self.current(), &granted)?;
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         sessions.insert(id, granted);
         Ok(Admitted {
@@ -216,6 +234,8 @@ mod tests {
             chain: Vec::new(),
             export: export.to_owned(),
             writable,
+            // Negotiated before any replacement: checked at admission.
+            generation: u64::MAX,
             close: CancellationToken::new(),
         }
     }

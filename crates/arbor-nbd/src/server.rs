@@ -368,7 +368,7 @@ impl Server {
         // Off the line before the client learns its handshake is over, so a
         // newcomer never drops a session.
         let transmitting = || registered.leave();
-        let security = live.current();
+        let (security, generation) = live.negotiating();
         let handshake = negotiate(stream, &self.provider, &security, &transmitting);
         let negotiated = tokio::select! {
             () = self.shutdown.cancelled() => return Ok(()),
@@ -401,6 +401,7 @@ impl Server {
                 chain,
                 export: session.export_name.clone(),
                 writable: !session.read_only,
+                generation,
                 close: close.clone(),
             })
             .map_err(ConnectionError::GrantWithdrawn)
