@@ -346,6 +346,12 @@ pub struct ReloadView {
     /// NBD sessions closed because the new configuration no longer
     /// grants them.
     pub closed_sessions: Vec<ClosedSessionView>,
+    /// Replication sessions from sources (this host their target) ended
+    /// because the new configuration no longer allows them (`identity`:
+    /// the source's); each source was told why, and a receive keeps what
+    /// it committed.
+    #[serde(default)]
+    pub withdrawn_replications: Vec<ClosedSessionView>,
     /// API tokens in the token file, read again.
     pub tokens: usize,
 }

@@ -22,6 +22,7 @@ pub mod error;
 mod handler;
 mod history;
 mod in_use;
+mod incoming;
 mod listen;
 mod metrics;
 mod monitor;

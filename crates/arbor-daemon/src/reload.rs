@@ -238,7 +238,8 @@ impl Reloader {
             api.set(tls.clone());
         }
         self.live.auth.set_clients(&new.api.clients);
-        self.live
+        let withdrawn = self
+            .live
             .replication
             .reload(replication_tls, new.replication.allow.clone());
         self.live
@@ -270,12 +271,21 @@ impl Reloader {
                     reason: c.why,
                 })
                 .collect(),
+            withdrawn_replications: withdrawn
+                .into_iter()
+                .map(|w| ClosedSessionView {
+                    identity: Some(w.peer),
+                    volume: w.volume,
+                    reason: w.reason,
+                })
+                .collect(),
             tokens,
         };
         *applied = new;
         info!(
             changed = ?view.changed,
             closed_sessions = view.closed_sessions.len(),
+            withdrawn_replications = view.withdrawn_replications.len(),
             revoked_certificates = view.revoked_certificates,
             "configuration reloaded"
         );

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -22,7 +22,7 @@ use arbor_replica::target::{Served, Target, TargetConfig, UPSTREAM_HOLD};
 use arbor_stream::busy::{Claims, Pins};
 use arbor_stream::format::Compression;
 use arbor_tls::handshakes::{Handshake, Handshakes};
-use arbor_tls::{peer_identity, server_name, Tls};
+use arbor_tls::{peer_chain, peer_identity, server_name, Tls};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -32,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::config::ReplicationConfig;
 use crate::error::DaemonError;
+use crate::incoming::{InForce, Withdrawn};
 use arbor_api::model::{
     DemoteView, ReplicaCycleView, ReplicaPairView, ReplicaRoleView, ReplicaRunView, ReplicaState,
     ReplicasView,
@@ -177,15 +178,13 @@ struct Runner {
 pub struct Replication {
     pool: Arc<Pool>,
     pub store: Arc<Store>,
-    /// The certificates, replaced by a reload (never added or taken
-    /// away: that is a restart's), for the next connection each way.
-    tls: RwLock<Option<Tls>>,
+    /// The certificates (replaced by a reload, never added or taken
+    /// away: that is a restart's) and the sources accepted
+    /// (`replication_allow`), with the sessions running under them.
+    in_force: Arc<InForce>,
     identity: String,
     listen: Mutex<Option<SocketAddr>>,
     config: ReplicationConfig,
-    /// The sources accepted (`replication_allow`), replaced by a reload
-    /// for the next session.
-    allow: RwLock<Vec<arbor_replica::target::Allow>>,
     pins: Arc<Pins>,
     claims: Arc<Claims>,
     runners: Mutex<HashMap<String, Runner>>,
@@ -224,11 +223,10 @@ impl Replication {
         Ok(Arc::new(Self {
             pool,
             store: Arc::new(store),
-            tls: RwLock::new(tls),
+            in_force: Arc::new(InForce::new(tls, config.allow.clone())),
             identity,
             listen: Mutex::new(None),
             config: config.clone(),
-            allow: RwLock::new(config.allow.clone()),
             pins,
             claims,
             runners: Mutex::new(HashMap::new()),
@@ -238,8 +236,7 @@ impl Replication {
 
     /// The certificates in force.
     fn tls(&self) -> Option<Tls> {
-        // Replaced whole: a poisoned lock still holds a whole value.
-        self.tls.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.in_force.tls().0
     }
 
     /// This host's identity (its certificate's, or the configured one).
@@ -253,13 +250,19 @@ impl Replication {
     }
 
     /// Puts a reloaded configuration's certificates and allow list in
-    /// force, for the next connection and session (a session running
-    /// goes on). `tls` must have this host's identity: the caller checks.
-    pub fn reload(&self, tls: Option<Tls>, allow: Vec<arbor_replica::target::Allow>) {
-        if let Some(tls) = tls {
-            *self.tls.write().unwrap_or_else(|p| p.into_inner()) = Some(tls);
+    /// force, for the next connection and session, and withdraws the
+    /// sessions running that they no longer allow (returned). `tls` must
+    /// have this host's identity: the caller checks.
+    pub fn reload(
+        &self,
+        tls: Option<Tls>,
+        allow: Vec<arbor_replica::target::Allow>,
+    ) -> Vec<Withdrawn> {
+        let withdrawn = self.in_force.replace(&self.identity, tls, allow);
+        for w in &withdrawn {
+            warn!(peer = %w.peer, volume = %w.volume, reason = %w.reason, "replication session withdrawn by a reload");
         }
-        *self.allow.write().unwrap_or_else(|p| p.into_inner()) = allow;
+        withdrawn
     }
 
     /// Binds the listener, if configured.
@@ -279,7 +282,7 @@ impl Replication {
             pool: Arc::clone(&self.pool),
             config: Arc::new(TargetConfig {
                 identity: self.identity.clone(),
-                allow: self.allow.read().unwrap_or_else(|p| p.into_inner()).clone(),
+                allow: self.in_force.allow(),
                 idle: self.config.timeout,
                 checkpoint_bytes: CHECKPOINT_BYTES,
             }),
@@ -357,18 +360,21 @@ impl Replication {
         let deadline = tokio::time::Instant::now() + within;
         let stage = AtomicU8::new(HANDSHAKE);
         let session = async {
-            let (peer, conn): (String, Box<dyn Io>) = match self.tls() {
+            let (tls, accepted) = self.in_force.tls();
+            let (peer, chain, conn): (String, _, Box<dyn Io>) = match tls {
                 Some(tls) => {
                     let conn = tokio::time::timeout_at(deadline, tls.acceptor().accept(tcp))
                         .await
                         .map_err(|_| SessionError::Idle(within))??;
                     let peer = peer_identity(conn.get_ref().1)
                         .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
-                    (peer, Box::new(conn))
+                    (peer, peer_chain(conn.get_ref().1), Box::new(conn))
                 }
-                None if from.ip().is_loopback() => {
-                    (arbor_replica::target::LOOPBACK.to_owned(), Box::new(tcp))
-                }
+                None if from.ip().is_loopback() => (
+                    arbor_replica::target::LOOPBACK.to_owned(),
+                    Vec::new(),
+                    Box::new(tcp),
+                ),
                 None => {
                     return Err(SessionError::Io(std::io::Error::other(format!(
                         "{from} is not on loopback and this listener has no TLS"
@@ -378,9 +384,20 @@ impl Replication {
             let greeting = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The hello has come: the handshake is over (off the line
             // before anything is answered, so no newcomer drops a session).
-            let admit = |_: &Hello| {
+            let (withdrawal, withdrawn) = arbor_replica::session::withdrawal();
+            let admit = |hello: &Hello| {
                 handshake.leave();
                 drop(handshake_slot);
+                // Checked again under the configuration in force, which
+                // withdraws it if a reload no longer allows it.
+                let entered = self.in_force.enter(
+                    &self.identity,
+                    accepted,
+                    &peer,
+                    &hello.volume,
+                    chain,
+                    withdrawal,
+                );
                 let slot = Arc::clone(&listening.session_slots).try_acquire_owned();
                 stage.store(
                     if slot.is_ok() {
@@ -390,18 +407,19 @@ impl Replication {
                     },
                     Ordering::Relaxed,
                 );
-                slot.map_err(|_| Refusal {
+                let slot = slot.map_err(|_| Refusal {
                     code: RefusalCode::Busy,
                     message: format!(
                         "{} serves {MAX_SESSIONS} replication sessions at once, all running: \
                          the source tries again",
                         self.identity
                     ),
-                })
+                })?;
+                Ok((slot, entered?))
             };
             let served = self
                 .target()
-                .serve_admitted(&peer, conn, greeting, admit)
+                .serve_admitted(&peer, conn, greeting, Some(withdrawn), admit)
                 .await?;
             Ok(served)
         };

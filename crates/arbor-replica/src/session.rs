@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
 
 use crate::proto::{self, FrameDecoder, Message, ProtoError, Refusal, RefusalCode};
 
@@ -80,12 +81,71 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(engine_task_failed)?
 }
 
+/// Ends a running session from outside, with the refusal its peer is
+/// told: what a configuration reload does to a session it no longer
+/// allows. The session sees it at its next wait for the peer.
+#[derive(Debug, Clone)]
+pub struct Withdrawal(watch::Sender<Option<Refusal>>);
+
+/// A session's side of a [`Withdrawal`] (given to its [`Reader`]).
+#[derive(Debug)]
+pub struct Withdrawn(watch::Receiver<Option<Refusal>>);
+
+/// A withdrawal and the side a session's reader watches.
+pub fn withdrawal() -> (Withdrawal, Withdrawn) {
+    let (tx, rx) = watch::channel(None);
+    (Withdrawal(tx), Withdrawn(rx))
+}
+
+impl Withdrawal {
+    /// Ends the session with `refusal` (the first withdrawal stays).
+    pub fn withdraw(&self, refusal: Refusal) {
+        self.0.send_if_modified(|held| {
+            if held.is_some() {
+                return false;
+            }
+            *held = Some(refusal);
+            true
+        });
+    }
+}
+
+impl Withdrawn {
+    /// The refusal, if withdrawn.
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.0.borrow().clone()
+    }
+
+    /// Waits for the withdrawal; never returns once the withdrawal was
+    /// dropped without one.
+    pub async fn wait(&mut self) -> Refusal {
+        loop {
+            if let Some(refusal) = self.0.borrow_and_update().clone() {
+                return refusal;
+            }
+            if self.0.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+/// Waits for `withdrawn`'s refusal; forever when there is none to wait for.
+async fn withdrawn_by(withdrawn: &mut Option<Withdrawn>) -> Refusal {
+    match withdrawn {
+        Some(w) => w.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The reading half of a session.
 pub struct Reader<R> {
     inner: R,
     decoder: FrameDecoder,
     buf: Vec<u8>,
     idle: Duration,
+    /// Ends every wait for the peer with a refusal once withdrawn.
+    withdrawn: Option<Withdrawn>,
     /// Bytes read from the connection.
     pub bytes: u64,
 }
@@ -97,8 +157,16 @@ impl<R: AsyncRead + Unpin> Reader<R> {
             decoder: FrameDecoder::new(),
             buf: vec![0; READ_BUF],
             idle,
+            withdrawn: None,
             bytes: 0,
         }
+    }
+
+    /// This reader, failing every read with the refusal of `withdrawn`
+    /// once it is withdrawn (messages already buffered included).
+    pub fn withdrawn_by(mut self, withdrawn: Withdrawn) -> Self {
+        self.withdrawn = Some(withdrawn);
+        self
     }
 
     /// The next message; None when the peer closed between messages.
@@ -118,15 +186,29 @@ impl<R: AsyncRead + Unpin> Reader<R> {
         idle: Option<Duration>,
     ) -> Result<Option<Message>, SessionError> {
         loop {
+            if let Some(refusal) = self.withdrawn.as_ref().and_then(Withdrawn::refusal) {
+                return Err(SessionError::Refused(refusal));
+            }
             if let Some(m) = self.decoder.next_message()? {
                 return Ok(Some(m));
             }
-            let read = self.inner.read(&mut self.buf);
-            let n = match idle {
-                Some(idle) => tokio::time::timeout(idle, read)
-                    .await
-                    .map_err(|_| SessionError::Idle(idle))??,
-                None => read.await?,
+            let read = async {
+                let read = self.inner.read(&mut self.buf);
+                match idle {
+                    Some(idle) => tokio::time::timeout(idle, read)
+                        .await
+                        .map_err(|_| SessionError::Idle(idle))?
+                        .map_err(SessionError::from),
+                    None => read.await.map_err(SessionError::from),
+                }
+            };
+            // A read is cancel-safe: nothing is lost by ending it.
+            let n = tokio::select! {
+                biased;
+                refusal = withdrawn_by(&mut self.withdrawn) => {
+                    return Err(SessionError::Refused(refusal));
+                }
+                n = read => n?,
             };
             if n == 0 {
                 if self.decoder.buffered() > 0 {

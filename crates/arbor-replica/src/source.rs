@@ -448,6 +448,23 @@ async fn explained<R: AsyncRead + Unpin>(
     }
 }
 
+/// What the target saying anything during a stream means: it failed
+/// part way (its pool full, or the session no longer allowed).
+fn spoke_during_stream(message: Result<Option<Message>, SessionError>) -> SessionError {
+    match message {
+        Err(e) => e,
+        Ok(Some(Message::Failed(r) | Message::Refuse(r))) => SessionError::Refused(r),
+        Ok(Some(other)) => SessionError::Unexpected {
+            expected: "nothing during a stream",
+            got: other.name(),
+        },
+        Ok(None) => SessionError::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the target closed the connection during the stream",
+        )),
+    }
+}
+
 enum StreamOf {
     Resume(ResumeToken),
     Snapshot { snap: String, base: Option<String> },
@@ -523,20 +540,24 @@ where
         tokio::select! {
             // The target may fail part way (its pool full): it says so at
             // once, without waiting for the rest of the stream.
-            message = reader.next_untimed() => {
-                return Err(match message? {
-                    Some(Message::Failed(r)) | Some(Message::Refuse(r)) => SessionError::Refused(r),
-                    Some(other) => SessionError::Unexpected { expected: "nothing during a stream", got: other.name() },
-                    None => SessionError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the target closed the connection during the stream")),
-                });
-            }
+            message = reader.next_untimed() => return Err(spoke_during_stream(message)),
             piece = rx.recv() => match piece {
                 Some(Ok(bytes)) => {
-                    if let Some(limit) = limit.as_mut() {
-                        limit.take(bytes.len()).await;
-                    }
                     let before = writer.bytes;
-                    if let Err(e) = writer.send_data(&bytes).await {
+                    let send = async {
+                        if let Some(limit) = limit.as_mut() {
+                            limit.take(bytes.len()).await;
+                        }
+                        writer.send_data(&bytes).await
+                    };
+                    // Heard while a piece waits for the rate limit or for
+                    // room on the link as well (a piece half sent is
+                    // dropped with the session).
+                    let sent = tokio::select! {
+                        message = reader.next_untimed() => return Err(spoke_during_stream(message)),
+                        sent = send => sent,
+                    };
+                    if let Err(e) = sent {
                         return Err(explained(reader, e, ctx.idle).await);
                     }
                     progress.wire_bytes.fetch_add(writer.bytes - before, Ordering::Relaxed);

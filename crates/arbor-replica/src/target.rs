@@ -18,7 +18,7 @@ use crate::heal;
 use crate::local;
 use crate::plan;
 use crate::proto::{Hello, Message, Plan, Received, Refusal, RefusalCode, WireGuid};
-use crate::session::{blocking, engine_task_failed, Reader, SessionError, Writer};
+use crate::session::{blocking, engine_task_failed, Reader, SessionError, Withdrawn, Writer};
 use crate::state::{Role, StateError, Store};
 
 /// The hold a target keeps on the newest snapshot it received: the base
@@ -53,6 +53,13 @@ impl Allow {
     fn covers(&self, volume: &str) -> bool {
         self.volumes.iter().any(|v| v == "*" || v == volume)
     }
+}
+
+/// The entry of `allow` that lets `peer` replicate `volume` here: the one
+/// rule, for a session's start and for a reload that checks the sessions
+/// running.
+pub fn allowing<'a>(allow: &'a [Allow], peer: &str, volume: &str) -> Option<&'a Allow> {
+    allow.iter().find(|a| a.source == peer && a.covers(volume))
 }
 
 /// How this host serves as a target.
@@ -104,7 +111,7 @@ impl Target {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        self.serve_admitted(peer, conn, self.config.idle, |_| Ok(()))
+        self.serve_admitted(peer, conn, self.config.idle, None, |_| Ok(()))
             .await
     }
 
@@ -113,12 +120,15 @@ impl Target {
     /// it is checked or answered: a refusal from it is sent to the source,
     /// and what it returns is held until the session ends. (The daemon's
     /// listener ends a connection's handshake there and gives it a session
-    /// slot.)
+    /// slot.) A session whose `withdrawn` is withdrawn ends at its next
+    /// wait for the source, with that refusal sent to it (a receive keeps
+    /// what it committed, as after a cut).
     pub async fn serve_admitted<S, G>(
         &self,
         peer: &str,
         conn: S,
         greeting: Duration,
+        withdrawn: Option<Withdrawn>,
         admitted: impl FnOnce(&Hello) -> Result<G, Refusal>,
     ) -> Result<Served, SessionError>
     where
@@ -126,6 +136,9 @@ impl Target {
     {
         let (rd, wr) = tokio::io::split(conn);
         let mut reader = Reader::new(rd, self.config.idle);
+        if let Some(withdrawn) = withdrawn {
+            reader = reader.withdrawn_by(withdrawn);
+        }
         let mut writer = Writer::new(wr, self.config.idle);
         let result = async {
             let hello = match tokio::time::timeout(greeting, reader.expect("hello"))
@@ -310,11 +323,7 @@ impl Target {
     /// here, after the checks of who may write it.
     fn admit(&self, peer: &str, hello: &Hello) -> Result<Allow, SessionError> {
         let volume = &hello.volume;
-        let allow = self
-            .config
-            .allow
-            .iter()
-            .find(|a| a.source == peer && a.covers(volume))
+        let allow = allowing(&self.config.allow, peer, volume)
             .cloned()
             .ok_or_else(|| {
                 refusal(

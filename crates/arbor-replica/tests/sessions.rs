@@ -258,6 +258,52 @@ async fn cycle(
     (report, served.await.unwrap())
 }
 
+/// alpha's vm1 replicated to beta once, then written again (300 random
+/// writes of up to 252 KiB, from `seed`): the next cycle streams MiBs.
+async fn replicated_then_written(seed: u64) -> (Host, Host, Pair) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let a = Host::new("alpha", 256 * MIB);
+    let b = Host::new("beta", 256 * MIB).allowing("alpha");
+    a.pool.create_volume("vm1", VOL).unwrap();
+    a.write_random("vm1", &mut rng, 10);
+    let ab = pair("vm1", "beta");
+    cycle(&a, &ab, &b, None).await.0.unwrap();
+    a.write_random("vm1", &mut rng, 300);
+    (a, b, ab)
+}
+
+/// Waits until `host` has committed part of a receive into `volume`.
+async fn receive_began(host: &Host, volume: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while arbor_stream::receive::resume_token(&host.pool, volume)
+        .unwrap()
+        .is_none_or(|t| t.offset == 0)
+    {
+        assert!(std::time::Instant::now() < deadline, "no receive began");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A link whose source end carries `first` bytes to the target end, then
+/// stalls until the sender returned is used or dropped; the target's
+/// answers always pass.
+fn stalled_link(first: u64) -> (DuplexStream, DuplexStream, tokio::sync::oneshot::Sender<()>) {
+    let (source_end, relay_a) = tokio::io::duplex(256 << 10);
+    let (target_end, relay_b) = tokio::io::duplex(256 << 10);
+    let (mut from_source, mut to_source) = tokio::io::split(relay_a);
+    let (mut from_target, mut to_target) = tokio::io::split(relay_b);
+    tokio::spawn(async move { tokio::io::copy(&mut from_target, &mut to_source).await });
+    let (open, opened) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut head = (&mut from_source).take(first);
+        tokio::io::copy(&mut head, &mut to_target).await?;
+        let _ = opened.await;
+        tokio::io::copy(&mut from_source, &mut to_target).await
+    });
+    (source_end, target_end, open)
+}
+
 fn refusal_code(e: &SessionError) -> Option<RefusalCode> {
     match e {
         SessionError::Refused(r) => Some(r.code),
@@ -831,30 +877,11 @@ async fn an_announcement_with_a_bad_name_is_refused_at_once() {
 /// volume id 31"), and the promoted volume stays writable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
-    let mut rng = StdRng::seed_from_u64(9);
-    let a = Host::new("alpha", 256 * MIB);
-    let b = Host::new("beta", 256 * MIB).allowing("alpha");
-    a.pool.create_volume("vm1", VOL).unwrap();
-    a.write_random("vm1", &mut rng, 10);
-    let ab = pair("vm1", "beta");
-    cycle(&a, &ab, &b, None).await.0.unwrap();
-    a.write_random("vm1", &mut rng, 300);
+    let (a, b, ab) = replicated_then_written(9).await;
 
     // The link from the source stalls after 3 MiB (the target has
     // committed part of the receive by then), until `open`.
-    let (source_end, relay_a) = tokio::io::duplex(256 << 10);
-    let (target_end, relay_b) = tokio::io::duplex(256 << 10);
-    let (mut from_source, mut to_source) = tokio::io::split(relay_a);
-    let (mut from_target, mut to_target) = tokio::io::split(relay_b);
-    tokio::spawn(async move { tokio::io::copy(&mut from_target, &mut to_source).await });
-    let (open, opened) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        use tokio::io::AsyncReadExt;
-        let mut first = (&mut from_source).take(3 * MIB);
-        tokio::io::copy(&mut first, &mut to_target).await?;
-        let _ = opened.await;
-        tokio::io::copy(&mut from_source, &mut to_target).await
-    });
+    let (source_end, target_end, open) = stalled_link(3 * MIB);
     let target = b.target();
     let served = tokio::spawn(async move { target.serve("alpha", target_end).await });
     let ctx = a.source("vm1");
@@ -862,14 +889,7 @@ async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
         let progress = Progress::default();
         source::cycle(&ctx, &ab, source_end, &progress).await
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while arbor_stream::receive::resume_token(&b.pool, "vm1")
-        .unwrap()
-        .is_none_or(|t| t.offset == 0)
-    {
-        assert!(std::time::Instant::now() < deadline, "no receive began");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    receive_began(&b, "vm1").await;
     // `arbor replica promote vm1` on the target (daemon/replication.rs):
     // the role goes, the receive in progress is abandoned, the upstream
     // hold released.
@@ -890,6 +910,66 @@ async fn a_replica_promoted_mid_receive_says_so_to_the_source() {
     assert!(arbor_stream::receive::resume_token(&b.pool, "vm1")
         .unwrap()
         .is_none());
+    assert!(b.pool.check().unwrap().is_clean());
+}
+
+/// A session withdrawn while it receives (a reload that no longer allows
+/// its source) ends at once, with no more from the source: the source is
+/// told why, and the receive keeps what it committed, to resume from if
+/// the source is allowed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_session_ends_at_once_telling_the_source_and_keeps_what_arrived() {
+    let (a, b, ab) = replicated_then_written(12).await;
+
+    // The link from the source stalls after 3 MiB, until `open`: the
+    // target waits for data when the withdrawal comes.
+    let (source_end, target_end, open) = stalled_link(3 * MIB);
+    let (withdrawal, withdrawn) = arbor_replica::session::withdrawal();
+    let target = b.target();
+    let served = tokio::spawn(async move {
+        target
+            .serve_admitted(
+                "alpha",
+                target_end,
+                Duration::from_secs(30),
+                Some(withdrawn),
+                |_| Ok(()),
+            )
+            .await
+    });
+    let ctx = a.source("vm1");
+    let cycled = tokio::spawn(async move {
+        let progress = Progress::default();
+        source::cycle(&ctx, &ab, source_end, &progress).await
+    });
+    receive_began(&b, "vm1").await;
+    let refusal = arbor_replica::proto::Refusal {
+        code: RefusalCode::NotAllowed,
+        message: "beta no longer accepts vm1 from alpha".into(),
+    };
+    withdrawal.withdraw(refusal.clone());
+
+    // Both ends are over with the link still stalled.
+    let served = served.await.unwrap().unwrap_err();
+    assert_eq!(served.refusal(), refusal, "{served}");
+    let e = cycled.await.unwrap().unwrap_err();
+    assert_eq!(refusal_code(&e), Some(RefusalCode::NotAllowed), "{e}");
+    assert!(e.to_string().contains("no longer accepts"), "{e}");
+    let kept = arbor_stream::receive::resume_token(&b.pool, "vm1")
+        .unwrap()
+        .expect("the receive keeps what it committed");
+    assert!(kept.offset > 0);
+    assert!(b.pool.check().unwrap().is_clean());
+    drop(open);
+
+    // Allowed again (a new session without a withdrawal), the source
+    // resumes where the receive stopped and the replica converges.
+    let ab = pair("vm1", "beta");
+    let (report, served) = cycle(&a, &ab, &b, None).await;
+    let report = report.unwrap();
+    served.unwrap();
+    assert_eq!(report.sent[0].resumed_from, kept.offset, "{report:?}");
+    assert_eq!(b.contents("vm1"), a.contents(&a.newest("vm1")));
     assert!(b.pool.check().unwrap().is_clean());
 }
 

@@ -188,6 +188,14 @@ pub fn reload(r: &arbor_api::model::ReloadView) -> String {
             c.reason
         );
     }
+    for w in &r.withdrawn_replications {
+        text += &format!(
+            "ended the replication of {} from {}: {}\n",
+            w.volume,
+            w.identity.as_deref().unwrap_or("?"),
+            w.reason
+        );
+    }
     for key in &r.restart_needed {
         text += &format!("needs a restart to take effect: {key}\n");
     }

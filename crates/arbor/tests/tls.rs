@@ -752,7 +752,9 @@ fn add_refuses_and_leaves_the_directory_unchanged() {
 /// Two daemons replicate to each other over mutual TLS with one CA: alpha
 /// with the server certificate `tls init` made, beta with the one `tls
 /// add` made; each sees the other by its certificate's identity (what
-/// failback needs: each host both a target and a source).
+/// failback needs: each host both a target and a source). Then beta's
+/// certificate is revoked while beta streams to alpha: alpha's reload
+/// ends that session at once, and beta cannot start another.
 #[test]
 fn added_server_certificates_carry_replication_both_ways() {
     let tmp = tempfile::tempdir().unwrap();
@@ -823,4 +825,67 @@ fn added_server_certificates_carry_replication_both_ways() {
             "{host} holds {volume} from {source}: {status}"
         );
     }
+
+    // beta streams vm3 to alpha slowly (16 s at 2 MiB/s) ...
+    beta.ok(&["volume", "create", "vm3", "--size", "32M"]);
+    let data = random_file(tmp.path(), "vm3", 32 << 20, 43);
+    nbdcopy(
+        p(&data),
+        &format!("nbd+unix:///vm3?socket={}", beta.nbd_socket()),
+    );
+    let alpha_target = format!("127.0.0.1:{alpha_port}");
+    beta.ok(&[
+        "replica",
+        "add",
+        "vm3",
+        "--target",
+        &alpha_target,
+        "--identity",
+        "alpha",
+        "--interval",
+        "1h",
+        "--rate-limit",
+        "2M",
+    ]);
+    let vm3 = |beta: &Daemon| {
+        let status = beta.json(&["replica", "status"]);
+        status["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|pair| pair["volume"] == "vm3")
+            .cloned()
+            .unwrap()
+    };
+    wait_for("vm3 to stream", 60, || {
+        (vm3(&beta)["cycle"]["stream_sent"].as_u64()? > (2 << 20)).then_some(())
+    });
+    // ... when its certificate is revoked and alpha reloads with the list.
+    ok(&["tls", "revoke", p(&dir), "beta"]);
+    let config = tmp.path().join("alpha.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text += &format!("tls_crl = \"{}\"\n", p(&dir.join("crl.pem")));
+    std::fs::write(&config, text).unwrap();
+    let view = alpha.json(&["config", "reload"]);
+    let withdrawn = view["withdrawn_replications"].as_array().unwrap();
+    assert_eq!(withdrawn.len(), 1, "{view}");
+    assert_eq!(withdrawn[0]["identity"], "beta", "{view}");
+    assert_eq!(withdrawn[0]["volume"], "vm3", "{view}");
+    assert!(
+        withdrawn[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("certificate is no longer trusted"),
+        "{view}"
+    );
+    let pair = wait_for("the cycle to end", 60, || {
+        let pair = vm3(&beta);
+        (pair["state"] != "running").then_some(pair)
+    });
+    assert_eq!(pair["cycles_ok"], 0, "the cycle ran to its end: {pair}");
+    assert_eq!(pair["error_kind"], "not_allowed", "{pair}");
+    assert!(pair["cycle"]["stream_sent"].as_u64().unwrap_or(0) < (32 << 20));
+    // A revoked certificate does not get through the handshake again.
+    let again = arbor(&beta.args(&["replica", "run", "vm3"]));
+    assert!(!again.status.success());
 }
