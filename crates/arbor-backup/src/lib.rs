@@ -1,0 +1,13 @@
+//! Backups of snapshots to object storage (docs/BACKUP.md): a repository
+//! in an S3 bucket or a local directory, content-addressed, compressed
+//! and encrypted before anything leaves the host.
+//!
+//! * `crypto`: keys and sealing (RustCrypto).
+//! * `format`: the repository's objects as bytes, sans-I/O, fuzzed.
+//! * `store`: the object store (the `object_store` crate), objects checked
+//!   against their names.
+//! * `repo`: a repository opened with its key: backups made from the
+//!   engine's snapshots, restores into new volumes, lists.
+
+pub mod crypto;
+pub mod format;
