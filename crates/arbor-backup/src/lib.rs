@@ -11,3 +11,12 @@
 
 pub mod crypto;
 pub mod format;
+pub mod repo;
+pub mod store;
+
+mod backup;
+mod restore;
+
+pub use backup::{hold_tag, Made};
+pub use repo::{BackupError, Listing, Progress, Repository};
+pub use restore::Restored;

@@ -1,0 +1,347 @@
+//! A repository opened with its key: its config, the index of every blob
+//! it holds, and its backups. Making backups is `backup.rs`, restoring
+//! them `restore.rs`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+use crate::crypto::{BlobId, Keys};
+use crate::format::config::{KeySource, RepoConfig};
+use crate::format::index::{self, PackEntries};
+use crate::format::manifest::{self, Manifest};
+use crate::format::pack::{self, Entry, TAIL_LEN};
+use crate::format::{FormatError, ObjectId};
+use crate::store::{id_of, names, Location, Store, StoreError, StoreErrorKind};
+
+/// Why a repository operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error("the backup store: {0}")]
+    Store(#[from] StoreError),
+    /// An object the store returned is damaged, replaced or not ours.
+    #[error("{object}: {error}")]
+    Damaged { object: String, error: FormatError },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Engine(#[from] arbor_engine::Error),
+    /// Not there: a backup, a blob a backup needs, a repository.
+    #[error("{0}")]
+    NotFound(String),
+    /// Refused for what it asks (the message says why).
+    #[error("{0}")]
+    Refused(String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, BackupError>;
+
+pub(crate) fn damaged(object: impl Into<String>, error: FormatError) -> BackupError {
+    BackupError::Damaged {
+        object: object.into(),
+        error,
+    }
+}
+
+/// Where the repository holds a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobAt {
+    pub pack: ObjectId,
+    pub entry: Entry,
+}
+
+/// Every blob the repository holds, by id.
+#[derive(Default)]
+pub(crate) struct Index {
+    pub(crate) blobs: HashMap<BlobId, BlobAt>,
+    /// Packs some index object lists.
+    pub(crate) indexed: HashSet<ObjectId>,
+    /// Packs known (listed in an index, read, or written by this process).
+    pub(crate) packs: HashSet<ObjectId>,
+}
+
+impl Index {
+    pub(crate) fn add(&mut self, pack: ObjectId, entries: &[Entry]) {
+        self.packs.insert(pack);
+        for e in entries {
+            self.blobs.entry(e.id).or_insert(BlobAt { pack, entry: *e });
+        }
+    }
+}
+
+/// Counts of what an operation has done, read while it runs.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes of the volume to read (backup) or write (restore).
+    pub total_bytes: AtomicU64,
+    /// Of them, done.
+    pub done_bytes: AtomicU64,
+    /// Bytes sent to the store (backup) or read from it (restore).
+    pub store_bytes: AtomicU64,
+    /// Objects written to the store.
+    pub objects: AtomicU64,
+}
+
+impl Progress {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A backup as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    pub id: ObjectId,
+    pub manifest: Manifest,
+}
+
+/// A repository opened with its key.
+pub struct Repository {
+    pub(crate) store: Store,
+    pub(crate) config: RepoConfig,
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) index: Mutex<Index>,
+}
+
+impl std::fmt::Debug for Repository {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Repository({}, id {})",
+            self.store.location(),
+            self.config.id
+        )
+    }
+}
+
+impl Repository {
+    /// Makes a new, empty repository at `location` (refused where one
+    /// exists) with a new master key sealed under the user's key.
+    pub async fn init(
+        location: &Location,
+        block_size: u32,
+        key: &KeySource<'_>,
+    ) -> Result<Repository> {
+        let store = Store::open(location, true)?;
+        let (config, master) = RepoConfig::new(block_size, key)?;
+        if !store
+            .put_new(names::CONFIG, Bytes::from(config.encode()))
+            .await?
+        {
+            return Err(BackupError::Refused(format!(
+                "{location} already holds a repository (its config object exists)"
+            )));
+        }
+        let keys = Keys::derive(&master, config.id.as_bytes());
+        Ok(Repository {
+            store,
+            config,
+            keys: Arc::new(keys),
+            index: Mutex::new(Index::default()),
+        })
+    }
+
+    /// Opens the repository at `location` with the user's key and reads
+    /// its index: every index object, and the header of every pack no
+    /// index lists (written by a backup that was cut off).
+    pub async fn open(location: &Location, key: &KeySource<'_>) -> Result<Repository> {
+        let store = Store::open(location, false)?;
+        let bytes = store.get(names::CONFIG).await?.ok_or_else(|| {
+            BackupError::NotFound(format!("{location} holds no repository (no config object)"))
+        })?;
+        let config = RepoConfig::decode(&bytes).map_err(|e| damaged("the config object", e))?;
+        let master = config.unlock(key)?;
+        let keys = Keys::derive(&master, config.id.as_bytes());
+        let repo = Repository {
+            store,
+            config,
+            keys: Arc::new(keys),
+            index: Mutex::new(Index::default()),
+        };
+        repo.load_index().await?;
+        Ok(repo)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.config.id
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.config.block_size
+    }
+
+    pub fn location(&self) -> &Location {
+        self.store.location()
+    }
+
+    pub(crate) fn index(&self) -> MutexGuard<'_, Index> {
+        // Every change under the lock is whole (an insert).
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads an object and checks that its bytes are what its name says.
+    pub(crate) async fn get_checked(&self, name: &str, id: &ObjectId) -> Result<Bytes> {
+        let bytes =
+            self.store.get(name).await?.ok_or_else(|| {
+                BackupError::NotFound(format!("{name} is missing from the store"))
+            })?;
+        if ObjectId::of(&bytes) != *id {
+            return Err(damaged(
+                name.to_owned(),
+                crate::format::invalid("an object", "its bytes are not what its name says"),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    async fn load_index(&self) -> Result<()> {
+        for listed in self.store.list(names::INDEX).await? {
+            let Some(id) = id_of(&listed.name) else {
+                continue;
+            };
+            let bytes = self.get_checked(&listed.name, &id).await?;
+            let packs =
+                index::decode(&self.keys, &bytes).map_err(|e| damaged(listed.name.clone(), e))?;
+            let mut index = self.index();
+            for p in packs {
+                index.indexed.insert(p.pack);
+                index.add(p.pack, &p.entries);
+            }
+        }
+        let packs = self.store.list(names::PACKS).await?;
+        let unindexed: Vec<_> = {
+            let index = self.index();
+            packs
+                .into_iter()
+                .filter_map(|l| Some((id_of(&l.name)?, l)))
+                .filter(|(id, _)| !index.indexed.contains(id))
+                .collect()
+        };
+        for (id, listed) in unindexed {
+            match self.pack_header(&id, listed.size).await {
+                Ok(entries) => self.index().add(id, &entries),
+                // A pack cut short by a failed upload (a store that shows
+                // partial objects) holds nothing a backup refers to.
+                Err(BackupError::Damaged { object, error }) => {
+                    tracing::warn!(pack = %object, error = %error, "a pack no index lists is damaged: its blobs are not used");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// A pack's entries, read from its header with two ranged reads.
+    pub(crate) async fn pack_header(&self, id: &ObjectId, size: u64) -> Result<Vec<Entry>> {
+        let name = names::pack(id);
+        if size < (pack::PACK_MAGIC.len() + TAIL_LEN) as u64 {
+            return Err(damaged(name, crate::format::invalid("a pack", "too short")));
+        }
+        let tail = self
+            .store
+            .get_range(&name, size - TAIL_LEN as u64..size)
+            .await?;
+        let header_len = pack::decode_tail(&tail, size).map_err(|e| damaged(name.clone(), e))?;
+        let start = size - TAIL_LEN as u64 - u64::from(header_len);
+        let sealed = self
+            .store
+            .get_range(&name, start..size - TAIL_LEN as u64)
+            .await?;
+        pack::decode_header(&self.keys, &sealed, size).map_err(|e| damaged(name, e))
+    }
+
+    /// Writes an index object listing `packs`.
+    pub(crate) async fn write_index(&self, packs: &[PackEntries]) -> Result<()> {
+        if packs.is_empty() {
+            return Ok(());
+        }
+        let bytes = index::encode(&self.keys, packs);
+        let id = ObjectId::of(&bytes);
+        self.store
+            .put(&names::index(&id), Bytes::from(bytes))
+            .await?;
+        let mut index = self.index();
+        for p in packs {
+            index.indexed.insert(p.pack);
+        }
+        Ok(())
+    }
+
+    /// Every backup, oldest first.
+    pub async fn list(&self) -> Result<Vec<Listing>> {
+        let mut out = Vec::new();
+        for listed in self.store.list(names::SNAPSHOTS).await? {
+            let Some(id) = id_of(&listed.name) else {
+                continue;
+            };
+            out.push(Listing {
+                id,
+                manifest: self.manifest(&id).await?,
+            });
+        }
+        out.sort_by(|a, b| {
+            (a.manifest.completed_unix, &a.manifest.volume, a.id).cmp(&(
+                b.manifest.completed_unix,
+                &b.manifest.volume,
+                b.id,
+            ))
+        });
+        Ok(out)
+    }
+
+    /// One backup's manifest.
+    pub async fn manifest(&self, id: &ObjectId) -> Result<Manifest> {
+        let name = names::snapshot(id);
+        let bytes = match self.get_checked(&name, id).await {
+            Err(BackupError::Store(e)) if e.kind == StoreErrorKind::NotFound => {
+                return Err(BackupError::NotFound(format!("no backup {id}")));
+            }
+            other => other?,
+        };
+        manifest::decode(&self.keys, &bytes).map_err(|e| damaged(name, e))
+    }
+
+    /// The backup a user names: its full id, or a prefix of at least 8 hex
+    /// digits that one backup has.
+    pub async fn find(&self, name: &str) -> Result<Listing> {
+        if name.len() < 8 || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(BackupError::Refused(format!(
+                "{name:?}: a backup is named by its id (at least 8 of its hex digits)"
+            )));
+        }
+        let name = name.to_ascii_lowercase();
+        let mut found = self
+            .store
+            .list(names::SNAPSHOTS)
+            .await?
+            .into_iter()
+            .filter_map(|l| id_of(&l.name))
+            .filter(|id| id.to_string().starts_with(&name));
+        let id = found.next().ok_or_else(|| {
+            BackupError::NotFound(format!("no backup {name} in {}", self.location()))
+        })?;
+        if found.next().is_some() {
+            return Err(BackupError::Refused(format!(
+                "{name} names more than one backup: give more of its digits"
+            )));
+        }
+        Ok(Listing {
+            id,
+            manifest: self.manifest(&id).await?,
+        })
+    }
+
+    /// Where a blob is; a clear error naming it if no pack holds it.
+    pub(crate) fn locate(&self, id: &BlobId, needed_by: &str) -> Result<BlobAt> {
+        self.index().blobs.get(id).copied().ok_or_else(|| {
+            BackupError::NotFound(format!(
+                "{needed_by} needs blob {id}, which no pack in the repository holds (deleted, or \
+                 its pack lost)"
+            ))
+        })
+    }
+}
