@@ -27,6 +27,9 @@ use crate::model::{
     ReplicasView, ResizeRequest, RollbackRequest, SendEstimateView, SendQuery, SnapshotRequest,
     StatsView, StreamCompression, StreamFormat, UpgradeView, VolumeView,
 };
+use crate::model::{
+    BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
+};
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
 
@@ -374,6 +377,31 @@ impl DaemonClient {
     pub fn release(&self, snapshot: &str, tag: &str) -> Result<VolumeView> {
         let path = format!("/v1/snapshots/{}/holds/{}", encode(snapshot), encode(tag));
         decode(&self.send(Method::DELETE, &path, None)?)
+    }
+
+    pub fn backup_repositories(&self) -> Result<Vec<BackupRepositoryView>> {
+        self.get("/v1/backups")
+    }
+
+    pub fn backups(&self, repository: &str) -> Result<BackupListView> {
+        self.get(&format!("/v1/backups/{}", encode(repository)))
+    }
+
+    /// A backup of a snapshot, answered when it is complete.
+    pub fn backup_create(&self, repository: &str, request: &BackupRequest) -> Result<BackupView> {
+        self.post(&format!("/v1/backups/{}", encode(repository)), request)
+    }
+
+    /// A restore into a new volume, answered when it is complete.
+    pub fn backup_restore(
+        &self,
+        repository: &str,
+        request: &RestoreRequest,
+    ) -> Result<RestoreView> {
+        self.post(
+            &format!("/v1/backups/{}/restore", encode(repository)),
+            request,
+        )
     }
 
     pub fn replicas(&self) -> Result<ReplicasView> {

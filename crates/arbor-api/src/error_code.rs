@@ -38,6 +38,9 @@ pub enum ErrorCode {
     OriginUnavailable,
     /// The pool stopped after a failed commit.
     PoolFailed,
+    /// A backup repository's store could not be reached (after retries),
+    /// or refused the request (credentials, permissions, a quota).
+    StoreUnavailable,
     /// The operation conflicts with the pool's state (a receive of another
     /// stream in progress, a volume written since a stream's base).
     Conflict,
@@ -94,12 +97,12 @@ impl ErrorCode {
             Self::UnprocessableEntity => 422,
             Self::NoSpace | Self::MetadataFull | Self::TransactionFull => 507,
             Self::Corrupt | Self::Io | Self::PoolFailed | Self::Internal | Self::Unknown => 500,
-            Self::OriginUnavailable => 503,
+            Self::OriginUnavailable | Self::StoreUnavailable => 503,
         }
     }
 
     /// Every code, [`ErrorCode::Unknown`] last.
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 27] = [
         Self::InvalidName,
         Self::InvalidArgument,
         Self::BadRequest,
@@ -119,6 +122,7 @@ impl ErrorCode {
         Self::Io,
         Self::OriginUnavailable,
         Self::PoolFailed,
+        Self::StoreUnavailable,
         Self::Conflict,
         Self::Unsupported,
         Self::BadStream,

@@ -1260,3 +1260,73 @@ pub struct CreatedTokenView {
     pub token: TokenView,
     pub secret: String,
 }
+
+/// A backup repository the daemon is configured with
+/// (`backup_repositories`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupRepositoryView {
+    pub name: String,
+    /// `s3://BUCKET/PREFIX` or a directory.
+    pub url: String,
+}
+
+/// `POST /v1/backups/{repository}`: back up a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupRequest {
+    /// `volume@snapshot`.
+    pub snapshot: String,
+}
+
+/// One backup in a repository (docs/BACKUP.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupView {
+    /// 64 hex digits; any unique prefix of 8 or more names it.
+    pub id: String,
+    pub volume: String,
+    pub snapshot: String,
+    pub host: String,
+    pub created_unix: u64,
+    pub completed_unix: u64,
+    pub size: u64,
+    /// Bytes of blocks that do not read as zeros.
+    pub mapped_bytes: u64,
+    /// The backup it was made from (incremental), if any.
+    pub parent: Option<String>,
+    /// Blobs it added to the repository and their stored bytes
+    /// (compressed, sealed): what it cost in the store.
+    pub added_blobs: u64,
+    pub added_bytes: u64,
+}
+
+/// `GET /v1/backups/{repository}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupListView {
+    pub repository: String,
+    pub url: String,
+    /// The repository's id (32 hex digits) and block size.
+    pub id: String,
+    pub block_size: u32,
+    /// Oldest first.
+    pub backups: Vec<BackupView>,
+}
+
+/// `POST /v1/backups/{repository}/restore`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// The backup's id or a unique prefix of 8 or more of its digits.
+    pub backup: String,
+    /// The new volume (must not exist).
+    pub volume: String,
+}
+
+/// A restore done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreView {
+    pub backup: String,
+    pub volume: String,
+    pub size: u64,
+    /// Bytes written (blocks that do not read as zeros).
+    pub restored_bytes: u64,
+}

@@ -14,6 +14,8 @@ pub mod format;
 pub mod repo;
 pub mod store;
 
+pub mod spec;
+
 mod backup;
 mod restore;
 

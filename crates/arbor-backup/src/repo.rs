@@ -154,7 +154,10 @@ impl Repository {
             BackupError::NotFound(format!("{location} holds no repository (no config object)"))
         })?;
         let config = RepoConfig::decode(&bytes).map_err(|e| damaged("the config object", e))?;
-        let master = config.unlock(key)?;
+        // A wrong key is the user's mistake, not damage.
+        let master = config
+            .unlock(key)
+            .map_err(|e| BackupError::Refused(format!("{location}: {e}")))?;
         let keys = Keys::derive(&master, config.id.as_bytes());
         let repo = Repository {
             store,

@@ -49,6 +49,7 @@ pub struct Services {
     pub pool: Arc<Pool>,
     pub history: Arc<crate::history::History>,
     pub reloader: Arc<crate::reload::Reloader>,
+    pub backups: Arc<crate::backups::Backups>,
 }
 
 macro_rules! from_services {
@@ -69,7 +70,8 @@ from_services!(
     streams: Streams,
     pool: Arc<Pool>,
     history: Arc<crate::history::History>,
-    reloader: Arc<crate::reload::Reloader>
+    reloader: Arc<crate::reload::Reloader>,
+    backups: Arc<crate::backups::Backups>
 );
 
 /// The API's routes for `services`, guarded by `auth` (who may do what)
@@ -142,6 +144,15 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/replicas/{volume}/resync", post(replica_api::resync))
         .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
         .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
+        .route("/v1/backups", get(crate::backups::repositories))
+        .route(
+            "/v1/backups/{repository}",
+            get(crate::backups::list).post(crate::backups::create),
+        )
+        .route(
+            "/v1/backups/{repository}/restore",
+            post(crate::backups::restore),
+        )
         .route("/v1/overview", get(overview))
         .route("/v1/whoami", get(whoami))
         .route("/v1/policies", get(monitor_api::list))

@@ -115,6 +115,40 @@ impl From<DaemonError> for ApiError {
     }
 }
 
+/// A backup's failure, by [`crate::backups::code_of`]; a server error is
+/// logged as a daemon error is.
+impl From<arbor_backup::BackupError> for ApiError {
+    fn from(err: arbor_backup::BackupError) -> Self {
+        let code = crate::backups::code_of(&err);
+        let mut message = err.to_string();
+        let mut cause = std::error::Error::source(&err);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !message.ends_with(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            cause = c.source();
+        }
+        if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
+            let kind = serde_json::to_value(code)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            error!(error = message, error_kind = kind, "API request failed");
+        }
+        Self::new(code, message)
+    }
+}
+
+impl ApiError {
+    /// The same error with what was being done before its message.
+    pub(super) fn context(mut self, context: impl std::fmt::Display) -> Self {
+        self.body.message = format!("{context}: {}", self.body.message);
+        self
+    }
+}
+
 /// A send's or receive's failure: a bad stream is the client's.
 impl From<StreamFailure> for ApiError {
     fn from(err: StreamFailure) -> Self {

@@ -60,6 +60,25 @@ struct ConfigFile {
     replication_identity: String,
     replication_timeout: String,
     replication_allow: Vec<AllowEntry>,
+    backup_repositories: Vec<BackupRepositoryEntry>,
+}
+
+/// One backup repository (docs/BACKUP.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct BackupRepositoryEntry {
+    name: String,
+    url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    passphrase_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    credentials_file: Option<PathBuf>,
 }
 
 /// One source a replication target accepts.
@@ -135,6 +154,8 @@ pub struct ServeConfig {
     /// Increasing percentages of space use that raise a warning.
     pub space_warning_percent: Vec<u8>,
     pub replication: ReplicationConfig,
+    /// Backup repositories by name.
+    pub backup_repositories: Vec<(String, arbor_backup::spec::RepoSpec)>,
 }
 
 /// What the NBD TCP listener asks of clients.
@@ -345,6 +366,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let nbd_tcp_security = nbd_security(&file, nbd_listen, tls.is_some())?;
     let api = api(&file, tls.clone())?;
     let replication = replication(&file, tls.clone())?;
+    let backup_repositories = backup_repositories(&file)?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
     }
@@ -376,6 +398,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         })?,
         space_warning_percent: file.space_warning_percent.clone(),
         replication,
+        backup_repositories,
         data_dir: file.data_dir,
     })
 }
@@ -541,6 +564,45 @@ fn api(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<ApiConfig>
         clients,
         max_connections: file.api_max_connections as usize,
     })
+}
+
+fn backup_repositories(file: &ConfigFile) -> Result<Vec<(String, arbor_backup::spec::RepoSpec)>> {
+    use arbor_backup::spec::{KeyFile, RepoSpec};
+    let mut out: Vec<(String, RepoSpec)> = Vec::new();
+    for entry in &file.backup_repositories {
+        let name = &entry.name;
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !valid {
+            bail!(usage(format!(
+                "backup_repositories: the name {name:?} is not 1-64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            bail!(usage(format!("backup_repositories: {name} is named twice")));
+        }
+        let key = match (&entry.key_file, &entry.passphrase_file) {
+            (Some(k), None) => KeyFile::Key(k.clone()),
+            (None, Some(p)) => KeyFile::Passphrase(p.clone()),
+            _ => bail!(usage(format!(
+                "backup_repositories: {name} needs one of key_file and passphrase_file"
+            ))),
+        };
+        let spec = RepoSpec {
+            url: entry.url.clone(),
+            endpoint: entry.endpoint.clone(),
+            region: entry.region.clone(),
+            credentials_file: entry.credentials_file.clone(),
+            key,
+        };
+        spec.check()
+            .map_err(|e| usage(format!("backup_repositories: {name}: {e}")))?;
+        out.push((name.clone(), spec));
+    }
+    Ok(out)
 }
 
 fn replication(file: &ConfigFile, tls: Option<arbor_tls::TlsFiles>) -> Result<ReplicationConfig> {

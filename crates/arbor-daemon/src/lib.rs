@@ -13,6 +13,7 @@ mod api;
 mod api_error;
 mod auth;
 mod background;
+mod backups;
 mod clock;
 pub mod config;
 mod control;
@@ -44,6 +45,7 @@ mod tokens;
 pub mod views;
 
 pub use api_error::{code_of, code_of_engine};
+pub use backups::code_of as backup_code_of;
 pub use error::DaemonError;
 pub use monitor::unix_now;
 pub use reload::Source as ConfigSource;

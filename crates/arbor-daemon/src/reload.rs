@@ -75,6 +75,7 @@ pub struct Live {
     pub replication: Arc<Replication>,
     pub scrub: Arc<Scrub>,
     pub reclaim_rate: Arc<AtomicU32>,
+    pub backups: Arc<crate::backups::Backups>,
 }
 
 /// Reloads the configuration into the running daemon.
@@ -135,6 +136,7 @@ fn live_keys(c: &ServeConfig) -> Vec<(&'static str, String)> {
         ("replication_allow", v(&c.replication.allow)),
         ("reclaim_rate", v(&c.reclaim_rate)),
         ("scrub_busy_rate", v(&c.scrub_busy_rate)),
+        ("backup_repositories", v(&c.backup_repositories)),
     ]
 }
 
@@ -246,6 +248,7 @@ impl Reloader {
             .reclaim_rate
             .store(new.reclaim_rate, Ordering::Relaxed);
         self.live.scrub.set_busy_rate(new.scrub_busy_rate);
+        self.live.backups.set(&new.backup_repositories);
         let tokens = match self.live.auth.tokens.reread() {
             Ok(n) => n,
             Err(e) => {

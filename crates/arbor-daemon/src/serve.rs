@@ -122,6 +122,12 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
     open.pool
         .observe_commits(Box::new(move |took| observer.observe_commit(took)));
     let open_exports = Arc::new(OpenExports::default());
+    let backups = crate::backups::Backups::new(
+        &config.backup_repositories,
+        config.replication.identity.clone(),
+        Arc::clone(&open.pool),
+        Arc::clone(&sending),
+    );
     let in_use = InUse::new(Arc::clone(&open_exports), sending);
     let space = SpaceWatch::new(config.space_warning_percent.clone());
     let origins = Origins::new(
@@ -219,6 +225,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
             replication: Arc::clone(&replication),
             scrub: Arc::clone(&scrub),
             reclaim_rate,
+            backups: Arc::clone(&backups),
         },
     );
     tasks.spawn(reload_on_hangup(Arc::clone(&reloader), stop.clone()));
@@ -245,6 +252,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         pool: Arc::clone(&open.pool),
         history,
         reloader,
+        backups: Arc::clone(&backups),
     };
     tasks.spawn(api.serve(api::router(services, auth, names), stop.clone()));
     if let Some(listener) = replication_listener {

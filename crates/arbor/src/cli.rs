@@ -160,6 +160,11 @@ pub enum Command {
     /// held here
     #[command(subcommand)]
     Replica(ReplicaCommand),
+    /// Back snapshots up into a repository in object storage (S3) or a
+    /// directory: incremental, deduplicated, compressed and encrypted on
+    /// this host (docs/BACKUP.md)
+    #[command(subcommand)]
+    Backup(BackupCommand),
     /// Snapshot schedules and retention, kept in the pool (docs/MONITOR.md)
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -283,6 +288,71 @@ pub enum PolicyCommand {
     /// Remove the policy VOLUME is in (for all its volumes); the snapshots
     /// it made stay
     Clear { volume: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackupCommand {
+    /// Make a repository key file (offline): 32 random bytes as hex, mode
+    /// 0600, never over an existing file. Keep a copy off this host: the
+    /// backups cannot be read without it
+    #[command(name = "new-key")]
+    NewKey {
+        /// Where to write it
+        file: PathBuf,
+    },
+    /// Make a new, empty repository (offline: this talks to the store, not
+    /// to the daemon)
+    Init(BackupInitArgs),
+    /// The repositories the daemon is configured with (backup_repositories)
+    Repositories,
+    /// Back up a snapshot into a repository the daemon is configured
+    /// with: what changed since the last backup of an older snapshot of
+    /// the volume, or everything the first time; answered when complete
+    Create {
+        /// The repository's name in backup_repositories
+        repository: String,
+        #[arg(value_name = "VOLUME@SNAP")]
+        snapshot: String,
+    },
+    /// The backups in a repository, oldest first
+    List { repository: String },
+    /// Restore a backup into a new volume, every block verified
+    Restore {
+        repository: String,
+        /// The backup's id, or 8 or more of its first digits
+        backup: String,
+        /// The new volume
+        volume: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BackupInitArgs {
+    /// s3://BUCKET[/PREFIX] or a directory
+    pub url: String,
+    /// The key file (`arbor backup new-key`)
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "passphrase_file",
+        conflicts_with = "passphrase_file"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// A file whose first line is the passphrase (Argon2id derives the key)
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
+    /// Bytes per block: a power of two from 4K to 1M
+    #[arg(long, value_name = "SIZE", default_value = "64K")]
+    pub block_size: ByteSize,
+    /// An S3 gateway that is not AWS: http(s)://HOST:PORT
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    #[arg(long)]
+    pub region: Option<String>,
+    /// TOML with access_key_id and secret_access_key [default: the AWS
+    /// environment variables]
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -13,17 +13,18 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::{
-    Cli, Command, CompressionArg, ConfigCommand, FormatArg, OriginCommand, PolicyCommand,
-    PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs, ReplicaCommand, ScrubCommand, SendArgs,
-    ServeArgs, SnapshotCommand, TokenCommand, VolumeCommand,
+    BackupCommand, BackupInitArgs, Cli, Command, CompressionArg, ConfigCommand, FormatArg,
+    OriginCommand, PolicyCommand, PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs,
+    ReplicaCommand, ScrubCommand, SendArgs, ServeArgs, SnapshotCommand, TokenCommand,
+    VolumeCommand,
 };
 use crate::exit::{Exit, Fail};
 use crate::output::{self, emit};
 use crate::tls_init::{self, TlsCommand};
 use arbor_api::client::DaemonClient;
 use arbor_api::model::{
-    CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest, ReplicaAddRequest, SendQuery,
-    StreamCompression, StreamFormat, TokenRequest,
+    BackupRequest, CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest,
+    ReplicaAddRequest, RestoreRequest, SendQuery, StreamCompression, StreamFormat, TokenRequest,
 };
 use arbor_api::size::ByteSize;
 use arbor_daemon::pool_file::{self, IoMode, OpenPool};
@@ -80,6 +81,23 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
         Command::Pool(PoolCommand::Upgrade { path: Some(path) }) => {
             let upgraded = with_offline_pool(&path, |open| Ok(pool_file::upgrade(&open.pool)?))?;
             printer.show(&upgraded, output::upgrade)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup(BackupCommand::NewKey { file }) => {
+            arbor_backup::spec::new_key_file(&file)?;
+            printer.done(
+                "new-key",
+                &file.display().to_string(),
+                format!(
+                    "wrote a repository key to {}: keep a copy off this host, the backups \
+                     cannot be read without it\n",
+                    file.display()
+                ),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup(BackupCommand::Init(args)) => {
+            printer.show(&backup_init(&args)?, output::backup_init)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Tls(TlsCommand::Init(args)) => {
@@ -230,6 +248,7 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             })?;
         }
         Command::Replica(command) => replica(command, c, p)?,
+        Command::Backup(command) => backup(command, c, p)?,
         Command::Token(command) => token(command, c, p)?,
         Command::Send(args) => send(&args, c, p)?,
         Command::Receive(args) => receive(&args, c, p)?,
@@ -754,6 +773,92 @@ fn policy(command: PolicyCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 &volume,
                 format!("{volume} has no policy now; the snapshots it made stay\n"),
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// What `arbor backup init` made.
+#[derive(Serialize)]
+pub struct BackupInitView {
+    pub url: String,
+    pub id: String,
+    pub block_size: u32,
+}
+
+fn backup_init(args: &BackupInitArgs) -> Result<BackupInitView> {
+    use arbor_backup::spec::{KeyFile, RepoSpec};
+    let key = match (&args.key_file, &args.passphrase_file) {
+        (Some(k), None) => KeyFile::Key(k.clone()),
+        (None, Some(p)) => KeyFile::Passphrase(p.clone()),
+        _ => anyhow::bail!(crate::exit::usage(
+            "give one of --key-file and --passphrase-file"
+        )),
+    };
+    let block_size = u32::try_from(args.block_size.0).map_err(|_| {
+        crate::exit::usage(format!("--block-size {} is too large", args.block_size))
+    })?;
+    let spec = RepoSpec {
+        url: args.url.clone(),
+        endpoint: args.endpoint.clone(),
+        region: args.region.clone(),
+        credentials_file: args.credentials_file.clone(),
+        key,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start a runtime")?;
+    let repo = runtime
+        .block_on(spec.init(block_size))
+        .map_err(|e| crate::exit::backup_error(e, &args.url))?;
+    Ok(BackupInitView {
+        url: repo.location().to_string(),
+        id: repo.id().to_owned(),
+        block_size: repo.block_size(),
+    })
+}
+
+fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
+    match command {
+        BackupCommand::Repositories => p.show(&c.backup_repositories()?, |l| {
+            output::backup_repositories(l)
+        })?,
+        BackupCommand::Create {
+            repository,
+            snapshot,
+        } => {
+            let made = with_spinner(&format!("backing up {snapshot} to {repository}"), || {
+                c.backup_create(
+                    &repository,
+                    &BackupRequest {
+                        snapshot: snapshot.clone(),
+                    },
+                )
+            })?;
+            p.show(&made, output::backup_made)?;
+        }
+        BackupCommand::List { repository } => {
+            p.show(&c.backups(&repository)?, output::backup_list)?
+        }
+        BackupCommand::Restore {
+            repository,
+            backup,
+            volume,
+        } => {
+            let restored = with_spinner(&format!("restoring {backup} into {volume}"), || {
+                c.backup_restore(
+                    &repository,
+                    &RestoreRequest {
+                        backup: backup.clone(),
+                        volume: volume.clone(),
+                    },
+                )
+            })?;
+            p.show(&restored, output::backup_restored)?;
+        }
+        BackupCommand::NewKey { .. } | BackupCommand::Init(_) => {
+            anyhow::bail!("internal error: this command does not go through the daemon")
         }
     }
     Ok(())

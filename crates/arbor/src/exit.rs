@@ -64,6 +64,7 @@ impl Exit {
             | ErrorCode::TransactionFull
             | ErrorCode::Io
             | ErrorCode::OriginUnavailable
+            | ErrorCode::StoreUnavailable
             | ErrorCode::PoolFailed
             | ErrorCode::Internal
             | ErrorCode::Unknown => Exit::Failure,
@@ -132,6 +133,18 @@ impl Fail {
             message: message.into(),
         }
     }
+}
+
+/// A usage error (status 2) with `message`.
+pub fn usage(message: impl Into<String>) -> Fail {
+    Fail::new(Exit::Usage, message)
+}
+
+/// A backup repository's failure in a command that talks to the store
+/// itself (`backup init`), with the status its API code has.
+pub fn backup_error(err: arbor_backup::BackupError, url: &str) -> Fail {
+    let exit = Exit::of_code(arbor_daemon::backup_code_of(&err));
+    Fail::new(exit, format!("backup repository {url}: {err}"))
 }
 
 #[cfg(test)]

@@ -1033,6 +1033,107 @@ pub fn tokens(list: &[arbor_api::model::TokenView]) -> String {
     )
 }
 
+/// `arbor backup init`.
+pub fn backup_init(v: &crate::commands::BackupInitView) -> String {
+    format!(
+        "made backup repository {} (id {}, blocks of {})\n",
+        v.url,
+        v.id,
+        size(u64::from(v.block_size))
+    )
+}
+
+/// `arbor backup repositories`.
+pub fn backup_repositories(list: &[arbor_api::model::BackupRepositoryView]) -> String {
+    if list.is_empty() {
+        return "no backup repositories are configured (backup_repositories)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|r| vec![r.name.clone(), r.url.clone()])
+        .collect();
+    table(&["NAME", "URL"], &rows)
+}
+
+/// The backup's id as shown: its first 12 digits (any 8 or more name it).
+fn short_id(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// `arbor backup create`.
+pub fn backup_made(v: &arbor_api::model::BackupView) -> String {
+    let how = match &v.parent {
+        Some(p) => format!("incremental from {}", short_id(p)),
+        None => "full".to_owned(),
+    };
+    format!(
+        "backed up {} as {} ({how}): {} mapped, {} new in the repository ({} blobs)\n",
+        v.snapshot,
+        short_id(&v.id),
+        size(v.mapped_bytes),
+        size(v.added_bytes),
+        v.added_blobs
+    )
+}
+
+/// `arbor backup list`.
+pub fn backup_list(v: &arbor_api::model::BackupListView) -> String {
+    let now = arbor_daemon::unix_now();
+    let rows: Vec<Vec<String>> = v
+        .backups
+        .iter()
+        .map(|b| {
+            vec![
+                short_id(&b.id).to_owned(),
+                b.snapshot.clone(),
+                b.host.clone(),
+                size(b.size),
+                size(b.mapped_bytes),
+                size(b.added_bytes),
+                b.parent
+                    .as_deref()
+                    .map_or("-".to_owned(), |p| short_id(p).to_owned()),
+                age(now.saturating_sub(b.completed_unix)),
+            ]
+        })
+        .collect();
+    let mut text = format!(
+        "{} ({}): {} backups\n",
+        v.repository,
+        v.url,
+        v.backups.len()
+    );
+    if !rows.is_empty() {
+        text += &table(
+            &[
+                "ID", "SNAPSHOT", "HOST", "SIZE", "MAPPED", "ADDED", "PARENT", "AGE",
+            ],
+            &rows,
+        );
+    }
+    text
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+/// `arbor backup restore`.
+pub fn backup_restored(v: &arbor_api::model::RestoreView) -> String {
+    format!(
+        "restored backup {} into {} ({}, {} written)\n",
+        short_id(&v.backup),
+        v.volume,
+        size(v.size),
+        size(v.restored_bytes)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,221 @@
+//! `/v1/backups`: backups of this pool's snapshots into the configured
+//! repositories (`backup_repositories`, docs/BACKUP.md), and restores from
+//! them into new volumes. The repository code is `arbor-backup`; this is
+//! its glue: which repositories exist (replaced by a reload), this host's
+//! name in backups, the snapshot pinned while it is read, and the views.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use arbor_api::model::{
+    BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
+};
+use arbor_backup::spec::RepoSpec;
+use arbor_backup::{BackupError, Listing, Progress, Repository};
+use arbor_engine::Pool;
+use arbor_stream::busy::Pins;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use tracing::info;
+
+use crate::api_error::{ApiError, ApiResult};
+use crate::error::DaemonError;
+
+/// The configured repositories and what backups need of the daemon.
+pub struct Backups {
+    repositories: RwLock<BTreeMap<String, RepoSpec>>,
+    /// This host's name in the backups it makes.
+    host: String,
+    pool: Arc<Pool>,
+    /// Snapshots being read (destroying one needs force meanwhile).
+    pins: Arc<Pins>,
+}
+
+impl Backups {
+    pub fn new(
+        repositories: &[(String, RepoSpec)],
+        host: String,
+        pool: Arc<Pool>,
+        pins: Arc<Pins>,
+    ) -> Arc<Self> {
+        Arc::new(Backups {
+            repositories: RwLock::new(repositories.iter().cloned().collect()),
+            host,
+            pool,
+            pins,
+        })
+    }
+
+    /// A reload's repositories, in force for the next operation.
+    pub fn set(&self, repositories: &[(String, RepoSpec)]) {
+        *self.repositories.write().unwrap_or_else(|p| p.into_inner()) =
+            repositories.iter().cloned().collect();
+    }
+
+    fn spec(&self, name: &str) -> Result<RepoSpec, ApiError> {
+        // Replaced whole: a poisoned lock still holds a whole value.
+        let repositories = self.repositories.read().unwrap_or_else(|p| p.into_inner());
+        repositories.get(name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = repositories.keys().map(String::as_str).collect();
+            ApiError::from(DaemonError::NotFound(format!(
+                "no backup repository {name:?} is configured (backup_repositories: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )))
+        })
+    }
+
+    async fn open(&self, name: &str) -> Result<Repository, ApiError> {
+        self.spec(name)?
+            .open()
+            .await
+            .map_err(|e| ApiError::from(e).context(format!("backup repository {name}")))
+    }
+}
+
+fn view(listing: &Listing) -> BackupView {
+    let m = &listing.manifest;
+    BackupView {
+        id: listing.id.to_string(),
+        volume: m.volume.clone(),
+        snapshot: m.snapshot.clone(),
+        host: m.host.clone(),
+        created_unix: m.created_unix,
+        completed_unix: m.completed_unix,
+        size: m.size,
+        mapped_bytes: m.blocks.saturating_mul(u64::from(m.block_size)).min(m.size),
+        parent: m.parent.clone(),
+        added_blobs: m.added_blobs,
+        added_bytes: m.added_bytes,
+    }
+}
+
+/// `GET /v1/backups`.
+pub async fn repositories(State(backups): State<Arc<Backups>>) -> Json<Vec<BackupRepositoryView>> {
+    let repositories = backups
+        .repositories
+        .read()
+        .unwrap_or_else(|p| p.into_inner());
+    Json(
+        repositories
+            .iter()
+            .map(|(name, spec)| BackupRepositoryView {
+                name: name.clone(),
+                url: spec.url.clone(),
+            })
+            .collect(),
+    )
+}
+
+/// `GET /v1/backups/{repository}`.
+pub async fn list(
+    State(backups): State<Arc<Backups>>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<BackupListView>> {
+    let repo = backups.open(&name).await?;
+    let listed = repo.list().await.map_err(ApiError::from)?;
+    Ok(Json(BackupListView {
+        repository: name,
+        url: repo.location().to_string(),
+        id: repo.id().to_owned(),
+        block_size: repo.block_size(),
+        backups: listed.iter().map(view).collect(),
+    }))
+}
+
+/// `POST /v1/backups/{repository}`: backs up a snapshot; answered when the
+/// backup is complete.
+pub async fn create(
+    State(backups): State<Arc<Backups>>,
+    Path(name): Path<String>,
+    Json(req): Json<BackupRequest>,
+) -> ApiResult<(StatusCode, Json<BackupView>)> {
+    let id = backups
+        .pool
+        .lookup(&req.snapshot)
+        .map_err(DaemonError::from)?;
+    let _pinned = backups.pins.pin(vec![id]);
+    let repo = backups.open(&name).await?;
+    let progress = Progress::default();
+    let made = repo
+        .backup(
+            Arc::clone(&backups.pool),
+            &req.snapshot,
+            &backups.host,
+            &progress,
+        )
+        .await
+        .map_err(|e| ApiError::from(e).context(format!("backing up {} to {name}", req.snapshot)))?;
+    info!(
+        repository = %name,
+        snapshot = %req.snapshot,
+        backup = %made.id,
+        incremental = made.base.is_some(),
+        added_bytes = made.manifest.added_bytes,
+        "backed up"
+    );
+    let listing = Listing {
+        id: made.id,
+        manifest: made.manifest,
+    };
+    Ok((StatusCode::CREATED, Json(view(&listing))))
+}
+
+/// `POST /v1/backups/{repository}/restore`: restores a backup into a new
+/// volume; answered when it is complete.
+pub async fn restore(
+    State(backups): State<Arc<Backups>>,
+    Path(name): Path<String>,
+    Json(req): Json<RestoreRequest>,
+) -> ApiResult<(StatusCode, Json<RestoreView>)> {
+    arbor_engine::check_volume_name(&req.volume).map_err(DaemonError::from)?;
+    if backups.pool.lookup(&req.volume).is_ok() {
+        return Err(ApiError::from(DaemonError::from(
+            arbor_engine::Error::Refused(arbor_engine::Refusal::AlreadyExists(req.volume.clone())),
+        )));
+    }
+    let repo = backups.open(&name).await?;
+    let found = repo.find(&req.backup).await.map_err(ApiError::from)?;
+    let progress = Progress::default();
+    let restored = repo
+        .restore(&found.id, Arc::clone(&backups.pool), &req.volume, &progress)
+        .await
+        .map_err(|e| {
+            ApiError::from(e).context(format!("restoring backup {} into {}", found.id, req.volume))
+        })?;
+    info!(repository = %name, backup = %found.id, volume = %req.volume, "restored");
+    Ok((
+        StatusCode::CREATED,
+        Json(RestoreView {
+            backup: found.id.to_string(),
+            volume: restored.volume,
+            size: restored.size,
+            restored_bytes: restored
+                .blocks
+                .saturating_mul(u64::from(repo.block_size()))
+                .min(restored.size),
+        }),
+    ))
+}
+
+/// The API's code for each backup failure.
+pub fn code_of(err: &BackupError) -> arbor_api::error_code::ErrorCode {
+    use arbor_api::error_code::ErrorCode;
+    use arbor_backup::store::StoreErrorKind;
+    match err {
+        BackupError::Store(e) => match e.kind {
+            StoreErrorKind::NotFound => ErrorCode::NotFound,
+            StoreErrorKind::Config => ErrorCode::InvalidArgument,
+            StoreErrorKind::Refused | StoreErrorKind::Unavailable => ErrorCode::StoreUnavailable,
+        },
+        BackupError::Damaged { .. } | BackupError::Format(_) => ErrorCode::Corrupt,
+        BackupError::Engine(e) => crate::api_error::code_of_engine(e),
+        BackupError::NotFound(_) => ErrorCode::NotFound,
+        BackupError::Refused(_) => ErrorCode::InvalidArgument,
+        BackupError::Internal(_) => ErrorCode::Internal,
+    }
+}

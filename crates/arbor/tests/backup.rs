@@ -1,0 +1,144 @@
+//! `arbor backup` end to end with the real binary: a key made, a
+//! repository made in a directory, a daemon configured with it backing up
+//! snapshots written through NBD (full, then incremental), listing them,
+//! restoring one into a new volume read back through NBD, and the errors
+//! a user meets.
+// A test crate: unwrap, expect and panic are how a test reports failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+
+#[test]
+fn backups_are_made_listed_and_restored_through_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("backup.key");
+    let repo = tmp.path().join("repo");
+    ok(&["backup", "new-key", p(&key)]);
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // Never over an existing key.
+    assert!(!arbor(&["backup", "new-key", p(&key)]).status.success());
+    let made = json(&["backup", "init", p(&repo), "--key-file", p(&key), "--json"]);
+    assert_eq!(made["block_size"], 65536, "{made}");
+    // A second init is refused (exit 2) and changes nothing.
+    let config = std::fs::read(repo.join("config")).unwrap();
+    fails_with(
+        &["backup", "init", p(&repo), "--key-file", p(&key)],
+        2,
+        "already holds a repository",
+    );
+    assert_eq!(std::fs::read(repo.join("config")).unwrap(), config);
+
+    let daemon_config = tmp.path().join("arbor.toml");
+    std::fs::write(
+        &daemon_config,
+        format!(
+            "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\" }}]\n",
+            p(&repo),
+            p(&key)
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&[
+        "--config",
+        p(&daemon_config),
+        "--initial-volume-size",
+        "32M",
+    ]);
+    let repositories = daemon.json(&["backup", "repositories"]);
+    assert_eq!(repositories[0]["name"], "local", "{repositories}");
+
+    let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    let data = random_file(tmp.path(), "data", 32 << 20, 7);
+    nbdcopy(p(&data), &export);
+    daemon.ok(&["snapshot", "create", "disk0@one"]);
+    let one = daemon.json(&["backup", "create", "local", "disk0@one"]);
+    assert_eq!(one["parent"], serde_json::Value::Null, "{one}");
+    assert_eq!(one["mapped_bytes"], 32 << 20, "{one}");
+    assert!(
+        one["added_bytes"].as_u64().unwrap() > 32 << 20,
+        "random data does not compress"
+    );
+
+    // One MiB written again: the next backup is incremental and adds
+    // about that.
+    let change = random_file(tmp.path(), "change", 1 << 20, 8);
+    nbdcopy(p(&change), &export);
+    daemon.ok(&["snapshot", "create", "disk0@two"]);
+    let two = daemon.json(&["backup", "create", "local", "disk0@two"]);
+    assert_eq!(two["parent"], one["id"], "{two}");
+    let added = two["added_bytes"].as_u64().unwrap();
+    assert!(
+        added > 1 << 20 && added < (1 << 20) + (256 << 10),
+        "an incremental backup of 1 MiB added {added} bytes"
+    );
+    // The newest backed-up snapshot is held (the next one's base).
+    let held = daemon.json(&["snapshot", "list"]);
+    let holds_of = |name: &str| {
+        held.as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .map(|s| s["holds"].as_array().map_or(0, Vec::len))
+            .unwrap()
+    };
+    assert_eq!(holds_of("disk0@two"), 1, "{held}");
+    assert_eq!(holds_of("disk0@one"), 0, "{held}");
+
+    let list = daemon.json(&["backup", "list", "local"]);
+    let backups = list["backups"].as_array().unwrap();
+    assert_eq!(backups.len(), 2, "{list}");
+    assert_eq!(backups[1]["id"], two["id"]);
+    assert!(daemon
+        .ok(&["backup", "list", "local"])
+        .contains("disk0@two"));
+
+    // Restored by a prefix of its id into a new volume: byte for byte
+    // what the snapshot held.
+    let id = two["id"].as_str().unwrap();
+    let restored = daemon.json(&["backup", "restore", "local", &id[..10], "back"]);
+    assert_eq!(restored["volume"], "back", "{restored}");
+    let copy = tmp.path().join("copy");
+    nbdcopy(
+        &format!("nbd+unix:///back?socket={}", daemon.nbd_socket()),
+        p(&copy),
+    );
+    let mut expected = std::fs::read(&data).unwrap();
+    expected[..1 << 20].copy_from_slice(&std::fs::read(&change).unwrap());
+    assert!(
+        std::fs::read(&copy).unwrap() == expected,
+        "the restore differs"
+    );
+
+    // What a user gets wrong, each with its own status.
+    daemon.fails(
+        &["backup", "list", "nowhere"],
+        4,
+        "no backup repository \"nowhere\"",
+    );
+    daemon.fails(
+        &["backup", "restore", "local", &id[..10], "back"],
+        5,
+        "back",
+    );
+    daemon.fails(
+        &["backup", "restore", "local", "00000000", "x"],
+        4,
+        "no backup 00000000",
+    );
+    daemon.fails(&["backup", "create", "local", "disk0"], 2, "not a snapshot");
+    assert!(daemon
+        .json(&["volume", "list"])
+        .to_string()
+        .contains("back"));
+    assert!(!daemon
+        .json(&["volume", "list"])
+        .to_string()
+        .contains("\"x\""));
+}
