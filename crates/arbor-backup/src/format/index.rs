@@ -58,7 +58,13 @@ pub fn decode(keys: &Keys, bytes: &[u8]) -> Result<Vec<PackEntries>, FormatError
         .strip_prefix(INDEX_MAGIC.as_slice())
         .ok_or_else(|| invalid(WHAT, "not an index (no ARBIDX01 at its start)"))?;
     let plain = keys.open(WHAT, AAD, sealed)?;
-    let mut c = Cursor::new(&plain, WHAT);
+    decode_plain(&plain)
+}
+
+/// An index's opened contents.
+pub fn decode_plain(plain: &[u8]) -> Result<Vec<PackEntries>, FormatError> {
+    const WHAT: &str = "an index";
+    let mut c = Cursor::new(plain, WHAT);
     let packs = c.u32()?;
     // Every pack takes at least 36 bytes: no allocation beyond the input.
     if (packs as usize).saturating_mul(36) > c.remaining() {

@@ -134,8 +134,14 @@ pub fn decode(keys: &Keys, bytes: &[u8]) -> Result<Manifest, FormatError> {
         .strip_prefix(SNAPSHOT_MAGIC.as_slice())
         .ok_or_else(|| invalid(WHAT, "not a backup (no ARBSNAP1 at its start)"))?;
     let json = keys.open(WHAT, AAD, sealed)?;
+    decode_json(&json)
+}
+
+/// A manifest's opened contents.
+pub fn decode_json(json: &[u8]) -> Result<Manifest, FormatError> {
+    const WHAT: &str = "a backup";
     let manifest: Manifest =
-        serde_json::from_slice(&json).map_err(|e| invalid(WHAT, e.to_string()))?;
+        serde_json::from_slice(json).map_err(|e| invalid(WHAT, e.to_string()))?;
     manifest.validate()?;
     Ok(manifest)
 }

@@ -312,9 +312,19 @@ pub fn decode_tail(tail: &[u8], pack_len: u64) -> Result<u32, FormatError> {
 /// its tail), checked against the pack's length: in order, not
 /// overlapping, between the magic and the header.
 pub fn decode_header(keys: &Keys, sealed: &[u8], pack_len: u64) -> Result<Vec<Entry>, FormatError> {
+    let header = keys.open("a pack's header", HEADER_AAD, sealed)?;
+    decode_header_plain(&header, sealed.len(), pack_len)
+}
+
+/// A pack header's opened contents, `sealed_len` bytes sealed, checked
+/// against the pack's length.
+pub fn decode_header_plain(
+    header: &[u8],
+    sealed_len: usize,
+    pack_len: u64,
+) -> Result<Vec<Entry>, FormatError> {
     const WHAT: &str = "a pack's header";
-    let header = keys.open(WHAT, HEADER_AAD, sealed)?;
-    let mut c = Cursor::new(&header, WHAT);
+    let mut c = Cursor::new(header, WHAT);
     let count = c.u32()?;
     if count > MAX_ENTRIES || (count as usize).checked_mul(ENTRY_LEN) != Some(c.remaining()) {
         return Err(invalid(
@@ -323,7 +333,7 @@ pub fn decode_header(keys: &Keys, sealed: &[u8], pack_len: u64) -> Result<Vec<En
         ));
     }
     let blobs_end = pack_len
-        .checked_sub((sealed.len() + TAIL_LEN) as u64)
+        .checked_sub((sealed_len + TAIL_LEN) as u64)
         .ok_or_else(|| invalid(WHAT, "longer than its pack"))?;
     let mut at = PACK_MAGIC.len() as u64;
     let mut entries = Vec::with_capacity(count as usize);
