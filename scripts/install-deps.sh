@@ -11,6 +11,7 @@ declare -A PACKAGES=(
   [fio]=fio [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs
   [losetup]=util-linux [openssl]=openssl [ip]=iproute2 [tc]=iproute2
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph-mgr]=ceph-mgr [ceph]=ceph-common [rbd]=ceph-common
+  [radosgw]=radosgw [radosgw-admin]=ceph-common [rclone]=rclone [restic]=restic
   [chromium]=chromium [promtool]=prometheus
   [systemd-analyze]=systemd [man]=man-db [runuser]=util-linux [useradd]=passwd [strace]=strace
 )

@@ -9,6 +9,11 @@ the foreground as children of this process and are stopped by PID.
         ceph.rbd("create", "--size", "64M", "img")
         ceph.ceph("-s")
 
+With rgw=True it also runs a RADOS Gateway (S3) on 127.0.0.1 with one
+user: `rgw_endpoint`, `rgw_access_key`, `rgw_secret_key`; `stop_rgw()` and
+`start_rgw()` take it down and up again (a store that goes away), and
+`rgw_admin(...)` runs `radosgw-admin` (quotas, bucket stats).
+
 If the cluster cannot start, CephCluster raises CephError with the tails of
 the daemons' logs (it never skips). Stdlib only; needs the Debian packages
 ceph-mon, ceph-osd, ceph-mgr and ceph-common."""
@@ -35,6 +40,7 @@ PACKAGES = {
     "rbd": "ceph-common",
     "monmaptool": "ceph-base",  # a dependency of ceph-mon
 }
+RGW_PACKAGES = {"radosgw": "radosgw", "radosgw-admin": "ceph-common"}
 
 POOL = "rbd"
 
@@ -72,8 +78,14 @@ class CephCluster:
     wait_for_mgr=False returns before the manager is available (about 2-4 s
     sooner; rbd data commands do not need it)."""
 
-    def __init__(self, start_timeout=120.0, memstore_bytes=1 << 30, command_timeout=120.0, wait_for_mgr=True):
+    def __init__(self, start_timeout=120.0, memstore_bytes=1 << 30, command_timeout=120.0, wait_for_mgr=True,
+                 rgw=False):
         self.wait_for_mgr = wait_for_mgr
+        self.rgw = rgw
+        self.rgw_port = None
+        self.rgw_endpoint = None
+        self.rgw_access_key = "ARBORTESTACCESSKEY01"
+        self.rgw_secret_key = "arbor-test-secret-key-0123456789abcdefghij"
         self.start_timeout = start_timeout
         self.memstore_bytes = memstore_bytes
         self.command_timeout = command_timeout
@@ -95,9 +107,10 @@ class CephCluster:
         return False
 
     def start(self):
-        for tool in PACKAGES:
+        needed = dict(PACKAGES, **(RGW_PACKAGES if self.rgw else {}))
+        for tool in needed:
             if shutil.which(tool) is None:
-                raise CephError(f"{tool} is missing: install the Debian package {PACKAGES[tool]} (CI installs it)")
+                raise CephError(f"{tool} is missing: install the Debian package {needed[tool]} (CI installs it)")
         began = time.monotonic()
         deadline = began + self.start_timeout
         self.dir = tempfile.mkdtemp(prefix="arbor-ceph-")
@@ -129,6 +142,8 @@ class CephCluster:
             self._create_pool(deadline)
             if self.wait_for_mgr:
                 self._wait_mgr(deadline)
+            if self.rgw:
+                self._setup_rgw(deadline)
         except BaseException as e:
             report = self._logs_report()
             self.stop()
@@ -375,6 +390,57 @@ rados osd op timeout = 60
             return proc.returncode == 0 and json.loads(proc.stdout).get("available") is True
 
         self._wait(mgr_available, "the manager to be available", deadline)
+
+    # ---- the RADOS Gateway ----------------------------------------------
+
+    def _setup_rgw(self, deadline):
+        self.rgw_port = _free_port()
+        self.rgw_endpoint = f"http://127.0.0.1:{self.rgw_port}"
+        os.mkdir(self._path("rgw"))
+        # radosgw reads its keyring from its data directory; none is needed
+        # without cephx, but the file must exist.
+        open(self._path("rgw", "keyring"), "w").close()
+        with open(self.conf, "a") as f:
+            # radosgw defaults to cephx and a secure monitor connection:
+            # this cluster has neither.
+            f.write(f"""
+[client.rgw.a]
+rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
+rgw data = {self._path("rgw")}
+rgw thread pool size = 32
+ms mon client mode = crc
+auth client required = none
+""")
+        self.start_rgw(deadline)
+        self.rgw_admin("user", "create", "--uid=arbor", "--display-name=arbor",
+                       f"--access-key={self.rgw_access_key}", f"--secret={self.rgw_secret_key}")
+
+    def start_rgw(self, deadline=None):
+        """Starts the gateway and waits until it accepts connections."""
+        if deadline is None:
+            deadline = time.monotonic() + self.start_timeout
+        self._spawn("rgw.a", ["radosgw", "-c", self.conf, "-f", "-n", "client.rgw.a", "--no-mon-config"])
+
+        def listening():
+            try:
+                with socket.create_connection(("127.0.0.1", self.rgw_port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        self._wait(listening, "the RADOS Gateway to listen", deadline)
+
+    def stop_rgw(self):
+        """Kills the gateway (SIGKILL: a store that vanishes mid-request)."""
+        proc = self.procs.pop("rgw.a", None)
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def rgw_admin(self, *args, check=True, timeout=None):
+        """`radosgw-admin -c CONF ARGS...` (JSON on stdout)."""
+        return self._run(["radosgw-admin", "-c", self.conf, "-n", "client.rgw.a", "--no-mon-config", *args],
+                         check=check, timeout=timeout)
 
     def _logs_report(self):
         if self.dir is None:

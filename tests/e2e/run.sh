@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 status=0
-for test in nbd_clients.py filesystem.py origin_ext4.py kill9.py full_pool.py flood.py send_receive.py ceph_interop.py replication.py dashboard.py monitoring.py package.py journal.py; do
+for test in nbd_clients.py filesystem.py origin_ext4.py kill9.py full_pool.py flood.py send_receive.py ceph_interop.py backup_s3.py replication.py dashboard.py monitoring.py package.py journal.py; do
   echo "== e2e: $test"
   /usr/bin/python3 "$test" || status=1
 done

@@ -22,3 +22,19 @@ mod restore;
 pub use backup::{hold_tag, Made};
 pub use repo::{BackupError, Listing, Progress, Repository};
 pub use restore::Restored;
+
+/// An error's message with every cause's after a colon, each once (the
+/// store's own words, an S3 error code, are among the causes).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
+}

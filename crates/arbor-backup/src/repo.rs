@@ -62,6 +62,9 @@ pub(crate) struct Index {
     pub(crate) indexed: HashSet<ObjectId>,
     /// Packs known (listed in an index, read, or written by this process).
     pub(crate) packs: HashSet<ObjectId>,
+    /// Packs no index lists whose headers are damaged, with why: their
+    /// blobs are unknown.
+    pub(crate) damaged: Vec<String>,
 }
 
 impl Index {
@@ -231,6 +234,7 @@ impl Repository {
                 // partial objects) holds nothing a backup refers to.
                 Err(BackupError::Damaged { object, error }) => {
                     tracing::warn!(pack = %object, error = %error, "a pack no index lists is damaged: its blobs are not used");
+                    self.index().damaged.push(format!("{object}: {error}"));
                 }
                 Err(e) => return Err(e),
             }
@@ -338,13 +342,25 @@ impl Repository {
         })
     }
 
-    /// Where a blob is; a clear error naming it if no pack holds it.
+    /// Where a blob is. A blob a backup needs that no pack holds is
+    /// damage of the repository, named, with the damaged packs found.
     pub(crate) fn locate(&self, id: &BlobId, needed_by: &str) -> Result<BlobAt> {
-        self.index().blobs.get(id).copied().ok_or_else(|| {
-            BackupError::NotFound(format!(
-                "{needed_by} needs blob {id}, which no pack in the repository holds (deleted, or \
-                 its pack lost)"
-            ))
+        let index = self.index();
+        index.blobs.get(id).copied().ok_or_else(|| {
+            let found = match index.damaged.as_slice() {
+                [] => String::new(),
+                damaged => format!("; damaged packs: {}", damaged.join("; ")),
+            };
+            damaged(
+                needed_by.to_owned(),
+                crate::format::invalid(
+                    "a backup",
+                    format!(
+                        "needs blob {id}, which no pack in the repository holds (deleted, or its \
+                         pack lost or damaged){found}"
+                    ),
+                ),
+            )
         })
     }
 }

@@ -15,7 +15,7 @@ use crate::format::manifest::{Manifest, Piece, PIECE_BLOCKS};
 use crate::format::pack;
 use crate::format::{BlobKind, ObjectId};
 use crate::repo::{damaged, BackupError, BlobAt, Progress, Repository, Result};
-use crate::store::names;
+use crate::store::{names, Store};
 
 /// Ranged reads in flight at once.
 pub const READS_IN_FLIGHT: usize = 8;
@@ -40,15 +40,21 @@ impl Repository {
     ) -> Result<Vec<u8>> {
         let at = self.locate(id, needed_by)?;
         if at.entry.kind != kind {
-            return Err(BackupError::NotFound(format!(
-                "{needed_by} needs blob {id} as a {kind:?} blob; the repository holds it as another kind"
-            )));
+            return Err(damaged(
+                needed_by.to_owned(),
+                crate::format::invalid(
+                    "a backup",
+                    format!("needs blob {id} as a {kind:?} blob; the repository holds it as another kind"),
+                ),
+            ));
         }
         let name = names::pack(&at.pack);
-        let sealed = self
-            .store
-            .get_range(&name, u64::from(at.entry.offset)..at.entry.end())
-            .await?;
+        let sealed = read_range(
+            &self.store,
+            &name,
+            u64::from(at.entry.offset)..at.entry.end(),
+        )
+        .await?;
         pack::open_blob(&self.keys, &at.entry, &sealed).map_err(|e| damaged(name, e))
     }
 
@@ -137,9 +143,13 @@ impl Repository {
             for (i, blob) in &entries.0 {
                 let at = self.locate(blob, &needed_by)?;
                 if at.entry.kind != BlobKind::Data {
-                    return Err(BackupError::NotFound(format!(
-                        "{needed_by} maps block {i} to blob {blob}, which is not a data blob"
-                    )));
+                    return Err(damaged(
+                        needed_by.clone(),
+                        crate::format::invalid(
+                            "a backup",
+                            format!("maps block {i} to blob {blob}, which is not a data blob"),
+                        ),
+                    ));
                 }
                 let block = p as u64 * PIECE_BLOCKS + u64::from(*i);
                 by_pack.entry(at.pack).or_default().push((block, at));
@@ -163,7 +173,7 @@ impl Repository {
                         let name = names::pack(&pack_id);
                         let from = u64::from(run[0].1.entry.offset);
                         let to = run.last().map_or(from, |(_, at)| at.entry.end());
-                        let bytes = store.get_range(&name, from..to).await?;
+                        let bytes = read_range(&store, &name, from..to).await?;
                         let fetched = bytes.len() as u64;
                         tokio::task::spawn_blocking(move || -> Result<u64> {
                             for (block, at) in &run {
@@ -212,6 +222,40 @@ impl Repository {
         }
         Ok(blocks)
     }
+}
+
+/// Bytes `range` of a pack; a pack too short for them (truncated, or
+/// replaced by another object) is damage, named, not a store failure.
+async fn read_range(
+    store: &Store,
+    name: &str,
+    range: std::ops::Range<u64>,
+) -> Result<bytes::Bytes> {
+    match store.get_range(name, range.clone()).await {
+        Ok(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
+        Ok(bytes) => Err(short(name, range.start + bytes.len() as u64, range.end)),
+        Err(e) => match store.size(name).await {
+            Ok(Some(size)) if size < range.end => Err(short(name, size, range.end)),
+            Ok(None) => Err(damaged(
+                name.to_owned(),
+                crate::format::invalid(
+                    "a pack",
+                    "missing from the store, though an index lists it",
+                ),
+            )),
+            _ => Err(e.into()),
+        },
+    }
+}
+
+fn short(name: &str, size: u64, needed: u64) -> BackupError {
+    damaged(
+        name.to_owned(),
+        crate::format::invalid(
+            "a pack",
+            format!("{size} bytes long, where an index lists a blob ending at byte {needed}"),
+        ),
+    )
 }
 
 /// Splits blobs of one pack, in pack order, into runs read at once: each

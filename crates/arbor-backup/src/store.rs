@@ -16,7 +16,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::prefix::PrefixStore;
 use object_store::{
-    ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig,
 };
 
 use crate::format::ObjectId;
@@ -134,10 +135,8 @@ impl StoreError {
             }
             _ => StoreErrorKind::Unavailable,
         };
-        StoreError {
-            kind,
-            message: format!("{op} {name}: {e}"),
-        }
+        let message = format!("{op} {name}: {}", crate::error_chain(&e));
+        StoreError { kind, message }
     }
 }
 
@@ -186,11 +185,15 @@ impl std::fmt::Debug for Store {
 }
 
 /// Each request's timeout, and how often and how long a failed request
-/// is retried (with backoff) before the error reaches the caller.
+/// is retried (with jittered exponential backoff from 1 s to 30 s) before
+/// the error reaches the caller: a gateway restarting or a link down for
+/// a minute or two costs a backup nothing.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_RETRIES: usize = 10;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(180);
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 impl Store {
     /// Opens the store at `location`; `create` makes a local directory.
@@ -216,7 +219,11 @@ impl Store {
                     .with_retry(RetryConfig {
                         max_retries: MAX_RETRIES,
                         retry_timeout: RETRY_TIMEOUT,
-                        ..RetryConfig::default()
+                        backoff: BackoffConfig {
+                            init_backoff: FIRST_BACKOFF,
+                            max_backoff: MAX_BACKOFF,
+                            base: 2.0,
+                        },
                     })
                     .with_client_options(
                         ClientOptions::new()

@@ -120,16 +120,7 @@ impl From<DaemonError> for ApiError {
 impl From<arbor_backup::BackupError> for ApiError {
     fn from(err: arbor_backup::BackupError) -> Self {
         let code = crate::backups::code_of(&err);
-        let mut message = err.to_string();
-        let mut cause = std::error::Error::source(&err);
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if !message.ends_with(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            cause = c.source();
-        }
+        let message = arbor_backup::error_chain(&err);
         if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
             let kind = serde_json::to_value(code)
                 .ok()
