@@ -441,7 +441,7 @@ fn backup_seeds() -> Vec<Vec<u8>> {
         guid: "00112233445566778899aabbccddeeff".into(),
         host: "alpha".into(),
         created_unix: 1,
-        completed_unix: 2,
+        completed_unix_ms: 2,
         size: 65536 * 1500,
         block_size: 65536,
         parent: Some(pack_id.to_string()),

@@ -297,7 +297,7 @@ impl Repository {
             guid,
             host: host.to_owned(),
             created_unix: target.created_unix_secs,
-            completed_unix: now_secs(),
+            completed_unix_ms: now_ms(),
             size,
             block_size: self.block_size(),
             parent: base.as_ref().map(|b| b.id.to_string()),
@@ -484,10 +484,10 @@ fn hold_newest(pool: &Pool, snapshot: &str, volume: Option<VolumeId>, tag: &str)
     Ok(())
 }
 
-fn now_secs() -> u64 {
+fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

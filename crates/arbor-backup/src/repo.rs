@@ -291,8 +291,8 @@ impl Repository {
             });
         }
         out.sort_by(|a, b| {
-            (a.manifest.completed_unix, &a.manifest.volume, a.id).cmp(&(
-                b.manifest.completed_unix,
+            (a.manifest.completed_unix_ms, &a.manifest.volume, a.id).cmp(&(
+                b.manifest.completed_unix_ms,
                 &b.manifest.volume,
                 b.id,
             ))

@@ -85,7 +85,7 @@ fn view(listing: &Listing) -> BackupView {
         snapshot: m.snapshot.clone(),
         host: m.host.clone(),
         created_unix: m.created_unix,
-        completed_unix: m.completed_unix,
+        completed_unix: m.completed_unix_ms / 1000,
         size: m.size,
         mapped_bytes: m.blocks.saturating_mul(u64::from(m.block_size)).min(m.size),
         parent: m.parent.clone(),

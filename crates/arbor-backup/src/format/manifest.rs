@@ -39,9 +39,10 @@ pub struct Manifest {
     /// The snapshot's identity (its guid in the pool, 32 hex digits).
     pub guid: String,
     pub host: String,
-    /// When the snapshot was taken and when the backup completed.
+    /// When the snapshot was taken (seconds) and when the backup completed
+    /// (milliseconds: what orders backups).
     pub created_unix: u64,
-    pub completed_unix: u64,
+    pub completed_unix_ms: u64,
     /// Bytes of the volume.
     pub size: u64,
     pub block_size: u32,
@@ -203,7 +204,7 @@ mod tests {
             guid: "00112233445566778899aabbccddeeff".into(),
             host: "alpha".into(),
             created_unix: 1,
-            completed_unix: 2,
+            completed_unix_ms: 2,
             size: 3 * PIECE_BLOCKS * 65536 - 1,
             block_size: 65536,
             parent: None,
