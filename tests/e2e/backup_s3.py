@@ -207,6 +207,10 @@ def body(daemon):
         lifted = backup(daemon, "big3@a")
         restore_matches(daemon, lifted["id"], "big3@a", "r6")
 
+        verified = cli_json(daemon, "backup", "verify", "rgw")
+        if verified["problem_count"] != 0 or verified["packs_read"] != verified["packs_total"]:
+            raise Failure(f"the repository does not verify after the faults: {verified}")
+
         # A pack replaced in the bucket: the restore fails naming it and
         # leaves no volume.
         packs = run("rclone", "lsf", "-R", "--files-only", f"rgw:{BUCKET}/arbor/packs", env=env).stdout.split()
@@ -227,6 +231,9 @@ def body(daemon):
             raise Failure("no restore noticed a replaced pack")
         if failed.returncode != 8 or "packs/" not in failed.stderr:
             raise Failure(f"a restore from a replaced pack: exit {failed.returncode}: {failed.stderr}")
+        bad = cli(daemon, "backup", "verify", "rgw", check=False)
+        if bad.returncode != 8 or victim.split("/")[-1] not in bad.stdout:
+            raise Failure(f"verify of a replaced pack: exit {bad.returncode}: {bad.stdout} {bad.stderr}")
         names = [v["name"] for v in cli_json(daemon, "volume", "list")]
         if "r7" in names:
             raise Failure("a failed restore left its volume")

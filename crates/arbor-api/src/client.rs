@@ -29,6 +29,7 @@ use crate::model::{
 };
 use crate::model::{
     BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
+    VerifyRequest, VerifyView,
 };
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
@@ -400,6 +401,14 @@ impl DaemonClient {
     ) -> Result<RestoreView> {
         self.post(
             &format!("/v1/backups/{}/restore", encode(repository)),
+            request,
+        )
+    }
+
+    /// A verify of a repository, answered when it is done.
+    pub fn backup_verify(&self, repository: &str, request: &VerifyRequest) -> Result<VerifyView> {
+        self.post(
+            &format!("/v1/backups/{}/verify", encode(repository)),
             request,
         )
     }

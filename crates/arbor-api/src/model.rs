@@ -1330,3 +1330,27 @@ pub struct RestoreView {
     /// Bytes written (blocks that do not read as zeros).
     pub restored_bytes: u64,
 }
+
+/// `POST /v1/backups/{repository}/verify`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyRequest {
+    /// Percent of the packs to read whole, chosen at random (1 to 100;
+    /// default 100). Every backup's map is checked whatever it is.
+    #[serde(default)]
+    pub sample_percent: Option<u8>,
+}
+
+/// What a verify of a repository found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyView {
+    pub repository: String,
+    pub backups: u64,
+    pub packs_total: u64,
+    pub packs_read: u64,
+    pub blobs_checked: u64,
+    pub bytes_read: u64,
+    /// What is wrong (the first 1000), each naming the object.
+    pub problems: Vec<String>,
+    pub problem_count: u64,
+}

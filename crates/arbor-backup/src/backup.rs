@@ -110,8 +110,12 @@ impl<'r> Uploads<'r> {
         let keys = Arc::clone(&self.repo.keys);
         let (id, bytes, entries) = blocking(move || Ok(full.finish(&keys))).await?;
         let store = self.repo.store.clone();
+        let pace = self.repo.pace.clone();
         self.running.spawn(async move {
             let len = bytes.len() as u64;
+            if let Some(pace) = pace {
+                pace.take(len).await;
+            }
             store.put(&names::pack(&id), Bytes::from(bytes)).await?;
             Ok((id, entries, len))
         });

@@ -14,14 +14,17 @@ pub mod format;
 pub mod repo;
 pub mod store;
 
+pub mod pace;
 pub mod spec;
 
 mod backup;
 mod restore;
+mod verify;
 
 pub use backup::{hold_tag, Made};
 pub use repo::{BackupError, Listing, Progress, Repository};
 pub use restore::Restored;
+pub use verify::Verified;
 
 /// An error's message with every cause's after a colon, each once (the
 /// store's own words, an S3 error code, are among the causes).

@@ -108,6 +108,8 @@ pub struct Repository {
     pub(crate) config: RepoConfig,
     pub(crate) keys: Arc<Keys>,
     pub(crate) index: Mutex<Index>,
+    /// The upload bandwidth limit, if any.
+    pub(crate) pace: Option<Arc<crate::pace::Pace>>,
 }
 
 impl std::fmt::Debug for Repository {
@@ -145,6 +147,7 @@ impl Repository {
             config,
             keys: Arc::new(keys),
             index: Mutex::new(Index::default()),
+            pace: None,
         })
     }
 
@@ -167,9 +170,17 @@ impl Repository {
             config,
             keys: Arc::new(keys),
             index: Mutex::new(Index::default()),
+            pace: None,
         };
         repo.load_index().await?;
         Ok(repo)
+    }
+
+    /// This repository with uploads limited to `rate` bytes per second
+    /// (none: unlimited).
+    pub fn with_upload_rate(mut self, rate: Option<u64>) -> Self {
+        self.pace = rate.map(|r| Arc::new(crate::pace::Pace::new(r)));
+        self
     }
 
     pub fn id(&self) -> &str {

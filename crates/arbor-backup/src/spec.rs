@@ -35,6 +35,8 @@ pub struct RepoSpec {
     /// one, the AWS environment variables.
     pub credentials_file: Option<PathBuf>,
     pub key: KeyFile,
+    /// Bytes per second of uploads at most (none: unlimited).
+    pub upload_rate: Option<u64>,
 }
 
 /// Reads a file that holds a secret: bounded, and refused if others than
@@ -175,7 +177,9 @@ impl RepoSpec {
     pub async fn open(&self) -> Result<Repository> {
         let location = self.location()?;
         let secret = self.secret()?;
-        Repository::open(&location, &self.source(&secret)).await
+        Ok(Repository::open(&location, &self.source(&secret))
+            .await?
+            .with_upload_rate(self.upload_rate))
     }
 
     /// Makes the repository.
@@ -207,6 +211,7 @@ mod tests {
             region: None,
             credentials_file: None,
             key: KeyFile::Key(key.clone()),
+            upload_rate: None,
         };
         let made = spec.init(65536).await.unwrap();
         let opened = spec.open().await.unwrap();

@@ -204,6 +204,12 @@ async fn a_wrong_key_and_a_damaged_store_are_refused_and_never_restored() {
         .await
         .unwrap();
 
+    let clean = repo.verify(100, &Progress::default()).await.unwrap();
+    assert!(clean.problems.is_empty(), "{clean:?}");
+    assert_eq!(clean.backups, 1);
+    assert_eq!(clean.packs_read, clean.packs_total);
+    assert!(clean.blobs_checked > 0);
+
     // A second init does not replace the repository.
     let again = Repository::init(&location, 65536, &KeySource::KeyFile(KEY)).await;
     assert!(matches!(again, Err(BackupError::Refused(_))), "{again:?}");
@@ -234,6 +240,14 @@ async fn a_wrong_key_and_a_damaged_store_are_refused_and_never_restored() {
     let mut bytes = original.clone();
     bytes[100] ^= 0x10;
     std::fs::write(victim, &bytes).unwrap();
+    let found = repo.verify(100, &Progress::default()).await.unwrap();
+    assert!(
+        found
+            .problems
+            .iter()
+            .any(|p| p.contains("not what its name says")),
+        "{found:?}"
+    );
     let other = pool(256 * MIB);
     let e = repo
         .restore(&made.id, Arc::clone(&other), "r", &Progress::default())
@@ -248,6 +262,16 @@ async fn a_wrong_key_and_a_damaged_store_are_refused_and_never_restored() {
 
     // The pack deleted: the restore names the missing blob.
     std::fs::remove_file(victim).unwrap();
+    let found = Repository::open(&location, &KeySource::KeyFile(KEY))
+        .await
+        .unwrap()
+        .verify(100, &Progress::default())
+        .await
+        .unwrap();
+    assert!(
+        found.problems.iter().any(|p| p.contains("needs blob")),
+        "{found:?}"
+    );
     let e = repo
         .restore(&made.id, Arc::clone(&other), "r", &Progress::default())
         .await

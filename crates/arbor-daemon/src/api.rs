@@ -153,6 +153,10 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
             "/v1/backups/{repository}/restore",
             post(crate::backups::restore),
         )
+        .route(
+            "/v1/backups/{repository}/verify",
+            post(crate::backups::verify),
+        )
         .route("/v1/overview", get(overview))
         .route("/v1/whoami", get(whoami))
         .route("/v1/policies", get(monitor_api::list))

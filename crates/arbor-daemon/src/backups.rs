@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use arbor_api::model::{
     BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
+    VerifyRequest, VerifyView,
 };
 use arbor_backup::spec::RepoSpec;
 use arbor_backup::{BackupError, Listing, Progress, Repository};
@@ -200,6 +201,37 @@ pub async fn restore(
                 .min(restored.size),
         }),
     ))
+}
+
+/// `POST /v1/backups/{repository}/verify`: reads the repository back and
+/// lists what is wrong; answered when done.
+pub async fn verify(
+    State(backups): State<Arc<Backups>>,
+    Path(name): Path<String>,
+    Json(req): Json<VerifyRequest>,
+) -> ApiResult<Json<VerifyView>> {
+    let sample = req.sample_percent.unwrap_or(100);
+    if !(1..=100).contains(&sample) {
+        return Err(ApiError::from(DaemonError::Invalid(format!(
+            "sample_percent {sample}: from 1 to 100"
+        ))));
+    }
+    let repo = backups.open(&name).await?;
+    let v = repo
+        .verify(sample, &Progress::default())
+        .await
+        .map_err(|e| ApiError::from(e).context(format!("verifying {name}")))?;
+    info!(repository = %name, packs_read = v.packs_read, problems = v.problem_count, "verified");
+    Ok(Json(VerifyView {
+        repository: name,
+        backups: v.backups,
+        packs_total: v.packs_total,
+        packs_read: v.packs_read,
+        blobs_checked: v.blobs_checked,
+        bytes_read: v.bytes_read,
+        problems: v.problems,
+        problem_count: v.problem_count,
+    }))
 }
 
 /// The API's code for each backup failure.

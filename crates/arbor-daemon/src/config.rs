@@ -79,6 +79,8 @@ struct BackupRepositoryEntry {
     region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     credentials_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    upload_rate: Option<ByteSize>,
 }
 
 /// One source a replication target accepts.
@@ -597,6 +599,13 @@ fn backup_repositories(file: &ConfigFile) -> Result<Vec<(String, arbor_backup::s
             region: entry.region.clone(),
             credentials_file: entry.credentials_file.clone(),
             key,
+            upload_rate: match entry.upload_rate {
+                Some(ByteSize(0)) => bail!(usage(format!(
+                    "backup_repositories: {name}: an upload_rate must be above zero (leave it out \
+                     for none)"
+                ))),
+                other => other.map(|r| r.0),
+            },
         };
         spec.check()
             .map_err(|e| usage(format!("backup_repositories: {name}: {e}")))?;

@@ -316,6 +316,16 @@ pub enum BackupCommand {
     },
     /// The backups in a repository, oldest first
     List { repository: String },
+    /// Read a repository back and check it: every backup's map, and the
+    /// packs (all, or a random sample) read whole and every blob in them
+    /// authenticated and hashed back to its name; exit status 8 if
+    /// anything is wrong
+    Verify {
+        repository: String,
+        /// Percent of the packs to read, chosen at random each time
+        #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
+        sample: u8,
+    },
     /// Restore a backup into a new volume, every block verified
     Restore {
         repository: String,

@@ -25,6 +25,7 @@ use arbor_api::client::DaemonClient;
 use arbor_api::model::{
     BackupRequest, CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest,
     ReplicaAddRequest, RestoreRequest, SendQuery, StreamCompression, StreamFormat, TokenRequest,
+    VerifyRequest,
 };
 use arbor_api::size::ByteSize;
 use arbor_daemon::pool_file::{self, IoMode, OpenPool};
@@ -804,6 +805,7 @@ fn backup_init(args: &BackupInitArgs) -> Result<BackupInitView> {
         region: args.region.clone(),
         credentials_file: args.credentials_file.clone(),
         key,
+        upload_rate: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -837,6 +839,24 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 )
             })?;
             p.show(&made, output::backup_made)?;
+        }
+        BackupCommand::Verify { repository, sample } => {
+            let v = with_spinner(&format!("verifying {repository}"), || {
+                c.backup_verify(
+                    &repository,
+                    &VerifyRequest {
+                        sample_percent: Some(sample),
+                    },
+                )
+            })?;
+            p.show(&v, output::backup_verified)?;
+            if v.problem_count > 0 {
+                return Err(Fail::new(
+                    Exit::Damaged,
+                    format!("{repository}: {} problems found", v.problem_count),
+                )
+                .into());
+            }
         }
         BackupCommand::List { repository } => {
             p.show(&c.backups(&repository)?, output::backup_list)?

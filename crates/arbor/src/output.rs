@@ -1123,6 +1123,28 @@ fn age(secs: u64) -> String {
     }
 }
 
+/// `arbor backup verify`.
+pub fn backup_verified(v: &arbor_api::model::VerifyView) -> String {
+    let mut text = format!(
+        "{}: {} backups, {} of {} packs read ({}), {} blobs checked: ",
+        v.repository,
+        v.backups,
+        v.packs_read,
+        v.packs_total,
+        size(v.bytes_read),
+        v.blobs_checked
+    );
+    if v.problem_count == 0 {
+        text += "no problems\n";
+        return text;
+    }
+    text += &format!("{} problems\n", v.problem_count);
+    for p in &v.problems {
+        text += &format!("  {p}\n");
+    }
+    text
+}
+
 /// `arbor backup restore`.
 pub fn backup_restored(v: &arbor_api::model::RestoreView) -> String {
     format!(
