@@ -119,7 +119,10 @@ fn backups_are_made_listed_and_restored_through_the_daemon() {
     let verified = daemon.json(&["backup", "verify", "local"]);
     assert_eq!(verified["problem_count"], 0, "{verified}");
     assert_eq!(verified["backups"], 2, "{verified}");
-    assert_eq!(verified["packs_read"], verified["packs_total"], "{verified}");
+    assert_eq!(
+        verified["packs_read"], verified["packs_total"],
+        "{verified}"
+    );
     daemon.fails(&["backup", "verify", "local", "--sample", "0"], 2, "0");
 
     // What a user gets wrong, each with its own status.
