@@ -71,7 +71,9 @@ def main():
     work = tempfile.mkdtemp(prefix="arbor-backup-bench-", dir="/var/tmp")
     daemon = None
     try:
-        memstore = 2 * data + 4 * change + (2 << 30)
+        # The OSD holds every object in RAM: both tools' backups, and the
+        # gateway's own test file until its garbage collection (run below).
+        memstore = 3 * data + 8 * change + (2 << 30)
         with CephCluster(rgw=True, memstore_bytes=memstore, wait_for_mgr=False) as ceph:
             env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
             env.update(RCLONE_CONFIG_RGW_TYPE="s3", RCLONE_CONFIG_RGW_PROVIDER="Ceph",
@@ -103,6 +105,7 @@ def main():
                                         "rgw:raw/blob", blob + ".back", env=env))
             os.unlink(blob + ".back")
             run("rclone", "purge", "rgw:raw", env=env)
+            ceph.rgw_admin("gc", "process", "--include-all")
 
             # arbor: a daemon with the repository.
             key = os.path.join(work, "key")

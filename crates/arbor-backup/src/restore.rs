@@ -21,6 +21,9 @@ use crate::store::{names, Store};
 pub const READS_IN_FLIGHT: usize = 8;
 /// Neighbouring blobs of one pack are read together up to this many bytes.
 const MAX_RUN_BYTES: u64 = 8 << 20;
+/// Neighbouring blocks are written to the pool together up to about this
+/// many bytes.
+const MAX_WRITE: usize = 4 << 20;
 
 /// A restore done.
 #[derive(Debug, Clone)]
@@ -123,10 +126,30 @@ impl Repository {
         volume: VolumeId,
         progress: &Progress,
     ) -> Result<u64> {
+        let mut reads: JoinSet<Result<u64>> = JoinSet::new();
+        let restored = self
+            .restore_pieces(backup, manifest, pool, volume, progress, &mut reads)
+            .await;
+        if restored.is_err() {
+            // The writes in flight end before the caller deletes the
+            // volume (a blocking write cannot be cancelled).
+            while reads.join_next().await.is_some() {}
+        }
+        restored
+    }
+
+    async fn restore_pieces(
+        &self,
+        backup: &ObjectId,
+        manifest: &Manifest,
+        pool: &Arc<Pool>,
+        volume: VolumeId,
+        progress: &Progress,
+        reads: &mut JoinSet<Result<u64>>,
+    ) -> Result<u64> {
         let needed_by = format!("backup {backup}");
         let block_size = u64::from(manifest.block_size);
         let mut blocks = 0u64;
-        let mut reads: JoinSet<Result<u64>> = JoinSet::new();
         for (p, piece) in manifest.piece_ids().into_iter().enumerate() {
             let piece_bytes = (PIECE_BLOCKS * block_size)
                 .min(manifest.size - p as u64 * PIECE_BLOCKS * block_size);
@@ -176,6 +199,9 @@ impl Repository {
                         let bytes = read_range(&store, &name, from..to).await?;
                         let fetched = bytes.len() as u64;
                         tokio::task::spawn_blocking(move || -> Result<u64> {
+                            // Neighbouring blocks go to the pool in one
+                            // write (one mapping step, not one per block).
+                            let mut pending: Option<(u64, Vec<u8>)> = None;
                             for (block, at) in &run {
                                 let start = (u64::from(at.entry.offset) - from) as usize;
                                 let end = (at.entry.end() - from) as usize;
@@ -204,7 +230,23 @@ impl Repository {
                                         ),
                                     ));
                                 }
-                                pool.write(volume, offset, &plain)?;
+                                pending = match pending.take() {
+                                    Some((at, mut buf))
+                                        if at + buf.len() as u64 == offset
+                                            && buf.len() < MAX_WRITE =>
+                                    {
+                                        buf.extend_from_slice(&plain);
+                                        Some((at, buf))
+                                    }
+                                    Some((at, buf)) => {
+                                        pool.write(volume, at, &buf)?;
+                                        Some((offset, plain))
+                                    }
+                                    None => Some((offset, plain)),
+                                };
+                            }
+                            if let Some((at, buf)) = pending {
+                                pool.write(volume, at, &buf)?;
                             }
                             Ok(fetched)
                         })
