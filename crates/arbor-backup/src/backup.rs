@@ -469,17 +469,18 @@ fn blocks_of(
 }
 
 /// Holds `snapshot` with `tag` and releases the tag from the volume's
-/// other snapshots.
+/// older snapshots (a newer one backed up before keeps it: it stays the
+/// next backup's base).
 fn hold_newest(pool: &Pool, snapshot: &str, volume: Option<VolumeId>, tag: &str) -> Result<()> {
     pool.hold(snapshot, tag)?;
     let Some(volume) = volume else {
         return Ok(());
     };
-    let keep = pool.lookup(snapshot)?;
+    let keep = pool.info(pool.lookup(snapshot)?)?;
     for info in pool.list()? {
         if info.snapshot
             && info.parent == Some(volume)
-            && info.id != keep
+            && info.created_txn < keep.created_txn
             && pool.holds(info.id)?.iter().any(|t| t == tag)
         {
             pool.release(&info.name, tag)?;

@@ -129,6 +129,23 @@ async fn full_incremental_and_cloned_backups_restore_byte_for_byte() {
         .unwrap()
         .is_empty());
 
+    // An older snapshot backed up after a newer one: the newer keeps its
+    // hold (the next backup's base); the older gets one too.
+    let again = repo
+        .backup(Arc::clone(&src), "vm1@one", "alpha", &progress)
+        .await
+        .unwrap();
+    assert_eq!(again.manifest.added_blobs, 0, "{:?}", again.manifest);
+    assert_eq!(
+        src.holds(src.lookup("vm1@two").unwrap()).unwrap(),
+        vec![tag.clone()]
+    );
+    assert_eq!(
+        src.holds(src.lookup("vm1@one").unwrap()).unwrap(),
+        vec![tag.clone()]
+    );
+    src.release("vm1@one", &tag).unwrap();
+
     // A clone of one with a few writes: a volume of its own (a full
     // backup), whose unchanged blocks the repository already has.
     src.clone_snapshot("vm1@one", "clone").unwrap();
@@ -163,7 +180,7 @@ async fn full_incremental_and_cloned_backups_restore_byte_for_byte() {
         .await
         .unwrap();
     let listed = repo.list().await.unwrap();
-    assert_eq!(listed.len(), 4);
+    assert_eq!(listed.len(), 5);
     src.snapshot("vm1@four").unwrap();
     let four = repo
         .backup(Arc::clone(&src), "vm1@four", "alpha", &progress)
