@@ -18,10 +18,12 @@ cluster of tests/e2e/ceph.py) and restores from it:
   volume.
 """
 
+import atexit
 import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -33,6 +35,7 @@ from harness import ARBOR, Failure, run, run_test, wait_until
 MIB = 1 << 20
 BUCKET = "arbor-backups"
 CONFIG = os.path.join(tempfile.mkdtemp(prefix="arbor-backup-e2e-"), "arbor.toml")
+atexit.register(shutil.rmtree, os.path.dirname(CONFIG), True)
 
 
 def md5_export(daemon, export):
