@@ -60,8 +60,6 @@ pub(crate) struct Index {
     pub(crate) blobs: HashMap<BlobId, BlobAt>,
     /// Packs some index object lists.
     pub(crate) indexed: HashSet<ObjectId>,
-    /// Packs known (listed in an index, read, or written by this process).
-    pub(crate) packs: HashSet<ObjectId>,
     /// Packs no index lists whose headers are damaged, with why: their
     /// blobs are unknown.
     pub(crate) damaged: Vec<String>,
@@ -69,7 +67,6 @@ pub(crate) struct Index {
 
 impl Index {
     pub(crate) fn add(&mut self, pack: ObjectId, entries: &[Entry]) {
-        self.packs.insert(pack);
         for e in entries {
             self.blobs.entry(e.id).or_insert(BlobAt { pack, entry: *e });
         }

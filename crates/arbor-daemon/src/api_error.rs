@@ -100,18 +100,7 @@ impl ApiError {
 /// contexts; an internal one is a 500, and logged.
 impl From<DaemonError> for ApiError {
     fn from(err: DaemonError) -> Self {
-        let code = code_of(&err);
-        let message = err.chain();
-        if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
-            // The code's name, as the API and the journal's ARBOR_ERROR_KIND
-            // give it.
-            let kind = serde_json::to_value(code)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            error!(error = message, error_kind = kind, "API request failed");
-        }
-        Self::new(code, message)
+        Self::logged(code_of(&err), err.chain())
     }
 }
 
@@ -119,8 +108,17 @@ impl From<DaemonError> for ApiError {
 /// logged as a daemon error is.
 impl From<arbor_backup::BackupError> for ApiError {
     fn from(err: arbor_backup::BackupError) -> Self {
-        let code = crate::backups::code_of(&err);
-        let message = arbor_backup::error_chain(&err);
+        Self::logged(
+            crate::backups::code_of(&err),
+            arbor_backup::error_chain(&err),
+        )
+    }
+}
+
+impl ApiError {
+    /// An error response; a server error is logged with its code's name
+    /// (as the API and the journal's ARBOR_ERROR_KIND give it).
+    fn logged(code: ErrorCode, message: String) -> Self {
         if StatusCode::from_u16(code.status()).is_ok_and(|s| s.is_server_error()) {
             let kind = serde_json::to_value(code)
                 .ok()
@@ -130,9 +128,7 @@ impl From<arbor_backup::BackupError> for ApiError {
         }
         Self::new(code, message)
     }
-}
 
-impl ApiError {
     /// The same error with what was being done before its message.
     pub(super) fn context(mut self, context: impl std::fmt::Display) -> Self {
         self.body.message = format!("{context}: {}", self.body.message);
