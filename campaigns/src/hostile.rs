@@ -405,6 +405,7 @@ fn backup_seeds() -> Vec<Vec<u8>> {
     use arbor_backup::crypto::{Keys, Secret};
     use arbor_backup::format::config::{KeySource, RepoConfig};
     use arbor_backup::format::index::{self, PackEntries};
+    use arbor_backup::format::lock;
     use arbor_backup::format::manifest::{self, Manifest, Piece};
     use arbor_backup::format::pack::{self, PackWriter};
     use arbor_backup::format::BlobKind;
@@ -451,6 +452,15 @@ fn backup_seeds() -> Vec<Vec<u8>> {
         added_bytes: pack_bytes.len() as u64,
     };
     let manifest_object = manifest::encode(&keys, &m);
+    let held = lock::LockRecord {
+        version: arbor_backup::format::REPO_VERSION,
+        exclusive: true,
+        operation: "prune".into(),
+        host: "alpha".into(),
+        boot_id: "8a2d33c1-5e3f-4f8e-9a51-3d1c0d1e2f3a".into(),
+        pid: 4242,
+        taken_unix_ms: 1_795_493_869_000,
+    };
     let (config, _) = RepoConfig::new(65536, &KeySource::KeyFile(b"fuzz key")).expect("a config");
     // A pack header's and an index's contents: what their objects seal.
     let mut header = (entries.len() as u32).to_le_bytes().to_vec();
@@ -482,6 +492,8 @@ fn backup_seeds() -> Vec<Vec<u8>> {
         seed(4, &serde_json::to_vec(&m).expect("a manifest serializes")),
         seed(5, &piece.encode()),
         seed(6, &blob),
+        seed(8, &lock::encode(&keys, &held)),
+        seed(8, &serde_json::to_vec(&held).expect("a lock serializes")),
     ]
 }
 
@@ -912,7 +924,7 @@ mod backup_seed_tests {
     use arbor_backup::crypto::{Keys, Secret, SEAL_OVERHEAD};
     use arbor_backup::format::config::RepoConfig;
     use arbor_backup::format::manifest::{self, Piece};
-    use arbor_backup::format::{index, pack};
+    use arbor_backup::format::{index, lock, pack};
 
     /// Each seed gets past its parser (a seed that fails early only fuzzes
     /// the first check).
@@ -932,6 +944,7 @@ mod backup_seed_tests {
                 3 => index::decode(&keys, rest).is_ok() || index::decode_plain(rest).is_ok(),
                 4 => manifest::decode(&keys, rest).is_ok() || manifest::decode_json(rest).is_ok(),
                 5 => Piece::decode(rest).is_ok(),
+                8 => lock::decode(&keys, rest).is_ok() || lock::decode_json(rest).is_ok(),
                 _ => true,
             };
             assert!(ok, "seed {which} does not decode");

@@ -1,9 +1,10 @@
 //! Feeds arbitrary bytes to every parser of a backup repository's objects
 //! (docs/BACKUP.md), which come from a store arbor does not trust: the
 //! config object, packs (whole, and their headers' contents), index
-//! objects and their contents, manifests and their JSON, map pieces, and
-//! blobs sealed under a fixed key with entry fields the input chooses (so
-//! mutations reach decompression and the id check behind the seal). None
+//! objects and their contents, manifests and their JSON, map pieces, lock
+//! objects and their JSON, and blobs sealed under a fixed key with entry
+//! fields the input chooses (so mutations reach decompression and the id
+//! check behind the seal). None
 //! may panic or allocate beyond its limits; whatever decodes encodes back
 //! to the same value.
 //!
@@ -14,7 +15,7 @@ use arbor_backup::crypto::{BlobId, Keys, Secret};
 use arbor_backup::format::config::RepoConfig;
 use arbor_backup::format::manifest::{self, Piece};
 use arbor_backup::format::pack::{self, Encoding, Entry};
-use arbor_backup::format::{index, BlobKind};
+use arbor_backup::format::{index, lock, BlobKind};
 use libfuzzer_sys::fuzz_target;
 
 fn keys() -> Keys {
@@ -26,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let keys = keys();
-    match which % 8 {
+    match which % 9 {
         0 => {
             if let Ok(config) = RepoConfig::decode(rest) {
                 let again =
@@ -73,6 +74,13 @@ fuzz_target!(|data: &[u8]| {
         5 => {
             if let Ok(piece) = Piece::decode(rest) {
                 assert_eq!(Piece::decode(&piece.encode()).expect("decodes"), piece);
+            }
+        }
+        8 => {
+            let _ = lock::decode(&keys, rest);
+            if let Ok(record) = lock::decode_json(rest) {
+                let again = lock::decode(&keys, &lock::encode(&keys, &record)).expect("decodes");
+                assert_eq!(again, record);
             }
         }
         _ => {

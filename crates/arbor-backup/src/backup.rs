@@ -20,6 +20,7 @@ use crate::format::index::PackEntries;
 use crate::format::manifest::{self, Manifest, Piece, PIECE_BLOCKS};
 use crate::format::pack::{self, PackWriter, Sealed};
 use crate::format::{BlobKind, ObjectId, REPO_VERSION};
+use crate::lock::{LockKind, RepoLock};
 use crate::repo::{BackupError, Progress, Repository, Result};
 use crate::store::names;
 
@@ -179,6 +180,24 @@ impl Repository {
         host: &str,
         progress: &Progress,
     ) -> Result<Made> {
+        let lock = self
+            .lock(LockKind::Shared, &format!("backup {snapshot}"))
+            .await?;
+        let made = self
+            .backup_locked(pool, snapshot, host, progress, &lock)
+            .await;
+        lock.release().await;
+        made
+    }
+
+    async fn backup_locked(
+        &self,
+        pool: Arc<Pool>,
+        snapshot: &str,
+        host: &str,
+        progress: &Progress,
+        lock: &RepoLock,
+    ) -> Result<Made> {
         let target = {
             let pool = Arc::clone(&pool);
             let name = snapshot.to_owned();
@@ -312,6 +331,9 @@ impl Repository {
         };
         let bytes = manifest::encode(&self.keys, &manifest);
         let id = ObjectId::of(&bytes);
+        // Written only under a lock surely held: a prune that took this
+        // backup's lock for stale may have deleted what it refers to.
+        lock.check()?;
         self.store
             .put(&names::snapshot(&id), Bytes::from(bytes))
             .await?;
@@ -489,7 +511,7 @@ fn hold_newest(pool: &Pool, snapshot: &str, volume: Option<VolumeId>, tag: &str)
     Ok(())
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

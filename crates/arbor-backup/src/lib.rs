@@ -14,14 +14,17 @@ pub mod format;
 pub mod repo;
 pub mod store;
 
+pub mod lock;
 pub mod pace;
 pub mod spec;
 
 mod backup;
+mod prune;
 mod restore;
 mod verify;
 
 pub use backup::{hold_tag, Made};
+pub use prune::{PruneOptions, Pruned};
 pub use repo::{BackupError, Listing, Progress, Repository};
 pub use restore::Restored;
 pub use verify::Verified;

@@ -14,6 +14,7 @@ use crate::format::index::{self, PackEntries};
 use crate::format::manifest::{self, Manifest};
 use crate::format::pack::{self, Entry, TAIL_LEN};
 use crate::format::{FormatError, ObjectId};
+use crate::lock::{LockKind, LockPolicy, RepoLock};
 use crate::store::{id_of, names, Location, Store, StoreError, StoreErrorKind};
 
 /// Why a repository operation failed.
@@ -31,6 +32,9 @@ pub enum BackupError {
     /// Not there: a backup, a blob a backup needs, a repository.
     #[error("{0}")]
     NotFound(String),
+    /// Another holder's lock is in the way, or ours was lost.
+    #[error("{0}")]
+    Locked(String),
     /// Refused for what it asks (the message says why).
     #[error("{0}")]
     Refused(String),
@@ -107,6 +111,7 @@ pub struct Repository {
     pub(crate) index: Mutex<Index>,
     /// The upload bandwidth limit, if any.
     pub(crate) pace: Option<Arc<crate::pace::Pace>>,
+    pub(crate) lock_policy: LockPolicy,
 }
 
 impl std::fmt::Debug for Repository {
@@ -145,12 +150,12 @@ impl Repository {
             keys: Arc::new(keys),
             index: Mutex::new(Index::default()),
             pace: None,
+            lock_policy: LockPolicy::default(),
         })
     }
 
-    /// Opens the repository at `location` with the user's key and reads
-    /// its index: every index object, and the header of every pack no
-    /// index lists (written by a backup that was cut off).
+    /// Opens the repository at `location` with the user's key. Its index
+    /// is read when an operation takes its lock (`lock`).
     pub async fn open(location: &Location, key: &KeySource<'_>) -> Result<Repository> {
         let store = Store::open(location, false)?;
         let bytes = store.get(names::CONFIG).await?.ok_or_else(|| {
@@ -168,8 +173,8 @@ impl Repository {
             keys: Arc::new(keys),
             index: Mutex::new(Index::default()),
             pace: None,
+            lock_policy: LockPolicy::default(),
         };
-        repo.load_index().await?;
         Ok(repo)
     }
 
@@ -178,6 +183,33 @@ impl Repository {
     pub fn with_upload_rate(mut self, rate: Option<u64>) -> Self {
         self.pace = rate.map(|r| Arc::new(crate::pace::Pace::new(r)));
         self
+    }
+
+    /// Fault injection (tests): the store accepts `n` more writes and
+    /// deletes, then fails them (as a store that went away).
+    pub fn with_writes_failing_after(mut self, n: u64) -> Self {
+        self.store.fail_writes_after(n);
+        self
+    }
+
+    /// This repository with locks aging by `policy`.
+    pub fn with_lock_policy(mut self, policy: LockPolicy) -> Self {
+        self.lock_policy = policy;
+        self
+    }
+
+    /// Takes a lock for `operation` and reads the index under it: every
+    /// index object, and the header of every pack no index lists (written
+    /// by a backup that was cut off). Read under the lock, the index lists
+    /// nothing a prune has deleted.
+    pub async fn lock(&self, kind: LockKind, operation: &str) -> Result<RepoLock> {
+        let lock =
+            RepoLock::take(&self.store, &self.keys, self.lock_policy, kind, operation).await?;
+        if let Err(e) = self.load_index().await {
+            lock.release().await;
+            return Err(e);
+        }
+        Ok(lock)
     }
 
     pub fn id(&self) -> &str {
@@ -212,7 +244,9 @@ impl Repository {
         Ok(bytes)
     }
 
-    async fn load_index(&self) -> Result<()> {
+    /// Every index object, by name, with what it lists.
+    pub(crate) async fn index_objects(&self) -> Result<Vec<(String, Vec<PackEntries>)>> {
+        let mut out = Vec::new();
         for listed in self.store.list(names::INDEX).await? {
             let Some(id) = id_of(&listed.name) else {
                 continue;
@@ -220,6 +254,14 @@ impl Repository {
             let bytes = self.get_checked(&listed.name, &id).await?;
             let packs =
                 index::decode(&self.keys, &bytes).map_err(|e| damaged(listed.name.clone(), e))?;
+            out.push((listed.name, packs));
+        }
+        Ok(out)
+    }
+
+    async fn load_index(&self) -> Result<()> {
+        *self.index() = Index::default();
+        for (_, packs) in self.index_objects().await? {
             let mut index = self.index();
             for p in packs {
                 index.indexed.insert(p.pack);

@@ -14,6 +14,7 @@ use crate::crypto::BlobId;
 use crate::format::manifest::{Manifest, Piece, PIECE_BLOCKS};
 use crate::format::pack;
 use crate::format::{BlobKind, ObjectId};
+use crate::lock::LockKind;
 use crate::repo::{damaged, BackupError, BlobAt, Progress, Repository, Result};
 use crate::store::{names, Store};
 
@@ -69,6 +70,25 @@ impl Repository {
 
     /// Restores backup `backup` into a new volume `volume` of `pool`.
     pub async fn restore(
+        &self,
+        backup: &ObjectId,
+        pool: Arc<Pool>,
+        volume: &str,
+        progress: &Progress,
+    ) -> Result<Restored> {
+        // A prune must not delete a pack while it is read.
+        let lock = self
+            .lock(
+                LockKind::Shared,
+                &format!("restore {backup:?} into {volume}"),
+            )
+            .await?;
+        let restored = self.restore_locked(backup, pool, volume, progress).await;
+        lock.release().await;
+        restored
+    }
+
+    async fn restore_locked(
         &self,
         backup: &ObjectId,
         pool: Arc<Pool>,

@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,6 +126,13 @@ impl StoreError {
         }
     }
 
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Unavailable,
+            message: message.into(),
+        }
+    }
+
     fn from_store(op: &str, name: &str, e: object_store::Error) -> Self {
         use object_store::Error as E;
         let kind = match &e {
@@ -148,6 +156,7 @@ pub mod names {
     pub const PACKS: &str = "packs";
     pub const INDEX: &str = "index";
     pub const SNAPSHOTS: &str = "snapshots";
+    pub const LOCKS: &str = "locks";
 
     /// `packs/ab/abcdef...` (256 directories, as a file system prefers).
     pub fn pack(id: &ObjectId) -> String {
@@ -162,6 +171,10 @@ pub mod names {
     pub fn snapshot(id: &ObjectId) -> String {
         format!("{SNAPSHOTS}/{id}")
     }
+
+    pub fn lock(id: &ObjectId) -> String {
+        format!("{LOCKS}/{id}")
+    }
 }
 
 /// An object's name and size, from a listing.
@@ -169,6 +182,9 @@ pub mod names {
 pub struct Listed {
     pub name: String,
     pub size: u64,
+    /// When the store last wrote it, in milliseconds since 1970 by the
+    /// store's own clock (what lock ages are measured against).
+    pub modified_ms: i64,
 }
 
 /// A repository's store.
@@ -176,6 +192,8 @@ pub struct Listed {
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
     location: Location,
+    /// Fault injection: how many more writes and deletes succeed.
+    writes_left: Option<Arc<AtomicU64>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -259,11 +277,29 @@ impl Store {
         Ok(Store {
             inner,
             location: location.clone(),
+            writes_left: None,
         })
     }
 
     pub fn location(&self) -> &Location {
         &self.location
+    }
+
+    /// Fault injection (tests): this store accepts `n` more writes and
+    /// deletes, then fails each as a store that went away would.
+    pub fn fail_writes_after(&mut self, n: u64) {
+        self.writes_left = Some(Arc::new(AtomicU64::new(n)));
+    }
+
+    fn spend_write(&self, op: &str, name: &str) -> Result<(), StoreError> {
+        let Some(left) = &self.writes_left else {
+            return Ok(());
+        };
+        left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| {
+                StoreError::unavailable(format!("{op} {name}: the store is gone (injected)"))
+            })
     }
 
     fn path(name: &str) -> ObjectPath {
@@ -302,6 +338,7 @@ impl Store {
 
     /// Writes an object (whole: a reader never sees part of it).
     pub async fn put(&self, name: &str, bytes: Bytes) -> Result<(), StoreError> {
+        self.spend_write("writing", name)?;
         self.inner
             .put(&Self::path(name), PutPayload::from_bytes(bytes))
             .await
@@ -313,6 +350,7 @@ impl Store {
     /// the store can tell; a store that cannot (some S3 gateways) is asked
     /// first instead.
     pub async fn put_new(&self, name: &str, bytes: Bytes) -> Result<bool, StoreError> {
+        self.spend_write("writing", name)?;
         let path = Self::path(name);
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -344,6 +382,7 @@ impl Store {
             .map_ok(|meta| Listed {
                 name: meta.location.as_ref().to_owned(),
                 size: meta.size,
+                modified_ms: meta.last_modified.timestamp_millis(),
             })
             .try_collect::<Vec<_>>()
             .await
@@ -356,6 +395,7 @@ impl Store {
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.spend_write("deleting", name)?;
         match self.inner.delete(&Self::path(name)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(StoreError::from_store("deleting", name, e)),

@@ -12,6 +12,7 @@ use rand::Rng;
 use crate::crypto::BlobId;
 use crate::format::pack;
 use crate::format::ObjectId;
+use crate::lock::LockKind;
 use crate::repo::{Progress, Repository, Result};
 use crate::store::{id_of, names};
 
@@ -45,6 +46,13 @@ impl Repository {
     /// Verifies the repository, reading `sample_percent` (1 to 100) of its
     /// packs, chosen at random each time.
     pub async fn verify(&self, sample_percent: u8, progress: &Progress) -> Result<Verified> {
+        let lock = self.lock(LockKind::Shared, "verify").await?;
+        let verified = self.verify_locked(sample_percent, progress).await;
+        lock.release().await;
+        verified
+    }
+
+    async fn verify_locked(&self, sample_percent: u8, progress: &Progress) -> Result<Verified> {
         let mut out = Verified::default();
         // Every backup: its manifest, its pieces, the blobs they name.
         let mut needed: HashSet<BlobId> = HashSet::new();

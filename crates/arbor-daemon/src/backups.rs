@@ -248,6 +248,7 @@ pub fn code_of(err: &BackupError) -> arbor_api::error_code::ErrorCode {
         BackupError::Engine(e) => crate::api_error::code_of_engine(e),
         BackupError::NotFound(_) => ErrorCode::NotFound,
         BackupError::Refused(_) => ErrorCode::InvalidArgument,
+        BackupError::Locked(_) => ErrorCode::Busy,
         BackupError::Internal(_) => ErrorCode::Internal,
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod index;
+pub mod lock;
 pub mod manifest;
 pub mod pack;
 
