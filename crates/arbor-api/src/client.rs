@@ -28,8 +28,8 @@ use crate::model::{
     StatsView, StreamCompression, StreamFormat, UpgradeView, VolumeView,
 };
 use crate::model::{
-    BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
-    VerifyRequest, VerifyView,
+    BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView, BackupRequest,
+    BackupView, RestoreRequest, RestoreView, VerifyRequest, VerifyView,
 };
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
@@ -409,6 +409,17 @@ impl DaemonClient {
     pub fn backup_verify(&self, repository: &str, request: &VerifyRequest) -> Result<VerifyView> {
         self.post(
             &format!("/v1/backups/{}/verify", encode(repository)),
+            request,
+        )
+    }
+
+    pub fn backup_prune(
+        &self,
+        repository: &str,
+        request: &BackupPruneRequest,
+    ) -> Result<BackupPruneView> {
+        self.post(
+            &format!("/v1/backups/{}/prune", encode(repository)),
             request,
         )
     }

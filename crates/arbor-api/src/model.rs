@@ -1341,6 +1341,61 @@ pub struct VerifyRequest {
     pub sample_percent: Option<u8>,
 }
 
+/// `POST /v1/backups/{repository}/prune`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupPruneRequest {
+    /// Which backups to keep, as a snapshot policy's retention
+    /// (`daily=7,weekly=4,monthly=12`, or a grid `24x1h | 30x1d`), applied
+    /// to each volume's backups from each host; the newest backup of each
+    /// is always kept. None: forget no backup, only delete what no backup
+    /// needs.
+    #[serde(default)]
+    pub keep: Option<String>,
+    /// Say what would be deleted; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Repack a pack when at least this percent of it is unused (default
+    /// 25; 100 repacks only packs wholly unused, which are deleted).
+    #[serde(default)]
+    pub repack_unused_percent: Option<u8>,
+}
+
+/// A backup a prune forgot or kept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrunedBackupView {
+    pub backup: BackupView,
+    /// `not kept by retention`, `kept by daily`, `newest policy snapshot`,
+    /// `no retention given`, ...
+    pub reason: String,
+}
+
+/// What a prune did (or, in a dry run, would do). Object names are the
+/// store's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupPruneView {
+    pub repository: String,
+    pub dry_run: bool,
+    /// Backups forgotten, and kept, oldest first.
+    pub forgotten: Vec<PrunedBackupView>,
+    pub kept: Vec<PrunedBackupView>,
+    /// Packs deleted (no backup needs a blob of theirs).
+    pub deleted_packs: Vec<String>,
+    /// Packs rewritten (their used blobs copied to new packs), then deleted.
+    pub repacked_packs: Vec<String>,
+    /// Index objects replaced by new ones.
+    pub replaced_indexes: Vec<String>,
+    pub written_packs: u64,
+    pub written_indexes: u64,
+    pub kept_blobs: u64,
+    pub removed_blobs: u64,
+    /// Bytes of packs before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Locks found stale and deleted.
+    pub stale_locks: Vec<String>,
+}
+
 /// What a verify of a repository found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyView {

@@ -170,12 +170,14 @@ impl Repository {
             || (forgotten.is_empty() && plan.delete.is_empty() && plan.repack.is_empty())
         {
             out.written_packs = plan.repack_used_bytes.div_ceil(TARGET_PACK_BYTES as u64);
-            out.written_indexes = if plan.delete.is_empty() && plan.repack.is_empty() {
+            let no_packs_change = plan.delete.is_empty() && plan.repack.is_empty();
+            out.written_indexes = if no_packs_change {
                 0
             } else {
                 (plan.keep.len() as u64 + out.written_packs).div_ceil(PACKS_PER_PRUNE_INDEX as u64)
             };
-            if !options.dry_run {
+            if no_packs_change {
+                // Indexes are rewritten only when packs go.
                 out.replaced_indexes.clear();
             }
             out.bytes_after = kept_bytes + plan.repack_used_bytes;
@@ -209,6 +211,12 @@ impl Repository {
             self.store.delete(&names::snapshot(&l.id)).await?;
         }
         out.forgotten = forgotten;
+        if plan.delete.is_empty() && plan.repack.is_empty() {
+            // Indexes are rewritten only when packs go.
+            out.replaced_indexes.clear();
+            out.bytes_after = out.bytes_before;
+            return Ok(out);
+        }
         out.written_packs = written.len() as u64;
         out.bytes_after = kept_bytes + written.iter().map(|(_, size)| size).sum::<u64>();
         listed.extend(written.into_iter().map(|(p, _)| p));

@@ -157,6 +157,10 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
             "/v1/backups/{repository}/verify",
             post(crate::backups::verify),
         )
+        .route(
+            "/v1/backups/{repository}/prune",
+            post(crate::backups::prune),
+        )
         .route("/v1/overview", get(overview))
         .route("/v1/whoami", get(whoami))
         .route("/v1/policies", get(monitor_api::list))

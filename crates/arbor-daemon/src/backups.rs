@@ -8,11 +8,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use arbor_api::model::{
-    BackupListView, BackupRepositoryView, BackupRequest, BackupView, RestoreRequest, RestoreView,
-    VerifyRequest, VerifyView,
+    BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView, BackupRequest,
+    BackupView, PrunedBackupView, RestoreRequest, RestoreView, VerifyRequest, VerifyView,
 };
+use arbor_backup::format::ObjectId;
 use arbor_backup::spec::RepoSpec;
-use arbor_backup::{BackupError, Listing, Progress, Repository};
+use arbor_backup::{BackupError, Listing, Progress, PruneOptions, Repository};
 use arbor_engine::Pool;
 use arbor_stream::busy::Pins;
 use axum::extract::{Path, State};
@@ -231,6 +232,140 @@ pub async fn verify(
         bytes_read: v.bytes_read,
         problems: v.problems,
         problem_count: v.problem_count,
+    }))
+}
+
+/// Which backups `retention` keeps: the snapshot planner of the monitor
+/// (`arbor_monitor::prune::plan`), run over each volume's backups from each
+/// host, every backup counted as made by the policy and none held (the
+/// newest of each is kept whatever the rule). Returns every backup's
+/// decision: whether it is forgotten, and why.
+pub fn retention_decisions(
+    all: &[Listing],
+    retention: Option<&arbor_monitor::Retention>,
+    now: u64,
+) -> Vec<(ObjectId, bool, String)> {
+    let Some(retention) = retention else {
+        return all
+            .iter()
+            .map(|l| (l.id, false, "no retention given".to_owned()))
+            .collect();
+    };
+    let mut groups: BTreeMap<(&str, &str), Vec<&Listing>> = BTreeMap::new();
+    for l in all {
+        groups
+            .entry((l.manifest.host.as_str(), l.manifest.volume.as_str()))
+            .or_default()
+            .push(l);
+    }
+    let mut out = Vec::with_capacity(all.len());
+    for group in groups.values() {
+        let candidates: Vec<arbor_monitor::Candidate> = group
+            .iter()
+            .map(|l| arbor_monitor::Candidate {
+                name: l.id.to_string(),
+                created: l.manifest.created_unix,
+                policy_made: true,
+                held: Vec::new(),
+                needed: false,
+                exclusive_bytes: l.manifest.added_bytes,
+            })
+            .collect();
+        let plan = arbor_monitor::prune::plan(&candidates, retention, now);
+        for (decisions, forget) in [(plan.destroy, true), (plan.keep, false)] {
+            for d in decisions {
+                if let Some(l) = group.iter().find(|l| l.id.to_string() == d.name) {
+                    out.push((l.id, forget, d.reason.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `POST /v1/backups/{repository}/prune`: forgets the backups the
+/// retention given does not keep and deletes what no backup needs (a dry
+/// run only says what); answered when done.
+pub async fn prune(
+    State(backups): State<Arc<Backups>>,
+    Path(name): Path<String>,
+    Json(req): Json<BackupPruneRequest>,
+) -> ApiResult<Json<BackupPruneView>> {
+    let retention = req
+        .keep
+        .as_deref()
+        .map(str::parse::<arbor_monitor::Retention>)
+        .transpose()
+        .map_err(|e| ApiError::from(DaemonError::Invalid(format!("keep: {e}"))))?;
+    let repack = req.repack_unused_percent.unwrap_or(25);
+    if !(1..=100).contains(&repack) {
+        return Err(ApiError::from(DaemonError::Invalid(format!(
+            "repack_unused_percent {repack}: from 1 to 100"
+        ))));
+    }
+    let repo = backups.open(&name).await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut decided: Vec<(Listing, bool, String)> = Vec::new();
+    let choose = |all: &[Listing]| {
+        let decisions = retention_decisions(all, retention.as_ref(), now);
+        let mut forget = Vec::new();
+        for (id, gone, reason) in decisions {
+            if let Some(l) = all.iter().find(|l| l.id == id) {
+                if gone {
+                    forget.push(id);
+                }
+                decided.push((l.clone(), gone, reason));
+            }
+        }
+        forget
+    };
+    let options = PruneOptions {
+        dry_run: req.dry_run,
+        repack_unused_percent: repack,
+    };
+    let p = repo
+        .prune(choose, options, &Progress::default())
+        .await
+        .map_err(|e| ApiError::from(e).context(format!("pruning {name}")))?;
+    info!(
+        repository = %name,
+        dry_run = p.dry_run,
+        forgotten = p.forgotten.len(),
+        deleted_packs = p.deleted_packs.len(),
+        repacked_packs = p.repacked_packs.len(),
+        bytes_before = p.bytes_before,
+        bytes_after = p.bytes_after,
+        "pruned"
+    );
+    decided.sort_by(|a, b| {
+        (a.0.manifest.completed_unix_ms, a.0.id).cmp(&(b.0.manifest.completed_unix_ms, b.0.id))
+    });
+    let (forgotten, kept): (Vec<_>, Vec<_>) = decided.into_iter().partition(|d| d.1);
+    let views = |list: Vec<(Listing, bool, String)>| {
+        list.into_iter()
+            .map(|(l, _, reason)| PrunedBackupView {
+                backup: view(&l),
+                reason,
+            })
+            .collect()
+    };
+    Ok(Json(BackupPruneView {
+        repository: name,
+        dry_run: p.dry_run,
+        forgotten: views(forgotten),
+        kept: views(kept),
+        deleted_packs: p.deleted_packs,
+        repacked_packs: p.repacked_packs,
+        replaced_indexes: p.replaced_indexes,
+        written_packs: p.written_packs,
+        written_indexes: p.written_indexes,
+        kept_blobs: p.kept_blobs,
+        removed_blobs: p.removed_blobs,
+        bytes_before: p.bytes_before,
+        bytes_after: p.bytes_after,
+        stale_locks: p.stale_locks,
     }))
 }
 

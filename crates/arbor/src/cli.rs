@@ -326,6 +326,25 @@ pub enum BackupCommand {
         #[arg(long, value_name = "PERCENT", default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
         sample: u8,
     },
+    /// Forget the backups a retention rule does not keep, and delete what
+    /// no backup needs (packs partly used are repacked). Holds the
+    /// repository's only lock: it waits for no backup and no backup starts
+    /// while it runs
+    Prune {
+        repository: String,
+        /// Which backups to keep, per volume and host: classes
+        /// (`daily=7,weekly=4,monthly=12`) or a grid (`24x1h | 30x1d`);
+        /// the newest of each is always kept. Without it no backup is
+        /// forgotten
+        #[arg(long, value_name = "RULE")]
+        keep: Option<String>,
+        /// List exactly what would be forgotten and deleted; change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Repack a pack when at least this percent of it is unused
+        #[arg(long, value_name = "PERCENT", default_value_t = 25, value_parser = clap::value_parser!(u8).range(1..=100))]
+        repack_unused: u8,
+    },
     /// Restore a backup into a new volume, every block verified
     Restore {
         repository: String,

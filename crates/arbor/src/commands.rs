@@ -23,9 +23,9 @@ use crate::output::{self, emit};
 use crate::tls_init::{self, TlsCommand};
 use arbor_api::client::DaemonClient;
 use arbor_api::model::{
-    BackupRequest, CheckView, Durability, GrowRequest, PolicyRequest, PruneRequest,
-    ReplicaAddRequest, RestoreRequest, SendQuery, StreamCompression, StreamFormat, TokenRequest,
-    VerifyRequest,
+    BackupPruneRequest, BackupRequest, CheckView, Durability, GrowRequest, PolicyRequest,
+    PruneRequest, ReplicaAddRequest, RestoreRequest, SendQuery, StreamCompression, StreamFormat,
+    TokenRequest, VerifyRequest,
 };
 use arbor_api::size::ByteSize;
 use arbor_daemon::pool_file::{self, IoMode, OpenPool};
@@ -860,6 +860,29 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
         }
         BackupCommand::List { repository } => {
             p.show(&c.backups(&repository)?, output::backup_list)?
+        }
+        BackupCommand::Prune {
+            repository,
+            keep,
+            dry_run,
+            repack_unused,
+        } => {
+            let what = if dry_run {
+                "planning a prune of"
+            } else {
+                "pruning"
+            };
+            let pruned = with_spinner(&format!("{what} {repository}"), || {
+                c.backup_prune(
+                    &repository,
+                    &BackupPruneRequest {
+                        keep: keep.clone(),
+                        dry_run,
+                        repack_unused_percent: Some(repack_unused),
+                    },
+                )
+            })?;
+            p.show(&pruned, output::backup_pruned)?;
         }
         BackupCommand::Restore {
             repository,

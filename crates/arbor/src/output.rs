@@ -1145,6 +1145,68 @@ pub fn backup_verified(v: &arbor_api::model::VerifyView) -> String {
     text
 }
 
+/// `arbor backup prune`: the backups forgotten and kept with why, then
+/// every object deleted (a dry run lists exactly what the prune would
+/// delete).
+pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
+    let (verb, deleted) = if v.dry_run {
+        ("would forget", "would delete")
+    } else {
+        ("forgot", "deleted")
+    };
+    let mut text = String::new();
+    for b in &v.forgotten {
+        text += &format!(
+            "{verb} {} {} ({}): {}\n",
+            short_id(&b.backup.id),
+            b.backup.snapshot,
+            b.backup.host,
+            b.reason
+        );
+    }
+    for b in &v.kept {
+        text += &format!(
+            "keep {} {} ({}): {}\n",
+            short_id(&b.backup.id),
+            b.backup.snapshot,
+            b.backup.host,
+            b.reason
+        );
+    }
+    for name in &v.deleted_packs {
+        text += &format!("{deleted} {name} (unused)\n");
+    }
+    for name in &v.repacked_packs {
+        text += &format!("{deleted} {name} (partly used: repacked)\n");
+    }
+    for name in &v.replaced_indexes {
+        text += &format!("{deleted} {name} (index, replaced)\n");
+    }
+    for lock in &v.stale_locks {
+        text += &format!("deleted a stale lock: {lock}\n");
+    }
+    text += &format!(
+        "{}{}: {} backups forgotten, {} kept; {} packs deleted, {} repacked into {}; {} blobs \
+         removed, {} kept; {} -> {}\n",
+        if v.dry_run {
+            "dry run, nothing changed: "
+        } else {
+            ""
+        },
+        v.repository,
+        v.forgotten.len(),
+        v.kept.len(),
+        v.deleted_packs.len(),
+        v.repacked_packs.len(),
+        v.written_packs,
+        v.removed_blobs,
+        v.kept_blobs,
+        size(v.bytes_before),
+        size(v.bytes_after)
+    );
+    text
+}
+
 /// `arbor backup restore`.
 pub fn backup_restored(v: &arbor_api::model::RestoreView) -> String {
     format!(

@@ -70,6 +70,9 @@ fn backups_are_made_listed_and_restored_through_the_daemon() {
     // about that.
     let change = random_file(tmp.path(), "change", 1 << 20, 8);
     nbdcopy(p(&change), &export);
+    // Retention counts snapshot times in whole seconds (two of one second
+    // are both the newest): the second snapshot is a second later.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
     daemon.ok(&["snapshot", "create", "disk0@two"]);
     let two = daemon.json(&["backup", "create", "local", "disk0@two"]);
     assert_eq!(two["parent"], one["id"], "{two}");
@@ -124,6 +127,80 @@ fn backups_are_made_listed_and_restored_through_the_daemon() {
         "{verified}"
     );
     daemon.fails(&["backup", "verify", "local", "--sample", "0"], 2, "0");
+
+    // Pruned down to the newest backup: a dry run lists what would go and
+    // changes nothing; the prune then forgets the first backup and
+    // deletes (repacking) the blocks only it needed.
+    let files = |dir: &std::path::Path| {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    stack.push(e);
+                } else if !e.starts_with(dir.join("locks")) {
+                    out.push((e.clone(), std::fs::read(&e).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = files(&repo);
+    let prune = [
+        "backup",
+        "prune",
+        "local",
+        "--keep",
+        "frequent=1",
+        "--repack-unused",
+        "5",
+    ];
+    let dry = daemon.json(&[&prune[..], &["--dry-run"]].concat());
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(dry["forgotten"][0]["backup"]["id"], one["id"], "{dry}");
+    assert_eq!(
+        dry["forgotten"][0]["reason"], "not kept by retention",
+        "{dry}"
+    );
+    assert_eq!(dry["kept"][0]["backup"]["id"], two["id"], "{dry}");
+    assert!(files(&repo) == before, "a dry run changed the repository");
+    let text = daemon.ok(&[&prune[..], &["--dry-run"]].concat());
+    assert!(
+        text.contains("would forget") && text.contains("dry run"),
+        "{text}"
+    );
+    let pruned = daemon.json(&prune);
+    assert_eq!(pruned["forgotten"], dry["forgotten"], "{pruned}");
+    assert_eq!(pruned["repacked_packs"], dry["repacked_packs"], "{pruned}");
+    assert!(
+        pruned["removed_blobs"].as_u64().unwrap() >= 16,
+        "the first MiB only the first backup had: {pruned}"
+    );
+    assert!(
+        pruned["bytes_after"].as_u64().unwrap() < pruned["bytes_before"].as_u64().unwrap(),
+        "{pruned}"
+    );
+    let list = daemon.json(&["backup", "list", "local"]);
+    assert_eq!(list["backups"].as_array().unwrap().len(), 1, "{list}");
+    let verified = daemon.json(&["backup", "verify", "local"]);
+    assert_eq!(verified["problem_count"], 0, "{verified}");
+    daemon.ok(&["backup", "restore", "local", &id[..10], "after-prune"]);
+    let copy2 = tmp.path().join("copy2");
+    nbdcopy(
+        &format!("nbd+unix:///after-prune?socket={}", daemon.nbd_socket()),
+        p(&copy2),
+    );
+    assert!(
+        std::fs::read(&copy2).unwrap() == expected,
+        "the restore after a prune differs"
+    );
+    daemon.fails(
+        &["backup", "prune", "local", "--keep", "daily=x"],
+        2,
+        "keep",
+    );
 
     // What a user gets wrong, each with its own status.
     daemon.fails(
