@@ -1155,18 +1155,10 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
         ("forgot", "deleted")
     };
     let mut text = String::new();
-    for b in &v.forgotten {
+    let forgotten = v.forgotten.iter().map(|b| (verb, b));
+    for (what, b) in forgotten.chain(v.kept.iter().map(|b| ("keep", b))) {
         text += &format!(
-            "{verb} {} {} ({}): {}\n",
-            short_id(&b.backup.id),
-            b.backup.snapshot,
-            b.backup.host,
-            b.reason
-        );
-    }
-    for b in &v.kept {
-        text += &format!(
-            "keep {} {} ({}): {}\n",
+            "{what} {} {} ({}): {}\n",
             short_id(&b.backup.id),
             b.backup.snapshot,
             b.backup.host,
