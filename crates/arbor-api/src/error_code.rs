@@ -21,7 +21,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     AlreadyExists,
     ReadOnly,
-    /// NBD clients have the volume open.
+    /// NBD clients have the volume open, or another operation holds a
+    /// backup repository's lock.
     Busy,
     PayloadTooLarge,
     UnsupportedMediaType,
