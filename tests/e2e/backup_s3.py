@@ -137,6 +137,9 @@ def body(daemon):
         stored_full = bucket_bytes(env)
         random_writes(daemon, "vol", rng, 20, size)
         run("qemu-io", "-f", "raw", "-c", "discard 8M 4M", daemon.uri("vol"))
+        # Retention counts snapshot times in whole seconds (two of one
+        # second are both the newest): s2 is taken a second later.
+        time.sleep(1.1)
         cli(daemon, "snapshot", "create", "vol@s2")
         incr = backup(daemon, "vol@s2")
         if incr["parent"] != full["id"]:
@@ -213,6 +216,36 @@ def body(daemon):
         verified = cli_json(daemon, "backup", "verify", "rgw")
         if verified["problem_count"] != 0 or verified["packs_read"] != verified["packs_total"]:
             raise Failure(f"the repository does not verify after the faults: {verified}")
+
+        # Pruned to each volume's newest backup: the dry run lists what
+        # the prune then does; the lock the killed daemon left (its
+        # process gone) is stale and deleted; what stays restores and
+        # verifies.
+        locks = run("rclone", "lsl", f"rgw:{BUCKET}/arbor/locks", env=env, check=False).stdout
+        print(f"locks before the prune: {locks.strip() or 'none'}")
+        dry = cli_json(daemon, "backup", "prune", "rgw", "--keep", "frequent=1", "--dry-run")
+        gone = [b["backup"]["id"] for b in dry["forgotten"]]
+        if gone != [full["id"]]:
+            raise Failure(f"the dry run forgets {gone}, not the first backup of vol: {dry}")
+        if not dry["stale_locks"]:
+            raise Failure(f"the dry run found no stale lock: {dry}")
+        pruned = cli_json(daemon, "backup", "prune", "rgw", "--keep", "frequent=1")
+        if len(pruned["stale_locks"]) != len(dry["stale_locks"]):
+            raise Failure(f"the dry run found {dry['stale_locks']} stale, the prune {pruned['stale_locks']}")
+        for k in ("forgotten", "deleted_packs", "repacked_packs"):
+            if pruned[k] != dry[k]:
+                raise Failure(f"the prune's {k} differs from its dry run's: {pruned[k]} / {dry[k]}")
+        if not any("is gone" in lock for lock in pruned["stale_locks"]):
+            raise Failure(f"the killed daemon's lock was not found stale: {pruned['stale_locks']}")
+        if pruned["bytes_after"] > pruned["bytes_before"]:
+            raise Failure(f"the prune grew the repository: {pruned}")
+        print(f"pruned: {len(pruned['deleted_packs'])} packs deleted, {len(pruned['repacked_packs'])} repacked, "
+              f"{pruned['bytes_before']} -> {pruned['bytes_after']} bytes, stale locks {pruned['stale_locks']}")
+        for b, snap, vol in ((incr, "vol@s2", "r8"), (cloned, "c1@x", "r9")):
+            restore_matches(daemon, b["id"], snap, vol)
+        verified = cli_json(daemon, "backup", "verify", "rgw")
+        if verified["problem_count"] != 0 or verified["backups"] != len(dry["kept"]):
+            raise Failure(f"the repository does not verify after the prune: {verified}")
 
         # A pack replaced in the bucket: the restore fails naming it and
         # leaves no volume.

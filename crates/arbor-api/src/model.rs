@@ -1392,7 +1392,7 @@ pub struct BackupPruneView {
     /// Bytes of packs before and after.
     pub bytes_before: u64,
     pub bytes_after: u64,
-    /// Locks found stale and deleted.
+    /// Locks found stale, and deleted (a dry run deletes none).
     pub stale_locks: Vec<String>,
 }
 

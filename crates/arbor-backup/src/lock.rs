@@ -11,7 +11,8 @@
 //! rewritten for `stale_after` by the store's clock (compared with the
 //! time the store gave the lock just written, so hosts' clocks do not
 //! matter), or one of this host and boot whose process is gone (a daemon
-//! killed), is stale: no one waits for it, and a prune deletes it.
+//! killed), is stale: no one waits for it, and a prune (not its dry run)
+//! deletes it.
 //!
 //! A holder that could not rewrite its lock for half of `stale_after`
 //! stops before it changes anything more (`check`): others may take it
@@ -163,8 +164,8 @@ pub struct RepoLock {
     held: Arc<Held>,
     refresher: JoinHandle<()>,
     released: bool,
-    /// Stale locks an exclusive lock found, and deleted.
-    pub removed_stale: Vec<OtherLock>,
+    /// Stale locks found when this one was taken.
+    pub stale: Vec<OtherLock>,
 }
 
 impl std::fmt::Debug for RepoLock {
@@ -230,17 +231,7 @@ impl RepoLock {
                 policy.stale_after.as_secs() / 60
             )));
         }
-        let mut removed_stale = Vec::new();
-        if kind == LockKind::Exclusive {
-            for o in others.into_iter().filter(|o| o.stale.is_some()) {
-                tracing::warn!(lock = %o, why = o.stale.as_deref().unwrap_or(""), "deleting a stale repository lock");
-                if let Err(e) = store.delete(&o.name).await {
-                    let _ = store.delete(&name).await;
-                    return Err(e.into());
-                }
-                removed_stale.push(o);
-            }
-        }
+        let stale = others.into_iter().filter(|o| o.stale.is_some()).collect();
         let refresher = {
             let held = Arc::clone(&held);
             tokio::spawn(async move {
@@ -256,7 +247,7 @@ impl RepoLock {
             held,
             refresher,
             released: false,
-            removed_stale,
+            stale,
         })
     }
 
@@ -272,6 +263,21 @@ impl RepoLock {
                 written.elapsed().as_secs(),
                 self.held.policy.stale_after.as_secs()
             )));
+        }
+        Ok(())
+    }
+
+    /// Deletes the stale locks found when this one was taken (only the
+    /// exclusive lock may: no one else gives way to them meanwhile).
+    pub async fn delete_stale(&self) -> Result<()> {
+        if !self.held.record.exclusive {
+            return Err(BackupError::Internal(
+                "only the exclusive lock deletes stale locks".into(),
+            ));
+        }
+        for o in &self.stale {
+            tracing::warn!(lock = %o, why = o.stale.as_deref().unwrap_or(""), "deleting a stale repository lock");
+            self.held.store.delete(&o.name).await?;
         }
         Ok(())
     }

@@ -78,7 +78,7 @@ pub struct Pruned {
     /// Bytes of packs before, and after.
     pub bytes_before: u64,
     pub bytes_after: u64,
-    /// Stale locks deleted.
+    /// Stale locks found, and deleted (a dry run deletes none).
     pub stale_locks: Vec<String>,
 }
 
@@ -120,10 +120,16 @@ impl Repository {
     ) -> Result<Pruned> {
         let lock = self.lock(LockKind::Exclusive, "prune").await?;
         let stale: Vec<String> = lock
-            .removed_stale
+            .stale
             .iter()
-            .map(OtherLock::to_string)
+            .map(|o: &OtherLock| format!("{o}: stale, {}", o.stale.as_deref().unwrap_or("")))
             .collect();
+        if !options.dry_run {
+            if let Err(e) = lock.delete_stale().await {
+                lock.release().await;
+                return Err(e);
+            }
+        }
         let pruned = self.prune_locked(choose, options, progress, &lock).await;
         lock.release().await;
         pruned.map(|mut p| {

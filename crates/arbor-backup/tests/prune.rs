@@ -303,8 +303,28 @@ async fn a_prune_and_a_backup_keep_apart_and_stale_locks_do_not_stop_either() {
         .unwrap()
         .set_modified(old)
         .unwrap();
+    let dry = b
+        .prune(
+            forget(vec![made[0].1]),
+            PruneOptions {
+                dry_run: true,
+                ..PruneOptions::default()
+            },
+            &Progress::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.stale_locks.len(), 2, "{dry:?}");
+    assert!(file.exists(), "a dry run deleted a stale lock");
     let pruned = prune(&b, vec![made[0].1]).await.unwrap();
     assert_eq!(pruned.stale_locks.len(), 2, "{pruned:?}");
+    assert!(
+        pruned
+            .stale_locks
+            .iter()
+            .all(|l| l.contains("not rewritten for")),
+        "{pruned:?}"
+    );
     assert!(!file.exists());
     restored_equals(&b, &late.id.to_string(), &src, "vm1@late").await;
     drop(exclusive);

@@ -1175,7 +1175,7 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
         text += &format!("{deleted} {name} (index, replaced)\n");
     }
     for lock in &v.stale_locks {
-        text += &format!("deleted a stale lock: {lock}\n");
+        text += &format!("{deleted} a stale lock: {lock}\n");
     }
     text += &format!(
         "{}{}: {} backups forgotten, {} kept; {} packs deleted, {} repacked into {}; {} blobs \
