@@ -87,6 +87,17 @@ async fn prune(repo: &Repository, ids: Vec<ObjectId>) -> Result<Pruned, BackupEr
         .await
 }
 
+/// What pruning `repo` of `ids` would do.
+async fn dry_run(repo: &Repository, ids: Vec<ObjectId>) -> Pruned {
+    let options = PruneOptions {
+        dry_run: true,
+        ..PruneOptions::default()
+    };
+    repo.prune(forget(ids), options, &Progress::default())
+        .await
+        .unwrap()
+}
+
 fn forget(ids: Vec<ObjectId>) -> impl FnOnce(&[Listing]) -> Vec<ObjectId> {
     move |_| ids
 }
@@ -108,17 +119,7 @@ async fn a_prune_deletes_what_no_backup_needs_and_its_dry_run_says_exactly_what(
     // Forget the first two backups of vm1 (s2 and s3 were made from
     // them; the clone shares their blocks).
     let gone = vec![made[0].1, made[1].1];
-    let dry = repo
-        .prune(
-            forget(gone.clone()),
-            PruneOptions {
-                dry_run: true,
-                ..PruneOptions::default()
-            },
-            &Progress::default(),
-        )
-        .await
-        .unwrap();
+    let dry = dry_run(&repo, gone.clone()).await;
     assert_eq!(objects(&root), before, "a dry run changed the repository");
     assert_eq!(dry.forgotten.len(), 2);
     assert_eq!(dry.kept_backups, 3);
@@ -303,17 +304,7 @@ async fn a_prune_and_a_backup_keep_apart_and_stale_locks_do_not_stop_either() {
         .unwrap()
         .set_modified(old)
         .unwrap();
-    let dry = b
-        .prune(
-            forget(vec![made[0].1]),
-            PruneOptions {
-                dry_run: true,
-                ..PruneOptions::default()
-            },
-            &Progress::default(),
-        )
-        .await
-        .unwrap();
+    let dry = dry_run(&b, vec![made[0].1]).await;
     assert_eq!(dry.stale_locks.len(), 2, "{dry:?}");
     assert!(file.exists(), "a dry run deleted a stale lock");
     let pruned = prune(&b, vec![made[0].1]).await.unwrap();
