@@ -238,7 +238,8 @@ pub async fn verify(
 /// Which backups `retention` keeps: the snapshot planner of the monitor
 /// (`arbor_monitor::prune::plan`), run over each volume's backups from each
 /// host, every backup counted as made by the policy and none held (the
-/// newest of each is kept whatever the rule). Returns every backup's
+/// newest of each, by snapshot time then completion, is kept whatever the
+/// rule). Returns every backup's
 /// decision: whether it is forgotten, and why.
 pub fn retention_decisions(
     all: &[Listing],
@@ -260,10 +261,14 @@ pub fn retention_decisions(
     }
     let mut out = Vec::with_capacity(all.len());
     for group in groups.values() {
+        // Named so that names sort in the order the backups completed:
+        // of backups of snapshots taken in one second, the last is the
+        // newest.
+        let name = |l: &Listing| format!("{:020}-{}", l.manifest.completed_unix_ms, l.id);
         let candidates: Vec<arbor_monitor::Candidate> = group
             .iter()
             .map(|l| arbor_monitor::Candidate {
-                name: l.id.to_string(),
+                name: name(l),
                 created: l.manifest.created_unix,
                 policy_made: true,
                 held: Vec::new(),
@@ -271,10 +276,15 @@ pub fn retention_decisions(
                 exclusive_bytes: l.manifest.added_bytes,
             })
             .collect();
-        let plan = arbor_monitor::prune::plan(&candidates, retention, now);
+        let plan = arbor_monitor::prune::plan_with(
+            &candidates,
+            retention,
+            now,
+            arbor_monitor::Newest::LastByName,
+        );
         for (decisions, forget) in [(plan.destroy, true), (plan.keep, false)] {
             for d in decisions {
-                if let Some(l) = group.iter().find(|l| l.id.to_string() == d.name) {
+                if let Some(l) = group.iter().find(|l| name(l) == d.name) {
                     out.push((l.id, forget, d.reason.to_string()));
                 }
             }

@@ -49,6 +49,6 @@ pub mod tick;
 
 pub use error::PolicyError;
 pub use policy::Policy;
-pub use prune::{Candidate, Decision, PrunePlan, Reason};
+pub use prune::{Candidate, Decision, Newest, PrunePlan, Reason};
 pub use retention::{GridInterval, Keep, Retention};
 pub use schedule::Schedule;

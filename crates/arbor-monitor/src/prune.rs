@@ -143,9 +143,30 @@ fn sort_oldest_first(list: &mut [Decision]) {
     list.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
 }
 
+/// Which candidates count as the newest, never destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Newest {
+    /// Every one created in the latest second (snapshots: their names say
+    /// nothing of their order).
+    LatestSecond,
+    /// Only the last by creation time, then name (backups, named so that
+    /// their names sort in the order they completed).
+    LastByName,
+}
+
 /// Plans which of a volume's snapshots to destroy under `retention` at
 /// `now`. See the module docs for the rules.
 pub fn plan(candidates: &[Candidate], retention: &Retention, now: u64) -> PrunePlan {
+    plan_with(candidates, retention, now, Newest::LatestSecond)
+}
+
+/// [`plan`] with the rule for which candidates are the newest.
+pub fn plan_with(
+    candidates: &[Candidate],
+    retention: &Retention,
+    now: u64,
+    newest_rule: Newest,
+) -> PrunePlan {
     let items: Vec<(u64, &str)> = candidates
         .iter()
         .filter(|c| c.policy_made)
@@ -154,6 +175,11 @@ pub fn plan(candidates: &[Candidate], retention: &Retention, now: u64) -> PruneP
     // One label per policy-made candidate, in input order.
     let mut labels = retention.labels(&items).into_iter();
     let newest = items.iter().map(|it| it.0).max();
+    let last = items.iter().max().copied();
+    let is_newest = |c: &Candidate| match newest_rule {
+        Newest::LatestSecond => Some(c.created) == newest,
+        Newest::LastByName => Some((c.created, c.name.as_str())) == last,
+    };
 
     let mut out = PrunePlan::default();
     for c in candidates {
@@ -168,7 +194,7 @@ pub fn plan(candidates: &[Candidate], retention: &Retention, now: u64) -> PruneP
             Reason::Held(c.held.clone())
         } else if c.needed {
             Reason::NeededByReplication
-        } else if Some(c.created) == newest {
+        } else if is_newest(c) {
             Reason::Newest
         } else if c.created > now {
             Reason::FromFuture
@@ -337,6 +363,19 @@ mod tests {
             &Reason::KeptBy("grid 1x1h".to_owned())
         );
         assert_eq!(reason_of(&p, "new"), &Reason::Newest);
+    }
+
+    /// Backups of snapshots taken in one second: only the last by name is
+    /// the newest; the others are judged by the rule.
+    #[test]
+    fn with_last_by_name_one_of_a_second_is_the_newest() {
+        let r: Retention = "frequent=1".parse().unwrap();
+        let c = [snap("b-2", T0), snap("a-1", T0)];
+        let all = plan(&c, &r, T0 + 10);
+        assert!(all.destroy.is_empty(), "{all:?}");
+        let p = plan_with(&c, &r, T0 + 10, Newest::LastByName);
+        assert_eq!(names(&p.destroy), vec!["a-1"]);
+        assert_eq!(reason_of(&p, "b-2"), &Reason::Newest);
     }
 
     #[test]
