@@ -1114,6 +1114,13 @@ pub enum AlertKind {
     /// problems (`arbor check` lists them); clears when a scrub's check
     /// finds none.
     ScrubMetadataProblems,
+    /// A scheduled backup (subject `REPOSITORY:VOLUME`) or a repository's
+    /// scheduled prune (subject `REPOSITORY`) failed; clears when one
+    /// succeeds.
+    BackupFailed,
+    /// A scheduled volume's newest backup is older than two schedule
+    /// periods (critical at four); clears when a backup completes.
+    BackupOverdue,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).
@@ -1268,6 +1275,37 @@ pub struct BackupRepositoryView {
     pub name: String,
     /// `s3://BUCKET/PREFIX` or a directory.
     pub url: String,
+    /// Its scheduled backups, if it has a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<BackupScheduleView>,
+}
+
+/// A repository's scheduled backups (`schedule`, `volumes`, `keep` in
+/// `backup_repositories`) and how they go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupScheduleView {
+    /// As a snapshot policy's (`daily at 02:00`, `every 6h`).
+    pub schedule: String,
+    /// The retention its scheduled prunes keep by, if any.
+    pub keep: Option<String>,
+    pub last_prune_unix: Option<u64>,
+    /// Why its last prune (or reading its list) failed, while it fails.
+    pub error: Option<String>,
+    pub volumes: Vec<ScheduledVolumeView>,
+}
+
+/// One scheduled volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledVolumeView {
+    pub volume: String,
+    /// When its newest backup from this host completed, and its id.
+    pub last_success_unix: Option<u64>,
+    pub last_backup: Option<String>,
+    /// Failed runs in a row, and the last one's error.
+    pub failures: u32,
+    pub last_error: Option<String>,
+    /// When it runs next (a failed run is retried after a backoff).
+    pub next_run_unix: u64,
 }
 
 /// `POST /v1/backups/{repository}`: back up a snapshot.

@@ -89,6 +89,11 @@ impl ApiError {
         self
     }
 
+    /// The message, as the response carries it.
+    pub fn message(&self) -> String {
+        self.body.message.clone()
+    }
+
     /// Adds `hint` to the message.
     pub(super) fn with_hint(mut self, hint: String) -> Self {
         self.body.message.push_str(&hint);

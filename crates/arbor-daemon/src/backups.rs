@@ -13,7 +13,7 @@ use arbor_api::model::{
 };
 use arbor_backup::format::ObjectId;
 use arbor_backup::spec::RepoSpec;
-use arbor_backup::{BackupError, Listing, Progress, PruneOptions, Repository};
+use arbor_backup::{BackupError, Listing, Made, Progress, PruneOptions, Repository};
 use arbor_engine::Pool;
 use arbor_stream::busy::Pins;
 use axum::extract::{Path, State};
@@ -22,6 +22,8 @@ use axum::Json;
 use tracing::info;
 
 use crate::api_error::{ApiError, ApiResult};
+use crate::backup_schedule::{BackupPolicy, Schedules};
+use crate::destroy::Destroyer;
 use crate::error::DaemonError;
 
 /// The configured repositories and what backups need of the daemon.
@@ -32,27 +34,94 @@ pub struct Backups {
     pool: Arc<Pool>,
     /// Snapshots being read (destroying one needs force meanwhile).
     pins: Arc<Pins>,
+    /// Scheduled backups (`backup_schedule.rs`).
+    schedules: Schedules,
+    /// Destroys the backup snapshots no backup needs any more.
+    destroyer: Destroyer,
 }
 
 impl Backups {
     pub fn new(
         repositories: &[(String, RepoSpec)],
+        schedules: Vec<BackupPolicy>,
         host: String,
         pool: Arc<Pool>,
         pins: Arc<Pins>,
+        destroyer: Destroyer,
     ) -> Arc<Self> {
         Arc::new(Backups {
             repositories: RwLock::new(repositories.iter().cloned().collect()),
             host,
             pool,
             pins,
+            schedules: Schedules::new(schedules),
+            destroyer,
         })
     }
 
-    /// A reload's repositories, in force for the next operation.
-    pub fn set(&self, repositories: &[(String, RepoSpec)]) {
+    /// A reload's repositories and schedules, in force for the next
+    /// operation.
+    pub fn set(&self, repositories: &[(String, RepoSpec)], schedules: Vec<BackupPolicy>) {
         *self.repositories.write().unwrap_or_else(|p| p.into_inner()) =
             repositories.iter().cloned().collect();
+        self.schedules.set(schedules);
+    }
+
+    pub(crate) fn schedules(&self) -> &Schedules {
+        &self.schedules
+    }
+
+    pub(crate) fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub(crate) fn destroyer(&self) -> &Destroyer {
+        &self.destroyer
+    }
+
+    /// The alerts of the scheduled backups.
+    pub fn conditions(&self, now: u64) -> Vec<crate::alerts::Condition> {
+        self.schedules.conditions(now)
+    }
+
+    /// Every backup in `repository`, oldest first.
+    pub(crate) async fn list_backups(&self, repository: &str) -> Result<Vec<Listing>, ApiError> {
+        let repo = self.open(repository).await?;
+        repo.list()
+            .await
+            .map_err(|e| ApiError::from(e).context(format!("backup repository {repository}")))
+    }
+
+    /// Backs up `snapshot` into `repository`, the snapshot pinned while it
+    /// is read.
+    pub(crate) async fn backup_snapshot(
+        &self,
+        repository: &str,
+        snapshot: &str,
+    ) -> Result<Made, ApiError> {
+        let id = self.pool.lookup(snapshot).map_err(DaemonError::from)?;
+        let _pinned = self.pins.pin(vec![id]);
+        let repo = self.open(repository).await?;
+        let progress = Progress::default();
+        let made = repo
+            .backup(Arc::clone(&self.pool), snapshot, &self.host, &progress)
+            .await
+            .map_err(|e| {
+                ApiError::from(e).context(format!("backing up {snapshot} to {repository}"))
+            })?;
+        info!(
+            repository = %repository,
+            snapshot = %snapshot,
+            backup = %made.id,
+            incremental = made.base.is_some(),
+            added_bytes = made.manifest.added_bytes,
+            "backed up"
+        );
+        Ok(made)
     }
 
     fn spec(&self, name: &str) -> Result<RepoSpec, ApiError> {
@@ -108,6 +177,7 @@ pub async fn repositories(State(backups): State<Arc<Backups>>) -> Json<Vec<Backu
             .map(|(name, spec)| BackupRepositoryView {
                 name: name.clone(),
                 url: spec.url.clone(),
+                schedule: backups.schedules.view(name, crate::clock::unix_now()),
             })
             .collect(),
     )
@@ -136,30 +206,7 @@ pub async fn create(
     Path(name): Path<String>,
     Json(req): Json<BackupRequest>,
 ) -> ApiResult<(StatusCode, Json<BackupView>)> {
-    let id = backups
-        .pool
-        .lookup(&req.snapshot)
-        .map_err(DaemonError::from)?;
-    let _pinned = backups.pins.pin(vec![id]);
-    let repo = backups.open(&name).await?;
-    let progress = Progress::default();
-    let made = repo
-        .backup(
-            Arc::clone(&backups.pool),
-            &req.snapshot,
-            &backups.host,
-            &progress,
-        )
-        .await
-        .map_err(|e| ApiError::from(e).context(format!("backing up {} to {name}", req.snapshot)))?;
-    info!(
-        repository = %name,
-        snapshot = %req.snapshot,
-        backup = %made.id,
-        incremental = made.base.is_some(),
-        added_bytes = made.manifest.added_bytes,
-        "backed up"
-    );
+    let made = backups.backup_snapshot(&name, &req.snapshot).await?;
     let listing = Listing {
         id: made.id,
         manifest: made.manifest,
@@ -313,70 +360,86 @@ pub async fn prune(
             "repack_unused_percent {repack}: from 1 to 100"
         ))));
     }
-    let repo = backups.open(&name).await?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let mut decided: Vec<(Listing, bool, String)> = Vec::new();
-    let choose = |all: &[Listing]| {
-        let decisions = retention_decisions(all, retention.as_ref(), now);
-        let mut forget = Vec::new();
-        for (id, gone, reason) in decisions {
-            if let Some(l) = all.iter().find(|l| l.id == id) {
-                if gone {
-                    forget.push(id);
+    let now = crate::clock::unix_now();
+    let view = backups
+        .prune_by(&name, retention.as_ref(), req.dry_run, repack, now)
+        .await?;
+    Ok(Json(view))
+}
+
+impl Backups {
+    /// Prunes `repository`: forgets what `retention` does not keep (none:
+    /// nothing) at `now`, and deletes what no backup needs.
+    pub(crate) async fn prune_by(
+        &self,
+        repository: &str,
+        retention: Option<&arbor_monitor::Retention>,
+        dry_run: bool,
+        repack_unused_percent: u8,
+        now: u64,
+    ) -> Result<BackupPruneView, ApiError> {
+        let repo = self.open(repository).await?;
+        let mut decided: Vec<(Listing, bool, String)> = Vec::new();
+        let choose = |all: &[Listing]| {
+            let decisions = retention_decisions(all, retention, now);
+            let mut forget = Vec::new();
+            for (id, gone, reason) in decisions {
+                if let Some(l) = all.iter().find(|l| l.id == id) {
+                    if gone {
+                        forget.push(id);
+                    }
+                    decided.push((l.clone(), gone, reason));
                 }
-                decided.push((l.clone(), gone, reason));
             }
-        }
-        forget
-    };
-    let options = PruneOptions {
-        dry_run: req.dry_run,
-        repack_unused_percent: repack,
-    };
-    let p = repo
-        .prune(choose, options, &Progress::default())
-        .await
-        .map_err(|e| ApiError::from(e).context(format!("pruning {name}")))?;
-    info!(
-        repository = %name,
-        dry_run = p.dry_run,
-        forgotten = p.forgotten.len(),
-        deleted_packs = p.deleted_packs.len(),
-        repacked_packs = p.repacked_packs.len(),
-        bytes_before = p.bytes_before,
-        bytes_after = p.bytes_after,
-        "pruned"
-    );
-    decided.sort_by(|a, b| {
-        (a.0.manifest.completed_unix_ms, a.0.id).cmp(&(b.0.manifest.completed_unix_ms, b.0.id))
-    });
-    let (forgotten, kept): (Vec<_>, Vec<_>) = decided.into_iter().partition(|d| d.1);
-    let views = |list: Vec<(Listing, bool, String)>| {
-        list.into_iter()
-            .map(|(l, _, reason)| PrunedBackupView {
-                backup: view(&l),
-                reason,
-            })
-            .collect()
-    };
-    Ok(Json(BackupPruneView {
-        repository: name,
-        dry_run: p.dry_run,
-        forgotten: views(forgotten),
-        kept: views(kept),
-        deleted_packs: p.deleted_packs,
-        repacked_packs: p.repacked_packs,
-        replaced_indexes: p.replaced_indexes,
-        written_packs: p.written_packs,
-        written_indexes: p.written_indexes,
-        kept_blobs: p.kept_blobs,
-        removed_blobs: p.removed_blobs,
-        bytes_before: p.bytes_before,
-        bytes_after: p.bytes_after,
-        stale_locks: p.stale_locks,
-    }))
+            forget
+        };
+        let options = PruneOptions {
+            dry_run,
+            repack_unused_percent,
+        };
+        let p = repo
+            .prune(choose, options, &Progress::default())
+            .await
+            .map_err(|e| ApiError::from(e).context(format!("pruning {repository}")))?;
+        info!(
+            repository = %repository,
+            dry_run = p.dry_run,
+            forgotten = p.forgotten.len(),
+            deleted_packs = p.deleted_packs.len(),
+            repacked_packs = p.repacked_packs.len(),
+            bytes_before = p.bytes_before,
+            bytes_after = p.bytes_after,
+            "pruned"
+        );
+        decided.sort_by(|a, b| {
+            (a.0.manifest.completed_unix_ms, a.0.id).cmp(&(b.0.manifest.completed_unix_ms, b.0.id))
+        });
+        let (forgotten, kept): (Vec<_>, Vec<_>) = decided.into_iter().partition(|d| d.1);
+        let views = |list: Vec<(Listing, bool, String)>| {
+            list.into_iter()
+                .map(|(l, _, reason)| PrunedBackupView {
+                    backup: view(&l),
+                    reason,
+                })
+                .collect()
+        };
+        Ok(BackupPruneView {
+            repository: repository.to_owned(),
+            dry_run: p.dry_run,
+            forgotten: views(forgotten),
+            kept: views(kept),
+            deleted_packs: p.deleted_packs,
+            repacked_packs: p.repacked_packs,
+            replaced_indexes: p.replaced_indexes,
+            written_packs: p.written_packs,
+            written_indexes: p.written_indexes,
+            kept_blobs: p.kept_blobs,
+            removed_blobs: p.removed_blobs,
+            bytes_before: p.bytes_before,
+            bytes_after: p.bytes_after,
+            stale_locks: p.stale_locks,
+        })
+    }
 }
 
 /// The API's code for each backup failure.

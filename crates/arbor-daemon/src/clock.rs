@@ -15,3 +15,11 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// A ticker at `period` whose missed ticks are delayed, not bunched: a
+/// tick that took long is followed by one a whole period later.
+pub(crate) fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
+}

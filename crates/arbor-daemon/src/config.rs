@@ -81,6 +81,14 @@ struct BackupRepositoryEntry {
     credentials_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     upload_rate: Option<ByteSize>,
+    /// Scheduled backups (docs/BACKUP.md, "Scheduled backups"): when, of
+    /// which volumes, and which backups a prune keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schedule: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    volumes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keep: Option<String>,
 }
 
 /// One source a replication target accepts.
@@ -158,6 +166,8 @@ pub struct ServeConfig {
     pub replication: ReplicationConfig,
     /// Backup repositories by name.
     pub backup_repositories: Vec<(String, arbor_backup::spec::RepoSpec)>,
+    /// Their schedules, for those that have one.
+    pub backup_schedules: Vec<crate::backup_schedule::BackupPolicy>,
 }
 
 /// What the NBD TCP listener asks of clients.
@@ -369,6 +379,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let api = api(&file, tls.clone())?;
     let replication = replication(&file, tls.clone())?;
     let backup_repositories = backup_repositories(&file)?;
+    let backup_schedules = backup_schedules(&file)?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
     }
@@ -401,6 +412,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         space_warning_percent: file.space_warning_percent.clone(),
         replication,
         backup_repositories,
+        backup_schedules,
         data_dir: file.data_dir,
     })
 }
@@ -610,6 +622,54 @@ fn backup_repositories(file: &ConfigFile) -> Result<Vec<(String, arbor_backup::s
         spec.check()
             .map_err(|e| usage(format!("backup_repositories: {name}: {e}")))?;
         out.push((name.clone(), spec));
+    }
+    Ok(out)
+}
+
+/// The schedules of the repositories that have one: a schedule as a
+/// snapshot policy's, at least one volume, and optionally a retention.
+fn backup_schedules(file: &ConfigFile) -> Result<Vec<crate::backup_schedule::BackupPolicy>> {
+    let mut out = Vec::new();
+    for entry in &file.backup_repositories {
+        let name = &entry.name;
+        let Some(schedule) = &entry.schedule else {
+            if !entry.volumes.is_empty() || entry.keep.is_some() {
+                bail!(usage(format!(
+                    "backup_repositories: {name}: volumes and keep go with a schedule"
+                )));
+            }
+            continue;
+        };
+        let schedule: arbor_monitor::Schedule = schedule
+            .parse()
+            .map_err(|e| usage(format!("backup_repositories: {name}: schedule: {e}")))?;
+        if entry.volumes.is_empty() {
+            bail!(usage(format!(
+                "backup_repositories: {name}: a schedule needs the volumes it backs up"
+            )));
+        }
+        for v in &entry.volumes {
+            arbor_engine::check_volume_name(v)
+                .map_err(|e| usage(format!("backup_repositories: {name}: volumes: {v:?}: {e}")))?;
+            if v.contains('@') {
+                bail!(usage(format!(
+                    "backup_repositories: {name}: volumes: {v}: a volume, not a snapshot (each \
+                     scheduled backup takes its own snapshot)"
+                )));
+            }
+        }
+        let keep = entry
+            .keep
+            .as_deref()
+            .map(str::parse::<arbor_monitor::Retention>)
+            .transpose()
+            .map_err(|e| usage(format!("backup_repositories: {name}: keep: {e}")))?;
+        out.push(crate::backup_schedule::BackupPolicy {
+            repository: name.clone(),
+            volumes: entry.volumes.clone(),
+            schedule,
+            keep,
+        });
     }
     Ok(out)
 }

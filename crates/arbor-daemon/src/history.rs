@@ -71,8 +71,7 @@ impl History {
         stop: CancellationToken,
     ) -> Result<()> {
         let mut before = (metrics.io_totals(), Instant::now());
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = crate::clock::ticker(self.interval);
         tick.tick().await;
         loop {
             tokio::select! {

@@ -75,6 +75,8 @@ pub struct Monitor {
     destroyer: Destroyer,
     /// The scrub: its failure and a damaged schedule are alerts.
     scrub: Arc<Scrub>,
+    /// Scheduled backups: failed and overdue ones are alerts.
+    backups: Arc<crate::backups::Backups>,
 }
 
 fn invalid(message: String) -> DaemonError {
@@ -122,6 +124,7 @@ impl Monitor {
         in_use: InUse,
         destroyer: Destroyer,
         scrub: Arc<Scrub>,
+        backups: Arc<crate::backups::Backups>,
     ) -> Self {
         Self {
             runs: Mutex::default(),
@@ -133,6 +136,7 @@ impl Monitor {
             in_use,
             destroyer,
             scrub,
+            backups,
         }
     }
 
@@ -145,8 +149,7 @@ impl Monitor {
     /// workers. A tick that fails is logged and counted in its policy's
     /// state; the daemon goes on.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<()> {
-        let mut ticks = tokio::time::interval(TICK);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = crate::clock::ticker(TICK);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return Ok(()),
@@ -701,6 +704,7 @@ impl Monitor {
             ));
         }
         found.extend(self.scrub.conditions());
+        found.extend(self.backups.conditions(now));
         // Each change is logged by the book; metrics read it at a scrape.
         lock(&self.alerts).update(found, now);
         Ok(())

@@ -136,7 +136,10 @@ fn live_keys(c: &ServeConfig) -> Vec<(&'static str, String)> {
         ("replication_allow", v(&c.replication.allow)),
         ("reclaim_rate", v(&c.reclaim_rate)),
         ("scrub_busy_rate", v(&c.scrub_busy_rate)),
-        ("backup_repositories", v(&c.backup_repositories)),
+        (
+            "backup_repositories",
+            v(&(&c.backup_repositories, &c.backup_schedules)),
+        ),
     ]
 }
 
@@ -248,7 +251,9 @@ impl Reloader {
             .reclaim_rate
             .store(new.reclaim_rate, Ordering::Relaxed);
         self.live.scrub.set_busy_rate(new.scrub_busy_rate);
-        self.live.backups.set(&new.backup_repositories);
+        self.live
+            .backups
+            .set(&new.backup_repositories, new.backup_schedules.clone());
         let tokens = match self.live.auth.tokens.reread() {
             Ok(n) => n,
             Err(e) => {

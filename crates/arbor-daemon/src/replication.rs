@@ -304,8 +304,7 @@ impl Replication {
             dropped: Dropped::default(),
         };
         let listening = Arc::new(listening);
-        let mut report = tokio::time::interval(DROPPED_LOG_INTERVAL);
-        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut report = crate::clock::ticker(DROPPED_LOG_INTERVAL);
         let mut connections = JoinSet::new();
         loop {
             let (tcp, from) = tokio::select! {

@@ -122,12 +122,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
     open.pool
         .observe_commits(Box::new(move |took| observer.observe_commit(took)));
     let open_exports = Arc::new(OpenExports::default());
-    let backups = crate::backups::Backups::new(
-        &config.backup_repositories,
-        config.replication.identity.clone(),
-        Arc::clone(&open.pool),
-        Arc::clone(&sending),
-    );
+    let pins = Arc::clone(&sending);
     let in_use = InUse::new(Arc::clone(&open_exports), sending);
     let space = SpaceWatch::new(config.space_warning_percent.clone());
     let origins = Origins::new(
@@ -143,6 +138,14 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         origins.clone(),
         Arc::clone(&metrics),
     );
+    let backups = crate::backups::Backups::new(
+        &config.backup_repositories,
+        config.backup_schedules.clone(),
+        config.replication.identity.clone(),
+        Arc::clone(&open.pool),
+        pins,
+        destroyer.clone(),
+    );
     let qos = crate::qos::Qos::new(Arc::clone(&open.pool));
     let scrub = Arc::new(crate::scrub::Scrub::load(
         Arc::clone(&open.pool),
@@ -155,6 +158,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         in_use.clone(),
         destroyer.clone(),
         Arc::clone(&scrub),
+        Arc::clone(&backups),
     ));
     let control = PoolControl::new(
         &open,
@@ -208,6 +212,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         stop.clone(),
     ));
     tasks.spawn(Arc::clone(&scrub).run(stop.clone()));
+    tasks.spawn(Arc::clone(&backups).run_schedules(stop.clone()));
     let reclaim_rate = Arc::new(AtomicU32::new(config.reclaim_rate));
     tasks.spawn(background::reclaim_paced(
         Arc::clone(&open.pool),

@@ -1050,9 +1050,54 @@ pub fn backup_repositories(list: &[arbor_api::model::BackupRepositoryView]) -> S
     }
     let rows: Vec<Vec<String>> = list
         .iter()
-        .map(|r| vec![r.name.clone(), r.url.clone()])
+        .map(|r| {
+            let schedule = r
+                .schedule
+                .as_ref()
+                .map_or("-".to_owned(), |s| match &s.keep {
+                    Some(keep) => format!("{}, keep {keep}", s.schedule),
+                    None => s.schedule.clone(),
+                });
+            vec![r.name.clone(), r.url.clone(), schedule]
+        })
         .collect();
-    table(&["NAME", "URL"], &rows)
+    let mut text = table(&["NAME", "URL", "SCHEDULE"], &rows);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut volumes = Vec::new();
+    for r in list {
+        let Some(s) = &r.schedule else { continue };
+        if let Some(e) = &s.error {
+            text += &format!("{}: {e}\n", r.name);
+        }
+        for v in &s.volumes {
+            volumes.push(vec![
+                r.name.clone(),
+                v.volume.clone(),
+                v.last_success_unix.map_or("never".to_owned(), |t| {
+                    format!("{} ago", age(now.saturating_sub(t)))
+                }),
+                if v.next_run_unix <= now {
+                    "now".to_owned()
+                } else {
+                    format!("in {}", age(v.next_run_unix - now))
+                },
+                match (&v.last_error, v.failures) {
+                    (Some(e), n) if n > 0 => format!("failed {n}x: {e}"),
+                    _ => "ok".to_owned(),
+                },
+            ]);
+        }
+    }
+    if !volumes.is_empty() {
+        text += "\n";
+        text += &table(
+            &["REPOSITORY", "VOLUME", "LAST BACKUP", "NEXT", "STATE"],
+            &volumes,
+        );
+    }
+    text
 }
 
 /// The backup's id as shown: its first 12 digits (any 8 or more name it).

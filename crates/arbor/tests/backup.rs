@@ -225,3 +225,130 @@ fn backups_are_made_listed_and_restored_through_the_daemon() {
         .to_string()
         .contains("\"x\""));
 }
+
+/// Polls `check` every 100 ms until it holds (a generous bound: only a
+/// hang fails on time).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("backup.key");
+    let repo = tmp.path().join("repo");
+    ok(&["backup", "new-key", p(&key)]);
+    ok(&["backup", "init", p(&repo), "--key-file", p(&key)]);
+    let config = tmp.path().join("arbor.toml");
+    let with_schedule = format!(
+        "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\", schedule = \
+         \"every 2s\", volumes = [\"disk0\", \"nope\"], keep = \"frequent=1\" }}]\n",
+        p(&repo),
+        p(&key)
+    );
+    std::fs::write(&config, &with_schedule).unwrap();
+    let daemon = Daemon::start(&["--config", p(&config), "--initial-volume-size", "8M"]);
+    let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    let data = random_file(tmp.path(), "data", 8 << 20, 3);
+    nbdcopy(p(&data), &export);
+
+    // Backups come every two seconds, each from a snapshot of its own,
+    // each after the first incremental from the one before.
+    let backups_of_disk0 = || {
+        daemon.json(&["backup", "list", "local"])["backups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["volume"] == "disk0")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    eventually("three scheduled backups of disk0", || {
+        backups_of_disk0().len() >= 3
+    });
+    let made = backups_of_disk0();
+    for pair in made.windows(2) {
+        assert_eq!(pair[1]["parent"], pair[0]["id"], "{made:?}");
+        assert!(
+            pair[1]["snapshot"]
+                .as_str()
+                .unwrap()
+                .starts_with("disk0@backup-"),
+            "{made:?}"
+        );
+    }
+    // A scheduled volume that does not exist: a failed run, an alert.
+    eventually("the failed run's alert", || {
+        let status = daemon.json(&["pool", "status"]);
+        status["alerts"].as_array().unwrap().iter().any(|a| {
+            a["kind"] == "backup_failed"
+                && a["subject"] == "local:nope"
+                && a["message"].as_str().unwrap().contains("nope")
+        })
+    });
+    let repositories = daemon.json(&["backup", "repositories"]);
+    let schedule = &repositories[0]["schedule"];
+    assert_eq!(schedule["schedule"], "every 2s", "{repositories}");
+    assert!(
+        schedule["last_prune_unix"].is_u64(),
+        "the scheduled prune did not run: {repositories}"
+    );
+    let volumes = schedule["volumes"].as_array().unwrap();
+    assert!(volumes[0]["last_success_unix"].is_u64(), "{repositories}");
+    assert_eq!(volumes[1]["volume"], "nope", "{repositories}");
+    assert!(
+        volumes[1]["failures"].as_u64().unwrap() >= 1,
+        "{repositories}"
+    );
+    let text = daemon.ok(&["backup", "repositories"]);
+    assert!(
+        text.contains("every 2s, keep frequent=1") && text.contains("failed"),
+        "{text}"
+    );
+
+    // The schedule taken away by a reload: once the run under way ends,
+    // disk0 has exactly one backup snapshot, held, the newest backup's.
+    std::fs::write(
+        &config,
+        format!(
+            "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\" }}]\n",
+            p(&repo),
+            p(&key)
+        ),
+    )
+    .unwrap();
+    daemon.ok(&["config", "reload"]);
+    let backup_snapshots = || {
+        daemon
+            .json(&["snapshot", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap().starts_with("disk0@backup-"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    eventually("one backup snapshot left", || {
+        let left = backup_snapshots();
+        left.len() == 1 && backups_of_disk0().last().unwrap()["snapshot"] == left[0]["name"]
+    });
+    let left = backup_snapshots();
+    assert_eq!(left[0]["holds"].as_array().unwrap().len(), 1, "{left:?}");
+    // The newest backup restores what its snapshot holds.
+    let newest = backups_of_disk0().last().unwrap().clone();
+    let id = newest["id"].as_str().unwrap();
+    daemon.ok(&["backup", "restore", "local", id, "back"]);
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let uri = |v: &str| format!("nbd+unix:///{v}?socket={}", daemon.nbd_socket());
+    nbdcopy(&uri(newest["snapshot"].as_str().unwrap()), p(&a));
+    nbdcopy(&uri("back"), p(&b));
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "the scheduled backup's restore differs"
+    );
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&data).unwrap());
+}
