@@ -651,12 +651,6 @@ fn backup_schedules(file: &ConfigFile) -> Result<Vec<crate::backup_schedule::Bac
         for v in &entry.volumes {
             arbor_engine::check_volume_name(v)
                 .map_err(|e| usage(format!("backup_repositories: {name}: volumes: {v:?}: {e}")))?;
-            if v.contains('@') {
-                bail!(usage(format!(
-                    "backup_repositories: {name}: volumes: {v}: a volume, not a snapshot (each \
-                     scheduled backup takes its own snapshot)"
-                )));
-            }
         }
         let keep = entry
             .keep

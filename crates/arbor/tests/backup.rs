@@ -310,6 +310,39 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
         "{text}"
     );
 
+    // Schedules a reload refuses, each changing nothing.
+    let entry = |extra: &str| {
+        format!(
+            "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\"{extra} }}]\n",
+            p(&repo),
+            p(&key)
+        )
+    };
+    for (extra, why) in [
+        (
+            ", keep = \"daily=7\"",
+            "volumes and keep go with a schedule",
+        ),
+        (", schedule = \"every 2s\"", "needs the volumes"),
+        (
+            ", schedule = \"sometimes\", volumes = [\"disk0\"]",
+            "schedule",
+        ),
+        (
+            ", schedule = \"every 2s\", volumes = [\"disk0@x\"]",
+            "invalid name",
+        ),
+        (
+            ", schedule = \"every 2s\", volumes = [\"disk0\"], keep = \"daily=x\"",
+            "keep",
+        ),
+    ] {
+        std::fs::write(&config, entry(extra)).unwrap();
+        daemon.fails(&["config", "reload"], 2, why);
+    }
+    let still = daemon.json(&["backup", "repositories"]);
+    assert_eq!(still[0]["schedule"]["schedule"], "every 2s", "{still}");
+
     // The schedule taken away by a reload: once the run under way ends,
     // disk0 has exactly one backup snapshot, held, the newest backup's.
     std::fs::write(
