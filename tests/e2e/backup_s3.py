@@ -163,11 +163,18 @@ def body(daemon):
         cli(daemon, "snapshot", "create", "big@a")
         _, objects = bucket_stats(ceph)
         proc = in_background(daemon, "--json", "backup", "create", "rgw", "big@a")
-        wait_until(lambda: bucket_stats(ceph)[1] > objects or proc.poll() is not None,
+        # Its first pack (the lock object is not one).
+        wait_until(lambda: bucket_stats(ceph)[1] > objects + 1 or proc.poll() is not None,
                    "the backup's first pack", timeout=120)
         if proc.poll() is not None:
             raise Failure(f"the backup ended before the gateway was stopped: {proc.communicate()}")
         ceph.stop_rgw()
+        # The backup waits for the gateway, and says how far it is.
+        jobs = cli_json(daemon, "backup", "jobs")
+        mine = [j for j in jobs if j["kind"] == "backup" and j["subject"] == "big@a"]
+        if not mine or mine[0]["total_bytes"] != 128 * MIB or mine[0]["done_bytes"] >= 128 * MIB:
+            raise Failure(f"the stalled backup is not listed as under way: {jobs}")
+        print(f"under way while the gateway is down: {mine[0]['done_bytes']} of {mine[0]['total_bytes']} bytes")
         time.sleep(3)
         ceph.start_rgw()
         out, err = proc.communicate(timeout=600)

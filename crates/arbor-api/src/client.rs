@@ -28,8 +28,8 @@ use crate::model::{
     StatsView, StreamCompression, StreamFormat, UpgradeView, VolumeView,
 };
 use crate::model::{
-    BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView, BackupRequest,
-    BackupView, RestoreRequest, RestoreView, VerifyRequest, VerifyView,
+    BackupJobView, BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView,
+    BackupRequest, BackupView, RestoreRequest, RestoreView, VerifyRequest, VerifyView,
 };
 use crate::model::{CreatedTokenView, TokenRequest, TokenView};
 use crate::size::ByteSize;
@@ -51,6 +51,19 @@ impl DaemonClient {
             .build()
             .context("cannot start the I/O runtime")?;
         Ok(Self { endpoint, runtime })
+    }
+
+    /// Another client of the same daemon, with a runtime of its own: for
+    /// a thread that asks while this one waits (a progress bar).
+    pub fn fork(&self) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the I/O runtime")?;
+        Ok(Self {
+            endpoint: self.endpoint.clone(),
+            runtime,
+        })
     }
 
     /// Whether the daemon is reached over TCP (`--api`), maybe on another
@@ -411,6 +424,10 @@ impl DaemonClient {
             &format!("/v1/backups/{}/verify", encode(repository)),
             request,
         )
+    }
+
+    pub fn backup_jobs(&self) -> Result<Vec<BackupJobView>> {
+        self.get("/v1/backup-jobs")
     }
 
     pub fn backup_prune(

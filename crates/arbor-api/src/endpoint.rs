@@ -41,11 +41,13 @@ pub struct Remote {
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
+#[derive(Clone)]
 pub enum Endpoint {
     Unix { data_dir: PathBuf, socket: PathBuf },
     Tcp(Tcp),
 }
 
+#[derive(Clone)]
 pub struct Tcp {
     /// As given, for messages.
     url: String,

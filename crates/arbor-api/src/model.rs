@@ -1280,6 +1280,28 @@ pub struct BackupRepositoryView {
     pub schedule: Option<BackupScheduleView>,
 }
 
+/// A backup, restore, verify or prune under way (`GET /v1/backup-jobs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupJobView {
+    pub id: u64,
+    /// `backup`, `restore`, `verify` or `prune`.
+    pub kind: String,
+    pub repository: String,
+    /// The snapshot backed up, or the volume restored into.
+    pub subject: String,
+    pub started_unix: u64,
+    /// Bytes of the volume to read (backup) or write (restore), or of
+    /// packs to read (verify), and of them done.
+    pub total_bytes: u64,
+    pub done_bytes: u64,
+    /// Bytes sent to or read from the store, and objects written.
+    pub store_bytes: u64,
+    pub objects: u64,
+    /// Over the job so far, and the time left at that rate.
+    pub rate_bytes_per_sec: u64,
+    pub eta_secs: Option<u64>,
+}
+
 /// A repository's scheduled backups (`schedule`, `volumes`, `keep` in
 /// `backup_repositories`) and how they go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -145,6 +145,7 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/replicas/{volume}/promote", post(replica_api::promote))
         .route("/v1/replicas/{volume}/demote", post(replica_api::demote))
         .route("/v1/backups", get(crate::backups::repositories))
+        .route("/v1/backup-jobs", get(crate::backups::jobs))
         .route(
             "/v1/backups/{repository}",
             get(crate::backups::list).post(crate::backups::create),

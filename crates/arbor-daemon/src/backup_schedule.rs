@@ -146,6 +146,14 @@ impl Schedules {
         f(lock(&self.repos).entry(repo.to_owned()).or_default());
     }
 
+    /// When each scheduled volume's newest backup completed, where known.
+    pub fn last_successes(&self) -> Vec<((String, String), u64)> {
+        lock(&self.volumes)
+            .iter()
+            .filter_map(|(k, r)| Some((k.clone(), r.last_success?)))
+            .collect()
+    }
+
     /// The alerts: failed runs (a warning, critical from
     /// [`CRITICAL_FAILURES`] in a row) and overdue volumes.
     pub fn conditions(&self, now: u64) -> Vec<Condition> {

@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use arbor_api::model::{
-    BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView, BackupRequest,
-    BackupView, PrunedBackupView, RestoreRequest, RestoreView, VerifyRequest, VerifyView,
+    BackupJobView, BackupListView, BackupPruneRequest, BackupPruneView, BackupRepositoryView,
+    BackupRequest, BackupView, PrunedBackupView, RestoreRequest, RestoreView, VerifyRequest,
+    VerifyView,
 };
 use arbor_backup::format::ObjectId;
 use arbor_backup::spec::RepoSpec;
-use arbor_backup::{BackupError, Listing, Made, Progress, PruneOptions, Repository};
+use arbor_backup::{BackupError, Listing, Made, PruneOptions, Repository};
 use arbor_engine::Pool;
 use arbor_stream::busy::Pins;
 use axum::extract::{Path, State};
@@ -22,6 +23,7 @@ use axum::Json;
 use tracing::info;
 
 use crate::api_error::{ApiError, ApiResult};
+use crate::backup_jobs::{JobKind, Jobs};
 use crate::backup_schedule::{BackupPolicy, Schedules};
 use crate::destroy::Destroyer;
 use crate::error::DaemonError;
@@ -38,6 +40,8 @@ pub struct Backups {
     schedules: Schedules,
     /// Destroys the backup snapshots no backup needs any more.
     destroyer: Destroyer,
+    /// Operations under way and the totals of those ended.
+    jobs: Jobs,
 }
 
 impl Backups {
@@ -56,6 +60,7 @@ impl Backups {
             pins,
             schedules: Schedules::new(schedules),
             destroyer,
+            jobs: Jobs::default(),
         })
     }
 
@@ -83,9 +88,39 @@ impl Backups {
         &self.destroyer
     }
 
+    /// Operations under way and the totals of those ended.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
     /// The alerts of the scheduled backups.
     pub fn conditions(&self, now: u64) -> Vec<crate::alerts::Condition> {
         self.schedules.conditions(now)
+    }
+
+    /// What the metrics show of backups: the jobs under way, the totals
+    /// of those ended, and when each volume known here was last backed up
+    /// (through this daemon, or by its repository's list for a scheduled
+    /// one).
+    pub fn metrics_report(&self) -> crate::metrics::BackupReport {
+        let mut last = self.jobs.last_backups();
+        for ((repository, volume), at) in self.schedules.last_successes() {
+            let t = last.entry((repository, volume)).or_default();
+            *t = (*t).max(at);
+        }
+        crate::metrics::BackupReport {
+            running: self.jobs.views(),
+            totals: self
+                .jobs
+                .totals()
+                .into_iter()
+                .map(|((repository, kind), t)| (repository, kind.name(), t))
+                .collect(),
+            last_success: last
+                .into_iter()
+                .map(|((repository, volume), at)| (repository, volume, at))
+                .collect(),
+        }
     }
 
     /// Every backup in `repository`, oldest first.
@@ -106,13 +141,19 @@ impl Backups {
         let id = self.pool.lookup(snapshot).map_err(DaemonError::from)?;
         let _pinned = self.pins.pin(vec![id]);
         let repo = self.open(repository).await?;
-        let progress = Progress::default();
+        let job = self.jobs.start(JobKind::Backup, repository, snapshot);
         let made = repo
-            .backup(Arc::clone(&self.pool), snapshot, &self.host, &progress)
-            .await
-            .map_err(|e| {
-                ApiError::from(e).context(format!("backing up {snapshot} to {repository}"))
-            })?;
+            .backup(Arc::clone(&self.pool), snapshot, &self.host, &job.progress)
+            .await;
+        job.end(made.is_ok());
+        let made = made.map_err(|e| {
+            ApiError::from(e).context(format!("backing up {snapshot} to {repository}"))
+        })?;
+        self.jobs.backed_up(
+            repository,
+            &made.manifest.volume,
+            made.manifest.completed_unix_ms / 1000,
+        );
         info!(
             repository = %repository,
             snapshot = %snapshot,
@@ -183,6 +224,12 @@ pub async fn repositories(State(backups): State<Arc<Backups>>) -> Json<Vec<Backu
     )
 }
 
+/// `GET /v1/backup-jobs`: the backups, restores, verifies and prunes under
+/// way, with their progress.
+pub async fn jobs(State(backups): State<Arc<Backups>>) -> Json<Vec<BackupJobView>> {
+    Json(backups.jobs.views())
+}
+
 /// `GET /v1/backups/{repository}`.
 pub async fn list(
     State(backups): State<Arc<Backups>>,
@@ -229,13 +276,19 @@ pub async fn restore(
     }
     let repo = backups.open(&name).await?;
     let found = repo.find(&req.backup).await.map_err(ApiError::from)?;
-    let progress = Progress::default();
+    let job = backups.jobs.start(JobKind::Restore, &name, &req.volume);
     let restored = repo
-        .restore(&found.id, Arc::clone(&backups.pool), &req.volume, &progress)
-        .await
-        .map_err(|e| {
-            ApiError::from(e).context(format!("restoring backup {} into {}", found.id, req.volume))
-        })?;
+        .restore(
+            &found.id,
+            Arc::clone(&backups.pool),
+            &req.volume,
+            &job.progress,
+        )
+        .await;
+    job.end(restored.is_ok());
+    let restored = restored.map_err(|e| {
+        ApiError::from(e).context(format!("restoring backup {} into {}", found.id, req.volume))
+    })?;
     info!(repository = %name, backup = %found.id, volume = %req.volume, "restored");
     Ok((
         StatusCode::CREATED,
@@ -265,10 +318,10 @@ pub async fn verify(
         ))));
     }
     let repo = backups.open(&name).await?;
-    let v = repo
-        .verify(sample, &Progress::default())
-        .await
-        .map_err(|e| ApiError::from(e).context(format!("verifying {name}")))?;
+    let job = backups.jobs.start(JobKind::Verify, &name, "");
+    let v = repo.verify(sample, &job.progress).await;
+    job.end(v.is_ok());
+    let v = v.map_err(|e| ApiError::from(e).context(format!("verifying {name}")))?;
     info!(repository = %name, packs_read = v.packs_read, problems = v.problem_count, "verified");
     Ok(Json(VerifyView {
         repository: name,
@@ -397,10 +450,10 @@ impl Backups {
             dry_run,
             repack_unused_percent,
         };
-        let p = repo
-            .prune(choose, options, &Progress::default())
-            .await
-            .map_err(|e| ApiError::from(e).context(format!("pruning {repository}")))?;
+        let job = self.jobs.start(JobKind::Prune, repository, "");
+        let p = repo.prune(choose, options, &job.progress).await;
+        job.end(p.is_ok());
+        let p = p.map_err(|e| ApiError::from(e).context(format!("pruning {repository}")))?;
         info!(
             repository = %repository,
             dry_run = p.dry_run,

@@ -175,6 +175,8 @@ impl PoolControl {
     pub fn metrics_text(&self) -> Result<String> {
         self.metrics.set_replication(&self.replication.view().pairs);
         self.metrics.set_alerts(&self.monitor.alerts());
+        self.metrics
+            .set_backups(self.monitor.backups().metrics_report());
         let qos = self
             .qos
             .report()

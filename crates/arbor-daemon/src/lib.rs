@@ -13,6 +13,7 @@ mod api;
 mod api_error;
 mod auth;
 mod background;
+mod backup_jobs;
 mod backup_schedule;
 mod backups;
 mod clock;

@@ -90,6 +90,33 @@ struct PairLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackupJobLabels {
+    repository: String,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackupVolumeLabels {
+    repository: String,
+    volume: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackupRunningLabels {
+    repository: String,
+    kind: String,
+    subject: String,
+}
+
+/// What the backup metrics show, for [`Metrics::set_backups`].
+pub struct BackupReport {
+    pub running: Vec<arbor_api::model::BackupJobView>,
+    pub totals: Vec<(String, &'static str, crate::backup_jobs::Totals)>,
+    /// (repository, volume, when its newest backup completed).
+    pub last_success: Vec<(String, String, u64)>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AlertLabels {
     kind: String,
     subject: String,
@@ -290,6 +317,11 @@ pub struct Metrics {
     replica_cycles_failed: Family<PairLabels, Gauge>,
     alert: Family<AlertLabels, Gauge>,
     alerts: Family<SeverityLabels, Gauge>,
+    backup_succeeded: Family<BackupJobLabels, Gauge>,
+    backup_failed: Family<BackupJobLabels, Gauge>,
+    backup_store: Family<BackupJobLabels, Gauge>,
+    backup_last_success: Family<BackupVolumeLabels, Gauge>,
+    backup_progress: Family<BackupRunningLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -339,6 +371,11 @@ impl Metrics {
             replica_failed: Family::default(),
             replica_cycles_ok: Family::default(),
             replica_cycles_failed: Family::default(),
+            backup_succeeded: Family::default(),
+            backup_failed: Family::default(),
+            backup_store: Family::default(),
+            backup_last_success: Family::default(),
+            backup_progress: Family::default(),
             alert: Family::default(),
             alerts: Family::default(),
             registry: Registry::default(),
@@ -443,6 +480,33 @@ impl Metrics {
             "replica_cycles_failed",
             "Replication cycles that failed since the daemon started",
             m.replica_cycles_failed.clone(),
+        );
+        r.register(
+            "backup_jobs_succeeded",
+            "Backups, restores, verifies and prunes that succeeded since the daemon started, by repository and kind",
+            m.backup_succeeded.clone(),
+        );
+        r.register(
+            "backup_jobs_failed",
+            "Backups, restores, verifies and prunes that failed since the daemon started, by repository and kind",
+            m.backup_failed.clone(),
+        );
+        r.register_with_unit(
+            "backup_store",
+            "Bytes the backup jobs that ended since the daemon started sent to (backup, prune) or read from (restore, verify) their repository's store",
+            Unit::Bytes,
+            m.backup_store.clone(),
+        );
+        r.register_with_unit(
+            "backup_last_success_timestamp",
+            "When the newest backup of a volume from this host completed (Unix time), for the volumes backed up through this daemon or scheduled",
+            Unit::Seconds,
+            m.backup_last_success.clone(),
+        );
+        r.register(
+            "backup_job_progress_ratio",
+            "How far a backup job under way is, 0 to 1",
+            m.backup_progress.clone(),
         );
         r.register(
             "alert",
@@ -764,6 +828,43 @@ impl Metrics {
     }
 
     /// Refreshes the replication pairs' gauges from their status.
+    /// Sets the backup jobs' gauges.
+    pub fn set_backups(&self, report: BackupReport) {
+        self.backup_progress.clear();
+        for j in report.running {
+            let ratio = if j.total_bytes > 0 {
+                j.done_bytes.min(j.total_bytes) as f64 / j.total_bytes as f64
+            } else {
+                0.0
+            };
+            self.backup_progress
+                .get_or_create(&BackupRunningLabels {
+                    repository: j.repository,
+                    kind: j.kind,
+                    subject: j.subject,
+                })
+                .set(ratio);
+        }
+        for (repository, kind, t) in report.totals {
+            let labels = BackupJobLabels { repository, kind };
+            self.backup_succeeded
+                .get_or_create(&labels)
+                .set(gauge_value(t.succeeded));
+            self.backup_failed
+                .get_or_create(&labels)
+                .set(gauge_value(t.failed));
+            self.backup_store
+                .get_or_create(&labels)
+                .set(gauge_value(t.store_bytes));
+        }
+        self.backup_last_success.clear();
+        for (repository, volume, at) in report.last_success {
+            self.backup_last_success
+                .get_or_create(&BackupVolumeLabels { repository, volume })
+                .set(gauge_value(at));
+        }
+    }
+
     pub fn set_replication(&self, pairs: &[arbor_api::model::ReplicaPairView]) {
         let families = [
             &self.replica_recovery_point,

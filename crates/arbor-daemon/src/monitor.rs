@@ -140,6 +140,11 @@ impl Monitor {
         }
     }
 
+    /// The backups (their jobs and schedules), whose alerts this raises.
+    pub fn backups(&self) -> &crate::backups::Backups {
+        &self.backups
+    }
+
     /// The pool: what name suggestions look in.
     pub fn pool(&self) -> &Pool {
         &self.pool

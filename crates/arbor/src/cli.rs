@@ -316,6 +316,9 @@ pub enum BackupCommand {
     },
     /// The backups in a repository, oldest first
     List { repository: String },
+    /// The backups, restores, verifies and prunes under way, with how far
+    /// each is
+    Jobs,
     /// Read a repository back and check it: every backup's map, and the
     /// packs (all, or a random sample) read whole and every blob in them
     /// authenticated and hashed back to its name; exit status 8 if

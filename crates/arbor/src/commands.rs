@@ -549,6 +549,53 @@ fn with_spinner<T>(message: &str, work: impl FnOnce() -> Result<T>) -> Result<T>
     result
 }
 
+/// Runs `work` (a request the daemon answers when a backup job ends) with
+/// a progress bar of that job, read from `GET /v1/backup-jobs` by another
+/// client on another thread; a spinner where none can be had.
+fn with_job_progress<T>(
+    c: &DaemonClient,
+    job: (&str, &str, &str),
+    message: &str,
+    work: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let Ok(watcher) = c.fork() else {
+        return with_spinner(message, work);
+    };
+    let (kind, repository, subject) = (job.0.to_owned(), job.1.to_owned(), job.2.to_owned());
+    let bar = ProgressBar::new(0).with_message(message.to_owned());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} ({elapsed})",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (bar, done) = (bar.clone(), std::sync::Arc::clone(&done));
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(jobs) = watcher.backup_jobs() {
+                    let mine = jobs.iter().find(|j| {
+                        j.kind == kind && j.repository == repository && j.subject == subject
+                    });
+                    if let Some(j) = mine {
+                        bar.set_length(j.total_bytes);
+                        bar.set_position(j.done_bytes.min(j.total_bytes));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    let result = work();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = poller.join();
+    bar.finish_and_clear();
+    result
+}
+
 /// Prints the report; a damaged pool is also an error on stderr (exit 8),
 /// so scripts and people notice it even with `--json` on stdout.
 fn report_check(report: &CheckView, p: &Printer) -> Result<ExitCode> {
@@ -830,7 +877,9 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
             repository,
             snapshot,
         } => {
-            let made = with_spinner(&format!("backing up {snapshot} to {repository}"), || {
+            let message = format!("backing up {snapshot} to {repository}");
+            let job = ("backup", repository.as_str(), snapshot.as_str());
+            let made = with_job_progress(c, job, &message, || {
                 c.backup_create(
                     &repository,
                     &BackupRequest {
@@ -858,6 +907,7 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                 .into());
             }
         }
+        BackupCommand::Jobs => p.show(&c.backup_jobs()?, |l| output::backup_jobs(l))?,
         BackupCommand::List { repository } => {
             p.show(&c.backups(&repository)?, output::backup_list)?
         }
@@ -889,7 +939,9 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
             backup,
             volume,
         } => {
-            let restored = with_spinner(&format!("restoring {backup} into {volume}"), || {
+            let message = format!("restoring {backup} into {volume}");
+            let job = ("restore", repository.as_str(), volume.as_str());
+            let restored = with_job_progress(c, job, &message, || {
                 c.backup_restore(
                     &repository,
                     &RestoreRequest {

@@ -1100,6 +1100,35 @@ pub fn backup_repositories(list: &[arbor_api::model::BackupRepositoryView]) -> S
     text
 }
 
+/// `arbor backup jobs`.
+pub fn backup_jobs(list: &[arbor_api::model::BackupJobView]) -> String {
+    if list.is_empty() {
+        return "no backup jobs are running\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|j| {
+            vec![
+                j.kind.clone(),
+                j.repository.clone(),
+                j.subject.clone(),
+                format!(
+                    "{} of {}",
+                    size(j.done_bytes),
+                    size(j.total_bytes.max(j.done_bytes))
+                ),
+                format!("{}/s", size(j.rate_bytes_per_sec)),
+                j.eta_secs.map_or("-".to_owned(), age),
+                size(j.store_bytes),
+            ]
+        })
+        .collect();
+    table(
+        &["JOB", "REPOSITORY", "OF", "DONE", "RATE", "LEFT", "STORE"],
+        &rows,
+    )
+}
+
 /// The backup's id as shown: its first 12 digits (any 8 or more name it).
 fn short_id(id: &str) -> &str {
     &id[..id.len().min(12)]

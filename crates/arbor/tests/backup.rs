@@ -304,6 +304,35 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
         volumes[1]["failures"].as_u64().unwrap() >= 1,
         "{repositories}"
     );
+    // Metrics: the backups that succeeded, the one that failed, what they
+    // stored, and when disk0 was last backed up.
+    let (_, metrics) = http(&daemon.api_socket(), "GET", "/metrics", "");
+    let value = |line: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(line))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {line} in {metrics}"))
+    };
+    assert!(
+        value(r#"arbor_backup_jobs_succeeded{repository="local",kind="backup"}"#) >= 3.0,
+        "{metrics}"
+    );
+    assert!(
+        value(r#"arbor_backup_store_bytes{repository="local",kind="backup"}"#) > 8e6,
+        "{metrics}"
+    );
+    let last =
+        value(r#"arbor_backup_last_success_timestamp_seconds{repository="local",volume="disk0"}"#);
+    assert!(
+        last >= made[0]["completed_unix"].as_f64().unwrap(),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"arbor_alert{kind="backup_failed",subject="local:nope""#),
+        "{metrics}"
+    );
     let text = daemon.ok(&["backup", "repositories"]);
     assert!(
         text.contains("every 2s, keep frequent=1") && text.contains("failed"),
@@ -371,6 +400,10 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     });
     let left = backup_snapshots();
     assert_eq!(left[0]["holds"].as_array().unwrap().len(), 1, "{left:?}");
+    eventually("no job left running", || {
+        daemon.json(&["backup", "jobs"]).as_array().unwrap().is_empty()
+    });
+    assert!(daemon.ok(&["backup", "jobs"]).contains("no backup jobs"));
     // The newest backup restores what its snapshot holds.
     let newest = backups_of_disk0().last().unwrap().clone();
     let id = newest["id"].as_str().unwrap();
