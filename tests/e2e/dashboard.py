@@ -13,7 +13,8 @@ real daemon with its HTTP API on loopback TCP:
    `bulk` with 1000 snapshots (taken through the API's Unix socket);
    db@auto-manual, a manual snapshot named like the policy's; the origin
    `orig` (a raw file attached) with orig@o1 and its clone `origclone`,
-   which read through it;
+   which read through it; scheduled backups of `bk` (and of `nobk`, which
+   does not exist) to a directory repository, set by a config reload;
 2. what a person sees: first a form asking for an API token (the API on
    TCP wants one; nothing of the pool shows), where a wrong token is
    refused with the API's reason and the harness's admin token is kept in
@@ -24,7 +25,8 @@ real daemon with its HTTP API on loopback TCP:
    the layouts of home ("cow") and homeclone ("reads home"), and home@h1's
    exclusive 1 MiB;
    db's policy with its last and next run; the replication row (target,
-   state, last snapshot sent); the alert (or warning) for data use; bulk
+   state, last snapshot sent); the backup view (the repository's schedule,
+   bk's last backup, nobk's failed run); the alert (or warning) for data use; bulk
    with "1000 snapshots" but only 50 rows (the DOM stays small) until
    "show all"; the tree is not rebuilt when a poll brings nothing new;
 3. actions through the page, each checked through the API and then on the
@@ -293,6 +295,23 @@ def setup_pool(daemon, api, target_port, work):
         api.request("POST", "/v1/snapshots", {"name": f"bulk@b{i:04d}"})
     say(f"    {BULK_SNAPSHOTS} snapshots of bulk taken in {time.monotonic() - started:.1f} s")
 
+    # Scheduled backups of `bk` (and of `nobk`, which does not exist) to a
+    # directory repository, configured by a reload.
+    daemon.cli("volume", "create", "bk", "--size", "4M")
+    harness.run(*qemu, "-c", "write -P 5 0 1M", daemon.uri("bk"))
+    key, repo = os.path.join(work, "backup.key"), os.path.join(work, "backups")
+    harness.run(harness.ARBOR, "backup", "new-key", key)
+    harness.run(harness.ARBOR, "backup", "init", repo, "--key-file", key)
+    with open(os.path.join(work, "source.toml"), "a") as f:
+        f.write(f'backup_repositories = [{{ name = "offsite", url = "{repo}", key_file = "{key}", '
+                'schedule = "daily at 02:00", volumes = ["bk", "nobk"], keep = "daily=7" }]\n')
+    daemon.cli("config", "reload")
+
+    def scheduled():
+        volumes = api.request("GET", "/v1/backups")[0]["schedule"]["volumes"]
+        return volumes[0]["last_success_unix"] and volumes[1]["failures"] > 0
+    wait_until(scheduled, "the first scheduled backup of bk, and nobk's failure", timeout=60)
+
 
 def body(daemon, target_port, work):
     os.makedirs(ARTIFACTS, exist_ok=True)
@@ -458,6 +477,15 @@ def browse(daemon, api, target_port):
         pair = api.request("GET", "/v1/replicas")["pairs"][0]
         d.wait_text(row + ' [data-testid="pair-last-snapshot"]', pair["last_snapshot"], "the last snapshot sent")
         d.wait_text(row + ' [data-testid="pair-lag"]', re.compile(r"^\d+ (s|min)"), "the pair's lag")
+
+        # Backups: the repository's schedule, bk backed up, nobk failing.
+        d.wait_text('tr[data-repository="offsite"] [data-testid="backup-schedule"]', "daily at 02:00", "the backup schedule")
+        bk = 'tr[data-backup-volume="offsite:bk"] '
+        d.wait_text(bk + '[data-testid="backup-state"]', "ok", "bk's scheduled backups")
+        d.wait_text(bk + '[data-testid="backup-last"]', re.compile(r"^(\d|now)"), "bk's last backup")
+        d.wait_text('tr[data-backup-volume="offsite:nobk"] [data-testid="backup-state"]', re.compile(r"^failed"),
+                    "nobk's failed run")
+        say("    ok: the backup view shows the schedule, bk's last backup and nobk's failure")
 
         # The alert (the monitor's, else the pool's warning) for data use.
         overview = api.overview()

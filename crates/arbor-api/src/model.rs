@@ -1210,6 +1210,9 @@ pub struct OverviewView {
     /// The damaged data blocks, while the pool has any (`pool.damaged_blocks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub damage: Option<DamageView>,
+    /// Backup repositories with their schedules, and backup jobs under way.
+    #[serde(default)]
+    pub backups: BackupsOverview,
     /// Who asked, and with which scope: the dashboard offers only what it
     /// may do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1278,6 +1281,14 @@ pub struct BackupRepositoryView {
     /// Its scheduled backups, if it has a schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<BackupScheduleView>,
+}
+
+/// The dashboard's backup view: `GET /v1/backups` and `GET
+/// /v1/backup-jobs` together.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupsOverview {
+    pub repositories: Vec<BackupRepositoryView>,
+    pub jobs: Vec<BackupJobView>,
 }
 
 /// A backup, restore, verify or prune under way (`GET /v1/backup-jobs`).

@@ -98,6 +98,27 @@ impl Backups {
         self.schedules.conditions(now)
     }
 
+    /// The configured repositories, with their schedules at `now`.
+    pub fn repository_views(&self, now: u64) -> Vec<BackupRepositoryView> {
+        let repositories = self.repositories.read().unwrap_or_else(|p| p.into_inner());
+        repositories
+            .iter()
+            .map(|(name, spec)| BackupRepositoryView {
+                name: name.clone(),
+                url: spec.url.clone(),
+                schedule: self.schedules.view(name, now),
+            })
+            .collect()
+    }
+
+    /// The dashboard's backup view.
+    pub fn overview(&self, now: u64) -> arbor_api::model::BackupsOverview {
+        arbor_api::model::BackupsOverview {
+            repositories: self.repository_views(now),
+            jobs: self.jobs.views(),
+        }
+    }
+
     /// What the metrics show of backups: the jobs under way, the totals
     /// of those ended, and when each volume known here was last backed up
     /// (through this daemon, or by its repository's list for a scheduled
@@ -208,20 +229,7 @@ fn view(listing: &Listing) -> BackupView {
 
 /// `GET /v1/backups`.
 pub async fn repositories(State(backups): State<Arc<Backups>>) -> Json<Vec<BackupRepositoryView>> {
-    let repositories = backups
-        .repositories
-        .read()
-        .unwrap_or_else(|p| p.into_inner());
-    Json(
-        repositories
-            .iter()
-            .map(|(name, spec)| BackupRepositoryView {
-                name: name.clone(),
-                url: spec.url.clone(),
-                schedule: backups.schedules.view(name, crate::clock::unix_now()),
-            })
-            .collect(),
-    )
+    Json(backups.repository_views(crate::clock::unix_now()))
 }
 
 /// `GET /v1/backup-jobs`: the backups, restores, verifies and prunes under

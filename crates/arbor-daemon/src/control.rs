@@ -347,6 +347,7 @@ impl PoolControl {
             alerts: self.monitor.alerts(),
             scrub: self.scrub(),
             damage,
+            backups: self.monitor.backups().overview(now),
             caller: None,
         })
     }

@@ -401,7 +401,11 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     let left = backup_snapshots();
     assert_eq!(left[0]["holds"].as_array().unwrap().len(), 1, "{left:?}");
     eventually("no job left running", || {
-        daemon.json(&["backup", "jobs"]).as_array().unwrap().is_empty()
+        daemon
+            .json(&["backup", "jobs"])
+            .as_array()
+            .unwrap()
+            .is_empty()
     });
     assert!(daemon.ok(&["backup", "jobs"]).contains("no backup jobs"));
     // The newest backup restores what its snapshot holds.
