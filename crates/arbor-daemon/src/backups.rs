@@ -20,7 +20,7 @@ use arbor_stream::busy::Pins;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::api_error::{ApiError, ApiResult};
 use crate::backup_jobs::{JobKind, Jobs};
@@ -42,6 +42,19 @@ pub struct Backups {
     destroyer: Destroyer,
     /// Operations under way and the totals of those ended.
     jobs: Jobs,
+    /// Changes of the pool's list of restores under way, one at a time.
+    restoring: tokio::sync::Mutex<()>,
+}
+
+/// The pool property listing the restores under way (JSON: their volumes
+/// and when each began): a restore cut off by the daemon's end leaves its
+/// volume half written, and the next start deletes it.
+const RESTORING: &str = "arbor.backup.restoring";
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct RestoreUnderWay {
+    volume: String,
+    started_unix: u64,
 }
 
 impl Backups {
@@ -61,6 +74,7 @@ impl Backups {
             schedules: Schedules::new(schedules),
             destroyer,
             jobs: Jobs::default(),
+            restoring: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -96,6 +110,72 @@ impl Backups {
     /// The alerts of the scheduled backups.
     pub fn conditions(&self, now: u64) -> Vec<crate::alerts::Condition> {
         self.schedules.conditions(now)
+    }
+
+    /// The restores under way, as the pool lists them.
+    fn restores_under_way(pool: &Pool) -> Vec<RestoreUnderWay> {
+        match pool.property(None, RESTORING) {
+            Ok(Some(bytes)) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                warn!(error = %e, "the list of restores under way does not parse: ignored");
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Adds (`Some`) or removes a restore in the pool's list, durably.
+    async fn mark_restore(&self, volume: &str, started: Option<u64>) -> Result<(), ApiError> {
+        let _one = self.restoring.lock().await;
+        let pool = Arc::clone(&self.pool);
+        let volume = volume.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<(), DaemonError> {
+            let mut list = Self::restores_under_way(&pool);
+            list.retain(|r| r.volume != volume);
+            if let Some(started_unix) = started {
+                list.push(RestoreUnderWay {
+                    volume,
+                    started_unix,
+                });
+            }
+            let changed = if list.is_empty() {
+                pool.remove_property(None, RESTORING).map(|_| ())
+            } else {
+                let json = serde_json::to_vec(&list).map_err(DaemonError::internal)?;
+                pool.set_property(None, RESTORING, &json)
+            };
+            match changed {
+                // A pool of a format before properties (version 4) keeps
+                // no list: a cut-off restore's volume stays there.
+                Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => Ok(()),
+                other => Ok(other?),
+            }
+        })
+        .await
+        .map_err(|e| ApiError::from(DaemonError::internal(e)))?
+        .map_err(ApiError::from)
+    }
+
+    /// At start: deletes the volumes of restores a previous run of the
+    /// daemon left half done (each only if it was made after its restore
+    /// began: never a volume that was there before), then clears the list.
+    pub fn recover_restores(&self) -> Result<(), DaemonError> {
+        let list = Self::restores_under_way(&self.pool);
+        for r in &list {
+            let Ok(id) = self.pool.lookup(&r.volume) else {
+                continue;
+            };
+            let info = self.pool.info(id)?;
+            if info.snapshot || info.created_unix_secs < r.started_unix {
+                warn!(volume = %r.volume, "a restore was cut off before it made its volume; the volume of that name is older and stays");
+                continue;
+            }
+            warn!(volume = %r.volume, "a restore was cut off (the daemon stopped): its half-written volume is deleted");
+            self.destroyer.destroy(&r.volume, true)?;
+        }
+        if !list.is_empty() {
+            self.pool.remove_property(None, RESTORING)?;
+        }
+        Ok(())
     }
 
     /// The configured repositories, with their schedules at `now`.
@@ -284,6 +364,11 @@ pub async fn restore(
     }
     let repo = backups.open(&name).await?;
     let found = repo.find(&req.backup).await.map_err(ApiError::from)?;
+    // Listed in the pool while it runs: cut off, the next start deletes
+    // what it wrote.
+    backups
+        .mark_restore(&req.volume, Some(crate::clock::unix_now()))
+        .await?;
     let job = backups.jobs.start(JobKind::Restore, &name, &req.volume);
     let restored = repo
         .restore(
@@ -294,6 +379,7 @@ pub async fn restore(
         )
         .await;
     job.end(restored.is_ok());
+    backups.mark_restore(&req.volume, None).await?;
     let restored = restored.map_err(|e| {
         ApiError::from(e).context(format!("restoring backup {} into {}", found.id, req.volume))
     })?;

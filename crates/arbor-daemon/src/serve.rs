@@ -146,6 +146,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         pins,
         destroyer.clone(),
     );
+    backups.recover_restores()?;
     let qos = crate::qos::Qos::new(Arc::clone(&open.pool));
     let scrub = Arc::new(crate::scrub::Scrub::load(
         Arc::clone(&open.pool),

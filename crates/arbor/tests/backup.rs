@@ -226,6 +226,42 @@ fn backups_are_made_listed_and_restored_through_the_daemon() {
         .contains("\"x\""));
 }
 
+/// A directory repository "local" in `dir`, made with a new key, and a
+/// daemon configuration naming it (with `extra` fields in its entry).
+struct LocalRepo {
+    key: std::path::PathBuf,
+    repo: std::path::PathBuf,
+    config: std::path::PathBuf,
+}
+
+impl LocalRepo {
+    fn new(dir: &std::path::Path) -> Self {
+        let r = LocalRepo {
+            key: dir.join("backup.key"),
+            repo: dir.join("repo"),
+            config: dir.join("arbor.toml"),
+        };
+        ok(&["backup", "new-key", p(&r.key)]);
+        ok(&["backup", "init", p(&r.repo), "--key-file", p(&r.key)]);
+        r.configure("");
+        r
+    }
+
+    /// Writes the configuration with `extra` (`, schedule = ...`) in the
+    /// repository's entry.
+    fn configure(&self, extra: &str) {
+        std::fs::write(
+            &self.config,
+            format!(
+                "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\"{extra} }}]\n",
+                p(&self.repo),
+                p(&self.key)
+            ),
+        )
+        .unwrap();
+    }
+}
+
 /// Polls `check` every 100 ms until it holds (a generous bound: only a
 /// hang fails on time).
 fn eventually(what: &str, mut check: impl FnMut() -> bool) {
@@ -239,18 +275,11 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 #[test]
 fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     let tmp = tempfile::tempdir().unwrap();
-    let key = tmp.path().join("backup.key");
-    let repo = tmp.path().join("repo");
-    ok(&["backup", "new-key", p(&key)]);
-    ok(&["backup", "init", p(&repo), "--key-file", p(&key)]);
-    let config = tmp.path().join("arbor.toml");
-    let with_schedule = format!(
-        "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\", schedule = \
-         \"every 2s\", volumes = [\"disk0\", \"nope\"], keep = \"frequent=1\" }}]\n",
-        p(&repo),
-        p(&key)
+    let local = LocalRepo::new(tmp.path());
+    local.configure(
+        ", schedule = \"every 2s\", volumes = [\"disk0\", \"nope\"], keep = \"frequent=1\"",
     );
-    std::fs::write(&config, &with_schedule).unwrap();
+    let config = local.config.clone();
     let daemon = Daemon::start(&["--config", p(&config), "--initial-volume-size", "8M"]);
     let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
     let data = random_file(tmp.path(), "data", 8 << 20, 3);
@@ -340,13 +369,6 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     );
 
     // Schedules a reload refuses, each changing nothing.
-    let entry = |extra: &str| {
-        format!(
-            "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\"{extra} }}]\n",
-            p(&repo),
-            p(&key)
-        )
-    };
     for (extra, why) in [
         (
             ", keep = \"daily=7\"",
@@ -366,7 +388,7 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
             "keep",
         ),
     ] {
-        std::fs::write(&config, entry(extra)).unwrap();
+        local.configure(extra);
         daemon.fails(&["config", "reload"], 2, why);
     }
     let still = daemon.json(&["backup", "repositories"]);
@@ -374,15 +396,7 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
 
     // The schedule taken away by a reload: once the run under way ends,
     // disk0 has exactly one backup snapshot, held, the newest backup's.
-    std::fs::write(
-        &config,
-        format!(
-            "backup_repositories = [{{ name = \"local\", url = \"{}\", key_file = \"{}\" }}]\n",
-            p(&repo),
-            p(&key)
-        ),
-    )
-    .unwrap();
+    local.configure("");
     daemon.ok(&["config", "reload"]);
     let backup_snapshots = || {
         daemon
@@ -421,4 +435,95 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
         "the scheduled backup's restore differs"
     );
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&data).unwrap());
+}
+
+/// A restore cut off by the daemon's end (SIGKILL) leaves no half-written
+/// volume after the restart. The repository's packs are swapped for named
+/// pipes, so the restore waits in its first read (its volume made, nothing
+/// written) until the daemon is killed.
+#[test]
+fn a_restore_killed_with_the_daemon_leaves_no_volume_after_the_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = LocalRepo::new(tmp.path());
+    let (repo, config) = (local.repo.clone(), local.config.clone());
+    let mut daemon = Daemon::start(&["--config", p(&config), "--initial-volume-size", "8M"]);
+    let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    let data = random_file(tmp.path(), "data", 8 << 20, 5);
+    nbdcopy(p(&data), &export);
+    daemon.ok(&["snapshot", "create", "disk0@a"]);
+    let made = daemon.json(&["backup", "create", "local", "disk0@a"]);
+    let id = made["id"].as_str().unwrap().to_owned();
+    // Another volume, there before: untouched by what follows.
+    daemon.ok(&["volume", "create", "keep", "--size", "1M"]);
+
+    let packs: Vec<std::path::PathBuf> = {
+        let mut out = Vec::new();
+        let mut stack = vec![repo.join("packs")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    stack.push(e);
+                } else {
+                    out.push(e);
+                }
+            }
+        }
+        out
+    };
+    let saved = tmp.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    for (i, pack) in packs.iter().enumerate() {
+        std::fs::rename(pack, saved.join(i.to_string())).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(pack)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    let mut restoring = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(daemon.args(&["backup", "restore", "local", &id, "back"]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the restore's volume, made", || {
+        daemon
+            .json(&["volume", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "back")
+    });
+    let jobs = daemon.json(&["backup", "jobs"]);
+    assert_eq!(jobs[0]["kind"], "restore", "{jobs}");
+    assert_eq!(jobs[0]["subject"], "back", "{jobs}");
+    daemon.stop("KILL");
+    let _ = restoring.wait();
+    for (i, pack) in packs.iter().enumerate() {
+        std::fs::remove_file(pack).unwrap();
+        std::fs::rename(saved.join(i.to_string()), pack).unwrap();
+    }
+    daemon.restart(&["--initial-volume", "none", "--config", p(&config)]);
+    let names: Vec<String> = daemon
+        .json(&["volume", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        !names.contains(&"back".to_owned()),
+        "the cut-off restore's volume is left: {names:?}"
+    );
+    assert!(names.contains(&"keep".to_owned()), "{names:?}");
+    // The repository lock the killed daemon held is stale (its process is
+    // gone): the restore runs again, whole.
+    daemon.ok(&["backup", "restore", "local", &id, "back"]);
+    let copy = tmp.path().join("copy");
+    nbdcopy(
+        &format!("nbd+unix:///back?socket={}", daemon.nbd_socket()),
+        p(&copy),
+    );
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&data).unwrap());
 }
