@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use arbor_engine::{Pool, VolumeId, VolumeInfo};
 use bytes::Bytes;
+use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::crypto::BlobId;
@@ -232,6 +233,28 @@ impl Repository {
         let pieces = Manifest::pieces_for(size, self.block_size());
         Progress::add(&progress.total_bytes, size);
 
+        // The base's map pieces, read ahead in order, several at once: one
+        // after another, their round trips to the store were most of an
+        // incremental backup's time.
+        let base_pieces: Vec<Option<BlobId>> = base
+            .as_ref()
+            .map(|b| b.manifest.piece_ids())
+            .unwrap_or_default();
+        let base_what = base
+            .as_ref()
+            .map(|b| format!("backup {}", b.id))
+            .unwrap_or_default();
+        let mut base_maps = futures::stream::iter(base_pieces)
+            .map(|piece| {
+                let what = &base_what;
+                async move {
+                    match piece {
+                        Some(id) => self.read_piece(&id, what).await.map(Some),
+                        None => Ok(None),
+                    }
+                }
+            })
+            .buffered(crate::restore::READS_IN_FLIGHT);
         let mut uploads = Uploads::new(self);
         let mut piece_ids = Vec::with_capacity(usize::try_from(pieces).unwrap_or(0));
         let mut mapped_blocks = 0u64;
@@ -243,9 +266,9 @@ impl Repository {
             let mut map: BTreeMap<u32, BlobId> = BTreeMap::new();
             let changed: Vec<u64> = match &base {
                 Some(base) => {
-                    if let Some(Some(piece)) = base.manifest.piece_ids().get(p as usize) {
-                        let what = format!("backup {}", base.id);
-                        map = self.read_piece(piece, &what).await?.0.into_iter().collect();
+                    // One per piece: the base has this backup's size.
+                    if let Some(piece) = base_maps.next().await.transpose()?.flatten() {
+                        map = piece.0.into_iter().collect();
                     }
                     let (pool, b, t) = (Arc::clone(&pool), base.snapshot, target.id);
                     let ranges = blocking(move || Ok(pool.diff_in(b, t, start, end)?)).await?;
