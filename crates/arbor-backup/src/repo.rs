@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::crypto::{BlobId, Keys};
 use crate::format::config::{KeySource, RepoConfig};
@@ -95,6 +96,10 @@ impl Progress {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 }
+
+/// Index objects read at once when a repository's index is loaded (each
+/// is read whole, up to its limit).
+const INDEX_READS_IN_FLIGHT: usize = 4;
 
 /// A backup as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,17 +251,24 @@ impl Repository {
 
     /// Every index object, by name, with what it lists.
     pub(crate) async fn index_objects(&self) -> Result<Vec<(String, Vec<PackEntries>)>> {
-        let mut out = Vec::new();
-        for listed in self.store.list(names::INDEX).await? {
-            let Some(id) = id_of(&listed.name) else {
-                continue;
-            };
-            let bytes = self.get_checked(&listed.name, &id).await?;
-            let packs =
-                index::decode(&self.keys, &bytes).map_err(|e| damaged(listed.name.clone(), e))?;
-            out.push((listed.name, packs));
-        }
-        Ok(out)
+        let listed: Vec<_> = self
+            .store
+            .list(names::INDEX)
+            .await?
+            .into_iter()
+            .filter_map(|l| Some((id_of(&l.name)?, l.name)))
+            .collect();
+        // In listing order, a few at once (each is read whole).
+        futures::stream::iter(listed)
+            .map(|(id, name)| async move {
+                let bytes = self.get_checked(&name, &id).await?;
+                let packs =
+                    index::decode(&self.keys, &bytes).map_err(|e| damaged(name.clone(), e))?;
+                Ok((name, packs))
+            })
+            .buffered(INDEX_READS_IN_FLIGHT)
+            .try_collect()
+            .await
     }
 
     async fn load_index(&self) -> Result<()> {
@@ -330,16 +342,23 @@ impl Repository {
 
     /// Every backup, oldest first.
     pub async fn list(&self) -> Result<Vec<Listing>> {
-        let mut out = Vec::new();
-        for listed in self.store.list(names::SNAPSHOTS).await? {
-            let Some(id) = id_of(&listed.name) else {
-                continue;
-            };
-            out.push(Listing {
-                id,
-                manifest: self.manifest(&id).await?,
-            });
-        }
+        let ids: Vec<ObjectId> = self
+            .store
+            .list(names::SNAPSHOTS)
+            .await?
+            .into_iter()
+            .filter_map(|l| id_of(&l.name))
+            .collect();
+        let mut out: Vec<Listing> = futures::stream::iter(ids)
+            .map(|id| async move {
+                Ok::<_, BackupError>(Listing {
+                    id,
+                    manifest: self.manifest(&id).await?,
+                })
+            })
+            .buffered(crate::restore::READS_IN_FLIGHT)
+            .try_collect()
+            .await?;
         out.sort_by(|a, b| {
             (a.manifest.completed_unix_ms, &a.manifest.volume, a.id).cmp(&(
                 b.manifest.completed_unix_ms,
