@@ -251,6 +251,29 @@ def body(daemon):
         if verified["problem_count"] != 0 or verified["backups"] != len(dry["kept"]):
             raise Failure(f"the repository does not verify after the prune: {verified}")
 
+        # big3 rewritten whole and backed up again: pruned to its newest
+        # backup, the packs only the first one needed go from the bucket.
+        fill_random(daemon, "big3", 64 * MIB, 6, work)
+        cli(daemon, "snapshot", "create", "big3@b")
+        rewritten = backup(daemon, "big3@b")
+        if rewritten["parent"] != lifted["id"]:
+            raise Failure(f"big3@b is not incremental from big3@a: {rewritten}")
+        _, objects_before = bucket_stats(ceph)
+        pruned = cli_json(daemon, "backup", "prune", "rgw", "--keep", "frequent=1")
+        gone = [b["backup"]["id"] for b in pruned["forgotten"]]
+        if gone != [lifted["id"]] or len(pruned["deleted_packs"]) < 6:
+            raise Failure(f"the prune of big3's first backup: {pruned}")
+        _, objects_after = bucket_stats(ceph)
+        if objects_after >= objects_before or pruned["bytes_after"] > pruned["bytes_before"] - 48 * MIB:
+            raise Failure(f"the bucket did not shrink: {objects_before} -> {objects_after} objects; {pruned}")
+        print(f"pruned on the gateway: {len(pruned['deleted_packs'])} packs deleted, {len(pruned['repacked_packs'])} "
+              f"repacked, {pruned['bytes_before']} -> {pruned['bytes_after']} bytes, "
+              f"{objects_before} -> {objects_after} objects")
+        restore_matches(daemon, rewritten["id"], "big3@b", "r10")
+        verified = cli_json(daemon, "backup", "verify", "rgw")
+        if verified["problem_count"] != 0:
+            raise Failure(f"the repository does not verify after the second prune: {verified}")
+
         # A pack replaced in the bucket: the restore fails naming it and
         # leaves no volume.
         packs = run("rclone", "lsf", "-R", "--files-only", f"rgw:{BUCKET}/arbor/packs", env=env).stdout.split()
