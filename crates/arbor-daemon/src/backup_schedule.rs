@@ -25,6 +25,9 @@ use crate::backups::Backups;
 
 /// The prefix of the snapshots scheduled backups take.
 pub const SNAPSHOT_PREFIX: &str = "backup";
+/// The property (of the snapshot) that marks one as a scheduled backup's:
+/// the repository's name.
+const SCHEDULED_MARK: &str = "arbor.backup.scheduled";
 /// How often the schedules are looked at.
 const TICK: Duration = Duration::from_secs(5);
 /// Least time between two scheduled prunes of a repository.
@@ -403,7 +406,8 @@ impl Backups {
     ) -> Result<(String, u64), String> {
         let pool = Arc::clone(self.pool());
         let name = {
-            let (pool, volume) = (Arc::clone(&pool), volume.to_owned());
+            let (pool, volume, repository) =
+                (Arc::clone(&pool), volume.to_owned(), repository.to_owned());
             tokio::task::spawn_blocking(move || -> Result<String, String> {
                 let id = pool.lookup(&volume).map_err(|e| format!("{volume}: {e}"))?;
                 let listing =
@@ -416,8 +420,16 @@ impl Backups {
                 })
                 .ok_or_else(|| format!("no free snapshot name for {volume} at {now}"))?;
                 let name = format!("{volume}@{snapshot}");
-                pool.snapshot(&name)
+                let taken = pool
+                    .snapshot(&name)
                     .map_err(|e| format!("snapshot {name}: {e}"))?;
+                // Marked as the schedule's: only marked snapshots are ever
+                // destroyed by it (a user's snapshot named alike is not).
+                match pool.set_property(Some(taken), SCHEDULED_MARK, repository.as_bytes()) {
+                    Ok(()) => {}
+                    Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => {}
+                    Err(e) => warn!(snapshot = %name, error = %e, "could not mark a scheduled backup's snapshot: it will not be destroyed by the schedule"),
+                }
                 Ok(name)
             })
             .await
@@ -452,6 +464,14 @@ impl Backups {
                         .is_some()
                 })
                 .filter(|s| pool.holds(s.id).is_ok_and(|h| h.is_empty()))
+                .filter(|s| match pool.property(Some(s.id), SCHEDULED_MARK) {
+                    Ok(mark) => mark.is_some(),
+                    // A pool of a format before properties: the name says.
+                    Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => {
+                        true
+                    }
+                    Err(_) => false,
+                })
                 .map(|s| s.name.clone())
                 .collect()
         })

@@ -284,6 +284,9 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
     let data = random_file(tmp.path(), "data", 8 << 20, 3);
     nbdcopy(p(&data), &export);
+    // A user's snapshot named like the schedule's: never destroyed by it.
+    let users = "disk0@backup-2020-01-01T00:00:00Z";
+    daemon.ok(&["snapshot", "create", users]);
 
     // Backups come every two seconds, each from a snapshot of its own,
     // each after the first incremental from the one before.
@@ -404,7 +407,9 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|s| s["name"].as_str().unwrap().starts_with("disk0@backup-"))
+            .filter(|s| {
+                s["name"].as_str().unwrap().starts_with("disk0@backup-") && s["name"] != users
+            })
             .cloned()
             .collect::<Vec<_>>()
     };
@@ -414,6 +419,15 @@ fn scheduled_backups_run_alert_on_failure_and_keep_one_snapshot_per_volume() {
     });
     let left = backup_snapshots();
     assert_eq!(left[0]["holds"].as_array().unwrap().len(), 1, "{left:?}");
+    assert!(
+        daemon
+            .json(&["snapshot", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == users),
+        "the schedule destroyed a user's snapshot"
+    );
     eventually("no job left running", || {
         daemon
             .json(&["backup", "jobs"])
