@@ -18,19 +18,19 @@
 //! index ever lists a deleted pack; packs left behind by a cut-off are
 //! read from their headers at the next open and deleted by the next prune.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::crypto::BlobId;
 use crate::format::index::{self, PackEntries};
-use crate::format::pack::{self, Entry, PackWriter, Sealed, TARGET_PACK_BYTES};
+use crate::format::pack::{self, PackWriter, Sealed, TARGET_PACK_BYTES};
 use crate::format::ObjectId;
 use crate::lock::{LockKind, OtherLock, RepoLock};
-use crate::repo::{damaged, BackupError, Listing, Progress, Repository, Result};
+use crate::repo::{damaged, BackupError, Census, Listing, Progress, Repository, Result};
 use crate::restore::READS_IN_FLIGHT;
-use crate::store::{id_of, names};
+use crate::store::names;
 
 /// Packs listed by one index object a prune writes.
 const PACKS_PER_PRUNE_INDEX: usize = 256;
@@ -82,19 +82,6 @@ pub struct Pruned {
     pub stale_locks: Vec<String>,
 }
 
-/// One pack as the prune found it.
-struct PackFound {
-    size: u64,
-    /// Its entries, or why its header could not be read.
-    entries: std::result::Result<Vec<Entry>, String>,
-}
-
-/// What the store holds: every pack, and every index object.
-struct Census {
-    packs: BTreeMap<ObjectId, PackFound>,
-    indexes: Vec<String>,
-}
-
 /// Which packs go, which are rewritten, which stay.
 #[derive(Default)]
 struct Plan {
@@ -118,7 +105,7 @@ impl Repository {
         options: PruneOptions,
         progress: &Progress,
     ) -> Result<Pruned> {
-        let lock = self.lock(LockKind::Exclusive, "prune").await?;
+        let (lock, census) = self.lock_with_census(LockKind::Exclusive, "prune").await?;
         let stale: Vec<String> = lock
             .stale
             .iter()
@@ -130,7 +117,9 @@ impl Repository {
                 return Err(e);
             }
         }
-        let pruned = self.prune_locked(choose, options, progress, &lock).await;
+        let pruned = self
+            .prune_locked(choose, options, progress, &lock, census)
+            .await;
         lock.release().await;
         pruned.map(|mut p| {
             p.stale_locks = stale;
@@ -144,6 +133,7 @@ impl Repository {
         options: PruneOptions,
         progress: &Progress,
         lock: &RepoLock,
+        census: Census,
     ) -> Result<Pruned> {
         let mut out = Pruned {
             dry_run: options.dry_run,
@@ -158,35 +148,25 @@ impl Repository {
         out.kept_backups = kept.len() as u64;
 
         let used = self.mark(&kept).await?;
-        let census = self.census().await?;
         let plan = plan(&census, &used, options.repack_unused_percent)?;
-        out.bytes_before = census.packs.values().map(|p| p.size).sum();
+        let packs_change = !plan.delete.is_empty() || !plan.repack.is_empty();
+        let size = |id: &ObjectId| census.packs.get(id).and_then(|p| p.size).unwrap_or(0);
+        out.bytes_before = census.packs.keys().map(size).sum();
         out.kept_blobs = plan.kept_blobs;
         out.removed_blobs = plan.removed_blobs;
         out.deleted_packs = plan.delete.iter().map(names::pack).collect();
         out.repacked_packs = plan.repack.iter().map(names::pack).collect();
-        out.replaced_indexes = census.indexes.clone();
-        let kept_bytes: u64 = plan
-            .keep
-            .iter()
-            .filter_map(|id| census.packs.get(id))
-            .map(|p| p.size)
-            .sum();
-        if options.dry_run
-            || (forgotten.is_empty() && plan.delete.is_empty() && plan.repack.is_empty())
-        {
-            out.written_packs = plan.repack_used_bytes.div_ceil(TARGET_PACK_BYTES as u64);
-            let no_packs_change = plan.delete.is_empty() && plan.repack.is_empty();
-            out.written_indexes = if no_packs_change {
-                0
-            } else {
-                (plan.keep.len() as u64 + out.written_packs).div_ceil(PACKS_PER_PRUNE_INDEX as u64)
-            };
-            if no_packs_change {
-                // Indexes are rewritten only when packs go.
-                out.replaced_indexes.clear();
-            }
-            out.bytes_after = kept_bytes + plan.repack_used_bytes;
+        let kept_bytes: u64 = plan.keep.iter().map(size).sum();
+        // What a dry run reports; a prune replaces the estimates by what it
+        // wrote. Indexes are rewritten only when packs go.
+        out.bytes_after = kept_bytes + plan.repack_used_bytes;
+        out.written_packs = plan.repack_used_bytes.div_ceil(TARGET_PACK_BYTES as u64);
+        if packs_change {
+            out.replaced_indexes = census.indexes.clone();
+            out.written_indexes =
+                (plan.keep.len() as u64 + out.written_packs).div_ceil(PACKS_PER_PRUNE_INDEX as u64);
+        }
+        if options.dry_run || (forgotten.is_empty() && !packs_change) {
             out.forgotten = forgotten;
             return Ok(out);
         }
@@ -217,10 +197,7 @@ impl Repository {
             self.store.delete(&names::snapshot(&l.id)).await?;
         }
         out.forgotten = forgotten;
-        if plan.delete.is_empty() && plan.repack.is_empty() {
-            // Indexes are rewritten only when packs go.
-            out.replaced_indexes.clear();
-            out.bytes_after = out.bytes_before;
+        if !packs_change {
             return Ok(out);
         }
         out.written_packs = written.len() as u64;
@@ -271,43 +248,6 @@ impl Repository {
             used.extend(piece.0.iter().map(|(_, b)| *b));
         }
         Ok(used)
-    }
-
-    /// Every pack and index object in the store, each pack with its
-    /// entries (from the index objects, else its header).
-    async fn census(&self) -> Result<Census> {
-        let mut from_index: HashMap<ObjectId, Vec<Entry>> = HashMap::new();
-        let mut indexes = Vec::new();
-        for (name, packs) in self.index_objects().await? {
-            for p in packs {
-                from_index.entry(p.pack).or_insert(p.entries);
-            }
-            indexes.push(name);
-        }
-        let mut packs = BTreeMap::new();
-        for listed in self.store.list(names::PACKS).await? {
-            let Some(id) = id_of(&listed.name) else {
-                continue;
-            };
-            let entries = match from_index.remove(&id) {
-                Some(e) => Ok(e),
-                None => match self.pack_header(&id, listed.size).await {
-                    Ok(e) => Ok(e),
-                    Err(BackupError::Damaged { object, error }) => {
-                        Err(format!("{object}: {error}"))
-                    }
-                    Err(e) => return Err(e),
-                },
-            };
-            packs.insert(
-                id,
-                PackFound {
-                    size: listed.size,
-                    entries,
-                },
-            );
-        }
-        Ok(Census { packs, indexes })
     }
 
     /// Copies the used blobs of the packs to repack into new packs, each
@@ -374,7 +314,10 @@ impl Repository {
 /// a readable pack, or nothing is deleted.
 fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> Result<Plan> {
     let mut out = Plan::default();
-    for (id, found) in &census.packs {
+    // Only packs the store holds: one an index lists and the store does
+    // not is no home, and nothing to delete.
+    let held = || census.packs.iter().filter(|(_, p)| p.size.is_some());
+    for (id, found) in held() {
         if let Ok(entries) = &found.entries {
             for e in entries.iter().filter(|e| used.contains(&e.id)) {
                 out.homes.entry(e.id).or_insert(*id);
@@ -382,15 +325,14 @@ fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> R
         }
     }
     if let Some(missing) = used.iter().find(|b| !out.homes.contains_key(b)) {
-        let damaged: Vec<&String> = census
-            .packs
-            .values()
-            .filter_map(|p| p.entries.as_ref().err())
+        let damaged: Vec<&String> = held()
+            .filter_map(|(_, p)| p.entries.as_ref().err())
             .collect();
         return Err(damaged_repository(missing, &damaged));
     }
     let percent = u64::from(repack_unused_percent.min(100));
-    for (id, found) in &census.packs {
+    for (id, found) in held() {
+        let size = found.size.unwrap_or(0);
         let Ok(entries) = &found.entries else {
             // Its blobs are unknown, and no backup needs one: every needed
             // blob has a home elsewhere.
@@ -409,9 +351,7 @@ fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> R
         if used_blobs == 0 {
             out.delete.push(*id);
             out.removed_blobs += unused_blobs;
-        } else if unused_blobs > 0
-            && (found.size.saturating_sub(used_bytes)) * 100 >= found.size * percent
-        {
+        } else if unused_blobs > 0 && size.saturating_sub(used_bytes) * 100 >= size * percent {
             out.repack.push(*id);
             out.repack_used_bytes += used_bytes;
             out.removed_blobs += unused_blobs;

@@ -2,7 +2,7 @@
 //! it holds, and its backups. Making backups is `backup.rs`, restoring
 //! them `restore.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -76,6 +76,25 @@ impl Index {
             self.blobs.entry(e.id).or_insert(BlobAt { pack, entry: *e });
         }
     }
+}
+
+/// One pack as the store and the index objects show it.
+#[derive(Debug)]
+pub(crate) struct PackFound {
+    /// Its size in the store; None where an index lists a pack the store
+    /// does not hold.
+    pub(crate) size: Option<u64>,
+    /// Whether an index object lists it.
+    pub(crate) indexed: bool,
+    /// Its entries, or why its header could not be read.
+    pub(crate) entries: std::result::Result<Vec<Entry>, String>,
+}
+
+/// What the store holds: every pack, and every index object by name.
+#[derive(Debug, Default)]
+pub(crate) struct Census {
+    pub(crate) packs: BTreeMap<ObjectId, PackFound>,
+    pub(crate) indexes: Vec<String>,
 }
 
 /// Counts of what an operation has done, read while it runs.
@@ -208,13 +227,26 @@ impl Repository {
     /// by a backup that was cut off). Read under the lock, the index lists
     /// nothing a prune has deleted.
     pub async fn lock(&self, kind: LockKind, operation: &str) -> Result<RepoLock> {
+        self.lock_with_census(kind, operation)
+            .await
+            .map(|(lock, _)| lock)
+    }
+
+    /// [`Repository::lock`], with what the index was read from.
+    pub(crate) async fn lock_with_census(
+        &self,
+        kind: LockKind,
+        operation: &str,
+    ) -> Result<(RepoLock, Census)> {
         let lock =
             RepoLock::take(&self.store, &self.keys, self.lock_policy, kind, operation).await?;
-        if let Err(e) = self.load_index().await {
-            lock.release().await;
-            return Err(e);
+        match self.load_index().await {
+            Ok(census) => Ok((lock, census)),
+            Err(e) => {
+                lock.release().await;
+                Err(e)
+            }
         }
-        Ok(lock)
     }
 
     pub fn id(&self) -> &str {
@@ -271,37 +303,66 @@ impl Repository {
             .await
     }
 
-    async fn load_index(&self) -> Result<()> {
-        *self.index() = Index::default();
-        for (_, packs) in self.index_objects().await? {
-            let mut index = self.index();
+    /// Every pack and index object in the store: each pack with its
+    /// entries, from the index objects or, for a pack none lists (written
+    /// by a backup that was cut off), from its header.
+    pub(crate) async fn census(&self) -> Result<Census> {
+        let mut census = Census::default();
+        for (name, packs) in self.index_objects().await? {
             for p in packs {
-                index.indexed.insert(p.pack);
-                index.add(p.pack, &p.entries);
+                census.packs.entry(p.pack).or_insert(PackFound {
+                    size: None,
+                    indexed: true,
+                    entries: Ok(p.entries),
+                });
             }
+            census.indexes.push(name);
         }
-        let packs = self.store.list(names::PACKS).await?;
-        let unindexed: Vec<_> = {
-            let index = self.index();
-            packs
-                .into_iter()
-                .filter_map(|l| Some((id_of(&l.name)?, l)))
-                .filter(|(id, _)| !index.indexed.contains(id))
-                .collect()
-        };
-        for (id, listed) in unindexed {
-            match self.pack_header(&id, listed.size).await {
-                Ok(entries) => self.index().add(id, &entries),
+        for listed in self.store.list(names::PACKS).await? {
+            let Some(id) = id_of(&listed.name) else {
+                continue;
+            };
+            if let Some(found) = census.packs.get_mut(&id) {
+                found.size = Some(listed.size);
+                continue;
+            }
+            let entries = match self.pack_header(&id, listed.size).await {
+                Ok(entries) => Ok(entries),
                 // A pack cut short by a failed upload (a store that shows
                 // partial objects) holds nothing a backup refers to.
                 Err(BackupError::Damaged { object, error }) => {
                     tracing::warn!(pack = %object, error = %error, "a pack no index lists is damaged: its blobs are not used");
-                    self.index().damaged.push(format!("{object}: {error}"));
+                    Err(format!("{object}: {error}"))
                 }
                 Err(e) => return Err(e),
+            };
+            census.packs.insert(
+                id,
+                PackFound {
+                    size: Some(listed.size),
+                    indexed: false,
+                    entries,
+                },
+            );
+        }
+        Ok(census)
+    }
+
+    /// Reads the index afresh from the store; returns what it was made of.
+    async fn load_index(&self) -> Result<Census> {
+        let census = self.census().await?;
+        let mut index = Index::default();
+        for (id, found) in &census.packs {
+            if found.indexed {
+                index.indexed.insert(*id);
+            }
+            match &found.entries {
+                Ok(entries) => index.add(*id, entries),
+                Err(why) => index.damaged.push(why.clone()),
             }
         }
-        Ok(())
+        *self.index() = index;
+        Ok(census)
     }
 
     /// A pack's entries, read from its header with two ranged reads.
