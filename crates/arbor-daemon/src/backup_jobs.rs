@@ -56,8 +56,6 @@ pub struct Jobs {
     next: AtomicU64,
     running: Mutex<BTreeMap<u64, Job>>,
     totals: Mutex<BTreeMap<(String, JobKind), Totals>>,
-    /// When each volume's newest backup through this daemon completed.
-    last_backup: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,15 +128,6 @@ impl Jobs {
             .saturating_add(job.progress.store_bytes.load(Ordering::Relaxed));
     }
 
-    /// Records a backup of `volume` into `repository` completed at `at`.
-    pub fn backed_up(&self, repository: &str, volume: &str, at: u64) {
-        let mut last = lock(&self.last_backup);
-        let t = last
-            .entry((repository.to_owned(), volume.to_owned()))
-            .or_default();
-        *t = (*t).max(at);
-    }
-
     /// The jobs under way, oldest first.
     pub fn views(&self) -> Vec<BackupJobView> {
         lock(&self.running)
@@ -173,11 +162,6 @@ impl Jobs {
     /// The totals of the jobs ended, by repository and kind.
     pub fn totals(&self) -> BTreeMap<(String, JobKind), Totals> {
         lock(&self.totals).clone()
-    }
-
-    /// When each volume's newest backup through this daemon completed.
-    pub fn last_backups(&self) -> BTreeMap<(String, String), u64> {
-        lock(&self.last_backup).clone()
     }
 }
 

@@ -51,12 +51,17 @@ pub struct BackupPolicy {
     pub keep: Option<Retention>,
 }
 
-/// How one volume's scheduled backups go.
+/// A volume's newest backup from this host in a repository: when it
+/// completed (Unix seconds), and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LastBackup {
+    at: u64,
+    id: String,
+}
+
+/// How one volume's scheduled backups fail.
 #[derive(Debug, Clone, Default)]
 struct VolumeRun {
-    /// When its newest backup (from this host) completed, Unix seconds.
-    last_success: Option<u64>,
-    last_backup: Option<String>,
     /// Failed runs in a row, the last one's error and when it was.
     failures: u32,
     last_error: Option<String>,
@@ -84,6 +89,10 @@ pub struct Schedules {
     policies: Mutex<Vec<BackupPolicy>>,
     repos: Mutex<BTreeMap<String, RepoRun>>,
     volumes: Mutex<BTreeMap<(String, String), VolumeRun>>,
+    /// Each volume's newest backup by (repository, volume): every one this
+    /// daemon made, scheduled or not, and for scheduled volumes the
+    /// repository's newest from this host, read at the first look.
+    last: Mutex<BTreeMap<(String, String), LastBackup>>,
     /// Only one tick runs at a time.
     ticking: tokio::sync::Mutex<()>,
 }
@@ -149,11 +158,27 @@ impl Schedules {
         f(lock(&self.repos).entry(repo.to_owned()).or_default());
     }
 
-    /// When each scheduled volume's newest backup completed, where known.
-    pub fn last_successes(&self) -> Vec<((String, String), u64)> {
-        lock(&self.volumes)
+    /// Records a backup `id` of `volume` into `repository`, completed at
+    /// `at` (the newest is kept).
+    pub fn backed_up(&self, repository: &str, volume: &str, at: u64, id: String) {
+        let mut last = lock(&self.last);
+        let key = (repository.to_owned(), volume.to_owned());
+        if last.get(&key).is_none_or(|l| l.at <= at) {
+            last.insert(key, LastBackup { at, id });
+        }
+    }
+
+    fn last(&self, repository: &str, volume: &str) -> Option<LastBackup> {
+        lock(&self.last)
+            .get(&(repository.to_owned(), volume.to_owned()))
+            .cloned()
+    }
+
+    /// When each volume's newest backup known here completed.
+    pub fn last_backups(&self) -> Vec<((String, String), u64)> {
+        lock(&self.last)
             .iter()
-            .filter_map(|(k, r)| Some((k.clone(), r.last_success?)))
+            .map(|(k, l)| (k.clone(), l.at))
             .collect()
     }
 
@@ -185,6 +210,7 @@ impl Schedules {
             let period = policy.schedule.period_secs();
             for volume in &policy.volumes {
                 let run = self.volume(&policy.repository, volume);
+                let last_success = self.last(&policy.repository, volume).map(|l| l.at);
                 let subject = format!("{}:{volume}", policy.repository);
                 if run.failures > 0 {
                     out.push(Condition::new(
@@ -199,7 +225,7 @@ impl Schedules {
                         ),
                     ));
                 }
-                let age = now.saturating_sub(run.last_success.unwrap_or(repo.since));
+                let age = now.saturating_sub(last_success.unwrap_or(repo.since));
                 let (warn, crit) = (
                     period.saturating_mul(OVERDUE_WARN_PERIODS),
                     period.saturating_mul(OVERDUE_CRIT_PERIODS),
@@ -213,7 +239,7 @@ impl Schedules {
                             Severity::Warning
                         },
                         &subject,
-                        match run.last_success {
+                        match last_success {
                             Some(_) => format!(
                                 "the newest backup of {volume} to {} is {} old (scheduled {})",
                                 policy.repository,
@@ -251,15 +277,17 @@ impl Schedules {
                 .iter()
                 .map(|v| {
                     let run = self.volume(repository, v);
+                    let last = self.last(repository, v);
+                    let last_success = last.as_ref().map(|l| l.at);
                     ScheduledVolumeView {
                         volume: v.clone(),
-                        last_success_unix: run.last_success,
-                        last_backup: run.last_backup,
+                        last_success_unix: last_success,
+                        last_backup: last.map(|l| l.id),
                         failures: run.failures,
                         last_error: run.last_error,
                         next_run_unix: policy
                             .schedule
-                            .next_run(run.last_success, now)
+                            .next_run(last_success, now)
                             .max(retry_at(run.failures, run.last_attempt)),
                     }
                 })
@@ -306,17 +334,16 @@ impl Backups {
             }
             for volume in &policy.volumes {
                 let run = schedules.volume(&policy.repository, volume);
-                if !policy.schedule.due(run.last_success, now)
+                let last_success = schedules.last(&policy.repository, volume).map(|l| l.at);
+                if !policy.schedule.due(last_success, now)
                     || now < retry_at(run.failures, run.last_attempt)
                 {
                     continue;
                 }
                 match self.scheduled_backup(&policy.repository, volume, now).await {
-                    Ok((id, completed)) => {
+                    Ok(id) => {
                         info!(repository = %policy.repository, volume = %volume, backup = %id, "scheduled backup");
                         schedules.update_volume(&policy.repository, volume, |r| {
-                            r.last_success = Some(completed);
-                            r.last_backup = Some(id);
                             r.failures = 0;
                             r.last_error = None;
                             r.last_attempt = Some(now);
@@ -380,10 +407,12 @@ impl Backups {
                 .filter(|l| l.manifest.host == self.host() && &l.manifest.volume == volume)
                 .max_by_key(|l| l.manifest.completed_unix_ms);
             if let Some(l) = newest {
-                schedules.update_volume(&policy.repository, volume, |r| {
-                    r.last_success = Some(l.manifest.completed_unix_ms / 1000);
-                    r.last_backup = Some(l.id.to_string());
-                });
+                schedules.backed_up(
+                    &policy.repository,
+                    volume,
+                    l.manifest.completed_unix_ms / 1000,
+                    l.id.to_string(),
+                );
             }
         }
         schedules.update_repo(&policy.repository, |r| {
@@ -396,14 +425,13 @@ impl Backups {
 
     /// Takes `volume@backup-<now>`, backs it up, and destroys the
     /// volume's older backup snapshots that no repository holds. A failed
-    /// backup's snapshot is destroyed too. Returns the backup's id and
-    /// when it completed.
+    /// backup's snapshot is destroyed too. Returns the backup's id.
     async fn scheduled_backup(
         &self,
         repository: &str,
         volume: &str,
         now: u64,
-    ) -> Result<(String, u64), String> {
+    ) -> Result<String, String> {
         let pool = Arc::clone(self.pool());
         let name = {
             let (pool, volume, repository) =
@@ -425,10 +453,11 @@ impl Backups {
                     .map_err(|e| format!("snapshot {name}: {e}"))?;
                 // Marked as the schedule's: only marked snapshots are ever
                 // destroyed by it (a user's snapshot named alike is not).
-                match pool.set_property(Some(taken), SCHEDULED_MARK, repository.as_bytes()) {
-                    Ok(()) => {}
-                    Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => {}
-                    Err(e) => warn!(snapshot = %name, error = %e, "could not mark a scheduled backup's snapshot: it will not be destroyed by the schedule"),
+                // (A pool of a format before properties marks none.)
+                if pool.format_version().has_properties() {
+                    if let Err(e) = pool.set_property(Some(taken), SCHEDULED_MARK, repository.as_bytes()) {
+                        warn!(snapshot = %name, error = %e, "could not mark a scheduled backup's snapshot: it will not be destroyed by the schedule");
+                    }
                 }
                 Ok(name)
             })
@@ -438,8 +467,7 @@ impl Backups {
         let made = self.backup_snapshot(repository, &name).await;
         let keep = made.as_ref().ok().map(|_| name.clone());
         self.destroy_backup_snapshots(volume, keep.as_deref()).await;
-        let made = made.map_err(|e| e.message())?;
-        Ok((made.id.to_string(), made.manifest.completed_unix_ms / 1000))
+        made.map(|m| m.id.to_string()).map_err(|e| e.message())
     }
 
     /// Destroys `volume`'s backup snapshots (named by [`SNAPSHOT_PREFIX`])
@@ -464,13 +492,13 @@ impl Backups {
                         .is_some()
                 })
                 .filter(|s| pool.holds(s.id).is_ok_and(|h| h.is_empty()))
-                .filter(|s| match pool.property(Some(s.id), SCHEDULED_MARK) {
-                    Ok(mark) => mark.is_some(),
-                    // A pool of a format before properties: the name says.
-                    Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => {
-                        true
-                    }
-                    Err(_) => false,
+                // A pool of a format before properties marks none: there
+                // the name says.
+                .filter(|s| {
+                    !pool.format_version().has_properties()
+                        || pool
+                            .property(Some(s.id), SCHEDULED_MARK)
+                            .is_ok_and(|m| m.is_some())
                 })
                 .map(|s| s.name.clone())
                 .collect()
@@ -523,7 +551,7 @@ mod tests {
             vec![(AlertKind::BackupOverdue, Severity::Warning, "r:v".into())]
         );
         assert!(late[0].message.contains("has no backup"), "{late:?}");
-        s.update_volume("r", "v", |r| r.last_success = Some(t0 + 2 * 3600));
+        s.backed_up("r", "v", t0 + 2 * 3600, "b1".into());
         assert!(s.conditions(t0 + 3 * 3600).is_empty());
         assert_eq!(
             kinds(&s.conditions(t0 + 6 * 3600)),

@@ -102,11 +102,6 @@ impl Backups {
         &self.destroyer
     }
 
-    /// Operations under way and the totals of those ended.
-    pub fn jobs(&self) -> &Jobs {
-        &self.jobs
-    }
-
     /// The alerts of the scheduled backups.
     pub fn conditions(&self, now: u64) -> Vec<crate::alerts::Condition> {
         self.schedules.conditions(now)
@@ -129,6 +124,11 @@ impl Backups {
         let pool = Arc::clone(&self.pool);
         let volume = volume.to_owned();
         tokio::task::spawn_blocking(move || -> Result<(), DaemonError> {
+            // A pool of a format before properties (version 4) keeps no
+            // list: a cut-off restore's volume stays there.
+            if !pool.format_version().has_properties() {
+                return Ok(());
+            }
             let mut list = Self::restores_under_way(&pool);
             list.retain(|r| r.volume != volume);
             if let Some(started_unix) = started {
@@ -137,18 +137,13 @@ impl Backups {
                     started_unix,
                 });
             }
-            let changed = if list.is_empty() {
-                pool.remove_property(None, RESTORING).map(|_| ())
+            if list.is_empty() {
+                pool.remove_property(None, RESTORING)?;
             } else {
                 let json = serde_json::to_vec(&list).map_err(DaemonError::internal)?;
-                pool.set_property(None, RESTORING, &json)
-            };
-            match changed {
-                // A pool of a format before properties (version 4) keeps
-                // no list: a cut-off restore's volume stays there.
-                Err(arbor_engine::Error::Refused(arbor_engine::Refusal::Unsupported(_))) => Ok(()),
-                other => Ok(other?),
+                pool.set_property(None, RESTORING, &json)?;
             }
+            Ok(())
         })
         .await
         .map_err(|e| ApiError::from(DaemonError::internal(e)))?
@@ -204,11 +199,6 @@ impl Backups {
     /// (through this daemon, or by its repository's list for a scheduled
     /// one).
     pub fn metrics_report(&self) -> crate::metrics::BackupReport {
-        let mut last = self.jobs.last_backups();
-        for ((repository, volume), at) in self.schedules.last_successes() {
-            let t = last.entry((repository, volume)).or_default();
-            *t = (*t).max(at);
-        }
         crate::metrics::BackupReport {
             running: self.jobs.views(),
             totals: self
@@ -217,7 +207,9 @@ impl Backups {
                 .into_iter()
                 .map(|((repository, kind), t)| (repository, kind.name(), t))
                 .collect(),
-            last_success: last
+            last_success: self
+                .schedules
+                .last_backups()
                 .into_iter()
                 .map(|((repository, volume), at)| (repository, volume, at))
                 .collect(),
@@ -250,10 +242,11 @@ impl Backups {
         let made = made.map_err(|e| {
             ApiError::from(e).context(format!("backing up {snapshot} to {repository}"))
         })?;
-        self.jobs.backed_up(
+        self.schedules.backed_up(
             repository,
             &made.manifest.volume,
             made.manifest.completed_unix_ms / 1000,
+            made.id.to_string(),
         );
         info!(
             repository = %repository,
