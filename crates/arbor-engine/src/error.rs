@@ -258,6 +258,9 @@ pub enum Conflict {
     HomeChanged(String),
     #[error("{0} is being rolled back; try again when it is done")]
     RollingBack(String),
+    /// A volume still being filled (`Pool::set_incomplete`).
+    #[error("{name} is {why}; its snapshots, renames and resizes wait until that ends")]
+    Incomplete { name: String, why: String },
     #[error("a rollback of {0} to another snapshot was interrupted; run that one again first")]
     OtherRollback(String),
     #[error("{name} was attached from another device (device {:#x}, inode {}); this one is device {:#x}, inode {}", .recorded.dev, .recorded.ino, .identity.dev, .identity.ino)]
@@ -1079,6 +1082,13 @@ mod tests {
             (
                 Conflict::RollingBack(name.into()),
                 format!("{} is being rolled back; try again when it is done", name),
+            ),
+            (
+                Conflict::Incomplete {
+                    name: name.into(),
+                    why: "being restored from a backup".into(),
+                },
+                format!("{name} is being restored from a backup; its snapshots, renames and resizes wait until that ends"),
             ),
             (
                 Conflict::OtherRollback(name.into()),

@@ -418,6 +418,10 @@ pub struct Pool {
     /// set of the key between them would replace the first's staged
     /// record.
     property_change: Mutex<()>,
+    /// Volumes whose contents are not all there yet (a restore that serves
+    /// while it fills, `Pool::set_incomplete`), with why: what would copy
+    /// or move them (a snapshot, a rename, a resize) is refused.
+    incomplete: Mutex<HashMap<u64, String>>,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
@@ -749,6 +753,7 @@ impl Pool {
             damage_log: damage::DamageLog::default(),
             home_sums: home_sums::HomeSums::default(),
             property_change: Mutex::new(()),
+            incomplete: Mutex::new(HashMap::new()),
         }
     }
 
@@ -1088,6 +1093,7 @@ impl Pool {
                 m.ensure_name_free(name)?;
                 let source = m.volume_id(volume)?;
                 m.writable_volume(source)?;
+                self.check_complete(source, volume)?;
                 ids.push(VolumeId(m.share_volume(
                     source,
                     name.clone(),
@@ -1131,6 +1137,32 @@ impl Pool {
         // durable before the snapshot is.
         self.flush_origins()?;
         self.manage(Privilege::Normal, take)
+    }
+
+    /// Marks a volume as not all there yet (`Some(why)`, in words that
+    /// finish "NAME is ...") or as whole again (`None`). Until it is whole
+    /// its snapshots, renames and resizes are refused with
+    /// `Conflict::Incomplete`: a snapshot would keep holes where its data
+    /// has yet to arrive. Not persistent: whoever fills the volume marks it
+    /// again after a restart, before it serves.
+    pub fn set_incomplete(&self, id: VolumeId, why: Option<String>) {
+        let mut incomplete = self.incomplete.lock().unwrap_or_else(|p| p.into_inner());
+        match why {
+            Some(why) => incomplete.insert(id.0, why),
+            None => incomplete.remove(&id.0),
+        };
+    }
+
+    fn check_complete(&self, id: u64, name: &str) -> Result<()> {
+        let incomplete = self.incomplete.lock().unwrap_or_else(|p| p.into_inner());
+        match incomplete.get(&id) {
+            Some(why) => Err(Conflict::Incomplete {
+                name: name.to_owned(),
+                why: why.clone(),
+            }
+            .into()),
+            None => Ok(()),
+        }
     }
 
     /// Creates a writable volume `new_name` from a snapshot, in O(1),
@@ -1289,6 +1321,7 @@ impl Pool {
         self.manage(Privilege::Normal, |m| {
             m.ensure_name_free(to)?;
             let id = m.volume_id(from)?;
+            self.check_complete(id, from)?;
             match m.volume(id)?.kind {
                 VolumeKind::Volume => {
                     check_volume_name(to)?;
@@ -1344,6 +1377,7 @@ impl Pool {
             let meta = self.read_meta()?;
             let id = meta.volume_id(name)?;
             let rec = meta.writable_volume(id)?;
+            self.check_complete(id, name)?;
             if let arbor_format::DataLayout::Cow(cow) = rec.layout {
                 let (home, old_size) = (cow.home, rec.size_bytes);
                 drop(meta);

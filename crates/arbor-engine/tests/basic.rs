@@ -448,3 +448,34 @@ fn exclusive_chunks_are_overwritten_in_place_and_shared_ones_redirected() {
     expected[512..4 * CHUNK - 512].fill(8);
     assert!(read(&pool, v, CHUNK as u64, 4 * CHUNK) == expected);
 }
+
+#[test]
+fn an_incomplete_volume_refuses_snapshots_renames_and_resizes_until_whole() {
+    let (_disk, pool) = sim_pool(64 * MIB, 4096);
+    let v = pool.create_volume("dr", 4 * MIB).unwrap();
+    pool.create_volume("other", 4 * MIB).unwrap();
+    pool.set_incomplete(v, Some("being restored from a backup".into()));
+    let refused = |e: Error| match e {
+        Error::Refused(Refusal::Conflict(c)) => {
+            assert!(c.to_string().starts_with("dr is being restored"), "{c}");
+        }
+        other => panic!("{other}"),
+    };
+    refused(pool.snapshot("dr@s").unwrap_err());
+    // A group with it takes none of its snapshots.
+    refused(
+        pool.snapshot_group(&["other@g".into(), "dr@g".into()])
+            .unwrap_err(),
+    );
+    assert!(pool.lookup("other@g").is_err());
+    refused(pool.rename("dr", "dr2").unwrap_err());
+    refused(pool.resize("dr", 8 * MIB).unwrap_err());
+    // Reads and writes go on; other volumes are not concerned.
+    pool.write(v, 0, &pattern(1, 0, 4096)).unwrap();
+    assert_eq!(read(&pool, v, 0, 4096), pattern(1, 0, 4096));
+    pool.snapshot("other@s").unwrap();
+    pool.set_incomplete(v, None);
+    pool.snapshot("dr@s").unwrap();
+    pool.rename("dr", "dr2").unwrap();
+    assert_clean(&pool);
+}
