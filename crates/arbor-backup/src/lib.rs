@@ -19,11 +19,13 @@ pub mod pace;
 pub mod spec;
 
 mod backup;
+mod live;
 mod prune;
 mod restore;
 mod verify;
 
 pub use backup::{hold_tag, Made};
+pub use live::{LiveRestore, LiveStatus};
 pub use prune::{PruneOptions, Pruned};
 pub use repo::{BackupError, Listing, Progress, Repository};
 pub use restore::Restored;

@@ -128,11 +128,14 @@ pub struct Listing {
 }
 
 /// A repository opened with its key.
+#[derive(Clone)]
 pub struct Repository {
     pub(crate) store: Store,
     pub(crate) config: RepoConfig,
     pub(crate) keys: Arc<Keys>,
-    pub(crate) index: Mutex<Index>,
+    /// Shared by the clones of one opened repository (an instant
+    /// restore's, which outlives the request that opened it).
+    pub(crate) index: Arc<Mutex<Index>>,
     /// The upload bandwidth limit, if any.
     pub(crate) pace: Option<Arc<crate::pace::Pace>>,
     pub(crate) lock_policy: LockPolicy,
@@ -172,7 +175,7 @@ impl Repository {
             store,
             config,
             keys: Arc::new(keys),
-            index: Mutex::new(Index::default()),
+            index: Arc::new(Mutex::new(Index::default())),
             pace: None,
             lock_policy: LockPolicy::default(),
         })
@@ -195,7 +198,7 @@ impl Repository {
             store,
             config,
             keys: Arc::new(keys),
-            index: Mutex::new(Index::default()),
+            index: Arc::new(Mutex::new(Index::default())),
             pace: None,
             lock_policy: LockPolicy::default(),
         };

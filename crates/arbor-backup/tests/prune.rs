@@ -276,7 +276,12 @@ async fn a_prune_and_a_backup_keep_apart_and_stale_locks_do_not_stop_either() {
     assert!(matches!(e, BackupError::Locked(_)), "{e}");
     let other = pool(256 * MIB);
     let e = b
-        .restore(&made[3].1, Arc::clone(&other), "r", &Progress::default())
+        .restore(
+            &made[3].1,
+            Arc::clone(&other),
+            "r",
+            &Arc::new(Progress::default()),
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, BackupError::Locked(_)), "{e}");

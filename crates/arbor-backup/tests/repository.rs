@@ -203,7 +203,12 @@ async fn a_wrong_key_and_a_damaged_store_are_refused_and_never_restored() {
     );
     let other = pool(256 * MIB);
     let e = repo
-        .restore(&made.id, Arc::clone(&other), "r", &Progress::default())
+        .restore(
+            &made.id,
+            Arc::clone(&other),
+            "r",
+            &Arc::new(Progress::default()),
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, BackupError::Damaged { .. }), "{e}");
@@ -226,7 +231,12 @@ async fn a_wrong_key_and_a_damaged_store_are_refused_and_never_restored() {
         "{found:?}"
     );
     let e = repo
-        .restore(&made.id, Arc::clone(&other), "r", &Progress::default())
+        .restore(
+            &made.id,
+            Arc::clone(&other),
+            "r",
+            &Arc::new(Progress::default()),
+        )
         .await
         .unwrap_err();
     assert!(

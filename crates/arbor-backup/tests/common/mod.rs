@@ -66,7 +66,7 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub async fn restored_equals(repo: &Repository, backup: &str, source: &Pool, snapshot: &str) {
     let other = pool(256 * MIB);
     let found = repo.find(backup).await.unwrap();
-    let progress = Progress::default();
+    let progress = Arc::new(Progress::default());
     repo.restore(&found.id, Arc::clone(&other), "restored", &progress)
         .await
         .unwrap();
