@@ -82,6 +82,9 @@ pub struct VolumeView {
     /// Its rate limits (`arbor volume set`); none: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosView>,
+    /// An instant restore still filling it from a backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<RestoringView>,
 }
 
 /// A volume's rate limits, per second (docs/CLI.md, `volume set`); each
@@ -1390,6 +1393,11 @@ pub struct RestoreRequest {
     pub backup: String,
     /// The new volume (must not exist).
     pub volume: String,
+    /// Serve the volume at once, fetching on first read what has not
+    /// arrived yet, and answer as soon as it exists (docs/BACKUP.md,
+    /// "Instant restore"); the restore goes on in the background.
+    #[serde(default)]
+    pub instant: bool,
 }
 
 /// A restore done.
@@ -1398,8 +1406,30 @@ pub struct RestoreView {
     pub backup: String,
     pub volume: String,
     pub size: u64,
-    /// Bytes written (blocks that do not read as zeros).
+    /// Bytes written (blocks that do not read as zeros); for an instant
+    /// restore, none yet: it goes on (`restoring` in the volume's view).
     pub restored_bytes: u64,
+    #[serde(default)]
+    pub instant: bool,
+}
+
+/// A volume being restored while it serves (`VolumeView::restoring`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoringView {
+    pub repository: String,
+    pub backup: String,
+    /// `filling`; `waiting` (the store fails: retried); `resuming` (after a
+    /// restart, until the repository answers); `failed` (blocks whose blobs
+    /// are damaged or missing: reads of them fail; a restart retries).
+    pub state: String,
+    /// Bytes of the volume in place (restored, or written by clients).
+    pub done_bytes: u64,
+    pub size: u64,
+    #[serde(default)]
+    pub failed_blocks: u64,
+    /// What it waits for, or why blocks failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// `POST /v1/backups/{repository}/verify`.

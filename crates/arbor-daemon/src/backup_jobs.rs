@@ -91,8 +91,18 @@ impl Drop for Running<'_> {
 impl Jobs {
     /// A job starting now.
     pub fn start(&self, kind: JobKind, repository: &str, subject: &str) -> Running<'_> {
+        self.start_with(kind, repository, subject, Arc::default())
+    }
+
+    /// A job starting now whose progress began to count before.
+    pub fn start_with(
+        &self,
+        kind: JobKind,
+        repository: &str,
+        subject: &str,
+        progress: Arc<Progress>,
+    ) -> Running<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let progress = Arc::new(Progress::default());
         lock(&self.running).insert(
             id,
             Job {

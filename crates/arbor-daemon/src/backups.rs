@@ -14,8 +14,8 @@ use arbor_api::model::{
 };
 use arbor_backup::format::ObjectId;
 use arbor_backup::spec::RepoSpec;
-use arbor_backup::{BackupError, Listing, Made, PruneOptions, Repository};
-use arbor_engine::Pool;
+use arbor_backup::{BackupError, Listing, LiveRestore, Made, Progress, PruneOptions, Repository};
+use arbor_engine::{Pool, VolumeId};
 use arbor_stream::busy::Pins;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -27,6 +27,7 @@ use crate::backup_jobs::{JobKind, Jobs};
 use crate::backup_schedule::{BackupPolicy, Schedules};
 use crate::destroy::Destroyer;
 use crate::error::DaemonError;
+use crate::restores::{LiveRestores, Slot};
 
 /// The configured repositories and what backups need of the daemon.
 pub struct Backups {
@@ -44,18 +45,33 @@ pub struct Backups {
     jobs: Jobs,
     /// Changes of the pool's list of restores under way, one at a time.
     restoring: tokio::sync::Mutex<()>,
+    /// The volumes that serve while their restores fill them.
+    restores: Arc<LiveRestores>,
 }
 
 /// The pool property listing the restores under way (JSON: their volumes
 /// and when each began): a restore cut off by the daemon's end leaves its
-/// volume half written, and the next start deletes it.
+/// volume half written, and the next start deletes it, or, for an instant
+/// restore (whose volume clients have used), takes it up again.
 const RESTORING: &str = "arbor.backup.restoring";
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct RestoreUnderWay {
     volume: String,
     started_unix: u64,
+    /// An instant restore's repository and backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    instant: Option<InstantOf>,
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct InstantOf {
+    repository: String,
+    backup: String,
+}
+
+/// The longest wait between attempts to take up a restore after a restart.
+const MAX_RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Backups {
     pub fn new(
@@ -65,6 +81,7 @@ impl Backups {
         pool: Arc<Pool>,
         pins: Arc<Pins>,
         destroyer: Destroyer,
+        restores: Arc<LiveRestores>,
     ) -> Arc<Self> {
         Arc::new(Backups {
             repositories: RwLock::new(repositories.iter().cloned().collect()),
@@ -75,6 +92,7 @@ impl Backups {
             destroyer,
             jobs: Jobs::default(),
             restoring: tokio::sync::Mutex::new(()),
+            restores,
         })
     }
 
@@ -119,7 +137,11 @@ impl Backups {
     }
 
     /// Adds (`Some`) or removes a restore in the pool's list, durably.
-    async fn mark_restore(&self, volume: &str, started: Option<u64>) -> Result<(), ApiError> {
+    async fn mark_restore(
+        &self,
+        volume: &str,
+        entry: Option<RestoreUnderWay>,
+    ) -> Result<(), ApiError> {
         let _one = self.restoring.lock().await;
         let pool = Arc::clone(&self.pool);
         let volume = volume.to_owned();
@@ -131,12 +153,7 @@ impl Backups {
             }
             let mut list = Self::restores_under_way(&pool);
             list.retain(|r| r.volume != volume);
-            if let Some(started_unix) = started {
-                list.push(RestoreUnderWay {
-                    volume,
-                    started_unix,
-                });
-            }
+            list.extend(entry);
             if list.is_empty() {
                 pool.remove_property(None, RESTORING)?;
             } else {
@@ -150,11 +167,15 @@ impl Backups {
         .map_err(ApiError::from)
     }
 
-    /// At start: deletes the volumes of restores a previous run of the
-    /// daemon left half done (each only if it was made after its restore
-    /// began: never a volume that was there before), then clears the list.
-    pub fn recover_restores(&self) -> Result<(), DaemonError> {
+    /// At start, before anything is served: deletes the volumes of
+    /// restores a previous run of the daemon left half done (each only if
+    /// it was made after its restore began: never a volume that was there
+    /// before), and takes up the instant ones, whose volumes clients have
+    /// used: listed at once (their requests wait for the restore), run
+    /// once their repositories answer.
+    pub fn recover_restores(self: &Arc<Self>) -> Result<(), DaemonError> {
         let list = Self::restores_under_way(&self.pool);
+        let mut kept = Vec::new();
         for r in &list {
             let Ok(id) = self.pool.lookup(&r.volume) else {
                 continue;
@@ -164,13 +185,128 @@ impl Backups {
                 warn!(volume = %r.volume, "a restore was cut off before it made its volume; the volume of that name is older and stays");
                 continue;
             }
-            warn!(volume = %r.volume, "a restore was cut off (the daemon stopped): its half-written volume is deleted");
-            self.destroyer.destroy(&r.volume, true)?;
+            let Some(of) = &r.instant else {
+                warn!(volume = %r.volume, "a restore was cut off (the daemon stopped): its half-written volume is deleted");
+                self.destroyer.destroy(&r.volume, true)?;
+                continue;
+            };
+            info!(volume = %r.volume, repository = %of.repository, backup = %of.backup, "an instant restore was cut off (the daemon stopped): it is taken up again");
+            self.pool.set_incomplete(
+                id,
+                Some(format!("being restored from backup {}", of.backup)),
+            );
+            let slot = Slot::new(
+                &of.repository,
+                &of.backup,
+                info.size,
+                Some(format!(
+                    "taken up after a restart once repository {} answers",
+                    of.repository
+                )),
+            );
+            self.restores.insert(id, Arc::clone(&slot));
+            tokio::spawn(Arc::clone(self).resume(r.volume.clone(), id, of.clone(), slot));
+            kept.push(r.clone());
         }
-        if !list.is_empty() {
-            self.pool.remove_property(None, RESTORING)?;
+        if kept.len() != list.len() {
+            if kept.is_empty() {
+                self.pool.remove_property(None, RESTORING)?;
+            } else {
+                let json = serde_json::to_vec(&kept).map_err(DaemonError::internal)?;
+                self.pool.set_property(None, RESTORING, &json)?;
+            }
         }
         Ok(())
+    }
+
+    /// Takes up an instant restore after a restart, once its repository
+    /// answers (retried with backoff; each failure shown in the volume's
+    /// view), then fills the volume.
+    async fn resume(self: Arc<Self>, volume: String, id: VolumeId, of: InstantOf, slot: Arc<Slot>) {
+        let mut wait = std::time::Duration::from_secs(1);
+        loop {
+            if self.pool.lookup(&volume).ok() != Some(id) {
+                info!(volume = %volume, "the volume of a restore to take up was deleted");
+                self.restores.remove(id);
+                let _ = self.mark_restore(&volume, None).await;
+                return;
+            }
+            let attempt = async {
+                let repo = self.open(&of.repository).await?;
+                let found = repo.find(&of.backup).await.map_err(ApiError::from)?;
+                LiveRestore::resume(
+                    &repo,
+                    &found.id,
+                    Arc::clone(&self.pool),
+                    &volume,
+                    Arc::new(Progress::default()),
+                )
+                .await
+                .map_err(ApiError::from)
+            }
+            .await;
+            match attempt {
+                Ok(live) => {
+                    slot.set_live(Arc::clone(&live));
+                    info!(volume = %volume, backup = %of.backup, "instant restore taken up");
+                    self.run_fill(of.repository.clone(), slot, live).await;
+                    return;
+                }
+                Err(e) => {
+                    warn!(volume = %volume, error = %e.message(), "an instant restore cannot be taken up yet; retrying in {wait:?}");
+                    slot.set_note(Some(format!(
+                        "taken up after a restart once repository {} answers: {}",
+                        of.repository,
+                        e.message()
+                    )));
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_RESUME_WAIT);
+                }
+            }
+        }
+    }
+
+    /// Fills an instant restore's volume, as a job. Complete, the volume
+    /// leaves the lists; its volume deleted, the restore ends; failed
+    /// blocks keep it listed (their reads fail) until the next start
+    /// retries them.
+    async fn run_fill(
+        self: Arc<Self>,
+        repository: String,
+        slot: Arc<Slot>,
+        live: Arc<LiveRestore>,
+    ) {
+        let volume = live.name().to_owned();
+        let id = live.volume();
+        let job = self.jobs.start_with(
+            JobKind::Restore,
+            &repository,
+            &volume,
+            Arc::clone(live.progress()),
+        );
+        let filled = live.fill().await;
+        job.end(filled.is_ok());
+        let gone = self.pool.lookup(&volume).ok() != Some(id);
+        match filled {
+            Ok(blocks) => {
+                info!(volume = %volume, backup = %live.backup(), blocks, "instant restore complete");
+                self.restores.remove(id);
+                if let Err(e) = self.mark_restore(&volume, None).await {
+                    warn!(volume = %volume, error = %e.message(), "a complete restore stays listed in the pool: the next start checks it again");
+                }
+            }
+            Err(e) if gone => {
+                info!(volume = %volume, error = %arbor_backup::error_chain(&e), "the volume of an instant restore was deleted: the restore ends");
+                live.release().await;
+                self.restores.remove(id);
+                let _ = self.mark_restore(&volume, None).await;
+            }
+            Err(e) => {
+                let why = arbor_backup::error_chain(&e);
+                warn!(volume = %volume, error = %why, "an instant restore ended incomplete: its missing blocks fail reads; the next start retries them");
+                slot.set_note(Some(why));
+            }
+        }
     }
 
     /// The configured repositories, with their schedules at `now`.
@@ -357,10 +493,23 @@ pub async fn restore(
     }
     let repo = backups.open(&name).await?;
     let found = repo.find(&req.backup).await.map_err(ApiError::from)?;
+    if req.instant {
+        return instant_restore(&backups, &name, &repo, found.id, &req.volume)
+            .await
+            .map(|view| (StatusCode::CREATED, Json(view)))
+            .map_err(|e| e.context(format!("restoring backup {} into {}", found.id, req.volume)));
+    }
     // Listed in the pool while it runs: cut off, the next start deletes
     // what it wrote.
     backups
-        .mark_restore(&req.volume, Some(crate::clock::unix_now()))
+        .mark_restore(
+            &req.volume,
+            Some(RestoreUnderWay {
+                volume: req.volume.clone(),
+                started_unix: crate::clock::unix_now(),
+                instant: None,
+            }),
+        )
         .await?;
     let job = backups.jobs.start(JobKind::Restore, &name, &req.volume);
     let restored = repo
@@ -387,8 +536,66 @@ pub async fn restore(
                 .blocks
                 .saturating_mul(u64::from(repo.block_size()))
                 .min(restored.size),
+            instant: false,
         }),
     ))
+}
+
+/// Makes the volume of an instant restore, lists it (exports and views go
+/// through its restore from the start), and fills it in the background.
+async fn instant_restore(
+    backups: &Arc<Backups>,
+    repository: &str,
+    repo: &Repository,
+    backup: ObjectId,
+    volume: &str,
+) -> Result<RestoreView, ApiError> {
+    // Listed in the pool before its volume exists: cut off, the next
+    // start takes it up.
+    backups
+        .mark_restore(
+            volume,
+            Some(RestoreUnderWay {
+                volume: volume.to_owned(),
+                started_unix: crate::clock::unix_now(),
+                instant: Some(InstantOf {
+                    repository: repository.to_owned(),
+                    backup: backup.to_string(),
+                }),
+            }),
+        )
+        .await?;
+    // No export opens it between its making and its listing.
+    let _making = backups.restores.making(volume);
+    let live = match LiveRestore::create(
+        repo,
+        &backup,
+        Arc::clone(&backups.pool),
+        volume,
+        true,
+        Arc::new(Progress::default()),
+    )
+    .await
+    {
+        Ok(live) => live,
+        Err(e) => {
+            backups.mark_restore(volume, None).await?;
+            return Err(ApiError::from(e));
+        }
+    };
+    let slot = Slot::new(repository, &backup.to_string(), live.size(), None);
+    slot.set_live(Arc::clone(&live));
+    backups.restores.insert(live.volume(), Arc::clone(&slot));
+    info!(repository = %repository, backup = %backup, volume = %volume, "instant restore: the volume serves while it fills");
+    let size = live.size();
+    tokio::spawn(Arc::clone(backups).run_fill(repository.to_owned(), slot, live));
+    Ok(RestoreView {
+        backup: backup.to_string(),
+        volume: volume.to_owned(),
+        size,
+        restored_bytes: 0,
+        instant: true,
+    })
 }
 
 /// `POST /v1/backups/{repository}/verify`: reads the repository back and

@@ -38,6 +38,7 @@ pub struct Background {
     pub monitor: Arc<Monitor>,
     pub scrub: Arc<crate::scrub::Scrub>,
     pub qos: Arc<crate::qos::Qos>,
+    pub restores: Arc<crate::restores::LiveRestores>,
 }
 
 /// The daemon's pool and what it knows about it; cheap to clone. The
@@ -56,6 +57,8 @@ pub struct PoolControl {
     monitor: Arc<Monitor>,
     scrub: Arc<crate::scrub::Scrub>,
     qos: Arc<crate::qos::Qos>,
+    /// Volumes an instant restore is filling.
+    restores: Arc<crate::restores::LiveRestores>,
 }
 
 /// The page size a metadata query asks for.
@@ -116,6 +119,7 @@ impl PoolControl {
             monitor,
             scrub,
             qos,
+            restores,
         } = background;
         Self {
             pool: Arc::clone(&open.pool),
@@ -129,6 +133,7 @@ impl PoolControl {
             monitor,
             scrub,
             qos,
+            restores,
         }
     }
 
@@ -254,6 +259,7 @@ impl PoolControl {
             },
             guid: info.guid.as_ref().map(arbor_engine::guid_hex),
             qos: self.qos.view(info.id),
+            restoring: self.restores.view(info.id),
         }
     }
 

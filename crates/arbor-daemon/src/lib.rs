@@ -37,6 +37,7 @@ mod qos;
 mod reload;
 mod replica_api;
 mod replication;
+mod restores;
 mod scrub;
 mod serve;
 mod space;

@@ -102,6 +102,8 @@ pub struct PoolExports {
     replicas: Arc<arbor_replica::state::Store>,
     /// Each volume's rate limits.
     qos: Arc<crate::qos::Qos>,
+    /// Volumes an instant restore fills: their requests go through it.
+    restores: Arc<crate::restores::LiveRestores>,
     /// Small requests run on the connection's thread only while it is idle
     /// (no other request on the pool or received), not whenever they are
     /// small: with direct I/O each one waits for the device, and inline
@@ -117,6 +119,7 @@ impl PoolExports {
         replicas: Arc<arbor_replica::state::Store>,
         qos: Arc<crate::qos::Qos>,
         cache_mode: arbor_io::CacheMode,
+        restores: Arc<crate::restores::LiveRestores>,
     ) -> Self {
         Self {
             pool,
@@ -124,6 +127,7 @@ impl PoolExports {
             metrics,
             replicas,
             qos,
+            restores,
             inline_only_when_idle: cache_mode == arbor_io::CacheMode::Direct,
         }
     }
@@ -160,6 +164,12 @@ impl ExportProvider for PoolExports {
             other => export_error(other),
         })?;
         let info = self.pool.info(id).map_err(export_error)?;
+        if self.restores.is_making(&info.name) {
+            return Err(ExportError::Io(format!(
+                "{} is being made by a restore: try again",
+                info.name
+            )));
+        }
         let volume = info
             .name
             .split_once('@')
@@ -186,6 +196,8 @@ impl ExportProvider for PoolExports {
             origin_logged: AtomicBool::new(false),
             io: self.metrics.volume_io(&info.name),
             limiter: self.qos.limiter(id),
+            restoring: self.restores.get(id),
+            restore_logged: AtomicBool::new(false),
             _open: self.open.open(id),
         }))
     }
@@ -219,7 +231,19 @@ struct VolumeExport {
     io: VolumeIo,
     /// The volume's rate limits, shared by its connections.
     limiter: Arc<arbor_nbd::qos::Limiter>,
+    /// The instant restore filling the volume: every request goes through
+    /// it (a read fetches what has not arrived) until it is complete.
+    restoring: Option<Arc<crate::restores::Slot>>,
+    /// A restore's failure was logged for this connection (as
+    /// `origin_logged`).
+    restore_logged: AtomicBool,
     _open: OpenHandle,
+}
+
+/// What a request of a volume an instant restore fills goes to.
+enum Route<'a> {
+    Pool,
+    Restore(&'a arbor_backup::LiveRestore),
 }
 
 impl VolumeExport {
@@ -236,6 +260,39 @@ impl VolumeExport {
             }
         }
         export_error(e)
+    }
+
+    /// Where a request goes: the pool, or the restore filling the volume.
+    /// Before a restore taken up after a restart runs, requests fail: the
+    /// volume's holes are not zeros.
+    fn route(&self) -> Result<Route<'_>, ExportError> {
+        let Some(slot) = &self.restoring else {
+            return Ok(Route::Pool);
+        };
+        match slot.live() {
+            Some(live) if live.is_complete() => Ok(Route::Pool),
+            Some(live) => Ok(Route::Restore(live)),
+            None => Err(self.restore_failed(format!(
+                "{} is being restored, {}",
+                self.volume,
+                slot.note().unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// What the client gets for a request the restore failed.
+    fn restore_error(&self, e: arbor_backup::BackupError) -> ExportError {
+        match e {
+            arbor_backup::BackupError::Engine(e) => self.fail(e),
+            other => self.restore_failed(arbor_backup::error_chain(&other)),
+        }
+    }
+
+    fn restore_failed(&self, why: String) -> ExportError {
+        if !self.restore_logged.swap(true, Ordering::Relaxed) {
+            warn!(volume = %self.volume, "NBD I/O fails with EIO (logged once per connection): {why}");
+        }
+        ExportError::Io(why)
     }
 }
 
@@ -288,19 +345,24 @@ impl Export for VolumeExport {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         let len = buf.len() as u64;
-        self.io.record(IoOp::Read, len, || {
-            self.pool
+        self.io.record(IoOp::Read, len, || match self.route()? {
+            Route::Pool => self
+                .pool
                 .read(self.id, offset, buf)
-                .map_err(|e| self.fail(e))
+                .map_err(|e| self.fail(e)),
+            Route::Restore(live) => live.read(offset, buf).map_err(|e| self.restore_error(e)),
         })
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError> {
-        self.io.record(IoOp::Write, data.len() as u64, || {
-            self.pool
-                .write(self.id, offset, data)
-                .map_err(|e| self.fail(e))
-        })
+        self.io
+            .record(IoOp::Write, data.len() as u64, || match self.route()? {
+                Route::Pool => self
+                    .pool
+                    .write(self.id, offset, data)
+                    .map_err(|e| self.fail(e)),
+                Route::Restore(live) => live.write(offset, data).map_err(|e| self.restore_error(e)),
+            })
     }
 
     fn flush(&self) -> Result<(), ExportError> {
@@ -322,9 +384,13 @@ impl Export for VolumeExport {
             if !self.in_pool {
                 return Ok(());
             }
-            self.pool
-                .discard(self.id, offset, len)
-                .map_err(|e| self.fail(e))
+            match self.route()? {
+                Route::Pool => self
+                    .pool
+                    .discard(self.id, offset, len)
+                    .map_err(|e| self.fail(e)),
+                Route::Restore(live) => live.trim(offset, len).map_err(|e| self.restore_error(e)),
+            }
         })
     }
 
@@ -341,18 +407,29 @@ impl Export for VolumeExport {
         if fast_only && (!may_trim || !self.in_pool) {
             return Err(ExportError::NotSupported);
         }
-        self.io.record(IoOp::WriteZeroes, len, || {
-            self.pool
-                .write_zeroes(self.id, offset, len, !may_trim)
-                .map_err(|e| self.fail(e))
-        })
+        self.io
+            .record(IoOp::WriteZeroes, len, || match self.route()? {
+                Route::Pool => self
+                    .pool
+                    .write_zeroes(self.id, offset, len, !may_trim)
+                    .map_err(|e| self.fail(e)),
+                // While it fills, zeros are written (kept allocated).
+                Route::Restore(_) if fast_only => Err(ExportError::NotSupported),
+                Route::Restore(live) => live
+                    .write_zeroes(offset, len, may_trim)
+                    .map_err(|e| self.restore_error(e)),
+            })
     }
 
     // The engine never makes a read or write wait for another request (a
     // write that needs a commit runs it itself), and with buffered I/O small
     // ones are served from the page cache and the metadata cache.
     fn small_io_inline(&self) -> bool {
-        true
+        // A volume a restore fills may fetch from the store: never on the
+        // connection's thread.
+        self.restoring
+            .as_ref()
+            .is_none_or(|slot| slot.is_complete())
     }
 
     fn inline_only_when_idle(&self, write: bool) -> bool {
@@ -433,6 +510,14 @@ impl Export for VolumeExport {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<StatusRun>, ExportError> {
         let len = len.min(STATUS_WINDOW);
+        if !matches!(self.route()?, Route::Pool) {
+            // Holes may be blocks not arrived yet: all of it is data.
+            return Ok(vec![StatusRun {
+                length: len,
+                hole: false,
+                zero: false,
+            }]);
+        }
         let runs = self.io.record(IoOp::BlockStatus, len, || {
             self.pool
                 .allocation_map(self.id, offset, len)
@@ -465,6 +550,7 @@ mod tests {
             replicas,
             crate::qos::Qos::new(pool),
             arbor_io::CacheMode::Buffered,
+            Arc::default(),
         )
     }
 

@@ -138,6 +138,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         origins.clone(),
         Arc::clone(&metrics),
     );
+    let restores = Arc::new(crate::restores::LiveRestores::default());
     let backups = crate::backups::Backups::new(
         &config.backup_repositories,
         config.backup_schedules.clone(),
@@ -145,6 +146,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         Arc::clone(&open.pool),
         pins,
         destroyer.clone(),
+        Arc::clone(&restores),
     );
     backups.recover_restores()?;
     let qos = crate::qos::Qos::new(Arc::clone(&open.pool));
@@ -172,6 +174,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
             monitor: Arc::clone(&monitor),
             scrub: Arc::clone(&scrub),
             qos: Arc::clone(&qos),
+            restores: Arc::clone(&restores),
         },
     );
     // Before anything is served: origins' devices from their recorded
@@ -190,6 +193,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         replication.store.clone(),
         Arc::clone(&qos),
         open.cache_mode,
+        restores,
     );
     let limits = arbor_nbd::ServerConfig {
         max_connections: config.nbd_max_connections,

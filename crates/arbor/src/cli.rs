@@ -355,6 +355,11 @@ pub enum BackupCommand {
         backup: String,
         /// The new volume
         volume: String,
+        /// Serve the volume at once: reads fetch what has not arrived yet,
+        /// and the restore goes on in the background (`arbor volume list`
+        /// shows how far)
+        #[arg(long)]
+        instant: bool,
     },
 }
 

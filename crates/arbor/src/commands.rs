@@ -938,6 +938,23 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
             repository,
             backup,
             volume,
+            instant: true,
+        } => {
+            let restored = c.backup_restore(
+                &repository,
+                &RestoreRequest {
+                    backup,
+                    volume,
+                    instant: true,
+                },
+            )?;
+            p.show(&restored, output::backup_restored)?;
+        }
+        BackupCommand::Restore {
+            repository,
+            backup,
+            volume,
+            instant: false,
         } => {
             let message = format!("restoring {backup} into {volume}");
             let job = ("restore", repository.as_str(), volume.as_str());
@@ -947,6 +964,7 @@ fn backup(command: BackupCommand, c: &DaemonClient, p: &Printer) -> Result<()> {
                     &RestoreRequest {
                         backup: backup.clone(),
                         volume: volume.clone(),
+                        instant: false,
                     },
                 )
             })?;

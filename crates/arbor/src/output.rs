@@ -646,10 +646,24 @@ pub fn qos_line(v: &VolumeView) -> String {
     }
 }
 
+/// A volume's type, and how far an instant restore into it has come.
+fn kind_and_restore(v: &VolumeView) -> String {
+    let Some(r) = &v.restoring else {
+        return kind(v).to_owned();
+    };
+    let percent = (r.done_bytes as f64 * 100.0 / r.size.max(1) as f64).floor();
+    match r.state.as_str() {
+        "failed" => format!("{} (restore: {} blocks failed)", kind(v), r.failed_blocks),
+        "resuming" => format!("{} (restore resuming)", kind(v)),
+        "waiting" => format!("{} (restoring {percent}%, store failing)", kind(v)),
+        _ => format!("{} (restoring {percent}%)", kind(v)),
+    }
+}
+
 fn volume_row(name: String, v: &VolumeView) -> Vec<String> {
     vec![
         name,
-        kind(v).to_owned(),
+        kind_and_restore(v),
         layout(v),
         size(v.size),
         size(v.mapped_bytes),
@@ -1275,6 +1289,14 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
 
 /// `arbor backup restore`.
 pub fn backup_restored(v: &arbor_api::model::RestoreView) -> String {
+    if v.instant {
+        return format!(
+            "{} serves now ({}); backup {} is restored into it in the background: `arbor volume list` shows how far\n",
+            v.volume,
+            size(v.size),
+            short_id(&v.backup)
+        );
+    }
     format!(
         "restored backup {} into {} ({}, {} written)\n",
         short_id(&v.backup),
@@ -1380,6 +1402,7 @@ mod tests {
             holds: Vec::new(),
             layout: LayoutView::Row,
             qos: None,
+            restoring: None,
         }
     }
 

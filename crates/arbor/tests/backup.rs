@@ -470,31 +470,8 @@ fn a_restore_killed_with_the_daemon_leaves_no_volume_after_the_restart() {
     // Another volume, there before: untouched by what follows.
     daemon.ok(&["volume", "create", "keep", "--size", "1M"]);
 
-    let packs: Vec<std::path::PathBuf> = {
-        let mut out = Vec::new();
-        let mut stack = vec![repo.join("packs")];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let e = e.unwrap().path();
-                if e.is_dir() {
-                    stack.push(e);
-                } else {
-                    out.push(e);
-                }
-            }
-        }
-        out
-    };
     let saved = tmp.path().join("saved");
-    std::fs::create_dir(&saved).unwrap();
-    for (i, pack) in packs.iter().enumerate() {
-        std::fs::rename(pack, saved.join(i.to_string())).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(pack)
-            .status()
-            .unwrap();
-        assert!(made.success());
-    }
+    let packs = packs_as_pipes(&repo, &saved);
     let mut restoring = std::process::Command::new(env!("CARGO_BIN_EXE_arbor"))
         .args(daemon.args(&["backup", "restore", "local", &id, "back"]))
         .stdout(std::process::Stdio::null())
@@ -514,10 +491,7 @@ fn a_restore_killed_with_the_daemon_leaves_no_volume_after_the_restart() {
     assert_eq!(jobs[0]["subject"], "back", "{jobs}");
     daemon.stop("KILL");
     let _ = restoring.wait();
-    for (i, pack) in packs.iter().enumerate() {
-        std::fs::remove_file(pack).unwrap();
-        std::fs::rename(saved.join(i.to_string()), pack).unwrap();
-    }
+    put_packs_back(&packs, &saved);
     daemon.restart(&["--initial-volume", "none", "--config", p(&config)]);
     let names: Vec<String> = daemon
         .json(&["volume", "list"])
@@ -540,4 +514,114 @@ fn a_restore_killed_with_the_daemon_leaves_no_volume_after_the_restart() {
         p(&copy),
     );
     assert!(std::fs::read(&copy).unwrap() == std::fs::read(&data).unwrap());
+}
+
+/// The packs of `repo`, each swapped for a named pipe (a read of it waits
+/// until the pipe is written, here never): returns them with where each
+/// was moved, for [`put_packs_back`].
+fn packs_as_pipes(repo: &std::path::Path, saved: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut packs = Vec::new();
+    let mut stack = vec![repo.join("packs")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap().path();
+            if e.is_dir() {
+                stack.push(e);
+            } else {
+                packs.push(e);
+            }
+        }
+    }
+    std::fs::create_dir(saved).unwrap();
+    for (i, pack) in packs.iter().enumerate() {
+        std::fs::rename(pack, saved.join(i.to_string())).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(pack)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    packs
+}
+
+fn put_packs_back(packs: &[std::path::PathBuf], saved: &std::path::Path) {
+    for (i, pack) in packs.iter().enumerate() {
+        std::fs::remove_file(pack).unwrap();
+        std::fs::rename(saved.join(i.to_string()), pack).unwrap();
+    }
+}
+
+fn qemu_io_write(uri: &str, command: &str) {
+    let out = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", "-c", command, uri])
+        .output()
+        .expect("qemu-io (qemu-utils)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("error") && !text.contains("failed"),
+        "{text}"
+    );
+}
+
+/// An instant restore answers and serves before a byte has come from the
+/// store (its packs are pipes nobody writes): a client's whole-block write
+/// needs nothing from it, a snapshot is refused while holes remain. Killed
+/// with the daemon, it is taken up at the next start, keeping what the
+/// client wrote and flushed, and completes byte for byte.
+#[test]
+fn an_instant_restore_serves_at_once_and_is_taken_up_after_a_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = LocalRepo::new(tmp.path());
+    let (repo, config) = (local.repo.clone(), local.config.clone());
+    let mut daemon = Daemon::start(&["--config", p(&config), "--initial-volume-size", "8M"]);
+    let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
+    let data = random_file(tmp.path(), "data", 8 << 20, 6);
+    nbdcopy(p(&data), &export);
+    daemon.ok(&["snapshot", "create", "disk0@a"]);
+    let made = daemon.json(&["backup", "create", "local", "disk0@a"]);
+    let id = made["id"].as_str().unwrap().to_owned();
+
+    let saved = tmp.path().join("saved");
+    let packs = packs_as_pipes(&repo, &saved);
+    let restored = daemon.json(&["backup", "restore", "local", &id, "back", "--instant"]);
+    assert_eq!(restored["instant"], true, "{restored}");
+    let view = daemon.json(&["volume", "list"]);
+    let back = view
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "back")
+        .unwrap()
+        .clone();
+    assert_eq!(back["restoring"]["state"], "filling", "{back}");
+    assert_eq!(back["restoring"]["size"], 8 << 20, "{back}");
+    daemon.fails(&["snapshot", "create", "back@early"], 5, "being restored");
+    // Whole blocks written: nothing to fetch first. qemu-io flushes.
+    let uri = format!("nbd+unix:///back?socket={}", daemon.nbd_socket());
+    qemu_io_write(&uri, "write -P 0x5a 0 1M");
+
+    daemon.stop("KILL");
+    put_packs_back(&packs, &saved);
+    daemon.restart(&["--initial-volume", "none", "--config", p(&config)]);
+    eventually("the restore taken up and complete", || {
+        daemon
+            .json(&["volume", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "back" && v.get("restoring").is_none())
+    });
+    let copy = tmp.path().join("copy");
+    nbdcopy(&uri, p(&copy));
+    let mut want = std::fs::read(&data).unwrap();
+    want[..1 << 20].fill(0x5a);
+    assert!(
+        std::fs::read(&copy).unwrap() == want,
+        "the restored volume differs from the backup and the client's write"
+    );
+    daemon.ok(&["snapshot", "create", "back@done"]);
 }
