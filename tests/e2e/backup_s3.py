@@ -30,6 +30,7 @@ import threading
 import time
 
 from ceph import CephCluster
+from filesystem import Attached, verify_tree, write_tree
 from harness import ARBOR, Failure, run, run_test, wait_until
 
 MIB = 1 << 20
@@ -98,6 +99,88 @@ def in_background(daemon, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+class SlowGateway:
+    """The gateway's replies (what a restore downloads) shaped to `rate` on
+    the loopback device: an HTB class that only packets from its port go
+    through (other traffic is not classified, so not shaped)."""
+
+    def __init__(self, port, rate):
+        self.port, self.rate = port, rate
+
+    def __enter__(self):
+        run("tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb")
+        try:
+            run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb",
+                "rate", self.rate, "ceil", self.rate)
+            run("tc", "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1",
+                "u32", "match", "ip", "sport", str(self.port), "0xffff", "flowid", "1:20")
+        except Failure:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_):
+        run("tc", "qdisc", "del", "dev", "lo", "root", check=False)
+
+
+def restoring(daemon, volume):
+    """The volume's `restoring` view, or None once its restore is whole."""
+    for v in cli_json(daemon, "volume", "list"):
+        if v["name"] == volume:
+            return v.get("restoring")
+    raise Failure(f"no volume {volume}")
+
+
+def instant_ext4(daemon, ceph, rng):
+    """A real ext4 on a volume still being restored, the gateway slowed: it
+    is e2fsck-clean, every file reads right, new files are written, and when
+    the restore completes all of it is there."""
+    cli(daemon, "volume", "create", "fs", "--size", "256M")
+    origin = Attached(daemon, "fs", read_only=False)
+    run("mkfs.ext4", "-q", "-F", origin.attach())
+    tree = write_tree(origin.mount(), rng)
+    origin.close()
+    cli(daemon, "snapshot", "create", "fs@a")
+    made = backup(daemon, "fs@a")
+    # 12 Mbit/s: the backup's 40-odd MiB take half a minute to come back.
+    with SlowGateway(ceph.rgw_port, "12mbit"):
+        started = time.monotonic()
+        out = cli_json(daemon, "backup", "restore", "rgw", made["id"], "fsr", "--instant")
+        if not out.get("instant"):
+            raise Failure(f"an instant restore answered as a plain one: {out}")
+        answered = time.monotonic() - started
+        run("qemu-io", "-f", "raw", "-c", "read 0 4k", daemon.uri("fsr"))
+        first_byte = time.monotonic() - started
+        state = restoring(daemon, "fsr")
+        if state is None or state["state"] != "filling":
+            raise Failure(f"the restore is not under way after its answer: {state}")
+        dr = Attached(daemon, "fsr", read_only=False)
+        loop = dr.attach()
+        fsck = run("e2fsck", "-fn", loop, check=False)
+        if fsck.returncode != 0:
+            raise Failure(f"e2fsck of the volume being restored: exit {fsck.returncode}\n{fsck.stdout}{fsck.stderr}")
+        root = dr.mount()
+        during = restoring(daemon, "fsr")
+        if during is None:
+            raise Failure("the restore completed before the filesystem was mounted: nothing was tested")
+        verify_tree(root, tree, "ext4 on a volume being restored")
+        added = {os.path.join("new", k): v for k, v in write_tree(os.path.join(root, "new"), rng).items()}
+        verify_tree(root, added, "files written while restoring")
+        dr.close()
+        print(f"instant restore: answered in {answered:.2f} s, first 4 KiB read at {first_byte:.2f} s; "
+              f"mounted and checked at {during['done_bytes'] * 100 // during['size']}% restored")
+        wait_until(lambda: restoring(daemon, "fsr") is None, "the instant restore to complete", timeout=600)
+    dr = Attached(daemon, "fsr", read_only=False)
+    fsck = run("e2fsck", "-fn", dr.attach(), check=False)
+    if fsck.returncode != 0:
+        raise Failure(f"e2fsck after the instant restore: exit {fsck.returncode}\n{fsck.stdout}{fsck.stderr}")
+    root = dr.mount()
+    verify_tree(root, tree, "ext4 after the instant restore")
+    verify_tree(root, added, "files written while restoring, after it")
+    dr.close()
+    cli(daemon, "snapshot", "create", "fsr@done")
+
+
 def body(daemon):
     rng = random.Random(int(os.environ.get("ARBOR_BACKUP_SEED", "11")))
     work = daemon.dir
@@ -156,6 +239,7 @@ def body(daemon):
               f"(added {cloned['added_bytes']})")
         for b, snap, vol in ((full, "vol@s1", "r1"), (incr, "vol@s2", "r2"), (cloned, "c1@x", "r3")):
             restore_matches(daemon, b["id"], snap, vol)
+        instant_ext4(daemon, ceph, rng)
 
         # The gateway killed mid-upload, then started again.
         cli(daemon, "volume", "create", "big", "--size", str(128 * MIB))
@@ -307,5 +391,7 @@ def body(daemon):
 if __name__ == "__main__":
     with open(CONFIG, "w") as f:
         f.write("backup_repositories = []\n")
-    run_test("backup_s3", body, tools=("nbdcopy", "qemu-io", "rclone", "radosgw", "ceph-mon"),
+    run_test("backup_s3", body, tools=("nbdcopy", "qemu-io", "rclone", "radosgw", "ceph-mon", "tc",
+                                          "nbdfuse", "losetup", "mkfs.ext4", "e2fsck"),
+             needs_root=True,
              extra_args=("--config", CONFIG))
