@@ -11,7 +11,11 @@ tests/e2e/ceph.py; its OSD keeps objects in RAM), in one run:
   backed up again by both: time, bytes added to the bucket, objects added;
 * the gateway's own rate for large objects, `rclone copyto` of a file of
   DATA random bytes up and down, against arbor's full backup and full
-  restore.
+  restore;
+* an instant restore of s1 (`backup restore --instant`): the time to its
+  answer and to the first 4 KiB read, 4 KiB random reads over the data at
+  queue depth 1 while it fills (p50, p99) against the same reads once it is
+  whole, and the time until it is whole.
 
 Prints each figure and the ratios the issue sets goals for:
   incremental time, restic / arbor               (goal >= 20)
@@ -153,6 +157,7 @@ def main():
             a_full, made = timed(lambda: json.loads(arbor("--json", "backup", "create", "rgw", "vol@s1").stdout))
             r_full, _ = timed(lambda: restic_backup("vol@s1"))
             a_restore, _ = timed(lambda: arbor("backup", "restore", "rgw", made["id"], "back"))
+            instant = instant_restore(arbor, uri, made["id"], data)
 
             # 1 % rewritten in random 256 KiB pieces of the data, each of
             # its own random bytes.
@@ -185,12 +190,62 @@ def main():
             print(f"  incremental objects: {a_objects} (goal <= {changed // PACK + 10})")
             print(f"  full backup / rclone up: {(data / a_full) / (data / up):.2f} (goal >= 0.8)")
             print(f"  full restore / rclone down: {(data / a_restore) / (data / down):.2f} (goal >= 0.8)")
+            print(f"instant restore: answered in {instant['answer'] * 1000:.0f} ms, first 4 KiB read at "
+                  f"{instant['first'] * 1000:.0f} ms, whole after {instant['whole']:.1f} s "
+                  f"(a plain restore: {a_restore:.1f} s)")
+            print(f"  4 KiB random reads while it fills: {instant['during_n']} reads, p50 "
+                  f"{instant['during'][0] * 1000:.2f} ms, p99 {instant['during'][1] * 1000:.2f} ms; "
+                  f"once whole: p50 {instant['after'][0] * 1000:.3f} ms, p99 {instant['after'][1] * 1000:.3f} ms")
             print(f"  arbor's incremental said: added {mib(incr['added_bytes'])} in {incr['added_blobs']} blobs")
     finally:
         if daemon is not None:
             daemon.terminate()
             daemon.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def percentiles(samples):
+    samples = sorted(samples)
+    return (samples[len(samples) // 2], samples[min(len(samples) - 1, len(samples) * 99 // 100)])
+
+
+def instant_restore(arbor, uri, backup, data):
+    """An instant restore of `backup` into `inst`, read while it fills."""
+    import nbd
+    rng = random.Random(3)
+    started = time.monotonic()
+    arbor("backup", "restore", "rgw", backup, "inst", "--instant")
+    answer = time.monotonic() - started
+    h = nbd.NBD()
+    h.connect_uri(uri("inst"))
+    h.pread(4096, 0)
+    first = time.monotonic() - started
+
+    def whole():
+        listed = json.loads(arbor("--json", "volume", "list").stdout)
+        return all(v.get("restoring") is None for v in listed if v["name"] == "inst")
+
+    def reads(n):
+        took = []
+        for _ in range(n):
+            at = rng.randrange(data // 4096) * 4096
+            t = time.monotonic()
+            h.pread(4096, at)
+            took.append(time.monotonic() - t)
+        return took
+
+    during = []
+    while True:
+        batch = reads(100)
+        if whole():
+            break
+        during.extend(batch)
+    done = time.monotonic() - started
+    after = reads(max(len(during), 1000))
+    h.shutdown()
+    arbor("destroy", "inst")
+    return {"answer": answer, "first": first, "whole": done, "during_n": len(during),
+            "during": percentiles(during or [0.0]), "after": percentiles(after)}
 
 
 def write_pieces(offsets, piece, uri):
