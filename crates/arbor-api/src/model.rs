@@ -1124,6 +1124,11 @@ pub enum AlertKind {
     /// A scheduled volume's newest backup is older than two schedule
     /// periods (critical at four); clears when a backup completes.
     BackupOverdue,
+    /// An instant restore (subject: its volume) cannot fill its volume:
+    /// the store fails, it waits to be taken up after a restart, or blocks
+    /// of damaged blobs failed (critical: their reads fail). Clears when it
+    /// completes or its volume is destroyed.
+    RestoreIncomplete,
 }
 
 /// An active alert (`GET /v1/alerts`, `arbor pool status`).

@@ -352,6 +352,11 @@ impl LiveRestore {
         }
     }
 
+    /// The volume was deleted: the pool forgets that it was incomplete.
+    pub(crate) fn pool_forgets(&self) {
+        self.pool.set_incomplete(self.volume, None);
+    }
+
     pub fn volume(&self) -> VolumeId {
         self.volume
     }

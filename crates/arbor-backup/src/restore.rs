@@ -95,6 +95,7 @@ impl Repository {
                 // Leaves no trace: the half-written volume goes.
                 let (pool, name) = (Arc::clone(&pool), volume.to_owned());
                 let _ = tokio::task::spawn_blocking(move || pool.delete(&name)).await;
+                live.pool_forgets();
                 live.release().await;
                 Err(e)
             }

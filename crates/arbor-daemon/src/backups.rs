@@ -122,7 +122,9 @@ impl Backups {
 
     /// The alerts of the scheduled backups.
     pub fn conditions(&self, now: u64) -> Vec<crate::alerts::Condition> {
-        self.schedules.conditions(now)
+        let mut conditions = self.schedules.conditions(now);
+        conditions.extend(self.restores.conditions(&self.pool));
+        conditions
     }
 
     /// The restores under way, as the pool lists them.
@@ -227,6 +229,7 @@ impl Backups {
         loop {
             if self.pool.lookup(&volume).ok() != Some(id) {
                 info!(volume = %volume, "the volume of a restore to take up was deleted");
+                self.pool.set_incomplete(id, None);
                 self.restores.remove(id);
                 let _ = self.mark_restore(&volume, None).await;
                 return;
@@ -298,6 +301,7 @@ impl Backups {
             Err(e) if gone => {
                 info!(volume = %volume, error = %arbor_backup::error_chain(&e), "the volume of an instant restore was deleted: the restore ends");
                 live.release().await;
+                self.pool.set_incomplete(id, None);
                 self.restores.remove(id);
                 let _ = self.mark_restore(&volume, None).await;
             }

@@ -164,7 +164,45 @@ impl LiveRestores {
         self.get(id).map(|s| s.view())
     }
 
-    pub fn count(&self) -> usize {
-        self.slots().len()
+    /// The `restore_incomplete` alerts: a restore that cannot fill its
+    /// volume now (critical once blocks failed).
+    pub fn conditions(&self, pool: &arbor_engine::Pool) -> Vec<crate::alerts::Condition> {
+        use arbor_api::model::{AlertKind, Severity};
+        let slots: Vec<(VolumeId, Arc<Slot>)> = self
+            .slots()
+            .iter()
+            .map(|(id, s)| (*id, Arc::clone(s)))
+            .collect();
+        slots
+            .into_iter()
+            .filter_map(|(id, slot)| {
+                let view = slot.view();
+                let severity = match view.state.as_str() {
+                    "failed" => Severity::Critical,
+                    "waiting" | "resuming" => Severity::Warning,
+                    _ => return None,
+                };
+                let name = pool.info(id).ok()?.name;
+                let message = match view.state.as_str() {
+                    "failed" => format!(
+                        "{} blocks of {name} could not be restored from backup {} (reads of them fail): {}",
+                        view.failed_blocks,
+                        view.backup,
+                        view.message.unwrap_or_default()
+                    ),
+                    _ => format!(
+                        "the restore of {name} from backup {} waits: {}",
+                        view.backup,
+                        view.message.unwrap_or_default()
+                    ),
+                };
+                Some(crate::alerts::Condition::new(
+                    AlertKind::RestoreIncomplete,
+                    severity,
+                    &name,
+                    message,
+                ))
+            })
+            .collect()
     }
 }
