@@ -420,13 +420,18 @@ impl LiveRestore {
         }
     }
 
-    fn settle(&self, claims: &mut Claims<'_>, b: u64, written: bool) {
-        let mut blocks = self.states();
-        blocks.settle(b);
-        if written {
-            self.present(&mut blocks, b);
+    /// Claimed blocks `written` are in the volume: present, and no longer
+    /// the claims' to give back; their waiters wake.
+    fn settle_written(&self, claims: &mut Claims<'_>, written: Range<u64>) {
+        {
+            let mut blocks = self.states();
+            for b in written.clone() {
+                blocks.settle(b);
+                self.present(&mut blocks, b);
+            }
         }
-        claims.blocks.retain(|&c| c != b);
+        claims.blocks.retain(|c| !written.contains(c));
+        self.changed.notify_all();
     }
 
     /// The blocks that `[offset, offset + len)` touches.
@@ -757,15 +762,14 @@ impl LiveRestore {
                 let at = run[0] * self.block_size;
                 self.pool.write(self.volume, at, buf)?;
                 let n = run.len() as u64;
-                for b in run.drain(..) {
-                    self.settle(claims, b, true);
-                }
+                self.settle_written(claims, run[0]..run[0] + n);
+                run.clear();
                 buf.clear();
                 Ok(n)
             };
         for (b, data) in got {
             match data {
-                None => self.settle(claims, b, true),
+                None => self.settle_written(claims, b..b + 1),
                 Some(data) => {
                     let joins = run.last().is_some_and(|&l| l + 1 == b) && buf.len() < MAX_WRITE;
                     if !joins {

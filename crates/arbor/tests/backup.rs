@@ -520,6 +520,21 @@ fn a_restore_killed_with_the_daemon_leaves_no_volume_after_the_restart() {
 /// until the pipe is written, here never): returns them with where each
 /// was moved, for [`put_packs_back`].
 fn packs_as_pipes(repo: &std::path::Path, saved: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let packs = pack_files(repo);
+    std::fs::create_dir(saved).unwrap();
+    for (i, pack) in packs.iter().enumerate() {
+        std::fs::rename(pack, saved.join(i.to_string())).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(pack)
+            .status()
+            .unwrap();
+        assert!(made.success());
+    }
+    packs
+}
+
+/// The pack objects of a directory repository.
+fn pack_files(repo: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut packs = Vec::new();
     let mut stack = vec![repo.join("packs")];
     while let Some(d) = stack.pop() {
@@ -531,15 +546,6 @@ fn packs_as_pipes(repo: &std::path::Path, saved: &std::path::Path) -> Vec<std::p
                 packs.push(e);
             }
         }
-    }
-    std::fs::create_dir(saved).unwrap();
-    for (i, pack) in packs.iter().enumerate() {
-        std::fs::rename(pack, saved.join(i.to_string())).unwrap();
-        let made = std::process::Command::new("mkfifo")
-            .arg(pack)
-            .status()
-            .unwrap();
-        assert!(made.success());
     }
     packs
 }
@@ -634,7 +640,7 @@ fn an_instant_restore_serves_at_once_and_is_taken_up_after_a_kill() {
 fn an_instant_restore_fails_only_the_blocks_of_a_damaged_pack() {
     let tmp = tempfile::tempdir().unwrap();
     let local = LocalRepo::new(tmp.path());
-    let mut daemon = Daemon::start(&["--config", p(&local.config), "--initial-volume-size", "8M"]);
+    let daemon = Daemon::start(&["--config", p(&local.config), "--initial-volume-size", "8M"]);
     let export = format!("nbd+unix:///disk0?socket={}", daemon.nbd_socket());
     let data = random_file(tmp.path(), "data", 8 << 20, 7);
     nbdcopy(p(&data), &export);
@@ -642,18 +648,7 @@ fn an_instant_restore_fails_only_the_blocks_of_a_damaged_pack() {
     let made = daemon.json(&["backup", "create", "local", "disk0@a"]);
     let id = made["id"].as_str().unwrap().to_owned();
     // A byte flipped in the middle of the data pack (the largest object).
-    let mut packs = Vec::new();
-    let mut stack = vec![local.repo.join("packs")];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap().path();
-            if e.is_dir() {
-                stack.push(e);
-            } else {
-                packs.push(e);
-            }
-        }
-    }
+    let packs = pack_files(&local.repo);
     let victim = packs
         .iter()
         .max_by_key(|p| p.metadata().unwrap().len())
