@@ -405,10 +405,10 @@ fn backup_seeds() -> Vec<Vec<u8>> {
     use arbor_backup::crypto::{Keys, Secret};
     use arbor_backup::format::config::{KeySource, RepoConfig};
     use arbor_backup::format::index::{self, PackEntries};
-    use arbor_backup::format::lock;
     use arbor_backup::format::manifest::{self, Manifest, Piece};
     use arbor_backup::format::pack::{self, PackWriter};
     use arbor_backup::format::BlobKind;
+    use arbor_backup::format::{checkpoint, lock};
     // The key decode_backup opens with.
     let keys = Keys::derive(&Secret::from_bytes([0x5a; 32]), b"fuzz");
     let seed = |which: u8, input: &[u8]| [&[which][..], input].concat();
@@ -461,6 +461,13 @@ fn backup_seeds() -> Vec<Vec<u8>> {
         pid: 4242,
         taken_unix_ms: 1_795_493_869_000,
     };
+    let unfinished = checkpoint::Checkpoint {
+        done: 1,
+        manifest: Manifest {
+            pieces: vec![Some(entries[0].id.to_string()), None],
+            ..m.clone()
+        },
+    };
     let (config, _) = RepoConfig::new(65536, &KeySource::KeyFile(b"fuzz key")).expect("a config");
     // A pack header's and an index's contents: what their objects seal.
     let mut header = (entries.len() as u32).to_le_bytes().to_vec();
@@ -494,6 +501,11 @@ fn backup_seeds() -> Vec<Vec<u8>> {
         seed(6, &blob),
         seed(8, &lock::encode(&keys, &held)),
         seed(8, &serde_json::to_vec(&held).expect("a lock serializes")),
+        seed(9, &checkpoint::encode(&keys, &unfinished)),
+        seed(
+            9,
+            &serde_json::to_vec(&unfinished).expect("a checkpoint serializes"),
+        ),
     ]
 }
 

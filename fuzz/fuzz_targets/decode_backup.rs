@@ -2,7 +2,7 @@
 //! (docs/BACKUP.md), which come from a store arbor does not trust: the
 //! config object, packs (whole, and their headers' contents), index
 //! objects and their contents, manifests and their JSON, map pieces, lock
-//! objects and their JSON, and blobs sealed under a fixed key with entry
+//! objects and their JSON, checkpoints and their JSON, and blobs sealed under a fixed key with entry
 //! fields the input chooses (so mutations reach decompression and the id
 //! check behind the seal). None
 //! may panic or allocate beyond its limits; whatever decodes encodes back
@@ -15,7 +15,7 @@ use arbor_backup::crypto::{BlobId, Keys, Secret};
 use arbor_backup::format::config::RepoConfig;
 use arbor_backup::format::manifest::{self, Piece};
 use arbor_backup::format::pack::{self, Encoding, Entry};
-use arbor_backup::format::{index, lock, BlobKind};
+use arbor_backup::format::{checkpoint, index, lock, BlobKind};
 use libfuzzer_sys::fuzz_target;
 
 fn keys() -> Keys {
@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let keys = keys();
-    match which % 9 {
+    match which % 10 {
         0 => {
             if let Ok(config) = RepoConfig::decode(rest) {
                 let again =
@@ -81,6 +81,14 @@ fuzz_target!(|data: &[u8]| {
             if let Ok(record) = lock::decode_json(rest) {
                 let again = lock::decode(&keys, &lock::encode(&keys, &record)).expect("decodes");
                 assert_eq!(again, record);
+            }
+        }
+        9 => {
+            let _ = checkpoint::decode(&keys, rest);
+            if let Ok(c) = checkpoint::decode_json(rest) {
+                let again =
+                    checkpoint::decode(&keys, &checkpoint::encode(&keys, &c)).expect("decodes");
+                assert_eq!(again, c);
             }
         }
         _ => {

@@ -1500,6 +1500,12 @@ pub struct BackupPruneView {
     pub bytes_after: u64,
     /// Locks found stale, and deleted (a dry run deletes none).
     pub stale_locks: Vec<String>,
+    /// Checkpoints of unfinished backups whose blobs stay, and those
+    /// deleted (a week old, or damaged).
+    #[serde(default)]
+    pub kept_checkpoints: u64,
+    #[serde(default)]
+    pub deleted_checkpoints: Vec<String>,
 }
 
 /// What a verify of a repository found.

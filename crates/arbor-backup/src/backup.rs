@@ -17,6 +17,7 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::crypto::BlobId;
+use crate::format::checkpoint::{self, Checkpoint};
 use crate::format::index::PackEntries;
 use crate::format::manifest::{self, Manifest, Piece, PIECE_BLOCKS};
 use crate::format::pack::{self, PackWriter, Sealed};
@@ -40,6 +41,9 @@ pub struct Made {
     pub manifest: Manifest,
     /// The backup it was made from (incremental), if any.
     pub base: Option<ObjectId>,
+    /// Map pieces a checkpoint of an earlier run that was cut off had
+    /// done: not read again.
+    pub resumed_pieces: u64,
 }
 
 /// The hold tag a repository puts on the newest snapshot of each volume
@@ -148,8 +152,9 @@ impl<'r> Uploads<'r> {
         Ok(())
     }
 
-    /// Uploads what is left and indexes every new pack.
-    async fn finish(mut self, progress: &Progress) -> Result<(u64, u64)> {
+    /// Uploads what is left and indexes every new pack: afterwards every
+    /// blob added so far is in the store and in an index object.
+    async fn barrier(&mut self, progress: &Progress) -> Result<()> {
         self.send(progress).await?;
         while !self.running.is_empty() {
             self.reap_one(progress).await?;
@@ -159,7 +164,7 @@ impl<'r> Uploads<'r> {
             self.repo.write_index(&packs).await?;
             Progress::add(&progress.objects, 1);
         }
-        Ok((self.added_blobs, self.added_bytes))
+        Ok(())
     }
 }
 
@@ -232,6 +237,47 @@ impl Repository {
         let blocks = size.div_ceil(block_size);
         let pieces = Manifest::pieces_for(size, self.block_size());
         Progress::add(&progress.total_bytes, size);
+        let mut manifest = Manifest {
+            version: REPO_VERSION,
+            volume: target
+                .name
+                .split_once('@')
+                .map_or(target.name.as_str(), |(v, _)| v)
+                .to_owned(),
+            snapshot: target.name.clone(),
+            guid,
+            host: host.to_owned(),
+            created_unix: target.created_unix_secs,
+            completed_unix_ms: 0,
+            size,
+            block_size: self.block_size(),
+            parent: base.as_ref().map(|b| b.id.to_string()),
+            pieces: vec![None; usize::try_from(pieces).unwrap_or(0)],
+            blocks: 0,
+            added_blobs: 0,
+            added_bytes: 0,
+        };
+
+        // Where an earlier run of this backup was cut off, if it left a
+        // checkpoint: its pieces are done.
+        let checkpoint_name = names::checkpoint(&checkpoint::name_of(
+            &self.keys,
+            &manifest.guid,
+            manifest.parent.as_deref(),
+        ));
+        let resumed = self.resumable(&checkpoint_name, &manifest).await;
+        let first_piece = resumed.as_ref().map_or(0, |c| c.done);
+        if let Some(c) = resumed {
+            manifest.pieces = c.manifest.pieces;
+            manifest.blocks = c.manifest.blocks;
+            manifest.added_blobs = c.manifest.added_blobs;
+            manifest.added_bytes = c.manifest.added_bytes;
+            Progress::add(
+                &progress.done_bytes,
+                (first_piece * PIECE_BLOCKS * block_size).min(size),
+            );
+        }
+        let (resumed_blobs, resumed_bytes) = (manifest.added_blobs, manifest.added_bytes);
 
         // The base's map pieces, read ahead in order, several at once: one
         // after another, their round trips to the store were most of an
@@ -244,21 +290,25 @@ impl Repository {
             .as_ref()
             .map(|b| format!("backup {}", b.id))
             .unwrap_or_default();
-        let mut base_maps = futures::stream::iter(base_pieces)
-            .map(|piece| {
-                let what = &base_what;
-                async move {
-                    match piece {
-                        Some(id) => self.read_piece(&id, what).await.map(Some),
-                        None => Ok(None),
-                    }
+        let mut base_maps = futures::stream::iter(
+            base_pieces
+                .into_iter()
+                .skip(usize::try_from(first_piece).unwrap_or(usize::MAX)),
+        )
+        .map(|piece| {
+            let what = &base_what;
+            async move {
+                match piece {
+                    Some(id) => self.read_piece(&id, what).await.map(Some),
+                    None => Ok(None),
                 }
-            })
-            .buffered(crate::restore::READS_IN_FLIGHT);
+            }
+        })
+        .buffered(crate::restore::READS_IN_FLIGHT);
         let mut uploads = Uploads::new(self);
-        let mut piece_ids = Vec::with_capacity(usize::try_from(pieces).unwrap_or(0));
-        let mut mapped_blocks = 0u64;
-        for p in 0..pieces {
+        let mut checkpointed = std::time::Instant::now();
+        let mut wrote_checkpoint = false;
+        for p in first_piece..pieces {
             let first = p * PIECE_BLOCKS;
             let last = (first + PIECE_BLOCKS).min(blocks);
             let (start, end) = (first * block_size, (last * block_size).min(size));
@@ -316,42 +366,54 @@ impl Repository {
                 }
                 Progress::add(&progress.done_bytes, batch.len() as u64 * block_size);
             }
-            mapped_blocks += map.len() as u64;
-            if map.is_empty() {
-                piece_ids.push(None);
-                continue;
+            manifest.blocks += map.len() as u64;
+            if !map.is_empty() {
+                let bytes = Piece(map.into_iter().collect()).encode();
+                let id = self.keys.blob_id(BlobKind::Map.code(), &bytes);
+                if !uploads.has(&id) {
+                    let keys = Arc::clone(&self.keys);
+                    let sealed =
+                        blocking(move || Ok(pack::seal_blob(&keys, id, BlobKind::Map, &bytes)))
+                            .await?;
+                    uploads.add(sealed, progress).await?;
+                }
+                // In range: the manifest has a slot per piece.
+                if let Some(slot) = manifest
+                    .pieces
+                    .get_mut(usize::try_from(p).unwrap_or(usize::MAX))
+                {
+                    *slot = Some(id.to_string());
+                }
             }
-            let bytes = Piece(map.into_iter().collect()).encode();
-            let id = self.keys.blob_id(BlobKind::Map.code(), &bytes);
-            if !uploads.has(&id) {
-                let keys = Arc::clone(&self.keys);
-                let sealed =
-                    blocking(move || Ok(pack::seal_blob(&keys, id, BlobKind::Map, &bytes))).await?;
-                uploads.add(sealed, progress).await?;
+            if p + 1 < pieces && checkpointed.elapsed() >= self.checkpoint_every {
+                // Every blob of the pieces done is uploaded and indexed
+                // before the checkpoint names them.
+                uploads.barrier(progress).await?;
+                let checkpoint = Checkpoint {
+                    done: p + 1,
+                    manifest: Manifest {
+                        completed_unix_ms: now_ms(),
+                        added_blobs: resumed_blobs + uploads.added_blobs,
+                        added_bytes: resumed_bytes + uploads.added_bytes,
+                        ..manifest.clone()
+                    },
+                };
+                lock.check()?;
+                self.store
+                    .put(
+                        &checkpoint_name,
+                        Bytes::from(checkpoint::encode(&self.keys, &checkpoint)),
+                    )
+                    .await?;
+                Progress::add(&progress.objects, 1);
+                wrote_checkpoint = true;
+                checkpointed = std::time::Instant::now();
             }
-            piece_ids.push(Some(id.to_string()));
         }
-        let (added_blobs, added_bytes) = uploads.finish(progress).await?;
-        let manifest = Manifest {
-            version: REPO_VERSION,
-            volume: target
-                .name
-                .split_once('@')
-                .map_or(target.name.as_str(), |(v, _)| v)
-                .to_owned(),
-            snapshot: target.name.clone(),
-            guid,
-            host: host.to_owned(),
-            created_unix: target.created_unix_secs,
-            completed_unix_ms: now_ms(),
-            size,
-            block_size: self.block_size(),
-            parent: base.as_ref().map(|b| b.id.to_string()),
-            pieces: piece_ids,
-            blocks: mapped_blocks,
-            added_blobs,
-            added_bytes,
-        };
+        uploads.barrier(progress).await?;
+        manifest.added_blobs = resumed_blobs + uploads.added_blobs;
+        manifest.added_bytes = resumed_bytes + uploads.added_bytes;
+        manifest.completed_unix_ms = now_ms();
         let bytes = manifest::encode(&self.keys, &manifest);
         let id = ObjectId::of(&bytes);
         // Written only under a lock surely held: a prune that took this
@@ -361,6 +423,14 @@ impl Repository {
             .put(&names::snapshot(&id), Bytes::from(bytes))
             .await?;
         Progress::add(&progress.objects, 1);
+        if wrote_checkpoint || first_piece > 0 {
+            // The backup is whole: its checkpoint is no longer needed (one
+            // left behind is harmless, and the next prune removes it once
+            // old).
+            if let Err(e) = self.store.delete(&checkpoint_name).await {
+                tracing::warn!(error = %crate::error_chain(&e), "a completed backup's checkpoint stays");
+            }
+        }
         // The snapshot is the next backup's base: held until a newer one
         // is backed up.
         {
@@ -374,7 +444,48 @@ impl Repository {
             id,
             manifest,
             base: base.map(|b| b.id),
+            resumed_pieces: first_piece,
         })
+    }
+
+    /// The checkpoint at `name` if an earlier run of this backup left one
+    /// that it can go on from: the same snapshot, base and geometry, every
+    /// map piece it names in the index. Any other is ignored (the backup
+    /// starts from its first piece, and uploads only what the store lacks).
+    async fn resumable(&self, name: &str, template: &Manifest) -> Option<Checkpoint> {
+        let bytes = match self.store.get(name).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "a backup's checkpoint cannot be read: the backup starts from the beginning");
+                return None;
+            }
+        };
+        let c = match checkpoint::decode(&self.keys, &bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "a backup's checkpoint is damaged: the backup starts from the beginning");
+                return None;
+            }
+        };
+        let m = &c.manifest;
+        if m.guid != template.guid
+            || m.parent != template.parent
+            || m.size != template.size
+            || m.block_size != template.block_size
+        {
+            return None;
+        }
+        let index = self.index();
+        if m.piece_ids()
+            .iter()
+            .flatten()
+            .any(|id| !index.blobs.contains_key(id))
+        {
+            tracing::warn!("a backup's checkpoint names a map piece the repository lacks: the backup starts from the beginning");
+            return None;
+        }
+        Some(c)
     }
 
     async fn find_base(&self, pool: &Arc<Pool>, target: &VolumeInfo) -> Result<Option<Base>> {

@@ -24,7 +24,9 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::crypto::BlobId;
+use crate::format::checkpoint::{self, Checkpoint};
 use crate::format::index::{self, PackEntries};
+use crate::format::manifest::Manifest;
 use crate::format::pack::{self, PackWriter, Sealed, TARGET_PACK_BYTES};
 use crate::format::ObjectId;
 use crate::lock::{LockKind, OtherLock, RepoLock};
@@ -80,7 +82,15 @@ pub struct Pruned {
     pub bytes_after: u64,
     /// Stale locks found, and deleted (a dry run deletes none).
     pub stale_locks: Vec<String>,
+    /// Checkpoints of unfinished backups whose blobs stay, and those
+    /// deleted (older than [`CHECKPOINT_MAX_AGE`], or damaged).
+    pub kept_checkpoints: u64,
+    pub deleted_checkpoints: Vec<String>,
 }
+
+/// A checkpoint older than this is deleted by a prune, and what only it
+/// named with it: the backup it saves was not run again for a week.
+pub const CHECKPOINT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Which packs go, which are rewritten, which stay.
 #[derive(Default)]
@@ -146,8 +156,26 @@ impl Repository {
         let (forgotten, kept): (Vec<Listing>, Vec<Listing>) =
             all.into_iter().partition(|l| forget.contains(&l.id));
         out.kept_backups = kept.len() as u64;
+        // Unfinished backups' checkpoints keep what they name, until old.
+        let (checkpoints, stale_checkpoints) = self.checkpoints().await?;
+        out.kept_checkpoints = checkpoints.len() as u64;
+        out.deleted_checkpoints = stale_checkpoints;
 
-        let used = self.mark(&kept).await?;
+        let roots: Vec<(String, &Manifest)> = kept
+            .iter()
+            .map(|l| {
+                (
+                    format!("backup {} ({})", l.id, l.manifest.snapshot),
+                    &l.manifest,
+                )
+            })
+            .chain(
+                checkpoints
+                    .iter()
+                    .map(|(name, c)| (format!("checkpoint {name}"), &c.manifest)),
+            )
+            .collect();
+        let used = self.mark(&roots).await?;
         let plan = plan(&census, &used, options.repack_unused_percent)?;
         let packs_change = !plan.delete.is_empty() || !plan.repack.is_empty();
         let size = |id: &ObjectId| census.packs.get(id).and_then(|p| p.size).unwrap_or(0);
@@ -166,7 +194,9 @@ impl Repository {
             out.written_indexes =
                 (plan.keep.len() as u64 + out.written_packs).div_ceil(PACKS_PER_PRUNE_INDEX as u64);
         }
-        if options.dry_run || (forgotten.is_empty() && !packs_change) {
+        if options.dry_run
+            || (forgotten.is_empty() && !packs_change && out.deleted_checkpoints.is_empty())
+        {
             out.forgotten = forgotten;
             return Ok(out);
         }
@@ -195,6 +225,9 @@ impl Repository {
         lock.check()?;
         for l in &forgotten {
             self.store.delete(&names::snapshot(&l.id)).await?;
+        }
+        for name in &out.deleted_checkpoints {
+            self.store.delete(name).await?;
         }
         out.forgotten = forgotten;
         if !packs_change {
@@ -228,14 +261,14 @@ impl Repository {
         Ok(out)
     }
 
-    /// Every blob the backups `kept` need: their map pieces and the data
-    /// blobs those name.
-    async fn mark(&self, kept: &[Listing]) -> Result<HashSet<BlobId>> {
+    /// Every blob the `roots` (the backups kept, the checkpoints kept, each
+    /// with what to call it) need: their map pieces and the data blobs
+    /// those name.
+    async fn mark(&self, roots: &[(String, &Manifest)]) -> Result<HashSet<BlobId>> {
         let mut pieces: Vec<(BlobId, String)> = Vec::new();
         let mut used: HashSet<BlobId> = HashSet::new();
-        for l in kept {
-            let what = format!("backup {} ({})", l.id, l.manifest.snapshot);
-            for piece in l.manifest.piece_ids().into_iter().flatten() {
+        for (what, manifest) in roots {
+            for piece in manifest.piece_ids().into_iter().flatten() {
                 if used.insert(piece) {
                     pieces.push((piece, what.clone()));
                 }
@@ -248,6 +281,29 @@ impl Repository {
             used.extend(piece.0.iter().map(|(_, b)| *b));
         }
         Ok(used)
+    }
+
+    /// The checkpoints to keep (by object name), and the names of those to
+    /// delete: older than [`CHECKPOINT_MAX_AGE`], or damaged (a checkpoint
+    /// only saves reading again; without it a backup starts over).
+    async fn checkpoints(&self) -> Result<(Vec<(String, Checkpoint)>, Vec<String>)> {
+        let (mut keep, mut delete) = (Vec::new(), Vec::new());
+        let now = crate::backup::now_ms();
+        for listed in self.store.list(names::CHECKPOINTS).await? {
+            let Some(bytes) = self.store.get(&listed.name).await? else {
+                continue;
+            };
+            match checkpoint::decode(&self.keys, &bytes) {
+                Ok(c)
+                    if now.saturating_sub(c.manifest.completed_unix_ms)
+                        < CHECKPOINT_MAX_AGE.as_millis() as u64 =>
+                {
+                    keep.push((listed.name, c))
+                }
+                _ => delete.push(listed.name),
+            }
+        }
+        Ok((keep, delete))
     }
 
     /// Copies the used blobs of the packs to repack into new packs, each

@@ -139,7 +139,14 @@ pub struct Repository {
     /// The upload bandwidth limit, if any.
     pub(crate) pace: Option<Arc<crate::pace::Pace>>,
     pub(crate) lock_policy: LockPolicy,
+    /// How often a backup writes its checkpoint (docs/BACKUP.md,
+    /// "Checkpoints").
+    pub(crate) checkpoint_every: std::time::Duration,
 }
+
+/// How often a backup writes its checkpoint: what a backup cut off reads
+/// again at most, against the upload pipeline drained each time.
+pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl std::fmt::Debug for Repository {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,6 +185,7 @@ impl Repository {
             index: Arc::new(Mutex::new(Index::default())),
             pace: None,
             lock_policy: LockPolicy::default(),
+            checkpoint_every: CHECKPOINT_EVERY,
         })
     }
 
@@ -201,6 +209,7 @@ impl Repository {
             index: Arc::new(Mutex::new(Index::default())),
             pace: None,
             lock_policy: LockPolicy::default(),
+            checkpoint_every: CHECKPOINT_EVERY,
         };
         Ok(repo)
     }
@@ -216,6 +225,13 @@ impl Repository {
     /// deletes, then fails them (as a store that went away).
     pub fn with_writes_failing_after(mut self, n: u64) -> Self {
         self.store.fail_writes_after(n);
+        self
+    }
+
+    /// This repository's backups checkpointed every `every` (tests: zero,
+    /// after every map piece).
+    pub fn with_checkpoint_every(mut self, every: std::time::Duration) -> Self {
+        self.checkpoint_every = every;
         self
     }
 

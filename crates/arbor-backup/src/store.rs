@@ -157,6 +157,7 @@ pub mod names {
     pub const INDEX: &str = "index";
     pub const SNAPSHOTS: &str = "snapshots";
     pub const LOCKS: &str = "locks";
+    pub const CHECKPOINTS: &str = "checkpoints";
 
     /// `packs/ab/abcdef...` (256 directories, as a file system prefers).
     pub fn pack(id: &ObjectId) -> String {
@@ -174,6 +175,10 @@ pub mod names {
 
     pub fn lock(id: &ObjectId) -> String {
         format!("{LOCKS}/{id}")
+    }
+
+    pub fn checkpoint(id: &ObjectId) -> String {
+        format!("{CHECKPOINTS}/{id}")
     }
 }
 

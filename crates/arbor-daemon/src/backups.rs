@@ -394,6 +394,7 @@ impl Backups {
             backup = %made.id,
             incremental = made.base.is_some(),
             added_bytes = made.manifest.added_bytes,
+            resumed_after_pieces = made.resumed_pieces,
             "backed up"
         );
         Ok(made)
@@ -789,6 +790,8 @@ impl Backups {
             bytes_before: p.bytes_before,
             bytes_after: p.bytes_after,
             stale_locks: p.stale_locks,
+            kept_checkpoints: p.kept_checkpoints,
+            deleted_checkpoints: p.deleted_checkpoints,
         })
     }
 }

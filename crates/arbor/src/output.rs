@@ -1265,6 +1265,15 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
     for lock in &v.stale_locks {
         text += &format!("{deleted} a stale lock: {lock}\n");
     }
+    for name in &v.deleted_checkpoints {
+        text += &format!("{deleted} {name} (an unfinished backup's checkpoint, a week old)\n");
+    }
+    if v.kept_checkpoints > 0 {
+        text += &format!(
+            "keep what {} unfinished backups' checkpoints name\n",
+            v.kept_checkpoints
+        );
+    }
     text += &format!(
         "{}{}: {} backups forgotten, {} kept; {} packs deleted, {} repacked into {}; {} blobs \
          removed, {} kept; {} -> {}\n",

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::Keys;
-use crate::format::{invalid, FormatError, REPO_VERSION};
+use crate::format::{invalid, FormatError, SealedJson, REPO_VERSION};
 
 pub const LOCK_MAGIC: &[u8; 8] = b"ARBLOCK1";
 const AAD: &[u8] = b"arbor-backup lock v1";
@@ -55,31 +55,24 @@ impl LockRecord {
     }
 }
 
+const FRAME: SealedJson = SealedJson {
+    what: "a lock",
+    magic: LOCK_MAGIC,
+    aad: AAD,
+    max_bytes: MAX_LOCK_BYTES,
+};
+
 pub fn encode(keys: &Keys, record: &LockRecord) -> Vec<u8> {
-    // Plain data with string keys.
-    #[allow(clippy::expect_used)]
-    let json = serde_json::to_vec(record).expect("a lock serializes");
-    let mut out = LOCK_MAGIC.to_vec();
-    keys.seal(AAD, &json, &mut out);
-    out
+    FRAME.seal(keys, record)
 }
 
 pub fn decode(keys: &Keys, bytes: &[u8]) -> Result<LockRecord, FormatError> {
-    const WHAT: &str = "a lock";
-    if bytes.len() as u64 > MAX_LOCK_BYTES {
-        return Err(invalid(WHAT, format!("{} bytes", bytes.len())));
-    }
-    let sealed = bytes
-        .strip_prefix(LOCK_MAGIC.as_slice())
-        .ok_or_else(|| invalid(WHAT, "not a lock (no ARBLOCK1 at its start)"))?;
-    let json = keys.open(WHAT, AAD, sealed)?;
-    decode_json(&json)
+    decode_json(&FRAME.open(keys, bytes)?)
 }
 
 /// A lock's opened contents.
 pub fn decode_json(json: &[u8]) -> Result<LockRecord, FormatError> {
-    let record: LockRecord =
-        serde_json::from_slice(json).map_err(|e| invalid("a lock", e.to_string()))?;
+    let record: LockRecord = FRAME.parse(json)?;
     record.validate()?;
     Ok(record)
 }

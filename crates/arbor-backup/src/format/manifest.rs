@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::{BlobId, Keys};
 use crate::format::{
-    invalid, parse_blob_id, Cursor, FormatError, ObjectId, MAX_BLOCK_SIZE, MAX_VOLUME_SIZE,
-    MIN_BLOCK_SIZE, REPO_VERSION,
+    invalid, parse_blob_id, Cursor, FormatError, ObjectId, SealedJson, MAX_BLOCK_SIZE,
+    MAX_VOLUME_SIZE, MIN_BLOCK_SIZE, REPO_VERSION,
 };
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ARBSNAP1";
@@ -117,32 +117,24 @@ impl Manifest {
     }
 }
 
+const FRAME: SealedJson = SealedJson {
+    what: "a backup",
+    magic: SNAPSHOT_MAGIC,
+    aad: AAD,
+    max_bytes: MAX_SNAPSHOT_BYTES,
+};
+
 pub fn encode(keys: &Keys, manifest: &Manifest) -> Vec<u8> {
-    // Plain data with string keys.
-    #[allow(clippy::expect_used)]
-    let json = serde_json::to_vec(manifest).expect("a manifest serializes");
-    let mut out = SNAPSHOT_MAGIC.to_vec();
-    keys.seal(AAD, &json, &mut out);
-    out
+    FRAME.seal(keys, manifest)
 }
 
 pub fn decode(keys: &Keys, bytes: &[u8]) -> Result<Manifest, FormatError> {
-    const WHAT: &str = "a backup";
-    if bytes.len() as u64 > MAX_SNAPSHOT_BYTES {
-        return Err(invalid(WHAT, format!("{} bytes", bytes.len())));
-    }
-    let sealed = bytes
-        .strip_prefix(SNAPSHOT_MAGIC.as_slice())
-        .ok_or_else(|| invalid(WHAT, "not a backup (no ARBSNAP1 at its start)"))?;
-    let json = keys.open(WHAT, AAD, sealed)?;
-    decode_json(&json)
+    decode_json(&FRAME.open(keys, bytes)?)
 }
 
 /// A manifest's opened contents.
 pub fn decode_json(json: &[u8]) -> Result<Manifest, FormatError> {
-    const WHAT: &str = "a backup";
-    let manifest: Manifest =
-        serde_json::from_slice(json).map_err(|e| invalid(WHAT, e.to_string()))?;
+    let manifest: Manifest = FRAME.parse(json)?;
     manifest.validate()?;
     Ok(manifest)
 }

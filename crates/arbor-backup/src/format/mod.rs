@@ -3,6 +3,7 @@
 //! returns a [`FormatError`], never panics, and allocates only what the
 //! limits below allow.
 
+pub mod checkpoint;
 pub mod config;
 pub mod index;
 pub mod lock;
@@ -104,6 +105,51 @@ pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> FormatEr
     FormatError::Invalid {
         what,
         reason: reason.into(),
+    }
+}
+
+/// The frame of an object that is sealed JSON (a manifest, a lock, a
+/// checkpoint): `MAGIC | sealed JSON`, the seal bound to `aad`, at most
+/// `max_bytes` as stored. The one place that frames and opens them.
+pub(crate) struct SealedJson {
+    /// What to call one in an error ("a backup").
+    pub what: &'static str,
+    pub magic: &'static [u8; 8],
+    pub aad: &'static [u8],
+    pub max_bytes: u64,
+}
+
+impl SealedJson {
+    pub fn seal<T: serde::Serialize>(&self, keys: &crate::crypto::Keys, value: &T) -> Vec<u8> {
+        // Plain data with string keys: serializing cannot fail.
+        #[allow(clippy::expect_used)]
+        let json = serde_json::to_vec(value).expect("plain data serializes");
+        let mut out = self.magic.to_vec();
+        keys.seal(self.aad, &json, &mut out);
+        out
+    }
+
+    /// The JSON an object seals, authenticated.
+    pub fn open(&self, keys: &crate::crypto::Keys, bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
+        if bytes.len() as u64 > self.max_bytes {
+            return Err(invalid(self.what, format!("{} bytes", bytes.len())));
+        }
+        let sealed = bytes.strip_prefix(self.magic.as_slice()).ok_or_else(|| {
+            invalid(
+                self.what,
+                format!(
+                    "not {} (no {} at its start)",
+                    self.what,
+                    String::from_utf8_lossy(self.magic)
+                ),
+            )
+        })?;
+        Ok(keys.open(self.what, self.aad, sealed)?)
+    }
+
+    /// Opened JSON as a value (the caller validates it).
+    pub fn parse<T: serde::de::DeserializeOwned>(&self, json: &[u8]) -> Result<T, FormatError> {
+        serde_json::from_slice(json).map_err(|e| invalid(self.what, e.to_string()))
     }
 }
 
