@@ -1034,7 +1034,8 @@ impl LiveRestore {
         let mut wait = Duration::from_secs(1);
         loop {
             match op().await {
-                Err(e) if self.serving && transient(&e) => {
+                // The volume deleted meanwhile: nothing to wait for.
+                Err(e) if self.serving && transient(&e) && self.pool.info(self.volume).is_ok() => {
                     tracing::warn!(volume = %self.name, error = %crate::error_chain(&e), "restore: the store fails; retrying in {wait:?}");
                     *self.waiting_for.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(crate::error_chain(&e));
@@ -1096,6 +1097,9 @@ impl LiveRestore {
                 .map_err(task_error)??;
             self.complete_if_whole();
             if let Some(e) = store_failed {
+                if self.pool.info(self.volume).is_err() {
+                    return Err(e);
+                }
                 tracing::warn!(volume = %self.name, error = %crate::error_chain(&e), "restore: the store fails; retrying in {wait:?}");
                 *self.waiting_for.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some(crate::error_chain(&e));
