@@ -453,6 +453,11 @@ impl Repository {
     /// map piece it names in the index. Any other is ignored (the backup
     /// starts from its first piece, and uploads only what the store lacks).
     async fn resumable(&self, name: &str, template: &Manifest) -> Option<Checkpoint> {
+        // The store's listing under the lock: most backups have none, and
+        // need no read to know it.
+        if !self.index().checkpoints.contains(name) {
+            return None;
+        }
         let bytes = match self.store.get(name).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return None,

@@ -157,7 +157,7 @@ impl Repository {
             all.into_iter().partition(|l| forget.contains(&l.id));
         out.kept_backups = kept.len() as u64;
         // Unfinished backups' checkpoints keep what they name, until old.
-        let (checkpoints, stale_checkpoints) = self.checkpoints().await?;
+        let (checkpoints, stale_checkpoints) = self.checkpoints(&census.checkpoints).await?;
         out.kept_checkpoints = checkpoints.len() as u64;
         out.deleted_checkpoints = stale_checkpoints;
 
@@ -286,11 +286,14 @@ impl Repository {
     /// The checkpoints to keep (by object name), and the names of those to
     /// delete: older than [`CHECKPOINT_MAX_AGE`], or damaged (a checkpoint
     /// only saves reading again; without it a backup starts over).
-    async fn checkpoints(&self) -> Result<(Vec<(String, Checkpoint)>, Vec<String>)> {
+    async fn checkpoints(
+        &self,
+        listed: &[String],
+    ) -> Result<(Vec<(String, Checkpoint)>, Vec<String>)> {
         let (mut keep, mut delete) = (Vec::new(), Vec::new());
         let now = crate::backup::now_ms();
-        for listed in self.store.list(names::CHECKPOINTS).await? {
-            let Some(bytes) = self.store.get(&listed.name).await? else {
+        for name in listed {
+            let Some(bytes) = self.store.get(name).await? else {
                 continue;
             };
             match checkpoint::decode(&self.keys, &bytes) {
@@ -298,9 +301,9 @@ impl Repository {
                     if now.saturating_sub(c.manifest.completed_unix_ms)
                         < CHECKPOINT_MAX_AGE.as_millis() as u64 =>
                 {
-                    keep.push((listed.name, c))
+                    keep.push((name.clone(), c))
                 }
-                _ => delete.push(listed.name),
+                _ => delete.push(name.clone()),
             }
         }
         Ok((keep, delete))

@@ -68,6 +68,8 @@ pub(crate) struct Index {
     /// Packs no index lists whose headers are damaged, with why: their
     /// blobs are unknown.
     pub(crate) damaged: Vec<String>,
+    /// Names of the unfinished backups' checkpoints in the store.
+    pub(crate) checkpoints: HashSet<String>,
 }
 
 impl Index {
@@ -95,6 +97,8 @@ pub(crate) struct PackFound {
 pub(crate) struct Census {
     pub(crate) packs: BTreeMap<ObjectId, PackFound>,
     pub(crate) indexes: Vec<String>,
+    /// Every checkpoint object, by name.
+    pub(crate) checkpoints: Vec<String>,
 }
 
 /// Counts of what an operation has done, read while it runs.
@@ -327,7 +331,15 @@ impl Repository {
     /// by a backup that was cut off), from its header.
     pub(crate) async fn census(&self) -> Result<Census> {
         let mut census = Census::default();
-        for (name, packs) in self.index_objects().await? {
+        // Three listings at once: each is a round trip (or more) to the
+        // store, and every operation begins with them.
+        let (index_objects, pack_listing, checkpoints) = futures::try_join!(
+            self.index_objects(),
+            async { Ok(self.store.list(names::PACKS).await?) },
+            async { Ok(self.store.list(names::CHECKPOINTS).await?) },
+        )?;
+        census.checkpoints = checkpoints.into_iter().map(|l| l.name).collect();
+        for (name, packs) in index_objects {
             for p in packs {
                 census.packs.entry(p.pack).or_insert(PackFound {
                     size: None,
@@ -337,7 +349,7 @@ impl Repository {
             }
             census.indexes.push(name);
         }
-        for listed in self.store.list(names::PACKS).await? {
+        for listed in pack_listing {
             let Some(id) = id_of(&listed.name) else {
                 continue;
             };
@@ -380,6 +392,7 @@ impl Repository {
                 Err(why) => index.damaged.push(why.clone()),
             }
         }
+        index.checkpoints = census.checkpoints.iter().cloned().collect();
         *self.index() = index;
         Ok(census)
     }
