@@ -332,10 +332,13 @@ pub fn decode_header_plain(
             format!("{count} entries in {} bytes", c.remaining()),
         ));
     }
+    let mut at = PACK_MAGIC.len() as u64;
+    // The blobs lie between the magic and the header: a header that
+    // leaves less room than the magic is not a pack's.
     let blobs_end = pack_len
         .checked_sub((sealed_len + TAIL_LEN) as u64)
+        .filter(|&end| end >= at)
         .ok_or_else(|| invalid(WHAT, "longer than its pack"))?;
-    let mut at = PACK_MAGIC.len() as u64;
     let mut entries = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let e = Entry::decode(&mut c, WHAT)?;
@@ -406,6 +409,19 @@ mod tests {
         for (e, b) in entries.iter().zip(&blobs) {
             let sealed = &bytes[e.offset as usize..e.end() as usize];
             assert_eq!(&open_blob(&keys, e, sealed).unwrap(), b);
+        }
+    }
+
+    /// Found by fuzzing: a header with no entries whose pack is too short
+    /// to hold the magic before it underflowed while naming the gap.
+    #[test]
+    fn a_header_leaving_no_room_for_the_magic_is_refused() {
+        let no_entries = 0u32.to_le_bytes();
+        for pack_len in 0..=(PACK_MAGIC.len() + TAIL_LEN + SEAL_OVERHEAD + 4 + 8) as u64 {
+            let sealed_len = no_entries.len() + SEAL_OVERHEAD;
+            let got = decode_header_plain(&no_entries, sealed_len, pack_len);
+            let fits = pack_len == (PACK_MAGIC.len() + TAIL_LEN + sealed_len) as u64;
+            assert_eq!(got.is_ok(), fits, "pack of {pack_len} bytes: {got:?}");
         }
     }
 
