@@ -555,6 +555,15 @@ async fn instant_restore(
     backup: ObjectId,
     volume: &str,
 ) -> Result<RestoreView, ApiError> {
+    // Without the pool's list of restores, a restore cut off could not be
+    // taken up, and its volume would serve holes as zeros.
+    if !backups.pool.format_version().has_properties() {
+        return Err(ApiError::from(DaemonError::from(
+            arbor_engine::Error::from(arbor_engine::Refusal::Unsupported(
+                arbor_engine::Unsupported::Format(arbor_engine::Capability::Properties),
+            )),
+        )));
+    }
     // Listed in the pool before its volume exists: cut off, the next
     // start takes it up.
     backups

@@ -736,3 +736,40 @@ fn an_instant_restore_fails_only_the_blocks_of_a_damaged_pack() {
             .any(|a| a["kind"] == "restore_incomplete")
     });
 }
+
+/// A pool whose format keeps no properties cannot list a restore under
+/// way, so an instant one (which a restart must take up, or its volume
+/// would serve holes as zeros) is refused there, saying to upgrade; a plain
+/// restore still works.
+#[test]
+fn an_instant_restore_needs_a_pool_that_keeps_properties() {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = LocalRepo::new(tmp.path());
+    let source = Daemon::start(&["--config", p(&local.config), "--initial-volume-size", "1M"]);
+    source.ok(&["snapshot", "create", "disk0@a"]);
+    let made = source.json(&["backup", "create", "local", "disk0@a"]);
+    let id = made["id"].as_str().unwrap().to_owned();
+    drop(source);
+
+    let old = tmp.path().join("old.img");
+    ok(&[
+        "pool",
+        "create",
+        p(&old),
+        "--size",
+        "64M",
+        "--format-version",
+        "3",
+    ]);
+    let daemon = Daemon::start(&["--pool", p(&old), "--config", p(&local.config)]);
+    daemon.fails(
+        &["backup", "restore", "local", &id, "dr", "--instant"],
+        5,
+        "arbor pool upgrade",
+    );
+    assert!(!daemon
+        .ok(&["volume", "list"])
+        .lines()
+        .any(|l| l.starts_with("dr ")));
+    daemon.ok(&["backup", "restore", "local", &id, "dr"]);
+}
