@@ -270,12 +270,14 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
         tasks.spawn(replication.clone().serve(listener));
     }
     replication.start_pairs();
+    // Every listener is bound (before the tasks that accept on them). Ready
+    // is said before the watchdog task exists: its first ping, on another
+    // thread, came before READY=1 in a CI run.
+    crate::systemd::ready(&format!("serving {}", open.path.display()));
     tasks.spawn(crate::systemd::watchdog(
         Arc::clone(&open.pool),
         stop.clone(),
     ));
-    // Every listener is bound (before the tasks that accept on them).
-    crate::systemd::ready(&format!("serving {}", open.path.display()));
 
     let served = supervise(&mut tasks, &stop, termination_signal()).await;
     crate::systemd::stopping();
