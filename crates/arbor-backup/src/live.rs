@@ -49,6 +49,15 @@ const SWEEP_BLOCKS: usize = 256;
 /// The longest wait between retries of a store that fails.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// Whether blocks a restore writes are kept in the host's page cache: those
+/// a client's read fetched are read at once; the fill's, a whole volume
+/// that nothing may read for a long time, bypass it (`Pool::write_uncached`).
+#[derive(Debug, Clone, Copy)]
+enum Cache {
+    Keep,
+    Bypass,
+}
+
 /// What a block is (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -738,7 +747,7 @@ impl LiveRestore {
                 }
             }
         }
-        let written = self.put(claims, got);
+        let written = self.put(claims, got, Cache::Keep);
         // The rest (a store error) go back to absent when `claims` drops.
         self.changed.notify_all();
         match (written, first_error) {
@@ -749,7 +758,12 @@ impl LiveRestore {
 
     /// Writes claimed blocks (neighbours together); `None` ones need no
     /// write. Returns how many were written.
-    fn put(&self, claims: &mut Claims<'_>, mut got: Vec<(u64, Option<Vec<u8>>)>) -> Result<u64> {
+    fn put(
+        &self,
+        claims: &mut Claims<'_>,
+        mut got: Vec<(u64, Option<Vec<u8>>)>,
+        cache: Cache,
+    ) -> Result<u64> {
         got.sort_by_key(|(b, _)| *b);
         let mut written = 0;
         let mut run: Vec<u64> = Vec::new();
@@ -760,7 +774,10 @@ impl LiveRestore {
                     return Ok(0);
                 }
                 let at = run[0] * self.block_size;
-                self.pool.write(self.volume, at, buf)?;
+                match cache {
+                    Cache::Keep => self.pool.write(self.volume, at, buf)?,
+                    Cache::Bypass => self.pool.write_uncached(self.volume, at, buf)?,
+                }
                 let n = run.len() as u64;
                 self.settle_written(claims, run[0]..run[0] + n);
                 run.clear();
@@ -784,8 +801,9 @@ impl LiveRestore {
         Ok(written)
     }
 
-    /// Claims those of `got` still absent (or failed) and writes them; the
-    /// others someone else has written or is writing.
+    /// Claims those of `got` still absent (or failed) and writes them (the
+    /// fill's, past the page cache); the others someone else has written
+    /// or is writing.
     fn offer(&self, got: Vec<(u64, Option<Vec<u8>>)>) -> Result<u64> {
         let mut claims = Claims {
             live: self,
@@ -803,7 +821,7 @@ impl LiveRestore {
                 })
                 .collect()
         };
-        let written = self.put(&mut claims, got);
+        let written = self.put(&mut claims, got, Cache::Bypass);
         drop(claims);
         self.changed.notify_all();
         written

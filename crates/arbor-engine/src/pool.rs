@@ -1424,6 +1424,7 @@ impl Pool {
             fill: Fill::Zeros,
             unmap: true,
             past_end: true,
+            uncached: false,
         })
     }
 
@@ -1825,17 +1826,37 @@ impl Pool {
 
     /// Writes `data` at `offset`. Durable after the next [`Pool::flush`].
     pub fn write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_unit(Unit::data(id, offset, data))
+    }
+
+    /// A write of `unit`'s data (see `write`, `write_uncached`).
+    fn write_unit(&self, unit: Unit<'_>) -> Result<()> {
         self.counters.request();
-        let layout = self.check_write(id, offset, data.len() as u64)?.0;
+        let layout = self.check_write(unit.id, unit.offset, unit.len)?.0;
         if let arbor_format::DataLayout::Cow(_) = layout {
-            let written = self.cow_write(id.0, offset, data.len() as u64, Fill::Data(data));
+            let written = self.cow_write(unit.id.0, unit.offset, unit.len, unit.fill);
             // A write over part of a damaged block of a home in the pool
             // fails, as does one whose copy for a snapshot reads one.
             return self.after_damage(self.after_origin_error(written));
         }
         // A write over part of a damaged block fails (its edges are read).
-        let written = self.apply_all(Unit::data(id, offset, data));
+        let written = self.apply_all(unit);
         self.after_damage(written)
+    }
+
+    /// Writes as [`Pool::write`] does, with the same atomicity and
+    /// durability, for bulk data that nothing reads soon (a restore's
+    /// fill): the chunks it allocates are written past the host's page
+    /// cache where the device can ([`BlockDevice::write_uncached`]), so a
+    /// restore of a large volume neither pays for cache pages and their
+    /// writeback at the next flush nor evicts what the cache holds for
+    /// other volumes. Chunks overwritten in place, and copy-on-write
+    /// volumes, go through the cache as `write` does.
+    pub fn write_uncached(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_unit(Unit {
+            uncached: true,
+            ..Unit::data(id, offset, data)
+        })
     }
 
     /// Checks a write request; returns the volume's layout and backing.

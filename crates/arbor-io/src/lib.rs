@@ -61,6 +61,16 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes as `write_at` does (seen by every later read, durable only
+    /// after a later `flush`), bypassing the host's page cache where the
+    /// device can: for much data that nothing reads soon (a restore's
+    /// fill), which should neither pay for new cache pages and their later
+    /// writeback nor evict what the cache holds for clients. The caller
+    /// makes sure nothing reads or writes the range while it runs. The
+    /// default is `write_at`.
+    fn write_uncached(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)
+    }
     /// Writes each buffer at its offset, as `write_at` would, in any order
     /// and possibly several at once: a batch of independent writes (a
     /// commit's metadata blocks) that a device waiting for each write in

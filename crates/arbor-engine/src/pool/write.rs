@@ -51,6 +51,11 @@ const UNIT_BYTES: u64 = 32 << 20;
 /// limited (the whole run is one write: their pages are usually cached
 /// already, and one write per run is what made large overwrites fast).
 const MAX_NEW_CHUNK_WRITE: u64 = 64 << 10;
+/// Longest run of consecutive new chunks merged into one device write for
+/// a unit written past the page cache ([`Unit::uncached`]): no folios to
+/// keep small there, and each direct write waits for the device. At most
+/// the bounce buffer a thread keeps (arbor-io `MAX_KEPT_BOUNCE`).
+const MAX_UNCACHED_WRITE: u64 = 4 << 20;
 
 /// Chunks a unit covers at most with chunks of `cs` bytes: a request of
 /// `UNIT_BYTES` that does not start on a chunk boundary touches one more.
@@ -80,6 +85,11 @@ pub(super) struct Unit<'a> {
     /// May write past the size up to the end of the last chunk (only to
     /// zero that tail before a grow makes it part of the volume).
     pub past_end: bool,
+    /// Bulk data nothing reads soon (a restore's fill): its new chunks are
+    /// written past the host's page cache ([`BlockDevice::write_uncached`])
+    /// in runs of up to [`MAX_UNCACHED_WRITE`]. Chunks overwritten in
+    /// place still go through the cache: clients may be reading them.
+    pub uncached: bool,
 }
 
 impl<'a> Unit<'a> {
@@ -92,6 +102,7 @@ impl<'a> Unit<'a> {
             fill: Fill::Data(data),
             unmap: false,
             past_end: false,
+            uncached: false,
         }
     }
 
@@ -105,6 +116,7 @@ impl<'a> Unit<'a> {
             fill: Fill::Zeros,
             unmap,
             past_end: false,
+            uncached: false,
         }
     }
 
@@ -705,7 +717,11 @@ impl Pool {
                 });
             }
         };
-        let mut runs = Runs::new(MAX_NEW_CHUNK_WRITE);
+        let mut runs = Runs::new(if unit.uncached {
+            MAX_UNCACHED_WRITE
+        } else {
+            MAX_NEW_CHUNK_WRITE
+        });
         for (w, plan) in wanted.iter().zip(plans) {
             let (old, new) = match *plan {
                 ChunkPlan::Redirect { old, new } => (old, new),
@@ -713,7 +729,7 @@ impl Pool {
                 // blocks outside its mask read from its other layers.
                 ChunkPlan::Partial { old, to, keep } => {
                     if let Some(run) = runs.take() {
-                        self.write_run(unit, &run)?;
+                        self.write_run(unit, &run, unit.uncached)?;
                     }
                     let kept = unit.kept(w.chunk, cs, keep);
                     let buf = self.write_partial_chunk(unit, w.chunk, to.phys, old, kept)?;
@@ -745,7 +761,7 @@ impl Pool {
                     }
                     let device = geo.chunk_offset(to) + within;
                     if let Some(run) = runs.add(span, device) {
-                        self.write_run(unit, &run)?;
+                        self.write_run(unit, &run, unit.uncached)?;
                     }
                     continue;
                 }
@@ -757,13 +773,13 @@ impl Pool {
                     record(new, 0, unit.sums_from(pre, span.clone()));
                 }
                 if let Some(run) = runs.add(span, geo.chunk_offset(new)) {
-                    self.write_run(unit, &run)?;
+                    self.write_run(unit, &run, unit.uncached)?;
                 }
                 continue;
             }
             // A partial chunk: the old data (or zeros) around the write.
             if let Some(run) = runs.take() {
-                self.write_run(unit, &run)?;
+                self.write_run(unit, &run, unit.uncached)?;
             }
             let mut buf = vec![0u8; cs as usize];
             match (old, backing) {
@@ -788,7 +804,7 @@ impl Pool {
             }
         }
         if let Some(run) = runs.take() {
-            self.write_run(unit, &run)?;
+            self.write_run(unit, &run, unit.uncached)?;
         }
         Ok(sums)
     }
@@ -875,11 +891,11 @@ impl Pool {
             let span = unit.span(w.chunk, cs);
             let device = geo.chunk_offset(phys) + (span.start - w.chunk * cs);
             if let Some(run) = runs.add(span, device) {
-                self.write_run(unit, &run)?;
+                self.write_run(unit, &run, false)?;
             }
         }
         if let Some(run) = runs.take() {
-            self.write_run(unit, &run)?;
+            self.write_run(unit, &run, false)?;
         }
         Ok(())
     }
@@ -945,12 +961,18 @@ impl Pool {
         Ok(in_place)
     }
 
-    fn write_run(&self, unit: &Unit<'_>, run: &Run) -> Result<()> {
+    /// Writes a run of the unit's bytes (or zeros); `uncached`, past the
+    /// page cache.
+    fn write_run(&self, unit: &Unit<'_>, run: &Run, uncached: bool) -> Result<()> {
         match unit.fill {
             Fill::Data(d) => {
                 let from = (run.logical.start - unit.offset) as usize;
                 let to = (run.logical.end - unit.offset) as usize;
-                self.store.dev.write_at(&d[from..to], run.device)?;
+                if uncached {
+                    self.store.dev.write_uncached(&d[from..to], run.device)?;
+                } else {
+                    self.store.dev.write_at(&d[from..to], run.device)?;
+                }
             }
             Fill::Zeros => {
                 let len = run.logical.end - run.logical.start;
@@ -1004,6 +1026,7 @@ mod tests {
             fill: Fill::Zeros,
             unmap,
             past_end: false,
+            uncached: false,
         }
     }
 
