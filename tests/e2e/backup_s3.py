@@ -320,7 +320,7 @@ def body(daemon):
         pruned = cli_json(daemon, "backup", "prune", "rgw", "--keep", "frequent=1")
         if len(pruned["stale_locks"]) != len(dry["stale_locks"]):
             raise Failure(f"the dry run found {dry['stale_locks']} stale, the prune {pruned['stale_locks']}")
-        for k in ("forgotten", "deleted_packs", "repacked_packs"):
+        for k in ("forgotten", "deleted_packs", "repacked_packs", "small_packs"):
             if pruned[k] != dry[k]:
                 raise Failure(f"the prune's {k} differs from its dry run's: {pruned[k]} / {dry[k]}")
         if not any("is gone" in lock for lock in pruned["stale_locks"]):

@@ -1489,6 +1489,11 @@ pub struct BackupPruneView {
     pub deleted_packs: Vec<String>,
     /// Packs rewritten (their used blobs copied to new packs), then deleted.
     pub repacked_packs: Vec<String>,
+    /// Those of `repacked_packs` rewritten for being small (under 4 MiB:
+    /// each backup's last pack), combined with others, not for their
+    /// unused bytes.
+    #[serde(default)]
+    pub small_packs: Vec<String>,
     /// Index objects replaced by new ones.
     pub replaced_indexes: Vec<String>,
     pub written_packs: u64,

@@ -44,13 +44,22 @@ pub struct PruneOptions {
     pub dry_run: bool,
     /// Repack a pack when at least this much of it (by bytes) is unused.
     pub repack_unused_percent: u8,
+    /// Packs smaller than this (each backup's last one, a checkpoint's)
+    /// are combined: repacked together, with any pack repacked for its
+    /// unused bytes, when there are two or more to repack. 0: never.
+    pub small_pack_bytes: u64,
 }
+
+/// Packs below half the size a backup writes are small
+/// ([`PruneOptions::small_pack_bytes`]).
+pub const SMALL_PACK_BYTES: u64 = TARGET_PACK_BYTES as u64 / 2;
 
 impl Default for PruneOptions {
     fn default() -> Self {
         PruneOptions {
             dry_run: false,
             repack_unused_percent: 25,
+            small_pack_bytes: SMALL_PACK_BYTES,
         }
     }
 }
@@ -69,6 +78,9 @@ pub struct Pruned {
     /// Packs repacked: their used blobs copied into new packs, then
     /// deleted.
     pub repacked_packs: Vec<String>,
+    /// Those of `repacked_packs` repacked for being small
+    /// ([`PruneOptions::small_pack_bytes`]), not for their unused bytes.
+    pub small_packs: Vec<String>,
     /// Index objects replaced by the new ones.
     pub replaced_indexes: Vec<String>,
     /// New packs and index objects written (in a dry run, how many).
@@ -97,6 +109,8 @@ pub const CHECKPOINT_MAX_AGE: std::time::Duration = std::time::Duration::from_se
 struct Plan {
     delete: Vec<ObjectId>,
     repack: Vec<ObjectId>,
+    /// Those of `repack` there for being small.
+    small: Vec<ObjectId>,
     keep: Vec<ObjectId>,
     /// Per blob needed, its home pack.
     homes: HashMap<BlobId, ObjectId>,
@@ -176,7 +190,7 @@ impl Repository {
             )
             .collect();
         let used = self.mark(&roots).await?;
-        let plan = plan(&census, &used, options.repack_unused_percent)?;
+        let plan = plan(&census, &used, &options)?;
         let packs_change = !plan.delete.is_empty() || !plan.repack.is_empty();
         let size = |id: &ObjectId| census.packs.get(id).and_then(|p| p.size).unwrap_or(0);
         out.bytes_before = census.packs.keys().map(size).sum();
@@ -184,6 +198,7 @@ impl Repository {
         out.removed_blobs = plan.removed_blobs;
         out.deleted_packs = plan.delete.iter().map(names::pack).collect();
         out.repacked_packs = plan.repack.iter().map(names::pack).collect();
+        out.small_packs = plan.small.iter().map(names::pack).collect();
         let kept_bytes: u64 = plan.keep.iter().map(size).sum();
         // What a dry run reports; a prune replaces the estimates by what it
         // wrote. Indexes are rewritten only when packs go.
@@ -371,7 +386,7 @@ impl Repository {
 
 /// Decides each pack's fate. Every blob `used` needs must have a home in
 /// a readable pack, or nothing is deleted.
-fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> Result<Plan> {
+fn plan(census: &Census, used: &HashSet<BlobId>, options: &PruneOptions) -> Result<Plan> {
     let mut out = Plan::default();
     // Only packs the store holds: one an index lists and the store does
     // not is no home, and nothing to delete.
@@ -389,7 +404,9 @@ fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> R
             .collect();
         return Err(damaged_repository(missing, &damaged));
     }
-    let percent = u64::from(repack_unused_percent.min(100));
+    let percent = u64::from(options.repack_unused_percent.min(100));
+    // Small packs that would stay: (id, used bytes, unused blobs).
+    let mut small = Vec::new();
     for (id, found) in held() {
         let size = found.size.unwrap_or(0);
         let Ok(entries) = &found.entries else {
@@ -414,9 +431,23 @@ fn plan(census: &Census, used: &HashSet<BlobId>, repack_unused_percent: u8) -> R
             out.repack.push(*id);
             out.repack_used_bytes += used_bytes;
             out.removed_blobs += unused_blobs;
+        } else if size < options.small_pack_bytes {
+            small.push((*id, used_bytes, unused_blobs));
         } else {
             out.keep.push(*id);
         }
+    }
+    // A small pack alone would only be copied into another as small: they
+    // go when at least two packs are rewritten together.
+    if small.len() + out.repack.len() >= 2 {
+        for (id, used_bytes, unused_blobs) in small {
+            out.repack.push(id);
+            out.small.push(id);
+            out.repack_used_bytes += used_bytes;
+            out.removed_blobs += unused_blobs;
+        }
+    } else {
+        out.keep.extend(small.into_iter().map(|(id, _, _)| id));
     }
     Ok(out)
 }

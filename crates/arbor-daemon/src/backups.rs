@@ -757,6 +757,7 @@ impl Backups {
         let options = PruneOptions {
             dry_run,
             repack_unused_percent,
+            ..PruneOptions::default()
         };
         let job = self.jobs.start(JobKind::Prune, repository, "");
         let p = repo.prune(choose, options, &job.progress).await;
@@ -768,6 +769,7 @@ impl Backups {
             forgotten = p.forgotten.len(),
             deleted_packs = p.deleted_packs.len(),
             repacked_packs = p.repacked_packs.len(),
+            small_packs = p.small_packs.len(),
             bytes_before = p.bytes_before,
             bytes_after = p.bytes_after,
             "pruned"
@@ -791,6 +793,7 @@ impl Backups {
             kept: views(kept),
             deleted_packs: p.deleted_packs,
             repacked_packs: p.repacked_packs,
+            small_packs: p.small_packs,
             replaced_indexes: p.replaced_indexes,
             written_packs: p.written_packs,
             written_indexes: p.written_indexes,

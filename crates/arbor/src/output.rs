@@ -1257,7 +1257,11 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
         text += &format!("{deleted} {name} (unused)\n");
     }
     for name in &v.repacked_packs {
-        text += &format!("{deleted} {name} (partly used: repacked)\n");
+        if v.small_packs.contains(name) {
+            text += &format!("{deleted} {name} (small: combined into a new pack)\n");
+        } else {
+            text += &format!("{deleted} {name} (partly used: repacked)\n");
+        }
     }
     for name in &v.replaced_indexes {
         text += &format!("{deleted} {name} (index, replaced)\n");
@@ -1275,8 +1279,8 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
         );
     }
     text += &format!(
-        "{}{}: {} backups forgotten, {} kept; {} packs deleted, {} repacked into {}; {} blobs \
-         removed, {} kept; {} -> {}\n",
+        "{}{}: {} backups forgotten, {} kept; {} packs deleted, {} repacked ({} small) into {}; \
+         {} blobs removed, {} kept; {} -> {}\n",
         if v.dry_run {
             "dry run, nothing changed: "
         } else {
@@ -1287,6 +1291,7 @@ pub fn backup_pruned(v: &arbor_api::model::BackupPruneView) -> String {
         v.kept.len(),
         v.deleted_packs.len(),
         v.repacked_packs.len(),
+        v.small_packs.len(),
         v.written_packs,
         v.removed_blobs,
         v.kept_blobs,
