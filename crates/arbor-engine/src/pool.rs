@@ -1846,12 +1846,13 @@ impl Pool {
 
     /// Writes as [`Pool::write`] does, with the same atomicity and
     /// durability, for bulk data that nothing reads soon (a restore's
-    /// fill): the chunks it allocates are written past the host's page
-    /// cache where the device can ([`BlockDevice::write_uncached`]), so a
-    /// restore of a large volume neither pays for cache pages and their
-    /// writeback at the next flush nor evicts what the cache holds for
-    /// other volumes. Chunks overwritten in place, and copy-on-write
-    /// volumes, go through the cache as `write` does.
+    /// fill): the chunks it allocates are written so that they leave the
+    /// host's page cache once written back, where the device can
+    /// ([`BlockDevice::write_uncached`]), so a restore of a large volume
+    /// neither keeps gigabytes of dirty pages for the next flush nor
+    /// evicts what the cache holds for other volumes. Chunks overwritten
+    /// in place, and copy-on-write volumes, go through the cache as
+    /// `write` does.
     pub fn write_uncached(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
         self.write_unit(Unit {
             uncached: true,

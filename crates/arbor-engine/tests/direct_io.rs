@@ -148,21 +148,6 @@ fn reopens_with(path: &std::path::Path, history: &History) {
     }
 }
 
-/// Bytes of `path` in the host's page cache (util-linux `fincore`).
-fn cached_bytes(path: &std::path::Path) -> u64 {
-    let out = std::process::Command::new("fincore")
-        .args(["--bytes", "--noheadings", "--output", "RES"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "fincore: {out:?}");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// `write_uncached` on a pool through the page cache (a restore's fill):
 /// mixed with ordinary writes, snapshots and flushes it gives exactly what
 /// `write` gives, its new chunks carry checksums a scrub verifies, the pool
@@ -196,7 +181,7 @@ fn uncached_writes_match_the_model_and_stay_out_of_the_page_cache() {
         let pool = create(FileDevice::create_file(&path, 256 * MIB).unwrap());
         let bulk = pool.create_volume("bulk", 32 * MIB).unwrap();
         pool.flush().unwrap();
-        let before = cached_bytes(&path);
+        let before = arbor_io::cached_bytes(&path).unwrap();
         let data = vec![0x5au8; 4 * MIB as usize];
         for i in 0..8 {
             if uncached {
@@ -206,7 +191,7 @@ fn uncached_writes_match_the_model_and_stay_out_of_the_page_cache() {
             }
         }
         pool.flush().unwrap();
-        let after = cached_bytes(&path);
+        let after = arbor_io::cached_bytes(&path).unwrap();
         let mut back = vec![0u8; 32 * MIB as usize];
         pool.read(bulk, 0, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0x5a));

@@ -52,11 +52,17 @@ pub struct FileDevice {
     /// the same.
     rings: bool,
     /// Opened through the page cache: a second handle of the same file
-    /// with `O_DIRECT`, for [`BlockDevice::read_uncached`] and
-    /// [`BlockDevice::write_uncached`], opened at its first use (None
-    /// inside: the file takes no direct I/O).
+    /// with `O_DIRECT`, for [`BlockDevice::read_uncached`], opened at its
+    /// first use (None inside: the file takes no direct I/O).
     uncached: std::sync::OnceLock<Option<(File, Direct)>>,
+    /// Set once the kernel refused `RWF_DONTCACHE`: `write_uncached`
+    /// writes through the cache from then on.
+    no_dontcache: std::sync::atomic::AtomicBool,
 }
+
+/// `RWF_DONTCACHE` (linux/fs.h, Linux 6.14): a buffered write whose pages
+/// are dropped once written back.
+const RWF_DONTCACHE: u32 = 0x80;
 
 /// How [`FileDevice`] carries out a batch of independent operations with
 /// direct I/O (`BlockDevice::write_batch`: a commit's metadata blocks;
@@ -169,17 +175,17 @@ impl FileDevice {
             direct,
             rings,
             uncached: std::sync::OnceLock::new(),
+            no_dontcache: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// The file again, read-write with `O_DIRECT`, through this process's
+    /// The file again, read-only with `O_DIRECT`, through this process's
     /// descriptor of it (the same inode, whatever its path now); None if
     /// it takes no direct I/O.
     fn reopen_direct(&self) -> Option<(File, Direct)> {
         use std::os::fd::AsRawFd;
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
             .custom_flags(OFlags::DIRECT.bits() as i32)
             .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
             .ok()?;
@@ -555,31 +561,39 @@ impl BlockDevice for FileDevice {
         })
     }
 
-    /// Opened with direct I/O: `write_at`. Through the page cache: a write
-    /// whose offset and length the device's direct-I/O alignment allows
-    /// goes through the second handle opened with `O_DIRECT` (memory that
-    /// is not aligned through this thread's bounce buffer). The kernel
-    /// writes back and drops cached pages of the range around a direct
-    /// write, so later reads through the cache see it, and `flush`
-    /// (`fdatasync` of the same inode) makes it durable. Any other write,
-    /// or where the file takes no direct I/O, goes through the cache.
+    /// Opened with direct I/O: `write_at`. Through the page cache: a
+    /// buffered write with `RWF_DONTCACHE` (Linux 6.14; ext4, XFS, block
+    /// devices), whose pages the kernel writes back at once and drops once
+    /// written. Not `O_DIRECT` through a second handle: a direct write
+    /// beside buffered I/O of the same large folio (a neighbouring chunk a
+    /// client reads and writes meanwhile) can leave stale cached pages
+    /// behind it, which the kernel reports as an error at the next
+    /// `fdatasync`. Where the kernel or the filesystem refuses the flag
+    /// (`EOPNOTSUPP`), an ordinary `write_at`, and every later one too.
     fn write_uncached(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.direct.is_some() || buf.is_empty() {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.direct.is_some() || buf.is_empty() || self.no_dontcache.load(Relaxed) {
             return self.write_at(buf, offset);
         }
-        match self.uncached.get_or_init(|| self.reopen_direct()) {
-            Some((file, direct)) if direct.offset_aligned(offset, buf.len()) => {
-                check_range(offset, buf.len(), self.size())?;
-                if direct.mem_aligned(buf) {
-                    return file.write_all_at(buf, offset);
+        check_range(offset, buf.len(), self.size())?;
+        let flags = rustix::io::ReadWriteFlags::from_bits_retain(RWF_DONTCACHE);
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = [io::IoSlice::new(&buf[done..])];
+            // In range: checked above, and done < buf.len().
+            let at = offset + done as u64;
+            match rustix::io::pwritev2(&self.file, &rest, at, flags) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::OPNOTSUPP) if done == 0 => {
+                    self.no_dontcache.store(true, Relaxed);
+                    return self.write_at(buf, offset);
                 }
-                direct.with_bounce(buf.len(), |bounce| {
-                    bounce.copy_from_slice(buf);
-                    file.write_all_at(bounce, offset)
-                })
+                Err(e) => return Err(e.into()),
             }
-            _ => self.write_at(buf, offset),
         }
+        Ok(())
     }
 
     /// With direct I/O each write waits for the device, so a batch is
@@ -840,16 +854,16 @@ mod tests {
         assert!(dev.read_uncached(&mut big[..4096], SIZE as u64).is_err());
     }
 
-    /// Through the page cache, `write_uncached` writes aligned ranges with
-    /// `O_DIRECT` through the second handle, over cached pages dirtied
-    /// before it and under cached pages read before it, and every later
-    /// read sees it: through the cache, uncached, and from a new handle
-    /// after `flush`. Unaligned ones, aligned memory or not, behave as
-    /// `write_at`'s; ranges out of the device fail.
+    /// Through the page cache, `write_uncached` (`RWF_DONTCACHE`) mixed
+    /// with cached writes and reads of any offset, length and memory
+    /// alignment is seen by every later read: through the cache,
+    /// uncached, and from a new handle after `flush`; and what it wrote
+    /// leaves the cache once flushed, where `write_at`'s stays. Ranges out
+    /// of the device fail.
     #[test]
     fn uncached_writes_of_a_buffered_device_are_seen_by_every_read() {
         use rand::{Rng, SeedableRng};
-        const SIZE: usize = 4 << 20;
+        const SIZE: usize = 16 << 20;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dev");
         let dev = FileDevice::create_file(&path, SIZE as u64).unwrap();
@@ -857,28 +871,24 @@ mod tests {
         let mut model = vec![0u8; SIZE];
         let mut big = crate::LargeBuffer::new(SIZE).unwrap();
         for round in 0..60 {
-            // A cached write (dirty pages), then a cached read of a range
-            // (clean pages), then an uncached write over both, aligned or
-            // not, from aligned memory or not.
+            // A cached write (dirty pages), a cached read near it (clean
+            // pages), then an uncached write over both.
             let len = rng.gen_range(1..70_000usize);
-            let at = rng.gen_range(0..SIZE - len);
+            let at = rng.gen_range(0..SIZE / 2 - len);
             let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
             dev.write_at(&data, at as u64).unwrap();
             model[at..at + len].copy_from_slice(&data);
             let mut seen = vec![0u8; 8192];
-            let near = at.min(SIZE - 8192);
-            dev.read_at(&mut seen, near as u64).unwrap();
-            let (start, n) = if round % 3 == 2 {
-                let n = rng.gen_range(1..70_000usize);
-                (rng.gen_range(0..SIZE - n), n)
+            dev.read_at(&mut seen, at.min(SIZE - 8192) as u64).unwrap();
+            let n = rng.gen_range(1..70_000usize);
+            let start = if round % 2 == 0 {
+                at.saturating_sub(n / 2)
             } else {
-                let n = rng.gen_range(1..17usize) * 4096;
-                ((at / 4096 * 4096).min(SIZE - n), n)
+                rng.gen_range(0..SIZE / 2 - n)
             };
-            let offset_in_memory = if round % 2 == 0 { 0 } else { 1 };
             let mut data = vec![0u8; n + 1];
             rng.fill(&mut data[..]);
-            let data = &data[offset_in_memory..offset_in_memory + n];
+            let data = &data[round % 2..round % 2 + n];
             dev.write_uncached(data, start as u64).unwrap();
             model[start..start + n].copy_from_slice(data);
             let mut back = vec![0u8; n];
@@ -888,11 +898,29 @@ mod tests {
                 "round {round}: cached read"
             );
             let a = start / 4096 * 4096;
-            let m = (n + (start - a)).next_multiple_of(4096).min(SIZE - a);
+            let m = (n + (start - a)).next_multiple_of(4096);
             dev.read_uncached(&mut big[..m], a as u64).unwrap();
             assert!(big[..m] == model[a..a + m], "round {round}: uncached read");
         }
         dev.flush().unwrap();
+        // 4 MiB each way into the untouched half.
+        let before = crate::cached_bytes(&path).unwrap();
+        let block = vec![0x5au8; 4 << 20];
+        dev.write_uncached(&block, (SIZE / 2) as u64).unwrap();
+        dev.flush().unwrap();
+        let uncached = crate::cached_bytes(&path).unwrap().saturating_sub(before);
+        dev.write_at(&block, (SIZE / 2 + (4 << 20)) as u64).unwrap();
+        dev.flush().unwrap();
+        let cached = crate::cached_bytes(&path).unwrap().saturating_sub(before);
+        assert!(
+            uncached < 1 << 20,
+            "write_uncached left {uncached} bytes cached"
+        );
+        assert!(
+            cached >= 4 << 20,
+            "write_at left only {cached} bytes cached"
+        );
+        model[SIZE / 2..SIZE / 2 + (8 << 20)].fill(0x5a);
         drop(dev);
         let again = FileDevice::open(&path).unwrap();
         again.read_at(&mut big[..], 0).unwrap();
@@ -901,10 +929,28 @@ mod tests {
         assert!(again
             .write_uncached(&[0u8; 8192], SIZE as u64 - 4096)
             .is_err());
-        again.write_uncached(&[7u8; 4096], 0).unwrap();
-        let (file, _) = again.uncached.get().unwrap().as_ref().unwrap();
-        let flags = rustix::fs::fcntl_getfl(file).unwrap();
-        assert!(flags.contains(OFlags::DIRECT) && flags.contains(OFlags::RDWR));
+        assert!(!again
+            .no_dontcache
+            .load(std::sync::atomic::Ordering::Relaxed));
+    }
+
+    /// Where the filesystem refuses `RWF_DONTCACHE` (tmpfs), `write_uncached`
+    /// writes through the cache, now and from then on.
+    #[test]
+    fn uncached_writes_where_the_filesystem_refuses_them_go_through_the_cache() {
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+            return; // no tmpfs here
+        };
+        let path = dir.path().join("dev");
+        let dev = FileDevice::create_file(&path, 1 << 20).unwrap();
+        dev.write_uncached(&[7u8; 10_000], 100).unwrap();
+        let mut back = vec![0u8; 10_002];
+        dev.read_at(&mut back, 99).unwrap();
+        assert!(back[0] == 0 && back[10_001] == 0 && back[1..10_001].iter().all(|&b| b == 7));
+        assert!(dev.no_dontcache.load(std::sync::atomic::Ordering::Relaxed));
+        dev.write_uncached(&[8u8; 4096], 0).unwrap();
+        dev.read_at(&mut back[..4096], 0).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 8));
     }
 
     /// Random reads and writes of any offset, length and memory alignment

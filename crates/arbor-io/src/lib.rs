@@ -38,6 +38,26 @@ pub use sim::{SimDisk, SimDiskHandle};
 
 use std::io;
 
+/// Bytes of the file at `path` that are in the host's page cache now, as
+/// util-linux `fincore` counts them: for tests that a write kept its data
+/// out of the cache (`BlockDevice::write_uncached`).
+pub fn cached_bytes(path: &std::path::Path) -> io::Result<u64> {
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().parse() {
+        Ok(bytes) if out.status.success() => Ok(bytes),
+        _ => Err(io::Error::other(format!(
+            "fincore {}: {} {}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
 /// Size of a sector: the unit a power cut can tear writes into.
 pub const SECTOR_SIZE: u64 = 512;
 
@@ -62,11 +82,10 @@ pub trait BlockDevice: Send + Sync {
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Writes as `write_at` does (seen by every later read, durable only
-    /// after a later `flush`), bypassing the host's page cache where the
-    /// device can: for much data that nothing reads soon (a restore's
-    /// fill), which should neither pay for new cache pages and their later
-    /// writeback nor evict what the cache holds for clients. The caller
-    /// makes sure nothing reads or writes the range while it runs. The
+    /// after a later `flush`), keeping the data out of the host's page
+    /// cache where the device can: for much data that nothing reads soon
+    /// (a restore's fill), which should neither pile up as dirty pages for
+    /// the next flush nor evict what the cache holds for clients. The
     /// default is `write_at`.
     fn write_uncached(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.write_at(buf, offset)

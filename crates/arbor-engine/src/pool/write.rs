@@ -52,9 +52,10 @@ const UNIT_BYTES: u64 = 32 << 20;
 /// already, and one write per run is what made large overwrites fast).
 const MAX_NEW_CHUNK_WRITE: u64 = 64 << 10;
 /// Longest run of consecutive new chunks merged into one device write for
-/// a unit written past the page cache ([`Unit::uncached`]): no folios to
-/// keep small there, and each direct write waits for the device. At most
-/// the bounce buffer a thread keeps (arbor-io `MAX_KEPT_BOUNCE`).
+/// a unit written past the page cache ([`Unit::uncached`]): its pages leave
+/// the cache once written back, so no large folio stays behind to slow
+/// later small writes; the run is bounded only so that one write starts
+/// its writeback early.
 const MAX_UNCACHED_WRITE: u64 = 4 << 20;
 
 /// Chunks a unit covers at most with chunks of `cs` bytes: a request of
@@ -86,9 +87,10 @@ pub(super) struct Unit<'a> {
     /// zero that tail before a grow makes it part of the volume).
     pub past_end: bool,
     /// Bulk data nothing reads soon (a restore's fill): its new chunks are
-    /// written past the host's page cache ([`BlockDevice::write_uncached`])
-    /// in runs of up to [`MAX_UNCACHED_WRITE`]. Chunks overwritten in
-    /// place still go through the cache: clients may be reading them.
+    /// written to leave the host's page cache once written back
+    /// ([`BlockDevice::write_uncached`]), in runs of up to
+    /// [`MAX_UNCACHED_WRITE`]. Chunks overwritten in place go through the
+    /// cache: clients may be reading them.
     pub uncached: bool,
 }
 
