@@ -330,7 +330,8 @@ pub enum BackupCommand {
         sample: u8,
     },
     /// Forget the backups a retention rule does not keep, and delete what
-    /// no backup needs (packs partly used are repacked). Holds the
+    /// no backup needs (packs partly used are repacked, small ones
+    /// combined). Holds the
     /// repository's only lock: it waits for no backup and no backup starts
     /// while it runs
     Prune {

@@ -571,11 +571,11 @@ fn with_job_progress<T>(
         .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let poller = {
-        let (bar, done) = (bar.clone(), std::sync::Arc::clone(&done));
+        let bar = bar.clone();
         std::thread::spawn(move || {
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            tick_until_stopped(&stopped, Duration::from_millis(250), || {
                 if let Ok(jobs) = watcher.backup_jobs() {
                     let mine = jobs.iter().find(|j| {
                         j.kind == kind && j.repository == repository && j.subject == subject
@@ -585,15 +585,33 @@ fn with_job_progress<T>(
                         bar.set_position(j.done_bytes.min(j.total_bytes));
                     }
                 }
-                std::thread::sleep(Duration::from_millis(250));
-            }
+            })
         })
     };
     let result = work();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The poller wakes at once: the command ends when the work does, not
+    // at the poller's next tick (up to 250 ms later, on every backup and
+    // restore).
+    drop(stop);
     let _ = poller.join();
     bar.finish_and_clear();
     result
+}
+
+/// Runs `tick`, then again every `every`, until `stop`'s sender is dropped
+/// (or sends): the wait between ticks ends at once then.
+fn tick_until_stopped(
+    stop: &std::sync::mpsc::Receiver<()>,
+    every: Duration,
+    mut tick: impl FnMut(),
+) {
+    loop {
+        tick();
+        match stop.recv_timeout(every) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
 }
 
 /// Prints the report; a damaged pool is also an error on stderr (exit 8),
@@ -1135,4 +1153,32 @@ fn write_manpages(command: clap::Command, dir: &std::path::Path) -> Result<usize
         written += write_manpages(sub, dir)?;
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A poller told to stop returns without waiting out its interval
+    /// (an hour here: a wait would hang the test), after the one tick it
+    /// makes first; and one not told goes on ticking.
+    #[test]
+    fn a_poller_stops_at_once_when_told() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        drop(stop);
+        let mut ticks = 0;
+        tick_until_stopped(&stopped, Duration::from_secs(3600), || ticks += 1);
+        assert_eq!(ticks, 1);
+
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let mut stop = Some(stop);
+        let mut ticks = 0;
+        tick_until_stopped(&stopped, Duration::from_millis(1), || {
+            ticks += 1;
+            if ticks == 3 {
+                stop.take();
+            }
+        });
+        assert_eq!(ticks, 3);
+    }
 }
