@@ -52,7 +52,8 @@ def wait_for_socket(path, proc, timeout=30.0):
 class Arbor:
     """One arbor daemon serving one pool in `workdir`."""
 
-    def __init__(self, binary, workdir, pool_size, chunk_size="16K", cache_size=None, log=None, io=None):
+    def __init__(self, binary, workdir, pool_size, chunk_size="16K", cache_size=None, log=None, io=None,
+                 format_version=None):
         self.binary = binary
         self.workdir = workdir
         self.pool_size = pool_size
@@ -60,6 +61,8 @@ class Arbor:
         self.cache_size = cache_size
         # None: the daemon's default (auto); "direct" or "buffered".
         self.io = io
+        # None: ARBOR_FORMAT_VERSION if set (below), else the binary's newest.
+        self.format_version = format_version
         self.proc = None
         self.log = log
         os.makedirs(workdir, exist_ok=True)
@@ -72,11 +75,11 @@ class Arbor:
         # ARBOR_FORMAT_VERSION=N: the pool is created at that format version
         # first (`pool create --format-version`), e.g. 9 for no data
         # checksums, for an A/B of a format feature with one binary.
-        version = os.environ.get("ARBOR_FORMAT_VERSION")
+        version = self.format_version or os.environ.get("ARBOR_FORMAT_VERSION")
         if version:
             subprocess.run([self.binary, "pool", "create", os.path.join(self.workdir, "pool"),
                             "--size", str(self.pool_size), "--chunk-size", self.chunk_size,
-                            "--format-version", version], check=True, stdout=subprocess.DEVNULL)
+                            "--format-version", str(version)], check=True, stdout=subprocess.DEVNULL)
         argv = [self.binary, "serve", "--data-dir", self.workdir, "--pool-size", str(self.pool_size),
                 "--chunk-size", self.chunk_size, "--initial-volume", "none",
                 "--nbd-listen", "none", "--api-listen", "none"]

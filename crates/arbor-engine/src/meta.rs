@@ -130,7 +130,19 @@ enum NodeUndo {
     Added(u64),
     /// The block held this node: put it back.
     Held(u64, Node),
+    /// Bytes `at..at + len` of the block's leaf values held `old[..len]`
+    /// (`Meta::patch_dirty`): put them back.
+    Patch {
+        block: u64,
+        at: usize,
+        len: u8,
+        old: [u8; PATCH_PIECE],
+    },
 }
+
+/// The most bytes one [`NodeUndo::Patch`] holds (a longer span is logged in
+/// pieces).
+const PATCH_PIECE: usize = 16;
 
 /// Everything a rollback needs to restore the transaction (see [`Meta::begin_step`]).
 pub(crate) struct Savepoint {
@@ -697,6 +709,24 @@ impl Meta {
                     self.dirty.insert(block, node);
                     block
                 }
+                NodeUndo::Patch {
+                    block,
+                    at,
+                    len,
+                    old,
+                } => {
+                    // The node is dirty in the state this entry was logged
+                    // in, which the entries after it (undone first) restored.
+                    if let Some(NodeBody::Leaf(values)) =
+                        self.dirty.get_mut(&block).map(|n| &mut n.body)
+                    {
+                        let len = usize::from(len);
+                        if let Some(bytes) = values.get_mut(at..at + len) {
+                            bytes.copy_from_slice(&old[..len]);
+                        }
+                    }
+                    block
+                }
             };
             self.node_logged.remove(&block);
         });
@@ -760,6 +790,76 @@ impl Meta {
 
     fn put_dirty(&mut self, r: BlockRef, node: Node) {
         self.dirty.insert(r.block, node);
+    }
+
+    /// Changes value bytes `value` (a range of dirty leaf `r`'s values) in
+    /// place with `f`, which may change only the bytes `spans` (offsets into
+    /// the value): unless the open step logged the whole node already, it
+    /// logs just those bytes for a rollback, not a copy of the node
+    /// ([`TreeMut::update_spans`]). Debug builds check that `f` kept to
+    /// `spans`.
+    fn patch_dirty<T>(
+        &mut self,
+        r: BlockRef,
+        value: std::ops::Range<usize>,
+        spans: &[std::ops::Range<usize>],
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<T> {
+        self.leaf_bytes.remove(&r.block);
+        let log = self.node_log.recording() && !self.node_logged.contains(&r.block);
+        let values = match self.dirty.get_mut(&r.block).map(|n| &mut n.body) {
+            Some(NodeBody::Leaf(values)) => values,
+            _ => {
+                return Err(Error::inconsistent(format!(
+                    "block {} is not a dirty leaf",
+                    r.block
+                )))
+            }
+        };
+        let fits = value.end <= values.len() && spans.iter().all(|s| s.end <= value.len());
+        if !fits {
+            return Err(Error::inconsistent(format!(
+                "a change of bytes {spans:?} of value {value:?} in a leaf of {} bytes",
+                values.len()
+            )));
+        }
+        let mut undo = Vec::new();
+        if log {
+            for span in spans {
+                let mut at = value.start + span.start;
+                let end = value.start + span.end;
+                while at < end {
+                    let len = (end - at).min(PATCH_PIECE);
+                    let mut old = [0u8; PATCH_PIECE];
+                    old[..len].copy_from_slice(&values[at..at + len]);
+                    // len <= PATCH_PIECE = 16 fits a u8.
+                    undo.push(NodeUndo::Patch {
+                        block: r.block,
+                        at,
+                        len: len as u8,
+                        old,
+                    });
+                    at += len;
+                }
+            }
+        }
+        #[cfg(debug_assertions)]
+        let before = values[value.clone()].to_vec();
+        let out = f(&mut values[value.clone()]);
+        #[cfg(debug_assertions)]
+        {
+            let after = &values[value.clone()];
+            for (i, (a, b)) in before.iter().zip(after).enumerate() {
+                debug_assert!(
+                    a == b || spans.iter().any(|s| s.contains(&i)),
+                    "byte {i} of a value changed outside the spans {spans:?}"
+                );
+            }
+        }
+        for entry in undo {
+            self.node_log.push(entry);
+        }
+        Ok(out)
     }
 
     /// True when the transaction should be committed before more work is

@@ -119,6 +119,22 @@ impl SumsGeometry {
         self.chunks as usize * self.blocks as usize
     }
 
+    /// The bytes of a leaf's value that [`SumsLeaf::set`] of blocks
+    /// `first .. first + count` of chunk `index` changes: their crcs and
+    /// the bitmap bytes that hold their bits (for a change logged byte by
+    /// byte). Panics outside the leaf, as `set` does.
+    pub fn set_spans(self, index: u32, first: u32, count: u32) -> [std::ops::Range<usize>; 2] {
+        let end = first.checked_add(count).filter(|&e| e <= self.blocks);
+        assert!(
+            index < self.chunks && count > 0 && end.is_some(),
+            "sums blocks {first}+{count} of chunk {index} outside the leaf"
+        );
+        let s = index as usize * self.blocks as usize + first as usize;
+        let e = s + count as usize;
+        let bitmap = self.bitmap_at();
+        [4 * s..4 * e, bitmap + s / 8..bitmap + (e - 1) / 8 + 1]
+    }
+
     fn bitmap_at(self) -> usize {
         4 * self.slots()
     }
@@ -365,6 +381,36 @@ mod tests {
         assert_eq!(intent_region(4096, 5000), (1, 4096..8192));
         assert_eq!(intent_region(1 << 20, 33), (2, 32..48));
         assert_eq!(intent_region(16384, u64::MAX).0, u64::MAX / 1024);
+    }
+
+    #[test]
+    fn set_changes_only_the_bytes_of_its_spans() {
+        for chunk_size in [4096u32, 16384, 1 << 20] {
+            let geo = SumsGeometry::new(chunk_size).unwrap();
+            let last = geo.chunks() - 1;
+            let b = geo.blocks();
+            for (index, first, count) in [
+                (0, 0, 1),
+                (last, b - 1, 1),
+                (1, 0, b),
+                (last, b / 2, b - b / 2),
+            ] {
+                let mut value = vec![0u8; SUMS_VALUE_LEN];
+                let mut leaf = SumsLeaf::over(geo, &mut value).unwrap();
+                for block in first..first + count {
+                    leaf.set(index, block, Some(0xffff_ffff));
+                }
+                let spans = geo.set_spans(index, first, count);
+                for (i, byte) in value.iter().enumerate() {
+                    let inside = spans.iter().any(|s| s.contains(&i));
+                    assert_eq!(
+                        *byte != 0,
+                        inside,
+                        "byte {i}, chunk size {chunk_size}, {index} {first}+{count}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

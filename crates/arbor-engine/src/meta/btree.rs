@@ -25,6 +25,10 @@ use crate::error::{Error, Result};
 use crate::meta::{Meta, NodeView};
 use crate::walk::{walk, Descend, Place, Visitor};
 
+/// The most bytes [`TreeMut::update_spans`] logs span by span; a change of
+/// more logs a copy of the whole leaf.
+pub(crate) const PATCH_BYTES_MAX: usize = 256;
+
 /// Index of the child of an internal node whose range holds `key`.
 fn child_index(keys: &[u64], key: u64) -> usize {
     keys.partition_point(|&k| k <= key).saturating_sub(1)
@@ -393,10 +397,36 @@ impl<'a> TreeMut<'a> {
     /// shadowed, if the tree has no entry `key`. The value keeps its length;
     /// a packed leaf's byte count is worked out again when next needed.
     pub fn update<T>(&mut self, key: u64, f: impl FnOnce(&mut [u8]) -> T) -> Result<Option<T>> {
+        self.update_within(key, None, f)
+    }
+
+    /// [`Self::update`] where `f` changes only the bytes `spans` of the
+    /// value (offsets into it): a rollback then needs only those bytes
+    /// back, so they are what the open step logs instead of a copy of the
+    /// whole leaf (a checksum leaf is 4 KiB; a 4 KiB write changes five
+    /// bytes of it). Spans of more than [`PATCH_BYTES_MAX`] bytes in all
+    /// log the leaf as [`Self::update`] does.
+    pub fn update_spans<T>(
+        &mut self,
+        key: u64,
+        spans: &[std::ops::Range<usize>],
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<Option<T>> {
+        let bytes: usize = spans.iter().map(|s| s.len()).sum();
+        let spans = (bytes <= PATCH_BYTES_MAX).then_some(spans);
+        self.update_within(key, spans, f)
+    }
+
+    fn update_within<T>(
+        &mut self,
+        key: u64,
+        spans: Option<&[std::ops::Range<usize>]>,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Result<Option<T>> {
         if !self.read().get_with(key, |v| v.is_some())? {
             return Ok(None);
         }
-        let (root, out) = self.update_rec(self.root, key, f)?;
+        let (root, out) = self.update_rec(self.root, key, spans, f)?;
         self.root = root;
         Ok(Some(out))
     }
@@ -405,28 +435,57 @@ impl<'a> TreeMut<'a> {
         &mut self,
         r: BlockRef,
         key: u64,
+        spans: Option<&[std::ops::Range<usize>]>,
         f: impl FnOnce(&mut [u8]) -> T,
     ) -> Result<(BlockRef, T)> {
         let r = self.meta.shadow(r)?;
+        // An internal node changes only if its child moves (the child was
+        // shadowed now): a path already this transaction's own is walked,
+        // not copied for the step's undo log.
+        let down = {
+            let node = self.meta.node(r)?;
+            if node.level == 0 {
+                None
+            } else {
+                let i = child_index(&node.keys, key);
+                Some((i, children(&node)?[i]))
+            }
+        };
+        if let Some((i, child)) = down {
+            let (moved, out) = self.update_rec(child, key, spans, f)?;
+            if moved != child {
+                self.meta.leaf_bytes.remove(&r.block);
+                let mut node = self.meta.take_dirty(r)?;
+                let set = children_mut(&mut node).map(|c| c[i] = moved);
+                self.meta.put_dirty(r, node);
+                set?;
+            }
+            return Ok((r, out));
+        }
+        if let Some(spans) = spans {
+            let value = {
+                let node = self.meta.node(r)?;
+                let vlen = node.tree.value_len();
+                match node.keys.binary_search(&key) {
+                    Ok(i) => i * vlen..(i + 1) * vlen,
+                    Err(_) => {
+                        return Err(Error::inconsistent(format!(
+                            "entry {key} found, then not in its leaf"
+                        )))
+                    }
+                }
+            };
+            let out = self.meta.patch_dirty(r, value, spans, f)?;
+            return Ok((r, out));
+        }
         self.meta.leaf_bytes.remove(&r.block);
         let mut node = self.meta.take_dirty(r)?;
-        let result = if node.level == 0 {
-            let vlen = node.tree.value_len();
-            match node.keys.binary_search(&key) {
-                Ok(i) => leaf_values_mut(&mut node).map(|v| f(&mut v[i * vlen..(i + 1) * vlen])),
-                Err(_) => Err(Error::inconsistent(format!(
-                    "entry {key} found, then not in its leaf"
-                ))),
-            }
-        } else {
-            let i = child_index(&node.keys, key);
-            match children(&node).map(|c| c[i]) {
-                Ok(child) => self.update_rec(child, key, f).and_then(|(child, out)| {
-                    children_mut(&mut node)?[i] = child;
-                    Ok(out)
-                }),
-                Err(e) => Err(e),
-            }
+        let vlen = node.tree.value_len();
+        let result = match node.keys.binary_search(&key) {
+            Ok(i) => leaf_values_mut(&mut node).map(|v| f(&mut v[i * vlen..(i + 1) * vlen])),
+            Err(_) => Err(Error::inconsistent(format!(
+                "entry {key} found, then not in its leaf"
+            ))),
         };
         self.meta.put_dirty(r, node);
         Ok((r, result?))
