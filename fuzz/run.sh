@@ -6,7 +6,7 @@
 #
 #   fuzz/run.sh TARGET SECONDS [libFuzzer options...]
 #
-# TARGET: decode_blocks | open_pool | decode_stream | decode_session | decode_policy | decode_backup (this directory) | handshake | request
+# TARGET: decode_blocks | open_pool | decode_stream | decode_session | decode_policy | decode_backup | decode_key_record (this directory) | handshake | request
 # (crates/arbor-nbd/fuzz). Seeds come from `arbor-campaigns --bin fuzz-seeds`;
 # the corpus grows in <fuzz dir>/corpus/TARGET, crashes land in
 # <fuzz dir>/artifacts/TARGET: copy each to fuzz/regressions/TARGET/ so the
@@ -17,7 +17,7 @@ seconds=${2:?seconds}
 shift 2
 root="$(cd "$(dirname "$0")/.." && pwd)"
 case "$target" in
-  decode_blocks|open_pool|decode_stream|decode_session|decode_policy|decode_backup) dir="$root/fuzz" ;;
+  decode_blocks|open_pool|decode_stream|decode_session|decode_policy|decode_backup|decode_key_record) dir="$root/fuzz" ;;
   handshake|request) dir="$root/crates/arbor-nbd/fuzz" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac

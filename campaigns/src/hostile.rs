@@ -29,6 +29,9 @@ mod decode_backup;
 #[path = "../../fuzz/fuzz_targets/decode_blocks.rs"]
 mod decode_blocks;
 #[allow(unused_attributes)]
+#[path = "../../fuzz/fuzz_targets/decode_key_record.rs"]
+mod decode_key_record;
+#[allow(unused_attributes)]
 #[path = "../../fuzz/fuzz_targets/decode_policy.rs"]
 mod decode_policy;
 #[allow(unused_attributes)]
@@ -59,7 +62,7 @@ pub struct Target {
     pub fuzz_dir: &'static str,
 }
 
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 9] = [
     Target {
         name: "decode_blocks",
         run: decode_blocks::run,
@@ -99,6 +102,13 @@ pub const TARGETS: [Target; 8] = [
         name: "decode_backup",
         run: decode_backup::run,
         seeds: backup_seeds,
+        mutate,
+        fuzz_dir: "fuzz",
+    },
+    Target {
+        name: "decode_key_record",
+        run: decode_key_record::run,
+        seeds: key_record_seeds,
         mutate,
         fuzz_dir: "fuzz",
     },
@@ -507,6 +517,30 @@ fn backup_seeds() -> Vec<Vec<u8>> {
             &serde_json::to_vec(&unfinished).expect("a checkpoint serializes"),
         ),
     ]
+}
+
+/// Key records sealed with the target's fixed raw key and passphrase (so
+/// mutations start from records that open), a raw key file in both forms,
+/// and passphrases.
+fn key_record_seeds() -> Vec<Vec<u8>> {
+    use arbor_crypt::{DataUnit, Kdf, KeyRecord, UserKey};
+    let cheap = Kdf::Argon2id {
+        memory_kib: 8 * 1024,
+        passes: 1,
+        lanes: 1,
+    };
+    let raw = UserKey::raw_from_file(&[0x5a; 32]).expect("32 bytes are a raw key");
+    let phrase = UserKey::passphrase(b"fuzzing passphrase").expect("a passphrase");
+    let mut seeds = Vec::new();
+    for (user, unit) in [(&raw, DataUnit::B4096), (&phrase, DataUnit::B512)] {
+        let (record, _) = KeyRecord::create(user, unit, cheap).expect("a key record");
+        seeds.push([&[0u8][..], &record.encode()].concat());
+    }
+    seeds.push([&[1u8][..], &[0x5a; 32]].concat());
+    seeds.push([&[1u8][..], format!("{}\n", "5a".repeat(32)).as_bytes()].concat());
+    seeds.push([&[2u8][..], b"fuzzing passphrase\n"].concat());
+    seeds.push(vec![2u8; 4]);
+    seeds
 }
 
 fn policy_seeds() -> Vec<Vec<u8>> {

@@ -1,4 +1,4 @@
-//! Every fuzz target (pool images, on-disk blocks, send streams, NBD
+//! Every fuzz target (pool images, on-disk blocks, send streams, key records, NBD
 //! handshake and requests) on its seeds, its saved regressions and a bounded number of
 //! mutated inputs, on stable Rust. Coverage-guided runs: `fuzz/run.sh`.
 
