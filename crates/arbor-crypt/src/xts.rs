@@ -12,7 +12,7 @@ use std::ptr::{self, NonNull};
 
 use aws_lc_sys::{
     EVP_CIPHER_CTX_free, EVP_CIPHER_CTX_new, EVP_DecryptInit_ex, EVP_DecryptUpdate,
-    EVP_EncryptInit_ex, EVP_EncryptUpdate, EVP_aes_256_xts, EVP_CIPHER_CTX,
+    EVP_EncryptInit_ex, EVP_EncryptUpdate, EVP_aes_256_xts, ENGINE, EVP_CIPHER, EVP_CIPHER_CTX,
 };
 
 use crate::CryptError;
@@ -24,9 +24,20 @@ pub(crate) const XTS_KEY_LEN: usize = 64;
 /// far above the 4 KiB units arbor uses).
 const MAX_UNIT: usize = 1 << 20;
 
+type Init = unsafe extern "C" fn(
+    *mut EVP_CIPHER_CTX,
+    *const EVP_CIPHER,
+    *mut ENGINE,
+    *const u8,
+    *const u8,
+) -> c_int;
+type Update =
+    unsafe extern "C" fn(*mut EVP_CIPHER_CTX, *mut u8, *mut c_int, *const u8, c_int) -> c_int;
+
 pub(crate) struct Ctx {
     ctx: NonNull<EVP_CIPHER_CTX>,
-    encrypt: bool,
+    init: Init,
+    update: Update,
 }
 
 // SAFETY: an EVP_CIPHER_CTX is plain memory owned by this value alone (no
@@ -41,29 +52,23 @@ impl Ctx {
         // SAFETY: EVP_CIPHER_CTX_new has no preconditions; null is checked.
         let raw = unsafe { EVP_CIPHER_CTX_new() };
         let ctx = NonNull::new(raw).ok_or(CryptError::Cipher("no memory for a cipher context"))?;
-        let this = Self { ctx, encrypt };
+        let (init, update): (Init, Update) = if encrypt {
+            (EVP_EncryptInit_ex, EVP_EncryptUpdate)
+        } else {
+            (EVP_DecryptInit_ex, EVP_DecryptUpdate)
+        };
+        let this = Self { ctx, init, update };
         // SAFETY: `ctx` is a fresh, valid context; the cipher pointer is a
         // static of aws-lc; `key` is 64 readable bytes, the length
         // EVP_aes_256_xts expects; a null IV is allowed here (set per unit).
         let ok = unsafe {
-            let cipher = EVP_aes_256_xts();
-            if encrypt {
-                EVP_EncryptInit_ex(
-                    this.ctx.as_ptr(),
-                    cipher,
-                    ptr::null_mut(),
-                    key.as_ptr(),
-                    ptr::null(),
-                )
-            } else {
-                EVP_DecryptInit_ex(
-                    this.ctx.as_ptr(),
-                    cipher,
-                    ptr::null_mut(),
-                    key.as_ptr(),
-                    ptr::null(),
-                )
-            }
+            (this.init)(
+                this.ctx.as_ptr(),
+                EVP_aes_256_xts(),
+                ptr::null_mut(),
+                key.as_ptr(),
+                ptr::null(),
+            )
         };
         if ok != 1 {
             return Err(CryptError::Cipher("AES-256-XTS refused the key"));
@@ -82,31 +87,21 @@ impl Ctx {
         let mut out_len: c_int = 0;
         let ctx = self.ctx.as_ptr();
         let data = unit.as_mut_ptr();
-        // SAFETY: `ctx` was set up with a key by `new` and is ours alone
-        // (&mut self); the tweak is 16 readable bytes (XTS's IV length);
-        // null cipher, engine and key keep the key schedule. The update
-        // reads and writes `len` bytes at `data`, all inside `unit`, which
-        // we borrow mutably; XTS in aws-lc works in place (in == out).
+        // SAFETY: `ctx` was set up with a key by `new`, in the direction of
+        // `init` and `update`, and is ours alone (&mut self); the tweak is
+        // 16 readable bytes (XTS's IV length); null cipher, engine and key
+        // keep the key schedule. The update reads and writes `len` bytes at
+        // `data`, all inside `unit`, which we borrow mutably; XTS in aws-lc
+        // works in place (in == out).
         let ok = unsafe {
-            if self.encrypt {
-                EVP_EncryptInit_ex(
-                    ctx,
-                    ptr::null(),
-                    ptr::null_mut(),
-                    ptr::null(),
-                    tweak.as_ptr(),
-                ) == 1
-                    && EVP_EncryptUpdate(ctx, data, &mut out_len, data, len) == 1
-            } else {
-                EVP_DecryptInit_ex(
-                    ctx,
-                    ptr::null(),
-                    ptr::null_mut(),
-                    ptr::null(),
-                    tweak.as_ptr(),
-                ) == 1
-                    && EVP_DecryptUpdate(ctx, data, &mut out_len, data, len) == 1
-            }
+            (self.init)(
+                ctx,
+                ptr::null(),
+                ptr::null_mut(),
+                ptr::null(),
+                tweak.as_ptr(),
+            ) == 1
+                && (self.update)(ctx, data, &mut out_len, data, len) == 1
         };
         if !ok || out_len != len {
             return Err(CryptError::Cipher("AES-256-XTS failed on a data unit"));
