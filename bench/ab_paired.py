@@ -19,8 +19,13 @@ Data checksums (format version 10) against none (9), one binary:
 
     bench/ab_paired.py B B --old-format 9 --new-format 10 --rounds 8
 
-Figures for issue 40's data-path goal in docs/PERFORMANCE.md §14 come from
-this script. It needs fio with its nbd engine.
+Encrypted volumes against plain ones, one binary:
+
+    bench/ab_paired.py B B --new-encrypt 512 --rounds 8
+
+Figures for issue 40's data-path goal in docs/PERFORMANCE.md §14, and for
+encryption's (§17), come from this script. It needs fio with its nbd
+engine.
 """
 import argparse
 import json
@@ -53,7 +58,8 @@ class Side:
         self.log = open(os.path.join(work, label + ".log"), "w")
         self.arbor = Arbor(binary, os.path.join(work, label), args.pool, log=self.log,
                            format_version=fmt).start()
-        self.arbor.volume_create("v", 512 << 20, layout=args.layout)
+        encrypt = args.old_encrypt if label == "old" else args.new_encrypt
+        self.arbor.volume_create("v", 512 << 20, layout=args.layout, encrypt_unit=encrypt)
         self.uri = self.arbor.uri("v")
         fio(self.uri, "write", "1m", 8, 1, None)
 
@@ -82,6 +88,10 @@ def main():
     p.add_argument("--old-format", type=int)
     p.add_argument("--new-format", type=int)
     p.add_argument("--layout", help="volume layout, e.g. cow")
+    p.add_argument("--old-encrypt", type=int, choices=[512, 4096],
+                   help="the old side's volume encrypted, with data units of this size")
+    p.add_argument("--new-encrypt", type=int, choices=[512, 4096],
+                   help="the new side's volume encrypted, with data units of this size")
     p.add_argument("--pool", default="2G")
     p.add_argument("--serve-args", default="")
     p.add_argument("--goal", type=float, default=0.95)

@@ -151,12 +151,16 @@ class Arbor:
                 out[name.split('"')[1]] = int(float(value))
         return out
 
-    def volume_create(self, name, size, layout=None):
+    def volume_create(self, name, size, layout=None, encrypt_unit=None):
         """layout: None (the daemon's default, `row`: thin, redirect-on-write) or
-        "cow" (the whole size in one run of the pool, written in place)."""
+        "cow" (the whole size in one run of the pool, written in place).
+        encrypt_unit: 512 or 4096 makes it an encrypted volume with those
+        data units (a fixed raw key: a benchmark's, not a secret)."""
         body = {"name": name, "size": int(size)}
         if layout:
             body["layout"] = layout
+        if encrypt_unit:
+            body["encryption"] = {"key": {"kind": "raw", "hex": "be" * 32}, "unit": int(encrypt_unit)}
         return self._api("POST", "/v1/volumes", body)
 
     def origin_attach(self, name, path):

@@ -684,7 +684,7 @@ fn checksum_rate(bytes: u64) {
 }
 
 /// The cipher of encrypted volumes in memory (arbor-crypt, FORMAT.md
-/// §6.5): every unit of `bytes` encrypted, then decrypted, in place, best
+/// §6.6): every unit of `bytes` encrypted, then decrypted, in place, best
 /// of three rounds; cycles per byte from the clock /proc/cpuinfo states
 /// (a VM's nominal rate: a figure to compare, not a count).
 fn cipher_rate(bytes: u64) -> Result<()> {

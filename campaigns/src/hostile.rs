@@ -539,6 +539,12 @@ fn key_record_seeds() -> Vec<Vec<u8>> {
     seeds.push([&[1u8][..], &[0x5a; 32]].concat());
     seeds.push([&[1u8][..], format!("{}\n", "5a".repeat(32)).as_bytes()].concat());
     seeds.push([&[2u8][..], b"fuzzing passphrase\n"].concat());
+    let mut store = arbor_crypt::KeyStore::default();
+    for user in [&raw, &phrase] {
+        let (record, _) = KeyRecord::create(user, DataUnit::B4096, cheap).expect("a key record");
+        store.add(record).expect("a slot");
+    }
+    seeds.push([&[3u8][..], &store.encode()].concat());
     seeds.push(vec![2u8; 4]);
     seeds
 }

@@ -217,14 +217,51 @@ impl DaemonClient {
         size: u64,
         layout: crate::model::CreateLayout,
         qos: Option<crate::model::QosRequest>,
+        encryption: Option<crate::model::EncryptionRequest>,
     ) -> Result<VolumeView> {
         let request = CreateVolumeRequest {
             name: name.to_owned(),
             size: ByteSize(size),
             layout,
             qos,
+            encryption,
         };
         self.post("/v1/volumes", &request)
+    }
+
+    /// Loads encrypted volume `name`'s key: it, and every volume sharing
+    /// its key, unlock.
+    pub fn key_load(&self, name: &str, key: crate::model::KeyMaterial) -> Result<VolumeView> {
+        self.post(
+            &format!("{}/key/load", volume_path(name)),
+            &crate::model::KeyLoadRequest { key },
+        )
+    }
+
+    /// Unloads encrypted volume `name`'s key: it, and every volume sharing
+    /// its key, lock.
+    pub fn key_unload(&self, name: &str) -> Result<VolumeView> {
+        decode(&self.send(
+            Method::POST,
+            &format!("{}/key/unload", volume_path(name)),
+            None,
+        )?)
+    }
+
+    /// Wraps encrypted volume `name`'s data key with `new` instead of `old`.
+    pub fn key_change(
+        &self,
+        name: &str,
+        old: crate::model::KeyMaterial,
+        new: crate::model::KeyMaterial,
+    ) -> Result<VolumeView> {
+        let body = serde_json::to_vec(&crate::model::KeyChangeRequest { old, new })
+            .context("cannot encode the request")?;
+        decode(&self.send(
+            Method::PUT,
+            &format!("{}/key", volume_path(name)),
+            Some(body),
+        )?)
     }
 
     /// Changes the rate limits of volume or snapshot `name`.

@@ -85,6 +85,62 @@ pub struct VolumeView {
     /// An instant restore still filling it from a backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<RestoringView>,
+    /// Its data is encrypted (docs/SECURITY.md, "Encryption at rest").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionView>,
+}
+
+/// An encrypted volume's key: which slot of the pool's key store it uses
+/// (its snapshots and clones share it) and whether it is loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncryptionView {
+    pub key_slot: u64,
+    /// Not loaded: the volume is listed but not served (`arbor key load`).
+    pub locked: bool,
+}
+
+/// A user's key in a request: a raw key (64 hex digits) or a passphrase.
+/// Never printed (`Debug` hides it).
+#[derive(Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeyMaterial {
+    Raw { hex: String },
+    Passphrase { passphrase: String },
+}
+
+impl std::fmt::Debug for KeyMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyMaterial::Raw { .. } => f.write_str("KeyMaterial::Raw(..)"),
+            KeyMaterial::Passphrase { .. } => f.write_str("KeyMaterial::Passphrase(..)"),
+        }
+    }
+}
+
+/// Encryption of a new volume (`volume create --encrypt`).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionRequest {
+    /// The user's key that wraps the volume's new data key.
+    pub key: KeyMaterial,
+    /// Bytes per data unit: 512 (the default) or 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<u32>,
+}
+
+/// `POST /v1/volumes/{name}/key/load`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLoadRequest {
+    pub key: KeyMaterial,
+}
+
+/// `PUT /v1/volumes/{name}/key`: wrap the data key with `new` instead of `old`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyChangeRequest {
+    pub old: KeyMaterial,
+    pub new: KeyMaterial,
 }
 
 /// A volume's rate limits, per second (docs/CLI.md, `volume set`); each
@@ -538,6 +594,9 @@ pub struct CreateVolumeRequest {
     /// Rate limits from the start (`volume create --max-iops ...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos: Option<QosRequest>,
+    /// Encrypted with a new data key (`volume create --encrypt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionRequest>,
 }
 
 /// The layout a new volume gets.

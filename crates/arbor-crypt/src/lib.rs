@@ -1,4 +1,4 @@
-//! arbor's encryption at rest (docs/FORMAT.md §6.5, docs/SECURITY.md).
+//! arbor's encryption at rest (docs/FORMAT.md §6.6, docs/SECURITY.md).
 //!
 //! * **The data cipher**: AES-256-XTS (IEEE 1619) of each *data unit* of a
 //!   volume (4 KiB, or 512 bytes for clients that write in sectors), the
@@ -22,6 +22,7 @@
 //! takes their bytes ([`UserKey`]).
 
 mod record;
+mod store;
 mod xts;
 
 use std::sync::Mutex;
@@ -29,6 +30,7 @@ use std::sync::Mutex;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 pub use record::{Kdf, KeyRecord, KEY_RECORD_LEN};
+pub use store::{KeyStore, KEY_STORE_PROPERTY, MAX_SLOTS};
 
 /// What went wrong, by area.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The key record: a volume's data key, wrapped by the user's key, and
-//! what it takes to unwrap it (docs/FORMAT.md §6.5). 152 bytes,
+//! what it takes to unwrap it (docs/FORMAT.md §6.6). 152 bytes,
 //! little-endian:
 //!
 //! | offset | bytes | field |

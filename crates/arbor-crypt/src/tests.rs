@@ -250,6 +250,40 @@ fn misaligned_io_is_refused_and_nothing_changes() {
     volume.encrypt(0, &mut []).unwrap();
 }
 
+#[test]
+fn the_key_store_round_trips_and_refuses_what_is_not_it() {
+    let mut store = KeyStore::default();
+    let mut records = Vec::new();
+    for unit in [DataUnit::B4096, DataUnit::B512, DataUnit::B4096] {
+        let (record, _) = KeyRecord::create(&UserKey::generate_raw(), unit, cheap()).unwrap();
+        records.push(record.clone());
+        assert_eq!(store.add(record).unwrap(), records.len() as u64);
+    }
+    store.retain(|slot| slot != 2);
+    let bytes = store.encode();
+    let back = KeyStore::decode(&bytes).unwrap();
+    assert_eq!(back, store);
+    assert_eq!(back.slots().map(|(s, _)| s).collect::<Vec<_>>(), vec![1, 3]);
+    assert_eq!(back.get(3), Some(&records[2]));
+    let mut again = back.clone();
+    assert_eq!(again.add(records[1].clone()).unwrap(), 4);
+    // A replaced record must hold the same data key.
+    assert!(again.replace(4, records[0].clone()).is_err());
+    assert!(again.replace(9, records[0].clone()).is_err());
+    assert!(KeyStore::decode(&[]).is_err());
+    assert!(KeyStore::decode(&bytes[..bytes.len() - 1]).is_err());
+    let mut swapped = bytes.clone();
+    swapped[8] = 3; // slot 3 before slot 3
+    assert!(KeyStore::decode(&swapped).is_err());
+    let mut counted = bytes.clone();
+    counted[4] = 200;
+    assert!(KeyStore::decode(&counted).is_err());
+    assert_eq!(
+        KeyStore::decode(&KeyStore::default().encode()).unwrap(),
+        KeyStore::default()
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -286,9 +320,12 @@ proptest! {
 
     /// Decoding any bytes never panics; what decodes encodes back the same.
     #[test]
-    fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
         if let Ok(record) = KeyRecord::decode(&bytes) {
             prop_assert_eq!(&record.encode()[..], &bytes[..]);
+        }
+        if let Ok(store) = KeyStore::decode(&bytes) {
+            prop_assert_eq!(store.encode(), bytes);
         }
     }
 }

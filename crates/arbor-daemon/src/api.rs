@@ -102,6 +102,12 @@ pub fn router(services: Services, auth: Arc<Auth>, names: Vec<String>) -> Router
         .route("/v1/volumes/{name}/rename", post(rename))
         .route("/v1/volumes/{name}/stats", get(stats))
         .route("/v1/volumes/{name}/qos", axum::routing::put(set_qos))
+        .route("/v1/volumes/{name}/key", axum::routing::put(key_change))
+        .route("/v1/volumes/{name}/key/load", axum::routing::post(key_load))
+        .route(
+            "/v1/volumes/{name}/key/unload",
+            axum::routing::post(key_unload),
+        )
         .route("/v1/snapshots", get(snapshots).post(snapshot))
         .route("/v1/snapshots/{name}/holds", post(hold))
         .route("/v1/snapshots/{name}/allocated", get(allocated))
@@ -414,7 +420,13 @@ async fn create_volume(
     Json(req): Json<CreateVolumeRequest>,
 ) -> ApiResult<Response> {
     blocking(c, move |c| {
-        c.create_volume(&req.name, req.size.0, req.layout, req.qos.as_ref())
+        c.create_volume(
+            &req.name,
+            req.size.0,
+            req.layout,
+            req.qos.as_ref(),
+            req.encryption,
+        )
     })
     .await
     .map(created)
@@ -426,6 +438,33 @@ async fn set_qos(
     Json(req): Json<arbor_api::model::QosRequest>,
 ) -> ApiResult<Json<VolumeView>> {
     blocking(c, move |c| c.set_qos(&name, &req)).await.map(Json)
+}
+
+async fn key_load(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<arbor_api::model::KeyLoadRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.key_load(&name, req.key))
+        .await
+        .map(Json)
+}
+
+async fn key_unload(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.key_unload(&name)).await.map(Json)
+}
+
+async fn key_change(
+    State(c): State<PoolControl>,
+    Path(name): Path<String>,
+    Json(req): Json<arbor_api::model::KeyChangeRequest>,
+) -> ApiResult<Json<VolumeView>> {
+    blocking(c, move |c| c.key_change(&name, req.old, req.new))
+        .await
+        .map(Json)
 }
 
 async fn snapshot(

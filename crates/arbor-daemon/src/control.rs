@@ -59,6 +59,8 @@ pub struct PoolControl {
     qos: Arc<crate::qos::Qos>,
     /// Volumes an instant restore is filling.
     restores: Arc<crate::restores::LiveRestores>,
+    /// Encrypted volumes' keys.
+    keys: Arc<crate::keys::Keys>,
 }
 
 /// The page size a metadata query asks for.
@@ -122,6 +124,7 @@ impl PoolControl {
             restores,
         } = background;
         Self {
+            keys: Arc::new(crate::keys::Keys::new(Arc::clone(&open.pool))),
             pool: Arc::clone(&open.pool),
             path: open.path.clone(),
             cache_mode: open.cache_mode,
@@ -260,6 +263,12 @@ impl PoolControl {
             guid: info.guid.as_ref().map(arbor_engine::guid_hex),
             qos: self.qos.view(info.id),
             restoring: self.restores.view(info.id),
+            encryption: info
+                .key_slot
+                .map(|key_slot| arbor_api::model::EncryptionView {
+                    key_slot,
+                    locked: !self.pool.key_loaded(key_slot),
+                }),
         }
     }
 
@@ -469,15 +478,25 @@ impl PoolControl {
         size: u64,
         layout: CreateLayout,
         qos: Option<&QosRequest>,
+        encryption: Option<arbor_api::model::EncryptionRequest>,
     ) -> Result<VolumeView> {
         let qos = qos.filter(|q| !q.is_empty());
         if let Some(change) = qos {
             crate::qos::apply(&arbor_format::QosRecord::default(), change)?;
         }
-        let id = match layout {
-            CreateLayout::Row => self.pool.create_volume(name, size)?,
-            CreateLayout::Cow => self.pool.create_cow_volume(name, size)?,
-        };
+        let id =
+            match (layout, encryption) {
+                (CreateLayout::Row, None) => self.pool.create_volume(name, size)?,
+                (CreateLayout::Cow, None) => self.pool.create_cow_volume(name, size)?,
+                (CreateLayout::Row, Some(e)) => {
+                    let user = crate::keys::user_key(e.key)?;
+                    self.keys.create_volume(name, size, &user, e.unit)?
+                }
+                (CreateLayout::Cow, Some(_)) => return Err(DaemonError::Invalid(
+                    "copy-on-write volumes are not encrypted (yet): create it with --layout row"
+                        .to_owned(),
+                )),
+            };
         if let Some(change) = qos {
             if let Err(e) = self.qos.set(id, name, change) {
                 if let Err(undo) = self.pool.delete(name) {
@@ -487,6 +506,32 @@ impl PoolControl {
             }
         }
         self.view(self.pool.info(id)?)
+    }
+
+    /// Loads `name`'s key (every volume sharing it unlocks).
+    pub fn key_load(&self, name: &str, key: arbor_api::model::KeyMaterial) -> Result<VolumeView> {
+        let user = crate::keys::user_key(key)?;
+        self.keys.load(name, &user)?;
+        self.view(self.pool.info(self.pool.lookup(name)?)?)
+    }
+
+    /// Unloads `name`'s key (every volume sharing it locks). Its NBD
+    /// connections fail their next requests.
+    pub fn key_unload(&self, name: &str) -> Result<VolumeView> {
+        self.keys.unload(name)?;
+        self.view(self.pool.info(self.pool.lookup(name)?)?)
+    }
+
+    /// Wraps `name`'s data key with another user's key.
+    pub fn key_change(
+        &self,
+        name: &str,
+        old: arbor_api::model::KeyMaterial,
+        new: arbor_api::model::KeyMaterial,
+    ) -> Result<VolumeView> {
+        let (old, new) = (crate::keys::user_key(old)?, crate::keys::user_key(new)?);
+        self.keys.change(name, &old, &new)?;
+        self.view(self.pool.info(self.pool.lookup(name)?)?)
     }
 
     pub fn snapshot(&self, name: &str, durability: Durability) -> Result<VolumeView> {

@@ -26,6 +26,7 @@ mod handler;
 mod history;
 mod in_use;
 mod incoming;
+mod keys;
 mod listen;
 mod metrics;
 mod monitor;

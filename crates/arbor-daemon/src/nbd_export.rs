@@ -170,6 +170,16 @@ impl ExportProvider for PoolExports {
                 info.name
             )));
         }
+        if info
+            .key_slot
+            .is_some_and(|slot| !self.pool.key_loaded(slot))
+        {
+            // A locked volume is listed, not served (docs/SECURITY.md).
+            return Err(ExportError::Invalid(format!(
+                "{} is encrypted and locked: load its key first (arbor key load {})",
+                info.name, info.name
+            )));
+        }
         let volume = info
             .name
             .split_once('@')

@@ -150,6 +150,14 @@ pub enum Invalid {
     VolumeSize { size: u64, sector: u64, max: u64 },
     #[error("healing takes whole 4 KiB blocks: {offset}+{len} is not")]
     HealUnaligned { offset: u64, len: u64 },
+    #[error(
+        "{len} bytes at {offset}: an encrypted volume takes whole, aligned units of {unit} bytes"
+    )]
+    EncryptedUnaligned { offset: u64, len: u64, unit: u64 },
+    #[error("an encrypted volume's size is a multiple of the pool's chunk size ({chunk} bytes): {size} is not")]
+    EncryptedSize { size: u64, chunk: u64 },
+    #[error("key slot {0}: no key is loaded in it")]
+    KeyNotLoaded(u64),
     #[error("range {offset}+{len} is beyond the end of {name} ({size} bytes)")]
     RangeBeyondEnd {
         offset: u64,
@@ -281,6 +289,9 @@ pub enum Conflict {
     Changed(String),
     #[error("the volume changed meanwhile; try again")]
     VolumeChanged,
+    /// An encrypted volume whose key is not loaded (FORMAT.md §6.6).
+    #[error("{0} is encrypted and locked: load its key first (arbor key load)")]
+    Locked(String),
 }
 
 /// The plural ending, unless there is `one`.
@@ -369,6 +380,7 @@ pub enum Capability {
     Holds,
     Properties,
     CowVolumes,
+    Encryption,
 }
 
 impl Capability {
@@ -378,6 +390,7 @@ impl Capability {
             Capability::Receive | Capability::Holds => 2,
             Capability::Properties => 3,
             Capability::CowVolumes => 4,
+            Capability::Encryption => 10,
         }
     }
 
@@ -388,6 +401,7 @@ impl Capability {
             Capability::Holds => "cannot hold snapshots",
             Capability::Properties => "cannot keep properties such as policies",
             Capability::CowVolumes => "has no copy-on-write volumes",
+            Capability::Encryption => "has no encrypted volumes",
         }
     }
 }

@@ -91,6 +91,7 @@ pub const MAX_GROUP_SNAPSHOT: usize = 256;
 mod checker;
 mod committer;
 mod counters;
+mod crypt;
 mod damage;
 mod fill;
 mod fill_sweep;
@@ -228,6 +229,9 @@ pub struct VolumeInfo {
     pub guid: Option<arbor_format::Guid>,
     /// How it keeps its data.
     pub layout: VolumeLayout,
+    /// The key slot its data is encrypted with (FORMAT.md §6.6); None: in
+    /// the clear.
+    pub key_slot: Option<u64>,
 }
 
 /// How a volume keeps its data (docs/ARCHITECTURE.md, "Copy-on-write
@@ -422,13 +426,24 @@ pub struct Pool {
     /// while it fills, `Pool::set_incomplete`), with why: what would copy
     /// or move them (a snapshot, a rename, a resize) is refused.
     incomplete: Mutex<HashMap<u64, String>>,
+    /// The ciphers of encrypted volumes' key slots loaded (`pool/crypt.rs`).
+    keyring: crypt::Keyring,
 }
 
 /// Told the duration of every commit's device work (writing the journal and
 /// home pages, and their flushes), for metrics.
 pub type CommitObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
+/// What a write needs to know of its volume (`Pool::check_write`).
+struct WriteTarget {
+    layout: arbor_format::DataLayout,
+    backing: Option<arbor_format::Backing>,
+    /// An encrypted volume's cipher (its key is loaded, or the check fails).
+    cipher: Option<Arc<arbor_crypt::VolumeCipher>>,
+}
+
 /// One contiguous piece of a read: `len` bytes from `source`.
+#[derive(Clone, Copy)]
 struct Piece {
     len: u64,
     source: Source,
@@ -754,6 +769,7 @@ impl Pool {
             home_sums: home_sums::HomeSums::default(),
             property_change: Mutex::new(()),
             incomplete: Mutex::new(HashMap::new()),
+            keyring: Default::default(),
         }
     }
 
@@ -1386,6 +1402,10 @@ impl Pool {
             if rec.backing.is_some() {
                 return Err(Unsupported::ResizeThroughCow(name.to_owned()).into());
             }
+            if rec.key_slot.is_some() {
+                // Whole chunks: no tail to zero in the clear.
+                self.check_encrypted_size(new_size)?;
+            }
             (id, rec.size_bytes)
         };
         if new_size > old_size {
@@ -1425,6 +1445,7 @@ impl Pool {
             unmap: true,
             past_end: true,
             uncached: false,
+            cipher: None,
         })
     }
 
@@ -1591,11 +1612,15 @@ impl Pool {
             Through(arbor_format::Backing),
         }
         let gate = self.gates.io();
-        let route = {
+        let (route, cipher) = {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             let rec = meta.volume(id.0)?;
-            match (rec.layout, rec.backing) {
+            let cipher = self.cipher_of(rec)?;
+            if let Some(cipher) = &cipher {
+                crypt::check_units(cipher, offset, len)?;
+            }
+            let route = match (rec.layout, rec.backing) {
                 (arbor_format::DataLayout::Cow(_), _) => Route::Home,
                 (_, Some(backing)) => Route::Through(backing),
                 _ => {
@@ -1603,19 +1628,32 @@ impl Pool {
                     let sums = Self::read_sums(&meta, &pieces)?;
                     Route::Pool(pieces, sums)
                 }
-            }
+            };
+            (route, cipher)
+        };
+        // What an encrypted volume read from the pool is decrypted, piece
+        // by piece (`pool/crypt.rs`).
+        let plain = |pieces: &[Piece], buf: &mut [u8]| match &cipher {
+            Some(cipher) => crypt::decrypt_pieces(cipher, offset, pieces, buf),
+            None => Ok(()),
         };
         // The other routes take their locks before the gate (lock order).
         match route {
-            Route::Pool(pieces, None) => self.read_pieces(pieces, buf, None),
+            Route::Pool(pieces, None) => {
+                let kept = cipher.as_ref().map(|_| pieces.clone());
+                self.read_pieces(pieces, buf, None)?;
+                plain(kept.as_deref().unwrap_or_default(), buf)
+            }
             Route::Pool(pieces, Some(sums)) => {
                 match self.read_verified(&pieces, buf, &sums, None) {
+                    Ok(()) => plain(&pieces, buf),
                     // A write in place may have been between its data and its
                     // sums: read again with the volume's writers held off.
                     Err(Error::Damaged(_)) => {
                         drop(gate);
                         let read = self.read_settled(id, offset, buf);
-                        self.after_damage(read)
+                        let pieces = self.after_damage(read)?;
+                        plain(&pieces, buf)
                     }
                     other => other,
                 }
@@ -1651,8 +1689,8 @@ impl Pool {
     /// A read of a volume in the pool whose data did not match its sums,
     /// again with the volume's writers of those chunks held off (a write
     /// in place changes the data and its sums under them): a mismatch now
-    /// is damage.
-    fn read_settled(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// is damage. Returns the pieces it read.
+    fn read_settled(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<Vec<Piece>> {
         let len = buf.len() as u64;
         let cs = self.chunk_size();
         let _gate = self.gates.io();
@@ -1666,7 +1704,8 @@ impl Pool {
             let sums = Self::read_sums(&meta, &pieces)?.unwrap_or_default();
             (pieces, sums)
         };
-        self.read_verified(&pieces, buf, &sums, None)
+        self.read_verified(&pieces, buf, &sums, None)?;
+        Ok(pieces)
     }
 
     /// [`Self::read_pieces`] for a volume in the pool, each block verified
@@ -1832,8 +1871,23 @@ impl Pool {
     /// A write of `unit`'s data (see `write`, `write_uncached`).
     fn write_unit(&self, unit: Unit<'_>) -> Result<()> {
         self.counters.request();
-        let layout = self.check_write(unit.id, unit.offset, unit.len)?.0;
-        if let arbor_format::DataLayout::Cow(_) = layout {
+        let target = self.check_write(unit.id, unit.offset, unit.len)?;
+        if let Some(cipher) = target.cipher {
+            crypt::check_units(&cipher, unit.offset, unit.len)?;
+            let Fill::Data(plain) = unit.fill else {
+                return Err(Error::inconsistent(
+                    "zeros of an encrypted volume are written by write_zeroes",
+                ));
+            };
+            let data = crypt::encrypted(&cipher, unit.offset, plain)?;
+            let written = self.apply_all(Unit {
+                fill: Fill::Data(&data),
+                cipher: Some(&cipher),
+                ..unit
+            });
+            return self.after_damage(written);
+        }
+        if let arbor_format::DataLayout::Cow(_) = target.layout {
             let written = self.cow_write(unit.id.0, unit.offset, unit.len, unit.fill);
             // A write over part of a damaged block of a home in the pool
             // fails, as does one whose copy for a snapshot reads one.
@@ -1860,17 +1914,17 @@ impl Pool {
         })
     }
 
-    /// Checks a write request; returns the volume's layout and backing.
-    fn check_write(
-        &self,
-        id: VolumeId,
-        offset: u64,
-        len: u64,
-    ) -> Result<(arbor_format::DataLayout, Option<arbor_format::Backing>)> {
+    /// Checks a write request; returns what the write path needs of the
+    /// volume.
+    fn check_write(&self, id: VolumeId, offset: u64, len: u64) -> Result<WriteTarget> {
         let meta = self.read_meta()?;
         Self::check_io(&meta, id, offset, len, true)?;
         let rec = meta.volume(id.0)?;
-        Ok((rec.layout, rec.backing))
+        Ok(WriteTarget {
+            layout: rec.layout,
+            backing: rec.backing,
+            cipher: self.cipher_of(rec)?,
+        })
     }
 
     /// Discards a range: whole chunks are unmapped (their space freed once no
@@ -1891,7 +1945,14 @@ impl Pool {
         keep_allocation: bool,
     ) -> Result<()> {
         self.counters.request();
-        let (layout, backing) = self.check_write(id, offset, len)?;
+        let WriteTarget {
+            layout,
+            backing,
+            cipher,
+        } = self.check_write(id, offset, len)?;
+        if let Some(cipher) = cipher {
+            return self.write_zeroes_encrypted(id, offset, len, keep_allocation, &cipher);
+        }
         if let arbor_format::DataLayout::Cow(_) = layout {
             // The device keeps every chunk: zeros are written.
             let written = self.cow_write(id.0, offset, len, Fill::Zeros);
@@ -2363,6 +2424,7 @@ fn volume_info(
             arbor_format::DataLayout::Row => rec.mapped_chunks.saturating_mul(chunk),
         },
         guid: (rec.guid != [0; 16]).then_some(rec.guid),
+        key_slot: rec.key_slot,
         layout: match (rec.layout, rec.backing) {
             (arbor_format::DataLayout::Cow(cow), _) => {
                 let store_bytes = rec.mapped_chunks.saturating_mul(chunk);

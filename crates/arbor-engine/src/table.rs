@@ -361,6 +361,7 @@ mod tests {
             receive: Default::default(),
             layout: Default::default(),
             backing: None,
+            key_slot: None,
         }
     }
 

@@ -719,9 +719,16 @@ impl Volumes {
             receive: Default::default(),
             layout: Default::default(),
             backing: None,
+            key_slot: None,
         };
         self.table.insert(id, rec);
         id
+    }
+
+    /// Makes volume `id` encrypted with the key in slot `slot` (a volume
+    /// just created, in the same step).
+    pub fn set_key_slot(&mut self, id: u64, slot: u64) -> Result<()> {
+        self.update_volume(id, |rec| rec.key_slot = Some(slot))
     }
 
     /// Creates `name` sharing the whole tree of `source` (O(1): one reference
@@ -747,8 +754,12 @@ impl Volumes {
             source,
             src.mapped_chunks,
         );
-        if src.backing.is_some() {
-            self.update_volume(id, |rec| rec.backing = src.backing)?;
+        if src.backing.is_some() || src.key_slot.is_some() {
+            // A snapshot or clone reads what its source's key encrypted.
+            self.update_volume(id, |rec| {
+                rec.backing = src.backing;
+                rec.key_slot = src.key_slot;
+            })?;
         }
         self.note_shared(source);
         self.note_shared(id);

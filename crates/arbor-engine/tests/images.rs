@@ -35,6 +35,31 @@ fn open(disk: &SimDisk) -> Pool {
     Pool::open(dev, &OpenOptions::default()).expect("today's code opens the image")
 }
 
+/// Loads the keys of the image's encrypted volumes (version 11 on): each
+/// volume's key record from the pool's key store, opened with the raw key
+/// the manifest gives.
+fn unlock(pool: &Pool, version: FormatVersion) {
+    for (volume, hex) in &manifest(version).keys {
+        let slot = pool
+            .info(pool.lookup(volume).unwrap())
+            .unwrap()
+            .key_slot
+            .expect("the manifest's encrypted volume is encrypted");
+        let store = pool
+            .property(None, arbor_crypt::KEY_STORE_PROPERTY)
+            .unwrap()
+            .expect("the pool has a key store");
+        let store = arbor_crypt::KeyStore::decode(&store).unwrap();
+        let record = store.get(slot).expect("the slot's record");
+        let user = arbor_crypt::UserKey::raw_from_file(hex.as_bytes()).unwrap();
+        let data_key = record
+            .unwrap_key(&user)
+            .expect("the manifest's key opens it");
+        let cipher = arbor_crypt::VolumeCipher::new(data_key, record.key_id, record.unit).unwrap();
+        pool.load_key(slot, cipher).unwrap();
+    }
+}
+
 fn content(pool: &Pool, name: &str) -> Vec<u8> {
     let id = pool.lookup(name).expect("lookup");
     let mut buf = vec![0u8; pool.info(id).expect("info").size as usize];
@@ -147,6 +172,14 @@ fn check_as_made(pool: &Pool, version: FormatVersion) -> Model {
     }
     assert_eq!(model.contains_key("cow"), version.has_cow_volumes());
     assert_eq!(model.contains_key("big"), version.has_grown_regions());
+    assert_eq!(model.contains_key("sealed"), version.has_encryption());
+    if version.has_encryption() {
+        // Known bytes: the encrypted volume's first write, kept by e1.
+        assert_eq!(
+            model["sealed@e1"][..64 * KIB as usize],
+            pattern(13, 0, 64 * KIB as usize)[..]
+        );
+    }
     model
 }
 
@@ -170,6 +203,10 @@ fn upgrade_and_serve(disk: &SimDisk, pool: Pool, version: FormatVersion, mut mod
     if model.contains_key("cow") {
         write(&pool, &mut model, "cow", 25, 0, 32 * KIB);
     }
+    if model.contains_key("sealed") {
+        // Over the chunk its snapshot shares: encrypted, the snapshot kept.
+        write(&pool, &mut model, "sealed", 27, 36 * KIB, 8 * KIB);
+    }
     // What the upgrade gave older pools: identities, properties, growth.
     let base = pool.lookup("base").unwrap();
     assert!(pool.guid(base).unwrap().is_some());
@@ -192,6 +229,7 @@ fn upgrade_and_serve(disk: &SimDisk, pool: Pool, version: FormatVersion, mut mod
     pool.close().expect("close");
 
     let pool = open(disk);
+    unlock(&pool, version);
     assert_eq!(pool.format_version(), FormatVersion::NEWEST);
     assert_clean(&pool);
     assert_as_model(&pool, &model, "reopened");
@@ -223,6 +261,7 @@ fn images_of_every_version_open_check_upgrade_and_serve() {
     for version in FormatVersion::all() {
         let disk = image(version);
         let pool = open(&disk);
+        unlock(&pool, version);
         let model = check_as_made(&pool, version);
         upgrade_and_serve(&disk, pool, version, model);
     }

@@ -423,7 +423,10 @@ pub struct Backing {
 const FLAG_COW: u32 = 1;
 const FLAG_EXTERNAL: u32 = 2;
 const FLAG_BACKED: u32 = 4;
-const KNOWN_FLAGS: u32 = FLAG_COW | FLAG_EXTERNAL | FLAG_BACKED;
+/// Version 11: the volume's data is encrypted with the key in slot
+/// `key_slot` of the pool's key store (bytes 120..128; FORMAT.md §6.6).
+const FLAG_ENCRYPTED: u32 = 8;
+const KNOWN_FLAGS: u32 = FLAG_COW | FLAG_EXTERNAL | FLAG_BACKED | FLAG_ENCRYPTED;
 
 /// The key of a snapshot-store entry: chunk `chunk`, epochs from `first`.
 pub fn store_key(chunk: u64, first: u64) -> u64 {
@@ -503,6 +506,10 @@ pub struct VolumeRecord {
     pub layout: DataLayout,
     /// What its unmapped chunks read through (version 5; None before).
     pub backing: Option<Backing>,
+    /// The slot of the pool's key store whose key encrypts its data
+    /// (version 11, FORMAT.md §6.6; nonzero); None: stored in the clear.
+    /// A snapshot or clone has its source's.
+    pub key_slot: Option<u64>,
 }
 
 impl VolumeRecord {
@@ -541,6 +548,10 @@ impl VolumeRecord {
             flags |= FLAG_BACKED;
             put_u64(out, 80, backing.origin);
             put_u64(out, 88, backing.epoch);
+        }
+        if let Some(slot) = self.key_slot {
+            flags |= FLAG_ENCRYPTED;
+            put_u64(out, 120, slot);
         }
         out[56..60].copy_from_slice(&flags.to_le_bytes());
         self.encode_name(out, Self::NAME_AT);
@@ -587,11 +598,29 @@ impl VolumeRecord {
         if flags & !KNOWN_FLAGS != 0
             || (flags & FLAG_EXTERNAL != 0 && flags & FLAG_COW == 0)
             || (flags & FLAG_COW != 0 && flags & FLAG_BACKED != 0)
+            || (flags & FLAG_ENCRYPTED != 0 && flags != FLAG_ENCRYPTED)
         {
             return Err(FormatError::Invalid(format!(
                 "volume record {}: flags {flags:#x}",
                 rec.name
             )));
+        }
+        if flags == FLAG_ENCRYPTED {
+            // Encrypted volumes are in the pool alone (no home, no epoch):
+            // the shared bytes are unused.
+            let slot = get_u64(bytes, 120);
+            if !rec.kind.is_visible()
+                || slot == 0
+                || bytes[63..64] != [0]
+                || bytes[80..120].iter().any(|&b| b != 0)
+            {
+                return Err(FormatError::Invalid(format!(
+                    "volume record {}: encrypted ({:?}, key slot {slot}) with other state set",
+                    rec.name, rec.kind
+                )));
+            }
+            rec.key_slot = Some(slot);
+            return Ok(rec);
         }
         if flags != 0 {
             if flags & FLAG_COW != 0 && rec.kind != VolumeKind::Volume
@@ -719,6 +748,7 @@ impl VolumeRecord {
             receive: ReceiveState::default(),
             layout: DataLayout::Row,
             backing: None,
+            key_slot: None,
         })
     }
 }
@@ -730,6 +760,45 @@ mod tests {
     /// Regression (found by the open_pool fuzz target): a volume-table root
     /// that names a reclaim-queue node hands 16-byte values to the volume
     /// record decoder, which indexed past them.
+    /// An encrypted volume or snapshot keeps its key slot; the slot goes
+    /// with no other layout or state, on visible kinds only, and is never 0.
+    #[test]
+    fn encrypted_records_keep_their_key_slot_and_nothing_else() {
+        let mut rec = VolumeRecord {
+            root: BlockRef::NONE,
+            size_bytes: 1 << 30,
+            parent: 3,
+            created_txn: 9,
+            created_unix_secs: 1_700_000_000,
+            mapped_chunks: 0,
+            kind: VolumeKind::Snapshot,
+            name: "vm@golden".into(),
+            guid: [7; 16],
+            receive: ReceiveState::default(),
+            layout: DataLayout::Row,
+            backing: None,
+            key_slot: Some(42),
+        };
+        let mut bytes = vec![0u8; VolumeRecord::ENCODED_LEN];
+        rec.encode(&mut bytes);
+        assert_eq!(VolumeRecord::decode(&bytes).unwrap(), rec);
+        let refused = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = bytes.clone();
+            f(&mut b);
+            assert!(VolumeRecord::decode(&b).is_err());
+        };
+        refused(&|b| b[120..128].fill(0)); // slot 0
+        refused(&|b| b[56] |= 1); // and copy-on-write
+        refused(&|b| b[56] |= 4); // and backed
+        refused(&|b| b[88] = 1); // state in the shared bytes
+        refused(&|b| b[62] = 4); // a property
+        rec.kind = VolumeKind::Volume;
+        rec.key_slot = None;
+        rec.encode(&mut bytes);
+        assert_eq!(VolumeRecord::decode(&bytes).unwrap().key_slot, None);
+        assert_eq!(VolumeRecord::flags(&bytes), 0);
+    }
+
     #[test]
     fn values_too_short_are_errors() {
         for len in [0, 16, 24, 247] {
@@ -755,6 +824,7 @@ mod tests {
             receive: ReceiveState::default(),
             layout: Default::default(),
             backing: None,
+            key_slot: None,
         };
         let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
         rec.encode(&mut buf);
@@ -802,6 +872,7 @@ mod tests {
             receive: ReceiveState::default(),
             layout: DataLayout::Row,
             backing: None,
+            key_slot: None,
         };
         let homes = [
             Home::External(DeviceIdentity {
@@ -912,6 +983,7 @@ mod tests {
             },
             layout: Default::default(),
             backing: None,
+            key_slot: None,
         };
         let mut buf = [0u8; VolumeRecord::ENCODED_LEN];
         rec.encode(&mut buf);

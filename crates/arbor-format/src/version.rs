@@ -99,6 +99,12 @@ impl FormatVersion {
         self.0 >= 10
     }
 
+    /// Version 11: encrypted volumes, their key slot in the volume record
+    /// and the pool's key store (FORMAT.md §6.6).
+    pub fn has_encryption(self) -> bool {
+        self.0 >= 11
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).

@@ -475,6 +475,7 @@ fn record(kind: VolumeKind, name: &str) -> VolumeRecord {
         receive: ReceiveState::default(),
         layout: DataLayout::Row,
         backing: None,
+        key_slot: None,
     }
 }
 
@@ -518,6 +519,7 @@ fn volume_table_value_offsets_match_format_md() {
     let rows = table(&doc, "**Volume table**, key = volume id");
     let cow_row = |r: &Row| r.field.contains("flags set");
     let kind4_only = |r: &Row| r.field.contains("kind 4 only");
+    let encrypted_row = |r: &Row| r.field.contains("encrypted (flag bit 3");
 
     let mut receive = record(VolumeKind::Receiving, "vol%recv");
     receive.guid = [0; 16];
@@ -542,7 +544,7 @@ fn volume_table_value_offsets_match_format_md() {
         "kind 4 receive",
         &encoded(&receive),
         0,
-        &rows_of(&rows, 1, |r| !cow_row(r)),
+        &rows_of(&rows, 1, |r| !cow_row(r) && !encrypted_row(r)),
         &fields,
     );
 
@@ -565,7 +567,26 @@ fn volume_table_value_offsets_match_format_md() {
         "kind 4 copy-on-write volume",
         &bytes,
         0,
-        &rows_of(&rows, 1, |r| !receive_only(r)),
+        &rows_of(&rows, 1, |r| !receive_only(r) && !encrypted_row(r)),
+        &fields,
+    );
+
+    let mut sealed = record(VolumeKind::Snapshot, "vault@s");
+    sealed.key_slot = Some(0x0c0c);
+    let bytes = encoded(&sealed);
+    let mut fields = common_fields(&sealed, 8);
+    fields.extend([
+        ("identity (guid)", vec![0x11; 16]),
+        ("copy-on-write fields", vec![0; 40]),
+        ("the key slot", le(0x0c0c)),
+        name_field(&sealed),
+    ]);
+    let reserved_120 = |r: &Row| kind4_only(r) && r.field.contains("reserved (0)");
+    check(
+        "kind 4 encrypted snapshot",
+        &bytes,
+        0,
+        &rows_of(&rows, 1, |r| !receive_only(r) && !reserved_120(r)),
         &fields,
     );
 
@@ -578,7 +599,9 @@ fn volume_table_value_offsets_match_format_md() {
         "kind 2 snapshot",
         &v1,
         0,
-        &rows_of(&rows, 0, |r| !cow_row(r) && !kind4_only(r)),
+        &rows_of(&rows, 0, |r| {
+            !cow_row(r) && !kind4_only(r) && !encrypted_row(r)
+        }),
         &fields,
     );
     assert_eq!(

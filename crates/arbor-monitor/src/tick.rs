@@ -224,6 +224,7 @@ mod tests {
             mapped_bytes: 0,
             guid: None,
             layout: VolumeLayout::Row,
+            key_slot: None,
         }
     }
 

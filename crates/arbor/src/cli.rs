@@ -184,6 +184,10 @@ pub enum Command {
     /// checksum, then every metadata block, in the background
     #[command(subcommand)]
     Scrub(ScrubCommand),
+    /// Keys of encrypted volumes: load (unlock), unload (lock), change the
+    /// user's key, make a key file (docs/SECURITY.md)
+    #[command(subcommand)]
+    Key(KeyCommand),
     /// Verify a pool: offline with PATH, else through the daemon; exit status 8 if damaged
     Check {
         /// Pool file or device not held by a daemon
@@ -534,6 +538,51 @@ pub struct ReceiveArgs {
     pub format: FormatArg,
 }
 
+/// Where the user's key comes from: a key file (32 bytes, or 64 hex
+/// digits: `arbor key new FILE` makes one) or a passphrase in a file (8 to
+/// 512 bytes, a trailing newline dropped; `-` reads it from standard input).
+#[derive(Debug, clap::Args)]
+#[group(id = "user_key", multiple = false)]
+pub struct KeyArgs {
+    /// The key: a file of 32 bytes or 64 hex digits
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The key is a passphrase, read from FILE (`-`: standard input)
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Load an encrypted volume's key: it, and every snapshot and clone
+    /// that shares its key, are served again
+    Load {
+        /// The volume (or one of its snapshots or clones)
+        name: String,
+        #[command(flatten)]
+        key: KeyArgs,
+    },
+    /// Unload an encrypted volume's key: it, and every snapshot and clone
+    /// sharing it, stop serving (listed, locked) until it is loaded again
+    Unload { name: String },
+    /// Wrap the volume's data key with a new key (O(1): no data is
+    /// rewritten); every snapshot and clone sharing it takes the new key
+    Change {
+        name: String,
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The new key: a file of 32 bytes or 64 hex digits
+        #[arg(long, value_name = "FILE", conflicts_with = "new_passphrase_file")]
+        new_key_file: Option<PathBuf>,
+        /// The new key is a passphrase, read from FILE
+        #[arg(long, value_name = "FILE")]
+        new_passphrase_file: Option<PathBuf>,
+    },
+    /// Write a new random key (64 hex digits) to FILE, readable by its
+    /// owner only; never overwrites
+    New { file: PathBuf },
+}
+
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
     /// Create an empty volume
@@ -550,6 +599,18 @@ pub enum VolumeCommand {
         layout: arbor_api::model::CreateLayout,
         #[command(flatten)]
         qos: QosArgs,
+        /// Encrypt its data (AES-256-XTS) with a new key of its own, wrapped
+        /// by the key that --key-file or --passphrase-file gives; its
+        /// snapshots and clones share it. Locked after every restart until
+        /// `arbor key load`
+        #[arg(long, requires = "user_key")]
+        encrypt: bool,
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Bytes per encrypted unit: 512 (any client) or 4096 (faster; the
+        /// clients must write whole, aligned 4 KiB blocks)
+        #[arg(long, requires = "encrypt", value_parser = ["512", "4096"])]
+        encryption_unit: Option<String>,
     },
     /// Change a volume's or snapshot's rate limits, live: every NBD
     /// connection to it is held to them from its next request; kept in

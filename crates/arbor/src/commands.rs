@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::cli::{
     BackupCommand, BackupInitArgs, Cli, Command, CompressionArg, ConfigCommand, FormatArg,
-    OriginCommand, PolicyCommand, PoolCommand, PoolCreateArgs, PoolGrowArgs, ReceiveArgs,
-    ReplicaCommand, ScrubCommand, SendArgs, ServeArgs, SnapshotCommand, TokenCommand,
+    KeyCommand, OriginCommand, PolicyCommand, PoolCommand, PoolCreateArgs, PoolGrowArgs,
+    ReceiveArgs, ReplicaCommand, ScrubCommand, SendArgs, ServeArgs, SnapshotCommand, TokenCommand,
     VolumeCommand,
 };
 use crate::exit::{Exit, Fail};
@@ -84,6 +84,20 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             printer.show(&upgraded, output::upgrade)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Key(KeyCommand::New { file }) => {
+            // The same key file as a backup repository's: 64 hex digits.
+            arbor_backup::spec::new_key_file(&file)?;
+            printer.done(
+                "new-key",
+                &file.display().to_string(),
+                format!(
+                    "wrote a volume key to {}: keep a copy off this host, an encrypted \
+                     volume cannot be read without it\n",
+                    file.display()
+                ),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Backup(BackupCommand::NewKey { file }) => {
             arbor_backup::spec::new_key_file(&file)?;
             printer.done(
@@ -140,11 +154,48 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             size,
             layout,
             qos,
+            encrypt,
+            key,
+            encryption_unit,
         }) => {
             let qos = Some(qos.request()).filter(|q| !q.is_empty());
-            p.show(&c.create_volume(&name, size.0, layout, qos)?, |v| {
-                output::volume_line("created", v)
+            let encryption = if encrypt {
+                Some(arbor_api::model::EncryptionRequest {
+                    key: user_key(&key)?,
+                    unit: encryption_unit.map(|u| u.parse()).transpose()?,
+                })
+            } else {
+                None
+            };
+            p.show(
+                &c.create_volume(&name, size.0, layout, qos, encryption)?,
+                |v| output::volume_line("created", v),
+            )?;
+        }
+        Command::Key(KeyCommand::Load { name, key }) => {
+            p.show(&c.key_load(&name, user_key(&key)?)?, |v| {
+                output::volume_line("unlocked", v)
             })?;
+        }
+        Command::Key(KeyCommand::Unload { name }) => {
+            p.show(&c.key_unload(&name)?, |v| output::volume_line("locked", v))?;
+        }
+        Command::Key(KeyCommand::Change {
+            name,
+            key,
+            new_key_file,
+            new_passphrase_file,
+        }) => {
+            let new = user_key(&crate::cli::KeyArgs {
+                key_file: new_key_file,
+                passphrase_file: new_passphrase_file,
+            })?;
+            p.show(&c.key_change(&name, user_key(&key)?, new)?, |v| {
+                output::volume_line("key changed", v)
+            })?;
+        }
+        Command::Key(KeyCommand::New { .. }) => {
+            anyhow::bail!("internal error: this command does not go through the daemon")
         }
         Command::Volume(VolumeCommand::Set { name, qos }) => {
             let change = qos.request();
@@ -1153,6 +1204,62 @@ fn write_manpages(command: clap::Command, dir: &std::path::Path) -> Result<usize
         written += write_manpages(sub, dir)?;
     }
     Ok(written)
+}
+
+/// The user's key that `key` names, read here (the daemon gets its bytes,
+/// never the file's path): a key file of 32 bytes (sent as hex) or 64 hex
+/// digits, or a passphrase file (`-`: standard input).
+fn user_key(key: &crate::cli::KeyArgs) -> Result<arbor_api::model::KeyMaterial> {
+    use arbor_api::model::KeyMaterial;
+    let read = |path: &Path| -> Result<Vec<u8>> {
+        if path == Path::new("-") {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .context("cannot read the passphrase from standard input")?;
+            Ok(bytes)
+        } else {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+        }
+    };
+    match (&key.key_file, &key.passphrase_file) {
+        (Some(path), None) => {
+            let bytes = read(path)?;
+            let hex = if bytes.len() == 32 {
+                bytes.iter().map(|b| format!("{b:02x}")).collect()
+            } else {
+                String::from_utf8(bytes)
+                    .ok()
+                    .map(|t| t.trim_end_matches(['\n', '\r']).to_owned())
+                    .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .ok_or_else(|| {
+                        Fail::new(
+                            Exit::Usage,
+                            format!(
+                                "{}: a key file holds 32 bytes or 64 hex digits (arbor key new FILE makes one)",
+                                path.display()
+                            ),
+                        )
+                    })?
+            };
+            Ok(KeyMaterial::Raw { hex })
+        }
+        (None, Some(path)) => {
+            let passphrase = String::from_utf8(read(path)?).map_err(|_| {
+                Fail::new(
+                    Exit::Usage,
+                    format!("{}: a passphrase is UTF-8 text", path.display()),
+                )
+            })?;
+            let passphrase = passphrase.trim_end_matches(['\n', '\r']).to_owned();
+            Ok(KeyMaterial::Passphrase { passphrase })
+        }
+        _ => Err(Fail::new(
+            Exit::Usage,
+            "give the key: --key-file FILE or --passphrase-file FILE".to_owned(),
+        )
+        .into()),
+    }
 }
 
 #[cfg(test)]

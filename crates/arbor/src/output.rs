@@ -646,10 +646,16 @@ pub fn qos_line(v: &VolumeView) -> String {
     }
 }
 
-/// A volume's type, and how far an instant restore into it has come.
+/// A volume's type, whether it is encrypted (and locked), and how far an
+/// instant restore into it has come.
 fn kind_and_restore(v: &VolumeView) -> String {
+    let kind = |v: &VolumeView| match &v.encryption {
+        None => kind(v).to_owned(),
+        Some(e) if e.locked => format!("{} (encrypted, locked)", kind(v)),
+        Some(_) => format!("{} (encrypted)", kind(v)),
+    };
     let Some(r) = &v.restoring else {
-        return kind(v).to_owned();
+        return kind(v);
     };
     let percent = (r.done_bytes as f64 * 100.0 / r.size.max(1) as f64).floor();
     match r.state.as_str() {
@@ -732,7 +738,16 @@ pub fn volume_line(action: &str, v: &VolumeView) -> String {
     } else {
         ", durable at the pool's next commit"
     };
-    format!("{action} {} ({}{pending})\n", v.name, size(v.size))
+    let encrypted = match &v.encryption {
+        None => "",
+        Some(e) if e.locked => ", encrypted, locked",
+        Some(_) => ", encrypted",
+    };
+    format!(
+        "{action} {} ({}{encrypted}{pending})\n",
+        v.name,
+        size(v.size)
+    )
 }
 
 pub fn stats(s: &StatsView) -> String {
@@ -1417,6 +1432,7 @@ mod tests {
             layout: LayoutView::Row,
             qos: None,
             restoring: None,
+            encryption: None,
         }
     }
 

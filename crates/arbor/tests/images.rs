@@ -64,6 +64,16 @@ fn format_version(daemon: &Daemon) -> u64 {
         .unwrap()
 }
 
+/// Loads the keys of the image's encrypted volumes (`arbor key load`, a
+/// key file of the manifest's raw key): locked, they are not served.
+fn unlock(daemon: &Daemon, keys: &BTreeMap<String, String>) {
+    for (volume, hex) in keys {
+        let file = daemon.path(&format!("{volume}.key"));
+        std::fs::write(&file, format!("{hex}\n")).unwrap();
+        daemon.ok(&["key", "load", volume, "--key-file", p(&file)]);
+    }
+}
+
 /// Every listed volume and snapshot reads as `model` says, over NBD.
 fn assert_serves(daemon: &Daemon, model: &BTreeMap<String, Vec<u8>>, when: &str) {
     let names: Vec<String> = listed(daemon).into_keys().collect();
@@ -96,6 +106,7 @@ fn the_binary_checks_serves_and_upgrades_an_image_of_every_format_version() {
         // snapshot listed and read over NBD as the manifest recorded.
         let mut daemon = Daemon::start_in(dir, &["--initial-volume", "none"]);
         assert_eq!(format_version(&daemon), u64::from(version.number()));
+        unlock(&daemon, &made.keys);
         let want: BTreeMap<String, (u64, bool)> = made
             .volumes
             .iter()
@@ -152,6 +163,7 @@ fn the_binary_checks_serves_and_upgrades_an_image_of_every_format_version() {
             format_version(&daemon),
             u64::from(FormatVersion::NEWEST.number())
         );
+        unlock(&daemon, &made.keys);
         assert_serves(&daemon, &model, &format!("v{version} restarted"));
         daemon.stop_cleanly();
     }

@@ -92,6 +92,10 @@ pub(super) struct Unit<'a> {
     /// [`MAX_UNCACHED_WRITE`]. Chunks overwritten in place go through the
     /// cache: clients may be reading them.
     pub uncached: bool,
+    /// The cipher of an encrypted volume (`pool/crypt.rs`): the data is
+    /// ciphertext already; what the unit itself would store as zeros in a
+    /// chunk it maps is encrypted with it.
+    pub cipher: Option<&'a arbor_crypt::VolumeCipher>,
 }
 
 impl<'a> Unit<'a> {
@@ -105,6 +109,7 @@ impl<'a> Unit<'a> {
             unmap: false,
             past_end: false,
             uncached: false,
+            cipher: None,
         }
     }
 
@@ -119,6 +124,7 @@ impl<'a> Unit<'a> {
             unmap,
             past_end: false,
             uncached: false,
+            cipher: None,
         }
     }
 
@@ -342,9 +348,33 @@ struct Run {
 }
 
 impl Pool {
+    /// A unit of an encrypted volume carries its cipher (so what it stores
+    /// as zeros in a chunk it maps is encrypted), unless it only unmaps
+    /// whole chunks (`pool/crypt.rs`); paired with the unit's making.
+    #[cfg(debug_assertions)]
+    fn assert_cipher_given(&self, unit: &Unit<'_>, cs: u64) {
+        let encrypted = self
+            .read_meta()
+            .ok()
+            .and_then(|meta| meta.volume(unit.id.0).ok().map(|r| r.key_slot.is_some()));
+        if encrypted == Some(true) {
+            let unmaps_whole = matches!(unit.fill, Fill::Zeros)
+                && unit.unmap
+                && unit.offset.is_multiple_of(cs)
+                && unit.len.is_multiple_of(cs);
+            debug_assert!(
+                unmaps_whole || (unit.cipher.is_some() && matches!(unit.fill, Fill::Data(_))),
+                "a unit of encrypted volume {} without its cipher",
+                unit.id.0
+            );
+        }
+    }
+
     /// Carries out `unit` (any length) as a sequence of atomic units.
     pub(super) fn apply_all(&self, unit: Unit<'_>) -> Result<()> {
         let cs = self.chunk_size();
+        #[cfg(debug_assertions)]
+        self.assert_cipher_given(&unit, cs);
         if unit.unmap {
             // Bounded whatever the range: at most two partial chunks to
             // write, and the whole chunks unmapped with bounded work.
@@ -789,7 +819,9 @@ impl Pool {
                 // Unmapped in a volume that reads through an epoch: what
                 // the epoch reads (its origin stripe is held, see `apply`).
                 (None, Some(backing)) => self.read_view_chunk(backing, w.chunk, &mut buf)?,
-                (None, None) => {}
+                // Zeros, encrypted in an encrypted volume (they are mapped
+                // now: a read decrypts them).
+                (None, None) => super::crypt::unit_zeros(unit.cipher, w.chunk * cs, &mut buf)?,
             }
             let at = (span.start - w.chunk * cs) as usize;
             let len = (span.end - span.start) as usize;
@@ -1029,6 +1061,7 @@ mod tests {
             unmap,
             past_end: false,
             uncached: false,
+            cipher: None,
         }
     }
 

@@ -32,6 +32,9 @@ pub struct Manifest {
     pub volumes: BTreeMap<String, (u64, bool, u32)>,
     /// (owner volume, or "-" for the pool, key) → value
     pub properties: BTreeMap<(String, String), String>,
+    /// An encrypted volume → the raw user key (64 hex digits) that opens
+    /// its key record (version 11 on).
+    pub keys: BTreeMap<String, String>,
 }
 
 pub fn manifest(version: FormatVersion) -> Manifest {
@@ -50,6 +53,9 @@ pub fn manifest(version: FormatVersion) -> Manifest {
                     u32::from_str_radix(crc, 16).unwrap(),
                 );
                 m.volumes.insert(name.to_string(), fields);
+            }
+            ("key", [volume, hex]) => {
+                m.keys.insert(volume.to_string(), hex.to_string());
             }
             ("property", [owner, key, ..]) => {
                 // The value is the rest of the line, spaces and all.

@@ -44,6 +44,10 @@ fn pattern(seed: u8, offset: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The raw key of the image's encrypted volume (version 11).
+#[cfg(since_v11)]
+const IMAGE_KEY: [u8; 32] = [0x5e; 32];
+
 fn write(pool: &Pool, name: &str, seed: u8, offset: u64, len: u64) {
     let id = pool.lookup(name).expect("lookup");
     pool.write(id, offset, &pattern(seed, offset, len as usize))
@@ -136,6 +140,27 @@ fn main() {
         pool.flush().expect("flush");
         write(&pool, "summed", 12, 16 * KIB, 4 * KIB);
     }
+    #[cfg(since_v11)]
+    {
+        // An encrypted volume (4 KiB units) and a snapshot of it: its data
+        // key in slot 1 of the pool's key store, wrapped by the raw key
+        // the manifest gives (IMAGE_KEY).
+        use arbor_crypt::{DataUnit, Kdf, KeyRecord, KeyStore, UserKey, VolumeCipher};
+        let user = UserKey::raw_from_file(&IMAGE_KEY).expect("the image's key");
+        let (record, data_key) =
+            KeyRecord::create(&user, DataUnit::B4096, Kdf::PASSPHRASE_DEFAULT).expect("record");
+        let mut store = KeyStore::default();
+        let slot = store.add(record.clone()).expect("slot");
+        pool.set_property(None, arbor_crypt::KEY_STORE_PROPERTY, &store.encode())
+            .expect("key store");
+        let cipher = VolumeCipher::new(data_key, record.key_id, record.unit).expect("cipher");
+        pool.load_key(slot, cipher).expect("load the key");
+        pool.create_encrypted_volume("sealed", 256 * KIB, slot)
+            .expect("sealed");
+        write(&pool, "sealed", 13, 0, 64 * KIB);
+        pool.snapshot("sealed@e1").expect("e1");
+        write(&pool, "sealed", 14, 32 * KIB, 8 * KIB);
+    }
     pool.flush().expect("flush");
 
     let report = pool.check().expect("check");
@@ -158,6 +183,13 @@ fn main() {
         )
         .expect("manifest");
     }
+    #[cfg(since_v11)]
+    writeln!(
+        manifest,
+        "key sealed {}",
+        IMAGE_KEY.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+    .expect("manifest");
     #[cfg(since_v4)]
     {
         let base = pool.lookup("base").expect("base");
