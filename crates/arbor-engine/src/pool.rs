@@ -1879,13 +1879,14 @@ impl Pool {
                     "zeros of an encrypted volume are written by write_zeroes",
                 ));
             };
-            let data = crypt::encrypted(&cipher, unit.offset, plain)?;
-            let written = self.apply_all(Unit {
-                fill: Fill::Data(&data),
-                cipher: Some(&cipher),
-                ..unit
+            return crypt::with_encrypted(&cipher, unit.offset, plain, |data| {
+                let written = self.apply_all(Unit {
+                    fill: Fill::Data(data),
+                    cipher: Some(&cipher),
+                    ..unit
+                });
+                self.after_damage(written)
             });
-            return self.after_damage(written);
         }
         if let arbor_format::DataLayout::Cow(_) = target.layout {
             let written = self.cow_write(unit.id.0, unit.offset, unit.len, unit.fill);
