@@ -40,8 +40,9 @@ pub struct RepoSpec {
 }
 
 /// Reads a file that holds a secret: bounded, and refused if others than
-/// its owner may read it (as ssh refuses such keys).
-fn read_secret(path: &Path, what: &str) -> Result<Zeroizing<Vec<u8>>> {
+/// its owner may read it (as ssh refuses such keys). Also the CLI's reader
+/// of encrypted volumes' key files.
+pub fn read_secret(path: &Path, what: &str) -> Result<Zeroizing<Vec<u8>>> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).map_err(|e| {
         BackupError::Refused(format!("cannot read the {what} {}: {e}", path.display()))
@@ -80,7 +81,9 @@ fn key_file_contents(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     Ok(trimmed)
 }
 
-fn passphrase_contents(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+/// The passphrase a passphrase file holds: its first line, not empty
+/// (read as [`read_secret`] reads).
+pub fn passphrase_contents(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     let raw = read_secret(path, "passphrase file")?;
     let line = raw.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = Zeroizing::new(line.strip_suffix(b"\r").unwrap_or(line).to_vec());

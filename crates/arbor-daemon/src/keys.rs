@@ -93,6 +93,8 @@ impl Keys {
                 ))
             })?,
         };
+        // Before the store changes (the engine checks again when the
+        // volume is made): an older pool gets no key record it cannot use.
         if !self.pool.format_version().has_encryption() {
             return Err(arbor_engine::Error::from(arbor_engine::Unsupported::Format(
                 arbor_engine::Capability::Encryption,

@@ -539,8 +539,9 @@ pub struct ReceiveArgs {
 }
 
 /// Where the user's key comes from: a key file (32 bytes, or 64 hex
-/// digits: `arbor key new FILE` makes one) or a passphrase in a file (8 to
-/// 512 bytes, a trailing newline dropped; `-` reads it from standard input).
+/// digits: `arbor key new FILE` makes one) or a passphrase, the first line
+/// of a file (8 to 512 bytes; `-` reads it from standard input). A file
+/// others than its owner may read is refused, as a backup key's is.
 #[derive(Debug, clap::Args)]
 #[group(id = "user_key", multiple = false)]
 pub struct KeyArgs {

@@ -84,33 +84,19 @@ pub fn execute(cli: Cli) -> Result<ExitCode> {
             printer.show(&upgraded, output::upgrade)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Key(KeyCommand::New { file }) => {
-            // The same key file as a backup repository's: 64 hex digits.
-            arbor_backup::spec::new_key_file(&file)?;
-            printer.done(
-                "new-key",
-                &file.display().to_string(),
-                format!(
-                    "wrote a volume key to {}: keep a copy off this host, an encrypted \
-                     volume cannot be read without it\n",
-                    file.display()
-                ),
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Backup(BackupCommand::NewKey { file }) => {
-            arbor_backup::spec::new_key_file(&file)?;
-            printer.done(
-                "new-key",
-                &file.display().to_string(),
-                format!(
-                    "wrote a repository key to {}: keep a copy off this host, the backups \
-                     cannot be read without it\n",
-                    file.display()
-                ),
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
+        // The same key file for both: 32 random bytes as 64 hex digits.
+        Command::Key(KeyCommand::New { file }) => new_key(
+            &printer,
+            &file,
+            "a volume key",
+            "an encrypted volume cannot be read",
+        ),
+        Command::Backup(BackupCommand::NewKey { file }) => new_key(
+            &printer,
+            &file,
+            "a repository key",
+            "the backups cannot be read",
+        ),
         Command::Backup(BackupCommand::Init(args)) => {
             printer.show(&backup_init(&args)?, output::backup_init)?;
             Ok(ExitCode::SUCCESS)
@@ -1206,53 +1192,57 @@ fn write_manpages(command: clap::Command, dir: &std::path::Path) -> Result<usize
     Ok(written)
 }
 
+/// `key new` and `backup new-key`: a new key file at `file`.
+fn new_key(printer: &Printer, file: &Path, what: &str, without: &str) -> Result<ExitCode> {
+    arbor_backup::spec::new_key_file(file)?;
+    printer.done(
+        "new-key",
+        &file.display().to_string(),
+        format!(
+            "wrote {what} to {}: keep a copy off this host, {without} without it\n",
+            file.display()
+        ),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The user's key that `key` names, read here (the daemon gets its bytes,
-/// never the file's path): a key file of 32 bytes (sent as hex) or 64 hex
-/// digits, or a passphrase file (`-`: standard input).
+/// never the file's path) as backup keys are (`arbor_backup::spec`): a
+/// file its owner alone may read, bounded. A key file holds 32 bytes (sent
+/// as hex) or 64 hex digits (checked by the daemon); a passphrase is the
+/// first line of its file, or of standard input for `-`.
 fn user_key(key: &crate::cli::KeyArgs) -> Result<arbor_api::model::KeyMaterial> {
     use arbor_api::model::KeyMaterial;
-    let read = |path: &Path| -> Result<Vec<u8>> {
-        if path == Path::new("-") {
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut bytes)
-                .context("cannot read the passphrase from standard input")?;
-            Ok(bytes)
-        } else {
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
-        }
+    let text = |bytes: Vec<u8>, path: &Path| {
+        String::from_utf8(bytes).map_err(|_| {
+            Fail::new(
+                Exit::Usage,
+                format!("{}: a key file holds 32 bytes, or text", path.display()),
+            )
+        })
     };
     match (&key.key_file, &key.passphrase_file) {
         (Some(path), None) => {
-            let bytes = read(path)?;
+            let bytes = arbor_backup::spec::read_secret(path, "key file")?;
             let hex = if bytes.len() == 32 {
                 bytes.iter().map(|b| format!("{b:02x}")).collect()
             } else {
-                String::from_utf8(bytes)
-                    .ok()
-                    .map(|t| t.trim_end_matches(['\n', '\r']).to_owned())
-                    .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .ok_or_else(|| {
-                        Fail::new(
-                            Exit::Usage,
-                            format!(
-                                "{}: a key file holds 32 bytes or 64 hex digits (arbor key new FILE makes one)",
-                                path.display()
-                            ),
-                        )
-                    })?
+                text(bytes.to_vec(), path)?.trim_ascii().to_owned()
             };
             Ok(KeyMaterial::Raw { hex })
         }
         (None, Some(path)) => {
-            let passphrase = String::from_utf8(read(path)?).map_err(|_| {
-                Fail::new(
-                    Exit::Usage,
-                    format!("{}: a passphrase is UTF-8 text", path.display()),
-                )
-            })?;
-            let passphrase = passphrase.trim_end_matches(['\n', '\r']).to_owned();
-            Ok(KeyMaterial::Passphrase { passphrase })
+            let line = if path == Path::new("-") {
+                let mut line = String::new();
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .context("cannot read the passphrase from standard input")?;
+                line.trim_end_matches(['\n', '\r']).to_owned()
+            } else {
+                let bytes = arbor_backup::spec::passphrase_contents(path)?;
+                text(bytes.to_vec(), path)?
+            };
+            Ok(KeyMaterial::Passphrase { passphrase: line })
         }
         _ => Err(Fail::new(
             Exit::Usage,

@@ -24,6 +24,11 @@ fn plaintext(seed: u8) -> Vec<u8> {
     out
 }
 
+fn set_private(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn uri(daemon: &Daemon, export: &str) -> String {
     format!("nbd+unix:///{export}?socket={}", daemon.nbd_socket())
 }
@@ -116,6 +121,13 @@ fn an_encrypted_volume_is_served_only_with_its_key_and_stores_no_plaintext() {
     // A passphrase in place of the key file: O(1), the data untouched.
     let phrase = daemon.path("phrase");
     std::fs::write(&phrase, "correct horse battery staple\n").unwrap();
+    // A key file others may read is refused, as a backup key's is.
+    daemon.fails(
+        &["key", "load", "sec", "--passphrase-file", p(&phrase)],
+        1,
+        "may be read by others",
+    );
+    set_private(&phrase);
     daemon.ok(&[
         "key",
         "change",

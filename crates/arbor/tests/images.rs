@@ -70,6 +70,8 @@ fn unlock(daemon: &Daemon, keys: &BTreeMap<String, String>) {
     for (volume, hex) in keys {
         let file = daemon.path(&format!("{volume}.key"));
         std::fs::write(&file, format!("{hex}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         daemon.ok(&["key", "load", volume, "--key-file", p(&file)]);
     }
 }
