@@ -18,6 +18,11 @@
 //! * reopens and power cuts (right after a flush) are interleaved: every
 //!   acknowledged flushed write reads back. (Cuts at every point between
 //!   flushes are the power-cut campaign's.)
+//!
+//! One seed in four makes its new volumes encrypted (docs/FORMAT.md §6.6,
+//! one data key, 512-byte units; sizes and resizes whole chunks), its key
+//! loaded again after every reopen and power cut: the same rules hold for
+//! them, through the cipher.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -52,6 +57,8 @@ pub struct Outcome {
     pub writer_ops: u64,
     /// Shrinks of the writer's volume raced by writes near its end.
     pub resize_races: u64,
+    /// Runs whose new volumes were encrypted.
+    pub encrypted_runs: u64,
     /// Online growths of the pool (with the writer writing).
     pub growths: u64,
     /// Writes that did not fit an empty transaction's journal and ran in
@@ -74,6 +81,7 @@ impl Tally for Outcome {
         self.commits_checked += o.commits_checked;
         self.reopens += o.reopens;
         self.power_cuts += o.power_cuts;
+        self.encrypted_runs += o.encrypted_runs;
         self.writer_ops += o.writer_ops;
         self.resize_races += o.resize_races;
         self.growths += o.growths;
@@ -243,6 +251,12 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
     };
     let mut pool =
         Arc::new(Pool::create(dev, &opts, &small_open_opts()).map_err(|e| e.to_string())?);
+    let key = if seed % 4 == 3 {
+        out.encrypted_runs += 1;
+        Some(crate::RunKey::create(&pool)?)
+    } else {
+        None
+    };
     let mut model = Model::new();
     let mut next_name = 0u64;
     // The concurrent writer's volume: outside the model, checked by the writer.
@@ -338,7 +352,7 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                 }
                 (format!("{op} {v} {off}+{len}"), r)
             }
-            45..=52 => create(&pool, &mut model, &mut next_name, &mut rng),
+            45..=52 => create(&pool, &mut model, &mut next_name, &mut rng, key.as_ref()),
             53..=62 => {
                 let v = target.clone();
                 next_name += 1;
@@ -402,7 +416,15 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
             81..=86 => {
                 let v = target.clone();
                 let size = model[&v].data.len() as u64;
-                let new = rng.gen_range(1..=(2 * size / SECTOR).min(16 * MIB / SECTOR)) * SECTOR;
+                // An encrypted volume's sizes are whole chunks.
+                let encrypted = pool
+                    .lookup(&v)
+                    .and_then(|id| pool.info(id))
+                    .map_err(|e| format!("{when}: {e}"))?
+                    .key_slot
+                    .is_some();
+                let unit = if encrypted { chunk } else { SECTOR };
+                let new = rng.gen_range(1..=(2 * size / unit).clamp(1, 16 * MIB / unit)) * unit;
                 let r = pool.resize(&v, new);
                 if r.is_ok() {
                     model
@@ -486,6 +508,9 @@ fn run_inner(seed: u64, steps: usize, out: &mut Outcome) -> Result<(), String> {
                             Pool::open(dev, &small_open_opts())
                                 .map_err(|e| format!("{when}: open: {e}"))?,
                         );
+                        if let Some(key) = &key {
+                            key.load(&pool).map_err(|e| format!("{when}: {e}"))?;
+                        }
                         compare(&pool, &model, &when)?;
                         check_clean(&pool, &when)?;
                     }
@@ -761,11 +786,22 @@ fn create(
     model: &mut Model,
     next_name: &mut u64,
     rng: &mut StdRng,
+    key: Option<&crate::RunKey>,
 ) -> (String, Result<(), Error>) {
     *next_name += 1;
     let name = format!("v{next_name}");
-    let size = rng.gen_range(1..=8 * MIB / SECTOR) * SECTOR;
-    let r = pool.create_volume(&name, size).map(|_| ());
+    let (size, r) = match key {
+        None => {
+            let size = rng.gen_range(1..=8 * MIB / SECTOR) * SECTOR;
+            (size, pool.create_volume(&name, size).map(|_| ()))
+        }
+        Some(key) => {
+            let chunk = pool.chunk_size();
+            let size = rng.gen_range(1..=8 * MIB / chunk) * chunk;
+            let r = pool.create_encrypted_volume(&name, size, key.slot);
+            (size, r.map(|_| ()))
+        }
+    };
     if r.is_ok() {
         model.insert(
             name.clone(),

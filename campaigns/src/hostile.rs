@@ -592,6 +592,7 @@ fn stream_seeds() -> Vec<Vec<u8>> {
         resume_offset,
         creation_time: 1_700_000_000,
         name: "vm1@monday".to_string(),
+        raw: false,
     };
     let base = decode_stream::base();
     let build = |h: &Header, compression| -> Result<Vec<u8>, StreamError> {
@@ -628,6 +629,38 @@ fn stream_seeds() -> Vec<Vec<u8>> {
         // Encoding fixed, valid streams cannot fail.
         let stream =
             build(h, *compression).unwrap_or_else(|e| panic!("building a decode_stream seed: {e}"));
+        for flags in [0x00u8, 0x80, 0x81, 0x07] {
+            seeds.push([&[flags], &stream[..]].concat());
+        }
+    }
+    // Raw streams (version 2): a key record after the header, whole
+    // chunks of ciphertext and discards.
+    let key = {
+        let mut bytes = [0u8; arbor_crypt::KEY_RECORD_LEN];
+        bytes[..4].copy_from_slice(&[1, 1, 9, 1]);
+        bytes[16..].fill(0x44);
+        arbor_crypt::KeyRecord::decode(&bytes)
+            .unwrap_or_else(|e| panic!("a raw decode_stream seed's key: {e}"))
+    };
+    for (base, resume_offset) in [(None, 0), (Some(Guid([0xa5; 16])), 2 * MIB)] {
+        let h = Header {
+            raw: true,
+            ..header(base, resume_offset)
+        };
+        let build = || -> Result<Vec<u8>, StreamError> {
+            let mut out = Vec::new();
+            let mut enc = Encoder::new_raw(&h, &key, &mut out)?;
+            enc.data(
+                resume_offset,
+                &pattern(2, resume_offset, 16384),
+                None,
+                &mut out,
+            )?;
+            enc.discard(resume_offset + 65536, MIB, &mut out)?;
+            enc.finish(&mut out)?;
+            Ok(out)
+        };
+        let stream = build().unwrap_or_else(|e| panic!("building a raw decode_stream seed: {e}"));
         for flags in [0x00u8, 0x80, 0x81, 0x07] {
             seeds.push([&[flags], &stream[..]].concat());
         }

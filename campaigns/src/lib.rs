@@ -35,6 +35,51 @@ pub fn small_open_opts() -> OpenOptions {
     }
 }
 
+/// The key of an encrypted run: its slot, and the user's key that opens
+/// the record the pool keeps there.
+#[derive(Clone)]
+pub struct RunKey {
+    pub slot: u64,
+    user: Arc<arbor_crypt::UserKey>,
+}
+
+impl RunKey {
+    /// A new data key (512-byte units) in a slot of `pool`'s key store,
+    /// loaded.
+    pub fn create(pool: &Pool) -> Result<Self, String> {
+        use arbor_crypt::{DataUnit, Kdf, KeyRecord, UserKey, VolumeCipher};
+        let user = UserKey::generate_raw();
+        let (record, data_key) = KeyRecord::create(&user, DataUnit::B512, Kdf::PASSPHRASE_DEFAULT)
+            .map_err(|e| e.to_string())?;
+        let cipher =
+            VolumeCipher::new(data_key, record.key_id, record.unit).map_err(|e| e.to_string())?;
+        let slot = pool
+            .add_key_record(record)
+            .map_err(|e| e.to_string())?
+            .slot();
+        pool.load_key(slot, cipher).map_err(|e| e.to_string())?;
+        Ok(Self {
+            slot,
+            user: Arc::new(user),
+        })
+    }
+
+    /// Loads the key into a pool opened from a crash image: the record
+    /// from the image's own key store.
+    pub fn load(&self, pool: &Pool) -> Result<(), String> {
+        let record = pool
+            .key_record(self.slot)
+            .map_err(|e| format!("key store: {e}"))?
+            .ok_or("the key store lost the run's key")?;
+        let data_key = record
+            .unwrap_key(&self.user)
+            .map_err(|e| format!("key: {e}"))?;
+        let cipher = arbor_crypt::VolumeCipher::new(data_key, record.key_id, record.unit)
+            .map_err(|e| e.to_string())?;
+        pool.load_key(self.slot, cipher).map_err(|e| e.to_string())
+    }
+}
+
 /// Opens a pool on an in-memory copy of `image`.
 pub fn open_image(image: Vec<u8>) -> arbor_engine::Result<Pool> {
     let dev: Arc<dyn BlockDevice> = Arc::new(SimDisk::from_image(image));

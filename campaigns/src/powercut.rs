@@ -26,6 +26,13 @@
 //!   shows data it never held (every write carries a unique pattern);
 //! * now and then, the recovered pool keeps working: it reclaims everything,
 //!   takes a write, reopens and checks clean.
+//!
+//! One seed in three runs it with encrypted volumes (docs/FORMAT.md §6.6:
+//! 512-byte units, every volume under one data key whose record the pool's
+//! key store holds): each crash image is opened, its key loaded from the
+//! image's own key store, and read against the same model, so a cut never
+//! leaves a chunk whose bytes decrypt to anything but what was written or
+//! zeros.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,6 +67,8 @@ pub struct Config {
     pub variants: usize,
     /// Every this many images, the recovered pool is also exercised.
     pub exercise_every: u64,
+    /// Encrypted volumes (their sizes and shrinks whole chunks).
+    pub encrypted: bool,
 }
 
 impl Config {
@@ -70,6 +79,7 @@ impl Config {
             random_cut_percent: 5,
             variants: 4,
             exercise_every: 25,
+            encrypted: seed % 3 == 2,
         }
     }
 }
@@ -78,6 +88,8 @@ impl Config {
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
     pub runs: u64,
+    /// Runs with encrypted volumes.
+    pub encrypted_runs: u64,
     pub steps: u64,
     pub events: u64,
     pub flushes: u64,
@@ -95,6 +107,7 @@ impl crate::Tally for Outcome {
 
     fn add(&mut self, other: Outcome) {
         self.runs += other.runs;
+        self.encrypted_runs += other.encrypted_runs;
         self.steps += other.steps;
         self.events += other.events;
         self.flushes += other.flushes;
@@ -177,6 +190,8 @@ enum Op {
 
 struct Campaign {
     cfg: Config,
+    /// The data key of an encrypted run.
+    key: Option<crate::RunKey>,
     rng: StdRng,
     pool: Pool,
     recording: Recording,
@@ -206,6 +221,7 @@ pub fn run(cfg: Config) -> Outcome {
     let dev: Arc<dyn BlockDevice> = Arc::new(dev);
     let mut outcome = Outcome {
         runs: 1,
+        encrypted_runs: u64::from(cfg.encrypted),
         ..Outcome::default()
     };
     let pool = match Pool::create(dev, &small_create_opts(chunk), &small_open_opts()) {
@@ -217,8 +233,21 @@ pub fn run(cfg: Config) -> Outcome {
             return outcome;
         }
     };
-    // The pool's creation is replayed without cuts: a pool that was never
-    // completely created need not open.
+    let key = if cfg.encrypted {
+        match crate::RunKey::create(&pool) {
+            Ok(key) => Some(key),
+            Err(e) => {
+                outcome
+                    .failures
+                    .push(format!("seed {}: key: {e}", cfg.seed));
+                return outcome;
+            }
+        }
+    } else {
+        None
+    };
+    // The pool's creation (and an encrypted run's key store) is replayed
+    // without cuts: a pool that was never completely created need not open.
     let mut cutter = Cutter::new(POOL_BYTES, cfg.random_cut_percent, cfg.variants);
     if let Err(e) = cutter.skip(recording.take()) {
         outcome.failures.push(format!("seed {}: {e}", cfg.seed));
@@ -226,6 +255,7 @@ pub fn run(cfg: Config) -> Outcome {
     }
     let mut campaign = Campaign {
         cfg,
+        key,
         rng: StdRng::seed_from_u64(rng.gen()),
         pool,
         recording,
@@ -386,8 +416,15 @@ impl Campaign {
             },
             95..=96 => Op::Resize {
                 vol,
-                // Any sector, so the new last chunk is often cut part-way.
-                shrink_to: self.rng.gen_range(1..VOL_BYTES / SECTOR) * SECTOR,
+                // Any sector, so the new last chunk is often cut part-way
+                // (whole chunks for an encrypted volume).
+                shrink_to: match &self.key {
+                    None => self.rng.gen_range(1..VOL_BYTES / SECTOR) * SECTOR,
+                    Some(_) => {
+                        let chunk = self.pool.chunk_size() as usize;
+                        self.rng.gen_range(1..VOL_BYTES / chunk) * chunk
+                    }
+                },
             },
             97 => self.choose_rename(vol, &snapshots),
             _ => Op::Create {
@@ -510,7 +547,13 @@ impl Campaign {
                 self.pool.discard(id(vol)?, *offset as u64, *len as u64)
             }
             Op::Flush => self.pool.flush(),
-            Op::Create { name } => self.pool.create_volume(name, VOL_BYTES as u64).map(|_| ()),
+            Op::Create { name } => match &self.key {
+                None => self.pool.create_volume(name, VOL_BYTES as u64).map(|_| ()),
+                Some(key) => self
+                    .pool
+                    .create_encrypted_volume(name, VOL_BYTES as u64, key.slot)
+                    .map(|_| ()),
+            },
             Op::Snapshot { name, deferred, .. } => self
                 .pool
                 .snapshot_with(name, durability(*deferred))
@@ -627,6 +670,9 @@ impl Campaign {
     /// Checks one crash image against the model.
     fn verify(&self, dev: Arc<OverlayDevice>, exercise: bool) -> Result<(), String> {
         let pool = Pool::open(dev.clone(), &small_open_opts()).map_err(|e| format!("open: {e}"))?;
+        if let Some(key) = &self.key {
+            key.load(&pool)?;
+        }
         let report = pool.check().map_err(|e| format!("check: {e}"))?;
         if !report.is_clean() {
             return Err(format!("check: {:?}", report.problems));
@@ -673,7 +719,7 @@ impl Campaign {
             }
         }
         if exercise {
-            exercise_recovered(pool, dev)?;
+            exercise_recovered(pool, dev, self.key.as_ref())?;
         }
         Ok(())
     }
@@ -719,7 +765,11 @@ impl Campaign {
 }
 
 /// The recovered pool keeps working: reclaim everything, write, reopen, check.
-fn exercise_recovered(pool: Pool, dev: Arc<OverlayDevice>) -> Result<(), String> {
+fn exercise_recovered(
+    pool: Pool,
+    dev: Arc<OverlayDevice>,
+    key: Option<&crate::RunKey>,
+) -> Result<(), String> {
     while pool.reclaim(1 << 20).map_err(|e| format!("reclaim: {e}"))? > 0 {}
     let list = pool.list().map_err(|e| format!("list: {e}"))?;
     let data = pattern(u64::MAX, 0, 8192);
@@ -733,6 +783,9 @@ fn exercise_recovered(pool: Pool, dev: Arc<OverlayDevice>) -> Result<(), String>
     }
     pool.close().map_err(|e| format!("close: {e}"))?;
     let pool = Pool::open(dev, &small_open_opts()).map_err(|e| format!("reopen: {e}"))?;
+    if let Some(key) = key {
+        key.load(&pool)?;
+    }
     let report = pool
         .check()
         .map_err(|e| format!("check after reuse: {e}"))?;

@@ -19,6 +19,11 @@ fn failed_operations_leave_no_trace_on_a_pool_that_keeps_running_out() {
         total.resize_races
     );
     assert!(total.growths >= 3, "{} growths", total.growths);
+    assert!(
+        total.encrypted_runs >= 2,
+        "{} encrypted runs",
+        total.encrypted_runs
+    );
     // The campaign proves something only if the pool does run out, of both
     // kinds of space, in writes and in the operations that take metadata.
     let no_space = total.ran_out_of("NoSpace");

@@ -20,5 +20,10 @@ fn record_replay_power_cuts_lose_nothing() {
         total.cut_points
     );
     assert!(total.images >= 2000, "only {} images", total.images);
+    assert!(
+        total.encrypted_runs >= 5,
+        "{} encrypted runs",
+        total.encrypted_runs
+    );
     eprintln!("{total:?}");
 }

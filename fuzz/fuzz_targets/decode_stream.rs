@@ -136,6 +136,7 @@ pub fn base() -> &'static [u8] {
 #[derive(Debug, PartialEq)]
 enum Seen {
     Header(Header),
+    Key,
     /// Volume offset, length, encoding, where the record started in the
     /// stream, and whether its data decoded.
     Data(u64, u32, Encoding, u64, bool),
@@ -168,6 +169,7 @@ fn decode(stream: &[u8], piece: usize) -> (Vec<Seen>, Result<(), StreamError>) {
                 pos += consumed;
                 let record = match record {
                     Record::Header(h) => Seen::Header(h),
+                    Record::Key(_) => Seen::Key,
                     Record::Data {
                         offset,
                         length,

@@ -44,7 +44,14 @@ and reading through the daemons' Unix sockets:
    damaged in a's pool file and others in b's: the files read EIO through
    ext4 (never wrong data), scrubs list every damaged block, the next
    cycle heals each side with the other's copies, and e2fsck and every
-   file's checksum are clean after.
+   file's checksum are clean after;
+8. encryption: an encrypted volume replicated a -> b -> c, full and
+   incremental, raw: b and c hold no key; no pool file holds any of the
+   16 MiB of marked plaintext written; b and c list it locked and serve
+   nothing; a block damaged in b's pool is found by b's scrub and healed
+   by the next cycle from a's copy, as stored; c refuses a wrong key, and
+   with the right one reads exactly a's newest snapshot; after a `key
+   change` on a and one more cycle, c takes the new key, not the old.
 
 Run as root from tests/e2e: /usr/bin/python3 replication.py (ARBOR_BIN
 overrides the binary; ARBOR_REPLICATION_PARTS=1,3 runs some parts only;
@@ -1561,6 +1568,131 @@ def part_healing():
         part.close()
 
 
+# ---- part 8: encrypted volumes replicate raw ------------------------------------
+
+PLAIN_MARK = b"ARBOR-RAW-REPLICA-PLAINTEXT:"
+
+
+def plaintext_file(path, size, pattern_bytes):
+    """A file of `size` bytes: `pattern_bytes` of recognisable text (the
+    mark and its offset, every 32 bytes), then zeros."""
+    with open(path, "wb") as f:
+        at = 0
+        while at < pattern_bytes:
+            f.write(PLAIN_MARK + at.to_bytes(4, "little"))
+            at += 32
+        f.truncate(size)
+
+
+def marks_in(path):
+    with open(path, "rb") as f:
+        return f.read().count(PLAIN_MARK)
+
+
+def data_blocks_shared(pool_a, pool_b):
+    """4 KiB blocks (offset in pool_b, content) that both pool files hold,
+    once each and not all one byte: data the two pools share (metadata
+    differs between pools)."""
+    def blocks(path):
+        with open(path, "rb") as f:
+            image = f.read()
+        seen = {}
+        for at in range(0, len(image), 4096):
+            blk = image[at:at + 4096]
+            if blk.count(blk[:1]) == len(blk):
+                continue
+            seen.setdefault(blk, []).append(at)
+        return seen
+    on_a, on_b = blocks(pool_a), blocks(pool_b)
+    return [(ats[0], blk) for blk, ats in on_b.items() if len(ats) == 1 and len(on_a.get(blk, [])) == 1]
+
+
+def part_encryption():
+    say("part 8: an encrypted volume replicates raw along a chain: keyless replicas hold no plaintext, "
+        "serve nothing, scrub, heal and forward; the key opens the far end")
+    part = Part(["a", "b", "c"])
+    try:
+        a = part.host("a", pool_size="512M").start()
+        b = part.host("b", pool_size="512M", allow=[("a", ["*"], 0)]).start()
+        c = part.host("c", pool_size="512M", allow=[("b", ["*"], 0)]).start()
+        key = os.path.join(part.tmp, "vm.key")
+        a.cli("key", "new", key)
+        a.cli("volume", "create", "vm", "--size", "64M", "--encrypt", "--key-file", key)
+        src = os.path.join(part.tmp, "plain.img")
+        plaintext_file(src, 64 * MIB, 16 * MIB)
+        sh(["nbdcopy", src, a.uri("vm")], timeout=120)
+        a.add("vm", b.target())
+        a.run("vm")
+        b.add("vm", c.target())
+        b.run("vm")
+        qemu_io(a, "vm", "write -P 0x5a 40M 1M")
+        a.run("vm")
+        b.run("vm")
+        newest = a.snapshots("vm")[-1]
+        want = a.digest(newest)
+        check(b.snapshots("vm") == a.snapshots("vm") == c.snapshots("vm"),
+              f"b and c hold a's snapshots of vm ({len(a.snapshots('vm'))}), the increment included")
+        for h in (b, c):
+            enc = h.volumes()["vm"].get("encryption")
+            check(enc is not None and enc["locked"], f"{h.name}'s vm is encrypted and locked", json.dumps(enc))
+            info = sh(["nbdinfo", h.uri("vm")], check=False)
+            check(info.returncode != 0, f"{h.name} serves nothing of vm (nbdinfo refused)",
+                  (info.stdout + info.stderr)[:300])
+        for h in (a, b, c):
+            check(marks_in(h.pool) == 0, f"{h.name}'s pool file holds none of the plaintext "
+                  f"(16 MiB of marked text written)")
+
+        say("  a keyless replica scrubs clean, and a damaged block on it is healed from a")
+        shared = data_blocks_shared(a.pool, b.pool)
+        check(len(shared) > 1000, f"a and b store the same ciphertext ({len(shared)} shared data blocks)")
+        at, blk = shared[len(shared) // 2]
+        damage_block(b.pool, blk)
+        proc = b.cli("scrub", "start", "--wait", check=False, timeout=300)
+        check(proc.returncode == 8, "b's scrub, with no key, finds the damaged block (exit 8)", describe(proc))
+        run = a.run("vm")
+        # Listed once per snapshot of b's that shares the block.
+        check(run[0]["heal_sent"] >= 1 and run[0]["sent"] == [],
+              "the next cycle sends b a's copy of it, as stored", json.dumps(run))
+        got = damage_of(b)
+        check(not got["blocks"], "b: nothing damaged any more", json.dumps(got))
+        proc = b.cli("scrub", "start", "--wait", check=False, timeout=300)
+        check(proc.returncode == 0, "b: a scrub after it is clean", describe(proc))
+
+        say("  the key opens c's copy, identical to a's; a wrong key opens nothing")
+        other = os.path.join(part.tmp, "other.key")
+        a.cli("key", "new", other)
+        wrong = c.cli("key", "load", "vm", "--key-file", other, check=False)
+        check(wrong.returncode == 2 and "wrong key" in (wrong.stderr + wrong.stdout),
+              "c refuses another key (exit 2, wrong key)", describe(wrong))
+        c.cli("key", "load", "vm", "--key-file", key)
+        check(c.digest("vm") == want and c.digest(newest) == want,
+              f"with the key loaded, c's vm and {newest} read exactly as a's {newest}")
+        check(b.volumes()["vm"]["encryption"]["locked"], "b stays locked (keys are per host)")
+
+        say("  a change of the user's key at the source reaches the replicas with the next increment")
+        new_key = os.path.join(part.tmp, "new.key")
+        a.cli("key", "new", new_key)
+        a.cli("key", "change", "vm", "--key-file", key, "--new-key-file", new_key)
+        qemu_io(a, "vm", "write -P 0x5b 48M 256k")
+        a.run("vm")
+        b.run("vm")
+        newest = a.snapshots("vm")[-1]
+        c.cli("key", "unload", "vm")
+        old = c.cli("key", "load", "vm", "--key-file", key, check=False)
+        check(old.returncode == 2, "c refuses the old key now", describe(old))
+        c.cli("key", "load", "vm", "--key-file", new_key)
+        check(c.digest(newest) == a.digest(newest), f"the new key opens c's {newest}, identical to a's")
+        for h in (a, b, c):
+            clean, got = h.check_clean()
+            check(clean, f"{h.name}: `arbor check` clean", json.dumps(got))
+        part.stop_all()
+    except Exception:
+        say(part.logs())
+        raise
+    finally:
+        part.close()
+
+
 # ---- main ----------------------------------------------------------------------
 
 PARTS = [
@@ -1571,6 +1703,7 @@ PARTS = [
     ("5 export rollover", part_rollover),
     ("6 seeding and retention", part_seeding),
     ("7 healing under ext4", part_healing),
+    ("8 encrypted volumes, raw", part_encryption),
 ]
 
 

@@ -331,6 +331,25 @@ impl DaemonClient {
             snapshot: snapshot.to_owned(),
             name: name.to_owned(),
             durability,
+            key: None,
+        };
+        self.post("/v1/clones", &request)
+    }
+
+    /// A clone of an encrypted snapshot with its own user key `new` (the
+    /// snapshot's key `old` opens the data key it shares).
+    pub fn clone_with_key(
+        &self,
+        snapshot: &str,
+        name: &str,
+        old: crate::model::KeyMaterial,
+        new: crate::model::KeyMaterial,
+    ) -> Result<VolumeView> {
+        let request = CloneRequest {
+            snapshot: snapshot.to_owned(),
+            name: name.to_owned(),
+            durability: Durability::default(),
+            key: Some(crate::model::KeyChangeRequest { old, new }),
         };
         self.post("/v1/clones", &request)
     }
@@ -735,6 +754,9 @@ fn send_query(q: &SendQuery) -> String {
     }
     if q.format == StreamFormat::RbdDiff {
         parts.push("format=rbd-diff".to_owned());
+    }
+    if q.raw {
+        parts.push("raw=true".to_owned());
     }
     parts.join("&")
 }

@@ -123,7 +123,7 @@ impl std::fmt::Debug for KeyMaterial {
 pub struct EncryptionRequest {
     /// The user's key that wraps the volume's new data key.
     pub key: KeyMaterial,
-    /// Bytes per data unit: 512 (the default) or 4096.
+    /// Bytes per data unit: 4096 (the default) or 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<u32>,
 }
@@ -413,6 +413,12 @@ pub struct ReloadView {
     pub withdrawn_replications: Vec<ClosedSessionView>,
     /// API tokens in the token file, read again.
     pub tokens: usize,
+    /// Encrypted volumes unlocked by their configured keys
+    /// (`volume_keys`), and those whose key failed (volume: why).
+    #[serde(default)]
+    pub keys_loaded: Vec<String>,
+    #[serde(default)]
+    pub keys_failed: Vec<String>,
 }
 
 /// An NBD session a reload closed.
@@ -664,6 +670,11 @@ pub struct CloneRequest {
     pub name: String,
     #[serde(default, skip_serializing_if = "is_committed")]
     pub durability: Durability,
+    /// A clone of an encrypted snapshot given its own user key: the
+    /// snapshot's key (`old`) opens the data key, which the clone's slot
+    /// keeps wrapped by `new` (docs/SECURITY.md "Encryption at rest").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeyChangeRequest>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -755,6 +766,10 @@ pub struct SendQuery {
     pub level: Option<i32>,
     #[serde(default)]
     pub format: StreamFormat,
+    /// A raw stream (an encrypted volume's ciphertext and wrapped key,
+    /// sent without its key; docs/STREAM.md version 2).
+    #[serde(default)]
+    pub raw: bool,
 }
 
 /// The stream format of a send or receive.

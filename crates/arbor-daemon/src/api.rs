@@ -496,8 +496,9 @@ async fn clone_snapshot(
     State(c): State<PoolControl>,
     Json(req): Json<CloneRequest>,
 ) -> ApiResult<Response> {
-    blocking(c, move |c| {
-        c.clone_snapshot(&req.snapshot, &req.name, req.durability)
+    blocking(c, move |c| match req.key {
+        None => c.clone_snapshot(&req.snapshot, &req.name, req.durability),
+        Some(keys) => c.clone_with_key(&req.snapshot, &req.name, keys),
     })
     .await
     .map(created)

@@ -61,6 +61,24 @@ struct ConfigFile {
     replication_timeout: String,
     replication_allow: Vec<AllowEntry>,
     backup_repositories: Vec<BackupRepositoryEntry>,
+    volume_keys: Vec<VolumeKeyEntry>,
+}
+
+/// Where the key of an encrypted volume comes from at start and reload.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct VolumeKeyEntry {
+    volume: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    passphrase_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_command: Option<Vec<String>>,
+    /// What the command prints: "key" (a raw key, 64 hex digits) or
+    /// "passphrase" (its first line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_command_prints: Option<String>,
 }
 
 /// One backup repository (docs/BACKUP.md).
@@ -168,6 +186,8 @@ pub struct ServeConfig {
     pub backup_repositories: Vec<(String, arbor_backup::spec::RepoSpec)>,
     /// Their schedules, for those that have one.
     pub backup_schedules: Vec<crate::backup_schedule::BackupPolicy>,
+    /// Encrypted volumes' keys loaded at start and reload.
+    pub volume_keys: Vec<crate::keys::ConfiguredKey>,
 }
 
 /// What the NBD TCP listener asks of clients.
@@ -380,6 +400,7 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
     let replication = replication(&file, tls.clone())?;
     let backup_repositories = backup_repositories(&file)?;
     let backup_schedules = backup_schedules(&file)?;
+    let volume_keys = volume_keys(&file)?;
     if file.nbd_max_connections == 0 {
         bail!(usage("nbd_max_connections must be at least 1".into()));
     }
@@ -413,8 +434,60 @@ fn resolve(file: ConfigFile) -> Result<ServeConfig> {
         replication,
         backup_repositories,
         backup_schedules,
+        volume_keys,
         data_dir: file.data_dir,
     })
+}
+
+/// The configured sources of encrypted volumes' keys: one per volume,
+/// exactly one source each.
+fn volume_keys(file: &ConfigFile) -> Result<Vec<crate::keys::ConfiguredKey>> {
+    use crate::keys::{ConfiguredKey, KeySource};
+    let mut out: Vec<ConfiguredKey> = Vec::new();
+    for entry in &file.volume_keys {
+        let volume = &entry.volume;
+        if arbor_engine::check_volume_name(volume).is_err() {
+            bail!(usage(format!(
+                "volume_keys: {volume:?} is not a volume name"
+            )));
+        }
+        if out.iter().any(|k| &k.volume == volume) {
+            bail!(usage(format!("volume_keys: {volume} is named twice")));
+        }
+        let prints = entry.key_command_prints.as_deref();
+        let source = match (&entry.key_file, &entry.passphrase_file, &entry.key_command) {
+            (Some(f), None, None) if prints.is_none() => KeySource::KeyFile(f.clone()),
+            (None, Some(f), None) if prints.is_none() => KeySource::PassphraseFile(f.clone()),
+            (None, None, Some(argv)) => {
+                if argv.is_empty() || argv[0].is_empty() {
+                    bail!(usage(format!(
+                        "volume_keys: {volume}: key_command is empty"
+                    )));
+                }
+                let passphrase = match prints {
+                    None | Some("key") => false,
+                    Some("passphrase") => true,
+                    Some(other) => bail!(usage(format!(
+                        "volume_keys: {volume}: key_command_prints = {other:?}: expected \
+                         \"key\" or \"passphrase\""
+                    ))),
+                };
+                KeySource::Command {
+                    argv: argv.clone(),
+                    passphrase,
+                }
+            }
+            _ => bail!(usage(format!(
+                "volume_keys: {volume} needs exactly one of key_file, passphrase_file and \
+                 key_command (key_command_prints goes with key_command)"
+            ))),
+        };
+        out.push(ConfiguredKey {
+            volume: volume.clone(),
+            source,
+        });
+    }
+    Ok(out)
 }
 
 /// The certificates every TLS listener shares: all three files, or none;

@@ -108,6 +108,11 @@ fn layout_view(layout: VolumeLayout, origin: Option<String>, attached: bool) -> 
 }
 
 impl PoolControl {
+    /// Encrypted volumes' keys.
+    pub fn keys(&self) -> Arc<crate::keys::Keys> {
+        Arc::clone(&self.keys)
+    }
+
     pub fn new(
         open: &OpenPool,
         in_use: InUse,
@@ -564,6 +569,22 @@ impl PoolControl {
         let id = self
             .pool
             .clone_snapshot_with(snapshot, name, views::durability(durability))?;
+        self.view(self.pool.info(id)?)
+    }
+
+    /// A clone of an encrypted snapshot unlocked by a user key of its own
+    /// (committed; deferred durability does not apply).
+    pub fn clone_with_key(
+        &self,
+        snapshot: &str,
+        name: &str,
+        keys: arbor_api::model::KeyChangeRequest,
+    ) -> Result<VolumeView> {
+        let (old, new) = (
+            crate::keys::user_key(keys.old)?,
+            crate::keys::user_key(keys.new)?,
+        );
+        let id = self.keys.clone_with_key(snapshot, name, &old, &new)?;
         self.view(self.pool.info(id)?)
     }
 

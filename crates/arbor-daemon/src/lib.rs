@@ -26,7 +26,7 @@ mod handler;
 mod history;
 mod in_use;
 mod incoming;
-mod keys;
+pub mod keys;
 mod listen;
 mod metrics;
 mod monitor;

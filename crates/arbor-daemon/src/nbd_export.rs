@@ -188,7 +188,14 @@ impl ExportProvider for PoolExports {
         // A replica reads as its newest received snapshot and moves to the
         // next one when it arrives (each read sees one or the other, whole).
         let read_only = info.snapshot || self.replicas.role(&volume).is_some();
+        // An encrypted volume takes whole data units.
+        let min_block = self
+            .pool
+            .data_unit(id)
+            .map_err(export_error)?
+            .unwrap_or(arbor_nbd::proto::MIN_BLOCK_SIZE);
         Ok(Arc::new(VolumeExport {
+            min_block,
             pool: Arc::clone(&self.pool),
             id,
             volume,
@@ -216,6 +223,8 @@ impl ExportProvider for PoolExports {
 /// One volume or snapshot as seen by one connection.
 struct VolumeExport {
     pool: Arc<Pool>,
+    /// The smallest request it takes: an encrypted volume's data unit.
+    min_block: u32,
     id: VolumeId,
     /// The volume this export is (or, for a snapshot, was taken of), as
     /// named when the connection opened: whose snapshots its changed-block
@@ -353,6 +362,10 @@ impl Export for VolumeExport {
         self.description.clone()
     }
 
+    fn min_block_size(&self) -> u32 {
+        self.min_block
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         let len = buf.len() as u64;
         self.io.record(IoOp::Read, len, || match self.route()? {
@@ -373,6 +386,19 @@ impl Export for VolumeExport {
                     .map_err(|e| self.fail(e)),
                 Route::Restore(live) => live.write(offset, data).map_err(|e| self.restore_error(e)),
             })
+    }
+
+    fn write_in_place(&self, offset: u64, data: &mut [u8]) -> Result<(), ExportError> {
+        let len = data.len() as u64;
+        self.io.record(IoOp::Write, len, || match self.route()? {
+            // An encrypted volume's data is encrypted in the request's
+            // own buffer.
+            Route::Pool => self
+                .pool
+                .write_mut(self.id, offset, data)
+                .map_err(|e| self.fail(e)),
+            Route::Restore(live) => live.write(offset, data).map_err(|e| self.restore_error(e)),
+        })
     }
 
     fn flush(&self) -> Result<(), ExportError> {

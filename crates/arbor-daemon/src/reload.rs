@@ -76,6 +76,8 @@ pub struct Live {
     pub scrub: Arc<Scrub>,
     pub reclaim_rate: Arc<AtomicU32>,
     pub backups: Arc<crate::backups::Backups>,
+    /// Encrypted volumes' keys: the configured ones still locked load.
+    pub keys: Arc<crate::keys::Keys>,
 }
 
 /// Reloads the configuration into the running daemon.
@@ -140,6 +142,7 @@ fn live_keys(c: &ServeConfig) -> Vec<(&'static str, String)> {
             "backup_repositories",
             v(&(&c.backup_repositories, &c.backup_schedules)),
         ),
+        ("volume_keys", v(&c.volume_keys)),
     ]
 }
 
@@ -265,8 +268,16 @@ impl Reloader {
                 self.live.auth.tokens.count()
             }
         };
+        // Configured keys of volumes locked now (keys configured since,
+        // volumes received since): each loads or is logged and left.
+        let (keys_loaded, keys_failed) = self.live.keys.load_configured(&new.volume_keys);
         let changed = differing(live_keys, &applied, &new, false);
         let view = ReloadView {
+            keys_loaded,
+            keys_failed: keys_failed
+                .into_iter()
+                .map(|(volume, reason)| format!("{volume}: {reason}"))
+                .collect(),
             changed,
             restart_needed,
             tls_reloaded: tls.is_some(),

@@ -183,6 +183,16 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
     tokio::task::spawn_blocking(move || reattach.attach_recorded_origins())
         .await
         .context("attaching origins failed")??;
+    // Encrypted volumes whose keys are configured are served from the
+    // start (a key that fails is logged; its volume stays locked).
+    if !config.volume_keys.is_empty() {
+        let (keys, configured) = (control.keys(), config.volume_keys.clone());
+        let (loaded, failed) =
+            tokio::task::spawn_blocking(move || keys.load_configured(&configured))
+                .await
+                .context("loading the configured keys failed")?;
+        info!(loaded = ?loaded, failed = failed.len(), "configured keys of encrypted volumes");
+    }
     let mut tasks = JoinSet::new();
     info!(pool = %open.path.display(), io = open.cache_mode.name(), api = %api, nbd = %nbd, "serving");
     println!("{}", connection_hints(&config, &control)?);
@@ -236,6 +246,7 @@ async fn run(config: ServeConfig, source: Source) -> Result<()> {
             scrub: Arc::clone(&scrub),
             reclaim_rate,
             backups: Arc::clone(&backups),
+            keys: control.keys(),
         },
     );
     tasks.spawn(reload_on_hangup(Arc::clone(&reloader), stop.clone()));

@@ -11,7 +11,7 @@ use arbor_stream::format::{Compression, ResumeToken};
 use arbor_stream::heal::Healer;
 use arbor_stream::receive::RbdReceiver;
 use arbor_stream::receive::{resume_token, ReceiveOptions, Received, Receiver};
-use arbor_stream::send::{SendFormat, SendRequest, Sender};
+use arbor_stream::send::{Raw, SendFormat, SendRequest, Sender};
 use arbor_stream::StreamFailure;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -106,6 +106,7 @@ fn request_of(q: &SendQuery) -> Result<SendRequest, ApiError> {
             StreamFormat::Arbor => SendFormat::Arbor,
             StreamFormat::RbdDiff => SendFormat::RbdDiff,
         },
+        raw: if q.raw { Raw::Yes } else { Raw::No },
     })
 }
 

@@ -158,6 +158,26 @@ pub enum Invalid {
     EncryptedSize { size: u64, chunk: u64 },
     #[error("key slot {0}: no key is loaded in it")]
     KeyNotLoaded(u64),
+    #[error("{0} is not encrypted")]
+    NotEncrypted(String),
+    #[error("the pool's key store: {0}")]
+    KeyStore(String),
+    #[error("{base} is encrypted: a stream of plaintext cannot go onto it; send the increment raw (arbor send --raw)")]
+    PlainOntoEncrypted { base: String },
+    #[error(
+        "the stream is raw (an encrypted volume's data), but its base {base} is not encrypted"
+    )]
+    RawOntoPlain { base: String },
+    #[error("the stream's data key is not {base}'s: a raw increment goes onto a base encrypted with the same key")]
+    RawKeyMismatch { base: String },
+    #[error("the key given for a clone of {snapshot} wraps another data key than its")]
+    CloneKeyMismatch { snapshot: String },
+    #[error("a receive in progress into {volume} holds data encrypted with another key than the stream's")]
+    RawResumeKeyMismatch { volume: String },
+    #[error("{offset}+{len} of {name} is not all mapped: a raw read is of data the pool stores")]
+    RawUnmapped { offset: u64, len: u64, name: String },
+    #[error("{offset}+{len}: raw data goes in whole chunks of {chunk} bytes")]
+    RawUnaligned { offset: u64, len: u64, chunk: u64 },
     #[error("range {offset}+{len} is beyond the end of {name} ({size} bytes)")]
     RangeBeyondEnd {
         offset: u64,
@@ -381,6 +401,7 @@ pub enum Capability {
     Properties,
     CowVolumes,
     Encryption,
+    EncryptedReceive,
 }
 
 impl Capability {
@@ -391,6 +412,7 @@ impl Capability {
             Capability::Properties => 3,
             Capability::CowVolumes => 4,
             Capability::Encryption => 10,
+            Capability::EncryptedReceive => 11,
         }
     }
 
@@ -402,6 +424,7 @@ impl Capability {
             Capability::Properties => "cannot keep properties such as policies",
             Capability::CowVolumes => "has no copy-on-write volumes",
             Capability::Encryption => "has no encrypted volumes",
+            Capability::EncryptedReceive => "cannot receive into encrypted volumes",
         }
     }
 }

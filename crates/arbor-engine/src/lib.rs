@@ -51,9 +51,9 @@ pub use names::{
 };
 pub use pool::{
     guid_hex, ChunkWrites, CommitObserver, CreateOptions, Durability, GrowOptions, GrowReport,
-    Healed, MapRun, OpenOptions, OriginInfo, Pool, PoolStats, ReceiveStart, ReceiveStatus,
-    ReceiveTarget, ScrubStep, VolumeId, VolumeInfo, VolumeLayout, VolumeStats, DEFAULT_CHUNK_SIZE,
-    MAX_GROUP_SNAPSHOT, MAX_PROPERTY_KEY, MAX_VOLUME_SIZE, SECTOR,
+    Healed, MapRun, NewKeySlot, OpenOptions, OriginInfo, Pool, PoolStats, ReceiveStart,
+    ReceiveStatus, ReceiveTarget, ScrubStep, VolumeId, VolumeInfo, VolumeLayout, VolumeStats,
+    DEFAULT_CHUNK_SIZE, MAX_GROUP_SNAPSHOT, MAX_PROPERTY_KEY, MAX_VOLUME_SIZE, SECTOR,
 };
 pub use repair::{repair, RepairReport};
 pub use volumes::new_guid;

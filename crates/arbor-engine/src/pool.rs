@@ -117,6 +117,7 @@ mod write;
 use checker::Checker;
 use committer::Committer;
 use counters::WriteCounters;
+pub use crypt::NewKeySlot;
 use fill_sweep::FillSweep;
 use gates::Gates;
 pub use grow::{GrowOptions, GrowReport};
@@ -1446,6 +1447,7 @@ impl Pool {
             past_end: true,
             uncached: false,
             cipher: None,
+            stored: false,
         })
     }
 
@@ -1602,6 +1604,19 @@ impl Pool {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeros.
     pub fn read(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_as(id, offset, buf, false)
+    }
+
+    /// Reads the bytes encrypted volume `id` stores at `offset` as they are
+    /// stored: ciphertext, verified against their checksums, whether or
+    /// not its key is loaded. The range must be mapped ([`Pool::allocation_map`]):
+    /// an unmapped one stores nothing (it reads as zeros undecrypted), and
+    /// its zeros are no ciphertext to store elsewhere.
+    pub fn read_raw(&self, id: VolumeId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_as(id, offset, buf, true)
+    }
+
+    fn read_as(&self, id: VolumeId, offset: u64, buf: &mut [u8], raw: bool) -> Result<()> {
         self.counters.request();
         let len = buf.len() as u64;
         // One look at the record: a volume in the pool (the common case)
@@ -1616,7 +1631,14 @@ impl Pool {
             let meta = self.read_meta()?;
             Self::check_io(&meta, id, offset, len, false)?;
             let rec = meta.volume(id.0)?;
-            let cipher = self.cipher_of(rec)?;
+            let cipher = if raw {
+                if rec.key_slot.is_none() {
+                    return Err(Invalid::NotEncrypted(rec.name.clone()).into());
+                }
+                None
+            } else {
+                self.cipher_of(rec)?
+            };
             if let Some(cipher) = &cipher {
                 crypt::check_units(cipher, offset, len)?;
             }
@@ -1625,6 +1647,14 @@ impl Pool {
                 (_, Some(backing)) => Route::Through(backing),
                 _ => {
                     let pieces = Self::resolve(&meta, id, offset, len)?;
+                    if raw && pieces.iter().any(|p| p.source == Source::Zeros) {
+                        return Err(Invalid::RawUnmapped {
+                            offset,
+                            len,
+                            name: rec.name.clone(),
+                        }
+                        .into());
+                    }
                     let sums = Self::read_sums(&meta, &pieces)?;
                     Route::Pool(pieces, sums)
                 }
@@ -1868,10 +1898,35 @@ impl Pool {
         self.write_unit(Unit::data(id, offset, data))
     }
 
+    /// [`Pool::write`] of a buffer the caller gives up: an encrypted
+    /// volume's data is encrypted where it is, with no copy (after the
+    /// call `data` holds what was stored, whether or not the write
+    /// succeeded). Any other volume's is written as `write` does.
+    pub fn write_mut(&self, id: VolumeId, offset: u64, data: &mut [u8]) -> Result<()> {
+        self.counters.request();
+        let len = data.len() as u64;
+        let target = self.check_write(id, offset, len)?;
+        let Some(cipher) = target.cipher.clone() else {
+            return self.write_checked(Unit::data(id, offset, data), target);
+        };
+        crypt::check_units(&cipher, offset, len)?;
+        crypt::encrypt_in_place(&cipher, offset, data)?;
+        let written = self.apply_all(Unit {
+            cipher: Some(&cipher),
+            ..Unit::data(id, offset, data)
+        });
+        self.after_damage(written)
+    }
+
     /// A write of `unit`'s data (see `write`, `write_uncached`).
     fn write_unit(&self, unit: Unit<'_>) -> Result<()> {
         self.counters.request();
         let target = self.check_write(unit.id, unit.offset, unit.len)?;
+        self.write_checked(unit, target)
+    }
+
+    /// [`Pool::write_unit`] once the request is checked.
+    fn write_checked(&self, unit: Unit<'_>, target: WriteTarget) -> Result<()> {
         if let Some(cipher) = target.cipher {
             crypt::check_units(&cipher, unit.offset, unit.len)?;
             let Fill::Data(plain) = unit.fill else {

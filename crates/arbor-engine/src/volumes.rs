@@ -725,6 +725,11 @@ impl Volumes {
         id
     }
 
+    /// Every key slot a record names (volumes, snapshots, receives).
+    pub fn key_slots(&self) -> std::collections::HashSet<u64> {
+        self.table.iter().filter_map(|(_, r)| r.key_slot).collect()
+    }
+
     /// Makes volume `id` encrypted with the key in slot `slot` (a volume
     /// just created, in the same step).
     pub fn set_key_slot(&mut self, id: u64, slot: u64) -> Result<()> {

@@ -39,25 +39,35 @@ fn open(disk: &SimDisk) -> Pool {
 /// volume's key record from the pool's key store, opened with the raw key
 /// the manifest gives.
 fn unlock(pool: &Pool, version: FormatVersion) {
-    for (volume, hex) in &manifest(version).keys {
-        let slot = pool
-            .info(pool.lookup(volume).unwrap())
-            .unwrap()
-            .key_slot
-            .expect("the manifest's encrypted volume is encrypted");
-        let store = pool
-            .property(None, arbor_crypt::KEY_STORE_PROPERTY)
-            .unwrap()
-            .expect("the pool has a key store");
-        let store = arbor_crypt::KeyStore::decode(&store).unwrap();
-        let record = store.get(slot).expect("the slot's record");
-        let user = arbor_crypt::UserKey::raw_from_file(hex.as_bytes()).unwrap();
-        let data_key = record
-            .unwrap_key(&user)
-            .expect("the manifest's key opens it");
-        let cipher = arbor_crypt::VolumeCipher::new(data_key, record.key_id, record.unit).unwrap();
-        pool.load_key(slot, cipher).unwrap();
+    let m = manifest(version);
+    for (volume, hex) in &m.keys {
+        unlock_volume(pool, volume, hex);
     }
+    // A finished raw receive of the encrypted volume's snapshot (version
+    // 12 on): the same data key, in a slot of its own.
+    if let (Some(hex), Ok(_)) = (m.keys.get("sealed"), pool.lookup("inbound")) {
+        unlock_volume(pool, "inbound", hex);
+    }
+}
+
+fn unlock_volume(pool: &Pool, volume: &str, hex: &str) {
+    let slot = pool
+        .info(pool.lookup(volume).unwrap())
+        .unwrap()
+        .key_slot
+        .expect("the manifest's encrypted volume is encrypted");
+    let store = pool
+        .property(None, arbor_crypt::KEY_STORE_PROPERTY)
+        .unwrap()
+        .expect("the pool has a key store");
+    let store = arbor_crypt::KeyStore::decode(&store).unwrap();
+    let record = store.get(slot).expect("the slot's record");
+    let user = arbor_crypt::UserKey::raw_from_file(hex.as_bytes()).unwrap();
+    let data_key = record
+        .unwrap_key(&user)
+        .expect("the manifest's key opens it");
+    let cipher = arbor_crypt::VolumeCipher::new(data_key, record.key_id, record.unit).unwrap();
+    pool.load_key(slot, cipher).unwrap();
 }
 
 fn content(pool: &Pool, name: &str) -> Vec<u8> {
@@ -76,7 +86,12 @@ fn assert_as_model(pool: &Pool, model: &Model, when: &str) {
     listed.sort();
     assert_eq!(listed, model.keys().cloned().collect::<Vec<_>>(), "{when}");
     for (name, want) in model {
-        assert!(content(pool, name) == *want, "{when}: {name} reads wrong");
+        let got = content(pool, name);
+        let first = got.iter().zip(want.iter()).position(|(a, b)| a != b);
+        assert!(
+            got == *want,
+            "{when}: {name} reads wrong (first at {first:?})"
+        );
     }
 }
 
@@ -173,6 +188,10 @@ fn check_as_made(pool: &Pool, version: FormatVersion) -> Model {
     assert_eq!(model.contains_key("cow"), version.has_cow_volumes());
     assert_eq!(model.contains_key("big"), version.has_grown_regions());
     assert_eq!(model.contains_key("sealed"), version.has_encryption());
+    assert_eq!(
+        m.receives.contains_key("inbound"),
+        version.has_encrypted_receives()
+    );
     if version.has_encryption() {
         // Known bytes: the encrypted volume's first write, kept by e1.
         assert_eq!(
@@ -206,6 +225,31 @@ fn upgrade_and_serve(disk: &SimDisk, pool: Pool, version: FormatVersion, mut mod
     if model.contains_key("sealed") {
         // Over the chunk its snapshot shares: encrypted, the snapshot kept.
         write(&pool, &mut model, "sealed", 27, 36 * KIB, 8 * KIB);
+    }
+    if let Some((size, offset, target)) = manifest(version).receives.get("inbound") {
+        // The encrypted receive the image left half done: it resumes where
+        // it was committed, with the rest of sealed@e1 as stored, and the
+        // key opens what it made.
+        let status = pool.receive_status("inbound").unwrap().expect("a receive");
+        let hex: String = status.target.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!((status.size, status.offset, &hex), (*size, *offset, target));
+        let e1 = pool.lookup("sealed@e1").unwrap();
+        for run in pool.allocation_map(e1, *offset, size - offset).unwrap() {
+            if run.mapped {
+                let mut data = vec![0u8; run.len as usize];
+                pool.read_raw(e1, run.offset, &mut data).unwrap();
+                pool.receive_write_raw(status.id, run.offset, &data)
+                    .unwrap();
+            }
+        }
+        pool.receive_checkpoint(status.id, *size).unwrap();
+        pool.finish_receive(status.id, "inbound@e1", 1, false)
+            .unwrap();
+        unlock_volume(&pool, "inbound", &manifest(version).keys["sealed"]);
+        let e1_bytes = model["sealed@e1"].clone();
+        model.insert("inbound".into(), e1_bytes.clone());
+        model.insert("inbound@e1".into(), e1_bytes);
+        write(&pool, &mut model, "inbound", 28, 0, 16 * KIB);
     }
     // What the upgrade gave older pools: identities, properties, growth.
     let base = pool.lookup("base").unwrap();

@@ -607,17 +607,22 @@ impl VolumeRecord {
         }
         if flags == FLAG_ENCRYPTED {
             // Encrypted volumes are in the pool alone (no home, no epoch):
-            // the shared bytes are unused.
+            // the shared bytes are unused, but for a receive in progress
+            // (version 12), whose receive state they are.
             let slot = get_u64(bytes, 120);
-            if !rec.kind.is_visible()
+            let receiving = rec.kind == VolumeKind::Receiving;
+            if !(rec.kind.is_visible() || receiving)
                 || slot == 0
                 || bytes[63..64] != [0]
-                || bytes[80..120].iter().any(|&b| b != 0)
+                || (!receiving && bytes[80..120].iter().any(|&b| b != 0))
             {
                 return Err(FormatError::Invalid(format!(
                     "volume record {}: encrypted ({:?}, key slot {slot}) with other state set",
                     rec.name, rec.kind
                 )));
+            }
+            if receiving {
+                Self::decode_receive_state(&mut rec, bytes)?;
             }
             rec.key_slot = Some(slot);
             return Ok(rec);
@@ -684,6 +689,21 @@ impl VolumeRecord {
             }
             return Ok(rec);
         }
+        Self::decode_receive_state(&mut rec, bytes)?;
+        if rec.kind == VolumeKind::Hold
+            && (!rec.root.is_none() || rec.mapped_chunks != 0 || rec.parent == 0)
+        {
+            return Err(FormatError::Invalid(format!(
+                "hold record {}: holds have no tree and name a snapshot",
+                rec.name
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// The receive state (bytes 80..120): set on a receive in progress
+    /// only, and never past its size.
+    fn decode_receive_state(rec: &mut VolumeRecord, bytes: &[u8]) -> Result<(), FormatError> {
         rec.receive.target.copy_from_slice(&bytes[80..96]);
         rec.receive.base.copy_from_slice(&bytes[96..112]);
         rec.receive.offset = get_u64(bytes, 112);
@@ -694,21 +714,13 @@ impl VolumeRecord {
                 rec.name
             )));
         }
-        if rec.kind == VolumeKind::Hold
-            && (!rec.root.is_none() || rec.mapped_chunks != 0 || rec.parent == 0)
-        {
-            return Err(FormatError::Invalid(format!(
-                "hold record {}: holds have no tree and name a snapshot",
-                rec.name
-            )));
-        }
         if receiving && rec.receive.offset > rec.size_bytes {
             return Err(FormatError::Invalid(format!(
                 "volume record {}: received up to {} of {} bytes",
                 rec.name, rec.receive.offset, rec.size_bytes
             )));
         }
-        Ok(rec)
+        Ok(())
     }
 
     /// Decodes a version 1 table value (no identity, no receives).
@@ -792,6 +804,25 @@ mod tests {
         refused(&|b| b[56] |= 4); // and backed
         refused(&|b| b[88] = 1); // state in the shared bytes
         refused(&|b| b[62] = 4); // a property
+                                 // Version 12: a receive in progress may be encrypted, its receive
+                                 // state beside the slot; still never past its size.
+        let mut recv = VolumeRecord {
+            kind: VolumeKind::Receiving,
+            name: "vm%recv".into(),
+            guid: [0; 16],
+            receive: ReceiveState {
+                target: [5; 16],
+                base: [6; 16],
+                offset: 1 << 20,
+            },
+            ..rec.clone()
+        };
+        let mut b = vec![0u8; VolumeRecord::ENCODED_LEN];
+        recv.encode(&mut b);
+        assert_eq!(VolumeRecord::decode(&b).unwrap(), recv);
+        recv.receive.offset = (1 << 30) + 512;
+        recv.encode(&mut b);
+        assert!(VolumeRecord::decode(&b).is_err(), "received past its size");
         rec.kind = VolumeKind::Volume;
         rec.key_slot = None;
         rec.encode(&mut bytes);

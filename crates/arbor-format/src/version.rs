@@ -105,6 +105,13 @@ impl FormatVersion {
         self.0 >= 11
     }
 
+    /// Version 12: an encrypted record may be a receive in progress (a raw
+    /// stream's, or any stream's onto an encrypted base), its receive
+    /// state beside its key slot (FORMAT.md §6.6).
+    pub fn has_encrypted_receives(self) -> bool {
+        self.0 >= 12
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).

@@ -453,6 +453,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         framing: session.framing(),
         block_status: !session.contexts.is_empty(),
         byte_granular: session.byte_granular,
+        min_block: session.min_block,
         max_payload: if session.byte_granular {
             // The constants are ordered (checked at compile time in proto).
             budget
@@ -611,6 +612,7 @@ impl Request {
         let contexts = Arc::clone(&session.contexts);
         let replies = replies.clone();
         let buffers = Arc::clone(buffers);
+        let mut payload = payload;
         let run = move || {
             // A panicking export must still answer, or the client waits forever.
             let reply = catch_unwind(AssertUnwindSafe(|| {
@@ -619,7 +621,7 @@ impl Request {
                     context,
                     &contexts,
                     command,
-                    &payload,
+                    &mut payload,
                     &buffers,
                 )
             }))

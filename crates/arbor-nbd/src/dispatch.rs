@@ -95,7 +95,7 @@ pub fn execute(
     context: ReplyContext,
     contexts: &[MetaContext],
     command: Command,
-    payload: &[u8],
+    payload: &mut [u8],
     buffers: &Arc<BufferPool>,
 ) -> Reply {
     let fua_flush = |fua: bool| if fua { export.flush() } else { Ok(()) };
@@ -116,9 +116,9 @@ pub fn execute(
         | Command::Trim { length: 0, .. }
         | Command::WriteZeroes { length: 0, .. }
         | Command::Cache { length: 0, .. } => Ok(()),
-        Command::Write { offset, fua, .. } => {
-            export.write(offset, payload).and_then(|()| fua_flush(fua))
-        }
+        Command::Write { offset, fua, .. } => export
+            .write_in_place(offset, payload)
+            .and_then(|()| fua_flush(fua)),
         Command::Flush => export.flush(),
         Command::Trim {
             offset,
@@ -370,7 +370,7 @@ mod tests {
             context,
             &base,
             command,
-            payload,
+            &mut payload.to_vec(),
             &BufferPool::new(1 << 20),
         )
     }
@@ -432,7 +432,7 @@ mod tests {
                 let mut earlier = buffers.take_filled(LEN as usize);
                 earlier.fill(0xEE);
             }
-            let reply = execute(&export, context, &[], read(0, LEN, true), &[], &buffers);
+            let reply = execute(&export, context, &[], read(0, LEN, true), &mut [], &buffers);
             let bytes = reply.parts.concat();
             // Header (16 bytes simple; 20 + 8 offset structured), then data.
             let data = &bytes[bytes.len() - LEN as usize..];

@@ -107,6 +107,14 @@ pub trait Export: Send + Sync + 'static {
         std::time::Duration::ZERO
     }
 
+    /// The smallest block a request may address (a power of two from
+    /// [`crate::proto::MIN_BLOCK_SIZE`] to 64 KiB), advertised in
+    /// `NBD_INFO_BLOCK_SIZE`: a volume encrypted in 4 KiB units takes
+    /// whole units only.
+    fn min_block_size(&self) -> u32 {
+        crate::proto::MIN_BLOCK_SIZE
+    }
+
     /// Human-readable description shown by `nbdinfo` and friends.
     fn description(&self) -> String {
         String::new()
@@ -120,6 +128,13 @@ pub trait Export: Send + Sync + 'static {
     /// Writes `data` at `offset`. Durability is only required after `flush`
     /// (the server implements FUA as the operation followed by `flush`).
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), ExportError>;
+
+    /// [`Export::write`] of a buffer the server gives up: the export may
+    /// change its bytes (an encrypted volume encrypts them where they are,
+    /// saving a copy). The server calls this for every write request.
+    fn write_in_place(&self, offset: u64, data: &mut [u8]) -> Result<(), ExportError> {
+        self.write(offset, data)
+    }
 
     /// Makes every completed write durable (see the trait contract).
     fn flush(&self) -> Result<(), ExportError>;

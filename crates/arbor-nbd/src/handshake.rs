@@ -105,6 +105,8 @@ pub struct Session {
     /// `NBD_INFO_BLOCK_SIZE`), so, as the spec asks of a server, requests
     /// at any byte offset and length are served.
     pub byte_granular: bool,
+    /// The smallest block requests address (the export's, advertised).
+    pub min_block: u32,
 }
 
 impl Session {
@@ -470,7 +472,7 @@ impl Handshake {
         replies.push(option_reply::INFO, &export_info);
         // Always sent, requested or not: our minimum block size is not the
         // protocol default of 1, so the spec asks us to advertise it.
-        replies.push(option_reply::INFO, &block_size_info());
+        replies.push(option_reply::INFO, &block_size_info(session.min_block));
         if request.wants(info::NAME) {
             replies.push(option_reply::INFO, &text_info(info::NAME, request.name));
         }
@@ -682,10 +684,16 @@ impl Handshake {
         // A client granted only reads gets a read-only session, whatever
         // the export allows.
         let read_only = export.read_only() || access < Access::Write;
+        // The export's minimum block: a power of two the spec allows (64
+        // KiB at most), else ours.
+        let min_block = match export.min_block_size() {
+            b if b.is_power_of_two() && (MIN_BLOCK_SIZE..=MAX_MIN_BLOCK).contains(&b) => b,
+            _ => MIN_BLOCK_SIZE,
+        };
         // Only whole minimum blocks are addressable, so the tail of an
         // unaligned export is not advertised.
         let size = export.size();
-        let size = size - size % u64::from(MIN_BLOCK_SIZE);
+        let size = size - size % u64::from(min_block);
         Ok(Session {
             export_name: name.to_owned(),
             export,
@@ -700,6 +708,7 @@ impl Handshake {
             }),
             // Until the option that opens it says otherwise.
             byte_granular: true,
+            min_block,
         })
     }
 }
@@ -799,9 +808,14 @@ impl Replies {
     }
 }
 
-fn block_size_info() -> Vec<u8> {
+/// The largest minimum block size the spec allows.
+const MAX_MIN_BLOCK: u32 = 64 * 1024;
+
+/// `NBD_INFO_BLOCK_SIZE` for an export whose minimum block is `min_block`
+/// (a power of two from 512 to 64 KiB): the preferred block is at least it.
+fn block_size_info(min_block: u32) -> Vec<u8> {
     let mut out = info::BLOCK_SIZE.to_be_bytes().to_vec();
-    for size in [MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, MAX_PAYLOAD] {
+    for size in [min_block, PREFERRED_BLOCK_SIZE.max(min_block), MAX_PAYLOAD] {
         out.extend_from_slice(&size.to_be_bytes());
     }
     out
@@ -996,6 +1010,44 @@ mod tests {
         assert_eq!(replies[2].2[2..], *b"vol");
         assert_eq!(replies[3].2[2..], *b"a volume");
         assert!(!session.structured && !session.base_allocation() && !session.read_only);
+    }
+
+    /// An export with a larger minimum block (a volume encrypted in 4 KiB
+    /// units) advertises it, and its preferred block is at least it; its
+    /// size is whole minimum blocks. One that asks for a size the spec
+    /// does not allow gets ours.
+    #[test]
+    fn an_exports_own_minimum_block_is_advertised() {
+        let table = ExportTable::new();
+        table.insert(
+            "units",
+            Arc::new(MemoryExport::new((1 << 20) + 512).with_min_block(4096)),
+        );
+        table.insert(
+            "odd",
+            Arc::new(MemoryExport::new(8192).with_min_block(3000)),
+        );
+        let session_after = |input: Vec<u8>| match drive(&input, &table) {
+            (replies, Outcome::Transmit(session)) => (parse_replies(&replies), session),
+            (_, _) => panic!("handshake did not reach transmission"),
+        };
+        let mut input = client_flags(3);
+        input.extend(option(
+            option::GO,
+            &info_request("units", &[info::BLOCK_SIZE]),
+        ));
+        let (replies, session) = session_after(input);
+        assert_eq!(
+            replies[1].2[2..],
+            [0, 0, 0x10, 0, 0, 0, 0x10, 0, 0x02, 0, 0, 0][..],
+            "block sizes 4096 / 4096 / 32 MiB"
+        );
+        assert_eq!((session.min_block, session.size), (4096, 1 << 20));
+        let mut input = client_flags(3);
+        input.extend(option(option::GO, &info_request("odd", &[])));
+        let (replies, session) = session_after(input);
+        assert_eq!(replies[1].2[2..6], [0, 0, 2, 0]);
+        assert_eq!(session.min_block, 512);
     }
 
     #[test]

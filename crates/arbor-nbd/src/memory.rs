@@ -23,6 +23,8 @@ pub struct MemoryExport {
     capacity_blocks: u64,
     blocks: RwLock<BTreeMap<u64, Box<[u8]>>>,
     gone: AtomicBool,
+    /// The minimum block size it advertises (an encrypted volume's unit).
+    min_block: u32,
 }
 
 impl MemoryExport {
@@ -35,6 +37,7 @@ impl MemoryExport {
             capacity_blocks: size.div_ceil(MEMORY_BLOCK),
             blocks: RwLock::new(BTreeMap::new()),
             gone: AtomicBool::new(false),
+            min_block: crate::proto::MIN_BLOCK_SIZE,
         }
     }
 
@@ -45,6 +48,13 @@ impl MemoryExport {
 
     pub fn with_description(mut self, description: impl Into<String>) -> Self {
         self.description = description.into();
+        self
+    }
+
+    /// Advertises `bytes` as its minimum block size (as a volume encrypted
+    /// in 4 KiB units does).
+    pub fn with_min_block(mut self, bytes: u32) -> Self {
+        self.min_block = bytes;
         self
     }
 
@@ -193,6 +203,10 @@ impl Export for MemoryExport {
 
     fn description(&self) -> String {
         self.description.clone()
+    }
+
+    fn min_block_size(&self) -> u32 {
+        self.min_block
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {

@@ -209,6 +209,9 @@ pub struct Limits {
     /// The client never learned the block sizes: any byte offset and
     /// length is served (see `Session::byte_granular`).
     pub byte_granular: bool,
+    /// The smallest block requests address (the session's minimum block
+    /// size, a power of two, at least [`MIN_BLOCK_SIZE`]).
+    pub min_block: u32,
     /// Largest read or write served: [`MAX_PAYLOAD`], or more (up to
     /// `MAX_UNNEGOTIATED_PAYLOAD`, within the memory budget) for a client
     /// that never learned it.
@@ -343,18 +346,22 @@ pub fn validate(header: &RequestHeader, limits: &Limits) -> Result<Command, Reje
     }
     check_payload_length(header, limits)?;
     check_range(header, limits)?;
-    typed_command(header)
+    typed_command(header, limits)
 }
 
 fn check_range(header: &RequestHeader, limits: &Limits) -> Result<(), Rejection> {
-    let block = u64::from(MIN_BLOCK_SIZE);
+    let block = u64::from(limits.min_block.max(MIN_BLOCK_SIZE));
     let aligned = header.offset.is_multiple_of(block) && header.length.is_multiple_of(block);
     // A trim is advisory: an unaligned one is served on its aligned part
     // (`typed_command`), as qemu sends the sub-sector rest of a discard.
     if !aligned && !limits.byte_granular && header.kind != command::TRIM {
         return Err(reject(
             Errno::Inval,
-            "offset or length not a multiple of 512",
+            if block == u64::from(MIN_BLOCK_SIZE) {
+                "offset or length not a multiple of 512"
+            } else {
+                "offset or length not a multiple of the export's minimum block size"
+            },
         ));
     }
     let in_bounds = header
@@ -393,7 +400,7 @@ fn check_payload_length(header: &RequestHeader, limits: &Limits) -> Result<(), R
 }
 
 /// The typed form of a header that passed the other checks.
-fn typed_command(header: &RequestHeader) -> Result<Command, Rejection> {
+fn typed_command(header: &RequestHeader, limits: &Limits) -> Result<Command, Rejection> {
     let flag = |bit: u16| header.flags & bit != 0;
     let (offset, length) = (header.offset, header.length);
     let fua = flag(command_flags::FUA);
@@ -416,7 +423,7 @@ fn typed_command(header: &RequestHeader) -> Result<Command, Rejection> {
         command::TRIM => {
             // Only whole minimum blocks are trimmed; the rest of an
             // unaligned trim is left as it is, which trim allows.
-            let block = u64::from(MIN_BLOCK_SIZE);
+            let block = u64::from(limits.min_block.max(MIN_BLOCK_SIZE));
             let start = offset.div_ceil(block).checked_mul(block);
             // `check_range` checked that the end does not overflow.
             let end = offset.saturating_add(length) / block * block;
@@ -741,6 +748,7 @@ mod tests {
             framing: Framing::Structured,
             block_status: true,
             byte_granular: false,
+            min_block: MIN_BLOCK_SIZE,
             max_payload: MAX_PAYLOAD,
         }
     }
@@ -781,6 +789,41 @@ mod tests {
         assert_eq!(trim(512, 511), Ok(shrunk(512, 0)));
         assert_eq!(trim(100, 200), Ok(shrunk(100, 0)));
         assert_eq!(trim(1024, 4096), Ok(shrunk(1024, 4096)));
+    }
+
+    /// A session whose export takes 4 KiB blocks (a volume encrypted in 4
+    /// KiB units): reads and writes of 512-byte blocks are refused with
+    /// EINVAL before they reach it, trims shrink to whole 4 KiB blocks, and
+    /// a client that never learned block sizes is still served at any
+    /// offset (the export answers).
+    #[test]
+    fn a_larger_minimum_block_is_the_unit_of_every_request() {
+        let units = Limits {
+            min_block: 4096,
+            ..limits()
+        };
+        let check =
+            |kind, offset, length, l: &Limits| validate(&header(kind, 0, offset, length), l);
+        assert!(check(command::WRITE, 4096, 8192, &units).is_ok());
+        for (offset, length) in [(512, 4096), (4096, 512), (0, 6144)] {
+            for kind in [command::READ, command::WRITE, command::WRITE_ZEROES] {
+                let got = check(kind, offset, length, &units).err().map(|r| r.errno);
+                assert_eq!(got, Some(Errno::Inval), "{kind} {offset}+{length}");
+            }
+        }
+        assert_eq!(
+            check(command::TRIM, 512, 12288, &units),
+            Ok(Command::Trim {
+                offset: 4096,
+                length: 8192,
+                fua: false
+            })
+        );
+        let granular = Limits {
+            byte_granular: true,
+            ..units
+        };
+        assert!(check(command::READ, 512, 4096, &granular).is_ok());
     }
 
     #[test]
@@ -952,6 +995,7 @@ mod tests {
         };
         let bytes = Limits {
             byte_granular: true,
+            min_block: MIN_BLOCK_SIZE,
             max_payload: 2 * MAX_PAYLOAD,
             ..l
         };
@@ -1311,6 +1355,7 @@ mod tests {
             framing,
             block_status: framing.chunks(),
             byte_granular: false,
+            min_block: MIN_BLOCK_SIZE,
             max_payload: MAX_PAYLOAD,
         };
         match header.payload(&limits) {

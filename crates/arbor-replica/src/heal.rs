@@ -2,7 +2,8 @@
 //! each side lists its damaged blocks in snapshots both hold (by identity),
 //! the other reads its own copies, verified, and sends them; the damaged
 //! side rewrites only blocks that are damaged, with bytes that match its
-//! checksums (`Pool::heal`). The engine's calls block; sessions run them
+//! checksums (`Pool::heal`). An encrypted snapshot's blocks go as stored
+//! (ciphertext, which its sums are of): neither side needs its key. The engine's calls block; sessions run them
 //! on blocking threads ([`send`] does).
 
 use std::collections::HashSet;
@@ -72,7 +73,8 @@ pub fn read(pool: &Pool, volume: &str, guid: Guid, offsets: &[u64]) -> Result<Bl
     let Some(id) = snapshot_of(pool, volume, &guid)? else {
         return Ok(blocks);
     };
-    let size = pool.info(id)?.size;
+    let info = pool.info(id)?;
+    let size = info.size;
     for &offset in offsets {
         if offset
             .checked_add(HEAL_BLOCK as u64)
@@ -81,7 +83,14 @@ pub fn read(pool: &Pool, volume: &str, guid: Guid, offsets: &[u64]) -> Result<Bl
             continue;
         }
         let mut data = vec![0u8; HEAL_BLOCK];
-        match pool.read(id, offset, &mut data) {
+        // An encrypted snapshot's blocks as stored (its sums are of its
+        // ciphertext, the same on every raw replica), with no key.
+        let read = if info.key_slot.is_some() {
+            pool.read_raw(id, offset, &mut data)
+        } else {
+            pool.read(id, offset, &mut data)
+        };
+        match read {
             Ok(()) => blocks.blocks.push((offset, data)),
             Err(Error::Damaged(_)) => {}
             Err(e) => return Err(e),

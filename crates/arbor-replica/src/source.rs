@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use arbor_engine::{Healed, Pool};
 use arbor_stream::busy::Pins;
 use arbor_stream::format::{Compression, Guid, ResumeToken};
-use arbor_stream::send::{SendFormat, SendRequest, Sender};
+use arbor_stream::send::{Raw, SendFormat, SendRequest, Sender};
 use arbor_stream::StreamFailure;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -491,6 +491,7 @@ where
             resume: Some(token),
             compression: ctx.compression,
             format: SendFormat::Arbor,
+            raw: Raw::IfEncrypted,
         },
         StreamOf::Snapshot { snap, base } => SendRequest {
             target: snap,
@@ -498,6 +499,7 @@ where
             resume: None,
             compression: ctx.compression,
             format: SendFormat::Arbor,
+            raw: Raw::IfEncrypted,
         },
     };
     let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, StreamFailure>>(IN_FLIGHT);

@@ -651,6 +651,7 @@ fn stream_of(host: &Host, snapshot: &str, base: Option<&str>) -> Vec<u8> {
         resume: None,
         compression: Compression::Zstd { level: 1 },
         format: arbor_stream::send::SendFormat::Arbor,
+        raw: arbor_stream::send::Raw::IfEncrypted,
     };
     let mut sender = arbor_stream::send::Sender::new(&host.pool, &req).unwrap();
     let mut bytes = Vec::new();

@@ -101,6 +101,25 @@ impl<'p> Healer<'p> {
                         header.name, header.target, info.name, self.volume
                     )));
                 }
+                // An encrypted snapshot stores ciphertext: only a raw
+                // stream's data is what its checksums are of.
+                match (info.key_slot.is_some(), header.raw) {
+                    (true, false) => {
+                        return Err(StreamFailure::Refused(format!(
+                            "{} is encrypted: heal it from a raw stream (arbor send --raw), \
+                             whose data is its ciphertext",
+                            info.name
+                        )))
+                    }
+                    (false, true) => {
+                        return Err(StreamFailure::Refused(format!(
+                            "the stream is raw (an encrypted volume's ciphertext), but {} is not \
+                             encrypted",
+                            info.name
+                        )))
+                    }
+                    _ => {}
+                }
                 let base = match header.base {
                     Some(b) => self.pool.find_guid(&b.0)?,
                     None => None,
@@ -174,7 +193,9 @@ impl<'p> Healer<'p> {
                 }
                 Ok(())
             }
-            Record::Skipped { .. } | Record::End => Ok(()),
+            // A raw stream's data is healed with as it is stored; its key
+            // is not needed.
+            Record::Key(_) | Record::Skipped { .. } | Record::End => Ok(()),
         }
     }
 

@@ -132,6 +132,8 @@ pub struct Receiver<'p> {
     check: Option<HeaderCheck<'p>>,
     records: Records,
     data: DataDecoder,
+    /// A raw stream's header, until its key record arrives.
+    raw_header: Option<Header>,
     started: Option<Started>,
     decoded: Vec<u8>,
     base_data: Vec<u8>,
@@ -174,6 +176,7 @@ impl<'p> Receiver<'p> {
             check: None,
             records: Records::default(),
             data: DataDecoder::new(),
+            raw_header: None,
             started: None,
             decoded: Vec::new(),
             base_data: Vec::new(),
@@ -214,7 +217,28 @@ impl<'p> Receiver<'p> {
     /// Applies one verified record.
     fn apply(&mut self, record: Record<'_>) -> Result<(), StreamFailure> {
         match record {
-            Record::Header(header) => self.start(header),
+            // A raw stream begins once its key has arrived too.
+            Record::Header(header) if header.raw => {
+                self.raw_header = Some(header);
+                Ok(())
+            }
+            Record::Header(header) => self.start(header, None),
+            Record::Key(key) => match self.raw_header.take() {
+                Some(header) => self.start(header, Some(*key)),
+                None => Err(StreamFailure::Refused(
+                    "a key record in a stream that is not raw".into(),
+                )),
+            },
+            Record::Data {
+                offset, payload, ..
+            } if self.started()?.header.raw => {
+                // The decoder let only uncompressed data through.
+                let id = self.started()?.status.id;
+                self.pool.receive_write_raw(id, offset, payload)?;
+                let length = payload.len() as u64;
+                self.progress.data_bytes += length;
+                self.applied(offset + length, length)
+            }
             Record::Data {
                 offset,
                 length,
@@ -255,11 +279,26 @@ impl<'p> Receiver<'p> {
             .ok_or_else(|| StreamFailure::Refused("a record before the stream's header".into()))
     }
 
-    /// The header has arrived: begin (or resume) the receive in the pool.
-    fn start(&mut self, header: Header) -> Result<(), StreamFailure> {
+    /// The header (and a raw stream's key) has arrived: begin (or resume)
+    /// the receive in the pool.
+    fn start(
+        &mut self,
+        header: Header,
+        key: Option<arbor_crypt::KeyRecord>,
+    ) -> Result<(), StreamFailure> {
         check_volume_name(&self.volume)?;
         if let Some(check) = self.check.as_mut() {
             check(&header).map_err(StreamFailure::Refused)?;
+        }
+        // A raw stream's ranges are the sender's whole chunks: stored as
+        // they are, they must be whole chunks here too.
+        let chunk = self.pool.chunk_size();
+        if header.raw && chunk > u64::from(header.chunk_size) {
+            return Err(StreamFailure::Refused(format!(
+                "a raw stream from a pool with chunks of {} bytes goes into pools whose chunks \
+                 are at most as large; this pool's are {chunk} bytes",
+                header.chunk_size
+            )));
         }
         let (_, snap) = split_snapshot_name(&header.name).map_err(|_| {
             StreamFailure::Refused(format!(
@@ -274,6 +313,7 @@ impl<'p> Receiver<'p> {
             target: header.target.0,
             base: header.base.map(|b| b.0),
             size: header.volume_size,
+            key,
         })?;
         if header.resume_offset > status.offset {
             return Err(StreamFailure::Refused(format!(
@@ -490,6 +530,7 @@ impl<'p> RbdReceiver<'p> {
             target: arbor_engine::new_guid(),
             base,
             size,
+            key: None,
         })?;
         if start.status.offset != 0 {
             return refuse("an earlier receive into this volume is in progress".into());

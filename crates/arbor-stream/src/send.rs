@@ -16,7 +16,8 @@ use arbor_engine::{Pool, VolumeId, VolumeInfo};
 use crate::busy::{PinGuard, Pins};
 use crate::format::{
     Compression, Encoder, Encoding, Guid, Header, ResumeToken, DATA_HEADER_LEN, FRAME_CRC_LEN,
-    FRAME_HEADER_LEN, HEADER_FIXED_LEN, MAX_DATA, MAX_NAME, RANGE_PAYLOAD_LEN, TRAILER_PAYLOAD_LEN,
+    FRAME_HEADER_LEN, HEADER_FIXED_LEN, KEY_PAYLOAD_LEN, MAX_DATA, MAX_NAME, RANGE_PAYLOAD_LEN,
+    TRAILER_PAYLOAD_LEN,
 };
 use crate::rbd::RbdEncoder;
 use crate::StreamFailure;
@@ -35,6 +36,7 @@ const DATA_OVERHEAD: u64 = FRAME + DATA_HEADER_LEN as u64;
 const RANGE_RECORD: u64 = FRAME + RANGE_PAYLOAD_LEN as u64;
 const HEADER_RECORD_MAX: u64 = FRAME + (HEADER_FIXED_LEN + MAX_NAME) as u64;
 const TRAILER_RECORD: u64 = FRAME + TRAILER_PAYLOAD_LEN as u64;
+const KEY_RECORD: u64 = FRAME + KEY_PAYLOAD_LEN as u64;
 
 /// What to send.
 #[derive(Debug, Clone)]
@@ -51,6 +53,23 @@ pub struct SendRequest {
     pub resume: Option<ResumeToken>,
     pub compression: Compression,
     pub format: SendFormat,
+    /// Whether the stream is raw (docs/STREAM.md, version 2): an
+    /// encrypted volume's ciphertext and wrapped key, sent without its key
+    /// loaded, for a receiver that cannot read it.
+    pub raw: Raw,
+}
+
+/// Whether a send is raw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Raw {
+    /// Plaintext (an encrypted volume's key must be loaded).
+    #[default]
+    No,
+    /// Raw (the target must be encrypted): `arbor send --raw`.
+    Yes,
+    /// Raw if the target is encrypted, else plaintext: replication, which
+    /// never gives a replica what it could not have read at the source.
+    IfEncrypted,
 }
 
 /// Which stream format a send writes.
@@ -146,6 +165,8 @@ struct Span {
 /// A stream being produced: call [`Sender::next`] until it returns false.
 pub struct Sender<'p> {
     pool: &'p Pool,
+    /// A raw stream's key record (its data is read as stored).
+    key: Option<arbor_crypt::KeyRecord>,
     target: VolumeId,
     base: Option<VolumeId>,
     header: Header,
@@ -252,6 +273,23 @@ impl<'p> Sender<'p> {
                 return Err(StreamFailure::Refused(format!("{why}; send it whole")));
             }
         }
+        let raw = match req.raw {
+            Raw::No => false,
+            Raw::Yes => true,
+            Raw::IfEncrypted => target.key_slot.is_some(),
+        };
+        let key = if raw {
+            Some(raw_key(pool, req, &target, base.as_ref())?)
+        } else {
+            // Plaintext needs the key: refused now, not part way.
+            if target.key_slot.is_some_and(|s| !pool.key_loaded(s)) {
+                return Err(arbor_engine::Error::from(arbor_engine::Conflict::Locked(
+                    target.name.clone(),
+                ))
+                .into());
+            }
+            None
+        };
         // A snapshot taken with deferred durability exists durably only from
         // the pool's next commit: a stream of it must not outlive it (a
         // receiver holding a snapshot its source lost to a power cut).
@@ -266,6 +304,7 @@ impl<'p> Sender<'p> {
             resume_offset,
             creation_time: target.created_unix_secs,
             name: target.name.clone(),
+            raw,
         };
         // A full stream is one span; an incremental one's spans come from
         // the diff, a window of the volume at a time (`next_spans`).
@@ -281,16 +320,21 @@ impl<'p> Sender<'p> {
         };
         Ok(Self {
             pool,
+            key,
             target: target.id,
             base: base.map(|b| b.id),
             header,
             encoder: None,
-            compression: req.compression,
+            compression: if raw {
+                Compression::None
+            } else {
+                req.compression
+            },
             format: req.format,
             names,
             spans,
             diff_from,
-            diff_window: DIFF_WINDOW,
+            diff_window: DIFF_WINDOW.max(pool.chunk_size()),
             size: target.size,
             runs: Default::default(),
             data: Vec::new(),
@@ -325,7 +369,13 @@ impl<'p> Sender<'p> {
     /// Walks the diff `bytes` of the volume at a time instead of
     /// [`DIFF_WINDOW`] (at least 512; the stream is the same whatever it is).
     pub fn with_diff_window(mut self, bytes: u64) -> Self {
-        self.diff_window = bytes.max(512);
+        self.diff_window = if self.key.is_some() {
+            // A raw stream's ranges are whole chunks.
+            let cs = self.pool.chunk_size();
+            bytes.max(cs).div_ceil(cs) * cs
+        } else {
+            bytes.max(512)
+        };
         self
     }
 
@@ -366,6 +416,10 @@ impl<'p> Sender<'p> {
         }
         stats.records += 2;
         stats.stream_bytes += HEADER_RECORD_MAX + TRAILER_RECORD;
+        if self.key.is_some() {
+            stats.records += 1;
+            stats.stream_bytes += KEY_RECORD;
+        }
         Ok(stats)
     }
 
@@ -379,7 +433,10 @@ impl<'p> Sender<'p> {
         let mut encoder = match self.encoder.take() {
             Some(e) => e,
             None => match self.format {
-                SendFormat::Arbor => Out::Arbor(Encoder::new(&self.header, self.compression, out)?),
+                SendFormat::Arbor => Out::Arbor(match &self.key {
+                    Some(key) => Encoder::new_raw(&self.header, key, out)?,
+                    None => Encoder::new(&self.header, self.compression, out)?,
+                }),
                 SendFormat::RbdDiff => Out::Rbd(RbdEncoder::header(
                     self.names.1.as_deref(),
                     &self.names.0,
@@ -390,7 +447,8 @@ impl<'p> Sender<'p> {
         };
         if self.fill(&mut encoder, out)? {
             encoder.finish(out)?;
-            self.stats.records += 2;
+            // The header and trailer, and a raw stream's key record.
+            self.stats.records += if self.key.is_some() { 3 } else { 2 };
             self.finished = true;
         } else {
             self.encoder = Some(encoder);
@@ -449,6 +507,16 @@ impl<'p> Sender<'p> {
             // At most MAX_DATA, just above.
             let n = piece as usize;
             self.data.resize(n, 0);
+            if self.key.is_some() {
+                // Ciphertext as stored: no key, nothing to compress, and
+                // never zeros to skip (a mapped chunk reads as its cipher
+                // makes it).
+                self.pool.read_raw(self.target, offset, &mut self.data)?;
+                encoder.data(offset, &self.data, None, out)?;
+                self.stats.data_bytes += piece;
+                self.stats.records += 1;
+                continue;
+            }
             self.pool.read(self.target, offset, &mut self.data)?;
             if self.data.iter().all(|&b| b == 0) {
                 if self.base.is_some() {
@@ -518,6 +586,43 @@ impl<'p> Sender<'p> {
     /// What was sent so far.
     pub fn stats(&self) -> SendStats {
         self.stats
+    }
+}
+
+/// A raw stream's key: the target is encrypted, the base (if any) shares
+/// its data key, and the format is arbor's own.
+fn raw_key(
+    pool: &Pool,
+    req: &SendRequest,
+    target: &VolumeInfo,
+    base: Option<&VolumeInfo>,
+) -> Result<arbor_crypt::KeyRecord, StreamFailure> {
+    let refuse = |why: String| Err(StreamFailure::Refused(why));
+    if req.format != SendFormat::Arbor {
+        return refuse("a raw stream is an arbor stream: rbd diffs carry plaintext".into());
+    }
+    let Some(slot) = target.key_slot else {
+        return refuse(format!(
+            "{} is not encrypted: a raw stream carries an encrypted volume's ciphertext; send it \
+             without --raw",
+            target.name
+        ));
+    };
+    if let Some(base) = base {
+        if base.key_slot != Some(slot) {
+            return refuse(format!(
+                "{} is not encrypted with {}'s data key: a raw increment is between snapshots \
+                 that share it",
+                base.name, target.name
+            ));
+        }
+    }
+    match pool.key_record(slot)? {
+        Some(key) => Ok(key),
+        None => refuse(format!(
+            "the pool's key store has no key for {} (slot {slot}): the store is damaged",
+            target.name
+        )),
     }
 }
 

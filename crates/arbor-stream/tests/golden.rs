@@ -153,6 +153,7 @@ fn header() -> Header {
         resume_offset: 0x0000_0506_0000,
         creation_time: 0x0708_090a_0b0c_0d0e,
         name: "vm1@golden".to_string(),
+        raw: false,
     }
 }
 
@@ -207,7 +208,8 @@ fn records_match_stream_md() {
         &rows,
         &[
             ("magic", Some(b"ARBORSTR".to_vec())),
-            ("version", le16(FORMAT_VERSION)),
+            // A stream that is not raw is version 1 (§8).
+            ("version", le16(1)),
             ("header flags", le16(1 | 2)),
             ("chunk_size", le32(h.chunk_size)),
             ("volume_size", le64(h.volume_size)),
@@ -263,6 +265,78 @@ fn records_match_stream_md() {
             ("stream_crc", le32(crc32c::crc32c(&stream[..before]))),
             ("reserved", le32(0)),
         ],
+    );
+}
+
+/// §2.1 and §2.5: a raw stream is version 2, its header says `RAW`, and
+/// its second record (type 6) is the key record, byte for byte.
+#[test]
+fn raw_streams_match_stream_md() {
+    let doc = stream_md();
+    let h = Header {
+        raw: true,
+        base: None,
+        resume_offset: 0,
+        ..header()
+    };
+    let mut bytes = [0u8; arbor_crypt::KEY_RECORD_LEN];
+    bytes[..4].copy_from_slice(&[1, 1, 12, 1]);
+    bytes[16..].fill(0x5c);
+    let key = arbor_crypt::KeyRecord::decode(&bytes).unwrap();
+    let mut stream = Vec::new();
+    let mut enc = Encoder::new_raw(&h, &key, &mut stream).unwrap();
+    let cs = u64::from(h.chunk_size);
+    let data = common::noise(2, h.chunk_size as usize);
+    enc.data(cs, &data, None, &mut stream).unwrap();
+    enc.discard(4 * cs, 2 * cs, &mut stream).unwrap();
+    enc.finish(&mut stream).unwrap();
+    let records = split(&stream);
+    assert_eq!(records.len(), 5);
+    for (seq, r) in records.iter().enumerate() {
+        let n = r.payload.len();
+        let rows = table(&doc, "## 1. Records", &[("n", n)]);
+        let crc = crc32c::crc32c(&r.bytes[..16 + n]);
+        check(
+            &format!("frame of raw record {seq}"),
+            &r.bytes,
+            &rows,
+            &[
+                ("type", le16([1, 6, 2, 4, 5][seq])),
+                ("flags", le16(0)),
+                ("payload length", le32(n as u32)),
+                ("sequence", le64(seq as u64)),
+                ("payload", Some(r.payload.clone())),
+                ("crc32c", le32(crc)),
+            ],
+        );
+    }
+    let name_len = h.name.len();
+    let rows = table(&doc, "### 2.1 Header", &[("name_len", name_len)]);
+    check(
+        "raw header",
+        &records[0].payload,
+        &rows,
+        &[
+            ("magic", Some(b"ARBORSTR".to_vec())),
+            ("version", le16(FORMAT_VERSION)),
+            ("header flags", le16(4)),
+            ("chunk_size", le32(h.chunk_size)),
+            ("volume_size", le64(h.volume_size)),
+            ("target identity", Some(h.target.0.to_vec())),
+            ("base identity", Some(vec![0; 16])),
+            ("resume_offset", le64(0)),
+            ("creation time", le64(h.creation_time)),
+            ("name_len", le16(name_len as u16)),
+            ("name", Some(h.name.as_bytes().to_vec())),
+            ("ignored", None),
+        ],
+    );
+    let rows = table(&doc, "### 2.5 Key", &[]);
+    check(
+        "key",
+        &records[1].payload,
+        &rows,
+        &[("key record", Some(bytes.to_vec()))],
     );
 }
 

@@ -59,6 +59,7 @@ fn stream(pool: &Pool, target: &str, base: Option<&str>) -> Vec<u8> {
         resume: None,
         compression: Compression::Zstd { level: 3 },
         format: Default::default(),
+        raw: Default::default(),
     };
     let mut out = Vec::new();
     Sender::new(pool, &req)

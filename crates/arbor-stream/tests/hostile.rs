@@ -595,9 +595,9 @@ fn headers_missing_duplicated_foreign_or_invalid_are_refused() {
         StreamError::NotAStream
     );
     assert_eq!(err(&[0u8; 4096]), StreamError::NotAStream);
-    let mut v2 = stream.clone();
-    v2[24] = 2;
-    assert_eq!(err(&v2), StreamError::UnsupportedVersion { version: 2 });
+    let mut v3 = stream.clone();
+    v3[24] = 3;
+    assert_eq!(err(&v3), StreamError::UnsupportedVersion { version: 3 });
     // Short input: truncated, not "not a stream".
     assert!(matches!(
         err(&stream[..20]),
@@ -894,4 +894,133 @@ fn garbage_never_panics() {
             }
         }
     }
+}
+
+/// A raw stream (version 2) that breaks its rules is refused, with the
+/// rule it broke: no key record after its header, a key record elsewhere
+/// or twice or that does not decode, a zero record, compressed data,
+/// ranges that are not whole chunks, sizes that are not; the raw flag in
+/// a version 1 header; and the encoder refuses to write any of these.
+#[test]
+fn raw_streams_that_break_their_rules_are_refused() {
+    use arbor_stream::format::RECORD_KEY;
+    let cs = 16384u64;
+    let h = Header {
+        raw: true,
+        ..header(MIB, None, 0)
+    };
+    let mut key_bytes = vec![0u8; arbor_crypt::KEY_RECORD_LEN];
+    key_bytes[..4].copy_from_slice(&[1, 1, 9, 1]);
+    key_bytes[16..].fill(0x77);
+    let key = arbor_crypt::KeyRecord::decode(&key_bytes).unwrap();
+    let mut good = Vec::new();
+    let mut enc = Encoder::new_raw(&h, &key, &mut good).unwrap();
+    enc.data(cs, &noise(3, cs as usize), None, &mut good)
+        .unwrap();
+    enc.discard(4 * cs, cs, &mut good).unwrap();
+    enc.finish(&mut good).unwrap();
+    let outcome = decode_all(&good);
+    outcome.result.unwrap();
+    assert!(matches!(&outcome.records[1], Owned::Key(k) if **k == key));
+    let p = parts(&good);
+    let key_rec = p[1].clone();
+    let bad = |f: &dyn Fn(&mut Parts)| {
+        let mut q = p.clone();
+        f(&mut q);
+        err(&assemble(&q))
+    };
+    // No key record: its place taken by data.
+    let e = bad(&|q| {
+        q.remove(1);
+    });
+    assert!(
+        matches!(
+            e,
+            StreamError::KeyMissing {
+                record: 1,
+                kind: RECORD_DATA,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A key record twice, or one that does not decode.
+    let e = bad(&|q| q.insert(2, key_rec.clone()));
+    assert!(matches!(e, StreamError::BadRecord { record: 2, .. }), "{e}");
+    for broken in [
+        key_bytes[..100].to_vec(),
+        [&[2u8][..], &key_bytes[1..]].concat(),
+        [&key_bytes[..2], &[10u8][..], &key_bytes[3..]].concat(),
+    ] {
+        let e = bad(&|q| q[1].2 = broken.clone());
+        assert!(matches!(e, StreamError::BadRecord { record: 1, .. }), "{e}");
+    }
+    // A zero record; compressed data; a range or data of part of a chunk.
+    let e = bad(&|q| q.push((RECORD_ZERO, 0, range_payload(8 * cs, cs))));
+    assert!(matches!(e, StreamError::BadRecord { record: 4, .. }), "{e}");
+    let small = zstd::bulk::compress(&vec![0u8; cs as usize], 3).unwrap();
+    let e = bad(&|q| q.push((RECORD_DATA, 0, data_payload(8 * cs, cs as u32, 1, &small))));
+    assert!(
+        matches!(e, StreamError::BadEncoding { record: 4, .. }),
+        "{e}"
+    );
+    let e = bad(&|q| q.push((RECORD_DISCARD, 0, range_payload(8 * cs, 4096))));
+    assert!(
+        matches!(e, StreamError::Misaligned { align: 16384, .. }),
+        "{e}"
+    );
+    let e = bad(&|q| {
+        q.push((
+            RECORD_DATA,
+            0,
+            data_payload(8 * cs + 512, cs as u32, 0, &noise(4, cs as usize)),
+        ))
+    });
+    assert!(
+        matches!(e, StreamError::Misaligned { align: 16384, .. }),
+        "{e}"
+    );
+    // A key record in a stream that is not raw.
+    let plain = with_header(vec![key_rec.clone()], &header(MIB, None, 0));
+    assert!(matches!(
+        err(&plain),
+        StreamError::BadRecord { record: 1, .. }
+    ));
+    // The raw flag in a version 1 header; a raw size that is no chunk.
+    let mut q = p.clone();
+    q[0].2[8] = 1;
+    assert!(matches!(err(&assemble(&q)), StreamError::BadHeader { .. }));
+    let mut q = p.clone();
+    q[0].2[16..24].copy_from_slice(&(MIB + 512).to_le_bytes());
+    assert!(matches!(err(&assemble(&q)), StreamError::BadHeader { .. }));
+    // A version 1 reader's view: version 2 is a version it does not know
+    // (checked here by the version bytes alone).
+    assert_eq!(u16::from_le_bytes([good[24], good[25]]), 2);
+    // Every type from 1 to 6 refuses OPTIONAL.
+    let mut q = p.clone();
+    q[1].1 = RECORD_FLAG_OPTIONAL;
+    assert!(matches!(
+        err(&assemble(&q)),
+        StreamError::BadFlags { record: 1, .. }
+    ));
+    assert_eq!(RECORD_KEY, 6);
+
+    // The encoder refuses all of it without writing.
+    let mut out = Vec::new();
+    assert!(Encoder::new(&h, Compression::None, &mut out).is_err());
+    assert!(Encoder::new_raw(&header(MIB, None, 0), &key, &mut out).is_err());
+    let odd = Header {
+        volume_size: MIB + 512,
+        ..h.clone()
+    };
+    assert!(Encoder::new_raw(&odd, &key, &mut out).is_err());
+    assert!(out.is_empty());
+    let mut enc = Encoder::new_raw(&h, &key, &mut out).unwrap();
+    let len = out.len();
+    assert!(enc.zero(0, cs, &mut out).is_err());
+    assert!(enc
+        .data(512, &noise(5, cs as usize), None, &mut out)
+        .is_err());
+    assert!(enc.discard(0, 4096, &mut out).is_err());
+    assert_eq!(out.len(), len);
 }

@@ -176,6 +176,7 @@ fn run(case: &Case) -> Result<(), TestCaseError> {
         resume_offset,
         creation_time: case.creation_time,
         name: case.name.clone(),
+        raw: false,
     };
 
     let mut stream = Vec::new();

@@ -79,6 +79,7 @@ fn request(target: &str, base: Option<&str>, compression: Compression) -> SendRe
         resume: None,
         compression,
         format: Default::default(),
+        raw: Default::default(),
     }
 }
 
@@ -317,6 +318,7 @@ fn resumed(a: &Pool, token: arbor_stream::format::ResumeToken) -> Vec<u8> {
             resume: Some(token),
             compression: Compression::Zstd { level: 1 },
             format: Default::default(),
+            raw: Default::default(),
         },
     )
 }

@@ -116,8 +116,20 @@ pub enum Command {
         /// Return before the clone is durable: the pool's next commit makes
         /// it so (a client's flush, any other command that commits, the
         /// commit interval); a power cut before then loses it whole
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["new_key_file", "new_passphrase_file"])]
         deferred: bool,
+        /// A clone of an encrypted snapshot: the snapshot's key, with
+        /// --new-key-file or --new-passphrase-file to give the clone a key of
+        /// its own
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The clone's own key (a file of 32 bytes or 64 hex digits): it
+        /// opens the clone, the snapshot's key does not
+        #[arg(long, value_name = "FILE", conflicts_with = "new_passphrase_file")]
+        new_key_file: Option<PathBuf>,
+        /// The clone's own key is a passphrase, read from FILE
+        #[arg(long, value_name = "FILE")]
+        new_passphrase_file: Option<PathBuf>,
     },
     /// Destroy a volume or snapshot; its space is reclaimed in the background
     Destroy {
@@ -493,6 +505,11 @@ pub struct SendArgs {
     /// resume)
     #[arg(long, value_enum, default_value = "arbor")]
     pub format: FormatArg,
+    /// Send an encrypted volume raw: its ciphertext and wrapped key, with
+    /// no key loaded; the receiver stores it encrypted and cannot read it
+    /// until the key is loaded there (data is not compressed)
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -545,7 +562,8 @@ pub struct ReceiveArgs {
 #[derive(Debug, clap::Args)]
 #[group(id = "user_key", multiple = false)]
 pub struct KeyArgs {
-    /// The key: a file of 32 bytes or 64 hex digits
+    /// The key: a file of 32 bytes or 64 hex digits (`-`: standard input,
+    /// for a key service's tool piped in)
     #[arg(long, value_name = "FILE")]
     pub key_file: Option<PathBuf>,
     /// The key is a passphrase, read from FILE (`-`: standard input)
@@ -608,8 +626,9 @@ pub enum VolumeCommand {
         encrypt: bool,
         #[command(flatten)]
         key: KeyArgs,
-        /// Bytes per encrypted unit: 512 (any client) or 4096 (faster; the
-        /// clients must write whole, aligned 4 KiB blocks)
+        /// Bytes per encrypted unit: 4096 (the default; its NBD export
+        /// advertises it as the minimum block size) or 512 (for clients that
+        /// write 512-byte sectors without asking; 1 MiB requests cost more)
         #[arg(long, requires = "encrypt", value_parser = ["512", "4096"])]
         encryption_unit: Option<String>,
     },

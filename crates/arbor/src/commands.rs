@@ -238,11 +238,44 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             snapshot,
             name,
             deferred,
+            key,
+            new_key_file,
+            new_passphrase_file,
         } => {
-            p.show(
-                &c.clone_snapshot(&snapshot, &name, durability(deferred))?,
-                |v| output::volume_line(&format!("cloned {snapshot} to"), v),
-            )?;
+            let own = new_key_file.is_some() || new_passphrase_file.is_some();
+            let given = key.key_file.is_some() || key.passphrase_file.is_some();
+            let view = match (own, given) {
+                (false, false) => c.clone_snapshot(&snapshot, &name, durability(deferred))?,
+                (true, true) => {
+                    let new = user_key(&crate::cli::KeyArgs {
+                        key_file: new_key_file,
+                        passphrase_file: new_passphrase_file,
+                    })?;
+                    c.clone_with_key(&snapshot, &name, user_key(&key)?, new)?
+                }
+                (true, false) => {
+                    return Err(Fail::new(
+                        Exit::Usage,
+                        "a clone with a key of its own needs the snapshot's key too: \
+                         --key-file FILE or --passphrase-file FILE"
+                            .to_owned(),
+                    )
+                    .into())
+                }
+                (false, true) => {
+                    return Err(Fail::new(
+                        Exit::Usage,
+                        "the snapshot's key goes with the clone's own: --new-key-file FILE or \
+                         --new-passphrase-file FILE (a clone shares its snapshot's key \
+                         without them)"
+                            .to_owned(),
+                    )
+                    .into())
+                }
+            };
+            p.show(&view, |v| {
+                output::volume_line(&format!("cloned {snapshot} to"), v)
+            })?;
         }
         Command::Destroy { name, force } => {
             c.destroy(&name, force)?;
@@ -409,6 +442,7 @@ fn send(args: &SendArgs, c: &DaemonClient, p: &Printer) -> Result<()> {
         },
         level: Some(args.level),
         format: stream_format(args.format),
+        raw: args.raw,
     };
     let estimate = c.send_estimate(&query)?;
     if args.dry_run {
@@ -1213,37 +1247,34 @@ fn new_key(printer: &Printer, file: &Path, what: &str, without: &str) -> Result<
 /// first line of its file, or of standard input for `-`.
 fn user_key(key: &crate::cli::KeyArgs) -> Result<arbor_api::model::KeyMaterial> {
     use arbor_api::model::KeyMaterial;
-    let text = |bytes: Vec<u8>, path: &Path| {
-        String::from_utf8(bytes).map_err(|_| {
-            Fail::new(
-                Exit::Usage,
-                format!("{}: a key file holds 32 bytes, or text", path.display()),
-            )
-        })
-    };
+    use arbor_daemon::keys::{key_file_material, passphrase_file_material};
+    // An unreadable or unsafe key file fails the command (exit 1).
+    let invalid = |e: arbor_daemon::error::DaemonError| anyhow::anyhow!("{e}");
     match (&key.key_file, &key.passphrase_file) {
-        (Some(path), None) => {
-            let bytes = arbor_backup::spec::read_secret(path, "key file")?;
-            let hex = if bytes.len() == 32 {
-                bytes.iter().map(|b| format!("{b:02x}")).collect()
-            } else {
-                text(bytes.to_vec(), path)?.trim_ascii().to_owned()
-            };
-            Ok(KeyMaterial::Raw { hex })
+        // A raw key piped in (from a key management service's tool).
+        (Some(path), None) if path == Path::new("-") => {
+            use std::io::Read;
+            let mut bytes = zeroize::Zeroizing::new(Vec::new());
+            std::io::stdin()
+                .take(4097)
+                .read_to_end(&mut bytes)
+                .context("cannot read the key from standard input")?;
+            if bytes.len() > 4096 {
+                anyhow::bail!("the key on standard input is longer than 4096 bytes");
+            }
+            Ok(arbor_daemon::keys::raw_key_material(&bytes, "standard input").map_err(invalid)?)
         }
-        (None, Some(path)) => {
-            let line = if path == Path::new("-") {
-                let mut line = String::new();
-                std::io::stdin()
-                    .read_line(&mut line)
-                    .context("cannot read the passphrase from standard input")?;
-                line.trim_end_matches(['\n', '\r']).to_owned()
-            } else {
-                let bytes = arbor_backup::spec::passphrase_contents(path)?;
-                text(bytes.to_vec(), path)?
-            };
-            Ok(KeyMaterial::Passphrase { passphrase: line })
+        (Some(path), None) => Ok(key_file_material(path).map_err(invalid)?),
+        (None, Some(path)) if path == Path::new("-") => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("cannot read the passphrase from standard input")?;
+            Ok(KeyMaterial::Passphrase {
+                passphrase: line.trim_end_matches(['\n', '\r']).to_owned(),
+            })
         }
+        (None, Some(path)) => Ok(passphrase_file_material(path).map_err(invalid)?),
         _ => Err(Fail::new(
             Exit::Usage,
             "give the key: --key-file FILE or --passphrase-file FILE".to_owned(),

@@ -199,6 +199,12 @@ pub fn reload(r: &arbor_api::model::ReloadView) -> String {
     for key in &r.restart_needed {
         text += &format!("needs a restart to take effect: {key}\n");
     }
+    for volume in &r.keys_loaded {
+        text += &format!("unlocked {volume} with its configured key\n");
+    }
+    for failure in &r.keys_failed {
+        text += &format!("a configured key did not load (the volume stays locked): {failure}\n");
+    }
     text
 }
 

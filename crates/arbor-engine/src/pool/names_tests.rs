@@ -63,6 +63,7 @@ fn new_volume_names_leave_room_for_generated_snapshots() {
             target: [7; 16],
             base: None,
             size: MIB,
+            key: None,
         }));
         pool.delete("base@s").unwrap();
         pool.delete("base").unwrap();
@@ -85,6 +86,7 @@ fn new_volume_names_leave_room_for_generated_snapshots() {
         target: [7; 16],
         base: None,
         size: MIB,
+        key: None,
     })
     .unwrap();
     drop(pool);

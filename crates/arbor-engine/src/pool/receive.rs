@@ -15,8 +15,8 @@
 use arbor_format::{Guid, ReceiveState, VolumeKind};
 
 use super::write::Unit;
-use super::{check_size, Pool, VolumeId};
-use crate::error::{Conflict, Error, Invalid, Result};
+use super::{check_size, NewKeySlot, Pool, VolumeId};
+use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::meta::Privilege;
 use crate::names::{check_volume_name, split_snapshot_name};
 use crate::volumes::{receiving_name, Volumes};
@@ -33,6 +33,11 @@ pub struct ReceiveTarget {
     pub base: Option<Guid>,
     /// The snapshot's size in bytes.
     pub size: u64,
+    /// A raw stream (an encrypted volume's stored bytes): the record of
+    /// the key its data is encrypted with. A full stream's receive gets a
+    /// slot of its own for it; an incremental one goes onto a base
+    /// encrypted with the same data key (and takes this wrapping of it).
+    pub key: Option<arbor_crypt::KeyRecord>,
 }
 
 /// A receive in progress, as [`Pool::receive_status`] reports it.
@@ -58,6 +63,13 @@ pub struct ReceiveStart {
     /// no longer exists was discarded (it could never finish); this says
     /// which.
     pub discarded: Option<String>,
+}
+
+/// A raw receive's key: the store as it was before the receive began,
+/// and the slot added for a new one.
+struct RawKey<'p> {
+    store: arbor_crypt::KeyStore,
+    new_slot: Option<NewKeySlot<'p>>,
 }
 
 fn nonzero(guid: Guid) -> Option<Guid> {
@@ -142,10 +154,34 @@ impl Pool {
                 status.base.map(|b| hex(&b)).unwrap_or_default()
             )))
         })?;
+        let raw = match &t.key {
+            Some(key) => Some(self.raw_receive_key(t, key)?),
+            None => None,
+        };
+        let key_id_of = |slot: Option<u64>| {
+            let raw = raw.as_ref()?;
+            raw.store.get(slot?).map(|r| r.key_id)
+        };
         let started = self.manage(Privilege::Normal, |m| {
             if let Some(id) = m.receiving_id(&t.volume) {
                 let status = status_of(m, id)?;
                 if status.target == t.target && status.base == t.base {
+                    let rec = m.volume(id)?;
+                    match &t.key {
+                        Some(key) if key_id_of(rec.key_slot) != Some(key.key_id) => {
+                            return Err(Invalid::RawResumeKeyMismatch {
+                                volume: t.volume.clone(),
+                            }
+                            .into())
+                        }
+                        None if rec.key_slot.is_some() => {
+                            return Err(Invalid::PlainOntoEncrypted {
+                                base: t.volume.clone(),
+                            }
+                            .into())
+                        }
+                        _ => {}
+                    }
                     // The same stream: resume (sizing it again if an
                     // earlier start stopped before that).
                     let resize = status.size != t.size && status.offset == 0;
@@ -172,7 +208,11 @@ impl Pool {
             let id = match t.base {
                 None => {
                     m.ensure_name_free(&t.volume)?;
-                    m.add_receiving(&t.volume, None, t.size, state)?
+                    let id = m.add_receiving(&t.volume, None, t.size, state)?;
+                    if let Some(slot) = raw.as_ref().and_then(|r| r.new_slot.as_ref()) {
+                        m.set_key_slot(id, slot.slot())?;
+                    }
+                    id
                 }
                 Some(base) => {
                     let base_id = m.guid_id(&base).ok_or_else(|| {
@@ -184,6 +224,21 @@ impl Pool {
                     let rec = m.volume(base_id)?;
                     if rec.kind != VolumeKind::Snapshot {
                         return Err(Invalid::StreamBaseNotSnapshot(rec.name.clone()).into());
+                    }
+                    // Plaintext never goes into an encrypted volume, nor
+                    // ciphertext into a plain one or under another key.
+                    let base_name = || rec.name.clone();
+                    match (&t.key, rec.key_slot) {
+                        (None, Some(_)) => {
+                            return Err(Invalid::PlainOntoEncrypted { base: base_name() }.into())
+                        }
+                        (Some(_), None) => {
+                            return Err(Invalid::RawOntoPlain { base: base_name() }.into())
+                        }
+                        (Some(key), slot) if key_id_of(slot) != Some(key.key_id) => {
+                            return Err(Invalid::RawKeyMismatch { base: base_name() }.into())
+                        }
+                        _ => {}
                     }
                     // Into an existing volume: the base must be one of its
                     // snapshots (the volume rolls forward). Else the volume
@@ -220,6 +275,17 @@ impl Pool {
                 .into())
             }
         };
+        // A raw increment carries the sender's wrapping of the data key:
+        // the receiver takes it (a change of the user's key on the sender
+        // reaches its replicas).
+        if let (Some(key), Some(_), Some(id)) = (&t.key, t.base, fresh) {
+            let slot = self.read_meta()?.volume(id.0)?.key_slot;
+            if let Some(slot) = slot {
+                if self.key_record(slot)?.as_ref() != Some(key) {
+                    self.replace_key_record(slot, key.clone())?;
+                }
+            }
+        }
         // An incremental receive starts at its base's size: bytes of the
         // base's last chunk past that size must read as zeros (as a grow
         // does) before a larger size is set. A failure here leaves a
@@ -232,6 +298,33 @@ impl Pool {
                 .receive_status(&t.volume)?
                 .ok_or_else(|| Error::inconsistent("a receive vanished as it began"))?,
             discarded,
+        })
+    }
+
+    /// What a raw stream's receive needs before it begins: a pool that
+    /// takes encrypted receives, a size of whole chunks, the key store,
+    /// and for a full stream that does not resume one under way, a new
+    /// slot holding the stream's key record.
+    fn raw_receive_key(
+        &self,
+        t: &ReceiveTarget,
+        key: &arbor_crypt::KeyRecord,
+    ) -> Result<RawKey<'_>> {
+        if !self.format_version().has_encrypted_receives() {
+            return Err(Unsupported::Format(Capability::EncryptedReceive).into());
+        }
+        self.check_encrypted_size(t.size)?;
+        let resumes = {
+            let meta = self.read_meta()?;
+            meta.receiving_id(&t.volume).is_some()
+        };
+        let new_slot = match (t.base, resumes) {
+            (None, false) => Some(self.add_key_record(key.clone())?),
+            _ => None,
+        };
+        Ok(RawKey {
+            store: self.key_store()?,
+            new_slot,
         })
     }
 
@@ -254,27 +347,60 @@ impl Pool {
         self.manage(Privilege::Normal, |m| m.set_volume_size(id.0, size))
     }
 
-    /// Fails unless `id` is a receive in progress and the range lies in it.
-    fn check_receiving(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
+    /// Fails unless `id` is a receive in progress and the range lies in
+    /// it; says whether the receive is encrypted.
+    fn check_receiving(&self, id: VolumeId, offset: u64, len: u64) -> Result<bool> {
         let meta = self.read_meta()?;
         let rec = meta.volume(id.0)?;
         if rec.kind != VolumeKind::Receiving {
             return Err(Invalid::NotAReceive(rec.name.clone()).into());
         }
-        Self::check_range(rec, offset, len)
+        Self::check_range(rec, offset, len)?;
+        Ok(rec.key_slot.is_some())
     }
 
     /// Applies a stream's data to receive `id` (see [`Pool::write`]).
     pub fn receive_write(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_receiving(id, offset, data.len() as u64)?;
+        if self.check_receiving(id, offset, data.len() as u64)? {
+            return Err(Invalid::PlainOntoEncrypted {
+                base: self.read_meta()?.volume(id.0)?.name.clone(),
+            }
+            .into());
+        }
         self.apply_all(Unit::data(id, offset, data))
     }
 
+    /// Applies a raw stream's data to receive `id`: the bytes an encrypted
+    /// volume stores (ciphertext), stored as they are, in whole chunks.
+    pub fn receive_write_raw(&self, id: VolumeId, offset: u64, data: &[u8]) -> Result<()> {
+        let len = data.len() as u64;
+        if !self.check_receiving(id, offset, len)? {
+            return Err(Invalid::NotEncrypted(self.read_meta()?.volume(id.0)?.name.clone()).into());
+        }
+        self.check_whole_chunks(offset, len)?;
+        self.apply_all(Unit {
+            stored: true,
+            ..Unit::data(id, offset, data)
+        })
+    }
+
     /// Makes a range of receive `id` read as zeros, unmapping whole chunks
-    /// (a stream's zero and discard records).
+    /// (a stream's zero and discard records). An encrypted receive takes
+    /// whole chunks only (it has no key to store zeros with).
     pub fn receive_discard(&self, id: VolumeId, offset: u64, len: u64) -> Result<()> {
-        self.check_receiving(id, offset, len)?;
+        if self.check_receiving(id, offset, len)? {
+            self.check_whole_chunks(offset, len)?;
+        }
         self.apply_all(Unit::zeros(id, offset, len, true))
+    }
+
+    fn check_whole_chunks(&self, offset: u64, len: u64) -> Result<()> {
+        let chunk = self.chunk_size();
+        if offset.is_multiple_of(chunk) && len.is_multiple_of(chunk) {
+            Ok(())
+        } else {
+            Err(Invalid::RawUnaligned { offset, len, chunk }.into())
+        }
     }
 
     /// Makes everything applied to receive `id` durable, with `offset`, the
@@ -393,6 +519,7 @@ mod tests {
                 target: [9; 16],
                 base: Some(p.guid(base).unwrap().unwrap()),
                 size: 4 << 20,
+                key: None,
             };
             {
                 let mut meta = p.meta.write().unwrap();

@@ -96,6 +96,9 @@ pub(super) struct Unit<'a> {
     /// ciphertext already; what the unit itself would store as zeros in a
     /// chunk it maps is encrypted with it.
     pub cipher: Option<&'a arbor_crypt::VolumeCipher>,
+    /// The data is an encrypted volume's stored bytes already (a raw
+    /// receive), in whole chunks: nothing to encrypt, no zeros of its own.
+    pub stored: bool,
 }
 
 impl<'a> Unit<'a> {
@@ -110,6 +113,7 @@ impl<'a> Unit<'a> {
             past_end: false,
             uncached: false,
             cipher: None,
+            stored: false,
         }
     }
 
@@ -125,6 +129,7 @@ impl<'a> Unit<'a> {
             past_end: false,
             uncached: false,
             cipher: None,
+            stored: false,
         }
     }
 
@@ -358,12 +363,13 @@ impl Pool {
             .ok()
             .and_then(|meta| meta.volume(unit.id.0).ok().map(|r| r.key_slot.is_some()));
         if encrypted == Some(true) {
-            let unmaps_whole = matches!(unit.fill, Fill::Zeros)
-                && unit.unmap
-                && unit.offset.is_multiple_of(cs)
-                && unit.len.is_multiple_of(cs);
+            let whole = unit.offset.is_multiple_of(cs) && unit.len.is_multiple_of(cs);
+            let unmaps_whole = matches!(unit.fill, Fill::Zeros) && unit.unmap && whole;
+            let stored_whole = unit.stored && whole && matches!(unit.fill, Fill::Data(_));
             debug_assert!(
-                unmaps_whole || (unit.cipher.is_some() && matches!(unit.fill, Fill::Data(_))),
+                unmaps_whole
+                    || stored_whole
+                    || (unit.cipher.is_some() && matches!(unit.fill, Fill::Data(_))),
                 "a unit of encrypted volume {} without its cipher",
                 unit.id.0
             );
@@ -1062,6 +1068,7 @@ mod tests {
             past_end: false,
             uncached: false,
             cipher: None,
+            stored: false,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct Manifest {
     /// An encrypted volume → the raw user key (64 hex digits) that opens
     /// its key record (version 11 on).
     pub keys: BTreeMap<String, String>,
+    /// A receive in progress into a volume → (size, bytes committed, the
+    /// target identity in hex) (version 12 on: an encrypted one, of a raw
+    /// stream of `sealed@e1`).
+    pub receives: BTreeMap<String, (u64, u64, String)>,
 }
 
 pub fn manifest(version: FormatVersion) -> Manifest {
@@ -53,6 +57,14 @@ pub fn manifest(version: FormatVersion) -> Manifest {
                     u32::from_str_radix(crc, 16).unwrap(),
                 );
                 m.volumes.insert(name.to_string(), fields);
+            }
+            ("receive", [volume, size, offset, target]) => {
+                let fields = (
+                    size.parse().unwrap(),
+                    offset.parse().unwrap(),
+                    target.to_string(),
+                );
+                m.receives.insert(volume.to_string(), fields);
             }
             ("key", [volume, hex]) => {
                 m.keys.insert(volume.to_string(), hex.to_string());

@@ -36,13 +36,17 @@ fuzz_target!(|input: &[u8]| {
         framing,
         block_status: session_bits & 4 != 0 && framing.chunks(),
         byte_granular: session_bits & 8 != 0,
+        // An export in 4 KiB units (a volume encrypted so), or 512.
+        min_block: if session_bits & 32 != 0 { 4096 } else { 512 },
         max_payload: if session_bits & 8 != 0 {
             arbor_nbd::proto::MAX_UNNEGOTIATED_PAYLOAD
         } else {
             arbor_nbd::proto::MAX_PAYLOAD
         },
     };
-    let export = MemoryExport::new(size).with_capacity(CAPACITY);
+    let export = MemoryExport::new(size)
+        .with_capacity(CAPACITY)
+        .with_min_block(limits.min_block);
     let buffers = BufferPool::new(SIZE as usize);
     let base = [arbor_nbd::proto::MetaContext {
         id: arbor_nbd::proto::BASE_ALLOCATION_ID,
@@ -76,7 +80,14 @@ fuzz_target!(|input: &[u8]| {
                 offset: header.offset,
                 framing,
             };
-            execute(&export, context, &base, command, payload, &buffers);
+            execute(
+                &export,
+                context,
+                &base,
+                command,
+                &mut payload.to_vec(),
+                &buffers,
+            );
         }
     }
 });

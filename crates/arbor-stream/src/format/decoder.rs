@@ -6,8 +6,9 @@ use super::header::Header;
 use super::wire::{Cursor, Frame, Ranges, Tally};
 use super::{
     DATA_HEADER_LEN, FORMAT_VERSION, FRAME_HEADER_LEN, MAGIC, MAX_DATA, MAX_PAYLOAD,
-    MAX_VOLUME_SIZE, RANGE_PAYLOAD_LEN, RECORD_DATA, RECORD_DISCARD, RECORD_FLAG_OPTIONAL,
-    RECORD_HEADER, RECORD_TRAILER, RECORD_ZERO, TRAILER_PAYLOAD_LEN,
+    MAX_VOLUME_SIZE, MIN_FORMAT_VERSION, RANGE_PAYLOAD_LEN, RECORD_DATA, RECORD_DISCARD,
+    RECORD_FLAG_OPTIONAL, RECORD_HEADER, RECORD_KEY, RECORD_TRAILER, RECORD_ZERO,
+    TRAILER_PAYLOAD_LEN,
 };
 
 /// The bytes every version's stream starts with: the header record's frame,
@@ -20,6 +21,9 @@ const PREFIX_LEN: usize = FRAME_HEADER_LEN + MAGIC.len() + 2;
 pub enum Record<'a> {
     /// The stream header (always the first record).
     Header(Header),
+    /// A raw stream's wrapped data key (always its second record): the
+    /// key the data is encrypted with, sealed (docs/FORMAT.md §6.6).
+    Key(Box<arbor_crypt::KeyRecord>),
     /// `length` bytes of the volume at `offset`, encoded as `encoding` in
     /// `payload` (turn them into bytes with a [`super::DataDecoder`]).
     Data {
@@ -64,7 +68,8 @@ pub enum Decoded<'a> {
 /// # fn stream() -> Vec<u8> {
 /// #     use arbor_stream::format::{Compression, Encoder, Guid, Header};
 /// #     let h = Header { chunk_size: 4096, volume_size: 4096, target: Guid([1; 16]),
-/// #         base: None, resume_offset: 0, creation_time: 0, name: "v@s".into() };
+/// #         base: None, resume_offset: 0, creation_time: 0, name: "v@s".into(),
+/// #         raw: false };
 /// #     let mut out = Vec::new();
 /// #     Encoder::new(&h, Compression::None, &mut out).unwrap().finish(&mut out).unwrap();
 /// #     out
@@ -124,7 +129,7 @@ impl Decoder {
                 return Err(StreamError::NotAStream);
             }
             match c.u16() {
-                Some(FORMAT_VERSION) => {}
+                Some(version) if (MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) => {}
                 Some(version) => return Err(StreamError::UnsupportedVersion { version }),
                 None => return Err(StreamError::NotAStream),
             }
@@ -161,7 +166,7 @@ impl Decoder {
                 found: frame.seq,
             });
         }
-        let known = (RECORD_HEADER..=RECORD_TRAILER).contains(&frame.kind);
+        let known = (RECORD_HEADER..=RECORD_KEY).contains(&frame.kind);
         if frame.flags & !RECORD_FLAG_OPTIONAL != 0 || (known && frame.flags != 0) {
             return Err(StreamError::BadFlags {
                 record,
@@ -171,6 +176,14 @@ impl Decoder {
         }
         if record == 0 && frame.kind != RECORD_HEADER {
             return Err(StreamError::HeaderMissing { kind: frame.kind });
+        }
+        let raw = self.header.as_ref().is_some_and(|h| h.raw);
+        if raw && record == 1 && frame.kind != RECORD_KEY {
+            return Err(StreamError::KeyMissing {
+                record,
+                at,
+                kind: frame.kind,
+            });
         }
         let payload = framed.get(FRAME_HEADER_LEN..).unwrap_or_default();
         let too_long = StreamError::TooLong { at };
@@ -192,12 +205,39 @@ impl Decoder {
                 let ranges = Ranges {
                     volume_size: header.volume_size,
                     next_offset: header.resume_offset,
+                    align: header.alignment(),
                 };
                 self.ranges = ranges;
                 self.header = Some(header.clone());
                 (Record::Header(header), ranges.next_offset)
             }
+            RECORD_KEY => {
+                if !(raw && record == 1) {
+                    return Err(StreamError::BadRecord {
+                        record,
+                        at,
+                        reason: "a key record that is not the second record of a raw stream"
+                            .to_string(),
+                    });
+                }
+                let key = arbor_crypt::KeyRecord::decode(payload).map_err(|e| {
+                    StreamError::BadRecord {
+                        record,
+                        at,
+                        reason: format!("its key record: {e}"),
+                    }
+                })?;
+                (Record::Key(Box::new(key)), self.ranges.next_offset)
+            }
             RECORD_DATA => self.data(record, at, payload)?,
+            RECORD_ZERO if raw => {
+                return Err(StreamError::BadRecord {
+                    record,
+                    at,
+                    reason: "a zero record in a raw stream (its ranges are data or unmapped)"
+                        .to_string(),
+                })
+            }
             RECORD_ZERO | RECORD_DISCARD => {
                 let (offset, length) = self.range(record, at, payload)?;
                 let end = self
@@ -321,6 +361,11 @@ impl Decoder {
             }
             Encoding::ZstdDelta if self.header.as_ref().is_some_and(|h| !h.is_incremental()) => {
                 return Err(StreamError::DeltaNotIncremental { record, at })
+            }
+            Encoding::Zstd | Encoding::ZstdDelta if self.header.as_ref().is_some_and(|h| h.raw) => {
+                return Err(bad(
+                    "a compressed data record in a raw stream (its data is ciphertext)".to_string(),
+                ))
             }
             _ => {}
         }

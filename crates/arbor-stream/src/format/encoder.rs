@@ -10,7 +10,7 @@ use super::header::Header;
 use super::wire::{Ranges, Tally};
 use super::{
     DATA_HEADER_LEN, MAX_DATA, MAX_NAME, MAX_VOLUME_SIZE, RANGE_PAYLOAD_LEN, RECORD_DATA,
-    RECORD_DISCARD, RECORD_HEADER, RECORD_TRAILER, RECORD_ZERO, TRAILER_PAYLOAD_LEN,
+    RECORD_DISCARD, RECORD_HEADER, RECORD_KEY, RECORD_TRAILER, RECORD_ZERO, TRAILER_PAYLOAD_LEN,
 };
 
 /// The lowest zstd level a delta is compressed at. Below it zstd's tables
@@ -50,6 +50,7 @@ pub enum Compression {
 ///     resume_offset: 0,
 ///     creation_time: 1_700_000_000,
 ///     name: "vm1@monday".to_string(),
+///     raw: false,
 /// };
 /// let mut out = Vec::new();
 /// let mut enc = Encoder::new(&header, Compression::Zstd { level: 3 }, &mut out)?;
@@ -62,6 +63,8 @@ pub struct Encoder {
     tally: Tally,
     ranges: Ranges,
     incremental: bool,
+    /// A raw stream: data goes uncompressed, and there are no zero records.
+    raw: bool,
     compression: Compression,
     /// One zstd context for the whole stream (None without compression).
     cctx: Option<CCtx<'static>>,
@@ -82,8 +85,44 @@ impl fmt::Debug for Encoder {
 }
 
 impl Encoder {
-    /// Starts a stream: checks `header` and appends the header record.
+    /// Starts a stream: checks `header` and appends the header record. A
+    /// raw header starts with [`Encoder::new_raw`] instead.
     pub fn new(
+        header: &Header,
+        compression: Compression,
+        out: &mut Vec<u8>,
+    ) -> Result<Encoder, StreamError> {
+        if header.raw {
+            return Err(StreamError::Raw {
+                reason: "it starts with its key record (Encoder::new_raw)".to_string(),
+            });
+        }
+        Self::start(header, compression, out)
+    }
+
+    /// Starts a raw stream (version 2): `header` (raw) and the key record
+    /// of its data, `key`. Its data records go uncompressed (ciphertext
+    /// does not compress).
+    pub fn new_raw(
+        header: &Header,
+        key: &arbor_crypt::KeyRecord,
+        out: &mut Vec<u8>,
+    ) -> Result<Encoder, StreamError> {
+        if !header.raw {
+            return Err(StreamError::Raw {
+                reason: "its header does not say raw".to_string(),
+            });
+        }
+        let start = out.len();
+        let mut encoder = Self::start(header, Compression::None, out)?;
+        if let Err(e) = encoder.tally.emit(out, RECORD_KEY, 0, &[&key.encode()]) {
+            out.truncate(start);
+            return Err(e);
+        }
+        Ok(encoder)
+    }
+
+    fn start(
         header: &Header,
         compression: Compression,
         out: &mut Vec<u8>,
@@ -112,8 +151,10 @@ impl Encoder {
             ranges: Ranges {
                 volume_size: header.volume_size,
                 next_offset: header.resume_offset,
+                align: header.alignment(),
             },
             incremental: header.is_incremental(),
+            raw: header.raw,
             compression,
             cctx,
             plain: Vec::new(),
@@ -175,7 +216,13 @@ impl Encoder {
     }
 
     /// Appends a zero record: `length` bytes at `offset` read as zeros.
+    /// Not in a raw stream (which sends what reads as zeros unmapped).
     pub fn zero(&mut self, offset: u64, length: u64, out: &mut Vec<u8>) -> Result<(), StreamError> {
+        if self.raw {
+            return Err(StreamError::Raw {
+                reason: "it has no zero records".to_string(),
+            });
+        }
         self.range(RECORD_ZERO, offset, length, out)
     }
 

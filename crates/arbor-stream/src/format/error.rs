@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::{FORMAT_VERSION, MAX_DATA, MAX_PAYLOAD};
+use super::{FORMAT_VERSION, MAX_DATA, MAX_PAYLOAD, MIN_FORMAT_VERSION};
 
 /// Which total of the trailer disagrees with the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +51,8 @@ pub enum StreamError {
     NotAStream,
 
     #[error(
-        "unsupported stream version {version}: this reader knows version {FORMAT_VERSION} only"
+        "unsupported stream version {version}: this reader knows versions \
+         {MIN_FORMAT_VERSION} to {FORMAT_VERSION}"
     )]
     UnsupportedVersion { version: u16 },
 
@@ -129,14 +130,24 @@ pub enum StreamError {
 
     #[error(
         "stream damaged: record {record} at byte {at} covers {length} bytes at volume byte \
-         {offset}: offset and length must be multiples of 512 and the length non-zero"
+         {offset}: offset and length must be multiples of {align} and the length non-zero"
     )]
     Misaligned {
         record: u64,
         at: u64,
         offset: u64,
         length: u64,
+        align: u64,
     },
+
+    #[error(
+        "stream damaged: record {record} at byte {at} (type {kind}) is not the key record a \
+         raw stream has right after its header"
+    )]
+    KeyMissing { record: u64, at: u64, kind: u16 },
+
+    #[error("a raw stream: {reason}")]
+    Raw { reason: String },
 
     #[error(
         "stream damaged: its trailer (record {record} at byte {at}) states {what} {}, the \

@@ -4,8 +4,8 @@ use super::error::StreamError;
 use super::guid::Guid;
 use super::wire::Cursor;
 use super::{
-    FORMAT_VERSION, HEADER_FLAG_INCREMENTAL, HEADER_FLAG_RESUMED, MAGIC, MAX_CHUNK_SIZE, MAX_NAME,
-    MAX_VOLUME_SIZE, MIN_CHUNK_SIZE, SECTOR,
+    FORMAT_VERSION, HEADER_FLAG_INCREMENTAL, HEADER_FLAG_RAW, HEADER_FLAG_RESUMED, MAGIC,
+    MAX_CHUNK_SIZE, MAX_NAME, MAX_VOLUME_SIZE, MIN_CHUNK_SIZE, MIN_FORMAT_VERSION, SECTOR,
 };
 
 /// What a stream holds: the first record of every stream.
@@ -29,6 +29,11 @@ pub struct Header {
     /// The target snapshot's name on the sender (1 ..= 184 bytes of UTF-8,
     /// no control characters): informational.
     pub name: String,
+    /// A raw stream (version 2): its data is the target's stored bytes (an
+    /// encrypted volume's ciphertext), a key record follows the header,
+    /// and its sizes and ranges are whole chunks of `chunk_size`, which
+    /// binds the receiver.
+    pub raw: bool,
 }
 
 impl Header {
@@ -40,6 +45,25 @@ impl Header {
     /// Whether the stream resumes an interrupted one.
     pub fn is_resumed(&self) -> bool {
         self.resume_offset > 0
+    }
+
+    /// The version a writer gives this stream: the oldest that carries it.
+    pub fn version(&self) -> u16 {
+        if self.raw {
+            FORMAT_VERSION
+        } else {
+            MIN_FORMAT_VERSION
+        }
+    }
+
+    /// What the stream's ranges are multiples of: the chunk size in a raw
+    /// stream, else 512.
+    pub fn alignment(&self) -> u64 {
+        if self.raw {
+            u64::from(self.chunk_size)
+        } else {
+            SECTOR
+        }
     }
 
     /// Checks every rule of the header (the decoder applies the same ones).
@@ -76,6 +100,17 @@ impl Header {
                 self.resume_offset, self.volume_size
             ));
         }
+        if self.raw {
+            let chunk = u64::from(self.chunk_size);
+            if !self.volume_size.is_multiple_of(chunk) || !self.resume_offset.is_multiple_of(chunk)
+            {
+                return bad(format!(
+                    "a raw stream's volume size {} and resume offset {} must be multiples of \
+                     its chunk size {chunk}",
+                    self.volume_size, self.resume_offset
+                ));
+            }
+        }
         check_name(self.name.as_bytes()).map(|_| ())
     }
 
@@ -89,12 +124,15 @@ impl Header {
         if self.resume_offset > 0 {
             flags |= HEADER_FLAG_RESUMED;
         }
+        if self.raw {
+            flags |= HEADER_FLAG_RAW;
+        }
         // validate() bounded the name to MAX_NAME bytes, which fits a u16.
         let name_len = u16::try_from(self.name.len()).map_err(|_| StreamError::BadName {
             reason: "longer than 184 bytes".to_string(),
         })?;
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.version().to_le_bytes());
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&self.chunk_size.to_le_bytes());
         out.extend_from_slice(&self.volume_size.to_le_bytes());
@@ -122,7 +160,7 @@ impl Header {
             return Err(StreamError::NotAStream);
         }
         let version = c.u16().ok_or_else(short)?;
-        if version != FORMAT_VERSION {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(StreamError::UnsupportedVersion { version });
         }
         let flags = c.u16().ok_or_else(short)?;
@@ -135,9 +173,15 @@ impl Header {
         let name_len = c.u16().ok_or_else(short)?;
         let name = c.bytes(usize::from(name_len)).ok_or_else(short)?;
         let bad = |reason: String| Err(StreamError::BadHeader { reason });
-        let known = HEADER_FLAG_INCREMENTAL | HEADER_FLAG_RESUMED;
+        let known = match version {
+            1 => HEADER_FLAG_INCREMENTAL | HEADER_FLAG_RESUMED,
+            _ => HEADER_FLAG_INCREMENTAL | HEADER_FLAG_RESUMED | HEADER_FLAG_RAW,
+        };
         if flags & !known != 0 {
-            return bad(format!("unknown header flags {:#06x}", flags & !known));
+            return bad(format!(
+                "unknown header flags {:#06x} for a version {version} stream",
+                flags & !known
+            ));
         }
         let incremental = flags & HEADER_FLAG_INCREMENTAL != 0;
         if incremental == base.is_zero() {
@@ -160,6 +204,7 @@ impl Header {
             resume_offset,
             creation_time,
             name: check_name(name)?.to_string(),
+            raw: flags & HEADER_FLAG_RAW != 0,
         };
         header.validate()?;
         Ok(header)

@@ -5,7 +5,7 @@
 //! A stream is a sequence of records, each framed as
 //!
 //! ```text
-//! 0    2  type      1 header, 2 data, 3 zero, 4 discard, 5 trailer
+//! 0    2  type      1 header, 2 data, 3 zero, 4 discard, 5 trailer, 6 key
 //! 2    2  flags     bit 0 OPTIONAL (a reader may skip the record if it does not know the type)
 //! 4    4  payload length n (≤ MAX_PAYLOAD)
 //! 8    8  sequence number (0 for the header, +1 for each record)
@@ -46,8 +46,13 @@ pub use guid::Guid;
 pub use header::Header;
 pub use token::ResumeToken;
 
-/// The stream format version this crate reads and writes.
-pub const FORMAT_VERSION: u16 = 1;
+/// The newest stream format version this crate reads and writes: version
+/// 2 adds raw streams (a [`RECORD_KEY`] and [`HEADER_FLAG_RAW`]). A writer
+/// writes version 1 unless the stream is raw, so that older readers take
+/// every stream they could apply.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest stream format version this crate reads.
+pub const MIN_FORMAT_VERSION: u16 = 1;
 /// The first 8 bytes of the header record's payload.
 pub const MAGIC: [u8; 8] = *b"ARBORSTR";
 
@@ -84,6 +89,9 @@ pub const RECORD_ZERO: u16 = 3;
 pub const RECORD_DISCARD: u16 = 4;
 /// Record type: the stream trailer (last record, exactly once).
 pub const RECORD_TRAILER: u16 = 5;
+/// Record type (version 2): a raw stream's wrapped data key, the record
+/// right after the header, exactly once, in raw streams only.
+pub const RECORD_KEY: u16 = 6;
 
 /// Record flag: a reader that does not know the record's type skips it.
 /// Never set on the types above.
@@ -93,6 +101,11 @@ pub const RECORD_FLAG_OPTIONAL: u16 = 1;
 pub const HEADER_FLAG_INCREMENTAL: u16 = 1;
 /// Header flag: the stream resumes an interrupted one at `resume_offset`.
 pub const HEADER_FLAG_RESUMED: u16 = 2;
+/// Header flag (version 2): the stream is raw: its data records carry the
+/// target's stored bytes (an encrypted volume's ciphertext), its second
+/// record is the wrapped key, and its ranges are whole chunks of the
+/// header's `chunk_size`.
+pub const HEADER_FLAG_RAW: u16 = 4;
 
 /// Bytes of the header payload before the name.
 pub const HEADER_FIXED_LEN: usize = 74;
@@ -100,5 +113,7 @@ pub const HEADER_FIXED_LEN: usize = 74;
 pub const DATA_HEADER_LEN: usize = 16;
 /// Payload bytes of a zero or discard record.
 pub const RANGE_PAYLOAD_LEN: usize = 16;
+/// Payload bytes of a key record: a key record of docs/FORMAT.md §6.6.
+pub const KEY_PAYLOAD_LEN: usize = arbor_crypt::KEY_RECORD_LEN;
 /// Payload bytes of the trailer.
 pub const TRAILER_PAYLOAD_LEN: usize = 24;

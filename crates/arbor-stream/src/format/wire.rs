@@ -146,6 +146,9 @@ pub(crate) struct Ranges {
     /// The next record may not start before this: the resume offset, then
     /// the end of the previous record.
     pub next_offset: u64,
+    /// Offsets and lengths are multiples of this (512, or a raw stream's
+    /// chunk size).
+    pub align: u64,
 }
 
 impl Ranges {
@@ -159,12 +162,14 @@ impl Ranges {
         length: u64,
         max_len: u64,
     ) -> Result<u64, StreamError> {
-        if !offset.is_multiple_of(SECTOR) || length == 0 || !length.is_multiple_of(SECTOR) {
+        let align = self.align.max(SECTOR);
+        if !offset.is_multiple_of(align) || length == 0 || !length.is_multiple_of(align) {
             return Err(StreamError::Misaligned {
                 record,
                 at,
                 offset,
                 length,
+                align,
             });
         }
         if offset < self.next_offset {

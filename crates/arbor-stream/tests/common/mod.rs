@@ -28,12 +28,14 @@ pub enum Owned {
     Skipped {
         kind: u16,
     },
+    Key(Box<arbor_crypt::KeyRecord>),
     End,
 }
 
 pub fn own(record: Record<'_>) -> Owned {
     match record {
         Record::Header(h) => Owned::Header(h),
+        Record::Key(k) => Owned::Key(k),
         Record::Data {
             offset,
             length,
@@ -124,6 +126,7 @@ pub fn header(volume_size: u64, base: Option<Guid>, resume_offset: u64) -> Heade
         resume_offset,
         creation_time: 1_700_000_000,
         name: "vm1@monday".to_string(),
+        raw: false,
     }
 }
 

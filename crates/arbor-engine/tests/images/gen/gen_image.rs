@@ -161,6 +161,32 @@ fn main() {
         pool.snapshot("sealed@e1").expect("e1");
         write(&pool, "sealed", 14, 32 * KIB, 8 * KIB);
     }
+    #[cfg(since_v12)]
+    {
+        // An encrypted receive in progress: a raw stream of sealed@e1 into
+        // `inbound`, its first 128 KiB applied and committed (a slot of its
+        // own holding the same key record), the rest never sent.
+        let e1 = pool.lookup("sealed@e1").expect("e1");
+        let slot = pool.info(e1).expect("info").key_slot.expect("encrypted");
+        let record = pool.key_record(slot).expect("store").expect("record");
+        let target = arbor_engine::ReceiveTarget {
+            volume: "inbound".into(),
+            target: [0x12; 16],
+            base: None,
+            size: 256 * KIB,
+            key: Some(record),
+        };
+        let id = pool.begin_receive(&target).expect("begin").status.id;
+        // As a raw stream carries it: the mapped chunks, as stored.
+        for run in pool.allocation_map(e1, 0, 128 * KIB).expect("map") {
+            if run.mapped {
+                let mut data = vec![0u8; run.len as usize];
+                pool.read_raw(e1, run.offset, &mut data).expect("raw read");
+                pool.receive_write_raw(id, run.offset, &data).expect("raw write");
+            }
+        }
+        pool.receive_checkpoint(id, 128 * KIB).expect("checkpoint");
+    }
     pool.flush().expect("flush");
 
     let report = pool.check().expect("check");
@@ -190,6 +216,16 @@ fn main() {
         IMAGE_KEY.iter().map(|b| format!("{b:02x}")).collect::<String>()
     )
     .expect("manifest");
+    #[cfg(since_v12)]
+    {
+        let r = pool
+            .receive_status("inbound")
+            .expect("status")
+            .expect("a receive in progress");
+        let target: String = r.target.iter().map(|b| format!("{b:02x}")).collect();
+        writeln!(manifest, "receive inbound {} {} {target}", r.size, r.offset)
+            .expect("manifest");
+    }
     #[cfg(since_v4)]
     {
         let base = pool.lookup("base").expect("base");
