@@ -123,13 +123,9 @@ pub enum Command {
         /// its own
         #[command(flatten)]
         key: KeyArgs,
-        /// The clone's own key (a file of 32 bytes or 64 hex digits): it
-        /// opens the clone, the snapshot's key does not
-        #[arg(long, value_name = "FILE", conflicts_with = "new_passphrase_file")]
-        new_key_file: Option<PathBuf>,
-        /// The clone's own key is a passphrase, read from FILE
-        #[arg(long, value_name = "FILE")]
-        new_passphrase_file: Option<PathBuf>,
+        /// The clone's own key: it opens the clone, the snapshot's does not
+        #[command(flatten)]
+        new_key: NewKeyArgs,
     },
     /// Destroy a volume or snapshot; its space is reclaimed in the background
     Destroy {
@@ -571,6 +567,34 @@ pub struct KeyArgs {
     pub passphrase_file: Option<PathBuf>,
 }
 
+/// A new user's key (`key change`, a clone's own key): a key file or a
+/// passphrase file, read as [`KeyArgs`] are.
+#[derive(Debug, clap::Args)]
+#[group(id = "new_user_key", multiple = false)]
+pub struct NewKeyArgs {
+    /// The new key: a file of 32 bytes or 64 hex digits (`-`: standard input)
+    #[arg(long, value_name = "FILE")]
+    pub new_key_file: Option<PathBuf>,
+    /// The new key is a passphrase, read from FILE
+    #[arg(long, value_name = "FILE")]
+    pub new_passphrase_file: Option<PathBuf>,
+}
+
+impl NewKeyArgs {
+    /// Whether a new key was given.
+    pub fn given(&self) -> bool {
+        self.new_key_file.is_some() || self.new_passphrase_file.is_some()
+    }
+
+    /// The new key, to read as any key is.
+    pub fn as_key(&self) -> KeyArgs {
+        KeyArgs {
+            key_file: self.new_key_file.clone(),
+            passphrase_file: self.new_passphrase_file.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum KeyCommand {
     /// Load an encrypted volume's key: it, and every snapshot and clone
@@ -590,12 +614,8 @@ pub enum KeyCommand {
         name: String,
         #[command(flatten)]
         key: KeyArgs,
-        /// The new key: a file of 32 bytes or 64 hex digits
-        #[arg(long, value_name = "FILE", conflicts_with = "new_passphrase_file")]
-        new_key_file: Option<PathBuf>,
-        /// The new key is a passphrase, read from FILE
-        #[arg(long, value_name = "FILE")]
-        new_passphrase_file: Option<PathBuf>,
+        #[command(flatten)]
+        new_key: NewKeyArgs,
     },
     /// Write a new random key (64 hex digits) to FILE, readable by its
     /// owner only; never overwrites

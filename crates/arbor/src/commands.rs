@@ -166,16 +166,8 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         Command::Key(KeyCommand::Unload { name }) => {
             p.show(&c.key_unload(&name)?, |v| output::volume_line("locked", v))?;
         }
-        Command::Key(KeyCommand::Change {
-            name,
-            key,
-            new_key_file,
-            new_passphrase_file,
-        }) => {
-            let new = user_key(&crate::cli::KeyArgs {
-                key_file: new_key_file,
-                passphrase_file: new_passphrase_file,
-            })?;
+        Command::Key(KeyCommand::Change { name, key, new_key }) => {
+            let new = user_key(&new_key.as_key())?;
             p.show(&c.key_change(&name, user_key(&key)?, new)?, |v| {
                 output::volume_line("key changed", v)
             })?;
@@ -239,18 +231,14 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
             name,
             deferred,
             key,
-            new_key_file,
-            new_passphrase_file,
+            new_key,
         } => {
-            let own = new_key_file.is_some() || new_passphrase_file.is_some();
+            let own = new_key.given();
             let given = key.key_file.is_some() || key.passphrase_file.is_some();
             let view = match (own, given) {
                 (false, false) => c.clone_snapshot(&snapshot, &name, durability(deferred))?,
                 (true, true) => {
-                    let new = user_key(&crate::cli::KeyArgs {
-                        key_file: new_key_file,
-                        passphrase_file: new_passphrase_file,
-                    })?;
+                    let new = user_key(&new_key.as_key())?;
                     c.clone_with_key(&snapshot, &name, user_key(&key)?, new)?
                 }
                 (true, false) => {
