@@ -7,8 +7,11 @@
 //! not flushed may read as its old or new content, or torn, exactly as on
 //! a disk without arbor. So a chunk is overwritten in place only in a
 //! region of data space that the last durable commit lists in the intent
-//! set (or a chunk allocated since that commit, which no recoverable state
-//! maps). A write to a chunk of a region not listed adds the region in
+//! set (or a chunk allocated in the open transaction, which no state a
+//! crash recovers to maps; not one allocated in the transaction of a commit
+//! in flight: writes run during a commit's device work, and once that
+//! commit lands a crash recovers to it, with the chunk mapped under its
+//! sums of then). A write to a chunk of a region not listed adds the region in
 //! the open transaction, in a step of its own after the write's plan (so
 //! that it stays when the write fails for space: the commit that makes
 //! room then makes the region usable, and a full pool can still overwrite
@@ -39,7 +42,7 @@ pub(crate) const IDLE: Duration = Duration::from_secs(10);
 /// crash rule goes; if not, its region joins the set in the open
 /// transaction (the caller redirects the write this time).
 pub(crate) fn ready_for(meta: &mut Meta, pchunk: u64) -> Result<bool> {
-    if !meta.geo().version().has_data_checksums() || meta.data_allocated_since_durable(pchunk) {
+    if !meta.geo().version().has_data_checksums() || meta.data_allocated_in_open_txn(pchunk) {
         return Ok(true);
     }
     let (region, _) = intent_region(meta.geo().chunk_size, pchunk);

@@ -494,9 +494,16 @@ impl Meta {
     }
 
     /// Whether data chunk `chunk` was allocated since the last durable
-    /// commit (no state a power cut recovers to references it).
+    /// commit (no durable state references it; the commit in flight may).
     pub fn data_allocated_since_durable(&self, chunk: u64) -> bool {
         self.data_sm.allocated_since_durable(chunk)
+    }
+
+    /// Whether data chunk `chunk` was allocated in the open transaction (no
+    /// state a crash recovers to references it, even once the commit in
+    /// flight lands).
+    pub fn data_allocated_in_open_txn(&self, chunk: u64) -> bool {
+        self.data_sm.allocated_in_open_txn(chunk)
     }
 
     /// Metadata blocks kept back from ordinary steps (tests set it to let

@@ -100,6 +100,8 @@ mod grow;
 mod heal;
 mod home_sums;
 #[cfg(test)]
+mod intents_tests;
+#[cfg(test)]
 mod names_tests;
 mod origin;
 mod origin_loss;

@@ -234,10 +234,19 @@ impl SpaceMap {
     }
 
     /// True when `entry` was allocated after the last durable commit (in this
-    /// transaction or the one being committed): a power cut now recovers to
-    /// a state that does not reference it.
+    /// transaction or the one being committed): no durable commit references
+    /// it. The commit in flight may, once it lands: a crash after that
+    /// recovers to its state ([`Self::allocated_in_open_txn`] is the
+    /// stricter fact).
     pub fn allocated_since_durable(&self, entry: u64) -> bool {
         self.fresh.contains(&entry) || self.fresh_frozen.contains(&entry)
+    }
+
+    /// True when `entry` was allocated in the open transaction: no state a
+    /// crash can recover to, now or once the commit in flight lands,
+    /// references it.
+    pub fn allocated_in_open_txn(&self, entry: u64) -> bool {
+        self.fresh.contains(&entry)
     }
 
     /// The entries the open transaction freed (count down to 0), sorted.

@@ -1192,7 +1192,12 @@ impl Volumes {
         // volume may still map the chunk (e.g. a clone whose shared leaf
         // this transaction unshared). Any of three facts rules that out:
         // * the chunk was allocated since the last durable commit, so no
-        //   recoverable state references it at all;
+        //   durable state references it, and the commit in flight, if it
+        //   was allocated in that one's transaction, maps it in no other
+        //   tree that anything reads: the count would show a share made in
+        //   that transaction, and only a delete (which waits for the commit
+        //   lock) drops one (its queued tree is only ever reclaimed). Its
+        //   sums are another matter: `crate::intents::ready_for`;
         // * this volume mapped it after its tree was last shared (the
         //   dm-thin rule: a mapping newer than the last snapshot is
         //   exclusive). Only a share can give another tree this chunk, and

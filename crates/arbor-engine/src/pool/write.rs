@@ -98,6 +98,8 @@ pub(super) struct Unit<'a> {
     pub cipher: Option<&'a arbor_crypt::VolumeCipher>,
     /// The data is an encrypted volume's stored bytes already (a raw
     /// receive), in whole chunks: nothing to encrypt, no zeros of its own.
+    // Read only by a debug assertion (`assert_cipher_given`).
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     pub stored: bool,
 }
 
@@ -541,7 +543,7 @@ impl Pool {
 
     /// One try of a unit: steps 1 to 4 of the module documentation. See
     /// [`Self::attempt_locked`] for `wait_for_intents` and what it returns.
-    fn attempt(&self, unit: &Unit<'_>, wait_for_intents: bool) -> Result<Option<u64>> {
+    pub(super) fn attempt(&self, unit: &Unit<'_>, wait_for_intents: bool) -> Result<Option<u64>> {
         let _gate = self.gates.io();
         let mut volume = Some(self.gates.volume(unit.id.0));
         let _stripes = self
