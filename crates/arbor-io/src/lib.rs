@@ -117,6 +117,21 @@ pub trait BlockDevice: Send + Sync {
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         write_zeroes_by_writing(self, offset, len)
     }
+    /// Whether `[offset, offset + len)` is a hole worth keeping: every
+    /// byte of it reads as zero now, known without reading it (a hole of a
+    /// sparse file), and writing part of it costs less than writing it
+    /// whole. True only if a `read_at` of the range would return zeros
+    /// until something writes it, and durably so once the next `flush`
+    /// returned (as a write's bytes are); false whenever the device cannot
+    /// tell cheaply, or when writes into holes cost more than zeros (each
+    /// direct write into a file's hole allocates there and then). The
+    /// default is false. A caller that writes only part of a hole relies
+    /// on the rest staying zero, so it must own the range (no other
+    /// writer).
+    fn hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        let _ = (offset, len);
+        Ok(false)
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Size of the device in bytes.

@@ -63,6 +63,10 @@ impl BlockDevice for RecordingDevice {
         self.inner.read_at(buf, offset)
     }
 
+    fn hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        self.inner.hole(offset, len)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         // Logged under the lock together with the write, so the log order is
         // the completion order even with concurrent writers.

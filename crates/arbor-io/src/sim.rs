@@ -114,6 +114,22 @@ impl BlockDevice for SimDisk {
         Ok(())
     }
 
+    /// A range that reads as zeros now counts as a hole: the medium has
+    /// only bytes (a scan, for tests), so the engine's partial writes into
+    /// new chunks run under every test on this disk. A power cut may bring
+    /// back older bytes under zeros not yet flushed, as a file system may
+    /// under a hole punched since the last flush.
+    fn hole(&self, offset: u64, len: u64) -> io::Result<bool> {
+        let state = lock(&self.inner);
+        let end = crate::check_span(offset, len, state.visible.len() as u64)?;
+        if !state.powered {
+            return Err(power_is_off());
+        }
+        Ok(state.visible[offset as usize..end as usize]
+            .iter()
+            .all(|&b| b == 0))
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut state = lock(&self.inner);
         check_range(offset, buf.len(), state.visible.len() as u64)?;

@@ -1034,6 +1034,44 @@ mod tests {
         root
     }
 
+    /// A step that fails is undone exactly, whatever it did to nodes made
+    /// dirty before it or left clean: inserts of new keys and over existing
+    /// ones, removals, and the splits and merges among them, in any order
+    /// and any number on one leaf.
+    #[test]
+    fn a_failed_step_puts_back_every_node_it_changed() {
+        let mut rng = StdRng::seed_from_u64(45);
+        for round in 0..60 {
+            let mut meta = fresh_meta();
+            let mut model = Model::new();
+            let mut keys: Vec<u64> = (0..400).map(|_| rng.gen_range(0..3000)).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            keys.shuffle(&mut rng);
+            let commit_every = if round % 2 == 0 { 0 } else { 150 };
+            let mut root = insert_all(&mut meta, &keys, &mut model, commit_every);
+            // Some leaves dirty before the step, others clean.
+            for _ in 0..20 {
+                let k = rng.gen_range(0..3000);
+                root = insert(&mut meta, root, k, &val(k, 2));
+                model.insert(k, val(k, 2));
+            }
+            let step = meta.begin_step(crate::meta::Privilege::Normal);
+            let mut r = root;
+            for _ in 0..rng.gen_range(1..80) {
+                let k = rng.gen_range(0..3000);
+                if rng.gen_bool(0.75) {
+                    r = insert(&mut meta, r, k, &val(k, 3));
+                } else {
+                    r = remove(&mut meta, r, k).0;
+                }
+            }
+            let failed: crate::error::Result<()> = Err(crate::error::Resource::Metadata.into());
+            assert!(meta.end_step(step, failed).is_err());
+            check_against(&meta, root, &model);
+        }
+    }
+
     #[test]
     fn child_index_routes_by_lower_bounds() {
         let keys = [10, 20, 30];

@@ -8,7 +8,8 @@
 //! 1. **plan**, one metadata step: each chunk is decided in place or
 //!    redirected, and every new chunk is allocated;
 //! 2. the new chunks are written whole (the old data or zeros around the
-//!    write);
+//!    write; only the write's blocks into a chunk that is a hole on the
+//!    device, zeros around them: `write_fresh_or_whole`);
 //! 3. **map**, one metadata step: every redirected chunk is mapped and a
 //!    discard's whole chunks are unmapped;
 //! 4. the in-place chunks are overwritten.
@@ -840,7 +841,7 @@ impl Pool {
                 }
                 Fill::Zeros => buf[at..at + len].fill(0),
             }
-            self.store.dev.write_at(&buf, geo.chunk_offset(new))?;
+            self.write_fresh_or_whole(&buf, new, plain_zeros(old, backing, unit), at..at + len)?;
             if checksums {
                 record(new, 0, crate::sums::compute(&buf));
             }
@@ -849,6 +850,39 @@ impl Pool {
             self.write_run(unit, &run, unit.uncached)?;
         }
         Ok(sums)
+    }
+
+    /// Writes `buf`, the new chunk `new` of a write that does not cover
+    /// it: whole, or, when the rest of `buf` is plain zeros (`zeros_around`)
+    /// and the chunk is a hole on the device (of a sparse pool file through
+    /// the page cache, where nothing wrote since the file was created or
+    /// grown: [`arbor_io::BlockDevice::hole`]), only the 4 KiB blocks of
+    /// `written` (bytes within the chunk), and nothing for a write of
+    /// zeros. The sums recorded are those of `buf` whole either way: the
+    /// blocks not written read as the zeros they are summed as. A first
+    /// 4 KiB write into a fresh volume thus writes 4 KiB, not the chunk
+    /// (PERFORMANCE.md § 18, "First writes into holes"). The allocation
+    /// made the chunk this write's alone, so nothing else writes it
+    /// before the mapping step.
+    fn write_fresh_or_whole(
+        &self,
+        buf: &[u8],
+        new: u64,
+        zeros_around: bool,
+        written: Range<usize>,
+    ) -> Result<()> {
+        let at = self.store.geo.chunk_offset(new);
+        if zeros_around && self.store.dev.hole(at, buf.len() as u64)? {
+            let (first, end) = crate::sums::block_span(written.start as u64, written.len() as u64);
+            // Within the chunk: `written` is.
+            let blocks = &buf[first as usize..end as usize];
+            if blocks.iter().any(|&b| b != 0) {
+                self.store.dev.write_at(blocks, at + first)?;
+            }
+            return Ok(());
+        }
+        self.store.dev.write_at(buf, at)?;
+        Ok(())
     }
 
     /// Step 2 of a partial extent: its new chunk `new`, written whole in
@@ -1023,6 +1057,17 @@ impl Pool {
         }
         Ok(())
     }
+}
+
+/// Whether a new chunk that does not take a whole unit's bytes holds plain
+/// zeros around them: nothing mapped before, nothing read through, and no
+/// cipher (an encrypted volume's zeros are ciphertext).
+fn plain_zeros(
+    old: Option<Mapped>,
+    backing: Option<arbor_format::Backing>,
+    unit: &Unit<'_>,
+) -> bool {
+    old.is_none() && backing.is_none() && unit.cipher.is_none()
 }
 
 /// Merges pieces that are consecutive both in the unit and on the device,
