@@ -854,9 +854,9 @@ impl Pool {
 
     /// Writes `buf`, the new chunk `new` of a write that does not cover
     /// it: whole, or, when the rest of `buf` is plain zeros (`zeros_around`)
-    /// and the chunk is a hole on the device (of a sparse pool file through
-    /// the page cache, where nothing wrote since the file was created or
-    /// grown: [`arbor_io::BlockDevice::hole`]), only the 4 KiB blocks of
+    /// and the chunk is a hole on the device (a part of a sparse pool file
+    /// never written, used through the page cache:
+    /// [`arbor_io::BlockDevice::hole`]), only the 4 KiB blocks of
     /// `written` (bytes within the chunk), and nothing for a write of
     /// zeros. The sums recorded are those of `buf` whole either way: the
     /// blocks not written read as the zeros they are summed as. A first
