@@ -15,7 +15,8 @@ moment the daemon is killed. After the restart:
 * `arbor check` finds the pool clean.
 
 ARBOR_KILL9_CYCLES (default 4) sets the number of kills; the long run is
-ARBOR_KILL9_CYCLES=300."""
+ARBOR_KILL9_CYCLES=300. ARBOR_KILL9_IO=direct serves the pool with direct
+I/O (the daemon's default on a file is buffered)."""
 
 import json
 import os
@@ -37,6 +38,7 @@ WRITES_PER_FLUSH = 16
 KEEP_SNAPSHOTS = 3
 CYCLES = int(os.environ.get("ARBOR_KILL9_CYCLES", "4"))
 SEED = int(os.environ.get("ARBOR_KILL9_SEED", str(random.randrange(1 << 30))))
+IO = os.environ.get("ARBOR_KILL9_IO")
 
 
 def content(writer, block, generation):
@@ -188,7 +190,7 @@ def existing_names(daemon):
 
 def body(daemon):
     rng = random.Random(SEED)
-    print(f"kill -9 campaign: {CYCLES} cycles, seed {SEED}")
+    print(f"kill -9 campaign: {CYCLES} cycles, seed {SEED}, {IO or 'default'} I/O")
     writers = [Writer(i, daemon, random.Random(rng.random())) for i in range(WRITERS)]
     for w in writers:
         daemon.cli("volume", "create", w.volume, "--size", "64M")
@@ -220,4 +222,4 @@ def body(daemon):
 
 
 if __name__ == "__main__":
-    run_test("kill -9 under load", body, tools=())
+    run_test("kill -9 under load", body, tools=(), extra_args=("--io", IO) if IO else ())

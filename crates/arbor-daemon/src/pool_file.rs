@@ -54,6 +54,15 @@ impl IoMode {
         }
     }
 
+    /// [`Self::open`] for a pool's own file or device: with direct I/O on
+    /// a regular file, its space allocated ahead of the writes
+    /// ([`FileDevice::allocate_ahead`]).
+    pub fn open_pool(self, path: &Path) -> Result<FileDevice> {
+        let mut device = self.open(path)?;
+        device.allocate_ahead();
+        Ok(device)
+    }
+
     /// Opens `path` in the mode this asks for. `auto` falls back to
     /// buffered I/O where direct I/O is not possible (a filesystem without
     /// `O_DIRECT`); an explicit `direct` fails instead.
@@ -109,7 +118,7 @@ pub struct OpenPool {
 impl OpenPool {
     pub fn open(path: &Path, options: &OpenOptions, io: IoMode) -> Result<Self> {
         let lock = PoolLock::acquire(path)?;
-        let device = io.open(path)?;
+        let device = io.open_pool(path)?;
         let cache_mode = device.cache_mode();
         let pool = Pool::open(Arc::new(device), options)
             .with_context(|| format!("cannot open pool {}", path.display()))?;
@@ -152,7 +161,7 @@ impl OpenPool {
             refuse_to_overwrite(path)?;
         }
         size_for_format(path, size)?;
-        let device = io.open(path)?;
+        let device = io.open_pool(path)?;
         let cache_mode = device.cache_mode();
         let pool = Pool::create(Arc::new(device), create, open)
             .with_context(|| format!("cannot create a pool on {}", path.display()))?;

@@ -3,7 +3,8 @@
 //! reading their point in time, attached again at each start from the
 //! recorded path, left unattached (with a clear error) when the file was
 //! replaced, detached as a plain raw file; and the refusals of attach and
-//! detach.
+//! detach; with direct I/O, a sparse origin kept sparse while the pool's
+//! own file is allocated ahead.
 // A test crate: unwrap, expect and panic are how a test reports failure
 // (the workspace denies them in the code it ships; clippy.toml allows
 // them in #[test] functions, this in the helpers around them).
@@ -662,4 +663,53 @@ fn a_volume_created_copy_on_write_keeps_its_snapshots() {
     qemu_io_ok(&daemon, "db2", "read -P 0 8M 16M");
     qemu_io_ok(&daemon, "db2", "write -P 0x64 20M 64k");
     qemu_io_ok(&daemon, "db2", "read -P 0x64 20M 64k");
+}
+
+/// Bytes of the file system's space a file takes (`st_blocks`).
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// With direct I/O the daemon allocates its pool file's space ahead of
+/// the writes, a 16 MiB granule at a time (`FileDevice::allocate_ahead`;
+/// docs/PERFORMANCE.md § 19), but never an origin's: a sparse image
+/// written through its volume takes only what is written.
+#[test]
+fn a_sparse_origin_stays_sparse_while_the_pool_is_allocated_ahead() {
+    let daemon = Daemon::start(&["--initial-volume", "none", "--io", "direct"]);
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("sparse.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(4 * IMAGE as u64)
+        .unwrap();
+    let out = attach_from(&daemon, work.path(), "sparse", "sparse.img");
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let before = allocated(&image);
+    qemu_io_ok(&daemon, "sparse", "write -P 0x5a 32M 4k");
+    let grown = allocated(&image) - before;
+    assert!(
+        grown <= 64 << 10,
+        "the origin took {grown} bytes for a 4 KiB write"
+    );
+    let mut want = vec![0u8; 4 * IMAGE];
+    want[32 * MIB..32 * MIB + 4096].fill(0x5a);
+    assert_same(&std::fs::read(&image).unwrap(), &want, "the origin");
+
+    // The pool's file: well under 1 MiB written so far (its metadata and
+    // one chunk), a granule or more taken.
+    daemon.ok(&["volume", "create", "v", "--size", "64M"]);
+    qemu_io_ok(&daemon, "v", "write -P 0x11 40M 4k");
+    let taken = allocated(&daemon.path("pool"));
+    assert!(
+        taken >= 16 * MIB as u64,
+        "the pool's file takes only {taken} bytes"
+    );
+    let read = qemu_io(&daemon, "v", "read -P 0x11 40M 4k");
+    assert!(
+        stdout(&read).contains("read 4096/4096"),
+        "{}",
+        stdout(&read)
+    );
 }
