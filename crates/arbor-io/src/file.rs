@@ -892,7 +892,11 @@ impl BlockDevice for FileDevice {
         if let Some(direct) = &self.direct {
             direct.check_size(now)?;
         }
-        self.size.fetch_max(now, Ordering::AcqRel);
+        let before = self.size.fetch_max(now, Ordering::AcqRel);
+        if let (Some(ahead), true) = (&self.ahead, now > before) {
+            // Grown by `extend` or from outside.
+            ahead.grown_from(before);
+        }
         Ok(now)
     }
 
@@ -906,15 +910,10 @@ impl BlockDevice for FileDevice {
         if let Some(direct) = &self.direct {
             direct.check_size(size)?;
         }
-        let old = self.refresh_size()?;
-        if size > old {
+        if size > self.refresh_size()? {
             self.file.set_len(size)?;
         }
-        let now = self.refresh_size()?;
-        if let (Some(ahead), true) = (&self.ahead, now > old) {
-            ahead.grown_from(old);
-        }
-        Ok(())
+        self.refresh_size().map(|_| ())
     }
 }
 
@@ -1010,7 +1009,8 @@ mod tests {
             let size = 4 * G + G / 2;
             let mut dev = FileDevice::create_file_with(&path, size, mode).unwrap();
             assert_eq!(dev.allocate_ahead(), mode == CacheMode::Direct);
-            let mut expected = vec![0u8; (size + G) as usize];
+            // The file grows twice by a granule.
+            let mut expected = vec![0u8; (size + 2 * G) as usize];
             let mut write = |dev: &FileDevice, at: u64, batch: bool| {
                 let block: Vec<u8> = (0..4096).map(|i| (at / 4096 + i) as u8 | 1).collect();
                 if batch {
@@ -1045,7 +1045,24 @@ mod tests {
                     "granule 4 whole after the grow, and half of 5: {taken} bytes"
                 );
             }
-            let mut back = vec![1u8; (size + G) as usize];
+            // Grown from outside, then seen by `refresh_size`.
+            let size = size + G;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(size + G)
+                .unwrap();
+            assert_eq!(dev.refresh_size().unwrap(), size + G);
+            write(&dev, size + 4096, false); // granule 5's other half
+            if mode == CacheMode::Direct {
+                let taken = allocated(&path);
+                assert!(
+                    (4 * G..4 * G + G / 2).contains(&taken),
+                    "granule 5 whole after the file grew from outside: {taken} bytes"
+                );
+            }
+            let mut back = vec![1u8; expected.len()];
             dev.read_at(&mut back, 0).unwrap();
             assert!(back == expected, "{mode:?}: bytes differ");
         }
