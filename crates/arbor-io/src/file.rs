@@ -78,19 +78,24 @@ struct Ahead {
 }
 
 impl Ahead {
+    /// A granule's word in `done` and its bit in that word.
+    fn slot(granule: u64) -> Option<(usize, u64)> {
+        Some((usize::try_from(granule / 64).ok()?, 1 << (granule % 64)))
+    }
+
     fn is_done(&self, granule: u64) -> bool {
+        let Some((word, bit)) = Self::slot(granule) else {
+            return false;
+        };
         let done = self.done.read().unwrap_or_else(PoisonError::into_inner);
-        usize::try_from(granule / 64)
-            .ok()
-            .and_then(|word| done.get(word))
-            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (granule % 64)) != 0)
+        done.get(word)
+            .is_some_and(|w| w.load(Ordering::Acquire) & bit != 0)
     }
 
     fn set_done(&self, granule: u64) {
-        let Ok(word) = usize::try_from(granule / 64) else {
+        let Some((word, bit)) = Self::slot(granule) else {
             return;
         };
-        let bit = 1 << (granule % 64);
         {
             let done = self.done.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(w) = done.get(word) {
@@ -108,15 +113,15 @@ impl Ahead {
     /// After the file grew from `old` bytes: a last granule that the end
     /// cut short has a part to allocate now.
     fn grown_from(&self, old: u64) {
-        if !old.is_multiple_of(AHEAD_GRANULE) {
-            let granule = old / AHEAD_GRANULE;
-            let done = self.done.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(w) = usize::try_from(granule / 64)
-                .ok()
-                .and_then(|word| done.get(word))
-            {
-                w.fetch_and(!(1 << (granule % 64)), Ordering::AcqRel);
-            }
+        if old.is_multiple_of(AHEAD_GRANULE) {
+            return;
+        }
+        let Some((word, bit)) = Self::slot(old / AHEAD_GRANULE) else {
+            return;
+        };
+        let done = self.done.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = done.get(word) {
+            w.fetch_and(!bit, Ordering::AcqRel);
         }
     }
 }
