@@ -1,6 +1,7 @@
 //! Where to cut power in a recorded event log, shared by the campaigns that
-//! replay recordings: just before and just after every flush, and at random
-//! events; at each cut, several crash images.
+//! replay recordings: just before and just after every flush and every
+//! write made durable alone (an intent log record), and at random events;
+//! at each cut, several crash images.
 
 use std::sync::Arc;
 
@@ -53,13 +54,14 @@ impl Cutter {
     pub fn feed(&mut self, events: Vec<IoEvent>, rng: &mut StdRng) -> Result<Vec<Crash>, String> {
         let mut crashes = Vec::new();
         let mut events = events.into_iter().peekable();
+        let barrier = |e: &IoEvent| matches!(e, IoEvent::Flush | IoEvent::DurableWrite { .. });
         while let Some(event) = events.next() {
-            let is_flush = event == IoEvent::Flush;
+            let is_barrier = barrier(&event);
             self.replay
                 .apply(event)
                 .map_err(|e| format!("replay: {e}"))?;
-            let next_is_flush = events.peek() == Some(&IoEvent::Flush);
-            if is_flush || next_is_flush || rng.gen_range(0..100) < self.random_cut_percent {
+            let next_is_barrier = events.peek().is_some_and(barrier);
+            if is_barrier || next_is_barrier || rng.gen_range(0..100) < self.random_cut_percent {
                 self.cut_here(rng, &mut crashes);
             }
         }

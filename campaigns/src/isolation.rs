@@ -188,8 +188,12 @@ impl Run {
         let stats = pool.pool_stats()?;
         let free = (stats.data_bytes - stats.data_used_bytes) / stats.chunk_size;
         if free * stats.chunk_size < VOL_BYTES || vols.len() > 10 {
-            let victim = &vols[self.rng.gen_range(0..vols.len())];
-            pool.delete(&victim.name)?;
+            // With nothing left to delete, what the deletes freed is still
+            // being reclaimed.
+            if !vols.is_empty() {
+                let victim = &vols[self.rng.gen_range(0..vols.len())];
+                pool.delete(&victim.name)?;
+            }
             return pool.reclaim(1 << 20).map(|_| ());
         }
         let Some(target) =

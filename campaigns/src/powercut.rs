@@ -93,6 +93,8 @@ pub struct Outcome {
     pub steps: u64,
     pub events: u64,
     pub flushes: u64,
+    /// Writes made durable alone (the intent log's records).
+    pub durable_writes: u64,
     /// Points of the event log where power was cut.
     pub cut_points: u64,
     /// Crash images built and verified (several per cut point).
@@ -111,6 +113,7 @@ impl crate::Tally for Outcome {
         self.steps += other.steps;
         self.events += other.events;
         self.flushes += other.flushes;
+        self.durable_writes += other.durable_writes;
         self.cut_points += other.cut_points;
         self.images += other.images;
         self.failures.extend(other.failures);
@@ -287,6 +290,7 @@ impl Campaign {
     fn finish(mut self) -> Outcome {
         self.outcome.events = self.cutter.replay.events();
         self.outcome.flushes = self.cutter.replay.flushes();
+        self.outcome.durable_writes = self.cutter.replay.durable_writes();
         self.outcome.cut_points = self.cutter.cut_points;
         self.outcome.images = self.cutter.images;
         self.outcome.steps = self.step as u64;

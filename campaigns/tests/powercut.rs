@@ -20,6 +20,12 @@ fn record_replay_power_cuts_lose_nothing() {
         total.cut_points
     );
     assert!(total.images >= 2000, "only {} images", total.images);
+    // Writes in place listed by the intent log, with cuts around them.
+    assert!(
+        total.durable_writes >= 16,
+        "only {} intent log records",
+        total.durable_writes
+    );
     assert!(
         total.encrypted_runs >= 5,
         "{} encrypted runs",

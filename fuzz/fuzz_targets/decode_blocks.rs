@@ -3,9 +3,10 @@
 #![no_main]
 
 use arbor_format::{
-    choose_area_record, choose_superblock, seal, seal_version, BlockRef, BlockType, CommitRecord,
-    DamageRecord, FormatVersion, Layout, MapValue, Node, QosRecord, ScrubRecord, SmKind, SmPage,
-    StoreValue, SumsGeometry, SumsLeaf, Superblock, VolumeRecord, BLOCK_SIZE, SUMS_VALUE_LEN,
+    choose_area_record, choose_superblock, log_records_to_replay, seal, seal_version, BlockRef,
+    BlockType, CommitRecord, DamageRecord, FormatVersion, IntentLogRecord, Layout, MapValue, Node,
+    QosRecord, ScrubRecord, SmKind, SmPage, StoreValue, SumsGeometry, SumsLeaf, Superblock,
+    VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -14,6 +15,13 @@ fuzz_target!(|data: &[u8]| {
     let _ = CommitRecord::decode(data);
     let _ = SmPage::decode_any(data);
     let _ = Node::decode(data, BlockRef { block: 1, txn: 1 });
+    // An intent log record: what decodes encodes back to the same bytes
+    // (one encoding per record).
+    if let Ok(record) = IntentLogRecord::decode(data) {
+        assert_eq!(record.encode().ok().as_ref().map(|b| &b[..]), Some(data));
+    }
+    // The log area's prefix, the input cut into blocks.
+    let _ = log_records_to_replay(data.chunks(BLOCK_SIZE), [0; 16], 0);
     let mut block = [0u8; BLOCK_SIZE];
     let n = data.len().min(BLOCK_SIZE);
     block[..n].copy_from_slice(&data[..n]);
@@ -51,12 +59,30 @@ fuzz_target!(|data: &[u8]| {
         BlockType::Commit,
         BlockType::SpaceMap,
         BlockType::Node,
+        BlockType::IntentLog,
     ] {
         seal(&mut block, block_type);
         let _ = Superblock::decode(&block, u64::MAX);
         let _ = CommitRecord::decode(&block);
         let _ = SmPage::decode(&block, (SmKind::Meta, 0));
         let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
+        if let Ok(record) = IntentLogRecord::decode(&block) {
+            assert_eq!(record.encode().ok(), Some(block));
+        }
+    }
+    // A record whose count is plausible and whose bytes after its regions
+    // are zero, re-sealed, so decoding reaches the regions' order.
+    let mut log = block;
+    let count = u32::from_le_bytes(log[44..48].try_into().unwrap_or_default())
+        % (LOG_RECORD_MAX_REGIONS as u32 + 2);
+    log[44..48].copy_from_slice(&count.to_le_bytes());
+    let end = (48 + 8 * count as usize).min(BLOCK_SIZE);
+    log[end..].fill(0);
+    seal(&mut log, BlockType::IntentLog);
+    if let Ok(record) = IntentLogRecord::decode(&log) {
+        assert_eq!(record.encode().ok(), Some(log));
+        let taken = log_records_to_replay([&log[..]].into_iter(), record.uuid, record.txn);
+        assert_eq!(taken.is_empty(), record.seq != 0);
     }
     // The reader's choice of a commit record from an area's two copies and
     // of the superblock from its two (FORMAT.md §3, §4 "Version 9"): the

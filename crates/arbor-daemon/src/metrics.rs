@@ -277,9 +277,10 @@ pub struct Metrics {
     chunk_writes: Family<PlanLabels, Counter>,
     /// The pool's counts at the last render: the counters advance by
     /// the difference (the pool counts from its open, the daemon's).
-    /// (With the split writes'.)
-    counts_seen: Mutex<(ChunkWrites, u64)>,
+    /// (With the split writes' and the intent log records'.)
+    counts_seen: Mutex<(ChunkWrites, u64, u64)>,
     split_writes: Counter,
+    intent_log_records: Counter,
     space_total: Family<SpaceLabels, Gauge>,
     space_used: Family<SpaceLabels, Gauge>,
     space_warning: Gauge,
@@ -339,6 +340,7 @@ impl Metrics {
             chunk_writes: Family::default(),
             counts_seen: Mutex::default(),
             split_writes: Counter::default(),
+            intent_log_records: Counter::default(),
             space_total: Family::default(),
             space_used: Family::default(),
             space_warning: Gauge::default(),
@@ -426,6 +428,12 @@ impl Metrics {
             "split_writes",
             "Writes too big for one transaction's journal, run in pieces (atomic as a whole)",
             m.split_writes.clone(),
+        );
+        r.register(
+            "intent_log_records",
+            "Records appended to the pool's intent log: regions listed for writes in place \
+             without a commit (docs/FORMAT.md 6.4.1)",
+            m.intent_log_records.clone(),
         );
         r.register_with_unit(
             "pool_capacity",
@@ -784,7 +792,7 @@ impl Metrics {
     fn advance_counts(&self, stats: &PoolStats) {
         // Plain numbers: a panic elsewhere cannot leave them half-updated.
         let mut seen = self.counts_seen.lock().unwrap_or_else(|p| p.into_inner());
-        let (writes, split) = &mut *seen;
+        let (writes, split, logged) = &mut *seen;
         for ((plan, now), (_, before)) in stats.chunk_writes.named().into_iter().zip(writes.named())
         {
             self.chunk_writes
@@ -793,7 +801,13 @@ impl Metrics {
         }
         self.split_writes
             .inc_by(stats.split_units.saturating_sub(*split));
-        *seen = (stats.chunk_writes, stats.split_units);
+        self.intent_log_records
+            .inc_by(stats.intent_log_records.saturating_sub(*logged));
+        *seen = (
+            stats.chunk_writes,
+            stats.split_units,
+            stats.intent_log_records,
+        );
     }
 
     /// Sets the alert gauges to the active alerts.

@@ -126,6 +126,7 @@ mod tests {
             fill_pending: false,
             txn: 0,
             split_units: 0,
+            intent_log_records: 0,
             chunk_writes: Default::default(),
             in_place_regions: 0,
         }

@@ -24,7 +24,20 @@
 //! at a commit once it has not been written in place for [`IDLE`] (no
 //! in-place write is in flight during a commit: units hold the I/O gate),
 //! and every region at a clean close.
+//!
+//! The intent log (version 13, pools created at 13; FORMAT.md §6.4.1):
+//! rather than commit, the waiting writer appends a record listing the
+//! regions added in the open transaction to the pool's log area, made
+//! durable alone (`BlockDevice::write_durable_at`: one block and a cache
+//! flush, where a commit through the page cache writes back every dirty
+//! page of the pool file), and goes in place. A record is appended only
+//! with no commit in flight (under the commit lock), naming the last
+//! durable commit; the next commit lists its regions in the tree, and
+//! the log starts again ([`LogState`]). An open after an unclean shutdown
+//! adds the regions of the log's records that name its commit to the set
+//! before recomputing ([`Pool::open`](crate::Pool::open)).
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use arbor_format::{intent_region, TreeKind};
@@ -48,7 +61,7 @@ pub(crate) fn ready_for(meta: &mut Meta, pchunk: u64) -> Result<bool> {
     let (region, _) = intent_region(meta.geo().chunk_size, pchunk);
     let durable = meta.durable_txn();
     match added(meta, region)? {
-        Some(txn) if txn <= durable => {
+        Some(txn) if txn <= durable || meta.intent_log.logged.contains(&region) => {
             meta.intent_writes.insert(region, Instant::now());
             Ok(true)
         }
@@ -80,8 +93,15 @@ pub(crate) fn take_await(meta: &mut Meta) -> Option<u64> {
 /// the open transaction. Returns whether there were any.
 pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
     let wanted = std::mem::take(&mut meta.intents_wanted);
+    add(meta, &wanted)?;
+    Ok(!wanted.is_empty())
+}
+
+/// Adds `regions` to the set in the open transaction (those not in it
+/// yet), as written in place now.
+pub(crate) fn add(meta: &mut Meta, regions: &[u64]) -> Result<()> {
     let txn = meta.txn();
-    for &region in &wanted {
+    for &region in regions {
         if added(meta, region)?.is_none() {
             meta.with_own_tree(TreeKind::Intents, |tree| {
                 tree.insert(region, &txn.to_le_bytes())
@@ -89,7 +109,47 @@ pub(crate) fn add_wanted(meta: &mut Meta) -> Result<bool> {
         }
         meta.intent_writes.insert(region, Instant::now());
     }
-    Ok(!wanted.is_empty())
+    Ok(())
+}
+
+/// What the intent log holds since the last commit (in memory; the log
+/// area holds the records). Emptied when a commit lands: every region a
+/// record lists was added to the set in the open transaction of its
+/// append, with no commit in flight, so the next commit lists it.
+#[derive(Debug, Default)]
+pub(crate) struct LogState {
+    /// Regions a durable record of this generation lists: in place
+    /// already, though the set's entry is not durable yet.
+    logged: HashSet<u64>,
+    /// The block of the log area the next record goes to.
+    next: u64,
+}
+
+impl LogState {
+    /// The block of the log area the next record goes to.
+    pub(crate) fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Records `regions` as durable in the log, in records up to block
+    /// `next` (exclusive).
+    pub(crate) fn note(&mut self, regions: &[u64], next: u64) {
+        debug_assert!(next > self.next, "a log append that took no block");
+        self.logged.extend(regions.iter().copied());
+        self.next = next;
+    }
+}
+
+/// The regions a log record must list for the writers waiting now: those
+/// added to the set since the last durable commit and in no durable
+/// record yet (ascending). Called with no commit in flight.
+pub(crate) fn to_log(meta: &Meta) -> Result<Vec<u64>> {
+    let durable = meta.durable_txn();
+    Ok(listed(meta)?
+        .into_iter()
+        .filter(|&(region, txn)| txn > durable && !meta.intent_log.logged.contains(&region))
+        .map(|(region, _)| region)
+        .collect())
 }
 
 /// The transaction that added region `region` to the set, if it is in it.

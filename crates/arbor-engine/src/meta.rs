@@ -100,6 +100,8 @@ pub(crate) struct Meta {
     /// overwrite in place what it redirected for the crash rule (0: none;
     /// taken by the write path: `crate::intents::take_await`).
     pub(crate) intents_await: u64,
+    /// What the intent log holds since the last commit (`crate::intents`).
+    pub(crate) intent_log: crate::intents::LogState,
     /// Who the running step allocates for (set by [`Meta::begin_step`] only).
     privilege: Privilege,
     /// Metadata blocks kept back from ordinary writes.
@@ -370,6 +372,7 @@ impl Meta {
             intent_writes: HashMap::new(),
             intents_wanted: Vec::new(),
             intents_await: 0,
+            intent_log: Default::default(),
             next_queue_seq: rec.next_queue_seq.get(),
             privilege: Privilege::Normal,
             meta_reserve,
@@ -1177,6 +1180,8 @@ impl Meta {
         self.meta_sm.thaw();
         self.data_sm.thaw();
         self.commit_in_flight = false;
+        // The set as this commit wrote it lists every region the log did.
+        self.intent_log = Default::default();
     }
 
     /// The record of this transaction (its journal's page count and

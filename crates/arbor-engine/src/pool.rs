@@ -100,6 +100,8 @@ mod grow;
 mod heal;
 mod home_sums;
 #[cfg(test)]
+mod intent_log_tests;
+#[cfg(test)]
 mod intents_tests;
 #[cfg(test)]
 mod names_tests;
@@ -176,6 +178,13 @@ pub struct CreateOptions {
     /// On-disk format version: the newest by default; an older one only
     /// for pools that older arbor releases must still open.
     pub format_version: FormatVersion,
+    /// Blocks of the intent log area, for a version that has one
+    /// ([`FormatVersion::has_intent_log`]): how many listings of regions
+    /// for writes in place one transaction takes without committing
+    /// (default [`arbor_format::DEFAULT_LOG_BLOCKS`], at most
+    /// [`arbor_format::MAX_LOG_BLOCKS`]; 0: none). Small values make tests
+    /// of a full log cheap.
+    pub intent_log_blocks: Option<u64>,
 }
 
 impl Default for CreateOptions {
@@ -185,6 +194,7 @@ impl Default for CreateOptions {
             metadata_bytes: None,
             journal_pages: None,
             format_version: FormatVersion::NEWEST,
+            intent_log_blocks: None,
         }
     }
 }
@@ -301,6 +311,10 @@ pub struct PoolStats {
     /// transaction's journal and ran in pieces, atomic as a whole
     /// (`pool/write.rs`).
     pub split_units: u64,
+    /// Records appended to the intent log since the pool was opened:
+    /// listings of regions for writes in place that took no commit
+    /// (`crate::intents`; pools created at version 13).
+    pub intent_log_records: u64,
     /// How writes landed in the chunks they touched, since the pool was
     /// opened: what snapshots cost the data path.
     pub chunk_writes: ChunkWrites,
@@ -561,7 +575,16 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     let journal_pages = u64::from(journal_pages32);
     let journal_a = SUPERBLOCK_SLOTS;
     let journal_b = journal_a + journal_pages + 1;
-    let meta_sm_start = journal_b + journal_pages + 1;
+    // Pools created at version 13 get an intent log area (FORMAT.md §1).
+    let log_start = journal_b + journal_pages + 1;
+    let log_blocks = if opts.format_version.has_intent_log() {
+        opts.intent_log_blocks
+            .unwrap_or(arbor_format::DEFAULT_LOG_BLOCKS)
+            .min(arbor_format::MAX_LOG_BLOCKS)
+    } else {
+        0
+    };
+    let meta_sm_start = log_start + log_blocks;
     let data_sm_start = meta_sm_start + meta_blocks.div_ceil(per_page);
     let meta_start = data_sm_start + chunk_guess.div_ceil(per_page).max(1);
     let meta_end_bytes = (meta_start + meta_blocks)
@@ -585,6 +608,10 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     sb.chunk_size = U32::new(chunk);
     sb.journal_pages = U32::new(journal_pages32);
     sb.journal_start = [U64::new(journal_a), U64::new(journal_b)];
+    if log_blocks > 0 {
+        sb.log_start = U64::new(log_start);
+        sb.log_blocks = U64::new(log_blocks);
+    }
     sb.meta_sm_start = U64::new(meta_sm_start);
     sb.data_sm_start = U64::new(data_sm_start);
     sb.meta_start = U64::new(meta_start);
@@ -593,6 +620,23 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     sb.data_chunks = U64::new(data_chunks);
     sb.validate(device_bytes).map_err(Invalid::Layout)?;
     Ok(sb)
+}
+
+/// The regions the pool's intent log lists for commit `txn` (FORMAT.md
+/// §6.4.1): those of the records from the area's first block on that
+/// verify, name `txn` and stand at their own index; none without a log.
+fn read_intent_log(store: &Store, txn: u64) -> Result<Vec<u64>> {
+    let Some((start, blocks)) = store.geo.intent_log else {
+        return Ok(Vec::new());
+    };
+    // At most MAX_LOG_BLOCKS blocks (the superblock is validated).
+    let mut area = vec![0u8; blocks as usize * BLOCK_SIZE];
+    store.dev.read_at(&mut area, start * BLOCK_SIZE_U64)?;
+    Ok(arbor_format::log_records_to_replay(
+        area.chunks(BLOCK_SIZE),
+        store.geo.uuid,
+        txn,
+    ))
 }
 
 /// Writes freshly formatted (all-zero) space-map pages `pages` of a map
@@ -677,6 +721,10 @@ impl Pool {
         for area in geo.journal_start {
             store.write_block(area, &[0u8; BLOCK_SIZE])?;
         }
+        if let Some((start, blocks)) = geo.intent_log {
+            // No record of an earlier pool on the device may be read as this one's.
+            dev.write_zeroes(start * BLOCK_SIZE_U64, blocks * BLOCK_SIZE_U64)?;
+        }
         let sb_block = sb.encode(version).map_err(Invalid::FormatVersion)?;
         for slot in 0..SUPERBLOCK_SLOTS {
             store.write_block(slot, &sb_block)?;
@@ -702,6 +750,8 @@ impl Pool {
         let mut repaired = rewrite_superblock_copies(dev.as_ref(), &chosen)?;
         // At most twice: once more after rebuilding damaged page images.
         let mut rebuilt = false;
+        // Regions the intent log lists for the commit a repair replaced.
+        let mut logged_before_repair = Vec::new();
         let (store, resume) = loop {
             let geo = Geometry::new(&chosen.superblock, chosen.version);
             let store = Arc::new(Store::new(
@@ -717,7 +767,8 @@ impl Pool {
                     repaired.extend(copies);
                     break (store, resume);
                 }
-                Recovered::ImagesDamaged { why, .. } if !rebuilt => {
+                Recovered::ImagesDamaged { why, resume } if !rebuilt => {
+                    logged_before_repair = read_intent_log(&store, resume.record.txn.get())?;
                     let report = crate::repair::repair(Arc::clone(&dev), open).map_err(|e| {
                         Error::inconsistent(format!(
                             "{why}; rebuilding the space maps from the trees failed ({e}); the pool is not opened at an older commit: see `arbor check` and `arbor repair`"
@@ -735,12 +786,25 @@ impl Pool {
                 Recovered::ImagesDamaged { why, .. } => return Err(Error::inconsistent(why)),
             }
         };
+        let mut logged = read_intent_log(&store, resume.record.txn.get())?;
+        logged.extend(logged_before_repair);
+        logged.sort_unstable();
+        logged.dedup();
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
         let mut pool = Self::from_parts(store, Volumes::resume(meta)?);
         pool.repaired_at_open = repaired;
         // Copies whose last reader was destroyed before a restart.
         for (id, _) in pool.read_meta()?.cow_volumes() {
             pool.origins.sweep_from(id, 0);
+        }
+        if !logged.is_empty() {
+            // Listed in the tree (one commit) before anything else commits
+            // and the log's records, naming an older commit, stop counting.
+            warn!(
+                regions = logged.len(),
+                "the intent log lists regions written in place since the last commit"
+            );
+            pool.manage(Privilege::Reserve, |m| m.add_intents(&logged))?;
         }
         pool.open_homes()?;
         pool.recompute_intents()?;
@@ -984,6 +1048,80 @@ impl Pool {
             || Ok(self.read_meta()?.meta().durable_txn()),
             || self.commit_locked(txn),
         )
+    }
+
+    /// Makes the regions a write found missing from the in-place intent
+    /// set (added to it in transaction `txn`) durable enough for it to go
+    /// in place: by a record of the intent log if the pool has one with
+    /// room ([`Self::append_intent_log`]), else by committing through
+    /// `txn`.
+    fn list_through(&self, txn: u64) -> Result<()> {
+        if self.append_intent_log(txn)? {
+            return Ok(());
+        }
+        self.commit_through(txn)
+    }
+
+    /// Appends to the intent log, made durable alone, the regions added to
+    /// the set since the last durable commit that no record lists yet
+    /// (`crate::intents`, FORMAT.md §6.4.1), under the commit lock: no
+    /// commit is in flight, so the next one to land lists them in the
+    /// tree. True when the regions of transaction `txn` are durable (by
+    /// this record, an earlier one or a commit meanwhile); false when the
+    /// pool has no log or no room left in it for this generation (the
+    /// caller commits).
+    fn append_intent_log(&self, txn: u64) -> Result<bool> {
+        let Some((start, blocks)) = self.store.geo.intent_log else {
+            return Ok(false);
+        };
+        self.committer.check_failed()?;
+        let _commit = self.committer.lock();
+        let (durable, regions, first) = {
+            let meta = self.read_meta()?;
+            let meta = meta.meta();
+            // Stable under the commit lock: no other commit can begin.
+            let durable = meta.durable_txn();
+            if durable >= txn {
+                return Ok(true);
+            }
+            (
+                durable,
+                crate::intents::to_log(meta)?,
+                meta.intent_log.next(),
+            )
+        };
+        if regions.is_empty() {
+            // Logged by another writer since this one asked.
+            return Ok(true);
+        }
+        let records: Vec<&[u64]> = regions
+            .chunks(arbor_format::LOG_RECORD_MAX_REGIONS)
+            .collect();
+        let Some(end) = first
+            .checked_add(records.len() as u64)
+            .filter(|&end| end <= blocks)
+        else {
+            return Ok(false);
+        };
+        for (seq, listed) in (first..end).zip(records) {
+            let record = arbor_format::IntentLogRecord {
+                uuid: self.store.geo.uuid,
+                txn: durable,
+                // Below `blocks`, which the superblock bounds (MAX_LOG_BLOCKS).
+                seq: seq as u32,
+                regions: listed.to_vec(),
+            };
+            let block = record
+                .encode()
+                .map_err(|e| Error::inconsistent(format!("an intent log record: {e}")))?;
+            // Inside the pool: the superblock's layout was validated.
+            self.store
+                .dev
+                .write_durable_at(&block, (start + seq) * BLOCK_SIZE_U64)?;
+        }
+        self.write_meta()?.note_intent_log(&regions, end);
+        self.counters.intent_log_records_added(end - first);
+        Ok(true)
     }
 
     /// Commits the open transaction, unless a commit since `txn` was open
@@ -2109,6 +2247,7 @@ impl Pool {
             fill_pending: self.fill_wanted(),
             txn: meta.meta().txn() - 1,
             split_units: self.counters.split_units(),
+            intent_log_records: self.counters.intent_log_records(),
             chunk_writes: self.counters.chunk_writes(),
             in_place_regions: crate::intents::listed(meta.meta())?.len() as u64,
         })

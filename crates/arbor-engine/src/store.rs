@@ -26,6 +26,9 @@ pub(crate) struct Geometry {
     pub chunk_size: u64,
     pub journal_pages: u64,
     pub journal_start: [u64; 2],
+    /// The intent log area (first block, blocks): pools created at
+    /// version 13 (`crate::intents`).
+    pub intent_log: Option<(u64, u64)>,
     pub uuid: [u8; 16],
     /// How the chunks divide into leaves of the checksum tree.
     pub sums: arbor_format::SumsGeometry,
@@ -47,6 +50,7 @@ impl Geometry {
             chunk_size: u64::from(sb.chunk_size.get()),
             journal_pages: u64::from(sb.journal_pages.get()),
             journal_start: [sb.journal_start[0].get(), sb.journal_start[1].get()],
+            intent_log: sb.log_area(),
             uuid: sb.uuid,
             sums: arbor_format::SumsGeometry::new(sb.chunk_size.get()).unwrap_or_else(|e| {
                 unreachable!("a superblock's chunk size is validated when it is read: {e}")

@@ -274,6 +274,18 @@ impl Volumes {
         crate::intents::remove(&mut self.meta, region)
     }
 
+    /// Adds `regions` to the in-place intent set (those an open found in
+    /// the intent log: `crate::intents`).
+    pub fn add_intents(&mut self, regions: &[u64]) -> Result<()> {
+        crate::intents::add(&mut self.meta, regions)
+    }
+
+    /// Regions made durable by intent log records up to block `next` of
+    /// the log area (`crate::intents::LogState::note`).
+    pub fn note_intent_log(&mut self, regions: &[u64], next: u64) {
+        self.meta.intent_log.note(regions, next)
+    }
+
     /// Records data checksums of chunks written (`crate::sums`).
     pub fn record_sums(&mut self, sums: &[crate::sums::BlockSums]) -> Result<()> {
         crate::sums::record(&mut self.meta, sums)

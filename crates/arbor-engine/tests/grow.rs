@@ -30,6 +30,7 @@ fn pool_on(disk: &SimDisk, metadata: u64, version: u16) -> Pool {
         metadata_bytes: Some(metadata),
         journal_pages: Some(64),
         format_version: arbor_format::FormatVersion::new(version).unwrap(),
+        ..Default::default()
     };
     Pool::create(dev, &opts, &open_opts()).expect("create")
 }

@@ -37,7 +37,7 @@ fn written(recording: &Recording) -> Vec<usize> {
         .into_iter()
         .filter_map(|e| match e {
             IoEvent::Write { data, .. } => Some(data.len()),
-            IoEvent::Flush => None,
+            IoEvent::DurableWrite { .. } | IoEvent::Flush => None,
         })
         .collect()
 }

@@ -21,13 +21,20 @@ pub struct BlockHeader {
 const CHECKSUM_AT: usize = 8;
 pub const HEADER_SIZE: usize = 16;
 
+/// What a block is: [`BlockHeader::block_type`] (FORMAT.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum BlockType {
+    /// The superblock (FORMAT.md §3).
     Superblock = 1,
+    /// A commit record (FORMAT.md §4).
     Commit = 2,
+    /// A space-map page (FORMAT.md §5).
     SpaceMap = 3,
+    /// A B-tree node (FORMAT.md §6).
     Node = 4,
+    /// A record of the intent log (version 13, FORMAT.md §6.4.1).
+    IntentLog = 5,
 }
 
 fn block_checksum(block: &[u8]) -> u32 {
@@ -37,8 +44,9 @@ fn block_checksum(block: &[u8]) -> u32 {
 }
 
 /// Writes the common header (magic, version 1, type) and the checksum into a
-/// fully built block whose layout is that of version 1 (nodes, space-map
-/// pages). Call last: any later change invalidates the checksum.
+/// fully built block whose header carries version 1 (nodes, space-map
+/// pages, intent log records). Call last: any later change invalidates the
+/// checksum.
 pub fn seal(block: &mut [u8; BLOCK_SIZE], block_type: BlockType) {
     seal_version(block, block_type, FormatVersion::UNCHANGED_LAYOUT);
 }

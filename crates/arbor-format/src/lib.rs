@@ -9,6 +9,7 @@
 
 mod damage;
 mod header;
+mod intent_log;
 mod journal;
 mod layout;
 mod node;
@@ -25,6 +26,7 @@ mod version;
 
 pub use damage::{DamageRecord, DamagedBlock, Noted, DAMAGE_KEY, MAX_DAMAGE_ENTRIES};
 pub use header::{seal, seal_version, BlockHeader, BlockType};
+pub use intent_log::{log_records_to_replay, IntentLogRecord, LOG_RECORD_MAX_REGIONS};
 pub use journal::{
     choose_area_record, decode_journal_pages, encode_journal, journal_capacity, journal_images_len,
     record_copies, AreaRecord,
@@ -56,7 +58,8 @@ pub use sums::{
     SumsSlot, INTENT_REGION_BYTES, SUMS_VALUE_LEN, SUM_BLOCK, SUM_BLOCK_U64,
 };
 pub use superblock::{
-    choose_superblock, ChosenSuperblock, CommitRecord, Superblock, SUPERBLOCK_SLOTS,
+    choose_superblock, ChosenSuperblock, CommitRecord, Superblock, DEFAULT_LOG_BLOCKS,
+    MAX_LOG_BLOCKS, SUPERBLOCK_SLOTS,
 };
 pub use version::{AtomicFormatVersion, FormatVersion};
 
@@ -66,7 +69,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it). What each version has: [`FormatVersion`].
-pub const FORMAT_VERSION: u16 = 12;
+pub const FORMAT_VERSION: u16 = 13;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

@@ -15,6 +15,14 @@ use crate::{
 /// Blocks 0 and 1 hold the two superblock copies.
 pub const SUPERBLOCK_SLOTS: u64 = 2;
 
+/// The blocks of the intent log area a pool created at version 13 gets
+/// (FORMAT.md §1, §6.4.1): records appended between two commits.
+pub const DEFAULT_LOG_BLOCKS: u64 = 64;
+
+/// The most blocks an intent log area may have; a reader rejects a
+/// superblock whose `log_blocks` is larger (FORMAT.md §3).
+pub const MAX_LOG_BLOCKS: u64 = 1024;
+
 /// Pool geometry. Every region is a whole number of blocks; the data region
 /// starts chunk-aligned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -38,6 +46,13 @@ pub struct Superblock {
     /// Byte offset of data chunk 0 and how many chunks there are.
     pub data_start_bytes: U64,
     pub data_chunks: U64,
+    /// First block of the intent log area (version 13, FORMAT.md §6.4.1),
+    /// between journal area B and the metadata space map; 0 when there is
+    /// no log (`log_blocks` 0).
+    pub log_start: U64,
+    /// Blocks of the intent log area, at most [`MAX_LOG_BLOCKS`]; 0 = no
+    /// log (every pool before version 13, and an upgraded one).
+    pub log_blocks: U64,
 }
 
 /// What one transaction committed: the roots of the pool's trees and the
@@ -125,8 +140,10 @@ impl Superblock {
     }
 
     /// The superblock of a pool of format `version` (the version is the
-    /// pool's: a version 1 pool keeps writing version 1 superblocks).
+    /// pool's: a version 1 pool keeps writing version 1 superblocks). A
+    /// version without an intent log has `log_start` and `log_blocks` 0.
     pub fn encode(&self, version: FormatVersion) -> Result<[u8; BLOCK_SIZE], FormatError> {
+        self.check_log(version)?;
         Ok(encode_body(self, BlockType::Superblock, version))
     }
 
@@ -141,12 +158,35 @@ impl Superblock {
         device_bytes: u64,
     ) -> Result<(Self, FormatVersion), FormatError> {
         let (sb, version): (Self, FormatVersion) = decode_body(block, BlockType::Superblock)?;
+        sb.check_log(version)?;
         sb.validate(device_bytes)?;
         Ok((sb, version))
     }
 
+    /// The intent log area, (first block, blocks), or None when the pool
+    /// has none (FORMAT.md §6.4.1).
+    pub fn log_area(&self) -> Option<(u64, u64)> {
+        match self.log_blocks.get() {
+            0 => None,
+            blocks => Some((self.log_start.get(), blocks)),
+        }
+    }
+
+    /// A version without an intent log has none: its bytes at 120 ..= 135
+    /// are zero (FORMAT.md §3).
+    fn check_log(&self, version: FormatVersion) -> Result<(), FormatError> {
+        if !version.has_intent_log() && (self.log_start.get() != 0 || self.log_blocks.get() != 0) {
+            return Err(FormatError::Invalid(format!(
+                "superblock: version {version} has no intent log, yet names one"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that the regions are ordered, disjoint and inside the device, so
     /// that no later offset computation can overflow or escape the pool.
+    /// The intent log area, if any, lies between journal area B and the
+    /// metadata space map and has at most [`MAX_LOG_BLOCKS`] blocks.
     pub fn validate(&self, device_bytes: u64) -> Result<(), FormatError> {
         let invalid = |what: &str| Err(FormatError::Invalid(format!("superblock: {what}")));
         let chunk = self.chunk_size.get();
@@ -156,16 +196,26 @@ impl Superblock {
         if self.pool_bytes.get() > device_bytes {
             return invalid("pool is larger than its device");
         }
+        if self.log_blocks.get() > MAX_LOG_BLOCKS {
+            return invalid(&format!(
+                "intent log area is larger than {MAX_LOG_BLOCKS} blocks"
+            ));
+        }
+        if self.log_blocks.get() == 0 && self.log_start.get() != 0 {
+            return invalid("intent log area of no blocks has a start");
+        }
         let journal_blocks = u64::from(self.journal_pages.get()) + 1;
+        // The log area takes its place in the order only when there is one.
         let regions = [
-            (self.journal_start[0].get(), journal_blocks),
-            (self.journal_start[1].get(), journal_blocks),
-            (self.meta_sm_start.get(), self.meta_sm_pages()),
-            (self.data_sm_start.get(), self.data_sm_pages()),
-            (self.meta_start.get(), self.meta_blocks.get()),
+            Some((self.journal_start[0].get(), journal_blocks)),
+            Some((self.journal_start[1].get(), journal_blocks)),
+            self.log_area(),
+            Some((self.meta_sm_start.get(), self.meta_sm_pages())),
+            Some((self.data_sm_start.get(), self.data_sm_pages())),
+            Some((self.meta_start.get(), self.meta_blocks.get())),
         ];
         let mut next_free = SUPERBLOCK_SLOTS;
-        for (start, len) in regions {
+        for (start, len) in regions.into_iter().flatten() {
             let Some(end) = start.checked_add(len) else {
                 return invalid("region end overflows");
             };
@@ -381,6 +431,103 @@ mod tests {
         sb.meta_start = U64::new(3);
         assert!(Superblock::decode(&sb.encode(v(2)).unwrap(), 64 << 20).is_err());
         assert!(Superblock::decode(&geometry().encode(v(2)).unwrap(), 1 << 20).is_err());
+    }
+
+    /// [`geometry`] with an intent log area of 64 blocks between journal
+    /// area B (11 ..= 19) and the metadata space map (moved to 84).
+    fn geometry_with_log() -> Superblock {
+        let mut sb = geometry();
+        sb.log_start = U64::new(20);
+        sb.log_blocks = U64::new(DEFAULT_LOG_BLOCKS);
+        sb.meta_sm_start = U64::new(84);
+        sb.data_sm_start = U64::new(85);
+        sb.meta_start = U64::new(86);
+        sb
+    }
+
+    #[test]
+    fn the_log_area_is_placed_between_journal_b_and_the_meta_space_map() {
+        let bytes = 64 << 20;
+        let sb = geometry_with_log();
+        let block = sb.encode(v(13)).unwrap();
+        assert_eq!(
+            Superblock::decode_versioned(&block, bytes).unwrap(),
+            (sb, v(13))
+        );
+        assert_eq!(sb.log_area(), Some((20, 64)));
+        // No log: a version 13 superblock of an upgraded pool.
+        let none = geometry();
+        assert_eq!(none.log_area(), None);
+        assert!(Superblock::decode(&none.encode(v(13)).unwrap(), bytes).is_ok());
+
+        let rejected = |sb: Superblock| {
+            assert!(
+                Superblock::decode(&sb.encode(v(13)).unwrap(), bytes).is_err(),
+                "{sb:?}"
+            );
+        };
+        // Overlapping journal area B, or before it.
+        let mut bad = sb;
+        bad.log_start = U64::new(19);
+        rejected(bad);
+        bad.log_start = U64::new(2);
+        rejected(bad);
+        // Overlapping the metadata space map.
+        let mut bad = sb;
+        bad.log_blocks = U64::new(65);
+        rejected(bad);
+        // After the metadata space map (out of order), past the device,
+        // its end overflowing.
+        let mut bad = sb;
+        bad.log_start = U64::new(200);
+        bad.log_blocks = U64::new(8);
+        rejected(bad);
+        bad.log_start = U64::new(bytes / BLOCK_SIZE_U64);
+        rejected(bad);
+        bad.log_start = U64::new(u64::MAX - 4);
+        rejected(bad);
+        // A start without blocks.
+        let mut bad = geometry();
+        bad.log_start = U64::new(20);
+        rejected(bad);
+        // At most MAX_LOG_BLOCKS, even with room for more.
+        let mut big = sb;
+        big.log_blocks = U64::new(MAX_LOG_BLOCKS);
+        big.meta_sm_start = U64::new(20 + MAX_LOG_BLOCKS + 1);
+        big.data_sm_start = U64::new(20 + MAX_LOG_BLOCKS + 2);
+        big.meta_start = U64::new(20 + MAX_LOG_BLOCKS + 3);
+        big.data_start_bytes = U64::new(8 << 20);
+        big.data_chunks = U64::new(896);
+        assert!(Superblock::decode(&big.encode(v(13)).unwrap(), bytes).is_ok());
+        big.log_blocks = U64::new(MAX_LOG_BLOCKS + 1);
+        rejected(big);
+    }
+
+    #[test]
+    fn only_version_13_superblocks_name_a_log_area() {
+        let sb = geometry_with_log();
+        for version in FormatVersion::all() {
+            assert_eq!(
+                sb.encode(version).is_ok(),
+                version.has_intent_log(),
+                "version {version}"
+            );
+        }
+        // A version 12 header over a superblock that names a log area.
+        let mut forged = sb.encode(v(13)).unwrap();
+        crate::seal_version(&mut forged, BlockType::Superblock, v(12));
+        assert!(Superblock::decode(&forged, 64 << 20).is_err());
+        // Either field alone.
+        let mut start = geometry();
+        start.log_start = U64::new(20);
+        let mut blocks = geometry();
+        blocks.log_blocks = U64::new(1);
+        for sb in [start, blocks] {
+            assert!(sb.encode(v(12)).is_err());
+            let mut forged = sb.encode(v(13)).unwrap();
+            crate::seal_version(&mut forged, BlockType::Superblock, v(12));
+            assert!(Superblock::decode(&forged, 64 << 20).is_err());
+        }
     }
 
     #[test]

@@ -20,7 +20,8 @@ impl FormatVersion {
     /// The oldest version this crate still opens.
     pub const OLDEST: Self = Self(OLDEST_FORMAT_VERSION);
     /// The version in the header of blocks whose layout has not changed
-    /// since version 1 (space-map pages and nodes, FORMAT.md §2).
+    /// since it was introduced (space-map pages and nodes, and intent log
+    /// records, FORMAT.md §2).
     pub const UNCHANGED_LAYOUT: Self = Self(1);
 
     /// `number` as a version this crate knows, or
@@ -112,6 +113,14 @@ impl FormatVersion {
         self.0 >= 12
     }
 
+    /// Version 13: pools created at this version have an intent log area
+    /// (superblock `log_start`, `log_blocks`), whose records list regions
+    /// of the in-place intent set durably between commits (FORMAT.md
+    /// §6.4.1). An upgraded pool has none.
+    pub fn has_intent_log(self) -> bool {
+        self.0 >= 13
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).
@@ -171,7 +180,7 @@ mod tests {
     /// one did, and nothing newer.
     #[test]
     fn each_version_has_what_it_and_older_ones_added() {
-        let added: [fn(FormatVersion) -> bool; 8] = [
+        let added: [fn(FormatVersion) -> bool; 12] = [
             FormatVersion::has_grown_regions,
             FormatVersion::has_identities,
             FormatVersion::has_properties,
@@ -180,6 +189,10 @@ mod tests {
             FormatVersion::has_partial_extents,
             FormatVersion::has_middle_layers,
             FormatVersion::has_mirrored_commit_records,
+            FormatVersion::has_data_checksums,
+            FormatVersion::has_encryption,
+            FormatVersion::has_encrypted_receives,
+            FormatVersion::has_intent_log,
         ];
         for v in FormatVersion::all() {
             for (i, has) in added.iter().enumerate() {

@@ -7,8 +7,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use arbor_format::{
-    choose_area_record, choose_superblock, seal, BlockRef, BlockType, CommitRecord, MapValue, Node,
-    SmKind, SmPage, StoreValue, Superblock, VolumeRecord, BLOCK_SIZE,
+    choose_area_record, choose_superblock, log_records_to_replay, seal, BlockRef, BlockType,
+    CommitRecord, IntentLogRecord, MapValue, Node, SmKind, SmPage, StoreValue, Superblock,
+    VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS,
 };
 use proptest::prelude::*;
 
@@ -25,6 +26,10 @@ fn decode_all(block: &[u8]) {
     let _ = SmPage::decode(block, (SmKind::Data, 0));
     let _ = SmPage::decode_any(block);
     let _ = Node::decode(block, BlockRef { block: 1, txn: 1 });
+    if let Ok(record) = IntentLogRecord::decode(block) {
+        assert_eq!(&record.encode().unwrap()[..], block, "one encoding");
+    }
+    let _ = log_records_to_replay([block, block].into_iter(), [0; 16], 0);
     // The readers' choices from two copies (FORMAT.md §3, §4).
     let zero = [0u8; BLOCK_SIZE];
     let _ = choose_area_record(block, &zero, 16, |_, _| true);
@@ -46,13 +51,14 @@ proptest! {
     }
 
     #[test]
-    fn sealed_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), BLOCK_SIZE), kind in 1u16..=4) {
+    fn sealed_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), BLOCK_SIZE), kind in 1u16..=5) {
         let mut block = block_from(&bytes);
         let block_type = match kind {
             1 => BlockType::Superblock,
             2 => BlockType::Commit,
             3 => BlockType::SpaceMap,
-            _ => BlockType::Node,
+            4 => BlockType::Node,
+            _ => BlockType::IntentLog,
         };
         seal(&mut block, block_type);
         decode_all(&block);
@@ -73,5 +79,29 @@ proptest! {
             seal(&mut block, BlockType::Node);
             let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
         }
+        if block_type == BlockType::IntentLog {
+            // A plausible count, so decoding reaches the regions.
+            let count = u32::from_le_bytes(block[44..48].try_into().unwrap())
+                % (LOG_RECORD_MAX_REGIONS as u32 + 2);
+            block[44..48].copy_from_slice(&count.to_le_bytes());
+            seal(&mut block, BlockType::IntentLog);
+            decode_all(&block);
+        }
+    }
+
+    /// Every list of regions a record may hold round-trips.
+    #[test]
+    fn intent_log_records_round_trip(
+        mut regions in prop::collection::vec(any::<u64>(), 1..=LOG_RECORD_MAX_REGIONS),
+        txn in any::<u64>(),
+        seq in any::<u32>(),
+    ) {
+        regions.sort_unstable();
+        regions.dedup();
+        let record = IntentLogRecord { uuid: [3; 16], txn, seq, regions };
+        let block = record.encode().unwrap();
+        prop_assert_eq!(IntentLogRecord::decode(&block).unwrap(), record.clone());
+        let replayed = log_records_to_replay([&block[..]].into_iter(), [3; 16], txn);
+        prop_assert_eq!(replayed, if seq == 0 { record.regions } else { vec![] });
     }
 }

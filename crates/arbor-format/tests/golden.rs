@@ -3,7 +3,8 @@
 //! the commit record §4 and its grown region entry §4.1, the space-map page
 //! §5, the node header and the volume-table value §6, the property frame
 //! §6, the origin-loss record, the copy-on-write and epoch fields and the
-//! snapshot-store value of §6.1, the packed entry of §6.2), and every row
+//! snapshot-store value of §6.1, the packed entry of §6.2, the intent log
+//! record of §6.4.1), and every row
 //! must name the field the encoder puts at that offset, with its size, in
 //! order. A layout change that is not documented (or a document change that
 //! is not coded) fails here.
@@ -14,10 +15,10 @@
 
 use arbor_format::{
     encode_property, split_store_key, store_key, Backing, BlockRef, CommitRecord, CowState,
-    DataLayout, DeviceIdentity, FormatVersion, Home, Layer, MapValue, Node, NodeBody, OriginLoss,
-    Partial, ReceiveState, RegionRaw, SmKind, SmPage, StoreValue, Superblock, TreeKind, VolumeKind,
-    VolumeRecord, BLOCK_SIZE, MAX_GROWTHS, MAX_NAME_LEN, ORIGIN_LOSS_KEY, ORIGIN_LOSS_LEN,
-    SM_ENTRIES_PER_PAGE,
+    DataLayout, DeviceIdentity, FormatVersion, Home, IntentLogRecord, Layer, MapValue, Node,
+    NodeBody, OriginLoss, Partial, ReceiveState, RegionRaw, SmKind, SmPage, StoreValue, Superblock,
+    TreeKind, VolumeKind, VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS, MAX_GROWTHS,
+    MAX_LOG_BLOCKS, MAX_NAME_LEN, ORIGIN_LOSS_KEY, ORIGIN_LOSS_LEN, SM_ENTRIES_PER_PAGE,
 };
 use zerocopy::little_endian::{U32, U64};
 
@@ -150,11 +151,21 @@ fn superblock_offsets_match_format_md() {
     sb.meta_blocks = U64::new(0x0a0a);
     sb.data_start_bytes = U64::new(0x0b0b);
     sb.data_chunks = U64::new(0x0c0c);
-    let block = sb.encode(v(2)).unwrap();
+    let mut older = sb;
+    sb.log_start = U64::new(0x0d0d);
+    sb.log_blocks = U64::new(0x0e0e);
+    let block = sb.encode(v(13)).unwrap();
     assert_eq!(block.len(), BLOCK_SIZE);
-    assert_eq!(&block[..6], b"ARBR\x02\x00", "magic and version at 0 and 4");
-    assert_eq!(&sb.encode(v(1)).unwrap()[4..6], b"\x01\x00");
-    let rows = table(&format_md(), "## 3. Superblock");
+    assert_eq!(&block[..6], b"ARBR\x0d\x00", "magic and version at 0 and 4");
+    // Before version 13 there is no log area: its fields are zero.
+    assert!(sb.encode(v(12)).is_err());
+    assert_eq!(&older.encode(v(2)).unwrap()[4..6], b"\x02\x00");
+    assert_eq!(&older.encode(v(1)).unwrap()[4..6], b"\x01\x00");
+    older.log_start = sb.log_start;
+    older.log_blocks = sb.log_blocks;
+    assert_eq!(older, sb);
+    let doc = format_md();
+    let rows = table(&doc, "## 3. Superblock");
     check(
         "superblock",
         &block,
@@ -174,8 +185,51 @@ fn superblock_offsets_match_format_md() {
             ("meta_blocks", le(0x0a0a)),
             ("data_start_bytes", le(0x0b0b)),
             ("data_chunks", le(0x0c0c)),
+            ("log_start", le(0x0d0d)),
+            ("log_blocks", le(0x0e0e)),
         ],
     );
+    assert!(rows[14]
+        .field
+        .contains(&format!("at most {MAX_LOG_BLOCKS}")));
+}
+
+/// §6.4.1: an intent log record, with one region and with the most.
+#[test]
+fn intent_log_record_offsets_match_format_md() {
+    let doc = format_md();
+    let rows = table(&doc, "#### 6.4.1 The intent log (version 13)");
+    assert!(rows[3]
+        .field
+        .contains(&format!("1 ..= {LOG_RECORD_MAX_REGIONS}")));
+    let full: Vec<u64> = (0..LOG_RECORD_MAX_REGIONS as u64)
+        .map(|i| 0x0100_0000_0000 + i)
+        .collect();
+    for regions in [vec![0x1717], full] {
+        let record = IntentLogRecord {
+            uuid: *b"0123456789abcdef",
+            txn: 0x1515_1515_1515,
+            seq: 0x1616,
+            regions: regions.clone(),
+        };
+        let block = record.encode().unwrap();
+        let listed: Vec<u8> = regions.iter().flat_map(|r| le(*r)).collect();
+        let end = 48 + listed.len();
+        check(
+            "intent log record",
+            &block,
+            0,
+            &rows,
+            &[
+                ("pool uuid", record.uuid.to_vec()),
+                ("`txn`", le(0x1515_1515_1515)),
+                ("`seq`", le32(0x1616)),
+                ("`count`", le32(regions.len() as u32)),
+                ("region numbers", listed),
+            ],
+        );
+        assert!(block[end..].iter().all(|&b| b == 0), "zeros after");
+    }
 }
 
 fn region(i: u64) -> RegionRaw {
@@ -297,9 +351,9 @@ fn rows_of(rows: &[Row], variant: usize, keep: impl Fn(&Row) -> bool) -> Vec<Row
         .collect()
 }
 
-/// §2: the header of a superblock, a commit record, a space-map page and
-/// a node; superblocks and commit records carry their pool's version,
-/// the others version 1. The version row names the versions this crate
+/// §2: the header of a superblock, a commit record, a space-map page, a
+/// node and an intent log record; superblocks and commit records carry
+/// their pool's version, the others version 1. The version row names the versions this crate
 /// knows.
 #[test]
 fn block_header_offsets_match_format_md() {
@@ -312,7 +366,13 @@ fn block_header_offsets_match_format_md() {
     );
     let mut page = SmPage::empty(SmKind::Meta, 0);
     page.txn = 3;
-    let blocks: [(&str, [u8; BLOCK_SIZE], u16, u16); 4] = [
+    let log = IntentLogRecord {
+        uuid: [1; 16],
+        txn: 2,
+        seq: 0,
+        regions: vec![3],
+    };
+    let blocks: [(&str, [u8; BLOCK_SIZE], u16, u16); 5] = [
         (
             "superblock",
             Superblock::new_zeroed_geometry().encode(v(5)).unwrap(),
@@ -327,6 +387,7 @@ fn block_header_offsets_match_format_md() {
         ),
         ("space-map page", page.encode(), 1, 3),
         ("node", Node::new_leaf(TreeKind::Queue).encode(9, 9), 1, 4),
+        ("intent log record", log.encode().unwrap(), 1, 5),
     ];
     for (what, block, version, block_type) in blocks {
         let mut zeroed = block;

@@ -130,6 +130,38 @@ impl Ahead {
 /// are dropped once written back.
 const RWF_DONTCACHE: u32 = 0x80;
 
+/// The kernel refused a `pwritev2` flag before writing anything
+/// (`EOPNOTSUPP`, or `EINVAL` for a flag it does not know).
+struct Refused;
+
+/// Writes all of `buf` at `offset` with `pwritev2` and `flags`, going on
+/// after a short write; `Err(Refused)` if the kernel refused the flags
+/// before any byte was written (the caller falls back), `Ok(result)`
+/// otherwise.
+fn pwrite_all_flags(
+    file: &File,
+    buf: &[u8],
+    offset: u64,
+    flags: rustix::io::ReadWriteFlags,
+) -> Result<io::Result<()>, Refused> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let rest = [io::IoSlice::new(&buf[done..])];
+        // In range: the caller checked it, and done < buf.len().
+        let at = offset + done as u64;
+        match rustix::io::pwritev2(file, &rest, at, flags) {
+            Ok(0) => return Ok(Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INVAL) if done == 0 => {
+                return Err(Refused)
+            }
+            Err(e) => return Ok(Err(e.into())),
+        }
+    }
+    Ok(Ok(()))
+}
+
 /// How [`FileDevice`] carries out a batch of independent operations with
 /// direct I/O (`BlockDevice::write_batch`: a commit's metadata blocks;
 /// `BlockDevice::read_batch`: the scattered pieces of one read). Through
@@ -725,23 +757,50 @@ impl BlockDevice for FileDevice {
         }
         check_range(offset, buf.len(), self.size())?;
         let flags = rustix::io::ReadWriteFlags::from_bits_retain(RWF_DONTCACHE);
-        let mut done = 0usize;
-        while done < buf.len() {
-            let rest = [io::IoSlice::new(&buf[done..])];
-            // In range: checked above, and done < buf.len().
-            let at = offset + done as u64;
-            match rustix::io::pwritev2(&self.file, &rest, at, flags) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(rustix::io::Errno::OPNOTSUPP) if done == 0 => {
-                    self.no_dontcache.store(true, Relaxed);
-                    return self.write_at(buf, offset);
+        match pwrite_all_flags(&self.file, buf, offset, flags) {
+            Err(Refused) => {
+                self.no_dontcache.store(true, Relaxed);
+                self.write_at(buf, offset)
+            }
+            Ok(done) => done,
+        }
+    }
+
+    /// `pwritev2` with `RWF_DSYNC`: the kernel writes back this range only
+    /// (not the file's other dirty pages, as `fdatasync` would) and flushes
+    /// the device's cache (and commits the file system's journal if the
+    /// file's block map changed). With direct I/O, from aligned memory as
+    /// every direct write. Where the kernel refuses the flag, `write_at`
+    /// and `flush`.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let flags = rustix::io::ReadWriteFlags::DSYNC;
+        let written = match &self.direct {
+            None => pwrite_all_flags(&self.file, buf, offset, flags),
+            Some(direct) if direct.offset_aligned(offset, buf.len()) => {
+                self.allocate_ahead_of(offset, buf.len());
+                if direct.mem_aligned(buf) {
+                    pwrite_all_flags(&self.file, buf, offset, flags)
+                } else {
+                    direct.with_bounce(buf.len(), |bounce| {
+                        bounce.copy_from_slice(buf);
+                        pwrite_all_flags(&self.file, bounce, offset, flags)
+                    })
                 }
-                Err(e) => return Err(e.into()),
+            }
+            // Edges to read and write back: as any other write, then a flush.
+            Some(_) => Err(Refused),
+        };
+        match written {
+            Ok(done) => done,
+            Err(Refused) => {
+                self.write_at(buf, offset)?;
+                self.flush()
             }
         }
-        Ok(())
     }
 
     /// With direct I/O each write waits for the device, so a batch is
@@ -1134,6 +1193,38 @@ mod tests {
         let mut back = vec![0u8; 4096];
         dev.read_at(&mut back, 4096).unwrap();
         assert!(back.iter().all(|&b| b == 3));
+    }
+
+    /// `write_durable_at` writes what it is given through the page cache
+    /// and with direct I/O, from aligned and unaligned memory, at aligned
+    /// and unaligned offsets (the last by writing and flushing), and
+    /// refuses a range past the end.
+    #[test]
+    fn durable_writes_land_in_every_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buffered");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 16)
+            .unwrap();
+        let buffered = FileDevice::open(&path).unwrap();
+        let (_dir, _path, direct) = direct_device(1 << 16);
+        let unaligned = vec![7u8; 8192 + 512];
+        let start = unaligned.as_ptr().align_offset(4096) + 512;
+        for dev in [&buffered, &direct] {
+            dev.write_durable_at(&[5u8; 4096], 8192).unwrap();
+            dev.write_durable_at(&unaligned[start..start + 4096], 16384)
+                .unwrap();
+            dev.write_durable_at(&[9u8; 100], 20480 + 3).unwrap();
+            let mut back = vec![0u8; 16384];
+            dev.read_at(&mut back, 8192).unwrap();
+            assert!(back[..4096].iter().all(|&b| b == 5));
+            assert!(back[8192..12288].iter().all(|&b| b == 7));
+            assert!(back[12288..12291].iter().all(|&b| b == 0));
+            assert!(back[12291..12391].iter().all(|&b| b == 9));
+            assert!(back[12391..].iter().all(|&b| b == 0));
+            assert!(dev.write_durable_at(&[1u8; 4096], (1 << 16) - 512).is_err());
+        }
     }
 
     #[test]

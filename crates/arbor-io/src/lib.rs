@@ -134,6 +134,16 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Writes all of `buf` at `offset` and returns once that write is
+    /// durable, without waiting for other writes not yet flushed: they may
+    /// or may not have become durable with it (a small record that must
+    /// survive a power cut before the caller goes on, written without
+    /// making the device write back everything else: `RWF_DSYNC` on a
+    /// file). The default writes and flushes.
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(buf, offset)?;
+        self.flush()
+    }
     /// Size of the device in bytes.
     fn size(&self) -> u64;
     /// Re-reads the size of a device enlarged from outside (a block device

@@ -20,7 +20,15 @@ use crate::{BlockDevice, SECTOR_SIZE};
 /// One completed device operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IoEvent {
-    Write { offset: u64, data: Vec<u8> },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    /// A write made durable alone ([`BlockDevice::write_durable_at`]).
+    DurableWrite {
+        offset: u64,
+        data: Vec<u8>,
+    },
     Flush,
 }
 
@@ -73,6 +81,16 @@ impl BlockDevice for RecordingDevice {
         let mut log = lock(&self.log);
         self.inner.write_at(buf, offset)?;
         log.push(IoEvent::Write {
+            offset,
+            data: buf.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut log = lock(&self.log);
+        self.inner.write_durable_at(buf, offset)?;
+        log.push(IoEvent::DurableWrite {
             offset,
             data: buf.to_vec(),
         });
@@ -250,10 +268,12 @@ pub struct CrashReplayer {
     /// The image after every event up to the last flush replayed (shared
     /// with the crash devices handed out; copied only if one is still alive).
     durable: Arc<Vec<u8>>,
-    /// Writes replayed since that flush, in order.
-    unflushed: Vec<(u64, Vec<u8>)>,
+    /// Writes replayed since that flush, in order; `true` for one made
+    /// durable alone, which every crash image holds whole.
+    unflushed: Vec<(u64, Vec<u8>, bool)>,
     events: u64,
     flushes: u64,
+    durable_writes: u64,
 }
 
 impl CrashReplayer {
@@ -264,6 +284,7 @@ impl CrashReplayer {
             unflushed: Vec::new(),
             events: 0,
             flushes: 0,
+            durable_writes: 0,
         }
     }
 
@@ -272,11 +293,16 @@ impl CrashReplayer {
         match event {
             IoEvent::Write { offset, data } => {
                 crate::check_range(offset, data.len(), self.durable.len() as u64)?;
-                self.unflushed.push((offset, data));
+                self.unflushed.push((offset, data, false));
+            }
+            IoEvent::DurableWrite { offset, data } => {
+                crate::check_range(offset, data.len(), self.durable.len() as u64)?;
+                self.unflushed.push((offset, data, true));
+                self.durable_writes += 1;
             }
             IoEvent::Flush => {
                 let durable = Arc::make_mut(&mut self.durable);
-                for (offset, data) in self.unflushed.drain(..) {
+                for (offset, data, _) in self.unflushed.drain(..) {
                     put_into(durable)(offset, &data);
                 }
                 self.flushes += 1;
@@ -293,6 +319,11 @@ impl CrashReplayer {
 
     pub fn flushes(&self) -> u64 {
         self.flushes
+    }
+
+    /// Writes made durable alone replayed so far.
+    pub fn durable_writes(&self) -> u64 {
+        self.durable_writes
     }
 
     /// Writes since the last flush: what a power cut now may lose or tear.
@@ -316,8 +347,9 @@ impl CrashReplayer {
     }
 
     fn land_unflushed(&self, kind: CrashKind, rng: &mut impl Rng, mut put: impl FnMut(u64, &[u8])) {
-        for (offset, data) in &self.unflushed {
+        for (offset, data, durable) in &self.unflushed {
             let tear = match kind {
+                _ if *durable => false,
                 CrashKind::DropAll => continue,
                 CrashKind::KeepAll => false,
                 CrashKind::Random { tear_percent } => {

@@ -26,8 +26,10 @@ struct SimState {
     visible: Vec<u8>,
     /// What survives a power cut for certain: the state at the last flush.
     durable: Vec<u8>,
-    /// Writes completed since the last flush, in completion order.
-    unflushed: Vec<(u64, Vec<u8>)>,
+    /// Writes completed since the last flush, in completion order; `true`
+    /// for one made durable alone (`write_durable_at`), which a power cut
+    /// keeps whole.
+    unflushed: Vec<(u64, Vec<u8>, bool)>,
     /// Operations (writes and flushes) allowed before power is cut; `None` = never.
     ops_until_power_cut: Option<u64>,
     powered: bool,
@@ -71,6 +73,23 @@ impl SimDisk {
         SimDiskHandle {
             inner: Arc::clone(&self.inner),
         }
+    }
+}
+
+impl SimDisk {
+    /// A write seen by every later read, kept whole by every power cut
+    /// when `durable` (else a power cut may drop or tear it).
+    fn complete_write(&self, buf: &[u8], offset: u64, durable: bool) -> io::Result<()> {
+        let mut state = lock(&self.inner);
+        check_range(offset, buf.len(), state.visible.len() as u64)?;
+        if !state.spend_op() {
+            return Err(power_is_off());
+        }
+        let start = offset as usize;
+        state.visible[start..start + buf.len()].copy_from_slice(buf);
+        state.unflushed.push((offset, buf.to_vec(), durable));
+        state.writes += 1;
+        Ok(())
     }
 }
 
@@ -131,16 +150,15 @@ impl BlockDevice for SimDisk {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let mut state = lock(&self.inner);
-        check_range(offset, buf.len(), state.visible.len() as u64)?;
-        if !state.spend_op() {
-            return Err(power_is_off());
-        }
-        let start = offset as usize;
-        state.visible[start..start + buf.len()].copy_from_slice(buf);
-        state.unflushed.push((offset, buf.to_vec()));
-        state.writes += 1;
-        Ok(())
+        self.complete_write(buf, offset, false)
+    }
+
+    /// Durable alone: a power cut keeps this write whole, over any earlier
+    /// write to the same bytes, while the other writes since the last
+    /// flush stay as likely to be lost or torn as before (so a caller that
+    /// relies on them being durable too is caught).
+    fn write_durable_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.complete_write(buf, offset, true)
     }
 
     /// Last to first: a batch's order is the device's to choose, so the
@@ -188,7 +206,7 @@ impl BlockDevice for SimDisk {
         let SimState {
             durable, unflushed, ..
         } = &mut *state;
-        for (offset, data) in unflushed.drain(..) {
+        for (offset, data, _) in unflushed.drain(..) {
             let start = offset as usize;
             durable[start..start + data.len()].copy_from_slice(&data);
         }
@@ -229,7 +247,8 @@ impl SimDiskHandle {
 
     /// The image a real disk could show after power is lost now: the durable
     /// contents plus a random subset of the unflushed writes, applied in
-    /// completion order, one of them possibly torn at a sector boundary.
+    /// completion order, one of them possibly torn at a sector boundary
+    /// (writes made durable alone always land, whole).
     pub fn crash_image(&self, rng: &mut impl Rng) -> Vec<u8> {
         let state = lock(&self.inner);
         let mut image = state.durable.clone();
@@ -238,19 +257,25 @@ impl SimDiskHandle {
         } else {
             Some(rng.gen_range(0..state.unflushed.len()))
         };
-        for (i, (offset, data)) in state.unflushed.iter().enumerate() {
-            if !rng.gen_bool(0.5) {
+        for (i, (offset, data, durable)) in state.unflushed.iter().enumerate() {
+            if !durable && !rng.gen_bool(0.5) {
                 continue;
             }
-            let tear = Some(i) == torn && data.len() as u64 > SECTOR_SIZE;
+            let tear = !durable && Some(i) == torn && data.len() as u64 > SECTOR_SIZE;
             land(*offset, data, tear, rng, put_into(&mut image));
         }
         image
     }
 
-    /// The durable image only (every unflushed write lost).
+    /// The durable image only (every unflushed write lost, but those made
+    /// durable alone).
     pub fn durable_image(&self) -> Vec<u8> {
-        lock(&self.inner).durable.clone()
+        let state = lock(&self.inner);
+        let mut image = state.durable.clone();
+        for (offset, data, _) in state.unflushed.iter().filter(|w| w.2) {
+            put_into(&mut image)(*offset, data);
+        }
+        image
     }
 
     /// The image as reads see it now (as if everything had been flushed).
@@ -288,6 +313,39 @@ mod tests {
             }
         }
         assert!(seen_kept && seen_dropped);
+    }
+
+    #[test]
+    fn a_write_made_durable_alone_survives_every_crash_and_others_still_may_not() {
+        let disk = SimDisk::new(8192);
+        let handle = disk.handle();
+        disk.write_at(&[1; 4096], 0).unwrap();
+        disk.write_at(&[2; 1024], 4096).unwrap();
+        disk.write_durable_at(&[3; 512], 0).unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let (mut lost, mut kept) = (false, false);
+        for _ in 0..64 {
+            let image = handle.crash_image(&mut rng);
+            assert_eq!(
+                &image[..512],
+                &[3; 512],
+                "the durable write lands, over the earlier one"
+            );
+            match image[4096] {
+                0 => lost = true,
+                2 => kept = true,
+                other => panic!("impossible byte {other}"),
+            }
+        }
+        assert!(
+            lost && kept,
+            "the other unflushed write may still be lost or kept"
+        );
+        let durable = handle.durable_image();
+        assert_eq!(
+            (&durable[..512], durable[512], durable[4096]),
+            (&[3u8; 512][..], 0, 0)
+        );
     }
 
     #[test]

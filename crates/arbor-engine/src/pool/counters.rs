@@ -16,6 +16,8 @@ pub(super) struct WriteCounters {
     chunk_writes: [AtomicU64; ChunkWrites::KINDS],
     /// Reads, writes and write-zeroes of volumes.
     requests: AtomicU64,
+    /// Records appended to the intent log.
+    intent_log_records: AtomicU64,
 }
 
 impl WriteCounters {
@@ -27,6 +29,15 @@ impl WriteCounters {
     /// A chunk was written as `kind` says.
     pub(super) fn chunk_write(&self, kind: ChunkWrite) {
         self.chunk_writes[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` records were appended to the intent log.
+    pub(super) fn intent_log_records_added(&self, n: u64) {
+        self.intent_log_records.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn intent_log_records(&self) -> u64 {
+        self.intent_log_records.load(Ordering::Relaxed)
     }
 
     /// A volume was read or written.

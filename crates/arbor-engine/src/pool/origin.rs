@@ -1077,7 +1077,8 @@ impl Pool {
                         }
                     } else {
                         // In place only in a region the last durable commit
-                        // lists: listed now, then committed.
+                        // lists (or the intent log): listed now, then
+                        // made durable.
                         let txn = meta.take_intents_await();
                         if meta.wants_intents() {
                             self.mutate(&mut meta, Privilege::Reserve, |m| m.add_wanted_intents())?;
@@ -1090,7 +1091,7 @@ impl Pool {
                     Next::Commit(txn) => {
                         drop(_gate);
                         match txn {
-                            Some(txn) => self.commit_through(txn)?,
+                            Some(txn) => self.list_through(txn)?,
                             None => self.commit_open()?,
                         }
                     }

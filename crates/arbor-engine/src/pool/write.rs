@@ -410,7 +410,8 @@ impl Pool {
         let mut commits = 0;
         let mut made_room = false;
         // Once per unit: a plan that met regions not yet durable in the
-        // in-place intent set commits through them and tries again.
+        // in-place intent set makes them durable (a log record, or a
+        // commit) and tries again.
         let mut waited_for_intents = false;
         // A volume reading through a copy-on-write volume's epoch fills the
         // partial chunks it redirects from what the epoch reads: no write
@@ -426,7 +427,7 @@ impl Pool {
                 Ok(None) => return Ok(()),
                 Ok(Some(txn)) => {
                     waited_for_intents = true;
-                    self.commit_through(txn)?;
+                    self.list_through(txn)?;
                 }
                 // Entries freed since the last commit become allocatable once
                 // it is durable, deleted volumes' space once reclaimed, and a
