@@ -594,6 +594,18 @@ impl Direct {
         buf.as_ptr().align_offset(self.mem_align) == 0
     }
 
+    /// Runs `f` on `buf` itself if its memory is aligned for direct I/O,
+    /// else on an aligned copy of it (the bounce buffer).
+    fn with_aligned<T>(&self, buf: &[u8], f: impl FnOnce(&[u8]) -> T) -> T {
+        if self.mem_aligned(buf) {
+            return f(buf);
+        }
+        self.with_bounce(buf.len(), |bounce| {
+            bounce.copy_from_slice(buf);
+            f(bounce)
+        })
+    }
+
     /// The smallest aligned range covering `[offset, offset + len)`.
     fn cover(&self, offset: u64, len: usize) -> (u64, u64) {
         let start = offset - offset % self.offset_align;
@@ -711,13 +723,7 @@ impl BlockDevice for FileDevice {
         }
         self.allocate_ahead_of(offset, buf.len());
         if direct.offset_aligned(offset, buf.len()) {
-            if direct.mem_aligned(buf) {
-                return self.file.write_all_at(buf, offset);
-            }
-            return direct.with_bounce(buf.len(), |bounce| {
-                bounce.copy_from_slice(buf);
-                self.file.write_all_at(bounce, offset)
-            });
+            return direct.with_aligned(buf, |mem| self.file.write_all_at(mem, offset));
         }
         // Read-modify-write of the partial edge sectors, under their locks
         // so that a concurrent write to other bytes of the same sector is
@@ -782,14 +788,7 @@ impl BlockDevice for FileDevice {
             None => pwrite_all_flags(&self.file, buf, offset, flags),
             Some(direct) if direct.offset_aligned(offset, buf.len()) => {
                 self.allocate_ahead_of(offset, buf.len());
-                if direct.mem_aligned(buf) {
-                    pwrite_all_flags(&self.file, buf, offset, flags)
-                } else {
-                    direct.with_bounce(buf.len(), |bounce| {
-                        bounce.copy_from_slice(buf);
-                        pwrite_all_flags(&self.file, bounce, offset, flags)
-                    })
-                }
+                direct.with_aligned(buf, |mem| pwrite_all_flags(&self.file, mem, offset, flags))
             }
             // Edges to read and write back: as any other write, then a flush.
             Some(_) => Err(Refused),
