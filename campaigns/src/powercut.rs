@@ -20,6 +20,11 @@
 //!   (`Durability::Deferred`) may be missing until an operation that commits
 //!   (a flush, any other management operation) completes after it; if it is
 //!   there, it reads exactly as it did when it was taken;
+//! * a committed snapshot that the pool made durable by a record of its
+//!   intent log instead of a commit (FORMAT.md §6.4.2, told by the pool's
+//!   `logged_snapshots` count) commits nothing: until a commit, it may read
+//!   after a cut as its volume may (the replay takes it onto the durable
+//!   commit), and after one exactly as taken;
 //! * every sector of every volume reads as its value at the last completed
 //!   flush (or management operation, which commits) or as a value written
 //!   there since ([`Possible`]): acknowledged data is intact, and no volume
@@ -95,6 +100,8 @@ pub struct Outcome {
     pub flushes: u64,
     /// Writes made durable alone (the intent log's records).
     pub durable_writes: u64,
+    /// Committed snapshots the pool logged instead of committing.
+    pub logged_snapshots: u64,
     /// Points of the event log where power was cut.
     pub cut_points: u64,
     /// Crash images built and verified (several per cut point).
@@ -114,6 +121,7 @@ impl crate::Tally for Outcome {
         self.events += other.events;
         self.flushes += other.flushes;
         self.durable_writes += other.durable_writes;
+        self.logged_snapshots += other.logged_snapshots;
         self.cut_points += other.cut_points;
         self.images += other.images;
         self.failures.extend(other.failures);
@@ -291,6 +299,7 @@ impl Campaign {
         self.outcome.events = self.cutter.replay.events();
         self.outcome.flushes = self.cutter.replay.flushes();
         self.outcome.durable_writes = self.cutter.replay.durable_writes();
+        self.outcome.logged_snapshots = self.logged_snapshots();
         self.outcome.cut_points = self.cutter.cut_points;
         self.outcome.images = self.cutter.images;
         self.outcome.steps = self.step as u64;
@@ -481,15 +490,25 @@ impl Campaign {
             );
         }
         self.before(&op);
+        let logged_before = self.logged_snapshots();
         let result = self.execute(&op);
         let events = self.recording.take();
         if let Err(e) = result {
             self.fail(format!("{op:?} failed on a healthy device: {e}"));
             return Err(());
         }
+        let logged = self.logged_snapshots() > logged_before;
         self.cut_through(events)?;
-        self.after(&op);
+        self.after(&op, logged);
         Ok(())
+    }
+
+    /// Snapshots the pool made durable by an intent log record instead of
+    /// a commit, so far.
+    fn logged_snapshots(&self) -> u64 {
+        self.pool
+            .pool_stats()
+            .map_or(0, |stats| stats.logged_snapshots)
     }
 
     fn fail(&mut self, what: String) {
@@ -521,17 +540,32 @@ impl Campaign {
             Op::Create { name } => {
                 self.pending_new = Some((name.clone(), Possible::new(vec![0; VOL_BYTES])));
             }
-            Op::Snapshot { vol, name, .. } => {
+            // Deferred: if it survives a crash, exactly as taken.
+            Op::Snapshot {
+                vol,
+                name,
+                deferred: true,
+            } => {
                 let contents = self.vols[vol].possible.current();
                 self.pending_new = Some((name.clone(), Possible::new(contents)));
             }
+            // Committed, or logged (FORMAT.md §6.4.2): a logged snapshot
+            // is taken again after a crash onto the durable commit, so it
+            // may read as its volume may; a commit (any, its own included)
+            // makes it exactly as taken (`after`).
+            Op::Snapshot { vol, name, .. } => {
+                let possible = self.vols[vol].possible.clone();
+                self.pending_new = Some((name.clone(), possible));
+            }
+            // A snapshot's contents as taken: what a clone or a rollback
+            // gets, by a commit that makes a logged one exact too.
             Op::Clone { snap, name, .. } => {
-                let contents = self.vols[snap].possible.durable.clone();
+                let contents = self.vols[snap].possible.current();
                 self.pending_new = Some((name.clone(), Possible::new(contents)));
             }
             Op::Delete { name } => self.vol_mut(name).maybe_gone = true,
             Op::Rollback { vol, snap } => {
-                let contents = self.vols[snap].possible.durable.clone();
+                let contents = self.vols[snap].possible.current();
                 self.vol_mut(vol).possible.since.push((0, contents));
             }
             Op::Resize { vol, shrink_to } => {
@@ -588,7 +622,9 @@ impl Campaign {
 
     /// The operation completed: what it did is now certain (and a commit
     /// made every earlier write durable).
-    fn after(&mut self, op: &Op) {
+    /// `logged`: a committed snapshot was made durable by an intent log
+    /// record, not by a commit (the writes before it are not durable).
+    fn after(&mut self, op: &Op, logged: bool) {
         let committed = match op {
             Op::Write { .. } | Op::Discard { .. } => false,
             // Reclaim commits when it did anything; assuming it did not is the
@@ -615,14 +651,14 @@ impl Campaign {
                         },
                     );
                 }
-                !deferred
+                !deferred && !logged
             }
             Op::Delete { name } => {
                 self.vols.remove(name);
                 true
             }
             Op::Rollback { vol, snap } => {
-                let contents = self.vols[snap].possible.durable.clone();
+                let contents = self.vols[snap].possible.current();
                 self.vol_mut(vol).possible = Possible::new(contents);
                 true
             }
@@ -709,7 +745,7 @@ impl Campaign {
             match pool.lookup(name) {
                 Ok(id) => v
                     .possible
-                    .check(&read_all(id)?)
+                    .check(&read_all(id).map_err(|e| format!("{name}: {e}"))?)
                     .map_err(|e| format!("{name}: {e}"))?,
                 Err(_) if v.maybe_gone || v.tentative => {}
                 Err(e) => return Err(format!("{name} lost: {e}")),

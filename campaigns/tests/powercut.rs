@@ -26,6 +26,13 @@ fn record_replay_power_cuts_lose_nothing() {
         "only {} intent log records",
         total.durable_writes
     );
+    // Committed snapshots logged instead of committed, with cuts around
+    // their records.
+    assert!(
+        total.logged_snapshots >= 8,
+        "only {} logged snapshots",
+        total.logged_snapshots
+    );
     assert!(
         total.encrypted_runs >= 5,
         "{} encrypted runs",

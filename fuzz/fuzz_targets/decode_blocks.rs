@@ -5,8 +5,8 @@
 use arbor_format::{
     choose_area_record, choose_superblock, log_records_to_replay, seal, seal_version, BlockRef,
     BlockType, CommitRecord, DamageRecord, FormatVersion, IntentLogRecord, Layout, MapValue, Node,
-    QosRecord, ScrubRecord, SmKind, SmPage, StoreValue, SumsGeometry, SumsLeaf, Superblock,
-    VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS, SUMS_VALUE_LEN,
+    QosRecord, ScrubRecord, SmKind, SmPage, SnapshotLogRecord, StoreValue, SumsGeometry, SumsLeaf,
+    Superblock, VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS, MAX_NAME_LEN, SUMS_VALUE_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -20,8 +20,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(record) = IntentLogRecord::decode(data) {
         assert_eq!(record.encode().ok().as_ref().map(|b| &b[..]), Some(data));
     }
-    // The log area's prefix, the input cut into blocks.
-    let _ = log_records_to_replay(data.chunks(BLOCK_SIZE), [0; 16], 0);
+    // A snapshot record of the intent log (version 14), likewise.
+    if let Ok(record) = SnapshotLogRecord::decode(data) {
+        assert_eq!(record.encode().ok().as_ref().map(|b| &b[..]), Some(data));
+    }
+    // The log area's prefix, the input cut into blocks, in a pool with
+    // snapshot records (version 14) and in one without.
+    for snapshots in [false, true] {
+        let _ = log_records_to_replay(data.chunks(BLOCK_SIZE), [0; 16], 0, snapshots);
+    }
     let mut block = [0u8; BLOCK_SIZE];
     let n = data.len().min(BLOCK_SIZE);
     block[..n].copy_from_slice(&data[..n]);
@@ -60,6 +67,7 @@ fuzz_target!(|data: &[u8]| {
         BlockType::SpaceMap,
         BlockType::Node,
         BlockType::IntentLog,
+        BlockType::SnapshotLog,
     ] {
         seal(&mut block, block_type);
         let _ = Superblock::decode(&block, u64::MAX);
@@ -67,6 +75,9 @@ fuzz_target!(|data: &[u8]| {
         let _ = SmPage::decode(&block, (SmKind::Meta, 0));
         let _ = Node::decode(&block, BlockRef { block: 1, txn: 1 });
         if let Ok(record) = IntentLogRecord::decode(&block) {
+            assert_eq!(record.encode().ok(), Some(block));
+        }
+        if let Ok(record) = SnapshotLogRecord::decode(&block) {
             assert_eq!(record.encode().ok(), Some(block));
         }
     }
@@ -81,8 +92,37 @@ fuzz_target!(|data: &[u8]| {
     seal(&mut log, BlockType::IntentLog);
     if let Ok(record) = IntentLogRecord::decode(&log) {
         assert_eq!(record.encode().ok(), Some(log));
-        let taken = log_records_to_replay([&log[..]].into_iter(), record.uuid, record.txn);
-        assert_eq!(taken.is_empty(), record.seq != 0);
+        for snapshots in [false, true] {
+            let taken =
+                log_records_to_replay([&log[..]].into_iter(), record.uuid, record.txn, snapshots);
+            assert_eq!(taken.regions.is_empty(), record.seq != 0);
+            assert!(taken.snapshots.is_empty());
+        }
+    }
+    // A snapshot record whose count is plausible and whose first name
+    // length is near the bounds, re-sealed, so decoding reaches the
+    // entries and their names; one that decodes is taken only where the
+    // version has snapshot records, and only as the area's first block.
+    let mut snap = block;
+    let count = u32::from_le_bytes(snap[44..48].try_into().unwrap_or_default()) % 20;
+    snap[44..48].copy_from_slice(&count.to_le_bytes());
+    let len =
+        u16::from_le_bytes(snap[88..90].try_into().unwrap_or_default()) % (MAX_NAME_LEN as u16 + 2);
+    snap[88..90].copy_from_slice(&len.to_le_bytes());
+    seal(&mut snap, BlockType::SnapshotLog);
+    if let Ok(record) = SnapshotLogRecord::decode(&snap) {
+        assert_eq!(record.encode().ok(), Some(snap));
+        for snapshots in [false, true] {
+            let taken =
+                log_records_to_replay([&snap[..]].into_iter(), record.uuid, record.txn, snapshots);
+            assert!(taken.regions.is_empty());
+            let expected = if snapshots && record.seq == 0 {
+                record.snapshots.clone()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(taken.snapshots, expected);
+        }
     }
     // The reader's choice of a commit record from an area's two copies and
     // of the superblock from its two (FORMAT.md §3, §4 "Version 9"): the

@@ -42,13 +42,14 @@ fn main() -> ExitCode {
         |t, runs, elapsed| cut_progress(runs, elapsed, t.cut_points, t.images, t.failures().len()),
     );
     println!(
-        "powercut: {runs} runs (seeds {}..{}), {} operations, {} device events ({} flushes, {} intent log records), {} cut points, {} crash images verified, {} failures, {:.0} s",
+        "powercut: {runs} runs (seeds {}..{}), {} operations, {} device events ({} flushes, {} intent log records; {} snapshots logged), {} cut points, {} crash images verified, {} failures, {:.0} s",
         args.run.seed,
         args.run.seed + runs,
         total.steps,
         total.events,
         total.flushes,
         total.durable_writes,
+        total.logged_snapshots,
         total.cut_points,
         total.images,
         total.failures.len(),

@@ -277,10 +277,12 @@ pub struct Metrics {
     chunk_writes: Family<PlanLabels, Counter>,
     /// The pool's counts at the last render: the counters advance by
     /// the difference (the pool counts from its open, the daemon's).
-    /// (With the split writes' and the intent log records'.)
-    counts_seen: Mutex<(ChunkWrites, u64, u64)>,
+    /// (With the split writes', the intent log records' and the logged
+    /// snapshots'.)
+    counts_seen: Mutex<(ChunkWrites, u64, u64, u64)>,
     split_writes: Counter,
     intent_log_records: Counter,
+    logged_snapshots: Counter,
     space_total: Family<SpaceLabels, Gauge>,
     space_used: Family<SpaceLabels, Gauge>,
     space_warning: Gauge,
@@ -341,6 +343,7 @@ impl Metrics {
             counts_seen: Mutex::default(),
             split_writes: Counter::default(),
             intent_log_records: Counter::default(),
+            logged_snapshots: Counter::default(),
             space_total: Family::default(),
             space_used: Family::default(),
             space_warning: Gauge::default(),
@@ -432,8 +435,14 @@ impl Metrics {
         r.register(
             "intent_log_records",
             "Records appended to the pool's intent log: regions listed for writes in place \
-             without a commit (docs/FORMAT.md 6.4.1)",
+             without a commit (docs/FORMAT.md 6.4.1), and snapshots (6.4.2)",
             m.intent_log_records.clone(),
+        );
+        r.register(
+            "logged_snapshots",
+            "Committed snapshots made durable by a record of the intent log instead of a \
+             commit (docs/FORMAT.md 6.4.2)",
+            m.logged_snapshots.clone(),
         );
         r.register_with_unit(
             "pool_capacity",
@@ -792,7 +801,7 @@ impl Metrics {
     fn advance_counts(&self, stats: &PoolStats) {
         // Plain numbers: a panic elsewhere cannot leave them half-updated.
         let mut seen = self.counts_seen.lock().unwrap_or_else(|p| p.into_inner());
-        let (writes, split, logged) = &mut *seen;
+        let (writes, split, logged, snapshots) = &mut *seen;
         for ((plan, now), (_, before)) in stats.chunk_writes.named().into_iter().zip(writes.named())
         {
             self.chunk_writes
@@ -803,10 +812,13 @@ impl Metrics {
             .inc_by(stats.split_units.saturating_sub(*split));
         self.intent_log_records
             .inc_by(stats.intent_log_records.saturating_sub(*logged));
+        self.logged_snapshots
+            .inc_by(stats.logged_snapshots.saturating_sub(*snapshots));
         *seen = (
             stats.chunk_writes,
             stats.split_units,
             stats.intent_log_records,
+            stats.logged_snapshots,
         );
     }
 

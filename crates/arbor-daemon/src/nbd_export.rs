@@ -180,6 +180,14 @@ impl ExportProvider for PoolExports {
                 info.name, info.name
             )));
         }
+        if info.snapshot && !info.durable {
+            // Its contents are not durable yet (taken with deferred
+            // durability, or logged: a power cut takes it again as of the
+            // last commit, docs/FORMAT.md §6.4.2). A client must never
+            // read what a power cut could change or lose under it, so the
+            // pool commits first.
+            self.pool.flush().map_err(export_error)?;
+        }
         let volume = info
             .name
             .split_once('@')
@@ -616,6 +624,28 @@ mod tests {
         assert_eq!(names, ["vm", "vm@s"]);
         assert_eq!(exports.open("").err(), Some(ExportError::NotFound));
         assert_eq!(exports.open("ghost").err(), Some(ExportError::NotFound));
+    }
+
+    /// A snapshot whose contents are not durable yet (logged, or deferred)
+    /// is committed before it is served.
+    #[test]
+    fn a_snapshot_not_yet_durable_is_committed_before_it_is_served() {
+        let exports = exports();
+        let vm = exports.pool.create_volume("vm", 4 * MIB).unwrap();
+        exports.pool.write(vm, 0, &[1u8; 4096]).unwrap();
+        exports.pool.flush().unwrap();
+        exports.pool.write(vm, 0, &[2u8; 4096]).unwrap();
+        let logged = exports.pool.snapshot("vm@logged").unwrap();
+        assert_eq!(exports.pool.pool_stats().unwrap().logged_snapshots, 1);
+        assert!(!exports.pool.info(logged).unwrap().durable);
+        open(&exports, "vm@logged");
+        assert!(exports.pool.info(logged).unwrap().durable);
+        let deferred = exports
+            .pool
+            .snapshot_with("vm@deferred", arbor_engine::Durability::Deferred)
+            .unwrap();
+        open(&exports, "vm@deferred");
+        assert!(exports.pool.info(deferred).unwrap().durable);
     }
 
     /// `x-arbor:changed:SNAP`: listed for the volume's snapshots, selected

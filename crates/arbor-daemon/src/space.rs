@@ -127,6 +127,7 @@ mod tests {
             txn: 0,
             split_units: 0,
             intent_log_records: 0,
+            logged_snapshots: 0,
             chunk_writes: Default::default(),
             in_place_regions: 0,
         }

@@ -114,6 +114,9 @@ mod props;
 mod receive;
 mod recompute;
 mod scrub;
+mod snapshot_log;
+#[cfg(test)]
+mod snapshot_log_tests;
 
 pub use scrub::ScrubStep;
 mod write;
@@ -315,6 +318,10 @@ pub struct PoolStats {
     /// listings of regions for writes in place that took no commit
     /// (`crate::intents`; pools created at version 13).
     pub intent_log_records: u64,
+    /// Snapshots taken since the pool was opened that a snapshot record
+    /// of the intent log made durable instead of a commit (version 14,
+    /// `Pool::snapshot`).
+    pub logged_snapshots: u64,
     /// How writes landed in the chunks they touched, since the pool was
     /// opened: what snapshots cost the data path.
     pub chunk_writes: ChunkWrites,
@@ -622,12 +629,13 @@ fn layout(device_bytes: u64, opts: &CreateOptions) -> Result<Superblock> {
     Ok(sb)
 }
 
-/// The regions the pool's intent log lists for commit `txn` (FORMAT.md
-/// §6.4.1): those of the records from the area's first block on that
-/// verify, name `txn` and stand at their own index; none without a log.
-fn read_intent_log(store: &Store, txn: u64) -> Result<Vec<u64>> {
+/// What the pool's intent log holds for commit `txn` (FORMAT.md §6.4.1,
+/// §6.4.2): the regions and snapshots of the records from the area's
+/// first block on that verify, name `txn` and stand at their own index;
+/// nothing without a log.
+fn read_intent_log(store: &Store, txn: u64) -> Result<arbor_format::LogReplay> {
     let Some((start, blocks)) = store.geo.intent_log else {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     };
     // At most MAX_LOG_BLOCKS blocks (the superblock is validated).
     let mut area = vec![0u8; blocks as usize * BLOCK_SIZE];
@@ -636,6 +644,7 @@ fn read_intent_log(store: &Store, txn: u64) -> Result<Vec<u64>> {
         area.chunks(BLOCK_SIZE),
         store.geo.uuid,
         txn,
+        store.geo.version().has_logged_snapshots(),
     ))
 }
 
@@ -751,7 +760,7 @@ impl Pool {
         // At most twice: once more after rebuilding damaged page images.
         let mut rebuilt = false;
         // Regions the intent log lists for the commit a repair replaced.
-        let mut logged_before_repair = Vec::new();
+        let mut logged_before_repair = arbor_format::LogReplay::default();
         let (store, resume) = loop {
             let geo = Geometry::new(&chosen.superblock, chosen.version);
             let store = Arc::new(Store::new(
@@ -786,28 +795,50 @@ impl Pool {
                 Recovered::ImagesDamaged { why, .. } => return Err(Error::inconsistent(why)),
             }
         };
-        let mut logged = read_intent_log(&store, resume.record.txn.get())?;
-        logged.extend(logged_before_repair);
-        logged.sort_unstable();
-        logged.dedup();
+        // The records of the commit a repair replaced come first: the
+        // repair's commit holds the same volumes.
+        let mut logged = logged_before_repair;
+        let current = read_intent_log(&store, resume.record.txn.get())?;
+        logged.regions.extend(current.regions);
+        logged.regions.sort_unstable();
+        logged.regions.dedup();
+        logged.snapshots.extend(current.snapshots);
         let meta = Meta::resume(Arc::clone(&store), resume, open.dirty_node_limit)?;
         let mut pool = Self::from_parts(store, Volumes::resume(meta)?);
+        // What to recompute: the regions the set lists at this commit and
+        // those the log adds, taken before anything commits (a commit
+        // evicts the regions idle in this process, all of them at open).
+        let mut recompute: Vec<u64> = crate::intents::listed(pool.read_meta()?.meta())?
+            .into_iter()
+            .map(|(region, _)| region)
+            .chain(logged.regions.iter().copied())
+            .collect();
+        recompute.sort_unstable();
+        recompute.dedup();
         pool.repaired_at_open = repaired;
         // Copies whose last reader was destroyed before a restart.
         for (id, _) in pool.read_meta()?.cow_volumes() {
             pool.origins.sweep_from(id, 0);
         }
-        if !logged.is_empty() {
-            // Listed in the tree (one commit) before anything else commits
-            // and the log's records, naming an older commit, stop counting.
+        if !logged.regions.is_empty() || !logged.snapshots.is_empty() {
+            // Listed in the tree and the volume table (one commit) before
+            // anything else commits and the log's records, naming an older
+            // commit, stop counting.
             warn!(
-                regions = logged.len(),
-                "the intent log lists regions written in place since the last commit"
+                regions = logged.regions.len(),
+                snapshots = logged.snapshots.len(),
+                "the intent log lists regions written in place and snapshots taken since the last commit"
             );
-            pool.manage(Privilege::Reserve, |m| m.add_intents(&logged))?;
+            pool.manage(Privilege::Reserve, |m| {
+                m.add_intents(&logged.regions)?;
+                for snapshot in &logged.snapshots {
+                    m.replay_snapshot(snapshot)?;
+                }
+                Ok(())
+            })?;
         }
         pool.open_homes()?;
-        pool.recompute_intents()?;
+        pool.recompute_intents(&recompute)?;
         // An upgrade to version 3 that a power cut interrupted: finish it.
         // Failing to (no metadata space) leaves a pool that works but
         // cannot receive until it is done.
@@ -975,6 +1006,10 @@ impl Pool {
         };
         match self.mutate(&mut meta, privilege, step) {
             Err(Error::Exhausted(Resource::Journal)) => Ok(None),
+            Ok(Some(value)) => {
+                meta.note_unlogged_change();
+                Ok(Some(value))
+            }
             other => other,
         }
     }
@@ -1288,6 +1323,9 @@ impl Pool {
                     return Ok(ids);
                 }
             }
+        }
+        if let Some(ids) = self.log_snapshots(names, take)? {
+            return Ok(ids);
         }
         // A snapshot of a copy-on-write volume reads its device where
         // nothing was copied: what was written to it before must be
@@ -2248,6 +2286,7 @@ impl Pool {
             txn: meta.meta().txn() - 1,
             split_units: self.counters.split_units(),
             intent_log_records: self.counters.intent_log_records(),
+            logged_snapshots: self.counters.logged_snapshots(),
             chunk_writes: self.counters.chunk_writes(),
             in_place_regions: crate::intents::listed(meta.meta())?.len() as u64,
         })
@@ -2406,8 +2445,11 @@ impl Pool {
     }
 
     /// Byte ranges of `id` written after transaction `since` (for example a
-    /// snapshot's `created_txn`), walking only subtrees written since.
-    /// Discarded ranges are not reported; [`Pool::diff`] reports those.
+    /// durable snapshot's `created_txn`), walking only subtrees written
+    /// since. Discarded ranges are not reported; [`Pool::diff`] reports
+    /// those. A snapshot not durable yet (deferred, or logged: FORMAT.md
+    /// §6.4.2) shares its transaction with the writes after it until the
+    /// next commit: compare it with [`Pool::diff`] instead.
     pub fn changed_since(&self, id: VolumeId, since: u64) -> Result<Vec<(u64, u64)>> {
         let meta = self.read_meta()?;
         let rec = meta.visible_volume(id.0)?;

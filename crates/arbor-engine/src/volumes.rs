@@ -7,6 +7,7 @@
 //! lock.
 
 use arbor_format::{BlockRef, Guid, Layout, Partial, TreeKind, VolumeKind, VolumeRecord};
+use std::collections::{HashMap, HashSet};
 
 use crate::error::{Capability, Conflict, Error, Invalid, Result, Unsupported};
 use crate::mapping::{Layers, Mapped, Mapping, MappingMut};
@@ -29,6 +30,23 @@ pub(crate) struct Volumes {
     /// call a power cut interrupted: [`Self::convert_table`] finishes it).
     kind: TreeKind,
     next_id: u64,
+    /// The open transaction of the last management change that is durable
+    /// only at the next commit and in no log record (a deferred snapshot
+    /// or clone): while it is newer than the durable commit, snapshots are
+    /// not logged (`Pool::log_snapshots`), since a replay onto that commit
+    /// would not find the state they were taken in. 0: none since open.
+    unlogged_change_txn: u64,
+    /// Per volume, chunks it mapped new (allocated in that transaction)
+    /// after a share of its tree in the same open transaction (a deferred
+    /// or logged snapshot): exclusive to it from then on, though their
+    /// extents' generation equals the share's transaction
+    /// (`try_in_place`). Emptied for a volume at each share of its tree;
+    /// an entry goes when an in-place write moves its extent's generation
+    /// past the share. Memory only, and conservative: a lost entry costs
+    /// one redirect, and a stale one (a step that failed after it, a chunk
+    /// freed since) is never asked about a chunk the volume did not map
+    /// new itself, since nothing else gives it a chunk without a share.
+    fresh_after_share: HashMap<u64, HashSet<u64>>,
 }
 
 /// A fresh random identity (never all zeros, which means none): for a
@@ -151,6 +169,8 @@ impl Volumes {
             root: roots.root,
             kind,
             next_id: roots.next_id,
+            unlogged_change_txn: 0,
+            fresh_after_share: HashMap::new(),
         })
     }
 
@@ -284,6 +304,62 @@ impl Volumes {
     /// the log area (`crate::intents::LogState::note`).
     pub fn note_intent_log(&mut self, regions: &[u64], next: u64) {
         self.meta.intent_log.note(regions, next)
+    }
+
+    /// Notes a management change of the open transaction that no log
+    /// record describes (see `unlogged_change_txn`).
+    pub fn note_unlogged_change(&mut self) {
+        self.unlogged_change_txn = self.meta.txn();
+    }
+
+    /// Whether a management change since commit `durable` is in no log
+    /// record.
+    pub fn unlogged_change_since(&self, durable: u64) -> bool {
+        self.unlogged_change_txn > durable
+    }
+
+    /// Takes again, onto the commit the pool opened at, a snapshot that a
+    /// snapshot record of the intent log lists (FORMAT.md §6.4.2), with
+    /// its logged id, identity, creation time and name. An error if the
+    /// record does not apply to this commit: its source is not a writable
+    /// redirect-on-write volume named as the snapshot's volume part, its
+    /// name is taken, or its id is below the next volume id.
+    pub fn replay_snapshot(&mut self, s: &arbor_format::LoggedSnapshot) -> Result<()> {
+        let apply = |m: &mut Self| -> Result<()> {
+            let (volume, _) = crate::names::split_snapshot_name(&s.name)?;
+            let source = m.writable_volume(s.source)?;
+            if source.name != volume {
+                return Err(Error::inconsistent(format!(
+                    "its source, volume {}, is named {}",
+                    s.source, source.name
+                )));
+            }
+            if matches!(source.layout, arbor_format::DataLayout::Cow(_)) {
+                return Err(Error::inconsistent("its source is a copy-on-write volume"));
+            }
+            m.ensure_name_free(&s.name)?;
+            if s.id < m.next_id {
+                return Err(Error::inconsistent(format!(
+                    "its id {} is below the next volume id {}",
+                    s.id, m.next_id
+                )));
+            }
+            m.next_id = s.id;
+            let id = m.share_volume(s.source, s.name.clone(), VolumeKind::Snapshot)?;
+            if id != s.id {
+                return Err(Error::inconsistent(format!("it was given id {id}")));
+            }
+            m.update_volume(id, |rec| {
+                rec.guid = s.guid;
+                rec.created_unix_secs = s.created_unix_secs;
+            })
+        };
+        apply(self).map_err(|e| {
+            Error::inconsistent(format!(
+                "the intent log's snapshot record of {} (id {}) does not apply to the commit the pool opens at: {e}",
+                s.name, s.id
+            ))
+        })
     }
 
     /// Records data checksums of chunks written (`crate::sums`).
@@ -787,6 +863,7 @@ impl Volumes {
     fn note_shared(&mut self, id: u64) {
         let txn = self.meta.txn();
         self.table.set_shared(id, txn);
+        self.fresh_after_share.remove(&id);
     }
 
     /// The last transaction in which volume `id`'s tree was shared (a volume
@@ -1065,6 +1142,18 @@ impl Volumes {
                 vol.mapped_chunks += added;
             })?;
         }
+        if self.last_shared_txn(id) == txn {
+            // Chunks this write allocated, mapped after a share in this
+            // same transaction: this volume's alone (`fresh_after_share`).
+            let fresh = self.fresh_after_share.entry(id).or_default();
+            for plan in plans {
+                match *plan {
+                    ChunkPlan::Redirect { new, .. } => fresh.insert(new),
+                    ChunkPlan::Partial { to, .. } => fresh.insert(to.phys),
+                    _ => false,
+                };
+            }
+        }
         if !unmap.is_empty() {
             self.unmap_chunks(id, unmap.start, unmap.end)?;
         }
@@ -1191,7 +1280,16 @@ impl Volumes {
         // "mapped after the last share" must never be claimed by a chunk a
         // redirect is about to replace, which another writer of the same
         // chunk would then overwrite in place under the copy.
-        if extent.gen != self.meta.txn() || last_shared == self.meta.txn() {
+        // A chunk this volume mapped new after that share (below) sits in a
+        // leaf that mapping shadowed after it, and only a share, which
+        // forgets it, gives the leaf another reference.
+        let fresh_after_share = !written_since_shared
+            && self
+                .fresh_after_share
+                .get(&id)
+                .is_some_and(|fresh| fresh.contains(&phys));
+        let shared_since = last_shared == self.meta.txn() && !fresh_after_share;
+        if extent.gen != self.meta.txn() || shared_since {
             let mut map = MappingMut::new(&mut self.meta, root);
             let previous = map.set_as(chunk, mapped, extent.gen)?;
             debug_assert_eq!(previous, Some(mapped));
@@ -1221,9 +1319,15 @@ impl Volumes {
         //   were this volume's alone in the durable state too. This is what
         //   frees a volume whose snapshots are gone: a full pool commits
         //   and retries a write that found no space (`Pool::write`).
+        // * or, the share being in a transaction of its own no longer,
+        //   this volume mapped the chunk new after that share, in the
+        //   share's transaction (`fresh_after_share`): the second rule at
+        //   the grain of a write, where generations cannot tell a write
+        //   after a deferred or logged snapshot from one before it.
         let exclusive_since_durable = self.meta.data_allocated_since_durable(phys)
             || written_since_shared
-            || durable_at_start;
+            || durable_at_start
+            || fresh_after_share;
         if self.meta.data_count(phys)? == 1 && exclusive_since_durable {
             // The crash rule of data checksums: in place only where the
             // last durable commit allows it (`crate::intents`); else this
@@ -1234,6 +1338,12 @@ impl Volumes {
                 return Ok(InPlaceCheck::No {
                     mapped: Some(mapped),
                 });
+            }
+            if fresh_after_share && last_shared < self.meta.txn() {
+                // Its generation moves past the share just below.
+                if let Some(fresh) = self.fresh_after_share.get_mut(&id) {
+                    fresh.remove(&phys);
+                }
             }
             if extent.gen != self.meta.txn() {
                 // The path is this transaction's now, so this is cheap.

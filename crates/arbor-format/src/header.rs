@@ -35,6 +35,8 @@ pub enum BlockType {
     Node = 4,
     /// A record of the intent log (version 13, FORMAT.md §6.4.1).
     IntentLog = 5,
+    /// A snapshot record of the intent log (version 14, FORMAT.md §6.4.2).
+    SnapshotLog = 6,
 }
 
 fn block_checksum(block: &[u8]) -> u32 {

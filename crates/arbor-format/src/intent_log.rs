@@ -18,20 +18,59 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::header::{self, BlockHeader, BlockType, HEADER_SIZE};
+use crate::snapshot_log::{LoggedSnapshot, SnapshotLogRecord};
 use crate::{FormatError, FormatVersion, BLOCK_SIZE};
 
-/// A record's fields after the common block header.
+/// The fields after the common block header of every record of the log
+/// area, of either type (an intent record's `count` counts regions, a
+/// snapshot record's snapshots, §6.4.2).
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
-struct RecordHead {
-    uuid: [u8; 16],
-    txn: U64,
-    seq: U32,
-    count: U32,
+pub(crate) struct RecordHead {
+    pub(crate) uuid: [u8; 16],
+    pub(crate) txn: U64,
+    pub(crate) seq: U32,
+    pub(crate) count: U32,
 }
 
-/// Offset of the first region number: the common header and the record's.
-const REGIONS_AT: usize = HEADER_SIZE + size_of::<RecordHead>();
+/// Offset of what follows a record's head (an intent record's first
+/// region number, a snapshot record's first entry).
+pub(crate) const RECORD_BODY_AT: usize = HEADER_SIZE + size_of::<RecordHead>();
+const REGIONS_AT: usize = RECORD_BODY_AT;
+
+/// A block of the log area whose common header verifies as `kind` with
+/// version 1 and reserved field 0 (so a record has one encoding): its
+/// head and the bytes after it. `invalid` words the errors of its type.
+pub(crate) fn open_record(
+    block: &[u8],
+    kind: BlockType,
+    invalid: impl Fn(&str) -> FormatError,
+) -> Result<(&RecordHead, &[u8]), FormatError> {
+    let version = header::verify_version(block, kind)?;
+    if version != FormatVersion::UNCHANGED_LAYOUT {
+        return Err(invalid(&format!("header version {version}, not 1")));
+    }
+    let (common, rest) = BlockHeader::ref_from_prefix(block)
+        .map_err(|_| invalid("block shorter than its header"))?;
+    if common.reserved.get() != 0 {
+        return Err(invalid("header's reserved field is not zero"));
+    }
+    RecordHead::ref_from_prefix(rest).map_err(|_| invalid("block shorter than a record"))
+}
+
+/// A record's block with its head written (the body is the caller's),
+/// zeros elsewhere, not sealed.
+pub(crate) fn record_block(uuid: [u8; 16], txn: u64, seq: u32, count: u32) -> [u8; BLOCK_SIZE] {
+    let head = RecordHead {
+        uuid,
+        txn: U64::new(txn),
+        seq: U32::new(seq),
+        count: U32::new(count),
+    };
+    let mut block = [0u8; BLOCK_SIZE];
+    block[HEADER_SIZE..RECORD_BODY_AT].copy_from_slice(head.as_bytes());
+    block
+}
 
 /// The most regions one record lists: `(4096 - 48) / 8`, the slots that
 /// fill the block after its headers.
@@ -84,14 +123,7 @@ impl IntentLogRecord {
         check_regions(&self.regions)?;
         let count =
             u32::try_from(self.regions.len()).map_err(|_| invalid("region count overflows"))?;
-        let head = RecordHead {
-            uuid: self.uuid,
-            txn: U64::new(self.txn),
-            seq: U32::new(self.seq),
-            count: U32::new(count),
-        };
-        let mut block = [0u8; BLOCK_SIZE];
-        block[HEADER_SIZE..REGIONS_AT].copy_from_slice(head.as_bytes());
+        let mut block = record_block(self.uuid, self.txn, self.seq, count);
         for (slot, region) in block[REGIONS_AT..]
             .chunks_exact_mut(size_of::<u64>())
             .zip(&self.regions)
@@ -108,17 +140,7 @@ impl IntentLogRecord {
     /// regions are strictly increasing and every byte after the last is
     /// zero. Never panics on any input.
     pub fn decode(block: &[u8]) -> Result<Self, FormatError> {
-        let version = header::verify_version(block, BlockType::IntentLog)?;
-        if version != FormatVersion::UNCHANGED_LAYOUT {
-            return Err(invalid(format_args!("header version {version}, not 1")));
-        }
-        let (common, rest) = BlockHeader::ref_from_prefix(block)
-            .map_err(|_| invalid("block shorter than its header"))?;
-        if common.reserved.get() != 0 {
-            return Err(invalid("header's reserved field is not zero"));
-        }
-        let (head, body) = RecordHead::ref_from_prefix(rest)
-            .map_err(|_| invalid("block shorter than a record"))?;
+        let (head, body) = open_record(block, BlockType::IntentLog, |what| invalid(what))?;
         let slots =
             <[U64]>::ref_from_bytes(body).map_err(|_| invalid("regions do not fill the block"))?;
         let count = usize::try_from(head.count.get()).map_err(|_| invalid("count overflows"))?;
@@ -144,32 +166,76 @@ impl IntentLogRecord {
     }
 }
 
-/// The regions the intent log adds to the intent set on open (FORMAT.md
-/// §6.4.1), sorted and without duplicates. `blocks` are the log area's
-/// blocks in order from block 0; `uuid` is the pool's, `txn` that of the
-/// commit record the pool opens at. The records taken are the longest
-/// prefix of blocks that each decode, name `uuid` and `txn`, and have as
-/// `seq` their index: the first block that does not (a torn append, a
-/// record of an older commit, zeros) ends the log, whatever follows it.
+/// What the intent log gives an open (FORMAT.md §6.4.1, §6.4.2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogReplay {
+    /// Regions to add to the intent set, sorted and without duplicates.
+    pub regions: Vec<u64>,
+    /// Snapshots to take again onto the commit, in the order taken.
+    pub snapshots: Vec<LoggedSnapshot>,
+}
+
+/// One record of the log area, of either type.
+fn decode_record(block: &[u8], snapshots: bool) -> Option<(LogReplay, [u8; 16], u64, u32)> {
+    match IntentLogRecord::decode(block) {
+        Ok(r) => Some((
+            LogReplay {
+                regions: r.regions,
+                snapshots: Vec::new(),
+            },
+            r.uuid,
+            r.txn,
+            r.seq,
+        )),
+        Err(FormatError::WrongType { found, .. })
+            if snapshots && found == BlockType::SnapshotLog as u16 =>
+        {
+            let r = SnapshotLogRecord::decode(block).ok()?;
+            Some((
+                LogReplay {
+                    regions: Vec::new(),
+                    snapshots: r.snapshots,
+                },
+                r.uuid,
+                r.txn,
+                r.seq,
+            ))
+        }
+        Err(_) => None,
+    }
+}
+
+/// What the intent log adds on open (FORMAT.md §6.4.1): the regions its
+/// intent records list, sorted and without duplicates, and, where
+/// `snapshots` (a version 14 pool, [`FormatVersion::has_logged_snapshots`]),
+/// the snapshots its snapshot records list (§6.4.2), in order. `blocks`
+/// are the log area's blocks in order from block 0; `uuid` is the pool's,
+/// `txn` that of the commit record the pool opens at. The records taken
+/// are the longest prefix of blocks that each decode, name `uuid` and
+/// `txn`, and have as `seq` their index: the first block that does not (a
+/// torn append, a record of an older commit, zeros, a snapshot record in
+/// a pool older than 14) ends the log, whatever follows it.
 pub fn log_records_to_replay<'a>(
     blocks: impl Iterator<Item = &'a [u8]>,
     uuid: [u8; 16],
     txn: u64,
-) -> Vec<u64> {
-    let mut regions = Vec::new();
+    snapshots: bool,
+) -> LogReplay {
+    let mut replay = LogReplay::default();
     for (index, block) in blocks.enumerate() {
-        let Ok(record) = IntentLogRecord::decode(block) else {
+        let Some((record, r_uuid, r_txn, seq)) = decode_record(block, snapshots) else {
             break;
         };
-        let in_place = u32::try_from(index).is_ok_and(|index| index == record.seq);
-        if record.uuid != uuid || record.txn != txn || !in_place {
+        let in_place = u32::try_from(index).is_ok_and(|index| index == seq);
+        if r_uuid != uuid || r_txn != txn || !in_place {
             break;
         }
-        regions.extend(record.regions);
+        replay.regions.extend(record.regions);
+        replay.snapshots.extend(record.snapshots);
     }
-    regions.sort_unstable();
-    regions.dedup();
-    regions
+    replay.regions.sort_unstable();
+    replay.regions.dedup();
+    replay
 }
 
 #[cfg(test)]
@@ -313,7 +379,62 @@ mod tests {
     }
 
     fn replay(blocks: &[[u8; BLOCK_SIZE]], txn: u64) -> Vec<u64> {
-        log_records_to_replay(blocks.iter().map(|b| b.as_slice()), UUID, txn)
+        let replay = log_records_to_replay(blocks.iter().map(|b| b.as_slice()), UUID, txn, true);
+        assert!(replay.snapshots.is_empty());
+        replay.regions
+    }
+
+    #[test]
+    fn replay_takes_snapshot_records_in_order_where_the_version_has_them() {
+        let snap = |id: u64, name: &str| LoggedSnapshot {
+            source: 1,
+            id,
+            guid: [id as u8; 16],
+            created_unix_secs: 5,
+            name: name.to_owned(),
+        };
+        let snaps = |seq, txn, list: Vec<LoggedSnapshot>| {
+            SnapshotLogRecord {
+                uuid: UUID,
+                txn,
+                seq,
+                snapshots: list,
+            }
+            .encode()
+            .unwrap()
+        };
+        let rec = |seq, regions: &[u64]| record(9, seq, regions).encode().unwrap();
+        let log = [
+            rec(0, &[4]),
+            snaps(1, 9, vec![snap(3, "v@a")]),
+            rec(2, &[2]),
+            snaps(3, 9, vec![snap(4, "v@b"), snap(5, "w@b")]),
+        ];
+        let blocks = || log.iter().map(|b| b.as_slice());
+        let got = log_records_to_replay(blocks(), UUID, 9, true);
+        assert_eq!(got.regions, vec![2, 4]);
+        assert_eq!(
+            got.snapshots,
+            vec![snap(3, "v@a"), snap(4, "v@b"), snap(5, "w@b")]
+        );
+        // Before version 14 a snapshot record ends the log.
+        let got = log_records_to_replay(blocks(), UUID, 9, false);
+        assert_eq!(got.regions, vec![4]);
+        assert!(got.snapshots.is_empty());
+        // A snapshot record of an older commit ends it too.
+        let stale = [
+            rec(0, &[4]),
+            snaps(1, 8, vec![snap(3, "v@a")]),
+            rec(2, &[2]),
+        ];
+        let got = log_records_to_replay(stale.iter().map(|b| b.as_slice()), UUID, 9, true);
+        assert_eq!(
+            got,
+            LogReplay {
+                regions: vec![4],
+                snapshots: vec![]
+            }
+        );
     }
 
     #[test]

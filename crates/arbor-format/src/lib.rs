@@ -19,6 +19,7 @@ mod property;
 mod qos;
 mod records;
 mod scrub;
+mod snapshot_log;
 mod spacemap;
 mod sums;
 mod superblock;
@@ -26,7 +27,7 @@ mod version;
 
 pub use damage::{DamageRecord, DamagedBlock, Noted, DAMAGE_KEY, MAX_DAMAGE_ENTRIES};
 pub use header::{seal, seal_version, BlockHeader, BlockType};
-pub use intent_log::{log_records_to_replay, IntentLogRecord, LOG_RECORD_MAX_REGIONS};
+pub use intent_log::{log_records_to_replay, IntentLogRecord, LogReplay, LOG_RECORD_MAX_REGIONS};
 pub use journal::{
     choose_area_record, decode_journal_pages, encode_journal, journal_capacity, journal_images_len,
     record_copies, AreaRecord,
@@ -52,6 +53,9 @@ pub use records::{
     MAX_PARTIAL_MIDS,
 };
 pub use scrub::{ScrubPhase, ScrubRecord, SCRUB_KEY, SCRUB_RECORD_LEN};
+pub use snapshot_log::{
+    snapshots_fit_a_record, LoggedSnapshot, SnapshotLogRecord, SNAPSHOT_ENTRY_FIXED,
+};
 pub use spacemap::{SmKind, SmPage, SM_ENTRIES_PER_PAGE};
 pub use sums::{
     block_sum, intent_region, intent_region_range, zero_block_sum, SumsGeometry, SumsLeaf,
@@ -69,7 +73,7 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// The newest on-disk format version this crate reads and writes (new
 /// pools get it). What each version has: [`FormatVersion`].
-pub const FORMAT_VERSION: u16 = 13;
+pub const FORMAT_VERSION: u16 = 14;
 /// The oldest format version this crate still reads and writes: version 1
 /// pools open and stay version 1 until upgraded on request.
 pub const OLDEST_FORMAT_VERSION: u16 = 1;

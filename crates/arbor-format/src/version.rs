@@ -121,6 +121,14 @@ impl FormatVersion {
         self.0 >= 13
     }
 
+    /// Version 14: the intent log (of a pool that has one) may also hold
+    /// snapshot records, snapshots taken after the newest durable commit
+    /// and made durable by the record instead of a commit (FORMAT.md
+    /// §6.4.2).
+    pub fn has_logged_snapshots(self) -> bool {
+        self.0 >= 14
+    }
+
     /// Whether a commit record of version `record` is valid in a pool of
     /// this version: one no newer than the pool (FORMAT.md §4; each
     /// upgrade keeps the older records valid, §8).

@@ -8,8 +8,9 @@
 
 use arbor_format::{
     choose_area_record, choose_superblock, log_records_to_replay, seal, BlockRef, BlockType,
-    CommitRecord, IntentLogRecord, MapValue, Node, SmKind, SmPage, StoreValue, Superblock,
-    VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS,
+    CommitRecord, IntentLogRecord, LoggedSnapshot, MapValue, Node, SmKind, SmPage,
+    SnapshotLogRecord, StoreValue, Superblock, VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS,
+    MAX_NAME_LEN,
 };
 use proptest::prelude::*;
 
@@ -29,7 +30,12 @@ fn decode_all(block: &[u8]) {
     if let Ok(record) = IntentLogRecord::decode(block) {
         assert_eq!(&record.encode().unwrap()[..], block, "one encoding");
     }
-    let _ = log_records_to_replay([block, block].into_iter(), [0; 16], 0);
+    if let Ok(record) = SnapshotLogRecord::decode(block) {
+        assert_eq!(&record.encode().unwrap()[..], block, "one encoding");
+    }
+    for snapshots in [false, true] {
+        let _ = log_records_to_replay([block, block].into_iter(), [0; 16], 0, snapshots);
+    }
     // The readers' choices from two copies (FORMAT.md §3, §4).
     let zero = [0u8; BLOCK_SIZE];
     let _ = choose_area_record(block, &zero, 16, |_, _| true);
@@ -51,14 +57,15 @@ proptest! {
     }
 
     #[test]
-    fn sealed_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), BLOCK_SIZE), kind in 1u16..=5) {
+    fn sealed_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), BLOCK_SIZE), kind in 1u16..=6) {
         let mut block = block_from(&bytes);
         let block_type = match kind {
             1 => BlockType::Superblock,
             2 => BlockType::Commit,
             3 => BlockType::SpaceMap,
             4 => BlockType::Node,
-            _ => BlockType::IntentLog,
+            5 => BlockType::IntentLog,
+            _ => BlockType::SnapshotLog,
         };
         seal(&mut block, block_type);
         decode_all(&block);
@@ -87,6 +94,41 @@ proptest! {
             seal(&mut block, BlockType::IntentLog);
             decode_all(&block);
         }
+        if block_type == BlockType::SnapshotLog {
+            // A plausible count and first name length, so decoding
+            // reaches the entries and their names.
+            let count = u32::from_le_bytes(block[44..48].try_into().unwrap()) % 20;
+            block[44..48].copy_from_slice(&count.to_le_bytes());
+            let len = u16::from_le_bytes(block[88..90].try_into().unwrap()) % (MAX_NAME_LEN as u16 + 2);
+            block[88..90].copy_from_slice(&len.to_le_bytes());
+            seal(&mut block, BlockType::SnapshotLog);
+            decode_all(&block);
+        }
+    }
+
+    /// Every list of snapshots a record may hold round-trips, and is
+    /// replayed from the area's first block.
+    #[test]
+    fn snapshot_log_records_round_trip(
+        entries in prop::collection::vec((any::<u64>(), any::<u64>(), any::<[u8; 16]>(), any::<u64>(), "[a-z0-9@.-]{1,184}"), 1..18),
+        txn in any::<u64>(),
+        seq in any::<u32>(),
+    ) {
+        let snapshots: Vec<LoggedSnapshot> = entries
+            .into_iter()
+            .map(|(source, id, guid, created_unix_secs, name)| LoggedSnapshot { source, id, guid, created_unix_secs, name })
+            .collect();
+        let record = SnapshotLogRecord { uuid: [3; 16], txn, seq, snapshots };
+        let fits = arbor_format::snapshots_fit_a_record(record.snapshots.iter().map(|s| s.name.len()));
+        match record.encode() {
+            Ok(block) => {
+                prop_assert!(fits);
+                prop_assert_eq!(SnapshotLogRecord::decode(&block).unwrap(), record.clone());
+                let replayed = log_records_to_replay([&block[..]].into_iter(), [3; 16], txn, true);
+                prop_assert_eq!(replayed.snapshots, if seq == 0 { record.snapshots } else { vec![] });
+            }
+            Err(_) => prop_assert!(!fits),
+        }
     }
 
     /// Every list of regions a record may hold round-trips.
@@ -101,7 +143,7 @@ proptest! {
         let record = IntentLogRecord { uuid: [3; 16], txn, seq, regions };
         let block = record.encode().unwrap();
         prop_assert_eq!(IntentLogRecord::decode(&block).unwrap(), record.clone());
-        let replayed = log_records_to_replay([&block[..]].into_iter(), [3; 16], txn);
-        prop_assert_eq!(replayed, if seq == 0 { record.regions } else { vec![] });
+        let replayed = log_records_to_replay([&block[..]].into_iter(), [3; 16], txn, false);
+        prop_assert_eq!(replayed.regions, if seq == 0 { record.regions } else { vec![] });
     }
 }

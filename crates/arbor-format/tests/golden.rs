@@ -3,8 +3,9 @@
 //! the commit record §4 and its grown region entry §4.1, the space-map page
 //! §5, the node header and the volume-table value §6, the property frame
 //! §6, the origin-loss record, the copy-on-write and epoch fields and the
-//! snapshot-store value of §6.1, the packed entry of §6.2, the intent log
-//! record of §6.4.1), and every row
+//! snapshot-store value of §6.1, the packed entry of §6.2, the intent
+//! record of §6.4.1, the snapshot record of §6.4.2 and its entry), and
+//! every row
 //! must name the field the encoder puts at that offset, with its size, in
 //! order. A layout change that is not documented (or a document change that
 //! is not coded) fails here.
@@ -15,10 +16,11 @@
 
 use arbor_format::{
     encode_property, split_store_key, store_key, Backing, BlockRef, CommitRecord, CowState,
-    DataLayout, DeviceIdentity, FormatVersion, Home, IntentLogRecord, Layer, MapValue, Node,
-    NodeBody, OriginLoss, Partial, ReceiveState, RegionRaw, SmKind, SmPage, StoreValue, Superblock,
-    TreeKind, VolumeKind, VolumeRecord, BLOCK_SIZE, LOG_RECORD_MAX_REGIONS, MAX_GROWTHS,
-    MAX_LOG_BLOCKS, MAX_NAME_LEN, ORIGIN_LOSS_KEY, ORIGIN_LOSS_LEN, SM_ENTRIES_PER_PAGE,
+    DataLayout, DeviceIdentity, FormatVersion, Home, IntentLogRecord, Layer, LoggedSnapshot,
+    MapValue, Node, NodeBody, OriginLoss, Partial, ReceiveState, RegionRaw, SmKind, SmPage,
+    SnapshotLogRecord, StoreValue, Superblock, TreeKind, VolumeKind, VolumeRecord, BLOCK_SIZE,
+    LOG_RECORD_MAX_REGIONS, MAX_GROWTHS, MAX_LOG_BLOCKS, MAX_NAME_LEN, ORIGIN_LOSS_KEY,
+    ORIGIN_LOSS_LEN, SM_ENTRIES_PER_PAGE, SNAPSHOT_ENTRY_FIXED,
 };
 use zerocopy::little_endian::{U32, U64};
 
@@ -27,7 +29,8 @@ use zerocopy::little_endian::{U32, U64};
 struct Row {
     /// The field's offset; a row of two layouts gives both (`64 / 128`).
     offsets: Vec<usize>,
-    /// None for a field of variable size (`…`, `length`).
+    /// None for a field of variable size (`…`, `length`, or a field
+    /// that holds it, such as `` `name_len` ``).
     size: Option<usize>,
     field: String,
 }
@@ -75,6 +78,7 @@ fn table(doc: &str, anchor: &str) -> Vec<Row> {
         // "48 × 64" is an array: its size is the product.
         let size = match cells[2] {
             "…" | "length" => None,
+            size if size.starts_with('`') => None,
             size => Some(
                 size.split('×')
                     .map(|n| n.trim().parse::<usize>().expect("a size"))
@@ -192,6 +196,89 @@ fn superblock_offsets_match_format_md() {
     assert!(rows[14]
         .field
         .contains(&format!("at most {MAX_LOG_BLOCKS}")));
+}
+
+/// §6.4.2: a snapshot record with one snapshot, with names of several
+/// lengths (the longest and one not ASCII), and with as many of the
+/// longest names as a block holds; and each of its entries.
+#[test]
+fn snapshot_log_record_offsets_match_format_md() {
+    let doc = format_md();
+    let rows = table(&doc, "#### 6.4.2 Snapshot records (version 14)");
+    assert!(rows[3].field.contains("1 or more"));
+    let entry = table(&doc, "An entry, from where the one before it ends");
+    assert!(entry[4].field.contains(&format!("1 ..= {MAX_NAME_LEN}")));
+    assert_eq!(entry[5].offset(), SNAPSHOT_ENTRY_FIXED, "the name's offset");
+    let longest = format!("v@{}", "s".repeat(MAX_NAME_LEN - 2));
+    // The most snapshots with the longest names, as §6.4.2 says.
+    let most = (BLOCK_SIZE - 48) / (SNAPSHOT_ENTRY_FIXED + MAX_NAME_LEN);
+    assert!(doc.contains(&format!(
+        "holds {most} snapshots with names of {MAX_NAME_LEN} bytes"
+    )));
+    assert!(arbor_format::snapshots_fit_a_record(vec![
+        MAX_NAME_LEN;
+        most
+    ]));
+    assert!(!arbor_format::snapshots_fit_a_record(vec![
+        MAX_NAME_LEN;
+        most + 1
+    ]));
+    let snap = |i: u64, name: &str| LoggedSnapshot {
+        source: 0x0100 + i,
+        id: 0x0200 + i,
+        guid: [0x30 + i as u8; 16],
+        created_unix_secs: 0x0400_0000 + i,
+        name: name.to_owned(),
+    };
+    for snapshots in [
+        vec![snap(0, "vol@snap")],
+        vec![snap(0, "a@x"), snap(1, &longest), snap(2, "ü@ß")],
+        (0..most as u64).map(|i| snap(i, &longest)).collect(),
+    ] {
+        let record = SnapshotLogRecord {
+            uuid: *b"0123456789abcdef",
+            txn: 0x1515_1515_1515,
+            seq: 0x1616,
+            snapshots: snapshots.clone(),
+        };
+        let block = record.encode().unwrap();
+        let fields = |s: &LoggedSnapshot| {
+            vec![
+                ("`source`", le(s.source)),
+                ("`id`", le(s.id)),
+                ("`guid`", s.guid.to_vec()),
+                ("`created_unix_secs`", le(s.created_unix_secs)),
+                ("`name_len`", le16(s.name.len() as u16)),
+                ("full name", s.name.as_bytes().to_vec()),
+            ]
+        };
+        let entries: Vec<u8> = snapshots
+            .iter()
+            .flat_map(|s| fields(s).into_iter().flat_map(|(_, bytes)| bytes))
+            .collect();
+        let end = 48 + entries.len();
+        check(
+            "snapshot record",
+            &block,
+            0,
+            &rows,
+            &[
+                ("pool uuid", record.uuid.to_vec()),
+                ("`txn`", le(0x1515_1515_1515)),
+                ("`seq`", le32(0x1616)),
+                ("`count`", le32(snapshots.len() as u32)),
+                ("entries", entries),
+            ],
+        );
+        // Each entry from where the one before it ends.
+        let mut at = rows[4].offset();
+        for s in &snapshots {
+            check("snapshot record entry", &block, at, &entry, &fields(s));
+            at += SNAPSHOT_ENTRY_FIXED + s.name.len();
+        }
+        assert_eq!(at, end);
+        assert!(block[end..].iter().all(|&b| b == 0), "zeros after");
+    }
 }
 
 /// §6.4.1: an intent log record, with one region and with the most.
@@ -352,9 +439,9 @@ fn rows_of(rows: &[Row], variant: usize, keep: impl Fn(&Row) -> bool) -> Vec<Row
 }
 
 /// §2: the header of a superblock, a commit record, a space-map page, a
-/// node and an intent log record; superblocks and commit records carry
-/// their pool's version, the others version 1. The version row names the versions this crate
-/// knows.
+/// node, an intent record and a snapshot record; superblocks and commit
+/// records carry their pool's version, the others version 1. The version
+/// row names the versions this crate knows.
 #[test]
 fn block_header_offsets_match_format_md() {
     let doc = format_md();
@@ -372,7 +459,19 @@ fn block_header_offsets_match_format_md() {
         seq: 0,
         regions: vec![3],
     };
-    let blocks: [(&str, [u8; BLOCK_SIZE], u16, u16); 5] = [
+    let snapshots = SnapshotLogRecord {
+        uuid: [1; 16],
+        txn: 2,
+        seq: 1,
+        snapshots: vec![LoggedSnapshot {
+            source: 4,
+            id: 5,
+            guid: [6; 16],
+            created_unix_secs: 7,
+            name: "v@s".to_owned(),
+        }],
+    };
+    let blocks: [(&str, [u8; BLOCK_SIZE], u16, u16); 7] = [
         (
             "superblock",
             Superblock::new_zeroed_geometry().encode(v(5)).unwrap(),
@@ -388,6 +487,15 @@ fn block_header_offsets_match_format_md() {
         ("space-map page", page.encode(), 1, 3),
         ("node", Node::new_leaf(TreeKind::Queue).encode(9, 9), 1, 4),
         ("intent log record", log.encode().unwrap(), 1, 5),
+        ("snapshot record", snapshots.encode().unwrap(), 1, 6),
+        (
+            "superblock of the newest version",
+            Superblock::new_zeroed_geometry()
+                .encode(v(arbor_format::FORMAT_VERSION))
+                .unwrap(),
+            arbor_format::FORMAT_VERSION,
+            1,
+        ),
     ];
     for (what, block, version, block_type) in blocks {
         let mut zeroed = block;

@@ -209,11 +209,11 @@ fn client_command(command: Command, c: &DaemonClient, p: &Printer) -> Result<Exi
         }
         Command::Snapshot(SnapshotCommand::Create { names, deferred }) => match &names[..] {
             [name] => p.show(&c.snapshot(name, durability(deferred))?, |v| {
-                output::volume_line("created", v)
+                output::snapshot_line(v, deferred)
             })?,
             _ => p.show(&c.snapshot_group(&names, durability(deferred))?, |list| {
                 list.iter()
-                    .map(|v| output::volume_line("created", v))
+                    .map(|v| output::snapshot_line(v, deferred))
                     .collect::<String>()
             })?,
         },

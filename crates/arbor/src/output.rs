@@ -739,10 +739,25 @@ fn tree_rows(
 }
 
 pub fn volume_line(action: &str, v: &VolumeView) -> String {
-    let pending = if v.durable {
-        ""
-    } else {
-        ", durable at the pool's next commit"
+    volume_line_as(action, v, true)
+}
+
+/// [`volume_line`] of a snapshot asked for committed (`deferred` false):
+/// one the pool made durable by a record of its intent log instead of a
+/// commit is durable already, only not yet exact (docs/ARCHITECTURE.md,
+/// "Logged snapshots").
+pub fn snapshot_line(v: &VolumeView, deferred: bool) -> String {
+    volume_line_as("created", v, deferred)
+}
+
+fn volume_line_as(action: &str, v: &VolumeView, deferred: bool) -> String {
+    let pending = match (v.durable, deferred) {
+        (true, _) => "",
+        (false, true) => ", durable at the pool's next commit",
+        (false, false) => {
+            ", logged: a power cut keeps it with every write flushed before it, \
+             and the pool's next commit makes it exact"
+        }
     };
     let encrypted = match &v.encryption {
         None => "",

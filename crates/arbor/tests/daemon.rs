@@ -598,6 +598,45 @@ fn a_refused_receive_says_why_even_when_the_stream_is_long() {
     }
 }
 
+/// A committed snapshot taken while the pool's open transaction holds only
+/// writes is made durable by a record of the intent log, not a commit
+/// (format version 14): it survives a SIGKILL with its identity, the open
+/// taking it again from the log and committing it.
+#[test]
+fn a_logged_snapshot_survives_a_kill() {
+    let args = ["--commit-interval", "1h", "--initial-volume", "none"];
+    let mut daemon = Daemon::start(&args);
+    daemon.ok(&["volume", "create", "v", "--size", "4M"]);
+    let snap = daemon.json(&["snapshot", "create", "v@a"]);
+    assert_eq!(snap["durable"], false, "not logged: {snap}");
+    let said = daemon.ok(&["snapshot", "create", "v@b"]);
+    assert!(said.contains("logged: a power cut keeps it"), "{said}");
+    let listed = daemon.json(&["volume", "list"]);
+    let guid_b = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v@b")
+        .map(|v| v["guid"].clone())
+        .unwrap();
+    daemon.stop("KILL");
+
+    daemon.restart(&args);
+    let list = daemon.json(&["volume", "list"]);
+    for (name, guid) in [("v@a", &snap["guid"]), ("v@b", &guid_b)] {
+        let found = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name} lost by a kill: {list}"));
+        assert_eq!(&found["guid"], guid, "{name} came back as another");
+        assert_eq!(found["durable"], true, "{name} was not committed at open");
+    }
+    daemon.stop("KILL");
+    assert!(ok(&["check", p(&daemon.path("pool"))]).contains("clean"));
+}
+
 /// `--deferred` snapshots and clones (API `"durability": "deferred"`) are
 /// durable at the pool's next commit. With the commit interval out of
 /// reach, a SIGKILL before anything commits loses them whole; any command

@@ -18,6 +18,9 @@ pub(super) struct WriteCounters {
     requests: AtomicU64,
     /// Records appended to the intent log.
     intent_log_records: AtomicU64,
+    /// Snapshots made durable by a snapshot record of the intent log
+    /// instead of a commit.
+    logged_snapshots: AtomicU64,
 }
 
 impl WriteCounters {
@@ -34,6 +37,16 @@ impl WriteCounters {
     /// `n` records were appended to the intent log.
     pub(super) fn intent_log_records_added(&self, n: u64) {
         self.intent_log_records.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A snapshot record listing `n` snapshots was appended to the log.
+    pub(super) fn snapshots_logged(&self, n: u64) {
+        self.intent_log_records.fetch_add(1, Ordering::Relaxed);
+        self.logged_snapshots.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn logged_snapshots(&self) -> u64 {
+        self.logged_snapshots.load(Ordering::Relaxed)
     }
 
     pub(super) fn intent_log_records(&self) -> u64 {

@@ -166,3 +166,49 @@ fn pools_without_a_log_area_list_by_committing() {
         "an upgraded pool did not commit: {before:?} {after:?}"
     );
 }
+
+/// Regression: a region already durable in the set when the power went,
+/// written in place since, is recomputed at open even when the log lists
+/// another region. (The open's replay commit evicted every region idle in
+/// the new process, all of them, before the recompute read the set: the
+/// first region's sums stayed stale and its chunk read as damaged.)
+#[test]
+fn a_region_durable_in_the_set_is_recomputed_when_the_log_lists_another() {
+    let disk = SimDisk::new(96 << 20);
+    let handle = disk.handle();
+    let pool = create(&disk, FormatVersion::NEWEST, None);
+    let v = pool.create_volume("v", 48 << 20).unwrap();
+    // Chunks are allocated in order: the first in region 0, the last in
+    // region 1 (regions are of the pool's data, 16 MiB each).
+    let big = vec![1u8; 1 << 20];
+    for mib in 0..18u64 {
+        pool.write(v, mib << 20, &big).unwrap();
+    }
+    pool.flush().unwrap();
+    // Region 0 listed (by a record), then durable in the set by a commit.
+    pool.write(v, 0, &[2; 4096]).unwrap();
+    pool.flush().unwrap();
+    // In place into it with no record (it is durable in the set), then
+    // into region 1, which a record lists.
+    pool.write(v, 0, &[3; CS as usize]).unwrap();
+    let before = counts(&pool);
+    pool.write(v, 17 << 20, &[4; 4096]).unwrap();
+    assert_eq!(
+        counts(&pool),
+        (before.0, before.1 + 1),
+        "region 1 not logged"
+    );
+    let image = handle.visible_image();
+    drop(pool);
+    let pool = Pool::open(
+        Arc::new(SimDisk::from_image(image)),
+        &OpenOptions::default(),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; CS as usize];
+    pool.read(v, 0, &mut buf)
+        .unwrap_or_else(|e| panic!("the chunk of the region durable in the set: {e}"));
+    assert_eq!(buf, vec![3; CS as usize]);
+    pool.read(v, 17 << 20, &mut buf).unwrap();
+    assert_eq!(&buf[..4096], &[4; 4096]);
+}

@@ -12,14 +12,13 @@ use super::*;
 use crate::sums::{BlockSums, ChunkSums};
 
 impl Pool {
-    /// Recomputes the sums of every region the intent set lists, one
-    /// region per commit, and empties the set. Returns the blocks whose
-    /// sums changed.
-    pub(super) fn recompute_intents(&self) -> Result<u64> {
-        let regions = {
-            let meta = self.read_meta()?;
-            crate::intents::listed(meta.meta())?
-        };
+    /// Recomputes the sums of `regions` (what the intent set listed at the
+    /// commit the pool opened at, and what its log added: `Pool::open`
+    /// reads them before anything commits, since a commit evicts the
+    /// regions idle in this process, which at open is all of them), one
+    /// region per commit, and takes each out of the set. Returns the
+    /// blocks whose sums changed.
+    pub(super) fn recompute_intents(&self, regions: &[u64]) -> Result<u64> {
         if regions.is_empty() {
             return Ok(0);
         }
@@ -36,7 +35,7 @@ impl Pool {
         };
         let cs = self.chunk_size();
         let mut changed = 0;
-        for (region, _) in regions {
+        for &region in regions {
             let chunks = arbor_format::intent_region_range(cs, region);
             let mut sums = Vec::new();
             let data_chunks = self.read_meta()?.meta().entries(arbor_format::SmKind::Data);

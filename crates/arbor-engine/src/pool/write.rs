@@ -532,7 +532,7 @@ impl Pool {
     }
 
     /// Commits, for a caller that holds the commit lock and the gate.
-    fn commit_held(&self) -> Result<()> {
+    pub(super) fn commit_held(&self) -> Result<()> {
         let job = {
             let mut meta = self.write_meta()?;
             self.freeze(&mut meta)?

@@ -198,6 +198,21 @@ fn main() {
             "no intent log record was appended"
         );
     }
+    #[cfg(since_v14)]
+    {
+        // A logged snapshot (FORMAT.md §6.4.2): `base@s3`, taken committed
+        // over a write not yet flushed, made durable by a snapshot record
+        // of the log, not by a commit. The flush below commits it; the
+        // record stays in the area, naming an older commit than the
+        // image's last: read, and ignored, by every open.
+        pool.flush().expect("flush");
+        write(&pool, "base", 15, 192 * KIB, 16 * KIB);
+        pool.snapshot("base@s3").expect("s3");
+        assert!(
+            pool.pool_stats().expect("stats").logged_snapshots >= 1,
+            "the snapshot was not logged"
+        );
+    }
     pool.flush().expect("flush");
 
     let report = pool.check().expect("check");
