@@ -648,6 +648,23 @@ fn read_intent_log(store: &Store, txn: u64) -> Result<arbor_format::LogReplay> {
     ))
 }
 
+/// Whether every snapshot of `names` may be taken without committing,
+/// under the gates of `sources` ([`Pool::snapshot_sources`]): each name
+/// still resolves to the volume gated (not renamed or replaced since),
+/// and none is a copy-on-write volume, whose snapshot needs its device
+/// flushed first.
+fn gated_row_sources(m: &Volumes, names: &[String], sources: &[u64]) -> Result<bool> {
+    for (name, &gated) in names.iter().zip(sources) {
+        let (volume, _) = split_snapshot_name(name)?;
+        if m.volume_id(volume).ok() != Some(gated)
+            || matches!(m.volume(gated)?.layout, DataLayout::Cow(_))
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Writes freshly formatted (all-zero) space-map pages `pages` of a map
 /// whose homes lie in one region (so they are contiguous), in batches.
 pub(crate) fn format_space_map(dev: &dyn BlockDevice, region: &Region, kind: SmKind) -> Result<()> {
@@ -1297,25 +1314,10 @@ impl Pool {
         if durability == Durability::Deferred {
             // The sources, resolved before their gates are taken; a name
             // that does not resolve gets its error from the committed path.
-            let sources = {
-                let meta = self.read_meta()?;
-                names
-                    .iter()
-                    .map(|name| split_snapshot_name(name).and_then(|(v, _)| meta.volume_id(v)))
-                    .collect::<Result<Vec<u64>>>()
-                    .ok()
-            };
-            if let Some(sources) = sources {
+            if let Some(sources) = self.snapshot_sources(names)? {
                 let deferred = self.manage_deferred(Privilege::Normal, &sources, |m| {
-                    for (name, &gated) in names.iter().zip(&sources) {
-                        let (volume, _) = split_snapshot_name(name)?;
-                        // Renamed or replaced since: not gated.
-                        if m.volume_id(volume).ok() != Some(gated) {
-                            return Ok(None);
-                        }
-                        if matches!(m.volume(gated)?.layout, DataLayout::Cow(_)) {
-                            return Ok(None);
-                        }
+                    if !gated_row_sources(m, names, &sources)? {
+                        return Ok(None);
                     }
                     take(m).map(Some)
                 })?;
@@ -1332,6 +1334,19 @@ impl Pool {
         // durable before the snapshot is.
         self.flush_origins()?;
         self.manage(Privilege::Normal, take)
+    }
+
+    /// The volumes a group of snapshots `names` reads, resolved before
+    /// their gates are taken (a snapshot taken without committing holds
+    /// them exclusive); `None` when a name does not resolve (the committed
+    /// path reports it).
+    fn snapshot_sources(&self, names: &[String]) -> Result<Option<Vec<u64>>> {
+        let meta = self.read_meta()?;
+        Ok(names
+            .iter()
+            .map(|name| split_snapshot_name(name).and_then(|(v, _)| meta.volume_id(v)))
+            .collect::<Result<Vec<u64>>>()
+            .ok())
     }
 
     /// Marks a volume as not all there yet (`Some(why)`, in words that

@@ -18,13 +18,12 @@
 //! its contents elsewhere (a send, a backup, an export) commits first
 //! and no copy of it can differ from what a crash leaves.
 
-use arbor_format::{DataLayout, LoggedSnapshot, SnapshotLogRecord, BLOCK_SIZE_U64};
+use arbor_format::{LoggedSnapshot, SnapshotLogRecord, BLOCK_SIZE_U64};
 use tracing::warn;
 
 use super::{Pool, VolumeId};
 use crate::error::{Error, Resource, Result};
 use crate::meta::Privilege;
-use crate::names::split_snapshot_name;
 use crate::volumes::Volumes;
 
 impl Pool {
@@ -55,16 +54,8 @@ impl Pool {
         }
         self.committer.check_failed()?;
         let _commit = self.committer.lock();
-        let sources = {
-            let meta = self.read_meta()?;
-            let resolved = names
-                .iter()
-                .map(|name| split_snapshot_name(name).and_then(|(v, _)| meta.volume_id(v)))
-                .collect::<Result<Vec<u64>>>();
-            match resolved {
-                Ok(sources) => sources,
-                Err(_) => return Ok(None),
-            }
+        let Some(sources) = self.snapshot_sources(names)? else {
+            return Ok(None);
         };
         let (ids, record) = {
             let _gate = self.gates.io();
@@ -76,14 +67,12 @@ impl Pool {
             if seq >= blocks || meta.unlogged_change_since(durable) {
                 return Ok(None);
             }
-            for (name, &gated) in names.iter().zip(&sources) {
-                let (volume, _) = split_snapshot_name(name)?;
-                // Renamed or replaced since: not gated.
-                if meta.volume_id(volume).ok() != Some(gated) {
-                    return Ok(None);
-                }
-                let rec = meta.volume(gated)?;
-                if matches!(rec.layout, DataLayout::Cow(_)) || rec.created_txn > durable {
+            if !super::gated_row_sources(&meta, names, &sources)? {
+                return Ok(None);
+            }
+            // Each source must be in the commit the record names.
+            for &source in &sources {
+                if meta.volume(source)?.created_txn > durable {
                     return Ok(None);
                 }
             }
